@@ -1,0 +1,148 @@
+//! Accounts: usernames, password policy and the signed-in principal.
+//!
+//! Parse, don't validate: a [`Username`] or [`NewPassword`] is valid by construction, so the
+//! rest of the code never re-checks.
+
+use crate::error::AppError;
+use crate::ids::UserId;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A login name: 2–64 characters of lowercase ASCII letters, digits, `.`, `_` or `-`,
+/// starting with a letter. Input is trimmed and lowercased.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Username(String);
+
+impl Username {
+    pub const FIELD: &'static str = "username";
+
+    pub fn parse(raw: &str) -> Result<Self, AppError> {
+        let s = raw.trim().to_ascii_lowercase();
+        let err = |m: &str| Err(AppError::invalid(Self::FIELD, m));
+        if s.is_empty() {
+            return err("is required");
+        }
+        if s.len() < 2 || s.len() > 64 {
+            return err("must be 2 to 64 characters");
+        }
+        if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+            return err("must start with a letter");
+        }
+        if !s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
+        {
+            return err("may contain only letters, digits, '.', '_' and '-'");
+        }
+        Ok(Self(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Username {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A password that meets the policy: 12–256 characters and not only one repeated character.
+/// Length beats composition rules (NIST SP 800-63B), so there are no "one digit" rules.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NewPassword(String);
+
+impl NewPassword {
+    pub const MIN_LEN: usize = 12;
+    pub const MAX_LEN: usize = 256;
+
+    /// `field` names the form field so the error lands next to it.
+    pub fn parse(raw: &str, field: &str) -> Result<Self, AppError> {
+        let n = raw.chars().count();
+        if n < Self::MIN_LEN {
+            return Err(AppError::invalid(
+                field,
+                format!("must be at least {} characters", Self::MIN_LEN),
+            ));
+        }
+        if n > Self::MAX_LEN {
+            return Err(AppError::invalid(
+                field,
+                format!("must be at most {} characters", Self::MAX_LEN),
+            ));
+        }
+        let mut chars = raw.chars();
+        let first = chars.next();
+        if chars.all(|c| Some(c) == first) {
+            return Err(AppError::invalid(field, "must not be one repeated character"));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NewPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NewPassword(***)")
+    }
+}
+
+/// Who is making a request. Obtained only from a verified session or token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    pub user_id: UserId,
+    pub username: Username,
+    /// Platform administrator: sits above teams.
+    pub is_admin: bool,
+}
+
+/// What the UI shows about the signed-in user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Me {
+    pub username: String,
+    pub is_admin: bool,
+}
+
+impl From<&Principal> for Me {
+    fn from(p: &Principal) -> Self {
+        Me {
+            username: p.username.to_string(),
+            is_admin: p.is_admin,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usernames_are_normalised() {
+        let u = Username::parse("  Alice.Smith ").expect("valid");
+        assert_eq!(u.as_str(), "alice.smith");
+    }
+
+    #[test]
+    fn bad_usernames_name_the_field() {
+        for bad in ["", "a", "1abc", "al ice", "bob!", &"x".repeat(65)] {
+            let e = Username::parse(bad).expect_err(bad);
+            assert_eq!(e.field(), Some("username"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn password_policy() {
+        assert!(NewPassword::parse("short", "new_password").is_err());
+        assert!(NewPassword::parse(&"a".repeat(20), "new_password").is_err());
+        assert!(NewPassword::parse(&"ab".repeat(200), "new_password").is_err());
+        let ok = NewPassword::parse("correct horse battery", "new_password").expect("valid");
+        assert_eq!(ok.expose(), "correct horse battery");
+        assert_eq!(format!("{ok:?}"), "NewPassword(***)");
+        let e = NewPassword::parse("short", "pw").expect_err("short");
+        assert_eq!(e.field(), Some("pw"));
+    }
+}

@@ -1,0 +1,36 @@
+//! Typed identifiers: a `UserId` can never be passed where a `TeamId` is expected.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use uuid::Uuid;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Uuid);
+
+        impl $name {
+            /// Parses the textual UUID form; anything else is `None`.
+            pub fn parse(s: &str) -> Option<Self> {
+                Uuid::parse_str(s).ok().map(Self)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A user account.
+    UserId
+);
+id_type!(
+    /// A team (the tenant unit).
+    TeamId
+);
