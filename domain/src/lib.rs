@@ -7,3 +7,4 @@
 pub mod account;
 pub mod error;
 pub mod ids;
+pub mod mig;
