@@ -1,1 +1,65 @@
-//! Tessera UI.
+//! Tessera's user interface (Leptos, server-rendered and hydrated).
+//!
+//! Components never talk to the database or to `/api/v1`: data flows through the one-line
+//! server functions in [`api`], which call the [`port::Portal`] the server provides.
+#![deny(clippy::unwrap_used)]
+
+pub mod api;
+mod components;
+mod pages;
+#[cfg(feature = "ssr")]
+pub mod port;
+
+use leptos::prelude::*;
+use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+use leptos_router::{
+    components::{Route, Router, Routes},
+    path,
+};
+
+/// Name of the wasm/js bundle and stylesheet under `/pkg`.
+pub const OUTPUT_NAME: &str = "tessera";
+
+/// The HTML document around the app (server side only renders it).
+pub fn shell(options: LeptosOptions) -> impl IntoView {
+    view! {
+        <!DOCTYPE html>
+        <html lang="en">
+            <head>
+                <meta charset="utf-8" />
+                <meta name="viewport" content="width=device-width, initial-scale=1" />
+                <link rel="icon" href="data:," />
+                <HydrationScripts options />
+                <MetaTags />
+            </head>
+            <body>
+                <App />
+            </body>
+        </html>
+    }
+}
+
+#[component]
+pub fn App() -> impl IntoView {
+    provide_meta_context();
+    components::mark_hydrated();
+    view! {
+        <Stylesheet id="tessera" href="/pkg/tessera.css" />
+        <Title text="Tessera" />
+        <Router>
+            <Routes fallback=pages::NotFound>
+                <Route path=path!("/login") view=pages::LoginPage />
+                <Route path=path!("/") view=pages::DashboardPage />
+                <Route path=path!("/account") view=pages::AccountPage />
+            </Routes>
+        </Router>
+    }
+}
+
+/// Entry point of the wasm bundle.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(App);
+}

@@ -1,1 +1,459 @@
-fn main() {}
+//! Build helper: `cargo xtask run` and `cargo xtask test` (see README).
+//!
+//! Why an xtask instead of cargo-leptos: everything it needs comes from crates.io through
+//! Cargo (wasm-bindgen runs in-process as a library), so a fresh machine needs no pinned tool
+//! installs (cargo-leptos costs ~17 minutes of those here).
+
+use anyhow::{Context, Result, bail};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WASM_TARGET: &str = "wasm32-unknown-unknown";
+const OUTPUT_NAME: &str = "tessera";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root()?;
+    std::env::set_current_dir(&root)?;
+    let release = args.iter().any(|a| a == "--release");
+    let rest: Vec<String> = args
+        .iter()
+        .skip(1)
+        .filter(|a| *a != "--release")
+        .cloned()
+        .collect();
+    match args.first().map(String::as_str) {
+        Some("build") => build(release).map(|_| ()),
+        Some("run") => run(release, &rest),
+        Some("test") => test(),
+        Some("e2e") => {
+            build(false)?;
+            e2e()
+        }
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <command>\n\n  \
+                 build [--release]   build the server and the wasm UI bundle\n  \
+                 run [--release] [-- ARGS]   build, then `tessera serve ARGS`\n  \
+                 test                fmt, clippy (ssr + hydrate), unit + integration tests on\n                      \
+                 SQLite and PostgreSQL, browser e2e\n  \
+                 e2e                 only the browser tests"
+            );
+            bail!("unknown or missing command")
+        }
+    }
+}
+
+fn workspace_root() -> Result<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    Ok(dir.parent().context("xtask has no parent folder")?.to_path_buf())
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"))
+}
+
+fn site_root() -> PathBuf {
+    target_dir().join("site")
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn step(name: &str, cmd: &mut Command) -> Result<()> {
+    eprintln!("\n==> {name}");
+    let started = Instant::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start: {cmd:?}"))?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    eprintln!("    {name}: ok in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Installs what a fresh machine lacks: the wasm target, rustfmt/clippy, Debian packages.
+fn ensure_tools(for_tests: bool) -> Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(WASM_TARGET))
+        .unwrap_or(false);
+    if !installed {
+        step(
+            "rustup target add wasm32-unknown-unknown",
+            Command::new("rustup").args(["target", "add", WASM_TARGET]),
+        )?;
+    }
+    if !for_tests {
+        return Ok(());
+    }
+    let components = Command::new("rustup")
+        .args(["component", "list", "--installed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    for c in ["rustfmt", "clippy"] {
+        if !components.contains(c) {
+            step(
+                &format!("rustup component add {c}"),
+                Command::new("rustup").args(["component", "add", c]),
+            )?;
+        }
+    }
+    let mut packages = Vec::new();
+    if !Path::new("/usr/bin/chromium").exists() {
+        packages.extend(["chromium", "chromium-driver"]);
+    }
+    if !have("initdb") && !Path::new(&pg_bin("initdb")).exists() {
+        packages.push("postgresql");
+    }
+    if !have("npm") {
+        packages.extend(["nodejs", "npm"]);
+    }
+    if !packages.is_empty() {
+        let sudo = if is_root() { "" } else { "sudo " };
+        step(
+            &format!("apt-get install {}", packages.join(" ")),
+            Command::new("sh").args([
+                "-c",
+                &format!(
+                    "{sudo}apt-get update -q && DEBIAN_FRONTEND=noninteractive {sudo}apt-get \
+                     install -y -q {}",
+                    packages.join(" ")
+                ),
+            ]),
+        )?;
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Builds the wasm bundle into `<target>/site/pkg` and the server binary.
+fn build(release: bool) -> Result<PathBuf> {
+    ensure_tools(false)?;
+    build_wasm(release)?;
+    let mut cmd = cargo();
+    cmd.args(["build", "-p", "tessera-server", "--bin", "tessera"]);
+    if release {
+        cmd.arg("--release");
+    }
+    step("build server", &mut cmd)?;
+    Ok(target_dir()
+        .join(if release { "release" } else { "debug" })
+        .join("tessera"))
+}
+
+fn build_wasm(release: bool) -> Result<()> {
+    let wasm_target_dir = target_dir().join("wasm");
+    let mut cmd = cargo();
+    cmd.args([
+        "rustc",
+        "-p",
+        "tessera-app",
+        "--lib",
+        "--crate-type",
+        "cdylib",
+        "--features",
+        "hydrate",
+        "--target",
+        WASM_TARGET,
+    ])
+    .arg("--target-dir")
+    .arg(&wasm_target_dir);
+    if release {
+        cmd.args(["--profile", "wasm-release"]);
+    }
+    step("build wasm UI bundle", &mut cmd)?;
+    let profile_dir = if release { "wasm-release" } else { "debug" };
+    let input = wasm_target_dir
+        .join(WASM_TARGET)
+        .join(profile_dir)
+        .join("tessera_app.wasm");
+    let pkg = site_root().join("pkg");
+    std::fs::create_dir_all(&pkg)?;
+    eprintln!("==> wasm-bindgen {}", input.display());
+    wasm_bindgen_cli_support::Bindgen::new()
+        .input_path(&input)
+        .out_name(OUTPUT_NAME)
+        .web(true)?
+        .debug(!release)
+        .generate(&pkg)
+        .context("wasm-bindgen")?;
+    std::fs::copy("style/main.css", pkg.join(format!("{OUTPUT_NAME}.css")))
+        .context("copying style/main.css")?;
+    let wasm = pkg.join(format!("{OUTPUT_NAME}_bg.wasm"));
+    let size = std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
+    eprintln!("    {}: {} KiB", wasm.display(), size / 1024);
+    Ok(())
+}
+
+fn run(release: bool, args: &[String]) -> Result<()> {
+    let bin = build(release)?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve").arg("--site-root").arg(site_root());
+    cmd.args(args.iter().filter(|a| *a != "--"));
+    eprintln!("\n==> tessera serve (Ctrl-C to stop)");
+    let status = cmd.status()?;
+    if !status.success() {
+        bail!("tessera exited with {status}");
+    }
+    Ok(())
+}
+
+fn test() -> Result<()> {
+    let started = Instant::now();
+    ensure_tools(true)?;
+    step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
+        "clippy (server side: domain, app/ssr, server, agent, xtask)",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "tessera-app",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    step(
+        "clippy (browser side: app/hydrate, domain on wasm32)",
+        cargo()
+            .args([
+                "clippy",
+                "-p",
+                "tessera-app",
+                "-p",
+                "tessera-domain",
+                "--features",
+                "tessera-app/hydrate",
+                "--target",
+                WASM_TARGET,
+                "--target-dir",
+            ])
+            .arg(target_dir().join("wasm"))
+            .args(["--", "-D", "warnings"]),
+    )?;
+    let pg = Postgres::start()?;
+    let url = pg.url();
+    step(
+        "unit and integration tests (SQLite and PostgreSQL)",
+        cargo()
+            .args(["test", "--workspace", "--exclude", "tessera-app"])
+            .env("TESSERA_TEST_PG_URL", &url)
+            .env("TESSERA_REQUIRE_PG", "1"),
+    )?;
+    drop(pg);
+    build(false)?;
+    e2e()?;
+    eprintln!(
+        "\nAll checks passed in {:.0}s.",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Starts a fresh server on a free port and runs the browser tests against it.
+fn e2e() -> Result<()> {
+    let e2e_dir = Path::new("e2e");
+    if !e2e_dir.join("node_modules/playwright-core").exists() {
+        step(
+            "npm ci (e2e)",
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund"])
+                .current_dir(e2e_dir),
+        )?;
+    }
+    let data = tempfile_dir("tessera-e2e")?;
+    let port = free_port()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let password = "e2e-admin-password-1";
+    let bin = target_dir().join("debug").join("tessera");
+    let log = std::fs::File::create(data.join("server.log"))?;
+    let server = Command::new(&bin)
+        .arg("serve")
+        .env("TESSERA_BIND", format!("127.0.0.1:{port}"))
+        .env(
+            "TESSERA_DATABASE_URL",
+            format!("sqlite://{}/tessera.db?mode=rwc", data.display()),
+        )
+        .env("TESSERA_ADMIN_PASSWORD", password)
+        .env("TESSERA_SITE_ROOT", site_root())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let server = KillOnDrop(server);
+    wait_for_http(&format!("127.0.0.1:{port}"), Duration::from_secs(60))?;
+    let result = step(
+        "browser tests (headless Chromium)",
+        Command::new("node")
+            .args(["--test", "--test-concurrency=1", "tests/"])
+            .current_dir(e2e_dir)
+            .env("TESSERA_URL", &base)
+            .env("TESSERA_ADMIN_PASSWORD", password),
+    );
+    drop(server);
+    if result.is_err() {
+        eprintln!(
+            "server log: {}\nscreenshots: e2e/artifacts/",
+            data.join("server.log").display()
+        );
+    }
+    result
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_for_http(addr: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("server did not start listening on {addr} within {timeout:?}")
+}
+
+fn tempfile_dir(prefix: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn pg_bin(name: &str) -> String {
+    format!("/usr/lib/postgresql/15/bin/{name}")
+}
+
+fn pg_tool(name: &str) -> String {
+    if have(name) { name.to_owned() } else { pg_bin(name) }
+}
+
+/// A throwaway PostgreSQL cluster (initdb + pg_ctl), stopped on drop. As root, it runs as
+/// the `postgres` user, since initdb refuses to run as root.
+struct Postgres {
+    dir: PathBuf,
+    port: u16,
+    external: Option<String>,
+}
+
+impl Postgres {
+    fn start() -> Result<Self> {
+        if let Ok(url) = std::env::var("TESSERA_TEST_PG_URL") {
+            eprintln!("==> using PostgreSQL at TESSERA_TEST_PG_URL");
+            return Ok(Self {
+                dir: PathBuf::new(),
+                port: 0,
+                external: Some(url),
+            });
+        }
+        let dir = tempfile_dir("tessera-pg")?;
+        let port = free_port()?;
+        let run_as = |args: &[&str]| -> Command {
+            if is_root() {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).args(args);
+                c
+            } else {
+                let mut c = Command::new(args[0]);
+                c.args(&args[1..]);
+                c
+            }
+        };
+        if is_root() {
+            step(
+                "prepare PostgreSQL folder",
+                Command::new("chown").arg("postgres:postgres").arg(&dir),
+            )?;
+        }
+        let data = dir.join("data");
+        let data_s = data.to_string_lossy().to_string();
+        let initdb = pg_tool("initdb");
+        step(
+            "initdb (throwaway PostgreSQL)",
+            run_as(&[&initdb, "-D", &data_s, "-A", "trust", "-U", "tessera"])
+                .stdout(Stdio::null()),
+        )?;
+        let opts = format!(
+            "-k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            dir.display()
+        );
+        let log = dir.join("log").to_string_lossy().to_string();
+        let pg_ctl = pg_tool("pg_ctl");
+        step(
+            "start PostgreSQL",
+            run_as(&[&pg_ctl, "-D", &data_s, "-o", &opts, "-l", &log, "start", "-w"])
+                .stdout(Stdio::null()),
+        )?;
+        Ok(Self {
+            dir,
+            port,
+            external: None,
+        })
+    }
+
+    fn url(&self) -> String {
+        match &self.external {
+            Some(u) => u.clone(),
+            None => format!("postgres://tessera@127.0.0.1:{}/postgres", self.port),
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if self.external.is_some() {
+            return;
+        }
+        let data = self.dir.join("data").to_string_lossy().to_string();
+        let pg_ctl = pg_tool("pg_ctl");
+        let mut c = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", &pg_ctl]);
+            c
+        } else {
+            Command::new(&pg_ctl)
+        };
+        let _ = c
+            .args(["-D", &data, "stop", "-m", "fast"])
+            .stdout(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

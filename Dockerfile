@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+# Multi-stage build: `docker build --target server .` for the portal (with its UI assets),
+# `docker build --target agent .` for the node agent.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+RUN rustup target add wasm32-unknown-unknown
+COPY . .
+# Release server + wasm bundle (site assets land in target/site/pkg).
+RUN cargo xtask build --release \
+ && cargo build --release -p tessera-agent --bin tessera-agent
+
+FROM debian:bookworm-slim AS server
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --home /var/lib/tessera --create-home tessera
+COPY --from=build /src/target/release/tessera /usr/local/bin/tessera
+COPY --from=build /src/target/site /usr/share/tessera/site
+USER tessera
+WORKDIR /var/lib/tessera
+ENV TESSERA_BIND=0.0.0.0:3000 \
+    TESSERA_SITE_ROOT=/usr/share/tessera/site \
+    TESSERA_DATABASE_URL=sqlite:///var/lib/tessera/tessera.db?mode=rwc
+EXPOSE 3000
+HEALTHCHECK CMD ["/bin/sh", "-c", "exec 3<>/dev/tcp/127.0.0.1/3000"]
+ENTRYPOINT ["tessera"]
+CMD ["serve"]
+
+FROM debian:bookworm-slim AS agent
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+# libnvidia-ml.so.1 comes from the host driver (NVIDIA container toolkit) at run time.
+COPY --from=build /src/target/release/tessera-agent /usr/local/bin/tessera-agent
+ENTRYPOINT ["tessera-agent"]

@@ -1,0 +1,74 @@
+// The first user journey: sign in (wrong, then right), dashboard, change password, sign out,
+// sign in again. Plus: forms work before hydration.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { launch, withPage, hydrated, signIn, BASE, ADMIN_PASSWORD } from './helpers.mjs';
+
+let browser;
+before(async () => { browser = await launch(); });
+after(async () => { await browser?.close(); });
+
+const NEW_PASSWORD = 'e2e second password 2';
+
+test('admin signs in, changes password, signs out and back in', async () => {
+  await withPage(browser, 'password-journey', async (page, errors) => {
+    await signIn(page, 'admin', 'definitely-wrong-pw');
+    const err = page.locator('.form-error');
+    await err.waitFor();
+    assert.match(await err.innerText(), /invalid username or password/);
+    assert.equal(await page.inputValue('#username'), 'admin', 'typed username kept');
+
+    // Client-side interaction works after hydration: the show/hide toggle.
+    await page.fill('#password', ADMIN_PASSWORD);
+    await page.click('button[data-toggle-for=password]');
+    assert.equal(await page.getAttribute('#password', 'type'), 'text');
+    await page.click('button[data-toggle-for=password]');
+    assert.equal(await page.getAttribute('#password', 'type'), 'password');
+
+    await page.click('button[type=submit]');
+    await page.waitForURL(`${BASE}/`);
+    await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+    assert.equal(await page.innerText('[data-testid=current-user]'), 'admin');
+
+    await page.click('nav >> text=My account');
+    await page.waitForURL(`${BASE}/account`);
+    await page.locator('h2', { hasText: 'Change password' }).waitFor();
+    await page.fill('#current_password', ADMIN_PASSWORD);
+    await page.fill('#new_password', 'short');
+    await page.fill('#confirm_password', 'short');
+    await page.click('form >> button[type=submit]');
+    await page.locator('#new_password-error').waitFor();
+    assert.match(await page.innerText('#new_password-error'), /at least 12/);
+
+    await page.fill('#current_password', ADMIN_PASSWORD);
+    await page.fill('#new_password', NEW_PASSWORD);
+    await page.fill('#confirm_password', NEW_PASSWORD);
+    await page.click('form >> button[type=submit]');
+    await page.locator('.notice', { hasText: 'Password changed.' }).waitFor();
+
+    await page.click('text=Log out');
+    await page.waitForURL(`${BASE}/login`);
+    await page.goto(`${BASE}/`);
+    await page.waitForURL(`${BASE}/login`);
+
+    await signIn(page, 'admin', NEW_PASSWORD);
+    await page.waitForURL(`${BASE}/`);
+    await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
+test('the login form works without JavaScript', async () => {
+  await withPage(browser, 'no-js-login', async (page) => {
+    await page.goto(`${BASE}/login`);
+    await page.fill('#username', 'Admin');
+    await page.fill('#password', 'wrong-password-again');
+    await page.click('button[type=submit]');
+    await page.locator('.form-error').waitFor();
+    assert.equal(await page.inputValue('#username'), 'Admin', 'typed username kept');
+    await page.fill('#password', NEW_PASSWORD);
+    await page.click('button[type=submit]');
+    await page.waitForURL(`${BASE}/`);
+    await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+  }, { javaScriptEnabled: false });
+});

@@ -1,0 +1,50 @@
+// Shared helpers for the browser tests: launch Debian's Chromium, screenshot on failure.
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+
+export const BASE = process.env.TESSERA_URL ?? 'http://127.0.0.1:3000';
+export const ADMIN_PASSWORD = process.env.TESSERA_ADMIN_PASSWORD;
+if (!ADMIN_PASSWORD) throw new Error('set TESSERA_ADMIN_PASSWORD (cargo xtask e2e does)');
+
+export async function launch() {
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: [
+      '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    ],
+  });
+}
+
+// Runs `body(page)` in a fresh browser context; on failure saves a screenshot under
+// e2e/artifacts/ and rethrows.
+export async function withPage(browser, name, body, options = {}) {
+  const context = await browser.newContext(options);
+  const page = await context.newPage();
+  const consoleErrors = [];
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  try {
+    await body(page, consoleErrors);
+  } catch (e) {
+    mkdirSync('artifacts', { recursive: true });
+    const file = `artifacts/${name.replace(/[^a-z0-9]+/gi, '-')}.png`;
+    await page.screenshot({ path: file, fullPage: true }).catch(() => {});
+    console.error(`screenshot: e2e/${file}; page errors: ${consoleErrors.join(' | ') || 'none'}`);
+    throw e;
+  } finally {
+    await context.close();
+  }
+}
+
+export async function hydrated(page) {
+  await page.waitForSelector('body[data-hydrated="true"]', { timeout: 30000 });
+}
+
+export async function signIn(page, username, password) {
+  await page.goto(`${BASE}/login`);
+  await hydrated(page);
+  await page.fill('#username', username);
+  await page.fill('#password', password);
+  await page.click('button[type=submit]');
+}

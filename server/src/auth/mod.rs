@@ -1,0 +1,4 @@
+//! Credentials: password hashing under load, and throttling of failed sign-ins.
+
+pub mod limiter;
+pub mod password;

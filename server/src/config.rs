@@ -1,0 +1,223 @@
+//! Every setting, as one `clap` struct: `tessera --help` documents each flag and its
+//! `TESSERA_*` environment variable. Bad values fail at start naming the setting.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about = "Tessera: a self-service GPU portal")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the portal (web UI, REST API, agent API).
+    Serve(Box<ServeConfig>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "TESSERA_BIND", default_value = "127.0.0.1:3000")]
+    pub bind: SocketAddr,
+
+    /// Database URL: `sqlite:PATH?mode=rwc` (embedded default) or `postgres://…`.
+    #[arg(
+        long,
+        env = "TESSERA_DATABASE_URL",
+        default_value = "sqlite://data/tessera.db?mode=rwc"
+    )]
+    pub database_url: Secret,
+
+    /// Password for the `admin` account created on an empty database. When unset, a random
+    /// password is generated and printed once. Must meet the password policy (≥ 12 chars).
+    #[arg(long, env = "TESSERA_ADMIN_PASSWORD", hide_env_values = true)]
+    pub admin_password: Option<Secret>,
+
+    /// The URL users reach the portal at. `https://` makes session cookies `Secure` with a
+    /// `__Host-` name. Defaults to `http://` + the bind address.
+    #[arg(long, env = "TESSERA_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// Folder holding the built UI assets (`pkg/tessera.js`, `.wasm`, `.css`).
+    #[arg(long, env = "TESSERA_SITE_ROOT", default_value = "target/site")]
+    pub site_root: PathBuf,
+
+    /// Log format.
+    #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
+    #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
+    pub session_idle_timeout: Duration,
+
+    /// Sign a session out this long after sign-in, active or not (e.g. `24h`, `7d`).
+    #[arg(long, env = "TESSERA_SESSION_ABSOLUTE_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
+    pub session_absolute_timeout: Duration,
+
+    /// Password hashes computed at once (each uses ~19 MiB and one core). Default: cores.
+    #[arg(long, env = "TESSERA_LOGIN_CONCURRENCY")]
+    pub login_concurrency: Option<usize>,
+
+    /// Sign-ins allowed to wait for a hashing slot; beyond this they get 429.
+    #[arg(long, env = "TESSERA_LOGIN_QUEUE", default_value_t = 16)]
+    pub login_queue: usize,
+
+    /// Take the client address from the last `X-Forwarded-For` hop (only behind a proxy
+    /// you run; otherwise clients could forge it to dodge sign-in throttling).
+    #[arg(long, env = "TESSERA_TRUST_PROXY_HEADERS", default_value_t = false)]
+    pub trust_proxy_headers: bool,
+}
+
+impl ServeConfig {
+    /// Checks settings that clap cannot check alone.
+    pub fn validate(&self) -> Result<(), String> {
+        let url = self.database_url.expose();
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            return Err(
+                "TESSERA_DATABASE_URL (--database-url) must start with sqlite: or postgres://"
+                    .into(),
+            );
+        }
+        if let Some(p) = &self.admin_password {
+            tessera_domain::account::NewPassword::parse(p.expose(), "TESSERA_ADMIN_PASSWORD")
+                .map_err(|e| format!("{e} (--admin-password)"))?;
+        }
+        if let Some(u) = &self.public_url {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(
+                    "TESSERA_PUBLIC_URL (--public-url) must start with http:// or https://".into(),
+                );
+            }
+        }
+        if self.session_absolute_timeout < self.session_idle_timeout {
+            return Err("TESSERA_SESSION_ABSOLUTE_TIMEOUT (--session-absolute-timeout) must \
+                        not be shorter than TESSERA_SESSION_IDLE_TIMEOUT"
+                .into());
+        }
+        if self.login_concurrency == Some(0) {
+            return Err("TESSERA_LOGIN_CONCURRENCY (--login-concurrency) must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn public_url(&self) -> String {
+        self.public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.bind))
+            .trim_end_matches('/')
+            .to_owned()
+    }
+
+    /// Served over https: `Secure` cookies with a `__Host-` name.
+    pub fn secure_cookies(&self) -> bool {
+        self.public_url().starts_with("https://")
+    }
+
+    /// A configuration for tests: everything default except what they pass.
+    pub fn for_tests(database_url: &str) -> Self {
+        let cli = Cli::parse_from([
+            "tessera",
+            "serve",
+            "--database-url",
+            database_url,
+            "--bind",
+            "127.0.0.1:0",
+        ]);
+        match cli.command {
+            Command::Serve(c) => *c,
+        }
+    }
+}
+
+/// A string that never shows in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// `90s`, `30m`, `8h`, `7d`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration like 90s, 30m, 8h or 7d"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use s, m, h or d)")),
+    };
+    if secs == 0 {
+        return Err("must be greater than zero".into());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert!(parse_duration("5 weeks").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn secrets_do_not_leak_into_debug_output() {
+        let mut c = ServeConfig::for_tests("postgres://u:hunter2@db/tessera");
+        c.admin_password = Some(Secret::new("topsecretpassword"));
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2") && !dbg.contains("topsecret"), "{dbg}");
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let mut c = ServeConfig::for_tests("mysql://x");
+        assert!(c.validate().unwrap_or_else(|e| e).contains("TESSERA_DATABASE_URL"));
+        c = ServeConfig::for_tests("sqlite::memory:");
+        c.admin_password = Some(Secret::new("short"));
+        let e = c.validate().expect_err("short admin password");
+        assert!(e.contains("TESSERA_ADMIN_PASSWORD"), "{e}");
+    }
+}

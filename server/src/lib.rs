@@ -1,0 +1,125 @@
+//! The Tessera server: configuration, services, store, HTTP.
+//!
+//! [`run`] takes a bound listener and a shutdown future, so tests boot the whole app on port 0
+//! against a fresh database.
+#![deny(clippy::unwrap_used)]
+
+pub mod auth;
+pub mod config;
+mod http;
+pub mod observability;
+mod portal;
+pub mod services;
+pub mod sessions;
+pub mod store;
+
+use anyhow::Context;
+use config::ServeConfig;
+use leptos::config::LeptosOptions;
+use services::accounts::Accounts;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use store::Store;
+use tessera_domain::account::NewPassword;
+use tokio::net::TcpListener;
+use tower_sessions::ExpiredDeletion;
+
+/// Everything a request handler may need; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<ServeConfig>,
+    pub store: Store,
+    pub services: Arc<Services>,
+    pub leptos_options: LeptosOptions,
+}
+
+/// The use cases, wired to their dependencies.
+pub struct Services {
+    pub accounts: Accounts,
+}
+
+/// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
+/// until `shutdown` completes.
+pub async fn run(
+    config: ServeConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    let store = Store::connect(config.database_url.expose())
+        .await
+        .context("TESSERA_DATABASE_URL (--database-url)")?;
+    store.migrate().await.context("running database migrations")?;
+    let session_store = sessions::AnySessionStore::new(&store)
+        .await
+        .context("preparing the session table")?;
+
+    let workers = config.login_concurrency.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    });
+    let hasher = auth::password::Hasher::new(workers, config.login_queue)?;
+    let limiter = Arc::new(auth::limiter::LoginLimiter::new(Default::default()));
+    let accounts = Accounts::new(store.clone(), hasher, limiter);
+
+    let admin_password = config
+        .admin_password
+        .as_ref()
+        .map(|p| NewPassword::parse(p.expose(), "TESSERA_ADMIN_PASSWORD"))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(b) = accounts.bootstrap_admin(admin_password.as_ref()).await? {
+        match b.generated_password {
+            Some(pw) => {
+                // Printed once, to the console only (not through the log pipeline).
+                println!(
+                    "\n  Created platform admin 'admin' with generated password: {pw}\n  \
+                     Sign in and change it under My account. It will not be shown again.\n"
+                );
+            }
+            None => tracing::info!("created platform admin 'admin' from TESSERA_ADMIN_PASSWORD"),
+        }
+    }
+
+    let addr = listener.local_addr()?;
+    let site_root = config.site_root.clone();
+    if !site_root.join("pkg").join(format!("{}.js", tessera_app::OUTPUT_NAME)).exists() {
+        tracing::warn!(
+            site_root = %site_root.display(),
+            "UI bundle not found: pages render but will not hydrate (build it with `cargo xtask build`)"
+        );
+    }
+    let leptos_options = LeptosOptions::builder()
+        .output_name(tessera_app::OUTPUT_NAME)
+        .site_root(site_root.to_string_lossy().to_string())
+        .site_pkg_dir("pkg")
+        .site_addr(addr)
+        .build();
+
+    let _ = observability::metrics_handle();
+    let cleanup = tokio::spawn(
+        session_store
+            .clone()
+            .continuously_delete_expired(tokio::time::Duration::from_secs(300)),
+    );
+
+    let state = AppState {
+        config: Arc::new(config.clone()),
+        store: store.clone(),
+        services: Arc::new(Services { accounts }),
+        leptos_options,
+    };
+    let router = http::router(state, sessions::layer(session_store, &config));
+
+    tracing::info!(%addr, backend = store.backend_name(), "Tessera is listening on {}", config.public_url());
+    let result = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
+    cleanup.abort();
+    result.context("HTTP server")
+}

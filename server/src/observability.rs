@@ -1,0 +1,50 @@
+//! Logs (tracing) and metrics (Prometheus text at `/metrics`).
+
+use crate::config::LogFormat;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global tracing subscriber (`RUST_LOG` filters; default `info`).
+pub fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+pub const HTTP_REQUESTS: &str = "tessera_http_requests_total";
+pub const HTTP_DURATION: &str = "tessera_http_request_duration_seconds";
+
+/// The process-wide metrics recorder (installed once; every app in the process shares it).
+pub fn metrics_handle() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ];
+            match PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &buckets)
+                .and_then(|b| b.install_recorder())
+            {
+                Ok(h) => {
+                    metrics::describe_counter!(HTTP_REQUESTS, "HTTP requests by route and status");
+                    metrics::describe_histogram!(
+                        HTTP_DURATION,
+                        metrics::Unit::Seconds,
+                        "HTTP request latency by route"
+                    );
+                    Some(h)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "metrics recorder not installed");
+                    None
+                }
+            }
+        })
+        .clone()
+}

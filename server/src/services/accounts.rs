@@ -1,0 +1,266 @@
+//! Accounts: bootstrap, sign-in, session validation and password changes.
+
+use super::internal;
+use crate::auth::limiter::LoginLimiter;
+use crate::auth::password::{HashError, Hasher};
+use crate::store::{Store, UserRow};
+use chrono::{DateTime, Utc};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::error::AppError;
+use tessera_domain::ids::UserId;
+use uuid::Uuid;
+
+/// The name of the platform administrator created on an empty database.
+pub const BOOTSTRAP_ADMIN: &str = "admin";
+
+#[derive(Clone)]
+pub struct Accounts {
+    store: Store,
+    hasher: Hasher,
+    limiter: Arc<LoginLimiter>,
+}
+
+/// A successful sign-in: who, and when (sessions older than a password change are void).
+#[derive(Debug, Clone)]
+pub struct SignedIn {
+    pub principal: Principal,
+    pub at: DateTime<Utc>,
+}
+
+impl Accounts {
+    pub fn new(store: Store, hasher: Hasher, limiter: Arc<LoginLimiter>) -> Self {
+        Self {
+            store,
+            hasher,
+            limiter,
+        }
+    }
+
+    /// On an empty database, creates the platform admin `admin` with `password`, or with a
+    /// generated password that is returned so the caller can print it once.
+    pub async fn bootstrap_admin(
+        &self,
+        password: Option<&NewPassword>,
+    ) -> anyhow::Result<Option<Bootstrapped>> {
+        if self.store.count_users().await? > 0 {
+            return Ok(None);
+        }
+        let (password, generated) = match password {
+            Some(p) => (p.expose().to_owned(), false),
+            None => (generate_password(), true),
+        };
+        let hash = self
+            .hasher
+            .hash(&password)
+            .await
+            .map_err(|e| anyhow::anyhow!("hashing the admin password failed: {e:?}"))?;
+        let now = Utc::now();
+        let created = self
+            .store
+            .insert_user(&UserRow {
+                id: Uuid::new_v4(),
+                username: BOOTSTRAP_ADMIN.to_owned(),
+                password_hash: hash,
+                is_admin: true,
+                disabled: false,
+                password_changed_at: now,
+                created_at: now,
+            })
+            .await?;
+        Ok(created.then_some(Bootstrapped {
+            generated_password: generated.then_some(password),
+        }))
+    }
+
+    /// Verifies a username and password. Unknown users, disabled users and wrong passwords
+    /// all take the same time and get the same [`AppError::InvalidCredentials`].
+    pub async fn login(
+        &self,
+        username: &str,
+        password: &str,
+        client: IpAddr,
+    ) -> Result<SignedIn, AppError> {
+        if username.trim().is_empty() {
+            return Err(AppError::invalid("username", "is required"));
+        }
+        if password.is_empty() {
+            return Err(AppError::invalid("password", "is required"));
+        }
+        let key = username.trim().to_ascii_lowercase();
+        self.limiter
+            .check(&key, client, Instant::now())
+            .map_err(|wait| AppError::RateLimited {
+                retry_after_secs: wait.as_secs().max(1),
+            })?;
+        let user = match Username::parse(&key) {
+            Ok(name) => self
+                .store
+                .user_by_username(name.as_str())
+                .await
+                .map_err(internal("loading user for login"))?,
+            Err(_) => None,
+        };
+        let usable = user.as_ref().filter(|u| !u.disabled);
+        let ok = self
+            .hasher
+            .verify(password, usable.map(|u| u.password_hash.as_str()))
+            .await
+            .map_err(hash_error)?;
+        match (ok, usable) {
+            (true, Some(u)) => {
+                self.limiter.record_success(&key, client);
+                Ok(SignedIn {
+                    principal: principal(u)?,
+                    at: Utc::now(),
+                })
+            }
+            _ => {
+                self.limiter.record_failure(&key, client, Instant::now());
+                tracing::info!(username = %key, %client, "failed sign-in");
+                Err(AppError::InvalidCredentials)
+            }
+        }
+    }
+
+    /// The principal behind a session, or `None` when the user is gone, disabled, or changed
+    /// their password after this session signed in.
+    pub async fn principal_for_session(
+        &self,
+        user_id: Uuid,
+        signed_in_at: DateTime<Utc>,
+    ) -> Result<Option<Principal>, AppError> {
+        let Some(user) = self
+            .store
+            .user_by_id(user_id)
+            .await
+            .map_err(internal("loading session user"))?
+        else {
+            return Ok(None);
+        };
+        if user.disabled || user.password_changed_at > signed_in_at {
+            return Ok(None);
+        }
+        principal(&user).map(Some)
+    }
+
+    /// Changes the caller's own password. Returns the instant of the change; sessions that
+    /// signed in before it are void (the caller's own session is renewed by the caller).
+    pub async fn change_password(
+        &self,
+        who: &Principal,
+        current: &str,
+        new: &str,
+        confirm: &str,
+        client: IpAddr,
+    ) -> Result<DateTime<Utc>, AppError> {
+        if current.is_empty() {
+            return Err(AppError::invalid("current_password", "is required"));
+        }
+        let new_pw = NewPassword::parse(new, "new_password")?;
+        if new != confirm {
+            return Err(AppError::invalid("confirm_password", "does not match the new password"));
+        }
+        if new == current {
+            return Err(AppError::invalid(
+                "new_password",
+                "must differ from the current password",
+            ));
+        }
+        let key = format!("password-change:{}", who.user_id);
+        self.limiter
+            .check(&key, client, Instant::now())
+            .map_err(|wait| AppError::RateLimited {
+                retry_after_secs: wait.as_secs().max(1),
+            })?;
+        let user = self
+            .store
+            .user_by_id(who.user_id.0)
+            .await
+            .map_err(internal("loading user for password change"))?
+            .ok_or(AppError::Unauthorized)?;
+        if !self
+            .hasher
+            .verify(current, Some(&user.password_hash))
+            .await
+            .map_err(hash_error)?
+        {
+            self.limiter.record_failure(&key, client, Instant::now());
+            return Err(AppError::invalid("current_password", "is incorrect"));
+        }
+        let hash = self.hasher.hash(new_pw.expose()).await.map_err(hash_error)?;
+        let at = Utc::now();
+        let changed = self
+            .store
+            .set_password_hash(user.id, &user.password_hash, &hash, at)
+            .await
+            .map_err(internal("storing new password"))?;
+        if !changed {
+            return Err(AppError::Conflict(
+                "the password was changed concurrently; sign in again".into(),
+            ));
+        }
+        self.limiter.record_success(&key, client);
+        tracing::info!(user = %who.username, "password changed");
+        Ok(at)
+    }
+}
+
+/// Result of [`Accounts::bootstrap_admin`].
+#[derive(Debug)]
+pub struct Bootstrapped {
+    /// Set when no password was configured; print it once.
+    pub generated_password: Option<String>,
+}
+
+fn principal(u: &UserRow) -> Result<Principal, AppError> {
+    Ok(Principal {
+        user_id: UserId(u.id),
+        username: Username::parse(&u.username).map_err(|_| {
+            tracing::error!(username = %u.username, "stored username is not valid");
+            AppError::Internal
+        })?,
+        is_admin: u.is_admin,
+    })
+}
+
+fn hash_error(e: HashError) -> AppError {
+    match e {
+        HashError::Busy(_) => AppError::RateLimited {
+            retry_after_secs: 1,
+        },
+        HashError::Internal => {
+            tracing::error!("password hashing failed");
+            AppError::Internal
+        }
+    }
+}
+
+/// 20 characters from a 56-symbol alphabet without look-alikes (~116 bits).
+fn generate_password() -> String {
+    use rand_core::{OsRng, RngCore};
+    const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let mut out = String::with_capacity(20);
+    while out.len() < 20 {
+        let b = (OsRng.next_u32() & 0xff) as usize;
+        // Rejection sampling keeps the distribution uniform.
+        if b < 256 - 256 % ALPHABET.len() {
+            out.push(ALPHABET[b % ALPHABET.len()] as char);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generated_passwords_meet_the_policy_and_differ() {
+        let a = super::generate_password();
+        let b = super::generate_password();
+        assert_eq!(a.len(), 20);
+        assert_ne!(a, b);
+        assert!(tessera_domain::account::NewPassword::parse(&a, "p").is_ok());
+    }
+}

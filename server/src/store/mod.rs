@@ -1,0 +1,97 @@
+//! The only place with SQL.
+//!
+//! One [`Store`] over two backends: SQLite (the embedded default) and PostgreSQL
+//! (production). Queries are written once, in the dialect both share (`$1` placeholders,
+//! `RETURNING`, `ON CONFLICT`), and [`on_pool!`] runs the same code against whichever pool
+//! is configured. A backend-specific branch appears only where the dialects really differ.
+
+mod users;
+
+pub use users::UserRow;
+
+use anyhow::Context;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{PgPool, SqlitePool};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A connection pool to one of the supported databases.
+#[derive(Clone, Debug)]
+pub enum Store {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to the concrete pool, whichever backend is configured.
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match $store {
+            $crate::store::Store::Sqlite($pool) => $body,
+            $crate::store::Store::Postgres($pool) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+impl Store {
+    /// Connects to `url` (`sqlite:…` or `postgres://…`). For SQLite the file and its folder
+    /// are created when missing.
+    pub async fn connect(url: &str) -> anyhow::Result<Store> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let opts = PgConnectOptions::from_str(url).context("invalid PostgreSQL URL")?;
+            let pool = PgPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(opts)
+                .await
+                .context("cannot connect to PostgreSQL")?;
+            Ok(Store::Postgres(pool))
+        } else if url.starts_with("sqlite:") {
+            let opts = SqliteConnectOptions::from_str(url)
+                .context("invalid SQLite URL")?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .foreign_keys(true)
+                .busy_timeout(Duration::from_secs(10));
+            let path = opts.get_filename().to_path_buf();
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create database folder {}", dir.display()))?;
+            }
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(opts)
+                .await
+                .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+            Ok(Store::Sqlite(pool))
+        } else {
+            anyhow::bail!("must start with sqlite: or postgres://")
+        }
+    }
+
+    /// Applies pending migrations for this backend.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        match self {
+            Store::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await?,
+            Store::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
+        }
+        Ok(())
+    }
+
+    /// `SELECT 1`: used by `/readyz`.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Integration tests: the real router on port 0 against a fresh database, on SQLite and
+//! (when `TESSERA_TEST_PG_URL` is set, as `cargo xtask test` does) PostgreSQL.
+
+mod accounts;
+mod platform;
+mod support;

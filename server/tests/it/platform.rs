@@ -1,0 +1,102 @@
+//! Health, readiness, metrics, pages, configuration errors and load shedding.
+
+use crate::on_both_databases;
+use crate::support::{ADMIN_PASSWORD, Db, TestApp};
+use std::time::{Duration, Instant};
+
+on_both_databases!(
+    health_ready_and_metrics,
+    pages_render_and_protect_themselves,
+    a_login_flood_gets_429_and_does_not_starve_other_requests,
+);
+
+async fn health_ready_and_metrics(db: Db) {
+    let app = TestApp::spawn(db).await;
+    let c = reqwest::Client::new();
+    assert_eq!(c.get(app.url("/healthz")).send().await.expect("req").text().await.expect("b"), "ok");
+    assert_eq!(c.get(app.url("/readyz")).send().await.expect("req").status(), 200);
+    let _ = c.get(app.url("/login")).send().await.expect("req");
+    let m = c.get(app.url("/metrics")).send().await.expect("req").text().await.expect("b");
+    assert!(m.contains("tessera_http_requests_total{"), "{m}");
+    assert!(m.contains(r#"route="/login""#), "{m}");
+    assert!(m.contains("tessera_http_request_duration_seconds_bucket{"), "{m}");
+}
+
+async fn pages_render_and_protect_themselves(db: Db) {
+    let app = TestApp::spawn(db).await;
+    let b = app.browser();
+    let login = b.client.get(app.url("/login")).send().await.expect("req");
+    assert_eq!(login.status(), 200);
+    let html = login.text().await.expect("body");
+    assert!(html.contains("Sign in to Tessera") && html.contains("name=\"password\""));
+    // Anonymous visitors are sent to the login page.
+    let dash = b.client.get(app.url("/")).send().await.expect("req");
+    assert_eq!(dash.status(), 302);
+    assert_eq!(dash.headers()["location"], "/login");
+    assert!(b.login("admin", ADMIN_PASSWORD).await.status().is_success());
+    let dash = b.client.get(app.url("/")).send().await.expect("req");
+    assert_eq!(dash.status(), 200);
+    let html = dash.text().await.expect("body");
+    assert!(html.contains("Dashboard") && html.contains("not built yet"), "{html}");
+    let missing = b.client.get(app.url("/no/such/page")).send().await.expect("req");
+    assert_eq!(missing.status(), 404);
+}
+
+async fn a_login_flood_gets_429_and_does_not_starve_other_requests(db: Db) {
+    let app = TestApp::spawn_with(db, |c| {
+        c.login_concurrency = Some(1);
+        c.login_queue = 1;
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let b = app.browser();
+        tasks.push(tokio::spawn(async move {
+            let r = b.login(&format!("flood{i}"), "some-password-here").await;
+            (r.status().as_u16(), r.headers().get("retry-after").is_some())
+        }));
+    }
+    // While the flood runs, health checks still answer promptly.
+    let c = reqwest::Client::new();
+    let t = Instant::now();
+    let h = c.get(app.url("/healthz")).send().await.expect("req");
+    assert!(h.status().is_success());
+    assert!(t.elapsed() < Duration::from_secs(5), "healthz took {:?}", t.elapsed());
+    let mut limited = 0;
+    for t in tasks {
+        let (status, retry_after) = t.await.expect("join");
+        assert!(status == 401 || status == 429, "{status}");
+        if status == 429 {
+            assert!(retry_after, "429 carries Retry-After");
+            limited += 1;
+        }
+    }
+    assert!(limited > 0, "some of the flood was shed");
+}
+
+#[test]
+fn bad_configuration_fails_at_start_naming_the_setting() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .env("TESSERA_DATABASE_URL", "mysql://nope")
+        .output()
+        .expect("run tessera");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TESSERA_DATABASE_URL"), "{err}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--session-idle-timeout", "forever"])
+        .output()
+        .expect("run tessera");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--session-idle-timeout"), "{err}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--bind", "not-an-address"])
+        .output()
+        .expect("run tessera");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--bind"));
+}

@@ -1,0 +1,190 @@
+//! `TestApp::spawn(Db::Sqlite)` boots the whole app on a fresh database.
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use std::net::SocketAddr;
+use tessera_server::config::{Secret, ServeConfig};
+use tokio::sync::oneshot;
+
+pub const ADMIN_PASSWORD: &str = "integration-admin-pw";
+
+#[derive(Debug, Clone, Copy)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub base: String,
+    _shutdown: oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs each listed test body once per database backend.
+#[macro_export]
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name($crate::support::Db::Sqlite).await } )*
+        }
+        mod postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() {
+                   if $crate::support::postgres_url().is_none() { return; }
+                   super::$name($crate::support::Db::Postgres).await
+               } )*
+        }
+    };
+}
+
+/// The PostgreSQL server to test against. With `TESSERA_REQUIRE_PG` set (CI), its absence
+/// fails the run instead of skipping.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("TESSERA_TEST_PG_URL") {
+        Ok(u) => Some(u),
+        Err(_) if std::env::var_os("TESSERA_REQUIRE_PG").is_some() => {
+            panic!("TESSERA_REQUIRE_PG is set but TESSERA_TEST_PG_URL is not")
+        }
+        Err(_) => {
+            eprintln!("PostgreSQL tests skipped: set TESSERA_TEST_PG_URL (cargo xtask test does)");
+            None
+        }
+    }
+}
+
+/// A fresh, empty database on the configured PostgreSQL server.
+async fn fresh_pg_database() -> String {
+    use sqlx::Connection;
+    let url = postgres_url().expect("postgres url");
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect to PostgreSQL");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    let (base, _) = url.rsplit_once('/').expect("url has a database part");
+    format!("{base}/{name}")
+}
+
+impl TestApp {
+    pub async fn spawn(db: Db) -> TestApp {
+        Self::spawn_with(db, |_| {}).await
+    }
+
+    pub async fn spawn_with(db: Db, tweak: impl FnOnce(&mut ServeConfig)) -> TestApp {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = match db {
+            Db::Sqlite => format!("sqlite://{}/t.db?mode=rwc", dir.path().display()),
+            Db::Postgres => fresh_pg_database().await,
+        };
+        let mut config = ServeConfig::for_tests(&url);
+        config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
+        config.site_root = dir.path().join("site");
+        tweak(&mut config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            if let Err(e) = tessera_server::run(config, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            {
+                panic!("server failed: {e:#}");
+            }
+        });
+        let app = TestApp {
+            addr,
+            base: format!("http://{addr}"),
+            _shutdown: tx,
+            _dir: dir,
+        };
+        app.wait_ready().await;
+        app
+    }
+
+    async fn wait_ready(&self) {
+        let c = reqwest::Client::new();
+        for _ in 0..300 {
+            if let Ok(r) = c.get(format!("{}/readyz", self.base)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("app did not become ready");
+    }
+
+    /// A browser-like client: keeps cookies, sends a same-origin `Origin`.
+    pub fn browser(&self) -> Browser {
+        let mut h = HeaderMap::new();
+        h.insert("origin", HeaderValue::from_str(&self.base).expect("origin"));
+        Browser {
+            client: reqwest::Client::builder()
+                .cookie_store(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .default_headers(h)
+                .build()
+                .expect("client"),
+            base: self.base.clone(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+pub struct Browser {
+    pub client: reqwest::Client,
+    pub base: String,
+}
+
+impl Browser {
+    /// Calls a server function the way the hydrated UI does (form-encoded in, JSON out).
+    pub async fn call(&self, name: &str, form: &[(&str, &str)]) -> reqwest::Response {
+        self.client
+            .post(format!("{}/fn/{name}", self.base))
+            .form(form)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    pub async fn login(&self, username: &str, password: &str) -> reqwest::Response {
+        self.call("login", &[("username", username), ("password", password)])
+            .await
+    }
+
+    /// `Some(username)` when the session is signed in.
+    pub async fn whoami(&self) -> Option<String> {
+        let r = self.call("current_user", &[]).await;
+        assert!(r.status().is_success(), "current_user: {}", r.status());
+        let v: serde_json::Value = r.json().await.expect("json");
+        v.get("username").and_then(|u| u.as_str()).map(str::to_owned)
+    }
+}
+
+/// The session cookie (`name=value`) a response sets, if any.
+pub fn session_cookie(r: &reqwest::Response) -> Option<String> {
+    set_cookies(r)
+        .into_iter()
+        .find(|c| c.contains("tessera_session="))
+        .and_then(|c| c.split(';').next().map(str::to_owned))
+}
+
+pub fn set_cookies(r: &reqwest::Response) -> Vec<String> {
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_owned))
+        .collect()
+}
+
+pub async fn error_kind(r: reqwest::Response) -> (u16, serde_json::Value) {
+    let status = r.status().as_u16();
+    let v: serde_json::Value = r.json().await.expect("json error body");
+    (status, v)
+}
