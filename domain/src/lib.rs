@@ -8,3 +8,4 @@ pub mod account;
 pub mod error;
 pub mod ids;
 pub mod mig;
+pub mod planner;

@@ -15,6 +15,7 @@ mod enumerate;
 mod layout;
 mod share;
 
+pub(crate) use catalog::range_mask as range_mask_of;
 pub use catalog::{
     Catalog, CatalogError, GpuModel, GpuModelSpec, MAX_PROFILES, Placement, Profile, ProfileIdx,
 };

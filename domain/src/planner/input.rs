@@ -1,0 +1,164 @@
+//! The planner's input: the cluster as observed and the pending requests,
+//! in the JSON shape of `tessera plan` (docs/planner.md).
+
+use serde::{Deserialize, Serialize};
+
+use crate::mig::GpuModel;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    /// Profile tables read from devices; they take precedence over the
+    /// built-in catalog for GPUs of the same model name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<GpuModel>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    pub name: String,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    /// CPU already taken by running work (default 0).
+    #[serde(default)]
+    pub cpu_used_milli: u64,
+    /// Memory already taken by running work (default 0).
+    #[serde(default)]
+    pub memory_used_mib: u64,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+}
+
+/// How a GPU is offered: partitioned with MIG, handed out whole, or
+/// time-sliced in milli-GPU shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    Mig,
+    Whole,
+    Shared,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    pub index: u32,
+    pub model: String,
+    pub mode: GpuMode,
+    /// Whether the planner may create or destroy instances or change the
+    /// mode of this GPU now (default false: only existing capacity is used).
+    #[serde(default)]
+    pub reconfigurable: bool,
+    /// `mig` mode: the current GPU instances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<MigInstance>,
+    /// `whole` mode: whether the GPU is in use.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub busy: bool,
+    /// `shared` mode: milli-GPU already handed out (0..=1000).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub used_milli: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigInstance {
+    pub profile: String,
+    pub start: u8,
+    #[serde(default)]
+    pub busy: bool,
+}
+
+/// A pending request. At most one of `mig`, `gpus` and `gpu_milli`; none of
+/// them asks for CPU and memory only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    #[serde(default)]
+    pub priority: i32,
+    /// A MIG profile name, e.g. `1g.10gb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
+    /// Whole GPUs, all on one node and of one model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// A time-sliced share of one GPU, 1..=1000 milli-GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_milli: Option<u32>,
+    #[serde(default)]
+    pub cpu_milli: u64,
+    #[serde(default)]
+    pub memory_mib: u64,
+    /// Allowed GPU models; empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+}
+
+/// A semantic error in the input, located by a JSON path such as
+/// `nodes[0].gpus[1].instances[0]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct InputError {
+    pub path: String,
+    pub message: String,
+}
+
+impl InputError {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        InputError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What a request asks for, once checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ask {
+    Cpu,
+    Mig(String),
+    Whole(u32),
+    Share(u32),
+}
+
+impl Request {
+    pub(crate) fn ask(&self, position: usize) -> Result<Ask, InputError> {
+        let path = |field: &str| format!("[{position}].{field}");
+        let given = [
+            self.mig.is_some(),
+            self.gpus.is_some(),
+            self.gpu_milli.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if given > 1 {
+            return Err(InputError::new(
+                format!("[{position}]"),
+                "give at most one of mig, gpus and gpu_milli",
+            ));
+        }
+        if self.id.is_empty() {
+            return Err(InputError::new(path("id"), "must not be empty"));
+        }
+        Ok(match (&self.mig, self.gpus, self.gpu_milli) {
+            (Some(p), _, _) => Ask::Mig(p.clone()),
+            (_, Some(0), _) => return Err(InputError::new(path("gpus"), "must be at least 1")),
+            (_, Some(n), _) => Ask::Whole(n),
+            (_, _, Some(m)) if m == 0 || m > 1000 => {
+                return Err(InputError::new(path("gpu_milli"), "must be 1..=1000"));
+            }
+            (_, _, Some(m)) => Ask::Share(m),
+            _ => Ask::Cpu,
+        })
+    }
+}

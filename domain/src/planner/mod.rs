@@ -1,0 +1,146 @@
+//! The cluster planner: decides where every pending request goes, which
+//! idle GPUs to re-partition, and why the rest wait. Pure and
+//! deterministic; docs/planner.md describes the algorithm, its cost and the
+//! JSON schema of `tessera plan`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod cli;
+mod engine;
+pub mod fractional;
+mod input;
+mod output;
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+
+pub use engine::{Decision, Engine, Unplaced};
+pub use input::{Cluster, Gpu, GpuMode, InputError, MigInstance, Node, Request};
+pub use output::{Assignment, Pending, Plan, Reconfiguration};
+
+use crate::mig::Catalog;
+use fractional::{Policy, ShareAsk, Workload};
+use input::Ask;
+
+/// Plans `requests` onto `cluster`: highest priority first, then larger
+/// asks, then input order; each placed where it costs the fewest
+/// reconfigurations and leaves the most options open.
+pub fn plan(
+    cluster: &Cluster,
+    requests: &[Request],
+    catalog: &Catalog,
+) -> Result<Plan, InputError> {
+    let mut engine = Engine::new(cluster, catalog)?;
+    let initial = engine.clone();
+    let resolved = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| engine.resolve(r, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ids = BTreeSet::new();
+    for (i, r) in requests.iter().enumerate() {
+        if !ids.insert(r.id.as_str()) {
+            return Err(InputError::new(
+                format!("[{i}].id"),
+                format!("request id {} appears twice", r.id),
+            ));
+        }
+    }
+    engine.set_policy(Policy::Fragmentation(Workload::from_asks(
+        resolved
+            .iter()
+            .filter_map(|r| r.share_ask().map(|a| (a, r.model_mask()))),
+    )));
+
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|&i| {
+        (
+            Reverse(requests[i].priority),
+            Reverse(resolved[i].size_milli()),
+            i,
+        )
+    });
+    let mut outcomes = vec![None; requests.len()];
+    for i in order {
+        outcomes[i] = Some(engine.place_resolved(&resolved[i]));
+    }
+
+    let summary = engine.summary();
+    let mut plan = Plan::default();
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let request = requests[i].id.clone();
+        match outcome {
+            Some(Ok(d)) => {
+                let p = engine.decision_parts(&d);
+                plan.assignments.push(Assignment {
+                    request,
+                    node: engine.node_name(p.node).to_owned(),
+                    gpu: p.gpus.first().copied(),
+                    gpus: if p.gpus.len() > 1 { p.gpus } else { Vec::new() },
+                    profile: p.profile,
+                    start: p.start,
+                    milli: p.milli,
+                });
+            }
+            Some(Err(u)) => plan.pending.push(Pending {
+                request,
+                reason: engine.reason(&resolved[i], u, &summary),
+            }),
+            None => {}
+        }
+    }
+    for g in 0..engine.gpu_count() {
+        let (mode0, before) = initial.gpu_layout(g);
+        let (mode1, after) = engine.gpu_layout(g);
+        if mode0 == mode1 && before == after {
+            continue;
+        }
+        let (node, index) = engine.gpu_ref(g);
+        plan.reconfigurations.push(Reconfiguration {
+            node: engine.node_name(node).to_owned(),
+            gpu: index,
+            mode: mode1,
+            from_mode: (mode0 != mode1).then_some(mode0),
+            destroy: before
+                .iter()
+                .filter(|i| !after.contains(i))
+                .cloned()
+                .collect(),
+            create: after
+                .iter()
+                .filter(|i| !before.contains(i))
+                .cloned()
+                .collect(),
+        });
+    }
+    Ok(plan)
+}
+
+impl engine::Resolved {
+    fn share_ask(&self) -> Option<ShareAsk> {
+        match self.ask() {
+            Ask::Share(m) => Some(ShareAsk {
+                cpu: self.cpu(),
+                mem: self.mem(),
+                count: 1,
+                milli: *m,
+            }),
+            Ask::Whole(n) => Some(ShareAsk {
+                cpu: self.cpu(),
+                mem: self.mem(),
+                count: *n,
+                milli: 1000,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The ask's size in milli-GPU, to place larger asks first.
+    fn size_milli(&self) -> u32 {
+        match self.ask() {
+            Ask::Cpu => 0,
+            Ask::Share(m) => *m,
+            Ask::Whole(n) => n.saturating_mul(1000),
+            Ask::Mig(_) => self.mig_milli(),
+        }
+    }
+}

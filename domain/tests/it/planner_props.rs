@@ -1,0 +1,214 @@
+//! Invariants of the planner over random clusters and request streams.
+
+use proptest::prelude::*;
+use tessera_domain::mig::{Catalog, Instance};
+use tessera_domain::planner::{Cluster, Engine, Gpu, GpuMode, MigInstance, Node, Request, plan};
+
+const MODELS: [&str; 4] = ["H100-80GB", "A100-SXM4-40GB", "A30-24GB", "V100-32GB"];
+const PROFILES: [&str; 8] = [
+    "1g.10gb",
+    "3g.40gb",
+    "1g.5gb",
+    "2g.10gb",
+    "7g.80gb",
+    "4g.24gb",
+    "1g.6gb+me",
+    "3g.20gb",
+];
+
+/// A random GPU: mode, and for MIG a random valid layout built by adding
+/// random `(profile, start)` pairs that fit, each busy or idle.
+fn gpu(index: u32) -> impl Strategy<Value = Gpu> {
+    (
+        0..MODELS.len(),
+        0..3u8,
+        any::<bool>(),
+        any::<bool>(),
+        0..=1000u32,
+        prop::collection::vec((0..16usize, 0..8u8, any::<bool>()), 0..6),
+    )
+        .prop_map(move |(m, mode, reconfigurable, busy, used, tries)| {
+            let catalog = Catalog::builtin();
+            let model = MODELS[m];
+            let table = catalog.get(model);
+            let mode = match (mode, table) {
+                (0, Some(_)) => GpuMode::Mig,
+                (1, _) => GpuMode::Whole,
+                _ => GpuMode::Shared,
+            };
+            let mut instances: Vec<MigInstance> = Vec::new();
+            if let (GpuMode::Mig, Some(t)) = (mode, table) {
+                let mut named: Vec<Instance> = Vec::new();
+                for (p, start, busy) in tries {
+                    let profile = &t.profiles()[p % t.profiles().len()];
+                    let cand = Instance {
+                        profile: profile.name.clone(),
+                        start,
+                    };
+                    named.push(cand.clone());
+                    if t.validate(&named).is_ok() {
+                        instances.push(MigInstance {
+                            profile: cand.profile,
+                            start,
+                            busy,
+                        });
+                    } else {
+                        named.pop();
+                    }
+                }
+            }
+            Gpu {
+                index,
+                model: model.to_owned(),
+                mode,
+                reconfigurable,
+                instances,
+                busy: mode == GpuMode::Whole && busy,
+                used_milli: if mode == GpuMode::Shared { used } else { 0 },
+            }
+        })
+}
+
+fn node(i: usize) -> impl Strategy<Value = Node> {
+    (1..5u64, 0..=100u64, 0..5usize)
+        .prop_flat_map(move |(cores, used_pct, n)| {
+            let gpus: Vec<_> = (0..n as u32).map(gpu).collect();
+            (Just(cores), Just(used_pct), gpus)
+        })
+        .prop_map(move |(cores, used_pct, gpus)| Node {
+            name: format!("n{i}"),
+            cpu_milli: cores * 8000,
+            memory_mib: cores * 32768,
+            cpu_used_milli: cores * 8000 * used_pct / 100,
+            memory_used_mib: 0,
+            gpus,
+        })
+}
+
+fn cluster() -> impl Strategy<Value = Cluster> {
+    (1..5usize)
+        .prop_flat_map(|n| (0..n).map(node).collect::<Vec<_>>())
+        .prop_map(|nodes| Cluster {
+            nodes,
+            models: Vec::new(),
+        })
+}
+
+fn request(i: usize) -> impl Strategy<Value = Request> {
+    (
+        0..4u8,
+        0..PROFILES.len(),
+        1..4u32,
+        1..=1000u32,
+        0..12000u64,
+        0..3i32,
+        prop::option::of(0..MODELS.len()),
+    )
+        .prop_map(
+            move |(kind, p, gpus, milli, cpu, priority, model)| Request {
+                id: format!("r{i}"),
+                team: None,
+                priority,
+                mig: (kind == 0).then(|| PROFILES[p].to_owned()),
+                gpus: (kind == 1).then_some(gpus),
+                gpu_milli: (kind == 2).then_some(milli),
+                cpu_milli: cpu,
+                memory_mib: cpu * 2,
+                models: model
+                    .map(|m| vec![MODELS[m].to_owned()])
+                    .unwrap_or_default(),
+            },
+        )
+}
+
+fn requests() -> impl Strategy<Value = Vec<Request>> {
+    (0..14usize).prop_flat_map(|n| (0..n).map(request).collect::<Vec<_>>())
+}
+
+fn busy_instances(c: &Cluster) -> Vec<(String, u32, String, u8)> {
+    let mut out = Vec::new();
+    for n in &c.nodes {
+        for g in &n.gpus {
+            for i in g.instances.iter().filter(|i| i.busy) {
+                out.push((n.name.clone(), g.index, i.profile.clone(), i.start));
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn every_state_the_planner_reaches_is_valid(c in cluster(), rs in requests()) {
+        let catalog = Catalog::builtin();
+        let mut engine = Engine::new(&c, &catalog).unwrap();
+        for r in &rs {
+            let _ = engine.place(r).unwrap();
+            let snap = engine.snapshot();
+            // Re-parsing checks every MIG layout, CPU and memory within the
+            // node, and used_milli within 0..=1000.
+            prop_assert!(Engine::new(&snap, &catalog).is_ok(), "{:?}", Engine::new(&snap, &catalog).err());
+            for n in &snap.nodes {
+                for g in n.gpus.iter().filter(|g| g.mode == GpuMode::Mig) {
+                    let t = catalog.get(&g.model).unwrap();
+                    let layout: Vec<Instance> = g.instances.iter()
+                        .map(|i| Instance { profile: i.profile.clone(), start: i.start }).collect();
+                    prop_assert!(t.validate(&layout).is_ok());
+                }
+            }
+            // No busy instance is destroyed or moved.
+            let after = busy_instances(&snap);
+            for b in busy_instances(&c) {
+                prop_assert!(after.contains(&b), "busy instance {:?} disappeared", b);
+            }
+        }
+    }
+
+    #[test]
+    fn placing_then_releasing_restores_the_cluster(c in cluster(), rs in requests()) {
+        let catalog = Catalog::builtin();
+        let mut engine = Engine::new(&c, &catalog).unwrap();
+        let before = engine.clone();
+        let decisions: Vec<_> = rs.iter().filter_map(|r| engine.place(r).unwrap().ok()).collect();
+        for d in decisions.into_iter().rev() {
+            engine.release(d);
+        }
+        prop_assert!(engine == before);
+        prop_assert_eq!(engine.snapshot(), before.snapshot());
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_never_destroy_busy_instances(c in cluster(), rs in requests()) {
+        let catalog = Catalog::builtin();
+        let p = plan(&c, &rs, &catalog).unwrap();
+        prop_assert_eq!(&p, &plan(&c, &rs, &catalog).unwrap());
+        prop_assert_eq!(p.assignments.len() + p.pending.len(), rs.len());
+        let busy = busy_instances(&c);
+        for r in &p.reconfigurations {
+            for d in &r.destroy {
+                prop_assert!(!busy.contains(&(r.node.clone(), r.gpu, d.profile.clone(), d.start)));
+            }
+        }
+        for pending in &p.pending {
+            prop_assert!(!pending.reason.is_empty());
+        }
+        // CPU handed out on each node stays within what was free.
+        for n in &c.nodes {
+            let cpu: u64 = p.assignments.iter().filter(|a| a.node == n.name)
+                .map(|a| rs.iter().find(|r| r.id == a.request).map_or(0, |r| r.cpu_milli)).sum();
+            prop_assert!(n.cpu_used_milli + cpu <= n.cpu_milli);
+        }
+        // Shares on one GPU never exceed 1000 milli.
+        for n in &c.nodes {
+            for g in &n.gpus {
+                let added: u32 = p.assignments.iter()
+                    .filter(|a| a.node == n.name && a.gpu == Some(g.index))
+                    .filter_map(|a| a.milli).sum();
+                prop_assert!(g.used_milli + added <= 1000 || g.mode != GpuMode::Shared);
+                prop_assert!(added <= 1000);
+            }
+        }
+    }
+}
