@@ -1,1 +1,224 @@
-fn main() {}
+//! `tessera-agent`: see `agent/README.md`.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tessera_agent::backend::{GpuBackend, inventory};
+use tessera_agent::link::{Credentials, HttpLink};
+use tessera_agent::nvml::NvmlBackend;
+use tessera_agent::run::{Agent, RunConfig};
+use tessera_agent::sim::SimNode;
+use tessera_agent::spool::Spool;
+use tessera_agent::telemetry::Telemetry;
+use tessera_domain::wire::RegisterRequest;
+
+#[derive(Parser, Debug)]
+#[command(name = "tessera-agent", version, about = "Tessera node agent")]
+struct Cli {
+    #[command(flatten)]
+    backend: BackendArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the GPUs, MIG modes, profile tables, placements and instances,
+    /// without changing anything.
+    Inventory {
+        /// JSON (the `Inventory` wire type) instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct BackendArgs {
+    /// Use simulated GPUs instead of NVML.
+    #[arg(long, global = true, env = "TESSERA_AGENT_SIMULATE")]
+    simulate: bool,
+    /// Simulated GPU models, comma-separated (catalog names such as
+    /// A100-SXM4-40GB or H100-80GB; `nomig:<name>` for a GPU without MIG).
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "A100-SXM4-40GB,H100-80GB",
+        env = "TESSERA_AGENT_SIM_GPUS"
+    )]
+    gpus: Vec<String>,
+    /// Seed for simulated UUIDs.
+    #[arg(long, global = true, default_value_t = 1)]
+    sim_seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Server base URL, e.g. http://tessera.example:3000.
+    #[arg(long, env = "TESSERA_SERVER")]
+    server: Option<String>,
+    /// One-time join token from the server; needed only until the node
+    /// credential is saved in the state directory.
+    #[arg(long, env = "TESSERA_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    /// Where the credential and the telemetry spool live.
+    #[arg(
+        long,
+        env = "TESSERA_AGENT_STATE_DIR",
+        default_value = "/var/lib/tessera-agent"
+    )]
+    state_dir: PathBuf,
+    /// Allow the agent to change MIG mode and instances. Without it the
+    /// agent only reports.
+    #[arg(long, env = "TESSERA_AGENT_MANAGE_MIG")]
+    manage_mig: bool,
+    #[arg(long, default_value_t = 10)]
+    telemetry_interval_s: u64,
+    #[arg(long, default_value_t = 10)]
+    reconcile_interval_s: u64,
+    #[arg(long, default_value_t = 30)]
+    heartbeat_interval_s: u64,
+    /// Unacknowledged samples kept on disk (oldest dropped and counted
+    /// beyond this); the default is a day at 10 s.
+    #[arg(long, default_value_t = 8640)]
+    spool_capacity: usize,
+}
+
+fn backend(args: &BackendArgs) -> anyhow::Result<Arc<dyn GpuBackend>> {
+    if args.simulate {
+        Ok(Arc::new(SimNode::new(&args.gpus, args.sim_seed)?))
+    } else {
+        Ok(Arc::new(NvmlBackend::init()?))
+    }
+}
+
+fn print_summary(inv: &tessera_domain::wire::Inventory) {
+    for g in &inv.gpus {
+        let mode = g
+            .mig_mode
+            .map(|m| format!("MIG {:?} (pending {:?})", m.current, m.pending))
+            .unwrap_or_else(|| "no MIG".to_owned());
+        println!(
+            "GPU {} {} {} {} MiB, {mode}",
+            g.index, g.uuid, g.name, g.memory_mib
+        );
+        for p in &g.profiles {
+            let starts: Vec<String> = p.placements.iter().map(|pl| pl.start.to_string()).collect();
+            println!(
+                "  profile {:>3} {:<12} {}g {} mem slices, max {}, {} MiB, placements {{{}}}:{}",
+                p.id,
+                p.name,
+                p.compute_slices,
+                p.memory_slices,
+                p.max_count,
+                p.memory_mib,
+                starts.join(","),
+                p.memory_slices
+            );
+        }
+        if let Some(e) = &g.profiles_error {
+            println!("  profiles: {e}");
+        }
+        for i in &g.instances {
+            for ci in &i.compute_instances {
+                println!(
+                    "  instance {}@{} gi {} ci {} {} processes {:?}",
+                    i.profile,
+                    i.start,
+                    i.gi_id,
+                    ci.ci_id,
+                    ci.uuid.as_deref().unwrap_or("-"),
+                    ci.process_count
+                );
+            }
+            if i.compute_instances.is_empty() {
+                println!(
+                    "  instance {}@{} gi {} (no compute instance)",
+                    i.profile, i.start, i.gi_id
+                );
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let backend = backend(&cli.backend)?;
+    if let Some(Command::Inventory { json }) = cli.command {
+        let inv = inventory(backend.as_ref())?;
+        if json {
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, &inv)?;
+            std::io::Write::write_all(&mut out, b"\n")?;
+        } else {
+            print_summary(&inv);
+        }
+        return Ok(());
+    }
+    let args = cli.run;
+    let server = args
+        .server
+        .context("--server is required (or use `tessera-agent inventory`)")?;
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("creating state dir {}", args.state_dir.display()))?;
+    let cred_path = args.state_dir.join("credential.json");
+    let creds = match Credentials::load(&cred_path)? {
+        Some(c) if c.server == server.trim_end_matches('/') => c,
+        _ => {
+            let token = args
+                .join_token
+                .context("not registered yet: pass --join-token from the server")?;
+            let hostname = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "unknown".to_owned());
+            let c = HttpLink::register(
+                &server,
+                &RegisterRequest {
+                    join_token: token,
+                    hostname,
+                    agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                },
+            )
+            .await?;
+            c.save(&cred_path)?;
+            tracing::info!(node_id = %c.node_id, "registered");
+            c
+        }
+    };
+    let link = HttpLink::new(&creds)?;
+    // Segments of 60 samples (10 minutes at the default interval).
+    let spool = Spool::open(
+        &args.state_dir.join("spool"),
+        60,
+        args.spool_capacity.div_ceil(60).max(1),
+    )?;
+    let cfg = RunConfig {
+        manage_mig: args.manage_mig,
+        reconcile_every: Duration::from_secs(args.reconcile_interval_s.max(1)),
+        telemetry_every: Duration::from_secs(args.telemetry_interval_s.max(1)),
+        heartbeat_every: Duration::from_secs(args.heartbeat_interval_s.max(1)),
+    };
+    tracing::info!(node_id = %creds.node_id, manage_mig = cfg.manage_mig, "agent started");
+    Agent::new(backend, link, cfg, Telemetry::new(spool))
+        .run(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    run(Cli::parse()).await
+}

@@ -1,0 +1,167 @@
+//! The one seam between the agent and a GPU driver.
+//!
+//! [`GpuBackend`] is implemented by NVML ([`crate::nvml`]) and by the
+//! simulator ([`crate::sim`]); the reconcile loop and telemetry see only this
+//! trait, so what is proven on the simulator is what runs on hardware. Calls
+//! are synchronous, as NVML's are, and return `domain::wire` values directly.
+//! GPUs are addressed by UUID because indices can change when a mode change
+//! re-binds a device.
+
+use std::fmt;
+
+use tessera_domain::wire::{
+    GpuInfo, GpuSample, Inventory, MigInstance, MigMode, MigModeState, ProfileInfo,
+};
+
+/// A physical GPU as enumeration reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_mib: u64,
+}
+
+/// What a successful `set_mig_mode` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeChange {
+    /// The new mode is current now (Hopper and newer).
+    Applied,
+    /// The new mode is pending until the GPU is reset (Ampere).
+    PendingReset,
+}
+
+/// Driver errors the agent acts on; everything else is [`ErrorKind::Other`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// `NVML_ERROR_INSUFFICIENT_RESOURCES`: overlap, or the profile's count is
+    /// exhausted.
+    InsufficientResources,
+    /// `NVML_ERROR_IN_USE`: processes (or compute instances) still there.
+    InUse,
+    NotSupported,
+    NoPermission,
+    NotFound,
+    InvalidArgument,
+    /// `NVML_ERROR_RESET_REQUIRED`, e.g. in a VM passthrough.
+    ResetRequired,
+    /// `NVML_ERROR_GPU_IS_LOST`: fell off the bus.
+    GpuLost,
+    /// The library could not be loaded or lacks a symbol.
+    LibraryUnavailable,
+    /// Only the simulator: the agent "died" here (fault injection).
+    Crashed,
+    Other(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct BackendError {
+    /// The driver call that failed, e.g. `create_gpu_instance`.
+    pub call: &'static str,
+    pub kind: ErrorKind,
+    pub detail: String,
+}
+
+impl BackendError {
+    pub fn new(call: &'static str, kind: ErrorKind, detail: impl Into<String>) -> Self {
+        BackendError {
+            call,
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {:?}", self.call, self.kind)?;
+        if !self.detail.is_empty() {
+            write!(f, " ({})", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+pub trait GpuBackend: Send + Sync {
+    /// All GPUs the driver can reach. A GPU that fell off the bus is left out.
+    fn devices(&self) -> Result<Vec<Device>, BackendError>;
+
+    /// `None` when the GPU is not MIG-capable.
+    fn mig_mode(&self, gpu: &str) -> Result<Option<MigModeState>, BackendError>;
+
+    /// The GPU-instance profile table with possible placements, read from the
+    /// device (IDs and names differ between GPU families).
+    fn profiles(&self, gpu: &str) -> Result<Vec<ProfileInfo>, BackendError>;
+
+    /// GPU instances with their placement, compute instances, MIG UUIDs and
+    /// process counts. Empty when MIG is disabled.
+    fn instances(&self, gpu: &str) -> Result<Vec<MigInstance>, BackendError>;
+
+    /// Creates a GPU instance of `profile_id` at an explicit placement and
+    /// returns its GI ID.
+    fn create_gpu_instance(
+        &self,
+        gpu: &str,
+        profile_id: u32,
+        start: u8,
+        size: u8,
+    ) -> Result<u32, BackendError>;
+
+    /// Fails with `InUse` while the GI has compute instances.
+    fn destroy_gpu_instance(&self, gpu: &str, gi_id: u32) -> Result<(), BackendError>;
+
+    /// Creates the compute instance spanning the whole GI and returns its ID.
+    fn create_full_compute_instance(&self, gpu: &str, gi_id: u32) -> Result<u32, BackendError>;
+
+    /// Fails with `InUse` while processes run on it.
+    fn destroy_compute_instance(
+        &self,
+        gpu: &str,
+        gi_id: u32,
+        ci_id: u32,
+    ) -> Result<(), BackendError>;
+
+    /// Needs an idle GPU (`InUse` otherwise). The caller must re-read handles
+    /// and instances afterwards.
+    fn set_mig_mode(&self, gpu: &str, mode: MigMode) -> Result<ModeChange, BackendError>;
+
+    /// One sample of the GPU and its MIG devices; values the driver cannot
+    /// give are `None`.
+    fn sample(&self, gpu: &str) -> Result<GpuSample, BackendError>;
+}
+
+/// Reads everything the server needs to know about the node. Per-GPU read
+/// errors are recorded in the GPU's entry rather than failing the whole
+/// inventory, so one broken GPU does not hide the others.
+pub fn inventory(backend: &dyn GpuBackend) -> Result<Inventory, BackendError> {
+    let mut gpus = Vec::new();
+    for d in backend.devices()? {
+        let mig_mode = backend.mig_mode(&d.uuid)?;
+        let (profiles, profiles_error) = if mig_mode.is_some() {
+            match backend.profiles(&d.uuid) {
+                Ok(p) => (p, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            }
+        } else {
+            (Vec::new(), Some("GPU is not MIG-capable".to_owned()))
+        };
+        let instances = match mig_mode {
+            Some(MigModeState {
+                current: MigMode::Enabled,
+                ..
+            }) => backend.instances(&d.uuid)?,
+            _ => Vec::new(),
+        };
+        gpus.push(GpuInfo {
+            index: d.index,
+            uuid: d.uuid,
+            name: d.name,
+            memory_mib: d.memory_mib,
+            mig_mode,
+            profiles,
+            profiles_error,
+            instances,
+        });
+    }
+    Ok(Inventory { gpus })
+}

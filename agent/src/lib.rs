@@ -1,0 +1,20 @@
+//! `tessera-agent`: the node agent. It reports a node's GPUs to the Tessera
+//! server, applies the MIG layout the server wants, and ships telemetry.
+//!
+//! - [`backend`]: the [`backend::GpuBackend`] trait, the only view of a GPU
+//!   driver; [`nvml`] (real GPUs) and [`sim`] (simulated GPUs) implement it.
+//! - [`reconcile`]: observe → diff → act → report, per GPU, with back-off.
+//! - [`telemetry`] and [`spool`]: sampling and the on-disk queue of samples
+//!   the server has not acknowledged.
+//! - [`link`]: the [`link::ServerLink`] trait and its HTTP client.
+//! - [`run`]: the process loop tying these together.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod backend;
+pub mod link;
+pub mod nvml;
+pub mod reconcile;
+pub mod run;
+pub mod sim;
+pub mod spool;
+pub mod telemetry;

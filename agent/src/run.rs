@@ -1,0 +1,177 @@
+//! The agent process: heartbeats, reconcile rounds and telemetry against a
+//! [`ServerLink`], on timers, until shutdown.
+//!
+//! Each round is also a public method, so tests drive the agent step by step
+//! with a fake server and no timers.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tessera_domain::wire::{ApplyStatus, DesiredState, Heartbeat, StatusReport};
+use tokio::sync::mpsc;
+
+use crate::backend::{GpuBackend, inventory};
+use crate::link::ServerLink;
+use crate::reconcile::Controller;
+use crate::telemetry::Telemetry;
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub manage_mig: bool,
+    pub reconcile_every: Duration,
+    pub telemetry_every: Duration,
+    pub heartbeat_every: Duration,
+}
+
+pub fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+pub struct Agent<L> {
+    backend: Arc<dyn GpuBackend>,
+    link: L,
+    cfg: RunConfig,
+    controller: Controller,
+    telemetry: Telemetry,
+    desired: DesiredState,
+    /// Statuses the server has not taken yet, latest per GPU.
+    unsent: BTreeMap<String, ApplyStatus>,
+    started: Instant,
+}
+
+impl<L: ServerLink> Agent<L> {
+    pub fn new(
+        backend: Arc<dyn GpuBackend>,
+        link: L,
+        cfg: RunConfig,
+        telemetry: Telemetry,
+    ) -> Self {
+        Agent {
+            backend,
+            link,
+            controller: Controller::new(cfg.manage_mig),
+            cfg,
+            telemetry,
+            desired: DesiredState::default(),
+            unsent: BTreeMap::new(),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
+    pub async fn heartbeat(&mut self) -> anyhow::Result<()> {
+        let inv = inventory(self.backend.as_ref())?;
+        self.link
+            .heartbeat(&Heartbeat {
+                at_unix_ms: unix_ms(),
+                agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                manages_mig: self.cfg.manage_mig,
+                inventory: inv,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Fetches the desired state (keeping the last one if the server is
+    /// unreachable), reconciles, and reports status changes as they happen.
+    pub async fn reconcile_round(&mut self, now_ms: u64) -> anyhow::Result<()> {
+        match self.link.desired_state().await {
+            Ok(d) => self.desired = d,
+            Err(e) => tracing::warn!(error = %e, "cannot fetch desired state; using the last one"),
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let backend = Arc::clone(&self.backend);
+        let desired = self.desired.clone();
+        let mut controller =
+            std::mem::replace(&mut self.controller, Controller::new(self.cfg.manage_mig));
+        // Driver calls block (creating an instance can take a while); the
+        // statuses stream out while they run, so `applying` is seen live.
+        let work = tokio::task::spawn_blocking(move || {
+            controller.tick(backend.as_ref(), &desired, now_ms, &mut |s| {
+                // The receiver lives until this task ends.
+                let _ = tx.send(s);
+            });
+            controller
+        });
+        while let Some(status) = rx.recv().await {
+            self.unsent.insert(status.gpu_uuid.clone(), status);
+            self.send_statuses().await;
+        }
+        self.controller = work.await?;
+        self.send_statuses().await;
+        Ok(())
+    }
+
+    async fn send_statuses(&mut self) {
+        if self.unsent.is_empty() {
+            return;
+        }
+        let report = StatusReport {
+            statuses: self.unsent.values().cloned().collect(),
+        };
+        match self.link.post_status(&report).await {
+            Ok(()) => self.unsent.clear(),
+            Err(e) => tracing::warn!(error = %e, "cannot post apply status; will retry"),
+        }
+    }
+
+    /// Takes a sample and sends everything unacknowledged.
+    pub async fn telemetry_round(&mut self, at_unix_ms: i64) -> anyhow::Result<()> {
+        let seq = self.telemetry.sample(self.backend.as_ref(), at_unix_ms)?;
+        tracing::debug!(seq, "sampled");
+        if let Err(e) = self.telemetry.flush(&self.link).await {
+            tracing::warn!(
+                error = %e,
+                spooled = self.telemetry.spool().len(),
+                dropped_total = self.telemetry.spool().dropped_total(),
+                "telemetry not delivered; kept in the spool"
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs until `shutdown` resolves. Errors in a round are logged, never
+    /// fatal: the next round starts from the driver's state again.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let mut heartbeat = tokio::time::interval(self.cfg.heartbeat_every);
+        let mut reconcile = tokio::time::interval(self.cfg.reconcile_every);
+        let mut telemetry = tokio::time::interval(self.cfg.telemetry_every);
+        for t in [&mut heartbeat, &mut reconcile, &mut telemetry] {
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                _ = heartbeat.tick() => {
+                    if let Err(e) = self.heartbeat().await {
+                        tracing::warn!(error = %e, "heartbeat failed");
+                    }
+                }
+                _ = reconcile.tick() => {
+                    let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    if let Err(e) = self.reconcile_round(now).await {
+                        tracing::warn!(error = %e, "reconcile round failed");
+                    }
+                }
+                _ = telemetry.tick() => {
+                    if let Err(e) = self.telemetry_round(unix_ms()).await {
+                        tracing::warn!(error = %e, "telemetry round failed");
+                    }
+                }
+            }
+        }
+    }
+}

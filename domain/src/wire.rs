@@ -1,0 +1,260 @@
+//! What the node agent (`tessera-agent`) and the server say to each other.
+//!
+//! Plain serde values, shared by both ends so the JSON cannot drift. The
+//! HTTP routes that carry them are documented in `agent/README.md`. Times
+//! are unix milliseconds chosen by the sender (this crate has no clock);
+//! quantities are integers (MiB, milliwatts, whole percent) so that nothing
+//! downstream (billing, idle detection) has to reason about floats.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /agent/v1/register`: a node trades a one-time join token for a
+/// long-lived node credential.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub join_token: String,
+    pub hostname: String,
+    pub agent_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub node_id: String,
+    /// Sent back as `Authorization: Bearer <credential>` on every later call.
+    pub credential: String,
+}
+
+/// `POST /agent/v1/heartbeat`: the node's full inventory, sent on start and
+/// then periodically.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub at_unix_ms: i64,
+    pub agent_version: String,
+    /// Whether the agent was started with `--manage-mig`; without it the
+    /// agent only reports and never changes a GPU.
+    pub manages_mig: bool,
+    pub inventory: Inventory,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub gpus: Vec<GpuInfo>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigMode {
+    Disabled,
+    Enabled,
+}
+
+/// `pending` differs from `current` while a mode change waits for a GPU
+/// reset (Ampere) or a reboot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigModeState {
+    pub current: MigMode,
+    pub pending: MigMode,
+}
+
+/// One physical GPU as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// The driver's enumeration index; may change across reboots, so the
+    /// server keys GPUs by `uuid`.
+    pub index: u32,
+    /// `GPU-…`.
+    pub uuid: String,
+    /// Product name as the driver prints it, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    pub memory_mib: u64,
+    /// `None` when the GPU is not MIG-capable.
+    pub mig_mode: Option<MigModeState>,
+    /// The GPU-instance profile table read from the device (IDs, names,
+    /// slices, max counts, placements). Empty when not MIG-capable or not
+    /// readable (`profiles_error` says why).
+    pub profiles: Vec<ProfileInfo>,
+    pub profiles_error: Option<String>,
+    /// GPU instances present now, with their compute instances flattened in.
+    pub instances: Vec<MigInstance>,
+}
+
+/// One row of a device's GPU-instance profile table, as read from the
+/// driver. Deliberately its own type rather than the catalog's: the wire
+/// format must not change when the planner's internals do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileInfo {
+    /// NVML profile ID (`info.id`), not the `NVML_GPU_INSTANCE_PROFILE_*` index.
+    pub id: u32,
+    pub name: String,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub max_count: u8,
+    pub memory_mib: u64,
+    pub placements: Vec<PlacementInfo>,
+}
+
+/// `{start,size}` in memory slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PlacementInfo {
+    pub start: u8,
+    pub size: u8,
+}
+
+/// A GPU instance and (if it has one) its compute instance: one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstance {
+    pub profile_id: u32,
+    /// Profile name such as `1g.10gb`; empty if the ID is not in the table.
+    pub profile: String,
+    /// Placement in memory slices.
+    pub start: u8,
+    pub size: u8,
+    pub gi_id: u32,
+    /// Compute instances inside this GPU instance. The agent creates exactly
+    /// one full-size CI per GI; others may exist if someone else made them.
+    pub compute_instances: Vec<ComputeInstanceInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeInstanceInfo {
+    pub ci_id: u32,
+    pub profile_id: u32,
+    /// Whether the CI spans its whole GPU instance (C == G), the only kind
+    /// the device plugin exposes.
+    pub full_size: bool,
+    /// `MIG-…`, stable for the lifetime of the instance. `None` if the driver
+    /// could not report it.
+    pub uuid: Option<String>,
+    /// `None` when the driver could not say; the agent then treats the
+    /// instance as busy and never destroys it.
+    pub process_count: Option<u32>,
+}
+
+/// `GET /agent/v1/desired`: what the server wants on this node's GPUs.
+/// GPUs that are not listed are left alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    pub gpus: Vec<DesiredGpuState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredGpuState {
+    pub gpu_uuid: String,
+    pub mode: MigMode,
+    /// Must be empty when `mode` is `disabled`.
+    pub layout: Vec<DesiredInstance>,
+    /// Increases whenever the server changes this GPU's desired state; every
+    /// [`ApplyStatus`] names the version it is about.
+    pub version: u64,
+}
+
+/// One GPU instance (with its full-size compute instance) at an explicit
+/// placement.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct DesiredInstance {
+    pub profile: String,
+    pub start: u8,
+}
+
+/// Apply state per GPU, named as mig-manager's `mig.config.state` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplyState {
+    /// Not converged and the agent is not (or not yet) changing anything:
+    /// read-only agent, or a mode change waiting for a GPU reset.
+    Pending,
+    Applying,
+    Success,
+    Failed,
+}
+
+/// Why an apply failed, so the UI can tell "fix the plan" from "wait".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The layout can never be applied on this GPU (validator or driver said
+    /// so, e.g. overlapping placements or an unknown profile).
+    Impossible,
+    /// Instances that would have to go still run processes; the agent waits.
+    Busy,
+    /// The GPU is gone (fell off the bus) or not on this node.
+    GpuUnavailable,
+    /// Any other driver error.
+    Driver,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// `POST /agent/v1/status` carries a list of these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyStatus {
+    pub gpu_uuid: String,
+    /// The [`DesiredGpuState::version`] this status is about.
+    pub version: u64,
+    pub state: ApplyState,
+    /// The step in progress or the one that failed, e.g. `destroy gi 3`.
+    pub step: Option<String>,
+    pub error: Option<ApplyError>,
+    /// When failed or blocked: seconds until the agent tries again.
+    pub retry_in_s: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub statuses: Vec<ApplyStatus>,
+}
+
+/// One telemetry sample of the whole node. `(node, seq)` is unique; the
+/// server deduplicates on it, since the agent resends what was not acked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelemetrySample {
+    /// Per-agent sequence number, strictly increasing, starting at 1.
+    pub seq: u64,
+    pub at_unix_ms: i64,
+    pub gpus: Vec<GpuSample>,
+}
+
+/// Metrics of one GPU. `None` means the driver cannot give the value (for
+/// example GPU utilization while MIG is enabled); it is never made up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub gpu_uuid: String,
+    pub memory_used_mib: Option<u64>,
+    pub memory_total_mib: Option<u64>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    /// Whole-GPU utilization; not available while MIG is enabled.
+    pub utilization_pct: Option<u32>,
+    pub mig_devices: Vec<MigDeviceSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDeviceSample {
+    pub mig_uuid: String,
+    pub gi_id: u32,
+    pub memory_used_mib: Option<u64>,
+    pub memory_total_mib: Option<u64>,
+    pub process_count: Option<u32>,
+    /// SM utilization of the GPU instance (GPM, Hopper and newer only).
+    pub sm_util_pct: Option<u32>,
+}
+
+/// `POST /agent/v1/telemetry`: oldest unacknowledged samples first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelemetryBatch {
+    pub samples: Vec<TelemetrySample>,
+    /// Samples the agent had to drop, ever, because its spool was full.
+    /// Never reset, so the server sees gaps are accounted for.
+    pub dropped_total: u64,
+}
+
+/// Every sample with `seq <= acked_through` is stored (or was a duplicate);
+/// the agent forgets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelemetryAck {
+    pub acked_through: u64,
+}
