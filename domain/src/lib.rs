@@ -9,3 +9,4 @@ pub mod error;
 pub mod ids;
 pub mod mig;
 pub mod planner;
+pub mod wire;
