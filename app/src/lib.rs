@@ -13,6 +13,7 @@ pub mod port;
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::{
+    SsrMode,
     components::{Route, Router, Routes},
     path,
 };
@@ -48,9 +49,11 @@ pub fn App() -> impl IntoView {
         <Title text="Tessera" />
         <Router>
             <Routes fallback=pages::NotFound>
-                <Route path=path!("/login") view=pages::LoginPage />
-                <Route path=path!("/") view=pages::DashboardPage />
-                <Route path=path!("/account") view=pages::AccountPage />
+                // Async: the response waits for data, so a signed-out visitor gets a real
+                // 302 to /login (works without JavaScript) and statuses are accurate.
+                <Route path=path!("/login") view=pages::LoginPage ssr=SsrMode::Async />
+                <Route path=path!("/") view=pages::DashboardPage ssr=SsrMode::Async />
+                <Route path=path!("/account") view=pages::AccountPage ssr=SsrMode::Async />
             </Routes>
         </Router>
     }

@@ -25,20 +25,26 @@ async fn health_ready_and_metrics(db: Db) {
 async fn pages_render_and_protect_themselves(db: Db) {
     let app = TestApp::spawn(db).await;
     let b = app.browser();
-    let login = b.client.get(app.url("/login")).send().await.expect("req");
+    let page = |path: &str| {
+        b.client
+            .get(app.url(path))
+            .header("accept", "text/html,application/xhtml+xml")
+            .send()
+    };
+    let login = page("/login").await.expect("req");
     assert_eq!(login.status(), 200);
     let html = login.text().await.expect("body");
     assert!(html.contains("Sign in to Tessera") && html.contains("name=\"password\""));
     // Anonymous visitors are sent to the login page.
-    let dash = b.client.get(app.url("/")).send().await.expect("req");
+    let dash = page("/").await.expect("req");
     assert_eq!(dash.status(), 302);
     assert_eq!(dash.headers()["location"], "/login");
     assert!(b.login("admin", ADMIN_PASSWORD).await.status().is_success());
-    let dash = b.client.get(app.url("/")).send().await.expect("req");
+    let dash = page("/").await.expect("req");
     assert_eq!(dash.status(), 200);
     let html = dash.text().await.expect("body");
     assert!(html.contains("Dashboard") && html.contains("not built yet"), "{html}");
-    let missing = b.client.get(app.url("/no/such/page")).send().await.expect("req");
+    let missing = page("/no/such/page").await.expect("req");
     assert_eq!(missing.status(), 404);
 }
 
