@@ -46,7 +46,7 @@ pub fn observe(backend: &dyn GpuBackend, gpu: &str) -> Result<Observed, BackendE
         Some(m) => {
             let profiles = match backend.profiles(gpu) {
                 Ok(p) => p,
-                Err(e) if m.current == MigMode::Disabled => {
+                Err(e) if m.current == MigMode::Disabled && e.kind == ErrorKind::NotSupported => {
                     tracing::debug!(gpu, error = %e, "profile table unreadable with MIG disabled");
                     Vec::new()
                 }

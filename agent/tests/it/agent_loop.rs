@@ -1,0 +1,136 @@
+//! The agent's rounds against a fake server: inventory, desired state,
+//! status reports, telemetry; and a second agent taking over the same GPUs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_agent::run::{Agent, RunConfig};
+use tessera_agent::sim::SimNode;
+use tessera_agent::spool::Spool;
+use tessera_agent::telemetry::Telemetry;
+use tessera_domain::wire::{ApplyState, DesiredState};
+
+use crate::support::{FakeServer, H100, desired};
+
+fn cfg(manage_mig: bool) -> RunConfig {
+    RunConfig {
+        manage_mig,
+        reconcile_every: Duration::from_secs(10),
+        telemetry_every: Duration::from_secs(10),
+        heartbeat_every: Duration::from_secs(30),
+    }
+}
+
+fn agent<'a>(
+    node: &SimNode,
+    server: &'a FakeServer,
+    dir: &std::path::Path,
+    manage: bool,
+) -> Agent<&'a FakeServer> {
+    Agent::new(
+        Arc::new(node.clone()),
+        server,
+        cfg(manage),
+        Telemetry::new(Spool::open(dir, 60, 10).unwrap()),
+    )
+}
+
+#[tokio::test]
+async fn applies_the_servers_layout_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = SimNode::new(&[H100, "nomig:L4"], 11).unwrap();
+    let gpu = node.gpu_uuids()[0].clone();
+    let server = FakeServer::default();
+    let want: Vec<(&str, u8)> = (0..7).map(|s| ("1g.10gb", s)).collect();
+    server.with(|s| {
+        s.desired = DesiredState {
+            gpus: vec![desired(&gpu, &want, 3)],
+        }
+    });
+    let mut a = agent(&node, &server, dir.path(), true);
+    a.heartbeat().await.unwrap();
+    a.reconcile_round(0).await.unwrap();
+    a.heartbeat().await.unwrap();
+    a.telemetry_round(1_700_000_000_000).await.unwrap();
+
+    server.with(|s| {
+        let states: Vec<ApplyState> = s
+            .statuses
+            .iter()
+            .flat_map(|r| r.statuses.iter().map(|x| x.state))
+            .collect();
+        assert_eq!(states, [ApplyState::Applying, ApplyState::Success]);
+        let inv = &s.heartbeats[1].inventory;
+        assert_eq!(inv.gpus.len(), 2);
+        assert!(s.heartbeats[1].manages_mig);
+        let h100 = &inv.gpus[0];
+        assert_eq!(h100.instances.len(), 7);
+        assert!(h100.instances.iter().all(|i| {
+            i.compute_instances[0]
+                .uuid
+                .as_deref()
+                .is_some_and(|u| u.starts_with("MIG-"))
+        }));
+        assert!(
+            h100.profiles
+                .iter()
+                .any(|p| p.name == "1g.10gb" && p.id == 19)
+        );
+        assert_eq!(inv.gpus[1].mig_mode, None);
+        let sample = &s.samples[&1];
+        assert_eq!(sample.at_unix_ms, 1_700_000_000_000);
+        assert_eq!(sample.gpus[0].mig_devices.len(), 7);
+    });
+}
+
+#[tokio::test]
+async fn read_only_agent_reports_pending_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = SimNode::new(&[H100], 11).unwrap();
+    let gpu = node.gpu_uuids()[0].clone();
+    let server = FakeServer::default();
+    server.with(|s| {
+        s.desired = DesiredState {
+            gpus: vec![desired(&gpu, &[("7g.80gb", 0)], 1)],
+        }
+    });
+    let mut a = agent(&node, &server, dir.path(), false);
+    a.reconcile_round(0).await.unwrap();
+    assert!(node.layout(&gpu).is_empty());
+    server.with(|s| assert_eq!(s.statuses[0].statuses[0].state, ApplyState::Pending));
+}
+
+#[tokio::test]
+async fn a_new_agent_finishes_what_a_dead_one_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = SimNode::new(&[H100], 11).unwrap();
+    let gpu = node.gpu_uuids()[0].clone();
+    let server = FakeServer::default();
+    let want = [("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)];
+    server.with(|s| {
+        s.desired = DesiredState {
+            gpus: vec![desired(&gpu, &want, 1)],
+        }
+    });
+    // The first agent dies after a few driver calls.
+    node.crash_after(9);
+    let mut a = agent(&node, &server, dir.path(), true);
+    a.reconcile_round(0).await.unwrap();
+    drop(a);
+    assert_ne!(node.layout(&gpu).len(), 3);
+    node.revive();
+    // Unreachable server: the new agent has no desired state yet and
+    // changes nothing; then the server comes back.
+    server.with(|s| s.down = true);
+    let mut b = agent(&node, &server, dir.path(), true);
+    b.reconcile_round(0).await.unwrap();
+    server.with(|s| s.down = false);
+    b.reconcile_round(10_000).await.unwrap();
+    let mut got = node.layout(&gpu);
+    got.sort();
+    assert_eq!(got, crate::support::sorted(&want));
+    server.with(|s| {
+        let last = s.statuses.last().unwrap().statuses.last().unwrap().clone();
+        assert_eq!(last.state, ApplyState::Success);
+    });
+}

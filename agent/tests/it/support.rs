@@ -1,0 +1,141 @@
+//! Shared fixtures: simulated nodes in a given state, a fake server.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tessera_agent::link::{LinkError, ServerLink};
+use tessera_agent::reconcile::{Outcome, reconcile_gpu};
+use tessera_agent::sim::{Arch, SimNode};
+use tessera_domain::wire::{
+    DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, MigMode, StatusReport, TelemetryAck,
+    TelemetryBatch, TelemetrySample,
+};
+
+pub const A100: &str = "A100-SXM4-40GB";
+pub const H100: &str = "H100-80GB";
+
+/// A one-GPU node with MIG enabled (reset applied on Ampere) and `layout`
+/// created with full compute instances.
+pub fn node_with(model: &str, layout: &[(&str, u8)]) -> (SimNode, String) {
+    let node = SimNode::new(&[model], 7).unwrap();
+    let gpu = node.gpu_uuids()[0].clone();
+    node.operator_set_mig_mode(&gpu, MigMode::Enabled).unwrap();
+    if node.arch(&gpu) == Some(Arch::Ampere) {
+        node.reset_gpu(&gpu).unwrap();
+    }
+    for (p, s) in layout {
+        node.operator_create(&gpu, p, *s, true).unwrap();
+    }
+    (node, gpu)
+}
+
+pub fn desired(gpu: &str, layout: &[(&str, u8)], version: u64) -> DesiredGpuState {
+    DesiredGpuState {
+        gpu_uuid: gpu.to_owned(),
+        mode: MigMode::Enabled,
+        layout: layout
+            .iter()
+            .map(|(p, s)| DesiredInstance {
+                profile: (*p).to_owned(),
+                start: *s,
+            })
+            .collect(),
+        version,
+    }
+}
+
+pub fn sorted(layout: &[(&str, u8)]) -> Vec<(String, u8)> {
+    let mut v: Vec<(String, u8)> = layout.iter().map(|(p, s)| ((*p).to_owned(), *s)).collect();
+    v.sort();
+    v
+}
+
+pub fn apply(node: &SimNode, d: &DesiredGpuState) -> Outcome {
+    reconcile_gpu(node, d, true, &mut |_| {})
+}
+
+/// MIG UUIDs of the node's first GPU, by `profile@start`.
+pub fn mig_uuids(node: &SimNode, gpu: &str) -> BTreeMap<String, String> {
+    use tessera_agent::backend::GpuBackend;
+    node.instances(gpu)
+        .unwrap()
+        .into_iter()
+        .flat_map(|i| {
+            let at = format!("{}@{}", i.profile, i.start);
+            i.compute_instances
+                .into_iter()
+                .filter_map(move |c| c.uuid.map(|u| (at.clone(), u)))
+        })
+        .collect()
+}
+
+/// An in-memory server: stores what the agent sends, deduplicates samples
+/// on seq, and can be taken down or made to lose acknowledgements.
+#[derive(Default)]
+pub struct FakeServer {
+    pub inner: Mutex<FakeState>,
+}
+
+#[derive(Default)]
+pub struct FakeState {
+    pub down: bool,
+    /// Store samples but fail the response, as if the connection dropped.
+    pub lose_acks: bool,
+    pub desired: DesiredState,
+    pub heartbeats: Vec<Heartbeat>,
+    pub statuses: Vec<StatusReport>,
+    pub samples: BTreeMap<u64, TelemetrySample>,
+    pub duplicates: u64,
+    pub dropped_total: u64,
+}
+
+impl FakeServer {
+    pub fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
+        f(&mut self.inner.lock().unwrap())
+    }
+
+    fn gate(&self) -> Result<(), LinkError> {
+        if self.with(|s| s.down) {
+            Err(LinkError::Unreachable("fake server is down".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl ServerLink for &FakeServer {
+    async fn heartbeat(&self, hb: &Heartbeat) -> Result<(), LinkError> {
+        self.gate()?;
+        self.with(|s| s.heartbeats.push(hb.clone()));
+        Ok(())
+    }
+
+    async fn desired_state(&self) -> Result<DesiredState, LinkError> {
+        self.gate()?;
+        Ok(self.with(|s| s.desired.clone()))
+    }
+
+    async fn post_status(&self, report: &StatusReport) -> Result<(), LinkError> {
+        self.gate()?;
+        self.with(|s| s.statuses.push(report.clone()));
+        Ok(())
+    }
+
+    async fn post_telemetry(&self, batch: &TelemetryBatch) -> Result<TelemetryAck, LinkError> {
+        self.gate()?;
+        self.with(|s| {
+            s.dropped_total = batch.dropped_total;
+            for sample in &batch.samples {
+                if s.samples.insert(sample.seq, sample.clone()).is_some() {
+                    s.duplicates += 1;
+                }
+            }
+            if s.lose_acks {
+                return Err(LinkError::Unreachable("response lost".into()));
+            }
+            Ok(TelemetryAck {
+                acked_through: batch.samples.iter().map(|x| x.seq).max().unwrap_or(0),
+            })
+        })
+    }
+}
