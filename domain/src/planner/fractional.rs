@@ -63,6 +63,11 @@ pub enum Policy {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
     pub types: Vec<ShareType>,
+    /// Weight of packing against fragmentation: how many milli-GPU left
+    /// free on the node cost as much as 1/1000 milli-GPU of expected
+    /// fragmentation per request (0: packing only breaks ties).
+    #[serde(default)]
+    pub pack: i64,
 }
 
 impl Workload {
@@ -94,8 +99,10 @@ impl Workload {
                 }),
             }
         }
-        types.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.milli.cmp(&b.milli)));
-        Workload { types }
+        // Grouped by (count, milli) so `fragmentation` computes the per-GPU
+        // part once per group.
+        types.sort_by_key(|t| (t.count, t.milli, t.models, t.cpu, t.mem));
+        Workload { types, pack: 0 }
     }
 }
 
@@ -157,24 +164,35 @@ fn best_fit_score(node: &NodeView<'_>, ask: &ShareAsk) -> i64 {
 }
 
 impl Workload {
-    /// Milli-GPU of the node that type `t` could not use (×weight, summed).
-    fn fragmentation(&self, model: u16, cpu: u64, mem: u64, gpu_free: &[u32]) -> u64 {
+    /// Milli-GPU of the node that each type could not use, times its
+    /// weight, summed: the node's expected fragmentation.
+    pub fn fragmentation(&self, model: u16, cpu: u64, mem: u64, gpu_free: &[u32]) -> u64 {
         let total: u64 = gpu_free.iter().map(|&f| u64::from(f)).sum();
         if total == 0 {
             return 0;
         }
         let model_bit = 1u64.checked_shl(u32::from(model)).unwrap_or(0);
         let mut frag = 0u64;
+        // (milli, milli-GPU on GPUs with less free than that) of the last
+        // single-GPU group, reused while the types share `milli`.
+        let mut memo: Option<(u32, u64)> = None;
         for t in &self.types {
             let lost =
                 if t.cpu > cpu || t.mem > mem || (model_bit != 0 && t.models & model_bit == 0) {
                     total
                 } else if t.count == 1 {
-                    gpu_free
-                        .iter()
-                        .filter(|&&f| f < t.milli)
-                        .map(|&f| u64::from(f))
-                        .sum()
+                    match memo {
+                        Some((m, lost)) if m == t.milli => lost,
+                        _ => {
+                            let lost = gpu_free
+                                .iter()
+                                .filter(|&&f| f < t.milli)
+                                .map(|&f| u64::from(f))
+                                .sum();
+                            memo = Some((t.milli, lost));
+                            lost
+                        }
+                    }
                 } else {
                     let fitting = gpu_free.iter().filter(|&&f| f >= t.milli).count() as u64;
                     let by_cpu = cpu.checked_div(t.cpu).unwrap_or(u64::MAX);
@@ -207,6 +225,7 @@ impl Workload {
         } else {
             vec![first]
         };
+        let wsum = i128::from(self.types.iter().map(|t| t.weight).sum::<u64>().max(1));
         let mut best: Option<(i64, Vec<usize>)> = None;
         for gpus in candidates {
             for &g in &gpus {
@@ -217,10 +236,12 @@ impl Workload {
             for &g in &gpus {
                 free[g] += ask.milli;
             }
-            let delta = after as i128 - before as i128;
-            // Lower fragmentation growth first; then pack (less free GPU
-            // left on the node) so empty nodes stay empty for big asks.
-            let score = (-(delta.clamp(-(1 << 50), 1 << 50) as i64)) * 16 - (left / 1000) as i64;
+            // Expected milli-GPU lost per request (×1000) the placement adds;
+            // then pack (less free GPU left on the node) so empty nodes stay
+            // empty for big asks.
+            let delta = (after as i128 - before as i128) * 1000 * 1000 / wsum;
+            let frag = i64::try_from(delta).unwrap_or(i64::MAX);
+            let score = -frag.saturating_mul(16) - (left as i64 * self.pack.max(1)) / 1000;
             if best.as_ref().is_none_or(|(s, _)| score > *s) {
                 best = Some((score, gpus));
             }

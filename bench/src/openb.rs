@@ -1,0 +1,223 @@
+//! The openb protocol of the FGD paper's artifact
+//! (shared/reference/openb-protocol.md), driving the planner's fractional
+//! policies.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tessera_domain::planner::fractional::{NodeView, Policy, ShareAsk, Workload};
+
+use crate::{Rng, read_csv};
+
+#[derive(Debug, Clone)]
+pub struct SimNode {
+    pub name: String,
+    pub cpu: u64,
+    pub mem: u64,
+    pub model: u16,
+    pub gpus: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Pod {
+    pub name: String,
+    pub cpu: u64,
+    pub mem: u64,
+    pub num_gpu: u32,
+    pub milli: u32,
+    /// Allowed model indices (bit mask); `u64::MAX` means any.
+    pub models: u64,
+}
+
+impl Pod {
+    pub fn ask(&self) -> ShareAsk {
+        ShareAsk {
+            cpu: self.cpu,
+            mem: self.mem,
+            count: self.num_gpu,
+            milli: if self.num_gpu == 0 { 0 } else { self.milli },
+        }
+    }
+    pub fn gpu_milli(&self) -> u64 {
+        u64::from(self.num_gpu) * u64::from(if self.num_gpu == 0 { 0 } else { self.milli })
+    }
+}
+
+pub struct Trace {
+    pub nodes: Vec<SimNode>,
+    pub pods: Vec<Pod>,
+    pub model_names: Vec<String>,
+}
+
+fn num(row: &BTreeMap<String, String>, k: &str) -> u64 {
+    row.get(k).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+pub fn load(nodes: &Path, pods: &Path) -> Result<Trace, String> {
+    let mut model_names: Vec<String> = Vec::new();
+    let mut model_id = |m: &str| -> u16 {
+        if let Some(i) = model_names.iter().position(|x| x == m) {
+            return i as u16;
+        }
+        model_names.push(m.to_owned());
+        (model_names.len() - 1) as u16
+    };
+    let mut ns: Vec<SimNode> = read_csv(nodes)?
+        .iter()
+        .map(|r| SimNode {
+            name: r.get("sn").cloned().unwrap_or_default(),
+            cpu: num(r, "cpu_milli"),
+            mem: num(r, "memory_mib"),
+            model: model_id(r.get("model").map(String::as_str).unwrap_or("")),
+            gpus: num(r, "gpu") as u32,
+        })
+        .collect();
+    ns.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut ps: Vec<Pod> = read_csv(pods)?
+        .iter()
+        .map(|r| {
+            let spec = r.get("gpu_spec").map(String::as_str).unwrap_or("").trim();
+            let models = if spec.is_empty() {
+                u64::MAX
+            } else {
+                spec.split('|')
+                    .fold(0u64, |m, name| m | 1 << model_id(name.trim()))
+            };
+            Pod {
+                name: r.get("name").cloned().unwrap_or_default(),
+                cpu: num(r, "cpu_milli"),
+                mem: num(r, "memory_mib"),
+                num_gpu: num(r, "num_gpu") as u32,
+                milli: num(r, "gpu_milli").min(1000) as u32,
+                models,
+            }
+        })
+        .collect();
+    ps.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Trace {
+        nodes: ns,
+        pods: ps,
+        model_names,
+    })
+}
+
+impl Trace {
+    pub fn total_gpu_milli(&self) -> u64 {
+        self.nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum()
+    }
+
+    /// The trace's request mix, for the fragmentation policy.
+    pub fn workload(&self) -> Workload {
+        Workload::from_asks(self.pods.iter().map(|p| (p.ask(), p.models)))
+    }
+
+    /// Steps 3–4 of the protocol: shuffle the name-sorted pods with `seed`,
+    /// then append random copies until GPU demand reaches 130 %.
+    pub fn arrivals(&self, rng: &mut Rng) -> Vec<Pod> {
+        let mut pods = self.pods.clone();
+        rng.shuffle(&mut pods);
+        let target = self.total_gpu_milli() * 13 / 10;
+        let mut total: u64 = pods.iter().map(Pod::gpu_milli).sum();
+        loop {
+            let p = &self.pods[rng.below(self.pods.len())];
+            let per_gpu = if p.num_gpu == 0 {
+                0
+            } else {
+                u64::from(p.milli)
+            };
+            if total + per_gpu > target {
+                break;
+            }
+            total += p.gpu_milli();
+            pods.push(p.clone());
+        }
+        pods
+    }
+}
+
+/// Runs one seed; returns the curve: allocation % at arrived 0..=130 %.
+pub fn run(trace: &Trace, policy: &Policy, seed: u64) -> Vec<f64> {
+    let mut rng = Rng::new(seed);
+    let pods = trace.arrivals(&mut rng);
+    let mut order: Vec<usize> = (0..trace.nodes.len()).collect();
+    rng.shuffle(&mut order);
+    let mut cpu: Vec<u64> = trace.nodes.iter().map(|n| n.cpu).collect();
+    let mut mem: Vec<u64> = trace.nodes.iter().map(|n| n.mem).collect();
+    let mut free: Vec<Vec<u32>> = trace
+        .nodes
+        .iter()
+        .map(|n| vec![1000; n.gpus as usize])
+        .collect();
+    let total = trace.total_gpu_milli() as f64;
+    let (mut arrived, mut used) = (0u64, 0u64);
+    let mut sums = vec![(0.0f64, 0u32); 140];
+    for pod in &pods {
+        let ask = pod.ask();
+        let mut best: Option<(i64, usize, Vec<usize>)> = None;
+        for &n in &order {
+            let node = &trace.nodes[n];
+            if pod.num_gpu > 0 && (node.gpus == 0 || pod.models & (1 << node.model) == 0) {
+                continue;
+            }
+            let view = NodeView {
+                cpu_free: cpu[n],
+                mem_free: mem[n],
+                gpu_free: &free[n],
+                model: node.model,
+            };
+            if let Some(c) = policy.choose(&view, &ask)
+                && best.as_ref().is_none_or(|(s, _, _)| c.score > *s)
+            {
+                best = Some((c.score, n, c.gpus));
+            }
+        }
+        if let Some((_, n, gpus)) = best {
+            cpu[n] -= ask.cpu;
+            mem[n] -= ask.mem;
+            for g in gpus {
+                free[n][g] -= ask.milli;
+                used += u64::from(ask.milli);
+            }
+        }
+        arrived += pod.gpu_milli();
+        let arrive = (arrived as f64 / total * 100.0).round() as usize;
+        let alloc = (used as f64 / total * 100.0 * 100.0).round() / 100.0;
+        if arrive < sums.len() {
+            sums[arrive].0 += alloc;
+            sums[arrive].1 += 1;
+        }
+    }
+    (0..=130)
+        .map(|x| {
+            if sums[x].1 > 0 {
+                sums[x].0 / f64::from(sums[x].1)
+            } else {
+                let lo = x.saturating_sub(1);
+                let (s, c) = sums[lo..=x + 1]
+                    .iter()
+                    .fold((0.0, 0), |(s, c), v| (s + v.0, c + v.1));
+                if c > 0 { s / f64::from(c) } else { f64::NAN }
+            }
+        })
+        .collect()
+}
+
+/// Curve points by (workload, policy): alloc mean per arrived %.
+pub type Curves = BTreeMap<(String, String), BTreeMap<u32, f64>>;
+
+/// The published curves (`fgd_published_alloc_by_policy.csv`).
+pub fn published(path: &Path) -> Result<Curves, String> {
+    let mut out = Curves::new();
+    for r in read_csv(path)? {
+        let (Some(w), Some(p)) = (r.get("workload"), r.get("sc_policy")) else {
+            continue;
+        };
+        let x = num(&r, "arrived_pct") as u32;
+        let v: f64 = r
+            .get("alloc_pct_mean")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN);
+        out.entry((w.clone(), p.clone())).or_default().insert(x, v);
+    }
+    Ok(out)
+}
