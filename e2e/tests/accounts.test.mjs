@@ -36,14 +36,14 @@ test('admin signs in, changes password, signs out and back in', async () => {
     await page.fill('#current_password', ADMIN_PASSWORD);
     await page.fill('#new_password', 'short');
     await page.fill('#confirm_password', 'short');
-    await page.click('form >> button[type=submit]');
+    await page.click('#change-password button[type=submit]');
     await page.locator('#new_password-error').waitFor();
     assert.match(await page.innerText('#new_password-error'), /at least 12/);
 
     await page.fill('#current_password', ADMIN_PASSWORD);
     await page.fill('#new_password', NEW_PASSWORD);
     await page.fill('#confirm_password', NEW_PASSWORD);
-    await page.click('form >> button[type=submit]');
+    await page.click('#change-password button[type=submit]');
     await page.locator('.notice', { hasText: 'Password changed.' }).waitFor();
 
     await page.click('text=Log out');

@@ -36,7 +36,7 @@ fn ChangePasswordForm() -> impl IntoView {
                         }
                     })
             }}
-            <ActionForm action=action attr:novalidate=true>
+            <ActionForm action=action attr:id="change-password" attr:novalidate=true>
                 {form_error(value)}
                 <PasswordInput name="current_password" label="Current password" />
                 {field_error(value, "current_password")}
