@@ -152,10 +152,7 @@ mod ssr {
         }
         Err(UiError {
             error,
-            echo: echo
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
+            echo: echo.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
         })
     }
 }

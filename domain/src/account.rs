@@ -75,7 +75,10 @@ impl NewPassword {
         let mut chars = raw.chars();
         let first = chars.next();
         if chars.all(|c| Some(c) == first) {
-            return Err(AppError::invalid(field, "must not be one repeated character"));
+            return Err(AppError::invalid(
+                field,
+                "must not be one repeated character",
+            ));
         }
         Ok(Self(raw.to_owned()))
     }

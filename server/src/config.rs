@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
-#[command(name = "tessera", version, about = "Tessera: a self-service GPU portal")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Tessera: a self-service GPU portal"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -105,12 +109,16 @@ impl ServeConfig {
             }
         }
         if self.session_absolute_timeout < self.session_idle_timeout {
-            return Err("TESSERA_SESSION_ABSOLUTE_TIMEOUT (--session-absolute-timeout) must \
+            return Err(
+                "TESSERA_SESSION_ABSOLUTE_TIMEOUT (--session-absolute-timeout) must \
                         not be shorter than TESSERA_SESSION_IDLE_TIMEOUT"
-                .into());
+                    .into(),
+            );
         }
         if self.login_concurrency == Some(0) {
-            return Err("TESSERA_LOGIN_CONCURRENCY (--login-concurrency) must be at least 1".into());
+            return Err(
+                "TESSERA_LOGIN_CONCURRENCY (--login-concurrency) must be at least 1".into(),
+            );
         }
         Ok(())
     }
@@ -208,7 +216,10 @@ mod tests {
         let mut c = ServeConfig::for_tests("postgres://u:hunter2@db/tessera");
         c.admin_password = Some(Secret::new("topsecretpassword"));
         let dbg = format!("{c:?}");
-        assert!(!dbg.contains("hunter2") && !dbg.contains("topsecret"), "{dbg}");
+        assert!(
+            !dbg.contains("hunter2") && !dbg.contains("topsecret"),
+            "{dbg}"
+        );
     }
 
     #[test]

@@ -50,7 +50,10 @@ pub async fn run(
     let store = Store::connect(config.database_url.expose())
         .await
         .context("TESSERA_DATABASE_URL (--database-url)")?;
-    store.migrate().await.context("running database migrations")?;
+    store
+        .migrate()
+        .await
+        .context("running database migrations")?;
     let session_store = sessions::AnySessionStore::new(&store)
         .await
         .context("preparing the session table")?;
@@ -85,7 +88,11 @@ pub async fn run(
 
     let addr = listener.local_addr()?;
     let site_root = config.site_root.clone();
-    if !site_root.join("pkg").join(format!("{}.js", tessera_app::OUTPUT_NAME)).exists() {
+    if !site_root
+        .join("pkg")
+        .join(format!("{}.js", tessera_app::OUTPUT_NAME))
+        .exists()
+    {
         tracing::warn!(
             site_root = %site_root.display(),
             "UI bundle not found: pages render but will not hydrate (build it with `cargo xtask build`)"

@@ -34,9 +34,13 @@ impl PortalImpl {
     /// The principal behind the request's session, if any.
     async fn principal(&self, req: &Parts) -> Result<Option<Principal>, AppError> {
         let session = Self::session(req)?;
-        let Some(user) = sessions::read(&session, self.state.config.session_absolute_timeout, Utc::now())
-            .await
-            .map_err(session_error)?
+        let Some(user) = sessions::read(
+            &session,
+            self.state.config.session_absolute_timeout,
+            Utc::now(),
+        )
+        .await
+        .map_err(session_error)?
         else {
             return Ok(None);
         };

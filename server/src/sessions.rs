@@ -77,7 +77,11 @@ impl ExpiredDeletion for AnySessionStore {
 /// Cookie name: `__Host-` (which browsers only accept with `Secure`, `Path=/` and no
 /// `Domain`) when served over https.
 pub fn cookie_name(secure: bool) -> &'static str {
-    if secure { "__Host-tessera_session" } else { "tessera_session" }
+    if secure {
+        "__Host-tessera_session"
+    } else {
+        "tessera_session"
+    }
 }
 
 pub fn layer(store: AnySessionStore, config: &ServeConfig) -> SessionManagerLayer<AnySessionStore> {
@@ -126,7 +130,10 @@ pub async fn read(
 }
 
 /// Starts a signed-in session under a fresh id (defeats session fixation).
-pub async fn sign_in(session: &Session, user: SessionUser) -> Result<(), tower_sessions::session::Error> {
+pub async fn sign_in(
+    session: &Session,
+    user: SessionUser,
+) -> Result<(), tower_sessions::session::Error> {
     session.cycle_id().await?;
     session.insert(USER_ID, user.user_id).await?;
     session.insert(SIGNED_IN_AT, user.signed_in_at).await?;

@@ -48,7 +48,10 @@ fn main() -> Result<()> {
 
 fn workspace_root() -> Result<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    Ok(dir.parent().context("xtask has no parent folder")?.to_path_buf())
+    Ok(dir
+        .parent()
+        .context("xtask has no parent folder")?
+        .to_path_buf())
 }
 
 fn target_dir() -> PathBuf {
@@ -225,7 +228,10 @@ fn run(release: bool, args: &[String]) -> Result<()> {
 fn test() -> Result<()> {
     let started = Instant::now();
     ensure_tools(true)?;
-    step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    )?;
     step(
         "clippy (server side: domain, app/ssr, server, agent, xtask)",
         cargo().args([
@@ -362,7 +368,11 @@ fn pg_bin(name: &str) -> String {
 }
 
 fn pg_tool(name: &str) -> String {
-    if have(name) { name.to_owned() } else { pg_bin(name) }
+    if have(name) {
+        name.to_owned()
+    } else {
+        pg_bin(name)
+    }
 }
 
 /// A throwaway PostgreSQL cluster (initdb + pg_ctl), stopped on drop. As root, it runs as
@@ -407,8 +417,7 @@ impl Postgres {
         let initdb = pg_tool("initdb");
         step(
             "initdb (throwaway PostgreSQL)",
-            run_as(&[&initdb, "-D", &data_s, "-A", "trust", "-U", "tessera"])
-                .stdout(Stdio::null()),
+            run_as(&[&initdb, "-D", &data_s, "-A", "trust", "-U", "tessera"]).stdout(Stdio::null()),
         )?;
         let opts = format!(
             "-k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
@@ -418,8 +427,10 @@ impl Postgres {
         let pg_ctl = pg_tool("pg_ctl");
         step(
             "start PostgreSQL",
-            run_as(&[&pg_ctl, "-D", &data_s, "-o", &opts, "-l", &log, "start", "-w"])
-                .stdout(Stdio::null()),
+            run_as(&[
+                &pg_ctl, "-D", &data_s, "-o", &opts, "-l", &log, "start", "-w",
+            ])
+            .stdout(Stdio::null()),
         )?;
         Ok(Self {
             dir,

@@ -73,12 +73,20 @@ impl LoginLimiter {
         let window = self.config.window;
         let bump = |e: &mut Entry| {
             if now.duration_since(e.first) > window {
-                *e = Entry { failures: 0, first: now, last: now };
+                *e = Entry {
+                    failures: 0,
+                    first: now,
+                    last: now,
+                };
             }
             e.failures = e.failures.saturating_add(1);
             e.last = now;
         };
-        let fresh = Entry { failures: 0, first: now, last: now };
+        let fresh = Entry {
+            failures: 0,
+            first: now,
+            last: now,
+        };
         {
             let mut map = lock(&self.by_account);
             if map.len() > 100_000 {
@@ -157,7 +165,10 @@ mod tests {
             l.record_failure("carol", a, t0);
         }
         assert!(l.check("carol", a, t0).is_err());
-        assert!(l.check("carol", a, t0 + window + Duration::from_secs(1)).is_ok());
+        assert!(
+            l.check("carol", a, t0 + window + Duration::from_secs(1))
+                .is_ok()
+        );
         l.record_success("carol", a);
         assert!(l.check("carol", a, t0).is_ok());
     }

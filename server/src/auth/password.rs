@@ -50,7 +50,9 @@ impl Hasher {
     /// (and always fails) so unknown users cost the same time as known ones.
     pub async fn verify(&self, password: &str, phc: Option<&str>) -> Result<bool, HashError> {
         let known = phc.is_some();
-        let phc = phc.map(str::to_owned).unwrap_or_else(|| self.dummy_hash.to_string());
+        let phc = phc
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.dummy_hash.to_string());
         let password = password.to_owned();
         let ok = self
             .run(move || {
@@ -108,9 +110,17 @@ mod tests {
         let h = Hasher::new(1, 1).expect("hasher");
         let phc = h.hash("correct horse battery").await.expect("hash");
         assert!(phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{phc}");
-        assert!(h.verify("correct horse battery", Some(&phc)).await.expect("verify"));
+        assert!(
+            h.verify("correct horse battery", Some(&phc))
+                .await
+                .expect("verify")
+        );
         assert!(!h.verify("wrong", Some(&phc)).await.expect("verify"));
-        assert!(!h.verify("tessera dummy password for timing", None).await.expect("verify"));
+        assert!(
+            !h.verify("tessera dummy password for timing", None)
+                .await
+                .expect("verify")
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

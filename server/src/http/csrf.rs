@@ -78,14 +78,20 @@ mod tests {
         assert!(same_origin(&headers(&[("sec-fetch-site", "same-site")]), pub_url).is_err());
         assert!(
             same_origin(
-                &headers(&[("origin", "http://127.0.0.1:3000"), ("host", "127.0.0.1:3000")]),
+                &headers(&[
+                    ("origin", "http://127.0.0.1:3000"),
+                    ("host", "127.0.0.1:3000")
+                ]),
                 pub_url
             )
             .is_ok()
         );
         assert!(
             same_origin(
-                &headers(&[("origin", "https://evil.example"), ("host", "127.0.0.1:3000")]),
+                &headers(&[
+                    ("origin", "https://evil.example"),
+                    ("host", "127.0.0.1:3000")
+                ]),
                 pub_url
             )
             .is_err()

@@ -23,8 +23,5 @@ pub async fn metrics() -> impl IntoResponse {
     let body = crate::observability::metrics_handle()
         .map(|h| h.render())
         .unwrap_or_default();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        body,
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

@@ -38,7 +38,10 @@ pub fn router(
         )
         .nest_service("/pkg", ServeDir::new(pkg_dir))
         .with_state(leptos_options)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), csrf::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            csrf::guard,
+        ))
         .layer(sessions);
 
     Router::new()

@@ -161,7 +161,10 @@ impl Accounts {
         }
         let new_pw = NewPassword::parse(new, "new_password")?;
         if new != confirm {
-            return Err(AppError::invalid("confirm_password", "does not match the new password"));
+            return Err(AppError::invalid(
+                "confirm_password",
+                "does not match the new password",
+            ));
         }
         if new == current {
             return Err(AppError::invalid(
@@ -190,7 +193,11 @@ impl Accounts {
             self.limiter.record_failure(&key, client, Instant::now());
             return Err(AppError::invalid("current_password", "is incorrect"));
         }
-        let hash = self.hasher.hash(new_pw.expose()).await.map_err(hash_error)?;
+        let hash = self
+            .hasher
+            .hash(new_pw.expose())
+            .await
+            .map_err(hash_error)?;
         let at = Utc::now();
         let changed = self
             .store

@@ -15,7 +15,8 @@ pub struct UserRow {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, username, password_hash, is_admin, disabled, password_changed_at, created_at";
+const COLUMNS: &str =
+    "id, username, password_hash, is_admin, disabled, password_changed_at, created_at";
 
 impl Store {
     pub async fn user_by_username(&self, username: &str) -> Result<Option<UserRow>, sqlx::Error> {

@@ -39,8 +39,14 @@ async fn unknown_users_get_the_same_answer_as_wrong_passwords(db: Db) {
     let unknown = error_kind(b.login("nobody", "wrong-password-1").await).await;
     let malformed = error_kind(b.login("!!", "wrong-password-1").await).await;
     // Same status, same error; only the echo of the typed username differs.
-    assert_eq!((wrong.0, &wrong.1["error"]), (unknown.0, &unknown.1["error"]));
-    assert_eq!((wrong.0, &wrong.1["error"]), (malformed.0, &malformed.1["error"]));
+    assert_eq!(
+        (wrong.0, &wrong.1["error"]),
+        (unknown.0, &unknown.1["error"])
+    );
+    assert_eq!(
+        (wrong.0, &wrong.1["error"]),
+        (malformed.0, &malformed.1["error"])
+    );
     let missing = error_kind(b.login("admin", "").await).await;
     assert_eq!(missing.0, 422);
     assert_eq!(missing.1["error"]["field"], "password");
@@ -55,7 +61,10 @@ async fn session_id_is_cycled_at_login(db: Db) {
     // The old id no longer works.
     let r = app_call_with_cookie(&app, &first).await;
     assert_eq!(r, None);
-    assert_eq!(app_call_with_cookie(&app, &second).await.as_deref(), Some("admin"));
+    assert_eq!(
+        app_call_with_cookie(&app, &second).await.as_deref(),
+        Some("admin")
+    );
 }
 
 async fn app_call_with_cookie(app: &TestApp, cookie: &str) -> Option<String> {
@@ -67,7 +76,9 @@ async fn app_call_with_cookie(app: &TestApp, cookie: &str) -> Option<String> {
         .await
         .expect("request");
     let v: serde_json::Value = r.json().await.expect("json");
-    v.get("username").and_then(|u| u.as_str()).map(str::to_owned)
+    v.get("username")
+        .and_then(|u| u.as_str())
+        .map(str::to_owned)
 }
 
 async fn logout_deletes_the_session_on_the_server(db: Db) {
@@ -100,7 +111,10 @@ async fn cookie_flags_over_https_use_the_host_prefix(db: Db) {
     let r = app.browser().login("admin", ADMIN_PASSWORD).await;
     let c = set_cookies(&r).join("\n");
     assert!(c.starts_with("__Host-tessera_session="), "{c}");
-    assert!(c.contains("Secure") && c.contains("HttpOnly") && c.contains("Path=/"), "{c}");
+    assert!(
+        c.contains("Secure") && c.contains("HttpOnly") && c.contains("Path=/"),
+        "{c}"
+    );
     assert!(!c.contains("Domain"), "{c}");
 }
 
@@ -146,7 +160,9 @@ async fn cross_site_posts_are_refused(db: Db) {
 async fn get_never_signs_in(db: Db) {
     let app = TestApp::spawn(db).await;
     let r = reqwest::Client::new()
-        .get(app.url(&format!("/fn/login?username=admin&password={ADMIN_PASSWORD}")))
+        .get(app.url(&format!(
+            "/fn/login?username=admin&password={ADMIN_PASSWORD}"
+        )))
         .send()
         .await
         .expect("req");
@@ -170,7 +186,12 @@ async fn repeated_failures_throttle_the_attacker_but_not_the_owner(db: Db) {
         }
     };
     for _ in 0..5 {
-        assert_eq!(login_from("203.0.113.9", "guess-guess-guess").await.status(), 401);
+        assert_eq!(
+            login_from("203.0.113.9", "guess-guess-guess")
+                .await
+                .status(),
+            401
+        );
     }
     let r = login_from("203.0.113.9", "guess-guess-guess").await;
     assert_eq!(r.status(), 429);
@@ -182,17 +203,37 @@ async fn repeated_failures_throttle_the_attacker_but_not_the_owner(db: Db) {
         .expect("Retry-After");
     assert!(retry >= 1);
     // Even the right password is refused from the throttled address...
-    assert_eq!(login_from("203.0.113.9", ADMIN_PASSWORD).await.status(), 429);
+    assert_eq!(
+        login_from("203.0.113.9", ADMIN_PASSWORD).await.status(),
+        429
+    );
     // ...while the owner, from her own address, signs in at once.
-    assert!(login_from("198.51.100.7", ADMIN_PASSWORD).await.status().is_success());
+    assert!(
+        login_from("198.51.100.7", ADMIN_PASSWORD)
+            .await
+            .status()
+            .is_success()
+    );
 }
 
 async fn changing_password_signs_out_other_sessions(db: Db) {
     let app = TestApp::spawn(db).await;
     let laptop = app.browser();
     let phone = app.browser();
-    assert!(laptop.login("admin", ADMIN_PASSWORD).await.status().is_success());
-    assert!(phone.login("admin", ADMIN_PASSWORD).await.status().is_success());
+    assert!(
+        laptop
+            .login("admin", ADMIN_PASSWORD)
+            .await
+            .status()
+            .is_success()
+    );
+    assert!(
+        phone
+            .login("admin", ADMIN_PASSWORD)
+            .await
+            .status()
+            .is_success()
+    );
     let new_pw = "a much better password";
     let r = laptop
         .call(
@@ -205,7 +246,11 @@ async fn changing_password_signs_out_other_sessions(db: Db) {
         )
         .await;
     assert!(r.status().is_success(), "{}", r.status());
-    assert_eq!(laptop.whoami().await.as_deref(), Some("admin"), "this session stays");
+    assert_eq!(
+        laptop.whoami().await.as_deref(),
+        Some("admin"),
+        "this session stays"
+    );
     assert_eq!(phone.whoami().await, None, "other sessions are signed out");
     let fresh = app.browser();
     assert_eq!(fresh.login("admin", ADMIN_PASSWORD).await.status(), 401);
@@ -228,16 +273,35 @@ async fn password_change_errors_name_the_field(db: Db) {
     assert_eq!(anon.status(), 401);
     assert!(b.login("admin", ADMIN_PASSWORD).await.status().is_success());
     let cases = [
-        ("wrong current password!", "brand new password", "brand new password", "current_password"),
+        (
+            "wrong current password!",
+            "brand new password",
+            "brand new password",
+            "current_password",
+        ),
         (ADMIN_PASSWORD, "short", "short", "new_password"),
-        (ADMIN_PASSWORD, "brand new password", "something else entirely", "confirm_password"),
-        (ADMIN_PASSWORD, ADMIN_PASSWORD, ADMIN_PASSWORD, "new_password"),
+        (
+            ADMIN_PASSWORD,
+            "brand new password",
+            "something else entirely",
+            "confirm_password",
+        ),
+        (
+            ADMIN_PASSWORD,
+            ADMIN_PASSWORD,
+            ADMIN_PASSWORD,
+            "new_password",
+        ),
     ];
     for (cur, new, confirm, field) in cases {
         let (status, body) = error_kind(
             b.call(
                 "change_password",
-                &[("current_password", cur), ("new_password", new), ("confirm_password", confirm)],
+                &[
+                    ("current_password", cur),
+                    ("new_password", new),
+                    ("confirm_password", confirm),
+                ],
             )
             .await,
         )
@@ -246,7 +310,13 @@ async fn password_change_errors_name_the_field(db: Db) {
         assert_eq!(body["error"]["field"], field, "{body}");
     }
     // Nothing changed: the original password still works.
-    assert!(app.browser().login("admin", ADMIN_PASSWORD).await.status().is_success());
+    assert!(
+        app.browser()
+            .login("admin", ADMIN_PASSWORD)
+            .await
+            .status()
+            .is_success()
+    );
 }
 
 async fn plain_form_posts_redirect_and_carry_errors(db: Db) {
@@ -265,9 +335,23 @@ async fn plain_form_posts_redirect_and_carry_errors(db: Db) {
         .await
         .expect("req");
     assert_eq!(r.status(), 302);
-    let location = r.headers()["location"].to_str().expect("location").to_owned();
-    assert!(location.starts_with(&login_page) && location.contains("__err="), "{location}");
-    let page = b.client.get(&location).send().await.expect("page").text().await.expect("body");
+    let location = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    assert!(
+        location.starts_with(&login_page) && location.contains("__err="),
+        "{location}"
+    );
+    let page = b
+        .client
+        .get(&location)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("body");
     assert!(page.contains("invalid username or password"), "error shown");
     assert!(page.contains("value=\"Admin\""), "typed username kept");
 

@@ -13,13 +13,39 @@ on_both_databases!(
 async fn health_ready_and_metrics(db: Db) {
     let app = TestApp::spawn(db).await;
     let c = reqwest::Client::new();
-    assert_eq!(c.get(app.url("/healthz")).send().await.expect("req").text().await.expect("b"), "ok");
-    assert_eq!(c.get(app.url("/readyz")).send().await.expect("req").status(), 200);
+    assert_eq!(
+        c.get(app.url("/healthz"))
+            .send()
+            .await
+            .expect("req")
+            .text()
+            .await
+            .expect("b"),
+        "ok"
+    );
+    assert_eq!(
+        c.get(app.url("/readyz"))
+            .send()
+            .await
+            .expect("req")
+            .status(),
+        200
+    );
     let _ = c.get(app.url("/login")).send().await.expect("req");
-    let m = c.get(app.url("/metrics")).send().await.expect("req").text().await.expect("b");
+    let m = c
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("req")
+        .text()
+        .await
+        .expect("b");
     assert!(m.contains("tessera_http_requests_total{"), "{m}");
     assert!(m.contains(r#"route="/login""#), "{m}");
-    assert!(m.contains("tessera_http_request_duration_seconds_bucket{"), "{m}");
+    assert!(
+        m.contains("tessera_http_request_duration_seconds_bucket{"),
+        "{m}"
+    );
 }
 
 async fn pages_render_and_protect_themselves(db: Db) {
@@ -43,7 +69,10 @@ async fn pages_render_and_protect_themselves(db: Db) {
     let dash = page("/").await.expect("req");
     assert_eq!(dash.status(), 200);
     let html = dash.text().await.expect("body");
-    assert!(html.contains("Dashboard") && html.contains("not built yet"), "{html}");
+    assert!(
+        html.contains("Dashboard") && html.contains("not built yet"),
+        "{html}"
+    );
     let missing = page("/no/such/page").await.expect("req");
     assert_eq!(missing.status(), 404);
 }
@@ -59,7 +88,10 @@ async fn a_login_flood_gets_429_and_does_not_starve_other_requests(db: Db) {
         let b = app.browser();
         tasks.push(tokio::spawn(async move {
             let r = b.login(&format!("flood{i}"), "some-password-here").await;
-            (r.status().as_u16(), r.headers().get("retry-after").is_some())
+            (
+                r.status().as_u16(),
+                r.headers().get("retry-after").is_some(),
+            )
         }));
     }
     // While the flood runs, health checks still answer promptly.
@@ -67,7 +99,11 @@ async fn a_login_flood_gets_429_and_does_not_starve_other_requests(db: Db) {
     let t = Instant::now();
     let h = c.get(app.url("/healthz")).send().await.expect("req");
     assert!(h.status().is_success());
-    assert!(t.elapsed() < Duration::from_secs(5), "healthz took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "healthz took {:?}",
+        t.elapsed()
+    );
     let mut limited = 0;
     for t in tasks {
         let (status, retry_after) = t.await.expect("join");

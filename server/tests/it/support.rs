@@ -58,7 +58,9 @@ async fn fresh_pg_database() -> String {
     use sqlx::Connection;
     let url = postgres_url().expect("postgres url");
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect to PostgreSQL");
+    let mut conn = sqlx::PgConnection::connect(&url)
+        .await
+        .expect("connect to PostgreSQL");
     sqlx::query(&format!("CREATE DATABASE {name}"))
         .execute(&mut conn)
         .await
@@ -82,7 +84,9 @@ impl TestApp {
         config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         config.site_root = dir.path().join("site");
         tweak(&mut config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -163,7 +167,9 @@ impl Browser {
         let r = self.call("current_user", &[]).await;
         assert!(r.status().is_success(), "current_user: {}", r.status());
         let v: serde_json::Value = r.json().await.expect("json");
-        v.get("username").and_then(|u| u.as_str()).map(str::to_owned)
+        v.get("username")
+            .and_then(|u| u.as_str())
+            .map(str::to_owned)
     }
 }
 
