@@ -135,19 +135,17 @@ mod ssr {
             Err(e) => e,
         };
         if let Some(res) = use_context::<ResponseOptions>() {
-            if let AppError::RateLimited { retry_after_secs } = &error {
-                if let Ok(v) = http::HeaderValue::from_str(&retry_after_secs.to_string()) {
-                    res.insert_header(http::header::RETRY_AFTER, v);
-                }
+            if let AppError::RateLimited { retry_after_secs } = &error
+                && let Ok(v) = http::HeaderValue::from_str(&retry_after_secs.to_string())
+            {
+                res.insert_header(http::header::RETRY_AFTER, v);
             }
             let plain_form = use_context::<Parts>()
                 .and_then(|p| p.headers.get(http::header::ACCEPT).cloned())
                 .and_then(|v| v.to_str().ok().map(|s| s.contains("text/html")))
                 .unwrap_or(false);
-            if !plain_form {
-                if let Ok(code) = http::StatusCode::from_u16(error.status()) {
-                    res.set_status(code);
-                }
+            if !plain_form && let Ok(code) = http::StatusCode::from_u16(error.status()) {
+                res.set_status(code);
             }
         }
         Err(UiError {

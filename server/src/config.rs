@@ -101,12 +101,12 @@ impl ServeConfig {
             tessera_domain::account::NewPassword::parse(p.expose(), "TESSERA_ADMIN_PASSWORD")
                 .map_err(|e| format!("{e} (--admin-password)"))?;
         }
-        if let Some(u) = &self.public_url {
-            if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(
-                    "TESSERA_PUBLIC_URL (--public-url) must start with http:// or https://".into(),
-                );
-            }
+        if let Some(u) = &self.public_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return Err(
+                "TESSERA_PUBLIC_URL (--public-url) must start with http:// or https://".into(),
+            );
         }
         if self.session_absolute_timeout < self.session_idle_timeout {
             return Err(

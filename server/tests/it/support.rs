@@ -1,7 +1,6 @@
 //! `TestApp::spawn(Db::Sqlite)` boots the whole app on a fresh database.
 
 use reqwest::header::{HeaderMap, HeaderValue};
-use std::net::SocketAddr;
 use tessera_server::config::{Secret, ServeConfig};
 use tokio::sync::oneshot;
 
@@ -14,7 +13,6 @@ pub enum Db {
 }
 
 pub struct TestApp {
-    pub addr: SocketAddr,
     pub base: String,
     _shutdown: oneshot::Sender<()>,
     _dir: tempfile::TempDir,
@@ -99,7 +97,6 @@ impl TestApp {
             }
         });
         let app = TestApp {
-            addr,
             base: format!("http://{addr}"),
             _shutdown: tx,
             _dir: dir,
@@ -111,10 +108,10 @@ impl TestApp {
     async fn wait_ready(&self) {
         let c = reqwest::Client::new();
         for _ in 0..300 {
-            if let Ok(r) = c.get(format!("{}/readyz", self.base)).send().await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = c.get(format!("{}/readyz", self.base)).send().await
+                && r.status().is_success()
+            {
+                return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
