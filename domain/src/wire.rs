@@ -258,3 +258,47 @@ pub struct TelemetryBatch {
 pub struct TelemetryAck {
     pub acked_through: u64,
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The server and the agent's README rely on these exact spellings.
+    #[test]
+    fn enums_serialize_in_snake_case() {
+        let s = serde_json::to_string(&ApplyStatus {
+            gpu_uuid: "GPU-1".into(),
+            version: 3,
+            state: ApplyState::Failed,
+            step: None,
+            error: Some(ApplyError {
+                kind: FailureKind::GpuUnavailable,
+                message: "lost".into(),
+            }),
+            retry_in_s: Some(5),
+        })
+        .unwrap();
+        assert_eq!(
+            s,
+            r#"{"gpu_uuid":"GPU-1","version":3,"state":"failed","step":null,"error":{"kind":"gpu_unavailable","message":"lost"},"retry_in_s":5}"#
+        );
+    }
+
+    #[test]
+    fn desired_state_parses_from_the_documented_form() {
+        let d: DesiredState = serde_json::from_str(
+            r#"{"gpus":[{"gpu_uuid":"GPU-x","mode":"enabled","version":3,
+                "layout":[{"profile":"3g.40gb","start":0},{"profile":"1g.10gb","start":6}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(d.gpus[0].mode, MigMode::Enabled);
+        assert_eq!(
+            d.gpus[0].layout[1],
+            DesiredInstance {
+                profile: "1g.10gb".into(),
+                start: 6
+            }
+        );
+    }
+}
