@@ -24,7 +24,6 @@
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::ffi::CStr;
 use std::mem;
 use std::ptr;
 
@@ -93,12 +92,14 @@ fn mode_of(v: u32) -> MigMode {
 
 /// NVML may print names as `MIG 1g.10gb`; we use the bare profile name.
 fn profile_name(raw: &[std::os::raw::c_char]) -> String {
-    // SAFETY: reinterpreting c_char (i8 or u8) as u8 of the same length.
-    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(raw.as_ptr().cast::<u8>(), raw.len()) };
-    let name = CStr::from_bytes_until_nul(bytes)
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    name.strip_prefix("MIG ").unwrap_or(&name).to_owned()
+    // `c_char` is i8 or u8 depending on the target; the cast keeps the byte.
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let name = String::from_utf8_lossy(&bytes).into_owned();
+    name.strip_prefix("MIG ").map(str::to_owned).unwrap_or(name)
 }
 
 fn small(v: u32) -> u8 {
@@ -440,15 +441,15 @@ impl GpuBackend for NvmlBackend {
             };
             for gi in gis {
                 let info = self.gi_info(CALL, gi)?;
+                let ci_profiles = self.ci_profiles(CALL, gi)?;
                 let compute_instances = self
                     .compute_instances(CALL, gi)?
                     .into_iter()
                     .map(|ci| {
                         let h = handles.get(&(info.id, ci.id));
-                        let ci_slices = self
-                            .ci_profiles(CALL, gi)
-                            .ok()
-                            .and_then(|ps| ps.into_iter().find(|c| c.id == ci.profileId))
+                        let ci_slices = ci_profiles
+                            .iter()
+                            .find(|c| c.id == ci.profileId)
                             .map(|c| c.sliceCount);
                         ComputeInstanceInfo {
                             ci_id: ci.id,
