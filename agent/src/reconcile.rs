@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use tessera_domain::mig::{Catalog, GpuModel, Instance, Placement, Profile};
+use tessera_domain::mig::{Catalog, Instance};
 use tessera_domain::wire::{
     ApplyError, ApplyState, ApplyStatus, DesiredGpuState, DesiredState, FailureKind, MigInstance,
     MigMode, MigModeState, ProfileInfo,
@@ -125,40 +125,7 @@ pub enum Plan {
     Impossible(String),
 }
 
-/// Builds a domain model from the table the device reported, so the layout
-/// is validated against what this GPU really offers.
-pub fn model_from_profiles(name: &str, profiles: &[ProfileInfo]) -> Result<GpuModel, String> {
-    let memory_slices = profiles
-        .iter()
-        .flat_map(|p| {
-            p.placements
-                .iter()
-                .map(|pl| pl.start.saturating_add(pl.size))
-        })
-        .max()
-        .unwrap_or(0);
-    let compute_slices = profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0);
-    let table = profiles
-        .iter()
-        .map(|p| Profile {
-            id: p.id,
-            name: p.name.clone(),
-            compute_slices: p.compute_slices,
-            memory_slices: p.memory_slices,
-            max_count: p.max_count,
-            placements: p
-                .placements
-                .iter()
-                .map(|pl| Placement {
-                    start: pl.start,
-                    size: pl.size,
-                })
-                .collect(),
-            memory_mib: p.memory_mib,
-        })
-        .collect();
-    GpuModel::new(name, memory_slices, compute_slices, table).map_err(|e| e.to_string())
-}
+pub use tessera_domain::wire::model_from_profiles;
 
 fn is_busy(gi: &MigInstance) -> bool {
     gi.compute_instances

@@ -11,7 +11,16 @@ use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tessera_domain::account::Me;
+use tessera_domain::cluster::{ClusterSummary, NodeView};
 use tessera_domain::error::AppError;
+#[cfg(feature = "ssr")]
+use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::tenancy::{
+    ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
+};
+use tessera_domain::wire::DesiredInstance;
+#[cfg(feature = "ssr")]
+use tessera_domain::wire::MigMode;
 
 /// An [`AppError`] plus the non-secret form values to show again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +115,286 @@ pub async fn change_password(
     ssr::finish(result, [])
 }
 
+// ---- account: API tokens ----
+
+#[server(prefix = "/fn", endpoint = "list_tokens")]
+pub async fn list_tokens(page: PageRequest) -> Result<Page<ApiTokenView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    ssr::finish(portal.list_tokens(&req, page).await, [])
+}
+
+#[server(prefix = "/fn", endpoint = "create_token")]
+pub async fn create_token(
+    name: String,
+    expires_in_days: Option<String>,
+) -> Result<CreatedSecret<ApiTokenView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    let echo = [
+        ("name", name.clone()),
+        (
+            "expires_in_days",
+            expires_in_days.clone().unwrap_or_default(),
+        ),
+    ];
+    let days = match ssr::optional_number(expires_in_days.as_deref(), "expires_in_days") {
+        Ok(d) => d,
+        Err(e) => return ssr::finish(Err(e), echo),
+    };
+    ssr::finish(portal.create_token(&req, &name, days).await, echo)
+}
+
+#[server(prefix = "/fn", endpoint = "revoke_token")]
+pub async fn revoke_token(id: String) -> Result<(), UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&id) {
+        Ok(id) => portal.revoke_token(&req, id).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+// ---- users (platform admin) ----
+
+#[server(prefix = "/fn", endpoint = "list_users")]
+pub async fn list_users(page: PageRequest) -> Result<Page<UserView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    ssr::finish(portal.list_users(&req, page).await, [])
+}
+
+#[server(prefix = "/fn", endpoint = "create_user")]
+pub async fn create_user(
+    username: String,
+    password: String,
+    is_admin: Option<String>,
+) -> Result<UserView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let admin = is_admin.is_some_and(|v| !v.is_empty() && v != "false");
+    let r = portal.create_user(&req, &username, &password, admin).await;
+    ssr::finish(r, [("username", username)])
+}
+
+#[server(prefix = "/fn", endpoint = "set_user_disabled")]
+pub async fn set_user_disabled(user_id: String, disabled: bool) -> Result<UserView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&user_id) {
+        Ok(id) => portal.set_user_disabled(&req, UserId(id), disabled).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+#[server(prefix = "/fn", endpoint = "reset_password")]
+pub async fn reset_password(user_id: String, password: String) -> Result<UserView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&user_id) {
+        Ok(id) => portal.reset_password(&req, UserId(id), &password).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+// ---- teams ----
+
+#[server(prefix = "/fn", endpoint = "list_teams")]
+pub async fn list_teams(page: PageRequest) -> Result<Page<TeamView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    ssr::finish(portal.list_teams(&req, page).await, [])
+}
+
+#[server(prefix = "/fn", endpoint = "get_team")]
+pub async fn get_team(team_id: String) -> Result<TeamView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&team_id) {
+        Ok(id) => portal.team(&req, TeamId(id)).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+#[server(prefix = "/fn", endpoint = "create_team")]
+pub async fn create_team(name: String) -> Result<TeamView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = portal.create_team(&req, &name).await;
+    ssr::finish(r, [("name", name)])
+}
+
+#[server(prefix = "/fn", endpoint = "rename_team")]
+pub async fn rename_team(team_id: String, name: String) -> Result<TeamView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&team_id) {
+        Ok(id) => portal.rename_team(&req, TeamId(id), &name).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [("name", name)])
+}
+
+#[server(prefix = "/fn", endpoint = "set_team_archived")]
+pub async fn set_team_archived(team_id: String, archived: bool) -> Result<TeamView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&team_id) {
+        Ok(id) => portal.set_team_archived(&req, TeamId(id), archived).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+#[server(prefix = "/fn", endpoint = "list_members")]
+pub async fn list_members(team_id: String, page: PageRequest) -> Result<Page<MemberView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&team_id) {
+        Ok(id) => portal.list_members(&req, TeamId(id), page).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+#[server(prefix = "/fn", endpoint = "add_member")]
+pub async fn add_member(
+    team_id: String,
+    username: String,
+    role: String,
+) -> Result<MemberView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&team_id) {
+        Ok(id) => portal.add_member(&req, TeamId(id), &username, &role).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [("username", username), ("role", role)])
+}
+
+#[server(prefix = "/fn", endpoint = "change_role")]
+pub async fn change_role(
+    team_id: String,
+    user_id: String,
+    role: String,
+) -> Result<MemberView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match (ssr::id(&team_id), ssr::id(&user_id)) {
+        (Ok(t), Ok(u)) => portal.change_role(&req, TeamId(t), UserId(u), &role).await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+#[server(prefix = "/fn", endpoint = "remove_member")]
+pub async fn remove_member(team_id: String, user_id: String) -> Result<(), UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match (ssr::id(&team_id), ssr::id(&user_id)) {
+        (Ok(t), Ok(u)) => portal.remove_member(&req, TeamId(t), UserId(u)).await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+// ---- nodes ----
+
+#[server(prefix = "/fn", endpoint = "cluster_summary")]
+pub async fn get_cluster_summary() -> Result<ClusterSummary, UiError> {
+    let (portal, req) = ssr::context()?;
+    ssr::finish(portal.cluster_summary(&req).await, [])
+}
+
+#[server(prefix = "/fn", endpoint = "list_nodes")]
+pub async fn list_nodes(page: PageRequest) -> Result<Page<NodeView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    ssr::finish(portal.list_nodes(&req, page).await, [])
+}
+
+#[server(prefix = "/fn", endpoint = "revoke_node")]
+pub async fn revoke_node(node_id: String) -> Result<NodeView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&node_id) {
+        Ok(id) => portal.revoke_node(&req, id).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+/// `layout` is written like `3g.40gb@0, 2g.20gb@4, 1g.10gb@6` (profile@start); `mode` is
+/// `enabled` or `disabled`.
+#[server(prefix = "/fn", endpoint = "set_gpu_layout")]
+pub async fn set_gpu_layout(
+    node_id: String,
+    gpu_uuid: String,
+    mode: String,
+    layout: String,
+) -> Result<NodeView, UiError> {
+    let (portal, req) = ssr::context()?;
+    let parsed = ssr::id(&node_id).and_then(|n| {
+        let mode = match mode.as_str() {
+            "enabled" => MigMode::Enabled,
+            "disabled" => MigMode::Disabled,
+            _ => return Err(AppError::invalid("mode", "must be enabled or disabled")),
+        };
+        Ok((n, mode, parse_layout(&layout)?))
+    });
+    let r = match parsed {
+        Ok((n, mode, l)) => portal.set_gpu_layout(&req, n, &gpu_uuid, mode, l).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [("layout", layout), ("mode", mode)])
+}
+
+/// Parses `3g.40gb@0, 1g.10gb@6` into instances.
+pub fn parse_layout(text: &str) -> Result<Vec<DesiredInstance>, AppError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (profile, start) = item.split_once('@').ok_or_else(|| {
+                AppError::invalid(
+                    "layout",
+                    format!("'{item}': write profile@start, e.g. 1g.10gb@0"),
+                )
+            })?;
+            let start = start.trim().parse::<u8>().map_err(|_| {
+                AppError::invalid("layout", format!("'{item}': start must be a slice number"))
+            })?;
+            Ok(DesiredInstance {
+                profile: profile.trim().to_owned(),
+                start,
+            })
+        })
+        .collect()
+}
+
+#[server(prefix = "/fn", endpoint = "list_join_tokens")]
+pub async fn list_join_tokens(page: PageRequest) -> Result<Page<JoinTokenView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    ssr::finish(portal.list_join_tokens(&req, page).await, [])
+}
+
+#[server(prefix = "/fn", endpoint = "create_join_token")]
+pub async fn create_join_token(
+    note: String,
+    max_uses: String,
+    expires_in_hours: String,
+) -> Result<CreatedSecret<JoinTokenView>, UiError> {
+    let (portal, req) = ssr::context()?;
+    let echo = [
+        ("note", note.clone()),
+        ("max_uses", max_uses.clone()),
+        ("expires_in_hours", expires_in_hours.clone()),
+    ];
+    let nums = ssr::number(&max_uses, "max_uses")
+        .and_then(|m| Ok((m, ssr::number(&expires_in_hours, "expires_in_hours")?)));
+    let r = match nums {
+        Ok((m, h)) => portal.create_join_token(&req, &note, m, h).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, echo)
+}
+
+#[server(prefix = "/fn", endpoint = "revoke_join_token")]
+pub async fn revoke_join_token(id: String) -> Result<(), UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&id) {
+        Ok(id) => portal.revoke_join_token(&req, id).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::UiError;
@@ -115,6 +404,24 @@ mod ssr {
     use leptos_axum::ResponseOptions;
     use std::sync::Arc;
     use tessera_domain::error::AppError;
+
+    /// Ids that do not parse name nothing that exists.
+    pub fn id(raw: &str) -> Result<uuid::Uuid, AppError> {
+        uuid::Uuid::parse_str(raw.trim()).map_err(|_| AppError::NotFound)
+    }
+
+    pub fn number(raw: &str, field: &str) -> Result<u32, AppError> {
+        raw.trim()
+            .parse()
+            .map_err(|_| AppError::invalid(field, "must be a whole number"))
+    }
+
+    pub fn optional_number(raw: Option<&str>, field: &str) -> Result<Option<u32>, AppError> {
+        match raw.map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(v) => number(v, field).map(Some),
+        }
+    }
 
     /// The backend port and the current request, as provided by the server.
     pub fn context() -> Result<(Arc<dyn Portal>, Parts), UiError> {

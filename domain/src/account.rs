@@ -105,6 +105,7 @@ pub struct Principal {
 
 /// What the UI shows about the signed-in user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Me {
     pub username: String,
     pub is_admin: bool,

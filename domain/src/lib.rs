@@ -5,8 +5,10 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod account;
+pub mod cluster;
 pub mod error;
 pub mod ids;
 pub mod mig;
 pub mod planner;
+pub mod tenancy;
 pub mod wire;

@@ -259,6 +259,44 @@ pub struct TelemetryAck {
     pub acked_through: u64,
 }
 
+/// Builds a domain model from the table the device reported, so the layout
+/// is validated against what this GPU really offers.
+pub fn model_from_profiles(
+    name: &str,
+    profiles: &[ProfileInfo],
+) -> Result<crate::mig::GpuModel, String> {
+    let memory_slices = profiles
+        .iter()
+        .flat_map(|p| {
+            p.placements
+                .iter()
+                .map(|pl| pl.start.saturating_add(pl.size))
+        })
+        .max()
+        .unwrap_or(0);
+    let compute_slices = profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0);
+    let table = profiles
+        .iter()
+        .map(|p| crate::mig::Profile {
+            id: p.id,
+            name: p.name.clone(),
+            compute_slices: p.compute_slices,
+            memory_slices: p.memory_slices,
+            max_count: p.max_count,
+            placements: p
+                .placements
+                .iter()
+                .map(|pl| crate::mig::Placement {
+                    start: pl.start,
+                    size: pl.size,
+                })
+                .collect(),
+            memory_mib: p.memory_mib,
+        })
+        .collect();
+    crate::mig::GpuModel::new(name, memory_slices, compute_slices, table).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

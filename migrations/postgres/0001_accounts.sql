@@ -6,7 +6,7 @@ CREATE TABLE users (
     password_hash       TEXT NOT NULL,
     is_admin            BOOLEAN NOT NULL DEFAULT FALSE,
     disabled            BOOLEAN NOT NULL DEFAULT FALSE,
-    password_changed_at TIMESTAMPTZ NOT NULL,
+    sessions_valid_after TIMESTAMPTZ NOT NULL,
     created_at          TIMESTAMPTZ NOT NULL
 );
 

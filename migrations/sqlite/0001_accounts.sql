@@ -13,9 +13,9 @@ CREATE TABLE users (
     is_admin            BOOLEAN NOT NULL DEFAULT FALSE,
     -- A disabled user cannot sign in; their sessions stop working at the next request.
     disabled            BOOLEAN NOT NULL DEFAULT FALSE,
-    -- Sessions that signed in before this instant are rejected (password change signs
-    -- out other sessions).
-    password_changed_at TEXT NOT NULL,
+    -- Sessions that signed in before this instant are rejected: a password change or
+    -- disabling the account moves it forward, signing out every other session.
+    sessions_valid_after TEXT NOT NULL,
     created_at          TEXT NOT NULL
 );
 

@@ -37,6 +37,9 @@ pub struct AppState {
 /// The use cases, wired to their dependencies.
 pub struct Services {
     pub accounts: Accounts,
+    pub tenancy: services::tenancy::Tenancy,
+    pub tokens: services::tokens::Tokens,
+    pub nodes: services::nodes::Nodes,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -65,7 +68,7 @@ pub async fn run(
     });
     let hasher = auth::password::Hasher::new(workers, config.login_queue)?;
     let limiter = Arc::new(auth::limiter::LoginLimiter::new(Default::default()));
-    let accounts = Accounts::new(store.clone(), hasher, limiter);
+    let accounts = Accounts::new(store.clone(), hasher.clone(), limiter);
 
     let admin_password = config
         .admin_password
@@ -115,7 +118,12 @@ pub async fn run(
     let state = AppState {
         config: Arc::new(config.clone()),
         store: store.clone(),
-        services: Arc::new(Services { accounts }),
+        services: Arc::new(Services {
+            accounts,
+            tenancy: services::tenancy::Tenancy::new(store.clone(), hasher),
+            tokens: services::tokens::Tokens::new(store.clone()),
+            nodes: services::nodes::Nodes::new(store.clone()),
+        }),
         leptos_options,
     };
     let router = http::router(state, sessions::layer(session_store, &config));

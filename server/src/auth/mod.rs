@@ -2,3 +2,4 @@
 
 pub mod limiter;
 pub mod password;
+pub mod secret;

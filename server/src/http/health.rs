@@ -19,9 +19,42 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-pub async fn metrics() -> impl IntoResponse {
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    record_cluster_gauges(&state).await;
     let body = crate::observability::metrics_handle()
         .map(|h| h.render())
         .unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+}
+
+/// Cluster gauges are computed at scrape time from the stored inventories.
+async fn record_cluster_gauges(state: &AppState) {
+    let Ok((summary, nodes)) = state.services.nodes.summary_now().await else {
+        return;
+    };
+    metrics::gauge!("tessera_nodes", "state" => "online").set(f64::from(summary.nodes_online));
+    metrics::gauge!("tessera_nodes", "state" => "offline")
+        .set(f64::from(summary.nodes_total - summary.nodes_online));
+    let catalog = tessera_domain::mig::Catalog::builtin();
+    let mut by_model_state: std::collections::BTreeMap<(String, &str), u32> = Default::default();
+    for (_, inv) in &nodes {
+        for g in &inv.gpus {
+            let v = tessera_domain::cluster::GpuView::from_wire(g, &catalog);
+            let state = match v.mig_enabled {
+                Some(true) => "mig",
+                Some(false) => "whole",
+                None => "no_mig",
+            };
+            *by_model_state
+                .entry((v.model.unwrap_or(v.name), state))
+                .or_default() += 1;
+        }
+    }
+    for ((model, st), n) in by_model_state {
+        metrics::gauge!("tessera_gpus", "model" => model, "mig" => st).set(f64::from(n));
+    }
+    metrics::gauge!("tessera_mig_instances", "state" => "in_use")
+        .set(f64::from(summary.instances_in_use));
+    metrics::gauge!("tessera_mig_instances", "state" => "free")
+        .set(f64::from(summary.instances_free));
 }

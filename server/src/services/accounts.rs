@@ -66,7 +66,7 @@ impl Accounts {
                 password_hash: hash,
                 is_admin: true,
                 disabled: false,
-                password_changed_at: now,
+                sessions_valid_after: now,
                 created_at: now,
             })
             .await?;
@@ -140,7 +140,7 @@ impl Accounts {
         else {
             return Ok(None);
         };
-        if user.disabled || user.password_changed_at > signed_in_at {
+        if user.disabled || user.sessions_valid_after > signed_in_at {
             return Ok(None);
         }
         principal(&user).map(Some)

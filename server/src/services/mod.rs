@@ -1,11 +1,16 @@
 //! Use cases: the one place where business rules and authorization live.
 //!
 //! Every function that acts for a user takes the caller's [`Principal`] first and authorizes
-//! before it touches data. HTTP handlers and server functions only translate.
+//! (through the capabilities in [`authz`]) before it touches data. HTTP handlers and server
+//! functions only translate.
 //!
 //! [`Principal`]: tessera_domain::account::Principal
 
 pub mod accounts;
+pub mod authz;
+pub mod nodes;
+pub mod tenancy;
+pub mod tokens;
 
 use tessera_domain::error::AppError;
 

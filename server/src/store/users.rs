@@ -11,12 +11,12 @@ pub struct UserRow {
     pub password_hash: String,
     pub is_admin: bool,
     pub disabled: bool,
-    pub password_changed_at: DateTime<Utc>,
+    pub sessions_valid_after: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
 }
 
 const COLUMNS: &str =
-    "id, username, password_hash, is_admin, disabled, password_changed_at, created_at";
+    "id, username, password_hash, is_admin, disabled, sessions_valid_after, created_at";
 
 impl Store {
     pub async fn user_by_username(&self, username: &str) -> Result<Option<UserRow>, sqlx::Error> {
@@ -45,7 +45,7 @@ impl Store {
             .bind(&row.password_hash)
             .bind(row.is_admin)
             .bind(row.disabled)
-            .bind(row.password_changed_at)
+            .bind(row.sessions_valid_after)
             .bind(row.created_at)
             .execute(pool)
             .await?
@@ -62,7 +62,7 @@ impl Store {
         new_hash: &str,
         at: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        let sql = "UPDATE users SET password_hash = $1, password_changed_at = $2 \
+        let sql = "UPDATE users SET password_hash = $1, sessions_valid_after = $2 \
                    WHERE id = $3 AND password_hash = $4";
         let n = on_pool!(self, pool => sqlx::query(sql)
             .bind(new_hash)
@@ -72,6 +72,59 @@ impl Store {
             .execute(pool)
             .await?
             .rows_affected());
+        Ok(n == 1)
+    }
+}
+
+impl Store {
+    pub async fn list_users(
+        &self,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<UserRow>, i64), sqlx::Error> {
+        let sql = format!("SELECT {COLUMNS} FROM users ORDER BY username LIMIT $1 OFFSET $2");
+        let rows = on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql)
+            .bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
+        let total = self.count_users().await?;
+        Ok((rows, total))
+    }
+
+    /// Disables or enables a user. Disabling also voids every session (by moving
+    /// `sessions_valid_after`) and revokes every API token, in one transaction.
+    pub async fn set_user_disabled(
+        &self,
+        id: Uuid,
+        disabled: bool,
+        at: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let n = if disabled {
+                sqlx::query("UPDATE users SET disabled = TRUE, sessions_valid_after = $1 WHERE id = $2")
+                    .bind(at).bind(id).execute(&mut *tx).await?.rows_affected()
+            } else {
+                sqlx::query("UPDATE users SET disabled = FALSE WHERE id = $1")
+                    .bind(id).execute(&mut *tx).await?.rows_affected()
+            };
+            if disabled {
+                sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL")
+                    .bind(at).bind(id).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(n == 1)
+        })
+    }
+
+    /// An administrator's password reset: no expected-hash check, sessions voided.
+    pub async fn reset_password_hash(
+        &self,
+        id: Uuid,
+        new_hash: &str,
+        at: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let n = on_pool!(self, pool => sqlx::query(
+            "UPDATE users SET password_hash = $1, sessions_valid_after = $2 WHERE id = $3")
+            .bind(new_hash).bind(at).bind(id).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 }

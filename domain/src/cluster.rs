@@ -1,0 +1,231 @@
+//! The cluster as users see it: nodes, their GPUs and MIG layouts, and a summary.
+//!
+//! Built from the agents' [`Inventory`](crate::wire::Inventory) reports; `now` is a
+//! parameter so "online" is decided by the caller's clock.
+
+use crate::mig::Catalog;
+use crate::wire::{GpuInfo, Inventory, MigMode};
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+/// A node is online while its last heartbeat is younger than this (3 missed beats).
+pub const OFFLINE_AFTER_SECS: i64 = 90;
+
+pub fn is_online(last_heartbeat: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    last_heartbeat.is_some_and(|t| now - t < Duration::seconds(OFFLINE_AFTER_SECS))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeView {
+    pub id: Uuid,
+    pub hostname: String,
+    pub online: bool,
+    pub revoked: bool,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    pub agent_version: String,
+    /// The agent may change MIG layouts (`--manage-mig`).
+    pub manages_mig: bool,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    /// The driver's product name.
+    pub name: String,
+    /// The catalog model (`H100-80GB`), when known.
+    pub model: Option<String>,
+    pub memory_mib: u64,
+    /// `None` when the GPU is not MIG-capable.
+    pub mig_enabled: Option<bool>,
+    /// A mode change waits for a GPU reset.
+    pub mig_pending_change: bool,
+    /// Memory slices of the GPU (8 on A100/H100/H200, 4 on A30); 0 if unknown.
+    pub memory_slices: u8,
+    pub instances: Vec<InstanceView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InstanceView {
+    pub profile: String,
+    pub start: u8,
+    pub size: u8,
+    /// `MIG-…` of its compute instance.
+    pub uuid: Option<String>,
+    /// Has processes, or the driver could not say.
+    pub busy: bool,
+}
+
+impl GpuView {
+    pub fn from_wire(gpu: &GpuInfo, catalog: &Catalog) -> Self {
+        let model = catalog.get(&gpu.name);
+        let memory_slices = model.map(|m| m.memory_slices()).unwrap_or_else(|| {
+            gpu.profiles
+                .iter()
+                .map(|p| p.memory_slices)
+                .max()
+                .unwrap_or(0)
+        });
+        GpuView {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            name: gpu.name.clone(),
+            model: model.map(|m| m.name().to_owned()),
+            memory_mib: gpu.memory_mib,
+            mig_enabled: gpu.mig_mode.map(|m| m.current == MigMode::Enabled),
+            mig_pending_change: gpu.mig_mode.is_some_and(|m| m.current != m.pending),
+            memory_slices,
+            instances: gpu
+                .instances
+                .iter()
+                .map(|i| InstanceView {
+                    profile: i.profile.clone(),
+                    start: i.start,
+                    size: i.size,
+                    uuid: i.compute_instances.iter().find_map(|c| c.uuid.clone()),
+                    busy: i
+                        .compute_instances
+                        .iter()
+                        .any(|c| c.process_count.is_none_or(|n| n > 0)),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Counts for the dashboard.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClusterSummary {
+    pub nodes_total: u32,
+    pub nodes_online: u32,
+    pub gpus_total: u32,
+    /// GPU count per model (catalog name, else the driver's name).
+    pub gpus_by_model: BTreeMap<String, u32>,
+    pub mig_enabled_gpus: u32,
+    pub mig_disabled_gpus: u32,
+    pub instances_total: u32,
+    pub instances_in_use: u32,
+    pub instances_free: u32,
+}
+
+/// Sums the inventories of non-revoked nodes; `online` says which ones answer.
+pub fn summarize<'a>(
+    nodes: impl IntoIterator<Item = (bool, &'a Inventory)>,
+    catalog: &Catalog,
+) -> ClusterSummary {
+    let mut s = ClusterSummary::default();
+    for (online, inv) in nodes {
+        s.nodes_total += 1;
+        s.nodes_online += u32::from(online);
+        for gpu in &inv.gpus {
+            let view = GpuView::from_wire(gpu, catalog);
+            s.gpus_total += 1;
+            *s.gpus_by_model
+                .entry(view.model.clone().unwrap_or_else(|| view.name.clone()))
+                .or_default() += 1;
+            match view.mig_enabled {
+                Some(true) => s.mig_enabled_gpus += 1,
+                _ => s.mig_disabled_gpus += 1,
+            }
+            for i in &view.instances {
+                s.instances_total += 1;
+                if i.busy {
+                    s.instances_in_use += 1;
+                } else {
+                    s.instances_free += 1;
+                }
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ComputeInstanceInfo, MigInstance, MigModeState};
+
+    fn gpu(name: &str, mig: bool, busy: &[Option<u32>]) -> GpuInfo {
+        GpuInfo {
+            index: 0,
+            uuid: format!("GPU-{name}"),
+            name: name.into(),
+            memory_mib: 81_559,
+            mig_mode: Some(MigModeState {
+                current: if mig {
+                    MigMode::Enabled
+                } else {
+                    MigMode::Disabled
+                },
+                pending: if mig {
+                    MigMode::Enabled
+                } else {
+                    MigMode::Disabled
+                },
+            }),
+            profiles: vec![],
+            profiles_error: None,
+            instances: busy
+                .iter()
+                .enumerate()
+                .map(|(i, p)| MigInstance {
+                    profile_id: 19,
+                    profile: "1g.10gb".into(),
+                    start: i as u8,
+                    size: 1,
+                    gi_id: i as u32,
+                    compute_instances: vec![ComputeInstanceInfo {
+                        ci_id: 0,
+                        profile_id: 0,
+                        full_size: true,
+                        uuid: Some(format!("MIG-{i}")),
+                        process_count: *p,
+                    }],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn summary_counts_models_modes_and_busy_instances() {
+        let catalog = Catalog::builtin();
+        let a = Inventory {
+            gpus: vec![
+                gpu("NVIDIA H100 80GB HBM3", true, &[Some(0), Some(2), None]),
+                gpu("NVIDIA H100 80GB HBM3", false, &[]),
+            ],
+        };
+        let b = Inventory {
+            gpus: vec![gpu("Tesla V100-SXM2-32GB", false, &[])],
+        };
+        let s = summarize([(true, &a), (false, &b)], &catalog);
+        assert_eq!((s.nodes_total, s.nodes_online, s.gpus_total), (2, 1, 3));
+        assert_eq!(s.gpus_by_model.get("H100-80GB"), Some(&2));
+        assert_eq!(s.gpus_by_model.get("Tesla V100-SXM2-32GB"), Some(&1));
+        assert_eq!((s.mig_enabled_gpus, s.mig_disabled_gpus), (1, 2));
+        // Unknown process count counts as in use: it is never handed out.
+        assert_eq!(
+            (s.instances_total, s.instances_in_use, s.instances_free),
+            (3, 2, 1)
+        );
+        let v = GpuView::from_wire(&a.gpus[0], &catalog);
+        assert_eq!(v.memory_slices, 8);
+        assert_eq!(v.instances[0].uuid.as_deref(), Some("MIG-0"));
+    }
+
+    #[test]
+    fn online_means_a_recent_heartbeat() {
+        let now = DateTime::<Utc>::from_timestamp(1_000_000, 0).expect("time");
+        assert!(is_online(Some(now - Duration::seconds(10)), now));
+        assert!(!is_online(Some(now - Duration::seconds(91)), now));
+        assert!(!is_online(None, now));
+    }
+}

@@ -1,0 +1,66 @@
+//! The agent API under `/agent/v1` (protocol: `agent/README.md`; types:
+//! `tessera_domain::wire`). Authenticated by node credential, except `register`, which
+//! trades a join token for one.
+
+use super::auth::NodeCaller;
+use super::error::{ApiError, JsonBody};
+use crate::AppState;
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::StatusCode;
+use tessera_domain::wire::{
+    DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck,
+    TelemetryBatch,
+};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/agent/v1/register", post(register))
+        .route("/agent/v1/heartbeat", post(heartbeat))
+        .route("/agent/v1/desired", get(desired))
+        .route("/agent/v1/status", post(status))
+        .route("/agent/v1/telemetry", post(telemetry))
+}
+
+async fn register(
+    State(s): State<AppState>,
+    JsonBody(req): JsonBody<RegisterRequest>,
+) -> Result<Json<RegisterResponse>, ApiError> {
+    Ok(Json(s.services.nodes.register(&req).await?))
+}
+
+async fn heartbeat(
+    State(s): State<AppState>,
+    NodeCaller(node): NodeCaller,
+    JsonBody(hb): JsonBody<Heartbeat>,
+) -> Result<StatusCode, ApiError> {
+    s.services.nodes.heartbeat(&node, &hb).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn desired(
+    State(s): State<AppState>,
+    NodeCaller(node): NodeCaller,
+) -> Result<Json<DesiredState>, ApiError> {
+    Ok(Json(s.services.nodes.desired(&node).await?))
+}
+
+async fn status(
+    State(s): State<AppState>,
+    NodeCaller(node): NodeCaller,
+    JsonBody(report): JsonBody<StatusReport>,
+) -> Result<StatusCode, ApiError> {
+    s.services.nodes.record_status(&node, &report).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn telemetry(
+    State(s): State<AppState>,
+    NodeCaller(node): NodeCaller,
+    JsonBody(batch): JsonBody<TelemetryBatch>,
+) -> Result<Json<TelemetryAck>, ApiError> {
+    Ok(Json(
+        s.services.nodes.ingest_telemetry(&node, &batch).await?,
+    ))
+}

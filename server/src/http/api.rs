@@ -1,0 +1,511 @@
+//! The REST API under `/api/v1`, documented by the OpenAPI document it generates
+//! (`/api/v1/openapi.json`). Handlers are a few lines: extract, call the service, map.
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody, JsonBody};
+use crate::AppState;
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use http::StatusCode;
+use serde::Deserialize;
+use tessera_domain::account::Me;
+use tessera_domain::cluster::{ClusterSummary, NodeView};
+use tessera_domain::error::AppError;
+use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::tenancy::{
+    ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
+};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tessera API",
+        description = "Self-service GPU portal. Authenticate with a personal API token \
+                       (`Authorization: Bearer tsk_…`, created under My account) or a browser \
+                       session. Errors share one shape (`ErrorBody`); lists take `offset` and \
+                       `limit` (≤ 200) and return `{items, total, offset, limit}`. Another \
+                       team's object answers exactly like a missing one (404)."
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        if let Some(c) = openapi.components.as_mut() {
+            c.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+        }
+    }
+}
+
+/// The `/api/v1` routes and their OpenAPI document.
+pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(me))
+        .routes(routes!(list_users, create_user))
+        .routes(routes!(disable_user))
+        .routes(routes!(enable_user))
+        .routes(routes!(reset_password))
+        .routes(routes!(list_teams, create_team))
+        .routes(routes!(get_team, rename_team))
+        .routes(routes!(archive_team))
+        .routes(routes!(unarchive_team))
+        .routes(routes!(list_members, add_member))
+        .routes(routes!(change_role, remove_member))
+        .routes(routes!(list_tokens, create_token))
+        .routes(routes!(revoke_token))
+        .routes(routes!(list_join_tokens, create_join_token))
+        .routes(routes!(revoke_join_token))
+        .routes(routes!(list_nodes))
+        .routes(routes!(get_node))
+        .routes(routes!(revoke_node))
+        .routes(routes!(set_gpu_layout))
+        .routes(routes!(cluster_summary))
+        .split_for_parts()
+}
+
+/// Ids that do not parse name nothing that exists.
+fn id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError(AppError::NotFound))
+}
+
+#[utoipa::path(get, path = "/api/v1/me", tag = "account",
+    responses((status = 200, body = Me), (status = 401, body = ErrorBody)))]
+async fn me(Caller(p): Caller) -> ApiResult<Me> {
+    Ok(Json(Me::from(&p)))
+}
+
+// ---- users ----
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewUser {
+    username: String,
+    password: String,
+    #[serde(default)]
+    is_admin: bool,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewPasswordBody {
+    password: String,
+}
+
+#[utoipa::path(get, path = "/api/v1/users", tag = "users", params(PageRequest),
+    responses((status = 200, body = Page<UserView>), (status = 403, body = ErrorBody)))]
+async fn list_users(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Query(page): Query<PageRequest>,
+) -> ApiResult<Page<UserView>> {
+    Ok(Json(s.services.tenancy.list_users(&p, page).await?))
+}
+
+#[utoipa::path(post, path = "/api/v1/users", tag = "users", request_body = NewUser,
+    responses((status = 201, body = UserView), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn create_user(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    JsonBody(b): JsonBody<NewUser>,
+) -> Result<(StatusCode, Json<UserView>), ApiError> {
+    let u = s
+        .services
+        .tenancy
+        .create_user(&p, &b.username, &b.password, b.is_admin)
+        .await?;
+    Ok((StatusCode::CREATED, Json(u)))
+}
+
+#[utoipa::path(post, path = "/api/v1/users/{id}/disable", tag = "users",
+    description = "Signs the user out everywhere and revokes their API tokens.",
+    responses((status = 200, body = UserView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn disable_user(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(user): Path<String>,
+) -> ApiResult<UserView> {
+    let user = UserId(id(&user)?);
+    Ok(Json(
+        s.services.tenancy.set_user_disabled(&p, user, true).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/users/{id}/enable", tag = "users",
+    responses((status = 200, body = UserView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn enable_user(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(user): Path<String>,
+) -> ApiResult<UserView> {
+    let user = UserId(id(&user)?);
+    Ok(Json(
+        s.services
+            .tenancy
+            .set_user_disabled(&p, user, false)
+            .await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/users/{id}/password", tag = "users", request_body = NewPasswordBody,
+    responses((status = 200, body = UserView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn reset_password(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(user): Path<String>,
+    JsonBody(b): JsonBody<NewPasswordBody>,
+) -> ApiResult<UserView> {
+    let user = UserId(id(&user)?);
+    Ok(Json(
+        s.services
+            .tenancy
+            .reset_password(&p, user, &b.password)
+            .await?,
+    ))
+}
+
+// ---- teams ----
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct TeamBody {
+    name: String,
+}
+
+#[utoipa::path(get, path = "/api/v1/teams", tag = "teams", params(PageRequest),
+    description = "Platform admins see every team; others see the teams they belong to.",
+    responses((status = 200, body = Page<TeamView>)))]
+async fn list_teams(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Query(page): Query<PageRequest>,
+) -> ApiResult<Page<TeamView>> {
+    Ok(Json(s.services.tenancy.list_teams(&p, page).await?))
+}
+
+#[utoipa::path(post, path = "/api/v1/teams", tag = "teams", request_body = TeamBody,
+    responses((status = 201, body = TeamView), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn create_team(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    JsonBody(b): JsonBody<TeamBody>,
+) -> Result<(StatusCode, Json<TeamView>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(s.services.tenancy.create_team(&p, &b.name).await?),
+    ))
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}", tag = "teams",
+    responses((status = 200, body = TeamView), (status = 404, body = ErrorBody)))]
+async fn get_team(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(team): Path<String>,
+) -> ApiResult<TeamView> {
+    Ok(Json(s.services.tenancy.team(&p, TeamId(id(&team)?)).await?))
+}
+
+#[utoipa::path(patch, path = "/api/v1/teams/{id}", tag = "teams", request_body = TeamBody,
+    responses((status = 200, body = TeamView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn rename_team(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(team): Path<String>,
+    JsonBody(b): JsonBody<TeamBody>,
+) -> ApiResult<TeamView> {
+    Ok(Json(
+        s.services
+            .tenancy
+            .rename_team(&p, TeamId(id(&team)?), &b.name)
+            .await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/teams/{id}/archive", tag = "teams",
+    responses((status = 200, body = TeamView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn archive_team(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(team): Path<String>,
+) -> ApiResult<TeamView> {
+    Ok(Json(
+        s.services
+            .tenancy
+            .set_team_archived(&p, TeamId(id(&team)?), true)
+            .await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/teams/{id}/unarchive", tag = "teams",
+    responses((status = 200, body = TeamView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn unarchive_team(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(team): Path<String>,
+) -> ApiResult<TeamView> {
+    Ok(Json(
+        s.services
+            .tenancy
+            .set_team_archived(&p, TeamId(id(&team)?), false)
+            .await?,
+    ))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewMember {
+    username: String,
+    /// `team_admin`, `member` or `viewer`.
+    role: String,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct RoleBody {
+    /// `team_admin`, `member` or `viewer`.
+    role: String,
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/members", tag = "teams", params(PageRequest),
+    responses((status = 200, body = Page<MemberView>), (status = 404, body = ErrorBody)))]
+async fn list_members(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(team): Path<String>,
+    Query(page): Query<PageRequest>,
+) -> ApiResult<Page<MemberView>> {
+    Ok(Json(
+        s.services
+            .tenancy
+            .list_members(&p, TeamId(id(&team)?), page)
+            .await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/teams/{id}/members", tag = "teams", request_body = NewMember,
+    responses((status = 201, body = MemberView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn add_member(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(team): Path<String>,
+    JsonBody(b): JsonBody<NewMember>,
+) -> Result<(StatusCode, Json<MemberView>), ApiError> {
+    let m = s
+        .services
+        .tenancy
+        .add_member(&p, TeamId(id(&team)?), &b.username, &b.role)
+        .await?;
+    Ok((StatusCode::CREATED, Json(m)))
+}
+
+#[utoipa::path(put, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams", request_body = RoleBody,
+    responses((status = 200, body = MemberView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn change_role(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path((team, user)): Path<(String, String)>,
+    JsonBody(b): JsonBody<RoleBody>,
+) -> ApiResult<MemberView> {
+    let (team, user) = (TeamId(id(&team)?), UserId(id(&user)?));
+    Ok(Json(
+        s.services
+            .tenancy
+            .change_role(&p, team, user, &b.role)
+            .await?,
+    ))
+}
+
+#[utoipa::path(delete, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams",
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn remove_member(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path((team, user)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let (team, user) = (TeamId(id(&team)?), UserId(id(&user)?));
+    s.services.tenancy.remove_member(&p, team, user).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- API tokens ----
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewToken {
+    name: String,
+    /// Days until it stops working (1–366); omit for no expiry.
+    expires_in_days: Option<u32>,
+}
+
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "account", params(PageRequest),
+    responses((status = 200, body = Page<ApiTokenView>)))]
+async fn list_tokens(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Query(page): Query<PageRequest>,
+) -> ApiResult<Page<ApiTokenView>> {
+    Ok(Json(s.services.tokens.list(&p, page).await?))
+}
+
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "account", request_body = NewToken,
+    description = "The secret is in the response only; it is stored hashed.",
+    responses((status = 201, body = CreatedSecret<ApiTokenView>), (status = 422, body = ErrorBody)))]
+async fn create_token(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    JsonBody(b): JsonBody<NewToken>,
+) -> Result<(StatusCode, Json<CreatedSecret<ApiTokenView>>), ApiError> {
+    let t = s
+        .services
+        .tokens
+        .create(&p, &b.name, b.expires_in_days)
+        .await?;
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+#[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "account",
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn revoke_token(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(token): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    s.services.tokens.revoke(&p, id(&token)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- nodes ----
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewJoinToken {
+    #[serde(default)]
+    note: String,
+    /// Nodes that may join with it (1–1000); default 1.
+    #[serde(default = "one")]
+    max_uses: u32,
+    /// Hours until it expires (1–720); default 24.
+    #[serde(default = "day")]
+    expires_in_hours: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+fn day() -> u32 {
+    24
+}
+
+#[utoipa::path(get, path = "/api/v1/join-tokens", tag = "nodes", params(PageRequest),
+    responses((status = 200, body = Page<JoinTokenView>), (status = 403, body = ErrorBody)))]
+async fn list_join_tokens(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Query(page): Query<PageRequest>,
+) -> ApiResult<Page<JoinTokenView>> {
+    Ok(Json(s.services.nodes.list_join_tokens(&p, page).await?))
+}
+
+#[utoipa::path(post, path = "/api/v1/join-tokens", tag = "nodes", request_body = NewJoinToken,
+    description = "Run `tessera-agent --server URL --join-token SECRET` on the node.",
+    responses((status = 201, body = CreatedSecret<JoinTokenView>), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn create_join_token(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    JsonBody(b): JsonBody<NewJoinToken>,
+) -> Result<(StatusCode, Json<CreatedSecret<JoinTokenView>>), ApiError> {
+    let t = s
+        .services
+        .nodes
+        .create_join_token(&p, &b.note, b.max_uses, b.expires_in_hours)
+        .await?;
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+#[utoipa::path(delete, path = "/api/v1/join-tokens/{id}", tag = "nodes",
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn revoke_join_token(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(token): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    s.services.nodes.revoke_join_token(&p, id(&token)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", params(PageRequest),
+    responses((status = 200, body = Page<NodeView>)))]
+async fn list_nodes(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Query(page): Query<PageRequest>,
+) -> ApiResult<Page<NodeView>> {
+    Ok(Json(s.services.nodes.list(&p, page).await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
+    responses((status = 200, body = NodeView), (status = 404, body = ErrorBody)))]
+async fn get_node(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(node): Path<String>,
+) -> ApiResult<NodeView> {
+    Ok(Json(s.services.nodes.get(&p, id(&node)?).await?))
+}
+
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/revoke", tag = "nodes",
+    description = "The node's credential stops working at once.",
+    responses((status = 200, body = NodeView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn revoke_node(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(node): Path<String>,
+) -> ApiResult<NodeView> {
+    Ok(Json(s.services.nodes.revoke(&p, id(&node)?).await?))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct LayoutBody {
+    /// `enabled` or `disabled`.
+    #[schema(value_type = String)]
+    mode: tessera_domain::wire::MigMode,
+    /// Instances at explicit placements; must be empty when `mode` is `disabled`.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    layout: Vec<tessera_domain::wire::DesiredInstance>,
+}
+
+#[utoipa::path(put, path = "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", tag = "nodes", request_body = LayoutBody,
+    description = "Sets the MIG layout the node's agent should apply (validated against the GPU's profile table). \
+                   The agent reports progress; see the GPU's `apply_state`.",
+    responses((status = 200, body = NodeView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn set_gpu_layout(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path((node, gpu)): Path<(String, String)>,
+    JsonBody(b): JsonBody<LayoutBody>,
+) -> ApiResult<NodeView> {
+    Ok(Json(
+        s.services
+            .nodes
+            .set_desired_layout(&p, id(&node)?, &gpu, b.mode, b.layout)
+            .await?,
+    ))
+}
+
+#[utoipa::path(get, path = "/api/v1/cluster/summary", tag = "nodes",
+    responses((status = 200, body = ClusterSummary)))]
+async fn cluster_summary(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+) -> ApiResult<ClusterSummary> {
+    Ok(Json(s.services.nodes.summary(&p).await?))
+}

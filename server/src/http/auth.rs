@@ -1,0 +1,88 @@
+//! Who is calling: a browser session, a personal API token, or a node credential.
+
+use crate::AppState;
+use crate::services::nodes::NodeIdentity;
+use crate::sessions;
+use axum::extract::FromRequestParts;
+use chrono::Utc;
+use http::request::Parts;
+use tessera_domain::account::Principal;
+use tessera_domain::error::AppError;
+use tower_sessions::Session;
+
+use super::error::ApiError;
+
+/// The principal behind a browser session, if any (signing out sessions that are no
+/// longer valid).
+pub async fn session_principal(
+    state: &AppState,
+    session: &Session,
+) -> Result<Option<Principal>, AppError> {
+    let Some(user) = sessions::read(session, state.config.session_absolute_timeout, Utc::now())
+        .await
+        .map_err(session_error)?
+    else {
+        return Ok(None);
+    };
+    let principal = state
+        .services
+        .accounts
+        .principal_for_session(user.user_id, user.signed_in_at)
+        .await?;
+    if principal.is_none() {
+        sessions::sign_out(session).await.map_err(session_error)?;
+    }
+    Ok(principal)
+}
+
+pub fn session_error(e: tower_sessions::session::Error) -> AppError {
+    tracing::error!(error = %e, "session store");
+    AppError::Internal
+}
+
+fn bearer(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// A signed-in caller of the REST API: `Authorization: Bearer <API token>`, or the
+/// browser session cookie.
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if let Some(token) = bearer(parts) {
+            return Ok(Caller(state.services.tokens.authenticate(token).await?));
+        }
+        let session = parts
+            .extensions
+            .get::<Session>()
+            .cloned()
+            .ok_or(AppError::Internal)?;
+        session_principal(state, &session)
+            .await?
+            .map(Caller)
+            .ok_or(ApiError(AppError::Unauthorized))
+    }
+}
+
+/// A node agent, authenticated by its node credential.
+pub struct NodeCaller(pub NodeIdentity);
+
+impl FromRequestParts<AppState> for NodeCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let credential = bearer(parts).ok_or(AppError::Unauthorized)?;
+        Ok(NodeCaller(
+            state.services.nodes.authenticate(credential).await?,
+        ))
+    }
+}

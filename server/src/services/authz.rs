@@ -1,0 +1,80 @@
+//! Capabilities: proofs that the caller may do something, obtained only by checking.
+//!
+//! A service that needs a platform admin asks for [`Admin`]; one that touches a team asks
+//! for [`TeamAccess`] at the level it needs. Only these functions can make them, so a use
+//! case cannot forget the check. A team the caller cannot see answers exactly like a
+//! missing one: `NotFound`.
+
+use super::internal;
+use crate::store::{Store, TeamRow};
+use tessera_domain::account::Principal;
+use tessera_domain::error::AppError;
+use tessera_domain::ids::TeamId;
+use tessera_domain::tenancy::TeamRole;
+
+/// Proof that the caller is a platform admin.
+#[derive(Debug, Clone, Copy)]
+pub struct Admin<'a>(pub &'a Principal);
+
+pub fn admin(p: &Principal) -> Result<Admin<'_>, AppError> {
+    if p.is_admin {
+        Ok(Admin(p))
+    } else {
+        Err(AppError::Forbidden)
+    }
+}
+
+/// What the caller needs to do with a team.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// See the team and its members: any member, or a platform admin.
+    Read,
+    /// Manage members: a team admin, or a platform admin.
+    ManageMembers,
+    /// Rename, archive: a platform admin (team admins may rename too).
+    Rename,
+}
+
+/// Proof that the caller may act on `team` at the level asked for.
+#[derive(Debug, Clone)]
+pub struct TeamAccess {
+    pub team: TeamRow,
+    /// The caller's own role; `None` for a platform admin who is not a member.
+    pub role: Option<TeamRole>,
+}
+
+impl TeamAccess {
+    pub fn id(&self) -> TeamId {
+        TeamId(self.team.id)
+    }
+}
+
+pub async fn team(
+    store: &Store,
+    p: &Principal,
+    team: TeamId,
+    need: Need,
+) -> Result<TeamAccess, AppError> {
+    let row = store
+        .team(team.0)
+        .await
+        .map_err(internal("loading team"))?
+        .ok_or(AppError::NotFound)?;
+    let role = store
+        .membership(team.0, p.user_id.0)
+        .await
+        .map_err(internal("loading membership"))?
+        .and_then(|r| TeamRole::parse(&r).ok());
+    if !p.is_admin && role.is_none() {
+        return Err(AppError::NotFound);
+    }
+    let allowed = p.is_admin
+        || match need {
+            Need::Read => true,
+            Need::ManageMembers | Need::Rename => role.is_some_and(TeamRole::manages_members),
+        };
+    if !allowed {
+        return Err(AppError::Forbidden);
+    }
+    Ok(TeamAccess { team: row, role })
+}

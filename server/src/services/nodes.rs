@@ -1,0 +1,497 @@
+//! GPU nodes: join tokens, agent registration and heartbeats, the cluster view.
+
+use super::authz;
+use super::internal;
+use super::tenancy::paged;
+use crate::auth::secret;
+use crate::store::{JoinTokenRow, NodeRow, Store};
+use chrono::{DateTime, Duration, Utc};
+use std::sync::Arc;
+use tessera_domain::account::Principal;
+use tessera_domain::cluster::{self, ClusterSummary, GpuView, NodeView};
+use tessera_domain::error::AppError;
+use tessera_domain::mig::Catalog;
+use tessera_domain::mig::Instance;
+use tessera_domain::tenancy::{CreatedSecret, JoinTokenView, Page, PageRequest};
+use tessera_domain::wire::{
+    ApplyState, DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, Inventory, MigMode,
+    RegisterRequest, RegisterResponse, StatusReport, TelemetryAck, TelemetryBatch,
+};
+use uuid::Uuid;
+
+/// A node authenticated by its credential.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    pub id: Uuid,
+    pub hostname: String,
+}
+
+#[derive(Clone)]
+pub struct Nodes {
+    store: Store,
+    catalog: Arc<Catalog>,
+}
+
+impl Nodes {
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            catalog: Arc::new(Catalog::builtin()),
+        }
+    }
+
+    // ---- join tokens (platform admin) ----
+
+    pub async fn create_join_token(
+        &self,
+        p: &Principal,
+        note: &str,
+        max_uses: u32,
+        expires_in_hours: u32,
+    ) -> Result<CreatedSecret<JoinTokenView>, AppError> {
+        authz::admin(p)?;
+        let note = note.trim();
+        if note.chars().count() > 128 {
+            return Err(AppError::invalid("note", "must be at most 128 characters"));
+        }
+        if !(1..=1000).contains(&max_uses) {
+            return Err(AppError::invalid("max_uses", "must be between 1 and 1000"));
+        }
+        if !(1..=24 * 30).contains(&expires_in_hours) {
+            return Err(AppError::invalid(
+                "expires_in_hours",
+                "must be between 1 and 720 hours (30 days)",
+            ));
+        }
+        let (secret, hash) = secret::generate("tsj");
+        let now = Utc::now();
+        let row = JoinTokenRow {
+            id: Uuid::new_v4(),
+            note: note.to_owned(),
+            prefix: secret::prefix(&secret),
+            secret_hash: hash,
+            created_by: p.user_id.0,
+            created_at: now,
+            expires_at: now + Duration::hours(i64::from(expires_in_hours)),
+            max_uses: i64::from(max_uses),
+            uses: 0,
+            revoked: false,
+        };
+        self.store
+            .insert_join_token(&row)
+            .await
+            .map_err(internal("creating join token"))?;
+        tracing::info!(by = %p.username, token = %row.prefix, max_uses, "join token created");
+        Ok(CreatedSecret {
+            token: join_view(&row),
+            secret,
+        })
+    }
+
+    pub async fn list_join_tokens(
+        &self,
+        p: &Principal,
+        page: PageRequest,
+    ) -> Result<Page<JoinTokenView>, AppError> {
+        authz::admin(p)?;
+        let page = page.clamped();
+        let (rows, total) = self
+            .store
+            .list_join_tokens(page.offset, page.limit)
+            .await
+            .map_err(internal("listing join tokens"))?;
+        Ok(paged(rows.iter().map(join_view).collect(), total, page))
+    }
+
+    pub async fn revoke_join_token(&self, p: &Principal, id: Uuid) -> Result<(), AppError> {
+        authz::admin(p)?;
+        if self
+            .store
+            .revoke_join_token(id)
+            .await
+            .map_err(internal("revoking join token"))?
+        {
+            Ok(())
+        } else {
+            Err(AppError::NotFound)
+        }
+    }
+
+    // ---- the agent side ----
+
+    /// Trades a join token for a node credential. Bad, expired, used-up or revoked tokens
+    /// are refused and logged.
+    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, AppError> {
+        let hostname = req.hostname.trim();
+        if hostname.is_empty() || hostname.len() > 253 {
+            return Err(AppError::invalid("hostname", "must be 1 to 253 characters"));
+        }
+        let now = Utc::now();
+        let token = self
+            .store
+            .join_token_by_hash(&secret::hash(&req.join_token))
+            .await
+            .map_err(internal("loading join token"))?;
+        let usable = token
+            .as_ref()
+            .is_some_and(|t| !t.revoked && t.uses < t.max_uses && now < t.expires_at);
+        let Some(token) = token.filter(|_| usable) else {
+            tracing::warn!(hostname, token = %secret::prefix(&req.join_token), "node registration refused: bad, expired, used or revoked join token");
+            return Err(AppError::Unauthorized);
+        };
+        if !self
+            .store
+            .consume_join_token(token.id)
+            .await
+            .map_err(internal("using join token"))?
+        {
+            tracing::warn!(
+                hostname,
+                "node registration refused: join token used up concurrently"
+            );
+            return Err(AppError::Unauthorized);
+        }
+        let (credential, hash) = secret::generate("tsn");
+        let row = NodeRow {
+            id: Uuid::new_v4(),
+            hostname: hostname.to_owned(),
+            credential_hash: hash,
+            join_token_id: Some(token.id),
+            registered_at: now,
+            last_heartbeat_at: None,
+            agent_version: req.agent_version.chars().take(64).collect(),
+            manages_mig: false,
+            inventory: r#"{"gpus":[]}"#.into(),
+            revoked_at: None,
+        };
+        self.store
+            .insert_node(&row)
+            .await
+            .map_err(internal("registering node"))?;
+        tracing::info!(node = %row.id, hostname, "node registered");
+        Ok(RegisterResponse {
+            node_id: row.id.to_string(),
+            credential,
+        })
+    }
+
+    /// The node behind a credential; revoked nodes and unknown credentials are refused
+    /// and logged.
+    pub async fn authenticate(&self, credential: &str) -> Result<NodeIdentity, AppError> {
+        let node = self
+            .store
+            .node_by_credential(&secret::hash(credential))
+            .await
+            .map_err(internal("loading node"))?;
+        match node {
+            Some(n) if n.revoked_at.is_none() => Ok(NodeIdentity {
+                id: n.id,
+                hostname: n.hostname,
+            }),
+            Some(n) => {
+                tracing::warn!(node = %n.id, hostname = %n.hostname, "revoked node refused");
+                Err(AppError::Unauthorized)
+            }
+            None => {
+                tracing::warn!(credential = %secret::prefix(credential), "unknown node credential refused");
+                Err(AppError::Unauthorized)
+            }
+        }
+    }
+
+    pub async fn heartbeat(&self, node: &NodeIdentity, hb: &Heartbeat) -> Result<(), AppError> {
+        if hb.inventory.gpus.len() > 64 {
+            return Err(AppError::invalid(
+                "inventory.gpus",
+                "at most 64 GPUs per node",
+            ));
+        }
+        let inventory = serde_json::to_string(&hb.inventory).map_err(|_| AppError::Internal)?;
+        self.store
+            .record_heartbeat(
+                node.id,
+                Utc::now(),
+                &hb.agent_version,
+                hb.manages_mig,
+                &inventory,
+            )
+            .await
+            .map_err(internal("recording heartbeat"))
+    }
+
+    // ---- the user side ----
+
+    /// Every signed-in user may see the cluster (what exists, not who uses it).
+    pub async fn list(
+        &self,
+        _p: &Principal,
+        page: PageRequest,
+    ) -> Result<Page<NodeView>, AppError> {
+        let page = page.clamped();
+        let (rows, total) = self
+            .store
+            .list_nodes(page.offset, page.limit)
+            .await
+            .map_err(internal("listing nodes"))?;
+        let now = Utc::now();
+        Ok(paged(
+            rows.iter().map(|r| self.view(r, now)).collect(),
+            total,
+            page,
+        ))
+    }
+
+    pub async fn get(&self, _p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
+        let row = self
+            .store
+            .node(id)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)?;
+        Ok(self.view(&row, Utc::now()))
+    }
+
+    pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let now = Utc::now();
+        self.store
+            .revoke_node(id, now)
+            .await
+            .map_err(internal("revoking node"))?;
+        let row = self
+            .store
+            .node(id)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)?;
+        tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
+        Ok(self.view(&row, now))
+    }
+
+    pub async fn summary(&self, _p: &Principal) -> Result<ClusterSummary, AppError> {
+        let (s, _) = self.summary_now().await?;
+        Ok(s)
+    }
+
+    /// The summary for dashboards and `/metrics` (no principal: aggregate counts only).
+    pub async fn summary_now(&self) -> Result<(ClusterSummary, Vec<(bool, Inventory)>), AppError> {
+        let rows = self
+            .store
+            .active_nodes()
+            .await
+            .map_err(internal("loading nodes"))?;
+        let now = Utc::now();
+        let nodes: Vec<(bool, Inventory)> = rows
+            .iter()
+            .map(|r| (cluster::is_online(r.last_heartbeat_at, now), inventory(r)))
+            .collect();
+        let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, i)), &self.catalog);
+        Ok((summary, nodes))
+    }
+
+    fn view(&self, r: &NodeRow, now: DateTime<Utc>) -> NodeView {
+        NodeView {
+            id: r.id,
+            hostname: r.hostname.clone(),
+            online: r.revoked_at.is_none() && cluster::is_online(r.last_heartbeat_at, now),
+            revoked: r.revoked_at.is_some(),
+            registered_at: r.registered_at,
+            last_heartbeat_at: r.last_heartbeat_at,
+            agent_version: r.agent_version.clone(),
+            manages_mig: r.manages_mig,
+            gpus: inventory(r)
+                .gpus
+                .iter()
+                .map(|g| GpuView::from_wire(g, &self.catalog))
+                .collect(),
+        }
+    }
+}
+
+fn inventory(r: &NodeRow) -> Inventory {
+    serde_json::from_str(&r.inventory).unwrap_or_else(|e| {
+        tracing::error!(node = %r.id, error = %e, "stored inventory is not valid JSON");
+        Inventory::default()
+    })
+}
+
+fn join_view(r: &JoinTokenRow) -> JoinTokenView {
+    JoinTokenView {
+        id: r.id,
+        note: r.note.clone(),
+        prefix: r.prefix.clone(),
+        created_at: r.created_at,
+        expires_at: r.expires_at,
+        max_uses: u32::try_from(r.max_uses).unwrap_or(0),
+        uses: u32::try_from(r.uses).unwrap_or(0),
+        revoked: r.revoked,
+    }
+}
+
+// ---- desired MIG state and what the agents report ----
+
+impl Nodes {
+    /// Sets what MIG layout a GPU should have (platform admin). The layout is validated
+    /// against the GPU's own profile table (or the catalog) before it is stored.
+    pub async fn set_desired_layout(
+        &self,
+        p: &Principal,
+        node: Uuid,
+        gpu_uuid: &str,
+        mode: MigMode,
+        layout: Vec<DesiredInstance>,
+    ) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let row = self
+            .store
+            .node(node)
+            .await
+            .map_err(internal("loading node"))?
+            .filter(|r| r.revoked_at.is_none())
+            .ok_or(AppError::NotFound)?;
+        let inv = inventory(&row);
+        let gpu = inv
+            .gpus
+            .iter()
+            .find(|g| g.uuid == gpu_uuid)
+            .ok_or(AppError::NotFound)?;
+        if mode == MigMode::Disabled && !layout.is_empty() {
+            return Err(AppError::invalid(
+                "layout",
+                "must be empty when MIG is disabled",
+            ));
+        }
+        if mode == MigMode::Enabled {
+            if gpu.mig_mode.is_none() {
+                return Err(AppError::invalid("mode", "this GPU is not MIG-capable"));
+            }
+            let model = self.model_of(gpu).ok_or_else(|| {
+                AppError::invalid("layout", "no MIG profile table is known for this GPU model")
+            })?;
+            let instances: Vec<Instance> = layout
+                .iter()
+                .map(|i| Instance {
+                    profile: i.profile.clone(),
+                    start: i.start,
+                })
+                .collect();
+            model
+                .validate(&instances)
+                .map_err(|e| AppError::invalid("layout", e.to_string()))?;
+        }
+        let layout_json = serde_json::to_string(&layout).map_err(|_| AppError::Internal)?;
+        let mode_s = match mode {
+            MigMode::Enabled => "enabled",
+            MigMode::Disabled => "disabled",
+        };
+        let version = self
+            .store
+            .set_desired(
+                node,
+                gpu_uuid,
+                mode_s,
+                &layout_json,
+                p.user_id.0,
+                Utc::now(),
+            )
+            .await
+            .map_err(internal("storing desired layout"))?;
+        tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version, "desired MIG layout set");
+        self.get(p, node).await
+    }
+
+    fn model_of(
+        &self,
+        gpu: &tessera_domain::wire::GpuInfo,
+    ) -> Option<tessera_domain::mig::GpuModel> {
+        if !gpu.profiles.is_empty()
+            && let Ok(m) = tessera_domain::wire::model_from_profiles(&gpu.name, &gpu.profiles)
+        {
+            return Some(m);
+        }
+        self.catalog.get(&gpu.name).cloned()
+    }
+
+    /// What this node's agent should apply.
+    pub async fn desired(&self, node: &NodeIdentity) -> Result<DesiredState, AppError> {
+        let rows = self
+            .store
+            .desired_for_node(node.id)
+            .await
+            .map_err(internal("loading desired state"))?;
+        let mut gpus = Vec::with_capacity(rows.len());
+        for r in rows {
+            let layout: Vec<DesiredInstance> = serde_json::from_str(&r.layout).map_err(|e| {
+                tracing::error!(error = %e, "stored layout is not valid JSON");
+                AppError::Internal
+            })?;
+            gpus.push(DesiredGpuState {
+                gpu_uuid: r.gpu_uuid,
+                mode: if r.mode == "enabled" {
+                    MigMode::Enabled
+                } else {
+                    MigMode::Disabled
+                },
+                layout,
+                version: u64::try_from(r.version).unwrap_or(0),
+            });
+        }
+        Ok(DesiredState { gpus })
+    }
+
+    pub async fn record_status(
+        &self,
+        node: &NodeIdentity,
+        report: &StatusReport,
+    ) -> Result<(), AppError> {
+        let now = Utc::now();
+        for s in &report.statuses {
+            let json = serde_json::to_string(s).map_err(|_| AppError::Internal)?;
+            let version = i64::try_from(s.version)
+                .map_err(|_| AppError::invalid("statuses.version", "too large"))?;
+            self.store
+                .upsert_apply_status(node.id, &s.gpu_uuid, version, &json, now)
+                .await
+                .map_err(internal("storing apply status"))?;
+            if s.state == ApplyState::Failed {
+                tracing::warn!(node = %node.hostname, gpu = %s.gpu_uuid, version = s.version,
+                    error = ?s.error, step = ?s.step, "MIG apply failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a telemetry batch (duplicates ignored) and acknowledges through its highest
+    /// sequence number: everything up to it is now stored.
+    pub async fn ingest_telemetry(
+        &self,
+        node: &NodeIdentity,
+        batch: &TelemetryBatch,
+    ) -> Result<TelemetryAck, AppError> {
+        if batch.samples.len() > 1000 {
+            return Err(AppError::invalid(
+                "samples",
+                "at most 1000 samples per batch",
+            ));
+        }
+        let mut rows = Vec::with_capacity(batch.samples.len());
+        for s in &batch.samples {
+            let seq = i64::try_from(s.seq)
+                .ok()
+                .filter(|&q| q > 0)
+                .ok_or_else(|| AppError::invalid("samples.seq", "must be a positive integer"))?;
+            let at = DateTime::<Utc>::from_timestamp_millis(s.at_unix_ms)
+                .ok_or_else(|| AppError::invalid("samples.at_unix_ms", "out of range"))?;
+            let payload = serde_json::to_string(s).map_err(|_| AppError::Internal)?;
+            rows.push((seq, at, payload));
+        }
+        let dropped = i64::try_from(batch.dropped_total).unwrap_or(i64::MAX);
+        self.store
+            .insert_samples(node.id, &rows, dropped, Utc::now())
+            .await
+            .map_err(internal("storing telemetry"))?;
+        Ok(TelemetryAck {
+            acked_through: batch.samples.iter().map(|s| s.seq).max().unwrap_or(0),
+        })
+    }
+}

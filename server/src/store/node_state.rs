@@ -1,0 +1,126 @@
+//! `gpu_desired`, `gpu_apply_status`, `telemetry_samples`.
+
+use super::{Store, on_pool};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DesiredRow {
+    pub node_id: Uuid,
+    pub gpu_uuid: String,
+    pub mode: String,
+    /// JSON list of `{profile, start}`.
+    pub layout: String,
+    pub version: i64,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ApplyStatusRow {
+    pub gpu_uuid: String,
+    pub version: i64,
+    /// JSON of `wire::ApplyStatus`.
+    pub status: String,
+    pub reported_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SampleRow {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    /// JSON of `wire::TelemetrySample`.
+    pub payload: String,
+}
+
+impl Store {
+    pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, sqlx::Error> {
+        let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at FROM gpu_desired \
+                   WHERE node_id = $1 ORDER BY gpu_uuid";
+        on_pool!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await)
+    }
+
+    /// Sets the desired state of one GPU, bumping its version; returns the new version.
+    pub async fn set_desired(
+        &self,
+        node: Uuid,
+        gpu_uuid: &str,
+        mode: &str,
+        layout: &str,
+        by: Uuid,
+        at: DateTime<Utc>,
+    ) -> Result<i64, sqlx::Error> {
+        let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, updated_by) \
+                   VALUES ($1, $2, $3, $4, 1, $5, $6) \
+                   ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET mode = excluded.mode, \
+                   layout = excluded.layout, version = gpu_desired.version + 1, \
+                   updated_at = excluded.updated_at, updated_by = excluded.updated_by \
+                   RETURNING version";
+        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
+            .bind(node).bind(gpu_uuid).bind(mode).bind(layout).bind(at).bind(by)
+            .fetch_one(pool).await)
+    }
+
+    pub async fn upsert_apply_status(
+        &self,
+        node: Uuid,
+        gpu_uuid: &str,
+        version: i64,
+        status: &str,
+        at: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = "INSERT INTO gpu_apply_status (node_id, gpu_uuid, version, status, reported_at) \
+                   VALUES ($1, $2, $3, $4, $5) \
+                   ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET version = excluded.version, \
+                   status = excluded.status, reported_at = excluded.reported_at";
+        on_pool!(self, pool => sqlx::query(sql)
+            .bind(node).bind(gpu_uuid).bind(version).bind(status).bind(at)
+            .execute(pool).await.map(|_| ()))
+    }
+
+    pub async fn apply_statuses(&self, node: Uuid) -> Result<Vec<ApplyStatusRow>, sqlx::Error> {
+        let sql = "SELECT gpu_uuid, version, status, reported_at FROM gpu_apply_status WHERE node_id = $1";
+        on_pool!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node).fetch_all(pool).await)
+    }
+
+    /// Stores samples, ignoring `(node, seq)` already stored, all in one transaction;
+    /// records the agent's drop counter.
+    pub async fn insert_samples(
+        &self,
+        node: Uuid,
+        samples: &[(i64, DateTime<Utc>, String)],
+        dropped_total: i64,
+        at: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            for (seq, sampled_at, payload) in samples {
+                sqlx::query("INSERT INTO telemetry_samples (node_id, seq, at, payload, received_at) \
+                             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node_id, seq) DO NOTHING")
+                    .bind(node).bind(*seq).bind(*sampled_at).bind(payload).bind(at)
+                    .execute(&mut *tx).await?;
+            }
+            sqlx::query("UPDATE nodes SET telemetry_dropped = $1 WHERE id = $2 AND telemetry_dropped < $1")
+                .bind(dropped_total).bind(node).execute(&mut *tx).await?;
+            tx.commit().await
+        })
+    }
+
+    /// The newest `limit` samples of a node, oldest first.
+    pub async fn recent_samples(
+        &self,
+        node: Uuid,
+        limit: u32,
+    ) -> Result<Vec<SampleRow>, sqlx::Error> {
+        let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
+                   ORDER BY seq DESC LIMIT $2";
+        let mut rows = on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql)
+            .bind(node).bind(i64::from(limit)).fetch_all(pool).await?);
+        rows.reverse();
+        Ok(rows)
+    }
+
+    pub async fn count_samples(&self, node: Uuid) -> Result<i64, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await)
+    }
+}

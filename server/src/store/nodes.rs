@@ -1,0 +1,90 @@
+//! `nodes`: registered GPU servers and their last reported inventory.
+
+use super::{Store, on_pool};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct NodeRow {
+    pub id: Uuid,
+    pub hostname: String,
+    pub credential_hash: String,
+    pub join_token_id: Option<Uuid>,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    pub agent_version: String,
+    pub manages_mig: bool,
+    /// JSON of `tessera_domain::wire::Inventory`.
+    pub inventory: String,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at, \
+                    last_heartbeat_at, agent_version, manages_mig, inventory, revoked_at";
+
+impl Store {
+    pub async fn insert_node(&self, r: &NodeRow) -> Result<(), sqlx::Error> {
+        let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)");
+        on_pool!(self, pool => sqlx::query(&sql)
+            .bind(r.id).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
+            .bind(r.registered_at).bind(r.last_heartbeat_at).bind(&r.agent_version)
+            .bind(r.manages_mig).bind(&r.inventory).bind(r.revoked_at)
+            .execute(pool).await.map(|_| ()))?;
+        Ok(())
+    }
+
+    /// A node by the hash of its credential (revoked ones included, so they can be logged).
+    pub async fn node_by_credential(&self, hash: &str) -> Result<Option<NodeRow>, sqlx::Error> {
+        let sql = format!("SELECT {COLS} FROM nodes WHERE credential_hash = $1");
+        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(hash).fetch_optional(pool).await)
+    }
+
+    pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, sqlx::Error> {
+        let sql = format!("SELECT {COLS} FROM nodes WHERE id = $1");
+        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id).fetch_optional(pool).await)
+    }
+
+    pub async fn list_nodes(
+        &self,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<NodeRow>, i64), sqlx::Error> {
+        let sql = format!(
+            "SELECT {COLS} FROM nodes ORDER BY revoked_at IS NOT NULL, hostname, id LIMIT $1 OFFSET $2"
+        );
+        let rows = on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql)
+            .bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
+        let total = on_pool!(self, pool =>
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM nodes").fetch_one(pool).await?);
+        Ok((rows, total))
+    }
+
+    /// Every node that is not revoked (for the cluster summary and metrics).
+    pub async fn active_nodes(&self) -> Result<Vec<NodeRow>, sqlx::Error> {
+        let sql = format!("SELECT {COLS} FROM nodes WHERE revoked_at IS NULL");
+        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).fetch_all(pool).await)
+    }
+
+    pub async fn record_heartbeat(
+        &self,
+        id: Uuid,
+        at: DateTime<Utc>,
+        agent_version: &str,
+        manages_mig: bool,
+        inventory: &str,
+    ) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => sqlx::query(
+            "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
+             inventory = $4 WHERE id = $5 AND revoked_at IS NULL")
+            .bind(at).bind(agent_version).bind(manages_mig).bind(inventory).bind(id)
+            .execute(pool).await.map(|_| ()))?;
+        Ok(())
+    }
+
+    pub async fn revoke_node(&self, id: Uuid, at: DateTime<Utc>) -> Result<bool, sqlx::Error> {
+        let n = on_pool!(self, pool => sqlx::query(
+            "UPDATE nodes SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+            .bind(at).bind(id).execute(pool).await?.rows_affected());
+        Ok(n == 1)
+    }
+}
