@@ -74,6 +74,9 @@ struct RunArgs {
         default_value = "/var/lib/tessera-agent"
     )]
     state_dir: PathBuf,
+    /// The name this node registers under (default: /etc/hostname).
+    #[arg(long, env = "TESSERA_AGENT_HOSTNAME")]
+    hostname: Option<String>,
     /// Allow the agent to change MIG mode and instances. Without it the
     /// agent only reports.
     #[arg(long, env = "TESSERA_AGENT_MANAGE_MIG")]
@@ -173,9 +176,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let token = args
                 .join_token
                 .context("not registered yet: pass --join-token from the server")?;
-            let hostname = std::fs::read_to_string("/etc/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_else(|_| "unknown".to_owned());
+            let hostname = args.hostname.clone().unwrap_or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "unknown".to_owned())
+            });
             let c = HttpLink::register(
                 &server,
                 &RegisterRequest {

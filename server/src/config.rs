@@ -78,6 +78,27 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_LOGIN_QUEUE", default_value_t = 16)]
     pub login_queue: usize,
 
+    /// Do not start the simulated GPU nodes of the embedded default.
+    #[arg(long, env = "TESSERA_NO_SIM", default_value_t = false)]
+    pub no_sim: bool,
+
+    /// Simulated nodes to start (each a real `tessera-agent --simulate` process speaking
+    /// the agent protocol): `NAME=MODEL*COUNT[+MODEL*COUNT];…`.
+    #[arg(
+        long,
+        env = "TESSERA_SIM_NODES",
+        default_value = "sim-a100=A100-SXM4-40GB*4;sim-h100=H100-80GB*2"
+    )]
+    pub sim_nodes: String,
+
+    /// Where simulated agents keep their credentials and telemetry spools.
+    #[arg(long, env = "TESSERA_SIM_STATE_DIR", default_value = "data/sim")]
+    pub sim_state_dir: PathBuf,
+
+    /// The `tessera-agent` binary for simulated nodes (default: next to `tessera`).
+    #[arg(long, env = "TESSERA_AGENT_BIN")]
+    pub agent_bin: Option<PathBuf>,
+
     /// Take the client address from the last `X-Forwarded-For` hop (only behind a proxy
     /// you run; otherwise clients could forge it to dodge sign-in throttling).
     #[arg(long, env = "TESSERA_TRUST_PROXY_HEADERS", default_value_t = false)]
@@ -115,6 +136,10 @@ impl ServeConfig {
                     .into(),
             );
         }
+        if !self.no_sim {
+            crate::sim::parse_nodes(&self.sim_nodes)
+                .map_err(|e| format!("TESSERA_SIM_NODES (--sim-nodes): {e}"))?;
+        }
         if self.login_concurrency == Some(0) {
             return Err(
                 "TESSERA_LOGIN_CONCURRENCY (--login-concurrency) must be at least 1".into(),
@@ -145,6 +170,7 @@ impl ServeConfig {
             database_url,
             "--bind",
             "127.0.0.1:0",
+            "--no-sim",
         ]);
         match cli.command {
             Command::Serve(c) => *c,

@@ -11,6 +11,7 @@ pub mod observability;
 mod portal;
 pub mod services;
 pub mod sessions;
+pub mod sim;
 pub mod store;
 
 use anyhow::Context;
@@ -126,7 +127,22 @@ pub async fn run(
         }),
         leptos_options,
     };
-    let router = http::router(state, sessions::layer(session_store, &config));
+    let router = http::router(state.clone(), sessions::layer(session_store, &config));
+    // Simulated nodes start once the server accepts connections (they register at once).
+    let sim_nodes = if config.no_sim {
+        None
+    } else {
+        let state = state.clone();
+        Some(tokio::spawn(async move {
+            match sim::start(&state, addr).await {
+                Ok(children) => Some(children),
+                Err(e) => {
+                    tracing::warn!("simulated nodes not started: {e:#}");
+                    None
+                }
+            }
+        }))
+    };
 
     tracing::info!(%addr, backend = store.backend_name(), "Tessera is listening on {}", config.public_url());
     let result = axum::serve(
@@ -136,5 +152,12 @@ pub async fn run(
     .with_graceful_shutdown(shutdown)
     .await;
     cleanup.abort();
+    if let Some(task) = sim_nodes
+        && let Ok(Some(mut children)) = task.await
+    {
+        for c in &mut children {
+            let _ = c.kill().await;
+        }
+    }
     result.context("HTTP server")
 }

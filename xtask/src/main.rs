@@ -158,7 +158,7 @@ fn build(release: bool) -> Result<PathBuf> {
     ensure_tools(false)?;
     build_wasm(release)?;
     let mut cmd = cargo();
-    cmd.args(["build", "-p", "tessera-server", "--bin", "tessera"]);
+    cmd.args(["build", "-p", "tessera-server", "-p", "tessera-agent", "--bins"]);
     if release {
         cmd.arg("--release");
     }

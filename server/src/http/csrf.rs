@@ -4,7 +4,8 @@
 //! that may change state (anything but GET/HEAD/OPTIONS) is accepted only when it comes from
 //! this origin. Server functions are POSTs, so they are covered too. Requests that carry no
 //! cookie but an `Authorization` header (API tokens, node credentials) cannot be forged by
-//! another site and are let through to their own authentication.
+//! another site and are let through to their own authentication, as is the agent API
+//! (`/agent/`), which never reads cookies.
 
 use crate::AppState;
 use axum::body::Body;
@@ -15,7 +16,10 @@ use http::{HeaderMap, Method, StatusCode, header};
 use tessera_domain::error::AppError;
 
 pub async fn guard(State(state): State<AppState>, req: Request<Body>, next: Next) -> Response {
-    if is_safe(req.method()) || is_token_request(req.headers()) {
+    if is_safe(req.method())
+        || is_token_request(req.headers())
+        || req.uri().path().starts_with("/agent/")
+    {
         return next.run(req).await;
     }
     match same_origin(req.headers(), &state.config.public_url()) {

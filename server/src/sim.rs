@@ -1,0 +1,163 @@
+//! The embedded default's simulated GPU nodes.
+//!
+//! Each simulated node is a real `tessera-agent --simulate` process that registers with a
+//! join token and then speaks the same HTTP protocol as an agent on a GPU server, so a
+//! newcomer sees a cluster at once and the code paths are the production ones.
+
+use crate::AppState;
+use crate::services::authz;
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tessera_domain::account::{Principal, Username};
+use tessera_domain::ids::UserId;
+use tessera_domain::mig::Catalog;
+use tokio::process::{Child, Command};
+
+/// One simulated node: a name and its GPU models.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimNodeSpec {
+    pub name: String,
+    pub gpus: Vec<String>,
+}
+
+/// Parses `NAME=MODEL*COUNT[+MODEL*COUNT];…` (models from the MIG catalog).
+pub fn parse_nodes(spec: &str) -> Result<Vec<SimNodeSpec>, String> {
+    let catalog = Catalog::builtin();
+    let mut out = Vec::new();
+    for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, gpus) = part
+            .split_once('=')
+            .ok_or_else(|| format!("'{part}': expected NAME=MODEL*COUNT"))?;
+        let name = name.trim();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!("'{name}': node names use letters, digits, '-' and '_'"));
+        }
+        let mut models = Vec::new();
+        for g in gpus.split('+').map(str::trim) {
+            let (model, count) = g.split_once('*').unwrap_or((g, "1"));
+            let model = model.trim();
+            if catalog.get(model).is_none() {
+                return Err(format!("'{model}' is not a known GPU model"));
+            }
+            let count: usize = count
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (1..=16).contains(n))
+                .ok_or_else(|| format!("'{g}': count must be 1 to 16"))?;
+            models.extend(std::iter::repeat_n(model.to_owned(), count));
+        }
+        out.push(SimNodeSpec {
+            name: name.to_owned(),
+            gpus: models,
+        });
+    }
+    Ok(out)
+}
+
+/// Starts one agent process per simulated node; they are killed when the returned
+/// children are dropped.
+pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Child>> {
+    let specs = parse_nodes(&state.config.sim_nodes).map_err(anyhow::Error::msg)?;
+    let bin = match &state.config.agent_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the tessera binary has no folder")?
+            .join("tessera-agent"),
+    };
+    if !bin.exists() {
+        anyhow::bail!(
+            "simulated nodes need {} (build it with `cargo xtask build`, set \
+             TESSERA_AGENT_BIN, or turn them off with --no-sim)",
+            bin.display()
+        );
+    }
+    let host = if addr.ip().is_unspecified() {
+        format!("127.0.0.1:{}", addr.port())
+    } else {
+        addr.to_string()
+    };
+    let server = format!("http://{host}");
+    let admin = system_principal(state).await?;
+    let mut children = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let dir: PathBuf = state.config.sim_state_dir.join(&spec.name);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--simulate")
+            .arg("--gpus")
+            .arg(spec.gpus.join(","))
+            .arg("--sim-seed")
+            .arg((i + 1).to_string())
+            .arg("--server")
+            .arg(&server)
+            .arg("--state-dir")
+            .arg(&dir)
+            .arg("--hostname")
+            .arg(&spec.name)
+            .arg("--manage-mig")
+            .args(["--heartbeat-interval-s", "10", "--reconcile-interval-s", "5"])
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::null());
+        let registered = match std::fs::read_to_string(dir.join("credential.json")) {
+            Ok(c) => c.contains(&server),
+            Err(_) => false,
+        };
+        if !registered {
+            let token = state
+                .services
+                .nodes
+                .create_join_token(&admin, &format!("simulated node {}", spec.name), 1, 1)
+                .await
+                .map_err(|e| anyhow::anyhow!("creating a join token for {}: {e}", spec.name))?;
+            cmd.env("TESSERA_JOIN_TOKEN", token.secret);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        tracing::info!(node = %spec.name, gpus = %spec.gpus.join(","), "simulated node started");
+        children.push(child);
+    }
+    Ok(children)
+}
+
+/// The platform admin on whose behalf simulated nodes' join tokens are made.
+async fn system_principal(state: &AppState) -> anyhow::Result<Principal> {
+    let admin = state
+        .store
+        .user_by_username(crate::services::accounts::BOOTSTRAP_ADMIN)
+        .await?
+        .context("the bootstrap admin is missing")?;
+    let p = Principal {
+        user_id: UserId(admin.id),
+        username: Username::parse(&admin.username).map_err(|e| anyhow::anyhow!("{e}"))?,
+        is_admin: true,
+    };
+    authz::admin(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_default_and_rejects_unknown_models() {
+        let nodes = parse_nodes("sim-a100=A100-SXM4-40GB*4;sim-h100=H100-80GB*2").expect("ok");
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].gpus.len(), 4);
+        assert_eq!(nodes[1].gpus, vec!["H100-80GB", "H100-80GB"]);
+        let mixed = parse_nodes("n=A30-24GB+H100-80GB*2").expect("ok");
+        assert_eq!(mixed[0].gpus.len(), 3);
+        assert!(parse_nodes("x=V100*2").is_err());
+        assert!(parse_nodes("bad name=A30-24GB").is_err());
+        assert!(parse_nodes("n=A30-24GB*0").is_err());
+    }
+}
