@@ -22,6 +22,19 @@ pub struct Cli {
 pub enum Command {
     /// Run the portal (web UI, REST API, agent API).
     Serve(Box<ServeConfig>),
+    /// Plan placements offline: prints the plan for a cluster and pending requests as JSON
+    /// (schema: docs/planner.md). Bad input exits with code 2 naming file, line and field.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    /// The cluster: nodes, GPUs, modes, MIG instances (CLUSTER.json).
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Pending requests (REQUESTS.json).
+    #[arg(long)]
+    pub requests: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -161,20 +174,22 @@ impl ServeConfig {
         self.public_url().starts_with("https://")
     }
 
-    /// A configuration for tests: everything default except what they pass.
+    /// A configuration for tests: defaults, no simulated nodes, port 0.
     pub fn for_tests(database_url: &str) -> Self {
-        let cli = Cli::parse_from([
+        #[derive(Parser)]
+        struct ServeOnly {
+            #[command(flatten)]
+            serve: ServeConfig,
+        }
+        ServeOnly::parse_from([
             "tessera",
-            "serve",
             "--database-url",
             database_url,
             "--bind",
             "127.0.0.1:0",
             "--no-sim",
-        ]);
-        match cli.command {
-            Command::Serve(c) => *c,
-        }
+        ])
+        .serve
     }
 }
 

@@ -12,6 +12,31 @@ async fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("TESSERA_BIND (--bind) {}: {e}", config.bind))?;
             tessera_server::run(*config, listener, shutdown_signal()).await
         }
+        Command::Plan(args) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+            };
+            let inputs = read(&args.cluster).and_then(|c| Ok((c, read(&args.requests)?)));
+            let result = inputs.and_then(|(cluster, requests)| {
+                tessera_domain::planner::cli::run_plan(
+                    &cluster,
+                    &args.cluster.display().to_string(),
+                    &requests,
+                    &args.requests.display().to_string(),
+                )
+                .map_err(|e| e.to_string())
+            });
+            match result {
+                Ok(plan) => {
+                    println!("{plan}");
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::exit(2)
+                }
+            }
+        }
     }
 }
 

@@ -2,5 +2,7 @@
 //! (when `TESSERA_TEST_PG_URL` is set, as `cargo xtask test` does) PostgreSQL.
 
 mod accounts;
+mod authz;
+mod nodes;
 mod platform;
 mod support;

@@ -142,3 +142,36 @@ fn bad_configuration_fails_at_start_naming_the_setting() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--bind"));
 }
+
+#[test]
+fn tessera_plan_prints_a_plan_and_locates_bad_input() {
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["plan", "--cluster", &format!("{examples}/cluster.json")])
+        .args(["--requests", &format!("{examples}/requests.json")])
+        .output()
+        .expect("run tessera plan");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan is JSON");
+    assert!(plan["assignments"].is_array() && plan["pending"].is_array());
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("requests.json");
+    std::fs::write(&bad, "[\n  {\"id\": \"r1\", \"gpus\": \"two\"}\n]\n").expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["plan", "--cluster", &format!("{examples}/cluster.json")])
+        .arg("--requests")
+        .arg(&bad)
+        .output()
+        .expect("run tessera plan");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("requests.json:2:") && err.contains("[0].gpus"),
+        "{err}"
+    );
+}

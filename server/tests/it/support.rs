@@ -14,6 +14,7 @@ pub enum Db {
 
 pub struct TestApp {
     pub base: String,
+    pub database_url: String,
     _shutdown: oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
@@ -78,6 +79,7 @@ impl TestApp {
             Db::Sqlite => format!("sqlite://{}/t.db?mode=rwc", dir.path().display()),
             Db::Postgres => fresh_pg_database().await,
         };
+        let database_url = url.clone();
         let mut config = ServeConfig::for_tests(&url);
         config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         config.site_root = dir.path().join("site");
@@ -98,6 +100,7 @@ impl TestApp {
         });
         let app = TestApp {
             base: format!("http://{addr}"),
+            database_url,
             _shutdown: tx,
             _dir: dir,
         };

@@ -1,0 +1,559 @@
+//! The authorization matrix: every REST route and every server function × six principals
+//! (anonymous, viewer, member and team admin of team A, team admin of team B, platform
+//! admin), each outcome checked against the table below. The table must name exactly the
+//! routes the server registers, so a new route without a row fails this test.
+
+use crate::support::{ADMIN_PASSWORD, Db, TestApp, session_cookie};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+/// Principals, in the order of each row's expectations.
+const WHO: [&str; 6] = [
+    "anonymous",
+    "viewer",
+    "member",
+    "team_admin",
+    "other_team_admin",
+    "admin",
+];
+const PW: &str = "matrix-password-1";
+
+/// Everything a route's path and body may refer to. Targets are per principal (index `i`)
+/// so that one principal's successful mutation does not change another's outcome.
+pub struct Fixture {
+    app: TestApp,
+    /// API tokens and session cookies per principal (`None` for anonymous).
+    tokens: Vec<Option<String>>,
+    cookies: Vec<Option<String>>,
+    team_a: String,
+    team_b: String,
+    /// Users who are plain members of team A, one per principal (to change or remove).
+    a_extra: Vec<String>,
+    /// Users in no team, one per principal (to add, disable, reset).
+    spare_ids: Vec<String>,
+    spare_names: Vec<String>,
+    /// A second token of the member's, to revoke.
+    member_token_id: String,
+    join_token_id: String,
+    node_id: String,
+    gpu_uuid: String,
+}
+
+async fn send(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    auth: Auth<'_>,
+    body: Body,
+) -> reqwest::Response {
+    let c = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let mut rb = c.request(method, app.url(path)).header("origin", &app.base);
+    match auth {
+        Auth::None => {}
+        Auth::Token(t) => rb = rb.bearer_auth(t),
+        Auth::Cookie(c) => rb = rb.header("cookie", c),
+    }
+    rb = match body {
+        Body::None => rb,
+        Body::Json(v) => rb.json(&v),
+        Body::Form(f) => rb.form(&f),
+    };
+    rb.send().await.expect("request")
+}
+
+#[derive(Clone, Copy)]
+enum Auth<'a> {
+    None,
+    Token(&'a str),
+    Cookie(&'a str),
+}
+
+enum Body {
+    None,
+    Json(Value),
+    Form(Vec<(String, String)>),
+}
+
+fn form(pairs: &[(&str, &str)]) -> Body {
+    Body::Form(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    )
+}
+
+const PAGE: [(&str, &str); 2] = [("page[offset]", "0"), ("page[limit]", "10")];
+
+impl Fixture {
+    pub async fn new(db: Db) -> Fixture {
+        let app = TestApp::spawn(db).await;
+        let admin_cookie = login(&app, "admin", ADMIN_PASSWORD).await;
+        let admin_token = create_token(&app, Auth::Cookie(&admin_cookie)).await;
+        let admin = Auth::Token(&admin_token);
+        let mk_user = |name: String| {
+            let app = &app;
+            async move {
+                let r = send(
+                    app,
+                    Method::POST,
+                    "/api/v1/users",
+                    admin,
+                    Body::Json(json!({"username": name, "password": PW})),
+                )
+                .await;
+                assert_eq!(r.status(), 201, "create user {name}");
+                r.json::<Value>().await.expect("json")["id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned()
+            }
+        };
+        let mk_team = |name: &'static str| {
+            let app = &app;
+            async move {
+                let r = send(
+                    app,
+                    Method::POST,
+                    "/api/v1/teams",
+                    admin,
+                    Body::Json(json!({"name": name})),
+                )
+                .await;
+                assert_eq!(r.status(), 201);
+                r.json::<Value>().await.expect("json")["id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned()
+            }
+        };
+        let add = |team: String, user: String, role: &'static str| {
+            let app = &app;
+            async move {
+                let r = send(
+                    app,
+                    Method::POST,
+                    &format!("/api/v1/teams/{team}/members"),
+                    admin,
+                    Body::Json(json!({"username": user, "role": role})),
+                )
+                .await;
+                assert_eq!(r.status(), 201, "add {user} as {role}");
+            }
+        };
+        let team_a = mk_team("Team A").await;
+        let team_b = mk_team("Team B").await;
+        let mut tokens = vec![None];
+        let mut cookies = vec![None];
+        for (name, team, role) in [
+            ("viewer-a", &team_a, "viewer"),
+            ("member-a", &team_a, "member"),
+            ("tadmin-a", &team_a, "team_admin"),
+            ("tadmin-b", &team_b, "team_admin"),
+        ] {
+            mk_user(name.to_owned()).await;
+            add(team.clone(), name.to_owned(), role).await;
+            let cookie = login(&app, name, PW).await;
+            tokens.push(Some(create_token(&app, Auth::Cookie(&cookie)).await));
+            cookies.push(Some(cookie));
+        }
+        tokens.push(Some(admin_token.clone()));
+        cookies.push(Some(admin_cookie));
+        let mut a_extra = Vec::new();
+        let mut spare_ids = Vec::new();
+        let mut spare_names = Vec::new();
+        for i in 0..WHO.len() {
+            let name = format!("extra{i}");
+            a_extra.push(mk_user(name.clone()).await);
+            add(team_a.clone(), name, "member").await;
+            let spare = format!("spare{i}");
+            spare_ids.push(mk_user(spare.clone()).await);
+            spare_names.push(spare);
+        }
+        // A second token of the member's, which only the member may revoke.
+        let member_token = tokens[2].clone().expect("member token");
+        let r = send(
+            &app,
+            Method::POST,
+            "/api/v1/tokens",
+            Auth::Token(&member_token),
+            Body::Json(json!({"name": "target"})),
+        )
+        .await;
+        let member_token_id = r.json::<Value>().await.expect("json")["token"]["id"]
+            .as_str()
+            .expect("id")
+            .to_owned();
+        // A node with one H100, registered and reporting through the agent API.
+        let r = send(
+            &app,
+            Method::POST,
+            "/api/v1/join-tokens",
+            admin,
+            Body::Json(json!({"note": "matrix", "max_uses": 2})),
+        )
+        .await;
+        let jt: Value = r.json().await.expect("json");
+        let join_token_id = jt["token"]["id"].as_str().expect("id").to_owned();
+        let (node_id, credential) =
+            crate::nodes::register(&app, jt["secret"].as_str().expect("secret"), "node-m").await;
+        let gpu_uuid = "GPU-matrix-0".to_owned();
+        crate::nodes::heartbeat(&app, &credential, &gpu_uuid).await;
+        Fixture {
+            app,
+            tokens,
+            cookies,
+            team_a,
+            team_b,
+            a_extra,
+            spare_ids,
+            spare_names,
+            member_token_id,
+            join_token_id,
+            node_id,
+            gpu_uuid,
+        }
+    }
+}
+
+pub async fn login(app: &TestApp, user: &str, pw: &str) -> String {
+    let r = send(
+        app,
+        Method::POST,
+        "/fn/login",
+        Auth::None,
+        form(&[("username", user), ("password", pw)]),
+    )
+    .await;
+    assert!(r.status().is_success(), "login {user}: {}", r.status());
+    session_cookie(&r).expect("session cookie")
+}
+
+async fn create_token(app: &TestApp, auth: Auth<'_>) -> String {
+    let r = send(
+        app,
+        Method::POST,
+        "/api/v1/tokens",
+        auth,
+        Body::Json(json!({"name": "matrix"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    r.json::<Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_owned()
+}
+
+type PathFn = fn(&Fixture, usize) -> String;
+type BodyFn = fn(&Fixture, usize) -> Body;
+
+struct Row {
+    method: Method,
+    /// The route as registered (`{id}` placeholders), for the coverage check.
+    route: &'static str,
+    path: PathFn,
+    body: BodyFn,
+    expect: [u16; 6],
+}
+
+fn none(_: &Fixture, _: usize) -> Body {
+    Body::None
+}
+
+macro_rules! row {
+    ($m:ident $route:literal, $path:expr, $body:expr, $expect:expr) => {
+        Row {
+            method: Method::$m,
+            route: $route,
+            path: $path,
+            body: $body,
+            expect: $expect,
+        }
+    };
+}
+
+/// Platform admin only.
+const ADMIN_ONLY: [u16; 6] = [401, 403, 403, 403, 403, 200];
+const ANY_USER: [u16; 6] = [401, 200, 200, 200, 200, 200];
+/// Team A readable by its members and the platform admin; team B's admin sees "not found".
+const TEAM_A_READ: [u16; 6] = [401, 200, 200, 200, 404, 200];
+const TEAM_A_MANAGE: [u16; 6] = [401, 403, 403, 200, 404, 200];
+
+fn rest_rows() -> Vec<Row> {
+    vec![
+        row!(GET "/api/v1/me", |_, _| "/api/v1/me".into(), none, [401, 200, 200, 200, 200, 200]),
+        row!(GET "/api/v1/openapi.json", |_, _| "/api/v1/openapi.json".into(), none, [200, 200, 200, 200, 200, 200]),
+        row!(GET "/api/v1/users", |_, _| "/api/v1/users".into(), none, ADMIN_ONLY),
+        row!(POST "/api/v1/users", |_, _| "/api/v1/users".into(),
+            |_, i| Body::Json(json!({"username": format!("new{i}"), "password": PW})), [401, 403, 403, 403, 403, 201]),
+        row!(POST "/api/v1/users/{id}/disable", |f, i| format!("/api/v1/users/{}/disable", f.spare_ids[i]), none, ADMIN_ONLY),
+        row!(POST "/api/v1/users/{id}/enable", |f, i| format!("/api/v1/users/{}/enable", f.spare_ids[i]), none, ADMIN_ONLY),
+        row!(POST "/api/v1/users/{id}/password", |f, i| format!("/api/v1/users/{}/password", f.spare_ids[i]),
+            |_, _| Body::Json(json!({"password": "a brand new password"})), ADMIN_ONLY),
+        row!(GET "/api/v1/teams", |_, _| "/api/v1/teams".into(), none, ANY_USER),
+        row!(POST "/api/v1/teams", |_, _| "/api/v1/teams".into(),
+            |_, i| Body::Json(json!({"name": format!("Made by {i}")})), [401, 403, 403, 403, 403, 201]),
+        row!(GET "/api/v1/teams/{id}", |f, _| format!("/api/v1/teams/{}", f.team_a), none, TEAM_A_READ),
+        row!(PATCH "/api/v1/teams/{id}", |f, _| format!("/api/v1/teams/{}", f.team_a),
+            |_, i| Body::Json(json!({"name": format!("Team A {i}")})), TEAM_A_MANAGE),
+        row!(POST "/api/v1/teams/{id}/archive", |f, _| format!("/api/v1/teams/{}/archive", f.team_a), none, ADMIN_ONLY),
+        row!(POST "/api/v1/teams/{id}/unarchive", |f, _| format!("/api/v1/teams/{}/unarchive", f.team_b), none, ADMIN_ONLY),
+        row!(GET "/api/v1/teams/{id}/members", |f, _| format!("/api/v1/teams/{}/members", f.team_a), none, TEAM_A_READ),
+        row!(POST "/api/v1/teams/{id}/members", |f, _| format!("/api/v1/teams/{}/members", f.team_a),
+            |f, i| Body::Json(json!({"username": f.spare_names[i], "role": "viewer"})), [401, 403, 403, 201, 404, 201]),
+        row!(PUT "/api/v1/teams/{id}/members/{user_id}", |f, i| format!("/api/v1/teams/{}/members/{}", f.team_a, f.a_extra[i]),
+            |_, _| Body::Json(json!({"role": "viewer"})), TEAM_A_MANAGE),
+        row!(DELETE "/api/v1/teams/{id}/members/{user_id}", |f, i| format!("/api/v1/teams/{}/members/{}", f.team_a, f.a_extra[i]),
+            none, [401, 403, 403, 204, 404, 204]),
+        row!(GET "/api/v1/tokens", |_, _| "/api/v1/tokens".into(), none, ANY_USER),
+        row!(POST "/api/v1/tokens", |_, _| "/api/v1/tokens".into(),
+            |_, _| Body::Json(json!({"name": "x", "expires_in_days": 30})), [401, 201, 201, 201, 201, 201]),
+        row!(DELETE "/api/v1/tokens/{id}", |f, _| format!("/api/v1/tokens/{}", f.member_token_id), none,
+            [401, 404, 204, 404, 404, 404]),
+        row!(GET "/api/v1/join-tokens", |_, _| "/api/v1/join-tokens".into(), none, ADMIN_ONLY),
+        row!(POST "/api/v1/join-tokens", |_, _| "/api/v1/join-tokens".into(),
+            |_, _| Body::Json(json!({"note": "n"})), [401, 403, 403, 403, 403, 201]),
+        row!(DELETE "/api/v1/join-tokens/{id}", |f, _| format!("/api/v1/join-tokens/{}", f.join_token_id), none,
+            [401, 403, 403, 403, 403, 204]),
+        row!(GET "/api/v1/nodes", |_, _| "/api/v1/nodes".into(), none, ANY_USER),
+        row!(GET "/api/v1/nodes/{id}", |f, _| format!("/api/v1/nodes/{}", f.node_id), none, ANY_USER),
+        row!(POST "/api/v1/nodes/{id}/revoke", |f, _| format!("/api/v1/nodes/{}/revoke", f.node_id), none, ADMIN_ONLY),
+        row!(PUT "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", |f, _| format!("/api/v1/nodes/{}/gpus/{}/layout", f.node_id, f.gpu_uuid),
+            |_, _| Body::Json(json!({"mode": "enabled", "layout": [{"profile": "1g.10gb", "start": 0}]})), ADMIN_ONLY),
+        row!(GET "/api/v1/cluster/summary", |_, _| "/api/v1/cluster/summary".into(), none, ANY_USER),
+    ]
+}
+
+fn fn_rows() -> Vec<Row> {
+    let page = |_: &Fixture, _: usize| form(&PAGE);
+    vec![
+        row!(POST "/fn/current_user", |_, _| "/fn/current_user".into(), none, [200; 6]),
+        row!(POST "/fn/login", |_, _| "/fn/login".into(),
+            |_, i| Body::Form(vec![("username".into(), format!("nobody{i}")), ("password".into(), "not the password".into())]),
+            [401; 6]),
+        row!(POST "/fn/logout", |_, _| "/fn/logout".into(), none, [200; 6]),
+        row!(POST "/fn/change_password", |_, _| "/fn/change_password".into(),
+            |_, _| form(&[("current_password", "wrong one"), ("new_password", "x"), ("confirm_password", "x")]),
+            [401, 422, 422, 422, 422, 422]),
+        row!(POST "/fn/list_tokens", |_, _| "/fn/list_tokens".into(), page, ANY_USER),
+        row!(POST "/fn/create_token", |_, _| "/fn/create_token".into(), |_, _| form(&[("name", "t")]), ANY_USER),
+        row!(POST "/fn/revoke_token", |_, _| "/fn/revoke_token".into(),
+            |f, _| Body::Form(vec![("id".into(), f.member_token_id.clone())]), [401, 404, 200, 404, 404, 404]),
+        row!(POST "/fn/list_users", |_, _| "/fn/list_users".into(), page, ADMIN_ONLY),
+        row!(POST "/fn/create_user", |_, _| "/fn/create_user".into(),
+            |_, i| Body::Form(vec![("username".into(), format!("fnuser{i}")), ("password".into(), PW.into())]), ADMIN_ONLY),
+        row!(POST "/fn/set_user_disabled", |_, _| "/fn/set_user_disabled".into(),
+            |f, i| Body::Form(vec![("user_id".into(), f.spare_ids[i].clone()), ("disabled".into(), "true".into())]), ADMIN_ONLY),
+        row!(POST "/fn/reset_password", |_, _| "/fn/reset_password".into(),
+            |f, i| Body::Form(vec![("user_id".into(), f.spare_ids[i].clone()), ("password".into(), "a brand new password".into())]), ADMIN_ONLY),
+        row!(POST "/fn/list_teams", |_, _| "/fn/list_teams".into(), page, ANY_USER),
+        row!(POST "/fn/get_team", |_, _| "/fn/get_team".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone())]), TEAM_A_READ),
+        row!(POST "/fn/create_team", |_, _| "/fn/create_team".into(),
+            |_, i| Body::Form(vec![("name".into(), format!("Fn team {i}"))]), ADMIN_ONLY),
+        row!(POST "/fn/rename_team", |_, _| "/fn/rename_team".into(),
+            |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("name".into(), format!("Renamed {i}"))]), TEAM_A_MANAGE),
+        row!(POST "/fn/set_team_archived", |_, _| "/fn/set_team_archived".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_b.clone()), ("archived".into(), "false".into())]), ADMIN_ONLY),
+        row!(POST "/fn/list_members", |_, _| "/fn/list_members".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("page[offset]".into(), "0".into()), ("page[limit]".into(), "10".into())]),
+            TEAM_A_READ),
+        row!(POST "/fn/add_member", |_, _| "/fn/add_member".into(),
+            |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("username".into(), f.spare_names[i].clone()), ("role".into(), "member".into())]),
+            TEAM_A_MANAGE),
+        row!(POST "/fn/change_role", |_, _| "/fn/change_role".into(),
+            |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("user_id".into(), f.a_extra[i].clone()), ("role".into(), "viewer".into())]),
+            TEAM_A_MANAGE),
+        row!(POST "/fn/remove_member", |_, _| "/fn/remove_member".into(),
+            |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("user_id".into(), f.a_extra[i].clone())]),
+            TEAM_A_MANAGE),
+        row!(POST "/fn/cluster_summary", |_, _| "/fn/cluster_summary".into(), none, ANY_USER),
+        row!(POST "/fn/list_nodes", |_, _| "/fn/list_nodes".into(), page, ANY_USER),
+        row!(POST "/fn/revoke_node", |_, _| "/fn/revoke_node".into(),
+            |f, _| Body::Form(vec![("node_id".into(), f.node_id.clone())]), ADMIN_ONLY),
+        row!(POST "/fn/set_gpu_layout", |_, _| "/fn/set_gpu_layout".into(),
+            |f, _| Body::Form(vec![("node_id".into(), f.node_id.clone()), ("gpu_uuid".into(), f.gpu_uuid.clone()),
+                ("mode".into(), "enabled".into()), ("layout".into(), "3g.40gb@0, 1g.10gb@6".into())]), ADMIN_ONLY),
+        row!(POST "/fn/list_join_tokens", |_, _| "/fn/list_join_tokens".into(), page, ADMIN_ONLY),
+        row!(POST "/fn/create_join_token", |_, _| "/fn/create_join_token".into(),
+            |_, _| form(&[("note", "n"), ("max_uses", "1"), ("expires_in_hours", "2")]), ADMIN_ONLY),
+        row!(POST "/fn/revoke_join_token", |_, _| "/fn/revoke_join_token".into(),
+            |f, _| Body::Form(vec![("id".into(), f.join_token_id.clone())]), ADMIN_ONLY),
+    ]
+}
+
+async fn run_matrix(db: Db) {
+    let rest = rest_rows();
+    let fns = fn_rows();
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    // A fresh fixture per row: rows cannot disturb each other.
+    for (row, is_fn) in rest
+        .iter()
+        .map(|r| (r, false))
+        .chain(fns.iter().map(|r| (r, true)))
+    {
+        let f = Fixture::new(db).await;
+        for (i, who) in WHO.iter().enumerate() {
+            let auth = match (is_fn, &f.tokens[i], &f.cookies[i]) {
+                (_, None, _) | (true, _, None) => Auth::None,
+                (false, Some(t), _) => Auth::Token(t),
+                (true, _, Some(c)) => Auth::Cookie(c),
+            };
+            let path = (row.path)(&f, i);
+            let r = send(&f.app, row.method.clone(), &path, auth, (row.body)(&f, i)).await;
+            cases += 1;
+            let got = r.status().as_u16();
+            if got != row.expect[i] {
+                let body = r.text().await.unwrap_or_default();
+                failures.push(format!(
+                    "{} {} as {who}: expected {}, got {got}: {body}",
+                    row.method, path, row.expect[i]
+                ));
+            }
+        }
+    }
+    println!(
+        "authorization matrix ({db:?}): {cases} cases, {} failures",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The table names every REST route in the OpenAPI document and every registered server
+/// function, and nothing else.
+async fn the_table_covers_every_route(db: Db) {
+    let app = TestApp::spawn(db).await;
+    let doc: Value = reqwest::get(app.url("/api/v1/openapi.json"))
+        .await
+        .expect("openapi")
+        .json()
+        .await
+        .expect("json");
+    let mut registered: BTreeSet<(String, String)> = BTreeSet::new();
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for method in ops.as_object().expect("ops").keys() {
+            registered.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    registered.insert(("GET".into(), "/api/v1/openapi.json".into()));
+    for (path, method) in leptos::server_fn::axum::server_fn_paths() {
+        registered.insert((method.to_string(), path.to_owned()));
+    }
+    let table: BTreeSet<(String, String)> = rest_rows()
+        .iter()
+        .chain(fn_rows().iter())
+        .map(|r| (r.method.to_string(), r.route.to_owned()))
+        .collect();
+    let missing: Vec<_> = registered.difference(&table).collect();
+    let stale: Vec<_> = table.difference(&registered).collect();
+    assert!(
+        missing.is_empty(),
+        "routes without a row in the matrix: {missing:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "rows for routes that do not exist: {stale:?}"
+    );
+}
+
+crate::on_both_databases!(run_matrix, the_table_covers_every_route);
+
+/// Property: for team B's admin, a random id and team A's real id get byte-identical
+/// answers on every team route: nothing reveals that team A exists.
+#[test]
+fn random_ids_never_reveal_another_teams_objects() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let f = rt.block_on(Fixture::new(Db::Sqlite));
+    let tb = f.tokens[4].clone().expect("team B admin token");
+    let tb_cookie = f.cookies[4].clone().expect("team B admin cookie");
+    let probe = |team: &str, user: &str| {
+        let f = &f;
+        let tb = tb.clone();
+        let tb_cookie = tb_cookie.clone();
+        let (team, user) = (team.to_owned(), user.to_owned());
+        rt.block_on(async move {
+            let mut answers = Vec::new();
+            let rest: [(Method, String, Body); 5] = [
+                (Method::GET, format!("/api/v1/teams/{team}"), Body::None),
+                (
+                    Method::PATCH,
+                    format!("/api/v1/teams/{team}"),
+                    Body::Json(json!({"name": "Taken over"})),
+                ),
+                (
+                    Method::GET,
+                    format!("/api/v1/teams/{team}/members"),
+                    Body::None,
+                ),
+                (
+                    Method::POST,
+                    format!("/api/v1/teams/{team}/members"),
+                    Body::Json(json!({"username": "spare0", "role": "member"})),
+                ),
+                (
+                    Method::DELETE,
+                    format!("/api/v1/teams/{team}/members/{user}"),
+                    Body::None,
+                ),
+            ];
+            for (m, path, body) in rest {
+                let r = send(&f.app, m, &path, Auth::Token(&tb), body).await;
+                answers.push((r.status().as_u16(), r.text().await.unwrap_or_default()));
+            }
+            let r = send(
+                &f.app,
+                Method::POST,
+                "/fn/get_team",
+                Auth::Cookie(&tb_cookie),
+                Body::Form(vec![("team_id".into(), team.clone())]),
+            )
+            .await;
+            answers.push((r.status().as_u16(), r.text().await.unwrap_or_default()));
+            answers
+        })
+    };
+    let real = probe(&f.team_a, &f.a_extra[0]);
+    assert!(real.iter().all(|(s, _)| *s == 404), "{real:?}");
+    let mut runner = TestRunner::new(Config {
+        cases: 32,
+        ..Config::default()
+    });
+    runner
+        .run(&(any::<u128>(), any::<u128>()), |(t, u)| {
+            let fake = probe(
+                &uuid::Uuid::from_u128(t).to_string(),
+                &uuid::Uuid::from_u128(u).to_string(),
+            );
+            prop_assert_eq!(&fake, &real);
+            Ok(())
+        })
+        .expect("random ids answer exactly like another team's real ids");
+    // Team A's member list is unchanged by all those attempts.
+    let member = f.tokens[2].clone().expect("member token");
+    let members: Value = rt.block_on(async {
+        send(
+            &f.app,
+            Method::GET,
+            &format!("/api/v1/teams/{}/members", f.team_a),
+            Auth::Token(&member),
+            Body::None,
+        )
+        .await
+        .json()
+        .await
+        .expect("json")
+    });
+    assert_eq!(members["total"], 9);
+}
