@@ -35,7 +35,9 @@ pub fn parse_nodes(spec: &str) -> Result<Vec<SimNodeSpec>, String> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            return Err(format!("'{name}': node names use letters, digits, '-' and '_'"));
+            return Err(format!(
+                "'{name}': node names use letters, digits, '-' and '_'"
+            ));
         }
         let mut models = Vec::new();
         for g in gpus.split('+').map(str::trim) {
@@ -88,8 +90,7 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
     let mut children = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let dir: PathBuf = state.config.sim_state_dir.join(&spec.name);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut cmd = Command::new(&bin);
         cmd.arg("--simulate")
             .arg("--gpus")
@@ -103,7 +104,12 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
             .arg("--hostname")
             .arg(&spec.name)
             .arg("--manage-mig")
-            .args(["--heartbeat-interval-s", "10", "--reconcile-interval-s", "5"])
+            .args([
+                "--heartbeat-interval-s",
+                "10",
+                "--reconcile-interval-s",
+                "5",
+            ])
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
         let registered = match std::fs::read_to_string(dir.join("credential.json")) {
