@@ -11,7 +11,7 @@ use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tessera_domain::account::Me;
-use tessera_domain::cluster::{ClusterSummary, NodeView};
+use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 #[cfg(feature = "ssr")]
 use tessera_domain::ids::{TeamId, UserId};
@@ -305,6 +305,17 @@ pub async fn revoke_node(node_id: String) -> Result<NodeView, UiError> {
     let (portal, req) = ssr::context()?;
     let r = match ssr::id(&node_id) {
         Ok(id) => portal.revoke_node(&req, id).await,
+        Err(e) => Err(e),
+    };
+    ssr::finish(r, [])
+}
+
+/// Recent telemetry of a node (newest `limit` samples, oldest first).
+#[server(prefix = "/fn", endpoint = "node_telemetry")]
+pub async fn get_node_telemetry(node_id: String, limit: u32) -> Result<NodeTelemetry, UiError> {
+    let (portal, req) = ssr::context()?;
+    let r = match ssr::id(&node_id) {
+        Ok(id) => portal.node_telemetry(&req, id, limit).await,
         Err(e) => Err(e),
     };
     ssr::finish(r, [])

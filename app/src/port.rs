@@ -5,7 +5,7 @@
 
 use http::request::Parts;
 use tessera_domain::account::Me;
-use tessera_domain::cluster::{ClusterSummary, NodeView};
+use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
@@ -107,6 +107,12 @@ pub trait Portal: Send + Sync + 'static {
     async fn cluster_summary(&self, req: &Parts) -> Result<ClusterSummary, AppError>;
     async fn list_nodes(&self, req: &Parts, page: PageRequest) -> Result<Page<NodeView>, AppError>;
     async fn revoke_node(&self, req: &Parts, node: Uuid) -> Result<NodeView, AppError>;
+    async fn node_telemetry(
+        &self,
+        req: &Parts,
+        node: Uuid,
+        limit: u32,
+    ) -> Result<NodeTelemetry, AppError>;
     async fn set_gpu_layout(
         &self,
         req: &Parts,

@@ -49,6 +49,23 @@ pub struct GpuView {
     /// Memory slices of the GPU (8 on A100/H100/H200, 4 on A30); 0 if unknown.
     pub memory_slices: u8,
     pub instances: Vec<InstanceView>,
+    /// The layout an admin asked for, if any, and how applying it goes.
+    pub desired: Option<DesiredView>,
+}
+
+/// A desired MIG layout and the agent's last report about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DesiredView {
+    pub mig_enabled: bool,
+    /// `profile@start` per instance.
+    pub layout: Vec<String>,
+    pub version: u64,
+    /// `pending`, `applying`, `success` or `failed` for this version; `None` until the
+    /// agent reports on it.
+    pub state: Option<String>,
+    /// What failed or blocks it (driver error, busy instances), or the step in progress.
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +113,73 @@ impl GpuView {
                         .any(|c| c.process_count.is_none_or(|n| n > 0)),
                 })
                 .collect(),
+            desired: None,
+        }
+    }
+}
+
+/// Recent telemetry of one node, per GPU, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeTelemetry {
+    pub gpus: Vec<GpuSeries>,
+    /// Samples the agent dropped because its spool was full (ever).
+    pub dropped_total: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpuSeries {
+    pub gpu_uuid: String,
+    pub points: Vec<GpuPoint>,
+}
+
+/// One sample of one GPU; `None` where the driver cannot tell (never made up).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpuPoint {
+    pub at_unix_ms: i64,
+    pub memory_used_mib: Option<u64>,
+    pub memory_total_mib: Option<u64>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub utilization_pct: Option<u32>,
+    /// MIG devices on the GPU and their processes.
+    pub mig_devices: u32,
+    pub mig_processes: u32,
+}
+
+impl NodeTelemetry {
+    /// Regroups node samples (oldest first) into per-GPU series.
+    pub fn from_samples<'a>(
+        samples: impl IntoIterator<Item = &'a crate::wire::TelemetrySample>,
+        dropped_total: u64,
+    ) -> Self {
+        let mut by_gpu: BTreeMap<String, Vec<GpuPoint>> = BTreeMap::new();
+        for s in samples {
+            for g in &s.gpus {
+                by_gpu.entry(g.gpu_uuid.clone()).or_default().push(GpuPoint {
+                    at_unix_ms: s.at_unix_ms,
+                    memory_used_mib: g.memory_used_mib,
+                    memory_total_mib: g.memory_total_mib,
+                    temperature_c: g.temperature_c,
+                    power_mw: g.power_mw,
+                    utilization_pct: g.utilization_pct,
+                    mig_devices: u32::try_from(g.mig_devices.len()).unwrap_or(u32::MAX),
+                    mig_processes: g
+                        .mig_devices
+                        .iter()
+                        .map(|d| d.process_count.unwrap_or(0))
+                        .sum(),
+                });
+            }
+        }
+        NodeTelemetry {
+            gpus: by_gpu
+                .into_iter()
+                .map(|(gpu_uuid, points)| GpuSeries { gpu_uuid, points })
+                .collect(),
+            dropped_total,
         }
     }
 }

@@ -11,7 +11,7 @@ use http::request::Parts;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use tessera_app::port::Portal;
 use tessera_domain::account::{Me, Principal};
-use tessera_domain::cluster::{ClusterSummary, NodeView};
+use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
@@ -309,6 +309,16 @@ impl Portal for PortalImpl {
     async fn revoke_node(&self, req: &Parts, node: Uuid) -> Result<NodeView, AppError> {
         let p = self.require(req).await?;
         self.state.services.nodes.revoke(&p, node).await
+    }
+
+    async fn node_telemetry(
+        &self,
+        req: &Parts,
+        node: Uuid,
+        limit: u32,
+    ) -> Result<NodeTelemetry, AppError> {
+        let p = self.require(req).await?;
+        self.state.services.nodes.telemetry(&p, node, limit).await
     }
 
     async fn set_gpu_layout(

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use http::StatusCode;
 use serde::Deserialize;
 use tessera_domain::account::Me;
-use tessera_domain::cluster::{ClusterSummary, NodeView};
+use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
@@ -73,6 +73,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(list_nodes))
         .routes(routes!(get_node))
         .routes(routes!(revoke_node))
+        .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(cluster_summary))
         .split_for_parts()
@@ -470,6 +471,27 @@ async fn revoke_node(
     Path(node): Path<String>,
 ) -> ApiResult<NodeView> {
     Ok(Json(s.services.nodes.revoke(&p, id(&node)?).await?))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct TelemetryQuery {
+    /// Newest samples to return (1–1000, default 60).
+    limit: Option<u32>,
+}
+
+#[utoipa::path(get, path = "/api/v1/nodes/{id}/telemetry", tag = "nodes", params(TelemetryQuery),
+    description = "Recent per-GPU samples, oldest first. Metrics the driver cannot give are null.",
+    responses((status = 200, body = NodeTelemetry), (status = 404, body = ErrorBody)))]
+async fn node_telemetry(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(node): Path<String>,
+    Query(q): Query<TelemetryQuery>,
+) -> ApiResult<NodeTelemetry> {
+    let limit = q.limit.unwrap_or(60);
+    Ok(Json(
+        s.services.nodes.telemetry(&p, id(&node)?, limit).await?,
+    ))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

@@ -4,18 +4,21 @@ use super::authz;
 use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
-use crate::store::{JoinTokenRow, NodeRow, Store};
+use crate::store::{DesiredRow, JoinTokenRow, NodeRow, Store};
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
-use tessera_domain::cluster::{self, ClusterSummary, GpuView, NodeView};
+use tessera_domain::cluster::{
+    self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView,
+};
 use tessera_domain::error::AppError;
 use tessera_domain::mig::Catalog;
 use tessera_domain::mig::Instance;
 use tessera_domain::tenancy::{CreatedSecret, JoinTokenView, Page, PageRequest};
 use tessera_domain::wire::{
-    ApplyState, DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, Inventory, MigMode,
-    RegisterRequest, RegisterResponse, StatusReport, TelemetryAck, TelemetryBatch,
+    ApplyState, ApplyStatus, DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, Inventory,
+    MigMode, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck, TelemetryBatch,
+    TelemetrySample,
 };
 use uuid::Uuid;
 
@@ -234,11 +237,11 @@ impl Nodes {
             .await
             .map_err(internal("listing nodes"))?;
         let now = Utc::now();
-        Ok(paged(
-            rows.iter().map(|r| self.view(r, now)).collect(),
-            total,
-            page,
-        ))
+        let mut views = Vec::with_capacity(rows.len());
+        for r in &rows {
+            views.push(self.view(r, now).await?);
+        }
+        Ok(paged(views, total, page))
     }
 
     pub async fn get(&self, _p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
@@ -248,7 +251,7 @@ impl Nodes {
             .await
             .map_err(internal("loading node"))?
             .ok_or(AppError::NotFound)?;
-        Ok(self.view(&row, Utc::now()))
+        self.view(&row, Utc::now()).await
     }
 
     pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
@@ -265,7 +268,7 @@ impl Nodes {
             .map_err(internal("loading node"))?
             .ok_or(AppError::NotFound)?;
         tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
-        Ok(self.view(&row, now))
+        self.view(&row, now).await
     }
 
     pub async fn summary(&self, _p: &Principal) -> Result<ClusterSummary, AppError> {
@@ -289,8 +292,34 @@ impl Nodes {
         Ok((summary, nodes))
     }
 
-    fn view(&self, r: &NodeRow, now: DateTime<Utc>) -> NodeView {
-        NodeView {
+    /// A node as users see it, with each GPU's desired layout and apply state.
+    async fn view(&self, r: &NodeRow, now: DateTime<Utc>) -> Result<NodeView, AppError> {
+        let desired = self
+            .store
+            .desired_for_node(r.id)
+            .await
+            .map_err(internal("loading desired state"))?;
+        let statuses = self
+            .store
+            .apply_statuses(r.id)
+            .await
+            .map_err(internal("loading apply status"))?;
+        let gpus = inventory(r)
+            .gpus
+            .iter()
+            .map(|g| {
+                let mut v = GpuView::from_wire(g, &self.catalog);
+                v.desired = desired.iter().find(|d| d.gpu_uuid == g.uuid).map(|d| {
+                    let status = statuses
+                        .iter()
+                        .find(|s| s.gpu_uuid == g.uuid && s.version == d.version)
+                        .and_then(|s| serde_json::from_str::<ApplyStatus>(&s.status).ok());
+                    desired_view(d, status.as_ref())
+                });
+                v
+            })
+            .collect();
+        Ok(NodeView {
             id: r.id,
             hostname: r.hostname.clone(),
             online: r.revoked_at.is_none() && cluster::is_online(r.last_heartbeat_at, now),
@@ -299,12 +328,69 @@ impl Nodes {
             last_heartbeat_at: r.last_heartbeat_at,
             agent_version: r.agent_version.clone(),
             manages_mig: r.manages_mig,
-            gpus: inventory(r)
-                .gpus
-                .iter()
-                .map(|g| GpuView::from_wire(g, &self.catalog))
-                .collect(),
+            gpus,
+        })
+    }
+
+    /// Recent telemetry of a node (every signed-in user may see it, like the node).
+    pub async fn telemetry(
+        &self,
+        _p: &Principal,
+        node: Uuid,
+        limit: u32,
+    ) -> Result<NodeTelemetry, AppError> {
+        self.store
+            .node(node)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)?;
+        let rows = self
+            .store
+            .recent_samples(node, limit.clamp(1, 1000))
+            .await
+            .map_err(internal("loading telemetry"))?;
+        let samples: Vec<TelemetrySample> = rows
+            .iter()
+            .filter_map(|r| serde_json::from_str(&r.payload).ok())
+            .collect();
+        let dropped = self
+            .store
+            .telemetry_dropped(node)
+            .await
+            .map_err(internal("loading telemetry"))?;
+        Ok(NodeTelemetry::from_samples(
+            &samples,
+            u64::try_from(dropped).unwrap_or(0),
+        ))
+    }
+}
+
+fn desired_view(d: &DesiredRow, status: Option<&ApplyStatus>) -> DesiredView {
+    let layout: Vec<DesiredInstance> = serde_json::from_str(&d.layout).unwrap_or_default();
+    let state = status.map(|s| {
+        match s.state {
+            ApplyState::Pending => "pending",
+            ApplyState::Applying => "applying",
+            ApplyState::Success => "success",
+            ApplyState::Failed => "failed",
         }
+        .to_owned()
+    });
+    let detail = status.and_then(|s| {
+        s.error
+            .as_ref()
+            .map(|e| e.message.clone())
+            .or_else(|| s.step.clone())
+    });
+    DesiredView {
+        mig_enabled: d.mode == "enabled",
+        layout: layout
+            .iter()
+            .map(|i| format!("{}@{}", i.profile, i.start))
+            .collect(),
+        version: u64::try_from(d.version).unwrap_or(0),
+        state,
+        detail,
     }
 }
 

@@ -124,3 +124,10 @@ impl Store {
             "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await)
     }
 }
+
+impl Store {
+    pub async fn telemetry_dropped(&self, node: Uuid) -> Result<i64, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
+            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node).fetch_one(pool).await)
+    }
+}

@@ -431,6 +431,54 @@ async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
         );
     }
 
+    // The agent reports success for this version; telemetry arrives for both GPUs.
+    let applied = wait_for(&a, |nodes| {
+        let g = nodes["items"][0]["gpus"]
+            .as_array()?
+            .iter()
+            .find(|g| g["uuid"] == gpu)?;
+        (g["desired"]["state"] == "success").then(|| g["desired"].clone())
+    })
+    .await;
+    assert_eq!(applied["version"], 1);
+    assert_eq!(
+        applied["layout"],
+        json!(["3g.40gb@0", "2g.20gb@4", "1g.10gb@6"])
+    );
+    let mut telemetry = Value::Null;
+    for _ in 0..100 {
+        let (_, t) = a
+            .call(
+                reqwest::Method::GET,
+                &format!("/api/v1/nodes/{node_id}/telemetry?limit=10"),
+                None,
+            )
+            .await;
+        if t["gpus"].as_array().is_some_and(|g| g.len() == 2) {
+            telemetry = t;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let series = telemetry["gpus"]
+        .as_array()
+        .expect("telemetry for both GPUs");
+    let h100_series = series
+        .iter()
+        .find(|s| s["gpu_uuid"] == gpu)
+        .expect("H100 series");
+    let point = &h100_series["points"][0];
+    assert!(
+        point["memory_total_mib"]
+            .as_u64()
+            .is_some_and(|m| m > 80_000),
+        "{point}"
+    );
+    assert!(
+        point["utilization_pct"].is_null(),
+        "no whole-GPU utilization with MIG on: {point}"
+    );
+
     // The credential survives an agent restart (no join token needed the second time).
     agent.kill().await.expect("kill");
     let mut again = tokio::process::Command::new(agent_bin())
