@@ -1,7 +1,8 @@
 //! Every setting, as one `clap` struct: `tessera --help` documents each flag and its
 //! `TESSERA_*` environment variable. Bad values fail at start naming the setting.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -92,7 +93,7 @@ pub struct ServeConfig {
     pub login_queue: usize,
 
     /// Do not start the simulated GPU nodes of the embedded default.
-    #[arg(long, env = "TESSERA_NO_SIM", default_value_t = false)]
+    #[arg(long, env = "TESSERA_NO_SIM", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub no_sim: bool,
 
     /// Simulated nodes to start (each a real `tessera-agent --simulate` process speaking
@@ -114,7 +115,7 @@ pub struct ServeConfig {
 
     /// Take the client address from the last `X-Forwarded-For` hop (only behind a proxy
     /// you run; otherwise clients could forge it to dodge sign-in throttling).
-    #[arg(long, env = "TESSERA_TRUST_PROXY_HEADERS", default_value_t = false)]
+    #[arg(long, env = "TESSERA_TRUST_PROXY_HEADERS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub trust_proxy_headers: bool,
 }
 

@@ -85,7 +85,7 @@ fn id(raw: &str) -> Result<Uuid, ApiError> {
 }
 
 #[utoipa::path(get, path = "/api/v1/me", tag = "account",
-    responses((status = 200, body = Me), (status = 401, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Me), (status = 401, description = "Not signed in", body = ErrorBody)))]
 async fn me(Caller(p): Caller) -> ApiResult<Me> {
     Ok(Json(Me::from(&p)))
 }
@@ -106,7 +106,7 @@ struct NewPasswordBody {
 }
 
 #[utoipa::path(get, path = "/api/v1/users", tag = "users", params(PageRequest),
-    responses((status = 200, body = Page<UserView>), (status = 403, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Page<UserView>), (status = 403, description = "Not allowed", body = ErrorBody)))]
 async fn list_users(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -116,7 +116,7 @@ async fn list_users(
 }
 
 #[utoipa::path(post, path = "/api/v1/users", tag = "users", request_body = NewUser,
-    responses((status = 201, body = UserView), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
 async fn create_user(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -132,7 +132,7 @@ async fn create_user(
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/disable", tag = "users",
     description = "Signs the user out everywhere and revokes their API tokens.",
-    responses((status = 200, body = UserView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn disable_user(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -145,7 +145,7 @@ async fn disable_user(
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/enable", tag = "users",
-    responses((status = 200, body = UserView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn enable_user(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -161,7 +161,7 @@ async fn enable_user(
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/password", tag = "users", request_body = NewPasswordBody,
-    responses((status = 200, body = UserView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn reset_password(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -186,7 +186,7 @@ struct TeamBody {
 
 #[utoipa::path(get, path = "/api/v1/teams", tag = "teams", params(PageRequest),
     description = "Platform admins see every team; others see the teams they belong to.",
-    responses((status = 200, body = Page<TeamView>)))]
+    responses((status = 200, description = "OK", body = Page<TeamView>)))]
 async fn list_teams(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -196,7 +196,7 @@ async fn list_teams(
 }
 
 #[utoipa::path(post, path = "/api/v1/teams", tag = "teams", request_body = TeamBody,
-    responses((status = 201, body = TeamView), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
 async fn create_team(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -209,7 +209,7 @@ async fn create_team(
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}", tag = "teams",
-    responses((status = 200, body = TeamView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn get_team(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -219,7 +219,7 @@ async fn get_team(
 }
 
 #[utoipa::path(patch, path = "/api/v1/teams/{id}", tag = "teams", request_body = TeamBody,
-    responses((status = 200, body = TeamView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn rename_team(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -235,7 +235,7 @@ async fn rename_team(
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/archive", tag = "teams",
-    responses((status = 200, body = TeamView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn archive_team(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -250,7 +250,7 @@ async fn archive_team(
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/unarchive", tag = "teams",
-    responses((status = 200, body = TeamView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn unarchive_team(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -278,7 +278,7 @@ struct RoleBody {
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/members", tag = "teams", params(PageRequest),
-    responses((status = 200, body = Page<MemberView>), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Page<MemberView>), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn list_members(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -294,7 +294,7 @@ async fn list_members(
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/members", tag = "teams", request_body = NewMember,
-    responses((status = 201, body = MemberView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = MemberView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
 async fn add_member(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -310,7 +310,7 @@ async fn add_member(
 }
 
 #[utoipa::path(put, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams", request_body = RoleBody,
-    responses((status = 200, body = MemberView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = MemberView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 409, description = "Conflicts with the current state", body = ErrorBody)))]
 async fn change_role(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -327,7 +327,7 @@ async fn change_role(
 }
 
 #[utoipa::path(delete, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams",
-    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 204, description = "Done"), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 409, description = "Conflicts with the current state", body = ErrorBody)))]
 async fn remove_member(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -348,7 +348,7 @@ struct NewToken {
 }
 
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "account", params(PageRequest),
-    responses((status = 200, body = Page<ApiTokenView>)))]
+    responses((status = 200, description = "OK", body = Page<ApiTokenView>)))]
 async fn list_tokens(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -359,7 +359,7 @@ async fn list_tokens(
 
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "account", request_body = NewToken,
     description = "The secret is in the response only; it is stored hashed.",
-    responses((status = 201, body = CreatedSecret<ApiTokenView>), (status = 422, body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = CreatedSecret<ApiTokenView>), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
 async fn create_token(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -374,7 +374,7 @@ async fn create_token(
 }
 
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "account",
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "Done"), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn revoke_token(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -406,7 +406,7 @@ fn day() -> u32 {
 }
 
 #[utoipa::path(get, path = "/api/v1/join-tokens", tag = "nodes", params(PageRequest),
-    responses((status = 200, body = Page<JoinTokenView>), (status = 403, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Page<JoinTokenView>), (status = 403, description = "Not allowed", body = ErrorBody)))]
 async fn list_join_tokens(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -417,7 +417,7 @@ async fn list_join_tokens(
 
 #[utoipa::path(post, path = "/api/v1/join-tokens", tag = "nodes", request_body = NewJoinToken,
     description = "Run `tessera-agent --server URL --join-token SECRET` on the node.",
-    responses((status = 201, body = CreatedSecret<JoinTokenView>), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = CreatedSecret<JoinTokenView>), (status = 403, description = "Not allowed", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
 async fn create_join_token(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -432,7 +432,7 @@ async fn create_join_token(
 }
 
 #[utoipa::path(delete, path = "/api/v1/join-tokens/{id}", tag = "nodes",
-    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "Done"), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn revoke_join_token(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -443,7 +443,7 @@ async fn revoke_join_token(
 }
 
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", params(PageRequest),
-    responses((status = 200, body = Page<NodeView>)))]
+    responses((status = 200, description = "OK", body = Page<NodeView>)))]
 async fn list_nodes(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -453,7 +453,7 @@ async fn list_nodes(
 }
 
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
-    responses((status = 200, body = NodeView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeView), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn get_node(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -464,7 +464,7 @@ async fn get_node(
 
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/revoke", tag = "nodes",
     description = "The node's credential stops working at once.",
-    responses((status = 200, body = NodeView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn revoke_node(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -481,7 +481,7 @@ struct TelemetryQuery {
 
 #[utoipa::path(get, path = "/api/v1/nodes/{id}/telemetry", tag = "nodes", params(TelemetryQuery),
     description = "Recent per-GPU samples, oldest first. Metrics the driver cannot give are null.",
-    responses((status = 200, body = NodeTelemetry), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeTelemetry), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
 async fn node_telemetry(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -508,7 +508,7 @@ struct LayoutBody {
 #[utoipa::path(put, path = "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", tag = "nodes", request_body = LayoutBody,
     description = "Sets the MIG layout the node's agent should apply (validated against the GPU's profile table). \
                    The agent reports progress; see the GPU's `apply_state`.",
-    responses((status = 200, body = NodeView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
 async fn set_gpu_layout(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -524,7 +524,7 @@ async fn set_gpu_layout(
 }
 
 #[utoipa::path(get, path = "/api/v1/cluster/summary", tag = "nodes",
-    responses((status = 200, body = ClusterSummary)))]
+    responses((status = 200, description = "OK", body = ClusterSummary)))]
 async fn cluster_summary(
     State(s): State<AppState>,
     Caller(p): Caller,
