@@ -124,6 +124,11 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
                 .await
                 .map_err(|e| anyhow::anyhow!("creating a join token for {}: {e}", spec.name))?;
             cmd.env("TESSERA_JOIN_TOKEN", token.secret);
+            tokio::spawn(demo_layouts(
+                state.clone(),
+                admin.clone(),
+                spec.name.clone(),
+            ));
         }
         let child = cmd
             .spawn()
@@ -132,6 +137,65 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
         children.push(child);
     }
     Ok(children)
+}
+
+/// On a simulated node's first registration, gives its Hopper GPUs MIG layouts so a
+/// newcomer sees MIG at work: a mixed layout on the first, seven 1g slices on the second.
+/// (Ampere GPUs stay whole: their MIG mode change waits for a GPU reset, as on hardware.)
+async fn demo_layouts(state: AppState, admin: Principal, hostname: String) {
+    use tessera_domain::wire::{DesiredInstance, MigMode};
+    let layouts: [&[(&str, u8)]; 2] = [
+        &[("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)],
+        &[
+            ("1g.10gb", 0),
+            ("1g.10gb", 1),
+            ("1g.10gb", 2),
+            ("1g.10gb", 3),
+            ("1g.10gb", 4),
+            ("1g.10gb", 5),
+            ("1g.10gb", 6),
+        ],
+    ];
+    for _ in 0..120 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let Ok(nodes) = state.store.active_nodes().await else {
+            continue;
+        };
+        let Some(node) = nodes
+            .iter()
+            .find(|n| n.hostname == hostname && n.last_heartbeat_at.is_some())
+        else {
+            continue;
+        };
+        let Ok(inv) = serde_json::from_str::<tessera_domain::wire::Inventory>(&node.inventory)
+        else {
+            return;
+        };
+        let catalog = Catalog::builtin();
+        let hopper = inv.gpus.iter().filter(|g| {
+            catalog
+                .get(&g.name)
+                .is_some_and(|m| m.name().starts_with("H1") || m.name().starts_with("H2"))
+        });
+        for (gpu, layout) in hopper.zip(layouts) {
+            let layout = layout
+                .iter()
+                .map(|(p, s)| DesiredInstance {
+                    profile: (*p).to_owned(),
+                    start: *s,
+                })
+                .collect();
+            if let Err(e) = state
+                .services
+                .nodes
+                .set_desired_layout(&admin, node.id, &gpu.uuid, MigMode::Enabled, layout)
+                .await
+            {
+                tracing::warn!(node = %hostname, gpu = %gpu.uuid, "demo layout not set: {e}");
+            }
+        }
+        return;
+    }
 }
 
 /// The platform admin on whose behalf simulated nodes' join tokens are made.
