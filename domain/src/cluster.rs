@@ -158,20 +158,23 @@ impl NodeTelemetry {
         let mut by_gpu: BTreeMap<String, Vec<GpuPoint>> = BTreeMap::new();
         for s in samples {
             for g in &s.gpus {
-                by_gpu.entry(g.gpu_uuid.clone()).or_default().push(GpuPoint {
-                    at_unix_ms: s.at_unix_ms,
-                    memory_used_mib: g.memory_used_mib,
-                    memory_total_mib: g.memory_total_mib,
-                    temperature_c: g.temperature_c,
-                    power_mw: g.power_mw,
-                    utilization_pct: g.utilization_pct,
-                    mig_devices: u32::try_from(g.mig_devices.len()).unwrap_or(u32::MAX),
-                    mig_processes: g
-                        .mig_devices
-                        .iter()
-                        .map(|d| d.process_count.unwrap_or(0))
-                        .sum(),
-                });
+                by_gpu
+                    .entry(g.gpu_uuid.clone())
+                    .or_default()
+                    .push(GpuPoint {
+                        at_unix_ms: s.at_unix_ms,
+                        memory_used_mib: g.memory_used_mib,
+                        memory_total_mib: g.memory_total_mib,
+                        temperature_c: g.temperature_c,
+                        power_mw: g.power_mw,
+                        utilization_pct: g.utilization_pct,
+                        mig_devices: u32::try_from(g.mig_devices.len()).unwrap_or(u32::MAX),
+                        mig_processes: g
+                            .mig_devices
+                            .iter()
+                            .map(|d| d.process_count.unwrap_or(0))
+                            .sum(),
+                    });
             }
         }
         NodeTelemetry {

@@ -158,7 +158,14 @@ fn build(release: bool) -> Result<PathBuf> {
     ensure_tools(false)?;
     build_wasm(release)?;
     let mut cmd = cargo();
-    cmd.args(["build", "-p", "tessera-server", "-p", "tessera-agent", "--bins"]);
+    cmd.args([
+        "build",
+        "-p",
+        "tessera-server",
+        "-p",
+        "tessera-agent",
+        "--bins",
+    ]);
     if release {
         cmd.arg("--release");
     }
@@ -265,7 +272,14 @@ fn test() -> Result<()> {
     step(
         "clippy (domain alone on wasm32: stays pure)",
         cargo()
-            .args(["clippy", "-p", "tessera-domain", "--target", WASM_TARGET, "--target-dir"])
+            .args([
+                "clippy",
+                "-p",
+                "tessera-domain",
+                "--target",
+                WASM_TARGET,
+                "--target-dir",
+            ])
             .arg(target_dir().join("wasm"))
             .args(["--", "-D", "warnings"]),
     )?;
