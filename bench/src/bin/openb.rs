@@ -39,11 +39,7 @@ fn main() -> Result<(), String> {
             &data("openb_node_list_gpu_node.csv"),
             &data(&format!("{trace_name}.csv")),
         )?;
-        let mut workload = trace.workload();
-        workload.pack = std::env::var("PACK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(workload.pack);
+        let workload = trace.workload();
         let policies = [
             ("05-BestFit", Policy::BestFit),
             ("Tessera", Policy::Fragmentation(workload)),

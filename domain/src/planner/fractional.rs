@@ -5,6 +5,16 @@
 //! there; the caller keeps the highest score, ties going to the node seen
 //! first. The same code drives the planner's shared GPUs and the openb
 //! benchmark (bench/), so the benchmark measures what the planner does.
+//!
+//! `Fragmentation` is FGD's measure (Weng et al., ATC'23) plus a stranding
+//! term: for each request type of the expected workload, weighted by how
+//! often it occurs, the free milli-GPU of the node that the type could not
+//! use; plus the free milli-GPU that the node's CPU or memory could not feed
+//! at the workload's average CPU and memory per milli-GPU. A placement is
+//! scored by how much it changes that sum, squashed as FGD's artifact does
+//! (`trunc(100 · sigmoid(−Δ/1000))`): small differences tie and ties go to
+//! the caller's node order, which packs better than ranking finely
+//! (docs/benchmarks.md).
 
 use serde::{Deserialize, Serialize};
 
@@ -63,24 +73,28 @@ pub enum Policy {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
     pub types: Vec<ShareType>,
-    /// Weight of packing against fragmentation: how many milli-GPU left
-    /// free on the node cost as much as 1/1000 milli-GPU of expected
-    /// fragmentation per request (0: packing only breaks ties).
-    #[serde(default)]
-    pub pack: i64,
+    /// CPU milli per 1000 milli-GPU the GPU requests ask for, on average
+    /// (0: CPU never strands GPUs).
+    pub cpu_per_gpu: u64,
+    /// Memory MiB per 1000 milli-GPU, likewise.
+    pub mem_per_gpu: u64,
 }
 
 impl Workload {
-    /// Groups identical asks, weighting each type by its total GPU demand
-    /// (count × milli × occurrences): large requests matter more to the
-    /// allocation ratio than their count suggests.
+    /// Groups identical asks, weighting each type by how often it occurs
+    /// (FGD's popularity). Weighting by GPU demand instead lets the few
+    /// 8-GPU types dominate: the policy then keeps 8-GPU nodes empty for them
+    /// and fills small nodes whose models constrained requests need.
     pub fn from_asks(asks: impl IntoIterator<Item = (ShareAsk, u64)>) -> Self {
         let mut types: Vec<ShareType> = Vec::new();
+        let (mut cpu, mut mem, mut gpu) = (0u64, 0u64, 0u64);
         for (a, models) in asks {
             if a.count == 0 || a.milli == 0 {
                 continue;
             }
-            let w = u64::from(a.count) * u64::from(a.milli);
+            cpu += a.cpu;
+            mem += a.mem;
+            gpu += u64::from(a.count) * u64::from(a.milli);
             match types.iter_mut().find(|t| {
                 t.cpu == a.cpu
                     && t.mem == a.mem
@@ -88,21 +102,25 @@ impl Workload {
                     && t.milli == a.milli
                     && t.models == models
             }) {
-                Some(t) => t.weight += w,
+                Some(t) => t.weight += 1,
                 None => types.push(ShareType {
                     cpu: a.cpu,
                     mem: a.mem,
                     count: a.count,
                     milli: a.milli,
                     models,
-                    weight: w,
+                    weight: 1,
                 }),
             }
         }
         // Grouped by (count, milli) so `fragmentation` computes the per-GPU
         // part once per group.
         types.sort_by_key(|t| (t.count, t.milli, t.models, t.cpu, t.mem));
-        Workload { types, pack: 0 }
+        Workload {
+            types,
+            cpu_per_gpu: (cpu * 1000).checked_div(gpu).unwrap_or(0),
+            mem_per_gpu: (mem * 1000).checked_div(gpu).unwrap_or(0),
+        }
     }
 }
 
@@ -163,6 +181,31 @@ fn best_fit_score(node: &NodeView<'_>, ask: &ShareAsk) -> i64 {
     ((1.0 - s) * 100.0) as i64
 }
 
+/// `SIGMOID_STEPS[k − 1]` = `round(10⁶ · ln(100/k − 1))`: a change `x` (in
+/// units of 1000 milli-GPU, scaled by 10⁶) scores at least `k` out of 100
+/// iff `x ≤ SIGMOID_STEPS[k − 1]`, i.e. `trunc(100 / (1 + eˣ)) ≥ k`. Integer
+/// thresholds keep the policy exact and identical on every target.
+const SIGMOID_STEPS: [i64; 99] = [
+    4595120, 3891820, 3476099, 3178054, 2944439, 2751535, 2586689, 2442347, 2313635, 2197225,
+    2090741, 1992430, 1900959, 1815290, 1734601, 1658228, 1585627, 1516347, 1450010, 1386294,
+    1324925, 1265666, 1208311, 1152680, 1098612, 1045969, 994623, 944462, 895384, 847298, 800119,
+    753772, 708185, 663294, 619039, 575364, 532217, 489548, 447312, 405465, 363965, 322773, 281851,
+    241162, 200671, 160343, 120144, 80043, 40005, 0, -40005, -80043, -120144, -160343, -200671,
+    -241162, -281851, -322773, -363965, -405465, -447312, -489548, -532217, -575364, -619039,
+    -663294, -708185, -753772, -800119, -847298, -895384, -944462, -994623, -1045969, -1098612,
+    -1152680, -1208311, -1265666, -1324925, -1386294, -1450010, -1516347, -1585627, -1658228,
+    -1734601, -1815290, -1900959, -1992430, -2090741, -2197225, -2313635, -2442347, -2586689,
+    -2751535, -2944439, -3178054, -3476099, -3891820, -4595120,
+];
+
+/// `trunc(100 · sigmoid(−num / den / 1000))` for a change of `num / den`
+/// milli-GPU (`den > 0`), computed exactly on integers.
+fn squash(num: i128, den: i128) -> i64 {
+    // Thresholds decrease with k: count those the change is within.
+    let x = num * 1000;
+    SIGMOID_STEPS.partition_point(|&t| x <= i128::from(t) * den) as i64
+}
+
 impl Workload {
     /// Milli-GPU of the node that each type could not use, times its
     /// weight, summed: the node's expected fragmentation.
@@ -205,11 +248,29 @@ impl Workload {
         frag
     }
 
+    /// Free milli-GPU (`gpu`) beyond what `cpu` and `mem` can feed at the
+    /// workload's average ratios: GPUs that will strand once the node's CPU
+    /// or memory runs out.
+    pub fn stranded(&self, cpu: u64, mem: u64, gpu: u64) -> u64 {
+        let by_cpu = (cpu * 1000)
+            .checked_div(self.cpu_per_gpu)
+            .unwrap_or(u64::MAX);
+        let by_mem = (mem * 1000)
+            .checked_div(self.mem_per_gpu)
+            .unwrap_or(u64::MAX);
+        gpu.saturating_sub(by_cpu.min(by_mem))
+    }
+
     fn choose(&self, node: &NodeView<'_>, ask: &ShareAsk) -> Option<Choice> {
         let first = fit(node, ask)?;
-        let before = self.fragmentation(node.model, node.cpu_free, node.mem_free, node.gpu_free);
+        let total: u64 = node.gpu_free.iter().map(|&f| u64::from(f)).sum();
+        let frag_before =
+            self.fragmentation(node.model, node.cpu_free, node.mem_free, node.gpu_free);
+        let strand_before = self.stranded(node.cpu_free, node.mem_free, total);
         let cpu = node.cpu_free - ask.cpu;
         let mem = node.mem_free - ask.mem;
+        let left = total - u64::from(ask.count) * u64::from(ask.milli);
+        let strand = i128::from(self.stranded(cpu, mem, left)) - i128::from(strand_before);
         let mut free = node.gpu_free.to_vec();
         let candidates: Vec<Vec<usize>> = if ask.count == 1 {
             // Every distinct free amount that fits is a different outcome.
@@ -231,17 +292,14 @@ impl Workload {
             for &g in &gpus {
                 free[g] -= ask.milli;
             }
-            let after = self.fragmentation(node.model, cpu, mem, &free);
-            let left: u64 = free.iter().map(|&f| u64::from(f)).sum();
+            let frag_after = self.fragmentation(node.model, cpu, mem, &free);
             for &g in &gpus {
                 free[g] += ask.milli;
             }
-            // Expected milli-GPU lost per request (×1000) the placement adds;
-            // then pack (less free GPU left on the node) so empty nodes stay
-            // empty for big asks.
-            let delta = (after as i128 - before as i128) * 1000 * 1000 / wsum;
-            let frag = i64::try_from(delta).unwrap_or(i64::MAX);
-            let score = -frag.saturating_mul(16) - (left as i64 * self.pack.max(1)) / 1000;
+            // Expected milli-GPU the placement makes unusable, as a
+            // fraction over `wsum`.
+            let change = i128::from(frag_after) - i128::from(frag_before) + strand * wsum;
+            let score = squash(change, wsum);
             if best.as_ref().is_none_or(|(s, _)| score > *s) {
                 best = Some((score, gpus));
             }
@@ -296,6 +354,56 @@ mod tests {
             .unwrap();
         let b = Policy::BestFit.choose(&view(8000, &[500]), &ask).unwrap();
         assert!(b.score > a.score);
+    }
+
+    #[test]
+    fn squash_matches_the_float_sigmoid() {
+        for change in (-6000i128..=6000).step_by(7) {
+            let want = (100.0 / (1.0 + (change as f64 / 1000.0).exp())) as i64;
+            // Off by one only where the float rounds across a threshold.
+            let got = squash(change * 3, 3);
+            assert!((got - want).abs() <= 1, "{change}: {got} vs {want}");
+        }
+        assert_eq!(squash(0, 1), 50);
+        assert_eq!(squash(-40_006, 1000), 51);
+        assert_eq!(squash(1_000_000, 1), 0);
+        assert_eq!(squash(-1_000_000, 1), 99);
+    }
+
+    #[test]
+    fn cpu_that_cannot_feed_the_free_gpus_counts_as_stranded() {
+        let w = Workload {
+            types: Vec::new(),
+            cpu_per_gpu: 10_000,
+            mem_per_gpu: 0,
+        };
+        // 2 free GPUs need 20 cores at 10 cores per GPU; 15 feed 1.5.
+        assert_eq!(w.stranded(15_000, 0, 2000), 500);
+        assert_eq!(w.stranded(30_000, 0, 2000), 0);
+    }
+
+    #[test]
+    fn cpu_only_asks_go_where_cpu_is_spare() {
+        let gpu_ask = ShareAsk {
+            cpu: 10_000,
+            mem: 0,
+            count: 1,
+            milli: 1000,
+        };
+        let w = Workload::from_asks([(gpu_ask, u64::MAX)]);
+        let cpu_only = ShareAsk {
+            cpu: 12_000,
+            mem: 0,
+            count: 0,
+            milli: 0,
+        };
+        let policy = Policy::Fragmentation(w);
+        // 8 GPUs with 80 cores (just enough) vs 2 GPUs with 104 cores.
+        let tight = policy.choose(&view(80_000, &[1000; 8]), &cpu_only).unwrap();
+        let spare = policy
+            .choose(&view(104_000, &[1000; 2]), &cpu_only)
+            .unwrap();
+        assert!(spare.score > tight.score);
     }
 
     #[test]
