@@ -106,6 +106,7 @@ on_both_databases!(
     revoked_nodes_and_bad_credentials_are_rejected,
     a_real_agent_registers_reports_and_applies_a_layout,
     telemetry_is_deduplicated_and_acknowledged,
+    telemetry_survives_a_server_restart,
     invalid_layouts_are_rejected_with_the_reason,
 );
 
@@ -514,4 +515,59 @@ async fn wait_for(a: &Admin, pick: impl Fn(&Value) -> Option<Value>) -> Value {
     }
     let (_, nodes) = a.call(reqwest::Method::GET, "/api/v1/nodes", None).await;
     panic!("timed out; nodes: {nodes}");
+}
+
+/// A real agent keeps sampling while the server is down (spooling to disk) and resends
+/// after it is back: every sequence number arrives exactly once.
+async fn telemetry_survives_a_server_restart(db: Db) {
+    let mut a = Admin::new(db).await;
+    let (_, jt) = a.join_token(1).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut agent = tokio::process::Command::new(agent_bin())
+        .args(["--simulate", "--gpus", "H100-80GB", "--hostname", "spooler"])
+        .args(["--server", &a.app.base, "--join-token", &jt])
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--heartbeat-interval-s", "1", "--telemetry-interval-s", "1"])
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start tessera-agent");
+    let store = tessera_server::store::Store::connect(&a.app.database_url)
+        .await
+        .expect("db");
+    let node = wait_for(&a, |nodes| {
+        nodes["items"][0]["id"].as_str().map(|s| json!(s))
+    })
+    .await;
+    let node = uuid::Uuid::parse_str(node.as_str().expect("id")).expect("uuid");
+    let count = || async { store.count_samples(node).await.expect("count") };
+    while count().await < 2 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.app.stop().await;
+    let before = count().await;
+    // The agent samples into its spool while the server is away.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    a.app.start_again().await;
+    let mut seqs = Vec::new();
+    for _ in 0..100 {
+        let rows = store.recent_samples(node, 1000).await.expect("samples");
+        seqs = rows.iter().map(|r| r.seq).collect::<Vec<_>>();
+        if seqs.len() as i64 >= before + 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = agent.kill().await;
+    assert!(
+        seqs.len() as i64 >= before + 4,
+        "samples from the outage arrived: {seqs:?}"
+    );
+    let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
+    assert_eq!(
+        seqs, expected,
+        "every sequence number exactly once, no gaps"
+    );
 }

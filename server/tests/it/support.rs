@@ -15,7 +15,10 @@ pub enum Db {
 pub struct TestApp {
     pub base: String,
     pub database_url: String,
-    _shutdown: oneshot::Sender<()>,
+    config: ServeConfig,
+    addr: std::net::SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -88,8 +91,23 @@ impl TestApp {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let mut app = TestApp {
+            base: format!("http://{addr}"),
+            database_url,
+            config,
+            addr,
+            shutdown: None,
+            server: None,
+            _dir: dir,
+        };
+        app.serve(listener).await;
+        app
+    }
+
+    async fn serve(&mut self, listener: tokio::net::TcpListener) {
         let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(async move {
+        let config = self.config.clone();
+        self.server = Some(tokio::spawn(async move {
             if let Err(e) = tessera_server::run(config, listener, async {
                 let _ = rx.await;
             })
@@ -97,15 +115,27 @@ impl TestApp {
             {
                 panic!("server failed: {e:#}");
             }
-        });
-        let app = TestApp {
-            base: format!("http://{addr}"),
-            database_url,
-            _shutdown: tx,
-            _dir: dir,
-        };
-        app.wait_ready().await;
-        app
+        }));
+        self.shutdown = Some(tx);
+        self.wait_ready().await;
+    }
+
+    /// Shuts the server down (gracefully) and waits until it has stopped.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.server.take() {
+            h.await.expect("server task");
+        }
+    }
+
+    /// Starts the server again on the same address and database.
+    pub async fn start_again(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr)
+            .await
+            .expect("rebind");
+        self.serve(listener).await;
     }
 
     async fn wait_ready(&self) {
