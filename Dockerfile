@@ -6,9 +6,8 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 RUN rustup target add wasm32-unknown-unknown
 COPY . .
-# Release server + wasm bundle (site assets land in target/site/pkg).
-RUN cargo xtask build --release \
- && cargo build --release -p tessera-agent --bin tessera-agent
+# Release server, agent and wasm bundle (site assets land in target/site/pkg).
+RUN cargo xtask build --release
 
 FROM debian:bookworm-slim AS server
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
@@ -20,6 +19,7 @@ USER tessera
 WORKDIR /var/lib/tessera
 ENV TESSERA_BIND=0.0.0.0:3000 \
     TESSERA_SITE_ROOT=/usr/share/tessera/site \
+    TESSERA_NO_SIM=true \
     TESSERA_DATABASE_URL=sqlite:///var/lib/tessera/tessera.db?mode=rwc
 EXPOSE 3000
 HEALTHCHECK CMD ["/bin/sh", "-c", "exec 3<>/dev/tcp/127.0.0.1/3000"]
