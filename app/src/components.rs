@@ -1,9 +1,17 @@
-//! Small building blocks shared by pages.
+//! Small building blocks shared by pages: the signed-in layout, form errors, list states
+//! (loading, empty, pagination), error pages and times.
 
 use crate::api::{self, UiError};
+use chrono::{DateTime, Utc};
 use leptos::prelude::*;
 use leptos_router::components::{A, Redirect};
+use leptos_router::hooks::use_query_map;
 use tessera_domain::account::Me;
+use tessera_domain::error::AppError;
+use tessera_domain::tenancy::Page;
+
+/// Items per page on every list.
+pub const PAGE_SIZE: u32 = 25;
 
 /// Sets `body[data-hydrated]` once the wasm bundle has taken over, so browser tests (and
 /// curious humans) can tell a hydrated page from a server-rendered one.
@@ -19,40 +27,65 @@ pub fn mark_hydrated() {
     });
 }
 
+/// `true` once the wasm bundle runs; always `false` while rendering on the server.
+pub fn use_hydrated() -> ReadSignal<bool> {
+    let (hydrated, set) = signal(false);
+    Effect::new(move |_| set.set(true));
+    hydrated
+}
+
+/// Whether the signed-in user is a platform admin (see [`Authenticated`]).
+pub fn is_admin() -> bool {
+    use_context::<Me>().is_some_and(|me| me.is_admin)
+}
+
+/// The error of an action's last result, if it failed.
+pub fn error_of<T>(value: Option<Result<T, UiError>>) -> Option<UiError> {
+    value.and_then(Result::err)
+}
+
 /// The error message for one field, from the last submission.
-pub fn field_error(
-    value: impl Fn() -> Option<Result<(), UiError>> + Send + Sync + 'static,
+pub fn field_error<T: 'static>(
+    value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + 'static,
     field: &'static str,
 ) -> impl IntoView {
     move || {
-        value()
-            .and_then(|r| r.err())
-            .and_then(|e| e.for_field(field))
-            .map(|m| {
-                view! {
-                    <p class="field-error" id=format!("{field}-error") role="alert">
-                        {m}
-                    </p>
-                }
-            })
+        error_of(value()).and_then(|e| e.for_field(field)).map(|m| {
+            view! {
+                <p class="field-error" id=format!("{field}-error") role="alert">
+                    {m}
+                </p>
+            }
+        })
     }
 }
 
 /// The form-level error (anything not tied to a field).
-pub fn form_error(
-    value: impl Fn() -> Option<Result<(), UiError>> + Send + Sync + 'static,
+pub fn form_error<T: 'static>(
+    value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + 'static,
 ) -> impl IntoView {
     move || {
-        value()
-            .and_then(|r| r.err())
-            .and_then(|e| e.general())
-            .map(|m| {
-                view! {
-                    <div class="form-error" role="alert">
-                        {m}
-                    </div>
-                }
-            })
+        error_of(value()).and_then(|e| e.general()).map(|m| {
+            view! {
+                <div class="form-error" role="alert">
+                    {m}
+                </div>
+            }
+        })
+    }
+}
+
+/// What the user typed into `field`, as echoed back by a failed submission (so a form
+/// posted without JavaScript keeps its values); empty after a success, which clears the
+/// field for the next entry.
+pub fn echoed<T: 'static>(
+    value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + Copy + 'static,
+    field: &'static str,
+) -> impl Fn() -> String + Send + Sync + Copy + 'static {
+    move || {
+        error_of(value())
+            .and_then(|e| e.echoed(field))
+            .unwrap_or_default()
     }
 }
 
@@ -62,13 +95,17 @@ pub fn PasswordInput(
     name: &'static str,
     label: &'static str,
     #[prop(default = "current-password")] autocomplete: &'static str,
+    /// Overrides the element id (defaults to `name`), for forms repeated on one page.
+    #[prop(optional, into)]
+    id: Option<String>,
 ) -> impl IntoView {
     let visible = RwSignal::new(false);
+    let id = id.unwrap_or_else(|| name.to_owned());
     view! {
-        <label for=name>{label}</label>
+        <label for=id.clone()>{label}</label>
         <div class="password-input">
             <input
-                id=name
+                id=id.clone()
                 name=name
                 type=move || if visible.get() { "text" } else { "password" }
                 autocomplete=autocomplete
@@ -77,7 +114,7 @@ pub fn PasswordInput(
             <button
                 type="button"
                 class="toggle"
-                data-toggle-for=name
+                data-toggle-for=id
                 aria-label=move || if visible.get() { "Hide password" } else { "Show password" }
                 on:click=move |_| visible.update(|v| *v = !*v)
             >
@@ -94,7 +131,7 @@ pub fn Authenticated(children: ChildrenFn) -> impl IntoView {
     let me = Resource::new(|| (), |_| api::current_user());
     let children = StoredValue::new(children);
     view! {
-        <Suspense fallback=|| view! { <p class="loading">"Loading…"</p> }>
+        <Suspense fallback=Loading>
             {move || Suspend::new(async move {
                 match me.await {
                     Ok(Some(user)) => {
@@ -128,6 +165,18 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                 <A href="/" exact=true>
                     "Dashboard"
                 </A>
+                <A href="/nodes">"Nodes"</A>
+                <A href="/teams">"Teams"</A>
+                {me
+                    .is_admin
+                    .then(|| {
+                        view! {
+                            <span class="nav-group" aria-label="Administration">
+                                <A href="/admin/users">"Users"</A>
+                                <A href="/admin/join-tokens">"Join tokens"</A>
+                            </span>
+                        }
+                    })}
                 <A href="/account">"My account"</A>
             </nav>
             <div class="user">
@@ -143,5 +192,236 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
             </div>
         </header>
         <main class="content">{children()}</main>
+    }
+}
+
+/// Shown while a page or list loads for the first time.
+#[component]
+pub fn Loading() -> impl IntoView {
+    view! {
+        <p class="loading" role="status" aria-busy="true">
+            "Loading…"
+        </p>
+    }
+}
+
+/// A list with nothing in it: says so, and what to do next.
+#[component]
+pub fn Empty(children: Children) -> impl IntoView {
+    view! {
+        <div class="empty-state" role="status">
+            {children()}
+        </div>
+    }
+}
+
+/// A page whose data could not be shown: no permission, not found, or another failure.
+/// Sets the matching HTTP status when rendered on the server.
+#[component]
+pub fn Problem(error: AppError) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    if let Some(res) = use_context::<leptos_axum::ResponseOptions>()
+        && let Ok(code) = http::StatusCode::from_u16(error.status())
+    {
+        res.set_status(code);
+    }
+    match error {
+        AppError::Forbidden => view! {
+            <section class="problem" role="alert" data-testid="forbidden">
+                <h2>"You do not have permission to see this page"</h2>
+                <p>"It is for platform admins. Ask one if you need access."</p>
+                <a href="/">"Back to the dashboard"</a>
+            </section>
+        }
+        .into_any(),
+        AppError::NotFound => view! {
+            <section class="problem" role="alert" data-testid="not-found">
+                <h2>"Not found"</h2>
+                <p>"It does not exist, or you are not a member of its team."</p>
+                <a href="/">"Back to the dashboard"</a>
+            </section>
+        }
+        .into_any(),
+        AppError::Unauthorized => view! { <Redirect path="/login" /> }.into_any(),
+        other => view! {
+            <div class="form-error" role="alert">
+                {other.to_string()}
+            </div>
+        }
+        .into_any(),
+    }
+}
+
+/// Renders `children` for platform admins; everyone else reads that they may not. (The
+/// server refuses the data anyway; this only saves a round trip and says it kindly.)
+#[component]
+pub fn AdminOnly(children: Children) -> impl IntoView {
+    if is_admin() {
+        children().into_any()
+    } else {
+        view! { <Problem error=AppError::Forbidden /> }.into_any()
+    }
+}
+
+/// The `?offset=` of the current list page.
+pub fn use_offset() -> Memo<u32> {
+    let query = use_query_map();
+    Memo::new(move |_| {
+        query
+            .read()
+            .get("offset")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// "Showing 26–50 of 73" with previous/next links (`path?offset=…`), or nothing when the
+/// whole list fits on one page.
+pub fn pager<T: 'static>(page: &Page<T>, path: &str) -> impl IntoView + use<T> {
+    let shown = page.items.len() as u64;
+    let first = u64::from(page.offset) + 1;
+    let last = u64::from(page.offset) + shown;
+    let total = page.total;
+    let single = !page.has_prev() && !page.has_next();
+    let prev = page
+        .has_prev()
+        .then(|| format!("{path}?offset={}", page.offset.saturating_sub(page.limit)));
+    let next = page
+        .has_next()
+        .then(|| format!("{path}?offset={}", page.offset.saturating_add(page.limit)));
+    let summary = if shown == 0 {
+        format!("Nothing on this page ({total} in all)")
+    } else {
+        format!("Showing {first}–{last} of {total}")
+    };
+    (!single).then(|| {
+        view! {
+            <nav class="pager" aria-label="Pages">
+                <span class="range" data-testid="page-range">
+                    {summary}
+                </span>
+                {prev
+                    .map(|href| {
+                        view! {
+                            <a href=href rel="prev">
+                                "← Previous"
+                            </a>
+                        }
+                    })}
+                {next
+                    .map(|href| {
+                        view! {
+                            <a href=href rel="next">
+                                "Next →"
+                            </a>
+                        }
+                    })}
+            </nav>
+        }
+    })
+}
+
+/// The current time: the server's clock when rendering there, the browser's after hydration.
+pub fn now() -> DateTime<Utc> {
+    #[cfg(feature = "hydrate")]
+    {
+        DateTime::from_timestamp_millis(web_sys::js_sys::Date::now() as i64).unwrap_or_default()
+    }
+    #[cfg(not(feature = "hydrate"))]
+    {
+        Utc::now()
+    }
+}
+
+/// An absolute UTC time, to the minute.
+pub fn timestamp(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// "12 s ago", "in 3 h", "just now".
+pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let secs = (now - t).num_seconds();
+    let span = secs.unsigned_abs();
+    let amount = match span {
+        0..=4 => return "just now".to_owned(),
+        5..=59 => format!("{span} s"),
+        60..=3_599 => format!("{} min", span / 60),
+        3_600..=86_399 => format!("{} h", span / 3_600),
+        _ => format!("{} d", span / 86_400),
+    };
+    if secs > 0 {
+        format!("{amount} ago")
+    } else {
+        format!("in {amount}")
+    }
+}
+
+/// A time shown relative to now, with the exact time on hover.
+#[component]
+pub fn When(t: DateTime<Utc>) -> impl IntoView {
+    view! {
+        <time datetime=t.to_rfc3339() title=timestamp(t)>
+            {relative(t, now())}
+        </time>
+    }
+}
+
+/// This portal's address as the browser sees it (`https://gpu.example.org`), once hydrated.
+pub fn origin() -> Option<String> {
+    #[cfg(feature = "hydrate")]
+    {
+        window().location().origin().ok()
+    }
+    #[cfg(not(feature = "hydrate"))]
+    {
+        None
+    }
+}
+
+/// A secret shown exactly once, with what to do with it.
+#[component]
+pub fn SecretBox(
+    #[prop(into)] title: String,
+    secret: String,
+    /// A ready-to-run command that contains the secret, if any.
+    #[prop(optional)]
+    command: Option<String>,
+) -> impl IntoView {
+    view! {
+        <section class="secret-box" role="status" data-testid="secret-box">
+            <h3>{title}</h3>
+            <p>
+                <strong>"Copy it now: it will not be shown again."</strong>
+                " Only a hash is stored. Click the value to select it, then copy."
+            </p>
+            <code class="secret" data-testid="secret">
+                {secret}
+            </code>
+            {command
+                .map(|c| {
+                    view! {
+                        <p class="hint">"On the GPU host, run:"</p>
+                        <code class="secret command" data-testid="command">
+                            {c}
+                        </code>
+                    }
+                })}
+        </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_times_read_naturally() {
+        let now = DateTime::<Utc>::from_timestamp(1_000_000, 0).expect("time");
+        let at = |s: i64| now - chrono::Duration::seconds(s);
+        assert_eq!(relative(at(2), now), "just now");
+        assert_eq!(relative(at(42), now), "42 s ago");
+        assert_eq!(relative(at(150), now), "2 min ago");
+        assert_eq!(relative(at(-7_300), now), "in 2 h");
+        assert_eq!(relative(at(3 * 86_400), now), "3 d ago");
     }
 }

@@ -2,11 +2,19 @@
 
 mod account;
 mod dashboard;
+mod join_tokens;
 mod login;
+mod nodes;
+mod teams;
+mod users;
 
 pub use account::AccountPage;
 pub use dashboard::DashboardPage;
+pub use join_tokens::JoinTokensPage;
 pub use login::LoginPage;
+pub use nodes::NodesPage;
+pub use teams::{TeamPage, TeamsPage};
+pub use users::UsersPage;
 
 use leptos::prelude::*;
 

@@ -5,6 +5,8 @@ import { mkdirSync } from 'node:fs';
 export const BASE = process.env.TESSERA_URL ?? 'http://127.0.0.1:3000';
 export const ADMIN_PASSWORD = process.env.TESSERA_ADMIN_PASSWORD;
 if (!ADMIN_PASSWORD) throw new Error('set TESSERA_ADMIN_PASSWORD (cargo xtask e2e does)');
+// accounts.test.mjs (which runs first) changes the admin password to this.
+export const ADMIN_SECOND_PASSWORD = 'e2e second password 2';
 
 export async function launch() {
   return chromium.launch({
@@ -47,4 +49,19 @@ export async function signIn(page, username, password) {
   await page.fill('#username', username);
   await page.fill('#password', password);
   await page.click('button[type=submit]');
+}
+
+// Calls `check` (which may reload the page) until it returns true, for up to `timeoutMs`.
+export async function eventually(check, { timeoutMs = 30000, intervalMs = 1000, what = 'condition' } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < deadline) {
+    try {
+      if (await check()) return;
+    } catch (e) {
+      last = e;
+    }
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${last}` : ''}`);
 }

@@ -1,14 +1,23 @@
-use crate::api::ChangePassword;
-use crate::components::{Authenticated, PasswordInput, field_error, form_error};
+use crate::api::{self, ChangePassword, CreateToken, RevokeToken};
+use crate::components::{
+    Authenticated, Empty, Loading, PAGE_SIZE, PasswordInput, Problem, SecretBox, When, echoed,
+    field_error, form_error, pager, use_hydrated, use_offset,
+};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
+use tessera_domain::tenancy::{ApiTokenView, PageRequest};
 
 #[component]
 pub fn AccountPage() -> impl IntoView {
+    let create = ServerAction::<CreateToken>::new();
     view! {
         <Authenticated>
             <h1>"My account"</h1>
-            <ChangePasswordForm />
+            <div class="columns">
+                <ChangePasswordForm />
+                <CreateTokenForm action=create />
+            </div>
+            <TokenList create />
         </Authenticated>
     }
 }
@@ -57,5 +66,160 @@ fn ChangePasswordForm() -> impl IntoView {
                 </button>
             </ActionForm>
         </section>
+    }
+}
+
+#[component]
+fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
+    let value = move || action.value().get();
+    let hydrated = use_hydrated();
+    let name = echoed(value, "name");
+    let days = echoed(value, "expires_in_days");
+    let secret = move || {
+        action.value().get().and_then(Result::ok).map(|created| {
+            view! {
+                <SecretBox
+                    title=format!("New API token “{}”", created.token.name)
+                    secret=created.secret
+                />
+                <p class="hint">
+                    "Use it as " <code>"Authorization: Bearer <token>"</code>
+                    " against " <code>"/api/v1"</code> "; it acts as you, with your roles."
+                </p>
+            }
+        })
+    };
+    view! {
+        <section class="card">
+            <h2>"Create an API token"</h2>
+            {secret}
+            <ActionForm action=action attr:id="create-token" attr:novalidate=true>
+                {form_error(value)}
+                <label for="token-name">"Name"</label>
+                <input
+                    id="token-name"
+                    name="name"
+                    placeholder="laptop scripts"
+                    required
+                    autocomplete="off"
+                    value=name
+                    prop:value=name
+                />
+                {field_error(value, "name")}
+                <label for="token-days">"Expires in (days, optional)"</label>
+                <input
+                    id="token-days"
+                    name="expires_in_days"
+                    type="number"
+                    min="1"
+                    inputmode="numeric"
+                    placeholder="never"
+                    value=days
+                    prop:value=days
+                />
+                {field_error(value, "expires_in_days")}
+                <noscript>
+                    <p class="hint">
+                        "Creating a token needs JavaScript: its secret is shown only once, on this page."
+                    </p>
+                </noscript>
+                <button
+                    type="submit"
+                    class="primary"
+                    disabled=move || !hydrated.get() || action.pending().get()
+                >
+                    "Create token"
+                </button>
+            </ActionForm>
+        </section>
+    }
+}
+
+#[component]
+fn TokenList(create: ServerAction<CreateToken>) -> impl IntoView {
+    let offset = use_offset();
+    let revoke = ServerAction::<RevokeToken>::new();
+    let tokens = Resource::new(
+        move || (offset.get(), create.version().get(), revoke.version().get()),
+        |(offset, ..)| api::list_tokens(PageRequest::new(offset, PAGE_SIZE)),
+    );
+    view! {
+        <section class="card wide">
+            <h2>"API tokens"</h2>
+            {form_error(move || revoke.value().get())}
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match tokens.await {
+                        Ok(page) if page.total == 0 => {
+                            view! {
+                                <Empty>
+                                    "No API tokens. Create one to call the REST API from scripts."
+                                </Empty>
+                            }
+                                .into_any()
+                        }
+                        Ok(page) => {
+                            let pager = pager(&page, "/account");
+                            let rows = page
+                                .items
+                                .into_iter()
+                                .map(|token| view! { <TokenRow token revoke /> })
+                                .collect_view();
+                            view! {
+                                <table class="list" data-testid="api-tokens">
+                                    <thead>
+                                        <tr>
+                                            <th>"Name"</th>
+                                            <th>"Token"</th>
+                                            <th>"Created"</th>
+                                            <th>"Expires"</th>
+                                            <th>"Last used"</th>
+                                            <th></th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+#[component]
+fn TokenRow(token: ApiTokenView, revoke: ServerAction<RevokeToken>) -> impl IntoView {
+    let expires = match token.expires_at {
+        Some(t) => view! { <When t /> }.into_any(),
+        None => "never".into_any(),
+    };
+    let last_used = match token.last_used_at {
+        Some(t) => view! { <When t /> }.into_any(),
+        None => "never".into_any(),
+    };
+    view! {
+        <tr data-testid="api-token">
+            <td>{token.name.clone()}</td>
+            <td>
+                <code>{format!("{}…", token.prefix)}</code>
+            </td>
+            <td>
+                <When t=token.created_at />
+            </td>
+            <td>{expires}</td>
+            <td>{last_used}</td>
+            <td class="actions">
+                <ActionForm action=revoke attr:class="row-form">
+                    <input type="hidden" name="id" value=token.id.to_string() />
+                    <button type="submit" class="danger" disabled=move || revoke.pending().get()>
+                        "Revoke"
+                    </button>
+                </ActionForm>
+            </td>
+        </tr>
     }
 }

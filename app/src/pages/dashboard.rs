@@ -1,5 +1,11 @@
-use crate::components::Authenticated;
+use crate::api;
+use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
 use leptos::prelude::*;
+use std::time::Duration;
+use tessera_domain::cluster::ClusterSummary;
+
+/// How often the dashboard re-reads the cluster summary once hydrated.
+const REFRESH: Duration = Duration::from_secs(10);
 
 #[component]
 pub fn DashboardPage() -> impl IntoView {
@@ -7,10 +13,7 @@ pub fn DashboardPage() -> impl IntoView {
         <Authenticated>
             <h1>"Dashboard"</h1>
             <div class="panels">
-                <NotBuiltPanel
-                    title="Cluster"
-                    text="Nodes, GPUs and MIG layout will appear here once node registration is built."
-                />
+                <ClusterPanel />
                 <NotBuiltPanel
                     title="My allocations"
                     text="Requests for MIG slices and whole GPUs are not built yet."
@@ -21,6 +24,92 @@ pub fn DashboardPage() -> impl IntoView {
                 />
             </div>
         </Authenticated>
+    }
+}
+
+/// Nodes, GPUs and MIG instances across the cluster; refreshes itself while open.
+#[component]
+fn ClusterPanel() -> impl IntoView {
+    let tick = RwSignal::new(0u32);
+    Effect::new(move |_| {
+        if let Ok(handle) =
+            set_interval_with_handle(move || tick.update(|t| *t = t.wrapping_add(1)), REFRESH)
+        {
+            on_cleanup(move || handle.clear());
+        }
+    });
+    let summary = Resource::new(move || tick.get(), |_| api::get_cluster_summary());
+    view! {
+        <section class="panel cluster" aria-label="Cluster" data-testid="cluster-summary">
+            <h2>"Cluster"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match summary.await {
+                        Ok(s) if s.nodes_total == 0 => view! { <NoNodes /> }.into_any(),
+                        Ok(s) => view! { <ClusterFacts s /> }.into_any(),
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+#[component]
+fn NoNodes() -> impl IntoView {
+    view! {
+        <Empty>
+            <p>
+                "No nodes yet — an admin can create a join token and start "
+                <code>"tessera-agent"</code> " on a GPU host."
+            </p>
+            {is_admin()
+                .then(|| view! { <a href="/admin/join-tokens">"Create a join token →"</a> })}
+        </Empty>
+    }
+}
+
+#[component]
+fn ClusterFacts(s: ClusterSummary) -> impl IntoView {
+    let models = s
+        .gpus_by_model
+        .iter()
+        .map(|(model, n)| {
+            view! {
+                <li data-testid="gpu-model">
+                    <span class="count">{*n} "×"</span>
+                    " "
+                    {model.clone()}
+                </li>
+            }
+        })
+        .collect_view();
+    let offline = s.nodes_total - s.nodes_online;
+    view! {
+        <dl class="facts">
+            <dt>"Nodes online"</dt>
+            <dd data-testid="nodes-online">
+                <strong>{s.nodes_online}</strong>
+                " / "
+                {s.nodes_total}
+                {(offline > 0)
+                    .then(|| view! { <span class="badge warn">{offline} " offline"</span> })}
+            </dd>
+            <dt>"GPUs"</dt>
+            <dd data-testid="gpus-total">
+                <strong>{s.gpus_total}</strong>
+            </dd>
+            <dt>"MIG"</dt>
+            <dd>{s.mig_enabled_gpus} " on · " {s.mig_disabled_gpus} " off"</dd>
+            <dt>"MIG instances"</dt>
+            <dd data-testid="instances">
+                {s.instances_in_use} " in use · " {s.instances_free} " free"
+            </dd>
+        </dl>
+        <ul class="models" aria-label="GPUs by model">
+            {models}
+        </ul>
+        <a href="/nodes">"See nodes →"</a>
     }
 }
 

@@ -1,0 +1,232 @@
+//! Platform admins create node join tokens (shown once, with the agent command) and revoke
+//! them.
+
+use crate::api::{self, CreateJoinToken, RevokeJoinToken};
+use crate::components::{
+    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, echoed,
+    field_error, form_error, now, origin, pager, use_hydrated, use_offset,
+};
+use leptos::prelude::*;
+use tessera_domain::tenancy::{JoinTokenView, PageRequest};
+
+#[component]
+pub fn JoinTokensPage() -> impl IntoView {
+    view! {
+        <Authenticated>
+            <h1>"Join tokens"</h1>
+            <AdminOnly>
+                <JoinTokenAdmin />
+            </AdminOnly>
+        </Authenticated>
+    }
+}
+
+#[component]
+fn JoinTokenAdmin() -> impl IntoView {
+    let offset = use_offset();
+    let create = ServerAction::<CreateJoinToken>::new();
+    let revoke = ServerAction::<RevokeJoinToken>::new();
+    let tokens = Resource::new(
+        move || (offset.get(), create.version().get(), revoke.version().get()),
+        |(offset, ..)| api::list_join_tokens(PageRequest::new(offset, PAGE_SIZE)),
+    );
+    view! {
+        <p class="hint">
+            "A join token lets a GPU host register once with "
+            <code>"tessera-agent"</code>
+            "; the node then gets its own credential. Tokens expire, and each use counts."
+        </p>
+        <CreateJoinTokenForm action=create />
+        <section class="card wide">
+            <h2>"Tokens"</h2>
+            {form_error(move || revoke.value().get())}
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match tokens.await {
+                        Ok(page) if page.total == 0 => {
+                            view! {
+                                <Empty>"No join tokens yet. Create one above to add a node."</Empty>
+                            }
+                                .into_any()
+                        }
+                        Ok(page) => {
+                            let pager = pager(&page, "/admin/join-tokens");
+                            let rows = page
+                                .items
+                                .into_iter()
+                                .map(|token| view! { <JoinTokenRow token revoke /> })
+                                .collect_view();
+                            view! {
+                                <table class="list" data-testid="join-tokens">
+                                    <thead>
+                                        <tr>
+                                            <th>"Note"</th>
+                                            <th>"Token"</th>
+                                            <th>"Uses"</th>
+                                            <th>"Expires"</th>
+                                            <th>"Status"</th>
+                                            <th>"Created"</th>
+                                            <th></th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+fn status(token: &JoinTokenView) -> (&'static str, &'static str) {
+    if token.revoked {
+        ("revoked", "badge danger")
+    } else if token.uses >= token.max_uses {
+        ("used up", "badge muted")
+    } else if !token.usable(now()) {
+        ("expired", "badge muted")
+    } else {
+        ("usable", "badge ok")
+    }
+}
+
+#[component]
+fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> impl IntoView {
+    let (label, class) = status(&token);
+    let note = if token.note.is_empty() {
+        "—".to_owned()
+    } else {
+        token.note.clone()
+    };
+    view! {
+        <tr data-testid="join-token">
+            <td>{note}</td>
+            <td>
+                <code>{format!("{}…", token.prefix)}</code>
+            </td>
+            <td>{token.uses} " / " {token.max_uses}</td>
+            <td>
+                <When t=token.expires_at />
+            </td>
+            <td>
+                <span class=class>{label}</span>
+            </td>
+            <td>
+                <When t=token.created_at />
+            </td>
+            <td class="actions">
+                {(!token.revoked)
+                    .then(|| {
+                        view! {
+                            <ActionForm action=revoke attr:class="row-form">
+                                <input type="hidden" name="id" value=token.id.to_string() />
+                                <button
+                                    type="submit"
+                                    class="danger"
+                                    disabled=move || revoke.pending().get()
+                                >
+                                    "Revoke"
+                                </button>
+                            </ActionForm>
+                        }
+                    })}
+            </td>
+        </tr>
+    }
+}
+
+#[component]
+fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
+    let value = move || action.value().get();
+    let hydrated = use_hydrated();
+    let or = |field: &'static str, default: &'static str| {
+        let echo = echoed(value, field);
+        move || {
+            let typed = echo();
+            if typed.is_empty() {
+                default.to_owned()
+            } else {
+                typed
+            }
+        }
+    };
+    let note = echoed(value, "note");
+    let max_uses = or("max_uses", "1");
+    let hours = or("expires_in_hours", "24");
+    let secret = move || {
+        action.value().get().and_then(Result::ok).map(|created| {
+            let server = origin().unwrap_or_else(|| "https://THIS-PORTAL".to_owned());
+            let command = format!(
+                "tessera-agent --server {server} --join-token {}",
+                created.secret
+            );
+            view! {
+                <SecretBox title="New join token" secret=created.secret command />
+            }
+        })
+    };
+    view! {
+        <section class="card">
+            <h2>"Create a join token"</h2>
+            {secret}
+            <ActionForm action=action attr:id="create-join-token" attr:novalidate=true>
+                {form_error(value)}
+                <label for="join-note">"Note"</label>
+                <input
+                    id="join-note"
+                    name="note"
+                    placeholder="rack 4, gpu-node-17"
+                    autocomplete="off"
+                    value=note
+                    prop:value=note
+                />
+                {field_error(value, "note")}
+                <div class="field-row">
+                    <div>
+                        <label for="join-max-uses">"Max uses"</label>
+                        <input
+                            id="join-max-uses"
+                            name="max_uses"
+                            type="number"
+                            min="1"
+                            inputmode="numeric"
+                            value=max_uses
+                            prop:value=max_uses
+                        />
+                        {field_error(value, "max_uses")}
+                    </div>
+                    <div>
+                        <label for="join-hours">"Expires in (hours)"</label>
+                        <input
+                            id="join-hours"
+                            name="expires_in_hours"
+                            type="number"
+                            min="1"
+                            inputmode="numeric"
+                            value=hours
+                            prop:value=hours
+                        />
+                        {field_error(value, "expires_in_hours")}
+                    </div>
+                </div>
+                <noscript>
+                    <p class="hint">
+                        "Creating a token needs JavaScript: its secret is shown only once, on this page."
+                    </p>
+                </noscript>
+                <button
+                    type="submit"
+                    class="primary"
+                    disabled=move || !hydrated.get() || action.pending().get()
+                >
+                    "Create join token"
+                </button>
+            </ActionForm>
+        </section>
+    }
+}

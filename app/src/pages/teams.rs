@@ -1,0 +1,517 @@
+//! Teams: the list (platform admins see all, others their own) and one team's page with its
+//! members. Another team's page answers exactly like a missing one: "Not found".
+
+use crate::api::{
+    self, AddMember, ChangeRole, CreateTeam, RemoveMember, RenameTeam, SetTeamArchived,
+};
+use crate::components::{
+    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, field_error, form_error,
+    is_admin, pager, use_offset,
+};
+use leptos::prelude::*;
+use leptos_router::hooks::use_params_map;
+use tessera_domain::tenancy::{MemberView, PageRequest, TeamRole, TeamView};
+
+#[component]
+pub fn TeamsPage() -> impl IntoView {
+    view! {
+        <Authenticated>
+            <h1>"Teams"</h1>
+            <TeamList />
+        </Authenticated>
+    }
+}
+
+#[component]
+fn TeamList() -> impl IntoView {
+    let offset = use_offset();
+    let admin = is_admin();
+    let create = ServerAction::<CreateTeam>::new();
+    let teams = Resource::new(
+        move || (offset.get(), create.version().get()),
+        |(offset, _)| api::list_teams(PageRequest::new(offset, PAGE_SIZE)),
+    );
+    view! {
+        {admin.then(|| view! { <CreateTeamForm action=create /> })}
+        <section class="card wide">
+            <h2>{if admin { "All teams" } else { "Your teams" }}</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match teams.await {
+                        Ok(page) if page.total == 0 => {
+                            view! {
+                                <Empty>
+                                    {if admin {
+                                        "No teams yet. Create the first one above."
+                                    } else {
+                                        "You are not in any team yet. Ask a team admin to add you."
+                                    }}
+                                </Empty>
+                            }
+                                .into_any()
+                        }
+                        Ok(page) => {
+                            let pager = pager(&page, "/teams");
+                            let rows = page.items.into_iter().map(team_row).collect_view();
+                            view! {
+                                <table class="list" data-testid="teams">
+                                    <thead>
+                                        <tr>
+                                            <th>"Name"</th>
+                                            <th>"Members"</th>
+                                            <th>"Your role"</th>
+                                            <th>"Created"</th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+fn team_row(team: TeamView) -> impl IntoView {
+    view! {
+        <tr>
+            <td>
+                <a href=format!("/teams/{}", team.id)>{team.name.clone()}</a>
+                {team.archived.then(|| view! { " " <span class="badge muted">"archived"</span> })}
+            </td>
+            <td>{team.member_count}</td>
+            <td>{role_label(team.my_role)}</td>
+            <td>
+                <When t=team.created_at />
+            </td>
+        </tr>
+    }
+}
+
+fn role_label(role: Option<TeamRole>) -> &'static str {
+    role.map_or("—", TeamRole::label)
+}
+
+#[component]
+fn CreateTeamForm(action: ServerAction<CreateTeam>) -> impl IntoView {
+    let value = move || action.value().get();
+    let created = move || {
+        action.value().get().and_then(Result::ok).map(|t| {
+            view! {
+                <div class="notice" role="status">
+                    "Team " <a href=format!("/teams/{}", t.id)>{t.name}</a> " created."
+                </div>
+            }
+        })
+    };
+    let name = echoed(value, "name");
+    view! {
+        <section class="card">
+            <h2>"Create a team"</h2>
+            {created}
+            <ActionForm action=action attr:id="create-team" attr:novalidate=true>
+                {form_error(value)}
+                <label for="team-name">"Name"</label>
+                <input
+                    id="team-name"
+                    name="name"
+                    required
+                    autocomplete="off"
+                    value=name
+                    prop:value=name
+                />
+                {field_error(value, "name")}
+                <p class="hint">"2–64 letters, digits, spaces, '-', '_' or '.'."</p>
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    "Create team"
+                </button>
+            </ActionForm>
+        </section>
+    }
+}
+
+/// The team page's mutations; every one refreshes the team and its members.
+#[derive(Clone, Copy)]
+struct TeamActions {
+    rename: ServerAction<RenameTeam>,
+    archive: ServerAction<SetTeamArchived>,
+    add: ServerAction<AddMember>,
+    change: ServerAction<ChangeRole>,
+    remove: ServerAction<RemoveMember>,
+}
+
+impl TeamActions {
+    fn version(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.rename.version().get(),
+            self.archive.version().get(),
+            self.add.version().get(),
+            self.change.version().get(),
+            self.remove.version().get(),
+        )
+    }
+}
+
+#[component]
+pub fn TeamPage() -> impl IntoView {
+    view! {
+        <Authenticated>
+            <TeamDetail />
+        </Authenticated>
+    }
+}
+
+#[component]
+fn TeamDetail() -> impl IntoView {
+    let params = use_params_map();
+    let id = Memo::new(move |_| params.read().get("id").unwrap_or_default());
+    let offset = use_offset();
+    let actions = TeamActions {
+        rename: ServerAction::new(),
+        archive: ServerAction::new(),
+        add: ServerAction::new(),
+        change: ServerAction::new(),
+        remove: ServerAction::new(),
+    };
+    let team = Resource::new(
+        move || (id.get(), actions.version()),
+        |(id, _)| api::get_team(id),
+    );
+    let members = Resource::new(
+        move || (id.get(), offset.get(), actions.version()),
+        |(id, offset, _)| api::list_members(id, PageRequest::new(offset, PAGE_SIZE)),
+    );
+    view! {
+        <Transition fallback=Loading>
+            {move || Suspend::new(async move {
+                match team.await {
+                    Ok(team) => view! { <TeamOverview team members actions /> }.into_any(),
+                    Err(e) => {
+                        view! {
+                            <h1>"Team"</h1>
+                            <Problem error=e.error />
+                        }
+                            .into_any()
+                    }
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn TeamOverview(
+    team: TeamView,
+    members: Resource<Result<tessera_domain::tenancy::Page<MemberView>, api::UiError>>,
+    actions: TeamActions,
+) -> impl IntoView {
+    let platform_admin = is_admin();
+    let writable = !team.archived;
+    let manages =
+        writable && (platform_admin || team.my_role.is_some_and(TeamRole::manages_members));
+    let team_id = team.id.to_string();
+    let path = format!("/teams/{team_id}");
+    let my_role = match team.my_role {
+        Some(r) => r.label(),
+        None => "not a member (platform admin)",
+    };
+    let member_list = {
+        let team_id = team_id.clone();
+        move || {
+            let team_id = team_id.clone();
+            let path = path.clone();
+            Suspend::new(async move {
+                match members.await {
+                    Ok(page) if page.total == 0 => {
+                        view! { <Empty>"No members yet."</Empty> }.into_any()
+                    }
+                    Ok(page) => {
+                        let pager = pager(&page, &path);
+                        let rows = page
+                            .items
+                            .into_iter()
+                            .map(|m| {
+                                view! {
+                                    <MemberRow member=m team_id=team_id.clone() manages actions />
+                                }
+                            })
+                            .collect_view();
+                        view! {
+                            <table class="list" data-testid="members">
+                                <thead>
+                                    <tr>
+                                        <th>"User"</th>
+                                        <th>"Role"</th>
+                                        <th>"Added"</th>
+                                        {manages.then(|| view! { <th>"Manage"</th> })}
+                                    </tr>
+                                </thead>
+                                <tbody>{rows}</tbody>
+                            </table>
+                            {pager}
+                        }
+                        .into_any()
+                    }
+                    Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                }
+            })
+        }
+    };
+    let member_notice = move || {
+        let change = actions.change.value().get().and_then(Result::ok);
+        let add = actions.add.value().get().and_then(Result::ok);
+        change
+            .map(|m| format!("{} is now {}.", m.username, m.role.label()))
+            .or_else(|| add.map(|m| format!("{} added as {}.", m.username, m.role.label())))
+            .map(|text| view! { <div class="notice" role="status">{text}</div> })
+    };
+    view! {
+        <h1>
+            {team.name.clone()}
+            {team.archived.then(|| view! { " " <span class="badge muted">"archived"</span> })}
+        </h1>
+        <p class="hint" data-testid="my-role">
+            "Your role: " {my_role} " · " {team.member_count} " members · created "
+            <When t=team.created_at />
+        </p>
+        {team
+            .archived
+            .then(|| {
+                view! {
+                    <div class="notice muted" role="status">
+                        "This team is archived and read-only."
+                    </div>
+                }
+            })}
+        <section class="card wide">
+            <h2>"Members"</h2>
+            {member_notice}
+            {form_error(move || actions.change.value().get())}
+            {form_error(move || actions.remove.value().get())}
+            <Transition fallback=Loading>{member_list}</Transition>
+        </section>
+        <div class="columns">
+            {manages
+                .then(|| view! { <AddMemberForm team_id=team_id.clone() action=actions.add /> })}
+            {manages
+                .then(|| {
+                    view! {
+                        <RenameTeamForm
+                            team_id=team_id.clone()
+                            name=team.name.clone()
+                            action=actions.rename
+                        />
+                    }
+                })}
+            {platform_admin
+                .then(|| {
+                    view! {
+                        <ArchiveTeamForm
+                            team_id=team_id.clone()
+                            archived=team.archived
+                            action=actions.archive
+                        />
+                    }
+                })}
+        </div>
+    }
+}
+
+#[component]
+fn RoleSelect(
+    #[prop(into)] id: String,
+    #[prop(into)] selected: Signal<String>,
+    #[prop(optional)] label: Option<&'static str>,
+) -> impl IntoView {
+    let options = TeamRole::ALL
+        .iter()
+        .map(|r| {
+            let value = r.as_str();
+            view! {
+                <option value=value selected=move || selected.get() == value>
+                    {r.label()}
+                </option>
+            }
+        })
+        .collect_view();
+    view! {
+        {label.map(|l| view! { <label for=id.clone()>{l}</label> })}
+        <select id=id name="role" prop:value=move || selected.get()>
+            {options}
+        </select>
+    }
+}
+
+#[component]
+fn MemberRow(
+    member: MemberView,
+    team_id: String,
+    manages: bool,
+    actions: TeamActions,
+) -> impl IntoView {
+    let user_id = member.user_id.to_string();
+    let role_label = format!("Role of {}", member.username);
+    let manage = manages.then(|| {
+        let role_id = format!("role-{user_id}");
+        let role = member.role.as_str().to_owned();
+        let (team_a, user_a) = (team_id.clone(), user_id.clone());
+        let (team_b, user_b) = (team_id, user_id);
+        view! {
+            <td class="actions">
+                <ActionForm action=actions.change attr:class="row-form">
+                    <input type="hidden" name="team_id" value=team_a />
+                    <input type="hidden" name="user_id" value=user_a />
+                    <label class="visually-hidden" for=role_id.clone()>
+                        {role_label}
+                    </label>
+                    <RoleSelect id=role_id selected=Signal::derive(move || role.clone()) />
+                    <button type="submit" disabled=move || actions.change.pending().get()>
+                        "Change"
+                    </button>
+                </ActionForm>
+                <ActionForm action=actions.remove attr:class="row-form">
+                    <input type="hidden" name="team_id" value=team_b />
+                    <input type="hidden" name="user_id" value=user_b />
+                    <button
+                        type="submit"
+                        class="danger"
+                        disabled=move || actions.remove.pending().get()
+                    >
+                        "Remove"
+                    </button>
+                </ActionForm>
+            </td>
+        }
+    });
+    view! {
+        <tr data-testid="member" data-username=member.username.clone()>
+            <td>
+                {member.username.clone()}
+                {member
+                    .disabled
+                    .then(|| view! { " " <span class="badge danger">"disabled"</span> })}
+            </td>
+            <td data-testid="member-role">{member.role.label()}</td>
+            <td>
+                <When t=member.added_at />
+            </td>
+            {manage}
+        </tr>
+    }
+}
+
+#[component]
+fn AddMemberForm(team_id: String, action: ServerAction<AddMember>) -> impl IntoView {
+    let value = move || action.value().get();
+    let username = echoed(value, "username");
+    let role = echoed(value, "role");
+    let selected = Signal::derive(move || {
+        let r = role();
+        if r.is_empty() { "member".to_owned() } else { r }
+    });
+    view! {
+        <section class="card">
+            <h2>"Add a member"</h2>
+            <ActionForm action=action attr:id="add-member" attr:novalidate=true>
+                <input type="hidden" name="team_id" value=team_id />
+                {form_error(value)}
+                <label for="member-username">"Username"</label>
+                <input
+                    id="member-username"
+                    name="username"
+                    required
+                    autocomplete="off"
+                    value=username
+                    prop:value=username
+                />
+                {field_error(value, "username")}
+                <RoleSelect id="member-role" selected label="Role" />
+                {field_error(value, "role")}
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    "Add member"
+                </button>
+            </ActionForm>
+        </section>
+    }
+}
+
+#[component]
+fn RenameTeamForm(
+    team_id: String,
+    name: String,
+    action: ServerAction<RenameTeam>,
+) -> impl IntoView {
+    let value = move || action.value().get();
+    let echo = echoed(value, "name");
+    let current = move || {
+        let typed = echo();
+        if typed.is_empty() {
+            name.clone()
+        } else {
+            typed
+        }
+    };
+    view! {
+        <section class="card">
+            <h2>"Rename"</h2>
+            <ActionForm action=action attr:id="rename-team" attr:novalidate=true>
+                <input type="hidden" name="team_id" value=team_id />
+                {form_error(value)}
+                <label for="rename-name">"Name"</label>
+                <input
+                    id="rename-name"
+                    name="name"
+                    required
+                    autocomplete="off"
+                    value=current.clone()
+                    prop:value=current
+                />
+                {field_error(value, "name")}
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    "Rename team"
+                </button>
+            </ActionForm>
+        </section>
+    }
+}
+
+#[component]
+fn ArchiveTeamForm(
+    team_id: String,
+    archived: bool,
+    action: ServerAction<SetTeamArchived>,
+) -> impl IntoView {
+    let value = move || action.value().get();
+    let (title, text, button) = if archived {
+        (
+            "Unarchive",
+            "Members can be changed again.",
+            "Unarchive team",
+        )
+    } else {
+        (
+            "Archive",
+            "An archived team is read-only: its members stay, but nobody can change them.",
+            "Archive team",
+        )
+    };
+    view! {
+        <section class="card">
+            <h2>{title}</h2>
+            <p class="hint">{text}</p>
+            <ActionForm action=action attr:id="archive-team">
+                <input type="hidden" name="team_id" value=team_id />
+                <input type="hidden" name="archived" value=(!archived).to_string() />
+                {form_error(value)}
+                <button type="submit" disabled=move || action.pending().get()>
+                    {button}
+                </button>
+            </ActionForm>
+        </section>
+    }
+}

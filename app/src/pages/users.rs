@@ -1,0 +1,267 @@
+//! Platform admins manage user accounts: create, disable/enable, reset a password.
+
+use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled};
+use crate::components::{
+    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, PasswordInput, Problem, When, echoed,
+    error_of, field_error, form_error, pager, use_offset,
+};
+use leptos::prelude::*;
+use tessera_domain::tenancy::{PageRequest, UserView};
+
+#[component]
+pub fn UsersPage() -> impl IntoView {
+    view! {
+        <Authenticated>
+            <h1>"Users"</h1>
+            <AdminOnly>
+                <UserAdmin />
+            </AdminOnly>
+        </Authenticated>
+    }
+}
+
+/// One action per kind for the page; `reset_target` remembers whose password form was
+/// submitted last, so its errors show next to it (after hydration). A reset changes nothing
+/// the list shows, so it does not reload the list (which would close the open form).
+#[derive(Clone, Copy)]
+struct UserActions {
+    disable: ServerAction<SetUserDisabled>,
+    reset: ServerAction<ResetPassword>,
+    reset_target: RwSignal<Option<String>>,
+}
+
+#[component]
+fn UserAdmin() -> impl IntoView {
+    let offset = use_offset();
+    let create = ServerAction::<CreateUser>::new();
+    let actions = UserActions {
+        disable: ServerAction::new(),
+        reset: ServerAction::new(),
+        reset_target: RwSignal::new(None),
+    };
+    let users = Resource::new(
+        move || {
+            (
+                offset.get(),
+                create.version().get(),
+                actions.disable.version().get(),
+            )
+        },
+        |(offset, ..)| api::list_users(PageRequest::new(offset, PAGE_SIZE)),
+    );
+    let notice = move || {
+        let disabled = actions.disable.value().get().and_then(Result::ok).map(|u| {
+            if u.disabled {
+                format!(
+                    "{} is disabled; their sessions and tokens stop working.",
+                    u.username
+                )
+            } else {
+                format!("{} is enabled again.", u.username)
+            }
+        });
+        disabled.map(|text| view! { <div class="notice" role="status">{text}</div> })
+    };
+    // Without JavaScript nobody knows whose reset failed: say it at the top.
+    let reset_error = move || {
+        actions
+            .reset_target
+            .get()
+            .is_none()
+            .then(|| error_of(actions.reset.value().get()))
+            .flatten()
+            .map(|e| {
+                view! {
+                    <div class="form-error" role="alert">
+                        {format!("Could not reset the password: {}", e.error)}
+                    </div>
+                }
+            })
+    };
+    view! {
+        <CreateUserForm action=create />
+        <section class="card wide">
+            <h2>"All users"</h2>
+            {notice}
+            {form_error(move || actions.disable.value().get())}
+            {reset_error}
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match users.await {
+                        Ok(page) if page.total == 0 => {
+                            view! { <Empty>"No users yet."</Empty> }.into_any()
+                        }
+                        Ok(page) => {
+                            let pager = pager(&page, "/admin/users");
+                            let rows = page
+                                .items
+                                .into_iter()
+                                .map(|user| view! { <UserRow user actions /> })
+                                .collect_view();
+                            view! {
+                                <table class="list" data-testid="users">
+                                    <thead>
+                                        <tr>
+                                            <th>"Username"</th>
+                                            <th>"Created"</th>
+                                            <th>"Manage"</th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+#[component]
+fn UserRow(user: UserView, actions: UserActions) -> impl IntoView {
+    let id = user.id.to_string();
+    let reset_id = format!("reset-{id}");
+    let mine = {
+        let id = id.clone();
+        Memo::new(move |_| actions.reset_target.read().as_deref() == Some(id.as_str()))
+    };
+    let value = move || {
+        if mine.get() {
+            actions.reset.value().get()
+        } else {
+            None
+        }
+    };
+    let done =
+        move || mine.get() && !actions.reset.pending().get() && matches!(value(), Some(Ok(_)));
+    // A password set here must not linger in the field.
+    let form = NodeRef::<leptos::html::Form>::new();
+    Effect::new(move |_| {
+        if matches!(value(), Some(Ok(_)))
+            && let Some(form) = form.get()
+        {
+            form.reset();
+        }
+    });
+    let target_id = id.clone();
+    let disable_id = id.clone();
+    view! {
+        <tr data-testid="user" data-username=user.username.clone()>
+            <td>
+                <strong>{user.username.clone()}</strong>
+                {user.is_admin.then(|| view! { " " <span class="badge">"admin"</span> })}
+                {user.disabled.then(|| view! { " " <span class="badge danger">"disabled"</span> })}
+            </td>
+            <td>
+                <When t=user.created_at />
+            </td>
+            <td class="actions">
+                <ActionForm action=actions.disable attr:class="row-form">
+                    <input type="hidden" name="user_id" value=disable_id />
+                    <input type="hidden" name="disabled" value=(!user.disabled).to_string() />
+                    <button
+                        type="submit"
+                        class=if user.disabled { "" } else { "danger" }
+                        disabled=move || actions.disable.pending().get()
+                    >
+                        {if user.disabled { "Enable" } else { "Disable" }}
+                    </button>
+                </ActionForm>
+                <details class="row-details">
+                    <summary>"Reset password"</summary>
+                    <ActionForm action=actions.reset node_ref=form attr:novalidate=true>
+                        <input type="hidden" name="user_id" value=id />
+                        {form_error(value)}
+                        <PasswordInput
+                            name="password"
+                            id=reset_id
+                            label="New password"
+                            autocomplete="new-password"
+                        />
+                        {field_error(value, "password")}
+                        <p class="hint">"At least 12 characters. Their sessions end."</p>
+                        <button
+                            type="submit"
+                            on:click=move |_| actions.reset_target.set(Some(target_id.clone()))
+                            disabled=move || actions.reset.pending().get()
+                        >
+                            "Set password"
+                        </button>
+                        {move || {
+                            done()
+                                .then(|| {
+                                    view! {
+                                        <div class="notice" role="status">
+                                            "Password set."
+                                        </div>
+                                    }
+                                })
+                        }}
+                    </ActionForm>
+                </details>
+            </td>
+        </tr>
+    }
+}
+
+#[component]
+fn CreateUserForm(action: ServerAction<CreateUser>) -> impl IntoView {
+    let value = move || action.value().get();
+    let username = echoed(value, "username");
+    let form = NodeRef::<leptos::html::Form>::new();
+    // A created account's password must not linger in the form.
+    Effect::new(move |_| {
+        if matches!(action.value().get(), Some(Ok(_)))
+            && let Some(form) = form.get()
+        {
+            form.reset();
+        }
+    });
+    let created = move || {
+        action.value().get().and_then(Result::ok).map(|u| {
+            view! {
+                <div class="notice" role="status">
+                    {format!("User {} created.", u.username)}
+                </div>
+            }
+        })
+    };
+    view! {
+        <section class="card">
+            <h2>"Create a user"</h2>
+            {created}
+            <ActionForm action=action node_ref=form attr:id="create-user" attr:novalidate=true>
+                {form_error(value)}
+                <label for="new-username">"Username"</label>
+                <input
+                    id="new-username"
+                    name="username"
+                    required
+                    autocomplete="off"
+                    value=username
+                    prop:value=username
+                />
+                {field_error(value, "username")}
+                <PasswordInput
+                    name="password"
+                    id="new-user-password"
+                    label="Initial password"
+                    autocomplete="new-password"
+                />
+                {field_error(value, "password")}
+                <p class="hint">"At least 12 characters. Tell it to the user; they can change it."</p>
+                <label class="check">
+                    <input type="checkbox" name="is_admin" value="true" />
+                    " Platform admin (manages users, teams and nodes)"
+                </label>
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    "Create user"
+                </button>
+            </ActionForm>
+        </section>
+    }
+}
