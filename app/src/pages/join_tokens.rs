@@ -98,6 +98,7 @@ fn status(token: &JoinTokenView) -> (&'static str, &'static str) {
 #[component]
 fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> impl IntoView {
     let (label, class) = status(&token);
+    let revocable = label == "usable";
     let note = if token.note.is_empty() {
         "—".to_owned()
     } else {
@@ -120,7 +121,7 @@ fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> 
                 <When t=token.created_at />
             </td>
             <td class="actions">
-                {(!token.revoked)
+                {revocable
                     .then(|| {
                         view! {
                             <ActionForm action=revoke attr:class="row-form">

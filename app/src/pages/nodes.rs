@@ -8,6 +8,7 @@ use crate::components::{
 };
 use leptos::prelude::*;
 use tessera_domain::cluster::{DesiredView, GpuView, InstanceView, NodeView};
+use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::PageRequest;
 
 #[component]
@@ -133,13 +134,20 @@ fn NoNodes(admin: bool) -> impl IntoView {
 fn SliceLegend() -> impl IntoView {
     view! {
         <p class="legend hint">
-            "MIG layouts are drawn over the GPU's memory slices: "
-            <span class="swatch busy"></span>
-            " instance in use "
-            <span class="swatch free"></span>
-            " instance free "
-            <span class="swatch empty"></span>
-            " empty slice. Hover an instance for its MIG UUID."
+            "MIG layouts are drawn over each GPU's memory slices:"
+            <span class="legend-item">
+                <span class="swatch busy"></span>
+                "instance in use"
+            </span>
+            <span class="legend-item">
+                <span class="swatch free"></span>
+                "instance free"
+            </span>
+            <span class="legend-item">
+                <span class="swatch empty"></span>
+                "empty slice"
+            </span>
+            <span class="legend-item">"Hover an instance for its MIG UUID."</span>
         </p>
     }
 }
@@ -360,6 +368,31 @@ fn layout_form_start(gpu: &GpuView, last: Option<Result<(), UiError>>) -> (bool,
     }
 }
 
+/// "Profiles: 1g.10gb@0–6, 2g.20gb@0/2/4, …" for the GPU's model, when the catalog knows it.
+fn profile_hint(gpu: &GpuView) -> Option<String> {
+    let catalog = Catalog::builtin();
+    let model = catalog.get(gpu.model.as_deref().unwrap_or(&gpu.name))?;
+    let profiles = model
+        .profiles()
+        .iter()
+        .map(|p| {
+            let starts: Vec<u8> = p.placements.iter().map(|pl| pl.start).collect();
+            let contiguous = starts.windows(2).all(|w| w[1] == w[0] + 1);
+            let at = match (starts.first(), starts.last()) {
+                (Some(a), Some(b)) if contiguous && starts.len() > 2 => format!("{a}–{b}"),
+                _ => starts
+                    .iter()
+                    .map(u8::to_string)
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            };
+            format!("{}@{at}", p.name)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!("Profiles and start slices: {profiles}. "))
+}
+
 #[component]
 fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoView {
     let action = actions.layout;
@@ -379,6 +412,7 @@ fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoV
     let saved = move || mine.get() && !action.pending().get() && matches!(value(), Some(Ok(_)));
     let last = untrack(value).map(|r| r.map(|_| ()));
     let (open, layout, enabled) = layout_form_start(&gpu, last);
+    let profiles = profile_hint(&gpu).map(|p| view! { <span class="profiles">{p}</span> });
     let mode_id = format!("mode-{uuid}");
     let layout_id = format!("layout-{uuid}");
     view! {
@@ -409,6 +443,7 @@ fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoV
                 />
                 {field_error(value, "layout")}
                 <p class="hint">
+                    {profiles}
                     "Leave empty with MIG disabled. The node's agent applies it on its next sync."
                 </p>
                 <button

@@ -187,6 +187,9 @@ fn TeamDetail() -> impl IntoView {
         |(id, offset, _)| api::list_members(id, PageRequest::new(offset, PAGE_SIZE)),
     );
     view! {
+        <a class="back" href="/teams">
+            "← Teams"
+        </a>
         <Transition fallback=Loading>
             {move || Suspend::new(async move {
                 match team.await {
@@ -276,7 +279,11 @@ fn TeamOverview(
             {team.archived.then(|| view! { " " <span class="badge muted">"archived"</span> })}
         </h1>
         <p class="hint" data-testid="my-role">
-            "Your role: " {my_role} " · " {team.member_count} " members · created "
+            "Your role: " {my_role} " · "
+            {match team.member_count {
+                1 => "1 member".to_owned(),
+                n => format!("{n} members"),
+            }} " · created "
             <When t=team.created_at />
         </p>
         {team

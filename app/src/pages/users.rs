@@ -6,6 +6,7 @@ use crate::components::{
     error_of, field_error, form_error, pager, use_offset,
 };
 use leptos::prelude::*;
+use tessera_domain::account::Me;
 use tessera_domain::tenancy::{PageRequest, UserView};
 
 #[component]
@@ -149,10 +150,12 @@ fn UserRow(user: UserView, actions: UserActions) -> impl IntoView {
     });
     let target_id = id.clone();
     let disable_id = id.clone();
+    let is_me = use_context::<Me>().is_some_and(|me| me.username == user.username);
     view! {
         <tr data-testid="user" data-username=user.username.clone()>
             <td>
                 <strong>{user.username.clone()}</strong>
+                {is_me.then(|| view! { " " <span class="badge muted">"you"</span> })}
                 {user.is_admin.then(|| view! { " " <span class="badge">"admin"</span> })}
                 {user.disabled.then(|| view! { " " <span class="badge danger">"disabled"</span> })}
             </td>
@@ -160,17 +163,26 @@ fn UserRow(user: UserView, actions: UserActions) -> impl IntoView {
                 <When t=user.created_at />
             </td>
             <td class="actions">
-                <ActionForm action=actions.disable attr:class="row-form">
-                    <input type="hidden" name="user_id" value=disable_id />
-                    <input type="hidden" name="disabled" value=(!user.disabled).to_string() />
-                    <button
-                        type="submit"
-                        class=if user.disabled { "" } else { "danger" }
-                        disabled=move || actions.disable.pending().get()
-                    >
-                        {if user.disabled { "Enable" } else { "Disable" }}
-                    </button>
-                </ActionForm>
+                {(!is_me)
+                    .then(|| {
+                        view! {
+                            <ActionForm action=actions.disable attr:class="row-form">
+                                <input type="hidden" name="user_id" value=disable_id />
+                                <input
+                                    type="hidden"
+                                    name="disabled"
+                                    value=(!user.disabled).to_string()
+                                />
+                                <button
+                                    type="submit"
+                                    class=if user.disabled { "" } else { "danger" }
+                                    disabled=move || actions.disable.pending().get()
+                                >
+                                    {if user.disabled { "Enable" } else { "Disable" }}
+                                </button>
+                            </ActionForm>
+                        }
+                    })}
                 <details class="row-details">
                     <summary>"Reset password"</summary>
                     <ActionForm action=actions.reset node_ref=form attr:novalidate=true>
