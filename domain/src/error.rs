@@ -28,9 +28,9 @@ pub enum AppError {
     /// Too many attempts; try again after `retry_after_secs`.
     #[error("too many attempts, try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
-    /// The request conflicts with the current state (e.g. a name already taken).
-    #[error("{0}")]
-    Conflict(String),
+    /// The request conflicts with the current state (e.g. the last team admin).
+    #[error("{message}")]
+    Conflict { message: String },
     /// Something failed on the server; details are in the server log only.
     #[error("internal error, please try again")]
     Internal,
@@ -41,6 +41,13 @@ impl AppError {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         AppError::Invalid {
             field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Shorthand for a conflict with the current state.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        AppError::Conflict {
             message: message.into(),
         }
     }
@@ -60,7 +67,7 @@ impl AppError {
             AppError::Forbidden => 403,
             AppError::NotFound => 404,
             AppError::Invalid { .. } => 422,
-            AppError::Conflict(_) => 409,
+            AppError::Conflict { .. } => 409,
             AppError::RateLimited { .. } => 429,
             AppError::Internal => 500,
         }
@@ -81,6 +88,27 @@ mod tests {
         );
         let back: AppError = serde_json::from_str(&json).expect("round-trips");
         assert_eq!(back.field(), Some("username"));
+    }
+
+    #[test]
+    fn every_variant_serializes() {
+        // Internally tagged enums cannot carry bare strings: this would fail at run time.
+        for e in [
+            AppError::Unauthorized,
+            AppError::Forbidden,
+            AppError::NotFound,
+            AppError::invalid("f", "m"),
+            AppError::InvalidCredentials,
+            AppError::RateLimited {
+                retry_after_secs: 3,
+            },
+            AppError::conflict("busy"),
+            AppError::Internal,
+        ] {
+            let json = serde_json::to_string(&e).expect("serializes");
+            let back: AppError = serde_json::from_str(&json).expect("round-trips");
+            assert_eq!(back, e);
+        }
     }
 
     #[test]

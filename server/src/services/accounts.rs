@@ -205,8 +205,8 @@ impl Accounts {
             .await
             .map_err(internal("storing new password"))?;
         if !changed {
-            return Err(AppError::Conflict(
-                "the password was changed concurrently; sign in again".into(),
+            return Err(AppError::conflict(
+                "the password was changed concurrently; sign in again",
             ));
         }
         self.limiter.record_success(&key, client);

@@ -87,9 +87,7 @@ impl Tenancy {
     ) -> Result<UserView, AppError> {
         let admin = authz::admin(p)?;
         if disabled && user == p.user_id {
-            return Err(AppError::Conflict(
-                "you cannot disable your own account".into(),
-            ));
+            return Err(AppError::conflict("you cannot disable your own account"));
         }
         if !self
             .store
@@ -317,8 +315,8 @@ impl Tenancy {
         {
             ChangeOutcome::Done => Ok(()),
             ChangeOutcome::NotMember => Err(AppError::NotFound),
-            ChangeOutcome::LastAdmin => Err(AppError::Conflict(
-                "a team needs at least one team admin; promote someone else first".into(),
+            ChangeOutcome::LastAdmin => Err(AppError::conflict(
+                "a team needs at least one team admin; promote someone else first",
             )),
         }
     }
@@ -339,9 +337,7 @@ impl Tenancy {
 
 fn writable(team: &TeamRow) -> Result<(), AppError> {
     if team.archived {
-        Err(AppError::Conflict(
-            "the team is archived (read-only)".into(),
-        ))
+        Err(AppError::conflict("the team is archived (read-only)"))
     } else {
         Ok(())
     }

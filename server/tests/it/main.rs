@@ -6,3 +6,4 @@ mod authz;
 mod nodes;
 mod platform;
 mod support;
+mod tenancy;

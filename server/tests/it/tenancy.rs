@@ -1,0 +1,343 @@
+//! Users, teams and memberships: the rules beyond who may call what.
+
+use crate::authz::login;
+use crate::on_both_databases;
+use crate::support::{ADMIN_PASSWORD, Db, TestApp};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+struct Api {
+    app: TestApp,
+    admin: String,
+}
+
+impl Api {
+    async fn new(db: Db) -> Api {
+        let app = TestApp::spawn(db).await;
+        let cookie = login(&app, "admin", ADMIN_PASSWORD).await;
+        let r = reqwest::Client::new()
+            .post(app.url("/api/v1/tokens"))
+            .header("origin", &app.base)
+            .header("cookie", cookie)
+            .json(&json!({"name": "tests"}))
+            .send()
+            .await
+            .expect("req");
+        let admin = r.json::<Value>().await.expect("json")["secret"]
+            .as_str()
+            .expect("secret")
+            .to_owned();
+        Api { app, admin }
+    }
+
+    async fn call(&self, token: &str, m: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut rb = reqwest::Client::new()
+            .request(m, self.app.url(path))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.expect("req");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn admin(&self, m: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call(&self.admin, m, path, body).await
+    }
+
+    async fn user(&self, name: &str) -> String {
+        let (s, v) = self
+            .admin(
+                Method::POST,
+                "/api/v1/users",
+                Some(json!({"username": name, "password": "user-password-1"})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_str().expect("id").to_owned()
+    }
+}
+
+on_both_databases!(
+    disabling_a_user_ends_their_sessions_and_tokens,
+    a_team_keeps_at_least_one_team_admin,
+    archived_teams_are_read_only,
+    lists_paginate,
+    bad_input_names_the_field,
+);
+
+async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
+    let api = Api::new(db).await;
+    let id = api.user("dana").await;
+    let dana = api.app.browser();
+    assert!(
+        dana.login("dana", "user-password-1")
+            .await
+            .status()
+            .is_success()
+    );
+    let r = dana
+        .client
+        .post(api.app.url("/api/v1/tokens"))
+        .json(&json!({"name": "cli"}))
+        .send()
+        .await
+        .expect("req");
+    let token = r.json::<Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_owned();
+    assert_eq!(
+        api.call(&token, Method::GET, "/api/v1/me", None).await.0,
+        200
+    );
+
+    let (s, v) = api
+        .admin(Method::POST, &format!("/api/v1/users/{id}/disable"), None)
+        .await;
+    assert_eq!((s, v["disabled"].clone()), (200, json!(true)));
+    assert_eq!(dana.whoami().await, None, "session ended");
+    assert_eq!(
+        api.call(&token, Method::GET, "/api/v1/me", None).await.0,
+        401,
+        "token stopped"
+    );
+    assert_eq!(
+        api.app
+            .browser()
+            .login("dana", "user-password-1")
+            .await
+            .status(),
+        401
+    );
+
+    // Enabling again does not revive the old session or token.
+    assert_eq!(
+        api.admin(Method::POST, &format!("/api/v1/users/{id}/enable"), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(dana.whoami().await, None);
+    assert_eq!(
+        api.call(&token, Method::GET, "/api/v1/me", None).await.0,
+        401
+    );
+    assert!(
+        api.app
+            .browser()
+            .login("dana", "user-password-1")
+            .await
+            .status()
+            .is_success()
+    );
+
+    // An admin cannot lock themselves out.
+    let (_, me) = api
+        .admin(Method::GET, "/api/v1/users?limit=200", None)
+        .await;
+    let admin_id = me["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|u| u["username"] == "admin")
+        .expect("admin")["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(
+        api.admin(
+            Method::POST,
+            &format!("/api/v1/users/{admin_id}/disable"),
+            None
+        )
+        .await
+        .0,
+        409
+    );
+}
+
+async fn a_team_keeps_at_least_one_team_admin(db: Db) {
+    let api = Api::new(db).await;
+    let (_, team) = api
+        .admin(
+            Method::POST,
+            "/api/v1/teams",
+            Some(json!({"name": "Vision"})),
+        )
+        .await;
+    let team = team["id"].as_str().expect("id").to_owned();
+    let lead = api.user("lead").await;
+    let (s, _) = api
+        .admin(
+            Method::POST,
+            &format!("/api/v1/teams/{team}/members"),
+            Some(json!({"username": "lead", "role": "team_admin"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let member = format!("/api/v1/teams/{team}/members/{lead}");
+    let (s, v) = api
+        .admin(Method::PUT, &member, Some(json!({"role": "member"})))
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .expect("msg")
+            .contains("at least one team admin")
+    );
+    assert_eq!(api.admin(Method::DELETE, &member, None).await.0, 409);
+    // With a second team admin, the first may step down.
+    api.user("second").await;
+    api.admin(
+        Method::POST,
+        &format!("/api/v1/teams/{team}/members"),
+        Some(json!({"username": "second", "role": "team_admin"})),
+    )
+    .await;
+    assert_eq!(
+        api.admin(Method::PUT, &member, Some(json!({"role": "viewer"})))
+            .await
+            .0,
+        200
+    );
+    let (_, members) = api
+        .admin(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
+        .await;
+    assert_eq!(members["total"], 2);
+}
+
+async fn archived_teams_are_read_only(db: Db) {
+    let api = Api::new(db).await;
+    let (_, team) = api
+        .admin(
+            Method::POST,
+            "/api/v1/teams",
+            Some(json!({"name": "Old Lab"})),
+        )
+        .await;
+    let team = team["id"].as_str().expect("id").to_owned();
+    api.user("late").await;
+    let (s, v) = api
+        .admin(Method::POST, &format!("/api/v1/teams/{team}/archive"), None)
+        .await;
+    assert_eq!((s, v["archived"].clone()), (200, json!(true)));
+    let (s, _) = api
+        .admin(
+            Method::POST,
+            &format!("/api/v1/teams/{team}/members"),
+            Some(json!({"username": "late", "role": "member"})),
+        )
+        .await;
+    assert_eq!(s, 409);
+    assert_eq!(
+        api.admin(
+            Method::PATCH,
+            &format!("/api/v1/teams/{team}"),
+            Some(json!({"name": "New"}))
+        )
+        .await
+        .0,
+        409
+    );
+    assert_eq!(
+        api.admin(Method::GET, &format!("/api/v1/teams/{team}"), None)
+            .await
+            .0,
+        200,
+        "still readable"
+    );
+    api.admin(
+        Method::POST,
+        &format!("/api/v1/teams/{team}/unarchive"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        api.admin(
+            Method::POST,
+            &format!("/api/v1/teams/{team}/members"),
+            Some(json!({"username": "late", "role": "member"}))
+        )
+        .await
+        .0,
+        201
+    );
+}
+
+async fn lists_paginate(db: Db) {
+    let api = Api::new(db).await;
+    for i in 0..7 {
+        api.admin(
+            Method::POST,
+            "/api/v1/teams",
+            Some(json!({"name": format!("Team {i:02}")})),
+        )
+        .await;
+    }
+    let mut seen = Vec::new();
+    for offset in [0, 3, 6] {
+        let (_, page) = api
+            .admin(
+                Method::GET,
+                &format!("/api/v1/teams?offset={offset}&limit=3"),
+                None,
+            )
+            .await;
+        assert_eq!(page["total"], 7);
+        for t in page["items"].as_array().expect("items") {
+            seen.push(t["name"].as_str().expect("name").to_owned());
+        }
+    }
+    let expected: Vec<String> = (0..7).map(|i| format!("Team {i:02}")).collect();
+    assert_eq!(seen, expected, "pages are disjoint, ordered and complete");
+    let (_, capped) = api
+        .admin(Method::GET, "/api/v1/teams?limit=100000", None)
+        .await;
+    assert_eq!(capped["limit"], 200);
+}
+
+async fn bad_input_names_the_field(db: Db) {
+    let api = Api::new(db).await;
+    let cases = [
+        (
+            "/api/v1/users",
+            json!({"username": "9lives", "password": "long enough pw"}),
+            "username",
+        ),
+        (
+            "/api/v1/users",
+            json!({"username": "fine", "password": "short"}),
+            "password",
+        ),
+        ("/api/v1/teams", json!({"name": "x"}), "name"),
+        (
+            "/api/v1/tokens",
+            json!({"name": "t", "expires_in_days": 0}),
+            "expires_in_days",
+        ),
+        ("/api/v1/join-tokens", json!({"max_uses": 0}), "max_uses"),
+        (
+            "/api/v1/join-tokens",
+            json!({"expires_in_hours": 100000}),
+            "expires_in_hours",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (s, v) = api.admin(Method::POST, path, Some(body)).await;
+        assert_eq!(s, 422, "{path}: {v}");
+        assert_eq!(v["error"]["field"], field, "{path}: {v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let (s, v) = api
+        .admin(Method::POST, "/api/v1/teams", Some(json!({"nom": "typo"})))
+        .await;
+    assert_eq!(
+        (s, v["error"]["field"].clone()),
+        (422, json!("body")),
+        "{v}"
+    );
+    let (_, users) = api.admin(Method::GET, "/api/v1/users", None).await;
+    assert_eq!(users["total"], 1, "nothing was created by bad input");
+}
