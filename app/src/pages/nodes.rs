@@ -1,23 +1,62 @@
-//! The nodes page: every node's GPUs with their MIG layout drawn slice by slice; platform
-//! admins may revoke nodes and set a GPU's desired layout.
+//! The nodes page: every node's GPUs with their MIG layout drawn slice by slice and their
+//! recent telemetry; platform admins may revoke nodes and set a GPU's desired layout.
+
+mod chart;
 
 use crate::api::{self, RevokeNode, SetGpuLayout, UiError};
 use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error, form_error,
     is_admin, pager, use_offset,
 };
+use chrono::DateTime;
 use leptos::prelude::*;
-use tessera_domain::cluster::{DesiredView, GpuView, InstanceView, NodeView};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_domain::cluster::{
+    DesiredView, GpuPoint, GpuView, InstanceView, NodeTelemetry, NodeView,
+};
 use tessera_domain::mig::Catalog;
-use tessera_domain::tenancy::PageRequest;
+use tessera_domain::tenancy::{Page, PageRequest};
 
 #[component]
 pub fn NodesPage() -> impl IntoView {
+    // Created here, outside `Authenticated`: the server renders the children of a Suspense
+    // more than once (dry runs), so resources created inside get different ids there than
+    // in the browser, and a fetch that awaits another resource may outlive its owner.
+    let page = NodesData::new();
     view! {
         <Authenticated>
             <h1>"Nodes"</h1>
-            <NodeList />
+            <NodeList page />
         </Authenticated>
+    }
+}
+
+/// Samples per history chart: agents report every 10 s, so about ten minutes.
+const HISTORY_SAMPLES: u32 = 60;
+/// How often a hydrated page reloads telemetry: the agents' default report interval.
+const TELEMETRY_EVERY: Duration = Duration::from_secs(10);
+
+/// The listed nodes' telemetry by node id, shared by every card without copying it.
+#[derive(Clone, Debug)]
+struct Telemetry(Arc<Vec<(String, Result<NodeTelemetry, UiError>)>>);
+
+impl Telemetry {
+    fn of_node(&self, node_id: &str) -> Option<&Result<NodeTelemetry, UiError>> {
+        self.0.iter().find(|(id, _)| id == node_id).map(|(_, t)| t)
+    }
+}
+
+impl Serialize for Telemetry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Telemetry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::deserialize(d).map(|v| Telemetry(Arc::new(v)))
     }
 }
 
@@ -32,28 +71,83 @@ struct NodeActions {
     layout_target: RwSignal<Option<String>>,
 }
 
-#[component]
-fn NodeList() -> impl IntoView {
-    let offset = use_offset();
-    let actions = NodeActions {
-        admin: is_admin(),
-        revoke: ServerAction::new(),
-        layout: ServerAction::new(),
-        layout_target: RwSignal::new(None),
-    };
-    // The agent applies a saved layout a little later: "Refresh" shows how it went.
-    let refresh = RwSignal::new(0u32);
-    let nodes = Resource::new(
-        move || {
+/// What the page loads and the signals that reload it.
+#[derive(Clone, Copy)]
+struct NodesData {
+    actions: NodeActions,
+    /// The agent applies a saved layout a little later: "Refresh" shows how it went.
+    refresh: RwSignal<u32>,
+    nodes: Resource<Result<Page<NodeView>, UiError>>,
+    /// One request per listed node (not per GPU), after the list.
+    telemetry: Resource<Telemetry>,
+}
+
+impl NodesData {
+    fn new() -> Self {
+        let offset = use_offset();
+        let actions = NodeActions {
+            admin: false,
+            revoke: ServerAction::new(),
+            layout: ServerAction::new(),
+            layout_target: RwSignal::new(None),
+        };
+        let refresh = RwSignal::new(0u32);
+        // Agents report every 10 s; once hydrated, the page reloads telemetry as often.
+        let telemetry_tick = RwSignal::new(0u32);
+        Effect::new(move |_| {
+            if let Ok(handle) = set_interval_with_handle(
+                move || telemetry_tick.update(|n| *n = n.wrapping_add(1)),
+                TELEMETRY_EVERY,
+            ) {
+                on_cleanup(move || handle.clear());
+            }
+        });
+        let reload = move || {
             (
                 offset.get(),
                 actions.revoke.version().get(),
                 actions.layout.version().get(),
                 refresh.get(),
             )
-        },
-        |(offset, ..)| api::list_nodes(PageRequest::new(offset, PAGE_SIZE)),
-    );
+        };
+        let nodes = Resource::new(reload, |(offset, ..)| {
+            api::list_nodes(PageRequest::new(offset, PAGE_SIZE))
+        });
+        let telemetry = Resource::new(
+            move || (reload(), telemetry_tick.get()),
+            move |_| async move {
+                let mut all = Vec::new();
+                if let Ok(page) = nodes.await {
+                    for node in page.items {
+                        let id = node.id.to_string();
+                        let t = api::get_node_telemetry(id.clone(), HISTORY_SAMPLES).await;
+                        all.push((id, t));
+                    }
+                }
+                Telemetry(Arc::new(all))
+            },
+        );
+        NodesData {
+            actions,
+            refresh,
+            nodes,
+            telemetry,
+        }
+    }
+}
+
+#[component]
+fn NodeList(page: NodesData) -> impl IntoView {
+    let NodesData {
+        actions,
+        refresh,
+        nodes,
+        telemetry,
+    } = page;
+    let actions = NodeActions {
+        admin: is_admin(),
+        ..actions
+    };
     let revoked = move || {
         actions.revoke.value().get().and_then(Result::ok).map(|n| {
             view! {
@@ -92,7 +186,7 @@ fn NodeList() -> impl IntoView {
                         let cards = page
                             .items
                             .into_iter()
-                            .map(|node| view! { <NodeCard node actions /> })
+                            .map(|node| view! { <NodeCard node actions telemetry /> })
                             .collect_view();
                         view! {
                             <div class="toolbar">
@@ -153,7 +247,7 @@ fn SliceLegend() -> impl IntoView {
 }
 
 #[component]
-fn NodeCard(node: NodeView, actions: NodeActions) -> impl IntoView {
+fn NodeCard(node: NodeView, actions: NodeActions, telemetry: Resource<Telemetry>) -> impl IntoView {
     let (status, class) = if node.revoked {
         ("revoked", "badge danger")
     } else if node.online {
@@ -167,11 +261,14 @@ fn NodeCard(node: NodeView, actions: NodeActions) -> impl IntoView {
     };
     let node_id = node.id.to_string();
     let editable = actions.admin && !node.revoked;
+    let dropped_for = node_id.clone();
     let gpus = node
         .gpus
         .iter()
         .map(|gpu| {
-            view! { <GpuBlock gpu=gpu.clone() node_id=node_id.clone() editable actions /> }
+            view! {
+                <GpuBlock gpu=gpu.clone() node_id=node_id.clone() editable actions telemetry />
+            }
         })
         .collect_view();
     view! {
@@ -202,6 +299,14 @@ fn NodeCard(node: NodeView, actions: NodeActions) -> impl IntoView {
                     </dd>
                 </div>
             </dl>
+            <Transition fallback=|| ()>
+                {move || {
+                    let node_id = dropped_for.clone();
+                    Suspend::new(async move {
+                        dropped_warning(telemetry.await.of_node(&node_id))
+                    })
+                }}
+            </Transition>
             {node
                 .gpus
                 .is_empty()
@@ -217,7 +322,13 @@ fn NodeCard(node: NodeView, actions: NodeActions) -> impl IntoView {
 }
 
 #[component]
-fn GpuBlock(gpu: GpuView, node_id: String, editable: bool, actions: NodeActions) -> impl IntoView {
+fn GpuBlock(
+    gpu: GpuView,
+    node_id: String,
+    editable: bool,
+    actions: NodeActions,
+    telemetry: Resource<Telemetry>,
+) -> impl IntoView {
     let title = gpu.model.clone().unwrap_or_else(|| gpu.name.clone());
     let driver_name = gpu.model.is_some().then(|| gpu.name.clone());
     let mig = match (gpu.mig_enabled, gpu.mig_pending_change) {
@@ -238,6 +349,7 @@ fn GpuBlock(gpu: GpuView, node_id: String, editable: bool, actions: NodeActions)
                 <span class=mig.1>{mig.0}</span>
             </header>
             <MigLayout gpu=gpu.clone() />
+            <GpuTelemetrySlot gpu=gpu.clone() node_id=node_id.clone() telemetry />
             {gpu
                 .desired
                 .clone()
@@ -256,6 +368,223 @@ fn memory(mib: u64) -> String {
     } else {
         format!("{:.1} GiB", mib as f64 / 1024.0)
     }
+}
+
+/// "3 devices", "1 process".
+fn count(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Says so when the node's agent had to drop samples; they are gone for good.
+fn dropped_warning(
+    telemetry: Option<&Result<NodeTelemetry, UiError>>,
+) -> Option<impl IntoView + use<>> {
+    let dropped = telemetry?.as_ref().ok()?.dropped_total;
+    (dropped > 0).then(|| {
+        view! {
+            <div class="notice warn" role="status" data-testid="telemetry-dropped">
+                {format!(
+                    "{} dropped by the agent's spool: it was full while the server could not be reached.",
+                    if dropped == 1 {
+                        "1 telemetry sample was".to_owned()
+                    } else {
+                        format!("{dropped} telemetry samples were")
+                    },
+                )}
+            </div>
+        }
+    })
+}
+
+/// This GPU's part of its node's telemetry.
+#[component]
+fn GpuTelemetrySlot(
+    gpu: GpuView,
+    node_id: String,
+    telemetry: Resource<Telemetry>,
+) -> impl IntoView {
+    let mig_on = gpu.mig_enabled == Some(true);
+    let ids = StoredValue::new((node_id, gpu.uuid));
+    let loading = || {
+        view! {
+            <p class="loading telemetry-state" role="status" aria-busy="true">
+                "Loading telemetry…"
+            </p>
+        }
+    };
+    view! {
+        <Transition fallback=loading>
+            {move || Suspend::new(async move {
+                let all = telemetry.await;
+                let (node_id, uuid) = ids.get_value();
+                match all.of_node(&node_id) {
+                    // Only while the list and the telemetry disagree, until the next reload.
+                    None => loading().into_any(),
+                    Some(Err(e)) => {
+                        view! {
+                            <p class="telemetry-state form-error" role="alert">
+                                {format!("Telemetry could not be loaded: {}", e.error)}
+                            </p>
+                        }
+                            .into_any()
+                    }
+                    Some(Ok(t)) => {
+                        let points = t
+                            .gpus
+                            .iter()
+                            .find(|s| s.gpu_uuid == uuid)
+                            .map(|s| s.points.clone())
+                            .unwrap_or_default();
+                        if points.is_empty() {
+                            view! {
+                                <p class="telemetry-state empty" role="status" data-testid="telemetry-empty">
+                                    "No telemetry yet (agents report every 10 s)."
+                                </p>
+                            }
+                                .into_any()
+                        } else {
+                            view! { <GpuTelemetry points mig_on /> }.into_any()
+                        }
+                    }
+                }
+            })}
+        </Transition>
+    }
+}
+
+/// The newest sample's values and a sparkline of the history (memory and utilization in %).
+/// What the driver cannot tell is said in words, never shown as 0.
+#[component]
+fn GpuTelemetry(points: Vec<GpuPoint>, mig_on: bool) -> impl IntoView {
+    let Some(latest) = points.last().cloned() else {
+        return ().into_any();
+    };
+    let mig_on = mig_on || latest.mig_devices > 0;
+    let missing = if mig_on {
+        "n/a (MIG on)"
+    } else {
+        "unavailable"
+    };
+    let unknown = || "unavailable".to_owned();
+    let memory_text = match (latest.memory_used_mib, latest.memory_total_mib) {
+        (Some(used), Some(total)) => format!("{} / {}", memory(used), memory(total)),
+        (Some(used), None) => memory(used),
+        _ => unknown(),
+    };
+    let memory_bar = chart::memory_pct(&latest).map(|pct| {
+        let pct = pct.clamp(0.0, 100.0);
+        view! {
+            <span
+                class="meter"
+                role="meter"
+                aria-label="memory in use"
+                aria-valuemin="0"
+                aria-valuemax="100"
+                aria-valuenow=format!("{pct:.0}")
+                title=format!("{pct:.0} % in use")
+            >
+                <span style=format!("width: {pct:.1}%")></span>
+            </span>
+        }
+    });
+    let temperature = latest
+        .temperature_c
+        .map_or_else(unknown, |c| format!("{c} °C"));
+    let power = latest
+        .power_mw
+        .map_or_else(unknown, |mw| format!("{} W", mw.saturating_add(500) / 1000));
+    let (utilization, utilization_class) = match latest.utilization_pct {
+        Some(pct) => (format!("{pct} %"), ""),
+        None => (missing.to_owned(), "na"),
+    };
+    let mig = if mig_on {
+        format!(
+            "{}, {}",
+            count(latest.mig_devices, "device", "devices"),
+            count(latest.mig_processes, "process", "processes")
+        )
+    } else {
+        "off".to_owned()
+    };
+    let memory_line = chart::percent_path(&points, chart::memory_pct);
+    let utilization_line = chart::percent_path(&points, chart::utilization_pct);
+    let utilization_key = if utilization_line.is_empty() {
+        format!("utilization {missing}")
+    } else {
+        "utilization %".to_owned()
+    };
+    let summary = chart::summary(&points, missing);
+    let label = summary.clone();
+    let covered = chart::duration(
+        latest.at_unix_ms - points.first().map_or(latest.at_unix_ms, |p| p.at_unix_ms),
+    );
+    let updated = DateTime::from_timestamp_millis(latest.at_unix_ms).unwrap_or_default();
+    view! {
+        <div class="telemetry" data-testid="telemetry">
+            <dl class="gauges">
+                <div class="gauge-memory">
+                    <dt>"Memory"</dt>
+                    <dd data-testid="telemetry-memory">{memory_text} {memory_bar}</dd>
+                </div>
+                <div>
+                    <dt>"Temp."</dt>
+                    <dd data-testid="telemetry-temperature">{temperature}</dd>
+                </div>
+                <div>
+                    <dt>"Power"</dt>
+                    <dd data-testid="telemetry-power">{power}</dd>
+                </div>
+                <div>
+                    <dt>"Utilization"</dt>
+                    <dd class=utilization_class data-testid="telemetry-utilization">
+                        {utilization}
+                    </dd>
+                </div>
+                <div>
+                    <dt>"MIG"</dt>
+                    <dd data-testid="telemetry-mig">{mig}</dd>
+                </div>
+            </dl>
+            <figure class="spark" title=summary>
+                <svg
+                    viewBox=format!("0 0 {} {}", chart::WIDTH, chart::HEIGHT)
+                    preserveAspectRatio="none"
+                    role="img"
+                    aria-label=label
+                    data-testid="sparkline"
+                >
+                    {(!memory_line.is_empty())
+                        .then(|| {
+                            view! {
+                                <path
+                                    class="line memory"
+                                    d=memory_line
+                                    vector-effect="non-scaling-stroke"
+                                />
+                            }
+                        })}
+                    {(!utilization_line.is_empty())
+                        .then(|| {
+                            view! {
+                                <path
+                                    class="line utilization"
+                                    d=utilization_line
+                                    vector-effect="non-scaling-stroke"
+                                />
+                            }
+                        })}
+                </svg>
+                <figcaption>
+                    <span class="key memory">"memory %"</span>
+                    <span class="key utilization">{utilization_key}</span>
+                    <span class="span">
+                        {format!("last {covered} · updated ")} <When t=updated />
+                    </span>
+                </figcaption>
+            </figure>
+        </div>
+    }
+    .into_any()
 }
 
 /// The GPU's memory slices as a row of cells; each instance spans `[start, start + size)`.
