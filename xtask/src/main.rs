@@ -293,6 +293,10 @@ fn test() -> Result<()> {
             .env("TESSERA_REQUIRE_PG", "1"),
     )?;
     drop(pg);
+    step(
+        "UI unit tests (app with ssr)",
+        cargo().args(["test", "-p", "tessera-app", "--features", "ssr"]),
+    )?;
     build(false)?;
     e2e()?;
     eprintln!(
