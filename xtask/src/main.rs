@@ -393,7 +393,19 @@ fn validate_openapi(base: &str) -> Result<()> {
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
+    /// Asks the server to shut down (SIGTERM) so it can stop its simulated agents, and only
+    /// kills it if it has not exited after 15 s.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
