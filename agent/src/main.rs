@@ -81,6 +81,10 @@ struct RunArgs {
     /// agent only reports.
     #[arg(long, env = "TESSERA_AGENT_MANAGE_MIG")]
     manage_mig: bool,
+    /// Stop when the process with this id is gone (the server passes its own id to the
+    /// simulated agents it starts, so they never outlive it).
+    #[arg(long, hide = true)]
+    exit_with_pid: Option<u32>,
     #[arg(long, default_value_t = 10)]
     telemetry_interval_s: u64,
     #[arg(long, default_value_t = 10)]
@@ -209,9 +213,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         heartbeat_every: Duration::from_secs(args.heartbeat_interval_s.max(1)),
     };
     tracing::info!(node_id = %creds.node_id, manage_mig = cfg.manage_mig, "agent started");
+    let parent = args.exit_with_pid;
     Agent::new(backend, link, cfg, Telemetry::new(spool))
-        .run(async {
-            let _ = tokio::signal::ctrl_c().await;
+        .run(async move {
+            let parent_gone = async {
+                match parent {
+                    Some(pid) => {
+                        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+                        while proc_dir.exists() {
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
+                        tracing::info!(pid, "parent process is gone; stopping");
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = parent_gone => {}
+            }
         })
         .await
 }

@@ -104,6 +104,8 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
             .arg("--hostname")
             .arg(&spec.name)
             .arg("--manage-mig")
+            .arg("--exit-with-pid")
+            .arg(std::process::id().to_string())
             .args([
                 "--heartbeat-interval-s",
                 "10",
