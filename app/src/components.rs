@@ -425,3 +425,50 @@ mod tests {
         assert_eq!(relative(at(3 * 86_400), now), "3 d ago");
     }
 }
+
+/// A paged list as a table: loading state, empty state, errors, rows and the pager. Every
+/// list page shows its data through this, so they all behave the same.
+pub fn paged_table<T, V>(
+    list: Resource<Result<Page<T>, UiError>>,
+    path: &'static str,
+    testid: &'static str,
+    headers: &'static [&'static str],
+    empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
+    row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
+) -> impl IntoView
+where
+    T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
+    V: IntoView + 'static,
+{
+    view! {
+        <Transition fallback=Loading>
+            {move || {
+                let (empty, row) = (empty.clone(), row.clone());
+                Suspend::new(async move {
+                    match list.await {
+                        Ok(page) if page.total == 0 => view! { <Empty>{empty()}</Empty> }.into_any(),
+                        Ok(page) => {
+                            let pager = pager(&page, path);
+                            let rows = page.items.into_iter().map(row).collect_view();
+                            let heads = headers
+                                .iter()
+                                .map(|h| view! { <th>{*h}</th> })
+                                .collect_view();
+                            view! {
+                                <table class="list" data-testid=testid>
+                                    <thead>
+                                        <tr>{heads}</tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })
+            }}
+        </Transition>
+    }
+}

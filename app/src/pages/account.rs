@@ -1,7 +1,7 @@
 use crate::api::{self, ChangePassword, CreateToken, RevokeToken};
 use crate::components::{
-    Authenticated, Empty, Loading, PAGE_SIZE, PasswordInput, Problem, SecretBox, When, echoed,
-    field_error, form_error, pager, use_hydrated, use_offset,
+    Authenticated, PAGE_SIZE, PasswordInput, SecretBox, When, echoed, field_error, form_error,
+    paged_table, use_hydrated, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -147,46 +147,14 @@ fn TokenList(create: ServerAction<CreateToken>) -> impl IntoView {
         <section class="card wide">
             <h2>"API tokens"</h2>
             {form_error(move || revoke.value().get())}
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match tokens.await {
-                        Ok(page) if page.total == 0 => {
-                            view! {
-                                <Empty>
-                                    "No API tokens. Create one to call the REST API from scripts."
-                                </Empty>
-                            }
-                                .into_any()
-                        }
-                        Ok(page) => {
-                            let pager = pager(&page, "/account");
-                            let rows = page
-                                .items
-                                .into_iter()
-                                .map(|token| view! { <TokenRow token revoke /> })
-                                .collect_view();
-                            view! {
-                                <table class="list" data-testid="api-tokens">
-                                    <thead>
-                                        <tr>
-                                            <th>"Name"</th>
-                                            <th>"Token"</th>
-                                            <th>"Created"</th>
-                                            <th>"Expires"</th>
-                                            <th>"Last used"</th>
-                                            <th></th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+            {paged_table(
+                tokens,
+                "/account",
+                "api-tokens",
+                &["Name", "Token", "Created", "Expires", "Last used", ""],
+                || "No API tokens. Create one to call the REST API from scripts.".into_any(),
+                move |token| view! { <TokenRow token revoke /> },
+            )}
         </section>
     }
 }

@@ -3,8 +3,8 @@
 
 use crate::api::{self, CreateJoinToken, RevokeJoinToken};
 use crate::components::{
-    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, echoed,
-    field_error, form_error, now, origin, pager, use_hydrated, use_offset,
+    AdminOnly, Authenticated, PAGE_SIZE, SecretBox, When, echoed, field_error, form_error, now,
+    origin, paged_table, use_hydrated, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::tenancy::{JoinTokenView, PageRequest};
@@ -40,45 +40,14 @@ fn JoinTokenAdmin() -> impl IntoView {
         <section class="card wide">
             <h2>"Tokens"</h2>
             {form_error(move || revoke.value().get())}
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match tokens.await {
-                        Ok(page) if page.total == 0 => {
-                            view! {
-                                <Empty>"No join tokens yet. Create one above to add a node."</Empty>
-                            }
-                                .into_any()
-                        }
-                        Ok(page) => {
-                            let pager = pager(&page, "/admin/join-tokens");
-                            let rows = page
-                                .items
-                                .into_iter()
-                                .map(|token| view! { <JoinTokenRow token revoke /> })
-                                .collect_view();
-                            view! {
-                                <table class="list" data-testid="join-tokens">
-                                    <thead>
-                                        <tr>
-                                            <th>"Note"</th>
-                                            <th>"Token"</th>
-                                            <th>"Uses"</th>
-                                            <th>"Expires"</th>
-                                            <th>"Status"</th>
-                                            <th>"Created"</th>
-                                            <th></th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+            {paged_table(
+                tokens,
+                "/admin/join-tokens",
+                "join-tokens",
+                &["Note", "Token", "Uses", "Expires", "Status", "Created", ""],
+                || "No join tokens yet. Create one above to add a node.".into_any(),
+                move |token| view! { <JoinTokenRow token revoke /> },
+            )}
         </section>
     }
 }

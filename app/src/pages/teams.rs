@@ -6,7 +6,7 @@ use crate::api::{
 };
 use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, field_error, form_error,
-    is_admin, pager, use_offset,
+    is_admin, paged_table, pager, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
@@ -35,44 +35,14 @@ fn TeamList() -> impl IntoView {
         {admin.then(|| view! { <CreateTeamForm action=create /> })}
         <section class="card wide">
             <h2>{if admin { "All teams" } else { "Your teams" }}</h2>
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match teams.await {
-                        Ok(page) if page.total == 0 => {
-                            view! {
-                                <Empty>
-                                    {if admin {
-                                        "No teams yet. Create the first one above."
-                                    } else {
-                                        "You are not in any team yet. Ask a team admin to add you."
-                                    }}
-                                </Empty>
-                            }
-                                .into_any()
-                        }
-                        Ok(page) => {
-                            let pager = pager(&page, "/teams");
-                            let rows = page.items.into_iter().map(team_row).collect_view();
-                            view! {
-                                <table class="list" data-testid="teams">
-                                    <thead>
-                                        <tr>
-                                            <th>"Name"</th>
-                                            <th>"Members"</th>
-                                            <th>"Your role"</th>
-                                            <th>"Created"</th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+            {paged_table(
+                teams,
+                "/teams",
+                "teams",
+                &["Name", "Members", "Your role", "Created"],
+                move || if admin { "No teams yet. Create the first one above." } else { "You are not in any team yet. Ask a team admin to add you." }.into_any(),
+                team_row,
+            )}
         </section>
     }
 }

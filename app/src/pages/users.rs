@@ -2,8 +2,8 @@
 
 use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled};
 use crate::components::{
-    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, PasswordInput, Problem, When, echoed,
-    error_of, field_error, form_error, pager, use_offset,
+    AdminOnly, Authenticated, PAGE_SIZE, PasswordInput, When, echoed, error_of, field_error,
+    form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::account::Me;
@@ -86,38 +86,14 @@ fn UserAdmin() -> impl IntoView {
             {notice}
             {form_error(move || actions.disable.value().get())}
             {reset_error}
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match users.await {
-                        Ok(page) if page.total == 0 => {
-                            view! { <Empty>"No users yet."</Empty> }.into_any()
-                        }
-                        Ok(page) => {
-                            let pager = pager(&page, "/admin/users");
-                            let rows = page
-                                .items
-                                .into_iter()
-                                .map(|user| view! { <UserRow user actions /> })
-                                .collect_view();
-                            view! {
-                                <table class="list" data-testid="users">
-                                    <thead>
-                                        <tr>
-                                            <th>"Username"</th>
-                                            <th>"Created"</th>
-                                            <th>"Manage"</th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+            {paged_table(
+                users,
+                "/admin/users",
+                "users",
+                &["Username", "Created", "Manage"],
+                || "No users yet.".into_any(),
+                move |user| view! { <UserRow user actions /> },
+            )}
         </section>
     }
 }
