@@ -114,11 +114,12 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
             ])
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
-        let registered = match std::fs::read_to_string(dir.join("credential.json")) {
-            Ok(c) => c.contains(&server),
-            Err(_) => false,
-        };
+        let cred_file = dir.join("credential.json");
+        let registered = known_credential(state, &cred_file, &server).await;
         if !registered {
+            // A credential this database does not know (another database, a revoked node)
+            // would be refused forever: start over with a join token.
+            let _ = std::fs::remove_file(&cred_file);
             let token = state
                 .services
                 .nodes
@@ -139,6 +140,30 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
         children.push(child);
     }
     Ok(children)
+}
+
+/// Whether the saved credential belongs to a live node of this server's database.
+async fn known_credential(state: &AppState, file: &std::path::Path, server: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        server: String,
+        credential: String,
+    }
+    let Some(saved) = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Saved>(&t).ok())
+    else {
+        return false;
+    };
+    if saved.server.trim_end_matches('/') != server {
+        return false;
+    }
+    state
+        .services
+        .nodes
+        .authenticate(&saved.credential)
+        .await
+        .is_ok()
 }
 
 /// On a simulated node's first registration, gives its Hopper GPUs MIG layouts so a
