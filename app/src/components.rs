@@ -378,6 +378,24 @@ pub fn origin() -> Option<String> {
     }
 }
 
+/// The submit button of a form whose answer is a secret shown once. A plain form post
+/// cannot carry the secret back, so the button waits for the wasm bundle (and says why
+/// when JavaScript is off).
+#[component]
+pub fn SecretSubmit(label: &'static str, pending: Memo<bool>) -> impl IntoView {
+    let hydrated = use_hydrated();
+    view! {
+        <noscript>
+            <p class="hint">
+                "Creating a token needs JavaScript: its secret is shown only once, on this page."
+            </p>
+        </noscript>
+        <button type="submit" class="primary" disabled=move || !hydrated.get() || pending.get()>
+            {label}
+        </button>
+    }
+}
+
 /// A secret shown exactly once, with what to do with it.
 #[component]
 pub fn SecretBox(

@@ -1,7 +1,7 @@
 use crate::api::{self, ChangePassword, CreateToken, RevokeToken};
 use crate::components::{
-    Authenticated, PAGE_SIZE, PasswordInput, SecretBox, When, echoed, field_error, form_error,
-    paged_table, use_hydrated, use_offset,
+    Authenticated, PAGE_SIZE, PasswordInput, SecretBox, SecretSubmit, When, echoed, field_error,
+    form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -72,7 +72,6 @@ fn ChangePasswordForm() -> impl IntoView {
 #[component]
 fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
     let value = move || action.value().get();
-    let hydrated = use_hydrated();
     let name = echoed(value, "name");
     let days = echoed(value, "expires_in_days");
     let secret = move || {
@@ -118,18 +117,7 @@ fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
                     prop:value=days
                 />
                 {field_error(value, "expires_in_days")}
-                <noscript>
-                    <p class="hint">
-                        "Creating a token needs JavaScript: its secret is shown only once, on this page."
-                    </p>
-                </noscript>
-                <button
-                    type="submit"
-                    class="primary"
-                    disabled=move || !hydrated.get() || action.pending().get()
-                >
-                    "Create token"
-                </button>
+                <SecretSubmit label="Create token" pending=action.pending() />
             </ActionForm>
         </section>
     }

@@ -3,8 +3,8 @@
 
 use crate::api::{self, CreateJoinToken, RevokeJoinToken};
 use crate::components::{
-    AdminOnly, Authenticated, PAGE_SIZE, SecretBox, When, echoed, field_error, form_error, now,
-    origin, paged_table, use_hydrated, use_offset,
+    AdminOnly, Authenticated, PAGE_SIZE, SecretBox, SecretSubmit, When, echoed, field_error,
+    form_error, now, origin, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::tenancy::{JoinTokenView, PageRequest};
@@ -113,7 +113,6 @@ fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> 
 #[component]
 fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
     let value = move || action.value().get();
-    let hydrated = use_hydrated();
     let or = |field: &'static str, default: &'static str| {
         let echo = echoed(value, field);
         move || {
@@ -184,18 +183,7 @@ fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
                         {field_error(value, "expires_in_hours")}
                     </div>
                 </div>
-                <noscript>
-                    <p class="hint">
-                        "Creating a token needs JavaScript: its secret is shown only once, on this page."
-                    </p>
-                </noscript>
-                <button
-                    type="submit"
-                    class="primary"
-                    disabled=move || !hydrated.get() || action.pending().get()
-                >
-                    "Create join token"
-                </button>
+                <SecretSubmit label="Create join token" pending=action.pending() />
             </ActionForm>
         </section>
     }

@@ -35,11 +35,11 @@ async fn record_cluster_gauges(state: &AppState) {
     metrics::gauge!("tessera_nodes", "state" => "online").set(f64::from(summary.nodes_online));
     metrics::gauge!("tessera_nodes", "state" => "offline")
         .set(f64::from(summary.nodes_total - summary.nodes_online));
-    let catalog = tessera_domain::mig::Catalog::builtin();
+    let catalog = state.services.nodes.catalog();
     let mut by_model_state: std::collections::BTreeMap<(String, &str), u32> = Default::default();
     for (_, inv) in &nodes {
         for g in &inv.gpus {
-            let v = tessera_domain::cluster::GpuView::from_wire(g, &catalog);
+            let v = tessera_domain::cluster::GpuView::from_wire(g, catalog);
             let state = match v.mig_enabled {
                 Some(true) => "mig",
                 Some(false) => "whole",

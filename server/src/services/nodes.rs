@@ -43,6 +43,11 @@ impl Nodes {
         }
     }
 
+    /// The MIG catalog GPU views are resolved against (built once).
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     // ---- join tokens (platform admin) ----
 
     pub async fn create_join_token(
