@@ -3,7 +3,7 @@
 //! admin), each outcome checked against the table below. The table must name exactly the
 //! routes the server registers, so a new route without a row fails this test.
 
-use crate::support::{ADMIN_PASSWORD, Db, TestApp, session_cookie};
+use crate::support::{ADMIN_PASSWORD, Db, TestApp, login};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -218,19 +218,6 @@ impl Fixture {
             gpu_uuid,
         }
     }
-}
-
-pub async fn login(app: &TestApp, user: &str, pw: &str) -> String {
-    let r = send(
-        app,
-        Method::POST,
-        "/fn/login",
-        Auth::None,
-        form(&[("username", user), ("password", pw)]),
-    )
-    .await;
-    assert!(r.status().is_success(), "login {user}: {}", r.status());
-    session_cookie(&r).expect("session cookie")
 }
 
 async fn create_token(app: &TestApp, auth: Auth<'_>) -> String {

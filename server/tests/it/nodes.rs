@@ -1,9 +1,8 @@
 //! Nodes: join tokens, registration with a real `tessera-agent` process, heartbeats,
 //! revocation, desired MIG layouts applied by the agent, and telemetry ingestion.
 
-use crate::authz::login;
 use crate::on_both_databases;
-use crate::support::{ADMIN_PASSWORD, Db, TestApp};
+use crate::support::{AdminClient, Db, TestApp};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,45 +59,19 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
         .expect("request")
 }
 
-struct Admin {
-    app: TestApp,
-    cookie: String,
-}
-
-impl Admin {
-    async fn new(db: Db) -> Admin {
-        let app = TestApp::spawn(db).await;
-        let cookie = login(&app, "admin", ADMIN_PASSWORD).await;
-        Admin { app, cookie }
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut rb = reqwest::Client::new()
-            .request(method, self.app.url(path))
-            .header("origin", &self.app.base)
-            .header("cookie", &self.cookie);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.expect("request");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn join_token(&self, max_uses: u32) -> (String, String) {
-        let (s, v) = self
-            .call(
-                reqwest::Method::POST,
-                "/api/v1/join-tokens",
-                Some(json!({"note": "test", "max_uses": max_uses})),
-            )
-            .await;
-        assert_eq!(s, 201);
-        (
-            v["token"]["id"].as_str().expect("id").to_owned(),
-            v["secret"].as_str().expect("secret").to_owned(),
+async fn join_token(a: &AdminClient, max_uses: u32) -> (String, String) {
+    let (s, v) = a
+        .call(
+            reqwest::Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": "test", "max_uses": max_uses})),
         )
-    }
+        .await;
+    assert_eq!(s, 201);
+    (
+        v["token"]["id"].as_str().expect("id").to_owned(),
+        v["secret"].as_str().expect("secret").to_owned(),
+    )
 }
 
 on_both_databases!(
@@ -111,8 +84,8 @@ on_both_databases!(
 );
 
 async fn join_tokens_are_limited_use_and_expire(db: Db) {
-    let a = Admin::new(db).await;
-    let (_, single) = a.join_token(1).await;
+    let a = AdminClient::new(db).await;
+    let (_, single) = join_token(&a, 1).await;
     register(&a.app, &single, "n1").await;
     assert_eq!(
         try_register(&a.app, &single, "n2").await.status(),
@@ -124,7 +97,7 @@ async fn join_tokens_are_limited_use_and_expire(db: Db) {
         401
     );
 
-    let (id, revoked) = a.join_token(5).await;
+    let (id, revoked) = join_token(&a, 5).await;
     let (s, _) = a
         .call(
             reqwest::Method::DELETE,
@@ -139,7 +112,7 @@ async fn join_tokens_are_limited_use_and_expire(db: Db) {
         "revoked refused"
     );
 
-    let (id, expiring) = a.join_token(5).await;
+    let (id, expiring) = join_token(&a, 5).await;
     expire_join_token(&a.app, &id).await;
     assert_eq!(
         try_register(&a.app, &expiring, "n5").await.status(),
@@ -180,8 +153,8 @@ async fn expire_join_token(app: &TestApp, id: &str) {
 }
 
 async fn revoked_nodes_and_bad_credentials_are_rejected(db: Db) {
-    let a = Admin::new(db).await;
-    let (_, jt) = a.join_token(1).await;
+    let a = AdminClient::new(db).await;
+    let (_, jt) = join_token(&a, 1).await;
     let (node, cred) = register(&a.app, &jt, "n1").await;
     assert_eq!(heartbeat(&a.app, &cred, "GPU-1").await.status(), 204);
     assert_eq!(heartbeat(&a.app, "tsn_wrong", "GPU-1").await.status(), 401);
@@ -220,8 +193,8 @@ async fn revoked_nodes_and_bad_credentials_are_rejected(db: Db) {
 }
 
 async fn telemetry_is_deduplicated_and_acknowledged(db: Db) {
-    let a = Admin::new(db).await;
-    let (_, jt) = a.join_token(1).await;
+    let a = AdminClient::new(db).await;
+    let (_, jt) = join_token(&a, 1).await;
     let (node, cred) = register(&a.app, &jt, "n1").await;
     let sample = |seq: u64| TelemetrySample {
         seq,
@@ -273,8 +246,8 @@ async fn telemetry_is_deduplicated_and_acknowledged(db: Db) {
 }
 
 async fn invalid_layouts_are_rejected_with_the_reason(db: Db) {
-    let a = Admin::new(db).await;
-    let (_, jt) = a.join_token(1).await;
+    let a = AdminClient::new(db).await;
+    let (_, jt) = join_token(&a, 1).await;
     let (node, cred) = register(&a.app, &jt, "n1").await;
     heartbeat(&a.app, &cred, "GPU-h").await;
     let path = format!("/api/v1/nodes/{node}/gpus/GPU-h/layout");
@@ -341,8 +314,8 @@ pub fn agent_bin() -> PathBuf {
 }
 
 async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
-    let a = Admin::new(db).await;
-    let (_, jt) = a.join_token(1).await;
+    let a = AdminClient::new(db).await;
+    let (_, jt) = join_token(&a, 1).await;
     let state = tempfile::tempdir().expect("tempdir");
     let mut agent = tokio::process::Command::new(agent_bin())
         .args([
@@ -505,7 +478,7 @@ async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
 }
 
 /// Polls the node list until `pick` finds what it wants (agents report every second).
-async fn wait_for(a: &Admin, pick: impl Fn(&Value) -> Option<Value>) -> Value {
+async fn wait_for(a: &AdminClient, pick: impl Fn(&Value) -> Option<Value>) -> Value {
     for _ in 0..150 {
         let (_, nodes) = a.call(reqwest::Method::GET, "/api/v1/nodes", None).await;
         if let Some(v) = pick(&nodes) {
@@ -520,8 +493,8 @@ async fn wait_for(a: &Admin, pick: impl Fn(&Value) -> Option<Value>) -> Value {
 /// A real agent keeps sampling while the server is down (spooling to disk) and resends
 /// after it is back: every sequence number arrives exactly once.
 async fn telemetry_survives_a_server_restart(db: Db) {
-    let mut a = Admin::new(db).await;
-    let (_, jt) = a.join_token(1).await;
+    let mut a = AdminClient::new(db).await;
+    let (_, jt) = join_token(&a, 1).await;
     let state = tempfile::tempdir().expect("tempdir");
     let mut agent = tokio::process::Command::new(agent_bin())
         .args(["--simulate", "--gpus", "H100-80GB", "--hostname", "spooler"])

@@ -224,3 +224,70 @@ pub async fn error_kind(r: reqwest::Response) -> (u16, serde_json::Value) {
     let v: serde_json::Value = r.json().await.expect("json error body");
     (status, v)
 }
+
+/// Signs in through the login server function; returns the session cookie.
+pub async fn login(app: &TestApp, user: &str, pw: &str) -> String {
+    let r = reqwest::Client::new()
+        .post(app.url("/fn/login"))
+        .header("origin", &app.base)
+        .form(&[("username", user), ("password", pw)])
+        .send()
+        .await
+        .expect("request");
+    assert!(r.status().is_success(), "login {user}: {}", r.status());
+    session_cookie(&r).expect("session cookie")
+}
+
+/// The platform admin, calling the REST API with a browser session.
+pub struct AdminClient {
+    pub app: TestApp,
+    cookie: String,
+}
+
+impl AdminClient {
+    pub async fn new(db: Db) -> AdminClient {
+        let app = TestApp::spawn(db).await;
+        let cookie = login(&app, "admin", ADMIN_PASSWORD).await;
+        AdminClient { app, cookie }
+    }
+
+    /// `(status, JSON body or null)`.
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let rb = reqwest::Client::new()
+            .request(method, self.app.url(path))
+            .header("origin", &self.app.base)
+            .header("cookie", &self.cookie);
+        json_call(rb, body).await
+    }
+}
+
+/// A REST call authenticated with an API token: `(status, JSON body or null)`.
+pub async fn call_with_token(
+    app: &TestApp,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let rb = reqwest::Client::new()
+        .request(method, app.url(path))
+        .bearer_auth(token);
+    json_call(rb, body).await
+}
+
+async fn json_call(
+    mut rb: reqwest::RequestBuilder,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let r = rb.send().await.expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}

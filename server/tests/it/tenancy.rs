@@ -1,61 +1,20 @@
 //! Users, teams and memberships: the rules beyond who may call what.
 
-use crate::authz::login;
 use crate::on_both_databases;
-use crate::support::{ADMIN_PASSWORD, Db, TestApp};
+use crate::support::{AdminClient, Db, call_with_token};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-struct Api {
-    app: TestApp,
-    admin: String,
-}
-
-impl Api {
-    async fn new(db: Db) -> Api {
-        let app = TestApp::spawn(db).await;
-        let cookie = login(&app, "admin", ADMIN_PASSWORD).await;
-        let r = reqwest::Client::new()
-            .post(app.url("/api/v1/tokens"))
-            .header("origin", &app.base)
-            .header("cookie", cookie)
-            .json(&json!({"name": "tests"}))
-            .send()
-            .await
-            .expect("req");
-        let admin = r.json::<Value>().await.expect("json")["secret"]
-            .as_str()
-            .expect("secret")
-            .to_owned();
-        Api { app, admin }
-    }
-
-    async fn call(&self, token: &str, m: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut rb = reqwest::Client::new()
-            .request(m, self.app.url(path))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.expect("req");
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn admin(&self, m: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        self.call(&self.admin, m, path, body).await
-    }
-
-    async fn user(&self, name: &str) -> String {
-        let (s, v) = self
-            .admin(
-                Method::POST,
-                "/api/v1/users",
-                Some(json!({"username": name, "password": "user-password-1"})),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
-        v["id"].as_str().expect("id").to_owned()
-    }
+async fn user(api: &AdminClient, name: &str) -> String {
+    let (s, v) = api
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            Some(json!({"username": name, "password": "user-password-1"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_str().expect("id").to_owned()
 }
 
 on_both_databases!(
@@ -67,8 +26,8 @@ on_both_databases!(
 );
 
 async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
-    let api = Api::new(db).await;
-    let id = api.user("dana").await;
+    let api = AdminClient::new(db).await;
+    let id = user(&api, "dana").await;
     let dana = api.app.browser();
     assert!(
         dana.login("dana", "user-password-1")
@@ -88,17 +47,21 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
         .expect("secret")
         .to_owned();
     assert_eq!(
-        api.call(&token, Method::GET, "/api/v1/me", None).await.0,
+        call_with_token(&api.app, &token, Method::GET, "/api/v1/me", None)
+            .await
+            .0,
         200
     );
 
     let (s, v) = api
-        .admin(Method::POST, &format!("/api/v1/users/{id}/disable"), None)
+        .call(Method::POST, &format!("/api/v1/users/{id}/disable"), None)
         .await;
     assert_eq!((s, v["disabled"].clone()), (200, json!(true)));
     assert_eq!(dana.whoami().await, None, "session ended");
     assert_eq!(
-        api.call(&token, Method::GET, "/api/v1/me", None).await.0,
+        call_with_token(&api.app, &token, Method::GET, "/api/v1/me", None)
+            .await
+            .0,
         401,
         "token stopped"
     );
@@ -113,14 +76,16 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
 
     // Enabling again does not revive the old session or token.
     assert_eq!(
-        api.admin(Method::POST, &format!("/api/v1/users/{id}/enable"), None)
+        api.call(Method::POST, &format!("/api/v1/users/{id}/enable"), None)
             .await
             .0,
         200
     );
     assert_eq!(dana.whoami().await, None);
     assert_eq!(
-        api.call(&token, Method::GET, "/api/v1/me", None).await.0,
+        call_with_token(&api.app, &token, Method::GET, "/api/v1/me", None)
+            .await
+            .0,
         401
     );
     assert!(
@@ -133,9 +98,7 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
     );
 
     // An admin cannot lock themselves out.
-    let (_, me) = api
-        .admin(Method::GET, "/api/v1/users?limit=200", None)
-        .await;
+    let (_, me) = api.call(Method::GET, "/api/v1/users?limit=200", None).await;
     let admin_id = me["items"]
         .as_array()
         .expect("items")
@@ -146,7 +109,7 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
         .expect("id")
         .to_owned();
     assert_eq!(
-        api.admin(
+        api.call(
             Method::POST,
             &format!("/api/v1/users/{admin_id}/disable"),
             None
@@ -158,18 +121,18 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
 }
 
 async fn a_team_keeps_at_least_one_team_admin(db: Db) {
-    let api = Api::new(db).await;
+    let api = AdminClient::new(db).await;
     let (_, team) = api
-        .admin(
+        .call(
             Method::POST,
             "/api/v1/teams",
             Some(json!({"name": "Vision"})),
         )
         .await;
     let team = team["id"].as_str().expect("id").to_owned();
-    let lead = api.user("lead").await;
+    let lead = user(&api, "lead").await;
     let (s, _) = api
-        .admin(
+        .call(
             Method::POST,
             &format!("/api/v1/teams/{team}/members"),
             Some(json!({"username": "lead", "role": "team_admin"})),
@@ -178,7 +141,7 @@ async fn a_team_keeps_at_least_one_team_admin(db: Db) {
     assert_eq!(s, 201);
     let member = format!("/api/v1/teams/{team}/members/{lead}");
     let (s, v) = api
-        .admin(Method::PUT, &member, Some(json!({"role": "member"})))
+        .call(Method::PUT, &member, Some(json!({"role": "member"})))
         .await;
     assert_eq!(s, 409, "{v}");
     assert!(
@@ -187,44 +150,44 @@ async fn a_team_keeps_at_least_one_team_admin(db: Db) {
             .expect("msg")
             .contains("at least one team admin")
     );
-    assert_eq!(api.admin(Method::DELETE, &member, None).await.0, 409);
+    assert_eq!(api.call(Method::DELETE, &member, None).await.0, 409);
     // With a second team admin, the first may step down.
-    api.user("second").await;
-    api.admin(
+    user(&api, "second").await;
+    api.call(
         Method::POST,
         &format!("/api/v1/teams/{team}/members"),
         Some(json!({"username": "second", "role": "team_admin"})),
     )
     .await;
     assert_eq!(
-        api.admin(Method::PUT, &member, Some(json!({"role": "viewer"})))
+        api.call(Method::PUT, &member, Some(json!({"role": "viewer"})))
             .await
             .0,
         200
     );
     let (_, members) = api
-        .admin(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
+        .call(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
         .await;
     assert_eq!(members["total"], 2);
 }
 
 async fn archived_teams_are_read_only(db: Db) {
-    let api = Api::new(db).await;
+    let api = AdminClient::new(db).await;
     let (_, team) = api
-        .admin(
+        .call(
             Method::POST,
             "/api/v1/teams",
             Some(json!({"name": "Old Lab"})),
         )
         .await;
     let team = team["id"].as_str().expect("id").to_owned();
-    api.user("late").await;
+    user(&api, "late").await;
     let (s, v) = api
-        .admin(Method::POST, &format!("/api/v1/teams/{team}/archive"), None)
+        .call(Method::POST, &format!("/api/v1/teams/{team}/archive"), None)
         .await;
     assert_eq!((s, v["archived"].clone()), (200, json!(true)));
     let (s, _) = api
-        .admin(
+        .call(
             Method::POST,
             &format!("/api/v1/teams/{team}/members"),
             Some(json!({"username": "late", "role": "member"})),
@@ -232,7 +195,7 @@ async fn archived_teams_are_read_only(db: Db) {
         .await;
     assert_eq!(s, 409);
     assert_eq!(
-        api.admin(
+        api.call(
             Method::PATCH,
             &format!("/api/v1/teams/{team}"),
             Some(json!({"name": "New"}))
@@ -242,20 +205,20 @@ async fn archived_teams_are_read_only(db: Db) {
         409
     );
     assert_eq!(
-        api.admin(Method::GET, &format!("/api/v1/teams/{team}"), None)
+        api.call(Method::GET, &format!("/api/v1/teams/{team}"), None)
             .await
             .0,
         200,
         "still readable"
     );
-    api.admin(
+    api.call(
         Method::POST,
         &format!("/api/v1/teams/{team}/unarchive"),
         None,
     )
     .await;
     assert_eq!(
-        api.admin(
+        api.call(
             Method::POST,
             &format!("/api/v1/teams/{team}/members"),
             Some(json!({"username": "late", "role": "member"}))
@@ -267,9 +230,9 @@ async fn archived_teams_are_read_only(db: Db) {
 }
 
 async fn lists_paginate(db: Db) {
-    let api = Api::new(db).await;
+    let api = AdminClient::new(db).await;
     for i in 0..7 {
-        api.admin(
+        api.call(
             Method::POST,
             "/api/v1/teams",
             Some(json!({"name": format!("Team {i:02}")})),
@@ -279,7 +242,7 @@ async fn lists_paginate(db: Db) {
     let mut seen = Vec::new();
     for offset in [0, 3, 6] {
         let (_, page) = api
-            .admin(
+            .call(
                 Method::GET,
                 &format!("/api/v1/teams?offset={offset}&limit=3"),
                 None,
@@ -293,13 +256,13 @@ async fn lists_paginate(db: Db) {
     let expected: Vec<String> = (0..7).map(|i| format!("Team {i:02}")).collect();
     assert_eq!(seen, expected, "pages are disjoint, ordered and complete");
     let (_, capped) = api
-        .admin(Method::GET, "/api/v1/teams?limit=100000", None)
+        .call(Method::GET, "/api/v1/teams?limit=100000", None)
         .await;
     assert_eq!(capped["limit"], 200);
 }
 
 async fn bad_input_names_the_field(db: Db) {
-    let api = Api::new(db).await;
+    let api = AdminClient::new(db).await;
     let cases = [
         (
             "/api/v1/users",
@@ -325,19 +288,19 @@ async fn bad_input_names_the_field(db: Db) {
         ),
     ];
     for (path, body, field) in cases {
-        let (s, v) = api.admin(Method::POST, path, Some(body)).await;
+        let (s, v) = api.call(Method::POST, path, Some(body)).await;
         assert_eq!(s, 422, "{path}: {v}");
         assert_eq!(v["error"]["field"], field, "{path}: {v}");
         assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
     let (s, v) = api
-        .admin(Method::POST, "/api/v1/teams", Some(json!({"nom": "typo"})))
+        .call(Method::POST, "/api/v1/teams", Some(json!({"nom": "typo"})))
         .await;
     assert_eq!(
         (s, v["error"]["field"].clone()),
         (422, json!("body")),
         "{v}"
     );
-    let (_, users) = api.admin(Method::GET, "/api/v1/users", None).await;
+    let (_, users) = api.call(Method::GET, "/api/v1/users", None).await;
     assert_eq!(users["total"], 1, "nothing was created by bad input");
 }
