@@ -1,14 +1,18 @@
 //! Server functions: the UI's only way to the backend.
 //!
-//! Each is a thin adapter: take the [`port::Portal`](crate::port::Portal) and the request from
-//! context, call one use case, map the result. Errors travel as [`UiError`], which carries the
-//! domain [`AppError`] (so forms can put messages next to fields) and an echo of non-secret
-//! inputs, so a form posted without JavaScript comes back with what the user typed.
+//! Each is a thin adapter over one use case of `tessera-core`: [`ssr::call`] takes the
+//! services and the signed-in principal from context, runs the closure (parse the form's
+//! strings, call one service method) and maps the result. Errors travel as [`UiError`],
+//! which carries the domain [`AppError`] (so forms can put messages next to fields) and an
+//! echo of non-secret inputs, so a form posted without JavaScript comes back with what the
+//! user typed.
 
 use leptos::prelude::*;
 use leptos::server_fn::codec::JsonEncoding;
 use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
 use serde::{Deserialize, Serialize};
+#[cfg(feature = "ssr")]
+use ssr::{id, number, optional_number};
 use std::collections::BTreeMap;
 use tessera_domain::account::Me;
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
@@ -75,28 +79,31 @@ impl FromServerFnError for UiError {
 /// The signed-in user, or `None`.
 #[server(prefix = "/fn", endpoint = "current_user")]
 pub async fn current_user() -> Result<Option<Me>, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.me(&req).await, [])
+    ssr::with_request([], async |s, req| {
+        let p = tessera_core::request::principal(s, req).await?;
+        Ok(p.as_ref().map(Me::from))
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "login")]
 pub async fn login(username: String, password: String) -> Result<(), UiError> {
-    let (portal, req) = ssr::context()?;
-    let result = portal.login(&req, &username, &password).await;
-    if result.is_ok() {
+    ssr::with_request([("username", username.clone())], async |s, req| {
+        tessera_core::request::sign_in(s, req, &username, &password).await?;
         leptos_axum::redirect("/");
-    }
-    ssr::finish(result.map(|_| ()), [("username", username)])
+        Ok(())
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "logout")]
 pub async fn logout() -> Result<(), UiError> {
-    let (portal, req) = ssr::context()?;
-    let result = portal.logout(&req).await;
-    if result.is_ok() {
+    ssr::with_request([], async |_, req| {
+        tessera_core::request::sign_out(req).await?;
         leptos_axum::redirect("/login");
-    }
-    ssr::finish(result, [])
+        Ok(())
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "change_password")]
@@ -105,22 +112,30 @@ pub async fn change_password(
     new_password: String,
     confirm_password: String,
 ) -> Result<(), UiError> {
-    let (portal, req) = ssr::context()?;
-    let result = portal
-        .change_password(&req, &current_password, &new_password, &confirm_password)
-        .await;
-    if result.is_ok() {
+    ssr::with_request([], async |s, req| {
+        let who = tessera_core::request::principal(s, req)
+            .await?
+            .ok_or(AppError::Unauthorized)?;
+        tessera_core::request::change_password(
+            s,
+            req,
+            &who,
+            &current_password,
+            &new_password,
+            &confirm_password,
+        )
+        .await?;
         leptos_axum::redirect("/account?changed=1");
-    }
-    ssr::finish(result, [])
+        Ok(())
+    })
+    .await
 }
 
 // ---- account: API tokens ----
 
 #[server(prefix = "/fn", endpoint = "list_tokens")]
 pub async fn list_tokens(page: PageRequest) -> Result<Page<ApiTokenView>, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.list_tokens(&req, page).await, [])
+    ssr::call([], async |s, p| s.tokens.list(p, page).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "create_token")]
@@ -128,7 +143,6 @@ pub async fn create_token(
     name: String,
     expires_in_days: Option<String>,
 ) -> Result<CreatedSecret<ApiTokenView>, UiError> {
-    let (portal, req) = ssr::context()?;
     let echo = [
         ("name", name.clone()),
         (
@@ -136,29 +150,23 @@ pub async fn create_token(
             expires_in_days.clone().unwrap_or_default(),
         ),
     ];
-    let days = match ssr::optional_number(expires_in_days.as_deref(), "expires_in_days") {
-        Ok(d) => d,
-        Err(e) => return ssr::finish(Err(e), echo),
-    };
-    ssr::finish(portal.create_token(&req, &name, days).await, echo)
+    ssr::call(echo, async |s, p| {
+        let days = optional_number(expires_in_days.as_deref(), "expires_in_days")?;
+        s.tokens.create(p, &name, days).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "revoke_token")]
 pub async fn revoke_token(id: String) -> Result<(), UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&id) {
-        Ok(id) => portal.revoke_token(&req, id).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| s.tokens.revoke(p, ssr::id(&id)?).await).await
 }
 
 // ---- users (platform admin) ----
 
 #[server(prefix = "/fn", endpoint = "list_users")]
 pub async fn list_users(page: PageRequest) -> Result<Page<UserView>, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.list_users(&req, page).await, [])
+    ssr::call([], async |s, p| s.tenancy.list_users(p, page).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "create_user")]
@@ -167,85 +175,77 @@ pub async fn create_user(
     password: String,
     is_admin: Option<String>,
 ) -> Result<UserView, UiError> {
-    let (portal, req) = ssr::context()?;
     let admin = is_admin.is_some_and(|v| !v.is_empty() && v != "false");
-    let r = portal.create_user(&req, &username, &password, admin).await;
-    ssr::finish(r, [("username", username)])
+    ssr::call([("username", username.clone())], async |s, p| {
+        s.tenancy.create_user(p, &username, &password, admin).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "set_user_disabled")]
 pub async fn set_user_disabled(user_id: String, disabled: bool) -> Result<UserView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&user_id) {
-        Ok(id) => portal.set_user_disabled(&req, UserId(id), disabled).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        let user = UserId(id(&user_id)?);
+        s.tenancy.set_user_disabled(p, user, disabled).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "reset_password")]
 pub async fn reset_password(user_id: String, password: String) -> Result<UserView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&user_id) {
-        Ok(id) => portal.reset_password(&req, UserId(id), &password).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        let user = UserId(id(&user_id)?);
+        s.tenancy.reset_password(p, user, &password).await
+    })
+    .await
 }
 
 // ---- teams ----
 
 #[server(prefix = "/fn", endpoint = "list_teams")]
 pub async fn list_teams(page: PageRequest) -> Result<Page<TeamView>, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.list_teams(&req, page).await, [])
+    ssr::call([], async |s, p| s.tenancy.list_teams(p, page).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "get_team")]
 pub async fn get_team(team_id: String) -> Result<TeamView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&team_id) {
-        Ok(id) => portal.team(&req, TeamId(id)).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        s.tenancy.team(p, TeamId(id(&team_id)?)).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "create_team")]
 pub async fn create_team(name: String) -> Result<TeamView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = portal.create_team(&req, &name).await;
-    ssr::finish(r, [("name", name)])
+    ssr::call([("name", name.clone())], async |s, p| {
+        s.tenancy.create_team(p, &name).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "rename_team")]
 pub async fn rename_team(team_id: String, name: String) -> Result<TeamView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&team_id) {
-        Ok(id) => portal.rename_team(&req, TeamId(id), &name).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [("name", name)])
+    ssr::call([("name", name.clone())], async |s, p| {
+        s.tenancy.rename_team(p, TeamId(id(&team_id)?), &name).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "set_team_archived")]
 pub async fn set_team_archived(team_id: String, archived: bool) -> Result<TeamView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&team_id) {
-        Ok(id) => portal.set_team_archived(&req, TeamId(id), archived).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        let team = TeamId(id(&team_id)?);
+        s.tenancy.set_team_archived(p, team, archived).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "list_members")]
 pub async fn list_members(team_id: String, page: PageRequest) -> Result<Page<MemberView>, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&team_id) {
-        Ok(id) => portal.list_members(&req, TeamId(id), page).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        s.tenancy.list_members(p, TeamId(id(&team_id)?), page).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "add_member")]
@@ -254,12 +254,12 @@ pub async fn add_member(
     username: String,
     role: String,
 ) -> Result<MemberView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&team_id) {
-        Ok(id) => portal.add_member(&req, TeamId(id), &username, &role).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [("username", username), ("role", role)])
+    let echo = [("username", username.clone()), ("role", role.clone())];
+    ssr::call(echo, async |s, p| {
+        let team = TeamId(id(&team_id)?);
+        s.tenancy.add_member(p, team, &username, &role).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "change_role")]
@@ -268,57 +268,46 @@ pub async fn change_role(
     user_id: String,
     role: String,
 ) -> Result<MemberView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match (ssr::id(&team_id), ssr::id(&user_id)) {
-        (Ok(t), Ok(u)) => portal.change_role(&req, TeamId(t), UserId(u), &role).await,
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        let (team, user) = (TeamId(id(&team_id)?), UserId(id(&user_id)?));
+        s.tenancy.change_role(p, team, user, &role).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "remove_member")]
 pub async fn remove_member(team_id: String, user_id: String) -> Result<(), UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match (ssr::id(&team_id), ssr::id(&user_id)) {
-        (Ok(t), Ok(u)) => portal.remove_member(&req, TeamId(t), UserId(u)).await,
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        let (team, user) = (TeamId(id(&team_id)?), UserId(id(&user_id)?));
+        s.tenancy.remove_member(p, team, user).await
+    })
+    .await
 }
 
 // ---- nodes ----
 
 #[server(prefix = "/fn", endpoint = "cluster_summary")]
 pub async fn get_cluster_summary() -> Result<ClusterSummary, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.cluster_summary(&req).await, [])
+    ssr::call([], async |s, p| s.nodes.summary(p).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "list_nodes")]
 pub async fn list_nodes(page: PageRequest) -> Result<Page<NodeView>, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.list_nodes(&req, page).await, [])
+    ssr::call([], async |s, p| s.nodes.list(p, page).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "revoke_node")]
 pub async fn revoke_node(node_id: String) -> Result<NodeView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&node_id) {
-        Ok(id) => portal.revoke_node(&req, id).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| s.nodes.revoke(p, id(&node_id)?).await).await
 }
 
 /// Recent telemetry of a node (newest `limit` samples, oldest first).
 #[server(prefix = "/fn", endpoint = "node_telemetry")]
 pub async fn get_node_telemetry(node_id: String, limit: u32) -> Result<NodeTelemetry, UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&node_id) {
-        Ok(id) => portal.node_telemetry(&req, id, limit).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        s.nodes.telemetry(p, id(&node_id)?, limit).await
+    })
+    .await
 }
 
 /// `layout` is written like `3g.40gb@0, 2g.20gb@4, 1g.10gb@6` (profile@start); `mode` is
@@ -330,20 +319,20 @@ pub async fn set_gpu_layout(
     mode: String,
     layout: String,
 ) -> Result<NodeView, UiError> {
-    let (portal, req) = ssr::context()?;
-    let parsed = ssr::id(&node_id).and_then(|n| {
+    let echo = [("layout", layout.clone()), ("mode", mode.clone())];
+    ssr::call(echo, async |s, p| {
+        let node = id(&node_id)?;
         let mode = match mode.as_str() {
             "enabled" => MigMode::Enabled,
             "disabled" => MigMode::Disabled,
             _ => return Err(AppError::invalid("mode", "must be enabled or disabled")),
         };
-        Ok((n, mode, parse_layout(&layout)?))
-    });
-    let r = match parsed {
-        Ok((n, mode, l)) => portal.set_gpu_layout(&req, n, &gpu_uuid, mode, l).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [("layout", layout), ("mode", mode)])
+        let instances = parse_layout(&layout)?;
+        s.nodes
+            .set_desired_layout(p, node, &gpu_uuid, mode, instances)
+            .await
+    })
+    .await
 }
 
 /// Parses `3g.40gb@0, 1g.10gb@6` into instances.
@@ -371,8 +360,7 @@ pub fn parse_layout(text: &str) -> Result<Vec<DesiredInstance>, AppError> {
 
 #[server(prefix = "/fn", endpoint = "list_join_tokens")]
 pub async fn list_join_tokens(page: PageRequest) -> Result<Page<JoinTokenView>, UiError> {
-    let (portal, req) = ssr::context()?;
-    ssr::finish(portal.list_join_tokens(&req, page).await, [])
+    ssr::call([], async |s, p| s.nodes.list_join_tokens(p, page).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "create_join_token")]
@@ -381,39 +369,36 @@ pub async fn create_join_token(
     max_uses: String,
     expires_in_hours: String,
 ) -> Result<CreatedSecret<JoinTokenView>, UiError> {
-    let (portal, req) = ssr::context()?;
     let echo = [
         ("note", note.clone()),
         ("max_uses", max_uses.clone()),
         ("expires_in_hours", expires_in_hours.clone()),
     ];
-    let nums = ssr::number(&max_uses, "max_uses")
-        .and_then(|m| Ok((m, ssr::number(&expires_in_hours, "expires_in_hours")?)));
-    let r = match nums {
-        Ok((m, h)) => portal.create_join_token(&req, &note, m, h).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, echo)
+    ssr::call(echo, async |s, p| {
+        let uses = number(&max_uses, "max_uses")?;
+        let hours = number(&expires_in_hours, "expires_in_hours")?;
+        s.nodes.create_join_token(p, &note, uses, hours).await
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "revoke_join_token")]
 pub async fn revoke_join_token(id: String) -> Result<(), UiError> {
-    let (portal, req) = ssr::context()?;
-    let r = match ssr::id(&id) {
-        Ok(id) => portal.revoke_join_token(&req, id).await,
-        Err(e) => Err(e),
-    };
-    ssr::finish(r, [])
+    ssr::call([], async |s, p| {
+        s.nodes.revoke_join_token(p, ssr::id(&id)?).await
+    })
+    .await
 }
 
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::UiError;
-    use crate::port::Portal;
     use http::request::Parts;
     use leptos::prelude::*;
     use leptos_axum::ResponseOptions;
     use std::sync::Arc;
+    use tessera_core::Services;
+    use tessera_domain::account::Principal;
     use tessera_domain::error::AppError;
 
     /// Ids that do not parse name nothing that exists.
@@ -434,17 +419,40 @@ mod ssr {
         }
     }
 
-    /// The backend port and the current request, as provided by the server.
-    pub fn context() -> Result<(Arc<dyn Portal>, Parts), UiError> {
-        let portal = use_context::<Arc<dyn Portal>>().ok_or(AppError::Internal)?;
-        let parts = use_context::<Parts>().ok_or(AppError::Internal)?;
-        Ok((portal, parts))
+    /// Runs a use case for the signed-in caller (401 without a valid session), with the
+    /// services and principal the server put in context, and maps its result.
+    pub async fn call<T, const N: usize>(
+        echo: [(&str, String); N],
+        use_case: impl AsyncFnOnce(&Services, &Principal) -> Result<T, AppError>,
+    ) -> Result<T, UiError> {
+        with_request(echo, async |s, req| {
+            let p = tessera_core::request::principal(s, req)
+                .await?
+                .ok_or(AppError::Unauthorized)?;
+            use_case(s, &p).await
+        })
+        .await
+    }
+
+    /// Runs a use case that reads the request itself (the session: sign-in, sign-out).
+    pub async fn with_request<T, const N: usize>(
+        echo: [(&str, String); N],
+        use_case: impl AsyncFnOnce(&Services, &Parts) -> Result<T, AppError>,
+    ) -> Result<T, UiError> {
+        let result = match (use_context::<Arc<Services>>(), use_context::<Parts>()) {
+            (Some(services), Some(req)) => use_case(&services, &req).await,
+            _ => {
+                leptos::logging::error!("server function called without the services in context");
+                Err(AppError::Internal)
+            }
+        };
+        finish(result, echo)
     }
 
     /// Maps a use case's result to the server function's: sets the HTTP status for
     /// programmatic callers (a plain form post keeps the redirect leptos sets up, which
     /// carries the error in the URL) and attaches the echoed form values.
-    pub fn finish<T, const N: usize>(
+    fn finish<T, const N: usize>(
         result: Result<T, AppError>,
         echo: [(&str, String); N],
     ) -> Result<T, UiError> {

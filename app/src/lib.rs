@@ -1,14 +1,12 @@
 //! Tessera's user interface (Leptos, server-rendered and hydrated).
 //!
-//! Components never talk to the database or to `/api/v1`: data flows through the one-line
-//! server functions in [`api`], which call the [`port::Portal`] the server provides.
+//! Components never talk to the database or to `/api/v1`: data flows through the short
+//! server functions in [`api`], which call `tessera-core`'s services (server side only).
 #![deny(clippy::unwrap_used)]
 
 pub mod api;
 mod components;
 mod pages;
-#[cfg(feature = "ssr")]
-pub mod port;
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};

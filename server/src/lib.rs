@@ -1,27 +1,23 @@
-//! The Tessera server: configuration, services, store, HTTP.
+//! The Tessera server: configuration, HTTP (pages, server functions, REST, agent API),
+//! metrics and the embedded default's simulated nodes. The use cases live in `tessera-core`.
 //!
 //! [`run`] takes a bound listener and a shutdown future, so tests boot the whole app on port 0
 //! against a fresh database.
 #![deny(clippy::unwrap_used)]
 
-pub mod auth;
 pub mod config;
 mod http;
 pub mod observability;
-mod portal;
-pub mod services;
-pub mod sessions;
 pub mod sim;
-pub mod store;
 
 use anyhow::Context;
 use config::ServeConfig;
 use leptos::config::LeptosOptions;
-use services::accounts::Accounts;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use store::Store;
+use tessera_core::store::Store;
+use tessera_core::{Services, auth, sessions};
 use tessera_domain::account::NewPassword;
 use tokio::net::TcpListener;
 use tower_sessions::ExpiredDeletion;
@@ -30,17 +26,8 @@ use tower_sessions::ExpiredDeletion;
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<ServeConfig>,
-    pub store: Store,
     pub services: Arc<Services>,
     pub leptos_options: LeptosOptions,
-}
-
-/// The use cases, wired to their dependencies.
-pub struct Services {
-    pub accounts: Accounts,
-    pub tenancy: services::tenancy::Tenancy,
-    pub tokens: services::tokens::Tokens,
-    pub nodes: services::nodes::Nodes,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -69,7 +56,12 @@ pub async fn run(
     });
     let hasher = auth::password::Hasher::new(workers, config.login_queue)?;
     let limiter = Arc::new(auth::limiter::LoginLimiter::new(Default::default()));
-    let accounts = Accounts::new(store.clone(), hasher.clone(), limiter);
+    let services = Arc::new(Services::new(
+        store.clone(),
+        hasher,
+        limiter,
+        config.session_absolute_timeout,
+    ));
 
     let admin_password = config
         .admin_password
@@ -77,7 +69,11 @@ pub async fn run(
         .map(|p| NewPassword::parse(p.expose(), "TESSERA_ADMIN_PASSWORD"))
         .transpose()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    if let Some(b) = accounts.bootstrap_admin(admin_password.as_ref()).await? {
+    if let Some(b) = services
+        .accounts
+        .bootstrap_admin(admin_password.as_ref())
+        .await?
+    {
         match b.generated_password {
             Some(pw) => {
                 // Printed once, to the console only (not through the log pipeline).
@@ -118,16 +114,10 @@ pub async fn run(
 
     let state = AppState {
         config: Arc::new(config.clone()),
-        store: store.clone(),
-        services: Arc::new(Services {
-            accounts,
-            tenancy: services::tenancy::Tenancy::new(store.clone(), hasher),
-            tokens: services::tokens::Tokens::new(store.clone()),
-            nodes: services::nodes::Nodes::new(store.clone()),
-        }),
+        services,
         leptos_options,
     };
-    let router = http::router(state.clone(), sessions::layer(session_store, &config));
+    let router = http::router(state.clone(), http::session_layer(session_store, &config));
     // Simulated nodes start once the server accepts connections (they register at once).
     let sim_nodes = if config.no_sim {
         None

@@ -5,10 +5,10 @@
 //! newcomer sees a cluster at once and the code paths are the production ones.
 
 use crate::AppState;
-use crate::services::authz;
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use tessera_core::services::authz;
 use tessera_domain::account::{Principal, Username};
 use tessera_domain::ids::UserId;
 use tessera_domain::mig::Catalog;
@@ -185,7 +185,7 @@ async fn demo_layouts(state: AppState, admin: Principal, hostname: String) {
     ];
     for _ in 0..120 {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let Ok(nodes) = state.store.active_nodes().await else {
+        let Ok(nodes) = state.services.store.active_nodes().await else {
             continue;
         };
         let Some(node) = nodes
@@ -228,8 +228,9 @@ async fn demo_layouts(state: AppState, admin: Principal, hostname: String) {
 /// The platform admin on whose behalf simulated nodes' join tokens are made.
 async fn system_principal(state: &AppState) -> anyhow::Result<Principal> {
     let admin = state
+        .services
         .store
-        .user_by_username(crate::services::accounts::BOOTSTRAP_ADMIN)
+        .user_by_username(tessera_core::services::accounts::BOOTSTRAP_ADMIN)
         .await?
         .context("the bootstrap admin is missing")?;
     let p = Principal {

@@ -283,6 +283,7 @@ fn test() -> Result<()> {
             .arg(target_dir().join("wasm"))
             .args(["--", "-D", "warnings"]),
     )?;
+    check_dependency_direction()?;
     let pg = Postgres::start()?;
     let url = pg.url();
     step(
@@ -303,6 +304,95 @@ fn test() -> Result<()> {
         "\nAll checks passed in {:.0}s.",
         started.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// The crate graph points one way (ARCHITECTURE.md): `domain ← core ← app(ssr) ← server`,
+/// `domain ← agent`, and the browser build of `app` pulls in neither `core` nor a database
+/// driver. Checked on `cargo tree`'s normal (non-dev) edges.
+fn check_dependency_direction() -> Result<()> {
+    eprintln!("\n==> dependency direction (cargo tree)");
+    let rules: [(&str, &[&str], &[&str]); 5] = [
+        (
+            "tessera-domain",
+            &[],
+            &[
+                "tessera-core",
+                "tessera-app",
+                "tessera-server",
+                "tessera-agent",
+                "sqlx",
+                "tokio",
+            ],
+        ),
+        (
+            "tessera-core",
+            &[],
+            &[
+                "tessera-app",
+                "tessera-server",
+                "tessera-agent",
+                "leptos",
+                "axum",
+            ],
+        ),
+        (
+            "tessera-app",
+            &["--features", "ssr"],
+            &["tessera-server", "tessera-agent"],
+        ),
+        (
+            "tessera-app",
+            &["--features", "hydrate", "--target", WASM_TARGET],
+            &[
+                "tessera-core",
+                "tessera-server",
+                "tessera-agent",
+                "sqlx",
+                "tokio",
+            ],
+        ),
+        (
+            "tessera-agent",
+            &[],
+            &[
+                "tessera-core",
+                "tessera-app",
+                "tessera-server",
+                "sqlx",
+                "leptos",
+            ],
+        ),
+    ];
+    for (krate, args, forbidden) in rules {
+        let out = cargo()
+            .args([
+                "tree", "-q", "-p", krate, "-e", "normal", "--prefix", "none",
+            ])
+            .args(["--format", "{p}"])
+            .args(args)
+            .output()
+            .context("cargo tree")?;
+        if !out.status.success() {
+            bail!(
+                "cargo tree -p {krate} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let tree = String::from_utf8_lossy(&out.stdout);
+        for dep in forbidden {
+            if tree
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(dep))
+            {
+                bail!(
+                    "{krate} {} depends on {dep}: see ARCHITECTURE.md",
+                    args.join(" ")
+                );
+            }
+        }
+    }
+    eprintln!("    dependency direction: ok");
     Ok(())
 }
 

@@ -2,15 +2,16 @@
 //! (`/api/v1/openapi.json`). Handlers are a few lines: extract, call the service, map.
 
 use super::auth::Caller;
-use super::error::{ApiError, ErrorBody, JsonBody};
+use super::error::{
+    ApiError, Conflict, ErrorBody, Forbidden, Invalid, JsonBody, NotFound, Path, Unauthorized,
+};
 use crate::AppState;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use http::StatusCode;
 use serde::Deserialize;
 use tessera_domain::account::Me;
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
-use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
     ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
@@ -79,13 +80,8 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .split_for_parts()
 }
 
-/// Ids that do not parse name nothing that exists.
-fn id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError(AppError::NotFound))
-}
-
 #[utoipa::path(get, path = "/api/v1/me", tag = "account",
-    responses((status = 200, description = "OK", body = Me), (status = 401, description = "Not signed in", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Me), Unauthorized))]
 async fn me(Caller(p): Caller) -> ApiResult<Me> {
     Ok(Json(Me::from(&p)))
 }
@@ -106,7 +102,7 @@ struct NewPasswordBody {
 }
 
 #[utoipa::path(get, path = "/api/v1/users", tag = "users", params(PageRequest),
-    responses((status = 200, description = "OK", body = Page<UserView>), (status = 403, description = "Not allowed", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Page<UserView>), Forbidden))]
 async fn list_users(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -116,7 +112,7 @@ async fn list_users(
 }
 
 #[utoipa::path(post, path = "/api/v1/users", tag = "users", request_body = NewUser,
-    responses((status = 201, description = "Created", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = UserView), Forbidden, Invalid))]
 async fn create_user(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -132,26 +128,26 @@ async fn create_user(
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/disable", tag = "users",
     description = "Signs the user out everywhere and revokes their API tokens.",
-    responses((status = 200, description = "OK", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = UserView), Forbidden, NotFound))]
 async fn disable_user(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(user): Path<String>,
+    Path(user): Path<Uuid>,
 ) -> ApiResult<UserView> {
-    let user = UserId(id(&user)?);
+    let user = UserId(user);
     Ok(Json(
         s.services.tenancy.set_user_disabled(&p, user, true).await?,
     ))
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/enable", tag = "users",
-    responses((status = 200, description = "OK", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = UserView), Forbidden, NotFound))]
 async fn enable_user(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(user): Path<String>,
+    Path(user): Path<Uuid>,
 ) -> ApiResult<UserView> {
-    let user = UserId(id(&user)?);
+    let user = UserId(user);
     Ok(Json(
         s.services
             .tenancy
@@ -161,14 +157,14 @@ async fn enable_user(
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/password", tag = "users", request_body = NewPasswordBody,
-    responses((status = 200, description = "OK", body = UserView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = UserView), Forbidden, NotFound))]
 async fn reset_password(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(user): Path<String>,
+    Path(user): Path<Uuid>,
     JsonBody(b): JsonBody<NewPasswordBody>,
 ) -> ApiResult<UserView> {
-    let user = UserId(id(&user)?);
+    let user = UserId(user);
     Ok(Json(
         s.services
             .tenancy
@@ -196,7 +192,7 @@ async fn list_teams(
 }
 
 #[utoipa::path(post, path = "/api/v1/teams", tag = "teams", request_body = TeamBody,
-    responses((status = 201, description = "Created", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = TeamView), Forbidden, Invalid))]
 async fn create_team(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -209,57 +205,57 @@ async fn create_team(
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}", tag = "teams",
-    responses((status = 200, description = "OK", body = TeamView), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), NotFound))]
 async fn get_team(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(team): Path<String>,
+    Path(team): Path<Uuid>,
 ) -> ApiResult<TeamView> {
-    Ok(Json(s.services.tenancy.team(&p, TeamId(id(&team)?)).await?))
+    Ok(Json(s.services.tenancy.team(&p, TeamId(team)).await?))
 }
 
 #[utoipa::path(patch, path = "/api/v1/teams/{id}", tag = "teams", request_body = TeamBody,
-    responses((status = 200, description = "OK", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound))]
 async fn rename_team(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(team): Path<String>,
+    Path(team): Path<Uuid>,
     JsonBody(b): JsonBody<TeamBody>,
 ) -> ApiResult<TeamView> {
     Ok(Json(
         s.services
             .tenancy
-            .rename_team(&p, TeamId(id(&team)?), &b.name)
+            .rename_team(&p, TeamId(team), &b.name)
             .await?,
     ))
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/archive", tag = "teams",
-    responses((status = 200, description = "OK", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound))]
 async fn archive_team(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(team): Path<String>,
+    Path(team): Path<Uuid>,
 ) -> ApiResult<TeamView> {
     Ok(Json(
         s.services
             .tenancy
-            .set_team_archived(&p, TeamId(id(&team)?), true)
+            .set_team_archived(&p, TeamId(team), true)
             .await?,
     ))
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/unarchive", tag = "teams",
-    responses((status = 200, description = "OK", body = TeamView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound))]
 async fn unarchive_team(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(team): Path<String>,
+    Path(team): Path<Uuid>,
 ) -> ApiResult<TeamView> {
     Ok(Json(
         s.services
             .tenancy
-            .set_team_archived(&p, TeamId(id(&team)?), false)
+            .set_team_archived(&p, TeamId(team), false)
             .await?,
     ))
 }
@@ -278,46 +274,46 @@ struct RoleBody {
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/members", tag = "teams", params(PageRequest),
-    responses((status = 200, description = "OK", body = Page<MemberView>), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Page<MemberView>), NotFound))]
 async fn list_members(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(team): Path<String>,
+    Path(team): Path<Uuid>,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<MemberView>> {
     Ok(Json(
         s.services
             .tenancy
-            .list_members(&p, TeamId(id(&team)?), page)
+            .list_members(&p, TeamId(team), page)
             .await?,
     ))
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/members", tag = "teams", request_body = NewMember,
-    responses((status = 201, description = "Created", body = MemberView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = MemberView), Forbidden, NotFound, Invalid))]
 async fn add_member(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(team): Path<String>,
+    Path(team): Path<Uuid>,
     JsonBody(b): JsonBody<NewMember>,
 ) -> Result<(StatusCode, Json<MemberView>), ApiError> {
     let m = s
         .services
         .tenancy
-        .add_member(&p, TeamId(id(&team)?), &b.username, &b.role)
+        .add_member(&p, TeamId(team), &b.username, &b.role)
         .await?;
     Ok((StatusCode::CREATED, Json(m)))
 }
 
 #[utoipa::path(put, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams", request_body = RoleBody,
-    responses((status = 200, description = "OK", body = MemberView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 409, description = "Conflicts with the current state", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = MemberView), Forbidden, NotFound, Conflict))]
 async fn change_role(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path((team, user)): Path<(String, String)>,
+    Path((team, user)): Path<(Uuid, Uuid)>,
     JsonBody(b): JsonBody<RoleBody>,
 ) -> ApiResult<MemberView> {
-    let (team, user) = (TeamId(id(&team)?), UserId(id(&user)?));
+    let (team, user) = (TeamId(team), UserId(user));
     Ok(Json(
         s.services
             .tenancy
@@ -327,13 +323,13 @@ async fn change_role(
 }
 
 #[utoipa::path(delete, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams",
-    responses((status = 204, description = "Done"), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 409, description = "Conflicts with the current state", body = ErrorBody)))]
+    responses((status = 204, description = "Done"), Forbidden, NotFound, Conflict))]
 async fn remove_member(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path((team, user)): Path<(String, String)>,
+    Path((team, user)): Path<(Uuid, Uuid)>,
 ) -> Result<StatusCode, ApiError> {
-    let (team, user) = (TeamId(id(&team)?), UserId(id(&user)?));
+    let (team, user) = (TeamId(team), UserId(user));
     s.services.tenancy.remove_member(&p, team, user).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -359,7 +355,7 @@ async fn list_tokens(
 
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "account", request_body = NewToken,
     description = "The secret is in the response only; it is stored hashed.",
-    responses((status = 201, description = "Created", body = CreatedSecret<ApiTokenView>), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = CreatedSecret<ApiTokenView>), Invalid))]
 async fn create_token(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -374,13 +370,13 @@ async fn create_token(
 }
 
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "account",
-    responses((status = 204, description = "Done"), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 204, description = "Done"), NotFound))]
 async fn revoke_token(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(token): Path<String>,
+    Path(token): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
-    s.services.tokens.revoke(&p, id(&token)?).await?;
+    s.services.tokens.revoke(&p, token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -406,7 +402,7 @@ fn day() -> u32 {
 }
 
 #[utoipa::path(get, path = "/api/v1/join-tokens", tag = "nodes", params(PageRequest),
-    responses((status = 200, description = "OK", body = Page<JoinTokenView>), (status = 403, description = "Not allowed", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = Page<JoinTokenView>), Forbidden))]
 async fn list_join_tokens(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -417,7 +413,7 @@ async fn list_join_tokens(
 
 #[utoipa::path(post, path = "/api/v1/join-tokens", tag = "nodes", request_body = NewJoinToken,
     description = "Run `tessera-agent --server URL --join-token SECRET` on the node.",
-    responses((status = 201, description = "Created", body = CreatedSecret<JoinTokenView>), (status = 403, description = "Not allowed", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
+    responses((status = 201, description = "Created", body = CreatedSecret<JoinTokenView>), Forbidden, Invalid))]
 async fn create_join_token(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -432,13 +428,13 @@ async fn create_join_token(
 }
 
 #[utoipa::path(delete, path = "/api/v1/join-tokens/{id}", tag = "nodes",
-    responses((status = 204, description = "Done"), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 204, description = "Done"), Forbidden, NotFound))]
 async fn revoke_join_token(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(token): Path<String>,
+    Path(token): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
-    s.services.nodes.revoke_join_token(&p, id(&token)?).await?;
+    s.services.nodes.revoke_join_token(&p, token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -453,24 +449,24 @@ async fn list_nodes(
 }
 
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
-    responses((status = 200, description = "OK", body = NodeView), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeView), NotFound))]
 async fn get_node(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(node): Path<String>,
+    Path(node): Path<Uuid>,
 ) -> ApiResult<NodeView> {
-    Ok(Json(s.services.nodes.get(&p, id(&node)?).await?))
+    Ok(Json(s.services.nodes.get(&p, node).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/revoke", tag = "nodes",
     description = "The node's credential stops working at once.",
-    responses((status = 200, description = "OK", body = NodeView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound))]
 async fn revoke_node(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(node): Path<String>,
+    Path(node): Path<Uuid>,
 ) -> ApiResult<NodeView> {
-    Ok(Json(s.services.nodes.revoke(&p, id(&node)?).await?))
+    Ok(Json(s.services.nodes.revoke(&p, node).await?))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -481,17 +477,15 @@ struct TelemetryQuery {
 
 #[utoipa::path(get, path = "/api/v1/nodes/{id}/telemetry", tag = "nodes", params(TelemetryQuery),
     description = "Recent per-GPU samples, oldest first. Metrics the driver cannot give are null.",
-    responses((status = 200, description = "OK", body = NodeTelemetry), (status = 404, description = "Not found (or another team's)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeTelemetry), NotFound))]
 async fn node_telemetry(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(node): Path<String>,
+    Path(node): Path<Uuid>,
     Query(q): Query<TelemetryQuery>,
 ) -> ApiResult<NodeTelemetry> {
     let limit = q.limit.unwrap_or(60);
-    Ok(Json(
-        s.services.nodes.telemetry(&p, id(&node)?, limit).await?,
-    ))
+    Ok(Json(s.services.nodes.telemetry(&p, node, limit).await?))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -508,17 +502,17 @@ struct LayoutBody {
 #[utoipa::path(put, path = "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", tag = "nodes", request_body = LayoutBody,
     description = "Sets the MIG layout the node's agent should apply (validated against the GPU's profile table). \
                    The agent reports progress; see the GPU's `apply_state`.",
-    responses((status = 200, description = "OK", body = NodeView), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found (or another team's)", body = ErrorBody), (status = 422, description = "Invalid input (the error names the field)", body = ErrorBody)))]
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid))]
 async fn set_gpu_layout(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path((node, gpu)): Path<(String, String)>,
+    Path((node, gpu)): Path<(Uuid, String)>,
     JsonBody(b): JsonBody<LayoutBody>,
 ) -> ApiResult<NodeView> {
     Ok(Json(
         s.services
             .nodes
-            .set_desired_layout(&p, id(&node)?, &gpu, b.mode, b.layout)
+            .set_desired_layout(&p, node, &gpu, b.mode, b.layout)
             .await?,
     ))
 }

@@ -1,44 +1,15 @@
 //! Who is calling: a browser session, a personal API token, or a node credential.
 
 use crate::AppState;
-use crate::services::nodes::NodeIdentity;
-use crate::sessions;
 use axum::extract::FromRequestParts;
-use chrono::Utc;
 use http::request::Parts;
+use tessera_core::request::session_principal;
+use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use tower_sessions::Session;
 
 use super::error::ApiError;
-
-/// The principal behind a browser session, if any (signing out sessions that are no
-/// longer valid).
-pub async fn session_principal(
-    state: &AppState,
-    session: &Session,
-) -> Result<Option<Principal>, AppError> {
-    let Some(user) = sessions::read(session, state.config.session_absolute_timeout, Utc::now())
-        .await
-        .map_err(session_error)?
-    else {
-        return Ok(None);
-    };
-    let principal = state
-        .services
-        .accounts
-        .principal_for_session(user.user_id, user.signed_in_at)
-        .await?;
-    if principal.is_none() {
-        sessions::sign_out(session).await.map_err(session_error)?;
-    }
-    Ok(principal)
-}
-
-pub fn session_error(e: tower_sessions::session::Error) -> AppError {
-    tracing::error!(error = %e, "session store");
-    AppError::Internal
-}
 
 fn bearer(parts: &Parts) -> Option<&str> {
     parts
@@ -66,7 +37,7 @@ impl FromRequestParts<AppState> for Caller {
             .get::<Session>()
             .cloned()
             .ok_or(AppError::Internal)?;
-        session_principal(state, &session)
+        session_principal(&state.services, &session)
             .await?
             .map(Caller)
             .ok_or(ApiError(AppError::Unauthorized))

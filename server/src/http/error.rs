@@ -59,3 +59,47 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
         }
     }
 }
+
+/// Path parameters (`{id}`, `{id}/…/{user_id}`) as typed values. A value that does not
+/// parse (an id that is not a UUID) names nothing that exists, so it is a 404 like any
+/// other missing object, not axum's 400.
+#[derive(axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct Path<T>(pub T);
+
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(_: axum::extract::rejection::PathRejection) -> Self {
+        ApiError(AppError::NotFound)
+    }
+}
+
+// The error responses routes share, for `responses(…)` in `#[utoipa::path]`: list the
+// success response as a tuple, then the error sets the route can answer.
+
+/// 401: no valid session or token.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "Not signed in")]
+pub struct Unauthorized(#[allow(dead_code)] ErrorBody);
+
+/// 403: signed in, but the role does not allow it.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 403, description = "Not allowed")]
+pub struct Forbidden(#[allow(dead_code)] ErrorBody);
+
+/// 404: missing, or another team's (the two are indistinguishable).
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "Not found (or another team's)")]
+pub struct NotFound(#[allow(dead_code)] ErrorBody);
+
+/// 409: conflicts with the current state.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 409, description = "Conflicts with the current state")]
+pub struct Conflict(#[allow(dead_code)] ErrorBody);
+
+/// 422: invalid input; the error names the field.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 422,
+    description = "Invalid input (the error names the field)"
+)]
+pub struct Invalid(#[allow(dead_code)] ErrorBody);

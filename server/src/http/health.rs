@@ -10,7 +10,7 @@ pub async fn healthz() -> &'static str {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    match state.store.ping().await {
+    match state.services.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready"),
         Err(e) => {
             tracing::warn!(error = %e, "database not reachable");

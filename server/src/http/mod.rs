@@ -12,22 +12,29 @@ mod health;
 mod metrics;
 
 use crate::AppState;
-use crate::portal::PortalImpl;
+use crate::config::ServeConfig;
 use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::get;
 use leptos::prelude::provide_context;
 use leptos_axum::{LeptosRoutes, generate_route_list};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use tessera_app::port::Portal;
+use tessera_core::request::ClientIp;
+use tessera_core::sessions::{AnySessionStore, cookie_name};
 use tower_http::services::ServeDir;
+use tower_sessions::{Expiry, SessionManagerLayer, cookie::SameSite};
 
-pub fn router(
-    state: AppState,
-    sessions: tower_sessions::SessionManagerLayer<crate::sessions::AnySessionStore>,
-) -> Router {
+type Sessions = SessionManagerLayer<AnySessionStore>;
+
+pub fn router(state: AppState, sessions: Sessions) -> Router {
+    let trust_proxy = state.config.trust_proxy_headers;
     let leptos_options = state.leptos_options.clone();
     let routes = generate_route_list(tessera_app::App);
-    let portal: Arc<dyn Portal> = Arc::new(PortalImpl::new(state.clone()));
+    let services = state.services.clone();
     let pkg_dir = state.config.site_root.join("pkg");
     let sessions_for_api = sessions.clone();
 
@@ -35,7 +42,7 @@ pub fn router(
         .leptos_routes_with_context(
             &leptos_options,
             routes,
-            move || provide_context(portal.clone()),
+            move || provide_context(services.clone()),
             {
                 let options = leptos_options.clone();
                 move || tessera_app::shell(options.clone())
@@ -74,5 +81,48 @@ pub fn router(
         .with_state(state)
         .merge(app)
         .merge(api_and_agent)
+        .layer(axum::middleware::from_fn_with_state(trust_proxy, client_ip))
         .layer(axum::middleware::from_fn(metrics::track))
+}
+
+/// The browser session layer: HttpOnly, SameSite=Lax, `Secure` with a `__Host-` name over
+/// https, expiring after the idle timeout (the absolute timeout is checked on every read).
+pub fn session_layer(store: AnySessionStore, config: &ServeConfig) -> Sessions {
+    let secure = config.secure_cookies();
+    SessionManagerLayer::new(store)
+        .with_name(cookie_name(secure))
+        .with_secure(secure)
+        .with_http_only(true)
+        .with_same_site(SameSite::Lax)
+        .with_path("/")
+        .with_expiry(Expiry::OnInactivity(
+            tower_sessions::cookie::time::Duration::try_from(config.session_idle_timeout)
+                .unwrap_or(tower_sessions::cookie::time::Duration::hours(8)),
+        ))
+}
+
+/// Decides the client's address once per request ([`ClientIp`]): the socket peer, or the
+/// last `X-Forwarded-For` hop when proxy headers are trusted.
+async fn client_ip(
+    State(trust_proxy): State<bool>,
+    mut req: Request<Body>,
+    next: Next,
+) -> Response {
+    let forwarded = trust_proxy
+        .then(|| {
+            req.headers()
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.rsplit(',').next())
+                .and_then(|v| v.trim().parse::<IpAddr>().ok())
+        })
+        .flatten();
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    if let Some(ip) = forwarded.or(peer) {
+        req.extensions_mut().insert(ClientIp(ip));
+    }
+    next.run(req).await
 }

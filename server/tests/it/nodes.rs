@@ -127,13 +127,13 @@ async fn join_tokens_are_limited_use_and_expire(db: Db) {
 
 /// Moves a join token's expiry into the past (tests cannot wait an hour).
 async fn expire_join_token(app: &TestApp, id: &str) {
-    let store = tessera_server::store::Store::connect(&app.database_url)
+    let store = tessera_core::store::Store::connect(&app.database_url)
         .await
         .expect("connect");
     let id = uuid::Uuid::parse_str(id).expect("uuid");
     let past = chrono::Utc::now() - chrono::Duration::hours(1);
     match store {
-        tessera_server::store::Store::Sqlite(p) => {
+        tessera_core::store::Store::Sqlite(p) => {
             sqlx::query("UPDATE join_tokens SET expires_at = $1 WHERE id = $2")
                 .bind(past)
                 .bind(id)
@@ -141,7 +141,7 @@ async fn expire_join_token(app: &TestApp, id: &str) {
                 .await
                 .expect("update");
         }
-        tessera_server::store::Store::Postgres(p) => {
+        tessera_core::store::Store::Postgres(p) => {
             sqlx::query("UPDATE join_tokens SET expires_at = $1 WHERE id = $2")
                 .bind(past)
                 .bind(id)
@@ -224,7 +224,7 @@ async fn telemetry_is_deduplicated_and_acknowledged(db: Db) {
     assert_eq!(post((1..=5).map(sample).collect()).await, 5);
     // A resend after a lost ack overlaps what is stored: stored once, acked again.
     assert_eq!(post((3..=8).map(sample).collect()).await, 8);
-    let store = tessera_server::store::Store::connect(&a.app.database_url)
+    let store = tessera_core::store::Store::connect(&a.app.database_url)
         .await
         .expect("db");
     let n = store
@@ -507,7 +507,7 @@ async fn telemetry_survives_a_server_restart(db: Db) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start tessera-agent");
-    let store = tessera_server::store::Store::connect(&a.app.database_url)
+    let store = tessera_core::store::Store::connect(&a.app.database_url)
         .await
         .expect("db");
     let node = wait_for(&a, |nodes| {

@@ -6,12 +6,11 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use tower_sessions::Session;
 use tower_sessions::session::{Id, Record};
 use tower_sessions::session_store::{self, ExpiredDeletion, SessionStore};
-use tower_sessions::{Expiry, Session, SessionManagerLayer, cookie::SameSite};
 use tower_sessions_sqlx_store::{PostgresStore, SqliteStore};
 
-use crate::config::ServeConfig;
 use crate::store::Store;
 
 const USER_ID: &str = "uid";
@@ -82,20 +81,6 @@ pub fn cookie_name(secure: bool) -> &'static str {
     } else {
         "tessera_session"
     }
-}
-
-pub fn layer(store: AnySessionStore, config: &ServeConfig) -> SessionManagerLayer<AnySessionStore> {
-    let secure = config.secure_cookies();
-    SessionManagerLayer::new(store)
-        .with_name(cookie_name(secure))
-        .with_secure(secure)
-        .with_http_only(true)
-        .with_same_site(SameSite::Lax)
-        .with_path("/")
-        .with_expiry(Expiry::OnInactivity(
-            tower_sessions::cookie::time::Duration::try_from(config.session_idle_timeout)
-                .unwrap_or(tower_sessions::cookie::time::Duration::hours(8)),
-        ))
 }
 
 /// What a signed-in session records.

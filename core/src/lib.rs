@@ -1,0 +1,48 @@
+//! Tessera's use cases and what they stand on: the services (business rules and
+//! authorization), the store (the only SQL), password hashing and browser sessions.
+//!
+//! Both adapters call into this crate directly: the UI's server functions (`tessera-app`
+//! with `ssr`) and the REST handlers (`tessera-server`). Nothing here knows about routers,
+//! HTML or JSON shapes; [`request`] is the one place that reads a request (its session and
+//! client address) to find out who is calling.
+#![deny(clippy::unwrap_used)]
+
+pub mod auth;
+pub mod request;
+pub mod services;
+pub mod sessions;
+pub mod store;
+
+use services::{accounts::Accounts, nodes::Nodes, tenancy::Tenancy, tokens::Tokens};
+use std::sync::Arc;
+use std::time::Duration;
+use store::Store;
+
+/// The use cases, wired to their dependencies; shared as `Arc<Services>` by every adapter.
+pub struct Services {
+    pub store: Store,
+    pub accounts: Accounts,
+    pub tenancy: Tenancy,
+    pub tokens: Tokens,
+    pub nodes: Nodes,
+    /// A browser session ends this long after sign-in, whatever its activity.
+    pub session_absolute_timeout: Duration,
+}
+
+impl Services {
+    pub fn new(
+        store: Store,
+        hasher: auth::password::Hasher,
+        limiter: Arc<auth::limiter::LoginLimiter>,
+        session_absolute_timeout: Duration,
+    ) -> Self {
+        Services {
+            accounts: Accounts::new(store.clone(), hasher.clone(), limiter),
+            tenancy: Tenancy::new(store.clone(), hasher),
+            tokens: Tokens::new(store.clone()),
+            nodes: Nodes::new(store.clone()),
+            store,
+            session_absolute_timeout,
+        }
+    }
+}

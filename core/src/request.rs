@@ -1,0 +1,121 @@
+//! Who is calling, read from a request: the browser session's principal and the client
+//! address, plus the use cases that change the session itself (sign in, sign out, change
+//! password). The HTTP server puts the [`Session`] and a [`ClientIp`] into every request's
+//! extensions; server functions and REST handlers both come here for the principal.
+
+use crate::Services;
+use crate::sessions::{self, SessionUser};
+use chrono::Utc;
+use http::request::Parts;
+use std::net::{IpAddr, Ipv4Addr};
+use tessera_domain::account::{Me, Principal};
+use tessera_domain::error::AppError;
+use tower_sessions::Session;
+
+/// The client's address as the server decided it (the socket peer, or the last
+/// `X-Forwarded-For` hop when proxy headers are trusted).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIp(pub IpAddr);
+
+/// The request's session (the session layer puts it there).
+pub fn session(req: &Parts) -> Result<Session, AppError> {
+    req.extensions.get::<Session>().cloned().ok_or_else(|| {
+        tracing::error!("session layer missing");
+        AppError::Internal
+    })
+}
+
+fn client_ip(req: &Parts) -> IpAddr {
+    req.extensions
+        .get::<ClientIp>()
+        .map(|c| c.0)
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+/// The principal behind a browser session, if any (signing out sessions that are no
+/// longer valid: past the absolute timeout, user disabled, password changed since).
+pub async fn session_principal(
+    services: &Services,
+    session: &Session,
+) -> Result<Option<Principal>, AppError> {
+    let Some(user) = sessions::read(session, services.session_absolute_timeout, Utc::now())
+        .await
+        .map_err(session_error)?
+    else {
+        return Ok(None);
+    };
+    let principal = services
+        .accounts
+        .principal_for_session(user.user_id, user.signed_in_at)
+        .await?;
+    if principal.is_none() {
+        sessions::sign_out(session).await.map_err(session_error)?;
+    }
+    Ok(principal)
+}
+
+/// The signed-in principal of a browser request, if any.
+pub async fn principal(services: &Services, req: &Parts) -> Result<Option<Principal>, AppError> {
+    session_principal(services, &session(req)?).await
+}
+
+/// Verifies credentials and starts a fresh session (the session id is cycled).
+pub async fn sign_in(
+    services: &Services,
+    req: &Parts,
+    username: &str,
+    password: &str,
+) -> Result<Me, AppError> {
+    let signed_in = services
+        .accounts
+        .login(username, password, client_ip(req))
+        .await?;
+    sessions::sign_in(
+        &session(req)?,
+        SessionUser {
+            user_id: signed_in.principal.user_id.0,
+            signed_in_at: signed_in.at,
+        },
+    )
+    .await
+    .map_err(session_error)?;
+    tracing::info!(user = %signed_in.principal.username, "signed in");
+    Ok(Me::from(&signed_in.principal))
+}
+
+/// Ends the session on the server.
+pub async fn sign_out(req: &Parts) -> Result<(), AppError> {
+    sessions::sign_out(&session(req)?)
+        .await
+        .map_err(session_error)
+}
+
+/// Changes the caller's password; this session continues under a new id while every other
+/// session of the user becomes void.
+pub async fn change_password(
+    services: &Services,
+    req: &Parts,
+    who: &Principal,
+    current: &str,
+    new: &str,
+    confirm: &str,
+) -> Result<(), AppError> {
+    let at = services
+        .accounts
+        .change_password(who, current, new, confirm, client_ip(req))
+        .await?;
+    sessions::sign_in(
+        &session(req)?,
+        SessionUser {
+            user_id: who.user_id.0,
+            signed_in_at: at,
+        },
+    )
+    .await
+    .map_err(session_error)
+}
+
+pub fn session_error(e: tower_sessions::session::Error) -> AppError {
+    tracing::error!(error = %e, "session store");
+    AppError::Internal
+}
