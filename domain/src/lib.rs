@@ -5,6 +5,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod account;
+pub mod alloc;
 pub mod cluster;
 pub mod error;
 pub mod ids;

@@ -1,4 +1,5 @@
-//! Integration tests of tessera-domain's planner and MIG catalog.
+//! Integration tests of tessera-domain's planner, MIG catalog and allocation rules.
 
+mod alloc_props;
 mod docs_example;
 mod planner_props;

@@ -1,17 +1,18 @@
 //! The REST API under `/api/v1`, documented by the OpenAPI document it generates
 //! (`/api/v1/openapi.json`). Handlers are a few lines: extract, call the service, map.
 
-use super::auth::Caller;
+use super::auth::{Call, Caller};
 use super::error::{
     ApiError, Conflict, ErrorBody, Forbidden, Invalid, JsonBody, NotFound, Path, Unauthorized,
 };
 use crate::AppState;
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::Query;
 use http::StatusCode;
 use serde::Deserialize;
 use tessera_domain::account::Me;
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
+use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
     ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
@@ -22,6 +23,17 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
+type Created<T> = Result<(StatusCode, Json<T>), ApiError>;
+
+/// A use case's result as a 200 response.
+fn ok<T>(result: Result<T, AppError>) -> ApiResult<T> {
+    Ok(Json(result?))
+}
+
+/// A use case's result as a 201 response.
+fn created<T>(result: Result<T, AppError>) -> Created<T> {
+    Ok((StatusCode::CREATED, Json(result?)))
+}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -104,73 +116,46 @@ struct NewPasswordBody {
 #[utoipa::path(get, path = "/api/v1/users", tag = "users", params(PageRequest),
     responses((status = 200, description = "OK", body = Page<UserView>), Forbidden))]
 async fn list_users(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<UserView>> {
-    Ok(Json(s.services.tenancy.list_users(&p, page).await?))
+    ok(s.tenancy.list_users(&p, page).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/users", tag = "users", request_body = NewUser,
     responses((status = 201, description = "Created", body = UserView), Forbidden, Invalid))]
-async fn create_user(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    JsonBody(b): JsonBody<NewUser>,
-) -> Result<(StatusCode, Json<UserView>), ApiError> {
-    let u = s
-        .services
-        .tenancy
-        .create_user(&p, &b.username, &b.password, b.is_admin)
-        .await?;
-    Ok((StatusCode::CREATED, Json(u)))
+async fn create_user(Call(s, p): Call, JsonBody(b): JsonBody<NewUser>) -> Created<UserView> {
+    created(
+        s.tenancy
+            .create_user(&p, &b.username, &b.password, b.is_admin)
+            .await,
+    )
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/disable", tag = "users",
     description = "Signs the user out everywhere and revokes their API tokens.",
     responses((status = 200, description = "OK", body = UserView), Forbidden, NotFound))]
-async fn disable_user(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(user): Path<Uuid>,
-) -> ApiResult<UserView> {
+async fn disable_user(Call(s, p): Call, Path(user): Path<Uuid>) -> ApiResult<UserView> {
     let user = UserId(user);
-    Ok(Json(
-        s.services.tenancy.set_user_disabled(&p, user, true).await?,
-    ))
+    ok(s.tenancy.set_user_disabled(&p, user, true).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/enable", tag = "users",
     responses((status = 200, description = "OK", body = UserView), Forbidden, NotFound))]
-async fn enable_user(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(user): Path<Uuid>,
-) -> ApiResult<UserView> {
+async fn enable_user(Call(s, p): Call, Path(user): Path<Uuid>) -> ApiResult<UserView> {
     let user = UserId(user);
-    Ok(Json(
-        s.services
-            .tenancy
-            .set_user_disabled(&p, user, false)
-            .await?,
-    ))
+    ok(s.tenancy.set_user_disabled(&p, user, false).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/users/{id}/password", tag = "users", request_body = NewPasswordBody,
     responses((status = 200, description = "OK", body = UserView), Forbidden, NotFound))]
 async fn reset_password(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path(user): Path<Uuid>,
     JsonBody(b): JsonBody<NewPasswordBody>,
 ) -> ApiResult<UserView> {
     let user = UserId(user);
-    Ok(Json(
-        s.services
-            .tenancy
-            .reset_password(&p, user, &b.password)
-            .await?,
-    ))
+    ok(s.tenancy.reset_password(&p, user, &b.password).await)
 }
 
 // ---- teams ----
@@ -184,80 +169,44 @@ struct TeamBody {
     description = "Platform admins see every team; others see the teams they belong to.",
     responses((status = 200, description = "OK", body = Page<TeamView>)))]
 async fn list_teams(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<TeamView>> {
-    Ok(Json(s.services.tenancy.list_teams(&p, page).await?))
+    ok(s.tenancy.list_teams(&p, page).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/teams", tag = "teams", request_body = TeamBody,
     responses((status = 201, description = "Created", body = TeamView), Forbidden, Invalid))]
-async fn create_team(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    JsonBody(b): JsonBody<TeamBody>,
-) -> Result<(StatusCode, Json<TeamView>), ApiError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(s.services.tenancy.create_team(&p, &b.name).await?),
-    ))
+async fn create_team(Call(s, p): Call, JsonBody(b): JsonBody<TeamBody>) -> Created<TeamView> {
+    created(s.tenancy.create_team(&p, &b.name).await)
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}", tag = "teams",
     responses((status = 200, description = "OK", body = TeamView), NotFound))]
-async fn get_team(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(team): Path<Uuid>,
-) -> ApiResult<TeamView> {
-    Ok(Json(s.services.tenancy.team(&p, TeamId(team)).await?))
+async fn get_team(Call(s, p): Call, Path(team): Path<Uuid>) -> ApiResult<TeamView> {
+    ok(s.tenancy.team(&p, TeamId(team)).await)
 }
 
 #[utoipa::path(patch, path = "/api/v1/teams/{id}", tag = "teams", request_body = TeamBody,
     responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound))]
 async fn rename_team(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path(team): Path<Uuid>,
     JsonBody(b): JsonBody<TeamBody>,
 ) -> ApiResult<TeamView> {
-    Ok(Json(
-        s.services
-            .tenancy
-            .rename_team(&p, TeamId(team), &b.name)
-            .await?,
-    ))
+    ok(s.tenancy.rename_team(&p, TeamId(team), &b.name).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/archive", tag = "teams",
     responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound))]
-async fn archive_team(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(team): Path<Uuid>,
-) -> ApiResult<TeamView> {
-    Ok(Json(
-        s.services
-            .tenancy
-            .set_team_archived(&p, TeamId(team), true)
-            .await?,
-    ))
+async fn archive_team(Call(s, p): Call, Path(team): Path<Uuid>) -> ApiResult<TeamView> {
+    ok(s.tenancy.set_team_archived(&p, TeamId(team), true).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/unarchive", tag = "teams",
     responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound))]
-async fn unarchive_team(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(team): Path<Uuid>,
-) -> ApiResult<TeamView> {
-    Ok(Json(
-        s.services
-            .tenancy
-            .set_team_archived(&p, TeamId(team), false)
-            .await?,
-    ))
+async fn unarchive_team(Call(s, p): Call, Path(team): Path<Uuid>) -> ApiResult<TeamView> {
+    ok(s.tenancy.set_team_archived(&p, TeamId(team), false).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -276,61 +225,46 @@ struct RoleBody {
 #[utoipa::path(get, path = "/api/v1/teams/{id}/members", tag = "teams", params(PageRequest),
     responses((status = 200, description = "OK", body = Page<MemberView>), NotFound))]
 async fn list_members(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path(team): Path<Uuid>,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<MemberView>> {
-    Ok(Json(
-        s.services
-            .tenancy
-            .list_members(&p, TeamId(team), page)
-            .await?,
-    ))
+    ok(s.tenancy.list_members(&p, TeamId(team), page).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/members", tag = "teams", request_body = NewMember,
     responses((status = 201, description = "Created", body = MemberView), Forbidden, NotFound, Invalid))]
 async fn add_member(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path(team): Path<Uuid>,
     JsonBody(b): JsonBody<NewMember>,
-) -> Result<(StatusCode, Json<MemberView>), ApiError> {
-    let m = s
-        .services
-        .tenancy
-        .add_member(&p, TeamId(team), &b.username, &b.role)
-        .await?;
-    Ok((StatusCode::CREATED, Json(m)))
+) -> Created<MemberView> {
+    created(
+        s.tenancy
+            .add_member(&p, TeamId(team), &b.username, &b.role)
+            .await,
+    )
 }
 
 #[utoipa::path(put, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams", request_body = RoleBody,
     responses((status = 200, description = "OK", body = MemberView), Forbidden, NotFound, Conflict))]
 async fn change_role(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path((team, user)): Path<(Uuid, Uuid)>,
     JsonBody(b): JsonBody<RoleBody>,
 ) -> ApiResult<MemberView> {
     let (team, user) = (TeamId(team), UserId(user));
-    Ok(Json(
-        s.services
-            .tenancy
-            .change_role(&p, team, user, &b.role)
-            .await?,
-    ))
+    ok(s.tenancy.change_role(&p, team, user, &b.role).await)
 }
 
 #[utoipa::path(delete, path = "/api/v1/teams/{id}/members/{user_id}", tag = "teams",
     responses((status = 204, description = "Done"), Forbidden, NotFound, Conflict))]
 async fn remove_member(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path((team, user)): Path<(Uuid, Uuid)>,
 ) -> Result<StatusCode, ApiError> {
     let (team, user) = (TeamId(team), UserId(user));
-    s.services.tenancy.remove_member(&p, team, user).await?;
+    s.tenancy.remove_member(&p, team, user).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -346,37 +280,26 @@ struct NewToken {
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "account", params(PageRequest),
     responses((status = 200, description = "OK", body = Page<ApiTokenView>)))]
 async fn list_tokens(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<ApiTokenView>> {
-    Ok(Json(s.services.tokens.list(&p, page).await?))
+    ok(s.tokens.list(&p, page).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "account", request_body = NewToken,
     description = "The secret is in the response only; it is stored hashed.",
     responses((status = 201, description = "Created", body = CreatedSecret<ApiTokenView>), Invalid))]
 async fn create_token(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     JsonBody(b): JsonBody<NewToken>,
-) -> Result<(StatusCode, Json<CreatedSecret<ApiTokenView>>), ApiError> {
-    let t = s
-        .services
-        .tokens
-        .create(&p, &b.name, b.expires_in_days)
-        .await?;
-    Ok((StatusCode::CREATED, Json(t)))
+) -> Created<CreatedSecret<ApiTokenView>> {
+    created(s.tokens.create(&p, &b.name, b.expires_in_days).await)
 }
 
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "account",
     responses((status = 204, description = "Done"), NotFound))]
-async fn revoke_token(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(token): Path<Uuid>,
-) -> Result<StatusCode, ApiError> {
-    s.services.tokens.revoke(&p, token).await?;
+async fn revoke_token(Call(s, p): Call, Path(token): Path<Uuid>) -> Result<StatusCode, ApiError> {
+    s.tokens.revoke(&p, token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -404,69 +327,56 @@ fn day() -> u32 {
 #[utoipa::path(get, path = "/api/v1/join-tokens", tag = "nodes", params(PageRequest),
     responses((status = 200, description = "OK", body = Page<JoinTokenView>), Forbidden))]
 async fn list_join_tokens(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<JoinTokenView>> {
-    Ok(Json(s.services.nodes.list_join_tokens(&p, page).await?))
+    ok(s.nodes.list_join_tokens(&p, page).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/join-tokens", tag = "nodes", request_body = NewJoinToken,
     description = "Run `tessera-agent --server URL --join-token SECRET` on the node.",
     responses((status = 201, description = "Created", body = CreatedSecret<JoinTokenView>), Forbidden, Invalid))]
 async fn create_join_token(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     JsonBody(b): JsonBody<NewJoinToken>,
-) -> Result<(StatusCode, Json<CreatedSecret<JoinTokenView>>), ApiError> {
-    let t = s
-        .services
-        .nodes
-        .create_join_token(&p, &b.note, b.max_uses, b.expires_in_hours)
-        .await?;
-    Ok((StatusCode::CREATED, Json(t)))
+) -> Created<CreatedSecret<JoinTokenView>> {
+    created(
+        s.nodes
+            .create_join_token(&p, &b.note, b.max_uses, b.expires_in_hours)
+            .await,
+    )
 }
 
 #[utoipa::path(delete, path = "/api/v1/join-tokens/{id}", tag = "nodes",
     responses((status = 204, description = "Done"), Forbidden, NotFound))]
 async fn revoke_join_token(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path(token): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
-    s.services.nodes.revoke_join_token(&p, token).await?;
+    s.nodes.revoke_join_token(&p, token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", params(PageRequest),
     responses((status = 200, description = "OK", body = Page<NodeView>)))]
 async fn list_nodes(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Query(page): Query<PageRequest>,
 ) -> ApiResult<Page<NodeView>> {
-    Ok(Json(s.services.nodes.list(&p, page).await?))
+    ok(s.nodes.list(&p, page).await)
 }
 
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
     responses((status = 200, description = "OK", body = NodeView), NotFound))]
-async fn get_node(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(node): Path<Uuid>,
-) -> ApiResult<NodeView> {
-    Ok(Json(s.services.nodes.get(&p, node).await?))
+async fn get_node(Call(s, p): Call, Path(node): Path<Uuid>) -> ApiResult<NodeView> {
+    ok(s.nodes.get(&p, node).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/revoke", tag = "nodes",
     description = "The node's credential stops working at once.",
     responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound))]
-async fn revoke_node(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-    Path(node): Path<Uuid>,
-) -> ApiResult<NodeView> {
-    Ok(Json(s.services.nodes.revoke(&p, node).await?))
+async fn revoke_node(Call(s, p): Call, Path(node): Path<Uuid>) -> ApiResult<NodeView> {
+    ok(s.nodes.revoke(&p, node).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -479,13 +389,12 @@ struct TelemetryQuery {
     description = "Recent per-GPU samples, oldest first. Metrics the driver cannot give are null.",
     responses((status = 200, description = "OK", body = NodeTelemetry), NotFound))]
 async fn node_telemetry(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path(node): Path<Uuid>,
     Query(q): Query<TelemetryQuery>,
 ) -> ApiResult<NodeTelemetry> {
     let limit = q.limit.unwrap_or(60);
-    Ok(Json(s.services.nodes.telemetry(&p, node, limit).await?))
+    ok(s.nodes.telemetry(&p, node, limit).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -504,24 +413,17 @@ struct LayoutBody {
                    The agent reports progress; see the GPU's `apply_state`.",
     responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid))]
 async fn set_gpu_layout(
-    State(s): State<AppState>,
-    Caller(p): Caller,
+    Call(s, p): Call,
     Path((node, gpu)): Path<(Uuid, String)>,
     JsonBody(b): JsonBody<LayoutBody>,
 ) -> ApiResult<NodeView> {
-    Ok(Json(
-        s.services
-            .nodes
-            .set_desired_layout(&p, node, &gpu, b.mode, b.layout)
-            .await?,
-    ))
+    ok(s.nodes
+        .set_desired_layout(&p, node, &gpu, b.mode, b.layout)
+        .await)
 }
 
 #[utoipa::path(get, path = "/api/v1/cluster/summary", tag = "nodes",
     responses((status = 200, description = "OK", body = ClusterSummary)))]
-async fn cluster_summary(
-    State(s): State<AppState>,
-    Caller(p): Caller,
-) -> ApiResult<ClusterSummary> {
-    Ok(Json(s.services.nodes.summary(&p).await?))
+async fn cluster_summary(Call(s, p): Call) -> ApiResult<ClusterSummary> {
+    ok(s.nodes.summary(&p).await)
 }

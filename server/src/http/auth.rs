@@ -3,6 +3,8 @@
 use crate::AppState;
 use axum::extract::FromRequestParts;
 use http::request::Parts;
+use std::sync::Arc;
+use tessera_core::Services;
 use tessera_core::request::session_principal;
 use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::account::Principal;
@@ -41,6 +43,18 @@ impl FromRequestParts<AppState> for Caller {
             .await?
             .map(Caller)
             .ok_or(ApiError(AppError::Unauthorized))
+    }
+}
+
+/// The services and the signed-in caller: what almost every REST handler needs.
+pub struct Call(pub Arc<Services>, pub Principal);
+
+impl FromRequestParts<AppState> for Call {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Caller(p) = Caller::from_request_parts(parts, state).await?;
+        Ok(Call(state.services.clone(), p))
     }
 }
 
