@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use ssr::{id, number, optional_number};
 use std::collections::BTreeMap;
 use tessera_domain::account::Me;
+use tessera_domain::alloc::{AllocationView, QuotaView};
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 #[cfg(feature = "ssr")]
@@ -386,6 +387,138 @@ pub async fn create_join_token(
 pub async fn revoke_join_token(id: String) -> Result<(), UiError> {
     ssr::call([], async |s, p| {
         s.nodes.revoke_join_token(p, ssr::id(&id)?).await
+    })
+    .await
+}
+
+// ---- allocations ----
+
+/// Allocations the caller may see, newest first. `team`: a team id or empty for all;
+/// `state`: a state, or `pending`, `current`, `ended`, empty for all; `mine`: only the
+/// caller's own.
+#[server(prefix = "/fn", endpoint = "list_allocations")]
+pub async fn list_allocations(
+    team: String,
+    state: String,
+    mine: bool,
+    page: PageRequest,
+) -> Result<Page<AllocationView>, UiError> {
+    ssr::call([], async |s, p| {
+        let filter = tessera_core::services::allocations::ListFilter {
+            team: Some(team),
+            state: Some(state),
+            mine,
+        };
+        s.allocations.list(p, &filter, page).await
+    })
+    .await
+}
+
+/// Requests an allocation (the request form). `duration_hours` may be empty (default).
+#[server(prefix = "/fn", endpoint = "request_allocation")]
+#[allow(clippy::too_many_arguments)]
+pub async fn request_allocation(
+    team_id: String,
+    kind: String,
+    count: String,
+    duration_hours: String,
+    starts_at: String,
+    priority: String,
+    purpose: String,
+    idempotency_key: String,
+) -> Result<AllocationView, UiError> {
+    let echo = [
+        ("team_id", team_id.clone()),
+        ("kind", kind.clone()),
+        ("count", count.clone()),
+        ("duration_hours", duration_hours.clone()),
+        ("starts_at", starts_at.clone()),
+        ("priority", priority.clone()),
+        ("purpose", purpose.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let count = if count.trim().is_empty() {
+            1
+        } else {
+            number(&count, "count")?
+        };
+        let duration_minutes =
+            optional_number(Some(&duration_hours), "duration_hours")?.map(|h| h.saturating_mul(60));
+        let input = tessera_domain::alloc::NewAllocation {
+            team_id,
+            kind,
+            count,
+            duration_minutes,
+            starts_at: Some(starts_at),
+            priority: Some(priority),
+            purpose,
+        };
+        let key = Some(idempotency_key.as_str()).filter(|k| !k.is_empty());
+        let v = s.allocations.request(p, &input, key).await?;
+        leptos_axum::redirect(&format!("/allocations/{}", v.id));
+        Ok(v)
+    })
+    .await
+}
+
+#[server(prefix = "/fn", endpoint = "get_allocation")]
+pub async fn get_allocation(id: String) -> Result<AllocationView, UiError> {
+    ssr::call([], async |s, p| s.allocations.get(p, ssr::id(&id)?).await).await
+}
+
+/// Releases an active allocation or cancels a pending one.
+#[server(prefix = "/fn", endpoint = "release_allocation")]
+pub async fn release_allocation(id: String) -> Result<AllocationView, UiError> {
+    ssr::call([], async |s, p| {
+        s.allocations.release(p, ssr::id(&id)?).await
+    })
+    .await
+}
+
+/// Approves (`approve` = true) or denies a request waiting for approval.
+#[server(prefix = "/fn", endpoint = "decide_allocation")]
+pub async fn decide_allocation(
+    id: String,
+    approve: bool,
+    reason: String,
+) -> Result<AllocationView, UiError> {
+    ssr::call([("reason", reason.clone())], async |s, p| {
+        s.allocations
+            .decide(p, ssr::id(&id)?, approve, &reason)
+            .await
+    })
+    .await
+}
+
+#[server(prefix = "/fn", endpoint = "list_quotas")]
+pub async fn list_quotas(team_id: String) -> Result<Vec<QuotaView>, UiError> {
+    ssr::call([], async |s, p| {
+        s.allocations.quotas(p, TeamId(id(&team_id)?)).await
+    })
+    .await
+}
+
+/// Sets a team's quota on a model, in units (compute slices; a whole H100 is 7).
+#[server(prefix = "/fn", endpoint = "set_quota")]
+pub async fn set_quota(
+    team_id: String,
+    model: String,
+    guaranteed: String,
+    limit: String,
+    per_user: String,
+) -> Result<Vec<QuotaView>, UiError> {
+    let echo = [
+        ("model", model.clone()),
+        ("guaranteed", guaranteed.clone()),
+        ("limit", limit.clone()),
+        ("per_user", per_user.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let team = TeamId(id(&team_id)?);
+        let g = number(&guaranteed, "guaranteed")?;
+        let l = number(&limit, "limit")?;
+        let u = number(&per_user, "per_user")?;
+        s.allocations.set_quota(p, team, &model, g, l, u).await
     })
     .await
 }

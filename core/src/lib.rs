@@ -13,7 +13,9 @@ pub mod services;
 pub mod sessions;
 pub mod store;
 
-use services::{accounts::Accounts, nodes::Nodes, tenancy::Tenancy, tokens::Tokens};
+use services::{
+    accounts::Accounts, allocations::Allocations, nodes::Nodes, tenancy::Tenancy, tokens::Tokens,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use store::Store;
@@ -25,6 +27,7 @@ pub struct Services {
     pub tenancy: Tenancy,
     pub tokens: Tokens,
     pub nodes: Nodes,
+    pub allocations: Allocations,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
 }
@@ -41,6 +44,10 @@ impl Services {
             tenancy: Tenancy::new(store.clone(), hasher),
             tokens: Tokens::new(store.clone()),
             nodes: Nodes::new(store.clone()),
+            allocations: Allocations::new(
+                store.clone(),
+                Arc::new(tessera_domain::mig::Catalog::builtin()),
+            ),
             store,
             session_absolute_timeout,
         }

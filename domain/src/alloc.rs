@@ -1256,15 +1256,34 @@ pub struct AllocationView {
     pub created_at: DateTime<Utc>,
     pub starts_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
-    pub node: Option<String>,
-    pub gpu_uuid: Option<String>,
-    pub mig_uuid: Option<String>,
+    /// Where it runs: one entry per MIG instance or whole GPU; empty until placed.
+    pub devices: Vec<AllocatedDevice>,
+    /// Who must approve it while `pending_approval`.
+    pub approver: Option<Approver>,
+    /// Why it needs approval, or the approver's reason for the decision.
+    pub approval_reason: Option<String>,
     /// Present while pending.
     pub pending: Option<PendingInfo>,
     /// When a preemption warning runs out and the allocation is released.
     pub preempt_at: Option<DateTime<Utc>>,
     /// Oldest first.
     pub history: Vec<Transition>,
+}
+
+/// One device of an allocation: a MIG instance (`profile`, `start`, and `mig_uuid` once
+/// the agent reports it) or a whole GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AllocatedDevice {
+    pub node_id: Uuid,
+    pub hostname: String,
+    pub gpu_uuid: String,
+    #[serde(default)]
+    pub profile: Option<String>,
+    #[serde(default)]
+    pub start: Option<u8>,
+    #[serde(default)]
+    pub mig_uuid: Option<String>,
 }
 
 /// A team's quota on one model and how much of it is in use, in units.
@@ -1976,9 +1995,9 @@ mod tests {
             created_at: t(9, 0),
             starts_at: None,
             ends_at: None,
-            node: None,
-            gpu_uuid: None,
-            mig_uuid: None,
+            devices: Vec::new(),
+            approver: None,
+            approval_reason: None,
             pending: Some(PendingInfo::new(Some(1), "H100-80GB", None, None, t(9, 0))),
             preempt_at: None,
             history: vec![Transition {

@@ -76,6 +76,10 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
+    /// How often the allocation scheduler runs when nothing wakes it (e.g. `2s`).
+    #[arg(long, env = "TESSERA_SCHEDULER_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub scheduler_interval: Duration,
+
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
     pub session_idle_timeout: Duration,

@@ -8,6 +8,7 @@
 pub mod config;
 mod http;
 pub mod observability;
+mod scheduler;
 pub mod sim;
 
 use anyhow::Context;
@@ -117,6 +118,10 @@ pub async fn run(
         services,
         leptos_options,
     };
+    let scheduler = tokio::spawn(scheduler::run(
+        state.services.clone(),
+        config.scheduler_interval,
+    ));
     let router = http::router(state.clone(), http::session_layer(session_store, &config));
     // Simulated nodes start once the server accepts connections (they register at once).
     let sim_nodes = if config.no_sim {
@@ -142,6 +147,7 @@ pub async fn run(
     .with_graceful_shutdown(shutdown)
     .await;
     cleanup.abort();
+    scheduler.abort();
     if let Some(task) = sim_nodes
         && let Ok(Some(mut children)) = task.await
     {

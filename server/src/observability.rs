@@ -18,6 +18,8 @@ pub fn init_tracing(format: LogFormat) {
 
 pub const HTTP_REQUESTS: &str = "tessera_http_requests_total";
 pub const HTTP_DURATION: &str = "tessera_http_request_duration_seconds";
+pub const SCHEDULER_SECONDS: &str = "tessera_scheduler_pass_duration_seconds";
+pub const QUEUE_LENGTH: &str = "tessera_allocation_queue_length";
 
 /// The process-wide metrics recorder (installed once; every app in the process shares it).
 pub fn metrics_handle() -> Option<PrometheusHandle> {

@@ -7,6 +7,7 @@
 //! [`Principal`]: tessera_domain::account::Principal
 
 pub mod accounts;
+pub mod allocations;
 pub mod authz;
 pub mod nodes;
 pub mod tenancy;

@@ -482,7 +482,7 @@ impl Nodes {
                 gpu_uuid,
                 mode_s,
                 &layout_json,
-                p.user_id.0,
+                Some(p.user_id.0),
                 Utc::now(),
             )
             .await

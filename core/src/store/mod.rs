@@ -5,12 +5,16 @@
 //! `RETURNING`, `ON CONFLICT`), and [`on_pool!`] runs the same code against whichever pool
 //! is configured. A backend-specific branch appears only where the dialects really differ.
 
+mod allocations;
 mod node_state;
 mod nodes;
 mod teams;
 mod tokens;
 mod users;
 
+pub use allocations::{
+    AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
+};
 pub use node_state::{ApplyStatusRow, DesiredRow, SampleRow};
 pub use nodes::NodeRow;
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};

@@ -46,7 +46,7 @@ impl Store {
         gpu_uuid: &str,
         mode: &str,
         layout: &str,
-        by: Uuid,
+        by: Option<Uuid>,
         at: DateTime<Utc>,
     ) -> Result<i64, sqlx::Error> {
         let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, updated_by) \

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::mig::GpuModel;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
     pub nodes: Vec<Node>,

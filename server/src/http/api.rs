@@ -10,7 +10,9 @@ use axum::Json;
 use axum::extract::Query;
 use http::StatusCode;
 use serde::Deserialize;
+use tessera_core::services::allocations::ListFilter;
 use tessera_domain::account::Me;
+use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -89,6 +91,13 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(cluster_summary))
+        .routes(routes!(list_allocations, request_allocation))
+        .routes(routes!(get_allocation))
+        .routes(routes!(release_allocation))
+        .routes(routes!(approve_allocation))
+        .routes(routes!(deny_allocation))
+        .routes(routes!(list_quotas))
+        .routes(routes!(set_quota))
         .split_for_parts()
 }
 
@@ -426,4 +435,127 @@ async fn set_gpu_layout(
     responses((status = 200, description = "OK", body = ClusterSummary)))]
 async fn cluster_summary(Call(s, p): Call) -> ApiResult<ClusterSummary> {
     ok(s.nodes.summary(&p).await)
+}
+
+// ---- allocations ----
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct AllocationQuery {
+    /// Only this team's.
+    team: Option<Uuid>,
+    /// A state (`active`, `queued`, …) or `pending`, `current`, `ended`, `all` (default).
+    state: Option<String>,
+    /// Only the caller's own.
+    #[serde(default)]
+    mine: bool,
+    #[serde(default)]
+    offset: u32,
+    #[serde(default = "default_limit")]
+    limit: u32,
+}
+
+fn default_limit() -> u32 {
+    PageRequest::default().limit
+}
+
+#[utoipa::path(get, path = "/api/v1/allocations", tag = "allocations", params(AllocationQuery),
+    description = "Allocations the caller may see (platform admins: all teams), newest first.",
+    responses((status = 200, description = "OK", body = Page<AllocationView>), NotFound, Invalid))]
+async fn list_allocations(
+    Call(s, p): Call,
+    Query(q): Query<AllocationQuery>,
+) -> ApiResult<Page<AllocationView>> {
+    let filter = ListFilter {
+        team: q.team.map(|t| t.to_string()),
+        state: q.state,
+        mine: q.mine,
+    };
+    ok(s.allocations
+        .list(&p, &filter, PageRequest::new(q.offset, q.limit))
+        .await)
+}
+
+#[utoipa::path(post, path = "/api/v1/allocations", tag = "allocations", request_body = NewAllocation,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the allocation the first one made.")),
+    description = "Requests GPUs. Within the team's quota it is queued at once (`queued`, then \
+                   `placing`, then `active` once the node's agent reports the device); beyond it, \
+                   it waits for approval (`pending_approval`). Units are compute slices.",
+    responses((status = 201, description = "Created", body = AllocationView), Forbidden, NotFound, Conflict, Invalid))]
+async fn request_allocation(
+    Call(s, p): Call,
+    headers: http::HeaderMap,
+    JsonBody(b): JsonBody<NewAllocation>,
+) -> Created<AllocationView> {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    created(s.allocations.request(&p, &b, key).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/allocations/{id}", tag = "allocations",
+    description = "With its history and, while pending, its queue position, reason and ETA.",
+    responses((status = 200, description = "OK", body = AllocationView), NotFound))]
+async fn get_allocation(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<AllocationView> {
+    ok(s.allocations.get(&p, id).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/allocations/{id}/release", tag = "allocations",
+    description = "Releases an active allocation or cancels a pending one (owner, team admin, platform admin).",
+    responses((status = 200, description = "OK", body = AllocationView), Forbidden, NotFound, Conflict))]
+async fn release_allocation(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<AllocationView> {
+    ok(s.allocations.release(&p, id).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct Decision {
+    /// Shown to the requester; at most 500 characters.
+    #[serde(default)]
+    reason: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/allocations/{id}/approve", tag = "allocations", request_body = Decision,
+    responses((status = 200, description = "OK", body = AllocationView), Forbidden, NotFound, Conflict, Invalid))]
+async fn approve_allocation(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+    JsonBody(b): JsonBody<Decision>,
+) -> ApiResult<AllocationView> {
+    ok(s.allocations.decide(&p, id, true, &b.reason).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/allocations/{id}/deny", tag = "allocations", request_body = Decision,
+    responses((status = 200, description = "OK", body = AllocationView), Forbidden, NotFound, Conflict, Invalid))]
+async fn deny_allocation(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+    JsonBody(b): JsonBody<Decision>,
+) -> ApiResult<AllocationView> {
+    ok(s.allocations.decide(&p, id, false, &b.reason).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/quotas", tag = "allocations",
+    responses((status = 200, description = "OK", body = Vec<QuotaView>), NotFound))]
+async fn list_quotas(Call(s, p): Call, Path(team): Path<Uuid>) -> ApiResult<Vec<QuotaView>> {
+    ok(s.allocations.quotas(&p, TeamId(team)).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct QuotaBody {
+    /// Units (compute slices) always available to the team.
+    guaranteed: u32,
+    /// Most units the team may hold, borrowing idle capacity beyond `guaranteed`.
+    limit: u32,
+    /// Most units one member may hold.
+    per_user: u32,
+}
+
+#[utoipa::path(put, path = "/api/v1/teams/{id}/quotas/{model}", tag = "allocations", request_body = QuotaBody,
+    description = "Sets the team's quota on a GPU model (platform admin). Returns the team's quotas.",
+    responses((status = 200, description = "OK", body = Vec<QuotaView>), Forbidden, NotFound, Invalid))]
+async fn set_quota(
+    Call(s, p): Call,
+    Path((team, model)): Path<(Uuid, String)>,
+    JsonBody(b): JsonBody<QuotaBody>,
+) -> ApiResult<Vec<QuotaView>> {
+    ok(s.allocations
+        .set_quota(&p, TeamId(team), &model, b.guaranteed, b.limit, b.per_user)
+        .await)
 }

@@ -38,6 +38,10 @@ pub struct Fixture {
     join_token_id: String,
     node_id: String,
     gpu_uuid: String,
+    /// Admitted allocations of team A's member, one per principal (to read, release).
+    allocs: Vec<String>,
+    /// Allocations of the member waiting for a team admin's approval, one per principal.
+    pending: Vec<String>,
 }
 
 async fn send(
@@ -203,6 +207,36 @@ impl Fixture {
             crate::nodes::register(&app, jt["secret"].as_str().expect("secret"), "node-m").await;
         let gpu_uuid = "GPU-matrix-0".to_owned();
         crate::nodes::heartbeat(&app, &credential, &gpu_uuid).await;
+        // Team A may hold 70 H100 slices, 6 per user: the member's first six requests
+        // are admitted, the next six wait for a team admin.
+        let r = send(
+            &app,
+            Method::PUT,
+            &format!("/api/v1/teams/{team_a}/quotas/H100-80GB"),
+            admin,
+            Body::Json(json!({"guaranteed": 70, "limit": 70, "per_user": 6})),
+        )
+        .await;
+        assert_eq!(r.status(), 200, "set quota");
+        let mut made = Vec::new();
+        for _ in 0..2 * WHO.len() {
+            let r = send(
+                &app,
+                Method::POST,
+                "/api/v1/allocations",
+                Auth::Token(&member_token),
+                Body::Json(json!({"team_id": team_a, "kind": "H100-80GB:1g.10gb"})),
+            )
+            .await;
+            assert_eq!(r.status(), 201, "request allocation");
+            made.push(
+                r.json::<Value>().await.expect("json")["id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned(),
+            );
+        }
+        let pending = made.split_off(WHO.len());
         Fixture {
             app,
             tokens,
@@ -216,6 +250,8 @@ impl Fixture {
             join_token_id,
             node_id,
             gpu_uuid,
+            allocs: made,
+            pending,
         }
     }
 }
@@ -270,6 +306,8 @@ const ANY_USER: [u16; 6] = [401, 200, 200, 200, 200, 200];
 /// Team A readable by its members and the platform admin; team B's admin sees "not found".
 const TEAM_A_READ: [u16; 6] = [401, 200, 200, 200, 404, 200];
 const TEAM_A_MANAGE: [u16; 6] = [401, 403, 403, 200, 404, 200];
+/// Team A's members (not viewers) and the platform admin may request.
+const ALLOC_REQUEST: [u16; 6] = [401, 403, 201, 201, 404, 201];
 
 fn rest_rows() -> Vec<Row> {
     vec![
@@ -314,6 +352,19 @@ fn rest_rows() -> Vec<Row> {
         row!(PUT "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", |f, _| format!("/api/v1/nodes/{}/gpus/{}/layout", f.node_id, f.gpu_uuid),
             |_, _| Body::Json(json!({"mode": "enabled", "layout": [{"profile": "1g.10gb", "start": 0}]})), ADMIN_ONLY),
         row!(GET "/api/v1/cluster/summary", |_, _| "/api/v1/cluster/summary".into(), none, ANY_USER),
+        row!(GET "/api/v1/allocations", |_, _| "/api/v1/allocations?state=current".into(), none, ANY_USER),
+        row!(POST "/api/v1/allocations", |_, _| "/api/v1/allocations".into(),
+            |f, _| Body::Json(json!({"team_id": f.team_a, "kind": "H100-80GB:1g.10gb"})), ALLOC_REQUEST),
+        row!(GET "/api/v1/allocations/{id}", |f, _| format!("/api/v1/allocations/{}", f.allocs[0]), none, TEAM_A_READ),
+        row!(POST "/api/v1/allocations/{id}/release", |f, i| format!("/api/v1/allocations/{}/release", f.allocs[i]), none,
+            [401, 403, 200, 200, 404, 200]),
+        row!(POST "/api/v1/allocations/{id}/approve", |f, i| format!("/api/v1/allocations/{}/approve", f.pending[i]),
+            |_, _| Body::Json(json!({"reason": "ok"})), TEAM_A_MANAGE),
+        row!(POST "/api/v1/allocations/{id}/deny", |f, i| format!("/api/v1/allocations/{}/deny", f.pending[i]),
+            |_, _| Body::Json(json!({"reason": "no"})), TEAM_A_MANAGE),
+        row!(GET "/api/v1/teams/{id}/quotas", |f, _| format!("/api/v1/teams/{}/quotas", f.team_a), none, TEAM_A_READ),
+        row!(PUT "/api/v1/teams/{id}/quotas/{model}", |f, _| format!("/api/v1/teams/{}/quotas/A100-SXM4-40GB", f.team_a),
+            |_, _| Body::Json(json!({"guaranteed": 7, "limit": 14, "per_user": 7})), ADMIN_ONLY),
     ]
 }
 
@@ -374,6 +425,25 @@ fn fn_rows() -> Vec<Row> {
             |_, _| form(&[("note", "n"), ("max_uses", "1"), ("expires_in_hours", "2")]), ADMIN_ONLY),
         row!(POST "/fn/revoke_join_token", |_, _| "/fn/revoke_join_token".into(),
             |f, _| Body::Form(vec![("id".into(), f.join_token_id.clone())]), ADMIN_ONLY),
+        row!(POST "/fn/list_allocations", |_, _| "/fn/list_allocations".into(),
+            |_, _| form(&[("team", ""), ("state", "current"), ("mine", "false"), ("page[offset]", "0"), ("page[limit]", "10")]), ANY_USER),
+        row!(POST "/fn/request_allocation", |_, _| "/fn/request_allocation".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("kind".into(), "H100-80GB:1g.10gb".into()),
+                ("count".into(), "1".into()), ("duration_hours".into(), "".into()), ("starts_at".into(), "".into()),
+                ("priority".into(), "normal".into()), ("purpose".into(), "matrix".into()), ("idempotency_key".into(), "".into())]),
+            [401, 403, 200, 200, 404, 200]),
+        row!(POST "/fn/get_allocation", |_, _| "/fn/get_allocation".into(),
+            |f, _| Body::Form(vec![("id".into(), f.allocs[0].clone())]), TEAM_A_READ),
+        row!(POST "/fn/release_allocation", |_, _| "/fn/release_allocation".into(),
+            |f, i| Body::Form(vec![("id".into(), f.allocs[i].clone())]), [401, 403, 200, 200, 404, 200]),
+        row!(POST "/fn/decide_allocation", |_, _| "/fn/decide_allocation".into(),
+            |f, i| Body::Form(vec![("id".into(), f.pending[i].clone()), ("approve".into(), "true".into()), ("reason".into(), "ok".into())]),
+            TEAM_A_MANAGE),
+        row!(POST "/fn/list_quotas", |_, _| "/fn/list_quotas".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone())]), TEAM_A_READ),
+        row!(POST "/fn/set_quota", |_, _| "/fn/set_quota".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("model".into(), "A100-SXM4-40GB".into()),
+                ("guaranteed".into(), "7".into()), ("limit".into(), "14".into()), ("per_user".into(), "7".into())]), ADMIN_ONLY),
     ]
 }
 

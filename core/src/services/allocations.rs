@@ -1,0 +1,1365 @@
+//! Allocations: request → admit against quota (or wait for approval) → queue → place with
+//! the planner → active once the agent reports the device → release / expire / fail.
+//!
+//! The rules (units, admission, queue order, state table) are pure and live in
+//! `tessera_domain::alloc`; this service authorizes, keeps the quota counters atomic
+//! through the store, and runs the scheduler ([`Allocations::tick`]), which the server
+//! calls every few seconds and after every change.
+
+use super::authz::{self, Need};
+use super::internal;
+use super::tenancy::paged;
+use crate::store::{
+    AllocationListRow, AllocationRow, AuditRow, Change, Inserted, NodeRow, QuotaRow, Store,
+    Transition as StoreTransition,
+};
+use chrono::{DateTime, Duration, Utc};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use tessera_domain::account::Principal;
+use tessera_domain::alloc::{
+    self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, FairShare, GpuKind,
+    NewAllocation, PendingInfo, PriorityClass, QueueEntry, Quota, QuotaView, Transition, Usage,
+};
+use tessera_domain::cluster;
+use tessera_domain::error::AppError;
+use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::mig::Catalog;
+use tessera_domain::planner;
+use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
+use tessera_domain::wire::{ApplyState, ApplyStatus, DesiredInstance, Inventory, MigMode};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+/// A node that stopped reporting is given this long before its allocations fail.
+pub const NODE_GRACE: Duration = Duration::minutes(3);
+
+#[derive(Clone)]
+pub struct Allocations {
+    store: Store,
+    catalog: Arc<Catalog>,
+    policy: AllocPolicy,
+    /// Wakes the scheduler after a change (request, release, approval).
+    wake: Arc<Notify>,
+}
+
+/// Which allocations a list shows.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this team's (a team id).
+    pub team: Option<String>,
+    /// Only allocations in this state (`active`, `queued`, …) or group: `pending`
+    /// (pending_approval, queued, placing), `current` (pending or active), `ended`.
+    pub state: Option<String>,
+    /// Only the caller's own.
+    pub mine: bool,
+}
+
+/// What the scheduler did in one tick (for logs, metrics and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TickReport {
+    pub placed: u32,
+    pub activated: u32,
+    pub expired: u32,
+    pub failed: u32,
+    pub reconfigured: u32,
+    pub queued: u32,
+}
+
+impl Allocations {
+    pub fn new(store: Store, catalog: Arc<Catalog>) -> Self {
+        Self {
+            store,
+            catalog,
+            policy: AllocPolicy::default(),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Resolves when something changed that the scheduler should look at.
+    pub fn changed(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    pub fn policy(&self) -> &AllocPolicy {
+        &self.policy
+    }
+
+    // ---- requests ----
+
+    /// Requests an allocation. Within quota it is queued at once (atomically against
+    /// concurrent requests); beyond it waits for approval. A repeated `idempotency_key` of
+    /// the same user returns the allocation the first request made.
+    pub async fn request(
+        &self,
+        p: &Principal,
+        input: &NewAllocation,
+        idempotency_key: Option<&str>,
+    ) -> Result<AllocationView, AppError> {
+        let now = Utc::now();
+        let key = idempotency_key.map(str::trim).filter(|k| !k.is_empty());
+        if let Some(k) = key {
+            if k.len() > 200 {
+                return Err(AppError::invalid(
+                    "Idempotency-Key",
+                    "at most 200 characters",
+                ));
+            }
+            if let Some(id) = self.existing(p, k).await? {
+                return self.get(p, id).await;
+            }
+        }
+        let valid = alloc::validate(input, &self.policy, &self.catalog, now)?;
+        let access = authz::team(&self.store, p, valid.team_id(), Need::Read).await?;
+        if access.team.archived {
+            return Err(AppError::Conflict {
+                message: "the team is archived".into(),
+            });
+        }
+        if access.role == Some(TeamRole::Viewer) {
+            return Err(AppError::Forbidden);
+        }
+        if matches!(valid.kind(), GpuKind::Share { .. }) {
+            return Err(AppError::invalid(
+                "kind",
+                "time-sliced shares are not offered yet; ask for a MIG slice or a whole GPU",
+            ));
+        }
+        let model = valid.kind().model().to_owned();
+        let quota_row = self
+            .store
+            .quota(access.team.id, &model)
+            .await
+            .map_err(internal("loading quota"))?;
+        let quota = quota_row.as_ref().and_then(quota_of);
+        let user_used = self
+            .store
+            .user_used(access.team.id, &model, p.user_id.0)
+            .await
+            .map_err(internal("loading usage"))?;
+        let usage = Usage {
+            team: quota_row.as_ref().map_or(0, |q| to_u32(q.used)),
+            user: to_u32(user_used),
+        };
+        let mut row = AllocationRow {
+            id: Uuid::new_v4(),
+            team_id: access.team.id,
+            user_id: p.user_id.0,
+            kind: valid.kind().to_string(),
+            model: model.clone(),
+            count: i64::from(valid.count()),
+            units: i64::from(valid.units()),
+            priority: valid.priority().as_str().to_owned(),
+            purpose: valid.purpose().to_owned(),
+            state: AllocState::Queued.as_str().to_owned(),
+            duration_minutes: i64::from(valid.duration_minutes()),
+            starts_at: valid.starts_at(),
+            created_at: now,
+            active_at: None,
+            ends_at: None,
+            approver: None,
+            approval_reason: None,
+            pending_reason: None,
+            devices: "[]".into(),
+            release_cause: None,
+            preempt_at: None,
+            idempotency_key: key.map(str::to_owned),
+        };
+        let actor = p.username.as_str();
+        let admission = alloc::admit(&model, quota.as_ref(), usage, valid.units());
+        let inserted = match &admission {
+            alloc::Admission::NotEntitled { reason } => {
+                return Err(AppError::invalid("kind", reason.clone()));
+            }
+            alloc::Admission::Admit { .. } => {
+                let per_user = quota.as_ref().map_or(0, |q| i64::from(q.per_user()));
+                self.store
+                    .insert_allocation(&row, Some(per_user), actor)
+                    .await
+                    .map_err(internal("admitting allocation"))?
+            }
+            alloc::Admission::NeedsApproval { .. } => None,
+        };
+        let inserted = match inserted {
+            Some(i) => i,
+            // Over quota (or another request took the last units first): approval.
+            None => {
+                let (by, reason) = match alloc::admit(&model, quota.as_ref(), usage, valid.units())
+                {
+                    alloc::Admission::NeedsApproval { by, reason } => (by, reason),
+                    _ => (
+                        Approver::PlatformAdmin,
+                        format!("the team's {model} quota was used up by other requests"),
+                    ),
+                };
+                row.state = AllocState::PendingApproval.as_str().to_owned();
+                row.approver = Some(approver_str(by).to_owned());
+                row.approval_reason = Some(reason);
+                self.store
+                    .insert_allocation(&row, None, actor)
+                    .await
+                    .map_err(internal("storing allocation"))?
+                    .unwrap_or(Inserted::Stored)
+            }
+        };
+        if inserted == Inserted::Duplicate {
+            let k = key.unwrap_or_default();
+            let id = self.existing(p, k).await?.ok_or(AppError::Internal)?;
+            return self.get(p, id).await;
+        }
+        self.audit(
+            p,
+            "allocation.request",
+            row.id,
+            Some(row.team_id),
+            None,
+            Some(&row),
+        )
+        .await;
+        self.wake.notify_one();
+        self.get(p, row.id).await
+    }
+
+    async fn existing(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
+        self.store
+            .allocation_by_key(p.user_id.0, key)
+            .await
+            .map_err(internal("loading allocation by key"))
+    }
+
+    /// One allocation, with its history and why it waits; another team's is `NotFound`.
+    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<AllocationView, AppError> {
+        let row = self.visible(p, id).await?;
+        let events = self
+            .store
+            .allocation_events(id)
+            .await
+            .map_err(internal("loading history"))?;
+        let ctx = self.pending_context(Utc::now()).await?;
+        let mut v = self.view(&row, &ctx);
+        v.history = events
+            .into_iter()
+            .map(|e| Transition {
+                at: e.at,
+                from: e.from_state.and_then(|s| s.parse().ok()),
+                to: e.to_state.parse().unwrap_or(AllocState::Failed),
+                by: e.actor,
+                note: e.note,
+            })
+            .collect();
+        Ok(v)
+    }
+
+    async fn visible(&self, p: &Principal, id: Uuid) -> Result<AllocationListRow, AppError> {
+        let row = self
+            .store
+            .allocation(id)
+            .await
+            .map_err(internal("loading allocation"))?
+            .ok_or(AppError::NotFound)?;
+        authz::team(&self.store, p, TeamId(row.a.team_id), Need::Read).await?;
+        Ok(row)
+    }
+
+    /// Allocations the caller may see, newest first: a platform admin sees every team's,
+    /// others the teams they belong to.
+    pub async fn list(
+        &self,
+        p: &Principal,
+        filter: &ListFilter,
+        page: PageRequest,
+    ) -> Result<Page<AllocationView>, AppError> {
+        let page = page.clamped();
+        let teams: Option<Vec<Uuid>> = match filter.team.as_deref().map(str::trim) {
+            Some(t) if !t.is_empty() => {
+                let team = TeamId::parse(t).ok_or(AppError::NotFound)?;
+                authz::team(&self.store, p, team, Need::Read).await?;
+                Some(vec![team.0])
+            }
+            _ if p.is_admin => None,
+            _ => Some(
+                self.store
+                    .list_user_teams(p.user_id.0, 0, 10_000)
+                    .await
+                    .map_err(internal("loading teams"))?
+                    .0
+                    .into_iter()
+                    .map(|t| t.id)
+                    .collect(),
+            ),
+        };
+        let states = state_filter(filter.state.as_deref())?;
+        let user = filter.mine.then_some(p.user_id.0);
+        let (rows, total) = self
+            .store
+            .list_allocations(teams.as_deref(), user, &states, page.offset, page.limit)
+            .await
+            .map_err(internal("listing allocations"))?;
+        let ctx = self.pending_context(Utc::now()).await?;
+        let items = rows.iter().map(|r| self.view(r, &ctx)).collect();
+        Ok(paged(items, total, page))
+    }
+
+    /// Releases an active allocation, or cancels a pending one: its owner, a team admin
+    /// of its team, or a platform admin.
+    pub async fn release(&self, p: &Principal, id: Uuid) -> Result<AllocationView, AppError> {
+        let row = self.visible(p, id).await?;
+        let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
+            .await
+            .is_ok();
+        if row.a.user_id != p.user_id.0 && !team_admin {
+            return Err(AppError::Forbidden);
+        }
+        let state: AllocState = row.a.state.parse()?;
+        let now = Utc::now();
+        let actor = Some(p.username.as_str());
+        let done = match state {
+            AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
+                self.step(
+                    id,
+                    state,
+                    AllocState::Cancelled,
+                    now,
+                    actor,
+                    None,
+                    Change::default(),
+                )
+                .await?
+            }
+            AllocState::Active => {
+                self.finish(id, alloc::ReleaseCause::Released, now, actor, None)
+                    .await?
+            }
+            _ => {
+                return Err(AppError::Conflict {
+                    message: format!("the allocation is {} already", state.label()),
+                });
+            }
+        };
+        if !done {
+            return Err(AppError::Conflict {
+                message: "the allocation changed meanwhile; reload and try again".into(),
+            });
+        }
+        self.audit(
+            p,
+            "allocation.release",
+            id,
+            Some(row.a.team_id),
+            Some(&row.a),
+            None,
+        )
+        .await;
+        self.wake.notify_one();
+        self.get(p, id).await
+    }
+
+    /// Approves (it joins the queue, counted against quota even beyond the limit) or
+    /// denies a request waiting for approval. A team admin may decide what needs a team
+    /// admin; only a platform admin what needs one.
+    pub async fn decide(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        approve: bool,
+        reason: &str,
+    ) -> Result<AllocationView, AppError> {
+        let row = self.visible(p, id).await?;
+        let reason = reason.trim();
+        if reason.chars().count() > 500 {
+            return Err(AppError::invalid(
+                "reason",
+                "must be at most 500 characters",
+            ));
+        }
+        if row.a.state != AllocState::PendingApproval.as_str() {
+            return Err(AppError::Conflict {
+                message: "only a request waiting for approval can be approved or denied".into(),
+            });
+        }
+        let allowed = match row.a.approver.as_deref() {
+            Some("team_admin") => {
+                authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
+                    .await
+                    .is_ok()
+            }
+            _ => p.is_admin,
+        };
+        if !allowed {
+            return Err(AppError::Forbidden);
+        }
+        let to = if approve {
+            AllocState::Queued
+        } else {
+            AllocState::Denied
+        };
+        let note = (!reason.is_empty()).then_some(reason);
+        let change = Change {
+            approval_reason: note.map(str::to_owned),
+            ..Change::default()
+        };
+        let now = Utc::now();
+        let done = self
+            .step(
+                id,
+                AllocState::PendingApproval,
+                to,
+                now,
+                Some(p.username.as_str()),
+                note,
+                change,
+            )
+            .await?;
+        if !done {
+            return Err(AppError::Conflict {
+                message: "the request changed meanwhile; reload and try again".into(),
+            });
+        }
+        let action = if approve {
+            "allocation.approve"
+        } else {
+            "allocation.deny"
+        };
+        self.audit(p, action, id, Some(row.a.team_id), Some(&row.a), None)
+            .await;
+        self.wake.notify_one();
+        self.get(p, id).await
+    }
+
+    // ---- quotas ----
+
+    /// A team's quotas with their usage (members of the team and platform admins).
+    pub async fn quotas(&self, p: &Principal, team: TeamId) -> Result<Vec<QuotaView>, AppError> {
+        let access = authz::team(&self.store, p, team, Need::Read).await?;
+        let rows = self
+            .store
+            .quotas(Some(team.0))
+            .await
+            .map_err(internal("loading quotas"))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let q = quota_of(r)?;
+                Some(QuotaView::new(
+                    team,
+                    access.team.name.clone(),
+                    r.model.clone(),
+                    &q,
+                    to_u32(r.used),
+                ))
+            })
+            .collect())
+    }
+
+    /// Sets a team's quota on a model (platform admin). Units are compute slices.
+    pub async fn set_quota(
+        &self,
+        p: &Principal,
+        team: TeamId,
+        model: &str,
+        guaranteed: u32,
+        limit: u32,
+        per_user: u32,
+    ) -> Result<Vec<QuotaView>, AppError> {
+        authz::admin(p)?;
+        authz::team(&self.store, p, team, Need::Read).await?;
+        let model = self
+            .catalog
+            .get(model.trim())
+            .map(|m| m.name().to_owned())
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.catalog.models().map(|m| m.name()).collect();
+                AppError::invalid(
+                    "model",
+                    format!("unknown model; one of {}", known.join(", ")),
+                )
+            })?;
+        Quota::new(guaranteed, limit, per_user)?;
+        let before = self
+            .store
+            .quota(team.0, &model)
+            .await
+            .map_err(internal("loading quota"))?;
+        let row = QuotaRow {
+            team_id: team.0,
+            model: model.clone(),
+            guaranteed: i64::from(guaranteed),
+            limit_units: i64::from(limit),
+            per_user: i64::from(per_user),
+            used: before.as_ref().map_or(0, |b| b.used),
+        };
+        self.store
+            .set_quota(&row, p.user_id.0, Utc::now())
+            .await
+            .map_err(internal("storing quota"))?;
+        let json = |q: &QuotaRow| {
+            serde_json::json!({"model": q.model, "guaranteed": q.guaranteed,
+                "limit": q.limit_units, "per_user": q.per_user})
+            .to_string()
+        };
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: Some(p.username.to_string()),
+            action: "quota.set".into(),
+            object_type: "quota".into(),
+            object_id: format!("{}:{model}", team.0),
+            team_id: Some(team.0),
+            before: before.as_ref().map(json),
+            after: Some(json(&row)),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+        self.wake.notify_one();
+        self.quotas(p, team).await
+    }
+
+    // ---- views ----
+
+    async fn pending_context(&self, now: DateTime<Utc>) -> Result<PendingContext, AppError> {
+        let queued = self
+            .store
+            .allocations_in(&["queued"])
+            .await
+            .map_err(internal("loading queue"))?;
+        let held = self
+            .store
+            .allocations_in(&["placing", "active"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
+        let shares = self.fair_shares(now).await?;
+        let mut position = HashMap::new();
+        let order = alloc::order_queue(&entries, &shares);
+        let model_of: HashMap<Uuid, &str> =
+            entries.iter().map(|e| (e.id, e.model.as_str())).collect();
+        let mut per_model: HashMap<&str, u32> = HashMap::new();
+        for id in order {
+            let m = model_of.get(&id).copied().unwrap_or_default();
+            let n = per_model.entry(m).or_default();
+            *n += 1;
+            position.insert(id, *n);
+        }
+        let mut ends: HashMap<String, Vec<(DateTime<Utc>, u32)>> = HashMap::new();
+        let mut held_units: HashMap<String, u32> = HashMap::new();
+        for a in &held {
+            *held_units.entry(a.model.clone()).or_default() += to_u32(a.units);
+            if let Some(e) = a.ends_at {
+                ends.entry(a.model.clone())
+                    .or_default()
+                    .push((e, to_u32(a.units)));
+            }
+        }
+        let capacity = self.capacity(now).await?;
+        Ok(PendingContext {
+            now,
+            position,
+            ends,
+            held_units,
+            capacity,
+        })
+    }
+
+    /// Units each model has on online nodes.
+    async fn capacity(&self, now: DateTime<Utc>) -> Result<HashMap<String, u32>, AppError> {
+        let nodes = self
+            .store
+            .active_nodes()
+            .await
+            .map_err(internal("loading nodes"))?;
+        let mut cap = HashMap::new();
+        for n in nodes
+            .iter()
+            .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
+        {
+            for g in inventory(n).gpus {
+                if let Some(m) = self.catalog.get(&g.name) {
+                    *cap.entry(m.name().to_owned()).or_default() += u32::from(m.compute_slices());
+                }
+            }
+        }
+        Ok(cap)
+    }
+
+    async fn fair_shares(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<BTreeMap<TeamId, FairShare>, AppError> {
+        let since = now - alloc::FAIR_SHARE_WINDOW;
+        let recent = self
+            .store
+            .allocations_active_since(since)
+            .await
+            .map_err(internal("loading usage"))?;
+        let quotas = self
+            .store
+            .quotas(None)
+            .await
+            .map_err(internal("loading quotas"))?;
+        let mut shares: BTreeMap<TeamId, FairShare> = BTreeMap::new();
+        for q in &quotas {
+            let s = shares.entry(TeamId(q.team_id)).or_insert(FairShare {
+                recent_unit_seconds: 0,
+                guaranteed: 0,
+            });
+            s.guaranteed = s.guaranteed.saturating_add(to_u32(q.guaranteed));
+        }
+        for a in &recent {
+            let Some(start) = a.active_at else { continue };
+            let end = if a.state == "active" || a.state == "releasing" {
+                None
+            } else {
+                a.ends_at.map(|e| e.min(now))
+            };
+            let used = alloc::unit_seconds_in_window(to_u32(a.units), start, end, now);
+            let s = shares.entry(TeamId(a.team_id)).or_insert(FairShare {
+                recent_unit_seconds: 0,
+                guaranteed: 0,
+            });
+            s.recent_unit_seconds = s.recent_unit_seconds.saturating_add(used);
+        }
+        Ok(shares)
+    }
+
+    fn view(&self, r: &AllocationListRow, ctx: &PendingContext) -> AllocationView {
+        let a = &r.a;
+        let state: AllocState = a.state.parse().unwrap_or(AllocState::Failed);
+        let kind_label = a
+            .kind
+            .parse::<GpuKind>()
+            .map(|k| k.label())
+            .unwrap_or_else(|_| a.kind.clone());
+        let pending = match state {
+            AllocState::PendingApproval => Some(PendingInfo {
+                position: None,
+                reason: format!(
+                    "Waiting for approval by {}: {}.",
+                    match a.approver.as_deref() {
+                        Some("team_admin") => "a team admin",
+                        _ => "a platform admin",
+                    },
+                    a.approval_reason.as_deref().unwrap_or("beyond quota")
+                ),
+                eta: None,
+            }),
+            AllocState::Queued => {
+                let position = ctx.position.get(&a.id).copied();
+                let needed = to_u32(a.units);
+                let free = ctx
+                    .capacity
+                    .get(&a.model)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_sub(ctx.held_units.get(&a.model).copied().unwrap_or(0));
+                let ends = ctx.ends.get(&a.model).map(Vec::as_slice).unwrap_or(&[]);
+                let eta = match a.starts_at {
+                    Some(s) if s > ctx.now => Some(s),
+                    _ => alloc::eta(needed, free, ends),
+                };
+                let reason = match a.starts_at {
+                    Some(s) if s > ctx.now => Some(format!(
+                        "Reserved to start at {} UTC",
+                        s.format("%Y-%m-%d %H:%M")
+                    )),
+                    _ => a.pending_reason.clone(),
+                };
+                Some(PendingInfo::new(
+                    position,
+                    &a.model,
+                    reason.as_deref(),
+                    eta,
+                    ctx.now,
+                ))
+            }
+            AllocState::Placing => Some(PendingInfo {
+                position: None,
+                reason: "Placed; waiting for the node's agent to create the device.".into(),
+                eta: None,
+            }),
+            _ => None,
+        };
+        AllocationView {
+            id: a.id,
+            team_id: TeamId(a.team_id),
+            team_name: r.team_name.clone(),
+            user_id: UserId(a.user_id),
+            username: r.username.clone(),
+            kind: a.kind.clone(),
+            kind_label,
+            count: to_u32(a.count),
+            units: to_u32(a.units),
+            priority: a.priority.parse().unwrap_or(PriorityClass::Normal),
+            state,
+            purpose: a.purpose.clone(),
+            created_at: a.created_at,
+            starts_at: a.starts_at.or(a.active_at),
+            ends_at: a.ends_at,
+            devices: devices(a),
+            approver: match a.approver.as_deref() {
+                Some("team_admin") => Some(Approver::TeamAdmin),
+                Some("platform_admin") => Some(Approver::PlatformAdmin),
+                _ => None,
+            },
+            approval_reason: a.approval_reason.clone(),
+            pending,
+            preempt_at: a.preempt_at,
+            history: Vec::new(),
+        }
+    }
+
+    async fn audit(
+        &self,
+        p: &Principal,
+        action: &str,
+        id: Uuid,
+        team: Option<Uuid>,
+        before: Option<&AllocationRow>,
+        after: Option<&AllocationRow>,
+    ) {
+        let json = |r: &AllocationRow| {
+            serde_json::json!({"state": r.state, "kind": r.kind, "count": r.count,
+                "units": r.units, "priority": r.priority})
+            .to_string()
+        };
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: Some(p.username.to_string()),
+            action: action.into(),
+            object_type: "allocation".into(),
+            object_id: id.to_string(),
+            team_id: team,
+            before: before.map(json),
+            after: after.map(json),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+    }
+
+    // ---- transitions ----
+
+    /// One checked transition with its quota effect; `false` if the allocation was no
+    /// longer in `from`.
+    #[allow(clippy::too_many_arguments)]
+    async fn step(
+        &self,
+        id: Uuid,
+        from: AllocState,
+        to: AllocState,
+        at: DateTime<Utc>,
+        actor: Option<&str>,
+        note: Option<&str>,
+        change: Change,
+    ) -> Result<bool, AppError> {
+        from.check_transition(to)?;
+        let quota_delta = match (from.holds_quota(), to.holds_quota()) {
+            (false, true) => 1,
+            (true, false) => -1,
+            _ => 0,
+        };
+        self.store
+            .transition(&StoreTransition {
+                id,
+                from: from.as_str(),
+                to: to.as_str(),
+                quota_delta,
+                at,
+                actor,
+                note,
+                change,
+            })
+            .await
+            .map_err(internal("changing allocation state"))
+    }
+
+    /// active → releasing → ended/expired/preempted. The MIG instance stays; it is free
+    /// for the next placement.
+    async fn finish(
+        &self,
+        id: Uuid,
+        cause: alloc::ReleaseCause,
+        at: DateTime<Utc>,
+        actor: Option<&str>,
+        note: Option<&str>,
+    ) -> Result<bool, AppError> {
+        let cause_s = match cause {
+            alloc::ReleaseCause::Released => "released",
+            alloc::ReleaseCause::Expired => "expired",
+            alloc::ReleaseCause::Preempted => "preempted",
+        };
+        let change = Change {
+            release_cause: Some(cause_s.into()),
+            ..Change::default()
+        };
+        if !self
+            .step(
+                id,
+                AllocState::Active,
+                AllocState::Releasing,
+                at,
+                actor,
+                note,
+                change,
+            )
+            .await?
+        {
+            return Ok(false);
+        }
+        self.step(
+            id,
+            AllocState::Releasing,
+            cause.final_state(),
+            at,
+            actor,
+            None,
+            Change::default(),
+        )
+        .await
+    }
+
+    // ---- the scheduler ----
+
+    /// One scheduler pass at `now`: expire what ran out, fail what lost its node, activate
+    /// what the agents now report, and place the queue with the planner (writing the
+    /// desired MIG layouts the agents apply). Idempotent: after a crash the next pass
+    /// picks up from the stored states.
+    pub async fn tick(&self, now: DateTime<Utc>) -> Result<TickReport, AppError> {
+        let mut report = TickReport::default();
+        let nodes = self
+            .store
+            .active_nodes()
+            .await
+            .map_err(internal("loading nodes"))?;
+        let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
+        let inventories: HashMap<Uuid, Inventory> =
+            nodes.iter().map(|n| (n.id, inventory(n))).collect();
+
+        // Expiry, preemption deadlines, lost nodes.
+        let held = self
+            .store
+            .allocations_in(&["placing", "active"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        for a in &held {
+            let state: AllocState = a.state.parse()?;
+            let lost = devices(a).iter().find_map(|d| {
+                let Some(node) = by_id.get(&d.node_id) else {
+                    return Some(format!("node {} was removed", d.hostname));
+                };
+                let silent = node.last_heartbeat_at.is_none_or(|t| now - t > NODE_GRACE);
+                if silent {
+                    return Some(format!("node {} stopped reporting", d.hostname));
+                }
+                let present = inventories
+                    .get(&d.node_id)
+                    .is_some_and(|i| i.gpus.iter().any(|g| g.uuid == d.gpu_uuid));
+                (!present).then(|| format!("GPU {} vanished from {}", d.gpu_uuid, d.hostname))
+            });
+            if let Some(why) = lost {
+                if self
+                    .step(
+                        a.id,
+                        state,
+                        AllocState::Failed,
+                        now,
+                        None,
+                        Some(&why),
+                        Change::default(),
+                    )
+                    .await?
+                {
+                    tracing::warn!(allocation = %a.id, "{why}: allocation failed");
+                    report.failed += 1;
+                }
+                continue;
+            }
+            if state != AllocState::Active {
+                continue;
+            }
+            if a.ends_at.is_some_and(|e| e <= now) {
+                if self
+                    .finish(
+                        a.id,
+                        alloc::ReleaseCause::Expired,
+                        now,
+                        None,
+                        Some("end time reached"),
+                    )
+                    .await?
+                {
+                    report.expired += 1;
+                }
+            } else if a.preempt_at.is_some_and(|e| e <= now) {
+                self.finish(
+                    a.id,
+                    alloc::ReleaseCause::Preempted,
+                    now,
+                    None,
+                    Some("borrowed capacity reclaimed for a team's guaranteed share"),
+                )
+                .await?;
+            }
+        }
+
+        // Activation: placed devices the agents now report.
+        for a in self
+            .store
+            .allocations_in(&["placing"])
+            .await
+            .map_err(internal("loading allocations"))?
+        {
+            let mut devs = devices(&a);
+            let all_present = devs.iter_mut().all(|d| present(d, &inventories));
+            if all_present {
+                let change = Change {
+                    active_at: Some(now),
+                    ends_at: Some(now + Duration::minutes(a.duration_minutes)),
+                    devices: serde_json::to_string(&devs).ok(),
+                    ..Change::default()
+                };
+                if self
+                    .step(
+                        a.id,
+                        AllocState::Placing,
+                        AllocState::Active,
+                        now,
+                        None,
+                        None,
+                        change,
+                    )
+                    .await?
+                {
+                    report.activated += 1;
+                }
+            }
+        }
+
+        // Placement.
+        let queued: Vec<AllocationRow> = self
+            .store
+            .allocations_in(&["queued"])
+            .await
+            .map_err(internal("loading queue"))?
+            .into_iter()
+            .filter(|a| a.starts_at.is_none_or(|s| s <= now))
+            .collect();
+        report.queued = u32::try_from(queued.len()).unwrap_or(u32::MAX);
+        if queued.is_empty() {
+            return Ok(report);
+        }
+        let held = self
+            .store
+            .allocations_in(&["placing", "active", "releasing"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        let input = self.planner_input(&nodes, &inventories, &held, now).await?;
+        let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
+        let order = alloc::order_queue(&entries, &self.fair_shares(now).await?);
+        let rank: HashMap<Uuid, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        let total = i32::try_from(order.len()).unwrap_or(i32::MAX);
+        let mut requests = Vec::new();
+        for a in &queued {
+            let Ok(kind) = a.kind.parse::<GpuKind>() else {
+                continue;
+            };
+            let priority =
+                total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0);
+            let base = planner::Request {
+                id: a.id.to_string(),
+                team: Some(a.team_id.to_string()),
+                priority,
+                mig: None,
+                gpus: None,
+                gpu_milli: None,
+                cpu_milli: 0,
+                memory_mib: 0,
+                models: vec![a.model.clone()],
+            };
+            match kind {
+                GpuKind::Mig { profile, .. } => {
+                    for i in 0..a.count {
+                        requests.push(planner::Request {
+                            id: format!("{}#{i}", a.id),
+                            mig: Some(profile.clone()),
+                            ..base.clone()
+                        });
+                    }
+                }
+                GpuKind::Whole { .. } => requests.push(planner::Request {
+                    gpus: Some(to_u32(a.count)),
+                    ..base
+                }),
+                GpuKind::Share { .. } => {}
+            }
+        }
+        let plan = match planner::plan(&input.cluster, &requests, &self.catalog) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "planner input rejected");
+                return Err(AppError::Internal);
+            }
+        };
+        let mut placed: HashMap<Uuid, Vec<AllocatedDevice>> = HashMap::new();
+        for asg in &plan.assignments {
+            let id_s = asg.request.split('#').next().unwrap_or_default();
+            let Ok(id) = Uuid::parse_str(id_s) else {
+                continue;
+            };
+            let Some(node_id) = Uuid::parse_str(&asg.node).ok() else {
+                continue;
+            };
+            let hostname = by_id
+                .get(&node_id)
+                .map(|n| n.hostname.clone())
+                .unwrap_or_default();
+            let gpus = if asg.gpus.is_empty() {
+                asg.gpu.into_iter().collect()
+            } else {
+                asg.gpus.clone()
+            };
+            for g in gpus {
+                let Some(uuid) = input.gpu_uuid.get(&(node_id, g)) else {
+                    continue;
+                };
+                placed.entry(id).or_default().push(AllocatedDevice {
+                    node_id,
+                    hostname: hostname.clone(),
+                    gpu_uuid: uuid.clone(),
+                    profile: asg.profile.clone(),
+                    start: asg.start,
+                    mig_uuid: None,
+                });
+            }
+        }
+        let mut pending_reason: HashMap<Uuid, String> = HashMap::new();
+        for p in &plan.pending {
+            let id_s = p.request.split('#').next().unwrap_or_default();
+            if let Ok(id) = Uuid::parse_str(id_s) {
+                pending_reason.entry(id).or_insert_with(|| p.reason.clone());
+            }
+        }
+        // Desired layouts first: an allocation is `placing` only once its GPU is told.
+        for r in &plan.reconfigurations {
+            let Ok(node_id) = Uuid::parse_str(&r.node) else {
+                continue;
+            };
+            let Some(uuid) = input.gpu_uuid.get(&(node_id, r.gpu)) else {
+                continue;
+            };
+            let current = input.instances.get(uuid).cloned().unwrap_or_default();
+            let (mode, layout) = match r.mode {
+                planner::GpuMode::Mig => {
+                    let mut layout: Vec<DesiredInstance> = current
+                        .into_iter()
+                        .filter(|i| {
+                            !r.destroy
+                                .iter()
+                                .any(|d| d.profile == i.profile && d.start == i.start)
+                        })
+                        .collect();
+                    layout.extend(r.create.iter().map(|c| DesiredInstance {
+                        profile: c.profile.clone(),
+                        start: c.start,
+                    }));
+                    layout.sort_by_key(|i| i.start);
+                    ("enabled", layout)
+                }
+                _ => ("disabled", Vec::new()),
+            };
+            let json = serde_json::to_string(&layout).map_err(|_| AppError::Internal)?;
+            self.store
+                .set_desired(node_id, uuid, mode, &json, None, now)
+                .await
+                .map_err(internal("writing desired layout"))?;
+            report.reconfigured += 1;
+        }
+        for a in &queued {
+            let devs = placed.remove(&a.id).unwrap_or_default();
+            let complete = match a.kind.parse::<GpuKind>() {
+                Ok(GpuKind::Mig { .. }) | Ok(GpuKind::Whole { .. }) => {
+                    devs.len() == usize::try_from(a.count).unwrap_or(0)
+                }
+                _ => false,
+            };
+            if complete {
+                let change = Change {
+                    devices: serde_json::to_string(&devs).ok(),
+                    pending_reason: Some(None),
+                    ..Change::default()
+                };
+                let note = format!(
+                    "placed on {}",
+                    devs.iter()
+                        .map(|d| d.hostname.as_str())
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if self
+                    .step(
+                        a.id,
+                        AllocState::Queued,
+                        AllocState::Placing,
+                        now,
+                        None,
+                        Some(&note),
+                        change,
+                    )
+                    .await?
+                {
+                    report.placed += 1;
+                }
+            } else {
+                let reason = pending_reason
+                    .get(&a.id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("not enough free {} capacity", a.model));
+                if a.pending_reason.as_deref() != Some(reason.as_str()) {
+                    self.store
+                        .annotate_allocation(a.id, Some(&reason), None)
+                        .await
+                        .map_err(internal("storing pending reason"))?;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// The cluster as the planner sees it: online nodes' GPUs of known models, minus GPUs
+    /// whose desired layout is still being applied; instances held by allocations (or
+    /// running processes) are busy, and only GPUs with nothing busy may be re-partitioned.
+    async fn planner_input(
+        &self,
+        nodes: &[NodeRow],
+        inventories: &HashMap<Uuid, Inventory>,
+        held: &[AllocationRow],
+        now: DateTime<Utc>,
+    ) -> Result<PlannerInput, AppError> {
+        let mut busy: BTreeSet<(String, Option<u8>)> = BTreeSet::new();
+        for a in held {
+            for d in devices(a) {
+                busy.insert((d.gpu_uuid.clone(), d.start));
+            }
+        }
+        let mut input = PlannerInput::default();
+        for n in nodes
+            .iter()
+            .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
+        {
+            let desired = self
+                .store
+                .desired_for_node(n.id)
+                .await
+                .map_err(internal("loading desired state"))?;
+            let statuses = self
+                .store
+                .apply_statuses(n.id)
+                .await
+                .map_err(internal("loading apply status"))?;
+            let mut gpus = Vec::new();
+            let Some(inv) = inventories.get(&n.id) else {
+                continue;
+            };
+            for g in &inv.gpus {
+                let Some(model) = self.catalog.get(&g.name) else {
+                    continue;
+                };
+                let applying = desired
+                    .iter()
+                    .find(|d| d.gpu_uuid == g.uuid)
+                    .is_some_and(|d| {
+                        !statuses.iter().any(|s| {
+                            s.gpu_uuid == g.uuid
+                                && s.version == d.version
+                                && serde_json::from_str::<ApplyStatus>(&s.status)
+                                    .is_ok_and(|st| st.state == ApplyState::Success)
+                        })
+                    });
+                if applying {
+                    continue;
+                }
+                input.gpu_uuid.insert((n.id, g.index), g.uuid.clone());
+                let mig_on = g.mig_mode.is_some_and(|m| m.current == MigMode::Enabled);
+                let settled = g.mig_mode.is_some_and(|m| m.current == m.pending);
+                let instances: Vec<planner::MigInstance> = g
+                    .instances
+                    .iter()
+                    .map(|i| planner::MigInstance {
+                        profile: i.profile.clone(),
+                        start: i.start,
+                        busy: busy.contains(&(g.uuid.clone(), Some(i.start)))
+                            || i.compute_instances
+                                .iter()
+                                .any(|c| c.process_count != Some(0)),
+                    })
+                    .collect();
+                input.instances.insert(
+                    g.uuid.clone(),
+                    g.instances
+                        .iter()
+                        .map(|i| DesiredInstance {
+                            profile: i.profile.clone(),
+                            start: i.start,
+                        })
+                        .collect(),
+                );
+                let whole_busy = busy.contains(&(g.uuid.clone(), None));
+                let any_busy = whole_busy || instances.iter().any(|i| i.busy);
+                gpus.push(planner::Gpu {
+                    index: g.index,
+                    model: model.name().to_owned(),
+                    mode: if mig_on {
+                        planner::GpuMode::Mig
+                    } else {
+                        planner::GpuMode::Whole
+                    },
+                    reconfigurable: n.manages_mig && settled && !any_busy,
+                    instances: if mig_on { instances } else { Vec::new() },
+                    busy: !mig_on && whole_busy,
+                    used_milli: 0,
+                });
+            }
+            input.cluster.nodes.push(planner::Node {
+                name: n.id.to_string(),
+                cpu_milli: 1 << 40,
+                memory_mib: 1 << 40,
+                cpu_used_milli: 0,
+                memory_used_mib: 0,
+                gpus,
+            });
+        }
+        Ok(input)
+    }
+}
+
+#[derive(Default)]
+struct PlannerInput {
+    cluster: planner::Cluster,
+    /// (node, GPU index) → GPU UUID.
+    gpu_uuid: HashMap<(Uuid, u32), String>,
+    /// GPU UUID → its instances now.
+    instances: HashMap<String, Vec<DesiredInstance>>,
+}
+
+struct PendingContext {
+    now: DateTime<Utc>,
+    position: HashMap<Uuid, u32>,
+    ends: HashMap<String, Vec<(DateTime<Utc>, u32)>>,
+    held_units: HashMap<String, u32>,
+    capacity: HashMap<String, u32>,
+}
+
+/// Fills in the device's MIG UUID from the inventory; whether the device is there.
+fn present(d: &mut AllocatedDevice, inventories: &HashMap<Uuid, Inventory>) -> bool {
+    let Some(g) = inventories
+        .get(&d.node_id)
+        .and_then(|i| i.gpus.iter().find(|g| g.uuid == d.gpu_uuid))
+    else {
+        return false;
+    };
+    match (&d.profile, d.start) {
+        (Some(profile), Some(start)) => {
+            let uuid = g
+                .instances
+                .iter()
+                .find(|i| i.start == start && &i.profile == profile)
+                .and_then(|i| i.compute_instances.iter().find_map(|c| c.uuid.clone()));
+            d.mig_uuid = uuid;
+            d.mig_uuid.is_some()
+        }
+        _ => g.mig_mode.is_none_or(|m| m.current == MigMode::Disabled),
+    }
+}
+
+fn devices(a: &AllocationRow) -> Vec<AllocatedDevice> {
+    serde_json::from_str(&a.devices).unwrap_or_default()
+}
+
+fn queue_entry(a: &AllocationRow) -> Option<QueueEntry> {
+    Some(QueueEntry {
+        id: a.id,
+        model: a.model.clone(),
+        team: TeamId(a.team_id),
+        priority: a.priority.parse().ok()?,
+        created_at: a.created_at,
+    })
+}
+
+fn quota_of(r: &QuotaRow) -> Option<Quota> {
+    Quota::new(
+        to_u32(r.guaranteed),
+        to_u32(r.limit_units),
+        to_u32(r.per_user),
+    )
+    .ok()
+}
+
+fn to_u32(v: i64) -> u32 {
+    u32::try_from(v.max(0)).unwrap_or(u32::MAX)
+}
+
+fn approver_str(a: Approver) -> &'static str {
+    match a {
+        Approver::TeamAdmin => "team_admin",
+        Approver::PlatformAdmin => "platform_admin",
+    }
+}
+
+fn inventory(r: &NodeRow) -> Inventory {
+    serde_json::from_str(&r.inventory).unwrap_or_default()
+}
+
+/// The states a list filter names.
+fn state_filter(filter: Option<&str>) -> Result<Vec<String>, AppError> {
+    let names: Vec<&str> = match filter.map(str::trim).unwrap_or("") {
+        "" | "all" => vec![],
+        "pending" => vec!["pending_approval", "queued", "placing"],
+        "current" => vec![
+            "pending_approval",
+            "queued",
+            "placing",
+            "active",
+            "releasing",
+        ],
+        "ended" => vec![
+            "ended",
+            "denied",
+            "cancelled",
+            "expired",
+            "preempted",
+            "failed",
+        ],
+        s => {
+            let st: AllocState = s.parse().map_err(|_| {
+                AppError::invalid(
+                    "state",
+                    "must be a state (active, queued, …) or pending, current, ended, all",
+                )
+            })?;
+            vec![st.as_str()]
+        }
+    };
+    Ok(names.into_iter().map(str::to_owned).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_groups_name_real_states() {
+        for group in ["pending", "current", "ended"] {
+            for s in state_filter(Some(group)).unwrap_or_default() {
+                assert!(s.parse::<AllocState>().is_ok(), "{s}");
+            }
+        }
+        assert!(state_filter(Some("bogus")).is_err());
+        assert_eq!(
+            state_filter(Some("active")).ok(),
+            Some(vec!["active".to_owned()])
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! `quotas`, `user_usage`, `allocations`, `allocation_events`, `audit_log`.
+//!
+//! Quota counters move only inside the transaction that changes an allocation's state, and
+//! every state change is a conditional `UPDATE … WHERE state = <expected>`: of two racing
+//! transitions exactly one happens, so units are released exactly once. Admission is one
+//! conditional `UPDATE quotas SET used = used + n WHERE used + n <= limit` — atomic on
+//! both backends (SQLite serializes writers; PostgreSQL re-checks the condition on the
+//! locked row), so concurrent requests never admit past the limit.
+
+use super::{Store, on_pool};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct QuotaRow {
+    pub team_id: Uuid,
+    pub model: String,
+    pub guaranteed: i64,
+    pub limit_units: i64,
+    pub per_user: i64,
+    pub used: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AllocationRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub user_id: Uuid,
+    pub kind: String,
+    pub model: String,
+    pub count: i64,
+    pub units: i64,
+    pub priority: String,
+    pub purpose: String,
+    pub state: String,
+    pub duration_minutes: i64,
+    pub starts_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub active_at: Option<DateTime<Utc>>,
+    pub ends_at: Option<DateTime<Utc>>,
+    pub approver: Option<String>,
+    pub approval_reason: Option<String>,
+    pub pending_reason: Option<String>,
+    /// JSON list of placed devices.
+    pub devices: String,
+    pub release_cause: Option<String>,
+    pub preempt_at: Option<DateTime<Utc>>,
+    pub idempotency_key: Option<String>,
+}
+
+/// An allocation with the names the views show.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AllocationListRow {
+    #[sqlx(flatten)]
+    pub a: AllocationRow,
+    pub team_name: String,
+    pub username: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRow {
+    pub at: DateTime<Utc>,
+    pub from_state: Option<String>,
+    pub to_state: String,
+    pub actor: Option<String>,
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditRow {
+    pub id: Uuid,
+    pub at: DateTime<Utc>,
+    pub actor: Option<String>,
+    pub action: String,
+    pub object_type: String,
+    pub object_id: String,
+    pub team_id: Option<Uuid>,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+/// What changes with a state transition besides the state.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub active_at: Option<DateTime<Utc>>,
+    pub ends_at: Option<DateTime<Utc>>,
+    pub devices: Option<String>,
+    pub release_cause: Option<String>,
+    pub pending_reason: Option<Option<String>>,
+    pub approval_reason: Option<String>,
+}
+
+/// A transition: from which state to which, and what it does to the quota counters.
+#[derive(Debug, Clone)]
+pub struct Transition<'a> {
+    pub id: Uuid,
+    pub from: &'a str,
+    pub to: &'a str,
+    /// `+units` when the allocation starts holding quota, `-units` when it stops, 0 else.
+    pub quota_delta: i64,
+    pub at: DateTime<Utc>,
+    pub actor: Option<&'a str>,
+    pub note: Option<&'a str>,
+    pub change: Change,
+}
+
+const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
+                    a.purpose, a.state, a.duration_minutes, a.starts_at, a.created_at, a.active_at, \
+                    a.ends_at, a.approver, a.approval_reason, a.pending_reason, a.devices, \
+                    a.release_cause, a.preempt_at, a.idempotency_key";
+
+const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
+    priority, purpose, state, duration_minutes, starts_at, created_at, approver, \
+    approval_reason, idempotency_key) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)";
+
+const EVENT: &str = "INSERT INTO allocation_events (allocation_id, seq, at, from_state, to_state, actor, note) \
+    VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM allocation_events WHERE allocation_id = $1), \
+    $2, $3, $4, $5, $6)";
+
+/// Adds `units` to the team's counter, only while it stays within the limit (`check`).
+const TEAM_ADD_CHECKED: &str = "UPDATE quotas SET used = used + $3 \
+    WHERE team_id = $1 AND model = $2 AND used + $3 <= limit_units";
+const TEAM_ADD: &str = "UPDATE quotas SET used = used + $3 WHERE team_id = $1 AND model = $2";
+/// Adds `units` to the user's counter, only while it stays within `$5` (the per-user cap).
+const USER_ADD_CHECKED: &str = "INSERT INTO user_usage (team_id, model, user_id, used) \
+    VALUES ($1, $2, $3, $4) ON CONFLICT (team_id, model, user_id) DO UPDATE \
+    SET used = user_usage.used + excluded.used WHERE user_usage.used + excluded.used <= $5";
+const USER_ADD: &str = "INSERT INTO user_usage (team_id, model, user_id, used) \
+    VALUES ($1, $2, $3, $4) ON CONFLICT (team_id, model, user_id) DO UPDATE \
+    SET used = user_usage.used + excluded.used";
+const TEAM_SUB: &str =
+    "UPDATE quotas SET used = used - $3 WHERE team_id = $1 AND model = $2 AND used >= $3";
+const USER_SUB: &str = "UPDATE user_usage SET used = used - $4 \
+    WHERE team_id = $1 AND model = $2 AND user_id = $3 AND used >= $4";
+
+/// How a new allocation entered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// Admitted within quota (state `queued`, counters incremented).
+    Admitted,
+    /// Stored as given (e.g. `pending_approval`), counters untouched.
+    Stored,
+    /// The (user, idempotency key) pair exists already: nothing was stored.
+    Duplicate,
+}
+
+macro_rules! bind_insert {
+    ($q:expr, $r:expr) => {
+        $q.bind($r.id)
+            .bind($r.team_id)
+            .bind($r.user_id)
+            .bind(&$r.kind)
+            .bind(&$r.model)
+            .bind($r.count)
+            .bind($r.units)
+            .bind(&$r.priority)
+            .bind(&$r.purpose)
+            .bind(&$r.state)
+            .bind($r.duration_minutes)
+            .bind($r.starts_at)
+            .bind($r.created_at)
+            .bind(&$r.approver)
+            .bind(&$r.approval_reason)
+            .bind(&$r.idempotency_key)
+    };
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
+}
+
+impl Store {
+    // ---- quotas ----
+
+    pub async fn quota(&self, team: Uuid, model: &str) -> Result<Option<QuotaRow>, sqlx::Error> {
+        let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
+                   WHERE team_id = $1 AND model = $2";
+        on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).bind(model).fetch_optional(pool).await)
+    }
+
+    /// Quotas of one team (`Some`) or every team, by model.
+    pub async fn quotas(&self, team: Option<Uuid>) -> Result<Vec<QuotaRow>, sqlx::Error> {
+        let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
+                   WHERE ($1 IS NULL OR team_id = $1) ORDER BY team_id, model";
+        on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await)
+    }
+
+    /// Creates or changes a quota (its usage counter is kept).
+    pub async fn set_quota(
+        &self,
+        q: &QuotaRow,
+        by: Uuid,
+        at: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = "INSERT INTO quotas (team_id, model, guaranteed, limit_units, per_user, used, updated_at, updated_by) \
+                   VALUES ($1, $2, $3, $4, $5, 0, $6, $7) ON CONFLICT (team_id, model) DO UPDATE SET \
+                   guaranteed = excluded.guaranteed, limit_units = excluded.limit_units, \
+                   per_user = excluded.per_user, updated_at = excluded.updated_at, updated_by = excluded.updated_by";
+        on_pool!(self, pool => sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
+            .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(pool).await.map(|_| ()))
+    }
+
+    pub async fn user_used(&self, team: Uuid, model: &str, user: Uuid) -> Result<i64, sqlx::Error> {
+        let sql = "SELECT used FROM user_usage WHERE team_id = $1 AND model = $2 AND user_id = $3";
+        let v = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql).bind(team).bind(model)
+            .bind(user).fetch_optional(pool).await?);
+        Ok(v.unwrap_or(0))
+    }
+
+    // ---- allocations ----
+
+    /// Inserts an allocation. With `admit_within = Some(per_user)` it is admitted only if
+    /// the team's counter stays within its limit and the user's within `per_user`, both
+    /// atomically with the insert; otherwise nothing is stored and `None` is returned so
+    /// the caller can store it for approval instead. With `None` the row is stored as given.
+    pub async fn insert_allocation(
+        &self,
+        r: &AllocationRow,
+        admit_within: Option<i64>,
+        actor: &str,
+    ) -> Result<Option<Inserted>, sqlx::Error> {
+        let result: Result<Option<Inserted>, sqlx::Error> = on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            if let Some(per_user) = admit_within {
+                // The first statement writes, so SQLite takes its write lock here and
+                // concurrent admissions queue behind it instead of failing.
+                let team = sqlx::query(TEAM_ADD_CHECKED).bind(r.team_id).bind(&r.model)
+                    .bind(r.units).execute(&mut *tx).await?.rows_affected();
+                if team != 1 || r.units > per_user {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                let user = sqlx::query(USER_ADD_CHECKED).bind(r.team_id).bind(&r.model)
+                    .bind(r.user_id).bind(r.units).bind(per_user).execute(&mut *tx).await?
+                    .rows_affected();
+                if user != 1 {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+            }
+            match bind_insert!(sqlx::query(INSERT), r).execute(&mut *tx).await {
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => {
+                    tx.rollback().await?;
+                    return Ok(Some(Inserted::Duplicate));
+                }
+                Err(e) => return Err(e),
+            }
+            sqlx::query(EVENT).bind(r.id).bind(r.created_at).bind(None::<String>).bind(&r.state)
+                .bind(actor).bind(None::<String>).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(Some(if admit_within.is_some() { Inserted::Admitted } else { Inserted::Stored }))
+        });
+        result
+    }
+
+    /// Applies a state transition if the allocation is still in `t.from`; returns whether
+    /// it happened. Quota counters change in the same transaction.
+    pub async fn transition(&self, t: &Transition<'_>) -> Result<bool, sqlx::Error> {
+        let c = &t.change;
+        let sql = "UPDATE allocations SET state = $3, \
+                   active_at = COALESCE($4, active_at), ends_at = COALESCE($5, ends_at), \
+                   devices = COALESCE($6, devices), release_cause = COALESCE($7, release_cause), \
+                   pending_reason = CASE WHEN $8 THEN $9 ELSE pending_reason END, \
+                   approval_reason = COALESCE($10, approval_reason), \
+                   preempt_at = CASE WHEN $3 = 'active' THEN preempt_at ELSE NULL END \
+                   WHERE id = $1 AND state = $2 RETURNING team_id, model, user_id, units";
+        let (set_pending, pending) = match &c.pending_reason {
+            Some(p) => (true, p.clone()),
+            None => (false, None),
+        };
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let row: Option<(Uuid, String, Uuid, i64)> = sqlx::query_as(sql)
+                .bind(t.id).bind(t.from).bind(t.to).bind(c.active_at).bind(c.ends_at)
+                .bind(&c.devices).bind(&c.release_cause).bind(set_pending).bind(pending)
+                .bind(&c.approval_reason)
+                .fetch_optional(&mut *tx).await?;
+            let Some((team, model, user, units)) = row else {
+                tx.rollback().await?;
+                return Ok(false);
+            };
+            if t.quota_delta > 0 {
+                sqlx::query(TEAM_ADD).bind(team).bind(&model).bind(units).execute(&mut *tx).await?;
+                sqlx::query(USER_ADD).bind(team).bind(&model).bind(user).bind(units).execute(&mut *tx).await?;
+            } else if t.quota_delta < 0 {
+                let a = sqlx::query(TEAM_SUB).bind(team).bind(&model).bind(units).execute(&mut *tx).await?.rows_affected();
+                let b = sqlx::query(USER_SUB).bind(team).bind(&model).bind(user).bind(units).execute(&mut *tx).await?.rows_affected();
+                if a != 1 || b != 1 {
+                    tracing::error!(allocation = %t.id, "quota counters were already below this allocation's units");
+                }
+            }
+            sqlx::query(EVENT).bind(t.id).bind(t.at).bind(t.from).bind(t.to).bind(t.actor)
+                .bind(t.note).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
+    /// Updates fields that are not the state (pending reason, preemption deadline).
+    pub async fn annotate_allocation(
+        &self,
+        id: Uuid,
+        pending_reason: Option<&str>,
+        preempt_at: Option<DateTime<Utc>>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = "UPDATE allocations SET pending_reason = $2, preempt_at = $3 WHERE id = $1";
+        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(pending_reason).bind(preempt_at)
+            .execute(pool).await.map(|_| ()))
+    }
+
+    pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {COLS}, t.name AS team_name, u.username AS username FROM allocations a \
+             JOIN teams t ON t.id = a.team_id JOIN users u ON u.id = a.user_id WHERE a.id = $1"
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id).fetch_optional(pool).await)
+    }
+
+    pub async fn allocation_by_key(
+        &self,
+        user: Uuid,
+        key: &str,
+    ) -> Result<Option<Uuid>, sqlx::Error> {
+        let sql = "SELECT id FROM allocations WHERE user_id = $1 AND idempotency_key = $2";
+        on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
+    }
+
+    /// A page of allocations, newest first. `teams`: only these teams (`None`: all);
+    /// `user`: only this user's; `states`: only these states (empty: all).
+    pub async fn list_allocations(
+        &self,
+        teams: Option<&[Uuid]>,
+        user: Option<Uuid>,
+        states: &[String],
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<AllocationListRow>, i64), sqlx::Error> {
+        let mut filter = String::from("WHERE 1 = 1");
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            format!("${n}")
+        };
+        if let Some(ts) = teams {
+            let ps: Vec<String> = ts.iter().map(|_| next()).collect();
+            if ps.is_empty() {
+                filter.push_str(" AND 1 = 0");
+            } else {
+                filter.push_str(&format!(" AND a.team_id IN ({})", ps.join(",")));
+            }
+        }
+        if user.is_some() {
+            filter.push_str(&format!(" AND a.user_id = {}", next()));
+        }
+        if !states.is_empty() {
+            let ps: Vec<String> = states.iter().map(|_| next()).collect();
+            filter.push_str(&format!(" AND a.state IN ({})", ps.join(",")));
+        }
+        let (lim, off) = (next(), next());
+        let sql = format!(
+            "SELECT {COLS}, t.name AS team_name, u.username AS username FROM allocations a \
+             JOIN teams t ON t.id = a.team_id JOIN users u ON u.id = a.user_id {filter} \
+             ORDER BY a.created_at DESC, a.id LIMIT {lim} OFFSET {off}"
+        );
+        let count = format!("SELECT COUNT(*) FROM allocations a {filter}");
+        macro_rules! binds {
+            ($q:expr) => {{
+                let mut q = $q;
+                for t in teams.unwrap_or(&[]) {
+                    q = q.bind(*t);
+                }
+                if let Some(u) = user {
+                    q = q.bind(u);
+                }
+                for s in states {
+                    q = q.bind(s.clone());
+                }
+                q
+            }};
+        }
+        on_pool!(self, pool => {
+            let rows = binds!(sqlx::query_as::<_, AllocationListRow>(&sql))
+                .bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?;
+            let total = binds!(sqlx::query_scalar::<_, i64>(&count)).fetch_one(pool).await?;
+            Ok((rows, total))
+        })
+    }
+
+    /// Every allocation in one of `states`, oldest first (the scheduler's working set).
+    pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, sqlx::Error> {
+        let ps: Vec<String> = (1..=states.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT {COLS} FROM allocations a WHERE a.state IN ({}) ORDER BY a.created_at, a.id",
+            ps.join(",")
+        );
+        on_pool!(self, pool => {
+            let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
+            for s in states {
+                q = q.bind(*s);
+            }
+            q.fetch_all(pool).await
+        })
+    }
+
+    /// Allocations that were active at some point since `since` (for fair share).
+    pub async fn allocations_active_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<AllocationRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {COLS} FROM allocations a WHERE a.active_at IS NOT NULL \
+             AND (a.ends_at IS NULL OR a.ends_at >= $1)"
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(since).fetch_all(pool).await)
+    }
+
+    pub async fn allocation_events(&self, id: Uuid) -> Result<Vec<EventRow>, sqlx::Error> {
+        let sql = "SELECT at, from_state, to_state, actor, note FROM allocation_events \
+                   WHERE allocation_id = $1 ORDER BY seq";
+        on_pool!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await)
+    }
+
+    // ---- audit ----
+
+    pub async fn audit(&self, r: &AuditRow) -> Result<(), sqlx::Error> {
+        let sql = "INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
+        on_pool!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
+            .bind(&r.object_type).bind(&r.object_id).bind(r.team_id).bind(&r.before).bind(&r.after)
+            .execute(pool).await.map(|_| ()))
+    }
+
+    pub async fn audit_page(
+        &self,
+        action: Option<&str>,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<AuditRow>, i64), sqlx::Error> {
+        let sql = "SELECT id, at, actor, action, object_type, object_id, team_id, before, after \
+                   FROM audit_log WHERE ($1 IS NULL OR action = $1) ORDER BY at DESC, id LIMIT $2 OFFSET $3";
+        let count = "SELECT COUNT(*) FROM audit_log WHERE ($1 IS NULL OR action = $1)";
+        on_pool!(self, pool => {
+            let rows = sqlx::query_as::<_, AuditRow>(sql).bind(action).bind(i64::from(limit))
+                .bind(i64::from(offset)).fetch_all(pool).await?;
+            let total = sqlx::query_scalar::<_, i64>(count).bind(action).fetch_one(pool).await?;
+            Ok((rows, total))
+        })
+    }
+}

@@ -1,0 +1,38 @@
+//! The allocation scheduler's loop: one [`tick`](tessera_core::services::allocations::Allocations::tick)
+//! every interval, and at once after a change (a request, a release, an approval). Each
+//! tick works from stored state only, so a restart simply continues.
+
+use chrono::Utc;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_core::Services;
+
+pub async fn run(services: Arc<Services>, every: Duration) {
+    let changed = services.allocations.changed();
+    loop {
+        let started = std::time::Instant::now();
+        match services.allocations.tick(Utc::now()).await {
+            Ok(r) => {
+                if r.placed + r.activated + r.expired + r.failed + r.reconfigured > 0 {
+                    tracing::info!(
+                        placed = r.placed,
+                        activated = r.activated,
+                        expired = r.expired,
+                        failed = r.failed,
+                        reconfigured = r.reconfigured,
+                        queued = r.queued,
+                        "scheduler pass"
+                    );
+                }
+                metrics::histogram!(crate::observability::SCHEDULER_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
+                metrics::gauge!(crate::observability::QUEUE_LENGTH).set(f64::from(r.queued));
+            }
+            Err(e) => tracing::warn!("scheduler pass failed: {e}"),
+        }
+        tokio::select! {
+            _ = changed.notified() => {}
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}

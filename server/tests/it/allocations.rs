@@ -1,0 +1,424 @@
+//! Allocations: atomic admission against quota under concurrency, approval, release and
+//! cancel (quota returned exactly once), surviving a restart between admit and place, and a
+//! real simulated agent turning a request into an active MIG slice.
+
+use crate::nodes::agent_bin;
+use crate::on_both_databases;
+use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const PW: &str = "allocation-password-1";
+
+/// A team with a member and a team admin, each with an API token.
+struct Team {
+    id: String,
+    member: String,
+    team_admin: String,
+}
+
+async fn token_for(app: &TestApp, user: &str) -> String {
+    let cookie = crate::support::login(app, user, PW).await;
+    let r = reqwest::Client::new()
+        .post(app.url("/api/v1/tokens"))
+        .header("origin", &app.base)
+        .header("cookie", cookie)
+        .json(&json!({"name": "t"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 201);
+    r.json::<Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_owned()
+}
+
+async fn team(a: &AdminClient, name: &str) -> Team {
+    let (s, t) = a
+        .call(Method::POST, "/api/v1/teams", Some(json!({"name": name})))
+        .await;
+    assert_eq!(s, 201, "{t}");
+    let id = t["id"].as_str().expect("id").to_owned();
+    let mut tokens = Vec::new();
+    for (user, role) in [
+        (format!("{name}-member"), "member"),
+        (format!("{name}-lead"), "team_admin"),
+    ] {
+        let (s, _) = a
+            .call(
+                Method::POST,
+                "/api/v1/users",
+                Some(json!({"username": user, "password": PW})),
+            )
+            .await;
+        assert_eq!(s, 201);
+        let (s, _) = a
+            .call(
+                Method::POST,
+                &format!("/api/v1/teams/{id}/members"),
+                Some(json!({"username": user, "role": role})),
+            )
+            .await;
+        assert_eq!(s, 201);
+        tokens.push(token_for(&a.app, &user).await);
+    }
+    let team_admin = tokens.pop().expect("lead");
+    let member = tokens.pop().expect("member");
+    Team {
+        id,
+        member,
+        team_admin,
+    }
+}
+
+async fn set_quota(a: &AdminClient, team: &str, model: &str, g: u32, l: u32, u: u32) {
+    let (s, v) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/teams/{team}/quotas/{model}"),
+            Some(json!({"guaranteed": g, "limit": l, "per_user": u})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+async fn used(a: &AdminClient, team: &str, model: &str) -> u64 {
+    let (s, v) = a
+        .call(Method::GET, &format!("/api/v1/teams/{team}/quotas"), None)
+        .await;
+    assert_eq!(s, 200);
+    v.as_array()
+        .expect("quotas")
+        .iter()
+        .find(|q| q["model"] == model)
+        .and_then(|q| q["used"].as_u64())
+        .expect("quota")
+}
+
+async fn request(app: &TestApp, token: &str, team: &str, kind: &str) -> (u16, Value) {
+    call_with_token(
+        app,
+        token,
+        Method::POST,
+        "/api/v1/allocations",
+        Some(json!({"team_id": team, "kind": kind, "purpose": "test"})),
+    )
+    .await
+}
+
+async fn concurrent_requests_admit_exactly_the_quota(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "race").await;
+    const N: u32 = 5;
+    set_quota(&a, &t.id, "H100-80GB", N, N, N).await;
+    let url = a.app.url("/api/v1/allocations");
+    let calls = (0..50).map(|_| {
+        let (url, token, team) = (url.clone(), t.member.clone(), t.id.clone());
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({"team_id": team, "kind": "H100-80GB:1g.10gb"}))
+                .send()
+                .await
+                .expect("request");
+            let s = r.status().as_u16();
+            (s, r.json::<Value>().await.expect("json"))
+        }
+    });
+    let results = futures_join_all(calls).await;
+    let mut admitted = 0;
+    let mut waiting = 0;
+    for (s, v) in &results {
+        assert_eq!(*s, 201, "{v}");
+        match v["state"].as_str() {
+            Some("queued" | "placing" | "active") => admitted += 1,
+            Some("pending_approval") => waiting += 1,
+            other => panic!("unexpected state {other:?}"),
+        }
+    }
+    assert_eq!(admitted, N, "exactly the quota is admitted");
+    assert_eq!(waiting, 50 - N);
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, u64::from(N));
+}
+
+/// Runs futures concurrently on the test runtime (no extra dependency).
+async fn futures_join_all<
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+>(
+    fs: impl Iterator<Item = F>,
+) -> Vec<T> {
+    let handles: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("task"));
+    }
+    out
+}
+
+async fn beyond_quota_waits_for_the_right_approver(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "approve").await;
+    // Team guarantee 7 (a whole H100), limit 7, per-user cap 1.
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 1).await;
+    let (_, first) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(first["state"], "queued");
+    // Over the per-user cap but within the team's guarantee: a team admin decides.
+    let (_, second) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(second["state"], "pending_approval");
+    assert_eq!(second["approver"], "team_admin");
+    assert!(
+        second["pending"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("approval")),
+        "{second}"
+    );
+    let id = second["id"].as_str().expect("id");
+    let approve = format!("/api/v1/allocations/{id}/approve");
+    let (s, _) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        &approve,
+        Some(json!({"reason": "self"})),
+    )
+    .await;
+    assert_eq!(s, 403, "a member cannot approve");
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.team_admin,
+        Method::POST,
+        &approve,
+        Some(json!({"reason": "deadline friday"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "queued");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
+    // The decision is in the history, with who made it and why.
+    let last = v["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .expect("history");
+    assert_eq!(last["to"], "queued");
+    assert_eq!(last["note"], "deadline friday");
+
+    // Beyond the team's limit: only a platform admin decides; a denial returns nothing.
+    let (_, whole) = request(&a.app, &t.member, &t.id, "H100-80GB:whole").await;
+    assert_eq!(whole["state"], "pending_approval");
+    assert_eq!(whole["approver"], "platform_admin");
+    let wid = whole["id"].as_str().expect("id");
+    let (s, _) = call_with_token(
+        &a.app,
+        &t.team_admin,
+        Method::POST,
+        &format!("/api/v1/allocations/{wid}/approve"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (s, v) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/allocations/{wid}/deny"),
+            Some(json!({"reason": "no capacity this week"})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["state"], "denied");
+    assert_eq!(v["approval_reason"], "no capacity this week");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
+
+    // Another team's admin sees nothing of it.
+    let other = team(&a, "other").await;
+    let (s, _) = call_with_token(
+        &a.app,
+        &other.team_admin,
+        Method::GET,
+        &format!("/api/v1/allocations/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+}
+
+async fn bad_requests_name_the_field_and_store_nothing(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "bad").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    for (body, field) in [
+        (
+            json!({"team_id": t.id, "kind": "H100-80GB:9g.99gb"}),
+            "kind",
+        ),
+        (
+            json!({"team_id": t.id, "kind": "A100-SXM4-40GB:whole"}),
+            "kind",
+        ),
+        (
+            json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "count": 0}),
+            "count",
+        ),
+        (
+            json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 999999}),
+            "duration_minutes",
+        ),
+        (
+            json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "priority": "urgent"}),
+            "priority",
+        ),
+    ] {
+        let (s, v) = call_with_token(
+            &a.app,
+            &t.member,
+            Method::POST,
+            "/api/v1/allocations",
+            Some(body),
+        )
+        .await;
+        assert_eq!(s, 422, "{v}");
+        assert_eq!(v["error"]["field"], field, "{v}");
+    }
+    let (_, list) =
+        call_with_token(&a.app, &t.member, Method::GET, "/api/v1/allocations", None).await;
+    assert_eq!(list["total"], 0);
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+}
+
+async fn idempotency_key_returns_the_first_allocation(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "idem").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let send = || async {
+        let r = reqwest::Client::new()
+            .post(a.app.url("/api/v1/allocations"))
+            .bearer_auth(&t.member)
+            .header("idempotency-key", "k-1")
+            .json(&json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb"}))
+            .send()
+            .await
+            .expect("request");
+        r.json::<Value>().await.expect("json")
+    };
+    let first = send().await;
+    let again = send().await;
+    assert_eq!(first["id"], again["id"]);
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 1);
+}
+
+async fn cancel_returns_quota_exactly_once_and_survives_a_restart(db: Db) {
+    let mut a = AdminClient::new(db).await;
+    let t = team(&a, "crash").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:2g.20gb").await;
+    assert_eq!(v["state"], "queued");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
+    // A crash between admission and placement: the allocation and its units survive.
+    a.app.stop().await;
+    a.app.start_again().await;
+    let id = v["id"].as_str().expect("id");
+    let (s, after) = a
+        .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(after["state"], "queued");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
+    let release = format!("/api/v1/allocations/{id}/release");
+    let (s, v) = call_with_token(&a.app, &t.member, Method::POST, &release, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "cancelled");
+    let (s, _) = call_with_token(&a.app, &t.member, Method::POST, &release, None).await;
+    assert_eq!(s, 409, "a second cancel conflicts");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+}
+
+async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "sim").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (s, jt) = a
+        .call(
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": "sim"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let state = tempfile::tempdir().expect("tempdir");
+    let _agent = tokio::process::Command::new(agent_bin())
+        .args([
+            "--simulate",
+            "--gpus",
+            "H100-80GB",
+            "--hostname",
+            "sim-h100",
+        ])
+        .args(["--server", &a.app.base, "--join-token"])
+        .arg(jt["secret"].as_str().expect("secret"))
+        .arg("--manage-mig")
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start tessera-agent");
+    // The GPU starts whole (MIG off): the scheduler must re-partition it.
+    let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    let id = v["id"].as_str().expect("id").to_owned();
+    let active = wait_for_state(&a, &id, "active").await;
+    let dev = &active["devices"][0];
+    assert_eq!(dev["hostname"], "sim-h100");
+    assert_eq!(dev["profile"], "1g.10gb");
+    let mig = dev["mig_uuid"].as_str().expect("MIG UUID");
+    assert!(mig.starts_with("MIG-"), "{mig}");
+    // The MIG UUID is one the agent reports on that GPU.
+    let (_, nodes) = a.call(Method::GET, "/api/v1/nodes", None).await;
+    let reported = nodes.to_string();
+    assert!(reported.contains(mig), "agent reports {mig}");
+    assert!(active["ends_at"].is_string());
+
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        &format!("/api/v1/allocations/{id}/release"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "ended");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+    // The freed instance is reused by the next request without a re-partition.
+    let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    let next = wait_for_state(&a, v["id"].as_str().expect("id"), "active").await;
+    assert_eq!(next["devices"][0]["gpu_uuid"], dev["gpu_uuid"]);
+}
+
+async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, v) = a
+            .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
+            .await;
+        if v["state"] == state {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "allocation never became {state}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+on_both_databases!(
+    concurrent_requests_admit_exactly_the_quota,
+    beyond_quota_waits_for_the_right_approver,
+    bad_requests_name_the_field_and_store_nothing,
+    idempotency_key_returns_the_first_allocation,
+    cancel_returns_quota_exactly_once_and_survives_a_restart,
+    a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it,
+);
