@@ -80,6 +80,11 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_SCHEDULER_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub scheduler_interval: Duration,
 
+    /// How long a team borrowing beyond its guarantee is warned before that allocation is
+    /// preempted for a team claiming its guaranteed share (e.g. `10m`).
+    #[arg(long, env = "TESSERA_PREEMPTION_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub preemption_grace: Duration,
+
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
     pub session_idle_timeout: Duration,

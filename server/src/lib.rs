@@ -57,12 +57,16 @@ pub async fn run(
     });
     let hasher = auth::password::Hasher::new(workers, config.login_queue)?;
     let limiter = Arc::new(auth::limiter::LoginLimiter::new(Default::default()));
-    let services = Arc::new(Services::new(
+    let mut services = Services::new(
         store.clone(),
         hasher,
         limiter,
         config.session_absolute_timeout,
-    ));
+    );
+    services.allocations = services
+        .allocations
+        .with_preemption_grace(config.preemption_grace);
+    let services = Arc::new(services);
 
     let admin_password = config
         .admin_password

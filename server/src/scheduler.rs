@@ -13,7 +13,15 @@ pub async fn run(services: Arc<Services>, every: Duration) {
         let started = std::time::Instant::now();
         match services.allocations.tick(Utc::now()).await {
             Ok(r) => {
-                if r.placed + r.activated + r.expired + r.failed + r.reconfigured > 0 {
+                if r.placed
+                    + r.activated
+                    + r.expired
+                    + r.failed
+                    + r.reconfigured
+                    + r.warned
+                    + r.preempted
+                    > 0
+                {
                     tracing::info!(
                         placed = r.placed,
                         activated = r.activated,

@@ -41,7 +41,12 @@ pub struct Allocations {
     policy: AllocPolicy,
     /// Wakes the scheduler after a change (request, release, approval).
     wake: Arc<Notify>,
+    /// How long a borrower is warned before its allocation is preempted.
+    preemption_grace: Duration,
 }
+
+/// Default warning before borrowed capacity is reclaimed.
+pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::minutes(10);
 
 /// Which allocations a list shows.
 #[derive(Debug, Clone, Default)]
@@ -64,6 +69,9 @@ pub struct TickReport {
     pub failed: u32,
     pub reconfigured: u32,
     pub queued: u32,
+    /// Allocations newly warned that they will be preempted.
+    pub warned: u32,
+    pub preempted: u32,
 }
 
 impl Allocations {
@@ -73,7 +81,14 @@ impl Allocations {
             catalog,
             policy: AllocPolicy::default(),
             wake: Arc::new(Notify::new()),
+            preemption_grace: DEFAULT_PREEMPTION_GRACE,
         }
+    }
+
+    /// Sets the warning period before borrowed capacity is reclaimed.
+    pub fn with_preemption_grace(mut self, grace: std::time::Duration) -> Self {
+        self.preemption_grace = Duration::from_std(grace).unwrap_or(DEFAULT_PREEMPTION_GRACE);
+        self
     }
 
     /// Resolves when something changed that the scheduler should look at.
@@ -892,6 +907,7 @@ impl Allocations {
                     report.expired += 1;
                 }
             } else if a.preempt_at.is_some_and(|e| e <= now) {
+                report.preempted += 1;
                 self.finish(
                     a.id,
                     alloc::ReleaseCause::Preempted,
@@ -1075,6 +1091,7 @@ impl Allocations {
                 .map_err(internal("writing desired layout"))?;
             report.reconfigured += 1;
         }
+        let mut still_waiting: Vec<&AllocationRow> = Vec::new();
         for a in &queued {
             let devs = placed.remove(&a.id).unwrap_or_default();
             let complete = match a.kind.parse::<GpuKind>() {
@@ -1119,13 +1136,100 @@ impl Allocations {
                     .unwrap_or_else(|| format!("not enough free {} capacity", a.model));
                 if a.pending_reason.as_deref() != Some(reason.as_str()) {
                     self.store
-                        .annotate_allocation(a.id, Some(&reason), None)
+                        .set_pending_reason(a.id, Some(&reason))
                         .await
                         .map_err(internal("storing pending reason"))?;
                 }
+                still_waiting.push(a);
             }
         }
+        report.warned = self.preempt_for(&still_waiting, now).await?;
         Ok(report)
+    }
+
+    /// Borrowed capacity is preemptible: for each waiting allocation whose team asks
+    /// within its guarantee, the borrowers' newest allocations on that model are warned
+    /// (`preempt_at` = now + grace) and released when the warning runs out (see
+    /// [`tick`](Self::tick)). A warning no longer needed is withdrawn. Never preempts
+    /// within a team's guarantee, and never in vain.
+    async fn preempt_for(
+        &self,
+        waiting: &[&AllocationRow],
+        now: DateTime<Utc>,
+    ) -> Result<u32, AppError> {
+        let active = self
+            .store
+            .allocations_in(&["active"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        let quotas: HashMap<(Uuid, String), QuotaRow> = self
+            .store
+            .quotas(None)
+            .await
+            .map_err(internal("loading quotas"))?
+            .into_iter()
+            .map(|q| ((q.team_id, q.model.clone()), q))
+            .collect();
+        let quota_of_team = |team: Uuid, model: &str| {
+            quotas
+                .get(&(team, model.to_owned()))
+                .map_or((0, 0), |q| (to_u32(q.used), to_u32(q.guaranteed)))
+        };
+        let mut victims: BTreeSet<Uuid> = BTreeSet::new();
+        for a in waiting {
+            let (used, guaranteed) = quota_of_team(a.team_id, &a.model);
+            let ask = to_u32(a.units);
+            // `used` already counts this queued allocation.
+            let claim = alloc::Claim {
+                team: TeamId(a.team_id),
+                used: used.saturating_sub(ask),
+                guaranteed,
+                ask,
+            };
+            let running: Vec<alloc::Running> = active
+                .iter()
+                .filter(|r| r.model == a.model && r.team_id != a.team_id)
+                .filter(|r| !victims.contains(&r.id))
+                .filter_map(|r| {
+                    let (team_used, team_guaranteed) = quota_of_team(r.team_id, &r.model);
+                    Some(alloc::Running {
+                        id: r.id,
+                        team: TeamId(r.team_id),
+                        units: to_u32(r.units),
+                        started_at: r.active_at?,
+                        priority: r.priority.parse().ok()?,
+                        team_used,
+                        team_guaranteed,
+                    })
+                })
+                .collect();
+            if let Some(p) = alloc::select_victims(&claim, ask, &running) {
+                victims.extend(p.victims);
+            }
+        }
+        let mut warned = 0;
+        for r in &active {
+            let wanted = victims.contains(&r.id);
+            match (wanted, r.preempt_at) {
+                (true, None) => {
+                    let at = now + self.preemption_grace;
+                    self.store
+                        .set_preempt_at(r.id, Some(at))
+                        .await
+                        .map_err(internal("warning of preemption"))?;
+                    tracing::info!(allocation = %r.id, %at, "borrowed capacity will be reclaimed");
+                    warned += 1;
+                }
+                (false, Some(_)) => {
+                    self.store
+                        .set_preempt_at(r.id, None)
+                        .await
+                        .map_err(internal("withdrawing preemption warning"))?;
+                }
+                _ => {}
+            }
+        }
+        Ok(warned)
     }
 
     /// The cluster as the planner sees it: online nodes' GPUs of known models, minus GPUs

@@ -297,16 +297,24 @@ impl Store {
         })
     }
 
-    /// Updates fields that are not the state (pending reason, preemption deadline).
-    pub async fn annotate_allocation(
+    /// Why a queued allocation waits (the planner's words).
+    pub async fn set_pending_reason(
         &self,
         id: Uuid,
-        pending_reason: Option<&str>,
-        preempt_at: Option<DateTime<Utc>>,
+        reason: Option<&str>,
     ) -> Result<(), sqlx::Error> {
-        let sql = "UPDATE allocations SET pending_reason = $2, preempt_at = $3 WHERE id = $1";
-        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(pending_reason).bind(preempt_at)
-            .execute(pool).await.map(|_| ()))
+        let sql = "UPDATE allocations SET pending_reason = $2 WHERE id = $1 AND state = 'queued'";
+        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ()))
+    }
+
+    /// Warns an active allocation that it will be preempted at `at` (`None` withdraws).
+    pub async fn set_preempt_at(
+        &self,
+        id: Uuid,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = "UPDATE allocations SET preempt_at = $2 WHERE id = $1 AND state = 'active'";
+        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).execute(pool).await.map(|_| ()))
     }
 
     pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, sqlx::Error> {

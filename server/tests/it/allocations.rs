@@ -397,6 +397,98 @@ async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db)
     assert_eq!(next["devices"][0]["gpu_uuid"], dev["gpu_uuid"]);
 }
 
+async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db: Db) {
+    let app = TestApp::spawn_with(db, |c| {
+        c.preemption_grace = Duration::from_secs(3);
+        c.scheduler_interval = Duration::from_millis(500);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let lender = team(&a, "lender").await;
+    let claimant = team(&a, "claimant").await;
+    // Both teams are guaranteed the node's one H100 (over-committed guarantees).
+    set_quota(&a, &lender.id, "H100-80GB", 7, 7, 7).await;
+    set_quota(&a, &claimant.id, "H100-80GB", 7, 7, 7).await;
+    let (s, jt) = a
+        .call(
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": "sim"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let state = tempfile::tempdir().expect("tempdir");
+    let _agent = tokio::process::Command::new(agent_bin())
+        .args(["--simulate", "--gpus", "H100-80GB", "--hostname", "sim-pre"])
+        .args(["--server", &a.app.base, "--join-token"])
+        .arg(jt["secret"].as_str().expect("secret"))
+        .arg("--manage-mig")
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start tessera-agent");
+    let (_, whole) = request(&a.app, &lender.member, &lender.id, "H100-80GB:whole").await;
+    let whole_id = whole["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &whole_id, "active").await;
+    let (_, slice) = request(&a.app, &claimant.member, &claimant.id, "H100-80GB:1g.10gb").await;
+    let slice_id = slice["id"].as_str().expect("id").to_owned();
+    // Within the lender's guarantee: nobody is warned, the claimant waits and is told why.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, w) = a
+        .call(
+            Method::GET,
+            &format!("/api/v1/allocations/{whole_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(w["state"], "active");
+    assert!(w["preempt_at"].is_null(), "{w}");
+    let (_, q) = a
+        .call(
+            Method::GET,
+            &format!("/api/v1/allocations/{slice_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(q["state"], "queued");
+    assert_eq!(q["pending"]["position"], 1);
+    assert!(
+        q["pending"]["reason"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty())
+    );
+    // The lender's guarantee drops to nothing: its GPU is now borrowed, so it is warned,
+    // then preempted, and the claimant's slice becomes active on the re-partitioned GPU.
+    set_quota(&a, &lender.id, "H100-80GB", 0, 7, 7).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, w) = a
+            .call(
+                Method::GET,
+                &format!("/api/v1/allocations/{whole_id}"),
+                None,
+            )
+            .await;
+        if w["preempt_at"].is_string() {
+            assert_eq!(w["state"], "active", "warned before it is released");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never warned: {w}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let w = wait_for_state(&a, &whole_id, "preempted").await;
+    assert!(w.to_string().contains("reclaimed"), "{w}");
+    let q = wait_for_state(&a, &slice_id, "active").await;
+    assert!(
+        q["devices"][0]["mig_uuid"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("MIG-"))
+    );
+    assert_eq!(used(&a, &lender.id, "H100-80GB").await, 0);
+}
+
 async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -421,4 +513,5 @@ on_both_databases!(
     idempotency_key_returns_the_first_allocation,
     cancel_returns_quota_exactly_once_and_survives_a_restart,
     a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it,
+    borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee,
 );

@@ -246,7 +246,10 @@ pub struct AdminClient {
 
 impl AdminClient {
     pub async fn new(db: Db) -> AdminClient {
-        let app = TestApp::spawn(db).await;
+        AdminClient::with_app(TestApp::spawn(db).await).await
+    }
+
+    pub async fn with_app(app: TestApp) -> AdminClient {
         let cookie = login(&app, "admin", ADMIN_PASSWORD).await;
         AdminClient { app, cookie }
     }
