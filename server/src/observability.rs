@@ -20,6 +20,9 @@ pub const HTTP_REQUESTS: &str = "tessera_http_requests_total";
 pub const HTTP_DURATION: &str = "tessera_http_request_duration_seconds";
 pub const SCHEDULER_SECONDS: &str = "tessera_scheduler_pass_duration_seconds";
 pub const QUEUE_LENGTH: &str = "tessera_allocation_queue_length";
+pub const PLACEMENT_WAIT: &str = "tessera_allocation_placement_wait_seconds";
+pub const ALLOCATIONS: &str = "tessera_allocations";
+pub const QUEUE_OLDEST_WAIT: &str = "tessera_allocation_queue_oldest_wait_seconds";
 
 /// The process-wide metrics recorder (installed once; every app in the process shares it).
 pub fn metrics_handle() -> Option<PrometheusHandle> {
@@ -29,8 +32,21 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
             let buckets = [
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ];
+            let waits = [1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
+            // Gauges are set at each scrape (or scheduler pass); one not set for a minute
+            // belongs to something that is gone (a GPU model, a state) and is dropped.
             match PrometheusBuilder::new()
+                .idle_timeout(
+                    metrics_util::MetricKindMask::GAUGE,
+                    Some(std::time::Duration::from_secs(60)),
+                )
                 .set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &buckets)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(PLACEMENT_WAIT.into()), &waits)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(SCHEDULER_SECONDS.into()), &buckets)
+                })
                 .and_then(|b| b.install_recorder())
             {
                 Ok(h) => {

@@ -32,6 +32,9 @@ pub async fn run(services: Arc<Services>, every: Duration) {
                         "scheduler pass"
                     );
                 }
+                for w in &r.placement_waits {
+                    metrics::histogram!(crate::observability::PLACEMENT_WAIT).record(*w);
+                }
                 metrics::histogram!(crate::observability::SCHEDULER_SECONDS)
                     .record(started.elapsed().as_secs_f64());
                 metrics::gauge!(crate::observability::QUEUE_LENGTH).set(f64::from(r.queued));

@@ -60,8 +60,16 @@ pub struct ListFilter {
     pub mine: bool,
 }
 
+/// Allocation counts for metrics.
+#[derive(Debug, Clone, Default)]
+pub struct AllocationStats {
+    /// (state, model, count).
+    pub by_state_model: Vec<(String, String, i64)>,
+    pub oldest_queued: Option<DateTime<Utc>>,
+}
+
 /// What the scheduler did in one tick (for logs, metrics and tests).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TickReport {
     pub placed: u32,
     pub activated: u32,
@@ -69,6 +77,8 @@ pub struct TickReport {
     pub failed: u32,
     pub reconfigured: u32,
     pub queued: u32,
+    /// Seconds each allocation placed in this pass waited since its request.
+    pub placement_waits: Vec<f64>,
     /// Allocations newly warned that they will be preempted.
     pub warned: u32,
     pub preempted: u32,
@@ -528,6 +538,19 @@ impl Allocations {
         }
         self.wake.notify_one();
         self.quotas(p, team).await
+    }
+
+    /// Counts for `/metrics` (no principal: operational data, no names).
+    pub async fn stats(&self) -> Result<AllocationStats, AppError> {
+        let (by_state_model, oldest) = self
+            .store
+            .allocation_stats()
+            .await
+            .map_err(internal("counting allocations"))?;
+        Ok(AllocationStats {
+            by_state_model,
+            oldest_queued: oldest,
+        })
     }
 
     // ---- views ----
@@ -1128,6 +1151,10 @@ impl Allocations {
                     .await?
                 {
                     report.placed += 1;
+                    let since = a.starts_at.unwrap_or(a.created_at).max(a.created_at);
+                    report
+                        .placement_waits
+                        .push((now - since).num_milliseconds().max(0) as f64 / 1000.0);
                 }
             } else {
                 let reason = pending_reason

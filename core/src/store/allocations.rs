@@ -429,6 +429,19 @@ impl Store {
         on_pool!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await)
     }
 
+    /// Allocations by (state, model), and the oldest queued allocation's creation time.
+    pub async fn allocation_stats(
+        &self,
+    ) -> Result<(Vec<(String, String, i64)>, Option<DateTime<Utc>>), sqlx::Error> {
+        let counts = "SELECT state, model, COUNT(*) FROM allocations GROUP BY state, model";
+        let oldest = "SELECT MIN(created_at) FROM allocations WHERE state = 'queued'";
+        on_pool!(self, pool => {
+            let c = sqlx::query_as::<_, (String, String, i64)>(counts).fetch_all(pool).await?;
+            let o = sqlx::query_scalar::<_, Option<DateTime<Utc>>>(oldest).fetch_one(pool).await?;
+            Ok((c, o))
+        })
+    }
+
     // ---- audit ----
 
     pub async fn audit(&self, r: &AuditRow) -> Result<(), sqlx::Error> {

@@ -21,6 +21,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     record_cluster_gauges(&state).await;
+    record_allocation_gauges(&state).await;
     let body = crate::observability::metrics_handle()
         .map(|h| h.render())
         .unwrap_or_default();
@@ -57,4 +58,20 @@ async fn record_cluster_gauges(state: &AppState) {
         .set(f64::from(summary.instances_in_use));
     metrics::gauge!("tessera_mig_instances", "state" => "free")
         .set(f64::from(summary.instances_free));
+}
+
+/// Allocations by state and model, and how long the oldest queued one has waited.
+async fn record_allocation_gauges(state: &AppState) {
+    use crate::observability::{ALLOCATIONS, QUEUE_OLDEST_WAIT};
+    let Ok(stats) = state.services.allocations.stats().await else {
+        return;
+    };
+    for (st, model, n) in stats.by_state_model {
+        metrics::gauge!(ALLOCATIONS, "state" => st, "model" => model).set(n as f64);
+    }
+    let wait = stats
+        .oldest_queued
+        .map(|t| (chrono::Utc::now() - t).num_seconds().max(0) as f64)
+        .unwrap_or(0.0);
+    metrics::gauge!(QUEUE_OLDEST_WAIT).set(wait);
 }

@@ -142,6 +142,19 @@ async fn concurrent_requests_admit_exactly_the_quota(db: Db) {
     assert_eq!(admitted, N, "exactly the quota is admitted");
     assert_eq!(waiting, 50 - N);
     assert_eq!(used(&a, &t.id, "H100-80GB").await, u64::from(N));
+    let metrics = reqwest::get(a.app.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tessera_allocations{") && l.contains("pending_approval")),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tessera_allocation_queue_oldest_wait_seconds"));
 }
 
 /// Runs futures concurrently on the test runtime (no extra dependency).
