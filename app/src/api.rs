@@ -523,6 +523,18 @@ pub async fn set_quota(
     .await
 }
 
+/// The audit trail (platform admin); `action` empty for all.
+#[server(prefix = "/fn", endpoint = "audit_log")]
+pub async fn audit_log(
+    action: String,
+    page: PageRequest,
+) -> Result<Page<tessera_domain::audit::AuditEntryView>, UiError> {
+    ssr::call([], async |s, p| {
+        s.allocations.audit_log(p, Some(&action), page).await
+    })
+    .await
+}
+
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::UiError;

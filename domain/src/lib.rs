@@ -6,6 +6,7 @@
 
 pub mod account;
 pub mod alloc;
+pub mod audit;
 pub mod cluster;
 pub mod error;
 pub mod ids;

@@ -21,6 +21,7 @@ use tessera_domain::alloc::{
     self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, FairShare, GpuKind,
     NewAllocation, PendingInfo, PriorityClass, QueueEntry, Quota, QuotaView, Transition, Usage,
 };
+use tessera_domain::audit::AuditEntryView;
 use tessera_domain::cluster;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -538,6 +539,38 @@ impl Allocations {
         }
         self.wake.notify_one();
         self.quotas(p, team).await
+    }
+
+    /// The audit trail, newest first (platform admin), optionally one action only.
+    pub async fn audit_log(
+        &self,
+        p: &Principal,
+        action: Option<&str>,
+        page: PageRequest,
+    ) -> Result<Page<AuditEntryView>, AppError> {
+        authz::admin(p)?;
+        let page = page.clamped();
+        let action = action.map(str::trim).filter(|a| !a.is_empty());
+        let (rows, total) = self
+            .store
+            .audit_page(action, page.offset, page.limit)
+            .await
+            .map_err(internal("loading audit log"))?;
+        let items = rows
+            .into_iter()
+            .map(|r| AuditEntryView {
+                id: r.id,
+                at: r.at,
+                actor: r.actor,
+                action: r.action,
+                object_type: r.object_type,
+                object_id: r.object_id,
+                team_id: r.team_id.map(TeamId),
+                before: r.before,
+                after: r.after,
+            })
+            .collect();
+        Ok(paged(items, total, page))
     }
 
     /// Counts for `/metrics` (no principal: operational data, no names).

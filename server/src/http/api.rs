@@ -13,6 +13,7 @@ use serde::Deserialize;
 use tessera_core::services::allocations::ListFilter;
 use tessera_domain::account::Me;
 use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
+use tessera_domain::audit::AuditEntryView;
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -98,6 +99,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(deny_allocation))
         .routes(routes!(list_quotas))
         .routes(routes!(set_quota))
+        .routes(routes!(audit_log))
         .split_for_parts()
 }
 
@@ -557,5 +559,28 @@ async fn set_quota(
 ) -> ApiResult<Vec<QuotaView>> {
     ok(s.allocations
         .set_quota(&p, TeamId(team), &model, b.guaranteed, b.limit, b.per_user)
+        .await)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct AuditQuery {
+    /// Only this action, e.g. `allocation.approve` or `quota.set`.
+    action: Option<String>,
+    #[serde(default)]
+    offset: u32,
+    #[serde(default = "default_limit")]
+    limit: u32,
+}
+
+#[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
+    description = "Who did what and when, newest first (platform admin): allocation requests, \
+                   approvals, denials, releases, quota changes.",
+    responses((status = 200, description = "OK", body = Page<AuditEntryView>), Forbidden))]
+async fn audit_log(
+    Call(s, p): Call,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<Page<AuditEntryView>> {
+    ok(s.allocations
+        .audit_log(&p, q.action.as_deref(), PageRequest::new(q.offset, q.limit))
         .await)
 }

@@ -244,6 +244,17 @@ async fn beyond_quota_waits_for_the_right_approver(db: Db) {
     assert_eq!(v["state"], "denied");
     assert_eq!(v["approval_reason"], "no capacity this week");
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
+    // Both decisions are in the audit trail, with who made them.
+    let (s, audit) = a
+        .call(Method::GET, "/api/v1/audit?action=allocation.deny", None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(audit["items"][0]["actor"], "admin");
+    assert_eq!(audit["items"][0]["object_id"], wid);
+    let (_, audit) = a
+        .call(Method::GET, "/api/v1/audit?action=allocation.approve", None)
+        .await;
+    assert_eq!(audit["items"][0]["actor"], "approve-lead");
 
     // Another team's admin sees nothing of it.
     let other = team(&a, "other").await;

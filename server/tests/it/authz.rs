@@ -365,6 +365,7 @@ fn rest_rows() -> Vec<Row> {
         row!(GET "/api/v1/teams/{id}/quotas", |f, _| format!("/api/v1/teams/{}/quotas", f.team_a), none, TEAM_A_READ),
         row!(PUT "/api/v1/teams/{id}/quotas/{model}", |f, _| format!("/api/v1/teams/{}/quotas/A100-SXM4-40GB", f.team_a),
             |_, _| Body::Json(json!({"guaranteed": 7, "limit": 14, "per_user": 7})), ADMIN_ONLY),
+        row!(GET "/api/v1/audit", |_, _| "/api/v1/audit?action=quota.set".into(), none, ADMIN_ONLY),
     ]
 }
 
@@ -444,6 +445,8 @@ fn fn_rows() -> Vec<Row> {
         row!(POST "/fn/set_quota", |_, _| "/fn/set_quota".into(),
             |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("model".into(), "A100-SXM4-40GB".into()),
                 ("guaranteed".into(), "7".into()), ("limit".into(), "14".into()), ("per_user".into(), "7".into())]), ADMIN_ONLY),
+        row!(POST "/fn/audit_log", |_, _| "/fn/audit_log".into(),
+            |_, _| form(&[("action", ""), ("page[offset]", "0"), ("page[limit]", "10")]), ADMIN_ONLY),
     ]
 }
 
