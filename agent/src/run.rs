@@ -152,12 +152,36 @@ impl<L: ServerLink> Agent<L> {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         tokio::pin!(shutdown);
+        // While the server rejects the credential (401: the node was revoked, or the
+        // server's database was reset), heartbeats back off up to `MAX_REJECTED_BACKOFF`
+        // instead of hammering it; the first accepted one restores the normal interval.
+        let mut rejected_backoff: Option<Duration> = None;
         loop {
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 _ = heartbeat.tick() => {
-                    if let Err(e) = self.heartbeat().await {
-                        tracing::warn!(error = %e, "heartbeat failed");
+                    match self.heartbeat().await {
+                        Ok(()) => {
+                            if rejected_backoff.take().is_some() {
+                                tracing::info!("the server accepts this node's credential again");
+                                heartbeat = tokio::time::interval(self.cfg.heartbeat_every);
+                                heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                                heartbeat.tick().await;
+                            }
+                        }
+                        Err(e) if is_unauthorized(&e) => {
+                            let next = rejected_backoff
+                                .map_or(self.cfg.heartbeat_every, |b| b * 2)
+                                .min(MAX_REJECTED_BACKOFF);
+                            rejected_backoff = Some(next);
+                            tracing::error!(retry_in_s = next.as_secs(),
+                                "the server rejected this node's credential (401): the node was \
+                                 revoked or the server's database was reset. To join again, delete \
+                                 credential.json in the state dir and restart with a new --join-token");
+                            heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + next, next);
+                            heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
                     }
                 }
                 _ = reconcile.tick() => {
@@ -174,4 +198,14 @@ impl<L: ServerLink> Agent<L> {
             }
         }
     }
+}
+
+/// Heartbeats sent while the credential is rejected are at most this far apart.
+pub const MAX_REJECTED_BACKOFF: Duration = Duration::from_secs(300);
+
+fn is_unauthorized(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<crate::link::LinkError>(),
+        Some(crate::link::LinkError::Unauthorized)
+    )
 }

@@ -134,3 +134,36 @@ async fn a_new_agent_finishes_what_a_dead_one_started() {
         assert_eq!(last.state, ApplyState::Success);
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_credential_backs_off_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = SimNode::new(&[H100], 5).unwrap();
+    let server = FakeServer::default();
+    server.with(|s| s.reject = true);
+    let a = agent(&node, &server, dir.path(), false);
+    let run = a.run(async {
+        // 20 minutes rejected, then 5 minutes accepted again.
+        tokio::time::sleep(Duration::from_secs(20 * 60)).await;
+        server.with(|s| {
+            assert!(
+                s.heartbeat_attempts <= 8,
+                "backs off instead of sending every 30 s: {} attempts",
+                s.heartbeat_attempts
+            );
+            assert!(
+                s.heartbeat_attempts >= 4,
+                "keeps trying: {}",
+                s.heartbeat_attempts
+            );
+            s.reject = false;
+        });
+        tokio::time::sleep(Duration::from_secs(5 * 60)).await;
+    });
+    run.await.unwrap();
+    server.with(|s| {
+        // At most one backed-off wait (≤ 300 s), then every 30 s again.
+        assert!(!s.heartbeats.is_empty(), "accepted again");
+        assert!(s.heartbeats.len() <= 10, "{}", s.heartbeats.len());
+    });
+}

@@ -79,6 +79,10 @@ pub struct FakeServer {
 #[derive(Default)]
 pub struct FakeState {
     pub down: bool,
+    /// Answer 401 to heartbeats, as for a revoked node.
+    pub reject: bool,
+    /// Heartbeats attempted, accepted or not.
+    pub heartbeat_attempts: u64,
     /// Store samples but fail the response, as if the connection dropped.
     pub lose_acks: bool,
     pub desired: DesiredState,
@@ -105,7 +109,11 @@ impl FakeServer {
 
 impl ServerLink for &FakeServer {
     async fn heartbeat(&self, hb: &Heartbeat) -> Result<(), LinkError> {
+        self.with(|s| s.heartbeat_attempts += 1);
         self.gate()?;
+        if self.with(|s| s.reject) {
+            return Err(LinkError::Unauthorized);
+        }
         self.with(|s| s.heartbeats.push(hb.clone()));
         Ok(())
     }

@@ -44,6 +44,8 @@ pub struct Allocations {
     wake: Arc<Notify>,
     /// How long a borrower is warned before its allocation is preempted.
     preemption_grace: Duration,
+    /// Queue positions, capacity and end times as of the last scheduler pass.
+    snapshot: Arc<std::sync::RwLock<PendingContext>>,
 }
 
 /// Default warning before borrowed capacity is reclaimed.
@@ -93,6 +95,7 @@ impl Allocations {
             policy: AllocPolicy::default(),
             wake: Arc::new(Notify::new()),
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
+            snapshot: Arc::default(),
         }
     }
 
@@ -261,7 +264,7 @@ impl Allocations {
             .allocation_events(id)
             .await
             .map_err(internal("loading history"))?;
-        let ctx = self.pending_context(Utc::now()).await?;
+        let ctx = self.pending_context(Utc::now());
         let mut v = self.view(&row, &ctx);
         v.history = events
             .into_iter()
@@ -321,7 +324,7 @@ impl Allocations {
             .list_allocations(teams.as_deref(), user, &states, page.offset, page.limit)
             .await
             .map_err(internal("listing allocations"))?;
-        let ctx = self.pending_context(Utc::now()).await?;
+        let ctx = self.pending_context(Utc::now());
         let items = rows.iter().map(|r| self.view(r, &ctx)).collect();
         Ok(paged(items, total, page))
     }
@@ -588,7 +591,27 @@ impl Allocations {
 
     // ---- views ----
 
-    async fn pending_context(&self, now: DateTime<Utc>) -> Result<PendingContext, AppError> {
+    /// What views need to explain pending allocations, as of the last scheduler pass
+    /// (computing it per view would cost a scan of the queue and every node per request).
+    fn pending_context(&self, now: DateTime<Utc>) -> PendingContext {
+        let snap = self
+            .snapshot
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        PendingContext { now, ..snap }
+    }
+
+    /// Recomputes queue positions, capacity and known end times (end of each pass).
+    async fn refresh_snapshot(&self, now: DateTime<Utc>) -> Result<(), AppError> {
+        let ctx = self.build_pending_context(now).await?;
+        if let Ok(mut s) = self.snapshot.write() {
+            *s = ctx;
+        }
+        Ok(())
+    }
+
+    async fn build_pending_context(&self, now: DateTime<Utc>) -> Result<PendingContext, AppError> {
         let queued = self
             .store
             .allocations_in(&["queued"])
@@ -1019,6 +1042,7 @@ impl Allocations {
             .collect();
         report.queued = u32::try_from(queued.len()).unwrap_or(u32::MAX);
         if queued.is_empty() {
+            self.refresh_snapshot(now).await?;
             return Ok(report);
         }
         let held = self
@@ -1204,6 +1228,7 @@ impl Allocations {
             }
         }
         report.warned = self.preempt_for(&still_waiting, now).await?;
+        self.refresh_snapshot(now).await?;
         Ok(report)
     }
 
@@ -1309,20 +1334,26 @@ impl Allocations {
             }
         }
         let mut input = PlannerInput::default();
+        // A GPU whose desired layout is not applied yet is left out: its instances are
+        // about to change.
+        let applying: BTreeSet<(Uuid, String)> = self
+            .store
+            .desired_with_status(None)
+            .await
+            .map_err(internal("loading desired state"))?
+            .into_iter()
+            .filter(|d| {
+                !d.status
+                    .as_deref()
+                    .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok())
+                    .is_some_and(|st| st.state == ApplyState::Success)
+            })
+            .map(|d| (d.desired.node_id, d.desired.gpu_uuid))
+            .collect();
         for n in nodes
             .iter()
             .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
         {
-            let desired = self
-                .store
-                .desired_for_node(n.id)
-                .await
-                .map_err(internal("loading desired state"))?;
-            let statuses = self
-                .store
-                .apply_statuses(n.id)
-                .await
-                .map_err(internal("loading apply status"))?;
             let mut gpus = Vec::new();
             let Some(inv) = inventories.get(&n.id) else {
                 continue;
@@ -1331,18 +1362,7 @@ impl Allocations {
                 let Some(model) = self.catalog.get(&g.name) else {
                     continue;
                 };
-                let applying = desired
-                    .iter()
-                    .find(|d| d.gpu_uuid == g.uuid)
-                    .is_some_and(|d| {
-                        !statuses.iter().any(|s| {
-                            s.gpu_uuid == g.uuid
-                                && s.version == d.version
-                                && serde_json::from_str::<ApplyStatus>(&s.status)
-                                    .is_ok_and(|st| st.state == ApplyState::Success)
-                        })
-                    });
-                if applying {
+                if applying.contains(&(n.id, g.uuid.clone())) {
                     continue;
                 }
                 input.gpu_uuid.insert((n.id, g.index), g.uuid.clone());
@@ -1408,6 +1428,7 @@ struct PlannerInput {
     instances: HashMap<String, Vec<DesiredInstance>>,
 }
 
+#[derive(Clone, Default)]
 struct PendingContext {
     now: DateTime<Utc>,
     position: HashMap<Uuid, u32>,

@@ -4,7 +4,7 @@ use super::authz;
 use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
-use crate::store::{DesiredRow, JoinTokenRow, NodeRow, Store};
+use crate::store::{DesiredRow, DesiredWithStatus, JoinTokenRow, NodeRow, Store};
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
@@ -242,10 +242,12 @@ impl Nodes {
             .await
             .map_err(internal("listing nodes"))?;
         let now = Utc::now();
-        let mut views = Vec::with_capacity(rows.len());
-        for r in &rows {
-            views.push(self.view(r, now).await?);
-        }
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        let desired = self.desired_of(&ids).await?;
+        let views = rows
+            .iter()
+            .map(|r| self.view_with(r, &desired, now))
+            .collect();
         Ok(paged(views, total, page))
     }
 
@@ -297,34 +299,45 @@ impl Nodes {
         Ok((summary, nodes))
     }
 
+    /// Desired states with their apply status, for these nodes (one query).
+    async fn desired_of(&self, nodes: &[Uuid]) -> Result<Vec<DesiredWithStatus>, AppError> {
+        self.store
+            .desired_with_status(Some(nodes))
+            .await
+            .map_err(internal("loading desired state"))
+    }
+
     /// A node as users see it, with each GPU's desired layout and apply state.
     async fn view(&self, r: &NodeRow, now: DateTime<Utc>) -> Result<NodeView, AppError> {
-        let desired = self
-            .store
-            .desired_for_node(r.id)
-            .await
-            .map_err(internal("loading desired state"))?;
-        let statuses = self
-            .store
-            .apply_statuses(r.id)
-            .await
-            .map_err(internal("loading apply status"))?;
+        let desired = self.desired_of(&[r.id]).await?;
+        Ok(self.view_with(r, &desired, now))
+    }
+
+    fn view_with(
+        &self,
+        r: &NodeRow,
+        desired: &[DesiredWithStatus],
+        now: DateTime<Utc>,
+    ) -> NodeView {
         let gpus = inventory(r)
             .gpus
             .iter()
             .map(|g| {
                 let mut v = GpuView::from_wire(g, &self.catalog);
-                v.desired = desired.iter().find(|d| d.gpu_uuid == g.uuid).map(|d| {
-                    let status = statuses
-                        .iter()
-                        .find(|s| s.gpu_uuid == g.uuid && s.version == d.version)
-                        .and_then(|s| serde_json::from_str::<ApplyStatus>(&s.status).ok());
-                    desired_view(d, status.as_ref())
-                });
+                v.desired = desired
+                    .iter()
+                    .find(|d| d.desired.node_id == r.id && d.desired.gpu_uuid == g.uuid)
+                    .map(|d| {
+                        let status = d
+                            .status
+                            .as_deref()
+                            .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok());
+                        desired_view(&d.desired, status.as_ref())
+                    });
                 v
             })
             .collect();
-        Ok(NodeView {
+        NodeView {
             id: r.id,
             hostname: r.hostname.clone(),
             online: r.revoked_at.is_none() && cluster::is_online(r.last_heartbeat_at, now),
@@ -334,7 +347,7 @@ impl Nodes {
             agent_version: r.agent_version.clone(),
             manages_mig: r.manages_mig,
             gpus,
-        })
+        }
     }
 
     /// Recent telemetry of a node (every signed-in user may see it, like the node).

@@ -15,7 +15,7 @@ mod users;
 pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
-pub use node_state::{ApplyStatusRow, DesiredRow, SampleRow};
+pub use node_state::{ApplyStatusRow, DesiredRow, DesiredWithStatus, SampleRow};
 pub use nodes::NodeRow;
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};

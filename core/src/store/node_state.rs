@@ -15,6 +15,15 @@ pub struct DesiredRow {
     pub updated_at: DateTime<Utc>,
 }
 
+/// A GPU's desired state with the agent's status for that same version, if any.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DesiredWithStatus {
+    #[sqlx(flatten)]
+    pub desired: DesiredRow,
+    /// JSON of `wire::ApplyStatus` for `desired.version`.
+    pub status: Option<String>,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApplyStatusRow {
     pub gpu_uuid: String,
@@ -75,6 +84,37 @@ impl Store {
         on_pool!(self, pool => sqlx::query(sql)
             .bind(node).bind(gpu_uuid).bind(version).bind(status).bind(at)
             .execute(pool).await.map(|_| ()))
+    }
+
+    /// Desired states of the given nodes (all nodes with `None`) with their apply status
+    /// for the current version: one query, whatever the number of nodes.
+    pub async fn desired_with_status(
+        &self,
+        nodes: Option<&[Uuid]>,
+    ) -> Result<Vec<DesiredWithStatus>, sqlx::Error> {
+        let filter = match nodes {
+            None => String::new(),
+            Some([]) => " WHERE 1 = 0".to_owned(),
+            Some(ids) => format!(
+                " WHERE d.node_id IN ({})",
+                (1..=ids.len())
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        };
+        let sql = format!(
+            "SELECT d.node_id, d.gpu_uuid, d.mode, d.layout, d.version, d.updated_at, s.status \
+             FROM gpu_desired d LEFT JOIN gpu_apply_status s ON s.node_id = d.node_id \
+             AND s.gpu_uuid = d.gpu_uuid AND s.version = d.version{filter} ORDER BY d.gpu_uuid"
+        );
+        on_pool!(self, pool => {
+            let mut q = sqlx::query_as::<_, DesiredWithStatus>(&sql);
+            for id in nodes.unwrap_or(&[]) {
+                q = q.bind(*id);
+            }
+            q.fetch_all(pool).await
+        })
     }
 
     pub async fn apply_statuses(&self, node: Uuid) -> Result<Vec<ApplyStatusRow>, sqlx::Error> {

@@ -1,0 +1,171 @@
+//! Admission and placement through the service layer, on SQLite and (with
+//! `TESSERA_BENCH_PG_URL`) PostgreSQL: 1,000 requests admitted one after another (latency
+//! p50/p99, requests/s), then one scheduler pass that places all of them with the planner
+//! on a simulated 6,212-GPU cluster (777 nodes × 8 H100, MIG on, empty), writing the
+//! desired MIG layouts. Run: `cargo bench -p tessera-core --bench admission`.
+
+use chrono::Utc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_core::Services;
+use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
+use tessera_core::store::{NodeRow, Store};
+use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::alloc::NewAllocation;
+use tessera_domain::ids::UserId;
+use tessera_domain::wire::{GpuInfo, Inventory, MigMode, MigModeState};
+use uuid::Uuid;
+
+const NODES: usize = 777;
+const GPUS_PER_NODE: usize = 8;
+const REQUESTS: usize = 1000;
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let dir = tempfile_dir()?;
+    let mut targets = vec![(
+        "SQLite",
+        format!("sqlite://{}/bench.db?mode=rwc", dir.display()),
+    )];
+    if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
+        targets.push(("PostgreSQL", pg));
+    }
+    println!(
+        "{REQUESTS} requests, {} GPUs on {NODES} nodes",
+        NODES * GPUS_PER_NODE
+    );
+    for (name, url) in targets {
+        rt.block_on(run(name, &url))?;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+async fn run(name: &str, url: &str) -> anyhow::Result<()> {
+    let store = Store::connect(url).await?;
+    store.migrate().await?;
+    let services = Services::new(
+        store.clone(),
+        Hasher::new(2, 16)?,
+        Arc::new(LoginLimiter::new(Default::default())),
+        Duration::from_secs(86400),
+    );
+    services
+        .accounts
+        .bootstrap_admin(Some(
+            &NewPassword::parse("bench-admin-password", "password").map_err(anyhow_err)?,
+        ))
+        .await?;
+    let admin = store
+        .user_by_username("admin")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no admin"))?;
+    let p = Principal {
+        user_id: UserId(admin.id),
+        username: Username::parse("admin").map_err(anyhow_err)?,
+        is_admin: true,
+    };
+    let team = services
+        .tenancy
+        .create_team(&p, &format!("bench-{}", Uuid::new_v4().simple()))
+        .await
+        .map_err(anyhow_err)?;
+    services
+        .allocations
+        .set_quota(&p, team.id, "H100-80GB", 100_000, 100_000, 100_000)
+        .await
+        .map_err(anyhow_err)?;
+    let now = Utc::now();
+    for n in 0..NODES {
+        let gpus = (0..GPUS_PER_NODE)
+            .map(|i| GpuInfo {
+                index: i as u32,
+                uuid: format!("GPU-{n:04}-{i}-{}", Uuid::new_v4().simple()),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_mib: 81_559,
+                mig_mode: Some(MigModeState {
+                    current: MigMode::Enabled,
+                    pending: MigMode::Enabled,
+                }),
+                profiles: vec![],
+                profiles_error: None,
+                instances: vec![],
+            })
+            .collect();
+        let id = Uuid::new_v4();
+        store
+            .insert_node(&NodeRow {
+                id,
+                hostname: format!("bench-{n:04}"),
+                credential_hash: Uuid::new_v4().to_string(),
+                join_token_id: None,
+                registered_at: now,
+                last_heartbeat_at: Some(now),
+                agent_version: "bench".into(),
+                manages_mig: true,
+                inventory: serde_json::to_string(&Inventory { gpus })?,
+                revoked_at: None,
+            })
+            .await?;
+    }
+
+    let mut latencies = Vec::with_capacity(REQUESTS);
+    let started = Instant::now();
+    for _ in 0..REQUESTS {
+        let t = Instant::now();
+        services
+            .allocations
+            .request(
+                &p,
+                &NewAllocation {
+                    team_id: team.id.to_string(),
+                    kind: "H100-80GB:1g.10gb".into(),
+                    count: 1,
+                    duration_minutes: None,
+                    starts_at: None,
+                    priority: None,
+                    purpose: String::new(),
+                },
+                None,
+            )
+            .await
+            .map_err(anyhow_err)?;
+        latencies.push(t.elapsed());
+    }
+    let admit_total = started.elapsed();
+    latencies.sort();
+    let pct = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
+
+    let t = Instant::now();
+    let report = services
+        .allocations
+        .tick(Utc::now())
+        .await
+        .map_err(anyhow_err)?;
+    let place = t.elapsed();
+    println!(
+        "{name}: admission {:.0} requests/s (p50 {:.2} ms, p99 {:.2} ms, each returns the full view); \
+         one scheduler pass placed {} of {REQUESTS} and wrote {} layouts in {:.2} s ({:.0} placements/s)",
+        REQUESTS as f64 / admit_total.as_secs_f64(),
+        pct(0.5).as_secs_f64() * 1e3,
+        pct(0.99).as_secs_f64() * 1e3,
+        report.placed,
+        report.reconfigured,
+        place.as_secs_f64(),
+        f64::from(report.placed) / place.as_secs_f64(),
+    );
+    anyhow::ensure!(report.placed as usize == REQUESTS, "not all placed");
+    Ok(())
+}
+
+fn anyhow_err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
