@@ -7,6 +7,9 @@
 //! echo of non-secret inputs, so a form posted without JavaScript comes back with what the
 //! user typed.
 
+// A server function takes one argument per form field, so a long form means many.
+#![allow(clippy::too_many_arguments)]
+
 use leptos::prelude::*;
 use leptos::server_fn::codec::JsonEncoding;
 use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
@@ -416,7 +419,6 @@ pub async fn list_allocations(
 
 /// Requests an allocation (the request form). `duration_hours` may be empty (default).
 #[server(prefix = "/fn", endpoint = "request_allocation")]
-#[allow(clippy::too_many_arguments)]
 pub async fn request_allocation(
     team_id: String,
     kind: String,

@@ -165,6 +165,7 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                 <A href="/" exact=true>
                     "Dashboard"
                 </A>
+                <A href="/allocations">"GPUs"</A>
                 <A href="/nodes">"Nodes"</A>
                 <A href="/teams">"Teams"</A>
                 {me

@@ -53,6 +53,16 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/") view=pages::DashboardPage ssr=SsrMode::Async />
                 <Route path=path!("/account") view=pages::AccountPage ssr=SsrMode::Async />
                 <Route path=path!("/nodes") view=pages::NodesPage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/allocations")
+                    view=pages::AllocationsPage
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/allocations/:id")
+                    view=pages::AllocationPage
+                    ssr=SsrMode::Async
+                />
                 <Route path=path!("/teams") view=pages::TeamsPage ssr=SsrMode::Async />
                 <Route path=path!("/teams/:id") view=pages::TeamPage ssr=SsrMode::Async />
                 <Route path=path!("/admin/users") view=pages::UsersPage ssr=SsrMode::Async />

@@ -1,6 +1,7 @@
 //! One component per page.
 
 mod account;
+mod allocations;
 mod dashboard;
 mod join_tokens;
 mod login;
@@ -9,6 +10,7 @@ mod teams;
 mod users;
 
 pub use account::AccountPage;
+pub use allocations::{AllocationPage, AllocationsPage};
 pub use dashboard::DashboardPage;
 pub use join_tokens::JoinTokensPage;
 pub use login::LoginPage;

@@ -1,23 +1,24 @@
-use crate::api;
+use crate::api::{self, UiError};
 use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
 use leptos::prelude::*;
 use std::time::Duration;
+use tessera_domain::alloc::{AllocState, AllocationView};
 use tessera_domain::cluster::ClusterSummary;
+use tessera_domain::tenancy::{Page, PageRequest};
 
 /// How often the dashboard re-reads the cluster summary once hydrated.
 const REFRESH: Duration = Duration::from_secs(10);
 
 #[component]
 pub fn DashboardPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let mine = my_allocations();
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
             <div class="panels">
                 <ClusterPanel />
-                <NotBuiltPanel
-                    title="My allocations"
-                    text="Requests for MIG slices and whole GPUs are not built yet."
-                />
+                <AllocationsPanel mine />
                 <NotBuiltPanel
                     title="Usage and spend"
                     text="Metering and chargeback are not built yet."
@@ -110,6 +111,75 @@ fn ClusterFacts(s: ClusterSummary) -> impl IntoView {
             {models}
         </ul>
         <a href="/nodes">"See nodes →"</a>
+    }
+}
+
+/// The caller's current allocations (pending or active), reloaded with the cluster.
+fn my_allocations() -> Resource<Result<Page<AllocationView>, UiError>> {
+    let tick = RwSignal::new(0u32);
+    Effect::new(move |_| {
+        if let Ok(handle) =
+            set_interval_with_handle(move || tick.update(|t| *t = t.wrapping_add(1)), REFRESH)
+        {
+            on_cleanup(move || handle.clear());
+        }
+    });
+    Resource::new(
+        move || tick.get(),
+        |_| {
+            api::list_allocations(
+                String::new(),
+                "current".to_owned(),
+                true,
+                PageRequest::new(0, PageRequest::MAX_LIMIT),
+            )
+        },
+    )
+}
+
+/// How many of the caller's allocations run and how many wait.
+#[component]
+fn AllocationsPanel(mine: Resource<Result<Page<AllocationView>, UiError>>) -> impl IntoView {
+    view! {
+        <section class="panel" aria-label="My allocations" data-testid="my-allocations">
+            <h2>"My allocations"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match mine.await {
+                        Ok(page) => {
+                            let active = page
+                                .items
+                                .iter()
+                                .filter(|a| a.state == AllocState::Active)
+                                .count();
+                            let pending = page.items.iter().filter(|a| a.state.is_pending()).count();
+                            view! {
+                                <dl class="facts">
+                                    <dt>"Active"</dt>
+                                    <dd data-testid="my-active">
+                                        <strong>{active}</strong>
+                                    </dd>
+                                    <dt>"Pending"</dt>
+                                    <dd data-testid="my-pending">
+                                        <strong>{pending}</strong>
+                                    </dd>
+                                </dl>
+                            }
+                                .into_any()
+                        }
+                        Err(e) => {
+                            view! {
+                                <div class="form-error" role="alert">
+                                    {e.error.to_string()}
+                                </div>
+                            }
+                                .into_any()
+                        }
+                    }
+                })}
+            </Transition>
+            <a href="/allocations">"Request or see GPUs →"</a>
+        </section>
     }
 }
 

@@ -2,7 +2,7 @@
 //! members. Another team's page answers exactly like a missing one: "Not found".
 
 use crate::api::{
-    self, AddMember, ChangeRole, CreateTeam, RemoveMember, RenameTeam, SetTeamArchived,
+    self, AddMember, ChangeRole, CreateTeam, RemoveMember, RenameTeam, SetQuota, SetTeamArchived,
 };
 use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, field_error, form_error,
@@ -10,7 +10,9 @@ use crate::components::{
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
-use tessera_domain::tenancy::{MemberView, PageRequest, TeamRole, TeamView};
+use tessera_domain::alloc::QuotaView;
+use tessera_domain::mig::Catalog;
+use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
 
 #[component]
 pub fn TeamsPage() -> impl IntoView {
@@ -129,33 +131,63 @@ impl TeamActions {
 
 #[component]
 pub fn TeamPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let data = TeamData::new();
     view! {
         <Authenticated>
-            <TeamDetail />
+            <TeamDetail data />
         </Authenticated>
     }
 }
 
+/// What the team page loads and the actions that change it.
+#[derive(Clone, Copy)]
+struct TeamData {
+    actions: TeamActions,
+    team: Resource<Result<TeamView, api::UiError>>,
+    members: Resource<Result<Page<MemberView>, api::UiError>>,
+    quotas: Resource<Result<Vec<QuotaView>, api::UiError>>,
+    set_quota: ServerAction<SetQuota>,
+}
+
+impl TeamData {
+    fn new() -> Self {
+        let params = use_params_map();
+        let id = Memo::new(move |_| params.read().get("id").unwrap_or_default());
+        let offset = use_offset();
+        let actions = TeamActions {
+            rename: ServerAction::new(),
+            archive: ServerAction::new(),
+            add: ServerAction::new(),
+            change: ServerAction::new(),
+            remove: ServerAction::new(),
+        };
+        let set_quota = ServerAction::<SetQuota>::new();
+        let team = Resource::new(
+            move || (id.get(), actions.version()),
+            |(id, _)| api::get_team(id),
+        );
+        let members = Resource::new(
+            move || (id.get(), offset.get(), actions.version()),
+            |(id, offset, _)| api::list_members(id, PageRequest::new(offset, PAGE_SIZE)),
+        );
+        let quotas = Resource::new(
+            move || (id.get(), set_quota.version().get()),
+            |(id, _)| api::list_quotas(id),
+        );
+        TeamData {
+            actions,
+            team,
+            members,
+            quotas,
+            set_quota,
+        }
+    }
+}
+
 #[component]
-fn TeamDetail() -> impl IntoView {
-    let params = use_params_map();
-    let id = Memo::new(move |_| params.read().get("id").unwrap_or_default());
-    let offset = use_offset();
-    let actions = TeamActions {
-        rename: ServerAction::new(),
-        archive: ServerAction::new(),
-        add: ServerAction::new(),
-        change: ServerAction::new(),
-        remove: ServerAction::new(),
-    };
-    let team = Resource::new(
-        move || (id.get(), actions.version()),
-        |(id, _)| api::get_team(id),
-    );
-    let members = Resource::new(
-        move || (id.get(), offset.get(), actions.version()),
-        |(id, offset, _)| api::list_members(id, PageRequest::new(offset, PAGE_SIZE)),
-    );
+fn TeamDetail(data: TeamData) -> impl IntoView {
+    let team = data.team;
     view! {
         <a class="back" href="/teams">
             "← Teams"
@@ -163,7 +195,7 @@ fn TeamDetail() -> impl IntoView {
         <Transition fallback=Loading>
             {move || Suspend::new(async move {
                 match team.await {
-                    Ok(team) => view! { <TeamOverview team members actions /> }.into_any(),
+                    Ok(team) => view! { <TeamOverview team data /> }.into_any(),
                     Err(e) => {
                         view! {
                             <h1>"Team"</h1>
@@ -178,11 +210,14 @@ fn TeamDetail() -> impl IntoView {
 }
 
 #[component]
-fn TeamOverview(
-    team: TeamView,
-    members: Resource<Result<tessera_domain::tenancy::Page<MemberView>, api::UiError>>,
-    actions: TeamActions,
-) -> impl IntoView {
+fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
+    let TeamData {
+        actions,
+        members,
+        quotas,
+        set_quota,
+        ..
+    } = data;
     let platform_admin = is_admin();
     let writable = !team.archived;
     let manages =
@@ -272,6 +307,9 @@ fn TeamOverview(
             {form_error(move || actions.remove.value().get())}
             <Transition fallback=Loading>{member_list}</Transition>
         </section>
+        <TeamQuotas quotas />
+        {platform_admin
+            .then(|| view! { <SetQuotaForm team_id=team_id.clone() action=set_quota /> })}
         <div class="columns">
             {manages
                 .then(|| view! { <AddMemberForm team_id=team_id.clone() action=actions.add /> })}
@@ -487,6 +525,193 @@ fn ArchiveTeamForm(
                 {form_error(value)}
                 <button type="submit" disabled=move || action.pending().get()>
                     {button}
+                </button>
+            </ActionForm>
+        </section>
+    }
+}
+
+/// The team's GPU quotas and how much of each is in use.
+#[component]
+fn TeamQuotas(quotas: Resource<Result<Vec<QuotaView>, api::UiError>>) -> impl IntoView {
+    view! {
+        <section class="card wide" aria-labelledby="quotas-title">
+            <h2 id="quotas-title">"GPU quotas"</h2>
+            <p class="hint">
+                "In units (compute slices): a whole H100 is 7, a 1g slice 1. Use beyond the "
+                "guarantee is borrowed and may be preempted; beyond the per-user cap or the "
+                "limit a request waits for approval."
+            </p>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match quotas.await {
+                        Ok(list) if list.is_empty() => {
+                            view! {
+                                <Empty>
+                                    <p data-testid="no-quotas">
+                                        "No GPU quota yet: members cannot request GPUs until a platform admin sets one."
+                                    </p>
+                                </Empty>
+                            }
+                                .into_any()
+                        }
+                        Ok(list) => {
+                            let rows = list.into_iter().map(quota_row).collect_view();
+                            view! {
+                                <table class="list" data-testid="quotas">
+                                    <thead>
+                                        <tr>
+                                            <th>"Model"</th>
+                                            <th>"Guaranteed"</th>
+                                            <th>"Limit"</th>
+                                            <th>"Per user"</th>
+                                            <th>"Used"</th>
+                                            <th>"Borrowed"</th>
+                                            <th>"Usage"</th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+fn quota_row(q: QuotaView) -> impl IntoView {
+    let pct = if q.limit == 0 {
+        0.0
+    } else {
+        (f64::from(q.used) / f64::from(q.limit) * 100.0).min(100.0)
+    };
+    view! {
+        <tr data-testid="quota-row" data-model=q.model.clone()>
+            <td>{q.model.clone()}</td>
+            <td>{q.guaranteed}</td>
+            <td>{q.limit}</td>
+            <td>{q.per_user}</td>
+            <td data-testid="quota-used">{q.used}</td>
+            <td>{q.borrowed}</td>
+            <td>
+                <span
+                    class="meter"
+                    role="meter"
+                    aria-label=format!("{} quota in use", q.model)
+                    aria-valuemin="0"
+                    aria-valuemax=q.limit.to_string()
+                    aria-valuenow=q.used.to_string()
+                    title=format!("{} of {} units in use", q.used, q.limit)
+                >
+                    <span style=format!("width: {pct:.1}%")></span>
+                </span>
+            </td>
+        </tr>
+    }
+}
+
+/// Platform admins set a team's quota on one model (setting it again replaces it).
+#[component]
+fn SetQuotaForm(team_id: String, action: ServerAction<SetQuota>) -> impl IntoView {
+    let value = move || action.value().get();
+    let or = |field: &'static str, default: &'static str| {
+        let echo = echoed(value, field);
+        move || {
+            let typed = echo();
+            if typed.is_empty() {
+                default.to_owned()
+            } else {
+                typed
+            }
+        }
+    };
+    let guaranteed = or("guaranteed", "0");
+    let limit = or("limit", "7");
+    let per_user = or("per_user", "7");
+    let echo_model = untrack(echoed(value, "model"));
+    let models = Catalog::builtin()
+        .models()
+        .map(|m| {
+            let name = m.name().to_owned();
+            let label = format!("{name} ({} units per GPU)", m.compute_slices());
+            view! {
+                <option value=name.clone() selected=name == echo_model>
+                    {label}
+                </option>
+            }
+        })
+        .collect_view();
+    let saved = move || {
+        action.value().get().and_then(Result::ok).map(|_| {
+            view! {
+                <div class="notice" role="status">
+                    "Quota saved."
+                </div>
+            }
+        })
+    };
+    view! {
+        <section class="card">
+            <h2>"Set a GPU quota"</h2>
+            {saved}
+            <ActionForm action=action attr:data-testid="quota-form" attr:novalidate=true>
+                <input type="hidden" name="team_id" value=team_id />
+                {form_error(value)}
+                <label for="quota-model">"GPU model"</label>
+                <select id="quota-model" name="model">
+                    {models}
+                </select>
+                {field_error(value, "model")}
+                <div class="field-row three">
+                    <div>
+                        <label for="quota-guaranteed">"Guaranteed"</label>
+                        <input
+                            id="quota-guaranteed"
+                            name="guaranteed"
+                            type="number"
+                            min="0"
+                            inputmode="numeric"
+                            value=guaranteed
+                            prop:value=guaranteed
+                        />
+                        {field_error(value, "guaranteed")}
+                    </div>
+                    <div>
+                        <label for="quota-limit">"Limit"</label>
+                        <input
+                            id="quota-limit"
+                            name="limit"
+                            type="number"
+                            min="0"
+                            inputmode="numeric"
+                            value=limit
+                            prop:value=limit
+                        />
+                        {field_error(value, "limit")}
+                    </div>
+                    <div>
+                        <label for="quota-per-user">"Per user"</label>
+                        <input
+                            id="quota-per-user"
+                            name="per_user"
+                            type="number"
+                            min="0"
+                            inputmode="numeric"
+                            value=per_user
+                            prop:value=per_user
+                        />
+                        {field_error(value, "per_user")}
+                    </div>
+                </div>
+                <p class="hint">
+                    "Units: compute slices. Guaranteed ≤ limit and per user ≤ limit; a limit of 0 stops new requests on the model. Saving again replaces the quota."
+                </p>
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    "Save quota"
                 </button>
             </ActionForm>
         </section>

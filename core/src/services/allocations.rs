@@ -594,11 +594,7 @@ impl Allocations {
     /// What views need to explain pending allocations, as of the last scheduler pass
     /// (computing it per view would cost a scan of the queue and every node per request).
     fn pending_context(&self, now: DateTime<Utc>) -> PendingContext {
-        let snap = self
-            .snapshot
-            .read()
-            .map(|s| s.clone())
-            .unwrap_or_default();
+        let snap = self.snapshot.read().map(|s| s.clone()).unwrap_or_default();
         PendingContext { now, ..snap }
     }
 

@@ -1,0 +1,1335 @@
+//! GPU allocations: the request form with the team's remaining quota, the list (reloaded
+//! while open, so a queued request turns active by itself), and one allocation's page:
+//! where it runs, why it waits, who must approve it, and its history.
+
+use crate::api::{self, DecideAllocation, ReleaseAllocation, RequestAllocation, UiError};
+use crate::components::{
+    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error,
+    timestamp, use_hydrated,
+};
+use leptos::prelude::*;
+use leptos_router::components::Form;
+use leptos_router::hooks::{use_params_map, use_query_map};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tessera_domain::alloc::{
+    AllocState, AllocatedDevice, AllocationView, Approver, PendingInfo, PriorityClass, QuotaView,
+};
+use tessera_domain::error::AppError;
+use tessera_domain::mig::Catalog;
+use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
+
+/// How often a hydrated list page reloads the allocations.
+const LIST_EVERY: Duration = Duration::from_secs(5);
+/// How often a hydrated detail page reloads an allocation that is still on its way.
+const DETAIL_EVERY: Duration = Duration::from_secs(3);
+
+/// The list's state filter: query value, label. `all` asks for every state.
+const STATE_FILTERS: [(&str, &str); 5] = [
+    ("current", "Current (pending or active)"),
+    ("pending", "Pending"),
+    ("active", "Active"),
+    ("ended", "Ended"),
+    ("all", "All"),
+];
+
+// ---------------------------------------------------------------------------------------
+// The list page
+// ---------------------------------------------------------------------------------------
+
+#[component]
+pub fn AllocationsPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let data = ListData::new();
+    view! {
+        <Authenticated>
+            <h1>"GPU allocations"</h1>
+            <RequestSection data />
+            <AllocationList data />
+        </Authenticated>
+    }
+}
+
+/// The list's filter, from the address: `?state=…&mine=1&filtered=1&offset=…`. Until the
+/// filter form is used (`filtered` absent) the list shows the caller's own allocations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Filter {
+    state: String,
+    mine: bool,
+    offset: u32,
+}
+
+impl Filter {
+    fn is_default(&self) -> bool {
+        self.state == "current" && self.mine
+    }
+
+    /// The `state` argument of `list_allocations`.
+    fn api_state(&self) -> String {
+        if self.state == "all" {
+            String::new()
+        } else {
+            self.state.clone()
+        }
+    }
+
+    /// This filter's address at another offset.
+    fn href(&self, offset: u32) -> String {
+        let mine = if self.mine { "&mine=1" } else { "" };
+        format!(
+            "/allocations?state={}{mine}&filtered=1&offset={offset}",
+            self.state
+        )
+    }
+}
+
+fn use_filter() -> Memo<Filter> {
+    let query = use_query_map();
+    Memo::new(move |_| {
+        let q = query.read();
+        let state = q
+            .get("state")
+            .filter(|s| STATE_FILTERS.iter().any(|(v, _)| v == s))
+            .unwrap_or_else(|| "current".to_owned());
+        let mine = q.get("filtered").is_none() || q.get("mine").is_some();
+        let offset = q.get("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
+        Filter {
+            state,
+            mine,
+            offset,
+        }
+    })
+}
+
+/// One team the caller may request for, with its quotas (only those with a limit).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct TeamQuotas {
+    id: String,
+    name: String,
+    quotas: Vec<QuotaView>,
+}
+
+/// What the request form offers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct RequestOptions {
+    teams: Vec<TeamQuotas>,
+    /// The form's idempotency key: a form sent twice (double click, retry after a lost
+    /// answer) makes one allocation. A new one comes with every reload of the options.
+    key: String,
+}
+
+/// Teams where the caller may request (member or team admin; platform admins see all
+/// teams, as non-members) that have a quota, with those quotas.
+async fn load_options() -> Result<RequestOptions, UiError> {
+    let teams = api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT)).await?;
+    let mut out = Vec::new();
+    for team in teams.items {
+        if team.archived || team.my_role == Some(TeamRole::Viewer) {
+            continue;
+        }
+        let id = team.id.to_string();
+        let quotas: Vec<QuotaView> = api::list_quotas(id.clone())
+            .await?
+            .into_iter()
+            .filter(|q| q.limit > 0)
+            .collect();
+        if !quotas.is_empty() {
+            out.push(TeamQuotas {
+                id,
+                name: team.name,
+                quotas,
+            });
+        }
+    }
+    Ok(RequestOptions {
+        teams: out,
+        key: new_key(),
+    })
+}
+
+/// A random-enough idempotency key: a v4 UUID on the server, time and `Math.random` in
+/// the browser.
+fn new_key() -> String {
+    #[cfg(feature = "ssr")]
+    {
+        uuid::Uuid::new_v4().to_string()
+    }
+    #[cfg(all(feature = "hydrate", not(feature = "ssr")))]
+    {
+        use web_sys::js_sys::{Date, Math};
+        let bits = |scale: f64| (Math::random() * scale) as u128;
+        let v = ((Date::now() as u128) << 80) | (bits(2f64.powi(48)) << 32) | bits(2f64.powi(32));
+        uuid::Uuid::from_u128(v).to_string()
+    }
+    #[cfg(not(any(feature = "ssr", feature = "hydrate")))]
+    {
+        crate::components::now()
+            .timestamp_nanos_opt()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+/// What the list page loads and the action that changes it.
+#[derive(Clone, Copy)]
+struct ListData {
+    request: ServerAction<RequestAllocation>,
+    options: Resource<Result<RequestOptions, UiError>>,
+    filter: Memo<Filter>,
+    list: Resource<Result<Page<AllocationView>, UiError>>,
+}
+
+impl ListData {
+    fn new() -> Self {
+        let request = ServerAction::<RequestAllocation>::new();
+        let filter = use_filter();
+        let tick = ticker(LIST_EVERY);
+        let options = Resource::new(move || request.version().get(), |_| load_options());
+        let list = Resource::new(
+            move || (filter.get(), tick.get(), request.version().get()),
+            |(f, ..)| {
+                api::list_allocations(
+                    String::new(),
+                    f.api_state(),
+                    f.mine,
+                    PageRequest::new(f.offset, PAGE_SIZE),
+                )
+            },
+        );
+        ListData {
+            request,
+            options,
+            filter,
+            list,
+        }
+    }
+}
+
+/// A counter bumped every `every` once hydrated (never on the server).
+fn ticker(every: Duration) -> RwSignal<u32> {
+    let tick = RwSignal::new(0u32);
+    Effect::new(move |_| {
+        if let Ok(handle) =
+            set_interval_with_handle(move || tick.update(|n| *n = n.wrapping_add(1)), every)
+        {
+            on_cleanup(move || handle.clear());
+        }
+    });
+    tick
+}
+
+#[component]
+fn RequestSection(data: ListData) -> impl IntoView {
+    let ListData {
+        request, options, ..
+    } = data;
+    view! {
+        <section class="card wide" aria-labelledby="request-title">
+            <h2 id="request-title">"Request a GPU"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match options.await {
+                        Ok(o) if o.teams.is_empty() => view! { <NoQuota /> }.into_any(),
+                        Ok(options) => view! { <RequestForm options action=request /> }.into_any(),
+                        Err(e) => {
+                            view! {
+                                <div class="form-error" role="alert">
+                                    {format!("Your teams could not be loaded: {}", e.error)}
+                                </div>
+                            }
+                                .into_any()
+                        }
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+#[component]
+fn NoQuota() -> impl IntoView {
+    view! {
+        <Empty>
+            <p data-testid="no-quota">
+                "None of your teams has a GPU quota yet, so there is nothing to request. "
+                "A platform admin must give your team a quota (on the team's page) first."
+            </p>
+            <a href="/teams">"Your teams →"</a>
+        </Empty>
+    }
+}
+
+/// `(value, label)` of every kind one may ask for on `model`: the whole GPU, then its MIG
+/// profiles, each with its cost in units.
+fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {
+    let units = |n: u8| {
+        if n == 1 {
+            "1 unit".to_owned()
+        } else {
+            format!("{n} units")
+        }
+    };
+    let Some(m) = catalog.get(model) else {
+        return vec![(format!("{model}:whole"), format!("whole {model}"))];
+    };
+    let mut out = vec![(
+        format!("{model}:whole"),
+        format!("whole {model} ({})", units(m.compute_slices())),
+    )];
+    out.extend(m.profiles().iter().map(|p| {
+        (
+            format!("{model}:{}", p.name),
+            format!("{} on {model} ({})", p.name, units(p.compute_slices)),
+        )
+    }));
+    out
+}
+
+/// The value a failed submission echoed for `field`, else `default`.
+fn or_default(
+    echo: impl Fn() -> String + Send + Sync + Copy + 'static,
+    default: &'static str,
+) -> impl Fn() -> String + Send + Sync + Copy + 'static {
+    move || {
+        let typed = echo();
+        if typed.is_empty() {
+            default.to_owned()
+        } else {
+            typed
+        }
+    }
+}
+
+/// Fields of the request form whose errors show next to them; any other error shows at
+/// the top.
+const REQUEST_FIELDS: [&str; 8] = [
+    "team_id",
+    "kind",
+    "count",
+    "duration_hours",
+    "duration_minutes",
+    "starts_at",
+    "priority",
+    "purpose",
+];
+
+#[component]
+fn RequestForm(options: RequestOptions, action: ServerAction<RequestAllocation>) -> impl IntoView {
+    let value = move || action.value().get();
+    let hydrated = use_hydrated();
+    let echo_team = untrack(echoed(value, "team_id"));
+    let echo_kind = untrack(echoed(value, "kind"));
+    let echo_priority = untrack(echoed(value, "priority"));
+    let first = options
+        .teams
+        .iter()
+        .find(|t| t.id == echo_team)
+        .or(options.teams.first())
+        .map(|t| t.id.clone())
+        .unwrap_or_default();
+    let team = RwSignal::new(first.clone());
+    let catalog = Catalog::builtin();
+    // Every model any listed team has a quota on, with its kinds, in a stable order.
+    let mut models: Vec<String> = options
+        .teams
+        .iter()
+        .flat_map(|t| t.quotas.iter().map(|q| q.model.clone()))
+        .collect();
+    models.sort();
+    models.dedup();
+    let kinds: Vec<(String, Vec<(String, String)>)> = models
+        .into_iter()
+        .map(|m| {
+            let k = kind_options(&catalog, &m);
+            (m, k)
+        })
+        .collect();
+    let teams = StoredValue::new(options.teams);
+    let kinds = StoredValue::new(kinds);
+    // Without the wasm bundle nothing follows the team select: offer every team's models
+    // (the server checks the pair). Once hydrated, only the chosen team's.
+    let shown_teams = move || {
+        let chosen = team.get();
+        let all = !hydrated.get();
+        teams.with_value(|ts| {
+            ts.iter()
+                .filter(|t| all || t.id == chosen)
+                .cloned()
+                .collect::<Vec<_>>()
+        })
+    };
+    let kind_groups = move || {
+        let models: Vec<String> = shown_teams()
+            .iter()
+            .flat_map(|t| t.quotas.iter().map(|q| q.model.clone()))
+            .collect();
+        kinds.with_value(|all| {
+            all.iter()
+                .filter(|(m, _)| models.contains(m))
+                .map(|(model, options)| {
+                    let options = options
+                        .iter()
+                        .map(|(v, label)| {
+                            view! {
+                                <option value=v.clone() selected=*v == echo_kind>
+                                    {label.clone()}
+                                </option>
+                            }
+                        })
+                        .collect_view();
+                    view! { <optgroup label=model.clone()>{options}</optgroup> }
+                })
+                .collect_view()
+        })
+    };
+    let remaining = move || {
+        let shown = shown_teams();
+        let several = shown.len() > 1;
+        shown
+            .into_iter()
+            .flat_map(|t| {
+                t.quotas
+                    .into_iter()
+                    .map(move |q| (several.then(|| t.name.clone()), q))
+            })
+            .map(|(team_name, q)| view! { <RemainingQuota team_name q /> })
+            .collect_view()
+    };
+    let team_options = teams.with_value(|ts| {
+        ts.iter()
+            .map(|t| {
+                view! {
+                    <option value=t.id.clone() selected=t.id == first>
+                        {t.name.clone()}
+                    </option>
+                }
+            })
+            .collect_view()
+    });
+    let priority_options = PriorityClass::ALL
+        .iter()
+        .map(|p| {
+            let v = p.as_str();
+            let selected = if echo_priority.is_empty() {
+                *p == PriorityClass::Normal
+            } else {
+                echo_priority == v
+            };
+            let label = match p {
+                PriorityClass::High => "high",
+                PriorityClass::Normal => "normal",
+                PriorityClass::Preemptible => "preemptible (spare capacity, stopped first)",
+            };
+            view! {
+                <option value=v selected=selected>
+                    {label}
+                </option>
+            }
+        })
+        .collect_view();
+    let count = or_default(echoed(value, "count"), "1");
+    let hours = echoed(value, "duration_hours");
+    let starts_at = echoed(value, "starts_at");
+    let purpose = echoed(value, "purpose");
+    let other_error = move || {
+        error_of(value())
+            .filter(|e| e.error.field().is_none_or(|f| !REQUEST_FIELDS.contains(&f)))
+            .map(|e| {
+                let text = match e.error {
+                    AppError::Forbidden => {
+                        "You may not request GPUs for this team (viewers cannot).".to_owned()
+                    }
+                    other => other.to_string(),
+                };
+                view! {
+                    <div class="form-error" role="alert" data-testid="request-error">
+                        {text}
+                    </div>
+                }
+            })
+    };
+    view! {
+        <div class="request-grid">
+            <ActionForm action=action attr:data-testid="request-form" attr:novalidate=true>
+                {other_error}
+                <input type="hidden" name="idempotency_key" value=options.key />
+                <div class="field-row">
+                    <div>
+                        <label for="req-team">"Team"</label>
+                        <select
+                            id="req-team"
+                            name="team_id"
+                            on:change=move |ev| team.set(event_target_value(&ev))
+                        >
+                            {team_options}
+                        </select>
+                        {field_error(value, "team_id")}
+                    </div>
+                    <div>
+                        <label for="req-kind">"GPU or MIG slice"</label>
+                        <select id="req-kind" name="kind" required>
+                            {kind_groups}
+                        </select>
+                        {field_error(value, "kind")}
+                    </div>
+                </div>
+                <div class="field-row">
+                    <div>
+                        <label for="req-count">"How many"</label>
+                        <input
+                            id="req-count"
+                            name="count"
+                            type="number"
+                            min="1"
+                            inputmode="numeric"
+                            value=count
+                            prop:value=count
+                        />
+                        {field_error(value, "count")}
+                    </div>
+                    <div>
+                        <label for="req-hours">"Duration (hours)"</label>
+                        <input
+                            id="req-hours"
+                            name="duration_hours"
+                            type="number"
+                            min="1"
+                            inputmode="numeric"
+                            placeholder="8"
+                            value=hours
+                            prop:value=hours
+                        />
+                        {field_error(value, "duration_hours")}
+                        {field_error(value, "duration_minutes")}
+                    </div>
+                </div>
+                <div class="field-row">
+                    <div>
+                        <label for="req-start">"Earliest start (UTC, optional)"</label>
+                        <input
+                            id="req-start"
+                            name="starts_at"
+                            type="datetime-local"
+                            value=starts_at
+                            prop:value=starts_at
+                        />
+                        {field_error(value, "starts_at")}
+                    </div>
+                    <div>
+                        <label for="req-priority">"Priority"</label>
+                        <select id="req-priority" name="priority">
+                            {priority_options}
+                        </select>
+                        {field_error(value, "priority")}
+                    </div>
+                </div>
+                <label for="req-purpose">"Purpose"</label>
+                <textarea
+                    id="req-purpose"
+                    name="purpose"
+                    rows="2"
+                    maxlength="500"
+                    placeholder="What it is for (optional)"
+                    prop:value=purpose
+                >
+                    {untrack(purpose)}
+                </textarea>
+                {field_error(value, "purpose")}
+                <p class="hint">
+                    "Empty duration: 8 hours. Empty start: as soon as possible. "
+                    "Beyond your team's quota or your per-user cap, a request waits for approval."
+                </p>
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    {move || if action.pending().get() { "Requesting…" } else { "Request" }}
+                </button>
+            </ActionForm>
+            <aside class="quota-left" data-testid="remaining-quota" aria-label="Remaining quota">
+                <h3>"Remaining quota"</h3>
+                <ul>{remaining}</ul>
+                <p class="hint">"Units are compute slices: a whole H100 is 7, a 1g slice 1."</p>
+            </aside>
+        </div>
+    }
+}
+
+#[component]
+fn RemainingQuota(team_name: Option<String>, q: QuotaView) -> impl IntoView {
+    let left = q.limit.saturating_sub(q.used);
+    let pct = if q.limit == 0 {
+        0.0
+    } else {
+        (f64::from(q.used) / f64::from(q.limit) * 100.0).min(100.0)
+    };
+    view! {
+        <li data-model=q.model.clone()>
+            <strong>{q.model.clone()}</strong>
+            {team_name.map(|n| view! { <span class="hint">" (" {n} ")"</span> })}
+            <span class="quota-numbers">
+                {format!("remaining quota: {left} of {} units", q.limit)}
+            </span>
+            <span class="meter" title=format!("{} of {} units in use", q.used, q.limit)>
+                <span style=format!("width: {pct:.1}%")></span>
+            </span>
+            <span class="hint">
+                {format!("guaranteed {} · up to {} per user", q.guaranteed, q.per_user)}
+            </span>
+        </li>
+    }
+}
+
+#[component]
+fn AllocationList(data: ListData) -> impl IntoView {
+    let ListData { filter, list, .. } = data;
+    view! {
+        <section class="card wide" aria-labelledby="list-title">
+            <h2 id="list-title">"Allocations"</h2>
+            <FilterForm filter />
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    let f = filter.get_untracked();
+                    match list.await {
+                        Ok(page) if page.total == 0 => {
+                            let text = if f.is_default() {
+                                "No allocations yet — request a GPU above."
+                            } else {
+                                "No allocations match this filter."
+                            };
+                            view! { <Empty>{text}</Empty> }.into_any()
+                        }
+                        Ok(page) => {
+                            let pager = list_pager(&page, &f);
+                            let rows = page.items.into_iter().map(allocation_row).collect_view();
+                            view! {
+                                <table class="list allocations" data-testid="allocations">
+                                    <thead>
+                                        <tr>
+                                            <th>"Kind"</th>
+                                            <th>"Count"</th>
+                                            <th>"Team"</th>
+                                            <th>"User"</th>
+                                            <th>"State"</th>
+                                            <th>"Where"</th>
+                                            <th>"Created"</th>
+                                            <th>"Ends"</th>
+                                            <th>"Waiting"</th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+/// State and "mine only" as a GET form: works without JavaScript, navigates in place with it.
+#[component]
+fn FilterForm(filter: Memo<Filter>) -> impl IntoView {
+    let current = filter.get_untracked();
+    let options = STATE_FILTERS
+        .iter()
+        .map(|(v, label)| {
+            view! {
+                <option value=*v selected=current.state == *v>
+                    {*label}
+                </option>
+            }
+        })
+        .collect_view();
+    view! {
+        <Form method="get" action="/allocations" attr:class="filters">
+            <input type="hidden" name="filtered" value="1" />
+            <label for="filter-state">"State"</label>
+            <select id="filter-state" name="state">
+                {options}
+            </select>
+            <label class="check">
+                <input type="checkbox" name="mine" value="1" checked=current.mine />
+                " Mine only"
+            </label>
+            <button type="submit">"Show"</button>
+        </Form>
+    }
+}
+
+/// Like the shared pager, but keeps the filter in the links.
+fn list_pager(page: &Page<AllocationView>, filter: &Filter) -> impl IntoView + use<> {
+    let shown = page.items.len() as u64;
+    let first = u64::from(page.offset) + 1;
+    let summary = format!(
+        "Showing {first}–{} of {}",
+        u64::from(page.offset) + shown,
+        page.total
+    );
+    let prev = page
+        .has_prev()
+        .then(|| filter.href(page.offset.saturating_sub(page.limit)));
+    let next = page
+        .has_next()
+        .then(|| filter.href(page.offset.saturating_add(page.limit)));
+    (prev.is_some() || next.is_some()).then(|| {
+        view! {
+            <nav class="pager" aria-label="Pages">
+                <span class="range" data-testid="page-range">
+                    {summary}
+                </span>
+                {prev
+                    .map(|href| {
+                        view! {
+                            <a href=href rel="prev">
+                                "← Previous"
+                            </a>
+                        }
+                    })}
+                {next
+                    .map(|href| {
+                        view! {
+                            <a href=href rel="next">
+                                "Next →"
+                            </a>
+                        }
+                    })}
+            </nav>
+        }
+    })
+}
+
+fn state_class(state: AllocState) -> &'static str {
+    match state {
+        AllocState::Active => "badge ok",
+        AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => "badge warn",
+        AllocState::Denied | AllocState::Preempted | AllocState::Failed => "badge danger",
+        AllocState::Releasing | AllocState::Ended | AllocState::Cancelled | AllocState::Expired => {
+            "badge muted"
+        }
+    }
+}
+
+#[component]
+fn StateBadge(state: AllocState) -> impl IntoView {
+    view! {
+        <span class=state_class(state) data-testid="allocation-state">
+            {state.label()}
+        </span>
+    }
+}
+
+/// "#2 in queue", or why it has no place in the queue.
+fn position_text(p: &PendingInfo, state: AllocState) -> String {
+    match (p.position, state) {
+        (Some(n), _) => format!("#{n} in queue"),
+        (None, AllocState::PendingApproval) => "awaiting approval".to_owned(),
+        (None, AllocState::Placing) => "placed, being set up".to_owned(),
+        (None, _) => "not in the queue".to_owned(),
+    }
+}
+
+fn eta_view(p: &PendingInfo) -> AnyView {
+    match p.eta {
+        Some(t) => view! {
+            <span data-testid="eta">
+                "ETA " <When t />
+            </span>
+        }
+        .into_any(),
+        None => view! { <span data-testid="eta">"ETA unknown"</span> }.into_any(),
+    }
+}
+
+/// Hostname and the device's UUID (the MIG UUID in full once the agent reports it).
+fn device_line(d: &AllocatedDevice) -> impl IntoView + use<> {
+    let id = match (&d.mig_uuid, &d.profile) {
+        (Some(mig), _) => view! { <code class="uuid">{mig.clone()}</code> }.into_any(),
+        (None, Some(profile)) => view! {
+            <span class="hint">{format!("{profile} being set up on ")}</span>
+            <code class="uuid">{d.gpu_uuid.clone()}</code>
+        }
+        .into_any(),
+        (None, None) => view! { <code class="uuid">{d.gpu_uuid.clone()}</code> }.into_any(),
+    };
+    view! {
+        <div class="device" data-testid="device">
+            <span class="host">{d.hostname.clone()}</span>
+            " "
+            {id}
+        </div>
+    }
+}
+
+fn allocation_row(a: AllocationView) -> impl IntoView {
+    let href = format!("/allocations/{}", a.id);
+    let devices = if a.devices.is_empty() {
+        "—".into_any()
+    } else {
+        a.devices.iter().map(device_line).collect_view().into_any()
+    };
+    let ends = match a.ends_at {
+        Some(t) => view! { <When t /> }.into_any(),
+        None => "—".into_any(),
+    };
+    let waiting = a.pending.as_ref().map(|p| {
+        view! {
+            <div class="pending-info" data-testid="pending-info">
+                <strong class="queue-pos">{position_text(p, a.state)}</strong>
+                " · "
+                {eta_view(p)}
+                <div class="hint">{p.reason.clone()}</div>
+            </div>
+        }
+    });
+    view! {
+        <tr data-testid="allocation-row" data-state=a.state.as_str() data-id=a.id.to_string()>
+            <td>
+                <a href=href>{a.kind_label.clone()}</a>
+            </td>
+            <td>{a.count}</td>
+            <td>{a.team_name.clone()}</td>
+            <td>{a.username.clone()}</td>
+            <td>
+                <StateBadge state=a.state />
+            </td>
+            <td class="where">{devices}</td>
+            <td>
+                <When t=a.created_at />
+            </td>
+            <td>{ends}</td>
+            <td>{waiting}</td>
+        </tr>
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One allocation
+// ---------------------------------------------------------------------------------------
+
+#[component]
+pub fn AllocationPage() -> impl IntoView {
+    // Created outside `Authenticated`, like the nodes page (see the comment there).
+    let data = DetailData::new();
+    view! {
+        <Authenticated>
+            <a class="back" href="/allocations">
+                "← Allocations"
+            </a>
+            <AllocationDetail data />
+        </Authenticated>
+    }
+}
+
+/// Whether the page keeps reloading an allocation in this state: until it runs or ends.
+fn still_moving(state: AllocState) -> bool {
+    state.is_pending() || state == AllocState::Releasing
+}
+
+/// What the detail page loads, its actions, and the approval reason being typed (kept
+/// across reloads; reloads pause while the approval form has focus).
+#[derive(Clone, Copy)]
+struct DetailData {
+    release: ServerAction<ReleaseAllocation>,
+    decide: ServerAction<DecideAllocation>,
+    allocation: Resource<Result<AllocationView, UiError>>,
+    reason: RwSignal<String>,
+    typing: RwSignal<bool>,
+}
+
+impl DetailData {
+    fn new() -> Self {
+        let params = use_params_map();
+        let id = Memo::new(move |_| params.read().get("id").unwrap_or_default());
+        let release = ServerAction::<ReleaseAllocation>::new();
+        let decide = ServerAction::<DecideAllocation>::new();
+        let reason = RwSignal::new(untrack(echoed(move || decide.value().get(), "reason")));
+        let typing = RwSignal::new(false);
+        let tick = RwSignal::new(0u32);
+        let allocation = Resource::new(
+            move || {
+                (
+                    id.get(),
+                    tick.get(),
+                    release.version().get(),
+                    decide.version().get(),
+                )
+            },
+            |(id, ..)| api::get_allocation(id),
+        );
+        // (still moving, waiting for approval) of what is shown; read in an effect, where
+        // reading a resource is fine.
+        let status = RwSignal::new((false, false));
+        Effect::new(move |_| {
+            let now = allocation.with(|a| match a {
+                Some(Ok(a)) => (
+                    still_moving(a.state),
+                    a.state == AllocState::PendingApproval,
+                ),
+                _ => (false, false),
+            });
+            status.set(now);
+        });
+        Effect::new(move |_| {
+            if let Ok(handle) = set_interval_with_handle(
+                move || {
+                    let (moving, approval) = status.get_untracked();
+                    // Someone typing a reason into the approval form keeps it as it is.
+                    if moving && !(approval && typing.get_untracked()) {
+                        tick.update(|n| *n = n.wrapping_add(1));
+                    }
+                },
+                DETAIL_EVERY,
+            ) {
+                on_cleanup(move || handle.clear());
+            }
+        });
+        DetailData {
+            release,
+            decide,
+            allocation,
+            reason,
+            typing,
+        }
+    }
+}
+
+#[component]
+fn AllocationDetail(data: DetailData) -> impl IntoView {
+    let allocation = data.allocation;
+    view! {
+        <Transition fallback=Loading>
+            {move || Suspend::new(async move {
+                match allocation.await {
+                    Ok(a) => view! { <AllocationOverview a data /> }.into_any(),
+                    Err(e) => {
+                        view! {
+                            <h1>"Allocation"</h1>
+                            <Problem error=e.error />
+                        }
+                            .into_any()
+                    }
+                }
+            })}
+        </Transition>
+    }
+}
+
+fn approver_text(approver: Option<Approver>, team: &str) -> String {
+    match approver {
+        Some(Approver::TeamAdmin) => format!("a team admin of {team} (or a platform admin)"),
+        Some(Approver::PlatformAdmin) | None => "a platform admin".to_owned(),
+    }
+}
+
+#[component]
+fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
+    let id = a.id.to_string();
+    let state = a.state;
+    let releasable = state == AllocState::Active || state.is_pending();
+    let starts = match a.starts_at {
+        Some(t) => view! { <When t /> " · " {timestamp(t)} }.into_any(),
+        None => "as soon as possible".into_any(),
+    };
+    let ends = match a.ends_at {
+        Some(t) => view! { <When t /> " · " {timestamp(t)} }.into_any(),
+        None => "—".into_any(),
+    };
+    let purpose = if a.purpose.trim().is_empty() {
+        "—".to_owned()
+    } else {
+        a.purpose.clone()
+    };
+    let preempt = a.preempt_at.map(|t| {
+        view! {
+            <div class="notice warn preempt" role="alert" data-testid="preempt-warning">
+                <strong>"Preemption: "</strong>
+                "a higher-priority request needs this capacity. This allocation is released "
+                <When t />
+                {format!(" (at {}). Save your work now.", timestamp(t))}
+            </div>
+        }
+    });
+    let why = a.pending.clone().map(|p| view! { <WhyPending p state /> });
+    let approval = (state == AllocState::PendingApproval).then(|| {
+        view! {
+            <ApprovalBox
+                id=id.clone()
+                approver=a.approver
+                reason=a.approval_reason.clone()
+                team=a.team_name.clone()
+                data
+            />
+        }
+    });
+    let decision = (state != AllocState::PendingApproval)
+        .then_some(a.approval_reason.clone())
+        .flatten()
+        .map(|r| {
+            view! {
+                <div>
+                    <dt>"Approval note"</dt>
+                    <dd data-testid="approval-reason">{r}</dd>
+                </div>
+            }
+        });
+    let release = releasable.then(|| {
+        view! {
+            <ReleaseForm
+                id=id.clone()
+                active=state == AllocState::Active
+                team=a.team_name.clone()
+                action=data.release
+            />
+        }
+    });
+    view! {
+        <section
+            class="allocation-detail"
+            data-testid="allocation-detail"
+            data-state=state.as_str()
+            data-id=id.clone()
+        >
+            <h1>{a.kind_label.clone()} <StateBadge state /></h1>
+            <DetailNotices data />
+            {preempt}
+            {why}
+            {approval}
+            <dl class="facts row">
+                <div>
+                    <dt>"Kind"</dt>
+                    <dd>
+                        <code>{a.kind.clone()}</code>
+                    </dd>
+                </div>
+                <div>
+                    <dt>"Count"</dt>
+                    <dd>{a.count}</dd>
+                </div>
+                <div>
+                    <dt>"Units"</dt>
+                    <dd data-testid="units">{a.units}</dd>
+                </div>
+                <div>
+                    <dt>"Priority"</dt>
+                    <dd>{a.priority.as_str()}</dd>
+                </div>
+                <div>
+                    <dt>"Team"</dt>
+                    <dd>
+                        <a href=format!("/teams/{}", a.team_id)>{a.team_name.clone()}</a>
+                    </dd>
+                </div>
+                <div>
+                    <dt>"User"</dt>
+                    <dd>{a.username.clone()}</dd>
+                </div>
+                <div>
+                    <dt>"Created"</dt>
+                    <dd>
+                        <When t=a.created_at />
+                    </dd>
+                </div>
+                <div>
+                    <dt>"Starts"</dt>
+                    <dd>{starts}</dd>
+                </div>
+                <div>
+                    <dt>"Ends"</dt>
+                    <dd>{ends}</dd>
+                </div>
+                {decision}
+            </dl>
+            <p class="purpose">
+                <span class="hint">"Purpose: "</span>
+                {purpose}
+            </p>
+            {release}
+            <h2>"Devices"</h2>
+            <DevicesTable devices=a.devices.clone() />
+            <h2>"History"</h2>
+            <HistoryTable a=a.clone() />
+        </section>
+    }
+}
+
+/// What the last release or decision did, or why it was refused.
+#[component]
+fn DetailNotices(data: DetailData) -> impl IntoView {
+    let DetailData {
+        release, decide, ..
+    } = data;
+    let done = move || {
+        let text = match (release.value().get(), decide.value().get()) {
+            (Some(Ok(a)), _) if a.state == AllocState::Cancelled => "Request cancelled.",
+            (Some(Ok(_)), _) => "Released.",
+            (_, Some(Ok(a))) if a.state == AllocState::Denied => "Request denied.",
+            (_, Some(Ok(_))) => "Request approved: it joins the queue.",
+            _ => return None,
+        };
+        Some(view! {
+            <div class="notice" role="status" data-testid="action-done">
+                {text}
+            </div>
+        })
+    };
+    view! { {done} }
+}
+
+#[component]
+fn WhyPending(p: PendingInfo, state: AllocState) -> impl IntoView {
+    let position = position_text(&p, state);
+    let eta = match p.eta {
+        Some(t) => view! { <When t /> " · " {timestamp(t)} }.into_any(),
+        None => "unknown".into_any(),
+    };
+    view! {
+        <section class="why-pending" data-testid="why-pending" aria-label="Why pending">
+            <h2>"Why pending"</h2>
+            <p data-testid="pending-reason">{p.reason.clone()}</p>
+            <dl class="facts row">
+                <div>
+                    <dt>"Position"</dt>
+                    <dd data-testid="queue-position">{position}</dd>
+                </div>
+                <div>
+                    <dt>"Expected start"</dt>
+                    <dd data-testid="eta">{eta}</dd>
+                </div>
+            </dl>
+        </section>
+    }
+}
+
+/// Who must approve and why; the approve/deny form for everyone who sees the page (the
+/// server refuses those who may not, and the answer is said plainly here).
+#[component]
+fn ApprovalBox(
+    id: String,
+    approver: Option<Approver>,
+    reason: Option<String>,
+    team: String,
+    data: DetailData,
+) -> impl IntoView {
+    let action = data.decide;
+    let draft = data.reason;
+    let typing = data.typing;
+    let value = move || action.value().get();
+    let who = approver_text(approver, &team);
+    let refused = move || {
+        error_of(value()).and_then(|e| {
+            let text = match e.error {
+                AppError::Forbidden => format!(
+                    "You may not approve or deny this request: it needs {}.",
+                    approver_text(approver, &team)
+                ),
+                other if other.field().is_none() => other.to_string(),
+                _ => return None,
+            };
+            Some(view! {
+                <div class="form-error" role="alert" data-testid="decide-error">
+                    {text}
+                </div>
+            })
+        })
+    };
+    view! {
+        <section class="approval" data-testid="approval" aria-label="Approval">
+            <h2>"Waiting for approval"</h2>
+            <p>
+                "Needs approval by " <strong data-testid="approver">{who}</strong>
+                {reason.map(|r| view! { ": " <span data-testid="approval-reason">{r}</span> })}
+            </p>
+            <ActionForm
+                action=action
+                attr:class="decide"
+                attr:data-testid="decide-form"
+                attr:novalidate=true
+            >
+                {refused}
+                <input type="hidden" name="id" value=id />
+                <label for="decide-reason">"Reason (optional)"</label>
+                <input
+                    id="decide-reason"
+                    name="reason"
+                    autocomplete="off"
+                    maxlength="500"
+                    value=move || draft.get()
+                    prop:value=move || draft.get()
+                    on:input=move |ev| draft.set(event_target_value(&ev))
+                    on:focus=move |_| typing.set(true)
+                    on:blur=move |_| typing.set(false)
+                />
+                {field_error(value, "reason")}
+                <div class="buttons">
+                    <button
+                        type="submit"
+                        name="approve"
+                        value="true"
+                        class="primary"
+                        data-testid="approve"
+                        disabled=move || action.pending().get()
+                    >
+                        "Approve"
+                    </button>
+                    <button
+                        type="submit"
+                        name="approve"
+                        value="false"
+                        class="danger"
+                        data-testid="deny"
+                        disabled=move || action.pending().get()
+                    >
+                        "Deny"
+                    </button>
+                </div>
+            </ActionForm>
+        </section>
+    }
+}
+
+#[component]
+fn ReleaseForm(
+    id: String,
+    active: bool,
+    team: String,
+    action: ServerAction<ReleaseAllocation>,
+) -> impl IntoView {
+    let error = move || {
+        error_of(action.value().get()).map(|e| {
+            let text = match e.error {
+                AppError::Forbidden => format!(
+                    "Only its owner, a team admin of {team} or a platform admin may {}.",
+                    if active {
+                        "release it"
+                    } else {
+                        "cancel this request"
+                    }
+                ),
+                other => other.to_string(),
+            };
+            view! {
+                <div class="form-error" role="alert" data-testid="release-error">
+                    {text}
+                </div>
+            }
+        })
+    };
+    let (label, hint) = if active {
+        (
+            "Release",
+            "Frees the GPU for others now; anything running on it is stopped.",
+        )
+    } else {
+        (
+            "Cancel request",
+            "Withdraws the request; nothing was started.",
+        )
+    };
+    view! {
+        <ActionForm action=action attr:class="release-form">
+            {error}
+            <input type="hidden" name="id" value=id />
+            <div class="buttons">
+                <button
+                    type="submit"
+                    class="danger"
+                    data-testid="release"
+                    disabled=move || action.pending().get()
+                >
+                    {label}
+                </button>
+                <span class="hint">{hint}</span>
+            </div>
+        </ActionForm>
+    }
+}
+
+#[component]
+fn DevicesTable(devices: Vec<AllocatedDevice>) -> impl IntoView {
+    if devices.is_empty() {
+        return view! {
+            <Empty>
+                <p>"Not placed yet: devices show here once the planner has chosen them."</p>
+            </Empty>
+        }
+        .into_any();
+    }
+    let rows = devices
+        .into_iter()
+        .map(|d| {
+            let slice = match (&d.profile, d.start) {
+                (Some(p), Some(s)) => format!("{p}@{s}"),
+                (Some(p), None) => p.clone(),
+                _ => "whole GPU".to_owned(),
+            };
+            let mig = match (d.mig_uuid.clone(), d.profile.is_some()) {
+                (Some(u), _) => view! { <code class="uuid">{u}</code> }.into_any(),
+                (None, true) => view! { <span class="hint">"not reported yet"</span> }.into_any(),
+                (None, false) => "—".into_any(),
+            };
+            view! {
+                <tr data-testid="device">
+                    <td>{d.hostname.clone()}</td>
+                    <td>
+                        <code class="uuid">{d.gpu_uuid.clone()}</code>
+                    </td>
+                    <td>{slice}</td>
+                    <td>{mig}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <table class="list" data-testid="devices">
+            <thead>
+                <tr>
+                    <th>"Node"</th>
+                    <th>"GPU UUID"</th>
+                    <th>"Slice"</th>
+                    <th>"MIG UUID"</th>
+                </tr>
+            </thead>
+            <tbody>{rows}</tbody>
+        </table>
+    }
+    .into_any()
+}
+
+#[component]
+fn HistoryTable(a: AllocationView) -> impl IntoView {
+    let rows = a
+        .history
+        .into_iter()
+        .map(|t| {
+            let step = match t.from {
+                Some(from) => format!("{} → {}", from.label(), t.to.label()),
+                None => format!("→ {}", t.to.label()),
+            };
+            view! {
+                <tr data-testid="transition" data-to=t.to.as_str()>
+                    <td>
+                        <time datetime=t.at.to_rfc3339()>{timestamp(t.at)}</time>
+                    </td>
+                    <td>{step}</td>
+                    <td>{t.by.unwrap_or_else(|| "system".to_owned())}</td>
+                    <td>{t.note.unwrap_or_default()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <table class="list" data-testid="history">
+            <thead>
+                <tr>
+                    <th>"At"</th>
+                    <th>"Step"</th>
+                    <th>"By"</th>
+                    <th>"Note"</th>
+                </tr>
+            </thead>
+            <tbody>{rows}</tbody>
+        </table>
+    }
+}

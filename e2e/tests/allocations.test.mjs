@@ -1,0 +1,136 @@
+// Allocation journey on the embedded default's simulated nodes: an admin gives a team GPU
+// quotas on the team page; a member requests a 1g.10gb slice and sees it active with the
+// MIG UUID the agent reported; a second request beyond the per-user cap waits for approval
+// and the team admin approves it; a request the cluster cannot hold shows its queue
+// position and the reason it waits.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD,
+} from './helpers.mjs';
+
+let browser;
+before(async () => { browser = await launch(); });
+after(async () => { await browser?.close(); });
+
+const suffix = Date.now().toString(36).slice(-5);
+const TEAM = `GPU Lab ${suffix}`;
+const MEMBER = `alloc-member-${suffix}`;
+const LEAD = `alloc-lead-${suffix}`;
+const PASSWORD = 'allocation password 1';
+let teamId;
+let pendingUrl;
+
+async function signInAs(page, username, password) {
+  await signIn(page, username, password);
+  await page.waitForURL(`${BASE}/`);
+}
+
+// REST calls with the page's session (same-origin, as the CSRF guard requires).
+async function api(page, method, path, data) {
+  const r = await page.request.fetch(`${BASE}${path}`, {
+    method, data, headers: { origin: BASE },
+  });
+  assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
+  return r.json();
+}
+
+async function setQuota(page, model, guaranteed, limit, perUser) {
+  const form = page.locator('[data-testid=quota-form]');
+  await form.locator('select[name=model]').selectOption(model);
+  await form.locator('input[name=guaranteed]').fill(String(guaranteed));
+  await form.locator('input[name=limit]').fill(String(limit));
+  await form.locator('input[name=per_user]').fill(String(perUser));
+  await form.locator('button[type=submit]').click();
+  await page.locator(`[data-testid=quota-row][data-model="${model}"]`).waitFor();
+}
+
+test('an admin gives the team GPU quotas on the team page', async () => {
+  await withPage(browser, 'alloc-admin', async (page, errors) => {
+    await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
+    const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
+    teamId = team.id;
+    for (const [user, role] of [[MEMBER, 'member'], [LEAD, 'team_admin']]) {
+      await api(page, 'POST', '/api/v1/users', { username: user, password: PASSWORD });
+      await api(page, 'POST', `/api/v1/teams/${teamId}/members`, { username: user, role });
+    }
+    await page.goto(`${BASE}/teams/${teamId}`);
+    await hydrated(page);
+    // One H100 slice per member; five whole A100s' worth, more than one node has.
+    await setQuota(page, 'H100-80GB', 2, 2, 1);
+    await setQuota(page, 'A100-SXM4-40GB', 35, 35, 35);
+    const h100 = page.locator('[data-testid=quota-row][data-model="H100-80GB"]');
+    assert.match(await h100.innerText(), /2/);
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
+async function request(page, kind, count = '1') {
+  await page.goto(`${BASE}/allocations`);
+  await hydrated(page);
+  const form = page.locator('[data-testid=request-form]');
+  await form.locator('select[name=team_id]').selectOption(teamId);
+  await eventually(async () => (await form.locator(`select[name=kind] option[value="${kind}"]`).count()) === 1,
+    { what: `kind ${kind} offered` });
+  await form.locator('select[name=kind]').selectOption(kind);
+  await form.locator('input[name=count]').fill(count);
+  await form.locator('button[type=submit]').click();
+  await page.waitForURL(/\/allocations\/[0-9a-f-]{36}$/);
+  return page.locator('[data-testid=allocation-detail]');
+}
+
+test('a member gets a 1g.10gb slice with its MIG UUID, and sees why others wait', async () => {
+  await withPage(browser, 'alloc-member', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+
+    const detail = await request(page, 'H100-80GB:1g.10gb');
+    await eventually(async () => (await detail.getAttribute('data-state')) === 'active',
+      { what: 'the slice to become active', timeoutMs: 60000 });
+    const devices = await page.locator('[data-testid=devices]').innerText();
+    assert.match(devices, /MIG-[0-9a-f-]+/, 'the MIG UUID the agent reported');
+
+    // Beyond the per-user cap (within the team's guarantee): waits for a team admin.
+    const second = await request(page, 'H100-80GB:1g.10gb');
+    assert.equal(await second.getAttribute('data-state'), 'pending_approval');
+    assert.match(await page.locator('[data-testid=why-pending]').innerText(), /approval/i);
+    pendingUrl = page.url();
+
+    // Five whole A100s on one node: no node has that many, so it queues and says why.
+    const queued = await request(page, 'A100-SXM4-40GB:whole', '5');
+    assert.equal(await queued.getAttribute('data-state'), 'queued');
+    await eventually(async () => {
+      const pos = page.locator('[data-testid=queue-position]');
+      return (await pos.count()) === 1 && /1/.test(await pos.innerText());
+    }, { what: 'a queue position' });
+    assert.ok((await page.locator('[data-testid=pending-reason]').innerText()).length > 10);
+    assert.match(await page.locator('[data-testid=why-pending] [data-testid=eta]').innerText(), /unknown/i);
+    // Cancel it, so it does not wait forever.
+    await page.click('[data-testid=release]');
+    await eventually(async () => (await queued.getAttribute('data-state')) === 'cancelled',
+      { what: 'the request to be cancelled' });
+
+    // The list shows the active slice.
+    await page.goto(`${BASE}/allocations`);
+    await hydrated(page);
+    await page.locator('tr[data-testid=allocation-row][data-state=active]').first().waitFor();
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
+test('the team admin approves the waiting request', async () => {
+  await withPage(browser, 'alloc-lead', async (page, errors) => {
+    await signInAs(page, LEAD, PASSWORD);
+    await page.goto(pendingUrl);
+    await hydrated(page);
+    const detail = page.locator('[data-testid=allocation-detail]');
+    assert.equal(await detail.getAttribute('data-state'), 'pending_approval');
+    await page.fill('[data-testid=decide-form] input[name=reason], [data-testid=decide-form] textarea[name=reason]', 'deadline on Friday');
+    await page.click('[data-testid=approve]');
+    await eventually(async () => (await detail.getAttribute('data-state')) !== 'pending_approval',
+      { what: 'the approval to take effect' });
+    await eventually(async () => (await detail.getAttribute('data-state')) === 'active',
+      { what: 'the approved slice to become active', timeoutMs: 60000 });
+    assert.match(await page.locator('[data-testid=history]').innerText(), /deadline on Friday/);
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
