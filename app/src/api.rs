@@ -477,6 +477,18 @@ pub async fn release_allocation(id: String) -> Result<AllocationView, UiError> {
     .await
 }
 
+/// Extends an active allocation by `hours`.
+#[server(prefix = "/fn", endpoint = "extend_allocation")]
+pub async fn extend_allocation(id: String, hours: String) -> Result<AllocationView, UiError> {
+    ssr::call([("hours", hours.clone())], async |s, p| {
+        let minutes = number(&hours, "hours")
+            .map_err(|_| AppError::invalid("minutes", "hours must be a whole number"))?
+            .saturating_mul(60);
+        s.allocations.extend(p, ssr::id(&id)?, minutes).await
+    })
+    .await
+}
+
 /// Approves (`approve` = true) or denies a request waiting for approval.
 #[server(prefix = "/fn", endpoint = "decide_allocation")]
 pub async fn decide_allocation(

@@ -1,15 +1,22 @@
-use crate::api::{self, ChangePassword, CreateToken, RevokeToken};
+use crate::api::{self, ChangePassword, CreateToken, RevokeToken, UiError};
 use crate::components::{
     Authenticated, PAGE_SIZE, PasswordInput, SecretBox, SecretSubmit, When, echoed, field_error,
     form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
-use tessera_domain::tenancy::{ApiTokenView, PageRequest};
+use tessera_domain::tenancy::{ApiTokenView, Page, PageRequest};
 
 #[component]
 pub fn AccountPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let offset = use_offset();
     let create = ServerAction::<CreateToken>::new();
+    let revoke = ServerAction::<RevokeToken>::new();
+    let tokens = Resource::new(
+        move || (offset.get(), create.version().get(), revoke.version().get()),
+        |(offset, ..)| api::list_tokens(PageRequest::new(offset, PAGE_SIZE)),
+    );
     view! {
         <Authenticated>
             <h1>"My account"</h1>
@@ -17,7 +24,7 @@ pub fn AccountPage() -> impl IntoView {
                 <ChangePasswordForm />
                 <CreateTokenForm action=create />
             </div>
-            <TokenList create />
+            <TokenList tokens revoke />
         </Authenticated>
     }
 }
@@ -124,13 +131,10 @@ fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
 }
 
 #[component]
-fn TokenList(create: ServerAction<CreateToken>) -> impl IntoView {
-    let offset = use_offset();
-    let revoke = ServerAction::<RevokeToken>::new();
-    let tokens = Resource::new(
-        move || (offset.get(), create.version().get(), revoke.version().get()),
-        |(offset, ..)| api::list_tokens(PageRequest::new(offset, PAGE_SIZE)),
-    );
+fn TokenList(
+    tokens: Resource<Result<Page<ApiTokenView>, UiError>>,
+    revoke: ServerAction<RevokeToken>,
+) -> impl IntoView {
     view! {
         <section class="card wide">
             <h2>"API tokens"</h2>

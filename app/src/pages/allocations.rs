@@ -2,7 +2,9 @@
 //! while open, so a queued request turns active by itself), and one allocation's page:
 //! where it runs, why it waits, who must approve it, and its history.
 
-use crate::api::{self, DecideAllocation, ReleaseAllocation, RequestAllocation, UiError};
+use crate::api::{
+    self, DecideAllocation, ExtendAllocation, ReleaseAllocation, RequestAllocation, UiError,
+};
 use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error,
     timestamp, use_hydrated,
@@ -832,6 +834,7 @@ fn still_moving(state: AllocState) -> bool {
 #[derive(Clone, Copy)]
 struct DetailData {
     release: ServerAction<ReleaseAllocation>,
+    extend: ServerAction<ExtendAllocation>,
     decide: ServerAction<DecideAllocation>,
     allocation: Resource<Result<AllocationView, UiError>>,
     reason: RwSignal<String>,
@@ -843,6 +846,7 @@ impl DetailData {
         let params = use_params_map();
         let id = Memo::new(move |_| params.read().get("id").unwrap_or_default());
         let release = ServerAction::<ReleaseAllocation>::new();
+        let extend = ServerAction::<ExtendAllocation>::new();
         let decide = ServerAction::<DecideAllocation>::new();
         let reason = RwSignal::new(untrack(echoed(move || decide.value().get(), "reason")));
         let typing = RwSignal::new(false);
@@ -854,6 +858,7 @@ impl DetailData {
                     tick.get(),
                     release.version().get(),
                     decide.version().get(),
+                    extend.version().get(),
                 )
             },
             |(id, ..)| api::get_allocation(id),
@@ -887,6 +892,7 @@ impl DetailData {
         });
         DetailData {
             release,
+            extend,
             decide,
             allocation,
             reason,
@@ -974,6 +980,8 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
                 </div>
             }
         });
+    let extend = (state == AllocState::Active && a.preempt_at.is_none())
+        .then(|| view! { <ExtendForm id=id.clone() action=data.extend /> });
     let release = releasable.then(|| {
         view! {
             <ReleaseForm
@@ -1045,6 +1053,7 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
                 <span class="hint">"Purpose: "</span>
                 {purpose}
             </p>
+            {extend}
             {release}
             <h2>"Devices"</h2>
             <DevicesTable devices=a.devices.clone() />
@@ -1242,6 +1251,32 @@ fn ReleaseForm(
                 </button>
                 <span class="hint">{hint}</span>
             </div>
+        </ActionForm>
+    }
+}
+
+#[component]
+fn ExtendForm(id: String, action: ServerAction<ExtendAllocation>) -> impl IntoView {
+    let value = action.value();
+    view! {
+        <ActionForm action=action attr:class="extend-form" attr:data-testid="extend-form">
+            <input type="hidden" name="id" value=id />
+            <label for="extend-hours">"Extend by (hours)"</label>
+            <input id="extend-hours" name="hours" type="number" min="1" value="1" />
+            <button type="submit" disabled=move || action.pending().get()>
+                "Extend"
+            </button>
+            {move || {
+                error_of(value.get())
+                    .map(|e| {
+                        let text = e.for_field("minutes").unwrap_or_else(|| e.error.to_string());
+                        view! {
+                            <div class="form-error" role="alert" data-testid="extend-error">
+                                {text}
+                            </div>
+                        }
+                    })
+            }}
         </ActionForm>
     }
 }

@@ -1,28 +1,17 @@
 //! Platform admins create node join tokens (shown once, with the agent command) and revoke
 //! them.
 
-use crate::api::{self, CreateJoinToken, RevokeJoinToken};
+use crate::api::{self, CreateJoinToken, RevokeJoinToken, UiError};
 use crate::components::{
     AdminOnly, Authenticated, PAGE_SIZE, SecretBox, SecretSubmit, When, echoed, field_error,
     form_error, now, origin, paged_table, use_offset,
 };
 use leptos::prelude::*;
-use tessera_domain::tenancy::{JoinTokenView, PageRequest};
+use tessera_domain::tenancy::{JoinTokenView, Page, PageRequest};
 
 #[component]
 pub fn JoinTokensPage() -> impl IntoView {
-    view! {
-        <Authenticated>
-            <h1>"Join tokens"</h1>
-            <AdminOnly>
-                <JoinTokenAdmin />
-            </AdminOnly>
-        </Authenticated>
-    }
-}
-
-#[component]
-fn JoinTokenAdmin() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let offset = use_offset();
     let create = ServerAction::<CreateJoinToken>::new();
     let revoke = ServerAction::<RevokeJoinToken>::new();
@@ -30,6 +19,22 @@ fn JoinTokenAdmin() -> impl IntoView {
         move || (offset.get(), create.version().get(), revoke.version().get()),
         |(offset, ..)| api::list_join_tokens(PageRequest::new(offset, PAGE_SIZE)),
     );
+    view! {
+        <Authenticated>
+            <h1>"Join tokens"</h1>
+            <AdminOnly>
+                <JoinTokenAdmin tokens create revoke />
+            </AdminOnly>
+        </Authenticated>
+    }
+}
+
+#[component]
+fn JoinTokenAdmin(
+    tokens: Resource<Result<Page<JoinTokenView>, UiError>>,
+    create: ServerAction<CreateJoinToken>,
+    revoke: ServerAction<RevokeJoinToken>,
+) -> impl IntoView {
     view! {
         <p class="hint">
             "A join token lets a GPU host register once with "

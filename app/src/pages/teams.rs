@@ -16,23 +16,27 @@ use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView}
 
 #[component]
 pub fn TeamsPage() -> impl IntoView {
-    view! {
-        <Authenticated>
-            <h1>"Teams"</h1>
-            <TeamList />
-        </Authenticated>
-    }
-}
-
-#[component]
-fn TeamList() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let offset = use_offset();
-    let admin = is_admin();
     let create = ServerAction::<CreateTeam>::new();
     let teams = Resource::new(
         move || (offset.get(), create.version().get()),
         |(offset, _)| api::list_teams(PageRequest::new(offset, PAGE_SIZE)),
     );
+    view! {
+        <Authenticated>
+            <h1>"Teams"</h1>
+            <TeamList teams create />
+        </Authenticated>
+    }
+}
+
+#[component]
+fn TeamList(
+    teams: Resource<Result<Page<TeamView>, api::UiError>>,
+    create: ServerAction<CreateTeam>,
+) -> impl IntoView {
+    let admin = is_admin();
     view! {
         {admin.then(|| view! { <CreateTeamForm action=create /> })}
         <section class="card wide">

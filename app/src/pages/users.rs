@@ -1,38 +1,17 @@
 //! Platform admins manage user accounts: create, disable/enable, reset a password.
 
-use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled};
+use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled, UiError};
 use crate::components::{
     AdminOnly, Authenticated, PAGE_SIZE, PasswordInput, When, echoed, error_of, field_error,
     form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::account::Me;
-use tessera_domain::tenancy::{PageRequest, UserView};
+use tessera_domain::tenancy::{Page, PageRequest, UserView};
 
 #[component]
 pub fn UsersPage() -> impl IntoView {
-    view! {
-        <Authenticated>
-            <h1>"Users"</h1>
-            <AdminOnly>
-                <UserAdmin />
-            </AdminOnly>
-        </Authenticated>
-    }
-}
-
-/// One action per kind for the page; `reset_target` remembers whose password form was
-/// submitted last, so its errors show next to it (after hydration). A reset changes nothing
-/// the list shows, so it does not reload the list (which would close the open form).
-#[derive(Clone, Copy)]
-struct UserActions {
-    disable: ServerAction<SetUserDisabled>,
-    reset: ServerAction<ResetPassword>,
-    reset_target: RwSignal<Option<String>>,
-}
-
-#[component]
-fn UserAdmin() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let offset = use_offset();
     let create = ServerAction::<CreateUser>::new();
     let actions = UserActions {
@@ -50,6 +29,32 @@ fn UserAdmin() -> impl IntoView {
         },
         |(offset, ..)| api::list_users(PageRequest::new(offset, PAGE_SIZE)),
     );
+    view! {
+        <Authenticated>
+            <h1>"Users"</h1>
+            <AdminOnly>
+                <UserAdmin users create actions />
+            </AdminOnly>
+        </Authenticated>
+    }
+}
+
+/// One action per kind for the page; `reset_target` remembers whose password form was
+/// submitted last, so its errors show next to it (after hydration). A reset changes nothing
+/// the list shows, so it does not reload the list (which would close the open form).
+#[derive(Clone, Copy)]
+struct UserActions {
+    disable: ServerAction<SetUserDisabled>,
+    reset: ServerAction<ResetPassword>,
+    reset_target: RwSignal<Option<String>>,
+}
+
+#[component]
+fn UserAdmin(
+    users: Resource<Result<Page<UserView>, UiError>>,
+    create: ServerAction<CreateUser>,
+    actions: UserActions,
+) -> impl IntoView {
     let notice = move || {
         let disabled = actions.disable.value().get().and_then(Result::ok).map(|u| {
             if u.disabled {

@@ -383,6 +383,81 @@ impl Allocations {
         self.get(p, id).await
     }
 
+    /// Extends an active allocation by `minutes` (owner, team admin, platform admin), up
+    /// to the policy's longest duration counted from when it became active. Its units stay
+    /// the same, so quota is unaffected; one that is being preempted cannot be extended.
+    pub async fn extend(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        minutes: u32,
+    ) -> Result<AllocationView, AppError> {
+        let row = self.visible(p, id).await?;
+        let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
+            .await
+            .is_ok();
+        if row.a.user_id != p.user_id.0 && !team_admin {
+            return Err(AppError::Forbidden);
+        }
+        let max = self.policy.max_duration_minutes;
+        if minutes == 0 || minutes > max {
+            return Err(AppError::invalid(
+                "minutes",
+                format!("must be between 1 and {max} minutes"),
+            ));
+        }
+        let (Some(started), Some(end), "active") =
+            (row.a.active_at, row.a.ends_at, row.a.state.as_str())
+        else {
+            return Err(AppError::Conflict {
+                message: "only an active allocation can be extended".into(),
+            });
+        };
+        if row.a.preempt_at.is_some() {
+            return Err(AppError::Conflict {
+                message: "this allocation is being reclaimed for another team's guaranteed share"
+                    .into(),
+            });
+        }
+        let new_end = end + Duration::minutes(i64::from(minutes));
+        if new_end - started > Duration::minutes(i64::from(max)) {
+            let left = (started + Duration::minutes(i64::from(max)) - end)
+                .num_minutes()
+                .max(0);
+            return Err(AppError::invalid(
+                "minutes",
+                format!(
+                    "an allocation may run at most {} days; at most {left} more minutes",
+                    max / 1440
+                ),
+            ));
+        }
+        let note = format!(
+            "extended by {minutes} min to {}",
+            new_end.format("%Y-%m-%d %H:%M UTC")
+        );
+        let done = self
+            .store
+            .extend_allocation(id, end, new_end, Utc::now(), p.username.as_str(), &note)
+            .await
+            .map_err(internal("extending allocation"))?;
+        if !done {
+            return Err(AppError::Conflict {
+                message: "the allocation changed meanwhile; reload and try again".into(),
+            });
+        }
+        self.audit(
+            p,
+            "allocation.extend",
+            id,
+            Some(row.a.team_id),
+            Some(&row.a),
+            None,
+        )
+        .await;
+        self.get(p, id).await
+    }
+
     /// Approves (it joins the queue, counted against quota even beyond the limit) or
     /// denies a request waiting for approval. A team admin may decide what needs a team
     /// admin; only a platform admin what needs one.
@@ -947,7 +1022,9 @@ impl Allocations {
                     .is_some_and(|i| i.gpus.iter().any(|g| g.uuid == d.gpu_uuid));
                 (!present).then(|| format!("GPU {} vanished from {}", d.gpu_uuid, d.hostname))
             });
-            if let Some(why) = lost {
+            // An allocation past its end expires, whatever became of its node.
+            let ended = state == AllocState::Active && a.ends_at.is_some_and(|e| e <= now);
+            if let (Some(why), false) = (lost, ended) {
                 if self
                     .step(
                         a.id,

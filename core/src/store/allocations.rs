@@ -297,6 +297,34 @@ impl Store {
         })
     }
 
+    /// Moves an active allocation's end from `old_end` to `new_end` (optimistic: `false`
+    /// if it changed meanwhile), with a history entry.
+    pub async fn extend_allocation(
+        &self,
+        id: Uuid,
+        old_end: DateTime<Utc>,
+        new_end: DateTime<Utc>,
+        at: DateTime<Utc>,
+        actor: &str,
+        note: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = "UPDATE allocations SET ends_at = $2 WHERE id = $1 AND state = 'active' \
+                   AND ends_at = $3 AND preempt_at IS NULL";
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let n = sqlx::query(sql).bind(id).bind(new_end).bind(old_end)
+                .execute(&mut *tx).await?.rows_affected();
+            if n != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            sqlx::query(EVENT).bind(id).bind(at).bind("active").bind("active").bind(actor)
+                .bind(note).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
     /// Why a queued allocation waits (the planner's words).
     pub async fn set_pending_reason(
         &self,

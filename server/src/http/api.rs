@@ -95,6 +95,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(list_allocations, request_allocation))
         .routes(routes!(get_allocation))
         .routes(routes!(release_allocation))
+        .routes(routes!(extend_allocation))
         .routes(routes!(approve_allocation))
         .routes(routes!(deny_allocation))
         .routes(routes!(list_quotas))
@@ -504,6 +505,23 @@ async fn get_allocation(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<All
     responses((status = 200, description = "OK", body = AllocationView), Forbidden, NotFound, Conflict))]
 async fn release_allocation(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<AllocationView> {
     ok(s.allocations.release(&p, id).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct Extension {
+    /// Minutes to add to the end time (the whole allocation may run at most 7 days).
+    minutes: u32,
+}
+
+#[utoipa::path(post, path = "/api/v1/allocations/{id}/extend", tag = "allocations", request_body = Extension,
+    description = "Extends an active allocation (owner, team admin, platform admin).",
+    responses((status = 200, description = "OK", body = AllocationView), Forbidden, NotFound, Conflict, Invalid))]
+async fn extend_allocation(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+    JsonBody(b): JsonBody<Extension>,
+) -> ApiResult<AllocationView> {
+    ok(s.allocations.extend(&p, id, b.minutes).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

@@ -403,6 +403,32 @@ async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db)
     let reported = nodes.to_string();
     assert!(reported.contains(mig), "agent reports {mig}");
     assert!(active["ends_at"].is_string());
+    // Extending moves the end time; past the 7-day maximum it is refused, naming the field.
+    let extend = format!("/api/v1/allocations/{id}/extend");
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        &extend,
+        Some(json!({"minutes": 120})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let before = chrono::DateTime::parse_from_rfc3339(active["ends_at"].as_str().expect("end"))
+        .expect("time");
+    let after =
+        chrono::DateTime::parse_from_rfc3339(v["ends_at"].as_str().expect("end")).expect("time");
+    assert_eq!((after - before).num_minutes(), 120);
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        &extend,
+        Some(json!({"minutes": 7 * 24 * 60})),
+    )
+    .await;
+    assert_eq!(s, 422, "{v}");
+    assert_eq!(v["error"]["field"], "minutes");
 
     let (s, v) = call_with_token(
         &a.app,
@@ -513,6 +539,84 @@ async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db
     assert_eq!(used(&a, &lender.id, "H100-80GB").await, 0);
 }
 
+async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "clock").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (_, jt) = a
+        .call(
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": "sim"})),
+        )
+        .await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = tokio::process::Command::new(agent_bin())
+        .args([
+            "--simulate",
+            "--gpus",
+            "H100-80GB",
+            "--hostname",
+            "sim-clock",
+        ])
+        .args(["--server", &a.app.base, "--join-token"])
+        .arg(jt["secret"].as_str().expect("secret"))
+        .arg("--manage-mig")
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start tessera-agent");
+    let (_, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/allocations",
+        Some(json!({"team_id": t.id, "kind": "H100-80GB:2g.20gb", "duration_minutes": 60})),
+    )
+    .await;
+    let short = v["id"].as_str().expect("id").to_owned();
+    let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    let long = v["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &short, "active").await;
+    wait_for_state(&a, &long, "active").await;
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 3);
+
+    // The scheduler pass with the clock moved 61 minutes on: the 1-hour allocation has
+    // expired, and the node's last heartbeat is now an hour old, so the other one fails
+    // with the reason (after the 3-minute grace).
+    let store = tessera_core::store::Store::connect(&a.app.database_url)
+        .await
+        .expect("store");
+    let services = tessera_core::Services::new(
+        store,
+        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
+        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
+            Default::default(),
+        )),
+        Duration::from_secs(3600),
+    );
+    drop(agent);
+    let later = chrono::Utc::now() + chrono::Duration::minutes(61);
+    let r = services.allocations.tick(later).await.expect("tick");
+    assert_eq!((r.expired, r.failed), (1, 1), "{r:?}");
+    let (_, v) = a
+        .call(Method::GET, &format!("/api/v1/allocations/{short}"), None)
+        .await;
+    assert_eq!(v["state"], "expired");
+    let (_, v) = a
+        .call(Method::GET, &format!("/api/v1/allocations/{long}"), None)
+        .await;
+    assert_eq!(v["state"], "failed");
+    assert!(v.to_string().contains("stopped reporting"), "{v}");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+    // Running the same pass again changes nothing and returns nothing twice.
+    let r = services.allocations.tick(later).await.expect("tick");
+    assert_eq!((r.expired, r.failed), (0, 0));
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+}
+
 async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -538,4 +642,5 @@ on_both_databases!(
     cancel_returns_quota_exactly_once_and_survives_a_restart,
     a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it,
     borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee,
+    expiry_and_a_lost_node_end_allocations_and_return_quota,
 );

@@ -306,6 +306,9 @@ const ANY_USER: [u16; 6] = [401, 200, 200, 200, 200, 200];
 /// Team A readable by its members and the platform admin; team B's admin sees "not found".
 const TEAM_A_READ: [u16; 6] = [401, 200, 200, 200, 404, 200];
 const TEAM_A_MANAGE: [u16; 6] = [401, 403, 403, 200, 404, 200];
+/// Extending needs an active allocation: in the matrix none is (no agent applies the
+/// layouts), so those who may act get 409, the others their usual refusal.
+const EXTEND: [u16; 6] = [401, 403, 409, 409, 404, 409];
 /// Team A's members (not viewers) and the platform admin may request.
 const ALLOC_REQUEST: [u16; 6] = [401, 403, 201, 201, 404, 201];
 
@@ -358,6 +361,8 @@ fn rest_rows() -> Vec<Row> {
         row!(GET "/api/v1/allocations/{id}", |f, _| format!("/api/v1/allocations/{}", f.allocs[0]), none, TEAM_A_READ),
         row!(POST "/api/v1/allocations/{id}/release", |f, i| format!("/api/v1/allocations/{}/release", f.allocs[i]), none,
             [401, 403, 200, 200, 404, 200]),
+        row!(POST "/api/v1/allocations/{id}/extend", |f, i| format!("/api/v1/allocations/{}/extend", f.allocs[i]),
+            |_, _| Body::Json(json!({"minutes": 60})), EXTEND),
         row!(POST "/api/v1/allocations/{id}/approve", |f, i| format!("/api/v1/allocations/{}/approve", f.pending[i]),
             |_, _| Body::Json(json!({"reason": "ok"})), TEAM_A_MANAGE),
         row!(POST "/api/v1/allocations/{id}/deny", |f, i| format!("/api/v1/allocations/{}/deny", f.pending[i]),
@@ -437,6 +442,8 @@ fn fn_rows() -> Vec<Row> {
             |f, _| Body::Form(vec![("id".into(), f.allocs[0].clone())]), TEAM_A_READ),
         row!(POST "/fn/release_allocation", |_, _| "/fn/release_allocation".into(),
             |f, i| Body::Form(vec![("id".into(), f.allocs[i].clone())]), [401, 403, 200, 200, 404, 200]),
+        row!(POST "/fn/extend_allocation", |_, _| "/fn/extend_allocation".into(),
+            |f, i| Body::Form(vec![("id".into(), f.allocs[i].clone()), ("hours".into(), "1".into())]), EXTEND),
         row!(POST "/fn/decide_allocation", |_, _| "/fn/decide_allocation".into(),
             |f, i| Body::Form(vec![("id".into(), f.pending[i].clone()), ("approve".into(), "true".into()), ("reason".into(), "ok".into())]),
             TEAM_A_MANAGE),
