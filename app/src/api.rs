@@ -477,6 +477,12 @@ pub async fn release_allocation(id: String) -> Result<AllocationView, UiError> {
     .await
 }
 
+/// Devices free right now per kind string, without re-partitioning.
+#[server(prefix = "/fn", endpoint = "free_now")]
+pub async fn free_now() -> Result<std::collections::BTreeMap<String, u32>, UiError> {
+    ssr::call([], async |s, p| Ok(s.allocations.free_now(p))).await
+}
+
 /// Extends an active allocation by `hours`.
 #[server(prefix = "/fn", endpoint = "extend_allocation")]
 pub async fn extend_allocation(id: String, hours: String) -> Result<AllocationView, UiError> {

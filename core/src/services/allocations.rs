@@ -716,35 +716,75 @@ impl Allocations {
                     .push((e, to_u32(a.units)));
             }
         }
-        let capacity = self.capacity(now).await?;
+        let busy: BTreeSet<(String, Option<u8>)> = self
+            .store
+            .allocations_in(&["placing", "active", "releasing"])
+            .await
+            .map_err(internal("loading allocations"))?
+            .iter()
+            .flat_map(devices)
+            .map(|d| (d.gpu_uuid, d.start))
+            .collect();
+        let (capacity, free_now) = self.capacity(now, &busy).await?;
         Ok(PendingContext {
             now,
             position,
             ends,
             held_units,
             capacity,
+            free_now,
         })
     }
 
-    /// Units each model has on online nodes.
-    async fn capacity(&self, now: DateTime<Utc>) -> Result<HashMap<String, u32>, AppError> {
+    /// Units each model has on online nodes, and the devices free right now per kind
+    /// (existing free MIG instances, idle whole GPUs without MIG), without re-partitioning.
+    async fn capacity(
+        &self,
+        now: DateTime<Utc>,
+        busy: &BTreeSet<(String, Option<u8>)>,
+    ) -> Result<(HashMap<String, u32>, BTreeMap<String, u32>), AppError> {
         let nodes = self
             .store
             .active_nodes()
             .await
             .map_err(internal("loading nodes"))?;
         let mut cap = HashMap::new();
+        let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for n in nodes
             .iter()
             .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
         {
             for g in inventory(n).gpus {
-                if let Some(m) = self.catalog.get(&g.name) {
-                    *cap.entry(m.name().to_owned()).or_default() += u32::from(m.compute_slices());
+                let Some(m) = self.catalog.get(&g.name) else {
+                    continue;
+                };
+                *cap.entry(m.name().to_owned()).or_default() += u32::from(m.compute_slices());
+                let mig_on = g.mig_mode.is_some_and(|x| x.current == MigMode::Enabled);
+                if mig_on {
+                    for i in &g.instances {
+                        let idle = i
+                            .compute_instances
+                            .iter()
+                            .all(|c| c.process_count == Some(0));
+                        if idle && !busy.contains(&(g.uuid.clone(), Some(i.start))) {
+                            *free
+                                .entry(format!("{}:{}", m.name(), i.profile))
+                                .or_default() += 1;
+                        }
+                    }
+                } else if !busy.contains(&(g.uuid.clone(), None)) {
+                    *free.entry(format!("{}:whole", m.name())).or_default() += 1;
                 }
             }
         }
-        Ok(cap)
+        Ok((cap, free))
+    }
+
+    /// Devices free right now per kind string (`H100-80GB:1g.10gb`, `A100-SXM4-40GB:whole`),
+    /// as of the last scheduler pass, without re-partitioning (which may free more).
+    /// Every signed-in user may see it, like the cluster.
+    pub fn free_now(&self, _p: &Principal) -> BTreeMap<String, u32> {
+        self.pending_context(Utc::now()).free_now
     }
 
     async fn fair_shares(
@@ -1508,6 +1548,7 @@ struct PendingContext {
     ends: HashMap<String, Vec<(DateTime<Utc>, u32)>>,
     held_units: HashMap<String, u32>,
     capacity: HashMap<String, u32>,
+    free_now: BTreeMap<String, u32>,
 }
 
 /// Fills in the device's MIG UUID from the inventory; whether the device is there.

@@ -92,6 +92,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(cluster_summary))
+        .routes(routes!(free_now))
         .routes(routes!(list_allocations, request_allocation))
         .routes(routes!(get_allocation))
         .routes(routes!(release_allocation))
@@ -441,6 +442,15 @@ async fn cluster_summary(Call(s, p): Call) -> ApiResult<ClusterSummary> {
 }
 
 // ---- allocations ----
+
+#[utoipa::path(get, path = "/api/v1/cluster/free", tag = "allocations",
+    description = "Devices free right now per kind (`H100-80GB:1g.10gb`: existing free MIG \
+                   instances; `A100-SXM4-40GB:whole`: idle GPUs without MIG), as of the last \
+                   scheduler pass. Re-partitioning an idle GPU may free more.",
+    responses((status = 200, description = "OK", body = std::collections::BTreeMap<String, u32>)))]
+async fn free_now(Call(s, p): Call) -> ApiResult<std::collections::BTreeMap<String, u32>> {
+    Ok(Json(s.allocations.free_now(&p)))
+}
 
 #[derive(Deserialize, utoipa::IntoParams)]
 struct AllocationQuery {

@@ -441,6 +441,16 @@ async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db)
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "ended");
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+    // The freed instance shows as free now (after the next scheduler pass).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, free) = a.call(Method::GET, "/api/v1/cluster/free", None).await;
+        if free["H100-80GB:1g.10gb"].as_u64().is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never free: {free}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     // The freed instance is reused by the next request without a re-partition.
     let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     let next = wait_for_state(&a, v["id"].as_str().expect("id"), "active").await;
