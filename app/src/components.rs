@@ -175,6 +175,8 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                             <span class="nav-group" aria-label="Administration">
                                 <A href="/admin/users">"Users"</A>
                                 <A href="/admin/join-tokens">"Join tokens"</A>
+                                <A href="/admin/queue">"Queue"</A>
+                                <A href="/admin/audit">"Audit"</A>
                             </span>
                         }
                     })}

@@ -71,6 +71,8 @@ pub fn App() -> impl IntoView {
                     view=pages::JoinTokensPage
                     ssr=SsrMode::Async
                 />
+                <Route path=path!("/admin/audit") view=pages::AuditPage ssr=SsrMode::Async />
+                <Route path=path!("/admin/queue") view=pages::QueuePage ssr=SsrMode::Async />
             </Routes>
         </Router>
     }

@@ -2,19 +2,23 @@
 
 mod account;
 mod allocations;
+mod audit;
 mod dashboard;
 mod join_tokens;
 mod login;
 mod nodes;
+mod queue;
 mod teams;
 mod users;
 
 pub use account::AccountPage;
 pub use allocations::{AllocationPage, AllocationsPage};
+pub use audit::AuditPage;
 pub use dashboard::DashboardPage;
 pub use join_tokens::JoinTokensPage;
 pub use login::LoginPage;
 pub use nodes::NodesPage;
+pub use queue::QueuePage;
 pub use teams::{TeamPage, TeamsPage};
 pub use users::UsersPage;
 

@@ -13,6 +13,7 @@ use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tessera_domain::alloc::{
     AllocState, AllocatedDevice, AllocationView, Approver, PendingInfo, PriorityClass, QuotaView,
@@ -177,6 +178,8 @@ fn new_key() -> String {
 struct ListData {
     request: ServerAction<RequestAllocation>,
     options: Resource<Result<RequestOptions, UiError>>,
+    /// Devices free right now per kind (without re-partitioning), for the kind labels.
+    free: Resource<Result<BTreeMap<String, u32>, UiError>>,
     filter: Memo<Filter>,
     list: Resource<Result<Page<AllocationView>, UiError>>,
 }
@@ -187,6 +190,7 @@ impl ListData {
         let filter = use_filter();
         let tick = ticker(LIST_EVERY);
         let options = Resource::new(move || request.version().get(), |_| load_options());
+        let free = Resource::new(move || request.version().get(), |_| api::free_now());
         let list = Resource::new(
             move || (filter.get(), tick.get(), request.version().get()),
             |(f, ..)| {
@@ -201,6 +205,7 @@ impl ListData {
         ListData {
             request,
             options,
+            free,
             filter,
             list,
         }
@@ -208,7 +213,7 @@ impl ListData {
 }
 
 /// A counter bumped every `every` once hydrated (never on the server).
-fn ticker(every: Duration) -> RwSignal<u32> {
+pub(super) fn ticker(every: Duration) -> RwSignal<u32> {
     let tick = RwSignal::new(0u32);
     Effect::new(move |_| {
         if let Ok(handle) =
@@ -223,16 +228,24 @@ fn ticker(every: Duration) -> RwSignal<u32> {
 #[component]
 fn RequestSection(data: ListData) -> impl IntoView {
     let ListData {
-        request, options, ..
+        request,
+        options,
+        free,
+        ..
     } = data;
     view! {
         <section class="card wide" aria-labelledby="request-title">
             <h2 id="request-title">"Request a GPU"</h2>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
-                    match options.await {
+                    let options = options.await;
+                    // Without the free counts the form still works; the labels just omit them.
+                    let free = free.await.ok();
+                    match options {
                         Ok(o) if o.teams.is_empty() => view! { <NoQuota /> }.into_any(),
-                        Ok(options) => view! { <RequestForm options action=request /> }.into_any(),
+                        Ok(options) => {
+                            view! { <RequestForm options free action=request /> }.into_any()
+                        }
                         Err(e) => {
                             view! {
                                 <div class="form-error" role="alert">
@@ -287,6 +300,14 @@ fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {
     out
 }
 
+/// How many devices of `kind` are free now, for its option's label.
+fn free_text(free: &BTreeMap<String, u32>, kind: &str) -> String {
+    match free.get(kind).copied().unwrap_or(0) {
+        0 => "none free now (may re-partition)".to_owned(),
+        n => format!("{n} free now"),
+    }
+}
+
 /// The value a failed submission echoed for `field`, else `default`.
 fn or_default(
     echo: impl Fn() -> String + Send + Sync + Copy + 'static,
@@ -316,7 +337,12 @@ const REQUEST_FIELDS: [&str; 8] = [
 ];
 
 #[component]
-fn RequestForm(options: RequestOptions, action: ServerAction<RequestAllocation>) -> impl IntoView {
+fn RequestForm(
+    options: RequestOptions,
+    /// Devices free now per kind; `None` when they could not be loaded.
+    free: Option<BTreeMap<String, u32>>,
+    action: ServerAction<RequestAllocation>,
+) -> impl IntoView {
     let value = move || action.value().get();
     let hydrated = use_hydrated();
     let echo_team = untrack(echoed(value, "team_id"));
@@ -342,7 +368,16 @@ fn RequestForm(options: RequestOptions, action: ServerAction<RequestAllocation>)
     let kinds: Vec<(String, Vec<(String, String)>)> = models
         .into_iter()
         .map(|m| {
-            let k = kind_options(&catalog, &m);
+            let k = kind_options(&catalog, &m)
+                .into_iter()
+                .map(|(value, label)| {
+                    let label = match &free {
+                        Some(free) => format!("{label} — {}", free_text(free, &value)),
+                        None => label,
+                    };
+                    (value, label)
+                })
+                .collect();
             (m, k)
         })
         .collect();
@@ -714,7 +749,7 @@ fn state_class(state: AllocState) -> &'static str {
 }
 
 #[component]
-fn StateBadge(state: AllocState) -> impl IntoView {
+pub(super) fn StateBadge(state: AllocState) -> impl IntoView {
     view! {
         <span class=state_class(state) data-testid="allocation-state">
             {state.label()}
@@ -723,7 +758,7 @@ fn StateBadge(state: AllocState) -> impl IntoView {
 }
 
 /// "#2 in queue", or why it has no place in the queue.
-fn position_text(p: &PendingInfo, state: AllocState) -> String {
+pub(super) fn position_text(p: &PendingInfo, state: AllocState) -> String {
     match (p.position, state) {
         (Some(n), _) => format!("#{n} in queue"),
         (None, AllocState::PendingApproval) => "awaiting approval".to_owned(),

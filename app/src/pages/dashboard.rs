@@ -1,24 +1,29 @@
 use crate::api::{self, UiError};
 use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
 use leptos::prelude::*;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tessera_domain::alloc::{AllocState, AllocationView};
+use tessera_domain::alloc::{AllocState, AllocationView, QuotaView};
 use tessera_domain::cluster::ClusterSummary;
 use tessera_domain::tenancy::{Page, PageRequest};
 
 /// How often the dashboard re-reads the cluster summary once hydrated.
 const REFRESH: Duration = Duration::from_secs(10);
+/// How many of the caller's teams get a quota card.
+const QUOTA_TEAMS: u32 = 5;
 
 #[component]
 pub fn DashboardPage() -> impl IntoView {
     // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let mine = my_allocations();
+    let quotas = Resource::new(|| (), |_| team_quotas());
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
             <div class="panels">
                 <ClusterPanel />
                 <AllocationsPanel mine />
+                <QuotaPanels quotas />
                 <NotBuiltPanel
                     title="Usage and spend"
                     text="Metering and chargeback are not built yet."
@@ -191,6 +196,115 @@ fn NotBuiltPanel(title: &'static str, text: &'static str) -> impl IntoView {
             <h2>{title}</h2>
             <p>{text}</p>
             <span class="badge muted">"not built yet"</span>
+        </section>
+    }
+}
+
+/// One team's GPU quotas, for its dashboard card.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct TeamQuotas {
+    id: String,
+    name: String,
+    quotas: Vec<QuotaView>,
+}
+
+/// The quotas of the caller's first few (unarchived) teams, one team after the other.
+async fn team_quotas() -> Result<Vec<TeamQuotas>, UiError> {
+    let teams = api::list_teams(PageRequest::new(0, QUOTA_TEAMS)).await?;
+    let mut out = Vec::new();
+    for team in teams.items.into_iter().filter(|t| !t.archived) {
+        let id = team.id.to_string();
+        let quotas = api::list_quotas(id.clone()).await?;
+        out.push(TeamQuotas {
+            id,
+            name: team.name,
+            quotas,
+        });
+    }
+    Ok(out)
+}
+
+/// A "Team GPU quotas" card per team: units in use against the limit, and borrowed units.
+#[component]
+fn QuotaPanels(quotas: Resource<Result<Vec<TeamQuotas>, UiError>>) -> impl IntoView {
+    view! {
+        <Transition fallback=Loading>
+            {move || Suspend::new(async move {
+                match quotas.await {
+                    Ok(teams) if teams.is_empty() => {
+                        view! {
+                            <section class="panel" aria-label="Team GPU quotas" data-testid="team-quotas">
+                                <h2>"Team GPU quotas"</h2>
+                                <Empty>
+                                    <p>"You are not in a team yet."</p>
+                                </Empty>
+                            </section>
+                        }
+                            .into_any()
+                    }
+                    Ok(teams) => teams.into_iter().map(|t| view! { <QuotaCard t /> }).collect_view().into_any(),
+                    Err(e) => {
+                        view! {
+                            <section class="panel" aria-label="Team GPU quotas">
+                                <h2>"Team GPU quotas"</h2>
+                                <div class="form-error" role="alert">
+                                    {e.error.to_string()}
+                                </div>
+                            </section>
+                        }
+                            .into_any()
+                    }
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn QuotaCard(t: TeamQuotas) -> impl IntoView {
+    let body = if t.quotas.is_empty() {
+        view! {
+            <Empty>
+                <p>"No GPU quota yet: a platform admin sets one on the team's page."</p>
+            </Empty>
+        }
+        .into_any()
+    } else {
+        let rows = t
+            .quotas
+            .into_iter()
+            .map(|q| {
+                view! {
+                    <li data-testid="team-quota" data-model=q.model.clone()>
+                        <strong>{q.model.clone()}</strong>
+                        " "
+                        <span class="quota-numbers">
+                            {format!("{} / {} units", q.used, q.limit)}
+                        </span>
+                        {(q.borrowed > 0)
+                            .then(|| {
+                                view! {
+                                    " "
+                                    <span class="badge warn">{format!("{} borrowed", q.borrowed)}</span>
+                                }
+                            })}
+                    </li>
+                }
+            })
+            .collect_view();
+        view! { <ul class="models team-quotas">{rows}</ul> }.into_any()
+    };
+    view! {
+        <section
+            class="panel"
+            aria-label=format!("Team GPU quotas: {}", t.name)
+            data-testid="team-quotas"
+            data-team=t.id.clone()
+        >
+            <h2>"Team GPU quotas"</h2>
+            <p class="hint">{t.name.clone()}</p>
+            {body}
+            <a href=format!("/teams/{}", t.id)>"See the team →"</a>
         </section>
     }
 }

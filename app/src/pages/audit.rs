@@ -1,0 +1,234 @@
+//! Platform admins read the audit log: who requested, approved, denied, released or
+//! extended what, and who changed which quota, newest first, filtered by action.
+
+use crate::api::{self, UiError};
+use crate::components::{AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, timestamp};
+use leptos::prelude::*;
+use leptos_router::components::Form;
+use leptos_router::hooks::use_query_map;
+use tessera_domain::audit::AuditEntryView;
+use tessera_domain::tenancy::{Page, PageRequest};
+
+/// The action filter: query value, label. `all` asks for every action.
+const ACTION_FILTERS: [(&str, &str); 7] = [
+    ("all", "All actions"),
+    ("allocation.request", "allocation.request"),
+    ("allocation.approve", "allocation.approve"),
+    ("allocation.deny", "allocation.deny"),
+    ("allocation.release", "allocation.release"),
+    ("allocation.extend", "allocation.extend"),
+    ("quota.set", "quota.set"),
+];
+
+#[component]
+pub fn AuditPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let filter = use_filter();
+    let entries = Resource::new(
+        move || filter.get(),
+        |f| api::audit_log(f.api_action(), PageRequest::new(f.offset, PAGE_SIZE)),
+    );
+    view! {
+        <Authenticated>
+            <h1>"Audit log"</h1>
+            <AdminOnly>
+                <AuditLog filter entries />
+            </AdminOnly>
+        </Authenticated>
+    }
+}
+
+/// The log's filter, from the address: `?action=…&offset=…`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Filter {
+    action: String,
+    offset: u32,
+}
+
+impl Filter {
+    /// The `action` argument of `audit_log`: empty for every action.
+    fn api_action(&self) -> String {
+        if self.action == "all" {
+            String::new()
+        } else {
+            self.action.clone()
+        }
+    }
+
+    /// This filter's address at another offset.
+    fn href(&self, offset: u32) -> String {
+        format!("/admin/audit?action={}&offset={offset}", self.action)
+    }
+}
+
+fn use_filter() -> Memo<Filter> {
+    let query = use_query_map();
+    Memo::new(move |_| {
+        let q = query.read();
+        let action = q
+            .get("action")
+            .filter(|a| ACTION_FILTERS.iter().any(|(v, _)| v == a))
+            .unwrap_or_else(|| "all".to_owned());
+        let offset = q.get("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
+        Filter { action, offset }
+    })
+}
+
+#[component]
+fn AuditLog(
+    filter: Memo<Filter>,
+    entries: Resource<Result<Page<AuditEntryView>, UiError>>,
+) -> impl IntoView {
+    view! {
+        <section class="card wide" aria-labelledby="audit-title">
+            <h2 id="audit-title">"Entries"</h2>
+            <FilterForm filter />
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    let f = filter.get_untracked();
+                    match entries.await {
+                        Ok(page) if page.total == 0 => {
+                            let text = if f.action == "all" {
+                                "Nothing has been recorded yet."
+                            } else {
+                                "No entries for this action."
+                            };
+                            view! { <Empty>{text}</Empty> }.into_any()
+                        }
+                        Ok(page) => {
+                            let pager = audit_pager(&page, &f);
+                            let rows = page.items.into_iter().map(audit_row).collect_view();
+                            view! {
+                                <table class="list audit" data-testid="audit">
+                                    <thead>
+                                        <tr>
+                                            <th>"Time"</th>
+                                            <th>"Who"</th>
+                                            <th>"Action"</th>
+                                            <th>"Object"</th>
+                                            <th>"Change"</th>
+                                        </tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+/// The action as a GET form: works without JavaScript, navigates in place with it.
+#[component]
+fn FilterForm(filter: Memo<Filter>) -> impl IntoView {
+    let current = filter.get_untracked();
+    let options = ACTION_FILTERS
+        .iter()
+        .map(|(v, label)| {
+            view! {
+                <option value=*v selected=current.action == *v>
+                    {*label}
+                </option>
+            }
+        })
+        .collect_view();
+    view! {
+        <Form method="get" action="/admin/audit" attr:class="filters">
+            <label for="filter-action">"Action"</label>
+            <select id="filter-action" name="action">
+                {options}
+            </select>
+            <button type="submit">"Show"</button>
+        </Form>
+    }
+}
+
+/// Like the shared pager, but keeps the filter in the links.
+fn audit_pager(page: &Page<AuditEntryView>, filter: &Filter) -> impl IntoView + use<> {
+    let shown = page.items.len() as u64;
+    let first = u64::from(page.offset) + 1;
+    let summary = format!(
+        "Showing {first}–{} of {}",
+        u64::from(page.offset) + shown,
+        page.total
+    );
+    let prev = page
+        .has_prev()
+        .then(|| filter.href(page.offset.saturating_sub(page.limit)));
+    let next = page
+        .has_next()
+        .then(|| filter.href(page.offset.saturating_add(page.limit)));
+    (prev.is_some() || next.is_some()).then(|| {
+        view! {
+            <nav class="pager" aria-label="Pages">
+                <span class="range" data-testid="page-range">
+                    {summary}
+                </span>
+                {prev
+                    .map(|href| {
+                        view! {
+                            <a href=href rel="prev">
+                                "← Previous"
+                            </a>
+                        }
+                    })}
+                {next
+                    .map(|href| {
+                        view! {
+                            <a href=href rel="next">
+                                "Next →"
+                            </a>
+                        }
+                    })}
+            </nav>
+        }
+    })
+}
+
+fn audit_row(e: AuditEntryView) -> impl IntoView {
+    let object = if e.object_type == "allocation" {
+        view! {
+            "allocation "
+            <a href=format!("/allocations/{}", e.object_id)>
+                <code class="uuid">{e.object_id.clone()}</code>
+            </a>
+        }
+        .into_any()
+    } else {
+        view! {
+            {format!("{} ", e.object_type)}
+            <code class="uuid">{e.object_id.clone()}</code>
+        }
+        .into_any()
+    };
+    let change = match (e.before, e.after) {
+        (None, None) => "—".into_any(),
+        (before, after) => {
+            let side = |s: Option<String>| s.unwrap_or_else(|| "—".to_owned());
+            view! {
+                <code class="audit-change">
+                    {format!("{} → {}", side(before), side(after))}
+                </code>
+            }
+            .into_any()
+        }
+    };
+    view! {
+        <tr data-testid="audit-row" data-action=e.action.clone() data-id=e.id.to_string()>
+            <td>
+                <time datetime=e.at.to_rfc3339()>{timestamp(e.at)}</time>
+            </td>
+            <td>{e.actor.unwrap_or_else(|| "system".to_owned())}</td>
+            <td>
+                <code>{e.action.clone()}</code>
+            </td>
+            <td>{object}</td>
+            <td>{change}</td>
+        </tr>
+    }
+}
