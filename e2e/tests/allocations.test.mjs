@@ -134,3 +134,17 @@ test('the team admin approves the waiting request', async () => {
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
 });
+
+test('the admin sees the approval in the audit trail and the queue page', async () => {
+  await withPage(browser, 'alloc-audit', async (page, errors) => {
+    await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
+    await page.goto(`${BASE}/admin/audit?action=allocation.approve`);
+    await hydrated(page);
+    const row = page.locator('tr[data-testid=audit-row][data-action="allocation.approve"]', { hasText: LEAD });
+    await row.first().waitFor();
+    await page.goto(`${BASE}/admin/queue`);
+    await hydrated(page);
+    await page.locator('h1', { hasText: /queue/i }).waitFor();
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
