@@ -1432,7 +1432,7 @@ impl Allocations {
 
     /// The cluster as the planner sees it: online nodes' GPUs of known models, minus GPUs
     /// whose desired layout is still being applied; instances held by allocations (or
-    /// running processes) are busy, and only GPUs with nothing busy may be re-partitioned.
+    /// running processes) are busy and never destroyed; a GPU handed out whole is never changed.
     async fn planner_input(
         &self,
         nodes: &[NodeRow],
@@ -1504,7 +1504,6 @@ impl Allocations {
                         .collect(),
                 );
                 let whole_busy = busy.contains(&(g.uuid.clone(), None));
-                let any_busy = whole_busy || instances.iter().any(|i| i.busy);
                 gpus.push(planner::Gpu {
                     index: g.index,
                     model: model.name().to_owned(),
@@ -1513,7 +1512,10 @@ impl Allocations {
                     } else {
                         planner::GpuMode::Whole
                     },
-                    reconfigurable: n.manages_mig && settled && !any_busy,
+                    // Busy instances are never destroyed (the planner keeps them); new
+                    // instances may go into free slices beside them. A GPU handed out whole
+                    // is never touched.
+                    reconfigurable: n.manages_mig && settled && (mig_on || !whole_busy),
                     instances: if mig_on { instances } else { Vec::new() },
                     busy: !mig_on && whole_busy,
                     used_milli: 0,

@@ -587,10 +587,15 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     )
     .await;
     let short = v["id"].as_str().expect("id").to_owned();
+    let first = wait_for_state(&a, &short, "active").await;
+    // A second slice goes into free space beside the busy one, on the same GPU.
     let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     let long = v["id"].as_str().expect("id").to_owned();
-    wait_for_state(&a, &short, "active").await;
-    wait_for_state(&a, &long, "active").await;
+    let second = wait_for_state(&a, &long, "active").await;
+    assert_eq!(
+        first["devices"][0]["gpu_uuid"],
+        second["devices"][0]["gpu_uuid"]
+    );
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 3);
 
     // The scheduler pass with the clock moved 61 minutes on: the 1-hour allocation has
