@@ -10,13 +10,17 @@ use tessera_domain::audit::AuditEntryView;
 use tessera_domain::tenancy::{Page, PageRequest};
 
 /// The action filter: query value, label. `all` asks for every action.
-const ACTION_FILTERS: [(&str, &str); 7] = [
+const ACTION_FILTERS: [(&str, &str); 11] = [
     ("all", "All actions"),
     ("allocation.request", "allocation.request"),
     ("allocation.approve", "allocation.approve"),
     ("allocation.deny", "allocation.deny"),
     ("allocation.release", "allocation.release"),
     ("allocation.extend", "allocation.extend"),
+    ("allocation.place", "allocation.place"),
+    ("allocation.expire", "allocation.expire"),
+    ("allocation.preempt", "allocation.preempt"),
+    ("allocation.fail", "allocation.fail"),
     ("quota.set", "quota.set"),
 ];
 

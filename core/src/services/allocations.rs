@@ -922,6 +922,20 @@ impl Allocations {
         before: Option<&AllocationRow>,
         after: Option<&AllocationRow>,
     ) {
+        self.audit_as(Some(p.username.as_str()), action, id, team, before, after)
+            .await;
+    }
+
+    /// An audit entry by `actor` (`None`: the scheduler).
+    async fn audit_as(
+        &self,
+        actor: Option<&str>,
+        action: &str,
+        id: Uuid,
+        team: Option<Uuid>,
+        before: Option<&AllocationRow>,
+        after: Option<&AllocationRow>,
+    ) {
         let json = |r: &AllocationRow| {
             serde_json::json!({"state": r.state, "kind": r.kind, "count": r.count,
                 "units": r.units, "priority": r.priority})
@@ -930,7 +944,7 @@ impl Allocations {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: Utc::now(),
-            actor: Some(p.username.to_string()),
+            actor: actor.map(str::to_owned),
             action: action.into(),
             object_type: "allocation".into(),
             object_id: id.to_string(),
@@ -1079,6 +1093,15 @@ impl Allocations {
                 {
                     tracing::warn!(allocation = %a.id, "{why}: allocation failed");
                     report.failed += 1;
+                    self.audit_as(
+                        None,
+                        "allocation.fail",
+                        a.id,
+                        Some(a.team_id),
+                        Some(a),
+                        None,
+                    )
+                    .await;
                 }
                 continue;
             }
@@ -1097,17 +1120,37 @@ impl Allocations {
                     .await?
                 {
                     report.expired += 1;
+                    self.audit_as(
+                        None,
+                        "allocation.expire",
+                        a.id,
+                        Some(a.team_id),
+                        Some(a),
+                        None,
+                    )
+                    .await;
                 }
-            } else if a.preempt_at.is_some_and(|e| e <= now) {
+            } else if a.preempt_at.is_some_and(|e| e <= now)
+                && self
+                    .finish(
+                        a.id,
+                        alloc::ReleaseCause::Preempted,
+                        now,
+                        None,
+                        Some("borrowed capacity reclaimed for a team's guaranteed share"),
+                    )
+                    .await?
+            {
                 report.preempted += 1;
-                self.finish(
-                    a.id,
-                    alloc::ReleaseCause::Preempted,
-                    now,
+                self.audit_as(
                     None,
-                    Some("borrowed capacity reclaimed for a team's guaranteed share"),
+                    "allocation.preempt",
+                    a.id,
+                    Some(a.team_id),
+                    Some(a),
+                    None,
                 )
-                .await?;
+                .await;
             }
         }
 
@@ -1321,6 +1364,15 @@ impl Allocations {
                     .await?
                 {
                     report.placed += 1;
+                    self.audit_as(
+                        None,
+                        "allocation.place",
+                        a.id,
+                        Some(a.team_id),
+                        Some(a),
+                        None,
+                    )
+                    .await;
                     let since = a.starts_at.unwrap_or(a.created_at).max(a.created_at);
                     report
                         .placement_waits

@@ -540,6 +540,19 @@ async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db
     }
     let w = wait_for_state(&a, &whole_id, "preempted").await;
     assert!(w.to_string().contains("reclaimed"), "{w}");
+    // The scheduler's decisions are in the audit trail, by the system (no actor).
+    for action in ["allocation.place", "allocation.preempt"] {
+        let (_, audit) = a
+            .call(Method::GET, &format!("/api/v1/audit?action={action}"), None)
+            .await;
+        let items = audit["items"].as_array().expect("items");
+        assert!(
+            items
+                .iter()
+                .any(|e| e["object_id"] == whole_id && e["actor"].is_null()),
+            "{action}: {audit}"
+        );
+    }
     let q = wait_for_state(&a, &slice_id, "active").await;
     assert!(
         q["devices"][0]["mig_uuid"]
