@@ -281,6 +281,14 @@ pub fn use_offset() -> Memo<u32> {
 /// "Showing 26–50 of 73" with previous/next links (`path?offset=…`), or nothing when the
 /// whole list fits on one page.
 pub fn pager<T: 'static>(page: &Page<T>, path: &str) -> impl IntoView + use<T> {
+    pager_with(page, &|offset| format!("{path}?offset={offset}"))
+}
+
+/// The pager with links made by `href(offset)`, for lists whose URL carries a filter too.
+pub fn pager_with<T: 'static>(
+    page: &Page<T>,
+    href: &dyn Fn(u32) -> String,
+) -> impl IntoView + use<T> {
     let shown = page.items.len() as u64;
     let first = u64::from(page.offset) + 1;
     let last = u64::from(page.offset) + shown;
@@ -288,10 +296,10 @@ pub fn pager<T: 'static>(page: &Page<T>, path: &str) -> impl IntoView + use<T> {
     let single = !page.has_prev() && !page.has_next();
     let prev = page
         .has_prev()
-        .then(|| format!("{path}?offset={}", page.offset.saturating_sub(page.limit)));
+        .then(|| href(page.offset.saturating_sub(page.limit)));
     let next = page
         .has_next()
-        .then(|| format!("{path}?offset={}", page.offset.saturating_add(page.limit)));
+        .then(|| href(page.offset.saturating_add(page.limit)));
     let summary = if shown == 0 {
         format!("Nothing on this page ({total} in all)")
     } else {

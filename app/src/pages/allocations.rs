@@ -7,7 +7,7 @@ use crate::api::{
 };
 use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error,
-    timestamp, use_hydrated,
+    pager_with, timestamp, use_hydrated,
 };
 use leptos::prelude::*;
 use leptos_router::components::Form;
@@ -634,7 +634,7 @@ fn AllocationList(data: ListData) -> impl IntoView {
                             view! { <Empty>{text}</Empty> }.into_any()
                         }
                         Ok(page) => {
-                            let pager = list_pager(&page, &f);
+                            let pager = pager_with(&page, &|offset| f.href(offset));
                             let rows = page.items.into_iter().map(allocation_row).collect_view();
                             view! {
                                 <table class="list allocations" data-testid="allocations">
@@ -693,48 +693,6 @@ fn FilterForm(filter: Memo<Filter>) -> impl IntoView {
             <button type="submit">"Show"</button>
         </Form>
     }
-}
-
-/// Like the shared pager, but keeps the filter in the links.
-fn list_pager(page: &Page<AllocationView>, filter: &Filter) -> impl IntoView + use<> {
-    let shown = page.items.len() as u64;
-    let first = u64::from(page.offset) + 1;
-    let summary = format!(
-        "Showing {first}–{} of {}",
-        u64::from(page.offset) + shown,
-        page.total
-    );
-    let prev = page
-        .has_prev()
-        .then(|| filter.href(page.offset.saturating_sub(page.limit)));
-    let next = page
-        .has_next()
-        .then(|| filter.href(page.offset.saturating_add(page.limit)));
-    (prev.is_some() || next.is_some()).then(|| {
-        view! {
-            <nav class="pager" aria-label="Pages">
-                <span class="range" data-testid="page-range">
-                    {summary}
-                </span>
-                {prev
-                    .map(|href| {
-                        view! {
-                            <a href=href rel="prev">
-                                "← Previous"
-                            </a>
-                        }
-                    })}
-                {next
-                    .map(|href| {
-                        view! {
-                            <a href=href rel="next">
-                                "Next →"
-                            </a>
-                        }
-                    })}
-            </nav>
-        }
-    })
 }
 
 fn state_class(state: AllocState) -> &'static str {

@@ -2,7 +2,9 @@
 //! extended what, and who changed which quota, newest first, filtered by action.
 
 use crate::api::{self, UiError};
-use crate::components::{AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, timestamp};
+use crate::components::{
+    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, pager_with, timestamp,
+};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
@@ -100,7 +102,7 @@ fn AuditLog(
                             view! { <Empty>{text}</Empty> }.into_any()
                         }
                         Ok(page) => {
-                            let pager = audit_pager(&page, &f);
+                            let pager = pager_with(&page, &|offset| f.href(offset));
                             let rows = page.items.into_iter().map(audit_row).collect_view();
                             view! {
                                 <table class="list audit" data-testid="audit">
@@ -150,48 +152,6 @@ fn FilterForm(filter: Memo<Filter>) -> impl IntoView {
             <button type="submit">"Show"</button>
         </Form>
     }
-}
-
-/// Like the shared pager, but keeps the filter in the links.
-fn audit_pager(page: &Page<AuditEntryView>, filter: &Filter) -> impl IntoView + use<> {
-    let shown = page.items.len() as u64;
-    let first = u64::from(page.offset) + 1;
-    let summary = format!(
-        "Showing {first}–{} of {}",
-        u64::from(page.offset) + shown,
-        page.total
-    );
-    let prev = page
-        .has_prev()
-        .then(|| filter.href(page.offset.saturating_sub(page.limit)));
-    let next = page
-        .has_next()
-        .then(|| filter.href(page.offset.saturating_add(page.limit)));
-    (prev.is_some() || next.is_some()).then(|| {
-        view! {
-            <nav class="pager" aria-label="Pages">
-                <span class="range" data-testid="page-range">
-                    {summary}
-                </span>
-                {prev
-                    .map(|href| {
-                        view! {
-                            <a href=href rel="prev">
-                                "← Previous"
-                            </a>
-                        }
-                    })}
-                {next
-                    .map(|href| {
-                        view! {
-                            <a href=href rel="next">
-                                "Next →"
-                            </a>
-                        }
-                    })}
-            </nav>
-        }
-    })
 }
 
 fn audit_row(e: AuditEntryView) -> impl IntoView {

@@ -363,32 +363,7 @@ async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db)
     let a = AdminClient::new(db).await;
     let t = team(&a, "sim").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "sim"})),
-        )
-        .await;
-    assert_eq!(s, 201);
-    let state = tempfile::tempdir().expect("tempdir");
-    let _agent = tokio::process::Command::new(agent_bin())
-        .args([
-            "--simulate",
-            "--gpus",
-            "H100-80GB",
-            "--hostname",
-            "sim-h100",
-        ])
-        .args(["--server", &a.app.base, "--join-token"])
-        .arg(jt["secret"].as_str().expect("secret"))
-        .arg("--manage-mig")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera-agent");
+    let _agent = SimAgent::start(&a, "sim-h100").await;
     // The GPU starts whole (MIG off): the scheduler must re-partition it.
     let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     let id = v["id"].as_str().expect("id").to_owned();
@@ -469,26 +444,7 @@ async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db
     // Both teams are guaranteed the node's one H100 (over-committed guarantees).
     set_quota(&a, &lender.id, "H100-80GB", 7, 7, 7).await;
     set_quota(&a, &claimant.id, "H100-80GB", 7, 7, 7).await;
-    let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "sim"})),
-        )
-        .await;
-    assert_eq!(s, 201);
-    let state = tempfile::tempdir().expect("tempdir");
-    let _agent = tokio::process::Command::new(agent_bin())
-        .args(["--simulate", "--gpus", "H100-80GB", "--hostname", "sim-pre"])
-        .args(["--server", &a.app.base, "--join-token"])
-        .arg(jt["secret"].as_str().expect("secret"))
-        .arg("--manage-mig")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera-agent");
+    let _agent = SimAgent::start(&a, "sim-pre").await;
     let (_, whole) = request(&a.app, &lender.member, &lender.id, "H100-80GB:whole").await;
     let whole_id = whole["id"].as_str().expect("id").to_owned();
     wait_for_state(&a, &whole_id, "active").await;
@@ -566,31 +522,7 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     let a = AdminClient::new(db).await;
     let t = team(&a, "clock").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (_, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "sim"})),
-        )
-        .await;
-    let state = tempfile::tempdir().expect("tempdir");
-    let agent = tokio::process::Command::new(agent_bin())
-        .args([
-            "--simulate",
-            "--gpus",
-            "H100-80GB",
-            "--hostname",
-            "sim-clock",
-        ])
-        .args(["--server", &a.app.base, "--join-token"])
-        .arg(jt["secret"].as_str().expect("secret"))
-        .arg("--manage-mig")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera-agent");
+    let agent = SimAgent::start(&a, "sim-clock").await;
     let (_, v) = call_with_token(
         &a.app,
         &t.member,
@@ -643,6 +575,42 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     let r = services.allocations.tick(later).await.expect("tick");
     assert_eq!((r.expired, r.failed), (0, 0));
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+}
+
+/// A real `tessera-agent --simulate` with one H100, joined with a fresh join token and
+/// managing MIG; killed when dropped.
+struct SimAgent {
+    _child: tokio::process::Child,
+    _state: tempfile::TempDir,
+}
+
+impl SimAgent {
+    async fn start(a: &AdminClient, hostname: &str) -> SimAgent {
+        let (s, jt) = a
+            .call(
+                Method::POST,
+                "/api/v1/join-tokens",
+                Some(json!({"note": "sim"})),
+            )
+            .await;
+        assert_eq!(s, 201);
+        let state = tempfile::tempdir().expect("tempdir");
+        let child = tokio::process::Command::new(agent_bin())
+            .args(["--simulate", "--gpus", "H100-80GB", "--hostname", hostname])
+            .args(["--server", &a.app.base, "--join-token"])
+            .arg(jt["secret"].as_str().expect("secret"))
+            .arg("--manage-mig")
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start tessera-agent");
+        SimAgent {
+            _child: child,
+            _state: state,
+        }
+    }
 }
 
 async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
