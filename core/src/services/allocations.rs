@@ -110,10 +110,6 @@ impl Allocations {
         self.wake.clone()
     }
 
-    pub fn policy(&self) -> &AllocPolicy {
-        &self.policy
-    }
-
     // ---- requests ----
 
     /// Requests an allocation. Within quota it is queued at once (atomically against
@@ -213,8 +209,7 @@ impl Allocations {
             Some(i) => i,
             // Over quota (or another request took the last units first): approval.
             None => {
-                let (by, reason) = match alloc::admit(&model, quota.as_ref(), usage, valid.units())
-                {
+                let (by, reason) = match admission {
                     alloc::Admission::NeedsApproval { by, reason } => (by, reason),
                     _ => (
                         Approver::PlatformAdmin,
