@@ -7,6 +7,7 @@
 pub mod account;
 pub mod alloc;
 pub mod audit;
+pub mod billing;
 pub mod cluster;
 pub mod error;
 pub mod ids;
