@@ -14,7 +14,8 @@ pub mod sessions;
 pub mod store;
 
 use services::{
-    accounts::Accounts, allocations::Allocations, nodes::Nodes, tenancy::Tenancy, tokens::Tokens,
+    accounts::Accounts, allocations::Allocations, billing::Billing, nodes::Nodes,
+    tenancy::Tenancy, tokens::Tokens,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,7 @@ pub struct Services {
     pub tokens: Tokens,
     pub nodes: Nodes,
     pub allocations: Allocations,
+    pub billing: Billing,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
 }
@@ -39,17 +41,24 @@ impl Services {
         limiter: Arc<auth::limiter::LoginLimiter>,
         session_absolute_timeout: Duration,
     ) -> Self {
+        let catalog = Arc::new(tessera_domain::mig::Catalog::builtin());
+        let billing = Billing::new(store.clone(), catalog.clone());
         Services {
             accounts: Accounts::new(store.clone(), hasher.clone(), limiter),
             tenancy: Tenancy::new(store.clone(), hasher),
             tokens: Tokens::new(store.clone()),
             nodes: Nodes::new(store.clone()),
-            allocations: Allocations::new(
-                store.clone(),
-                Arc::new(tessera_domain::mig::Catalog::builtin()),
-            ),
+            allocations: Allocations::new(store.clone(), catalog).with_budgets(billing.clone()),
+            billing,
             store,
             session_absolute_timeout,
         }
+    }
+
+    /// Sets the currency of prices and charges (ISO 4217).
+    pub fn with_currency(mut self, currency: &str) -> Self {
+        self.billing = self.billing.with_currency(currency);
+        self.allocations = self.allocations.with_budgets(self.billing.clone());
+        self
     }
 }

@@ -46,6 +46,8 @@ pub struct Allocations {
     preemption_grace: Duration,
     /// Queue positions, capacity and end times as of the last scheduler pass.
     snapshot: Arc<std::sync::RwLock<PendingContext>>,
+    /// For hard budgets: a request that would exceed one needs a platform admin.
+    billing: Option<super::billing::Billing>,
 }
 
 /// Default warning before borrowed capacity is reclaimed.
@@ -96,7 +98,14 @@ impl Allocations {
             wake: Arc::new(Notify::new()),
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             snapshot: Arc::default(),
+            billing: None,
         }
+    }
+
+    /// Checks new requests against the teams' hard budgets through `billing`.
+    pub fn with_budgets(mut self, billing: super::billing::Billing) -> Self {
+        self.billing = Some(billing);
+        self
     }
 
     /// Sets the warning period before borrowed capacity is reclaimed.
@@ -191,7 +200,25 @@ impl Allocations {
             idempotency_key: key.map(str::to_owned),
         };
         let actor = p.username.as_str();
-        let admission = alloc::admit(&model, quota.as_ref(), usage, valid.units());
+        let mut admission = alloc::admit(&model, quota.as_ref(), usage, valid.units());
+        if matches!(admission, alloc::Admission::Admit { .. })
+            && let Some(billing) = &self.billing
+            && let Some(reason) = billing
+                .hard_budget_block(
+                    access.team.id,
+                    valid.kind(),
+                    valid.count(),
+                    valid.duration_minutes(),
+                    valid.priority() == PriorityClass::Preemptible,
+                    now,
+                )
+                .await?
+        {
+            admission = alloc::Admission::NeedsApproval {
+                by: Approver::PlatformAdmin,
+                reason,
+            };
+        }
         let inserted = match &admission {
             alloc::Admission::NotEntitled { reason } => {
                 return Err(AppError::invalid("kind", reason.clone()));

@@ -9,6 +9,7 @@
 pub mod accounts;
 pub mod allocations;
 pub mod authz;
+pub mod billing;
 pub mod nodes;
 pub mod tenancy;
 pub mod tokens;

@@ -104,7 +104,7 @@ pub struct Transition<'a> {
     pub change: Change,
 }
 
-const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
+pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
                     a.purpose, a.state, a.duration_minutes, a.starts_at, a.created_at, a.active_at, \
                     a.ends_at, a.approver, a.approval_reason, a.pending_reason, a.devices, \
                     a.release_cause, a.preempt_at, a.idempotency_key";

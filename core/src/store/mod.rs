@@ -6,6 +6,7 @@
 //! is configured. A backend-specific branch appears only where the dialects really differ.
 
 mod allocations;
+mod billing;
 mod node_state;
 mod nodes;
 mod teams;
@@ -15,6 +16,7 @@ mod users;
 pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
+pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
 pub use node_state::{ApplyStatusRow, DesiredRow, DesiredWithStatus, SampleRow};
 pub use nodes::NodeRow;
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};

@@ -1,0 +1,1164 @@
+//! Metering and money: the metering job, rate cards, the ledger, budgets, usage reports,
+//! statements and the chargeback export.
+//!
+//! The arithmetic (hours, GPU fractions, prices, rounding, postings, alerts) is pure and
+//! lives in `tessera_domain::billing`; this service authorizes, reads allocation histories
+//! and telemetry, and writes each metered (allocation, hour) with its ledger entries in one
+//! idempotent transaction ([`Billing::meter`]), which the server runs every minute.
+
+use super::authz::{self, Need};
+use super::internal;
+use super::tenancy::paged;
+use crate::store::{
+    AllocationRow, AuditRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, Store,
+    UsageGroupRow,
+};
+use chrono::{DateTime, Duration, Utc};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use tessera_domain::account::Principal;
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind};
+use tessera_domain::billing::{
+    self as b, BudgetView, LedgerEntryView, NewRate, Rate, RateCard, RateView, SetBudget,
+    Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
+};
+use tessera_domain::error::AppError;
+use tessera_domain::ids::TeamId;
+use tessera_domain::mig::Catalog;
+use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
+use tessera_domain::wire::TelemetrySample;
+use uuid::Uuid;
+
+/// Utilisation (percent) at or above which a telemetry sample counts as busy.
+pub const DEFAULT_BUSY_PCT: u32 = 5;
+/// Allocations metered per batch (one query each for histories and metered hours).
+const BATCH: u32 = 200;
+/// Rows per page the chargeback export reads from the ledger.
+const EXPORT_PAGE: u32 = 2_000;
+/// The largest monthly budget accepted (minor units).
+const BUDGET_MAX_MINOR: i64 = 10_000_000_000_000;
+
+#[derive(Clone)]
+pub struct Billing {
+    store: Store,
+    catalog: Arc<Catalog>,
+    currency: Arc<str>,
+    busy_pct: u32,
+}
+
+/// What one metering pass wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MeterReport {
+    /// Allocations looked at.
+    pub allocations: u32,
+    /// (allocation, hour) rows written, each with its two ledger entries.
+    pub hours: u32,
+    /// Allocations whose every hour is now metered.
+    pub closed: u32,
+}
+
+/// Which usage to report.
+#[derive(Debug, Clone, Default)]
+pub struct UsageQuery {
+    /// A team id; empty: every team (platform admins only).
+    pub team: Option<String>,
+    /// `YYYY-MM-DD`, inclusive; default the first of this month.
+    pub from: Option<String>,
+    /// `YYYY-MM-DD`, inclusive; default today.
+    pub to: Option<String>,
+}
+
+/// A chargeback export being read: [`ChargebackCsv::next_chunk`] yields the header, then
+/// pages of rows, then `None`.
+pub struct ChargebackCsv {
+    store: Store,
+    team: Option<Uuid>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    cursor: Option<(DateTime<Utc>, Uuid)>,
+    header_sent: bool,
+    done: bool,
+    /// The file name to offer.
+    pub filename: String,
+}
+
+impl Billing {
+    pub fn new(store: Store, catalog: Arc<Catalog>) -> Self {
+        Self {
+            store,
+            catalog,
+            currency: Arc::from("USD"),
+            busy_pct: DEFAULT_BUSY_PCT,
+        }
+    }
+
+    /// Sets the currency prices and charges are in (ISO 4217, e.g. `EUR`).
+    pub fn with_currency(mut self, currency: &str) -> Self {
+        self.currency = Arc::from(currency);
+        self
+    }
+
+    pub fn currency(&self) -> &str {
+        &self.currency
+    }
+
+    // ---- metering ----
+
+    /// Meters every complete hour (and the last partial hour of an allocation that ended)
+    /// not metered yet, up to `now`. Idempotent: running it again, concurrently, or after
+    /// a crash at any point writes nothing twice. `max_allocations` stops after that many
+    /// allocations (tests use it to stop part-way, like a crash).
+    pub async fn meter(
+        &self,
+        now: DateTime<Utc>,
+        max_allocations: Option<u32>,
+    ) -> Result<MeterReport, AppError> {
+        let card = self.rate_card().await?;
+        let mut report = MeterReport::default();
+        let mut after: Option<(DateTime<Utc>, Uuid)> = None;
+        loop {
+            let batch = self
+                .store
+                .billing_candidates(after, BATCH)
+                .await
+                .map_err(internal("loading allocations to meter"))?;
+            let Some(last) = batch.last() else { break };
+            after = Some((last.active_at.unwrap_or(now), last.id));
+            let ids: Vec<Uuid> = batch.iter().map(|a| a.id).collect();
+            let mut histories: HashMap<Uuid, Vec<(DateTime<Utc>, AllocState)>> = HashMap::new();
+            for (id, at, to) in self
+                .store
+                .histories(&ids)
+                .await
+                .map_err(internal("loading histories"))?
+            {
+                let state = to.parse().unwrap_or(AllocState::Failed);
+                histories.entry(id).or_default().push((at, state));
+            }
+            let metered: HashSet<(Uuid, DateTime<Utc>)> = self
+                .store
+                .metered_hours(&ids)
+                .await
+                .map_err(internal("loading metered hours"))?
+                .into_iter()
+                .collect();
+            for a in &batch {
+                if max_allocations.is_some_and(|m| report.allocations >= m) {
+                    return Ok(report);
+                }
+                report.allocations += 1;
+                let history = histories.remove(&a.id).unwrap_or_default();
+                let (rows, close) = self.meter_one(a, &history, &metered, &card, now).await?;
+                if rows.is_empty() && !close {
+                    continue;
+                }
+                report.hours += self
+                    .store
+                    .write_meter(a.id, &rows, close)
+                    .await
+                    .map_err(internal("writing metered hours"))?;
+                report.closed += u32::from(close);
+            }
+            if batch.len() < BATCH as usize {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    /// The hours of one allocation that are due and not metered, and whether it is done
+    /// (no longer active, so nothing more will ever be metered).
+    async fn meter_one(
+        &self,
+        a: &AllocationRow,
+        history: &[(DateTime<Utc>, AllocState)],
+        metered: &HashSet<(Uuid, DateTime<Utc>)>,
+        card: &RateCard,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<MeterRow>, bool), AppError> {
+        let done = history
+            .last()
+            .is_some_and(|(_, s)| *s != AllocState::Active && *s != AllocState::Placing);
+        let intervals = b::active_intervals(history, now);
+        let hours: Vec<(DateTime<Utc>, i64)> = b::wall_ms_per_hour(&intervals)
+            .into_iter()
+            .filter(|(h, _)| done || *h + Duration::hours(1) <= now)
+            .filter(|(h, _)| !metered.contains(&(a.id, *h)))
+            .collect();
+        if hours.is_empty() {
+            return Ok((Vec::new(), done));
+        }
+        let kind: GpuKind = a.kind.parse().map_err(|_| AppError::Internal)?;
+        let slices = GpuKind::Whole {
+            model: a.model.clone(),
+        }
+        .unit_cost(&self.catalog)
+        .unwrap_or(1);
+        let units = u32::try_from(a.units).unwrap_or(0);
+        let count = u32::try_from(a.count).unwrap_or(0);
+        let preemptible = a.priority == "preemptible";
+        let devices: Vec<AllocatedDevice> = serde_json::from_str(&a.devices).unwrap_or_default();
+        let resource_id = devices
+            .iter()
+            .map(|d| d.mig_uuid.clone().unwrap_or_else(|| d.gpu_uuid.clone()))
+            .collect::<Vec<_>>()
+            .join(";");
+        let resource_name = devices
+            .iter()
+            .map(|d| match &d.profile {
+                Some(p) => format!("{}/{} {p}", d.hostname, short(&d.gpu_uuid)),
+                None => format!("{}/{}", d.hostname, short(&d.gpu_uuid)),
+            })
+            .collect::<Vec<_>>()
+            .join(";");
+        let busy = self.busy_samples(&devices, &intervals, &hours).await?;
+        let rows = hours
+            .iter()
+            .map(|&(hour, wall_ms)| {
+                let priced = card.price(&kind, &self.catalog, hour);
+                let (list, billed) = priced
+                    .as_ref()
+                    .map_or((0, 0), |p| b::cost(p, count, wall_ms, preemptible));
+                let gpu_ms = b::gpu_ms(units, wall_ms, slices);
+                let (busy_n, valued) = busy.get(&hour).copied().unwrap_or((0, 0));
+                let active_gpu_ms = if valued == 0 {
+                    0
+                } else {
+                    gpu_ms * busy_n / valued
+                };
+                MeterRow {
+                    allocation_id: a.id,
+                    hour_start: hour,
+                    day: hour.format("%Y-%m-%d").to_string(),
+                    team_id: a.team_id,
+                    user_id: a.user_id,
+                    kind: a.kind.clone(),
+                    model: a.model.clone(),
+                    priority: a.priority.clone(),
+                    count: a.count,
+                    resource_id: resource_id.clone(),
+                    resource_name: resource_name.clone(),
+                    wall_ms,
+                    gpu_ms,
+                    active_gpu_ms,
+                    samples: valued,
+                    rate_id: priced.map(|p| p.rate.id),
+                    list_minor: list,
+                    billed_minor: billed,
+                    currency: self.currency.to_string(),
+                    txn_id: Uuid::new_v4(),
+                    metered_at: now,
+                }
+            })
+            .collect();
+        Ok((rows, done))
+    }
+
+    /// Per hour: `(busy, valued)` device samples taken while the allocation was active,
+    /// where the device's utilisation was known and at or above the threshold.
+    async fn busy_samples(
+        &self,
+        devices: &[AllocatedDevice],
+        intervals: &[b::Interval],
+        hours: &[(DateTime<Utc>, i64)],
+    ) -> Result<HashMap<DateTime<Utc>, (i64, i64)>, AppError> {
+        let mut out: HashMap<DateTime<Utc>, (i64, i64)> = HashMap::new();
+        let (Some(first), Some(last)) = (hours.first(), hours.last()) else {
+            return Ok(out);
+        };
+        let (from, to) = (first.0, last.0 + Duration::hours(1));
+        let due: HashSet<DateTime<Utc>> = hours.iter().map(|h| h.0).collect();
+        let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
+        for d in devices {
+            nodes.entry(d.node_id).or_default().push(d);
+        }
+        for (node, devs) in nodes {
+            let samples = self
+                .store
+                .samples_between(node, from, to)
+                .await
+                .map_err(internal("loading telemetry"))?;
+            for s in samples {
+                if !intervals.iter().any(|iv| iv.start <= s.at && s.at < iv.end) {
+                    continue;
+                }
+                let hour = b::hour_floor(s.at);
+                if !due.contains(&hour) {
+                    continue;
+                }
+                let Ok(sample) = serde_json::from_str::<TelemetrySample>(&s.payload) else {
+                    continue;
+                };
+                for d in &devs {
+                    if let Some(util) = utilisation(&sample, d) {
+                        let e = out.entry(hour).or_default();
+                        e.1 += 1;
+                        e.0 += i64::from(util >= self.busy_pct);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- rate cards ----
+
+    async fn rate_card(&self) -> Result<RateCard, AppError> {
+        let rows = self
+            .store
+            .rates()
+            .await
+            .map_err(internal("loading rates"))?;
+        Ok(RateCard::new(rows.iter().map(rate_of)))
+    }
+
+    /// Every rate, current and past and scheduled: any signed-in user may see prices.
+    pub async fn rates(&self, _p: &Principal) -> Result<Vec<RateView>, AppError> {
+        let rows = self
+            .store
+            .rates()
+            .await
+            .map_err(internal("loading rates"))?;
+        let now = Utc::now();
+        let card = RateCard::new(rows.iter().map(rate_of));
+        let mut views: Vec<RateView> = rows
+            .iter()
+            .map(|r| {
+                let current = card.exact(&r.kind, now).is_some_and(|c| c.id == r.id);
+                self.rate_view(r, current)
+            })
+            .collect();
+        views.sort_by(|a, b| {
+            a.kind
+                .cmp(&b.kind)
+                .then(b.effective_from.cmp(&a.effective_from))
+        });
+        Ok(views)
+    }
+
+    /// Sets a price (platform admins), from a full hour that was not billed yet.
+    pub async fn set_rate(&self, p: &Principal, input: &NewRate) -> Result<RateView, AppError> {
+        let admin = authz::admin(p)?;
+        let now = Utc::now();
+        let (kind, from) = b::validate_rate(input, &self.catalog, now)?;
+        let kind_str = kind.to_string();
+        let before = self
+            .rate_card()
+            .await?
+            .exact(&kind_str, from)
+            .cloned();
+        let row = RateRow {
+            id: Uuid::new_v4(),
+            kind: kind_str.clone(),
+            model: kind.model().to_owned(),
+            price_minor_per_hour: input.price_minor_per_hour,
+            preemptible_discount_pct: i64::from(input.preemptible_discount_pct),
+            effective_from: from,
+            created_at: now,
+            created_by: Some(admin.0.username.to_string()),
+        };
+        let ok = self
+            .store
+            .set_rate(&row, admin.0.user_id.0)
+            .await
+            .map_err(internal("setting rate"))?;
+        if !ok {
+            return Err(AppError::invalid(
+                "effective_from",
+                format!(
+                    "hours of {} from {} were billed already and keep their price; start the rate at a later hour",
+                    kind.model(),
+                    from.format("%Y-%m-%d %H:%M UTC")
+                ),
+            ));
+        }
+        let json = |r: &Rate| {
+            serde_json::json!({"kind": r.kind, "price_minor_per_hour": r.price_minor_per_hour,
+                "preemptible_discount_pct": r.preemptible_discount_pct,
+                "effective_from": r.effective_from, "currency": &*self.currency})
+        };
+        self.audit(
+            p,
+            "rate.set",
+            "rate_card",
+            &kind_str,
+            None,
+            before.as_ref().map(json),
+            Some(json(&rate_of(&row))),
+        )
+        .await;
+        Ok(self.rate_view(&row, from <= now))
+    }
+
+    fn rate_view(&self, r: &RateRow, current: bool) -> RateView {
+        let label = r
+            .kind
+            .parse::<GpuKind>()
+            .map(|k| k.label())
+            .unwrap_or_else(|_| r.kind.clone());
+        RateView {
+            id: r.id,
+            kind: r.kind.clone(),
+            kind_label: label,
+            price_minor_per_hour: r.price_minor_per_hour,
+            price: b::format_minor(r.price_minor_per_hour, &self.currency),
+            currency: self.currency.to_string(),
+            preemptible_discount_pct: u8::try_from(r.preemptible_discount_pct).unwrap_or(0),
+            effective_from: r.effective_from,
+            current,
+            created_by: r.created_by.clone(),
+            created_at: r.created_at,
+        }
+    }
+
+    /// The estimated cost of a request at today's rates (minor units; 0 when unpriced).
+    pub async fn estimate(
+        &self,
+        kind: &GpuKind,
+        count: u32,
+        minutes: u32,
+        preemptible: bool,
+        at: DateTime<Utc>,
+    ) -> Result<i64, AppError> {
+        let card = self.rate_card().await?;
+        Ok(card
+            .price(kind, &self.catalog, at)
+            .map_or(0, |p| {
+                b::cost(&p, count, i64::from(minutes) * 60_000, preemptible).1
+            }))
+    }
+
+    /// Why a request must go to a platform admin because of the team's hard budget, or
+    /// `None` when the budget (if any) allows it.
+    pub async fn hard_budget_block(
+        &self,
+        team: Uuid,
+        kind: &GpuKind,
+        count: u32,
+        minutes: u32,
+        preemptible: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, AppError> {
+        let Some(budget) = self
+            .store
+            .budget(team)
+            .await
+            .map_err(internal("loading budget"))?
+        else {
+            return Ok(None);
+        };
+        if !budget.hard {
+            return Ok(None);
+        }
+        let spent = self.month_spend(team, now).await?;
+        let estimate = self.estimate(kind, count, minutes, preemptible, now).await?;
+        if !b::over_hard_budget(budget.monthly_minor, true, spent, estimate) {
+            return Ok(None);
+        }
+        let c = &*self.currency;
+        Ok(Some(format!(
+            "the team's monthly budget is {} {c}, {} {c} is spent and this request may cost up to {} {c}",
+            b::format_minor(budget.monthly_minor, c),
+            b::format_minor(spent, c),
+            b::format_minor(estimate, c)
+        )))
+    }
+
+    async fn month_spend(&self, team: Uuid, now: DateTime<Utc>) -> Result<i64, AppError> {
+        let (from, to) = b::month_bounds(b::month_of(now));
+        Ok(self
+            .store
+            .team_charges(Some(team), from, to)
+            .await
+            .map_err(internal("loading spend"))?
+            .first()
+            .map_or(0, |r| r.1))
+    }
+
+    // ---- budgets ----
+
+    /// A team's budget and this month's spend: anyone who can see the team.
+    pub async fn budget(&self, p: &Principal, team: TeamId) -> Result<BudgetView, AppError> {
+        let access = authz::team(&self.store, p, team, Need::Read).await?;
+        let row = self
+            .store
+            .budget(team.0)
+            .await
+            .map_err(internal("loading budget"))?;
+        let spent = self.month_spend(team.0, Utc::now()).await?;
+        Ok(self.budget_view(team, access.team.name, row.as_ref(), spent))
+    }
+
+    /// Sets or removes (`monthly_minor: null`) a team's monthly budget: platform admins.
+    pub async fn set_budget(
+        &self,
+        p: &Principal,
+        team: TeamId,
+        input: &SetBudget,
+    ) -> Result<BudgetView, AppError> {
+        let admin = authz::admin(p)?;
+        let access = authz::team(&self.store, p, team, Need::Read).await?;
+        if let Some(m) = input.monthly_minor
+            && !(0..=BUDGET_MAX_MINOR).contains(&m)
+        {
+            return Err(AppError::invalid(
+                "monthly_minor",
+                "must be between 0 and 10^13 minor units",
+            ));
+        }
+        let before = self
+            .store
+            .budget(team.0)
+            .await
+            .map_err(internal("loading budget"))?;
+        self.store
+            .set_budget(
+                team.0,
+                input.monthly_minor.map(|m| (m, input.hard)),
+                admin.0.user_id.0,
+                Utc::now(),
+            )
+            .await
+            .map_err(internal("setting budget"))?;
+        let json = |r: &BudgetRow| serde_json::json!({"monthly_minor": r.monthly_minor, "hard": r.hard});
+        let after = input.monthly_minor.map(|m| BudgetRow {
+            team_id: team.0,
+            monthly_minor: m,
+            hard: input.hard,
+        });
+        self.audit(
+            p,
+            "budget.set",
+            "team",
+            &team.to_string(),
+            Some(team.0),
+            before.as_ref().map(json),
+            after.as_ref().map(json),
+        )
+        .await;
+        let spent = self.month_spend(team.0, Utc::now()).await?;
+        Ok(self.budget_view(team, access.team.name, after.as_ref(), spent))
+    }
+
+    /// Every team's budget and spend this month (teams without a budget included when
+    /// they spent something): platform admins.
+    pub async fn budgets(&self, p: &Principal) -> Result<Vec<BudgetView>, AppError> {
+        authz::admin(p)?;
+        self.all_budgets(Utc::now()).await
+    }
+
+    /// [`Billing::budgets`] without a caller, for metrics.
+    pub async fn all_budgets(&self, now: DateTime<Utc>) -> Result<Vec<BudgetView>, AppError> {
+        let (from, to) = b::month_bounds(b::month_of(now));
+        let budgets: HashMap<Uuid, BudgetRow> = self
+            .store
+            .budgets()
+            .await
+            .map_err(internal("loading budgets"))?
+            .into_iter()
+            .map(|r| (r.team_id, r))
+            .collect();
+        let spend: HashMap<Uuid, i64> = self
+            .store
+            .team_charges(None, from, to)
+            .await
+            .map_err(internal("loading spend"))?
+            .into_iter()
+            .collect();
+        let teams = self
+            .store
+            .team_names()
+            .await
+            .map_err(internal("loading teams"))?;
+        let mut out: Vec<BudgetView> = teams
+            .into_iter()
+            .filter(|(id, _)| budgets.contains_key(id) || spend.contains_key(id))
+            .map(|(id, name)| {
+                let spent = spend.get(&id).copied().unwrap_or(0);
+                self.budget_view(TeamId(id), name, budgets.get(&id), spent)
+            })
+            .collect();
+        out.sort_by(|a, b| b.used_pct.cmp(&a.used_pct).then(a.team_name.cmp(&b.team_name)));
+        Ok(out)
+    }
+
+    fn budget_view(
+        &self,
+        team: TeamId,
+        name: String,
+        row: Option<&BudgetRow>,
+        spent: i64,
+    ) -> BudgetView {
+        let monthly = row.map(|r| r.monthly_minor);
+        BudgetView {
+            team_id: team,
+            team_name: name,
+            monthly_minor: monthly,
+            hard: row.is_some_and(|r| r.hard),
+            spent_minor: spent,
+            currency: self.currency.to_string(),
+            used_pct: monthly.map_or(0, |m| b::used_pct(spent, m)),
+            alert: monthly.and_then(|m| b::alert_level(spent, m)),
+        }
+    }
+
+    // ---- ledger ----
+
+    /// Ledger entries for hours in the period: platform admins see all, team admins their
+    /// team's (a team must be given).
+    pub async fn ledger(
+        &self,
+        p: &Principal,
+        query: &UsageQuery,
+        page: PageRequest,
+    ) -> Result<Page<LedgerEntryView>, AppError> {
+        let team = self.finance_scope(p, query.team.as_deref()).await?;
+        let (from, to) = b::parse_period(query.from.as_deref(), query.to.as_deref(), Utc::now())?;
+        let page = page.clamped();
+        let (rows, total) = self
+            .store
+            .ledger_page(team, from, to, page.offset, page.limit)
+            .await
+            .map_err(internal("loading ledger"))?;
+        Ok(paged(rows.iter().map(entry_view).collect(), total, page))
+    }
+
+    /// Reverses one charge (a credit to the team, with a reason): platform admins. A charge
+    /// is reversed at most once.
+    pub async fn reverse(
+        &self,
+        p: &Principal,
+        txn: Uuid,
+        reason: &str,
+    ) -> Result<Vec<LedgerEntryView>, AppError> {
+        authz::admin(p)?;
+        let reason = reason.trim();
+        if reason.is_empty() || reason.chars().count() > 500 {
+            return Err(AppError::invalid("reason", "give a reason (at most 500 characters)"));
+        }
+        let memo = format!("{reason} (by {})", p.username);
+        match self
+            .store
+            .reverse_charge(txn, Utc::now(), &memo)
+            .await
+            .map_err(internal("reversing charge"))?
+        {
+            None => Err(AppError::NotFound),
+            Some((false, _)) => Err(AppError::conflict("this charge was reversed already")),
+            Some((true, rows)) => {
+                let team = rows.first().map(|r| r.team_id);
+                let amount = rows
+                    .iter()
+                    .find(|r| r.account != "platform")
+                    .map_or(0, |r| r.amount_minor);
+                self.audit(
+                    p,
+                    "ledger.reverse",
+                    "ledger_txn",
+                    &txn.to_string(),
+                    team,
+                    None,
+                    Some(serde_json::json!({"amount_minor": amount, "reason": reason})),
+                )
+                .await;
+                Ok(rows.iter().map(entry_view).collect())
+            }
+        }
+    }
+
+    // ---- usage, statements, exports ----
+
+    /// Usage and cost over a period, per day, kind, user and team. Platform admins see
+    /// every team (or one); team admins their team; members their own usage in a team.
+    pub async fn usage(&self, p: &Principal, query: &UsageQuery) -> Result<UsageReport, AppError> {
+        let (from, to) = b::parse_period(query.from.as_deref(), query.to.as_deref(), Utc::now())?;
+        let (team, own_only) = self.usage_scope(p, query.team.as_deref()).await?;
+        let user = own_only.then_some(p.user_id.0);
+        let groups = self
+            .store
+            .usage_groups(team, user, from, to, true)
+            .await
+            .map_err(internal("loading usage"))?;
+        Ok(self.report(groups, from, to, team, own_only))
+    }
+
+    fn report(
+        &self,
+        groups: Vec<UsageGroupRow>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        team: Option<Uuid>,
+        own_only: bool,
+    ) -> UsageReport {
+        let mut days: BTreeMap<String, UsageTotals> = BTreeMap::new();
+        let mut d = from;
+        while d < to {
+            days.insert(d.format("%Y-%m-%d").to_string(), UsageTotals::default());
+            d += Duration::days(1);
+        }
+        let mut kinds: BTreeMap<String, UsageTotals> = BTreeMap::new();
+        let mut users: BTreeMap<(String, String), UsageTotals> = BTreeMap::new();
+        let mut teams: BTreeMap<(String, String), UsageTotals> = BTreeMap::new();
+        let mut total = UsageTotals::default();
+        for g in &groups {
+            let t = totals_of(g);
+            days.entry(g.day.clone()).or_default().add(&t);
+            kinds.entry(g.kind.clone()).or_default().add(&t);
+            users
+                .entry((g.user_id.to_string(), g.username.clone()))
+                .or_default()
+                .add(&t);
+            teams
+                .entry((g.team_id.to_string(), g.team_name.clone()))
+                .or_default()
+                .add(&t);
+            total.add(&t);
+        }
+        let by_cost = |mut v: Vec<UsageRow>| {
+            v.sort_by(|a, b| {
+                b.totals
+                    .cost_minor
+                    .cmp(&a.totals.cost_minor)
+                    .then(b.totals.gpu_ms.cmp(&a.totals.gpu_ms))
+                    .then(a.label.cmp(&b.label))
+            });
+            v
+        };
+        UsageReport {
+            from,
+            to,
+            currency: self.currency.to_string(),
+            team_id: team.map(TeamId),
+            own_only,
+            days: days
+                .into_iter()
+                .map(|(k, totals)| UsageRow {
+                    label: k.clone(),
+                    key: k,
+                    totals,
+                })
+                .collect(),
+            kinds: by_cost(
+                kinds
+                    .into_iter()
+                    .map(|(k, totals)| UsageRow {
+                        label: kind_label(&k),
+                        key: k,
+                        totals,
+                    })
+                    .collect(),
+            ),
+            users: by_cost(
+                users
+                    .into_iter()
+                    .map(|((key, label), totals)| UsageRow { key, label, totals })
+                    .collect(),
+            ),
+            teams: by_cost(
+                teams
+                    .into_iter()
+                    .map(|((key, label), totals)| UsageRow { key, label, totals })
+                    .collect(),
+            ),
+            total,
+        }
+    }
+
+    /// Usage per day as CSV (the chart's data).
+    pub async fn usage_csv(&self, p: &Principal, query: &UsageQuery) -> Result<String, AppError> {
+        let r = self.usage(p, query).await?;
+        let c = &r.currency;
+        let mut out = String::from("day,gpu_hours,active_gpu_hours,efficiency_pct,cost,currency\n");
+        for d in &r.days {
+            out.push_str(&format!(
+                "{},{},{},{},{},{c}\n",
+                d.key,
+                b::gpu_hours(d.totals.gpu_ms),
+                b::gpu_hours(d.totals.active_gpu_ms),
+                d.totals.efficiency_pct(),
+                b::format_minor(d.totals.cost_minor, c)
+            ));
+        }
+        Ok(out)
+    }
+
+    /// What a team owes for a month (`YYYY-MM`): team admins of the team, platform admins.
+    pub async fn statement(
+        &self,
+        p: &Principal,
+        team: TeamId,
+        month: &str,
+    ) -> Result<Statement, AppError> {
+        let access = authz::team(&self.store, p, team, Need::ManageMembers).await?;
+        let first = b::parse_month(month)?;
+        let (from, to) = b::month_bounds(first);
+        let groups = self
+            .store
+            .usage_groups(Some(team.0), None, from, to, false)
+            .await
+            .map_err(internal("loading usage"))?;
+        let mut lines: Vec<StatementLine> = groups
+            .iter()
+            .map(|g| StatementLine {
+                kind: g.kind.clone(),
+                kind_label: kind_label(&g.kind),
+                username: g.username.clone(),
+                allocations: u32::try_from(g.allocations).unwrap_or(0),
+                wall_ms: g.wall_ms,
+                totals: totals_of(g),
+                list_minor: g.list_minor,
+            })
+            .collect();
+        lines.sort_by(|a, b| a.kind.cmp(&b.kind).then(a.username.cmp(&b.username)));
+        let adjustments = self
+            .store
+            .team_adjustments(team.0, from, to)
+            .await
+            .map_err(internal("loading adjustments"))?;
+        let total = self
+            .store
+            .team_charges(Some(team.0), from, to)
+            .await
+            .map_err(internal("loading charges"))?
+            .first()
+            .map_or(0, |r| r.1);
+        let budget_row = self
+            .store
+            .budget(team.0)
+            .await
+            .map_err(internal("loading budget"))?;
+        let budget = budget_row
+            .as_ref()
+            .map(|r| self.budget_view(team, access.team.name.clone(), Some(r), total));
+        Ok(Statement {
+            team_id: team,
+            team_name: access.team.name,
+            month: first.format("%Y-%m").to_string(),
+            from,
+            to,
+            currency: self.currency.to_string(),
+            lines,
+            adjustments_minor: adjustments,
+            total_minor: total,
+            budget,
+        })
+    }
+
+    /// The FOCUS-aligned chargeback CSV for hours in the period, read from the ledger in
+    /// pages: platform admins (every team or one), team admins (their team only).
+    pub async fn chargeback(
+        &self,
+        p: &Principal,
+        query: &UsageQuery,
+    ) -> Result<ChargebackCsv, AppError> {
+        let team = self.finance_scope(p, query.team.as_deref()).await?;
+        let (from, to) = b::parse_period(query.from.as_deref(), query.to.as_deref(), Utc::now())?;
+        let filename = format!(
+            "tessera-chargeback-{}-{}.csv",
+            from.format("%Y%m%d"),
+            (to - Duration::days(1)).format("%Y%m%d")
+        );
+        Ok(ChargebackCsv {
+            store: self.store.clone(),
+            team,
+            from,
+            to,
+            cursor: None,
+            header_sent: false,
+            done: false,
+            filename,
+        })
+    }
+
+    /// Which team a finance query covers: `None` (all) for a platform admin who names
+    /// none; a named team for its team admins; otherwise `Forbidden` (or `NotFound` for a
+    /// team the caller can't see).
+    async fn finance_scope(&self, p: &Principal, team: Option<&str>) -> Result<Option<Uuid>, AppError> {
+        match team.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => {
+                let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
+                authz::team(&self.store, p, id, Need::ManageMembers).await?;
+                Ok(Some(id.0))
+            }
+            None if p.is_admin => Ok(None),
+            None => Err(AppError::invalid("team", "choose a team")),
+        }
+    }
+
+    /// Which usage a caller sees: `(team, own_only)`.
+    async fn usage_scope(&self, p: &Principal, team: Option<&str>) -> Result<(Option<Uuid>, bool), AppError> {
+        match team.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => {
+                let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
+                let access = authz::team(&self.store, p, id, Need::Read).await?;
+                let sees_team = p.is_admin
+                    || access.role.is_some_and(TeamRole::manages_members);
+                Ok((Some(id.0), !sees_team))
+            }
+            None if p.is_admin => Ok((None, false)),
+            None => Err(AppError::invalid("team", "choose a team")),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn audit(
+        &self,
+        p: &Principal,
+        action: &str,
+        object_type: &str,
+        object_id: &str,
+        team: Option<Uuid>,
+        before: Option<serde_json::Value>,
+        after: Option<serde_json::Value>,
+    ) {
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: Some(p.username.to_string()),
+            action: action.into(),
+            object_type: object_type.into(),
+            object_id: object_id.into(),
+            team_id: team,
+            before: before.map(|v| v.to_string()),
+            after: after.map(|v| v.to_string()),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+    }
+}
+
+/// The chargeback CSV's columns, FinOps FOCUS names first, Tessera's own as `x-…`.
+pub const CHARGEBACK_COLUMNS: [&str; 27] = [
+    "BillingPeriodStart",
+    "BillingPeriodEnd",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "ChargeCategory",
+    "ChargeDescription",
+    "BilledCost",
+    "EffectiveCost",
+    "ListCost",
+    "BillingCurrency",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "PricingQuantity",
+    "PricingUnit",
+    "ResourceId",
+    "ResourceName",
+    "ResourceType",
+    "ServiceName",
+    "SubAccountId",
+    "SubAccountName",
+    "Tags",
+    "x-user",
+    "x-allocation",
+    "x-gpu-profile",
+    "x-gpu-model",
+    "x-priority",
+    "x-ledger-entry",
+];
+
+impl ChargebackCsv {
+    /// The next piece of the file: the header, then up to 2,000 rows at a time; `None` at
+    /// the end.
+    pub async fn next_chunk(&mut self) -> Result<Option<String>, AppError> {
+        if !self.header_sent {
+            self.header_sent = true;
+            return Ok(Some(format!("{}\n", CHARGEBACK_COLUMNS.join(","))));
+        }
+        if self.done {
+            return Ok(None);
+        }
+        let rows = self
+            .store
+            .charges_after(self.team, self.from, self.to, self.cursor, EXPORT_PAGE)
+            .await
+            .map_err(internal("reading the ledger for export"))?;
+        if rows.len() < EXPORT_PAGE as usize {
+            self.done = true;
+        }
+        let Some(last) = rows.last() else {
+            return Ok(None);
+        };
+        self.cursor = Some((last.hour_start, last.id));
+        let mut out = String::with_capacity(rows.len() * 400);
+        for r in &rows {
+            chargeback_line(&mut out, r);
+        }
+        Ok(Some(out))
+    }
+}
+
+fn chargeback_line(out: &mut String, r: &ChargeRow) {
+    let c = &r.currency;
+    let (bp_start, bp_end) = b::month_bounds(b::month_of(r.hour_start));
+    let hour_end = r.hour_start + Duration::hours(1);
+    let reversal = r.entry_type == "reversal";
+    let kind: Option<GpuKind> = r.kind.parse().ok();
+    let profile = match &kind {
+        Some(GpuKind::Mig { profile, .. }) => profile.clone(),
+        Some(GpuKind::Whole { .. }) => "whole".into(),
+        Some(GpuKind::Share { milli, .. }) => format!("share:{milli}"),
+        None => String::new(),
+    };
+    let resource_type = match &kind {
+        Some(GpuKind::Mig { .. }) => "MIG instance",
+        Some(GpuKind::Share { .. }) => "GPU share",
+        _ => "GPU",
+    };
+    let (consumed, pricing, list) = if reversal {
+        (0, 0, 0)
+    } else {
+        (r.gpu_ms, r.wall_ms * r.count, r.list_minor)
+    };
+    let rfc = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let tags = serde_json::json!({"tessera/priority": r.priority, "tessera/model": r.model}).to_string();
+    let fields: [String; 27] = [
+        rfc(bp_start),
+        rfc(bp_end),
+        rfc(r.hour_start),
+        rfc(hour_end),
+        if reversal { "Adjustment" } else { "Usage" }.into(),
+        format!(
+            "{} × {}{}",
+            r.count,
+            kind_label(&r.kind),
+            if reversal { " (reversal)" } else { "" }
+        ),
+        b::format_minor(r.amount_minor, c),
+        b::format_minor(r.amount_minor, c),
+        b::format_minor(list, c),
+        c.clone(),
+        micro_hours(consumed),
+        "GPU-Hours".into(),
+        micro_hours(pricing),
+        "Hours".into(),
+        r.resource_id.clone(),
+        r.resource_name.clone(),
+        resource_type.into(),
+        "Tessera GPU".into(),
+        r.team_id.to_string(),
+        r.team_name.clone(),
+        tags,
+        r.username.clone(),
+        r.allocation_id.to_string(),
+        profile,
+        r.model.clone(),
+        r.priority.clone(),
+        r.id.to_string(),
+    ];
+    for (i, f) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        csv_field(out, f);
+    }
+    out.push('\n');
+}
+
+/// Milliseconds as hours with six decimals (`3_600_000` → `1.000000`), rounded half up.
+fn micro_hours(ms: i64) -> String {
+    let micro = (ms * 10 + 18) / 36; // ms / 3600 × 1000, rounded (ms ≥ 0)
+    format!("{}.{:06}", micro / 1_000_000, micro % 1_000_000)
+}
+
+/// Appends `s` as one CSV field (RFC 4180), neutralising spreadsheet formulas.
+fn csv_field(out: &mut String, s: &str) {
+    let formula = s.starts_with(['=', '+', '@']) || (s.starts_with('-') && s.parse::<f64>().is_err());
+    let needs_quotes = formula || s.contains([',', '"', '\n', '\r']);
+    if !needs_quotes {
+        out.push_str(s);
+        return;
+    }
+    out.push('"');
+    if formula {
+        out.push('\'');
+    }
+    out.push_str(&s.replace('"', "\"\""));
+    out.push('"');
+}
+
+fn totals_of(g: &UsageGroupRow) -> UsageTotals {
+    UsageTotals {
+        gpu_ms: g.gpu_ms,
+        active_gpu_ms: g.active_gpu_ms,
+        cost_minor: g.cost_minor,
+    }
+}
+
+fn kind_label(kind: &str) -> String {
+    kind.parse::<GpuKind>()
+        .map(|k| k.label())
+        .unwrap_or_else(|_| kind.to_owned())
+}
+
+fn rate_of(r: &RateRow) -> Rate {
+    Rate {
+        id: r.id,
+        kind: r.kind.clone(),
+        price_minor_per_hour: r.price_minor_per_hour,
+        preemptible_discount_pct: u8::try_from(r.preemptible_discount_pct).unwrap_or(0),
+        effective_from: r.effective_from,
+    }
+}
+
+fn entry_view(r: &LedgerRow) -> LedgerEntryView {
+    LedgerEntryView {
+        id: r.id,
+        txn_id: r.txn_id,
+        account: r.account.clone(),
+        team_id: TeamId(r.team_id),
+        team_name: r.team_name.clone(),
+        amount_minor: r.amount_minor,
+        currency: r.currency.clone(),
+        entry_type: r.entry_type.clone(),
+        allocation_id: r.allocation_id,
+        hour_start: r.hour_start,
+        posted_at: r.posted_at,
+        memo: r.memo.clone(),
+    }
+}
+
+/// A device's utilisation in a sample: the MIG instance's SM utilisation, or the whole
+/// GPU's; `None` when the driver could not tell.
+fn utilisation(s: &TelemetrySample, d: &AllocatedDevice) -> Option<u32> {
+    let gpu = s.gpus.iter().find(|g| g.gpu_uuid == d.gpu_uuid)?;
+    match &d.mig_uuid {
+        Some(mig) => gpu
+            .mig_devices
+            .iter()
+            .find(|m| &m.mig_uuid == mig)?
+            .sm_util_pct,
+        None => gpu.utilization_pct,
+    }
+}
+
+fn short(uuid: &str) -> &str {
+    uuid.get(..12).unwrap_or(uuid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_are_quoted_and_formulas_neutralised() {
+        let mut s = String::new();
+        csv_field(&mut s, "plain");
+        s.push('|');
+        csv_field(&mut s, "a,b \"c\"");
+        s.push('|');
+        csv_field(&mut s, "=cmd()");
+        s.push('|');
+        csv_field(&mut s, "-1.50");
+        assert_eq!(s, "plain|\"a,b \"\"c\"\"\"|\"'=cmd()\"|-1.50");
+    }
+
+    #[test]
+    fn quantities_in_hours() {
+        assert_eq!(micro_hours(3_600_000), "1.000000");
+        assert_eq!(micro_hours(514_286), "0.142857");
+        assert_eq!(micro_hours(0), "0.000000");
+    }
+}

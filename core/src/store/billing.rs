@@ -1,0 +1,516 @@
+//! `rate_cards`, `meter_hours`, `ledger_entries`, `budgets`.
+//!
+//! A metered (allocation, hour) and its two ledger entries are written in one transaction,
+//! and the row's primary key makes a second write of the same hour a no-op: a rerun or a
+//! crash at any point never double-charges. Ledger entries are never updated or deleted
+//! (triggers refuse it); corrections are reversing entries.
+
+use super::{AllocationRow, SampleRow, Store, on_pool};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RateRow {
+    pub id: Uuid,
+    pub kind: String,
+    pub model: String,
+    pub price_minor_per_hour: i64,
+    pub preemptible_discount_pct: i64,
+    pub effective_from: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub created_by: Option<String>,
+}
+
+/// One metered (allocation, hour).
+#[derive(Debug, Clone)]
+pub struct MeterRow {
+    pub allocation_id: Uuid,
+    pub hour_start: DateTime<Utc>,
+    /// `YYYY-MM-DD` of `hour_start` (UTC), for grouping by day on both backends.
+    pub day: String,
+    pub team_id: Uuid,
+    pub user_id: Uuid,
+    pub kind: String,
+    pub model: String,
+    pub priority: String,
+    pub count: i64,
+    /// MIG or GPU UUIDs, `;`-separated.
+    pub resource_id: String,
+    pub resource_name: String,
+    pub wall_ms: i64,
+    pub gpu_ms: i64,
+    pub active_gpu_ms: i64,
+    pub samples: i64,
+    pub rate_id: Option<Uuid>,
+    pub list_minor: i64,
+    pub billed_minor: i64,
+    pub currency: String,
+    pub txn_id: Uuid,
+    pub metered_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LedgerRow {
+    pub id: Uuid,
+    pub txn_id: Uuid,
+    pub account: String,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub entry_type: String,
+    pub allocation_id: Uuid,
+    pub hour_start: DateTime<Utc>,
+    pub posted_at: DateTime<Utc>,
+    pub memo: Option<String>,
+}
+
+/// Usage summed over a group (day × kind × team × user, or kind × user).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UsageGroupRow {
+    pub day: String,
+    pub kind: String,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub user_id: Uuid,
+    pub username: String,
+    pub allocations: i64,
+    pub wall_ms: i64,
+    pub gpu_ms: i64,
+    pub active_gpu_ms: i64,
+    pub list_minor: i64,
+    /// Billed cost net of reversals.
+    pub cost_minor: i64,
+}
+
+/// One team-side ledger entry with what was charged, for the chargeback export.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ChargeRow {
+    pub id: Uuid,
+    pub hour_start: DateTime<Utc>,
+    pub amount_minor: i64,
+    pub entry_type: String,
+    pub currency: String,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub user_id: Uuid,
+    pub username: String,
+    pub allocation_id: Uuid,
+    pub kind: String,
+    pub model: String,
+    pub priority: String,
+    pub count: i64,
+    pub resource_id: String,
+    pub resource_name: String,
+    pub wall_ms: i64,
+    pub gpu_ms: i64,
+    pub list_minor: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BudgetRow {
+    pub team_id: Uuid,
+    pub monthly_minor: i64,
+    pub hard: bool,
+}
+
+const METER_INSERT: &str = "INSERT INTO meter_hours (allocation_id, hour_start, day, team_id, \
+    user_id, kind, model, priority, count, resource_id, resource_name, wall_ms, gpu_ms, \
+    active_gpu_ms, samples, rate_id, list_minor, billed_minor, currency, txn_id, metered_at) \
+    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) \
+    ON CONFLICT (allocation_id, hour_start) DO NOTHING";
+
+const LEDGER_INSERT: &str = "INSERT INTO ledger_entries (id, txn_id, account, team_id, \
+    amount_minor, currency, entry_type, allocation_id, hour_start, posted_at, memo) \
+    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)";
+
+/// `$n, $n+1, …` for `len` values starting at `first`.
+fn placeholders(first: usize, len: usize) -> String {
+    (first..first + len)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn sum(col: &str) -> String {
+    format!("CAST(COALESCE(SUM({col}), 0) AS BIGINT)")
+}
+
+impl Store {
+    // ---- rate cards ----
+
+    pub async fn rates(&self) -> Result<Vec<RateRow>, sqlx::Error> {
+        let sql = "SELECT r.id, r.kind, r.model, r.price_minor_per_hour, r.preemptible_discount_pct, \
+                   r.effective_from, r.created_at, u.username AS created_by FROM rate_cards r \
+                   LEFT JOIN users u ON u.id = r.created_by ORDER BY r.kind, r.effective_from";
+        on_pool!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await)
+    }
+
+    /// Sets a rate from its `effective_from` on (replacing one of the same kind starting at
+    /// the same hour). Refused (`false`) when an hour of the model at or after that time
+    /// was billed already: billed hours keep their price.
+    pub async fn set_rate(&self, r: &RateRow, by: Uuid) -> Result<bool, sqlx::Error> {
+        let billed = "SELECT COUNT(*) FROM meter_hours WHERE model = $1 AND hour_start >= $2";
+        let sql = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
+                   preemptible_discount_pct, effective_from, created_at, created_by) \
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (kind, effective_from) DO UPDATE SET \
+                   price_minor_per_hour = excluded.price_minor_per_hour, \
+                   preemptible_discount_pct = excluded.preemptible_discount_pct, \
+                   created_at = excluded.created_at, created_by = excluded.created_by";
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(sql).bind(r.id).bind(&r.kind).bind(&r.model).bind(r.price_minor_per_hour)
+                .bind(r.preemptible_discount_pct).bind(r.effective_from).bind(r.created_at).bind(by)
+                .execute(&mut *tx).await?;
+            let n: i64 = sqlx::query_scalar(billed).bind(&r.model).bind(r.effective_from)
+                .fetch_one(&mut *tx).await?;
+            if n > 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
+    // ---- metering ----
+
+    /// Up to `limit` allocations that were active and are not fully metered yet, in
+    /// `(active_at, id)` order after the cursor `after`.
+    pub async fn billing_candidates(
+        &self,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: u32,
+    ) -> Result<Vec<AllocationRow>, sqlx::Error> {
+        let (first, at, id) = match after {
+            Some((at, id)) => (false, at, id),
+            None => (true, DateTime::<Utc>::MIN_UTC, Uuid::nil()),
+        };
+        let sql = format!(
+            "SELECT {} FROM allocations a WHERE a.active_at IS NOT NULL AND a.billing_closed = FALSE \
+             AND ($1 OR a.active_at > $2 OR (a.active_at = $2 AND a.id > $3)) \
+             ORDER BY a.active_at, a.id LIMIT $4",
+            super::allocations::COLS
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(first).bind(at).bind(id)
+            .bind(i64::from(limit)).fetch_all(pool).await)
+    }
+
+    /// `(id, name)` of every team.
+    pub async fn team_names(&self) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await)
+    }
+
+    /// `(allocation, at, to_state)` of every history entry of `ids`, in order.
+    pub async fn histories(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, DateTime<Utc>, String)>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT allocation_id, at, to_state FROM allocation_events WHERE allocation_id IN ({}) \
+             ORDER BY allocation_id, seq",
+            placeholders(1, ids.len())
+        );
+        on_pool!(self, pool => {
+            let mut q = sqlx::query_as::<_, (Uuid, DateTime<Utc>, String)>(&sql);
+            for id in ids {
+                q = q.bind(*id);
+            }
+            q.fetch_all(pool).await
+        })
+    }
+
+    /// The hours of `ids` metered already.
+    pub async fn metered_hours(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT allocation_id, hour_start FROM meter_hours WHERE allocation_id IN ({})",
+            placeholders(1, ids.len())
+        );
+        on_pool!(self, pool => {
+            let mut q = sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(&sql);
+            for id in ids {
+                q = q.bind(*id);
+            }
+            q.fetch_all(pool).await
+        })
+    }
+
+    /// A node's telemetry samples taken in `[from, to)`.
+    pub async fn samples_between(
+        &self,
+        node: Uuid,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<SampleRow>, sqlx::Error> {
+        let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
+                   AND at >= $2 AND at < $3 ORDER BY at";
+        on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node).bind(from).bind(to).fetch_all(pool).await)
+    }
+
+    /// Writes metered hours of one allocation and their ledger entries in one transaction;
+    /// an hour metered before is skipped with its entries. With `close`, the allocation is
+    /// marked fully metered in the same transaction. Returns the hours written.
+    pub async fn write_meter(
+        &self,
+        allocation: Uuid,
+        rows: &[MeterRow],
+        close: bool,
+    ) -> Result<u32, sqlx::Error> {
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let mut written = 0u32;
+            for m in rows {
+                let n = sqlx::query(METER_INSERT)
+                    .bind(m.allocation_id).bind(m.hour_start).bind(&m.day).bind(m.team_id)
+                    .bind(m.user_id).bind(&m.kind).bind(&m.model).bind(&m.priority).bind(m.count)
+                    .bind(&m.resource_id).bind(&m.resource_name).bind(m.wall_ms).bind(m.gpu_ms)
+                    .bind(m.active_gpu_ms).bind(m.samples).bind(m.rate_id).bind(m.list_minor)
+                    .bind(m.billed_minor).bind(&m.currency).bind(m.txn_id).bind(m.metered_at)
+                    .execute(&mut *tx).await?.rows_affected();
+                if n != 1 {
+                    continue;
+                }
+                written += 1;
+                let team = tessera_domain::ids::TeamId(m.team_id);
+                for posting in tessera_domain::billing::charge(team, m.billed_minor) {
+                    sqlx::query(LEDGER_INSERT).bind(Uuid::new_v4()).bind(m.txn_id)
+                        .bind(posting.account.key()).bind(m.team_id).bind(posting.amount_minor)
+                        .bind(&m.currency).bind("charge").bind(m.allocation_id).bind(m.hour_start)
+                        .bind(m.metered_at).bind(None::<String>).execute(&mut *tx).await?;
+                }
+            }
+            if close {
+                sqlx::query("UPDATE allocations SET billing_closed = TRUE WHERE id = $1")
+                    .bind(allocation).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(written)
+        })
+    }
+
+    // ---- ledger ----
+
+    /// Posts the reversal of the charge `txn` (both entries negated, one new transaction);
+    /// `None` if there is no such charge, `Some(false)` if it was reversed before.
+    pub async fn reverse_charge(
+        &self,
+        txn: Uuid,
+        at: DateTime<Utc>,
+        memo: &str,
+    ) -> Result<Option<(bool, Vec<LedgerRow>)>, sqlx::Error> {
+        let charge = self.ledger_txn(txn).await?;
+        if charge.is_empty() || charge.iter().any(|e| e.entry_type != "charge") {
+            return Ok(None);
+        }
+        let reversal = Uuid::new_v4();
+        let done = self.insert_reversal(&charge, reversal, at, memo).await?;
+        Ok(Some((done, if done { self.ledger_txn(reversal).await? } else { Vec::new() })))
+    }
+
+    async fn insert_reversal(
+        &self,
+        charge: &[LedgerRow],
+        reversal: Uuid,
+        at: DateTime<Utc>,
+        memo: &str,
+    ) -> Result<bool, sqlx::Error> {
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            for e in charge {
+                let r = sqlx::query(LEDGER_INSERT).bind(Uuid::new_v4()).bind(reversal)
+                    .bind(&e.account).bind(e.team_id).bind(-e.amount_minor).bind(&e.currency)
+                    .bind("reversal").bind(e.allocation_id).bind(e.hour_start).bind(at)
+                    .bind(memo).execute(&mut *tx).await;
+                match r {
+                    Ok(_) => {}
+                    Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
+    pub async fn ledger_txn(&self, txn: Uuid) -> Result<Vec<LedgerRow>, sqlx::Error> {
+        let sql = "SELECT le.id, le.txn_id, le.account, le.team_id, t.name AS team_name, le.amount_minor, \
+                   le.currency, le.entry_type, le.allocation_id, le.hour_start, le.posted_at, le.memo \
+                   FROM ledger_entries le JOIN teams t ON t.id = le.team_id WHERE le.txn_id = $1 ORDER BY le.account";
+        on_pool!(self, pool => sqlx::query_as::<_, LedgerRow>(sql).bind(txn).fetch_all(pool).await)
+    }
+
+    /// A page of ledger entries for hours in `[from, to)`, newest first; `team`: only the
+    /// entries of that team's transactions (both sides).
+    pub async fn ledger_page(
+        &self,
+        team: Option<Uuid>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<LedgerRow>, i64), sqlx::Error> {
+        let filter = "WHERE le.hour_start >= $1 AND le.hour_start < $2 AND ($3 IS NULL OR le.team_id = $3)";
+        let sql = format!(
+            "SELECT le.id, le.txn_id, le.account, le.team_id, t.name AS team_name, le.amount_minor, \
+             le.currency, le.entry_type, le.allocation_id, le.hour_start, le.posted_at, le.memo \
+             FROM ledger_entries le JOIN teams t ON t.id = le.team_id {filter} \
+             ORDER BY le.hour_start DESC, le.posted_at DESC, le.txn_id, le.account LIMIT $4 OFFSET $5"
+        );
+        let count = format!("SELECT COUNT(*) FROM ledger_entries le {filter}");
+        on_pool!(self, pool => {
+            let rows = sqlx::query_as::<_, LedgerRow>(&sql).bind(from).bind(to).bind(team)
+                .bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?;
+            let total = sqlx::query_scalar::<_, i64>(&count).bind(from).bind(to).bind(team)
+                .fetch_one(pool).await?;
+            Ok((rows, total))
+        })
+    }
+
+    /// What teams were charged for hours in `[from, to)` (net of reversals), per team.
+    pub async fn team_charges(
+        &self,
+        team: Option<Uuid>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT team_id, {} FROM ledger_entries WHERE account <> 'platform' \
+             AND hour_start >= $1 AND hour_start < $2 AND ($3 IS NULL OR team_id = $3) GROUP BY team_id",
+            sum("amount_minor")
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team).fetch_all(pool).await)
+    }
+
+    /// Reversals posted for hours in `[from, to)` of one team (team side, negative).
+    pub async fn team_adjustments(
+        &self,
+        team: Uuid,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<i64, sqlx::Error> {
+        let sql = format!(
+            "SELECT {} FROM ledger_entries WHERE account <> 'platform' AND entry_type = 'reversal' \
+             AND hour_start >= $1 AND hour_start < $2 AND team_id = $3",
+            sum("amount_minor")
+        );
+        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team).fetch_one(pool).await)
+    }
+
+    /// `(sum of every entry, number of entries)`: the sum is 0 in a balanced ledger.
+    pub async fn ledger_balance(&self) -> Result<(i64, i64), sqlx::Error> {
+        let sql = format!("SELECT {}, COUNT(*) FROM ledger_entries", sum("amount_minor"));
+        on_pool!(self, pool => sqlx::query_as::<_, (i64, i64)>(&sql).fetch_one(pool).await)
+    }
+
+    // ---- usage ----
+
+    /// Metered usage in `[from, to)`, summed per day × kind × team × user (`by_day`) or per
+    /// kind × team × user; cost is net of reversals.
+    pub async fn usage_groups(
+        &self,
+        team: Option<Uuid>,
+        user: Option<Uuid>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        by_day: bool,
+    ) -> Result<Vec<UsageGroupRow>, sqlx::Error> {
+        let day = if by_day { "m.day" } else { "''" };
+        let group = if by_day { "m.day, " } else { "" };
+        let sql = format!(
+            "SELECT {day} AS day, m.kind, m.team_id, t.name AS team_name, m.user_id, u.username, \
+             CAST(COUNT(DISTINCT m.allocation_id) AS BIGINT) AS allocations, {} AS wall_ms, \
+             {} AS gpu_ms, {} AS active_gpu_ms, {} AS list_minor, {} AS cost_minor \
+             FROM meter_hours m JOIN teams t ON t.id = m.team_id JOIN users u ON u.id = m.user_id \
+             LEFT JOIN ledger_entries r ON r.allocation_id = m.allocation_id \
+               AND r.hour_start = m.hour_start AND r.entry_type = 'reversal' AND r.account <> 'platform' \
+             WHERE m.hour_start >= $1 AND m.hour_start < $2 AND ($3 IS NULL OR m.team_id = $3) \
+               AND ($4 IS NULL OR m.user_id = $4) \
+             GROUP BY {group}m.kind, m.team_id, t.name, m.user_id, u.username",
+            sum("m.wall_ms"),
+            sum("m.gpu_ms"),
+            sum("m.active_gpu_ms"),
+            sum("m.list_minor"),
+            sum("m.billed_minor + COALESCE(r.amount_minor, 0)"),
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, UsageGroupRow>(&sql).bind(from).bind(to)
+            .bind(team).bind(user).fetch_all(pool).await)
+    }
+
+    /// Up to `limit` team-side ledger entries for hours in `[from, to)` after the cursor
+    /// `(hour, id)`, in `(hour_start, id)` order, with what they charged: the chargeback
+    /// export reads the ledger in these pages, so its memory stays constant.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn charges_after(
+        &self,
+        team: Option<Uuid>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: u32,
+    ) -> Result<Vec<ChargeRow>, sqlx::Error> {
+        let (after_hour, after_id, first) = match after {
+            Some((h, id)) => (h, id, false),
+            None => (from, Uuid::nil(), true),
+        };
+        let sql = "SELECT le.id, le.hour_start, le.amount_minor, le.entry_type, le.currency, le.team_id, \
+                   t.name AS team_name, m.user_id, u.username, le.allocation_id, m.kind, m.model, m.priority, \
+                   m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor \
+                   FROM ledger_entries le \
+                   JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start \
+                   JOIN teams t ON t.id = le.team_id JOIN users u ON u.id = m.user_id \
+                   WHERE le.account <> 'platform' AND le.hour_start >= $1 AND le.hour_start < $2 \
+                     AND ($3 IS NULL OR le.team_id = $3) \
+                     AND ($6 OR le.hour_start > $4 OR (le.hour_start = $4 AND le.id > $5)) \
+                   ORDER BY le.hour_start, le.id LIMIT $7";
+        on_pool!(self, pool => sqlx::query_as::<_, ChargeRow>(sql).bind(from).bind(to).bind(team)
+            .bind(after_hour).bind(after_id).bind(first).bind(i64::from(limit)).fetch_all(pool).await)
+    }
+
+    // ---- budgets ----
+
+    pub async fn budgets(&self) -> Result<Vec<BudgetRow>, sqlx::Error> {
+        let sql = "SELECT team_id, monthly_minor, hard FROM budgets";
+        on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).fetch_all(pool).await)
+    }
+
+    pub async fn budget(&self, team: Uuid) -> Result<Option<BudgetRow>, sqlx::Error> {
+        let sql = "SELECT team_id, monthly_minor, hard FROM budgets WHERE team_id = $1";
+        on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team).fetch_optional(pool).await)
+    }
+
+    /// Sets (`Some`) or removes (`None`) a team's budget.
+    pub async fn set_budget(
+        &self,
+        team: Uuid,
+        budget: Option<(i64, bool)>,
+        by: Uuid,
+        at: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        match budget {
+            Some((monthly, hard)) => {
+                let sql = "INSERT INTO budgets (team_id, monthly_minor, hard, updated_at, updated_by) \
+                           VALUES ($1,$2,$3,$4,$5) ON CONFLICT (team_id) DO UPDATE SET \
+                           monthly_minor = excluded.monthly_minor, hard = excluded.hard, \
+                           updated_at = excluded.updated_at, updated_by = excluded.updated_by";
+                on_pool!(self, pool => sqlx::query(sql).bind(team).bind(monthly).bind(hard).bind(at)
+                    .bind(by).execute(pool).await.map(|_| ()))
+            }
+            None => {
+                on_pool!(self, pool => sqlx::query("DELETE FROM budgets WHERE team_id = $1")
+                    .bind(team).execute(pool).await.map(|_| ()))
+            }
+        }
+    }
+}
