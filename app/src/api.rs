@@ -19,6 +19,9 @@ use ssr::{id, number, optional_number};
 use std::collections::BTreeMap;
 use tessera_domain::account::Me;
 use tessera_domain::alloc::{AllocationView, QuotaView};
+use tessera_domain::billing::{BudgetView, LedgerEntryView, RateView, Statement, UsageReport};
+#[cfg(feature = "ssr")]
+use tessera_domain::billing::{NewRate, SetBudget};
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 #[cfg(feature = "ssr")]
@@ -551,6 +554,180 @@ pub async fn audit_log(
 ) -> Result<Page<tessera_domain::audit::AuditEntryView>, UiError> {
     ssr::call([], async |s, p| {
         s.allocations.audit_log(p, Some(&action), page).await
+    })
+    .await
+}
+
+// ---- billing ----
+
+/// Every price: current, past and scheduled (any signed-in user).
+#[server(prefix = "/fn", endpoint = "list_rates")]
+pub async fn list_rates() -> Result<Vec<RateView>, UiError> {
+    ssr::call([], async |s, p| s.billing.rates(p).await).await
+}
+
+/// Sets a price (platform admin). `price` is a decimal amount per hour (`2.50`);
+/// `effective_from` is `YYYY-MM-DDTHH:MM` in UTC (a full hour), empty for the next hour.
+#[server(prefix = "/fn", endpoint = "set_rate")]
+pub async fn set_rate(
+    kind: String,
+    price: String,
+    preemptible_discount_pct: String,
+    effective_from: String,
+) -> Result<RateView, UiError> {
+    let echo = [
+        ("kind", kind.clone()),
+        ("price", price.clone()),
+        ("preemptible_discount_pct", preemptible_discount_pct.clone()),
+        ("effective_from", effective_from.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let minor = tessera_domain::billing::parse_money(&price, s.billing.currency(), "price")?;
+        let discount = optional_number(Some(&preemptible_discount_pct), "preemptible_discount_pct")?
+            .unwrap_or(0);
+        let from = match effective_from.trim() {
+            "" => None,
+            t => Some(
+                chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M")
+                    .map_err(|_| {
+                        AppError::invalid("effective_from", "must be a date and hour like 2026-12-01T00:00")
+                    })?
+                    .and_utc(),
+            ),
+        };
+        let input = NewRate {
+            kind,
+            price_minor_per_hour: minor,
+            preemptible_discount_pct: u8::try_from(discount).map_err(|_| {
+                AppError::invalid("preemptible_discount_pct", "must be between 0 and 100")
+            })?,
+            effective_from: from,
+        };
+        s.billing.set_rate(p, &input).await
+    })
+    .await
+}
+
+/// A team's monthly budget and this month's spend.
+#[server(prefix = "/fn", endpoint = "team_budget")]
+pub async fn team_budget(team_id: String) -> Result<BudgetView, UiError> {
+    ssr::call([], async |s, p| s.billing.budget(p, TeamId(id(&team_id)?)).await).await
+}
+
+/// Every team's budget and spend this month (platform admin).
+#[server(prefix = "/fn", endpoint = "list_budgets")]
+pub async fn list_budgets() -> Result<Vec<BudgetView>, UiError> {
+    ssr::call([], async |s, p| s.billing.budgets(p).await).await
+}
+
+/// Sets a team's monthly budget (platform admin): `amount` decimal, empty removes it;
+/// `hard` = "on" makes requests beyond it wait for approval.
+#[server(prefix = "/fn", endpoint = "save_budget")]
+pub async fn save_budget(
+    team_id: String,
+    amount: String,
+    #[server(default)] hard: Option<String>,
+) -> Result<BudgetView, UiError> {
+    let echo = [("amount", amount.clone())];
+    ssr::call(echo, async |s, p| {
+        let monthly = match amount.trim() {
+            "" => None,
+            a => Some(tessera_domain::billing::parse_money(a, s.billing.currency(), "amount")?),
+        };
+        let input = SetBudget {
+            monthly_minor: monthly,
+            hard: hard.is_some_and(|h| h != "false" && h != "off"),
+        };
+        s.billing.set_budget(p, TeamId(id(&team_id)?), &input).await
+    })
+    .await
+}
+
+/// Usage and cost per day, kind, user and team over `[from, to]` (`YYYY-MM-DD`; empty:
+/// this month so far). `team_id` empty: every team (platform admin).
+#[server(prefix = "/fn", endpoint = "usage")]
+pub async fn usage(
+    team_id: String,
+    from: String,
+    to: String,
+) -> Result<UsageReport, UiError> {
+    let echo = [("from", from.clone()), ("to", to.clone())];
+    ssr::call(echo, async |s, p| {
+        let q = tessera_core::services::billing::UsageQuery {
+            team: Some(team_id),
+            from: Some(from),
+            to: Some(to),
+        };
+        s.billing.usage(p, &q).await
+    })
+    .await
+}
+
+/// A team's statement for a month (`YYYY-MM`).
+#[server(prefix = "/fn", endpoint = "team_statement")]
+pub async fn team_statement(team_id: String, month: String) -> Result<Statement, UiError> {
+    ssr::call([("month", month.clone())], async |s, p| {
+        s.billing.statement(p, TeamId(id(&team_id)?), &month).await
+    })
+    .await
+}
+
+/// Ledger entries for hours in `[from, to]`; `team_id` empty: every team (platform admin).
+#[server(prefix = "/fn", endpoint = "ledger_entries")]
+pub async fn ledger_entries(
+    team_id: String,
+    from: String,
+    to: String,
+    page: PageRequest,
+) -> Result<Page<LedgerEntryView>, UiError> {
+    ssr::call([], async |s, p| {
+        let q = tessera_core::services::billing::UsageQuery {
+            team: Some(team_id),
+            from: Some(from),
+            to: Some(to),
+        };
+        s.billing.ledger(p, &q, page).await
+    })
+    .await
+}
+
+/// Reverses one charge with a reason (platform admin).
+#[server(prefix = "/fn", endpoint = "reverse_charge")]
+pub async fn reverse_charge(
+    txn_id: String,
+    reason: String,
+) -> Result<Vec<LedgerEntryView>, UiError> {
+    ssr::call([("reason", reason.clone())], async |s, p| {
+        s.billing.reverse(p, id(&txn_id)?, &reason).await
+    })
+    .await
+}
+
+/// What a request would cost at today's prices, e.g. `12.00 USD` (empty when unpriced).
+#[server(prefix = "/fn", endpoint = "estimate_cost")]
+pub async fn estimate_cost(
+    kind: String,
+    count: String,
+    duration_hours: String,
+    priority: String,
+) -> Result<String, UiError> {
+    ssr::call([], async |s, p| {
+        let _ = p;
+        let Ok(kind) = kind.parse::<tessera_domain::alloc::GpuKind>() else {
+            return Ok(String::new());
+        };
+        let count = number(&count, "count").unwrap_or(1).max(1);
+        let hours = number(&duration_hours, "duration_hours").unwrap_or(0);
+        let minor = s
+            .billing
+            .estimate(&kind, count, hours.saturating_mul(60), priority == "preemptible", chrono::Utc::now())
+            .await?;
+        let c = s.billing.currency();
+        Ok(if minor == 0 {
+            String::new()
+        } else {
+            format!("{} {c}", tessera_domain::billing::format_minor(minor, c))
+        })
     })
     .await
 }

@@ -85,6 +85,16 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_PREEMPTION_GRACE", default_value = "10m", value_parser = parse_duration)]
     pub preemption_grace: Duration,
 
+    /// How often GPU usage is metered into the ledger (complete hours, and allocations that
+    /// ended). Metering is idempotent, so any interval is safe (e.g. `1m`).
+    #[arg(long, env = "TESSERA_METERING_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub metering_interval: Duration,
+
+    /// The currency prices, charges and budgets are in (ISO 4217, e.g. `EUR`). Amounts are
+    /// stored in its minor unit (cents); don't change it once charges exist.
+    #[arg(long, env = "TESSERA_CURRENCY", default_value = "USD")]
+    pub currency: String,
+
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
     pub session_idle_timeout: Duration,
@@ -150,6 +160,12 @@ impl ServeConfig {
         {
             return Err(
                 "TESSERA_PUBLIC_URL (--public-url) must start with http:// or https://".into(),
+            );
+        }
+        if !tessera_domain::billing::is_currency_code(&self.currency) {
+            return Err(
+                "TESSERA_CURRENCY (--currency) must be an ISO 4217 code such as USD or EUR"
+                    .into(),
             );
         }
         if self.session_absolute_timeout < self.session_idle_timeout {

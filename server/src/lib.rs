@@ -57,12 +57,13 @@ pub async fn run(
     });
     let hasher = auth::password::Hasher::new(workers, config.login_queue)?;
     let limiter = Arc::new(auth::limiter::LoginLimiter::new(Default::default()));
-    let mut services = Services::new(
+    let services = Services::new(
         store.clone(),
         hasher,
         limiter,
         config.session_absolute_timeout,
     );
+    let mut services = services.with_currency(&config.currency);
     services.allocations = services
         .allocations
         .with_preemption_grace(config.preemption_grace);
@@ -126,6 +127,10 @@ pub async fn run(
         state.services.clone(),
         config.scheduler_interval,
     ));
+    let metering = tokio::spawn(scheduler::meter(
+        state.services.clone(),
+        config.metering_interval,
+    ));
     let router = http::router(state.clone(), http::session_layer(session_store, &config));
     // Simulated nodes start once the server accepts connections (they register at once).
     let sim_nodes = if config.no_sim {
@@ -152,6 +157,7 @@ pub async fn run(
     .await;
     cleanup.abort();
     scheduler.abort();
+    metering.abort();
     if let Some(task) = sim_nodes
         && let Ok(Some(mut children)) = task.await
     {

@@ -23,6 +23,12 @@ pub const QUEUE_LENGTH: &str = "tessera_allocation_queue_length";
 pub const PLACEMENT_WAIT: &str = "tessera_allocation_placement_wait_seconds";
 pub const ALLOCATIONS: &str = "tessera_allocations";
 pub const QUEUE_OLDEST_WAIT: &str = "tessera_allocation_queue_oldest_wait_seconds";
+/// Spend this calendar month over the monthly budget (1.0 = all of it), per team.
+pub const BUDGET_RATIO: &str = "tessera_team_budget_used_ratio";
+/// Spend this calendar month in the currency's major unit, per team.
+pub const BUDGET_SPENT: &str = "tessera_team_spend_month";
+/// (allocation, hour) rows the metering job wrote.
+pub const METERED_HOURS: &str = "tessera_metered_allocation_hours_total";
 
 /// The process-wide metrics recorder (installed once; every app in the process shares it).
 pub fn metrics_handle() -> Option<PrometheusHandle> {

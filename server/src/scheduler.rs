@@ -47,3 +47,21 @@ pub async fn run(services: Arc<Services>, every: Duration) {
         }
     }
 }
+
+/// The metering loop: every `every`, meters complete hours (and ended allocations) into
+/// the ledger. Each pass is idempotent, so a restart or an overlapping pass bills nothing
+/// twice.
+pub async fn meter(services: Arc<Services>, every: Duration) {
+    loop {
+        match services.billing.meter(Utc::now(), None).await {
+            Ok(r) => {
+                if r.hours > 0 {
+                    tracing::info!(hours = r.hours, closed = r.closed, "metered GPU usage");
+                }
+                metrics::counter!(crate::observability::METERED_HOURS).increment(u64::from(r.hours));
+            }
+            Err(e) => tracing::warn!("metering pass failed: {e}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}

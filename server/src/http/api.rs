@@ -11,9 +11,13 @@ use axum::extract::Query;
 use http::StatusCode;
 use serde::Deserialize;
 use tessera_core::services::allocations::ListFilter;
+use tessera_core::services::billing::UsageQuery;
 use tessera_domain::account::Me;
 use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
 use tessera_domain::audit::AuditEntryView;
+use tessera_domain::billing::{
+    BudgetView, LedgerEntryView, NewRate, RateView, SetBudget, Statement, UsageReport,
+};
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -102,6 +106,15 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(list_quotas))
         .routes(routes!(set_quota))
         .routes(routes!(audit_log))
+        .routes(routes!(list_rates, set_rate))
+        .routes(routes!(list_budgets))
+        .routes(routes!(get_budget, set_budget))
+        .routes(routes!(ledger))
+        .routes(routes!(reverse_charge))
+        .routes(routes!(usage))
+        .routes(routes!(statement))
+        .routes(routes!(chargeback_csv))
+        .routes(routes!(usage_csv))
         .split_for_parts()
 }
 
@@ -611,4 +624,184 @@ async fn audit_log(
     ok(s.allocations
         .audit_log(&p, q.action.as_deref(), PageRequest::new(q.offset, q.limit))
         .await)
+}
+
+// ---- billing ----
+
+#[utoipa::path(get, path = "/api/v1/rates", tag = "billing",
+    description = "Every price (per unit of a kind and hour, minor units): current, past and \
+                   scheduled. A MIG profile without a price of its own costs its model's \
+                   whole-GPU price pro rata by compute slices.",
+    responses((status = 200, description = "OK", body = Vec<RateView>)))]
+async fn list_rates(Call(s, p): Call) -> ApiResult<Vec<RateView>> {
+    ok(s.billing.rates(&p).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/rates", tag = "billing", request_body = NewRate,
+    description = "Sets a price from a full hour on (platform admin); hours already billed keep \
+                   their price, so `effective_from` may not be in the past.",
+    responses((status = 201, description = "Created", body = RateView), Forbidden, Invalid))]
+async fn set_rate(Call(s, p): Call, JsonBody(b): JsonBody<NewRate>) -> Created<RateView> {
+    created(s.billing.set_rate(&p, &b).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/budgets", tag = "billing",
+    description = "Every team's monthly budget and spend this month (platform admin).",
+    responses((status = 200, description = "OK", body = Vec<BudgetView>), Forbidden))]
+async fn list_budgets(Call(s, p): Call) -> ApiResult<Vec<BudgetView>> {
+    ok(s.billing.budgets(&p).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/budget", tag = "billing",
+    responses((status = 200, description = "OK", body = BudgetView), NotFound))]
+async fn get_budget(Call(s, p): Call, Path(team): Path<Uuid>) -> ApiResult<BudgetView> {
+    ok(s.billing.budget(&p, TeamId(team)).await)
+}
+
+#[utoipa::path(put, path = "/api/v1/teams/{id}/budget", tag = "billing", request_body = SetBudget,
+    description = "Sets (or with `monthly_minor: null` removes) the team's monthly budget \
+                   (platform admin). A hard budget sends requests that would exceed it to a \
+                   platform admin for approval.",
+    responses((status = 200, description = "OK", body = BudgetView), Forbidden, NotFound, Invalid))]
+async fn set_budget(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+    JsonBody(b): JsonBody<SetBudget>,
+) -> ApiResult<BudgetView> {
+    ok(s.billing.set_budget(&p, TeamId(team), &b).await)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct PeriodQuery {
+    /// A team id; omitted: every team (platform admins only).
+    team: Option<String>,
+    /// First day, `YYYY-MM-DD` (UTC); default the first of this month.
+    from: Option<String>,
+    /// Last day, inclusive; default today.
+    to: Option<String>,
+}
+
+impl PeriodQuery {
+    fn usage(self) -> UsageQuery {
+        UsageQuery {
+            team: self.team,
+            from: self.from,
+            to: self.to,
+        }
+    }
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct LedgerQuery {
+    /// A team id; omitted: every team (platform admins only).
+    team: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    #[serde(default)]
+    offset: u32,
+    #[serde(default = "default_limit")]
+    limit: u32,
+}
+
+#[utoipa::path(get, path = "/api/v1/ledger", tag = "billing", params(LedgerQuery),
+    description = "Ledger entries for hours in the period, newest first: platform admins (all \
+                   teams or one), team admins (their team). Each charge is two entries (team \
+                   debit, platform credit) sharing a `txn_id`; they sum to zero.",
+    responses((status = 200, description = "OK", body = Page<LedgerEntryView>), Forbidden, NotFound, Invalid))]
+async fn ledger(Call(s, p): Call, Query(q): Query<LedgerQuery>) -> ApiResult<Page<LedgerEntryView>> {
+    let page = PageRequest::new(q.offset, q.limit);
+    let query = UsageQuery {
+        team: q.team,
+        from: q.from,
+        to: q.to,
+    };
+    ok(s.billing.ledger(&p, &query, page).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct Reversal {
+    /// Why (kept in the ledger entry and the audit trail); at most 500 characters.
+    reason: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/ledger/{txn_id}/reverse", tag = "billing", request_body = Reversal,
+    description = "Reverses one charge with a reversing pair of entries (platform admin). A charge \
+                   is reversed at most once; entries are never edited.",
+    responses((status = 200, description = "The reversing entries", body = Vec<LedgerEntryView>), Forbidden, NotFound, Conflict, Invalid))]
+async fn reverse_charge(
+    Call(s, p): Call,
+    Path(txn): Path<Uuid>,
+    JsonBody(b): JsonBody<Reversal>,
+) -> ApiResult<Vec<LedgerEntryView>> {
+    ok(s.billing.reverse(&p, txn, &b.reason).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/usage", tag = "billing", params(PeriodQuery),
+    description = "GPU-time and cost per day, GPU kind, user and team. Platform admins see every \
+                   team; team admins their team; members their own usage in a team.",
+    responses((status = 200, description = "OK", body = UsageReport), NotFound, Invalid))]
+async fn usage(Call(s, p): Call, Query(q): Query<PeriodQuery>) -> ApiResult<UsageReport> {
+    ok(s.billing.usage(&p, &q.usage()).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/statements/{month}", tag = "billing",
+    params(("id" = Uuid, Path), ("month" = String, Path, description = "`YYYY-MM`")),
+    description = "What the team owes for a calendar month (UTC): team admins, platform admins.",
+    responses((status = 200, description = "OK", body = Statement), Forbidden, NotFound, Invalid))]
+async fn statement(
+    Call(s, p): Call,
+    Path((team, month)): Path<(Uuid, String)>,
+) -> ApiResult<Statement> {
+    ok(s.billing.statement(&p, TeamId(team), &month).await)
+}
+
+fn csv_response(filename: &str, body: axum::body::Body) -> axum::response::Response {
+    let mut res = axum::response::Response::new(body);
+    let h = res.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/csv; charset=utf-8"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(&format!("attachment; filename=\"{filename}\"")) {
+        h.insert(http::header::CONTENT_DISPOSITION, v);
+    }
+    res
+}
+
+#[utoipa::path(get, path = "/api/v1/exports/chargeback.csv", tag = "billing", params(PeriodQuery),
+    description = "The chargeback file for hours in the period, one row per ledger entry of a \
+                   team (a metered allocation-hour, or its reversal), with FinOps FOCUS column \
+                   names (BilledCost, ChargePeriodStart, ResourceId = MIG or GPU UUID, \
+                   SubAccountName = team, …). Streamed; the BilledCost total equals the ledger's \
+                   for the period. Platform admins: all teams or one; team admins: their team.",
+    responses((status = 200, description = "CSV", content_type = "text/csv", body = String), Forbidden, NotFound, Invalid))]
+async fn chargeback_csv(
+    Call(s, p): Call,
+    Query(q): Query<PeriodQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let csv = s.billing.chargeback(&p, &q.usage()).await?;
+    let filename = csv.filename.clone();
+    let stream = futures_util::stream::unfold(Some(csv), |state| async move {
+        let mut csv = state?;
+        match csv.next_chunk().await {
+            Ok(Some(chunk)) => Some((Ok(bytes::Bytes::from(chunk)), Some(csv))),
+            Ok(None) => None,
+            // The status is sent already: end the body early so the client sees a
+            // truncated (not a silently complete) download.
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
+        }
+    });
+    Ok(csv_response(&filename, axum::body::Body::from_stream(stream)))
+}
+
+#[utoipa::path(get, path = "/api/v1/exports/usage.csv", tag = "billing", params(PeriodQuery),
+    description = "Usage per day (GPU-hours, active GPU-hours, efficiency, cost): the usage \
+                   chart's data, with the same visibility as `/api/v1/usage`.",
+    responses((status = 200, description = "CSV", content_type = "text/csv", body = String), NotFound, Invalid))]
+async fn usage_csv(
+    Call(s, p): Call,
+    Query(q): Query<PeriodQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let body = s.billing.usage_csv(&p, &q.usage()).await?;
+    Ok(csv_response("tessera-usage.csv", axum::body::Body::from(body)))
 }

@@ -22,6 +22,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     record_cluster_gauges(&state).await;
     record_allocation_gauges(&state).await;
+    record_budget_gauges(&state).await;
     let body = crate::observability::metrics_handle()
         .map(|h| h.render())
         .unwrap_or_default();
@@ -74,4 +75,22 @@ async fn record_allocation_gauges(state: &AppState) {
         .map(|t| (chrono::Utc::now() - t).num_seconds().max(0) as f64)
         .unwrap_or(0.0);
     metrics::gauge!(QUEUE_OLDEST_WAIT).set(wait);
+}
+
+/// Each team's spend this month against its budget (teams with a budget or a spend).
+async fn record_budget_gauges(state: &AppState) {
+    use crate::observability::{BUDGET_RATIO, BUDGET_SPENT};
+    let Ok(budgets) = state.services.billing.all_budgets(chrono::Utc::now()).await else {
+        return;
+    };
+    for b in budgets {
+        let (id, name) = (b.team_id.to_string(), b.team_name.clone());
+        let spent = b.spent_minor as f64 / 10f64.powi(tessera_domain::billing::minor_digits(&b.currency) as i32);
+        metrics::gauge!(BUDGET_SPENT, "team_id" => id.clone(), "team" => name.clone(), "currency" => b.currency.clone())
+            .set(spent);
+        if let Some(m) = b.monthly_minor.filter(|m| *m > 0) {
+            metrics::gauge!(BUDGET_RATIO, "team_id" => id, "team" => name)
+                .set(b.spent_minor as f64 / m as f64);
+        }
+    }
 }
