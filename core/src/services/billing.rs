@@ -176,9 +176,10 @@ impl Billing {
         card: &RateCard,
         now: DateTime<Utc>,
     ) -> Result<(Vec<MeterRow>, bool), AppError> {
-        let done = history
-            .last()
-            .is_some_and(|(_, s)| *s != AllocState::Active && *s != AllocState::Placing);
+        // Left `active` for good (it never returns) by `now`: every hour may be billed.
+        let done = history.last().is_some_and(|(at, s)| {
+            *at <= now && *s != AllocState::Active && *s != AllocState::Placing
+        });
         let intervals = b::active_intervals(history, now);
         let hours: Vec<(DateTime<Utc>, i64)> = b::wall_ms_per_hour(&intervals)
             .into_iter()

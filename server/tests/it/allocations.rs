@@ -12,10 +12,10 @@ use std::time::Duration;
 const PW: &str = "allocation-password-1";
 
 /// A team with a member and a team admin, each with an API token.
-struct Team {
-    id: String,
-    member: String,
-    team_admin: String,
+pub(crate) struct Team {
+    pub(crate) id: String,
+    pub(crate) member: String,
+    pub(crate) team_admin: String,
 }
 
 async fn token_for(app: &TestApp, user: &str) -> String {
@@ -35,7 +35,7 @@ async fn token_for(app: &TestApp, user: &str) -> String {
         .to_owned()
 }
 
-async fn team(a: &AdminClient, name: &str) -> Team {
+pub(crate) async fn team(a: &AdminClient, name: &str) -> Team {
     let (s, t) = a
         .call(Method::POST, "/api/v1/teams", Some(json!({"name": name})))
         .await;
@@ -73,7 +73,7 @@ async fn team(a: &AdminClient, name: &str) -> Team {
     }
 }
 
-async fn set_quota(a: &AdminClient, team: &str, model: &str, g: u32, l: u32, u: u32) {
+pub(crate) async fn set_quota(a: &AdminClient, team: &str, model: &str, g: u32, l: u32, u: u32) {
     let (s, v) = a
         .call(
             Method::PUT,
@@ -97,7 +97,7 @@ async fn used(a: &AdminClient, team: &str, model: &str) -> u64 {
         .expect("quota")
 }
 
-async fn request(app: &TestApp, token: &str, team: &str, kind: &str) -> (u16, Value) {
+pub(crate) async fn request(app: &TestApp, token: &str, team: &str, kind: &str) -> (u16, Value) {
     call_with_token(
         app,
         token,
@@ -579,13 +579,13 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
 
 /// A real `tessera-agent --simulate` with one H100, joined with a fresh join token and
 /// managing MIG; killed when dropped.
-struct SimAgent {
+pub(crate) struct SimAgent {
     _child: tokio::process::Child,
     _state: tempfile::TempDir,
 }
 
 impl SimAgent {
-    async fn start(a: &AdminClient, hostname: &str) -> SimAgent {
+    pub(crate) async fn start(a: &AdminClient, hostname: &str) -> SimAgent {
         let (s, jt) = a
             .call(
                 Method::POST,
@@ -613,7 +613,7 @@ impl SimAgent {
     }
 }
 
-async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
+pub(crate) async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let (_, v) = a

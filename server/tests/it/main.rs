@@ -4,6 +4,7 @@
 mod accounts;
 mod allocations;
 mod authz;
+mod billing;
 mod nodes;
 mod platform;
 mod support;

@@ -1,0 +1,259 @@
+//! Metering and the chargeback export through the service layer, on SQLite and (with
+//! `TESSERA_BENCH_PG_URL`) PostgreSQL.
+//!
+//! 1,000 teams each ran one whole H100 for the 30 days (720 hours) before the last full
+//! hour: one metering pass turns that into 720,000 metered allocation-hours, each with two
+//! ledger entries (allocation-hours/s); then the chargeback CSV for the period is streamed
+//! (720,000 rows, read from the ledger in pages) and its BilledCost total checked against
+//! the ledger, with the time and the resident memory the export added at its peak.
+//! `TEAMS` and `DAYS` shrink it. Run: `cargo bench -p tessera-core --bench billing`.
+
+use chrono::{Duration as Days, TimeZone, Utc};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_core::Services;
+use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
+use tessera_core::services::billing::UsageQuery;
+use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
+use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::ids::UserId;
+use uuid::Uuid;
+
+fn env_or(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let dir = std::env::temp_dir().join(format!("tessera-bench-billing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut targets = vec![(
+        "SQLite",
+        format!("sqlite://{}/bench.db?mode=rwc", dir.display()),
+    )];
+    if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
+        targets.push(("PostgreSQL", rt.block_on(fresh_pg_database(&pg))?));
+    }
+    for (name, url) in targets {
+        rt.block_on(run(name, &url))?;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+async fn run(name: &str, url: &str) -> anyhow::Result<()> {
+    let teams = env_or("TEAMS", 1000);
+    let days = env_or("DAYS", 30);
+    let store = Store::connect(url).await?;
+    store.migrate().await?;
+    let services = Services::new(
+        store.clone(),
+        Hasher::new(2, 16)?,
+        Arc::new(LoginLimiter::new(Default::default())),
+        Duration::from_secs(86400),
+    );
+    services
+        .accounts
+        .bootstrap_admin(Some(
+            &NewPassword::parse("bench-admin-password", "password").map_err(err)?,
+        ))
+        .await?;
+    let admin = store
+        .user_by_username("admin")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no admin"))?;
+    let p = Principal {
+        user_id: UserId(admin.id),
+        username: Username::parse("admin").map_err(err)?,
+        is_admin: true,
+    };
+    let now = Utc::now();
+    let last_hour = Utc
+        .timestamp_opt(now.timestamp() - now.timestamp().rem_euclid(3600), 0)
+        .single()
+        .ok_or_else(|| anyhow::anyhow!("time"))?;
+    let start = last_hour - Days::days(days);
+    store
+        .set_rate(
+            &RateRow {
+                id: Uuid::new_v4(),
+                kind: "H100-80GB:whole".into(),
+                model: "H100-80GB".into(),
+                price_minor_per_hour: 700,
+                preemptible_discount_pct: 0,
+                effective_from: start - Days::days(1),
+                created_at: now,
+                created_by: None,
+            },
+            admin.id,
+        )
+        .await?;
+    let t = Instant::now();
+    for i in 0..teams {
+        let team = services
+            .tenancy
+            .create_team(&p, &format!("bench-{i:04}"))
+            .await
+            .map_err(err)?;
+        seed(&store, team.id.0, admin.id, start, last_hour).await?;
+    }
+    println!(
+        "{name}: seeded {teams} teams × {days} days in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let t = Instant::now();
+    let report = services.billing.meter(now, None).await.map_err(err)?;
+    let meter = t.elapsed();
+    let hours = teams * days * 24;
+    anyhow::ensure!(i64::from(report.hours) == hours, "metered {report:?}, expected {hours}");
+    let (balance, entries) = store.ledger_balance().await?;
+    anyhow::ensure!(balance == 0 && entries == 2 * hours, "ledger {balance} / {entries}");
+
+    let rss_before = rss_kib();
+    let mut peak = rss_before;
+    let t = Instant::now();
+    let query = UsageQuery {
+        team: None,
+        from: Some(start.format("%Y-%m-%d").to_string()),
+        to: Some(last_hour.format("%Y-%m-%d").to_string()),
+    };
+    let mut csv = services.billing.chargeback(&p, &query).await.map_err(err)?;
+    let (mut bytes, mut rows, mut total) = (0usize, 0i64, 0i64);
+    let mut billed_col = None;
+    while let Some(chunk) = csv.next_chunk().await.map_err(err)? {
+        bytes += chunk.len();
+        for line in chunk.lines() {
+            let fields: Vec<&str> = line.split(',').collect();
+            match billed_col {
+                None => billed_col = fields.iter().position(|f| *f == "BilledCost"),
+                Some(c) => {
+                    rows += 1;
+                    total += fields[c].replace('.', "").parse::<i64>()?;
+                }
+            }
+        }
+        peak = peak.max(rss_kib());
+    }
+    let export = t.elapsed();
+    let ledger = store
+        .team_charges(None, start, last_hour + Days::hours(1))
+        .await?
+        .iter()
+        .map(|r| r.1)
+        .sum::<i64>();
+    anyhow::ensure!(rows == hours, "exported {rows} rows");
+    anyhow::ensure!(total == ledger, "CSV total {total} ≠ ledger {ledger}");
+    println!(
+        "{name}: metering {hours} allocation-hours in {:.1} s ({:.0} allocation-hours/s); \
+         chargeback CSV {rows} rows, {:.0} MB in {:.2} s ({:.0} rows/s), total = ledger = {}.{:02}; \
+         resident memory {} MiB before the export, peak {} MiB during it (+{} MiB)",
+        meter.as_secs_f64(),
+        hours as f64 / meter.as_secs_f64(),
+        bytes as f64 / 1e6,
+        export.as_secs_f64(),
+        rows as f64 / export.as_secs_f64(),
+        total / 100,
+        total % 100,
+        rss_before / 1024,
+        peak / 1024,
+        (peak - rss_before) / 1024,
+    );
+    Ok(())
+}
+
+/// One whole H100 active over `[from, to)`, ended.
+async fn seed(
+    store: &Store,
+    team: Uuid,
+    user: Uuid,
+    from: chrono::DateTime<Utc>,
+    to: chrono::DateTime<Utc>,
+) -> anyhow::Result<()> {
+    let id = Uuid::new_v4();
+    let row = AllocationRow {
+        id,
+        team_id: team,
+        user_id: user,
+        kind: "H100-80GB:whole".into(),
+        model: "H100-80GB".into(),
+        count: 1,
+        units: 7,
+        priority: "normal".into(),
+        purpose: String::new(),
+        state: "queued".into(),
+        duration_minutes: 60,
+        starts_at: None,
+        created_at: from,
+        active_at: None,
+        ends_at: None,
+        approver: None,
+        approval_reason: None,
+        pending_reason: None,
+        devices: format!(
+            r#"[{{"node_id":"{}","hostname":"bench","gpu_uuid":"GPU-{id}"}}]"#,
+            Uuid::nil()
+        ),
+        release_cause: None,
+        preempt_at: None,
+        idempotency_key: None,
+    };
+    store.insert_allocation(&row, None, "bench").await?;
+    for (f, t, at) in [
+        ("queued", "placing", from),
+        ("placing", "active", from),
+        ("active", "releasing", to),
+        ("releasing", "ended", to),
+    ] {
+        let change = Change {
+            active_at: (t == "active").then_some(at),
+            ..Change::default()
+        };
+        store
+            .transition(&Transition {
+                id,
+                from: f,
+                to: t,
+                quota_delta: 0,
+                at,
+                actor: None,
+                note: None,
+                change,
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Resident memory of this process, KiB (Linux; 0 elsewhere).
+fn rss_kib() -> i64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn fresh_pg_database(url: &str) -> anyhow::Result<String> {
+    use sqlx::Connection;
+    let name = format!("tessera_bench_{}", Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await?;
+    let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
+    Ok(format!("{base}/{name}"))
+}
+
+fn err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
