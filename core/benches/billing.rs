@@ -91,6 +91,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 created_by: None,
             },
             admin.id,
+            true,
         )
         .await?;
     let t = Instant::now();
@@ -195,10 +196,7 @@ async fn seed(
         approver: None,
         approval_reason: None,
         pending_reason: None,
-        devices: format!(
-            r#"[{{"node_id":"{}","hostname":"bench","gpu_uuid":"GPU-{id}"}}]"#,
-            Uuid::nil()
-        ),
+        devices: "[]".into(),
         release_cause: None,
         preempt_at: None,
         idempotency_key: None,
@@ -212,6 +210,9 @@ async fn seed(
     ] {
         let change = Change {
             active_at: (t == "active").then_some(at),
+            devices: (t == "active").then(|| {
+                format!(r#"[{{"node_id":"{}","hostname":"bench","gpu_uuid":"GPU-{id}"}}]"#, Uuid::nil())
+            }),
             ..Change::default()
         };
         store

@@ -17,8 +17,9 @@
 //! # Prices
 //!
 //! A [`Rate`] prices one kind per hour per unit of the kind (one MIG instance, one whole
-//! GPU), in minor units, from its `effective_from` on (always at a full hour, never in the
-//! past, so a change can't reprice an hour that was billed). A kind without a rate of its
+//! GPU), in minor units, from its `effective_from` on (always at a full hour, never before
+//! the current one). Each metered row records the rate it was billed at and is never
+//! recomputed, so a change never reprices anything billed. A kind without a rate of its
 //! own is priced **pro rata from its model's whole-GPU rate by compute slices**: with a
 //! whole H100 at 7.00/h, a `1g.10gb` costs 1.00/h and a `3g.40gb` 3.00/h. Preemptible
 //! allocations get the rate's discount (percent).

@@ -337,7 +337,8 @@ impl Billing {
         Ok(views)
     }
 
-    /// Sets a price (platform admins), from a full hour that was not billed yet.
+    /// Sets a price (platform admins) from a full hour on, not before the current one.
+    /// Metered rows keep the price they were billed at, so nothing billed changes.
     pub async fn set_rate(&self, p: &Principal, input: &NewRate) -> Result<RateView, AppError> {
         let admin = authz::admin(p)?;
         let now = Utc::now();
@@ -358,17 +359,20 @@ impl Billing {
             created_at: now,
             created_by: Some(admin.0.username.to_string()),
         };
-        let ok = self
+        // A scheduled rate may be corrected until its hour begins; from then on it may have
+        // priced something, so it stays as it is.
+        let replace = from > b::hour_floor(now);
+        let stored = self
             .store
-            .set_rate(&row, admin.0.user_id.0)
+            .set_rate(&row, admin.0.user_id.0, replace)
             .await
             .map_err(internal("setting rate"))?;
-        if !ok {
+        if !stored {
             return Err(AppError::invalid(
                 "effective_from",
                 format!(
-                    "hours of {} from {} were billed already and keep their price; start the rate at a later hour",
-                    kind.model(),
+                    "a price for {} already starts at {}; it may have been billed, so set the new price from a later hour",
+                    kind.label(),
                     from.format("%Y-%m-%d %H:%M UTC")
                 ),
             ));

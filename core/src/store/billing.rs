@@ -146,31 +146,27 @@ impl Store {
         on_pool!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await)
     }
 
-    /// Sets a rate from its `effective_from` on (replacing one of the same kind starting at
-    /// the same hour). Refused (`false`) when an hour of the model at or after that time
-    /// was billed already: billed hours keep their price.
-    pub async fn set_rate(&self, r: &RateRow, by: Uuid) -> Result<bool, sqlx::Error> {
-        let billed = "SELECT COUNT(*) FROM meter_hours WHERE model = $1 AND hour_start >= $2";
-        let sql = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
+    /// Adds a rate from its `effective_from` on. With `replace`, one of the same kind
+    /// starting at the same hour is replaced (the caller allows that only for hours that
+    /// have not begun); without, such a clash stores nothing and returns `false`.
+    pub async fn set_rate(&self, r: &RateRow, by: Uuid, replace: bool) -> Result<bool, sqlx::Error> {
+        let insert = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
                    preemptible_discount_pct, effective_from, created_at, created_by) \
-                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (kind, effective_from) DO UPDATE SET \
-                   price_minor_per_hour = excluded.price_minor_per_hour, \
-                   preemptible_discount_pct = excluded.preemptible_discount_pct, \
-                   created_at = excluded.created_at, created_by = excluded.created_by";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
-            sqlx::query(sql).bind(r.id).bind(&r.kind).bind(&r.model).bind(r.price_minor_per_hour)
-                .bind(r.preemptible_discount_pct).bind(r.effective_from).bind(r.created_at).bind(by)
-                .execute(&mut *tx).await?;
-            let n: i64 = sqlx::query_scalar(billed).bind(&r.model).bind(r.effective_from)
-                .fetch_one(&mut *tx).await?;
-            if n > 0 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            tx.commit().await?;
-            Ok(true)
-        })
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8)";
+        let sql = if replace {
+            format!(
+                "{insert} ON CONFLICT (kind, effective_from) DO UPDATE SET \
+                 price_minor_per_hour = excluded.price_minor_per_hour, \
+                 preemptible_discount_pct = excluded.preemptible_discount_pct, \
+                 created_at = excluded.created_at, created_by = excluded.created_by"
+            )
+        } else {
+            format!("{insert} ON CONFLICT (kind, effective_from) DO NOTHING")
+        };
+        let n = on_pool!(self, pool => sqlx::query(&sql).bind(r.id).bind(&r.kind).bind(&r.model)
+            .bind(r.price_minor_per_hour).bind(r.preemptible_discount_pct).bind(r.effective_from)
+            .bind(r.created_at).bind(by).execute(pool).await?.rows_affected());
+        Ok(n == 1)
     }
 
     // ---- metering ----
@@ -184,7 +180,7 @@ impl Store {
     ) -> Result<Vec<AllocationRow>, sqlx::Error> {
         let (first, at, id) = match after {
             Some((at, id)) => (false, at, id),
-            None => (true, DateTime::<Utc>::MIN_UTC, Uuid::nil()),
+            None => (true, DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()),
         };
         let sql = format!(
             "SELECT {} FROM allocations a WHERE a.active_at IS NOT NULL AND a.billing_closed = FALSE \

@@ -83,9 +83,7 @@ async fn history(
         approver: None,
         approval_reason: None,
         pending_reason: None,
-        devices: json!([{"node_id": Uuid::nil(), "hostname": "sim-bill", "gpu_uuid": format!("GPU-{id}"),
-            "profile": null, "start": null, "mig_uuid": format!("MIG-{id}")}])
-        .to_string(),
+        devices: "[]".into(),
         release_cause: None,
         preempt_at: None,
         idempotency_key: None,
@@ -111,8 +109,12 @@ async fn history(
         }
     };
     step("queued", "placing", created, Change::default()).await;
+    // Placed devices are recorded with the activation, as the scheduler does.
+    let devices = json!([{"node_id": Uuid::nil(), "hostname": "sim-bill", "gpu_uuid": format!("GPU-{id}"),
+        "profile": null, "start": null, "mig_uuid": format!("MIG-{id}")}]);
     let active = Change {
         active_at: Some(start),
+        devices: Some(devices.to_string()),
         ..Change::default()
     };
     step("placing", "active", start, active).await;
