@@ -423,6 +423,8 @@ fn e2e() -> Result<()> {
         .env("TESSERA_ADMIN_PASSWORD", password)
         .env("TESSERA_SITE_ROOT", site_root())
         .env("TESSERA_SIM_STATE_DIR", data.join("sim"))
+        // The billing journey sees its charge within seconds of releasing a slice.
+        .env("TESSERA_METERING_INTERVAL", "1s")
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
