@@ -1,0 +1,284 @@
+//! Metering of random allocation histories on SQLite (and PostgreSQL with
+//! `TESSERA_TEST_PG_URL`): the ledger equals a brute-force, second-by-second ground truth
+//! priced hour by hour, whatever the crash points (passes stopped after a random number of
+//! allocations), reruns and concurrent passes; it always balances.
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tessera_core::Services;
+use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
+use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
+use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::alloc::GpuKind;
+use tessera_domain::billing::{self, Rate, RateCard};
+use tessera_domain::ids::UserId;
+use tessera_domain::mig::Catalog;
+use uuid::Uuid;
+
+/// A tiny seeded generator (no dependency, reproducible).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+struct Spec {
+    kind: &'static str,
+    count: u32,
+    preemptible: bool,
+    /// Seconds from the origin: `[start, end)`, `end = None` still active.
+    start: i64,
+    end: Option<i64>,
+}
+
+const KINDS: [(&str, u32); 4] = [
+    ("H100-80GB:1g.10gb", 1),
+    ("H100-80GB:3g.40gb", 3),
+    ("H100-80GB:whole", 7),
+    ("A100-SXM4-40GB:2g.10gb", 2),
+];
+
+async fn world(url: &str) -> (Services, Principal, Uuid) {
+    let store = Store::connect(url).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let services = Services::new(
+        store.clone(),
+        Hasher::new(1, 4).expect("hasher"),
+        Arc::new(LoginLimiter::new(Default::default())),
+        std::time::Duration::from_secs(3600),
+    );
+    let pw = NewPassword::parse("metering-test-password", "p").expect("pw");
+    services
+        .accounts
+        .bootstrap_admin(Some(&pw))
+        .await
+        .expect("admin");
+    let admin = store
+        .user_by_username("admin")
+        .await
+        .expect("admin")
+        .expect("admin");
+    let p = Principal {
+        user_id: UserId(admin.id),
+        username: Username::parse("admin").expect("name"),
+        is_admin: true,
+    };
+    let team = services
+        .tenancy
+        .create_team(&p, &format!("meter-{}", Uuid::new_v4().simple()))
+        .await
+        .expect("team");
+    (services, p, team.id.0)
+}
+
+async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: &Spec) {
+    let id = Uuid::new_v4();
+    let units = KINDS.iter().find(|k| k.0 == s.kind).expect("kind").1 * s.count;
+    let start = origin + Duration::seconds(s.start);
+    let row = AllocationRow {
+        id,
+        team_id: team,
+        user_id: user,
+        kind: s.kind.into(),
+        model: s.kind.split(':').next().expect("model").into(),
+        count: i64::from(s.count),
+        units: i64::from(units),
+        priority: if s.preemptible { "preemptible" } else { "normal" }.into(),
+        purpose: String::new(),
+        state: "queued".into(),
+        duration_minutes: 60,
+        starts_at: None,
+        created_at: start,
+        active_at: None,
+        ends_at: None,
+        approver: None,
+        approval_reason: None,
+        pending_reason: None,
+        devices: "[]".into(),
+        release_cause: None,
+        preempt_at: None,
+        idempotency_key: None,
+    };
+    store
+        .insert_allocation(&row, None, "test")
+        .await
+        .expect("insert");
+    let mut steps = vec![("queued", "placing", start), ("placing", "active", start)];
+    if let Some(end) = s.end {
+        let end = origin + Duration::seconds(end);
+        steps.push(("active", "releasing", end));
+        steps.push(("releasing", "ended", end));
+    }
+    for (from, to, at) in steps {
+        let t = Transition {
+            id,
+            from,
+            to,
+            quota_delta: 0,
+            at,
+            actor: None,
+            note: None,
+            change: Change {
+                active_at: (to == "active").then_some(at),
+                ..Change::default()
+            },
+        };
+        assert!(store.transition(&t).await.expect("transition"));
+    }
+}
+
+/// Second by second: which hour each active second falls in, then each hour priced.
+fn ground_truth(specs: &[Spec], origin: DateTime<Utc>, now: i64, card: &RateCard) -> i64 {
+    let catalog = Catalog::builtin();
+    let mut total = 0;
+    for s in specs {
+        let last = s.end.unwrap_or(now).min(now);
+        let done = s.end.is_some_and(|e| e <= now);
+        let mut per_hour: BTreeMap<i64, i64> = BTreeMap::new();
+        for sec in s.start..last {
+            *per_hour.entry(sec.div_euclid(3600)).or_default() += 1000;
+        }
+        let kind: GpuKind = s.kind.parse().expect("kind");
+        for (hour, ms) in per_hour {
+            if !done && (hour + 1) * 3600 > now {
+                continue; // the running hour is billed once it is complete
+            }
+            let at = origin + Duration::hours(hour);
+            if let Some(p) = card.price(&kind, &catalog, at) {
+                total += billing::cost(&p, s.count, ms, s.preemptible).1;
+            }
+        }
+    }
+    total
+}
+
+async fn run(url: &str, seed: u64) {
+    let (services, p, team) = world(url).await;
+    let store = &services.store;
+    let mut rng = Lcg(seed);
+    // Hours in the future, so the passes below can be given their own clock.
+    let t = Utc::now().timestamp() + 2 * 3600;
+    let origin = Utc.timestamp_opt(t - t.rem_euclid(3600), 0).single().expect("time");
+    // Prices: a whole-H100 rate that changes twice, a 1g.10gb rate of its own from hour 3,
+    // and a whole-A100 rate (its MIG profiles priced pro rata).
+    let rates = [
+        ("H100-80GB:whole", 700, 40, 0),
+        ("H100-80GB:whole", 1_050, 40, 5),
+        ("H100-80GB:whole", 333, 15, 9),
+        ("H100-80GB:1g.10gb", 170, 0, 3),
+        ("A100-SXM4-40GB:whole", 410, 25, 1),
+    ];
+    let mut domain_rates = Vec::new();
+    for (kind, price, disc, hour) in rates {
+        let r = RateRow {
+            id: Uuid::new_v4(),
+            kind: kind.into(),
+            model: kind.split(':').next().expect("model").into(),
+            price_minor_per_hour: price,
+            preemptible_discount_pct: disc,
+            effective_from: origin + Duration::hours(hour),
+            created_at: Utc::now(),
+            created_by: None,
+        };
+        assert!(store.set_rate(&r, p.user_id.0, true).await.expect("rate"));
+        domain_rates.push(Rate {
+            id: r.id,
+            kind: r.kind.clone(),
+            price_minor_per_hour: price,
+            preemptible_discount_pct: u8::try_from(disc).expect("pct"),
+            effective_from: r.effective_from,
+        });
+    }
+    let card = RateCard::new(domain_rates);
+    let n = 6 + rng.next(10) as usize;
+    let specs: Vec<Spec> = (0..n)
+        .map(|_| {
+            let start = rng.next(12 * 3600) as i64;
+            let len = 1 + rng.next(6 * 3600) as i64;
+            Spec {
+                kind: KINDS[rng.next(KINDS.len() as u64) as usize].0,
+                count: 1 + rng.next(3) as u32,
+                preemptible: rng.next(3) == 0,
+                start,
+                end: (rng.next(4) != 0).then_some(start + len),
+            }
+        })
+        .collect();
+    for s in &specs {
+        write(store, team, p.user_id.0, origin, s).await;
+    }
+    // Three clocks: part-way, later, at the end. At each, passes stop after a random number
+    // of allocations (a crash) and are rerun, twice at once at the end.
+    for now in [4 * 3600 + rng.next(3600) as i64, 9 * 3600 + 17, 20 * 3600] {
+        let clock = origin + Duration::seconds(now);
+        loop {
+            let stop = rng.next(n as u64 + 1) as u32;
+            let r = services
+                .billing
+                .meter(clock, Some(stop))
+                .await
+                .expect("meter");
+            if r.allocations < stop || stop as usize >= n {
+                break;
+            }
+            if rng.next(2) == 0 {
+                break;
+            }
+        }
+        let (a, b) = tokio::join!(
+            services.billing.meter(clock, None),
+            services.billing.meter(clock, None)
+        );
+        a.expect("meter");
+        b.expect("meter");
+        let again = services.billing.meter(clock, None).await.expect("meter");
+        assert_eq!(again.hours, 0, "seed {seed}: a rerun wrote {again:?}");
+        let charged: i64 = store
+            .team_charges(Some(team), origin - Duration::days(1), origin + Duration::days(2))
+            .await
+            .expect("charges")
+            .iter()
+            .map(|r| r.1)
+            .sum();
+        assert_eq!(
+            charged,
+            ground_truth(&specs, origin, now, &card),
+            "seed {seed} at +{now} s"
+        );
+        assert_eq!(store.ledger_balance().await.expect("balance").0, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metering_random_histories_matches_ground_truth_through_crashes_and_reruns() {
+    let dir = tempfile::tempdir().expect("dir");
+    for seed in 1..=6u64 {
+        let url = format!("sqlite://{}/m{seed}.db?mode=rwc", dir.path().display());
+        run(&url, seed).await;
+    }
+    if let Ok(pg) = std::env::var("TESSERA_TEST_PG_URL") {
+        for seed in 7..=9u64 {
+            run(&fresh_pg_database(&pg).await, seed).await;
+        }
+    }
+}
+
+/// A new, empty database on the server at `url`.
+async fn fresh_pg_database(url: &str) -> String {
+    use sqlx::Connection;
+    let name = format!("tessera_meter_{}", Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
+    format!("{base}/{name}")
+}
