@@ -583,14 +583,18 @@ pub async fn set_rate(
     ];
     ssr::call(echo, async |s, p| {
         let minor = tessera_domain::billing::parse_money(&price, s.billing.currency(), "price")?;
-        let discount = optional_number(Some(&preemptible_discount_pct), "preemptible_discount_pct")?
-            .unwrap_or(0);
+        let discount =
+            optional_number(Some(&preemptible_discount_pct), "preemptible_discount_pct")?
+                .unwrap_or(0);
         let from = match effective_from.trim() {
             "" => None,
             t => Some(
                 chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M")
                     .map_err(|_| {
-                        AppError::invalid("effective_from", "must be a date and hour like 2026-12-01T00:00")
+                        AppError::invalid(
+                            "effective_from",
+                            "must be a date and hour like 2026-12-01T00:00",
+                        )
                     })?
                     .and_utc(),
             ),
@@ -611,7 +615,10 @@ pub async fn set_rate(
 /// A team's monthly budget and this month's spend.
 #[server(prefix = "/fn", endpoint = "team_budget")]
 pub async fn team_budget(team_id: String) -> Result<BudgetView, UiError> {
-    ssr::call([], async |s, p| s.billing.budget(p, TeamId(id(&team_id)?)).await).await
+    ssr::call([], async |s, p| {
+        s.billing.budget(p, TeamId(id(&team_id)?)).await
+    })
+    .await
 }
 
 /// Every team's budget and spend this month (platform admin).
@@ -632,7 +639,11 @@ pub async fn save_budget(
     ssr::call(echo, async |s, p| {
         let monthly = match amount.trim() {
             "" => None,
-            a => Some(tessera_domain::billing::parse_money(a, s.billing.currency(), "amount")?),
+            a => Some(tessera_domain::billing::parse_money(
+                a,
+                s.billing.currency(),
+                "amount",
+            )?),
         };
         let input = SetBudget {
             monthly_minor: monthly,
@@ -646,11 +657,7 @@ pub async fn save_budget(
 /// Usage and cost per day, kind, user and team over `[from, to]` (`YYYY-MM-DD`; empty:
 /// this month so far). `team_id` empty: every team (platform admin).
 #[server(prefix = "/fn", endpoint = "usage")]
-pub async fn usage(
-    team_id: String,
-    from: String,
-    to: String,
-) -> Result<UsageReport, UiError> {
+pub async fn usage(team_id: String, from: String, to: String) -> Result<UsageReport, UiError> {
     let echo = [("from", from.clone()), ("to", to.clone())];
     ssr::call(echo, async |s, p| {
         let q = tessera_core::services::billing::UsageQuery {
@@ -720,7 +727,13 @@ pub async fn estimate_cost(
         let hours = number(&duration_hours, "duration_hours").unwrap_or(0);
         let minor = s
             .billing
-            .estimate(&kind, count, hours.saturating_mul(60), priority == "preemptible", chrono::Utc::now())
+            .estimate(
+                &kind,
+                count,
+                hours.saturating_mul(60),
+                priority == "preemptible",
+                chrono::Utc::now(),
+            )
             .await?;
         let c = s.billing.currency();
         Ok(if minor == 0 {

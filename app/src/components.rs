@@ -166,6 +166,7 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                     "Dashboard"
                 </A>
                 <A href="/allocations">"GPUs"</A>
+                <A href="/usage">"Usage"</A>
                 <A href="/nodes">"Nodes"</A>
                 <A href="/teams">"Teams"</A>
                 {me
@@ -176,6 +177,7 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                                 <A href="/admin/users">"Users"</A>
                                 <A href="/admin/join-tokens">"Join tokens"</A>
                                 <A href="/admin/queue">"Queue"</A>
+                                <A href="/admin/billing">"Billing"</A>
                                 <A href="/admin/audit">"Audit"</A>
                             </span>
                         }
@@ -221,7 +223,12 @@ pub fn Empty(children: Children) -> impl IntoView {
 /// A page whose data could not be shown: no permission, not found, or another failure.
 /// Sets the matching HTTP status when rendered on the server.
 #[component]
-pub fn Problem(error: AppError) -> impl IntoView {
+pub fn Problem(
+    error: AppError,
+    /// Who may see it, said instead of "It is for platform admins" on a 403.
+    #[prop(optional)]
+    forbidden: Option<&'static str>,
+) -> impl IntoView {
     #[cfg(feature = "ssr")]
     if let Some(res) = use_context::<leptos_axum::ResponseOptions>()
         && let Ok(code) = http::StatusCode::from_u16(error.status())
@@ -232,7 +239,9 @@ pub fn Problem(error: AppError) -> impl IntoView {
         AppError::Forbidden => view! {
             <section class="problem" role="alert" data-testid="forbidden">
                 <h2>"You do not have permission to see this page"</h2>
-                <p>"It is for platform admins. Ask one if you need access."</p>
+                <p>
+                    {forbidden.unwrap_or("It is for platform admins.")} " Ask one if you need access."
+                </p>
                 <a href="/">"Back to the dashboard"</a>
             </section>
         }

@@ -65,6 +65,12 @@ pub fn App() -> impl IntoView {
                 />
                 <Route path=path!("/teams") view=pages::TeamsPage ssr=SsrMode::Async />
                 <Route path=path!("/teams/:id") view=pages::TeamPage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/teams/:id/statement")
+                    view=pages::StatementPage
+                    ssr=SsrMode::Async
+                />
+                <Route path=path!("/usage") view=pages::UsagePage ssr=SsrMode::Async />
                 <Route path=path!("/admin/users") view=pages::UsersPage ssr=SsrMode::Async />
                 <Route
                     path=path!("/admin/join-tokens")
@@ -73,6 +79,11 @@ pub fn App() -> impl IntoView {
                 />
                 <Route path=path!("/admin/audit") view=pages::AuditPage ssr=SsrMode::Async />
                 <Route path=path!("/admin/queue") view=pages::QueuePage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/admin/billing")
+                    view=pages::BillingPage
+                    ssr=SsrMode::Async
+                />
             </Routes>
         </Router>
     }

@@ -3,26 +3,38 @@
 mod account;
 mod allocations;
 mod audit;
+mod billing;
 mod dashboard;
 mod join_tokens;
 mod login;
 mod nodes;
 mod queue;
+mod statement;
 mod teams;
+mod usage;
 mod users;
 
 pub use account::AccountPage;
 pub use allocations::{AllocationPage, AllocationsPage};
 pub use audit::AuditPage;
+pub use billing::BillingPage;
 pub use dashboard::DashboardPage;
 pub use join_tokens::JoinTokensPage;
 pub use login::LoginPage;
 pub use nodes::NodesPage;
 pub use queue::QueuePage;
+pub use statement::StatementPage;
 pub use teams::{TeamPage, TeamsPage};
+pub use usage::UsagePage;
 pub use users::UsersPage;
 
 use leptos::prelude::*;
+use tessera_domain::billing::format_minor;
+
+/// An amount in minor units with its currency: `12.34 USD`.
+fn money(minor: i64, currency: &str) -> String {
+    format!("{} {currency}", format_minor(minor, currency))
+}
 
 #[component]
 pub fn NotFound() -> impl IntoView {

@@ -112,9 +112,15 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let report = services.billing.meter(now, None).await.map_err(err)?;
     let meter = t.elapsed();
     let hours = teams * days * 24;
-    anyhow::ensure!(i64::from(report.hours) == hours, "metered {report:?}, expected {hours}");
+    anyhow::ensure!(
+        i64::from(report.hours) == hours,
+        "metered {report:?}, expected {hours}"
+    );
     let (balance, entries) = store.ledger_balance().await?;
-    anyhow::ensure!(balance == 0 && entries == 2 * hours, "ledger {balance} / {entries}");
+    anyhow::ensure!(
+        balance == 0 && entries == 2 * hours,
+        "ledger {balance} / {entries}"
+    );
 
     let rss_before = rss_kib();
     let mut peak = rss_before;
@@ -211,7 +217,10 @@ async fn seed(
         let change = Change {
             active_at: (t == "active").then_some(at),
             devices: (t == "active").then(|| {
-                format!(r#"[{{"node_id":"{}","hostname":"bench","gpu_uuid":"GPU-{id}"}}]"#, Uuid::nil())
+                format!(
+                    r#"[{{"node_id":"{}","hostname":"bench","gpu_uuid":"GPU-{id}"}}]"#,
+                    Uuid::nil()
+                )
             }),
             ..Change::default()
         };

@@ -14,8 +14,8 @@ pub mod sessions;
 pub mod store;
 
 use services::{
-    accounts::Accounts, allocations::Allocations, billing::Billing, nodes::Nodes,
-    tenancy::Tenancy, tokens::Tokens,
+    accounts::Accounts, allocations::Allocations, billing::Billing, nodes::Nodes, tenancy::Tenancy,
+    tokens::Tokens,
 };
 use std::sync::Arc;
 use std::time::Duration;

@@ -90,7 +90,12 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
         model: s.kind.split(':').next().expect("model").into(),
         count: i64::from(s.count),
         units: i64::from(units),
-        priority: if s.preemptible { "preemptible" } else { "normal" }.into(),
+        priority: if s.preemptible {
+            "preemptible"
+        } else {
+            "normal"
+        }
+        .into(),
         purpose: String::new(),
         state: "queued".into(),
         duration_minutes: 60,
@@ -165,7 +170,10 @@ async fn run(url: &str, seed: u64) {
     let mut rng = Lcg(seed);
     // Hours in the future, so the passes below can be given their own clock.
     let t = Utc::now().timestamp() + 2 * 3600;
-    let origin = Utc.timestamp_opt(t - t.rem_euclid(3600), 0).single().expect("time");
+    let origin = Utc
+        .timestamp_opt(t - t.rem_euclid(3600), 0)
+        .single()
+        .expect("time");
     // Prices: a whole-H100 rate that changes twice, a 1g.10gb rate of its own from hour 3,
     // and a whole-A100 rate (its MIG profiles priced pro rata).
     let rates = [
@@ -241,7 +249,11 @@ async fn run(url: &str, seed: u64) {
         let again = services.billing.meter(clock, None).await.expect("meter");
         assert_eq!(again.hours, 0, "seed {seed}: a rerun wrote {again:?}");
         let charged: i64 = store
-            .team_charges(Some(team), origin - Duration::days(1), origin + Duration::days(2))
+            .team_charges(
+                Some(team),
+                origin - Duration::days(1),
+                origin + Duration::days(2),
+            )
             .await
             .expect("charges")
             .iter()

@@ -164,8 +164,7 @@ impl ServeConfig {
         }
         if !tessera_domain::billing::is_currency_code(&self.currency) {
             return Err(
-                "TESSERA_CURRENCY (--currency) must be an ISO 4217 code such as USD or EUR"
-                    .into(),
+                "TESSERA_CURRENCY (--currency) must be an ISO 4217 code such as USD or EUR".into(),
             );
         }
         if self.session_absolute_timeout < self.session_idle_timeout {

@@ -29,6 +29,51 @@ pub const BUDGET_RATIO: &str = "tessera_team_budget_used_ratio";
 pub const BUDGET_SPENT: &str = "tessera_team_spend_month";
 /// (allocation, hour) rows the metering job wrote.
 pub const METERED_HOURS: &str = "tessera_metered_allocation_hours_total";
+/// Seconds since each node was last heard from (heartbeat, else registration).
+pub const NODE_LAST_SEEN: &str = "tessera_node_last_seen_seconds";
+/// Telemetry samples each node's agent had to drop (spool full), ever; a gauge set from
+/// the agent's own counter, which never resets.
+pub const TELEMETRY_DROPPED: &str = "tessera_telemetry_samples_dropped_total";
+
+/// Per-GPU and per-MIG-device telemetry under dcgm-exporter's names and labels, so
+/// dashboards and rules written for it work unchanged.
+pub mod dcgm {
+    /// Whole-GPU utilization, percent (not available while MIG is enabled).
+    pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
+    /// GPU temperature, °C.
+    pub const GPU_TEMP: &str = "DCGM_FI_DEV_GPU_TEMP";
+    /// Framebuffer memory used, MiB (per GPU, and per MIG device).
+    pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
+    /// Framebuffer memory free, MiB (total minus used).
+    pub const FB_FREE: &str = "DCGM_FI_DEV_FB_FREE";
+    /// Board power draw, W.
+    pub const POWER_USAGE: &str = "DCGM_FI_DEV_POWER_USAGE";
+    /// Activity of a MIG device, 0..1, from its GPU instance's SM utilization (the driver
+    /// gives it on Hopper and newer only).
+    pub const GR_ENGINE_ACTIVE: &str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE";
+}
+
+fn describe_node_gauges() {
+    use metrics::{Unit, describe_gauge};
+    describe_gauge!(
+        NODE_LAST_SEEN,
+        Unit::Seconds,
+        "Seconds since the node was last heard from"
+    );
+    describe_gauge!(
+        TELEMETRY_DROPPED,
+        "Telemetry samples the node's agent had to drop, ever"
+    );
+    describe_gauge!(dcgm::GPU_UTIL, "GPU utilization (in %)");
+    describe_gauge!(dcgm::GPU_TEMP, "GPU temperature (in C)");
+    describe_gauge!(dcgm::FB_USED, "Framebuffer memory used (in MiB)");
+    describe_gauge!(dcgm::FB_FREE, "Framebuffer memory free (in MiB)");
+    describe_gauge!(dcgm::POWER_USAGE, "Power draw (in W)");
+    describe_gauge!(
+        dcgm::GR_ENGINE_ACTIVE,
+        "Ratio of time the graphics engine is active"
+    );
+}
 
 /// The process-wide metrics recorder (installed once; every app in the process shares it).
 pub fn metrics_handle() -> Option<PrometheusHandle> {
@@ -62,6 +107,7 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
                         metrics::Unit::Seconds,
                         "HTTP request latency by route"
                     );
+                    describe_node_gauges();
                     Some(h)
                 }
                 Err(e) => {

@@ -58,7 +58,8 @@ pub async fn meter(services: Arc<Services>, every: Duration) {
                 if r.hours > 0 {
                     tracing::info!(hours = r.hours, closed = r.closed, "metered GPU usage");
                 }
-                metrics::counter!(crate::observability::METERED_HOURS).increment(u64::from(r.hours));
+                metrics::counter!(crate::observability::METERED_HOURS)
+                    .increment(u64::from(r.hours));
             }
             Err(e) => tracing::warn!("metering pass failed: {e}"),
         }

@@ -37,8 +37,8 @@ fn main() -> Result<()> {
                 "usage: cargo xtask <command>\n\n  \
                  build [--release]   build the server and the wasm UI bundle\n  \
                  run [--release] [-- ARGS]   build, then `tessera serve ARGS`\n  \
-                 test                fmt, clippy (ssr + hydrate), unit + integration tests on\n                      \
-                 SQLite and PostgreSQL, browser e2e\n  \
+                 test                fmt, promtool rule tests, clippy (ssr + hydrate), unit +\n                      \
+                 integration tests on SQLite and PostgreSQL, browser e2e\n  \
                  e2e                 only the browser tests"
             );
             bail!("unknown or missing command")
@@ -127,6 +127,9 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
     }
     if !have("npm") {
         packages.extend(["nodejs", "npm"]);
+    }
+    if !have("promtool") {
+        packages.push("prometheus");
     }
     if !packages.is_empty() {
         let sudo = if is_root() { "" } else { "sudo " };
@@ -238,6 +241,18 @@ fn test() -> Result<()> {
     step(
         "cargo fmt --check",
         cargo().args(["fmt", "--all", "--", "--check"]),
+    )?;
+    step(
+        "promtool check rules (deploy/monitoring)",
+        Command::new("promtool").args(["check", "rules", "deploy/monitoring/tessera-rules.yml"]),
+    )?;
+    step(
+        "promtool test rules (deploy/monitoring/tests)",
+        Command::new("promtool").args([
+            "test",
+            "rules",
+            "deploy/monitoring/tests/tessera-rules.test.yml",
+        ]),
     )?;
     step(
         "clippy (server side: domain, app/ssr, server, agent, xtask)",

@@ -182,6 +182,29 @@ struct ListData {
     free: Resource<Result<BTreeMap<String, u32>, UiError>>,
     filter: Memo<Filter>,
     list: Resource<Result<Page<AllocationView>, UiError>>,
+    /// What the request form currently asks for; set by the form once hydrated (the
+    /// server never estimates, so both sides start from the same empty answer).
+    estimate_for: RwSignal<Option<EstimateInput>>,
+    /// The cost of `estimate_for` at today's prices (`""`: unpriced or not asked yet).
+    estimate: Resource<Result<String, UiError>>,
+}
+
+/// The request form's fields that set its cost: kind, count, hours, priority.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct EstimateInput {
+    kind: String,
+    count: String,
+    hours: String,
+    priority: String,
+}
+
+async fn load_estimate(input: Option<EstimateInput>) -> Result<String, UiError> {
+    match input {
+        Some(i) if !i.kind.is_empty() => {
+            api::estimate_cost(i.kind, i.count, i.hours, i.priority).await
+        }
+        _ => Ok(String::new()),
+    }
 }
 
 impl ListData {
@@ -202,12 +225,16 @@ impl ListData {
                 )
             },
         );
+        let estimate_for = RwSignal::new(None::<EstimateInput>);
+        let estimate = Resource::new(move || estimate_for.get(), load_estimate);
         ListData {
             request,
             options,
             free,
             filter,
             list,
+            estimate_for,
+            estimate,
         }
     }
 }
@@ -231,6 +258,8 @@ fn RequestSection(data: ListData) -> impl IntoView {
         request,
         options,
         free,
+        estimate_for,
+        estimate,
         ..
     } = data;
     view! {
@@ -244,7 +273,16 @@ fn RequestSection(data: ListData) -> impl IntoView {
                     match options {
                         Ok(o) if o.teams.is_empty() => view! { <NoQuota /> }.into_any(),
                         Ok(options) => {
-                            view! { <RequestForm options free action=request /> }.into_any()
+                            view! {
+                                <RequestForm
+                                    options
+                                    free
+                                    action=request
+                                    estimate_for
+                                    estimate
+                                />
+                            }
+                                .into_any()
                         }
                         Err(e) => {
                             view! {
@@ -276,7 +314,7 @@ fn NoQuota() -> impl IntoView {
 
 /// `(value, label)` of every kind one may ask for on `model`: the whole GPU, then its MIG
 /// profiles, each with its cost in units.
-fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {
+pub(super) fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {
     let units = |n: u8| {
         if n == 1 {
             "1 unit".to_owned()
@@ -342,12 +380,16 @@ fn RequestForm(
     /// Devices free now per kind; `None` when they could not be loaded.
     free: Option<BTreeMap<String, u32>>,
     action: ServerAction<RequestAllocation>,
+    estimate_for: RwSignal<Option<EstimateInput>>,
+    estimate: Resource<Result<String, UiError>>,
 ) -> impl IntoView {
     let value = move || action.value().get();
     let hydrated = use_hydrated();
     let echo_team = untrack(echoed(value, "team_id"));
     let echo_kind = untrack(echoed(value, "kind"));
     let echo_priority = untrack(echoed(value, "priority"));
+    // The kind the cost estimate follows (see below).
+    let chosen_kind = RwSignal::new(echo_kind.clone());
     let first = options
         .teams
         .iter()
@@ -466,6 +508,52 @@ fn RequestForm(
         .collect_view();
     let count = or_default(echoed(value, "count"), "1");
     let hours = echoed(value, "duration_hours");
+    // What the cost estimate follows (the inputs stay uncontrolled, so the form still
+    // posts without JavaScript).
+    let chosen_count = RwSignal::new(untrack(count));
+    let chosen_hours = RwSignal::new(untrack(hours));
+    let chosen_priority = RwSignal::new(if echo_priority.is_empty() {
+        PriorityClass::Normal.as_str().to_owned()
+    } else {
+        echo_priority.clone()
+    });
+    Effect::new(move |_| {
+        // The kind the select shows: the chosen one while offered, else the first offered.
+        let models: Vec<String> = shown_teams()
+            .iter()
+            .flat_map(|t| t.quotas.iter().map(|q| q.model.clone()))
+            .collect();
+        let offered: Vec<String> = kinds.with_value(|all| {
+            all.iter()
+                .filter(|(m, _)| models.contains(m))
+                .flat_map(|(_, options)| options.iter().map(|(v, _)| v.clone()))
+                .collect()
+        });
+        let chosen = chosen_kind.get();
+        let kind = if offered.contains(&chosen) {
+            chosen
+        } else {
+            offered.first().cloned().unwrap_or_default()
+        };
+        let hours = chosen_hours.get();
+        estimate_for.set(Some(EstimateInput {
+            kind,
+            count: chosen_count.get(),
+            // Empty duration: 8 hours, like the request.
+            hours: if hours.trim().is_empty() {
+                "8".to_owned()
+            } else {
+                hours
+            },
+            priority: chosen_priority.get(),
+        }));
+    });
+    let estimate_text = move || {
+        estimate
+            .get()
+            .and_then(Result::ok)
+            .filter(|s| !s.is_empty())
+    };
     let starts_at = echoed(value, "starts_at");
     let purpose = echoed(value, "purpose");
     let other_error = move || {
@@ -504,7 +592,12 @@ fn RequestForm(
                     </div>
                     <div>
                         <label for="req-kind">"GPU or MIG slice"</label>
-                        <select id="req-kind" name="kind" required>
+                        <select
+                            id="req-kind"
+                            name="kind"
+                            required
+                            on:change=move |ev| chosen_kind.set(event_target_value(&ev))
+                        >
                             {kind_groups}
                         </select>
                         {field_error(value, "kind")}
@@ -521,6 +614,7 @@ fn RequestForm(
                             inputmode="numeric"
                             value=count
                             prop:value=count
+                            on:input=move |ev| chosen_count.set(event_target_value(&ev))
                         />
                         {field_error(value, "count")}
                     </div>
@@ -535,6 +629,7 @@ fn RequestForm(
                             placeholder="8"
                             value=hours
                             prop:value=hours
+                            on:input=move |ev| chosen_hours.set(event_target_value(&ev))
                         />
                         {field_error(value, "duration_hours")}
                         {field_error(value, "duration_minutes")}
@@ -554,12 +649,33 @@ fn RequestForm(
                     </div>
                     <div>
                         <label for="req-priority">"Priority"</label>
-                        <select id="req-priority" name="priority">
+                        <select
+                            id="req-priority"
+                            name="priority"
+                            on:change=move |ev| chosen_priority.set(event_target_value(&ev))
+                        >
                             {priority_options}
                         </select>
                         {field_error(value, "priority")}
                     </div>
                 </div>
+                <p
+                    class="estimate"
+                    data-testid="cost-estimate"
+                    aria-live="polite"
+                    hidden=move || estimate_text().is_none()
+                >
+                    {move || {
+                        estimate_text()
+                            .map(|cost| {
+                                view! {
+                                    "Estimated cost: "
+                                    <strong>{cost}</strong>
+                                    " at today's prices"
+                                }
+                            })
+                    }}
+                </p>
                 <label for="req-purpose">"Purpose"</label>
                 <textarea
                     id="req-purpose"

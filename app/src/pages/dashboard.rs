@@ -4,6 +4,7 @@ use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tessera_domain::alloc::{AllocState, AllocationView, QuotaView};
+use tessera_domain::billing::BudgetView;
 use tessera_domain::cluster::ClusterSummary;
 use tessera_domain::tenancy::{Page, PageRequest};
 
@@ -20,14 +21,12 @@ pub fn DashboardPage() -> impl IntoView {
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
+            <BudgetAlerts quotas />
             <div class="panels">
                 <ClusterPanel />
                 <AllocationsPanel mine />
                 <QuotaPanels quotas />
-                <NotBuiltPanel
-                    title="Usage and spend"
-                    text="Metering and chargeback are not built yet."
-                />
+                <UsagePanel />
             </div>
         </Authenticated>
     }
@@ -188,15 +187,60 @@ fn AllocationsPanel(mine: Resource<Result<Page<AllocationView>, UiError>>) -> im
     }
 }
 
-/// A panel whose data arrives in a later issue; says so plainly.
+/// Where to read usage and spend.
 #[component]
-fn NotBuiltPanel(title: &'static str, text: &'static str) -> impl IntoView {
+fn UsagePanel() -> impl IntoView {
     view! {
-        <section class="panel not-built" aria-label=title>
-            <h2>{title}</h2>
-            <p>{text}</p>
-            <span class="badge muted">"not built yet"</span>
+        <section class="panel" aria-label="Usage and spend" data-testid="usage-panel">
+            <h2>"Usage and spend"</h2>
+            <p class="hint">
+                "GPU-hours, how busy the GPUs were, and what it cost, per day, kind and user."
+            </p>
+            <a href="/usage">"See usage →"</a>
         </section>
+    }
+}
+
+/// Budget alert level from which the dashboard warns.
+const ALERT_FROM: u8 = 80;
+
+/// A warning per team that has used 80 % or more of its monthly budget.
+#[component]
+fn BudgetAlerts(quotas: Resource<Result<Vec<TeamQuotas>, UiError>>) -> impl IntoView {
+    view! {
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                let teams = quotas.await.unwrap_or_default();
+                teams
+                    .into_iter()
+                    .filter_map(|t| t.budget)
+                    .filter(|b| b.alert.is_some_and(|a| a >= ALERT_FROM))
+                    .map(|b| {
+                        let over = b.used_pct >= 100;
+                        view! {
+                            <div
+                                class=if over { "notice warning over" } else { "notice warning" }
+                                role="status"
+                                data-testid="budget-alert"
+                                data-team=b.team_id.to_string()
+                            >
+                                {format!(
+                                    "Team {} has used {} % of its monthly budget",
+                                    b.team_name,
+                                    b.used_pct,
+                                )}
+                                {if over && b.hard {
+                                    " — new requests need a platform admin's approval. "
+                                } else {
+                                    ". "
+                                }}
+                                <a href=format!("/usage?team={}", b.team_id)>"See usage →"</a>
+                            </div>
+                        }
+                    })
+                    .collect_view()
+            })}
+        </Transition>
     }
 }
 
@@ -206,19 +250,24 @@ struct TeamQuotas {
     id: String,
     name: String,
     quotas: Vec<QuotaView>,
+    /// `None` when it could not be read; it only feeds the budget alerts.
+    budget: Option<BudgetView>,
 }
 
-/// The quotas of the caller's first few (unarchived) teams, one team after the other.
+/// The quotas and budgets of the caller's first few (unarchived) teams, one team after
+/// the other.
 async fn team_quotas() -> Result<Vec<TeamQuotas>, UiError> {
     let teams = api::list_teams(PageRequest::new(0, QUOTA_TEAMS)).await?;
     let mut out = Vec::new();
     for team in teams.items.into_iter().filter(|t| !t.archived) {
         let id = team.id.to_string();
         let quotas = api::list_quotas(id.clone()).await?;
+        let budget = api::team_budget(id.clone()).await.ok();
         out.push(TeamQuotas {
             id,
             name: team.name,
             quotas,
+            budget,
         });
     }
     Ok(out)

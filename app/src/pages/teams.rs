@@ -11,6 +11,7 @@ use crate::components::{
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 use tessera_domain::alloc::QuotaView;
+use tessera_domain::billing::{BudgetView, format_minor};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
 
@@ -152,6 +153,7 @@ struct TeamData {
     members: Resource<Result<Page<MemberView>, api::UiError>>,
     quotas: Resource<Result<Vec<QuotaView>, api::UiError>>,
     set_quota: ServerAction<SetQuota>,
+    budget: Resource<Result<BudgetView, api::UiError>>,
 }
 
 impl TeamData {
@@ -179,12 +181,14 @@ impl TeamData {
             move || (id.get(), set_quota.version().get()),
             |(id, _)| api::list_quotas(id),
         );
+        let budget = Resource::new(move || id.get(), api::team_budget);
         TeamData {
             actions,
             team,
             members,
             quotas,
             set_quota,
+            budget,
         }
     }
 }
@@ -220,6 +224,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         members,
         quotas,
         set_quota,
+        budget,
         ..
     } = data;
     let platform_admin = is_admin();
@@ -312,6 +317,11 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
             <Transition fallback=Loading>{member_list}</Transition>
         </section>
         <TeamQuotas quotas />
+        <TeamSpend
+            team_id=team_id.clone()
+            budget
+            finance=platform_admin || team.my_role.is_some_and(TeamRole::manages_members)
+        />
         {platform_admin
             .then(|| view! { <SetQuotaForm team_id=team_id.clone() action=set_quota /> })}
         <div class="columns">
@@ -719,5 +729,67 @@ fn SetQuotaForm(team_id: String, action: ServerAction<SetQuota>) -> impl IntoVie
                 </button>
             </ActionForm>
         </section>
+    }
+}
+
+/// This month's spend against the team's budget, with links to its usage and (for its
+/// admins and platform admins) its monthly statement.
+#[component]
+fn TeamSpend(
+    team_id: String,
+    budget: Resource<Result<BudgetView, api::UiError>>,
+    /// May read the team's statement.
+    finance: bool,
+) -> impl IntoView {
+    let usage = format!("/usage?team={team_id}");
+    let statement = finance.then(|| {
+        view! {
+            <a href=format!("/teams/{team_id}/statement") data-testid="statement-link">
+                "Statement →"
+            </a>
+        }
+    });
+    view! {
+        <section class="card wide" aria-labelledby="spend-title">
+            <h2 id="spend-title">"Budget and spend"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match budget.await {
+                        Ok(b) => view! { <p data-testid="team-budget">{budget_text(&b)}</p> }.into_any(),
+                        Err(e) => {
+                            view! {
+                                <p class="hint" data-testid="team-budget">
+                                    {format!("The budget could not be loaded: {}", e.error)}
+                                </p>
+                            }
+                                .into_any()
+                        }
+                    }
+                })}
+            </Transition>
+            <p class="links">
+                <a href=usage>"Usage →"</a>
+                " "
+                {statement}
+            </p>
+        </section>
+    }
+}
+
+/// "Budget: 120.00 of 500.00 USD this month (24 %)", or "No budget set" with the spend.
+fn budget_text(b: &BudgetView) -> String {
+    let c = &b.currency;
+    match b.monthly_minor {
+        Some(m) => format!(
+            "Budget: {} of {} {c} this month ({} %){}",
+            format_minor(b.spent_minor, c),
+            format_minor(m, c),
+            b.used_pct,
+            if b.hard { " · hard limit" } else { "" }
+        ),
+        None => format!(
+            "No budget set · {} {c} spent this month",
+            format_minor(b.spent_minor, c)
+        ),
     }
 }

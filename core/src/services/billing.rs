@@ -34,7 +34,7 @@ pub const DEFAULT_BUSY_PCT: u32 = 5;
 /// Allocations metered per batch (one query each for histories and metered hours).
 const BATCH: u32 = 200;
 /// Rows per page the chargeback export reads from the ledger.
-const EXPORT_PAGE: u32 = 2_000;
+const EXPORT_PAGE: u32 = 5_000;
 /// The largest monthly budget accepted (minor units).
 const BUDGET_MAX_MINOR: i64 = 10_000_000_000_000;
 
@@ -78,6 +78,8 @@ pub struct ChargebackCsv {
     cursor: Option<(DateTime<Utc>, Uuid)>,
     header_sent: bool,
     done: bool,
+    /// Labels of the kinds seen so far.
+    kinds: HashMap<String, KindCols>,
     /// The file name to offer.
     pub filename: String,
 }
@@ -344,11 +346,7 @@ impl Billing {
         let now = Utc::now();
         let (kind, from) = b::validate_rate(input, &self.catalog, now)?;
         let kind_str = kind.to_string();
-        let before = self
-            .rate_card()
-            .await?
-            .exact(&kind_str, from)
-            .cloned();
+        let before = self.rate_card().await?.exact(&kind_str, from).cloned();
         let row = RateRow {
             id: Uuid::new_v4(),
             kind: kind_str.clone(),
@@ -426,11 +424,9 @@ impl Billing {
         at: DateTime<Utc>,
     ) -> Result<i64, AppError> {
         let card = self.rate_card().await?;
-        Ok(card
-            .price(kind, &self.catalog, at)
-            .map_or(0, |p| {
-                b::cost(&p, count, i64::from(minutes) * 60_000, preemptible).1
-            }))
+        Ok(card.price(kind, &self.catalog, at).map_or(0, |p| {
+            b::cost(&p, count, i64::from(minutes) * 60_000, preemptible).1
+        }))
     }
 
     /// Why a request must go to a platform admin because of the team's hard budget, or
@@ -456,7 +452,9 @@ impl Billing {
             return Ok(None);
         }
         let spent = self.month_spend(team, now).await?;
-        let estimate = self.estimate(kind, count, minutes, preemptible, now).await?;
+        let estimate = self
+            .estimate(kind, count, minutes, preemptible, now)
+            .await?;
         if !b::over_hard_budget(budget.monthly_minor, true, spent, estimate) {
             return Ok(None);
         }
@@ -525,7 +523,8 @@ impl Billing {
             )
             .await
             .map_err(internal("setting budget"))?;
-        let json = |r: &BudgetRow| serde_json::json!({"monthly_minor": r.monthly_minor, "hard": r.hard});
+        let json =
+            |r: &BudgetRow| serde_json::json!({"monthly_minor": r.monthly_minor, "hard": r.hard});
         let after = input.monthly_minor.map(|m| BudgetRow {
             team_id: team.0,
             monthly_minor: m,
@@ -583,7 +582,11 @@ impl Billing {
                 self.budget_view(TeamId(id), name, budgets.get(&id), spent)
             })
             .collect();
-        out.sort_by(|a, b| b.used_pct.cmp(&a.used_pct).then(a.team_name.cmp(&b.team_name)));
+        out.sort_by(|a, b| {
+            b.used_pct
+                .cmp(&a.used_pct)
+                .then(a.team_name.cmp(&b.team_name))
+        });
         Ok(out)
     }
 
@@ -639,7 +642,10 @@ impl Billing {
         authz::admin(p)?;
         let reason = reason.trim();
         if reason.is_empty() || reason.chars().count() > 500 {
-            return Err(AppError::invalid("reason", "give a reason (at most 500 characters)"));
+            return Err(AppError::invalid(
+                "reason",
+                "give a reason (at most 500 characters)",
+            ));
         }
         let memo = format!("{reason} (by {})", p.username);
         match self
@@ -871,6 +877,7 @@ impl Billing {
             cursor: None,
             header_sent: false,
             done: false,
+            kinds: HashMap::new(),
             filename,
         })
     }
@@ -878,7 +885,11 @@ impl Billing {
     /// Which team a finance query covers: `None` (all) for a platform admin who names
     /// none; a named team for its team admins; otherwise `Forbidden` (or `NotFound` for a
     /// team the caller can't see).
-    async fn finance_scope(&self, p: &Principal, team: Option<&str>) -> Result<Option<Uuid>, AppError> {
+    async fn finance_scope(
+        &self,
+        p: &Principal,
+        team: Option<&str>,
+    ) -> Result<Option<Uuid>, AppError> {
         match team.map(str::trim).filter(|t| !t.is_empty()) {
             Some(t) => {
                 let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
@@ -891,13 +902,16 @@ impl Billing {
     }
 
     /// Which usage a caller sees: `(team, own_only)`.
-    async fn usage_scope(&self, p: &Principal, team: Option<&str>) -> Result<(Option<Uuid>, bool), AppError> {
+    async fn usage_scope(
+        &self,
+        p: &Principal,
+        team: Option<&str>,
+    ) -> Result<(Option<Uuid>, bool), AppError> {
         match team.map(str::trim).filter(|t| !t.is_empty()) {
             Some(t) => {
                 let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
                 let access = authz::team(&self.store, p, id, Need::Read).await?;
-                let sees_team = p.is_admin
-                    || access.role.is_some_and(TeamRole::manages_members);
+                let sees_team = p.is_admin || access.role.is_some_and(TeamRole::manages_members);
                 Ok((Some(id.0), !sees_team))
             }
             None if p.is_admin => Ok((None, false)),
@@ -965,7 +979,7 @@ pub const CHARGEBACK_COLUMNS: [&str; 27] = [
 ];
 
 impl ChargebackCsv {
-    /// The next piece of the file: the header, then up to 2,000 rows at a time; `None` at
+    /// The next piece of the file: the header, then up to 5,000 rows at a time; `None` at
     /// the end.
     pub async fn next_chunk(&mut self) -> Result<Option<String>, AppError> {
         if !self.header_sent {
@@ -987,79 +1001,91 @@ impl ChargebackCsv {
             return Ok(None);
         };
         self.cursor = Some((last.hour_start, last.id));
-        let mut out = String::with_capacity(rows.len() * 400);
+        let mut out = String::with_capacity(rows.len() * 480);
         for r in &rows {
-            chargeback_line(&mut out, r);
+            chargeback_line(&mut out, r, &mut self.kinds);
         }
         Ok(Some(out))
     }
 }
 
-fn chargeback_line(out: &mut String, r: &ChargeRow) {
+/// What the CSV says about a kind: (label, profile column, ResourceType).
+type KindCols = (String, String, &'static str);
+
+fn kind_columns(kind: &str) -> KindCols {
+    match kind.parse::<GpuKind>() {
+        Ok(k) => {
+            let (profile, rtype) = match &k {
+                GpuKind::Mig { profile, .. } => (profile.clone(), "MIG instance"),
+                GpuKind::Whole { .. } => ("whole".into(), "GPU"),
+                GpuKind::Share { milli, .. } => (format!("share:{milli}"), "GPU share"),
+            };
+            (k.label(), profile, rtype)
+        }
+        Err(_) => (kind.to_owned(), String::new(), "GPU"),
+    }
+}
+
+fn chargeback_line(out: &mut String, r: &ChargeRow, kinds: &mut HashMap<String, KindCols>) {
+    use std::fmt::Write as _;
     let c = &r.currency;
     let (bp_start, bp_end) = b::month_bounds(b::month_of(r.hour_start));
     let hour_end = r.hour_start + Duration::hours(1);
     let reversal = r.entry_type == "reversal";
-    let kind: Option<GpuKind> = r.kind.parse().ok();
-    let profile = match &kind {
-        Some(GpuKind::Mig { profile, .. }) => profile.clone(),
-        Some(GpuKind::Whole { .. }) => "whole".into(),
-        Some(GpuKind::Share { milli, .. }) => format!("share:{milli}"),
-        None => String::new(),
-    };
-    let resource_type = match &kind {
-        Some(GpuKind::Mig { .. }) => "MIG instance",
-        Some(GpuKind::Share { .. }) => "GPU share",
-        _ => "GPU",
-    };
+    let (label, profile, rtype) = kinds
+        .entry(r.kind.clone())
+        .or_insert_with(|| kind_columns(&r.kind));
     let (consumed, pricing, list) = if reversal {
         (0, 0, 0)
     } else {
         (r.gpu_ms, r.wall_ms * r.count, r.list_minor)
     };
-    let rfc = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let tags = serde_json::json!({"tessera/priority": r.priority, "tessera/model": r.model}).to_string();
-    let fields: [String; 27] = [
-        rfc(bp_start),
-        rfc(bp_end),
-        rfc(r.hour_start),
-        rfc(hour_end),
-        if reversal { "Adjustment" } else { "Usage" }.into(),
-        format!(
-            "{} × {}{}",
-            r.count,
-            kind_label(&r.kind),
-            if reversal { " (reversal)" } else { "" }
-        ),
-        b::format_minor(r.amount_minor, c),
-        b::format_minor(r.amount_minor, c),
+    const RFC: &str = "%Y-%m-%dT%H:%M:%SZ";
+    let amount = b::format_minor(r.amount_minor, c);
+    // Columns in CHARGEBACK_COLUMNS order; fields that can hold user text go through
+    // `csv_field`, the rest are dates, numbers and fixed words.
+    let _ = write!(
+        out,
+        "{},{},{},{},{},",
+        bp_start.format(RFC),
+        bp_end.format(RFC),
+        r.hour_start.format(RFC),
+        hour_end.format(RFC),
+        if reversal { "Adjustment" } else { "Usage" },
+    );
+    let description = format!(
+        "{} × {label}{}",
+        r.count,
+        if reversal { " (reversal)" } else { "" }
+    );
+    csv_field(out, &description);
+    let _ = write!(
+        out,
+        ",{amount},{amount},{},{c},{},GPU-Hours,{},Hours,",
         b::format_minor(list, c),
-        c.clone(),
         micro_hours(consumed),
-        "GPU-Hours".into(),
         micro_hours(pricing),
-        "Hours".into(),
-        r.resource_id.clone(),
-        r.resource_name.clone(),
-        resource_type.into(),
-        "Tessera GPU".into(),
-        r.team_id.to_string(),
-        r.team_name.clone(),
-        tags,
-        r.username.clone(),
-        r.allocation_id.to_string(),
-        profile,
-        r.model.clone(),
-        r.priority.clone(),
-        r.id.to_string(),
-    ];
-    for (i, f) in fields.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        csv_field(out, f);
-    }
-    out.push('\n');
+    );
+    csv_field(out, &r.resource_id);
+    out.push(',');
+    csv_field(out, &r.resource_name);
+    let _ = write!(out, ",{rtype},Tessera GPU,{},", r.team_id);
+    csv_field(out, &r.team_name);
+    out.push(',');
+    let tags = format!(
+        "{{\"tessera/priority\":\"{}\",\"tessera/model\":\"{}\"}}",
+        r.priority, r.model
+    );
+    csv_field(out, &tags);
+    out.push(',');
+    csv_field(out, &r.username);
+    let _ = write!(out, ",{},", r.allocation_id);
+    csv_field(out, profile);
+    out.push(',');
+    csv_field(out, &r.model);
+    out.push(',');
+    csv_field(out, &r.priority);
+    let _ = writeln!(out, ",{}", r.id);
 }
 
 /// Milliseconds as hours with six decimals (`3_600_000` → `1.000000`), rounded half up.
@@ -1070,7 +1096,8 @@ fn micro_hours(ms: i64) -> String {
 
 /// Appends `s` as one CSV field (RFC 4180), neutralising spreadsheet formulas.
 fn csv_field(out: &mut String, s: &str) {
-    let formula = s.starts_with(['=', '+', '@']) || (s.starts_with('-') && s.parse::<f64>().is_err());
+    let formula =
+        s.starts_with(['=', '+', '@']) || (s.starts_with('-') && s.parse::<f64>().is_err());
     let needs_quotes = formula || s.contains([',', '"', '\n', '\r']);
     if !needs_quotes {
         out.push_str(s);
@@ -1130,11 +1157,12 @@ fn entry_view(r: &LedgerRow) -> LedgerEntryView {
 fn utilisation(s: &TelemetrySample, d: &AllocatedDevice) -> Option<u32> {
     let gpu = s.gpus.iter().find(|g| g.gpu_uuid == d.gpu_uuid)?;
     match &d.mig_uuid {
-        Some(mig) => gpu
-            .mig_devices
-            .iter()
-            .find(|m| &m.mig_uuid == mig)?
-            .sm_util_pct,
+        Some(mig) => {
+            gpu.mig_devices
+                .iter()
+                .find(|m| &m.mig_uuid == mig)?
+                .sm_util_pct
+        }
         None => gpu.utilization_pct,
     }
 }

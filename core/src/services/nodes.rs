@@ -29,6 +29,24 @@ pub struct NodeIdentity {
     pub hostname: String,
 }
 
+/// What `/metrics` reports about one node that is not revoked.
+#[derive(Debug, Clone)]
+pub struct NodeMetrics {
+    pub id: Uuid,
+    pub hostname: String,
+    /// Seconds since the node was last heard from (heartbeat, else registration).
+    pub last_seen_secs: f64,
+    /// Samples the agent reports it had to drop, ever.
+    pub telemetry_dropped: u64,
+    pub inventory: Inventory,
+    /// The newest sample, only when younger than [`FRESH_SAMPLE_SECS`]: a node that
+    /// stopped reporting has no current values.
+    pub latest: Option<TelemetrySample>,
+}
+
+/// A node's newest telemetry sample counts as current for this long.
+pub const FRESH_SAMPLE_SECS: i64 = 120;
+
 #[derive(Clone)]
 pub struct Nodes {
     store: Store,
@@ -297,6 +315,40 @@ impl Nodes {
             .collect();
         let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, i)), &self.catalog);
         Ok((summary, nodes))
+    }
+
+    /// Per-node liveness, drop counter, inventory and current telemetry, for `/metrics`
+    /// (one query).
+    pub async fn metrics_now(&self) -> Result<Vec<NodeMetrics>, AppError> {
+        let rows = self
+            .store
+            .latest_sample_per_node()
+            .await
+            .map_err(internal("loading telemetry"))?;
+        let now = Utc::now();
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let seen = r.last_heartbeat_at.unwrap_or(r.registered_at);
+                let latest = r
+                    .payload
+                    .as_deref()
+                    .filter(|_| {
+                        r.sample_at
+                            .is_some_and(|at| now - at < Duration::seconds(FRESH_SAMPLE_SECS))
+                    })
+                    .and_then(|p| serde_json::from_str::<TelemetrySample>(p).ok());
+                let inventory = serde_json::from_str(&r.inventory).unwrap_or_default();
+                NodeMetrics {
+                    id: r.id,
+                    hostname: r.hostname,
+                    last_seen_secs: ((now - seen).num_milliseconds().max(0) as f64) / 1000.0,
+                    telemetry_dropped: u64::try_from(r.telemetry_dropped).unwrap_or(0),
+                    inventory,
+                    latest,
+                }
+            })
+            .collect())
     }
 
     /// Desired states with their apply status, for these nodes (one query).

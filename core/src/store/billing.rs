@@ -114,11 +114,16 @@ pub struct BudgetRow {
     pub hard: bool,
 }
 
-const METER_INSERT: &str = "INSERT INTO meter_hours (allocation_id, hour_start, day, team_id, \
+const METER_COLUMNS: &str = "INSERT INTO meter_hours (allocation_id, hour_start, day, team_id, \
     user_id, kind, model, priority, count, resource_id, resource_name, wall_ms, gpu_ms, \
-    active_gpu_ms, samples, rate_id, list_minor, billed_minor, currency, txn_id, metered_at) \
-    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) \
-    ON CONFLICT (allocation_id, hour_start) DO NOTHING";
+    active_gpu_ms, samples, rate_id, list_minor, billed_minor, currency, txn_id, metered_at) ";
+/// Hours per statement (× 21 parameters, within both backends' limits).
+const METER_CHUNK: usize = 400;
+
+const LEDGER_COLUMNS: &str = "INSERT INTO ledger_entries (id, txn_id, account, team_id, \
+    amount_minor, currency, entry_type, allocation_id, hour_start, posted_at, memo) ";
+/// Entries per statement (× 11 parameters).
+const LEDGER_CHUNK: usize = 800;
 
 const LEDGER_INSERT: &str = "INSERT INTO ledger_entries (id, txn_id, account, team_id, \
     amount_minor, currency, entry_type, allocation_id, hour_start, posted_at, memo) \
@@ -149,7 +154,12 @@ impl Store {
     /// Adds a rate from its `effective_from` on. With `replace`, one of the same kind
     /// starting at the same hour is replaced (the caller allows that only for hours that
     /// have not begun); without, such a clash stores nothing and returns `false`.
-    pub async fn set_rate(&self, r: &RateRow, by: Uuid, replace: bool) -> Result<bool, sqlx::Error> {
+    pub async fn set_rate(
+        &self,
+        r: &RateRow,
+        by: Uuid,
+        replace: bool,
+    ) -> Result<bool, sqlx::Error> {
         let insert = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
                    preemptible_discount_pct, effective_from, created_at, created_by) \
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8)";
@@ -178,17 +188,15 @@ impl Store {
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: u32,
     ) -> Result<Vec<AllocationRow>, sqlx::Error> {
-        let (first, at, id) = match after {
-            Some((at, id)) => (false, at, id),
-            None => (true, DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()),
-        };
+        // A row-value cursor (an index range seek on both backends); the first batch
+        // starts after (epoch, nil), i.e. at the beginning.
         let sql = format!(
             "SELECT {} FROM allocations a WHERE a.active_at IS NOT NULL AND a.billing_closed = FALSE \
-             AND ($1 OR a.active_at > $2 OR (a.active_at = $2 AND a.id > $3)) \
-             ORDER BY a.active_at, a.id LIMIT $4",
+             AND (a.active_at, a.id) > ($1, $2) ORDER BY a.active_at, a.id LIMIT $3",
             super::allocations::COLS
         );
-        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(first).bind(at).bind(id)
+        let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()));
+        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
             .bind(i64::from(limit)).fetch_all(pool).await)
     }
 
@@ -264,24 +272,44 @@ impl Store {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let mut written = 0u32;
-            for m in rows {
-                let n = sqlx::query(METER_INSERT)
-                    .bind(m.allocation_id).bind(m.hour_start).bind(&m.day).bind(m.team_id)
-                    .bind(m.user_id).bind(&m.kind).bind(&m.model).bind(&m.priority).bind(m.count)
-                    .bind(&m.resource_id).bind(&m.resource_name).bind(m.wall_ms).bind(m.gpu_ms)
-                    .bind(m.active_gpu_ms).bind(m.samples).bind(m.rate_id).bind(m.list_minor)
-                    .bind(m.billed_minor).bind(&m.currency).bind(m.txn_id).bind(m.metered_at)
-                    .execute(&mut *tx).await?.rows_affected();
-                if n != 1 {
-                    continue;
-                }
-                written += 1;
-                let team = tessera_domain::ids::TeamId(m.team_id);
-                for posting in tessera_domain::billing::charge(team, m.billed_minor) {
-                    sqlx::query(LEDGER_INSERT).bind(Uuid::new_v4()).bind(m.txn_id)
-                        .bind(posting.account.key()).bind(m.team_id).bind(posting.amount_minor)
-                        .bind(&m.currency).bind("charge").bind(m.allocation_id).bind(m.hour_start)
-                        .bind(m.metered_at).bind(None::<String>).execute(&mut *tx).await?;
+            // Multi-row statements: hours in chunks (21 parameters each), then the entries
+            // of the hours actually inserted (`RETURNING` names only those).
+            for chunk in rows.chunks(METER_CHUNK) {
+                let mut q = sqlx::QueryBuilder::new(METER_COLUMNS);
+                q.push_values(chunk, |mut b, m| {
+                    b.push_bind(m.allocation_id).push_bind(m.hour_start).push_bind(&m.day)
+                        .push_bind(m.team_id).push_bind(m.user_id).push_bind(&m.kind)
+                        .push_bind(&m.model).push_bind(&m.priority).push_bind(m.count)
+                        .push_bind(&m.resource_id).push_bind(&m.resource_name).push_bind(m.wall_ms)
+                        .push_bind(m.gpu_ms).push_bind(m.active_gpu_ms).push_bind(m.samples)
+                        .push_bind(m.rate_id).push_bind(m.list_minor).push_bind(m.billed_minor)
+                        .push_bind(&m.currency).push_bind(m.txn_id).push_bind(m.metered_at);
+                });
+                q.push(" ON CONFLICT (allocation_id, hour_start) DO NOTHING RETURNING hour_start");
+                let inserted: std::collections::HashSet<DateTime<Utc>> = q
+                    .build_query_scalar::<DateTime<Utc>>()
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect();
+                let entries: Vec<(&MeterRow, tessera_domain::billing::Posting)> = chunk
+                    .iter()
+                    .filter(|m| inserted.contains(&m.hour_start))
+                    .flat_map(|m| {
+                        tessera_domain::billing::charge(tessera_domain::ids::TeamId(m.team_id), m.billed_minor)
+                            .map(|p| (m, p))
+                    })
+                    .collect();
+                written += u32::try_from(entries.len() / 2).unwrap_or(u32::MAX);
+                for part in entries.chunks(LEDGER_CHUNK) {
+                    let mut q = sqlx::QueryBuilder::new(LEDGER_COLUMNS);
+                    q.push_values(part, |mut b, (m, p)| {
+                        b.push_bind(Uuid::new_v4()).push_bind(m.txn_id).push_bind(p.account.key())
+                            .push_bind(m.team_id).push_bind(p.amount_minor).push_bind(&m.currency)
+                            .push_bind("charge").push_bind(m.allocation_id).push_bind(m.hour_start)
+                            .push_bind(m.metered_at).push_bind(None::<String>);
+                    });
+                    q.build().execute(&mut *tx).await?;
                 }
             }
             if close {
@@ -309,7 +337,14 @@ impl Store {
         }
         let reversal = Uuid::new_v4();
         let done = self.insert_reversal(&charge, reversal, at, memo).await?;
-        Ok(Some((done, if done { self.ledger_txn(reversal).await? } else { Vec::new() })))
+        Ok(Some((
+            done,
+            if done {
+                self.ledger_txn(reversal).await?
+            } else {
+                Vec::new()
+            },
+        )))
     }
 
     async fn insert_reversal(
@@ -357,7 +392,8 @@ impl Store {
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<LedgerRow>, i64), sqlx::Error> {
-        let filter = "WHERE le.hour_start >= $1 AND le.hour_start < $2 AND ($3 IS NULL OR le.team_id = $3)";
+        let filter =
+            "WHERE le.hour_start >= $1 AND le.hour_start < $2 AND ($3 IS NULL OR le.team_id = $3)";
         let sql = format!(
             "SELECT le.id, le.txn_id, le.account, le.team_id, t.name AS team_name, le.amount_minor, \
              le.currency, le.entry_type, le.allocation_id, le.hour_start, le.posted_at, le.memo \
@@ -406,7 +442,10 @@ impl Store {
 
     /// `(sum of every entry, number of entries)`: the sum is 0 in a balanced ledger.
     pub async fn ledger_balance(&self) -> Result<(i64, i64), sqlx::Error> {
-        let sql = format!("SELECT {}, COUNT(*) FROM ledger_entries", sum("amount_minor"));
+        let sql = format!(
+            "SELECT {}, COUNT(*) FROM ledger_entries",
+            sum("amount_minor")
+        );
         on_pool!(self, pool => sqlx::query_as::<_, (i64, i64)>(&sql).fetch_one(pool).await)
     }
 
@@ -456,22 +495,21 @@ impl Store {
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: u32,
     ) -> Result<Vec<ChargeRow>, sqlx::Error> {
-        let (after_hour, after_id, first) = match after {
-            Some((h, id)) => (h, id, false),
-            None => (from, Uuid::nil(), true),
-        };
+        // The cursor is a row-value comparison both backends answer from the
+        // (hour_start, id) index, so each page is a range seek, not a rescan. The first page
+        // starts after (from, nil): every entry of the period.
         let sql = "SELECT le.id, le.hour_start, le.amount_minor, le.entry_type, le.currency, le.team_id, \
-                   t.name AS team_name, m.user_id, u.username, le.allocation_id, m.kind, m.model, m.priority, \
-                   m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor \
-                   FROM ledger_entries le \
-                   JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start \
-                   JOIN teams t ON t.id = le.team_id JOIN users u ON u.id = m.user_id \
-                   WHERE le.account <> 'platform' AND le.hour_start >= $1 AND le.hour_start < $2 \
-                     AND ($3 IS NULL OR le.team_id = $3) \
-                     AND ($6 OR le.hour_start > $4 OR (le.hour_start = $4 AND le.id > $5)) \
-                   ORDER BY le.hour_start, le.id LIMIT $7";
+             t.name AS team_name, m.user_id, u.username, le.allocation_id, m.kind, m.model, m.priority, \
+             m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor \
+             FROM ledger_entries le \
+             JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start \
+             JOIN teams t ON t.id = le.team_id JOIN users u ON u.id = m.user_id \
+             WHERE le.account <> 'platform' AND le.hour_start >= $1 AND le.hour_start < $2 \
+               AND ($3 IS NULL OR le.team_id = $3) AND (le.hour_start, le.id) > ($4, $5) \
+             ORDER BY le.hour_start, le.id LIMIT $6";
+        let (after_hour, after_id) = after.unwrap_or((from, Uuid::nil()));
         on_pool!(self, pool => sqlx::query_as::<_, ChargeRow>(sql).bind(from).bind(to).bind(team)
-            .bind(after_hour).bind(after_id).bind(first).bind(i64::from(limit)).fetch_all(pool).await)
+            .bind(after_hour).bind(after_id).bind(i64::from(limit)).fetch_all(pool).await)
     }
 
     // ---- budgets ----

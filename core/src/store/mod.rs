@@ -17,7 +17,9 @@ pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
-pub use node_state::{ApplyStatusRow, DesiredRow, DesiredWithStatus, SampleRow};
+pub use node_state::{
+    ApplyStatusRow, DesiredRow, DesiredWithStatus, NodeLatestSampleRow, SampleRow,
+};
 pub use nodes::NodeRow;
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};

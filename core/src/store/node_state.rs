@@ -41,6 +41,21 @@ pub struct SampleRow {
     pub payload: String,
 }
 
+/// A node that is not revoked, with its newest telemetry sample if it has one (`/metrics`).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct NodeLatestSampleRow {
+    pub id: Uuid,
+    pub hostname: String,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// JSON of `wire::Inventory`.
+    pub inventory: String,
+    pub telemetry_dropped: i64,
+    pub sample_at: Option<DateTime<Utc>>,
+    /// JSON of `wire::TelemetrySample`.
+    pub payload: Option<String>,
+}
+
 impl Store {
     pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, sqlx::Error> {
         let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at FROM gpu_desired \
@@ -157,6 +172,17 @@ impl Store {
             .bind(node).bind(i64::from(limit)).fetch_all(pool).await?);
         rows.reverse();
         Ok(rows)
+    }
+
+    /// Every node that is not revoked with its newest sample (highest `seq`), in one query
+    /// whatever the number of nodes (the primary key makes `MAX(seq)` an index lookup).
+    pub async fn latest_sample_per_node(&self) -> Result<Vec<NodeLatestSampleRow>, sqlx::Error> {
+        let sql = "SELECT n.id, n.hostname, n.registered_at, n.last_heartbeat_at, n.inventory, \
+                   n.telemetry_dropped, s.at AS sample_at, s.payload \
+                   FROM nodes n LEFT JOIN telemetry_samples s ON s.node_id = n.id \
+                   AND s.seq = (SELECT MAX(m.seq) FROM telemetry_samples m WHERE m.node_id = n.id) \
+                   WHERE n.revoked_at IS NULL ORDER BY n.hostname, n.id";
+        on_pool!(self, pool => sqlx::query_as::<_, NodeLatestSampleRow>(sql).fetch_all(pool).await)
     }
 
     pub async fn count_samples(&self, node: Uuid) -> Result<i64, sqlx::Error> {

@@ -708,7 +708,10 @@ struct LedgerQuery {
                    teams or one), team admins (their team). Each charge is two entries (team \
                    debit, platform credit) sharing a `txn_id`; they sum to zero.",
     responses((status = 200, description = "OK", body = Page<LedgerEntryView>), Forbidden, NotFound, Invalid))]
-async fn ledger(Call(s, p): Call, Query(q): Query<LedgerQuery>) -> ApiResult<Page<LedgerEntryView>> {
+async fn ledger(
+    Call(s, p): Call,
+    Query(q): Query<LedgerQuery>,
+) -> ApiResult<Page<LedgerEntryView>> {
     let page = PageRequest::new(q.offset, q.limit);
     let query = UsageQuery {
         team: q.team,
@@ -791,7 +794,10 @@ async fn chargeback_csv(
             Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
         }
     });
-    Ok(csv_response(&filename, axum::body::Body::from_stream(stream)))
+    Ok(csv_response(
+        &filename,
+        axum::body::Body::from_stream(stream),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/exports/usage.csv", tag = "billing", params(PeriodQuery),
@@ -803,5 +809,8 @@ async fn usage_csv(
     Query(q): Query<PeriodQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     let body = s.billing.usage_csv(&p, &q.usage()).await?;
-    Ok(csv_response("tessera-usage.csv", axum::body::Body::from(body)))
+    Ok(csv_response(
+        "tessera-usage.csv",
+        axum::body::Body::from(body),
+    ))
 }

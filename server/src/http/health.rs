@@ -23,6 +23,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     record_cluster_gauges(&state).await;
     record_allocation_gauges(&state).await;
     record_budget_gauges(&state).await;
+    record_node_gauges(&state).await;
     let body = crate::observability::metrics_handle()
         .map(|h| h.render())
         .unwrap_or_default();
@@ -85,7 +86,8 @@ async fn record_budget_gauges(state: &AppState) {
     };
     for b in budgets {
         let (id, name) = (b.team_id.to_string(), b.team_name.clone());
-        let spent = b.spent_minor as f64 / 10f64.powi(tessera_domain::billing::minor_digits(&b.currency) as i32);
+        let spent = b.spent_minor as f64
+            / 10f64.powi(tessera_domain::billing::minor_digits(&b.currency) as i32);
         metrics::gauge!(BUDGET_SPENT, "team_id" => id.clone(), "team" => name.clone(), "currency" => b.currency.clone())
             .set(spent);
         if let Some(m) = b.monthly_minor.filter(|m| *m > 0) {
@@ -93,4 +95,86 @@ async fn record_budget_gauges(state: &AppState) {
                 .set(b.spent_minor as f64 / m as f64);
         }
     }
+}
+
+/// Per node: liveness and dropped samples; per GPU and MIG device of the newest sample
+/// (only when it is fresh): the values the driver gave, under dcgm-exporter's names and
+/// labels. A value the driver could not give has no series, and the series of a GPU that
+/// stops reporting are no longer set, so the recorder drops them after a minute.
+async fn record_node_gauges(state: &AppState) {
+    use crate::observability::{NODE_LAST_SEEN, TELEMETRY_DROPPED, dcgm};
+    let Ok(nodes) = state.services.nodes.metrics_now().await else {
+        return;
+    };
+    for n in nodes {
+        let node = [
+            ("node_id", n.id.to_string()),
+            ("hostname", n.hostname.clone()),
+        ];
+        metrics::gauge!(NODE_LAST_SEEN, &node).set(n.last_seen_secs);
+        metrics::gauge!(TELEMETRY_DROPPED, &node).set(n.telemetry_dropped as f64);
+        let Some(sample) = &n.latest else {
+            continue;
+        };
+        for g in &sample.gpus {
+            // The index and product name come from the inventory; a GPU missing there
+            // cannot be labelled as dcgm-exporter would, so it is left out.
+            let Some(info) = n.inventory.gpus.iter().find(|i| i.uuid == g.gpu_uuid) else {
+                continue;
+            };
+            let gpu = vec![
+                ("gpu", info.index.to_string()),
+                ("UUID", info.uuid.clone()),
+                ("device", format!("nvidia{}", info.index)),
+                ("modelName", info.name.clone()),
+                ("Hostname", n.hostname.clone()),
+            ];
+            set(dcgm::GPU_UTIL, &gpu, g.utilization_pct.map(f64::from));
+            set(dcgm::GPU_TEMP, &gpu, g.temperature_c.map(f64::from));
+            set(
+                dcgm::POWER_USAGE,
+                &gpu,
+                g.power_mw.map(|mw| f64::from(mw) / 1000.0),
+            );
+            set(dcgm::FB_USED, &gpu, g.memory_used_mib.map(|m| m as f64));
+            set(
+                dcgm::FB_FREE,
+                &gpu,
+                free_mib(g.memory_used_mib, g.memory_total_mib),
+            );
+            for d in &g.mig_devices {
+                let profile = info
+                    .instances
+                    .iter()
+                    .find(|i| i.gi_id == d.gi_id)
+                    .map(|i| i.profile.clone())
+                    .unwrap_or_default();
+                let mut mig = gpu.clone();
+                mig.push(("GPU_I_PROFILE", profile));
+                mig.push(("GPU_I_ID", d.gi_id.to_string()));
+                set(
+                    dcgm::GR_ENGINE_ACTIVE,
+                    &mig,
+                    d.sm_util_pct.map(|p| f64::from(p) / 100.0),
+                );
+                set(dcgm::FB_USED, &mig, d.memory_used_mib.map(|m| m as f64));
+                set(
+                    dcgm::FB_FREE,
+                    &mig,
+                    free_mib(d.memory_used_mib, d.memory_total_mib),
+                );
+            }
+        }
+    }
+}
+
+/// Sets the gauge when the driver gave a value; without one there is no series.
+fn set(name: &'static str, labels: &[(&'static str, String)], value: Option<f64>) {
+    if let Some(v) = value {
+        metrics::gauge!(name, labels).set(v);
+    }
+}
+
+fn free_mib(used: Option<u64>, total: Option<u64>) -> Option<f64> {
+    Some(total?.saturating_sub(used?) as f64)
 }

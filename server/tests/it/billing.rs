@@ -10,7 +10,7 @@ use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeSet;
 use tessera_core::Services;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
@@ -49,6 +49,7 @@ async fn member_id(a: &AdminClient, team: &str) -> Uuid {
     Uuid::parse_str(id).expect("uuid")
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Writes an allocation that was active over `[start, end)` (`end = None`: still active),
 /// through the same store transitions the scheduler uses.
 async fn history(
@@ -105,7 +106,10 @@ async fn history(
                 note: None,
                 change,
             };
-            assert!(store.transition(&t).await.expect("transition"), "{from} → {to}");
+            assert!(
+                store.transition(&t).await.expect("transition"),
+                "{from} → {to}"
+            );
         }
     };
     step("queued", "placing", created, Change::default()).await;
@@ -144,7 +148,8 @@ fn minor(text: &str) -> i64 {
         .trim_start_matches('-')
         .split_once('.')
         .unwrap_or((text, "0"));
-    let v = w.parse::<i64>().expect("whole") * 100 + format!("{f:0<2}")[..2].parse::<i64>().expect("cents");
+    let v = w.parse::<i64>().expect("whole") * 100
+        + format!("{f:0<2}")[..2].parse::<i64>().expect("cents");
     if neg { -v } else { v }
 }
 
@@ -169,11 +174,20 @@ async fn chargeback(app: &TestApp, token: &str, query: &str) -> (u16, Vec<Vec<St
     let text = r.text().await.expect("body");
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().expect("header").split(',').collect();
-    assert_eq!(header[..4], ["BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd"]);
-    let billed = header.iter().position(|h| *h == "BilledCost").expect("BilledCost");
-    let rows: Vec<Vec<String>> = lines
-        .map(|l| split_csv(l))
-        .collect();
+    assert_eq!(
+        header[..4],
+        [
+            "BillingPeriodStart",
+            "BillingPeriodEnd",
+            "ChargePeriodStart",
+            "ChargePeriodEnd"
+        ]
+    );
+    let billed = header
+        .iter()
+        .position(|h| *h == "BilledCost")
+        .expect("BilledCost");
+    let rows: Vec<Vec<String>> = lines.map(split_csv).collect();
     for r in &rows {
         assert_eq!(r.len(), header.len(), "{r:?}");
     }
@@ -218,14 +232,28 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     set_rate(&a, "H100-80GB:whole", 1400, 50, h + Duration::hours(3)).await;
     // Two 1g.10gb (priced pro rata: 1/7 of a whole H100 each) from h+1:30 to h+4:15.
     let slices = history(
-        &s.store, team_id, user, "H100-80GB:1g.10gb", 2, 2, "normal",
-        h + Duration::minutes(90), Some(h + Duration::minutes(255)),
+        &s.store,
+        team_id,
+        user,
+        "H100-80GB:1g.10gb",
+        2,
+        2,
+        "normal",
+        h + Duration::minutes(90),
+        Some(h + Duration::minutes(255)),
     )
     .await;
     // A preemptible whole H100 from h+2h, still active.
     history(
-        &s.store, team_id, user, "H100-80GB:whole", 1, 7, "preemptible",
-        h + Duration::hours(2), None,
+        &s.store,
+        team_id,
+        user,
+        "H100-80GB:whole",
+        1,
+        7,
+        "preemptible",
+        h + Duration::hours(2),
+        None,
     )
     .await;
     let now = h + Duration::hours(6);
@@ -239,13 +267,24 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     assert_eq!((r.allocations, r.hours), (1, 4), "{r:?}");
     let (first, second) = tokio::join!(s.billing.meter(now, None), s.billing.meter(now, None));
     let written = first.expect("meter").hours + second.expect("meter").hours;
-    assert_eq!(written, 4, "the other allocation's four hours, written once");
+    assert_eq!(
+        written, 4,
+        "the other allocation's four hours, written once"
+    );
     let again = s.billing.meter(now, None).await.expect("meter");
     assert_eq!(again.hours, 0, "{again:?}");
-    assert_eq!(balance(&s.store).await, (0, 16), "8 charges, 2 entries each, summing to 0");
+    assert_eq!(
+        balance(&s.store).await,
+        (0, 16),
+        "8 charges, 2 entries each, summing to 0"
+    );
     let charged = s
         .store
-        .team_charges(Some(team_id), h - Duration::days(1), now + Duration::days(1))
+        .team_charges(
+            Some(team_id),
+            h - Duration::days(1),
+            now + Duration::days(1),
+        )
         .await
         .expect("charges");
     assert_eq!(charged, vec![(team_id, expected)]);
@@ -257,16 +296,41 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
         h.format("%Y-%m-%d"),
         now.format("%Y-%m-%d")
     );
-    let (st, u) = call_with_token(&a.app, &t.team_admin, Method::GET, &format!("/api/v1/usage?{q}"), None).await;
+    let (st, u) = call_with_token(
+        &a.app,
+        &t.team_admin,
+        Method::GET,
+        &format!("/api/v1/usage?{q}"),
+        None,
+    )
+    .await;
     assert_eq!(st, 200, "{u}");
     assert_eq!(u["total"]["cost_minor"], expected);
     assert_eq!(u["own_only"], false);
-    let kinds: BTreeSet<&str> = u["kinds"].as_array().expect("kinds").iter().filter_map(|k| k["key"].as_str()).collect();
-    assert_eq!(kinds, BTreeSet::from(["H100-80GB:1g.10gb", "H100-80GB:whole"]));
+    let kinds: BTreeSet<&str> = u["kinds"]
+        .as_array()
+        .expect("kinds")
+        .iter()
+        .filter_map(|k| k["key"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["H100-80GB:1g.10gb", "H100-80GB:whole"])
+    );
     // 2 slices × 2.75 h = 5.5 slice-hours = 0.7857 GPU-hours; 4 whole GPU-hours.
     let gpu_ms = u["total"]["gpu_ms"].as_i64().expect("gpu_ms");
-    assert!((4 * 3_600_000 + 2_828_570..=4 * 3_600_000 + 2_828_573).contains(&gpu_ms), "{gpu_ms}");
-    let (st, own) = call_with_token(&a.app, &t.member, Method::GET, &format!("/api/v1/usage?{q}"), None).await;
+    assert!(
+        (4 * 3_600_000 + 2_828_570..=4 * 3_600_000 + 2_828_573).contains(&gpu_ms),
+        "{gpu_ms}"
+    );
+    let (st, own) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/usage?{q}"),
+        None,
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(own["own_only"], true);
     assert_eq!(own["total"]["cost_minor"], expected);
@@ -275,19 +339,34 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let (st, rows, total) = chargeback(&a.app, &t.team_admin, &q).await;
     assert_eq!(st, 200);
     assert_eq!((rows.len(), total), (8, expected));
-    assert!(rows.iter().any(|r| r.iter().any(|f| f == &format!("MIG-{slices}"))));
+    assert!(
+        rows.iter()
+            .any(|r| r.iter().any(|f| f == &format!("MIG-{slices}")))
+    );
     // The statement(s) of the month(s) these hours fall in add up to the same.
-    let months: BTreeSet<String> = [h, now - Duration::hours(1)].iter().map(|d| d.format("%Y-%m").to_string()).collect();
+    let months: BTreeSet<String> = [h, now - Duration::hours(1)]
+        .iter()
+        .map(|d| d.format("%Y-%m").to_string())
+        .collect();
     let mut statement_total = 0;
     for m in &months {
-        let (st, v) = call_with_token(&a.app, &t.team_admin, Method::GET, &format!("/api/v1/teams/{}/statements/{m}", t.id), None).await;
+        let (st, v) = call_with_token(
+            &a.app,
+            &t.team_admin,
+            Method::GET,
+            &format!("/api/v1/teams/{}/statements/{m}", t.id),
+            None,
+        )
+        .await;
         assert_eq!(st, 200, "{v}");
         statement_total += v["total_minor"].as_i64().expect("total");
     }
     assert_eq!(statement_total, expected);
 
     // A reversal credits one charge once; the ledger still balances; nothing is edited.
-    let (_, ledger) = a.call(Method::GET, &format!("/api/v1/ledger?{q}&limit=200"), None).await;
+    let (_, ledger) = a
+        .call(Method::GET, &format!("/api/v1/ledger?{q}&limit=200"), None)
+        .await;
     let charge = ledger["items"]
         .as_array()
         .expect("items")
@@ -298,29 +377,60 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let txn = charge["txn_id"].as_str().expect("txn");
     let amount = charge["amount_minor"].as_i64().expect("amount");
     let path = format!("/api/v1/ledger/{txn}/reverse");
-    let (st, v) = call_with_token(&a.app, &t.team_admin, Method::POST, &path, Some(json!({"reason": "no"}))).await;
+    let (st, v) = call_with_token(
+        &a.app,
+        &t.team_admin,
+        Method::POST,
+        &path,
+        Some(json!({"reason": "no"})),
+    )
+    .await;
     assert_eq!(st, 403, "{v}");
-    let (st, v) = a.call(Method::POST, &path, Some(json!({"reason": ""}))).await;
+    let (st, v) = a
+        .call(Method::POST, &path, Some(json!({"reason": ""})))
+        .await;
     assert_eq!((st, v["error"]["field"].as_str()), (422, Some("reason")));
-    let (st, v) = a.call(Method::POST, &path, Some(json!({"reason": "job crashed on a bad node"}))).await;
+    let (st, v) = a
+        .call(
+            Method::POST,
+            &path,
+            Some(json!({"reason": "job crashed on a bad node"})),
+        )
+        .await;
     assert_eq!(st, 200, "{v}");
-    let (st, _) = a.call(Method::POST, &path, Some(json!({"reason": "again"}))).await;
+    let (st, _) = a
+        .call(Method::POST, &path, Some(json!({"reason": "again"})))
+        .await;
     assert_eq!(st, 409);
     assert_eq!(balance(&s.store).await, (0, 18));
     let (_, _, after) = chargeback(&a.app, &t.team_admin, &q).await;
     assert_eq!(after, expected - amount);
-    assert_eq!(s.billing.meter(now, None).await.expect("meter").hours, 0, "a reversed hour is not billed again");
+    assert_eq!(
+        s.billing.meter(now, None).await.expect("meter").hours,
+        0,
+        "a reversed hour is not billed again"
+    );
     let refused = match &s.store {
-        Store::Sqlite(p) => sqlx::query("UPDATE ledger_entries SET amount_minor = 0").execute(p).await.err(),
-        Store::Postgres(p) => sqlx::query("DELETE FROM ledger_entries").execute(p).await.err(),
+        Store::Sqlite(p) => sqlx::query("UPDATE ledger_entries SET amount_minor = 0")
+            .execute(p)
+            .await
+            .err(),
+        Store::Postgres(p) => sqlx::query("DELETE FROM ledger_entries")
+            .execute(p)
+            .await
+            .err(),
     };
     assert!(refused.is_some_and(|e| e.to_string().contains("append-only")));
     assert_eq!(balance(&s.store).await, (0, 18));
 
     // Rate changes and budget changes are audited.
-    let (_, audit) = a.call(Method::GET, "/api/v1/audit?action=rate.set", None).await;
+    let (_, audit) = a
+        .call(Method::GET, "/api/v1/audit?action=rate.set", None)
+        .await;
     assert_eq!(audit["total"], 2);
-    let (_, audit) = a.call(Method::GET, "/api/v1/audit?action=ledger.reverse", None).await;
+    let (_, audit) = a
+        .call(Method::GET, "/api/v1/audit?action=ledger.reverse", None)
+        .await;
     assert_eq!(audit["total"], 1);
 }
 
@@ -330,19 +440,46 @@ async fn rates_and_exports_reject_bad_input_and_other_teams(db: Db) {
     let other = team(&a, "others").await;
     let h = next_hour();
     for (body, field) in [
-        (json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 100, "effective_from": h - Duration::hours(2)}), "effective_from"),
-        (json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 100, "effective_from": h + Duration::minutes(30)}), "effective_from"),
-        (json!({"kind": "H100-80GB:9g.99gb", "price_minor_per_hour": 100}), "kind"),
-        (json!({"kind": "H100-80GB:whole", "price_minor_per_hour": -1}), "price_minor_per_hour"),
-        (json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 1, "preemptible_discount_pct": 101}), "preemptible_discount_pct"),
+        (
+            json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 100, "effective_from": h - Duration::hours(2)}),
+            "effective_from",
+        ),
+        (
+            json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 100, "effective_from": h + Duration::minutes(30)}),
+            "effective_from",
+        ),
+        (
+            json!({"kind": "H100-80GB:9g.99gb", "price_minor_per_hour": 100}),
+            "kind",
+        ),
+        (
+            json!({"kind": "H100-80GB:whole", "price_minor_per_hour": -1}),
+            "price_minor_per_hour",
+        ),
+        (
+            json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 1, "preemptible_discount_pct": 101}),
+            "preemptible_discount_pct",
+        ),
     ] {
-        let (s, v) = a.call(Method::POST, "/api/v1/rates", Some(body.clone())).await;
-        assert_eq!((s, v["error"]["field"].as_str()), (422, Some(field)), "{body}: {v}");
+        let (s, v) = a
+            .call(Method::POST, "/api/v1/rates", Some(body.clone()))
+            .await;
+        assert_eq!(
+            (s, v["error"]["field"].as_str()),
+            (422, Some(field)),
+            "{body}: {v}"
+        );
     }
     let (_, rates) = a.call(Method::GET, "/api/v1/rates", None).await;
     assert_eq!(rates, json!([]), "nothing stored");
-    let (s, v) = call_with_token(&a.app, &t.member, Method::POST, "/api/v1/rates",
-        Some(json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 1}))).await;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/rates",
+        Some(json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 1})),
+    )
+    .await;
     assert_eq!(s, 403, "{v}");
     // Exports: a team admin gets their own team, another team is a 404, members are refused,
     // and a bad period names the field.
@@ -351,18 +488,44 @@ async fn rates_and_exports_reject_bad_input_and_other_teams(db: Db) {
     assert_eq!(chargeback(&a.app, &other.team_admin, &own).await.0, 404);
     assert_eq!(chargeback(&a.app, &t.member, &own).await.0, 403);
     assert_eq!(chargeback(&a.app, &t.team_admin, "").await.0, 422);
-    let (s, v) = call_with_token(&a.app, &t.team_admin, Method::GET,
-        &format!("/api/v1/usage?team={}&from=2026-02-30", t.id), None).await;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.team_admin,
+        Method::GET,
+        &format!("/api/v1/usage?team={}&from=2026-02-30", t.id),
+        None,
+    )
+    .await;
     assert_eq!((s, v["error"]["field"].as_str()), (422, Some("from")));
-    let (s, v) = call_with_token(&a.app, &t.team_admin, Method::GET,
-        &format!("/api/v1/teams/{}/statements/13-2026", t.id), None).await;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.team_admin,
+        Method::GET,
+        &format!("/api/v1/teams/{}/statements/13-2026", t.id),
+        None,
+    )
+    .await;
     assert_eq!((s, v["error"]["field"].as_str()), (422, Some("month")));
-    let (s, _) = call_with_token(&a.app, &other.team_admin, Method::GET,
-        &format!("/api/v1/teams/{}/statements/2026-11", t.id), None).await;
+    let (s, _) = call_with_token(
+        &a.app,
+        &other.team_admin,
+        Method::GET,
+        &format!("/api/v1/teams/{}/statements/2026-11", t.id),
+        None,
+    )
+    .await;
     assert_eq!(s, 404);
-    let (s, v) = a.call(Method::PUT, &format!("/api/v1/teams/{}/budget", t.id),
-        Some(json!({"monthly_minor": -5}))).await;
-    assert_eq!((s, v["error"]["field"].as_str()), (422, Some("monthly_minor")));
+    let (s, v) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/teams/{}/budget", t.id),
+            Some(json!({"monthly_minor": -5})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (422, Some("monthly_minor"))
+    );
 }
 
 async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
@@ -371,36 +534,87 @@ async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     // 7.00 per whole H100-hour from the current hour: a 1g.10gb costs 1.00/h.
     let now = Utc::now().timestamp();
-    let current = Utc.timestamp_opt(now - now.rem_euclid(3600), 0).single().expect("time");
+    let current = Utc
+        .timestamp_opt(now - now.rem_euclid(3600), 0)
+        .single()
+        .expect("time");
     set_rate(&a, "H100-80GB:whole", 700, 0, current).await;
-    let (s, b) = a.call(Method::PUT, &format!("/api/v1/teams/{}/budget", t.id),
-        Some(json!({"monthly_minor": 500, "hard": true}))).await;
+    let (s, b) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/teams/{}/budget", t.id),
+            Some(json!({"monthly_minor": 500, "hard": true})),
+        )
+        .await;
     assert_eq!(s, 200, "{b}");
-    assert_eq!((b["monthly_minor"].as_i64(), b["spent_minor"].as_i64(), b["alert"].is_null()), (Some(500), Some(0), true));
+    assert_eq!(
+        (
+            b["monthly_minor"].as_i64(),
+            b["spent_minor"].as_i64(),
+            b["alert"].is_null()
+        ),
+        (Some(500), Some(0), true)
+    );
     // 8 h of one slice (8.00) would exceed the 5.00 budget: a platform admin decides.
-    let (s, v) = call_with_token(&a.app, &t.member, Method::POST, "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 480}))).await;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/allocations",
+        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 480})),
+    )
+    .await;
     assert_eq!(s, 201, "{v}");
     assert_eq!(v["state"], "pending_approval");
     assert_eq!(v["approver"], "platform_admin");
-    assert!(v["approval_reason"].as_str().is_some_and(|r| r.contains("budget") && r.contains("8.00")), "{v}");
+    assert!(
+        v["approval_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("budget") && r.contains("8.00")),
+        "{v}"
+    );
     // 2 h (2.00) fits: queued at once.
-    let (s, v) = call_with_token(&a.app, &t.member, Method::POST, "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 120}))).await;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/allocations",
+        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 120})),
+    )
+    .await;
     assert_eq!(s, 201);
     assert_ne!(v["state"], "pending_approval", "{v}");
     // A soft budget only alerts.
-    let (s, _) = a.call(Method::PUT, &format!("/api/v1/teams/{}/budget", t.id),
-        Some(json!({"monthly_minor": 500, "hard": false}))).await;
+    let (s, _) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/teams/{}/budget", t.id),
+            Some(json!({"monthly_minor": 500, "hard": false})),
+        )
+        .await;
     assert_eq!(s, 200);
     let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_ne!(v["state"], "pending_approval", "{v}");
     // Budgets are visible to the team, listed for admins, and audited.
-    let (s, v) = call_with_token(&a.app, &t.member, Method::GET, &format!("/api/v1/teams/{}/budget", t.id), None).await;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/teams/{}/budget", t.id),
+        None,
+    )
+    .await;
     assert_eq!((s, v["monthly_minor"].as_i64()), (200, Some(500)));
     let (_, all) = a.call(Method::GET, "/api/v1/budgets", None).await;
-    assert!(all.as_array().expect("budgets").iter().any(|b| b["team_id"] == t.id.as_str()));
-    let (_, audit) = a.call(Method::GET, "/api/v1/audit?action=budget.set", None).await;
+    assert!(
+        all.as_array()
+            .expect("budgets")
+            .iter()
+            .any(|b| b["team_id"] == t.id.as_str())
+    );
+    let (_, audit) = a
+        .call(Method::GET, "/api/v1/audit?action=budget.set", None)
+        .await;
     assert_eq!(audit["total"], 2);
 }
 

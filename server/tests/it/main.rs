@@ -5,6 +5,7 @@ mod accounts;
 mod allocations;
 mod authz;
 mod billing;
+mod monitoring;
 mod nodes;
 mod platform;
 mod support;
