@@ -42,7 +42,9 @@ fn main() -> anyhow::Result<()> {
     for (name, url) in targets {
         rt.block_on(run(name, &url))?;
     }
-    let _ = std::fs::remove_dir_all(dir);
+    if std::env::var_os("KEEP_DB").is_none() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     Ok(())
 }
 

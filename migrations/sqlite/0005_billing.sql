@@ -66,7 +66,12 @@ CREATE TABLE ledger_entries (
     UNIQUE (allocation_id, hour_start, entry_type, account)
 );
 CREATE INDEX ledger_entries_team ON ledger_entries (team_id, hour_start);
-CREATE INDEX ledger_entries_hour ON ledger_entries (hour_start, id);
+CREATE INDEX ledger_entries_hour ON ledger_entries (hour_start);
+-- The chargeback export reads the team side in (hour_start, id) order: a partial index
+-- that covers what it needs from the entry, so a page is one range scan.
+CREATE INDEX ledger_entries_team_hour ON ledger_entries
+    (hour_start, id, allocation_id, team_id, amount_minor, entry_type, currency)
+    WHERE account <> 'platform';
 CREATE INDEX ledger_entries_txn ON ledger_entries (txn_id);
 
 CREATE TRIGGER ledger_entries_no_update BEFORE UPDATE ON ledger_entries

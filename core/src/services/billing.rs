@@ -249,7 +249,7 @@ impl Billing {
                     list_minor: list,
                     billed_minor: billed,
                     currency: self.currency.to_string(),
-                    txn_id: Uuid::new_v4(),
+                    txn_id: Uuid::now_v7(),
                     metered_at: now,
                 }
             })
