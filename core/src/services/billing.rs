@@ -78,8 +78,7 @@ pub struct ChargebackCsv {
     cursor: Option<(DateTime<Utc>, Uuid)>,
     header_sent: bool,
     done: bool,
-    /// Labels of the kinds seen so far.
-    kinds: HashMap<String, KindCols>,
+    cache: LineCache,
     /// The file name to offer.
     pub filename: String,
 }
@@ -869,6 +868,21 @@ impl Billing {
             from.format("%Y%m%d"),
             (to - Duration::days(1)).format("%Y%m%d")
         );
+        // Names once, not joined into every row of a long export.
+        let teams = self
+            .store
+            .team_names()
+            .await
+            .map_err(internal("loading teams"))?
+            .into_iter()
+            .collect();
+        let users = self
+            .store
+            .user_names()
+            .await
+            .map_err(internal("loading users"))?
+            .into_iter()
+            .collect();
         Ok(ChargebackCsv {
             store: self.store.clone(),
             team,
@@ -877,7 +891,12 @@ impl Billing {
             cursor: None,
             header_sent: false,
             done: false,
-            kinds: HashMap::new(),
+            cache: LineCache {
+                kinds: HashMap::new(),
+                teams,
+                users,
+                hour: None,
+            },
             filename,
         })
     }
@@ -1003,7 +1022,7 @@ impl ChargebackCsv {
         self.cursor = Some((last.hour_start, last.id));
         let mut out = String::with_capacity(rows.len() * 480);
         for r in &rows {
-            chargeback_line(&mut out, r, &mut self.kinds);
+            chargeback_line(&mut out, r, &mut self.cache);
         }
         Ok(Some(out))
     }
@@ -1011,6 +1030,15 @@ impl ChargebackCsv {
 
 /// What the CSV says about a kind: (label, profile column, ResourceType).
 type KindCols = (String, String, &'static str);
+
+/// What many rows share: kinds' columns, team and user names, and the period columns of
+/// the current hour (rows come in hour order).
+struct LineCache {
+    kinds: HashMap<String, KindCols>,
+    teams: HashMap<Uuid, String>,
+    users: HashMap<Uuid, String>,
+    hour: Option<(DateTime<Utc>, String)>,
+}
 
 fn kind_columns(kind: &str) -> KindCols {
     match kind.parse::<GpuKind>() {
@@ -1026,13 +1054,27 @@ fn kind_columns(kind: &str) -> KindCols {
     }
 }
 
-fn chargeback_line(out: &mut String, r: &ChargeRow, kinds: &mut HashMap<String, KindCols>) {
+fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     use std::fmt::Write as _;
     let c = &r.currency;
-    let (bp_start, bp_end) = b::month_bounds(b::month_of(r.hour_start));
-    let hour_end = r.hour_start + Duration::hours(1);
+    if cache.hour.as_ref().is_none_or(|(h, _)| *h != r.hour_start) {
+        const RFC: &str = "%Y-%m-%dT%H:%M:%SZ";
+        let (bp_start, bp_end) = b::month_bounds(b::month_of(r.hour_start));
+        let text = format!(
+            "{},{},{},{},",
+            bp_start.format(RFC),
+            bp_end.format(RFC),
+            r.hour_start.format(RFC),
+            (r.hour_start + Duration::hours(1)).format(RFC),
+        );
+        cache.hour = Some((r.hour_start, text));
+    }
+    if let Some((_, period)) = &cache.hour {
+        out.push_str(period);
+    }
     let reversal = r.entry_type == "reversal";
-    let (label, profile, rtype) = kinds
+    let (label, profile, rtype) = cache
+        .kinds
         .entry(r.kind.clone())
         .or_insert_with(|| kind_columns(&r.kind));
     let (consumed, pricing, list) = if reversal {
@@ -1040,19 +1082,8 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, kinds: &mut HashMap<String, 
     } else {
         (r.gpu_ms, r.wall_ms * r.count, r.list_minor)
     };
-    const RFC: &str = "%Y-%m-%dT%H:%M:%SZ";
     let amount = b::format_minor(r.amount_minor, c);
-    // Columns in CHARGEBACK_COLUMNS order; fields that can hold user text go through
-    // `csv_field`, the rest are dates, numbers and fixed words.
-    let _ = write!(
-        out,
-        "{},{},{},{},{},",
-        bp_start.format(RFC),
-        bp_end.format(RFC),
-        r.hour_start.format(RFC),
-        hour_end.format(RFC),
-        if reversal { "Adjustment" } else { "Usage" },
-    );
+    let _ = write!(out, "{},", if reversal { "Adjustment" } else { "Usage" });
     let description = format!(
         "{} × {label}{}",
         r.count,
@@ -1070,7 +1101,7 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, kinds: &mut HashMap<String, 
     out.push(',');
     csv_field(out, &r.resource_name);
     let _ = write!(out, ",{rtype},Tessera GPU,{},", r.team_id);
-    csv_field(out, &r.team_name);
+    csv_field(out, cache.teams.get(&r.team_id).map_or("", String::as_str));
     out.push(',');
     let tags = format!(
         "{{\"tessera/priority\":\"{}\",\"tessera/model\":\"{}\"}}",
@@ -1078,7 +1109,7 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, kinds: &mut HashMap<String, 
     );
     csv_field(out, &tags);
     out.push(',');
-    csv_field(out, &r.username);
+    csv_field(out, cache.users.get(&r.user_id).map_or("", String::as_str));
     let _ = write!(out, ",{},", r.allocation_id);
     csv_field(out, profile);
     out.push(',');

@@ -94,9 +94,7 @@ pub struct ChargeRow {
     pub entry_type: String,
     pub currency: String,
     pub team_id: Uuid,
-    pub team_name: String,
     pub user_id: Uuid,
-    pub username: String,
     pub allocation_id: Uuid,
     pub kind: String,
     pub model: String,
@@ -200,6 +198,11 @@ impl Store {
         let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()));
         on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
             .bind(i64::from(limit)).fetch_all(pool).await)
+    }
+
+    /// `(id, username)` of every user.
+    pub async fn user_names(&self) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await)
     }
 
     /// `(id, name)` of every team.
@@ -501,11 +504,10 @@ impl Store {
         // (hour_start, id) index, so each page is a range seek, not a rescan. The first page
         // starts after (from, nil): every entry of the period.
         let sql = "SELECT le.id, le.hour_start, le.amount_minor, le.entry_type, le.currency, le.team_id, \
-             t.name AS team_name, m.user_id, u.username, le.allocation_id, m.kind, m.model, m.priority, \
+             m.user_id, le.allocation_id, m.kind, m.model, m.priority, \
              m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor \
              FROM ledger_entries le \
              JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start \
-             JOIN teams t ON t.id = le.team_id JOIN users u ON u.id = m.user_id \
              WHERE le.account <> 'platform' AND le.hour_start >= $1 AND le.hour_start < $2 \
                AND ($3 IS NULL OR le.team_id = $3) AND (le.hour_start, le.id) > ($4, $5) \
              ORDER BY le.hour_start, le.id LIMIT $6";
