@@ -315,6 +315,7 @@ fn test() -> Result<()> {
     )?;
     build(false)?;
     e2e()?;
+    fuzz_api()?;
     eprintln!(
         "\nAll checks passed in {:.0}s.",
         started.elapsed().as_secs_f64()
@@ -422,10 +423,34 @@ fn e2e() -> Result<()> {
                 .current_dir(e2e_dir),
         )?;
     }
-    let data = tempfile_dir("tessera-e2e")?;
+    let password = "e2e-admin-password-1";
+    let (server, base, data) = serve_for_tests("tessera-e2e", password)?;
+    validate_openapi(&base)?;
+    let result = step(
+        "browser tests (headless Chromium)",
+        Command::new("node")
+            .args(["--test", "--test-concurrency=1", "tests/"])
+            .current_dir(e2e_dir)
+            .env("TESSERA_URL", &base)
+            .env("TESSERA_ADMIN_PASSWORD", password),
+    );
+    drop(server);
+    if result.is_err() {
+        eprintln!(
+            "server log: {}\nscreenshots: e2e/artifacts/",
+            data.join("server.log").display()
+        );
+    }
+    result
+}
+
+/// Starts `tessera serve` (debug build) on a free port with a fresh SQLite database in a
+/// new folder, the embedded simulated nodes and `password` for the bootstrap admin; returns
+/// the running server, its base URL and the folder (with `server.log`).
+fn serve_for_tests(name: &str, password: &str) -> Result<(KillOnDrop, String, PathBuf)> {
+    let data = tempfile_dir(name)?;
     let port = free_port()?;
     let base = format!("http://127.0.0.1:{port}");
-    let password = "e2e-admin-password-1";
     let bin = target_dir().join("debug").join("tessera");
     let log = std::fs::File::create(data.join("server.log"))?;
     let server = Command::new(&bin)
@@ -446,21 +471,40 @@ fn e2e() -> Result<()> {
         .with_context(|| format!("starting {}", bin.display()))?;
     let server = KillOnDrop(server);
     wait_for_http(&format!("127.0.0.1:{port}"), Duration::from_secs(60))?;
-    validate_openapi(&base)?;
+    Ok((server, base, data))
+}
+
+/// Fuzzes the REST API of a fresh server with Schemathesis (PyPI, installed when missing)
+/// as a platform admin and as a member: no 5xx, every response as documented
+/// (`e2e/fuzz_api.py`).
+fn fuzz_api() -> Result<()> {
+    let have = Command::new("python3")
+        .args(["-c", "import schemathesis"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have {
+        step(
+            "pip install schemathesis",
+            Command::new("python3").args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "schemathesis==4.32.5",
+            ]),
+        )?;
+    }
+    let password = "fuzz-admin-password-1";
+    let (server, base, data) = serve_for_tests("tessera-fuzz", password)?;
     let result = step(
-        "browser tests (headless Chromium)",
-        Command::new("node")
-            .args(["--test", "--test-concurrency=1", "tests/"])
-            .current_dir(e2e_dir)
-            .env("TESSERA_URL", &base)
-            .env("TESSERA_ADMIN_PASSWORD", password),
+        "API fuzzing (Schemathesis: no 5xx, responses match the OpenAPI document)",
+        Command::new("python3").args(["e2e/fuzz_api.py", &base, password]),
     );
     drop(server);
     if result.is_err() {
-        eprintln!(
-            "server log: {}\nscreenshots: e2e/artifacts/",
-            data.join("server.log").display()
-        );
+        eprintln!("server log: {}", data.join("server.log").display());
     }
     result
 }

@@ -12,13 +12,18 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, Method, StatusCode, header};
+use http::{HeaderMap, Method, header};
 use tessera_domain::error::AppError;
 
 pub async fn guard(State(state): State<AppState>, req: Request<Body>, next: Next) -> Response {
+    let path = req.uri().path();
+    // A REST call without cookies carries no ambient credential a cross-site page could
+    // ride on: it is either token-authenticated or answered 401 by the auth layer.
+    let cookieless_api = path.starts_with("/api/") && !req.headers().contains_key(header::COOKIE);
     if is_safe(req.method())
         || is_token_request(req.headers())
-        || req.uri().path().starts_with("/agent/")
+        || cookieless_api
+        || path.starts_with("/agent/")
     {
         return next.run(req).await;
     }
@@ -26,7 +31,8 @@ pub async fn guard(State(state): State<AppState>, req: Request<Body>, next: Next
         Ok(()) => next.run(req).await,
         Err(why) => {
             tracing::warn!(path = %req.uri().path(), why, "cross-site request refused");
-            (StatusCode::FORBIDDEN, axum::Json(AppError::Forbidden)).into_response()
+            // The API's one error shape (`{error, message}`), as its OpenAPI document says.
+            super::error::ApiError(AppError::Forbidden).into_response()
         }
     }
 }
