@@ -3,11 +3,11 @@
 
 use super::auth::{Call, Caller};
 use super::error::{
-    ApiError, Conflict, ErrorBody, Forbidden, Invalid, JsonBody, NotFound, Path, Unauthorized,
+    ApiError, Conflict, ErrorBody, Forbidden, Invalid, JsonBody, NotFound, Path, Query,
+    Unauthorized,
 };
 use crate::AppState;
 use axum::Json;
-use axum::extract::Query;
 use http::StatusCode;
 use serde::Deserialize;
 use tessera_core::services::allocations::ListFilter;

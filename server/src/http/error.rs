@@ -67,6 +67,18 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct Path<T>(pub T);
 
+/// Query strings (`?team=…&from=…`) as typed values; one that does not parse is an
+/// `invalid` error in the API's JSON shape naming what was wrong, not axum's plain-text 400.
+#[derive(axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct Query<T>(pub T);
+
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(e: axum::extract::rejection::QueryRejection) -> Self {
+        ApiError(AppError::invalid("query", e.body_text()))
+    }
+}
+
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(_: axum::extract::rejection::PathRejection) -> Self {
         ApiError(AppError::NotFound)
