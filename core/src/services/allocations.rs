@@ -1093,10 +1093,25 @@ impl Allocations {
                 if silent {
                     return Some(format!("node {} stopped reporting", d.hostname));
                 }
-                let present = inventories
+                let gpu = inventories
                     .get(&d.node_id)
-                    .is_some_and(|i| i.gpus.iter().any(|g| g.uuid == d.gpu_uuid));
-                (!present).then(|| format!("GPU {} vanished from {}", d.gpu_uuid, d.hostname))
+                    .and_then(|i| i.gpus.iter().find(|g| g.uuid == d.gpu_uuid));
+                let Some(gpu) = gpu else {
+                    return Some(format!("GPU {} vanished from {}", d.gpu_uuid, d.hostname));
+                };
+                // An active MIG slice whose instance is gone (destroyed outside Tessera, or
+                // lost in a GPU reset) is over: say so rather than bill and show it.
+                if state == AllocState::Active
+                    && let (Some(mig), Some(profile), Some(start)) =
+                        (&d.mig_uuid, &d.profile, d.start)
+                    && !mig_instance_present(gpu, mig, profile, start)
+                {
+                    return Some(format!(
+                        "MIG instance {mig} ({profile}) is gone from GPU {} on {}",
+                        d.gpu_uuid, d.hostname
+                    ));
+                }
+                None
             });
             // An allocation past its end expires, whatever became of its node.
             let ended = state == AllocState::Active && a.ends_at.is_some_and(|e| e <= now);
@@ -1647,6 +1662,24 @@ fn present(d: &mut AllocatedDevice, inventories: &HashMap<Uuid, Inventory>) -> b
         }
         _ => g.mig_mode.is_none_or(|m| m.current == MigMode::Disabled),
     }
+}
+
+/// Whether `gpu` still has the instance `mig` (by its UUID, or, when the driver did not
+/// report one, by its profile and placement).
+fn mig_instance_present(
+    gpu: &tessera_domain::wire::GpuInfo,
+    mig: &str,
+    profile: &str,
+    start: u8,
+) -> bool {
+    gpu.instances.iter().any(|i| {
+        i.compute_instances
+            .iter()
+            .any(|c| c.uuid.as_deref() == Some(mig))
+            || (i.start == start
+                && i.profile == profile
+                && i.compute_instances.iter().all(|c| c.uuid.is_none()))
+    })
 }
 
 fn devices(a: &AllocationRow) -> Vec<AllocatedDevice> {

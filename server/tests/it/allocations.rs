@@ -577,6 +577,53 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
 }
 
+async fn a_destroyed_mig_instance_fails_its_allocation(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "gone").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let agent = SimAgent::start(&a, "sim-gone").await;
+    let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    let id = v["id"].as_str().expect("id").to_owned();
+    let active = wait_for_state(&a, &id, "active").await;
+    let dev = &active["devices"][0];
+    let mig = dev["mig_uuid"].as_str().expect("mig uuid").to_owned();
+    let node = uuid::Uuid::parse_str(dev["node_id"].as_str().expect("node")).expect("uuid");
+    // The agent stops; the node's last report shows the GPU without that instance (as
+    // after someone destroyed it by hand), still well within the node's grace period.
+    drop(agent);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let store = tessera_core::store::Store::connect(&a.app.database_url)
+        .await
+        .expect("store");
+    let row = store.node(node).await.expect("node").expect("node");
+    let mut inv: tessera_domain::wire::Inventory =
+        serde_json::from_str(&row.inventory).expect("inventory");
+    for g in &mut inv.gpus {
+        g.instances.retain(|i| {
+            !i.compute_instances
+                .iter()
+                .any(|c| c.uuid.as_deref() == Some(mig.as_str()))
+        });
+    }
+    store
+        .record_heartbeat(
+            node,
+            chrono::Utc::now(),
+            &row.agent_version,
+            row.manages_mig,
+            &serde_json::to_string(&inv).expect("json"),
+        )
+        .await
+        .expect("heartbeat");
+    let failed = wait_for_state(&a, &id, "failed").await;
+    assert!(failed.to_string().contains("is gone"), "{failed}");
+    assert_eq!(
+        used(&a, &t.id, "H100-80GB").await,
+        0,
+        "its quota is returned"
+    );
+}
+
 /// A real `tessera-agent --simulate` with one H100, joined with a fresh join token and
 /// managing MIG; killed when dropped.
 pub(crate) struct SimAgent {
@@ -631,6 +678,7 @@ pub(crate) async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Va
 }
 
 on_both_databases!(
+    a_destroyed_mig_instance_fails_its_allocation,
     concurrent_requests_admit_exactly_the_quota,
     beyond_quota_waits_for_the_right_approver,
     bad_requests_name_the_field_and_store_nothing,
