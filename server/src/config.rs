@@ -85,6 +85,11 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_PREEMPTION_GRACE", default_value = "10m", value_parser = parse_duration)]
     pub preemption_grace: Duration,
 
+    /// How long a node may stay silent (no heartbeat) before its allocations fail with
+    /// the reason (e.g. `3m`; the node shows offline after 90 s either way).
+    #[arg(long, env = "TESSERA_NODE_GRACE", default_value = "3m", value_parser = parse_duration)]
+    pub node_grace: Duration,
+
     /// How often GPU usage is metered into the ledger (complete hours, and allocations that
     /// ended). Metering is idempotent, so any interval is safe (e.g. `1m`).
     #[arg(long, env = "TESSERA_METERING_INTERVAL", default_value = "1m", value_parser = parse_duration)]

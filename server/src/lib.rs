@@ -66,7 +66,8 @@ pub async fn run(
     let mut services = services.with_currency(&config.currency);
     services.allocations = services
         .allocations
-        .with_preemption_grace(config.preemption_grace);
+        .with_preemption_grace(config.preemption_grace)
+        .with_node_grace(config.node_grace);
     let services = Arc::new(services);
 
     let admin_password = config

@@ -32,7 +32,8 @@ use tessera_domain::wire::{ApplyState, ApplyStatus, DesiredInstance, Inventory, 
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-/// A node that stopped reporting is given this long before its allocations fail.
+/// By default, a node that stopped reporting is given this long before its allocations
+/// fail (`TESSERA_NODE_GRACE`).
 pub const NODE_GRACE: Duration = Duration::minutes(3);
 
 #[derive(Clone)]
@@ -48,6 +49,8 @@ pub struct Allocations {
     snapshot: Arc<std::sync::RwLock<PendingContext>>,
     /// For hard budgets: a request that would exceed one needs a platform admin.
     billing: Option<super::billing::Billing>,
+    /// How long a silent node keeps its allocations before they fail.
+    node_grace: Duration,
 }
 
 /// Default warning before borrowed capacity is reclaimed.
@@ -99,7 +102,14 @@ impl Allocations {
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             snapshot: Arc::default(),
             billing: None,
+            node_grace: NODE_GRACE,
         }
+    }
+
+    /// Sets how long a node may stay silent before its allocations fail.
+    pub fn with_node_grace(mut self, grace: std::time::Duration) -> Self {
+        self.node_grace = Duration::from_std(grace).unwrap_or(NODE_GRACE);
+        self
     }
 
     /// Checks new requests against the teams' hard budgets through `billing`.
@@ -1089,7 +1099,9 @@ impl Allocations {
                 let Some(node) = by_id.get(&d.node_id) else {
                     return Some(format!("node {} was removed", d.hostname));
                 };
-                let silent = node.last_heartbeat_at.is_none_or(|t| now - t > NODE_GRACE);
+                let silent = node
+                    .last_heartbeat_at
+                    .is_none_or(|t| now - t > self.node_grace);
                 if silent {
                     return Some(format!("node {} stopped reporting", d.hostname));
                 }
