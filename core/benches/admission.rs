@@ -30,7 +30,10 @@ fn main() -> anyhow::Result<()> {
         format!("sqlite://{}/bench.db?mode=rwc", dir.display()),
     )];
     if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
-        targets.push(("PostgreSQL", rt.block_on(fresh_pg_database(&pg))?));
+        targets.push((
+            "PostgreSQL",
+            rt.block_on(Store::create_postgres_database(&pg))?,
+        ));
     }
     println!(
         "{REQUESTS} requests, {} GPUs on {NODES} nodes",
@@ -158,18 +161,6 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     );
     anyhow::ensure!(report.placed as usize == REQUESTS, "not all placed");
     Ok(())
-}
-
-/// A new, empty database on the server at `url` (so runs never see each other's rows).
-async fn fresh_pg_database(url: &str) -> anyhow::Result<String> {
-    use sqlx::Connection;
-    let name = format!("tessera_bench_{}", Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(url).await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await?;
-    let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
-    Ok(format!("{base}/{name}"))
 }
 
 fn anyhow_err(e: impl std::fmt::Display) -> anyhow::Error {

@@ -37,7 +37,10 @@ fn main() -> anyhow::Result<()> {
         format!("sqlite://{}/bench.db?mode=rwc", dir.display()),
     )];
     if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
-        targets.push(("PostgreSQL", rt.block_on(fresh_pg_database(&pg))?));
+        targets.push((
+            "PostgreSQL",
+            rt.block_on(Store::create_postgres_database(&pg))?,
+        ));
     }
     for (name, url) in targets {
         rt.block_on(run(name, &url))?;
@@ -269,17 +272,6 @@ fn rss_kib() -> i64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
-}
-
-async fn fresh_pg_database(url: &str) -> anyhow::Result<String> {
-    use sqlx::Connection;
-    let name = format!("tessera_bench_{}", Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(url).await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await?;
-    let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
-    Ok(format!("{base}/{name}"))
 }
 
 fn err(e: impl std::fmt::Display) -> anyhow::Error {

@@ -277,20 +277,10 @@ async fn metering_random_histories_matches_ground_truth_through_crashes_and_reru
     }
     if let Ok(pg) = std::env::var("TESSERA_TEST_PG_URL") {
         for seed in 7..=9u64 {
-            run(&fresh_pg_database(&pg).await, seed).await;
+            let url = Store::create_postgres_database(&pg)
+                .await
+                .expect("database");
+            run(&url, seed).await;
         }
     }
-}
-
-/// A new, empty database on the server at `url`.
-async fn fresh_pg_database(url: &str) -> String {
-    use sqlx::Connection;
-    let name = format!("tessera_meter_{}", Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .expect("create database");
-    let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
-    format!("{base}/{name}")
 }

@@ -107,6 +107,19 @@ impl Store {
         on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))
     }
 
+    /// Creates a new, empty database on the PostgreSQL server at `url` and returns its URL
+    /// (benchmarks and tests use one each, so runs never see each other's rows).
+    pub async fn create_postgres_database(url: &str) -> anyhow::Result<String> {
+        use sqlx::Connection;
+        let name = format!("tessera_scratch_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await?;
+        let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
+        Ok(format!("{base}/{name}"))
+    }
+
     pub fn backend_name(&self) -> &'static str {
         match self {
             Store::Sqlite(_) => "sqlite",
