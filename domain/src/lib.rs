@@ -15,3 +15,4 @@ pub mod mig;
 pub mod planner;
 pub mod tenancy;
 pub mod wire;
+pub mod workload;

@@ -297,6 +297,104 @@ pub fn model_from_profiles(
     crate::mig::GpuModel::new(name, memory_slices, compute_slices, table).map_err(|e| e.to_string())
 }
 
+// ---------------------------------------------------------------------------------------
+// Workloads (`POST /agent/v1/workloads`): the agent reports what runs, the server answers
+// with what should run. One round trip per round; the agent's process executor reconciles
+// the answer like MIG layouts.
+// ---------------------------------------------------------------------------------------
+
+/// One workload the server wants on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadSpec {
+    /// The workload's id (UUID); also its run folder's name on the node.
+    pub id: String,
+    pub kind: crate::workload::WorkloadKind,
+    /// `false`: stop it (kill its process group) and report how it ended.
+    pub run: bool,
+    /// Program and arguments. `{port}` in any argument is replaced by the port the
+    /// agent chose for it (notebooks).
+    pub argv: Vec<String>,
+    /// Extra environment (the agent adds `CUDA_VISIBLE_DEVICES`, `TESSERA_WORKSPACE`).
+    pub env: Vec<crate::workload::EnvVar>,
+    /// MIG or GPU UUIDs the process may see (`CUDA_VISIBLE_DEVICES`).
+    pub devices: Vec<String>,
+    /// The team workspace folder's name under the agent's workload root
+    /// (`<root>/workspaces/<workspace>`), created when missing and shared by the team.
+    pub workspace: String,
+    /// Folder inside the workspace to start in ("" = the workspace itself).
+    pub workdir: String,
+    /// Notebooks: a secret the agent exports as `JUPYTER_TOKEN` and uses to probe
+    /// `{base_path}api/status`; `None` for jobs.
+    pub token: Option<String>,
+    /// Notebooks: the URL path prefix the server listens under (`/user/{user}/{name}/`).
+    pub base_path: Option<String>,
+}
+
+/// How a workload's process stands on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadPhase {
+    /// The process runs; a notebook does not answer yet.
+    Starting,
+    /// The process runs (and a notebook answers its status probe).
+    Running,
+    /// The process ended; `exit_code` says how (`None`: killed by a signal).
+    Exited,
+    /// Could not be started (`message` says why).
+    FailedToStart,
+    /// The agent lost the process (gone without an exit status, e.g. after a reboot).
+    Lost,
+}
+
+/// New output of a workload: `len` raw bytes of its log from byte `offset`, as text
+/// (invalid UTF-8 replaced).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogPiece {
+    pub offset: u64,
+    pub len: u64,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadReport {
+    pub id: String,
+    pub phase: WorkloadPhase,
+    pub exit_code: Option<i32>,
+    pub message: Option<String>,
+    /// Notebooks: `host:port` the server's proxy reaches it at.
+    pub endpoint: Option<String>,
+    /// Notebooks: Jupyter's `last_activity` (unix ms) from `api/status`.
+    pub kernel_last_activity_ms: Option<i64>,
+    /// Notebooks: whether a kernel is executing right now.
+    #[serde(default)]
+    pub kernel_busy: bool,
+    /// Whether the log below reaches the end of the output of an exited process.
+    #[serde(default)]
+    pub log_complete: bool,
+    pub log: Option<LogPiece>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadReports {
+    pub at_unix_ms: i64,
+    pub workloads: Vec<WorkloadReport>,
+}
+
+/// How much of a workload's log the server holds: the agent sends from `stored_through`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogAck {
+    pub id: String,
+    pub stored_through: u64,
+}
+
+/// The server's answer to [`WorkloadReports`]: the full desired set (a workload not
+/// listed is not wanted: the agent stops it and forgets it) and the log positions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadSync {
+    pub workloads: Vec<WorkloadSpec>,
+    pub log_acks: Vec<LogAck>,
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -1,0 +1,618 @@
+//! Workloads on an allocation: notebooks (JupyterLab behind the server's proxy) and
+//! training jobs.
+//!
+//! A workload always runs inside one `active` allocation and sees only that allocation's
+//! devices. The server decides *what* should run (the desired set per node, see
+//! [`crate::wire::WorkloadSpec`]); an executor (the node agent's process executor, or
+//! Kubernetes) makes it so and reports back ([`crate::wire::WorkloadReport`]).
+//!
+//! States and transitions:
+//!
+//! ```text
+//! pending ──▶ starting ──▶ running ──▶ succeeded | failed        (exit code 0 / non-zero)
+//!    │            │           │
+//!    └────────────┴───────────┴──▶ stopping ──▶ stopped | cancelled   (user, idle reclaim,
+//!                                                                       allocation ended)
+//! any non-terminal ──▶ lost   (the executor no longer knows the process)
+//! pending | starting ──▶ failed  (could not start)
+//! ```
+//!
+//! A notebook is `running` once its HTTP endpoint answers (not merely once the process
+//! exists); a job is `running` once its process exists.
+
+use crate::error::AppError;
+use crate::ids::{TeamId, UserId};
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use std::str::FromStr;
+use uuid::Uuid;
+
+/// Notebook or training job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadKind {
+    Notebook,
+    Job,
+}
+
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadKind::Notebook => "notebook",
+            WorkloadKind::Job => "job",
+        }
+    }
+}
+
+impl FromStr for WorkloadKind {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        match s.trim() {
+            "notebook" => Ok(WorkloadKind::Notebook),
+            "job" => Ok(WorkloadKind::Job),
+            other => Err(AppError::invalid("kind", format!("unknown kind {other}"))),
+        }
+    }
+}
+
+/// Where a workload is in its life (table in the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadState {
+    /// Stored; the executor has not started it yet.
+    Pending,
+    /// The process exists; a notebook is not answering yet.
+    Starting,
+    /// A job's process runs, or a notebook answers.
+    Running,
+    /// Asked to stop; the executor has not confirmed yet.
+    Stopping,
+    /// A job exited 0.
+    Succeeded,
+    /// A job exited non-zero, or the workload could not start.
+    Failed,
+    /// A notebook was stopped (by its user, idle reclaim or the allocation ending).
+    Stopped,
+    /// A job was cancelled.
+    Cancelled,
+    /// The executor lost track of it (node gone, process vanished without an exit code).
+    Lost,
+}
+
+impl WorkloadState {
+    pub const ALL: [WorkloadState; 9] = [
+        WorkloadState::Pending,
+        WorkloadState::Starting,
+        WorkloadState::Running,
+        WorkloadState::Stopping,
+        WorkloadState::Succeeded,
+        WorkloadState::Failed,
+        WorkloadState::Stopped,
+        WorkloadState::Cancelled,
+        WorkloadState::Lost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Pending => "pending",
+            WorkloadState::Starting => "starting",
+            WorkloadState::Running => "running",
+            WorkloadState::Stopping => "stopping",
+            WorkloadState::Succeeded => "succeeded",
+            WorkloadState::Failed => "failed",
+            WorkloadState::Stopped => "stopped",
+            WorkloadState::Cancelled => "cancelled",
+            WorkloadState::Lost => "lost",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            WorkloadState::Pending => "Pending",
+            WorkloadState::Starting => "Starting",
+            WorkloadState::Running => "Running",
+            WorkloadState::Stopping => "Stopping",
+            WorkloadState::Succeeded => "Succeeded",
+            WorkloadState::Failed => "Failed",
+            WorkloadState::Stopped => "Stopped",
+            WorkloadState::Cancelled => "Cancelled",
+            WorkloadState::Lost => "Lost",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            WorkloadState::Succeeded
+                | WorkloadState::Failed
+                | WorkloadState::Stopped
+                | WorkloadState::Cancelled
+                | WorkloadState::Lost
+        )
+    }
+
+    /// Whether the table in the module docs allows `self → to`.
+    pub fn can_transition(self, to: WorkloadState) -> bool {
+        use WorkloadState::*;
+        if self.is_terminal() {
+            return false;
+        }
+        match (self, to) {
+            (_, Lost | Stopping) => self != Stopping || to == Lost,
+            (Pending, Starting | Running | Failed | Succeeded) => true,
+            (Starting, Running | Failed | Succeeded) => true,
+            (Running, Succeeded | Failed) => true,
+            (Stopping, Stopped | Cancelled | Succeeded | Failed) => true,
+            _ => false,
+        }
+    }
+
+    /// Still holds a process (or will): everything but the terminal states.
+    pub fn is_live(self) -> bool {
+        !self.is_terminal()
+    }
+}
+
+impl FromStr for WorkloadState {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        let s = s.trim();
+        WorkloadState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| AppError::invalid("state", format!("unknown state {s}")))
+    }
+}
+
+/// A notebook server's name, unique per user among live notebooks: it is part of the
+/// proxy path `/user/{username}/{name}/`. Lowercase letters, digits and `-`, 1–32
+/// characters, starting with a letter or digit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerName(String);
+
+impl ServerName {
+    pub fn parse(raw: &str) -> Result<Self, AppError> {
+        let s = raw.trim();
+        let err = |m: &str| Err(AppError::invalid("name", m));
+        if s.is_empty() {
+            return err("give the notebook a name, e.g. `default`");
+        }
+        if s.len() > 32 {
+            return err("at most 32 characters");
+        }
+        if !s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            return err("use lowercase letters, digits and `-` only");
+        }
+        if s.starts_with('-') {
+            return err("start with a letter or digit");
+        }
+        Ok(ServerName(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A job's command line, run by `/bin/sh -c` in the team workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCommand(String);
+
+pub const MAX_COMMAND_LEN: usize = 8192;
+
+impl JobCommand {
+    pub fn parse(raw: &str) -> Result<Self, AppError> {
+        let s = raw.trim();
+        if s.is_empty() {
+            return Err(AppError::invalid(
+                "command",
+                "enter the command to run, e.g. `python train.py`",
+            ));
+        }
+        if s.len() > MAX_COMMAND_LEN {
+            return Err(AppError::invalid(
+                "command",
+                format!("at most {MAX_COMMAND_LEN} characters"),
+            ));
+        }
+        if s.contains('\0') {
+            return Err(AppError::invalid("command", "contains a NUL character"));
+        }
+        Ok(JobCommand(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Working directory of a job, relative to the team workspace: no absolute paths, no
+/// `..`, so a job cannot start outside its team's files.
+pub fn parse_workdir(raw: &str) -> Result<String, AppError> {
+    let s = raw.trim().trim_end_matches('/');
+    if s.is_empty() || s == "." {
+        return Ok(String::new());
+    }
+    let bad = |m: &str| Err(AppError::invalid("workdir", m));
+    if s.starts_with('/') {
+        return bad("give a folder inside the team workspace, e.g. `projects/resnet`");
+    }
+    if s.len() > 512 {
+        return bad("at most 512 characters");
+    }
+    if s.split('/').any(|p| p == ".." || p.is_empty()) || s.contains('\0') {
+        return bad("`..` and empty path parts are not allowed");
+    }
+    Ok(s.to_owned())
+}
+
+/// One environment variable of a workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnvVar {
+    pub name: String,
+    pub value: String,
+}
+
+/// Names the executor sets itself; a request may not override them.
+pub const RESERVED_ENV: [&str; 4] = [
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "JUPYTER_TOKEN",
+    "TESSERA_WORKSPACE",
+];
+
+/// Parses `NAME=value` lines (blank lines and `#` comments skipped). Names follow POSIX
+/// (`[A-Za-z_][A-Za-z0-9_]*`); reserved names and duplicates are refused.
+pub fn parse_env(text: &str) -> Result<Vec<EnvVar>, AppError> {
+    let mut out: Vec<EnvVar> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = |m: String| AppError::invalid("env", format!("line {}: {m}", i + 1));
+        let (name, value) = line
+            .split_once('=')
+            .ok_or_else(|| at("write NAME=value".into()))?;
+        let name = name.trim();
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(at(format!("`{name}` is not a valid variable name")));
+        }
+        if RESERVED_ENV.contains(&name) || name.starts_with("TESSERA_") {
+            return Err(at(format!("`{name}` is set by Tessera")));
+        }
+        if out.iter().any(|v| v.name == name) {
+            return Err(at(format!("`{name}` is set twice")));
+        }
+        if value.contains('\0') {
+            return Err(at("contains a NUL character".into()));
+        }
+        out.push(EnvVar {
+            name: name.to_owned(),
+            value: value.to_owned(),
+        });
+    }
+    if out.len() > 100 {
+        return Err(AppError::invalid("env", "at most 100 variables"));
+    }
+    Ok(out)
+}
+
+/// Environment list back to the `NAME=value` text [`parse_env`] reads.
+pub fn env_text(vars: &[EnvVar]) -> String {
+    vars.iter()
+        .map(|v| format!("{}={}", v.name, v.value))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// How many times a failed job is started again (0–5).
+pub fn parse_retries(raw: &str) -> Result<u32, AppError> {
+    let s = raw.trim();
+    if s.is_empty() {
+        return Ok(0);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if n <= 5 => Ok(n),
+        _ => Err(AppError::invalid("retries", "a number from 0 to 5")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Idle reclaim
+// ---------------------------------------------------------------------------------------
+
+/// When a notebook counts as idle. Both signals must be quiet: the kernel (Jupyter's
+/// `last_activity`) and the GPU (the allocation's device utilisation from telemetry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdlePolicy {
+    /// Idle this long → stopped.
+    pub idle_after: Duration,
+    /// The user is warned this long before the stop.
+    pub warn_before: Duration,
+    /// Utilisation at or above this (percent) counts as GPU activity.
+    pub busy_pct: u32,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        IdlePolicy {
+            idle_after: Duration::minutes(60),
+            warn_before: Duration::minutes(10),
+            busy_pct: 5,
+        }
+    }
+}
+
+/// The two activity signals of a notebook, as last known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ActivitySignals {
+    /// Jupyter's `last_activity` (kernels and API use), if the executor could read it.
+    pub kernel_last_activity: Option<DateTime<Utc>>,
+    /// Whether a kernel is executing right now (`execution_state: busy`).
+    #[serde(default)]
+    pub kernel_busy: bool,
+    /// Last telemetry sample in which the device was busy.
+    pub gpu_last_busy: Option<DateTime<Utc>>,
+    /// Whether any telemetry for the device was seen in the idle window at all.
+    #[serde(default)]
+    pub gpu_has_data: bool,
+}
+
+/// What idle reclaim does with a notebook now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum IdleDecision {
+    /// In use (or idle for less than the warning point).
+    Active { idle_since: DateTime<Utc> },
+    /// Idle; stopped at `stop_at` unless activity resumes.
+    Warn {
+        idle_since: DateTime<Utc>,
+        stop_at: DateTime<Utc>,
+    },
+    /// Idle for the whole window: stop it.
+    Reclaim { idle_since: DateTime<Utc> },
+}
+
+/// Decides idle reclaim from the signals. Idle since = the latest of the notebook's
+/// start, the kernel's last activity and the GPU's last busy sample; a busy kernel is
+/// never idle. A GPU without telemetry does not hold a notebook open (the kernel signal
+/// decides alone), and the UI says so.
+pub fn idle_decision(
+    now: DateTime<Utc>,
+    started_at: DateTime<Utc>,
+    s: &ActivitySignals,
+    policy: &IdlePolicy,
+) -> IdleDecision {
+    if s.kernel_busy {
+        return IdleDecision::Active { idle_since: now };
+    }
+    let idle_since = [Some(started_at), s.kernel_last_activity, s.gpu_last_busy]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(started_at)
+        .min(now);
+    let stop_at = idle_since + policy.idle_after;
+    if now >= stop_at {
+        IdleDecision::Reclaim { idle_since }
+    } else if now >= stop_at - policy.warn_before {
+        IdleDecision::Warn {
+            idle_since,
+            stop_at,
+        }
+    } else {
+        IdleDecision::Active { idle_since }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Views
+// ---------------------------------------------------------------------------------------
+
+/// A workload as users see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WorkloadView {
+    pub id: Uuid,
+    pub kind: WorkloadKind,
+    /// The notebook's server name, or the job's name.
+    pub name: String,
+    pub allocation_id: Uuid,
+    pub team_id: TeamId,
+    pub team_name: String,
+    pub user_id: UserId,
+    pub username: String,
+    pub state: WorkloadState,
+    /// Jobs: the shell command. Notebooks: empty.
+    pub command: String,
+    /// Jobs: folder inside the team workspace.
+    pub workdir: String,
+    pub env: Vec<EnvVar>,
+    /// Jobs: how many more times a failure is retried; `attempt` counts from 1.
+    pub retries: u32,
+    pub attempt: u32,
+    pub exit_code: Option<i32>,
+    /// Why it failed, was stopped or was lost, in plain words.
+    pub message: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ready_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Where the allocation's device is: hostname and MIG or GPU UUID.
+    pub hostname: Option<String>,
+    pub device: Option<String>,
+    /// Notebooks that answer: the path to open (through the server's proxy).
+    pub url: Option<String>,
+    /// Notebooks: the idle-reclaim signals and decision, once running.
+    pub activity: Option<ActivitySignals>,
+    pub idle: Option<IdleDecision>,
+}
+
+/// Proxy path prefix of a notebook: `/user/{username}/{name}/`.
+pub fn notebook_base_path(username: &str, name: &str) -> String {
+    format!("/user/{username}/{name}/")
+}
+
+/// A piece of a workload's log, from byte `offset`; `next` is where the following read
+/// starts. `start` is the first byte still kept (older output was dropped to stay within
+/// the bound). `complete` once the workload ended and all its output arrived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LogSlice {
+    pub offset: u64,
+    pub next: u64,
+    pub start: u64,
+    pub text: String,
+    pub complete: bool,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(min: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 23, 12, 0, 0).unwrap() + Duration::minutes(min)
+    }
+
+    #[test]
+    fn terminal_states_go_nowhere_and_live_ones_can_be_stopped_or_lost() {
+        for s in WorkloadState::ALL {
+            for to in WorkloadState::ALL {
+                if s.is_terminal() {
+                    assert!(!s.can_transition(to), "{s:?} -> {to:?}");
+                }
+            }
+            if !s.is_terminal() {
+                assert!(s.can_transition(WorkloadState::Lost), "{s:?} -> lost");
+            }
+        }
+        assert!(WorkloadState::Running.can_transition(WorkloadState::Stopping));
+        assert!(!WorkloadState::Stopping.can_transition(WorkloadState::Stopping));
+        assert!(!WorkloadState::Running.can_transition(WorkloadState::Pending));
+        assert!(WorkloadState::Stopping.can_transition(WorkloadState::Cancelled));
+        assert!(!WorkloadState::Pending.can_transition(WorkloadState::Stopped));
+        for s in WorkloadState::ALL {
+            assert_eq!(s.as_str().parse::<WorkloadState>().unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn server_names_are_path_safe() {
+        assert_eq!(ServerName::parse(" default ").unwrap().as_str(), "default");
+        assert!(ServerName::parse("nb-2").is_ok());
+        for bad in ["", "-x", "A", "a/b", "a b", "é", &"x".repeat(33), ".."] {
+            let e = ServerName::parse(bad).unwrap_err();
+            assert_eq!(e.field(), Some("name"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn env_lines_parse_with_clear_errors() {
+        let v = parse_env("A=1\n# comment\n\n_B = x=y \n").unwrap();
+        assert_eq!(
+            v,
+            vec![
+                EnvVar {
+                    name: "A".into(),
+                    value: "1".into()
+                },
+                EnvVar {
+                    name: "_B".into(),
+                    value: " x=y".into()
+                }
+            ]
+        );
+        assert_eq!(parse_env(&env_text(&v)).unwrap(), v);
+        let msg = |s: &str| parse_env(s).unwrap_err().to_string();
+        assert!(msg("A=1\nnoequals").contains("line 2"));
+        assert!(msg("1A=2").contains("not a valid"));
+        assert!(msg("CUDA_VISIBLE_DEVICES=0").contains("set by Tessera"));
+        assert!(msg("TESSERA_X=0").contains("set by Tessera"));
+        assert!(msg("A=1\nA=2").contains("twice"));
+    }
+
+    #[test]
+    fn workdirs_stay_inside_the_workspace() {
+        assert_eq!(parse_workdir("").unwrap(), "");
+        assert_eq!(parse_workdir("a/b/").unwrap(), "a/b");
+        for bad in ["/etc", "../x", "a/../../b", "a//b"] {
+            assert!(parse_workdir(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn commands_and_retries_are_checked() {
+        assert!(JobCommand::parse("  ").is_err());
+        assert_eq!(JobCommand::parse(" echo hi ").unwrap().as_str(), "echo hi");
+        assert!(JobCommand::parse(&"x".repeat(MAX_COMMAND_LEN + 1)).is_err());
+        assert_eq!(parse_retries("").unwrap(), 0);
+        assert_eq!(parse_retries("5").unwrap(), 5);
+        assert!(parse_retries("6").is_err());
+        assert!(parse_retries("-1").is_err());
+    }
+
+    #[test]
+    fn idle_needs_both_signals_quiet_for_the_whole_window() {
+        let p = IdlePolicy::default();
+        let quiet = ActivitySignals {
+            kernel_last_activity: Some(t(0)),
+            gpu_last_busy: Some(t(-30)),
+            gpu_has_data: true,
+            kernel_busy: false,
+        };
+        assert_eq!(
+            idle_decision(t(30), t(-60), &quiet, &p),
+            IdleDecision::Active { idle_since: t(0) }
+        );
+        assert_eq!(
+            idle_decision(t(50), t(-60), &quiet, &p),
+            IdleDecision::Warn {
+                idle_since: t(0),
+                stop_at: t(60)
+            }
+        );
+        assert_eq!(
+            idle_decision(t(60), t(-60), &quiet, &p),
+            IdleDecision::Reclaim { idle_since: t(0) }
+        );
+        // GPU busy recently keeps it alive though the kernel is quiet.
+        let gpu_busy = ActivitySignals {
+            gpu_last_busy: Some(t(40)),
+            ..quiet
+        };
+        assert_eq!(
+            idle_decision(t(61), t(-60), &gpu_busy, &p),
+            IdleDecision::Active { idle_since: t(40) }
+        );
+        // A busy kernel is never idle, however old its last activity.
+        let busy = ActivitySignals {
+            kernel_busy: true,
+            ..quiet
+        };
+        assert!(matches!(
+            idle_decision(t(500), t(-60), &busy, &p),
+            IdleDecision::Active { .. }
+        ));
+        // No signals at all: idle since the start.
+        assert_eq!(
+            idle_decision(t(60), t(0), &ActivitySignals::default(), &p),
+            IdleDecision::Reclaim { idle_since: t(0) }
+        );
+    }
+}
