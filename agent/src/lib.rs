@@ -1,5 +1,6 @@
 //! `tessera-agent`: the node agent. It reports a node's GPUs to the Tessera
-//! server, applies the MIG layout the server wants, and ships telemetry.
+//! server, applies the MIG layout the server wants, ships telemetry, and runs
+//! the server's workloads (notebooks, training jobs) as local processes.
 //!
 //! - [`backend`]: the [`backend::GpuBackend`] trait, the only view of a GPU
 //!   driver; [`nvml`] (real GPUs) and [`sim`] (simulated GPUs) implement it.
@@ -7,6 +8,7 @@
 //! - [`telemetry`] and [`spool`]: sampling and the on-disk queue of samples
 //!   the server has not acknowledged.
 //! - [`link`]: the [`link::ServerLink`] trait and its HTTP client.
+//! - [`workloads`]: the local process executor for notebooks and training jobs.
 //! - [`run`]: the process loop tying these together.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,3 +20,4 @@ pub mod run;
 pub mod sim;
 pub mod spool;
 pub mod telemetry;
+pub mod workloads;

@@ -11,6 +11,7 @@
 //! | `GET /agent/v1/desired` | — | `DesiredState` |
 //! | `POST /agent/v1/status` | `StatusReport` | any 2xx |
 //! | `POST /agent/v1/telemetry` | `TelemetryBatch` | `TelemetryAck` |
+//! | `POST /agent/v1/workloads` | `WorkloadReports` | `WorkloadSync` |
 //!
 //! 401 means the credential is no longer valid.
 
@@ -20,7 +21,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tessera_domain::wire::{
     DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck,
-    TelemetryBatch,
+    TelemetryBatch, WorkloadReports, WorkloadSync,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +53,13 @@ pub trait ServerLink: Send + Sync {
         &self,
         batch: &TelemetryBatch,
     ) -> impl Future<Output = Result<TelemetryAck, LinkError>> + Send;
+
+    /// Reports every workload the agent knows; the server answers with the complete
+    /// desired set and how much of each log it holds.
+    fn sync_workloads(
+        &self,
+        reports: &WorkloadReports,
+    ) -> impl Future<Output = Result<WorkloadSync, LinkError>> + Send;
 }
 
 /// What registration yields; saved to the state directory.
@@ -203,6 +211,14 @@ impl ServerLink for HttpLink {
 
     async fn post_telemetry(&self, batch: &TelemetryBatch) -> Result<TelemetryAck, LinkError> {
         self.post("/agent/v1/telemetry", batch)
+            .await?
+            .json()
+            .await
+            .map_err(|e| LinkError::Decode(e.to_string()))
+    }
+
+    async fn sync_workloads(&self, reports: &WorkloadReports) -> Result<WorkloadSync, LinkError> {
+        self.post("/agent/v1/workloads", reports)
             .await?
             .json()
             .await

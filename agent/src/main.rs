@@ -14,6 +14,7 @@ use tessera_agent::run::{Agent, RunConfig};
 use tessera_agent::sim::SimNode;
 use tessera_agent::spool::Spool;
 use tessera_agent::telemetry::Telemetry;
+use tessera_agent::workloads::LocalExecutor;
 use tessera_domain::wire::RegisterRequest;
 
 #[derive(Parser, Debug)]
@@ -95,6 +96,21 @@ struct RunArgs {
     /// beyond this); the default is a day at 10 s.
     #[arg(long, default_value_t = 8640)]
     spool_capacity: usize,
+    /// Where workloads live: team workspaces and per-run folders (default:
+    /// <state-dir>/workloads).
+    #[arg(long, env = "TESSERA_AGENT_WORKLOAD_ROOT")]
+    workload_root: Option<PathBuf>,
+    /// The address notebooks are reached at, reported to the server as
+    /// `<host>:<port>` and used to probe them.
+    #[arg(long, env = "TESSERA_AGENT_WORKLOAD_HOST", default_value = "127.0.0.1")]
+    workload_host: String,
+    /// How often workloads are reported and the desired set fetched.
+    #[arg(long, env = "TESSERA_AGENT_WORKLOAD_INTERVAL_MS", default_value_t = 1000)]
+    workload_interval_ms: u64,
+    /// Stop every workload when the agent exits. Without it they keep running and
+    /// the next agent adopts them.
+    #[arg(long, env = "TESSERA_AGENT_STOP_WORKLOADS_ON_EXIT")]
+    stop_workloads_on_exit: bool,
 }
 
 fn backend(args: &BackendArgs) -> anyhow::Result<Arc<dyn GpuBackend>> {
@@ -211,10 +227,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         reconcile_every: Duration::from_secs(args.reconcile_interval_s.max(1)),
         telemetry_every: Duration::from_secs(args.telemetry_interval_s.max(1)),
         heartbeat_every: Duration::from_secs(args.heartbeat_interval_s.max(1)),
+        workload_every: Duration::from_millis(args.workload_interval_ms.max(100)),
+        stop_workloads_on_exit: args.stop_workloads_on_exit,
     };
+    let workload_root = args
+        .workload_root
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("workloads"));
+    let executor = LocalExecutor::open(&workload_root, &args.workload_host)
+        .with_context(|| format!("opening the workload root {}", workload_root.display()))?;
     tracing::info!(node_id = %creds.node_id, manage_mig = cfg.manage_mig, "agent started");
     let parent = args.exit_with_pid;
     Agent::new(backend, link, cfg, Telemetry::new(spool))
+        .with_workloads(executor)
         .run(async move {
             let parent_gone = async {
                 match parent {
@@ -228,9 +253,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     None => std::future::pending::<()>().await,
                 }
             };
+            // SIGTERM (systemd, `kill`) stops the agent like Ctrl-C, so that
+            // --stop-workloads-on-exit gets to run.
+            let terminated = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            };
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 () = parent_gone => {}
+                () = terminated => {}
             }
         })
         .await

@@ -1,5 +1,5 @@
-//! The agent process: heartbeats, reconcile rounds and telemetry against a
-//! [`ServerLink`], on timers, until shutdown.
+//! The agent process: heartbeats, reconcile rounds, telemetry and workload
+//! rounds against a [`ServerLink`], on timers, until shutdown.
 //!
 //! Each round is also a public method, so tests drive the agent step by step
 //! with a fake server and no timers.
@@ -9,13 +9,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tessera_domain::wire::{ApplyStatus, DesiredState, Heartbeat, StatusReport};
+use tessera_domain::wire::{ApplyStatus, DesiredState, Heartbeat, StatusReport, WorkloadReports};
 use tokio::sync::mpsc;
 
 use crate::backend::{GpuBackend, inventory};
 use crate::link::ServerLink;
 use crate::reconcile::Controller;
 use crate::telemetry::Telemetry;
+use crate::workloads::LocalExecutor;
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -23,7 +24,16 @@ pub struct RunConfig {
     pub reconcile_every: Duration,
     pub telemetry_every: Duration,
     pub heartbeat_every: Duration,
+    /// How often workloads are reported and the desired set fetched.
+    pub workload_every: Duration,
+    /// Stop every workload (SIGTERM, SIGKILL after [`SHUTDOWN_GRACE`]) when the agent
+    /// shuts down. Without it they keep running and the next agent adopts them.
+    pub stop_workloads_on_exit: bool,
 }
+
+/// How long workloads get to stop when the agent shuts down with
+/// [`RunConfig::stop_workloads_on_exit`].
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub fn unix_ms() -> i64 {
     SystemTime::now()
@@ -42,6 +52,8 @@ pub struct Agent<L> {
     /// Statuses the server has not taken yet, latest per GPU.
     unsent: BTreeMap<String, ApplyStatus>,
     started: Instant,
+    /// The process executor; without one the agent runs no workloads.
+    workloads: Option<LocalExecutor>,
 }
 
 impl<L: ServerLink> Agent<L> {
@@ -60,7 +72,18 @@ impl<L: ServerLink> Agent<L> {
             desired: DesiredState::default(),
             unsent: BTreeMap::new(),
             started: Instant::now(),
+            workloads: None,
         }
+    }
+
+    /// Runs the server's workloads with `executor`.
+    pub fn with_workloads(mut self, executor: LocalExecutor) -> Self {
+        self.workloads = Some(executor);
+        self
+    }
+
+    pub fn workloads(&self) -> Option<&LocalExecutor> {
+        self.workloads.as_ref()
     }
 
     pub fn telemetry(&self) -> &Telemetry {
@@ -142,13 +165,31 @@ impl<L: ServerLink> Agent<L> {
         Ok(())
     }
 
+    /// Reports every workload and applies the server's answer (starts, stops,
+    /// forgets, log acks). If the server cannot be reached nothing changes: running
+    /// processes keep running, stops in progress still escalate, and the next round
+    /// tries again. Does nothing without an executor.
+    pub async fn workload_round(&mut self) -> anyhow::Result<()> {
+        let Some(executor) = self.workloads.as_mut() else {
+            return Ok(());
+        };
+        let reports = WorkloadReports {
+            at_unix_ms: unix_ms(),
+            workloads: executor.reports().await,
+        };
+        let sync = self.link.sync_workloads(&reports).await?;
+        executor.apply(&sync);
+        Ok(())
+    }
+
     /// Runs until `shutdown` resolves. Errors in a round are logged, never
     /// fatal: the next round starts from the driver's state again.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let mut heartbeat = tokio::time::interval(self.cfg.heartbeat_every);
         let mut reconcile = tokio::time::interval(self.cfg.reconcile_every);
         let mut telemetry = tokio::time::interval(self.cfg.telemetry_every);
-        for t in [&mut heartbeat, &mut reconcile, &mut telemetry] {
+        let mut workloads = tokio::time::interval(self.cfg.workload_every);
+        for t in [&mut heartbeat, &mut reconcile, &mut telemetry, &mut workloads] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         tokio::pin!(shutdown);
@@ -158,7 +199,15 @@ impl<L: ServerLink> Agent<L> {
         let mut rejected_backoff: Option<Duration> = None;
         loop {
             tokio::select! {
-                () = &mut shutdown => return Ok(()),
+                () = &mut shutdown => {
+                    if self.cfg.stop_workloads_on_exit
+                        && let Some(executor) = self.workloads.as_mut()
+                    {
+                        tracing::info!("stopping every workload before exiting");
+                        executor.stop_all(SHUTDOWN_GRACE).await;
+                    }
+                    return Ok(());
+                }
                 _ = heartbeat.tick() => {
                     match self.heartbeat().await {
                         Ok(()) => {
@@ -193,6 +242,11 @@ impl<L: ServerLink> Agent<L> {
                 _ = telemetry.tick() => {
                     if let Err(e) = self.telemetry_round(unix_ms()).await {
                         tracing::warn!(error = %e, "telemetry round failed");
+                    }
+                }
+                _ = workloads.tick(), if self.workloads.is_some() => {
+                    if let Err(e) = self.workload_round().await {
+                        tracing::warn!(error = %e, "workload sync failed; keeping the last desired set");
                     }
                 }
             }

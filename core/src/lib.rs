@@ -15,7 +15,7 @@ pub mod store;
 
 use services::{
     accounts::Accounts, allocations::Allocations, billing::Billing, nodes::Nodes, tenancy::Tenancy,
-    tokens::Tokens,
+    tokens::Tokens, workloads::Workloads,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +30,7 @@ pub struct Services {
     pub nodes: Nodes,
     pub allocations: Allocations,
     pub billing: Billing,
+    pub workloads: Workloads,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
 }
@@ -43,12 +44,14 @@ impl Services {
     ) -> Self {
         let catalog = Arc::new(tessera_domain::mig::Catalog::builtin());
         let billing = Billing::new(store.clone(), catalog.clone());
+        let allocations = Allocations::new(store.clone(), catalog).with_budgets(billing.clone());
         Services {
             accounts: Accounts::new(store.clone(), hasher.clone(), limiter),
             tenancy: Tenancy::new(store.clone(), hasher),
             tokens: Tokens::new(store.clone()),
             nodes: Nodes::new(store.clone()),
-            allocations: Allocations::new(store.clone(), catalog).with_budgets(billing.clone()),
+            workloads: Workloads::new(store.clone(), allocations.clone()),
+            allocations,
             billing,
             store,
             session_absolute_timeout,

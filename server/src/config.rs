@@ -39,6 +39,12 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IdleAllocation {
+    Release,
+    Keep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -99,6 +105,24 @@ pub struct ServeConfig {
     /// stored in its minor unit (cents); don't change it once charges exist.
     #[arg(long, env = "TESSERA_CURRENCY", default_value = "USD")]
     pub currency: String,
+
+    /// Command line that starts a notebook (split on whitespace): `{base_path}` becomes
+    /// the notebook's proxy path, `{port}` the port the node's executor picks.
+    #[arg(long, env = "TESSERA_NOTEBOOK_COMMAND", default_value = tessera_core::services::workloads::DEFAULT_NOTEBOOK_COMMAND)]
+    pub notebook_command: String,
+
+    /// A notebook whose kernel and GPU stay idle this long is stopped (e.g. `60m`).
+    #[arg(long, env = "TESSERA_IDLE_AFTER", default_value = "60m", value_parser = parse_duration)]
+    pub idle_after: Duration,
+
+    /// Idle notebooks show a warning this long before they are stopped (e.g. `10m`).
+    #[arg(long, env = "TESSERA_IDLE_WARN", default_value = "10m", value_parser = parse_duration)]
+    pub idle_warn: Duration,
+
+    /// What idle reclaim does with the notebook's allocation: `release` it (the GPU goes
+    /// back to the pool) or `keep` it.
+    #[arg(long, env = "TESSERA_IDLE_ALLOCATION", value_enum, default_value = "release")]
+    pub idle_allocation: IdleAllocation,
 
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
@@ -189,6 +213,23 @@ impl ServeConfig {
             );
         }
         Ok(())
+    }
+
+    /// The workload service's settings.
+    pub fn workload_config(&self) -> tessera_core::services::workloads::WorkloadConfig {
+        use tessera_core::services::workloads::WorkloadConfig;
+        let d = WorkloadConfig::default();
+        let dur = |x: Duration| chrono::Duration::from_std(x).unwrap_or(chrono::Duration::MAX);
+        WorkloadConfig {
+            notebook_command: self.notebook_command.clone(),
+            idle: tessera_domain::workload::IdlePolicy {
+                idle_after: dur(self.idle_after),
+                warn_before: dur(self.idle_warn.min(self.idle_after)),
+                ..d.idle
+            },
+            idle_release_allocation: self.idle_allocation == IdleAllocation::Release,
+            ..d
+        }
     }
 
     pub fn public_url(&self) -> String {

@@ -68,6 +68,10 @@ pub async fn run(
         .allocations
         .with_preemption_grace(config.preemption_grace)
         .with_node_grace(config.node_grace);
+    services.workloads = services
+        .workloads
+        .clone()
+        .with_config(config.workload_config());
     let services = Arc::new(services);
 
     let admin_password = config

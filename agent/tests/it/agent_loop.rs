@@ -18,6 +18,8 @@ fn cfg(manage_mig: bool) -> RunConfig {
         reconcile_every: Duration::from_secs(10),
         telemetry_every: Duration::from_secs(10),
         heartbeat_every: Duration::from_secs(30),
+        workload_every: Duration::from_secs(1),
+        stop_workloads_on_exit: false,
     }
 }
 

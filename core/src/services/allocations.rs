@@ -415,6 +415,21 @@ impl Allocations {
         self.get(p, id).await
     }
 
+    /// Releases an active allocation on the system's behalf (idle reclaim of the notebook
+    /// on it), with `note` in its history; audited with no actor. `false` if it was not
+    /// active any more.
+    pub async fn release_for_system(&self, id: Uuid, note: &str) -> Result<bool, AppError> {
+        let done = self
+            .finish(id, alloc::ReleaseCause::Released, Utc::now(), None, Some(note))
+            .await?;
+        if done {
+            self.audit_as(None, "allocation.release", id, None, None, None)
+                .await;
+            self.wake.notify_one();
+        }
+        Ok(done)
+    }
+
     /// Extends an active allocation by `minutes` (owner, team admin, platform admin), up
     /// to the policy's longest duration counted from when it became active. Its units stay
     /// the same, so quota is unaffected; one that is being preempted cannot be extended.

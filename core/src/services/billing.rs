@@ -1185,7 +1185,7 @@ fn entry_view(r: &LedgerRow) -> LedgerEntryView {
 
 /// A device's utilisation in a sample: the MIG instance's SM utilisation, or the whole
 /// GPU's; `None` when the driver could not tell.
-fn utilisation(s: &TelemetrySample, d: &AllocatedDevice) -> Option<u32> {
+pub(crate) fn utilisation(s: &TelemetrySample, d: &AllocatedDevice) -> Option<u32> {
     let gpu = s.gpus.iter().find(|g| g.gpu_uuid == d.gpu_uuid)?;
     match &d.mig_uuid {
         Some(mig) => {

@@ -13,6 +13,7 @@ pub mod billing;
 pub mod nodes;
 pub mod tenancy;
 pub mod tokens;
+pub mod workloads;
 
 use tessera_domain::error::AppError;
 

@@ -12,6 +12,7 @@ mod nodes;
 mod teams;
 mod tokens;
 mod users;
+mod workloads;
 
 pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
@@ -24,6 +25,7 @@ pub use nodes::NodeRow;
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};
 pub use users::UserRow;
+pub use workloads::{LogChunkRow, WorkloadChange, WorkloadListRow, WorkloadRow};
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

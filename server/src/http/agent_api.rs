@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use http::StatusCode;
 use tessera_domain::wire::{
     DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck,
-    TelemetryBatch,
+    TelemetryBatch, WorkloadReports, WorkloadSync,
 };
 
 pub fn router() -> Router<AppState> {
@@ -21,6 +21,7 @@ pub fn router() -> Router<AppState> {
         .route("/agent/v1/desired", get(desired))
         .route("/agent/v1/status", post(status))
         .route("/agent/v1/telemetry", post(telemetry))
+        .route("/agent/v1/workloads", post(workloads))
 }
 
 async fn register(
@@ -63,4 +64,12 @@ async fn telemetry(
     Ok(Json(
         s.services.nodes.ingest_telemetry(&node, &batch).await?,
     ))
+}
+
+async fn workloads(
+    State(s): State<AppState>,
+    NodeCaller(node): NodeCaller,
+    JsonBody(reports): JsonBody<WorkloadReports>,
+) -> Result<Json<WorkloadSync>, ApiError> {
+    Ok(Json(s.services.workloads.sync(&node, &reports).await?))
 }

@@ -12,6 +12,7 @@ use http::StatusCode;
 use serde::Deserialize;
 use tessera_core::services::allocations::ListFilter;
 use tessera_core::services::billing::UsageQuery;
+use tessera_core::services::workloads::{NewJob, NewNotebook, WorkloadFilter};
 use tessera_domain::account::Me;
 use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
 use tessera_domain::audit::AuditEntryView;
@@ -21,6 +22,7 @@ use tessera_domain::billing::{
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::workload::{LogSlice, WorkloadKind, WorkloadView};
 use tessera_domain::tenancy::{
     ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
 };
@@ -115,6 +117,13 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(statement))
         .routes(routes!(chargeback_csv))
         .routes(routes!(usage_csv))
+        .routes(routes!(list_workloads))
+        .routes(routes!(launch_notebook))
+        .routes(routes!(submit_job))
+        .routes(routes!(get_workload))
+        .routes(routes!(stop_workload))
+        .routes(routes!(workload_logs))
+        .routes(routes!(workload_log_file))
         .split_for_parts()
 }
 
@@ -813,4 +822,200 @@ async fn usage_csv(
         "tessera-usage.csv",
         axum::body::Body::from(body),
     ))
+}
+
+// ---- workloads ----
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct WorkloadQuery {
+    /// `notebook` or `job`.
+    kind: Option<WorkloadKind>,
+    /// Only this team's.
+    team: Option<Uuid>,
+    /// Only those on this allocation.
+    allocation: Option<Uuid>,
+    /// Only the caller's own.
+    #[serde(default)]
+    mine: bool,
+    /// Only those not ended.
+    #[serde(default)]
+    live: bool,
+    #[serde(default)]
+    offset: u32,
+    #[serde(default = "default_limit")]
+    limit: u32,
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadQuery),
+    description = "Notebooks and jobs the caller may see (their teams'; platform admins: all), newest first.",
+    responses((status = 200, description = "OK", body = Page<WorkloadView>), NotFound, Invalid))]
+async fn list_workloads(
+    Call(s, p): Call,
+    Query(q): Query<WorkloadQuery>,
+) -> ApiResult<Page<WorkloadView>> {
+    let filter = WorkloadFilter {
+        kind: q.kind,
+        team: q.team.map(TeamId),
+        allocation: q.allocation,
+        mine: q.mine,
+        live: q.live,
+    };
+    ok(s.workloads
+        .list(&p, &filter, PageRequest::new(q.offset, q.limit))
+        .await)
+}
+
+/// Environment variables as `{"NAME": "value"}` (values without line breaks).
+fn env_lines(env: &std::collections::BTreeMap<String, String>) -> Result<String, AppError> {
+    let mut out = String::new();
+    for (k, v) in env {
+        if k.contains(['\n', '=']) || v.contains('\n') {
+            return Err(AppError::invalid(
+                "env",
+                format!("`{}`: names cannot contain `=` or line breaks, values no line breaks", k.escape_debug()),
+            ));
+        }
+        out.push_str(&format!("{k}={v}\n"));
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewNotebookBody {
+    /// An active allocation of the caller's.
+    allocation_id: Uuid,
+    /// The notebook's name (its URL is `/user/{username}/{name}/lab`); lowercase letters,
+    /// digits and `-`.
+    name: String,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/notebooks", tag = "workloads", request_body = NewNotebookBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the notebook the first one made.")),
+    description = "Launches JupyterLab on one of the caller's active allocations. It is `pending`, \
+                   then `starting`, then `running` once it answers; open its `url` (through the \
+                   server's authenticated proxy).",
+    responses((status = 201, description = "Created", body = WorkloadView), Invalid, Conflict))]
+async fn launch_notebook(
+    Call(s, p): Call,
+    headers: http::HeaderMap,
+    JsonBody(b): JsonBody<NewNotebookBody>,
+) -> Created<WorkloadView> {
+    let req = NewNotebook {
+        allocation_id: b.allocation_id,
+        name: b.name,
+        env: env_lines(&b.env)?,
+        idempotency_key: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    created(s.workloads.launch_notebook(&p, &req).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewJobBody {
+    /// An active allocation of the caller's.
+    allocation_id: Uuid,
+    /// Shell command (`/bin/sh -c`), run in the team workspace.
+    command: String,
+    /// Default: the start of the command.
+    #[serde(default)]
+    name: String,
+    /// Folder inside the team workspace (must exist).
+    #[serde(default)]
+    workdir: String,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    /// Times a failed run is started again (0–5).
+    #[serde(default)]
+    retries: u32,
+}
+
+#[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the job the first one made.")),
+    description = "Runs a command on one of the caller's active allocations: `pending → running → \
+                   succeeded | failed` (with its exit code), or `cancelled`. Logs: \
+                   `/api/v1/workloads/{id}/logs`.",
+    responses((status = 201, description = "Created", body = WorkloadView), Invalid, Conflict))]
+async fn submit_job(
+    Call(s, p): Call,
+    headers: http::HeaderMap,
+    JsonBody(b): JsonBody<NewJobBody>,
+) -> Created<WorkloadView> {
+    let req = NewJob {
+        allocation_id: b.allocation_id,
+        name: b.name,
+        command: b.command,
+        workdir: b.workdir,
+        env: env_lines(&b.env)?,
+        retries: b.retries.to_string(),
+        idempotency_key: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    created(s.workloads.submit_job(&p, &req).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads",
+    description = "A notebook or job; running notebooks include their idle-reclaim signals and decision.",
+    responses((status = 200, description = "OK", body = WorkloadView), NotFound))]
+async fn get_workload(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<WorkloadView> {
+    ok(s.workloads.get(&p, id).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/stop", tag = "workloads",
+    description = "Stops a notebook or cancels a job (owner, team admin, platform admin); its \
+                   process group is killed on the node.",
+    responses((status = 200, description = "OK", body = WorkloadView), Forbidden, NotFound, Conflict))]
+async fn stop_workload(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<WorkloadView> {
+    ok(s.workloads.stop(&p, id).await)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct LogQuery {
+    /// Byte offset to read from (a previous answer's `next`); default: the last `max` bytes.
+    from: Option<u64>,
+    /// Bytes to return at most (1 KiB–1 MiB, default 64 KiB).
+    #[serde(default = "default_log_max")]
+    max: u64,
+}
+
+fn default_log_max() -> u64 {
+    64 * 1024
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/logs", tag = "workloads", params(LogQuery),
+    description = "Output (stdout and stderr) from byte `from`; poll with `from = next` to follow. \
+                   `complete` once the workload ended and all its output arrived. Owner, team \
+                   admin, platform admin.",
+    responses((status = 200, description = "OK", body = LogSlice), Forbidden, NotFound, Invalid))]
+async fn workload_logs(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<LogSlice> {
+    ok(s.workloads.logs(&p, id, q.from, q.max).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/log.txt", tag = "workloads",
+    description = "The whole log kept (the newest 4 MiB), as a download.",
+    responses((status = 200, description = "Log", content_type = "text/plain", body = String), Forbidden, NotFound))]
+async fn workload_log_file(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+) -> Result<axum::response::Response, ApiError> {
+    let (file, text) = s.workloads.log_text(&p, id).await?;
+    let mut res = axum::response::IntoResponse::into_response(text);
+    let h = res.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(&format!("attachment; filename=\"{file}\"")) {
+        h.insert(http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(res)
 }

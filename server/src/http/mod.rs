@@ -10,6 +10,7 @@ mod csrf;
 pub(crate) mod error;
 mod health;
 mod metrics;
+mod proxy;
 
 use crate::AppState;
 use crate::config::ServeConfig;
@@ -67,6 +68,7 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
             }),
         )
         .merge(agent_api::router())
+        .merge(proxy::router())
         .with_state(state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

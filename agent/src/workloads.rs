@@ -1,0 +1,1045 @@
+//! The local process executor: runs the server's workloads (Jupyter notebooks and
+//! training jobs) as plain processes on this node, and reports how they stand.
+//!
+//! Each round the agent calls [`LocalExecutor::reports`] (poll every process, probe
+//! notebooks, read new log output), sends the reports to the server, and hands the
+//! answer (the complete desired set and the log positions the server holds) to
+//! [`LocalExecutor::apply`], which starts, stops and forgets workloads.
+//!
+//! On disk, under the workload root:
+//!
+//! ```text
+//! workspaces/<workspace>/      a team's files, shared by its workloads; never deleted here
+//! runs/<id>/output.log         stdout and stderr of the process, appended
+//! runs/<id>/exit               the exit status, written by the wrapper when the program ends
+//! runs/<id>/state.json         pid, process start time, port and spec (see `RunState`)
+//! runs/<id>/stopped            present once the agent asked it to stop
+//! runs/<id>/runtime/           JUPYTER_RUNTIME_DIR
+//! ```
+//!
+//! Every program runs under a small `/bin/sh` wrapper ([`WRAPPER`]) in its own process
+//! group, so that the exit status survives an agent restart (the wrapper writes it to
+//! `exit`) and a stop reaches every process the workload started (the signal goes to
+//! the group). After a restart the agent adopts what still runs: `state.json` names the
+//! pid and its start time (field 22 of `/proc/<pid>/stat`, which guards against a
+//! reused pid), and a process that ended meanwhile is reported with the status from
+//! `exit`, or as lost when it left none. Nothing is ever silently orphaned.
+//!
+//! Processes run as the agent's user, with no resource limits: isolation between
+//! teams is the devices they see (`CUDA_VISIBLE_DEVICES`) and their workspace folder.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tessera_domain::wire::{LogPiece, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
+use tessera_domain::workload::WorkloadKind;
+use tokio::task::JoinSet;
+
+/// At most this much log output per workload per report.
+pub const LOG_CHUNK: u64 = 256 * 1024;
+/// How long a stopped workload's processes get between SIGTERM and SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// A notebook that does not answer its status probe within this is still starting.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Runs `"$@"` and writes its exit status to the file named by `$1`. `printf` and the
+/// redirection are shell built-ins, so the write works whatever `PATH` the workload
+/// sets. The agent reads the file only once the wrapper has exited, so it is complete.
+/// A wrapper killed by a signal (a stop) writes nothing.
+pub const WRAPPER: &str = r#"f=$1; shift; "$@"; c=$?; printf %s "$c" > "$f"; exit $c"#;
+
+/// Phrase for a workload that ended while no agent watched it and left no status.
+const LOST_WHILE_DOWN: &str = "the process ended while the agent was down and left no exit status";
+
+/// What `runs/<id>/state.json` holds, written right after the process starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RunState {
+    /// The wrapper's pid, which is also its process group id.
+    pid: u32,
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks since boot) at start.
+    start_time: u64,
+    port: Option<u16>,
+    spec: WorkloadSpec,
+}
+
+/// The process executor. See the module docs.
+pub struct LocalExecutor {
+    root: PathBuf,
+    host: String,
+    /// The environment workloads start from (filtered, see [`LocalExecutor::env_for`]).
+    inherited: Vec<(OsString, OsString)>,
+    http: reqwest::Client,
+    workloads: BTreeMap<String, Workload>,
+}
+
+/// One workload the executor knows.
+struct Workload {
+    /// `<root>/runs/<id>`; `None` when the id is not a safe folder name.
+    dir: Option<PathBuf>,
+    /// The port chosen for it (notebooks), substituted for `{port}`.
+    port: Option<u16>,
+    /// Notebooks: how to ask it whether it is up.
+    probe: Option<Probe>,
+    status: Status,
+    /// Log bytes the server holds (its last [`tessera_domain::wire::LogAck`]).
+    acked: u64,
+    /// Set once a stop was asked: when SIGKILL follows the SIGTERM.
+    kill_at: Option<Instant>,
+    /// Notebooks: answered its status probe once; stays `Running` from then on.
+    ready: bool,
+    last_activity_ms: Option<i64>,
+    busy: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Probe {
+    /// `http://<host>:<port><base_path>`, ending in `/`.
+    base: String,
+    token: Option<String>,
+}
+
+enum Status {
+    /// Never ran (the message says why).
+    FailedToStart(String),
+    /// The wrapper runs, or processes of its group remain.
+    Live(Live),
+    /// Gone. `code` from the `exit` file (`None`: killed by a signal, or stopped).
+    Exited {
+        code: Option<i32>,
+        message: Option<String>,
+    },
+    Lost(String),
+}
+
+struct Live {
+    pid: u32,
+    start_time: u64,
+    /// The process, when this agent started it; `None` when adopted after a restart
+    /// (then `/proc` tells whether it still runs).
+    child: Option<Child>,
+    /// Set once the wrapper has exited: its status code when this agent reaped it.
+    wrapper_exited: Option<Option<i32>>,
+}
+
+impl LocalExecutor {
+    /// Opens the workload root (creating it) and adopts the runs it finds there.
+    /// `host` is the address notebooks are reached at (probes and reported endpoints).
+    pub fn open(root: &Path, host: &str) -> io::Result<LocalExecutor> {
+        fs::create_dir_all(root.join("runs"))?;
+        fs::create_dir_all(root.join("workspaces"))?;
+        // Absolute, so that TESSERA_WORKSPACE means the same in any working directory.
+        let root = root.canonicalize()?;
+        let http = reqwest::Client::builder()
+            .timeout(PROBE_TIMEOUT)
+            .no_proxy()
+            .build()
+            .map_err(io::Error::other)?;
+        let mut ex = LocalExecutor {
+            root,
+            host: host.to_owned(),
+            inherited: std::env::vars_os().collect(),
+            http,
+            workloads: BTreeMap::new(),
+        };
+        let mut names: Vec<String> = fs::read_dir(ex.root.join("runs"))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| safe_name(n))
+            .collect();
+        names.sort();
+        for id in names {
+            let w = ex.adopt(&id);
+            ex.workloads.insert(id, w);
+        }
+        Ok(ex)
+    }
+
+    /// Replaces the environment workloads start from (default: the agent's own, read
+    /// by [`LocalExecutor::open`]). The same variables are dropped from it either way.
+    pub fn with_inherited_env(
+        mut self,
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Self {
+        self.inherited = vars.into_iter().collect();
+        self
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Ids of the workloads known, sorted.
+    pub fn ids(&self) -> Vec<String> {
+        self.workloads.keys().cloned().collect()
+    }
+
+    /// The pid of a workload's wrapper, which is also its process group id, while
+    /// it runs.
+    pub fn pid(&self, id: &str) -> Option<u32> {
+        match &self.workloads.get(id)?.status {
+            Status::Live(l) => Some(l.pid),
+            _ => None,
+        }
+    }
+
+    /// Whether any workload still has processes.
+    pub fn any_running(&self) -> bool {
+        self.workloads.values().any(Workload::is_live)
+    }
+
+    /// Polls every process, probes the notebooks and reads new log output: one report
+    /// per known workload, sorted by id.
+    pub async fn reports(&mut self) -> Vec<WorkloadReport> {
+        self.poll();
+        self.probe_notebooks().await;
+        self.workloads
+            .iter()
+            .map(|(id, w)| w.report(id, &self.host))
+            .collect()
+    }
+
+    /// Applies the server's answer: log positions first, then starts the workloads
+    /// listed with `run: true` that are not known yet, stops those listed with
+    /// `run: false` or not listed, and forgets (deletes the run folder of) those not
+    /// listed that no longer run.
+    pub fn apply(&mut self, sync: &WorkloadSync) {
+        for ack in &sync.log_acks {
+            if let Some(w) = self.workloads.get_mut(&ack.id) {
+                w.acked = ack.stored_through;
+            }
+        }
+        let now = Instant::now();
+        let mut listed = HashSet::new();
+        for spec in &sync.workloads {
+            listed.insert(spec.id.as_str());
+            match self.workloads.get_mut(&spec.id) {
+                Some(w) if !spec.run => w.request_stop(now + STOP_GRACE),
+                Some(_) => {}
+                None => {
+                    let w = if spec.run {
+                        self.start(spec)
+                    } else {
+                        Workload::exited(self.run_dir(&spec.id), "stopped before it started")
+                    };
+                    self.workloads.insert(spec.id.clone(), w);
+                }
+            }
+        }
+        self.workloads.retain(|id, w| {
+            if listed.contains(id.as_str()) {
+                return true;
+            }
+            if w.is_live() {
+                w.request_stop(now + STOP_GRACE);
+                return true;
+            }
+            if let Some(dir) = &w.dir
+                && let Err(e) = fs::remove_dir_all(dir)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(id, error = %e, "cannot delete the run folder");
+            }
+            tracing::info!(id, "workload forgotten");
+            false
+        });
+    }
+
+    /// Stops every running workload (SIGTERM, SIGKILL after `grace`) and waits until
+    /// their processes are gone, or a second past the SIGKILL. For agent shutdown.
+    pub async fn stop_all(&mut self, grace: Duration) {
+        let now = Instant::now();
+        for w in self.workloads.values_mut() {
+            w.request_stop(now + grace);
+        }
+        let give_up = now + grace + Duration::from_secs(1);
+        loop {
+            self.poll();
+            if !self.any_running() || Instant::now() >= give_up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if self.any_running() {
+            tracing::warn!("some workload processes outlived SIGKILL");
+        }
+    }
+
+    fn run_dir(&self, id: &str) -> Option<PathBuf> {
+        safe_name(id).then(|| self.root.join("runs").join(id))
+    }
+
+    /// Reaps and polls every process, and sends SIGKILL where a deadline passed.
+    fn poll(&mut self) {
+        let now = Instant::now();
+        // Scanning /proc is needed only where a wrapper has exited; at most once.
+        let mut groups: Option<HashSet<u32>> = None;
+        for (id, w) in &mut self.workloads {
+            w.poll(id, now, &mut groups);
+        }
+    }
+
+    async fn probe_notebooks(&mut self) {
+        let mut probes = JoinSet::new();
+        for (id, w) in &self.workloads {
+            if let (Some(p), Status::Live(l)) = (&w.probe, &w.status)
+                && l.wrapper_exited.is_none()
+                && w.kill_at.is_none()
+            {
+                let (id, client, p) = (id.clone(), self.http.clone(), p.clone());
+                probes.spawn(async move { (id, probe(&client, &p).await) });
+            }
+        }
+        while let Some(done) = probes.join_next().await {
+            let Ok((id, answer)) = done else { continue };
+            let (Some(w), Some(answer)) = (self.workloads.get_mut(&id), answer) else {
+                continue;
+            };
+            if !w.ready {
+                tracing::info!(id, "notebook answers");
+            }
+            w.ready = true;
+            w.last_activity_ms = answer.last_activity_ms.or(w.last_activity_ms);
+            w.busy = answer.busy;
+        }
+    }
+
+    /// Starts `spec`; any failure becomes a `FailedToStart` workload.
+    fn start(&self, spec: &WorkloadSpec) -> Workload {
+        match self.try_start(spec) {
+            Ok(w) => {
+                tracing::info!(id = spec.id, kind = spec.kind.as_str(), "workload started");
+                w
+            }
+            Err(message) => {
+                tracing::warn!(id = spec.id, message, "workload failed to start");
+                Workload::new(self.run_dir(&spec.id), Status::FailedToStart(message))
+            }
+        }
+    }
+
+    fn try_start(&self, spec: &WorkloadSpec) -> Result<Workload, String> {
+        if !safe_name(&spec.id) {
+            return Err(format!(
+                "workload id `{}` is not a safe folder name ([A-Za-z0-9._-])",
+                spec.id
+            ));
+        }
+        if !safe_name(&spec.workspace) {
+            return Err(format!(
+                "workspace `{}` is not a safe folder name ([A-Za-z0-9._-])",
+                spec.workspace
+            ));
+        }
+        if spec.argv.is_empty() {
+            return Err("nothing to run: argv is empty".to_owned());
+        }
+        let workspace = self.root.join("workspaces").join(&spec.workspace);
+        fs::create_dir_all(&workspace)
+            .map_err(|e| format!("cannot create the team workspace: {e}"))?;
+        let cwd = workdir(&workspace, &spec.workdir)?;
+        let run = self.root.join("runs").join(&spec.id);
+
+        let port = if needs_port(spec) {
+            Some(free_port().map_err(|e| format!("cannot choose a port: {e}"))?)
+        } else {
+            None
+        };
+        let argv: Vec<String> = spec
+            .argv
+            .iter()
+            .map(|a| match port {
+                Some(p) => a.replace("{port}", &p.to_string()),
+                None => a.clone(),
+            })
+            .collect();
+        let env = self.env_for(spec, &workspace, &run);
+        if let Some(program) = argv.first() {
+            find_program(program, &cwd, &env)?;
+        }
+
+        let started = spawn(&run, &cwd, &argv, &env);
+        let (child, pid) = match started {
+            Ok(c) => {
+                let pid = c.id();
+                (c, pid)
+            }
+            Err(e) => {
+                // Nothing ran; leave no folder behind.
+                let _ = fs::remove_dir_all(&run);
+                return Err(e);
+            }
+        };
+        // Read before anything can reap it: until then even an exited child has a stat.
+        let start_time = read_stat(pid).map_or(0, |s| s.start_time);
+        let state = RunState {
+            pid,
+            start_time,
+            port,
+            spec: spec.clone(),
+        };
+        if let Err(e) = write_atomic(&run.join("state.json"), &state) {
+            // It runs and this agent watches it; only adoption after a restart suffers.
+            tracing::error!(id = spec.id, error = %e, "cannot write state.json");
+        }
+        let mut w = Workload::new(
+            Some(run),
+            Status::Live(Live {
+                pid,
+                start_time,
+                child: Some(child),
+                wrapper_exited: None,
+            }),
+        );
+        w.port = port;
+        w.probe = probe_for(spec, port, &self.host);
+        Ok(w)
+    }
+
+    /// The workload's environment: the inherited one minus every `TESSERA_*` variable
+    /// (the join token must never leak) and the device variables, plus the spec's, plus
+    /// the executor's own (which win).
+    fn env_for(&self, spec: &WorkloadSpec, workspace: &Path, run: &Path) -> Vec<(OsString, OsString)> {
+        let mut env: BTreeMap<OsString, OsString> = self
+            .inherited
+            .iter()
+            .filter(|(k, _)| !dropped_var(k))
+            .cloned()
+            .collect();
+        for v in &spec.env {
+            env.insert(v.name.clone().into(), v.value.clone().into());
+        }
+        let devices = OsString::from(spec.devices.join(","));
+        env.insert("CUDA_VISIBLE_DEVICES".into(), devices.clone());
+        env.insert("NVIDIA_VISIBLE_DEVICES".into(), devices);
+        env.insert("TESSERA_WORKSPACE".into(), workspace.into());
+        if let Some(token) = &spec.token {
+            env.insert("JUPYTER_TOKEN".into(), token.into());
+        }
+        env.insert("JUPYTER_RUNTIME_DIR".into(), run.join("runtime").into());
+        env.into_iter().collect()
+    }
+
+    /// What a run folder found on open says (adoption after an agent restart).
+    fn adopt(&self, id: &str) -> Workload {
+        let dir = self.root.join("runs").join(id);
+        let state: RunState = match fs::read(dir.join("state.json"))
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(id, error = e, "run folder without a readable state.json");
+                return Workload::new(
+                    Some(dir),
+                    Status::Lost(format!(
+                        "the agent stopped while starting it (state.json: {e})"
+                    )),
+                );
+            }
+        };
+        let stopped = dir.join("stopped").exists();
+        let status = if is_alive(state.pid, state.start_time) {
+            tracing::info!(id, pid = state.pid, "adopted a running workload");
+            Status::Live(Live {
+                pid: state.pid,
+                start_time: state.start_time,
+                child: None,
+                wrapper_exited: None,
+            })
+        } else if let Some(code) = read_exit(&dir) {
+            Status::Exited {
+                code,
+                message: stopped.then(|| "stopped".to_owned()),
+            }
+        } else if stopped {
+            Status::Exited {
+                code: None,
+                message: Some("stopped".to_owned()),
+            }
+        } else {
+            Status::Lost(LOST_WHILE_DOWN.to_owned())
+        };
+        let mut w = Workload::new(Some(dir), status);
+        w.port = state.port;
+        w.probe = probe_for(&state.spec, state.port, &self.host);
+        w
+    }
+}
+
+impl Workload {
+    fn new(dir: Option<PathBuf>, status: Status) -> Workload {
+        Workload {
+            dir,
+            port: None,
+            probe: None,
+            status,
+            acked: 0,
+            kill_at: None,
+            ready: false,
+            last_activity_ms: None,
+            busy: false,
+        }
+    }
+
+    fn exited(dir: Option<PathBuf>, message: &str) -> Workload {
+        Workload::new(
+            dir,
+            Status::Exited {
+                code: None,
+                message: Some(message.to_owned()),
+            },
+        )
+    }
+
+    fn is_live(&self) -> bool {
+        matches!(self.status, Status::Live(_))
+    }
+
+    /// SIGTERM to the process group now (once), SIGKILL at `kill_at` (the earliest
+    /// asked) if anything of it is left.
+    fn request_stop(&mut self, kill_at: Instant) {
+        let Status::Live(live) = &self.status else {
+            return;
+        };
+        if self.kill_at.is_none() {
+            if let Some(dir) = &self.dir {
+                // So that an agent restarted before it is gone reports it as stopped.
+                let _ = fs::write(dir.join("stopped"), b"");
+            }
+            if live.wrapper_exited.is_none() || group_alive(live.pid) {
+                signal_group(live.pid, "TERM");
+            }
+        }
+        self.kill_at = Some(self.kill_at.map_or(kill_at, |k| k.min(kill_at)));
+    }
+
+    fn poll(&mut self, id: &str, now: Instant, groups: &mut Option<HashSet<u32>>) {
+        let Status::Live(live) = &mut self.status else {
+            return;
+        };
+        if live.wrapper_exited.is_none() {
+            live.wrapper_exited = match &mut live.child {
+                Some(child) => match child.try_wait() {
+                    Ok(Some(st)) => Some(st.code()),
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::warn!(id, error = %e, "cannot wait for the workload");
+                        (!is_alive(live.pid, live.start_time)).then_some(None)
+                    }
+                },
+                None => (!is_alive(live.pid, live.start_time)).then_some(None),
+            };
+        }
+        let Some(wrapper_code) = live.wrapper_exited else {
+            if self.kill_at.is_some_and(|k| now >= k) {
+                signal_group(live.pid, "KILL");
+            }
+            return;
+        };
+        // The wrapper is gone; the workload is gone once nothing of its group is left.
+        let alive = groups.get_or_insert_with(live_groups).contains(&live.pid);
+        if alive {
+            match self.kill_at {
+                // Asked to stop: the grace period applies to every process of it.
+                Some(k) if now < k => {}
+                // Leftovers of a program that ended on its own (or past the grace).
+                _ => signal_group(live.pid, "KILL"),
+            }
+            return;
+        }
+        let code = self.dir.as_deref().and_then(read_exit).unwrap_or(wrapper_code);
+        let message = self.kill_at.map(|_| "stopped".to_owned());
+        tracing::info!(id, code, stopped = message.is_some(), "workload exited");
+        self.status = Status::Exited { code, message };
+    }
+
+    fn report(&self, id: &str, host: &str) -> WorkloadReport {
+        let (phase, exit_code, message) = match &self.status {
+            Status::FailedToStart(m) => (WorkloadPhase::FailedToStart, None, Some(m.clone())),
+            Status::Live(_) if self.probe.is_some() && !self.ready => {
+                (WorkloadPhase::Starting, None, None)
+            }
+            Status::Live(_) => (WorkloadPhase::Running, None, None),
+            Status::Exited { code, message } => (WorkloadPhase::Exited, *code, message.clone()),
+            Status::Lost(m) => (WorkloadPhase::Lost, None, Some(m.clone())),
+        };
+        let finished = !self.is_live();
+        let (log, log_complete) = match &self.dir {
+            Some(dir) => match read_log(&dir.join("output.log"), self.acked, finished) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(id, error = %e, "cannot read the workload's log");
+                    (None, false)
+                }
+            },
+            None => (None, finished),
+        };
+        let live = self.is_live();
+        WorkloadReport {
+            id: id.to_owned(),
+            phase,
+            exit_code,
+            message,
+            endpoint: self
+                .port
+                .filter(|_| live)
+                .map(|p| format!("{}:{p}", host_for_url(host))),
+            kernel_last_activity_ms: self.last_activity_ms.filter(|_| live),
+            kernel_busy: live && self.busy,
+            log_complete,
+            log,
+        }
+    }
+}
+
+/// `[A-Za-z0-9._-]+`, and not `.` or `..`: safe as one folder name.
+pub fn safe_name(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Variables a workload never inherits from the agent.
+fn dropped_var(name: &OsStr) -> bool {
+    name.as_encoded_bytes().starts_with(b"TESSERA_")
+        || name == "CUDA_VISIBLE_DEVICES"
+        || name == "NVIDIA_VISIBLE_DEVICES"
+}
+
+/// The folder to start in: `workdir` inside the workspace, which must exist.
+fn workdir(workspace: &Path, workdir: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(workdir);
+    if !rel
+        .components()
+        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!("folder `{workdir}` is not inside the team workspace"));
+    }
+    let dir = workspace.join(rel);
+    if !dir.is_dir() {
+        return Err(format!("folder `{workdir}` does not exist in the team workspace"));
+    }
+    Ok(dir)
+}
+
+/// Notebooks get a port; so does anything that asks for one with `{port}`.
+fn needs_port(spec: &WorkloadSpec) -> bool {
+    spec.kind == WorkloadKind::Notebook
+        || spec.base_path.is_some()
+        || spec.argv.iter().any(|a| a.contains("{port}"))
+}
+
+/// A port free right now: bind port 0, read it, let it go.
+fn free_port() -> io::Result<u16> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(l.local_addr()?.port())
+}
+
+/// IPv6 literals need brackets in `host:port` and URLs.
+fn host_for_url(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+fn probe_for(spec: &WorkloadSpec, port: Option<u16>, host: &str) -> Option<Probe> {
+    let base_path = spec.base_path.as_deref()?;
+    let port = port?;
+    let mut base_path = base_path.to_owned();
+    if !base_path.starts_with('/') {
+        base_path.insert(0, '/');
+    }
+    if !base_path.ends_with('/') {
+        base_path.push('/');
+    }
+    Some(Probe {
+        base: format!("http://{}:{port}{base_path}", host_for_url(host)),
+        token: spec.token.clone(),
+    })
+}
+
+/// What a notebook's API said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProbeAnswer {
+    last_activity_ms: Option<i64>,
+    busy: bool,
+}
+
+/// `GET api/status` (must answer 200) and `GET api/kernels`; `None` if not up.
+async fn probe(client: &reqwest::Client, p: &Probe) -> Option<ProbeAnswer> {
+    let get = |path: &str| {
+        let mut req = client.get(format!("{}{path}", p.base));
+        if let Some(t) = &p.token {
+            req = req.header(reqwest::header::AUTHORIZATION, format!("token {t}"));
+        }
+        req.send()
+    };
+    let status = get("api/status").await.ok()?;
+    if status.status() != reqwest::StatusCode::OK {
+        return None;
+    }
+    let status: serde_json::Value = status.json().await.unwrap_or_default();
+    let kernels: serde_json::Value = match get("api/kernels").await {
+        Ok(r) if r.status().is_success() => r.json().await.unwrap_or_default(),
+        _ => serde_json::Value::Null,
+    };
+    Some(ProbeAnswer {
+        last_activity_ms: status
+            .get("last_activity")
+            .and_then(serde_json::Value::as_str)
+            .and_then(parse_time_ms),
+        busy: kernels_busy(&kernels),
+    })
+}
+
+/// Jupyter's ISO-8601 times (`2026-11-23T18:00:00.123456Z`) as unix milliseconds.
+pub fn parse_time_ms(s: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+/// Whether any kernel of a Jupyter `api/kernels` answer is executing.
+fn kernels_busy(kernels: &serde_json::Value) -> bool {
+    kernels.as_array().is_some_and(|ks| {
+        ks.iter()
+            .any(|k| k.get("execution_state").and_then(serde_json::Value::as_str) == Some("busy"))
+    })
+}
+
+/// `argv[0]` must name an executable file: one with a `/` relative to `cwd`, else
+/// found on the workload's `PATH`. (The wrapper would only say "not found" in the log.)
+fn find_program(program: &str, cwd: &Path, env: &[(OsString, OsString)]) -> Result<(), String> {
+    let executable = |p: &Path| {
+        fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.contains('/') {
+        executable(&cwd.join(program))
+    } else {
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"), |(_, v)| v.clone());
+        !program.is_empty()
+            && std::env::split_paths(&path).any(|d| executable(&cwd.join(d).join(program)))
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(format!("cannot start `{program}`: program not found"))
+    }
+}
+
+/// Creates the run folder and starts the wrapper in its own process group, stdin
+/// closed, stdout and stderr appended to `output.log`.
+fn spawn(
+    run: &Path,
+    cwd: &Path,
+    argv: &[String],
+    env: &[(OsString, OsString)],
+) -> Result<Child, String> {
+    let prepare = || -> io::Result<File> {
+        fs::create_dir_all(run.join("runtime"))?;
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.join("output.log"))
+    };
+    let log = prepare().map_err(|e| format!("cannot create the run folder: {e}"))?;
+    let stderr = log
+        .try_clone()
+        .map_err(|e| format!("cannot create the run folder: {e}"))?;
+    Command::new("/bin/sh")
+        .arg("-c")
+        .arg(WRAPPER)
+        .arg("tessera-run")
+        .arg(run.join("exit"))
+        .args(argv)
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(stderr)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot start `{}`: {e}",
+                argv.first().map_or("", String::as_str)
+            )
+        })
+}
+
+/// Writes `value` as JSON next to `path`, then renames it into place.
+fn write_atomic<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(value).map_err(io::Error::other)?)?;
+    f.sync_all()?;
+    fs::rename(tmp, path)
+}
+
+/// The `exit` file: `None` if there is none; `Some(None)` if unreadable as a number.
+fn read_exit(dir: &Path) -> Option<Option<i32>> {
+    let s = fs::read_to_string(dir.join("exit")).ok()?;
+    Some(s.trim().parse().ok())
+}
+
+/// The log from `acked`: at most [`LOG_CHUNK`] bytes, never ending in the middle of a
+/// UTF-8 sequence unless the process has `finished` and that is the end of the file.
+/// Also whether the piece reaches the end of a finished process's log.
+fn read_log(path: &Path, acked: u64, finished: bool) -> io::Result<(Option<LogPiece>, bool)> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, finished)),
+        Err(e) => return Err(e),
+    };
+    let size = f.metadata()?.len();
+    if acked >= size {
+        return Ok((None, finished));
+    }
+    f.seek(SeekFrom::Start(acked))?;
+    let mut buf = Vec::new();
+    f.take((size - acked).min(LOG_CHUNK)).read_to_end(&mut buf)?;
+    let len = buf.len() as u64;
+    if !(finished && acked + len >= size) {
+        buf.truncate(complete_utf8_prefix(&buf));
+    }
+    if buf.is_empty() {
+        return Ok((None, false));
+    }
+    let len = buf.len() as u64;
+    Ok((
+        Some(LogPiece {
+            offset: acked,
+            len,
+            text: String::from_utf8_lossy(&buf).into_owned(),
+        }),
+        finished && acked + len >= size,
+    ))
+}
+
+/// The length of `b` without a multi-byte UTF-8 sequence cut off at its end.
+pub fn complete_utf8_prefix(b: &[u8]) -> usize {
+    let n = b.len();
+    // The last lead byte is within the last 4 bytes of any well-formed tail.
+    for back in 1..=n.min(4) {
+        let i = n - back;
+        let byte = b[i];
+        if byte & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if back < need { i } else { n };
+    }
+    n
+}
+
+/// What `/proc/<pid>/stat` says about a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Field 3: `R`, `S`, `D`, `Z` (exited, not reaped yet), …
+    pub state: char,
+    /// Field 5: the process group id.
+    pub pgrp: u32,
+    /// Field 22: start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Parses a `/proc/<pid>/stat` line. The command name (field 2) may hold spaces and
+/// parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(s: &str) -> Option<ProcStat> {
+    let rest = s.get(s.rfind(')')? + 1..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(ProcStat {
+        state: fields.first()?.chars().next()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+fn read_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn is_zombie(s: &ProcStat) -> bool {
+    matches!(s.state, 'Z' | 'X' | 'x')
+}
+
+/// Whether `pid` is still the process that started at `start_time`, and has not exited.
+fn is_alive(pid: u32, start_time: u64) -> bool {
+    read_stat(pid).is_some_and(|s| s.start_time == start_time && !is_zombie(&s))
+}
+
+/// Process groups with at least one process that has not exited.
+fn live_groups() -> HashSet<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return HashSet::new();
+    };
+    entries
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let s = read_stat(pid)?;
+            (!is_zombie(&s)).then_some(s.pgrp)
+        })
+        .collect()
+}
+
+fn group_alive(pgid: u32) -> bool {
+    live_groups().contains(&pgid)
+}
+
+/// `kill -s <signal> -- -<pgid>` through the shell's built-in. Callers signal a group
+/// only while its leader runs or members remain, so the id cannot have been reused.
+fn signal_group(pgid: u32, signal: &str) {
+    let r = Command::new("/bin/sh")
+        .args(["-c", r#"kill -s "$1" -- "-$2""#, "tessera-kill", signal])
+        .arg(pgid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match r {
+        Ok(s) if s.success() => tracing::debug!(pgid, signal, "signalled the process group"),
+        Ok(_) => tracing::debug!(pgid, signal, "no process left to signal"),
+        Err(e) => tracing::warn!(pgid, signal, error = %e, "cannot run kill"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_names() {
+        for ok in ["a", "team-1", "0b6c.x_y", "...", "a..b"] {
+            assert!(safe_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "/abs", "a b", "é", "a\0b", "../x"] {
+            assert!(!safe_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stat_fields_are_counted_from_the_last_parenthesis() {
+        let line = "4242 (we(ird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 \
+                    1 0 987654 1000 10 18446744073709551615";
+        assert_eq!(
+            parse_stat(line),
+            Some(ProcStat {
+                state: 'S',
+                pgrp: 4242,
+                start_time: 987654
+            })
+        );
+        assert_eq!(parse_stat("12 (x) S 1"), None);
+        let own = read_stat(std::process::id()).unwrap();
+        assert!(is_alive(std::process::id(), own.start_time));
+        assert!(!is_alive(std::process::id(), own.start_time + 1));
+    }
+
+    #[test]
+    fn utf8_tails_are_held_back() {
+        let s = "aé€😀".as_bytes();
+        assert_eq!(complete_utf8_prefix(s), s.len());
+        // Cut inside 😀 (4 bytes), € (3 bytes), é (2 bytes).
+        assert_eq!(complete_utf8_prefix(&s[..s.len() - 1]), s.len() - 4);
+        assert_eq!(complete_utf8_prefix(&s[..s.len() - 3]), s.len() - 4);
+        assert_eq!(complete_utf8_prefix(&s[..6 - 1]), 3);
+        assert_eq!(complete_utf8_prefix(&s[..2]), 1);
+        assert_eq!(complete_utf8_prefix(b""), 0);
+        // Invalid bytes are not held forever: only a plausible cut sequence is.
+        assert_eq!(complete_utf8_prefix(b"a\x80\x80\x80\x80"), 5);
+        assert_eq!(complete_utf8_prefix(b"a\xff"), 2);
+    }
+
+    #[test]
+    fn logs_are_read_from_the_ack_and_end_where_text_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("output.log");
+        let (piece, complete) = read_log(&path, 0, false).unwrap();
+        assert!(piece.is_none() && !complete);
+        let mut bytes = b"hello ".to_vec();
+        bytes.extend_from_slice(&"é".as_bytes()[..1]);
+        fs::write(&path, &bytes).unwrap();
+        let (piece, complete) = read_log(&path, 0, false).unwrap();
+        let piece = piece.unwrap();
+        assert_eq!((piece.offset, piece.len, piece.text.as_str()), (0, 6, "hello "));
+        assert!(!complete);
+        // Still running: the half character waits.
+        let (piece, _) = read_log(&path, 6, false).unwrap();
+        assert!(piece.is_none());
+        // Exited: the end of the file goes out as it is.
+        let (piece, complete) = read_log(&path, 6, true).unwrap();
+        assert_eq!(piece.unwrap().text, "\u{fffd}");
+        assert!(complete);
+        let (piece, complete) = read_log(&path, 7, true).unwrap();
+        assert!(piece.is_none() && complete);
+        // Large logs go in chunks.
+        fs::write(&path, vec![b'x'; LOG_CHUNK as usize + 10]).unwrap();
+        let (piece, complete) = read_log(&path, 0, true).unwrap();
+        assert_eq!(piece.unwrap().len, LOG_CHUNK);
+        assert!(!complete);
+        let (piece, complete) = read_log(&path, LOG_CHUNK, true).unwrap();
+        assert_eq!(piece.unwrap().len, 10);
+        assert!(complete);
+    }
+
+    #[test]
+    fn jupyter_answers_are_read() {
+        assert_eq!(
+            parse_time_ms("2026-11-23T18:00:00.123456Z"),
+            Some(1_795_456_800_123)
+        );
+        assert_eq!(parse_time_ms("2026-11-23T19:00:00+01:00"), Some(1_795_456_800_000));
+        assert_eq!(parse_time_ms("yesterday"), None);
+        let ks: serde_json::Value = serde_json::from_str(
+            r#"[{"id":"a","execution_state":"idle"},{"id":"b","execution_state":"busy"}]"#,
+        )
+        .unwrap();
+        assert!(kernels_busy(&ks));
+        assert!(!kernels_busy(&serde_json::json!([])));
+        assert!(!kernels_busy(&serde_json::Value::Null));
+    }
+
+    #[test]
+    fn workdirs_stay_inside_the_workspace() {
+        let ws = tempfile::tempdir().unwrap();
+        fs::create_dir(ws.path().join("data")).unwrap();
+        assert_eq!(workdir(ws.path(), "").unwrap(), ws.path());
+        assert_eq!(workdir(ws.path(), "data/").unwrap(), ws.path().join("data"));
+        assert_eq!(
+            workdir(ws.path(), "nope").unwrap_err(),
+            "folder `nope` does not exist in the team workspace"
+        );
+        assert!(workdir(ws.path(), "../").is_err());
+        assert!(workdir(ws.path(), "/etc").is_err());
+    }
+
+    #[test]
+    fn agent_variables_are_not_inherited() {
+        for v in ["TESSERA_JOIN_TOKEN", "TESSERA_AGENT_STATE_DIR", "CUDA_VISIBLE_DEVICES"] {
+            assert!(dropped_var(OsStr::new(v)), "{v}");
+        }
+        assert!(!dropped_var(OsStr::new("PATH")));
+        assert!(!dropped_var(OsStr::new("MY_TESSERA_X")));
+    }
+}

@@ -1,0 +1,1142 @@
+//! Workloads on an allocation: notebooks and training jobs (see `tessera_domain::workload`
+//! for the states, and docs/workloads.md).
+//!
+//! The service decides what should run on each node and records what the executor
+//! reports ([`Workloads::sync`], the agent's `POST /agent/v1/workloads`); the scheduler
+//! pass ([`Workloads::tick`]) stops workloads whose allocation ended, reclaims idle
+//! notebooks and gives up on ones whose node went silent. [`Workloads::proxy_target`]
+//! tells the server's notebook proxy where a notebook listens, for its owner (and,
+//! audited, platform admins) only.
+
+use super::allocations::Allocations;
+use super::authz::{self, Need};
+use super::billing::utilisation;
+use super::internal;
+use super::nodes::NodeIdentity;
+use super::tenancy::paged;
+use crate::store::{AuditRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
+use chrono::{DateTime, Duration, Utc};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tessera_domain::account::Principal;
+use tessera_domain::alloc::{AllocState, AllocatedDevice};
+use tessera_domain::error::AppError;
+use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::tenancy::{Page, PageRequest};
+use tessera_domain::wire::{
+    LogAck, TelemetrySample, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
+    WorkloadSync,
+};
+use tessera_domain::workload::{
+    self as wl, ActivitySignals, EnvVar, IdleDecision, IdlePolicy, JobCommand, LogSlice,
+    ServerName, WorkloadKind, WorkloadState, WorkloadView,
+};
+use uuid::Uuid;
+
+/// Settings of the workload service.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    /// Command line that starts JupyterLab, split on whitespace. `{base_path}` is replaced
+    /// by the notebook's proxy path, `{port}` by the executor with the port it chose.
+    pub notebook_command: String,
+    pub idle: IdlePolicy,
+    /// Idle reclaim also releases the notebook's allocation (else the GPU stays held).
+    pub idle_release_allocation: bool,
+    /// Log bytes kept per workload (the oldest output is dropped beyond it).
+    pub log_cap: u64,
+    /// How long a workload whose allocation ended waits for its node to confirm the stop
+    /// before it counts as lost.
+    pub stop_grace: Duration,
+}
+
+pub const DEFAULT_NOTEBOOK_COMMAND: &str = "jupyter lab --no-browser --ServerApp.ip=127.0.0.1 \
+     --ServerApp.port={port} --ServerApp.port_retries=0 --ServerApp.base_url={base_path}";
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        WorkloadConfig {
+            notebook_command: DEFAULT_NOTEBOOK_COMMAND.into(),
+            idle: IdlePolicy::default(),
+            idle_release_allocation: true,
+            log_cap: 4 * 1024 * 1024,
+            stop_grace: Duration::minutes(3),
+        }
+    }
+}
+
+/// A notebook to launch on an active allocation (form strings, parsed here).
+#[derive(Debug, Clone, Default)]
+pub struct NewNotebook {
+    pub allocation_id: Uuid,
+    pub name: String,
+    pub env: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// A training job to run on an active allocation (form strings, parsed here).
+#[derive(Debug, Clone, Default)]
+pub struct NewJob {
+    pub allocation_id: Uuid,
+    pub name: String,
+    pub command: String,
+    pub workdir: String,
+    pub env: String,
+    pub retries: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// Which workloads to list.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadFilter {
+    pub kind: Option<WorkloadKind>,
+    pub team: Option<TeamId>,
+    pub allocation: Option<Uuid>,
+    /// Only the caller's own.
+    pub mine: bool,
+    /// Only the ones not ended.
+    pub live: bool,
+}
+
+/// Where the proxy sends a notebook's requests.
+#[derive(Debug, Clone)]
+pub struct ProxyTarget {
+    pub workload_id: Uuid,
+    /// `host:port`.
+    pub endpoint: String,
+    /// Sent upstream as `Authorization: token …`; never shown to the browser.
+    pub token: String,
+}
+
+/// Why the proxy cannot forward yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// Starting; the page should show progress and retry.
+    Starting(WorkloadState),
+}
+
+/// What one [`Workloads::tick`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadTick {
+    pub stopped_for_allocation: u32,
+    pub reclaimed_idle: u32,
+    pub lost: u32,
+}
+
+#[derive(Clone)]
+pub struct Workloads {
+    store: Store,
+    allocations: Allocations,
+    cfg: WorkloadConfig,
+    /// Platform admins' proxy use is audited once per (admin, notebook) and hour.
+    admin_audited: Arc<Mutex<HashMap<(Uuid, Uuid), DateTime<Utc>>>>,
+}
+
+fn run_id(w: &WorkloadRow) -> String {
+    if w.attempt <= 1 {
+        w.id.to_string()
+    } else {
+        format!("{}.{}", w.id, w.attempt)
+    }
+}
+
+fn state_of(w: &WorkloadRow) -> WorkloadState {
+    w.state.parse().unwrap_or(WorkloadState::Lost)
+}
+
+fn kind_of(w: &WorkloadRow) -> WorkloadKind {
+    w.kind.parse().unwrap_or(WorkloadKind::Job)
+}
+
+fn devices_of(w: &WorkloadRow) -> Vec<AllocatedDevice> {
+    serde_json::from_str(&w.devices).unwrap_or_default()
+}
+
+fn device_uuid(d: &AllocatedDevice) -> String {
+    d.mig_uuid.clone().unwrap_or_else(|| d.gpu_uuid.clone())
+}
+
+/// A random secret for a notebook (256 bits, hex).
+fn new_token() -> String {
+    let a = Uuid::new_v4().simple().to_string();
+    let b = Uuid::new_v4().simple().to_string();
+    format!("{a}{b}")
+}
+
+impl Workloads {
+    pub fn new(store: Store, allocations: Allocations) -> Self {
+        Workloads {
+            store,
+            allocations,
+            cfg: WorkloadConfig::default(),
+            admin_audited: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    pub fn with_config(mut self, cfg: WorkloadConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    pub fn config(&self) -> &WorkloadConfig {
+        &self.cfg
+    }
+
+    // ---- use cases ----
+
+    /// Launches a JupyterLab named `name` on the caller's active allocation.
+    pub async fn launch_notebook(
+        &self,
+        p: &Principal,
+        req: &NewNotebook,
+    ) -> Result<WorkloadView, AppError> {
+        let name = ServerName::parse(&req.name)?;
+        let env = wl::parse_env(&req.env)?;
+        self.create(
+            p,
+            req.allocation_id,
+            WorkloadKind::Notebook,
+            name.as_str(),
+            "",
+            "",
+            &env,
+            0,
+            req.idempotency_key.as_deref(),
+        )
+        .await
+    }
+
+    /// Submits a training job on the caller's active allocation.
+    pub async fn submit_job(&self, p: &Principal, req: &NewJob) -> Result<WorkloadView, AppError> {
+        let command = JobCommand::parse(&req.command)?;
+        let workdir = wl::parse_workdir(&req.workdir)?;
+        let env = wl::parse_env(&req.env)?;
+        let retries = wl::parse_retries(&req.retries)?;
+        let name = req.name.trim();
+        if name.chars().count() > 80 {
+            return Err(AppError::invalid("name", "at most 80 characters"));
+        }
+        let name = if name.is_empty() {
+            command.as_str().chars().take(40).collect::<String>()
+        } else {
+            name.to_owned()
+        };
+        self.create(
+            p,
+            req.allocation_id,
+            WorkloadKind::Job,
+            &name,
+            command.as_str(),
+            &workdir,
+            &env,
+            retries,
+            req.idempotency_key.as_deref(),
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        &self,
+        p: &Principal,
+        allocation_id: Uuid,
+        kind: WorkloadKind,
+        name: &str,
+        command: &str,
+        workdir: &str,
+        env: &[EnvVar],
+        retries: u32,
+        key: Option<&str>,
+    ) -> Result<WorkloadView, AppError> {
+        let key = key.map(str::trim).filter(|k| !k.is_empty());
+        if let Some(k) = key {
+            if k.len() > 200 {
+                return Err(AppError::invalid("idempotency_key", "at most 200 characters"));
+            }
+            if let Some(id) = self.by_key(p, k).await? {
+                return self.get(p, id).await;
+            }
+        }
+        let alloc = self
+            .store
+            .allocation(allocation_id)
+            .await
+            .map_err(internal("loading allocation"))?
+            .ok_or_else(|| AppError::invalid("allocation_id", "no such allocation"))?;
+        authz::team(&self.store, p, TeamId(alloc.a.team_id), Need::Read)
+            .await
+            .map_err(|e| match e {
+                AppError::NotFound => AppError::invalid("allocation_id", "no such allocation"),
+                other => other,
+            })?;
+        if alloc.a.user_id != p.user_id.0 {
+            return Err(AppError::invalid(
+                "allocation_id",
+                "workloads run on your own allocations only",
+            ));
+        }
+        let state: AllocState = alloc.a.state.parse()?;
+        if state != AllocState::Active {
+            return Err(AppError::invalid(
+                "allocation_id",
+                format!(
+                    "the allocation is {}; workloads start once it is active",
+                    state.label().to_lowercase()
+                ),
+            ));
+        }
+        let all: Vec<AllocatedDevice> = serde_json::from_str(&alloc.a.devices).unwrap_or_default();
+        let Some(first) = all.first() else {
+            return Err(AppError::invalid(
+                "allocation_id",
+                "the allocation has no device yet",
+            ));
+        };
+        // A process runs on one node: it sees the allocation's devices on that node.
+        let node = first.node_id;
+        let hostname = first.hostname.clone();
+        let devices: Vec<AllocatedDevice> = all.into_iter().filter(|d| d.node_id == node).collect();
+        let base = wl::notebook_base_path(p.username.as_str(), name);
+        let row = WorkloadRow {
+            id: Uuid::now_v7(),
+            kind: kind.as_str().into(),
+            name: name.into(),
+            allocation_id,
+            team_id: alloc.a.team_id,
+            user_id: p.user_id.0,
+            node_id: node,
+            hostname,
+            devices: serde_json::to_string(&devices).unwrap_or_else(|_| "[]".into()),
+            state: WorkloadState::Pending.as_str().into(),
+            command: command.into(),
+            workdir: workdir.into(),
+            env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
+            retries: i64::from(retries),
+            attempt: 1,
+            token: (kind == WorkloadKind::Notebook).then(new_token),
+            endpoint: None,
+            exit_code: None,
+            message: None,
+            stop_state: None,
+            created_at: Utc::now(),
+            started_at: None,
+            ready_at: None,
+            ended_at: None,
+            synced_at: None,
+            kernel_activity: None,
+            kernel_busy: false,
+            log_base: 0,
+            log_stored: 0,
+            log_start: 0,
+            log_complete: false,
+            idempotency_key: key.map(str::to_owned),
+        };
+        let inserted = self
+            .store
+            .insert_workload(&row)
+            .await
+            .map_err(internal("storing workload"))?;
+        if !inserted {
+            return Err(self.why_not_inserted(p, key, allocation_id, kind, name).await);
+        }
+        let what = if kind == WorkloadKind::Notebook {
+            format!("notebook {base}")
+        } else {
+            format!("job {name}")
+        };
+        self.audit(
+            Some(p.username.as_str()),
+            &format!("{}.start", kind.as_str()),
+            row.id,
+            row.team_id,
+            &what,
+        )
+        .await;
+        self.get(p, row.id).await
+    }
+
+    async fn why_not_inserted(
+        &self,
+        p: &Principal,
+        key: Option<&str>,
+        allocation: Uuid,
+        kind: WorkloadKind,
+        name: &str,
+    ) -> AppError {
+        if let Some(k) = key
+            && let Ok(Some(_)) = self.store.workload_by_key(p.user_id.0, k).await
+        {
+            return AppError::conflict("this idempotency key was used concurrently; retry");
+        }
+        if let Ok((rows, _)) = self
+            .store
+            .list_workloads(None, None, None, Some(allocation), true, 0, 1)
+            .await
+            && let Some(r) = rows.first()
+        {
+            return AppError::invalid(
+                "allocation_id",
+                format!(
+                    "the allocation already runs {} `{}`; stop it first or request another allocation",
+                    r.w.kind, r.w.name
+                ),
+            );
+        }
+        if kind == WorkloadKind::Notebook {
+            return AppError::invalid(
+                "name",
+                format!("you already have a running notebook named `{name}`"),
+            );
+        }
+        AppError::conflict("the workload could not be stored; retry")
+    }
+
+    async fn by_key(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
+        self.store
+            .workload_by_key(p.user_id.0, key)
+            .await
+            .map_err(internal("loading workload by key"))
+    }
+
+    /// One workload; another team's is `NotFound`.
+    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+        let row = self.visible(p, id).await?;
+        let mut v = self.view(&row);
+        if kind_of(&row.w) == WorkloadKind::Notebook
+            && state_of(&row.w) == WorkloadState::Running
+        {
+            let now = Utc::now();
+            let s = self.signals(&row.w, now).await?;
+            v.idle = Some(self.decide(&row.w, &s, now));
+            v.activity = Some(s);
+        }
+        Ok(v)
+    }
+
+    async fn visible(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
+        let row = self
+            .store
+            .workload(id)
+            .await
+            .map_err(internal("loading workload"))?
+            .ok_or(AppError::NotFound)?;
+        authz::team(&self.store, p, TeamId(row.w.team_id), Need::Read).await?;
+        Ok(row)
+    }
+
+    /// Visible, and the caller may act on it (stop it, read its log): its owner, a team
+    /// admin of its team, or a platform admin. Other members of the team get `Forbidden`.
+    async fn actionable(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
+        let row = self.visible(p, id).await?;
+        if row.w.user_id == p.user_id.0 || p.is_admin {
+            return Ok(row);
+        }
+        authz::team(&self.store, p, TeamId(row.w.team_id), Need::ManageMembers).await?;
+        Ok(row)
+    }
+
+    /// Workloads the caller may see, newest first.
+    pub async fn list(
+        &self,
+        p: &Principal,
+        f: &WorkloadFilter,
+        page: PageRequest,
+    ) -> Result<Page<WorkloadView>, AppError> {
+        let page = page.clamped();
+        let teams: Option<Vec<Uuid>> = match f.team {
+            Some(t) => {
+                authz::team(&self.store, p, t, Need::Read).await?;
+                Some(vec![t.0])
+            }
+            None if p.is_admin => None,
+            None => Some(
+                self.store
+                    .list_user_teams(p.user_id.0, 0, 10_000)
+                    .await
+                    .map_err(internal("loading teams"))?
+                    .0
+                    .into_iter()
+                    .map(|t| t.id)
+                    .collect(),
+            ),
+        };
+        let user = f.mine.then_some(p.user_id.0);
+        let (rows, total) = self
+            .store
+            .list_workloads(
+                teams.as_deref(),
+                user,
+                f.kind.map(WorkloadKind::as_str),
+                f.allocation,
+                f.live,
+                page.offset,
+                page.limit,
+            )
+            .await
+            .map_err(internal("listing workloads"))?;
+        Ok(paged(
+            rows.iter().map(|r| self.view(r)).collect(),
+            i64::try_from(total).unwrap_or(i64::MAX),
+            page,
+        ))
+    }
+
+    /// Stops a notebook or cancels a job (owner, team admin, platform admin).
+    pub async fn stop(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+        let row = self.actionable(p, id).await?;
+        let state = state_of(&row.w);
+        if !state.is_live() {
+            return Err(AppError::conflict(format!(
+                "the {} has {} already",
+                row.w.kind,
+                state.label().to_lowercase()
+            )));
+        }
+        if state != WorkloadState::Stopping {
+            let msg = format!("stopped by {}", p.username);
+            self.request_stop(&row.w, &msg).await?;
+            self.audit(
+                Some(p.username.as_str()),
+                &format!("{}.stop", row.w.kind),
+                id,
+                row.w.team_id,
+                &msg,
+            )
+            .await;
+        }
+        self.get(p, id).await
+    }
+
+    /// Moves a live workload to `stopping`; one the executor never started ends at once.
+    async fn request_stop(&self, w: &WorkloadRow, message: &str) -> Result<bool, AppError> {
+        let state = state_of(w);
+        let end = if kind_of(w) == WorkloadKind::Notebook {
+            WorkloadState::Stopped
+        } else {
+            WorkloadState::Cancelled
+        };
+        let change = WorkloadChange {
+            message: Some(message.into()),
+            stop_state: Some(end.as_str().into()),
+            ..WorkloadChange::default()
+        };
+        let moved = self
+            .store
+            .workload_step(
+                w.id,
+                state.as_str(),
+                WorkloadState::Stopping.as_str(),
+                &change,
+            )
+            .await
+            .map_err(internal("stopping workload"))?;
+        if moved && state == WorkloadState::Pending {
+            // Never started (as far as the server knows): it leaves the node's desired
+            // set, so an executor that did start it meanwhile stops and forgets it.
+            let now = Utc::now();
+            self.store
+                .workload_step(
+                    w.id,
+                    WorkloadState::Stopping.as_str(),
+                    end.as_str(),
+                    &WorkloadChange {
+                        ended_at: Some(now),
+                        ..WorkloadChange::default()
+                    },
+                )
+                .await
+                .map_err(internal("stopping workload"))?;
+            self.store
+                .close_log(w.id)
+                .await
+                .map_err(internal("closing log"))?;
+        }
+        if !moved {
+            return Err(AppError::conflict(
+                "the workload changed meanwhile; reload and try again",
+            ));
+        }
+        Ok(moved)
+    }
+
+    /// Part of a workload's log from byte `from` (default: the last `max` bytes kept).
+    pub async fn logs(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        from: Option<u64>,
+        max: u64,
+    ) -> Result<LogSlice, AppError> {
+        let row = self.actionable(p, id).await?;
+        let max = max.clamp(1024, 1024 * 1024);
+        let start = u64::try_from(row.w.log_start).unwrap_or(0);
+        let stored = u64::try_from(row.w.log_stored).unwrap_or(0);
+        let from = from
+            .unwrap_or_else(|| stored.saturating_sub(max))
+            .max(start);
+        let chunks = self
+            .store
+            .log_chunks(id, from, max)
+            .await
+            .map_err(internal("loading log"))?;
+        let offset = chunks
+            .first()
+            .map_or(from, |c| u64::try_from(c.offset_b).unwrap_or(0));
+        let next = chunks.last().map_or(from.min(stored), |c| {
+            u64::try_from(c.offset_b + c.len_b).unwrap_or(0)
+        });
+        let text: String = chunks.iter().map(|c| c.text.as_str()).collect();
+        Ok(LogSlice {
+            offset,
+            next,
+            start,
+            text,
+            complete: !state_of(&row.w).is_live() && row.w.log_complete && next >= stored,
+        })
+    }
+
+    /// The whole log kept for a workload (at most the configured bound), for download.
+    pub async fn log_text(&self, p: &Principal, id: Uuid) -> Result<(String, String), AppError> {
+        let row = self.actionable(p, id).await?;
+        let mut out = String::new();
+        let mut from = u64::try_from(row.w.log_start).unwrap_or(0);
+        loop {
+            let chunks = self
+                .store
+                .log_chunks(id, from, 1024 * 1024)
+                .await
+                .map_err(internal("loading log"))?;
+            let Some(last) = chunks.last() else { break };
+            from = u64::try_from(last.offset_b + last.len_b).unwrap_or(u64::MAX);
+            for c in &chunks {
+                out.push_str(&c.text);
+            }
+        }
+        let file = format!(
+            "{}-{}.log",
+            row.w.kind,
+            row.w.name.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+        );
+        Ok((file, out))
+    }
+
+    /// Where the proxy sends `/user/{username}/{name}/…`: the owner's live notebook.
+    /// Platform admins get through too (audited once an hour per notebook); anyone else,
+    /// and a notebook that does not exist, is `NotFound`. `Ok(Err(_))`: it exists but
+    /// does not answer yet.
+    pub async fn proxy_target(
+        &self,
+        p: &Principal,
+        username: &str,
+        name: &str,
+    ) -> Result<Result<ProxyTarget, NotReady>, AppError> {
+        let row = self
+            .store
+            .live_notebook(username, name)
+            .await
+            .map_err(internal("loading notebook"))?
+            .ok_or(AppError::NotFound)?;
+        if row.w.user_id != p.user_id.0 {
+            if !p.is_admin {
+                return Err(AppError::NotFound);
+            }
+            self.audit_admin_proxy(p, &row.w).await;
+        }
+        let state = state_of(&row.w);
+        match (state, &row.w.endpoint, &row.w.token) {
+            (WorkloadState::Running, Some(endpoint), Some(token)) => Ok(Ok(ProxyTarget {
+                workload_id: row.w.id,
+                endpoint: endpoint.clone(),
+                token: token.clone(),
+            })),
+            _ => Ok(Err(NotReady::Starting(state))),
+        }
+    }
+
+    async fn audit_admin_proxy(&self, p: &Principal, w: &WorkloadRow) {
+        let now = Utc::now();
+        let due = {
+            let Ok(mut seen) = self.admin_audited.lock() else {
+                return;
+            };
+            seen.retain(|_, at| now - *at < Duration::hours(1));
+            let fresh = !seen.contains_key(&(p.user_id.0, w.id));
+            if fresh {
+                seen.insert((p.user_id.0, w.id), now);
+            }
+            fresh
+        };
+        if due {
+            self.audit(
+                Some(p.username.as_str()),
+                "notebook.admin_access",
+                w.id,
+                w.team_id,
+                &format!("opened {}'s notebook {}", w.user_id, w.name),
+            )
+            .await;
+        }
+    }
+
+    // ---- the executor protocol ----
+
+    /// Records a node executor's reports and answers with what should run there.
+    pub async fn sync(
+        &self,
+        node: &NodeIdentity,
+        reports: &WorkloadReports,
+    ) -> Result<WorkloadSync, AppError> {
+        let now = Utc::now();
+        let rows = self.node_rows(node.id, now).await?;
+        let by_run: HashMap<String, &WorkloadRow> =
+            rows.iter().map(|r| (run_id(&r.w), &r.w)).collect();
+        let mut acks = Vec::new();
+        for rep in &reports.workloads {
+            let Some(w) = by_run.get(&rep.id) else {
+                continue;
+            };
+            let mut stored = u64::try_from(w.log_stored - w.log_base).unwrap_or(0);
+            if let Some(piece) = &rep.log {
+                stored = self
+                    .store
+                    .append_log(
+                        w.id,
+                        piece.offset,
+                        piece.len,
+                        &piece.text,
+                        rep.log_complete,
+                        self.cfg.log_cap,
+                    )
+                    .await
+                    .map_err(internal("storing log"))?;
+            } else if rep.log_complete {
+                self.store
+                    .close_log(w.id)
+                    .await
+                    .map_err(internal("closing log"))?;
+            }
+            acks.push(LogAck {
+                id: rep.id.clone(),
+                stored_through: stored,
+            });
+            self.apply_report(w, rep, now).await?;
+        }
+        let rows = self.node_rows(node.id, now).await?;
+        let workloads = rows.iter().map(|r| self.spec(r)).collect();
+        Ok(WorkloadSync {
+            workloads,
+            log_acks: acks,
+        })
+    }
+
+    async fn node_rows(
+        &self,
+        node: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkloadListRow>, AppError> {
+        self.store
+            .node_workloads(node, now - Duration::minutes(10))
+            .await
+            .map_err(internal("loading node workloads"))
+    }
+
+    fn spec(&self, r: &WorkloadListRow) -> WorkloadSpec {
+        let w = &r.w;
+        let kind = kind_of(w);
+        let state = state_of(w);
+        let alloc_active = r.alloc_state == AllocState::Active.as_str();
+        let run = alloc_active
+            && matches!(
+                state,
+                WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Running
+            );
+        let base = wl::notebook_base_path(&r.username, &w.name);
+        let argv = match kind {
+            WorkloadKind::Notebook => self
+                .cfg
+                .notebook_command
+                .split_whitespace()
+                .map(|a| a.replace("{base_path}", &base))
+                .collect(),
+            WorkloadKind::Job => vec!["/bin/sh".into(), "-c".into(), w.command.clone()],
+        };
+        WorkloadSpec {
+            id: run_id(w),
+            kind,
+            run,
+            argv,
+            env: serde_json::from_str(&w.env).unwrap_or_default(),
+            devices: devices_of(w).iter().map(device_uuid).collect(),
+            workspace: w.team_id.to_string(),
+            workdir: w.workdir.clone(),
+            token: w.token.clone(),
+            base_path: (kind == WorkloadKind::Notebook).then_some(base),
+        }
+    }
+
+    async fn step(
+        &self,
+        w: &WorkloadRow,
+        to: WorkloadState,
+        change: WorkloadChange,
+    ) -> Result<bool, AppError> {
+        let from = state_of(w);
+        if !from.can_transition(to) {
+            return Ok(false);
+        }
+        self.store
+            .workload_step(w.id, from.as_str(), to.as_str(), &change)
+            .await
+            .map_err(internal("updating workload"))
+    }
+
+    async fn apply_report(
+        &self,
+        w: &WorkloadRow,
+        rep: &WorkloadReport,
+        now: DateTime<Utc>,
+    ) -> Result<(), AppError> {
+        let kind = kind_of(w);
+        let state = state_of(w);
+        let activity = rep
+            .kernel_last_activity_ms
+            .and_then(DateTime::<Utc>::from_timestamp_millis);
+        self.store
+            .workload_seen(
+                w.id,
+                now,
+                rep.endpoint.as_deref(),
+                activity,
+                rep.kernel_busy,
+            )
+            .await
+            .map_err(internal("recording workload report"))?;
+        if !state.is_live() {
+            return Ok(());
+        }
+        match rep.phase {
+            WorkloadPhase::Starting => {
+                if state == WorkloadState::Pending {
+                    self.step(
+                        w,
+                        WorkloadState::Starting,
+                        WorkloadChange {
+                            started_at: Some(now),
+                            ..WorkloadChange::default()
+                        },
+                    )
+                    .await?;
+                }
+            }
+            WorkloadPhase::Running => {
+                if matches!(state, WorkloadState::Pending | WorkloadState::Starting) {
+                    self.step(
+                        w,
+                        WorkloadState::Running,
+                        WorkloadChange {
+                            started_at: Some(now),
+                            ready_at: Some(now),
+                            ..WorkloadChange::default()
+                        },
+                    )
+                    .await?;
+                }
+            }
+            // The end is recorded once all the output has arrived, so a finished
+            // workload's log is whole.
+            WorkloadPhase::Exited if rep.log_complete => {
+                let code = rep.exit_code.map(i64::from);
+                let change = |message: Option<String>| WorkloadChange {
+                    ended_at: Some(now),
+                    exit_code: code,
+                    message,
+                    ..WorkloadChange::default()
+                };
+                if state == WorkloadState::Stopping {
+                    let end = w
+                        .stop_state
+                        .as_deref()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(WorkloadState::Stopped);
+                    self.step(w, end, change(None)).await?;
+                    return Ok(());
+                }
+                let how = match rep.exit_code {
+                    Some(c) => format!("exited with code {c}"),
+                    None => "was killed by a signal".to_owned(),
+                };
+                match kind {
+                    WorkloadKind::Job if rep.exit_code == Some(0) => {
+                        self.step(w, WorkloadState::Succeeded, change(None)).await?;
+                    }
+                    WorkloadKind::Job if w.attempt <= w.retries => {
+                        let note = format!(
+                            "attempt {} {how}; retrying ({} of {} retries)",
+                            w.attempt, w.attempt, w.retries
+                        );
+                        self.store
+                            .workload_retry(w.id, state.as_str(), w.attempt + 1, &note)
+                            .await
+                            .map_err(internal("retrying job"))?;
+                    }
+                    WorkloadKind::Job => {
+                        self.step(w, WorkloadState::Failed, change(Some(format!("the job {how}"))))
+                            .await?;
+                    }
+                    WorkloadKind::Notebook if rep.exit_code == Some(0) => {
+                        let m = "JupyterLab shut down".to_owned();
+                        self.step(w, WorkloadState::Stopping, change(Some(m.clone())))
+                            .await?;
+                        let mut again = w.clone();
+                        again.state = WorkloadState::Stopping.as_str().into();
+                        self.step(&again, WorkloadState::Stopped, change(Some(m)))
+                            .await?;
+                    }
+                    WorkloadKind::Notebook => {
+                        let m = format!("JupyterLab {how}; the log shows why");
+                        self.step(w, WorkloadState::Failed, change(Some(m))).await?;
+                    }
+                }
+            }
+            WorkloadPhase::Exited => {}
+            WorkloadPhase::FailedToStart => {
+                let message = Some(format!(
+                    "could not start: {}",
+                    rep.message.as_deref().unwrap_or("unknown error")
+                ));
+                let to = if state == WorkloadState::Stopping {
+                    w.stop_state
+                        .as_deref()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(WorkloadState::Stopped)
+                } else {
+                    WorkloadState::Failed
+                };
+                self.step(
+                    w,
+                    to,
+                    WorkloadChange {
+                        ended_at: Some(now),
+                        message,
+                        ..WorkloadChange::default()
+                    },
+                )
+                .await?;
+                self.store
+                    .close_log(w.id)
+                    .await
+                    .map_err(internal("closing log"))?;
+            }
+            WorkloadPhase::Lost => {
+                self.mark_lost(
+                    w,
+                    rep.message
+                        .as_deref()
+                        .unwrap_or("the node's executor lost the process"),
+                    now,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn mark_lost(
+        &self,
+        w: &WorkloadRow,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, AppError> {
+        let done = self
+            .step(
+                w,
+                WorkloadState::Lost,
+                WorkloadChange {
+                    ended_at: Some(now),
+                    message: Some(message.into()),
+                    ..WorkloadChange::default()
+                },
+            )
+            .await?;
+        if done {
+            self.store
+                .close_log(w.id)
+                .await
+                .map_err(internal("closing log"))?;
+        }
+        Ok(done)
+    }
+
+    // ---- the scheduler pass ----
+
+    /// Stops workloads whose allocation is no longer active, reclaims idle notebooks, and
+    /// gives up on workloads whose node never confirmed a stop. Idempotent.
+    pub async fn tick(&self, now: DateTime<Utc>) -> Result<WorkloadTick, AppError> {
+        let mut report = WorkloadTick::default();
+        let rows = self
+            .store
+            .live_workloads()
+            .await
+            .map_err(internal("loading workloads"))?;
+        for r in &rows {
+            let w = &r.w;
+            let state = state_of(w);
+            let alloc: AllocState = r.alloc_state.parse().unwrap_or(AllocState::Failed);
+            if alloc != AllocState::Active {
+                if alloc.is_terminal()
+                    && w.synced_at.is_none_or(|t| now - t > self.cfg.stop_grace)
+                    && (state == WorkloadState::Stopping || w.synced_at.is_none())
+                {
+                    let m = format!(
+                        "its allocation is {} and node {} did not confirm the stop",
+                        alloc.label().to_lowercase(),
+                        w.hostname
+                    );
+                    if self.mark_lost(w, &m, now).await? {
+                        report.lost += 1;
+                    }
+                } else if state != WorkloadState::Stopping {
+                    let m = format!("its allocation is {}", alloc.label().to_lowercase());
+                    if self.request_stop(w, &m).await.is_ok() {
+                        report.stopped_for_allocation += 1;
+                    }
+                }
+                continue;
+            }
+            if kind_of(w) == WorkloadKind::Notebook && state == WorkloadState::Running {
+                let s = self.signals(w, now).await?;
+                if let IdleDecision::Reclaim { idle_since } = self.decide(w, &s, now) {
+                    let m = format!(
+                        "stopped after {} min without kernel or GPU activity (idle since {} UTC)",
+                        self.cfg.idle.idle_after.num_minutes(),
+                        idle_since.format("%Y-%m-%d %H:%M")
+                    );
+                    if self.request_stop(w, &m).await.is_ok() {
+                        report.reclaimed_idle += 1;
+                        self.audit(None, "notebook.idle_reclaim", w.id, w.team_id, &m)
+                            .await;
+                        if self.cfg.idle_release_allocation {
+                            self.allocations
+                                .release_for_system(
+                                    w.allocation_id,
+                                    &format!("its notebook `{}` was idle", w.name),
+                                )
+                                .await?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    fn decide(&self, w: &WorkloadRow, s: &ActivitySignals, now: DateTime<Utc>) -> IdleDecision {
+        let started = w.ready_at.or(w.started_at).unwrap_or(w.created_at);
+        wl::idle_decision(now, started, s, &self.cfg.idle)
+    }
+
+    /// The idle signals of a notebook: the kernel activity the executor last reported and
+    /// the last telemetry sample within the idle window in which its device was busy.
+    async fn signals(&self, w: &WorkloadRow, now: DateTime<Utc>) -> Result<ActivitySignals, AppError> {
+        let devices = devices_of(w);
+        let mut gpu_last_busy = None;
+        let mut gpu_has_data = false;
+        let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
+        for d in &devices {
+            nodes.entry(d.node_id).or_default().push(d);
+        }
+        for (node, devs) in nodes {
+            let samples = self
+                .store
+                .samples_between(node, now - self.cfg.idle.idle_after, now + Duration::seconds(1))
+                .await
+                .map_err(internal("loading telemetry"))?;
+            for s in samples {
+                let Ok(sample) = serde_json::from_str::<TelemetrySample>(&s.payload) else {
+                    continue;
+                };
+                for d in &devs {
+                    if let Some(u) = utilisation(&sample, d) {
+                        gpu_has_data = true;
+                        if u >= self.cfg.idle.busy_pct {
+                            gpu_last_busy = gpu_last_busy.max(Some(s.at));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ActivitySignals {
+            kernel_last_activity: w.kernel_activity,
+            kernel_busy: w.kernel_busy,
+            gpu_last_busy,
+            gpu_has_data,
+        })
+    }
+
+    // ---- views ----
+
+    fn view(&self, r: &WorkloadListRow) -> WorkloadView {
+        let w = &r.w;
+        let kind = kind_of(w);
+        let state = state_of(w);
+        let devices = devices_of(w);
+        let url = (kind == WorkloadKind::Notebook && state == WorkloadState::Running)
+            .then(|| format!("{}lab", wl::notebook_base_path(&r.username, &w.name)));
+        WorkloadView {
+            id: w.id,
+            kind,
+            name: w.name.clone(),
+            allocation_id: w.allocation_id,
+            team_id: TeamId(w.team_id),
+            team_name: r.team_name.clone(),
+            user_id: UserId(w.user_id),
+            username: r.username.clone(),
+            state,
+            command: w.command.clone(),
+            workdir: w.workdir.clone(),
+            env: serde_json::from_str(&w.env).unwrap_or_default(),
+            retries: u32::try_from(w.retries).unwrap_or(0),
+            attempt: u32::try_from(w.attempt).unwrap_or(1),
+            exit_code: w.exit_code.and_then(|c| i32::try_from(c).ok()),
+            message: w.message.clone(),
+            created_at: w.created_at,
+            started_at: w.started_at,
+            ready_at: w.ready_at,
+            ended_at: w.ended_at,
+            hostname: Some(w.hostname.clone()),
+            device: (!devices.is_empty()).then(|| {
+                devices
+                    .iter()
+                    .map(device_uuid)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+            url,
+            activity: None,
+            idle: None,
+        }
+    }
+
+    async fn audit(
+        &self,
+        actor: Option<&str>,
+        action: &str,
+        id: Uuid,
+        team: Uuid,
+        after: &str,
+    ) {
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: actor.map(str::to_owned),
+            action: action.into(),
+            object_type: "workload".into(),
+            object_id: id.to_string(),
+            team_id: Some(team),
+            before: None,
+            after: Some(serde_json::json!({ "note": after }).to_string()),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! `workloads`, `workload_logs`.
+//!
+//! Every state change is `UPDATE … WHERE state = <expected>`, so two writers (the agent's
+//! report and a user's stop) never both win. Log chunks are keyed by their byte offset and
+//! appended only at the end of what is stored, so a chunk the agent resends after a lost
+//! answer is stored once.
+
+use super::{Store, on_pool};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id, w.node_id, \
+    w.hostname, w.devices, w.state, w.command, w.workdir, w.env, w.retries, w.attempt, w.token, \
+    w.endpoint, w.exit_code, w.message, w.stop_state, w.created_at, w.started_at, w.ready_at, \
+    w.ended_at, w.synced_at, w.kernel_activity, w.kernel_busy, w.log_base, w.log_stored, \
+    w.log_start, w.log_complete, w.idempotency_key";
+
+const LIVE: &str = "('pending', 'starting', 'running', 'stopping')";
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct WorkloadRow {
+    pub id: Uuid,
+    pub kind: String,
+    pub name: String,
+    pub allocation_id: Uuid,
+    pub team_id: Uuid,
+    pub user_id: Uuid,
+    pub node_id: Uuid,
+    pub hostname: String,
+    /// JSON list of MIG or GPU UUIDs.
+    pub devices: String,
+    pub state: String,
+    pub command: String,
+    pub workdir: String,
+    /// JSON list of `EnvVar`.
+    pub env: String,
+    pub retries: i64,
+    pub attempt: i64,
+    pub token: Option<String>,
+    pub endpoint: Option<String>,
+    pub exit_code: Option<i64>,
+    pub message: Option<String>,
+    /// While `stopping`: the state it ends in (`stopped` or `cancelled`).
+    pub stop_state: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ready_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub synced_at: Option<DateTime<Utc>>,
+    pub kernel_activity: Option<DateTime<Utc>>,
+    pub kernel_busy: bool,
+    pub log_base: i64,
+    pub log_stored: i64,
+    pub log_start: i64,
+    pub log_complete: bool,
+    pub idempotency_key: Option<String>,
+}
+
+/// A workload with the names views show and its allocation's state.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct WorkloadListRow {
+    #[sqlx(flatten)]
+    pub w: WorkloadRow,
+    pub team_name: String,
+    pub username: String,
+    pub alloc_state: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LogChunkRow {
+    pub offset_b: i64,
+    pub len_b: i64,
+    pub text: String,
+}
+
+fn joined(filter: &str) -> String {
+    format!(
+        "SELECT {COLS}, t.name AS team_name, u.username AS username, a.state AS alloc_state \
+         FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
+         JOIN allocations a ON a.id = w.allocation_id {filter}"
+    )
+}
+
+/// What changes when a workload moves on.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadChange {
+    pub started_at: Option<DateTime<Utc>>,
+    pub ready_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub exit_code: Option<i64>,
+    pub message: Option<String>,
+    pub stop_state: Option<String>,
+}
+
+impl Store {
+    /// Inserts a workload; `false` when a live notebook of the same user already has its
+    /// name, or the idempotency key was used.
+    pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, sqlx::Error> {
+        let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
+                   node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
+                   token, created_at, idempotency_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+                   $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) ON CONFLICT DO NOTHING";
+        on_pool!(self, pool => {
+            let r = sqlx::query(sql)
+                .bind(w.id).bind(&w.kind).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
+                .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
+                .bind(&w.state).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
+                .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
+                .execute(pool).await?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    pub async fn workload(&self, id: Uuid) -> Result<Option<WorkloadListRow>, sqlx::Error> {
+        let sql = joined("WHERE w.id = $1");
+        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id).fetch_optional(pool).await)
+    }
+
+    pub async fn workload_by_key(
+        &self,
+        user: Uuid,
+        key: &str,
+    ) -> Result<Option<Uuid>, sqlx::Error> {
+        let sql = "SELECT id FROM workloads WHERE user_id = $1 AND idempotency_key = $2";
+        on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
+    }
+
+    /// The live notebook at `/user/{username}/{name}/`.
+    pub async fn live_notebook(
+        &self,
+        username: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadListRow>, sqlx::Error> {
+        let sql = joined(&format!(
+            "WHERE u.username = $1 AND w.name = $2 AND w.kind = 'notebook' AND w.state IN {LIVE}"
+        ));
+        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(username).bind(name).fetch_optional(pool).await)
+    }
+
+    /// A page of workloads, newest first. `teams`: only these (`None`: all); `user`: only
+    /// this user's; `kind`, `allocation`: filters; `live`: only non-terminal ones.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn list_workloads(
+        &self,
+        teams: Option<&[Uuid]>,
+        user: Option<Uuid>,
+        kind: Option<&str>,
+        allocation: Option<Uuid>,
+        live: bool,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<WorkloadListRow>, u64), sqlx::Error> {
+        let mut filter = String::from("WHERE 1 = 1");
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        if let Some(ts) = teams {
+            let ps: Vec<String> = ts.iter().map(|_| format!("${}", next())).collect();
+            if ps.is_empty() {
+                filter.push_str(" AND 1 = 0");
+            } else {
+                filter.push_str(&format!(" AND w.team_id IN ({})", ps.join(", ")));
+            }
+        }
+        if user.is_some() {
+            filter.push_str(&format!(" AND w.user_id = ${}", next()));
+        }
+        if kind.is_some() {
+            filter.push_str(&format!(" AND w.kind = ${}", next()));
+        }
+        if allocation.is_some() {
+            filter.push_str(&format!(" AND w.allocation_id = ${}", next()));
+        }
+        if live {
+            filter.push_str(&format!(" AND w.state IN {LIVE}"));
+        }
+        let lim = next();
+        let off = next();
+        let sql = joined(&format!(
+            "{filter} ORDER BY w.created_at DESC, w.id LIMIT ${lim} OFFSET ${off}"
+        ));
+        let count = format!("SELECT COUNT(*) FROM workloads w {filter}");
+        on_pool!(self, pool => {
+            let mut q = sqlx::query_as::<_, WorkloadListRow>(&sql);
+            let mut c = sqlx::query_scalar::<_, i64>(&count);
+            for t in teams.unwrap_or(&[]) {
+                q = q.bind(*t);
+                c = c.bind(*t);
+            }
+            if let Some(u) = user {
+                q = q.bind(u);
+                c = c.bind(u);
+            }
+            if let Some(k) = kind {
+                q = q.bind(k);
+                c = c.bind(k);
+            }
+            if let Some(a) = allocation {
+                q = q.bind(a);
+                c = c.bind(a);
+            }
+            let rows = q.bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?;
+            let total = c.fetch_one(pool).await?;
+            Ok((rows, u64::try_from(total).unwrap_or(0)))
+        })
+    }
+
+    /// What a node's executor must know about: its live workloads, and ended ones whose
+    /// log has not fully arrived (for at most `log_grace_since`).
+    pub async fn node_workloads(
+        &self,
+        node: Uuid,
+        log_grace_since: DateTime<Utc>,
+    ) -> Result<Vec<WorkloadListRow>, sqlx::Error> {
+        let sql = joined(&format!(
+            "WHERE w.node_id = $1 AND (w.state IN {LIVE} OR (w.log_complete = FALSE \
+             AND w.ended_at >= $2)) ORDER BY w.created_at"
+        ));
+        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node).bind(log_grace_since).fetch_all(pool).await)
+    }
+
+    /// Every live workload, with its allocation's state (the scheduler pass).
+    pub async fn live_workloads(&self) -> Result<Vec<WorkloadListRow>, sqlx::Error> {
+        let sql = joined(&format!("WHERE w.state IN {LIVE} ORDER BY w.created_at"));
+        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await)
+    }
+
+    /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.
+    pub async fn workload_step(
+        &self,
+        id: Uuid,
+        from: &str,
+        to: &str,
+        c: &WorkloadChange,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = "UPDATE workloads SET state = $3, \
+                   started_at = COALESCE(started_at, $4), ready_at = COALESCE(ready_at, $5), \
+                   ended_at = COALESCE($6, ended_at), exit_code = COALESCE($7, exit_code), \
+                   message = COALESCE($8, message), stop_state = COALESCE($9, stop_state) \
+                   WHERE id = $1 AND state = $2";
+        on_pool!(self, pool => {
+            let r = sqlx::query(sql)
+                .bind(id).bind(from).bind(to).bind(c.started_at).bind(c.ready_at)
+                .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(&c.stop_state)
+                .execute(pool).await?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    /// Starts the next attempt of a failed job: back to `pending`, the log continues
+    /// where the last attempt's ended.
+    pub async fn workload_retry(
+        &self,
+        id: Uuid,
+        from: &str,
+        attempt: i64,
+        note: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = "UPDATE workloads SET state = 'pending', attempt = $3, log_base = log_stored, \
+                   endpoint = NULL, exit_code = NULL, message = $4 \
+                   WHERE id = $1 AND state = $2 AND attempt = $3 - 1";
+        on_pool!(self, pool => {
+            let r = sqlx::query(sql).bind(id).bind(from).bind(attempt).bind(note).execute(pool).await?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    /// Records what the executor reported besides the state.
+    pub async fn workload_seen(
+        &self,
+        id: Uuid,
+        at: DateTime<Utc>,
+        endpoint: Option<&str>,
+        kernel_activity: Option<DateTime<Utc>>,
+        kernel_busy: bool,
+    ) -> Result<(), sqlx::Error> {
+        let sql = "UPDATE workloads SET synced_at = $2, endpoint = COALESCE($3, endpoint), \
+                   kernel_activity = COALESCE($4, kernel_activity), kernel_busy = $5 WHERE id = $1";
+        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ()))
+    }
+
+    /// Appends `len` bytes of the current attempt's log at the attempt's `offset` (a piece
+    /// that is already stored is skipped), drops the oldest chunks beyond `cap` bytes, and
+    /// marks the log complete when `complete`. Returns how far the attempt's log is stored.
+    pub async fn append_log(
+        &self,
+        id: Uuid,
+        offset: u64,
+        len: u64,
+        text: &str,
+        complete: bool,
+        cap: u64,
+    ) -> Result<u64, sqlx::Error> {
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
+        let len = i64::try_from(len).unwrap_or(0);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let Some((base, stored)) = sqlx::query_as::<_, (i64, i64)>(
+                "SELECT log_base, log_stored FROM workloads WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            else {
+                return Ok(0);
+            };
+            let at = base.saturating_add(offset);
+            let mut stored_now = stored;
+            // A piece at or beyond the end is new (beyond: output the node could not send
+            // was lost; the gap shows as a jump in offsets). One before the end was stored.
+            if len > 0 && at >= stored {
+                sqlx::query("INSERT INTO workload_logs (workload_id, offset_b, len_b, text) \
+                             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
+                    .bind(id).bind(at).bind(len).bind(text)
+                    .execute(&mut *tx).await?;
+                stored_now = at + len;
+                let keep_from = stored_now - cap;
+                if keep_from > 0 {
+                    sqlx::query("DELETE FROM workload_logs WHERE workload_id = $1 \
+                                 AND offset_b + len_b <= $2")
+                        .bind(id).bind(keep_from).execute(&mut *tx).await?;
+                }
+                sqlx::query("UPDATE workloads SET log_stored = $2, log_start = COALESCE(\
+                             (SELECT MIN(offset_b) FROM workload_logs WHERE workload_id = $1), $2) \
+                             WHERE id = $1")
+                    .bind(id).bind(stored_now).execute(&mut *tx).await?;
+            }
+            if complete && at.saturating_add(len) >= stored_now {
+                sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1")
+                    .bind(id).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(u64::try_from(stored_now - base).unwrap_or(0))
+        })
+    }
+
+    /// Marks a workload's log complete without more output (lost workloads).
+    pub async fn close_log(&self, id: Uuid) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id).execute(pool).await.map(|_| ()))
+    }
+
+    /// Log chunks that end after `from`, in order, until about `max_bytes`.
+    pub async fn log_chunks(
+        &self,
+        id: Uuid,
+        from: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<LogChunkRow>, sqlx::Error> {
+        let from = i64::try_from(from).unwrap_or(i64::MAX);
+        // Chunks are at most 256 KiB, so this many always cover `max_bytes`.
+        let limit = i64::try_from(max_bytes / 1024 + 4).unwrap_or(64);
+        let sql = "SELECT offset_b, len_b, text FROM workload_logs WHERE workload_id = $1 \
+                   AND offset_b + len_b > $2 ORDER BY offset_b LIMIT $3";
+        on_pool!(self, pool => {
+            let rows = sqlx::query_as::<_, LogChunkRow>(sql).bind(id).bind(from).bind(limit).fetch_all(pool).await?;
+            let mut out = Vec::new();
+            let mut total = 0i64;
+            for r in rows {
+                total += r.len_b;
+                out.push(r);
+                if u64::try_from(total).unwrap_or(u64::MAX) >= max_bytes {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+    }
+}
