@@ -30,6 +30,7 @@ fn main() -> Result<()> {
         Some("test") => test(),
         Some("e2e") => {
             build(false)?;
+            ensure_jupyterlab()?;
             e2e()
         }
         _ => {
@@ -299,6 +300,7 @@ fn test() -> Result<()> {
             .args(["--", "-D", "warnings"]),
     )?;
     check_dependency_direction()?;
+    ensure_jupyterlab()?;
     let pg = Postgres::start()?;
     let url = pg.url();
     step(
@@ -478,24 +480,7 @@ fn serve_for_tests(name: &str, password: &str) -> Result<(KillOnDrop, String, Pa
 /// as a platform admin and as a member: no 5xx, every response as documented
 /// (`e2e/fuzz_api.py`).
 fn fuzz_api() -> Result<()> {
-    let have = Command::new("python3")
-        .args(["-c", "import schemathesis"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        step(
-            "pip install schemathesis",
-            Command::new("python3").args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "schemathesis==4.32.5",
-            ]),
-        )?;
-    }
+    pip_install("schemathesis", "schemathesis==4.32.5")?;
     let password = "fuzz-admin-password-1";
     let (server, base, data) = serve_for_tests("tessera-fuzz", password)?;
     let result = step(
@@ -512,24 +497,7 @@ fn fuzz_api() -> Result<()> {
 /// Checks the served OpenAPI document against the OpenAPI 3 schema with the reference
 /// validator from PyPI (installed when missing).
 fn validate_openapi(base: &str) -> Result<()> {
-    let have_validator = Command::new("python3")
-        .args(["-c", "import openapi_spec_validator"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have_validator {
-        step(
-            "pip install openapi-spec-validator",
-            Command::new("python3").args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "openapi-spec-validator",
-            ]),
-        )?;
-    }
+    pip_install("openapi_spec_validator", "openapi-spec-validator")?;
     let script = "import json, sys, urllib.request\n\
                   from openapi_spec_validator import validate\n\
                   doc = json.load(urllib.request.urlopen(sys.argv[1] + '/api/v1/openapi.json'))\n\
@@ -539,6 +507,44 @@ fn validate_openapi(base: &str) -> Result<()> {
         "validate the OpenAPI document",
         Command::new("python3").args(["-c", script, base]),
     )
+}
+
+/// Installs `spec` from PyPI unless `python3` can already import `module`.
+fn pip_install(module: &str, spec: &str) -> Result<()> {
+    let have = Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if have {
+        return Ok(());
+    }
+    step(
+        &format!("pip install {spec}"),
+        Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            spec,
+        ]),
+    )
+}
+
+/// JupyterLab (PyPI) for the notebook tests: the executor starts `jupyter lab`.
+fn ensure_jupyterlab() -> Result<()> {
+    pip_install("jupyterlab", "jupyterlab==4.6.6")?;
+    let ok = Command::new("jupyter")
+        .args(["lab", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        bail!("`jupyter lab` is not on PATH after installing jupyterlab (check pip's script folder)");
+    }
+    Ok(())
 }
 
 struct KillOnDrop(Child);

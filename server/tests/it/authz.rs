@@ -42,6 +42,9 @@ pub struct Fixture {
     allocs: Vec<String>,
     /// Allocations of the member waiting for a team admin's approval, one per principal.
     pending: Vec<String>,
+    /// A notebook of the member's on each of `allocs` (stored directly: no allocation in
+    /// the matrix becomes active), named `nb{i}`.
+    workloads: Vec<String>,
 }
 
 async fn send(
@@ -237,6 +240,7 @@ impl Fixture {
             );
         }
         let pending = made.split_off(WHO.len());
+        let workloads = notebooks(&app, &made, &node_id).await;
         Fixture {
             app,
             tokens,
@@ -252,8 +256,60 @@ impl Fixture {
             gpu_uuid,
             allocs: made,
             pending,
+            workloads,
         }
     }
+}
+
+/// A pending notebook of the allocation's owner on each allocation, straight into the
+/// store (the matrix has no agent, so none could start).
+async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> {
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let mut out = Vec::new();
+    for (i, a) in allocs.iter().enumerate() {
+        let alloc = uuid::Uuid::parse_str(a).expect("uuid");
+        let row = store.allocation(alloc).await.expect("load").expect("allocation");
+        let id = uuid::Uuid::now_v7();
+        let w = tessera_core::store::WorkloadRow {
+            id,
+            kind: "notebook".into(),
+            name: format!("nb{i}"),
+            allocation_id: alloc,
+            team_id: row.a.team_id,
+            user_id: row.a.user_id,
+            node_id: uuid::Uuid::parse_str(node).expect("uuid"),
+            hostname: "node-m".into(),
+            devices: "[]".into(),
+            state: "pending".into(),
+            command: String::new(),
+            workdir: String::new(),
+            env: "[]".into(),
+            retries: 0,
+            attempt: 1,
+            token: Some("matrix-token".into()),
+            endpoint: None,
+            exit_code: None,
+            message: None,
+            stop_state: None,
+            created_at: chrono::Utc::now(),
+            started_at: None,
+            ready_at: None,
+            ended_at: None,
+            synced_at: None,
+            kernel_activity: None,
+            kernel_busy: false,
+            log_base: 0,
+            log_stored: 0,
+            log_start: 0,
+            log_complete: false,
+            idempotency_key: None,
+        };
+        assert!(store.insert_workload(&w).await.expect("insert"));
+        out.push(id.to_string());
+    }
+    out
 }
 
 async fn create_token(app: &TestApp, auth: Auth<'_>) -> String {
@@ -309,6 +365,11 @@ const TEAM_A_MANAGE: [u16; 6] = [401, 403, 403, 200, 404, 200];
 /// Extending needs an active allocation: in the matrix none is (no agent applies the
 /// layouts), so those who may act get 409, the others their usual refusal.
 const EXTEND: [u16; 6] = [401, 403, 409, 409, 404, 409];
+/// Workload creation on an allocation that is not active.
+const NOT_ACTIVE: [u16; 6] = [401, 422, 422, 422, 422, 422];
+/// Stopping a workload, reading its log: its owner (the member), team A's admin, a
+/// platform admin.
+const WORKLOAD_ACT: [u16; 6] = [401, 403, 200, 200, 404, 200];
 /// Team A's members (not viewers) and the platform admin may request.
 const ALLOC_REQUEST: [u16; 6] = [401, 403, 201, 201, 404, 201];
 
@@ -390,6 +451,21 @@ fn rest_rows() -> Vec<Row> {
             none, TEAM_A_MANAGE),
         row!(GET "/api/v1/exports/usage.csv", |f, _| format!("/api/v1/exports/usage.csv?team={}", f.team_a),
             none, TEAM_A_READ),
+        row!(GET "/api/v1/workloads", |_, _| "/api/v1/workloads?live=true".into(), none, ANY_USER),
+        // No allocation in the matrix is active: a notebook or job is refused with the
+        // reason (the owner: not active; others: not theirs, or no such allocation).
+        row!(POST "/api/v1/notebooks", |_, _| "/api/v1/notebooks".into(),
+            |f, i| Body::Json(json!({"allocation_id": f.allocs[i], "name": "x"})), NOT_ACTIVE),
+        row!(POST "/api/v1/jobs", |_, _| "/api/v1/jobs".into(),
+            |f, i| Body::Json(json!({"allocation_id": f.allocs[i], "command": "true"})), NOT_ACTIVE),
+        row!(GET "/api/v1/workloads/{id}", |f, _| format!("/api/v1/workloads/{}", f.workloads[0]), none, TEAM_A_READ),
+        row!(POST "/api/v1/workloads/{id}/stop", |f, i| format!("/api/v1/workloads/{}/stop", f.workloads[i]), none, WORKLOAD_ACT),
+        row!(GET "/api/v1/workloads/{id}/logs", |f, _| format!("/api/v1/workloads/{}/logs", f.workloads[0]), none, WORKLOAD_ACT),
+        row!(GET "/api/v1/workloads/{id}/log.txt", |f, _| format!("/api/v1/workloads/{}/log.txt", f.workloads[0]), none, WORKLOAD_ACT),
+        // The notebook proxy: the owner and platform admins reach it (the notebook is still
+        // pending: 503 "starting"); everyone else gets the 404 of a missing notebook.
+        row!(GET "/user/{username}/{server}/{*rest}", |_, _| "/user/member-a/nb0/api/status".into(), none,
+            [401, 404, 503, 404, 404, 503]),
     ]
 }
 
@@ -554,6 +630,8 @@ async fn the_table_covers_every_route(db: Db) {
         }
     }
     registered.insert(("GET".into(), "/api/v1/openapi.json".into()));
+    // The notebook proxy is not part of the REST API's document.
+    registered.insert(("GET".into(), "/user/{username}/{server}/{*rest}".into()));
     for (path, method) in leptos::server_fn::axum::server_fn_paths() {
         registered.insert((method.to_string(), path.to_owned()));
     }

@@ -10,3 +10,4 @@ mod nodes;
 mod platform;
 mod support;
 mod tenancy;
+mod workloads;
