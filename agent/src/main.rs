@@ -105,7 +105,11 @@ struct RunArgs {
     #[arg(long, env = "TESSERA_AGENT_WORKLOAD_HOST", default_value = "127.0.0.1")]
     workload_host: String,
     /// How often workloads are reported and the desired set fetched.
-    #[arg(long, env = "TESSERA_AGENT_WORKLOAD_INTERVAL_MS", default_value_t = 1000)]
+    #[arg(
+        long,
+        env = "TESSERA_AGENT_WORKLOAD_INTERVAL_MS",
+        default_value_t = 1000
+    )]
     workload_interval_ms: u64,
     /// Stop every workload when the agent exits. Without it they keep running and
     /// the next agent adopts them.

@@ -189,7 +189,12 @@ impl<L: ServerLink> Agent<L> {
         let mut reconcile = tokio::time::interval(self.cfg.reconcile_every);
         let mut telemetry = tokio::time::interval(self.cfg.telemetry_every);
         let mut workloads = tokio::time::interval(self.cfg.workload_every);
-        for t in [&mut heartbeat, &mut reconcile, &mut telemetry, &mut workloads] {
+        for t in [
+            &mut heartbeat,
+            &mut reconcile,
+            &mut telemetry,
+            &mut workloads,
+        ] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         tokio::pin!(shutdown);

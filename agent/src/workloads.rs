@@ -405,7 +405,12 @@ impl LocalExecutor {
     /// The workload's environment: the inherited one minus every `TESSERA_*` variable
     /// (the join token must never leak) and the device variables, plus the spec's, plus
     /// the executor's own (which win).
-    fn env_for(&self, spec: &WorkloadSpec, workspace: &Path, run: &Path) -> Vec<(OsString, OsString)> {
+    fn env_for(
+        &self,
+        spec: &WorkloadSpec,
+        workspace: &Path,
+        run: &Path,
+    ) -> Vec<(OsString, OsString)> {
         let mut env: BTreeMap<OsString, OsString> = self
             .inherited
             .iter()
@@ -554,7 +559,11 @@ impl Workload {
             }
             return;
         }
-        let code = self.dir.as_deref().and_then(read_exit).unwrap_or(wrapper_code);
+        let code = self
+            .dir
+            .as_deref()
+            .and_then(read_exit)
+            .unwrap_or(wrapper_code);
         let message = self.kill_at.map(|_| "stopped".to_owned());
         tracing::info!(id, code, stopped = message.is_some(), "workload exited");
         self.status = Status::Exited { code, message };
@@ -622,11 +631,15 @@ fn workdir(workspace: &Path, workdir: &str) -> Result<PathBuf, String> {
         .components()
         .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
     {
-        return Err(format!("folder `{workdir}` is not inside the team workspace"));
+        return Err(format!(
+            "folder `{workdir}` is not inside the team workspace"
+        ));
     }
     let dir = workspace.join(rel);
     if !dir.is_dir() {
-        return Err(format!("folder `{workdir}` does not exist in the team workspace"));
+        return Err(format!(
+            "folder `{workdir}` does not exist in the team workspace"
+        ));
     }
     Ok(dir)
 }
@@ -727,10 +740,10 @@ fn find_program(program: &str, cwd: &Path, env: &[(OsString, OsString)]) -> Resu
     let found = if program.contains('/') {
         executable(&cwd.join(program))
     } else {
-        let path = env
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"), |(_, v)| v.clone());
+        let path = env.iter().find(|(k, _)| k == "PATH").map_or_else(
+            || OsString::from("/usr/local/bin:/usr/bin:/bin"),
+            |(_, v)| v.clone(),
+        );
         !program.is_empty()
             && std::env::split_paths(&path).any(|d| executable(&cwd.join(d).join(program)))
     };
@@ -812,7 +825,8 @@ fn read_log(path: &Path, acked: u64, finished: bool) -> io::Result<(Option<LogPi
     }
     f.seek(SeekFrom::Start(acked))?;
     let mut buf = Vec::new();
-    f.take((size - acked).min(LOG_CHUNK)).read_to_end(&mut buf)?;
+    f.take((size - acked).min(LOG_CHUNK))
+        .read_to_end(&mut buf)?;
     let len = buf.len() as u64;
     if !(finished && acked + len >= size) {
         buf.truncate(complete_utf8_prefix(&buf));
@@ -982,7 +996,10 @@ mod tests {
         fs::write(&path, &bytes).unwrap();
         let (piece, complete) = read_log(&path, 0, false).unwrap();
         let piece = piece.unwrap();
-        assert_eq!((piece.offset, piece.len, piece.text.as_str()), (0, 6, "hello "));
+        assert_eq!(
+            (piece.offset, piece.len, piece.text.as_str()),
+            (0, 6, "hello ")
+        );
         assert!(!complete);
         // Still running: the half character waits.
         let (piece, _) = read_log(&path, 6, false).unwrap();
@@ -1009,7 +1026,10 @@ mod tests {
             parse_time_ms("2026-11-23T18:00:00.123456Z"),
             Some(1_795_456_800_123)
         );
-        assert_eq!(parse_time_ms("2026-11-23T19:00:00+01:00"), Some(1_795_456_800_000));
+        assert_eq!(
+            parse_time_ms("2026-11-23T19:00:00+01:00"),
+            Some(1_795_456_800_000)
+        );
         assert_eq!(parse_time_ms("yesterday"), None);
         let ks: serde_json::Value = serde_json::from_str(
             r#"[{"id":"a","execution_state":"idle"},{"id":"b","execution_state":"busy"}]"#,
@@ -1036,7 +1056,11 @@ mod tests {
 
     #[test]
     fn agent_variables_are_not_inherited() {
-        for v in ["TESSERA_JOIN_TOKEN", "TESSERA_AGENT_STATE_DIR", "CUDA_VISIBLE_DEVICES"] {
+        for v in [
+            "TESSERA_JOIN_TOKEN",
+            "TESSERA_AGENT_STATE_DIR",
+            "CUDA_VISIBLE_DEVICES",
+        ] {
             assert!(dropped_var(OsStr::new(v)), "{v}");
         }
         assert!(!dropped_var(OsStr::new("PATH")));

@@ -121,7 +121,12 @@ pub struct ServeConfig {
 
     /// What idle reclaim does with the notebook's allocation: `release` it (the GPU goes
     /// back to the pool) or `keep` it.
-    #[arg(long, env = "TESSERA_IDLE_ALLOCATION", value_enum, default_value = "release")]
+    #[arg(
+        long,
+        env = "TESSERA_IDLE_ALLOCATION",
+        value_enum,
+        default_value = "release"
+    )]
     pub idle_allocation: IdleAllocation,
 
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).

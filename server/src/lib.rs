@@ -166,9 +166,7 @@ pub async fn run(
     if let Some(task) = sim_nodes
         && let Ok(Some(mut children)) = task.await
     {
-        for c in &mut children {
-            let _ = c.kill().await;
-        }
+        sim::stop(&mut children).await;
     }
     result.context("HTTP server")
 }

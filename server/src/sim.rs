@@ -62,8 +62,8 @@ pub fn parse_nodes(spec: &str) -> Result<Vec<SimNodeSpec>, String> {
     Ok(out)
 }
 
-/// Starts one agent process per simulated node; they are killed when the returned
-/// children are dropped.
+/// Starts one agent process per simulated node; [`stop`] ends them (and their workloads),
+/// and they are killed when the returned children are dropped.
 pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Child>> {
     let specs = parse_nodes(&state.config.sim_nodes).map_err(anyhow::Error::msg)?;
     let bin = match &state.config.agent_bin {
@@ -112,6 +112,11 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
                 "--reconcile-interval-s",
                 "5",
             ])
+            // Workloads (notebooks, jobs) run as this machine's processes, with the
+            // simulated MIG UUIDs in CUDA_VISIBLE_DEVICES; they stop with the server.
+            .arg("--workload-root")
+            .arg(dir.join("workloads"))
+            .arg("--stop-workloads-on-exit")
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
         let cred_file = dir.join("credential.json");
@@ -257,5 +262,25 @@ mod tests {
         assert!(parse_nodes("x=V100*2").is_err());
         assert!(parse_nodes("bad name=A30-24GB").is_err());
         assert!(parse_nodes("n=A30-24GB*0").is_err());
+    }
+}
+
+/// Stops the simulated agents: SIGINT first, so each stops its workloads' process groups,
+/// then a kill after 10 s for any still running.
+pub async fn stop(children: &mut [Child]) {
+    for c in children.iter() {
+        if let Some(pid) = c.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+        }
+    }
+    for c in children.iter_mut() {
+        if tokio::time::timeout(std::time::Duration::from_secs(10), c.wait())
+            .await
+            .is_err()
+        {
+            let _ = c.kill().await;
+        }
     }
 }

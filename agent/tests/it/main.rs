@@ -1,5 +1,6 @@
 //! Integration tests for the agent: simulator conformance, reconcile,
-//! crash points, spool and the agent loop against a fake server.
+//! crash points, spool, the agent loop against a fake server, and the
+//! workload executor with real processes.
 
 mod agent_loop;
 mod crash;
@@ -7,3 +8,4 @@ mod reconcile;
 mod sim;
 mod spool;
 mod support;
+mod workloads;

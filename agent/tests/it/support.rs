@@ -7,8 +7,8 @@ use tessera_agent::link::{LinkError, ServerLink};
 use tessera_agent::reconcile::{Outcome, reconcile_gpu};
 use tessera_agent::sim::{Arch, SimNode};
 use tessera_domain::wire::{
-    DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, MigMode, StatusReport, TelemetryAck,
-    TelemetryBatch, TelemetrySample,
+    DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, LogAck, MigMode, StatusReport,
+    TelemetryAck, TelemetryBatch, TelemetrySample, WorkloadReports, WorkloadSpec, WorkloadSync,
 };
 
 pub const A100: &str = "A100-SXM4-40GB";
@@ -70,7 +70,9 @@ pub fn mig_uuids(node: &SimNode, gpu: &str) -> BTreeMap<String, String> {
 }
 
 /// An in-memory server: stores what the agent sends, deduplicates samples
-/// on seq, and can be taken down or made to lose acknowledgements.
+/// on seq, and can be taken down or made to lose acknowledgements. For
+/// workloads it answers with `workloads` and stores log pieces that continue
+/// what it holds, acknowledging through the end of them.
 #[derive(Default)]
 pub struct FakeServer {
     pub inner: Mutex<FakeState>,
@@ -91,6 +93,20 @@ pub struct FakeState {
     pub samples: BTreeMap<u64, TelemetrySample>,
     pub duplicates: u64,
     pub dropped_total: u64,
+    /// The desired workload set sent with every workload answer.
+    pub workloads: Vec<WorkloadSpec>,
+    pub workload_reports: Vec<WorkloadReports>,
+    /// Workload logs as stored, by id.
+    pub logs: BTreeMap<String, StoredLog>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct StoredLog {
+    /// Bytes stored (the offset the next piece must start at).
+    pub through: u64,
+    pub text: String,
+    /// Pieces that did not start at `through` (resent or out of order).
+    pub ignored: u64,
 }
 
 impl FakeServer {
@@ -145,5 +161,32 @@ impl ServerLink for &FakeServer {
                 acked_through: batch.samples.iter().map(|x| x.seq).max().unwrap_or(0),
             })
         })
+    }
+
+    async fn sync_workloads(&self, r: &WorkloadReports) -> Result<WorkloadSync, LinkError> {
+        self.gate()?;
+        Ok(self.with(|s| {
+            s.workload_reports.push(r.clone());
+            let mut log_acks = Vec::new();
+            for w in &r.workloads {
+                let stored = s.logs.entry(w.id.clone()).or_default();
+                if let Some(piece) = &w.log {
+                    if piece.offset == stored.through {
+                        stored.text.push_str(&piece.text);
+                        stored.through += piece.len;
+                    } else {
+                        stored.ignored += 1;
+                    }
+                }
+                log_acks.push(LogAck {
+                    id: w.id.clone(),
+                    stored_through: stored.through,
+                });
+            }
+            WorkloadSync {
+                workloads: s.workloads.clone(),
+                log_acks,
+            }
+        }))
     }
 }

@@ -420,7 +420,13 @@ impl Allocations {
     /// active any more.
     pub async fn release_for_system(&self, id: Uuid, note: &str) -> Result<bool, AppError> {
         let done = self
-            .finish(id, alloc::ReleaseCause::Released, Utc::now(), None, Some(note))
+            .finish(
+                id,
+                alloc::ReleaseCause::Released,
+                Utc::now(),
+                None,
+                Some(note),
+            )
             .await?;
         if done {
             self.audit_as(None, "allocation.release", id, None, None, None)

@@ -49,8 +49,11 @@ pub struct WorkloadConfig {
     pub stop_grace: Duration,
 }
 
-pub const DEFAULT_NOTEBOOK_COMMAND: &str = "jupyter lab --no-browser --ServerApp.ip=127.0.0.1 \
-     --ServerApp.port={port} --ServerApp.port_retries=0 --ServerApp.base_url={base_path}";
+/// `--allow-root`: agents often run as root (then so do their workloads; Jupyter refuses
+/// that without the flag). It changes nothing for other users.
+pub const DEFAULT_NOTEBOOK_COMMAND: &str = "jupyter lab --no-browser --allow-root \
+     --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 \
+     --ServerApp.base_url={base_path}";
 
 impl Default for WorkloadConfig {
     fn default() -> Self {
@@ -250,7 +253,10 @@ impl Workloads {
         let key = key.map(str::trim).filter(|k| !k.is_empty());
         if let Some(k) = key {
             if k.len() > 200 {
-                return Err(AppError::invalid("idempotency_key", "at most 200 characters"));
+                return Err(AppError::invalid(
+                    "idempotency_key",
+                    "at most 200 characters",
+                ));
             }
             if let Some(id) = self.by_key(p, k).await? {
                 return self.get(p, id).await;
@@ -336,7 +342,9 @@ impl Workloads {
             .await
             .map_err(internal("storing workload"))?;
         if !inserted {
-            return Err(self.why_not_inserted(p, key, allocation_id, kind, name).await);
+            return Err(self
+                .why_not_inserted(p, key, allocation_id, kind, name)
+                .await);
         }
         let what = if kind == WorkloadKind::Notebook {
             format!("notebook {base}")
@@ -401,9 +409,7 @@ impl Workloads {
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
         let row = self.visible(p, id).await?;
         let mut v = self.view(&row);
-        if kind_of(&row.w) == WorkloadKind::Notebook
-            && state_of(&row.w) == WorkloadState::Running
-        {
+        if kind_of(&row.w) == WorkloadKind::Notebook && state_of(&row.w) == WorkloadState::Running {
             let now = Utc::now();
             let s = self.signals(&row.w, now).await?;
             v.idle = Some(self.decide(&row.w, &s, now));
@@ -614,7 +620,9 @@ impl Workloads {
         let file = format!(
             "{}-{}.log",
             row.w.kind,
-            row.w.name.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+            row.w
+                .name
+                .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
         );
         Ok((file, out))
     }
@@ -879,8 +887,12 @@ impl Workloads {
                             .map_err(internal("retrying job"))?;
                     }
                     WorkloadKind::Job => {
-                        self.step(w, WorkloadState::Failed, change(Some(format!("the job {how}"))))
-                            .await?;
+                        self.step(
+                            w,
+                            WorkloadState::Failed,
+                            change(Some(format!("the job {how}"))),
+                        )
+                        .await?;
                     }
                     WorkloadKind::Notebook if rep.exit_code == Some(0) => {
                         let m = "JupyterLab shut down".to_owned();
@@ -1036,7 +1048,11 @@ impl Workloads {
 
     /// The idle signals of a notebook: the kernel activity the executor last reported and
     /// the last telemetry sample within the idle window in which its device was busy.
-    async fn signals(&self, w: &WorkloadRow, now: DateTime<Utc>) -> Result<ActivitySignals, AppError> {
+    async fn signals(
+        &self,
+        w: &WorkloadRow,
+        now: DateTime<Utc>,
+    ) -> Result<ActivitySignals, AppError> {
         let devices = devices_of(w);
         let mut gpu_last_busy = None;
         let mut gpu_has_data = false;
@@ -1047,7 +1063,11 @@ impl Workloads {
         for (node, devs) in nodes {
             let samples = self
                 .store
-                .samples_between(node, now - self.cfg.idle.idle_after, now + Duration::seconds(1))
+                .samples_between(
+                    node,
+                    now - self.cfg.idle.idle_after,
+                    now + Duration::seconds(1),
+                )
                 .await
                 .map_err(internal("loading telemetry"))?;
             for s in samples {
@@ -1116,14 +1136,7 @@ impl Workloads {
         }
     }
 
-    async fn audit(
-        &self,
-        actor: Option<&str>,
-        action: &str,
-        id: Uuid,
-        team: Uuid,
-        after: &str,
-    ) {
+    async fn audit(&self, actor: Option<&str>, action: &str, id: Uuid, team: Uuid, after: &str) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: Utc::now(),

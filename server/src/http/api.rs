@@ -22,10 +22,10 @@ use tessera_domain::billing::{
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
-use tessera_domain::workload::{LogSlice, WorkloadKind, WorkloadView};
 use tessera_domain::tenancy::{
     ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
 };
+use tessera_domain::workload::{LogSlice, WorkloadKind, WorkloadView};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -872,7 +872,10 @@ fn env_lines(env: &std::collections::BTreeMap<String, String>) -> Result<String,
         if k.contains(['\n', '=']) || v.contains('\n') {
             return Err(AppError::invalid(
                 "env",
-                format!("`{}`: names cannot contain `=` or line breaks, values no line breaks", k.escape_debug()),
+                format!(
+                    "`{}`: names cannot contain `=` or line breaks, values no line breaks",
+                    k.escape_debug()
+                ),
             ));
         }
         out.push_str(&format!("{k}={v}\n"));

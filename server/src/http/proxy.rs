@@ -234,9 +234,7 @@ async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
         .to_owned();
     let uri: Uri = format!("http://{}{path}", t.endpoint).parse()?;
 
-    let client_upgrade = upgrade
-        .as_ref()
-        .map(|_| hyper::upgrade::on(&mut req));
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop(&mut headers);

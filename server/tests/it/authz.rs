@@ -270,7 +270,11 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
     let mut out = Vec::new();
     for (i, a) in allocs.iter().enumerate() {
         let alloc = uuid::Uuid::parse_str(a).expect("uuid");
-        let row = store.allocation(alloc).await.expect("load").expect("allocation");
+        let row = store
+            .allocation(alloc)
+            .await
+            .expect("load")
+            .expect("allocation");
         let id = uuid::Uuid::now_v7();
         let w = tessera_core::store::WorkloadRow {
             id,

@@ -172,9 +172,10 @@ async fn launch(s: &Setup, name: &str) -> Value {
 async fn run_in_kernel(server: &str, token: &str, base: &str, kernel: &str, code: &str) -> String {
     let addr = server.trim_start_matches("http://");
     let url = format!("ws://{addr}{base}api/kernels/{kernel}/channels");
-    let mut req =
-        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url.as_str())
-            .expect("ws request");
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        url.as_str(),
+    )
+    .expect("ws request");
     req.headers_mut().insert(
         "authorization",
         format!("Bearer {token}").parse().expect("header"),
@@ -229,7 +230,12 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     eprintln!("notebook ready in {:?}", started.elapsed());
     let base = format!("/user/{}/lab/", s.member_name);
     assert_eq!(running["url"], format!("{base}lab"));
-    assert!(running["device"].as_str().expect("device").starts_with("MIG-"));
+    assert!(
+        running["device"]
+            .as_str()
+            .expect("device")
+            .starts_with("MIG-")
+    );
 
     // The owner, with an API token: contents, a kernel, 1+1 over the WebSocket.
     let c = reqwest::Client::new();
@@ -252,7 +258,10 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
     let kernel: Value = r.json().await.expect("json");
     let kernel_id = kernel["id"].as_str().expect("kernel id");
-    assert_eq!(run_in_kernel(&app.base, &s.member, &base, kernel_id, "1+1").await, "2");
+    assert_eq!(
+        run_in_kernel(&app.base, &s.member, &base, kernel_id, "1+1").await,
+        "2"
+    );
 
     // The JupyterLab page loads, without the notebook's token in it.
     let store = tessera_core::store::Store::connect(&app.database_url)
@@ -273,8 +282,14 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
         .expect("request");
     assert_eq!(r.status(), 200);
     let page = r.text().await.expect("page");
-    assert!(page.contains("jupyter-config-data"), "not the JupyterLab page");
-    assert!(!page.contains(&secret), "the notebook token reached the browser");
+    assert!(
+        page.contains("jupyter-config-data"),
+        "not the JupyterLab page"
+    );
+    assert!(
+        !page.contains(&secret),
+        "the notebook token reached the browser"
+    );
 
     // Another team's member, a stranger without credentials.
     let r = c
@@ -436,7 +451,10 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
     while processes_with(&marker).len() < 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(processes_with(&marker).len() >= 2, "the job's sleeps are not running");
+    assert!(
+        processes_with(&marker).len() >= 2,
+        "the job's sleeps are not running"
+    );
     let (st, _) = call_with_token(
         app,
         &s.member,
@@ -475,7 +493,14 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     let base2 = base.clone();
     let k2 = kernel_id.clone();
     let busy = tokio::spawn(async move {
-        run_in_kernel(&server, &member, &base2, &k2, "import time; time.sleep(8); 7").await
+        run_in_kernel(
+            &server,
+            &member,
+            &base2,
+            &k2,
+            "import time; time.sleep(8); 7",
+        )
+        .await
     });
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
