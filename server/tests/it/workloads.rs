@@ -63,6 +63,24 @@ impl WorkloadAgent {
     }
 }
 
+impl Drop for WorkloadAgent {
+    /// A failed test still stops its workloads: SIGINT, a blocking wait of up to 15 s,
+    /// and only then the kill.
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id() else { return };
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// A member with an active 1g.10gb slice on a fresh simulated H100.
 struct Setup {
     a: AdminClient,
@@ -222,13 +240,14 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     let name = format!("nb-{}", format!("{db:?}").to_lowercase());
     let s = setup(db, &name).await;
     let app = &s.a.app;
-    let nb = launch(&s, "lab").await;
+    let nb_name = format!("lab-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let nb = launch(&s, &nb_name).await;
     let id = nb["id"].as_str().expect("id").to_owned();
     assert_eq!(nb["state"], "pending");
     let started = Instant::now();
     let running = wait_workload(app, &s.member, &id, "running", 120).await;
     eprintln!("notebook ready in {:?}", started.elapsed());
-    let base = format!("/user/{}/lab/", s.member_name);
+    let base = format!("/user/{}/{nb_name}/", s.member_name);
     assert_eq!(running["url"], format!("{base}lab"));
     assert!(
         running["device"]
@@ -316,7 +335,7 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     )
     .await;
     assert_eq!(st, 422, "{v}");
-    assert_eq!(v["field"], "allocation_id", "{v}");
+    assert_eq!(v["error"]["field"], "allocation_id", "{v}");
 
     // Stop: the whole process group goes, the proxy answers 404.
     let needle = format!("--ServerApp.base_url={base}");
@@ -473,10 +492,11 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     let name = format!("idle-{}", format!("{db:?}").to_lowercase());
     let s = setup(db, &name).await;
     let app = &s.a.app;
-    let nb = launch(&s, "idle").await;
+    let nb_name = format!("idle-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let nb = launch(&s, &nb_name).await;
     let id = nb["id"].as_str().expect("id").to_owned();
     wait_workload(app, &s.member, &id, "running", 120).await;
-    let base = format!("/user/{}/idle/", s.member_name);
+    let base = format!("/user/{}/{nb_name}/", s.member_name);
     let c = reqwest::Client::new();
     let r = c
         .post(app.url(&format!("{base}api/kernels")))
