@@ -26,6 +26,20 @@ pub enum Command {
     /// Plan placements offline: prints the plan for a cluster and pending requests as JSON
     /// (schema: docs/planner.md). Bad input exits with code 2 naming file, line and field.
     Plan(PlanArgs),
+    /// Training jobs from a terminal (REST with an API token: TESSERA_URL, TESSERA_TOKEN).
+    Job {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::JobCommand,
+    },
+    /// Notebooks from a terminal (REST with an API token: TESSERA_URL, TESSERA_TOKEN).
+    Notebook {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::NotebookCommand,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -95,6 +109,11 @@ pub struct ServeConfig {
     /// the reason (e.g. `3m`; the node shows offline after 90 s either way).
     #[arg(long, env = "TESSERA_NODE_GRACE", default_value = "3m", value_parser = parse_duration)]
     pub node_grace: Duration,
+
+    /// How long an allocation may stay `placing` (its node not yet reporting the MIG
+    /// instance or GPU) before it fails with the node's last error (e.g. `10m`).
+    #[arg(long, env = "TESSERA_PLACING_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub placing_timeout: Duration,
 
     /// How often GPU usage is metered into the ledger (complete hours, and allocations that
     /// ended). Metering is idempotent, so any interval is safe (e.g. `1m`).

@@ -5,6 +5,7 @@
 //! against a fresh database.
 #![deny(clippy::unwrap_used)]
 
+pub mod cli;
 pub mod config;
 mod http;
 pub mod observability;
@@ -67,7 +68,8 @@ pub async fn run(
     services.allocations = services
         .allocations
         .with_preemption_grace(config.preemption_grace)
-        .with_node_grace(config.node_grace);
+        .with_node_grace(config.node_grace)
+        .with_placing_timeout(config.placing_timeout);
     services.workloads = services
         .workloads
         .clone()

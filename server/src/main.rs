@@ -12,6 +12,12 @@ async fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("TESSERA_BIND (--bind) {}: {e}", config.bind))?;
             tessera_server::run(*config, listener, shutdown_signal()).await
         }
+        Command::Job { remote, command } => {
+            exit_with(tessera_server::cli::job(&remote, command).await)
+        }
+        Command::Notebook { remote, command } => {
+            exit_with(tessera_server::cli::notebook(&remote, command).await)
+        }
         Command::Plan(args) => {
             let read = |p: &std::path::Path| {
                 std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
@@ -36,6 +42,16 @@ async fn main() -> anyhow::Result<()> {
                     std::process::exit(2)
                 }
             }
+        }
+    }
+}
+
+fn exit_with(r: Result<i32, tessera_server::cli::CliError>) -> ! {
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            std::process::exit(e.code)
         }
     }
 }

@@ -29,6 +29,10 @@ pub const BUDGET_RATIO: &str = "tessera_team_budget_used_ratio";
 pub const BUDGET_SPENT: &str = "tessera_team_spend_month";
 /// (allocation, hour) rows the metering job wrote.
 pub const METERED_HOURS: &str = "tessera_metered_allocation_hours_total";
+/// Live notebooks and jobs by kind and state.
+pub const WORKLOADS: &str = "tessera_workloads";
+/// Notebooks stopped by idle reclaim.
+pub const IDLE_RECLAIMED: &str = "tessera_notebooks_idle_reclaimed_total";
 /// Seconds since each node was last heard from (heartbeat, else registration).
 pub const NODE_LAST_SEEN: &str = "tessera_node_last_seen_seconds";
 /// Telemetry samples each node's agent had to drop (spool full), ever; a gauge set from

@@ -42,12 +42,16 @@ pub async fn run(services: Arc<Services>, every: Duration) {
             Err(e) => tracing::warn!("scheduler pass failed: {e}"),
         }
         match services.workloads.tick(Utc::now()).await {
-            Ok(r) if r.stopped_for_allocation + r.reclaimed_idle + r.lost > 0 => tracing::info!(
-                stopped_for_allocation = r.stopped_for_allocation,
-                reclaimed_idle = r.reclaimed_idle,
-                lost = r.lost,
-                "workload pass"
-            ),
+            Ok(r) if r.stopped_for_allocation + r.reclaimed_idle + r.lost > 0 => {
+                metrics::counter!(crate::observability::IDLE_RECLAIMED)
+                    .increment(u64::from(r.reclaimed_idle));
+                tracing::info!(
+                    stopped_for_allocation = r.stopped_for_allocation,
+                    reclaimed_idle = r.reclaimed_idle,
+                    lost = r.lost,
+                    "workload pass"
+                );
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!("workload pass failed: {e}"),
         }

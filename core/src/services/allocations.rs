@@ -51,7 +51,14 @@ pub struct Allocations {
     billing: Option<super::billing::Billing>,
     /// How long a silent node keeps its allocations before they fail.
     node_grace: Duration,
+    /// How long an allocation may stay `placing` (its node not reporting the device)
+    /// before it fails with the node's last apply error.
+    placing_timeout: Duration,
 }
+
+/// Default limit on `placing`: creating a MIG instance takes seconds; a node that has not
+/// managed in this long will not.
+pub const DEFAULT_PLACING_TIMEOUT: Duration = Duration::minutes(10);
 
 /// Default warning before borrowed capacity is reclaimed.
 pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::minutes(10);
@@ -103,7 +110,14 @@ impl Allocations {
             snapshot: Arc::default(),
             billing: None,
             node_grace: NODE_GRACE,
+            placing_timeout: DEFAULT_PLACING_TIMEOUT,
         }
+    }
+
+    /// Sets how long an allocation may stay `placing` before it fails.
+    pub fn with_placing_timeout(mut self, t: std::time::Duration) -> Self {
+        self.placing_timeout = Duration::from_std(t).unwrap_or(DEFAULT_PLACING_TIMEOUT);
+        self
     }
 
     /// Sets how long a node may stay silent before its allocations fail.
@@ -1091,6 +1105,55 @@ impl Allocations {
         .await
     }
 
+    /// Why a `placing` allocation gives up: placed longer than the timeout ago, with the
+    /// node's last apply error for its GPU when there is one.
+    async fn placing_too_long(
+        &self,
+        a: &AllocationRow,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, AppError> {
+        let events = self
+            .store
+            .allocation_events(a.id)
+            .await
+            .map_err(internal("loading history"))?;
+        let Some(since) = events
+            .iter()
+            .filter(|e| e.to_state == AllocState::Placing.as_str())
+            .map(|e| e.at)
+            .max()
+        else {
+            return Ok(None);
+        };
+        if now - since <= self.placing_timeout {
+            return Ok(None);
+        }
+        let mut why = format!(
+            "the node did not set up the device within {} min",
+            self.placing_timeout.num_minutes().max(1)
+        );
+        if let Some(d) = devices(a).first() {
+            let statuses = self
+                .store
+                .apply_statuses(d.node_id)
+                .await
+                .map_err(internal("loading apply statuses"))?;
+            let error = statuses
+                .iter()
+                .filter(|s| s.gpu_uuid == d.gpu_uuid)
+                .filter_map(|s| serde_json::from_str::<ApplyStatus>(&s.status).ok())
+                .find_map(|s| s.error.map(|e| e.message));
+            match error {
+                Some(e) => why.push_str(&format!(" ({} reports: {e})", d.hostname)),
+                None => why.push_str(&format!(
+                    " ({} reported no progress on GPU {}; does its agent run with --manage-mig?)",
+                    d.hostname, d.gpu_uuid
+                )),
+            }
+        }
+        Ok(Some(why))
+    }
+
     // ---- the scheduler ----
 
     /// One scheduler pass at `now`: expire what ran out, fail what lost its node, activate
@@ -1146,6 +1209,11 @@ impl Allocations {
                 }
                 None
             });
+            let lost = match lost {
+                Some(why) => Some(why),
+                None if state == AllocState::Placing => self.placing_too_long(a, now).await?,
+                None => None,
+            };
             // An allocation past its end expires, whatever became of its node.
             let ended = state == AllocState::Active && a.ends_at.is_some_and(|e| e <= now);
             if let (Some(why), false) = (lost, ended) {

@@ -685,6 +685,27 @@ impl Workloads {
         }
     }
 
+    /// Live workloads by kind and state, every combination present (zero included), for
+    /// `/metrics`.
+    pub async fn live_counts(&self) -> Result<Vec<(WorkloadKind, WorkloadState, u64)>, AppError> {
+        let rows = self
+            .store
+            .live_workload_counts()
+            .await
+            .map_err(internal("counting workloads"))?;
+        let mut out = Vec::new();
+        for kind in [WorkloadKind::Notebook, WorkloadKind::Job] {
+            for state in WorkloadState::ALL.into_iter().filter(|s| s.is_live()) {
+                let n = rows
+                    .iter()
+                    .find(|(k, s, _)| k == kind.as_str() && s == state.as_str())
+                    .map_or(0, |r| u64::try_from(r.2).unwrap_or(0));
+                out.push((kind, state, n));
+            }
+        }
+        Ok(out)
+    }
+
     // ---- the executor protocol ----
 
     /// Records a node executor's reports and answers with what should run there.

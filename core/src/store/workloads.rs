@@ -227,6 +227,14 @@ impl Store {
         on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await)
     }
 
+    /// Live workloads counted by kind and state.
+    pub async fn live_workload_counts(&self) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT kind, state, COUNT(*) FROM workloads WHERE state IN {LIVE} GROUP BY kind, state"
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await)
+    }
+
     /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.
     pub async fn workload_step(
         &self,

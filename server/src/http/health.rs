@@ -22,6 +22,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     record_cluster_gauges(&state).await;
     record_allocation_gauges(&state).await;
+    record_workload_gauges(&state).await;
     record_budget_gauges(&state).await;
     record_node_gauges(&state).await;
     let body = crate::observability::metrics_handle()
@@ -76,6 +77,17 @@ async fn record_allocation_gauges(state: &AppState) {
         .map(|t| (chrono::Utc::now() - t).num_seconds().max(0) as f64)
         .unwrap_or(0.0);
     metrics::gauge!(QUEUE_OLDEST_WAIT).set(wait);
+}
+
+/// Live workloads by kind and state.
+async fn record_workload_gauges(state: &AppState) {
+    let Ok(counts) = state.services.workloads.live_counts().await else {
+        return;
+    };
+    for (kind, st, n) in counts {
+        metrics::gauge!(crate::observability::WORKLOADS, "kind" => kind.as_str(), "state" => st.as_str())
+            .set(n as f64);
+    }
 }
 
 /// Each team's spend this month against its budget (teams with a budget or a spend).

@@ -105,9 +105,7 @@ async fn proxy(s: AppState, username: String, server: String, req: Request) -> R
         Ok(Some(p)) => p,
         Ok(None) | Err(AppError::Unauthorized) => {
             if html {
-                let next = req.uri().path().to_owned();
-                let to = format!("/login?next={}", urlencode(&next));
-                return (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response();
+                return (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response();
             }
             return (StatusCode::UNAUTHORIZED, "please sign in").into_response();
         }
@@ -135,17 +133,6 @@ async fn proxy(s: AppState, username: String, server: String, req: Request) -> R
                 .into_response()
         }
     }
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// While a notebook starts: a page that reloads itself (browsers), or 503 + Retry-After.

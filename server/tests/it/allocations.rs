@@ -685,7 +685,43 @@ pub(crate) async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Va
     }
 }
 
+/// A node that reports its GPU but never creates the instance (no `--manage-mig`, or a
+/// driver that keeps failing) fails the allocation after the placing timeout, with the
+/// reason, and the quota comes back.
+async fn an_allocation_its_node_never_sets_up_fails_after_the_placing_timeout(db: Db) {
+    let app = TestApp::spawn_with(db, |c| {
+        c.placing_timeout = Duration::from_secs(2);
+        c.scheduler_interval = Duration::from_millis(300);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let t = team(&a, "stuck").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (s, jt) = a
+        .call(
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": "stuck"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (_, credential) =
+        crate::nodes::register(&a.app, jt["secret"].as_str().expect("secret"), "stuck-node").await;
+    crate::nodes::heartbeat(&a.app, &credential, "GPU-stuck-0").await;
+    let (s, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &id, "placing").await;
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 1);
+    let failed = wait_for_state(&a, &id, "failed").await;
+    let text = failed.to_string();
+    assert!(text.contains("did not set up the device"), "{failed}");
+    assert!(text.contains("stuck-node"), "{failed}");
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
+}
+
 on_both_databases!(
+    an_allocation_its_node_never_sets_up_fails_after_the_placing_timeout,
     a_destroyed_mig_instance_fails_its_allocation,
     concurrent_requests_admit_exactly_the_quota,
     beyond_quota_waits_for_the_right_approver,

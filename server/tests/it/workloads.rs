@@ -485,6 +485,53 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
     assert_eq!(st, 200);
     wait_workload(app, &s.member, &id, "cancelled", 30).await;
     wait_no_process(&marker).await;
+
+    // The terminal client: submit, follow the output, exit with the job.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(args)
+            .env("TESSERA_URL", &app.base)
+            .env("TESSERA_TOKEN", &s.member)
+            .output()
+            .expect("run tessera")
+    };
+    let out = cli(&[
+        "job",
+        "submit",
+        "--allocation",
+        &s.alloc,
+        "--command",
+        "echo cli-says-$GREETING",
+        "--env",
+        "GREETING=hi",
+        "--follow",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("cli-says-hi"), "{stdout}");
+    let out = cli(&["job", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("succeeded") && listed.contains("cancelled"),
+        "{listed}"
+    );
+    let out = cli(&[
+        "job",
+        "submit",
+        "--allocation",
+        &s.alloc,
+        "--command",
+        "exit 4",
+        "--follow",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "a failed job fails the command");
+    let out = cli(&["notebook", "start", "--allocation", "not-an-id"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("error:"));
     s.agent.stop().await;
 }
 

@@ -1,0 +1,331 @@
+//! `tessera job …` and `tessera notebook …`: the REST API from a terminal, with a personal
+//! API token (`TESSERA_TOKEN`, created under My account) against `TESSERA_URL`.
+//!
+//! Exit codes: 0 success; 1 the server refused (its message is printed); 2 the server
+//! could not be reached. `job submit --follow` and `job logs --follow` end with the job:
+//! 0 if it succeeded, 1 otherwise.
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Args)]
+pub struct Remote {
+    /// The portal's URL.
+    #[arg(
+        long,
+        env = "TESSERA_URL",
+        default_value = "http://127.0.0.1:3000",
+        global = true
+    )]
+    pub url: String,
+    /// A personal API token (`tsk_…`, from My account).
+    #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Runs a command on one of your active allocations.
+    Submit {
+        /// The allocation's id.
+        #[arg(long)]
+        allocation: String,
+        /// Shell command, run by /bin/sh in your team's workspace.
+        #[arg(long)]
+        command: String,
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Folder inside the team workspace.
+        #[arg(long, default_value = "")]
+        workdir: String,
+        /// NAME=value, repeatable.
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Times a failed run is started again (0–5).
+        #[arg(long, default_value_t = 0)]
+        retries: u32,
+        /// Print its output as it comes and exit with the job.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Prints a job's output.
+    Logs {
+        id: String,
+        /// Keep printing until the job ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Cancels a job (its processes are killed).
+    Cancel { id: String },
+    /// Your jobs, newest first.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NotebookCommand {
+    /// Launches JupyterLab on one of your active allocations and waits until it answers.
+    Start {
+        #[arg(long)]
+        allocation: String,
+        #[arg(long, default_value = "default")]
+        name: String,
+    },
+    /// Stops a notebook.
+    Stop { id: String },
+    /// Your notebooks, newest first.
+    List,
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+/// A refusal or an unreachable server, already worded for the terminal.
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
+}
+
+type R<T> = Result<T, CliError>;
+
+fn unreachable(e: reqwest::Error) -> CliError {
+    CliError {
+        code: 2,
+        message: format!("cannot reach the server: {e}"),
+    }
+}
+
+impl Client {
+    fn new(remote: &Remote) -> R<Client> {
+        let token = remote.token.clone().ok_or(CliError {
+            code: 1,
+            message: "set TESSERA_TOKEN (or --token) to a personal API token from My account"
+                .into(),
+        })?;
+        Ok(Client {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .map_err(unreachable)?,
+            base: remote.url.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> R<Value> {
+        let mut rb = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let resp = rb.send().await.map_err(unreachable)?;
+        let status = resp.status();
+        let v: Value = resp.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(v);
+        }
+        let message = v["message"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("the server answered {status}"));
+        Err(CliError { code: 1, message })
+    }
+}
+
+fn env_map(vars: &[String]) -> R<serde_json::Map<String, Value>> {
+    let mut m = serde_json::Map::new();
+    for v in vars {
+        let (k, val) = v.split_once('=').ok_or(CliError {
+            code: 1,
+            message: format!("--env {v}: write NAME=value"),
+        })?;
+        m.insert(k.to_owned(), Value::String(val.to_owned()));
+    }
+    Ok(m)
+}
+
+fn row(v: &Value) -> String {
+    format!(
+        "{}  {:<10} {:<24} {}",
+        v["id"].as_str().unwrap_or(""),
+        v["state"].as_str().unwrap_or(""),
+        v["name"].as_str().unwrap_or(""),
+        v["exit_code"]
+            .as_i64()
+            .map(|c| format!("exit {c}"))
+            .or_else(|| v["url"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    )
+}
+
+async fn follow_logs(c: &Client, id: &str, follow: bool) -> R<i32> {
+    use std::io::Write;
+    let mut from: Option<u64> = Some(0);
+    loop {
+        let q = from.map(|f| format!("?from={f}")).unwrap_or_default();
+        let slice = c
+            .call(
+                reqwest::Method::GET,
+                &format!("/api/v1/workloads/{id}/logs{q}"),
+                None,
+            )
+            .await?;
+        let text = slice["text"].as_str().unwrap_or("");
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        from = slice["next"].as_u64();
+        // `complete`: the job ended and all of its output is here.
+        if !follow || slice["complete"] == true {
+            break;
+        }
+        if text.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    if !follow {
+        return Ok(0);
+    }
+    let w = c
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/v1/workloads/{id}"),
+            None,
+        )
+        .await?;
+    let state = w["state"].as_str().unwrap_or("");
+    eprintln!(
+        "job {state}{}",
+        w["exit_code"]
+            .as_i64()
+            .map(|c| format!(" (exit code {c})"))
+            .unwrap_or_default()
+    );
+    Ok(if state == "succeeded" { 0 } else { 1 })
+}
+
+async fn list(c: &Client, kind: &str) -> R<i32> {
+    let page = c
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/v1/workloads?kind={kind}&mine=true&limit=50"),
+            None,
+        )
+        .await?;
+    let items = page["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        println!("no {kind}s yet");
+    }
+    for v in &items {
+        println!("{}", row(v));
+    }
+    Ok(0)
+}
+
+pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
+    let c = Client::new(remote)?;
+    match cmd {
+        JobCommand::Submit {
+            allocation,
+            command,
+            name,
+            workdir,
+            env,
+            retries,
+            follow,
+        } => {
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    "/api/v1/jobs",
+                    Some(
+                        json!({"allocation_id": allocation, "command": command, "name": name,
+                        "workdir": workdir, "env": env_map(&env)?, "retries": retries}),
+                    ),
+                )
+                .await?;
+            let id = v["id"].as_str().unwrap_or("").to_owned();
+            eprintln!("submitted job {id}");
+            if follow {
+                return follow_logs(&c, &id, true).await;
+            }
+            println!("{id}");
+            Ok(0)
+        }
+        JobCommand::Logs { id, follow } => follow_logs(&c, &id, follow).await,
+        JobCommand::Cancel { id } => {
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/api/v1/workloads/{id}/stop"),
+                    None,
+                )
+                .await?;
+            println!("{}", row(&v));
+            Ok(0)
+        }
+        JobCommand::List => list(&c, "job").await,
+    }
+}
+
+pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
+    let c = Client::new(remote)?;
+    match cmd {
+        NotebookCommand::Start { allocation, name } => {
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    "/api/v1/notebooks",
+                    Some(json!({"allocation_id": allocation, "name": name})),
+                )
+                .await?;
+            let id = v["id"].as_str().unwrap_or("").to_owned();
+            eprintln!("notebook {id} is starting");
+            let deadline = std::time::Instant::now() + Duration::from_secs(300);
+            loop {
+                let w = c
+                    .call(
+                        reqwest::Method::GET,
+                        &format!("/api/v1/workloads/{id}"),
+                        None,
+                    )
+                    .await?;
+                match w["state"].as_str().unwrap_or("") {
+                    "running" => {
+                        println!("{}{}", c.base, w["url"].as_str().unwrap_or(""));
+                        return Ok(0);
+                    }
+                    "pending" | "starting" if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    other => {
+                        return Err(CliError {
+                            code: 1,
+                            message: format!(
+                                "the notebook is {other}: {}",
+                                w["message"].as_str().unwrap_or("see its page for the log")
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        NotebookCommand::Stop { id } => {
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/api/v1/workloads/{id}/stop"),
+                    None,
+                )
+                .await?;
+            println!("{}", row(&v));
+            Ok(0)
+        }
+        NotebookCommand::List => list(&c, "notebook").await,
+    }
+}
