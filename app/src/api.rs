@@ -32,6 +32,7 @@ use tessera_domain::tenancy::{
 use tessera_domain::wire::DesiredInstance;
 #[cfg(feature = "ssr")]
 use tessera_domain::wire::MigMode;
+use tessera_domain::workload::{LogSlice, WorkloadView};
 
 /// An [`AppError`] plus the non-secret form values to show again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -741,6 +742,138 @@ pub async fn estimate_cost(
         } else {
             format!("{} {c}", tessera_domain::billing::format_minor(minor, c))
         })
+    })
+    .await
+}
+
+// ---- workloads: notebooks and jobs ----
+
+/// Notebooks and jobs the caller may see, newest first. `kind`: `notebook`, `job` or
+/// empty for both; `team`, `allocation`: ids or empty for all; `mine`: only the caller's
+/// own; `live`: only those not ended.
+#[server(prefix = "/fn", endpoint = "list_workloads")]
+pub async fn list_workloads(
+    #[server(default)] kind: Option<String>,
+    #[server(default)] team: Option<String>,
+    #[server(default)] allocation: Option<String>,
+    mine: bool,
+    live: bool,
+    page: PageRequest,
+) -> Result<Page<WorkloadView>, UiError> {
+    ssr::call([], async |s, p| {
+        let given = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        let filter = tessera_core::services::workloads::WorkloadFilter {
+            kind: given(kind).map(|k| k.parse()).transpose()?,
+            team: given(team).map(|t| id(&t).map(TeamId)).transpose()?,
+            allocation: given(allocation).map(|a| id(&a)).transpose()?,
+            mine,
+            live,
+        };
+        s.workloads.list(p, &filter, page).await
+    })
+    .await
+}
+
+#[server(prefix = "/fn", endpoint = "get_workload")]
+pub async fn get_workload(id: String) -> Result<WorkloadView, UiError> {
+    ssr::call([], async |s, p| s.workloads.get(p, ssr::id(&id)?).await).await
+}
+
+/// The allocation as the form sends it: a missing choice is the field's error, not a 404.
+#[cfg(feature = "ssr")]
+fn allocation_field(raw: &str) -> Result<uuid::Uuid, AppError> {
+    if raw.trim().is_empty() {
+        return Err(AppError::invalid(
+            "allocation_id",
+            "choose one of your active allocations",
+        ));
+    }
+    id(raw).map_err(|_| AppError::invalid("allocation_id", "no such allocation"))
+}
+
+/// Launches a JupyterLab on one of the caller's active allocations; goes to its page.
+#[server(prefix = "/fn", endpoint = "launch_notebook")]
+pub async fn launch_notebook(
+    allocation_id: String,
+    name: String,
+    env: String,
+    #[server(default)] idempotency_key: Option<String>,
+) -> Result<WorkloadView, UiError> {
+    // `env` is not echoed: values may be secrets, and a plain form post carries the echo
+    // in the address it returns to.
+    let echo = [
+        ("allocation_id", allocation_id.clone()),
+        ("name", name.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let req = tessera_core::services::workloads::NewNotebook {
+            allocation_id: allocation_field(&allocation_id)?,
+            name,
+            env,
+            idempotency_key,
+        };
+        let v = s.workloads.launch_notebook(p, &req).await?;
+        leptos_axum::redirect(&format!("/workloads/{}", v.id));
+        Ok(v)
+    })
+    .await
+}
+
+/// Submits a training job on one of the caller's active allocations; goes to its page.
+/// (`env` is not echoed, as for notebooks.)
+#[server(prefix = "/fn", endpoint = "submit_job")]
+pub async fn submit_job(
+    allocation_id: String,
+    name: String,
+    command: String,
+    workdir: String,
+    env: String,
+    retries: String,
+    #[server(default)] idempotency_key: Option<String>,
+) -> Result<WorkloadView, UiError> {
+    let echo = [
+        ("allocation_id", allocation_id.clone()),
+        ("name", name.clone()),
+        ("command", command.clone()),
+        ("workdir", workdir.clone()),
+        ("retries", retries.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let req = tessera_core::services::workloads::NewJob {
+            allocation_id: allocation_field(&allocation_id)?,
+            name,
+            command,
+            workdir,
+            env,
+            retries,
+            idempotency_key,
+        };
+        let v = s.workloads.submit_job(p, &req).await?;
+        leptos_axum::redirect(&format!("/workloads/{}", v.id));
+        Ok(v)
+    })
+    .await
+}
+
+/// Stops a notebook or cancels a job.
+#[server(prefix = "/fn", endpoint = "stop_workload")]
+pub async fn stop_workload(id: String) -> Result<WorkloadView, UiError> {
+    ssr::call([], async |s, p| s.workloads.stop(p, ssr::id(&id)?).await).await
+}
+
+/// Most log bytes one `workload_logs` call returns.
+pub const LOG_SLICE_MAX: u64 = 64 * 1024;
+
+/// A workload's log from byte `from` (`None`: its last [`LOG_SLICE_MAX`] bytes).
+#[server(prefix = "/fn", endpoint = "workload_logs")]
+pub async fn workload_logs(
+    id: String,
+    #[server(default)] from: Option<u64>,
+) -> Result<LogSlice, UiError> {
+    ssr::call([], async |s, p| {
+        s.workloads
+            .logs(p, ssr::id(&id)?, from, LOG_SLICE_MAX)
+            .await
     })
     .await
 }

@@ -166,6 +166,8 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                     "Dashboard"
                 </A>
                 <A href="/allocations">"GPUs"</A>
+                <A href="/notebooks">"Notebooks"</A>
+                <A href="/jobs">"Jobs"</A>
                 <A href="/usage">"Usage"</A>
                 <A href="/nodes">"Nodes"</A>
                 <A href="/teams">"Teams"</A>

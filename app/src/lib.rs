@@ -63,6 +63,13 @@ pub fn App() -> impl IntoView {
                     view=pages::AllocationPage
                     ssr=SsrMode::Async
                 />
+                <Route path=path!("/notebooks") view=pages::NotebooksPage ssr=SsrMode::Async />
+                <Route path=path!("/jobs") view=pages::JobsPage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/workloads/:id")
+                    view=pages::WorkloadPage
+                    ssr=SsrMode::Async
+                />
                 <Route path=path!("/teams") view=pages::TeamsPage ssr=SsrMode::Async />
                 <Route path=path!("/teams/:id") view=pages::TeamPage ssr=SsrMode::Async />
                 <Route

@@ -13,6 +13,7 @@ mod statement;
 mod teams;
 mod usage;
 mod users;
+mod workloads;
 
 pub use account::AccountPage;
 pub use allocations::{AllocationPage, AllocationsPage};
@@ -27,6 +28,7 @@ pub use statement::StatementPage;
 pub use teams::{TeamPage, TeamsPage};
 pub use usage::UsagePage;
 pub use users::UsersPage;
+pub use workloads::{JobsPage, NotebooksPage, WorkloadPage};
 
 use leptos::prelude::*;
 use tessera_domain::billing::format_minor;

@@ -15,12 +15,14 @@ use leptos_router::hooks::{use_params_map, use_query_map};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
+use tessera_domain::account::Me;
 use tessera_domain::alloc::{
     AllocState, AllocatedDevice, AllocationView, Approver, PendingInfo, PriorityClass, QuotaView,
 };
 use tessera_domain::error::AppError;
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
+use tessera_domain::workload::WorkloadView;
 
 /// How often a hydrated list page reloads the allocations.
 const LIST_EVERY: Duration = Duration::from_secs(5);
@@ -152,7 +154,7 @@ async fn load_options() -> Result<RequestOptions, UiError> {
 
 /// A random-enough idempotency key: a v4 UUID on the server, time and `Math.random` in
 /// the browser.
-fn new_key() -> String {
+pub(super) fn new_key() -> String {
     #[cfg(feature = "ssr")]
     {
         uuid::Uuid::new_v4().to_string()
@@ -946,6 +948,8 @@ struct DetailData {
     extend: ServerAction<ExtendAllocation>,
     decide: ServerAction<DecideAllocation>,
     allocation: Resource<Result<AllocationView, UiError>>,
+    /// Notebooks and jobs on it (newest first).
+    workloads: Resource<Result<Page<WorkloadView>, UiError>>,
     reason: RwSignal<String>,
     typing: RwSignal<bool>,
 }
@@ -971,6 +975,19 @@ impl DetailData {
                 )
             },
             |(id, ..)| api::get_allocation(id),
+        );
+        let workloads = Resource::new(
+            move || (id.get(), release.version().get()),
+            |(id, _)| {
+                api::list_workloads(
+                    None,
+                    None,
+                    Some(id),
+                    false,
+                    false,
+                    PageRequest::new(0, PAGE_SIZE),
+                )
+            },
         );
         // (still moving, waiting for approval) of what is shown; read in an effect, where
         // reading a resource is fine.
@@ -1004,6 +1021,7 @@ impl DetailData {
             extend,
             decide,
             allocation,
+            workloads,
             reason,
             typing,
         }
@@ -1091,6 +1109,24 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
         });
     let extend = (state == AllocState::Active && a.preempt_at.is_none())
         .then(|| view! { <ExtendForm id=id.clone() action=data.extend /> });
+    // The owner starts notebooks and jobs on an active allocation of theirs.
+    let owner = use_context::<Me>().is_some_and(|me| me.username == a.username);
+    let launch = (state == AllocState::Active && owner).then(|| {
+        view! {
+            <div class="buttons workload-actions" data-testid="workload-actions">
+                <a
+                    class="button primary"
+                    href=format!("/notebooks?allocation={id}")
+                    data-testid="launch-notebook"
+                >
+                    "Launch notebook"
+                </a>
+                <a class="button" href=format!("/jobs?allocation={id}") data-testid="submit-job">
+                    "Submit job"
+                </a>
+            </div>
+        }
+    });
     let release = releasable.then(|| {
         view! {
             <ReleaseForm
@@ -1162,13 +1198,37 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
                 <span class="hint">"Purpose: "</span>
                 {purpose}
             </p>
+            {launch}
             {extend}
             {release}
+            <AllocationWorkloads workloads=data.workloads />
             <h2>"Devices"</h2>
             <DevicesTable devices=a.devices.clone() />
             <h2>"History"</h2>
             <HistoryTable a=a.clone() />
         </section>
+    }
+}
+
+/// The notebooks and jobs that ran or run on the allocation (nothing when none).
+#[component]
+fn AllocationWorkloads(workloads: Resource<Result<Page<WorkloadView>, UiError>>) -> impl IntoView {
+    view! {
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                match workloads.await {
+                    Ok(page) if page.items.is_empty() => ().into_any(),
+                    Ok(page) => {
+                        view! {
+                            <h2>"Notebooks and jobs"</h2>
+                            {super::workloads::workloads_table(page.items)}
+                        }
+                            .into_any()
+                    }
+                    Err(_) => ().into_any(),
+                }
+            })}
+        </Transition>
     }
 }
 

@@ -1,3 +1,4 @@
+use super::workloads::WorkloadBadge;
 use crate::api::{self, UiError};
 use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
 use leptos::prelude::*;
@@ -7,6 +8,7 @@ use tessera_domain::alloc::{AllocState, AllocationView, QuotaView};
 use tessera_domain::billing::BudgetView;
 use tessera_domain::cluster::ClusterSummary;
 use tessera_domain::tenancy::{Page, PageRequest};
+use tessera_domain::workload::WorkloadView;
 
 /// How often the dashboard re-reads the cluster summary once hydrated.
 const REFRESH: Duration = Duration::from_secs(10);
@@ -18,6 +20,19 @@ pub fn DashboardPage() -> impl IntoView {
     // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let mine = my_allocations();
     let quotas = Resource::new(|| (), |_| team_quotas());
+    let notebooks = Resource::new(
+        || (),
+        |_| {
+            api::list_workloads(
+                Some("notebook".to_owned()),
+                None,
+                None,
+                true,
+                true,
+                PageRequest::new(0, NOTEBOOKS_SHOWN),
+            )
+        },
+    );
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
@@ -25,6 +40,7 @@ pub fn DashboardPage() -> impl IntoView {
             <div class="panels">
                 <ClusterPanel />
                 <AllocationsPanel mine />
+                <NotebooksPanel notebooks />
                 <QuotaPanels quotas />
                 <UsagePanel />
             </div>
@@ -183,6 +199,73 @@ fn AllocationsPanel(mine: Resource<Result<Page<AllocationView>, UiError>>) -> im
                 })}
             </Transition>
             <a href="/allocations">"Request or see GPUs →"</a>
+        </section>
+    }
+}
+
+/// How many of the caller's live notebooks the dashboard lists.
+const NOTEBOOKS_SHOWN: u32 = 5;
+
+/// The caller's notebooks that have not ended, with open links for the running ones.
+#[component]
+fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> impl IntoView {
+    view! {
+        <section class="panel" aria-label="My notebooks" data-testid="my-notebooks">
+            <h2>"My notebooks"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match notebooks.await {
+                        Ok(page) if page.items.is_empty() => {
+                            view! { <p class="hint">"No notebook running."</p> }.into_any()
+                        }
+                        Ok(page) => {
+                            let more = (page.total > u64::from(NOTEBOOKS_SHOWN))
+                                .then(|| {
+                                    view! {
+                                        <li class="hint">
+                                            {format!("and {} more", page.total - u64::from(NOTEBOOKS_SHOWN))}
+                                        </li>
+                                    }
+                                });
+                            let items = page
+                                .items
+                                .into_iter()
+                                .map(|w| {
+                                    let open = w
+                                        .url
+                                        .clone()
+                                        .map(|url| {
+                                            view! {
+                                                " "
+                                                <a href=url target="_blank" rel="noopener" data-testid="open-notebook">
+                                                    "Open"
+                                                </a>
+                                            }
+                                        });
+                                    view! {
+                                        <li data-testid="my-notebook" data-state=w.state.as_str()>
+                                            <a href=format!("/workloads/{}", w.id)>{w.name.clone()}</a>
+                                            " "
+                                            <WorkloadBadge state=w.state />
+                                            {open}
+                                        </li>
+                                    }
+                                })
+                                .collect_view();
+                            view! { <ul class="models">{items} {more}</ul> }.into_any()
+                        }
+                        Err(e) => {
+                            view! {
+                                <div class="form-error" role="alert">
+                                    {e.error.to_string()}
+                                </div>
+                            }
+                                .into_any()
+                        }
+                    }
+                })}
+            </Transition>
+            <a href="/notebooks">"Launch or see notebooks →"</a>
         </section>
     }
 }

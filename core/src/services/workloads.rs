@@ -131,7 +131,21 @@ pub struct Workloads {
     allocations: Allocations,
     cfg: WorkloadConfig,
     /// Platform admins' proxy use is audited once per (admin, notebook) and hour.
-    admin_audited: Arc<Mutex<HashMap<(Uuid, Uuid), DateTime<Utc>>>>,
+    admin_audited: Arc<Mutex<AuditedAccess>>,
+}
+
+/// When each (admin, notebook) pair was last audited.
+type AuditedAccess = HashMap<(Uuid, Uuid), DateTime<Utc>>;
+
+/// Environment values may be secrets: only the workload's owner and platform admins see
+/// them; other readers get the names.
+fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
+    if v.user_id != p.user_id && !p.is_admin {
+        for e in &mut v.env {
+            e.value = String::from("(hidden)");
+        }
+    }
+    v
 }
 
 fn run_id(w: &WorkloadRow) -> String {
@@ -408,7 +422,7 @@ impl Workloads {
     /// One workload; another team's is `NotFound`.
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
         let row = self.visible(p, id).await?;
-        let mut v = self.view(&row);
+        let mut v = redact(self.view(&row), p);
         if kind_of(&row.w) == WorkloadKind::Notebook && state_of(&row.w) == WorkloadState::Running {
             let now = Utc::now();
             let s = self.signals(&row.w, now).await?;
@@ -480,7 +494,7 @@ impl Workloads {
             .await
             .map_err(internal("listing workloads"))?;
         Ok(paged(
-            rows.iter().map(|r| self.view(r)).collect(),
+            rows.iter().map(|r| redact(self.view(r), p)).collect(),
             i64::try_from(total).unwrap_or(i64::MAX),
             page,
         ))

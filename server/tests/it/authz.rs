@@ -576,6 +576,20 @@ fn fn_rows() -> Vec<Row> {
             [401, 403, 403, 403, 403, 404]),
         row!(POST "/fn/estimate_cost", |_, _| "/fn/estimate_cost".into(),
             |_, _| form(&[("kind", "H100-80GB:1g.10gb"), ("count", "1"), ("duration_hours", "8"), ("priority", "normal")]), ANY_USER),
+        row!(POST "/fn/list_workloads", |_, _| "/fn/list_workloads".into(),
+            |_, _| form(&[("mine", "false"), ("live", "false"), ("page[offset]", "0"), ("page[limit]", "10")]), ANY_USER),
+        row!(POST "/fn/get_workload", |_, _| "/fn/get_workload".into(),
+            |f, _| Body::Form(vec![("id".into(), f.workloads[0].clone())]), TEAM_A_READ),
+        row!(POST "/fn/launch_notebook", |_, _| "/fn/launch_notebook".into(),
+            |f, i| Body::Form(vec![("allocation_id".into(), f.allocs[i].clone()), ("name".into(), "x".into()), ("env".into(), "".into())]),
+            NOT_ACTIVE),
+        row!(POST "/fn/submit_job", |_, _| "/fn/submit_job".into(),
+            |f, i| Body::Form(vec![("allocation_id".into(), f.allocs[i].clone()), ("name".into(), "".into()), ("command".into(), "true".into()),
+                ("workdir".into(), "".into()), ("env".into(), "".into()), ("retries".into(), "0".into())]), NOT_ACTIVE),
+        row!(POST "/fn/stop_workload", |_, _| "/fn/stop_workload".into(),
+            |f, i| Body::Form(vec![("id".into(), f.workloads[i].clone())]), WORKLOAD_ACT),
+        row!(POST "/fn/workload_logs", |_, _| "/fn/workload_logs".into(),
+            |f, _| Body::Form(vec![("id".into(), f.workloads[0].clone())]), WORKLOAD_ACT),
     ]
 }
 

@@ -1,0 +1,1624 @@
+//! Workloads on an allocation: notebooks (JupyterLab behind the server's proxy, opened in
+//! a new tab at the workload's `url`) and training jobs.
+//!
+//! `/notebooks` and `/jobs` list the caller's workloads with a form to launch one on a
+//! free active allocation (`?allocation=<id>` preselects it); `/workloads/:id` is one
+//! workload of either kind: progress, open link, stop, idle reclaim and the live log.
+//!
+//! The detail page renders its content once per workload and then updates it in place
+//! from a poll (state every 2 s while not ended, log every second while incomplete), so
+//! a long log keeps its scroll position and nothing flickers.
+
+use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
+use crate::components::{
+    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error, now,
+    pager_with, relative, timestamp,
+};
+use leptos::prelude::*;
+use leptos::task::spawn_local;
+use leptos_router::components::Form;
+use leptos_router::hooks::{use_params_map, use_query_map};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tessera_domain::alloc::{AllocState, AllocationView};
+use tessera_domain::error::AppError;
+use tessera_domain::tenancy::{Page, PageRequest, TeamView};
+use tessera_domain::workload::{IdleDecision, LogSlice, WorkloadKind, WorkloadState, WorkloadView};
+
+/// How often a hydrated list reloads while one of its workloads has not ended.
+const LIST_EVERY: Duration = Duration::from_secs(4);
+/// The detail page's poll: the log every tick, the workload every second tick.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+/// Most log text the detail page keeps on screen; older output is dropped from view
+/// (the download has it all).
+const LOG_SHOWN_MAX: usize = 1024 * 1024;
+
+// ---------------------------------------------------------------------------------------
+// Shared pieces
+// ---------------------------------------------------------------------------------------
+
+fn state_class(state: WorkloadState) -> &'static str {
+    match state {
+        WorkloadState::Running | WorkloadState::Succeeded => "badge ok",
+        WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Stopping => "badge warn",
+        WorkloadState::Failed | WorkloadState::Lost => "badge danger",
+        WorkloadState::Stopped | WorkloadState::Cancelled => "badge muted",
+    }
+}
+
+#[component]
+pub(super) fn WorkloadBadge(state: WorkloadState) -> impl IntoView {
+    view! {
+        <span class=state_class(state) data-testid="workload-state" data-state=state.as_str()>
+            {state.label()}
+        </span>
+    }
+}
+
+fn kind_label(kind: WorkloadKind) -> &'static str {
+    match kind {
+        WorkloadKind::Notebook => "Notebook",
+        WorkloadKind::Job => "Job",
+    }
+}
+
+/// The node and device (MIG or GPU UUID) a workload runs on.
+fn where_view(w: &WorkloadView) -> impl IntoView + use<> {
+    let host = w.hostname.clone().unwrap_or_default();
+    let device = w
+        .device
+        .clone()
+        .map(|d| view! { <code class="uuid">{d}</code> });
+    view! {
+        <div class="device">
+            <span class="host">{host}</span>
+            " "
+            {device}
+        </div>
+    }
+}
+
+/// Asks before a stop once hydrated (a native confirmation); without the wasm bundle the
+/// button posts the form directly.
+fn confirm_or_cancel(ev: &leptos::ev::MouseEvent, question: &str) {
+    #[cfg(feature = "hydrate")]
+    if !window().confirm_with_message(question).unwrap_or(false) {
+        ev.prevent_default();
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = (ev, question);
+}
+
+/// Stops a notebook or cancels a job, after a confirmation.
+#[component]
+fn StopButton(
+    id: String,
+    kind: WorkloadKind,
+    name: String,
+    action: ServerAction<StopWorkload>,
+) -> impl IntoView {
+    let (label, question) = match kind {
+        WorkloadKind::Notebook => (
+            "Stop",
+            format!(
+                "Stop the notebook `{name}`? JupyterLab shuts down and unsaved changes in \
+                 open notebooks are lost. Files in the team workspace stay."
+            ),
+        ),
+        WorkloadKind::Job => (
+            "Cancel",
+            format!("Cancel the job `{name}`? Its processes are stopped."),
+        ),
+    };
+    view! {
+        <ActionForm action=action attr:class="row-form stop-form">
+            <input type="hidden" name="id" value=id />
+            <button
+                type="submit"
+                class="danger"
+                data-testid="stop"
+                disabled=move || action.pending().get()
+                on:click=move |ev| confirm_or_cancel(&ev, &question)
+            >
+                {label}
+            </button>
+        </ActionForm>
+    }
+}
+
+/// Why a stop was refused, said plainly.
+fn stop_error(action: ServerAction<StopWorkload>) -> impl IntoView {
+    move || {
+        error_of(action.value().get()).map(|e| {
+            let text = match e.error {
+                AppError::Forbidden => {
+                    "Only its owner, a team admin or a platform admin may stop it.".to_owned()
+                }
+                other => other.to_string(),
+            };
+            view! {
+                <div class="form-error" role="alert" data-testid="stop-error">
+                    {text}
+                </div>
+            }
+        })
+    }
+}
+
+/// The workloads of one allocation, for its page (name, kind, state, where, created).
+pub(super) fn workloads_table(items: Vec<WorkloadView>) -> impl IntoView {
+    let rows = items
+        .into_iter()
+        .map(|w| {
+            let href = format!("/workloads/{}", w.id);
+            view! {
+                <tr data-testid="workload-row" data-state=w.state.as_str() data-id=w.id.to_string()>
+                    <td>
+                        <a href=href>{w.name.clone()}</a>
+                    </td>
+                    <td>{kind_label(w.kind)}</td>
+                    <td>
+                        <WorkloadBadge state=w.state />
+                    </td>
+                    <td>{w.username.clone()}</td>
+                    <td>
+                        <When t=w.created_at />
+                    </td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <table class="list" data-testid="allocation-workloads">
+            <thead>
+                <tr>
+                    <th>"Name"</th>
+                    <th>"Kind"</th>
+                    <th>"State"</th>
+                    <th>"User"</th>
+                    <th>"Created"</th>
+                </tr>
+            </thead>
+            <tbody>{rows}</tbody>
+        </table>
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The list pages: /notebooks and /jobs
+// ---------------------------------------------------------------------------------------
+
+#[component]
+pub fn NotebooksPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let data = ListData::new(WorkloadKind::Notebook);
+    view! {
+        <Authenticated>
+            <h1>"Notebooks"</h1>
+            <p class="lead hint">
+                "A notebook is JupyterLab on one of your GPU allocations: it sees only that "
+                "allocation's device and your team's workspace, and opens in a new tab."
+            </p>
+            <LaunchSection data />
+            <ListSection data />
+        </Authenticated>
+    }
+}
+
+#[component]
+pub fn JobsPage() -> impl IntoView {
+    // Created here, outside `Authenticated`, like the nodes page (see the comment there).
+    let data = ListData::new(WorkloadKind::Job);
+    view! {
+        <Authenticated>
+            <h1>"Training jobs"</h1>
+            <p class="lead hint">
+                "A job runs a command on one of your GPU allocations, in your team's workspace, "
+                "and keeps its output. A failed job can be started again automatically."
+            </p>
+            <LaunchSection data />
+            <ListSection data />
+        </Authenticated>
+    }
+}
+
+/// The list's filter, from the address. Notebooks: `?offset=`; jobs also
+/// `?team=…&mine=1&filtered=1` (until the filter form is used, the caller's own jobs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Filter {
+    team: String,
+    mine: bool,
+    offset: u32,
+}
+
+impl Filter {
+    fn href(&self, kind: WorkloadKind, offset: u32) -> String {
+        match kind {
+            WorkloadKind::Notebook => format!("/notebooks?offset={offset}"),
+            WorkloadKind::Job => {
+                let mine = if self.mine { "&mine=1" } else { "" };
+                format!("/jobs?team={}{mine}&filtered=1&offset={offset}", self.team)
+            }
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        self.team.is_empty() && self.mine
+    }
+}
+
+/// One allocation a workload may start on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Choice {
+    id: String,
+    label: String,
+}
+
+/// What the launch form offers, and the labels of the caller's allocations for the list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct LaunchOptions {
+    /// Active, the caller's own, and no live workload on it.
+    free: Vec<Choice>,
+    /// Active allocations that already run a workload.
+    busy: usize,
+    /// Requests still waiting.
+    pending: usize,
+    /// Allocation id → e.g. `1g.10gb on H100-80GB`.
+    labels: BTreeMap<String, String>,
+    /// The form's idempotency key (a double submit launches one workload).
+    key: String,
+}
+
+fn choice_label(a: &AllocationView) -> String {
+    let place = a
+        .devices
+        .first()
+        .map(|d| {
+            let dev = d.mig_uuid.clone().unwrap_or_else(|| d.gpu_uuid.clone());
+            format!(" · {} · {dev}", d.hostname)
+        })
+        .unwrap_or_default();
+    format!("{}{place} ({})", a.kind_label, a.team_name)
+}
+
+async fn load_options() -> Result<LaunchOptions, UiError> {
+    let all = PageRequest::new(0, PageRequest::MAX_LIMIT);
+    let allocations = api::list_allocations(String::new(), String::new(), true, all).await?;
+    let live = api::list_workloads(None, None, None, true, true, all).await?;
+    let taken: Vec<String> = live
+        .items
+        .iter()
+        .map(|w| w.allocation_id.to_string())
+        .collect();
+    let mut free = Vec::new();
+    let mut busy = 0;
+    let mut pending = 0;
+    let mut labels = BTreeMap::new();
+    for a in &allocations.items {
+        let id = a.id.to_string();
+        labels.insert(id.clone(), a.kind_label.clone());
+        if a.state == AllocState::Active {
+            if taken.contains(&id) {
+                busy += 1;
+            } else {
+                free.push(Choice {
+                    id,
+                    label: choice_label(a),
+                });
+            }
+        } else if a.state.is_pending() {
+            pending += 1;
+        }
+    }
+    Ok(LaunchOptions {
+        free,
+        busy,
+        pending,
+        labels,
+        key: super::allocations::new_key(),
+    })
+}
+
+#[derive(Clone, Copy)]
+struct ListData {
+    kind: WorkloadKind,
+    launch: ServerAction<LaunchNotebook>,
+    submit: ServerAction<SubmitJob>,
+    stop: ServerAction<StopWorkload>,
+    options: Resource<Result<LaunchOptions, UiError>>,
+    /// The caller's teams, for the jobs filter.
+    teams: Resource<Result<Page<TeamView>, UiError>>,
+    /// `?allocation=` of the address: the allocation to preselect.
+    preselect: Memo<String>,
+    filter: Memo<Filter>,
+    list: Resource<Result<Page<WorkloadView>, UiError>>,
+}
+
+impl ListData {
+    fn new(kind: WorkloadKind) -> Self {
+        let query = use_query_map();
+        let preselect = Memo::new(move |_| query.read().get("allocation").unwrap_or_default());
+        let filter = Memo::new(move |_| {
+            let q = query.read();
+            Filter {
+                team: q.get("team").unwrap_or_default(),
+                mine: kind == WorkloadKind::Notebook
+                    || q.get("filtered").is_none()
+                    || q.get("mine").is_some(),
+                offset: q.get("offset").and_then(|v| v.parse().ok()).unwrap_or(0),
+            }
+        });
+        let launch = ServerAction::<LaunchNotebook>::new();
+        let submit = ServerAction::<SubmitJob>::new();
+        let stop = ServerAction::<StopWorkload>::new();
+        // Reloaded when a stop frees an allocation; not after a launch, which leaves the
+        // page on success and must keep what was typed on failure.
+        let options = Resource::new(move || stop.version().get(), |_| load_options());
+        let teams = Resource::new(
+            || (),
+            move |_| async move {
+                if kind == WorkloadKind::Job {
+                    api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT)).await
+                } else {
+                    Ok(Page {
+                        items: Vec::new(),
+                        total: 0,
+                        offset: 0,
+                        limit: 0,
+                    })
+                }
+            },
+        );
+        // Reloads while something listed has not ended (set from the list once loaded).
+        let moving = RwSignal::new(false);
+        let tick = RwSignal::new(0u32);
+        Effect::new(move |_| {
+            if let Ok(handle) = set_interval_with_handle(
+                move || {
+                    if moving.get_untracked() {
+                        tick.update(|n| *n = n.wrapping_add(1));
+                    }
+                },
+                LIST_EVERY,
+            ) {
+                on_cleanup(move || handle.clear());
+            }
+        });
+        let list = Resource::new(
+            move || (filter.get(), tick.get(), stop.version().get()),
+            move |(f, ..)| {
+                let team = Some(f.team).filter(|t| !t.is_empty());
+                api::list_workloads(
+                    Some(kind.as_str().to_owned()),
+                    team,
+                    None,
+                    f.mine,
+                    false,
+                    PageRequest::new(f.offset, PAGE_SIZE),
+                )
+            },
+        );
+        Effect::new(move |_| {
+            let live = list.with(|l| match l {
+                Some(Ok(page)) => page.items.iter().any(|w| w.state.is_live()),
+                _ => false,
+            });
+            moving.set(live);
+        });
+        ListData {
+            kind,
+            launch,
+            submit,
+            stop,
+            options,
+            teams,
+            preselect,
+            filter,
+            list,
+        }
+    }
+}
+
+#[component]
+fn LaunchSection(data: ListData) -> impl IntoView {
+    let ListData {
+        kind,
+        launch,
+        submit,
+        options,
+        preselect,
+        ..
+    } = data;
+    let title = match kind {
+        WorkloadKind::Notebook => "Launch a notebook",
+        WorkloadKind::Job => "Submit a job",
+    };
+    view! {
+        <section class="card wide" aria-labelledby="launch-title">
+            <h2 id="launch-title">{title}</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    let chosen = preselect.get_untracked();
+                    match options.await {
+                        Ok(o) if o.free.is_empty() => view! { <NoFreeAllocation o kind /> }.into_any(),
+                        Ok(o) => {
+                            let unusable = (!chosen.is_empty() && !o.free.iter().any(|c| c.id == chosen))
+                                .then(|| {
+                                    view! {
+                                        <div class="notice warn" role="status" data-testid="preselect-unusable">
+                                            "That allocation cannot take a workload now: it is not "
+                                            "active, not yours, or already runs one. Choose another."
+                                        </div>
+                                    }
+                                });
+                            let form = match kind {
+                                WorkloadKind::Notebook => {
+                                    view! { <LaunchForm o chosen action=launch /> }.into_any()
+                                }
+                                WorkloadKind::Job => {
+                                    view! { <SubmitForm o chosen action=submit /> }.into_any()
+                                }
+                            };
+                            view! {
+                                {unusable}
+                                {form}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => {
+                            view! {
+                                <div class="form-error" role="alert">
+                                    {format!("Your allocations could not be loaded: {}", e.error)}
+                                </div>
+                            }
+                                .into_any()
+                        }
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+/// Nothing to launch on: says why and where to get an allocation.
+#[component]
+fn NoFreeAllocation(o: LaunchOptions, kind: WorkloadKind) -> impl IntoView {
+    let what = match kind {
+        WorkloadKind::Notebook => "A notebook",
+        WorkloadKind::Job => "A job",
+    };
+    let why = if o.busy > 0 {
+        format!(
+            "{what} runs on one of your active GPU allocations, and each of yours already runs \
+             a notebook or job. Stop one, or request another GPU."
+        )
+    } else {
+        format!(
+            "{what} needs an active GPU allocation of yours, and you have none. Request one \
+             (a 1g.10gb MIG slice is plenty to start with); once it is active, come back here."
+        )
+    };
+    let waiting = (o.pending > 0).then(|| {
+        view! {
+            <p class="hint">
+                {format!(
+                    "{} of your requests {} still waiting: ",
+                    o.pending,
+                    if o.pending == 1 { "is" } else { "are" },
+                )} <a href="/allocations">"see them"</a> "."
+            </p>
+        }
+    });
+    view! {
+        <Empty>
+            <p data-testid="no-allocation">{why}</p>
+            {waiting}
+            <a href="/allocations">"Request a GPU →"</a>
+        </Empty>
+    }
+}
+
+#[component]
+fn AllocationSelect(choices: Vec<Choice>, chosen: String, input_id: &'static str) -> impl IntoView {
+    let options = choices
+        .into_iter()
+        .map(|c| {
+            let selected = c.id == chosen;
+            view! {
+                <option value=c.id selected=selected>
+                    {c.label}
+                </option>
+            }
+        })
+        .collect_view();
+    view! {
+        <label for=input_id>"Allocation"</label>
+        <select id=input_id name="allocation_id" required>
+            {options}
+        </select>
+    }
+}
+
+/// The form's errors that belong to no field it shows.
+fn other_error<T: 'static>(
+    value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + Copy + 'static,
+    fields: &'static [&'static str],
+) -> impl IntoView {
+    move || {
+        error_of(value())
+            .filter(|e| e.error.field().is_none_or(|f| !fields.contains(&f)))
+            .map(|e| {
+                view! {
+                    <div class="form-error" role="alert" data-testid="launch-error">
+                        {e.error.to_string()}
+                    </div>
+                }
+            })
+    }
+}
+
+const NOTEBOOK_FIELDS: [&str; 3] = ["allocation_id", "name", "env"];
+const JOB_FIELDS: [&str; 6] = [
+    "allocation_id",
+    "name",
+    "command",
+    "workdir",
+    "env",
+    "retries",
+];
+
+const ENV_PLACEHOLDER: &str =
+    "One NAME=value per line, e.g.\nWANDB_PROJECT=resnet\nHF_HOME=cache/hf";
+
+#[component]
+fn LaunchForm(
+    o: LaunchOptions,
+    chosen: String,
+    action: ServerAction<LaunchNotebook>,
+) -> impl IntoView {
+    let value = move || action.value().get();
+    let echo_alloc = untrack(echoed(value, "allocation_id"));
+    let chosen = if echo_alloc.is_empty() {
+        chosen
+    } else {
+        echo_alloc
+    };
+    let name = untrack(echoed(value, "name"));
+    let name = if name.is_empty() {
+        "default".to_owned()
+    } else {
+        name
+    };
+    view! {
+        <ActionForm action=action attr:data-testid="launch-form" attr:novalidate=true>
+            {other_error(value, &NOTEBOOK_FIELDS)}
+            <input type="hidden" name="idempotency_key" value=o.key />
+            <AllocationSelect choices=o.free chosen input_id="nb-allocation" />
+            {field_error(value, "allocation_id")}
+            <label for="nb-name">"Name"</label>
+            <input
+                id="nb-name"
+                name="name"
+                value=name
+                autocomplete="off"
+                maxlength="32"
+                aria-describedby="nb-name-hint"
+            />
+            <p class="hint" id="nb-name-hint">
+                "Lowercase letters, digits and -; part of the notebook's address."
+            </p>
+            {field_error(value, "name")}
+            <label for="nb-env">"Environment variables (optional)"</label>
+            <textarea id="nb-env" name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
+            {field_error(value, "env")}
+            <button type="submit" class="primary" disabled=move || action.pending().get()>
+                {move || if action.pending().get() { "Launching…" } else { "Launch notebook" }}
+            </button>
+        </ActionForm>
+    }
+}
+
+#[component]
+fn SubmitForm(o: LaunchOptions, chosen: String, action: ServerAction<SubmitJob>) -> impl IntoView {
+    let value = move || action.value().get();
+    let echo_alloc = untrack(echoed(value, "allocation_id"));
+    let chosen = if echo_alloc.is_empty() {
+        chosen
+    } else {
+        echo_alloc
+    };
+    let name = untrack(echoed(value, "name"));
+    let command = untrack(echoed(value, "command"));
+    let workdir = untrack(echoed(value, "workdir"));
+    let retries = untrack(echoed(value, "retries"));
+    let retries = if retries.is_empty() {
+        "0".to_owned()
+    } else {
+        retries
+    };
+    view! {
+        <ActionForm action=action attr:data-testid="submit-form" attr:novalidate=true>
+            {other_error(value, &JOB_FIELDS)}
+            <input type="hidden" name="idempotency_key" value=o.key />
+            <AllocationSelect choices=o.free chosen input_id="job-allocation" />
+            {field_error(value, "allocation_id")}
+            <label for="job-command">"Command"</label>
+            <textarea
+                id="job-command"
+                name="command"
+                rows="3"
+                required
+                placeholder="python train.py --epochs 10"
+            >
+                {command}
+            </textarea>
+            <p class="hint">"Run by /bin/sh in the working folder; the exit code decides success."</p>
+            {field_error(value, "command")}
+            <div class="field-row three">
+                <div>
+                    <label for="job-name">"Name (optional)"</label>
+                    <input
+                        id="job-name"
+                        name="name"
+                        value=name
+                        autocomplete="off"
+                        maxlength="80"
+                        placeholder="the command"
+                    />
+                    {field_error(value, "name")}
+                </div>
+                <div>
+                    <label for="job-workdir">"Working folder (optional)"</label>
+                    <input
+                        id="job-workdir"
+                        name="workdir"
+                        value=workdir
+                        autocomplete="off"
+                        placeholder="projects/resnet"
+                    />
+                    {field_error(value, "workdir")}
+                </div>
+                <div>
+                    <label for="job-retries">"Retries on failure"</label>
+                    <input
+                        id="job-retries"
+                        name="retries"
+                        type="number"
+                        min="0"
+                        max="5"
+                        inputmode="numeric"
+                        value=retries
+                    />
+                    {field_error(value, "retries")}
+                </div>
+            </div>
+            <p class="hint">"The working folder is inside your team's workspace; empty: its top."</p>
+            <label for="job-env">"Environment variables (optional)"</label>
+            <textarea id="job-env" name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
+            {field_error(value, "env")}
+            <button type="submit" class="primary" disabled=move || action.pending().get()>
+                {move || if action.pending().get() { "Submitting…" } else { "Submit job" }}
+            </button>
+        </ActionForm>
+    }
+}
+
+#[component]
+fn ListSection(data: ListData) -> impl IntoView {
+    let ListData {
+        kind,
+        stop,
+        options,
+        teams,
+        filter,
+        list,
+        ..
+    } = data;
+    let (title, testid) = match kind {
+        WorkloadKind::Notebook => ("Your notebooks", "notebooks"),
+        WorkloadKind::Job => ("Jobs", "jobs"),
+    };
+    let filters = (kind == WorkloadKind::Job).then(|| view! { <JobFilter filter teams /> });
+    view! {
+        <section class="card wide" aria-labelledby="list-title">
+            <h2 id="list-title">{title}</h2>
+            {filters}
+            {stop_error(stop)}
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    let f = filter.get_untracked();
+                    let labels = options.await.map(|o| o.labels).unwrap_or_default();
+                    match list.await {
+                        Ok(page) if page.total == 0 => {
+                            let text = match kind {
+                                WorkloadKind::Notebook => "No notebooks yet — launch one above.",
+                                WorkloadKind::Job if f.is_default() => "No jobs yet — submit one above.",
+                                WorkloadKind::Job => "No jobs match this filter.",
+                            };
+                            view! {
+                                <Empty>
+                                    <p>{text}</p>
+                                </Empty>
+                            }
+                                .into_any()
+                        }
+                        Ok(page) => {
+                            let pager = pager_with(&page, &|offset| f.href(kind, offset));
+                            let rows = page
+                                .items
+                                .into_iter()
+                                .map(|w| view! { <ListRow w labels=labels.clone() stop /> })
+                                .collect_view();
+                            let heads = match kind {
+                                WorkloadKind::Notebook => {
+                                    &["Name", "State", "Allocation", "Where", "Created", ""][..]
+                                }
+                                WorkloadKind::Job => {
+                                    &[
+                                        "Name",
+                                        "State",
+                                        "Exit code",
+                                        "Attempt",
+                                        "Allocation",
+                                        "Team",
+                                        "User",
+                                        "Created",
+                                        "",
+                                    ][..]
+                                }
+                            };
+                            let heads = heads.iter().map(|h| view! { <th>{*h}</th> }).collect_view();
+                            view! {
+                                <table class="list workloads" data-testid=testid>
+                                    <thead>
+                                        <tr>{heads}</tr>
+                                    </thead>
+                                    <tbody>{rows}</tbody>
+                                </table>
+                                {pager}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+/// Team and "mine only" as a GET form: works without JavaScript, navigates in place with it.
+#[component]
+fn JobFilter(
+    filter: Memo<Filter>,
+    teams: Resource<Result<Page<TeamView>, UiError>>,
+) -> impl IntoView {
+    view! {
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                let current = filter.get_untracked();
+                let options = teams
+                    .await
+                    .map(|p| p.items)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| {
+                        let id = t.id.to_string();
+                        let selected = id == current.team;
+                        view! {
+                            <option value=id selected=selected>
+                                {t.name}
+                            </option>
+                        }
+                    })
+                    .collect_view();
+                view! {
+                    <Form method="get" action="/jobs" attr:class="filters">
+                        <input type="hidden" name="filtered" value="1" />
+                        <label for="filter-team">"Team"</label>
+                        <select id="filter-team" name="team">
+                            <option value="" selected=current.team.is_empty()>
+                                "All my teams"
+                            </option>
+                            {options}
+                        </select>
+                        <label class="check">
+                            <input type="checkbox" name="mine" value="1" checked=current.mine />
+                            " Mine only"
+                        </label>
+                        <button type="submit">"Show"</button>
+                    </Form>
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn ListRow(
+    w: WorkloadView,
+    labels: BTreeMap<String, String>,
+    stop: ServerAction<StopWorkload>,
+) -> impl IntoView {
+    let href = format!("/workloads/{}", w.id);
+    let alloc_href = format!("/allocations/{}", w.allocation_id);
+    let alloc_label = labels
+        .get(&w.allocation_id.to_string())
+        .cloned()
+        .unwrap_or_else(|| "allocation".to_owned());
+    let stoppable = w.state.is_live() && w.state != WorkloadState::Stopping;
+    let stop_button = stoppable.then(|| {
+        view! { <StopButton id=w.id.to_string() kind=w.kind name=w.name.clone() action=stop /> }
+    });
+    let open = w.url.clone().map(|url| {
+        view! {
+            <a class="button small" href=url target="_blank" rel="noopener" data-testid="open-notebook">
+                "Open"
+            </a>
+        }
+    });
+    let common_start = view! {
+        <td>
+            <a href=href data-testid="workload-link">
+                {w.name.clone()}
+            </a>
+        </td>
+        <td>
+            <WorkloadBadge state=w.state />
+        </td>
+    };
+    let cells = match w.kind {
+        WorkloadKind::Notebook => view! {
+            {common_start}
+            <td>
+                <a href=alloc_href>{alloc_label}</a>
+            </td>
+            <td class="where">{where_view(&w)}</td>
+            <td>
+                <When t=w.created_at />
+            </td>
+            <td class="actions">{open} {stop_button}</td>
+        }
+        .into_any(),
+        WorkloadKind::Job => view! {
+            {common_start}
+            <td data-testid="exit-code">{w.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "—".to_owned())}</td>
+            <td>{format!("{} of {}", w.attempt, w.retries + 1)}</td>
+            <td>
+                <a href=alloc_href>{alloc_label}</a>
+            </td>
+            <td>{w.team_name.clone()}</td>
+            <td>{w.username.clone()}</td>
+            <td>
+                <When t=w.created_at />
+            </td>
+            <td class="actions">{stop_button}</td>
+        }
+        .into_any(),
+    };
+    view! {
+        <tr data-testid="workload-row" data-state=w.state.as_str() data-id=w.id.to_string() data-name=w.name.clone()>
+            {cells}
+        </tr>
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One workload: /workloads/:id
+// ---------------------------------------------------------------------------------------
+
+#[component]
+pub fn WorkloadPage() -> impl IntoView {
+    // Created outside `Authenticated`, like the nodes page (see the comment there).
+    let data = DetailData::new();
+    view! {
+        <Authenticated>
+            <WorkloadDetail data />
+        </Authenticated>
+    }
+}
+
+/// The log as the page has it: the tail loaded with the page (`head`), then what each
+/// poll appended.
+#[derive(Clone, Copy)]
+struct LogState {
+    head: Resource<Result<LogSlice, UiError>>,
+    /// Text appended since `head`.
+    more: RwSignal<String>,
+    /// Whether `head` is no longer shown (dropped to keep the page light).
+    head_hidden: RwSignal<bool>,
+    /// Where the next read starts (`None` until the head has loaded).
+    next: RwSignal<Option<u64>>,
+    complete: RwSignal<bool>,
+    pre: NodeRef<leptos::html::Pre>,
+}
+
+#[derive(Clone, Copy)]
+struct DetailData {
+    workload: Resource<Result<WorkloadView, UiError>>,
+    /// The newest view from the poll or a stop (replaces `workload` when it has this id).
+    polled: RwSignal<Option<WorkloadView>>,
+    stop: ServerAction<StopWorkload>,
+    log: LogState,
+}
+
+/// Whether the log view is near its end (so new output scrolls it along).
+fn at_bottom(pre: NodeRef<leptos::html::Pre>) -> bool {
+    #[cfg(feature = "hydrate")]
+    if let Some(el) = pre.get_untracked() {
+        return el.scroll_height() - el.scroll_top() - el.client_height() < 32;
+    }
+    let _ = pre;
+    true
+}
+
+fn scroll_to_bottom(pre: NodeRef<leptos::html::Pre>) {
+    #[cfg(feature = "hydrate")]
+    request_animation_frame(move || {
+        if let Some(el) = pre.get_untracked() {
+            el.set_scroll_top(el.scroll_height());
+        }
+    });
+    #[cfg(not(feature = "hydrate"))]
+    let _ = pre;
+}
+
+impl DetailData {
+    fn new() -> Self {
+        let params = use_params_map();
+        let id = Memo::new(move |_| params.read().get("id").unwrap_or_default());
+        let stop = ServerAction::<StopWorkload>::new();
+        let workload = Resource::new(move || id.get(), api::get_workload);
+        let log = LogState {
+            head: Resource::new(move || id.get(), |id| api::workload_logs(id, None)),
+            more: RwSignal::new(String::new()),
+            head_hidden: RwSignal::new(false),
+            next: RwSignal::new(None),
+            complete: RwSignal::new(false),
+            pre: NodeRef::new(),
+        };
+        let polled = RwSignal::new(None::<WorkloadView>);
+        // Another workload (navigation between two): start over.
+        Effect::new(move |prev: Option<String>| {
+            let now = id.get();
+            if prev.is_some_and(|p| p != now) {
+                polled.set(None);
+                log.more.set(String::new());
+                log.head_hidden.set(false);
+                log.next.set(None);
+                log.complete.set(false);
+            }
+            now
+        });
+        Effect::new(move |_| {
+            if let Some(Ok(v)) = stop.value().get() {
+                polled.set(Some(v));
+            }
+        });
+        // (kind, state) of what is shown, for the poll.
+        let status = RwSignal::new(None::<(WorkloadKind, WorkloadState)>);
+        Effect::new(move |_| {
+            let want = id.get();
+            let now = polled
+                .get()
+                .filter(|v| v.id.to_string() == want)
+                .map(|v| (v.kind, v.state))
+                .or_else(|| {
+                    workload.with(|w| match w {
+                        Some(Ok(v)) => Some((v.kind, v.state)),
+                        _ => None,
+                    })
+                });
+            status.set(now);
+        });
+        // The poll goes on from where the head ends.
+        Effect::new(move |_| {
+            if let Some((next, complete)) = log.head.with(|h| match h {
+                Some(Ok(s)) => Some((s.next, s.complete)),
+                _ => None,
+            }) {
+                if log.next.get_untracked().is_none() {
+                    log.next.set(Some(next));
+                }
+                if complete {
+                    log.complete.set(true);
+                }
+            }
+        });
+        // The first time the log shows, start at its end.
+        Effect::new(move |_| {
+            if log.pre.get().is_some() {
+                scroll_to_bottom(log.pre);
+            }
+        });
+        Effect::new(move |_| {
+            let ticks = RwSignal::new(0u32);
+            let fetching_workload = RwSignal::new(false);
+            let fetching_log = RwSignal::new(false);
+            let poll = move || {
+                let n = ticks.get_untracked();
+                ticks.set(n.wrapping_add(1));
+                let Some((kind, state)) = status.get_untracked() else {
+                    return;
+                };
+                let current = id.get_untracked();
+                if state.is_live() && n.is_multiple_of(2) && !fetching_workload.get_untracked() {
+                    fetching_workload.set(true);
+                    let current = current.clone();
+                    spawn_local(async move {
+                        if let Ok(v) = api::get_workload(current.clone()).await
+                            && id.try_get_untracked().as_deref() == Some(current.as_str())
+                        {
+                            polled.try_set(Some(v));
+                        }
+                        fetching_workload.try_set(false);
+                    });
+                }
+                // A running notebook's log only grows by JupyterLab's chatter: read it
+                // while it starts or stops, and a job's always.
+                let wanted = kind == WorkloadKind::Job || state != WorkloadState::Running;
+                if !wanted || log.complete.get_untracked() || fetching_log.get_untracked() {
+                    return;
+                }
+                // Set once the log's head has loaded (and only if the caller may read it).
+                let Some(from) = log.next.get_untracked() else {
+                    return;
+                };
+                fetching_log.set(true);
+                spawn_local(async move {
+                    if let Ok(slice) = api::workload_logs(current.clone(), Some(from)).await
+                        && id.try_get_untracked().as_deref() == Some(current.as_str())
+                    {
+                        append_log(log, from, &slice);
+                    }
+                    fetching_log.try_set(false);
+                });
+            };
+            if let Ok(handle) = set_interval_with_handle(poll, POLL_EVERY) {
+                on_cleanup(move || handle.clear());
+            }
+        });
+        DetailData {
+            workload,
+            polled,
+            stop,
+            log,
+        }
+    }
+}
+
+/// Adds a polled slice to the log view, scrolling along when the reader is at its end.
+fn append_log(log: LogState, from: u64, slice: &LogSlice) {
+    let stick = at_bottom(log.pre);
+    let mut add = String::new();
+    if slice.offset > from {
+        add.push_str(&format!(
+            "[… {} bytes of older output were dropped …]\n",
+            slice.offset - from
+        ));
+    }
+    add.push_str(&slice.text);
+    if !add.is_empty() {
+        log.more.try_update(|m| {
+            m.push_str(&add);
+            if m.len() > LOG_SHOWN_MAX {
+                let mut cut = m.len() - LOG_SHOWN_MAX / 2;
+                while !m.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                m.replace_range(
+                    ..cut,
+                    "[… earlier output is not shown here; download the log for all of it …]\n",
+                );
+            }
+        });
+        if log
+            .more
+            .with_untracked(|m| m.starts_with("[… earlier output"))
+        {
+            log.head_hidden.try_set(true);
+        }
+    }
+    log.next.try_set(Some(slice.next));
+    if slice.complete {
+        log.complete.try_set(true);
+    }
+    if stick && !add.is_empty() {
+        scroll_to_bottom(log.pre);
+    }
+}
+
+#[component]
+fn WorkloadDetail(data: DetailData) -> impl IntoView {
+    let DetailData { workload, log, .. } = data;
+    view! {
+        <Transition fallback=Loading>
+            {move || Suspend::new(async move {
+                let w = workload.await;
+                let head = log.head.await;
+                match w {
+                    Ok(first) => view! { <WorkloadOverview first head data /> }.into_any(),
+                    Err(e) => {
+                        view! {
+                            <h1>"Workload"</h1>
+                            <Problem error=e.error />
+                        }
+                            .into_any()
+                    }
+                }
+            })}
+        </Transition>
+    }
+}
+
+/// Pending → Starting → Running, and how it ended.
+fn steps_view(v: &WorkloadView) -> impl IntoView + use<> {
+    let reached = match v.state {
+        WorkloadState::Pending => 0,
+        WorkloadState::Starting => 1,
+        WorkloadState::Running => 2,
+        _ if v.ready_at.is_some() => 2,
+        _ if v.started_at.is_some() => 1,
+        _ => 0,
+    };
+    let live = v.state.is_live() && v.state != WorkloadState::Stopping;
+    let steps = [
+        WorkloadState::Pending,
+        WorkloadState::Starting,
+        WorkloadState::Running,
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, s)| {
+        // A running notebook has arrived; a running job is still at work.
+        let arrived = v.state == WorkloadState::Running && v.kind == WorkloadKind::Notebook;
+        let class = if i < reached || (i == reached && (!live || arrived)) {
+            "done"
+        } else if i == reached {
+            "current"
+        } else {
+            "todo"
+        };
+        let current = (live && i == reached).then_some("step");
+        view! {
+            <li class=class aria-current=current>
+                {s.label()}
+            </li>
+        }
+    })
+    .collect_view();
+    let end = (!live).then(|| {
+        let class = match v.state {
+            WorkloadState::Stopping => "current",
+            WorkloadState::Succeeded | WorkloadState::Stopped => "done",
+            WorkloadState::Cancelled => "done muted",
+            _ => "failed",
+        };
+        view! {
+            <li class=class aria-current=(v.state == WorkloadState::Stopping).then_some("step")>
+                {v.state.label()}
+            </li>
+        }
+    });
+    view! {
+        <ol class="steps" data-testid="steps" aria-label="Progress">
+            {steps}
+            {end}
+        </ol>
+    }
+}
+
+/// Idle reclaim of a running notebook: both signals and what happens next.
+fn idle_view(v: &WorkloadView) -> impl IntoView + use<> {
+    let a = v.activity.unwrap_or_default();
+    let kernel = if a.kernel_busy {
+        view! { <strong>"busy now"</strong> }.into_any()
+    } else {
+        match a.kernel_last_activity {
+            Some(t) => view! { <When t /> }.into_any(),
+            None => view! { <span class="hint">"no activity reported yet"</span> }.into_any(),
+        }
+    };
+    let gpu = if !a.gpu_has_data {
+        view! {
+            <span class="hint" data-testid="no-gpu-telemetry">
+                "no GPU telemetry (the kernel alone decides)"
+            </span>
+        }
+        .into_any()
+    } else {
+        match a.gpu_last_busy {
+            Some(t) => view! { <When t /> }.into_any(),
+            None => view! { <span class="hint">"not busy lately"</span> }.into_any(),
+        }
+    };
+    let (key, decision) = match v.idle {
+        Some(IdleDecision::Active { idle_since }) => {
+            let quiet = now() - idle_since;
+            let text = if quiet < chrono::Duration::minutes(1) {
+                "in use".to_owned()
+            } else {
+                format!("quiet since {}", relative(idle_since, now()))
+            };
+            (
+                "active",
+                view! {
+                    <span class="badge ok">"Active"</span>
+                    " "
+                    <span title=timestamp(idle_since)>{text}</span>
+                }
+                .into_any(),
+            )
+        }
+        Some(IdleDecision::Warn { stop_at, .. }) => (
+            "warn",
+            view! {
+                <span class="badge warn">"Idle"</span>
+                " "
+                <strong>
+                    {format!("Will be stopped at {} unless used", stop_at.format("%H:%M UTC"))}
+                </strong>
+                " ("
+                <When t=stop_at />
+                "). Run a cell or use the GPU to keep it."
+            }
+            .into_any(),
+        ),
+        Some(IdleDecision::Reclaim { .. }) => (
+            "reclaim",
+            view! {
+                <span class="badge danger">"Reclaiming"</span>
+                " idle too long: it is being stopped and its GPU released."
+            }
+            .into_any(),
+        ),
+        None => (
+            "unknown",
+            view! { <span class="hint">"not decided yet"</span> }.into_any(),
+        ),
+    };
+    view! {
+        <section class="idle-panel" data-testid="idle-panel" aria-label="Idle reclaim">
+            <h2>"Idle reclaim"</h2>
+            <p class="hint">
+                "A notebook whose kernel and GPU both stay quiet is stopped and its GPU released."
+            </p>
+            <dl class="facts row">
+                <div>
+                    <dt>"Kernel last activity"</dt>
+                    <dd data-testid="kernel-activity">{kernel}</dd>
+                </div>
+                <div>
+                    <dt>"GPU last busy"</dt>
+                    <dd data-testid="gpu-busy">{gpu}</dd>
+                </div>
+            </dl>
+            <p class="idle-decision" data-testid="idle-decision" data-decision=key>
+                {decision}
+            </p>
+        </section>
+    }
+}
+
+fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> AnyView {
+    match t {
+        Some(t) => view! {
+            <When t />
+            " · "
+            {timestamp(t)}
+        }
+        .into_any(),
+        None => "—".into_any(),
+    }
+}
+
+#[component]
+fn WorkloadOverview(
+    first: WorkloadView,
+    head: Result<LogSlice, UiError>,
+    data: DetailData,
+) -> impl IntoView {
+    let DetailData {
+        polled, stop, log, ..
+    } = data;
+    let wid = first.id;
+    let kind = first.kind;
+    let initial = first.clone();
+    let cur = Memo::new(move |_| {
+        polled
+            .get()
+            .filter(|v| v.id == wid)
+            .unwrap_or_else(|| initial.clone())
+    });
+    let state = Memo::new(move |_| cur.with(|v| v.state));
+    let url = Memo::new(move |_| cur.with(|v| v.url.clone()));
+    let back = match kind {
+        WorkloadKind::Notebook => view! {
+            <a class="back" href="/notebooks">
+                "← Notebooks"
+            </a>
+        },
+        WorkloadKind::Job => view! {
+            <a class="back" href="/jobs">
+                "← Jobs"
+            </a>
+        },
+    };
+    let id = wid.to_string();
+    let name = first.name.clone();
+    let open = move || {
+        url.get().map(|url| {
+            view! {
+                <a
+                    class="button primary"
+                    href=url
+                    target="_blank"
+                    rel="noopener"
+                    data-testid="open-notebook"
+                >
+                    "Open JupyterLab"
+                </a>
+            }
+        })
+    };
+    let starting_hint = move || {
+        (kind == WorkloadKind::Notebook
+            && matches!(
+                state.get(),
+                WorkloadState::Pending | WorkloadState::Starting
+            ))
+        .then(|| {
+            view! {
+                <p class="hint" role="status" data-testid="starting-hint">
+                    "JupyterLab is starting; this page follows it. It usually takes a few seconds."
+                </p>
+            }
+        })
+    };
+    let stop_id = id.clone();
+    let stop_name = name.clone();
+    let stop_button = move || {
+        let s = state.get();
+        (s.is_live() && s != WorkloadState::Stopping).then(|| {
+            view! {
+                <StopButton id=stop_id.clone() kind name=stop_name.clone() action=stop />
+            }
+        })
+    };
+    let message = move || {
+        cur.with(|v| v.message.clone()).map(|m| {
+            let failed = matches!(state.get(), WorkloadState::Failed | WorkloadState::Lost);
+            view! {
+                <div
+                    class=if failed { "form-error" } else { "notice muted" }
+                    role="status"
+                    data-testid="workload-message"
+                >
+                    {m}
+                </div>
+            }
+        })
+    };
+    let idle = move || {
+        (kind == WorkloadKind::Notebook && state.get() == WorkloadState::Running)
+            .then(|| cur.with(idle_view))
+    };
+    let job_facts = (kind == WorkloadKind::Job).then(|| {
+        let workdir = if first.workdir.is_empty() {
+            "the workspace's top folder".to_owned()
+        } else {
+            first.workdir.clone()
+        };
+        view! {
+            <div>
+                <dt>"Exit code"</dt>
+                <dd data-testid="exit-code">
+                    {move || {
+                        cur.with(|v| v.exit_code)
+                            .map(|c| c.to_string())
+                            .unwrap_or_else(|| "—".to_owned())
+                    }}
+                </dd>
+            </div>
+            <div>
+                <dt>"Attempt"</dt>
+                <dd data-testid="attempt">
+                    {move || cur.with(|v| format!("{} of {}", v.attempt, v.retries + 1))}
+                </dd>
+            </div>
+            <div>
+                <dt>"Working folder"</dt>
+                <dd>{workdir}</dd>
+            </div>
+        }
+    });
+    let command = (kind == WorkloadKind::Job).then(|| {
+        view! {
+            <h2>"Command"</h2>
+            <pre class="command" data-testid="command">
+                {first.command.clone()}
+            </pre>
+        }
+    });
+    // Values may be secrets: the page names the variables only.
+    let env = (!first.env.is_empty()).then(|| {
+        let names = first
+            .env
+            .iter()
+            .map(|e| e.name.clone())
+            .collect::<Vec<_>>()
+            .join(", ");
+        view! {
+            <p class="hint" data-testid="env-names">
+                "Environment: "
+                <code>{names}</code>
+                " (values not shown)"
+            </p>
+        }
+    });
+    let log_view = view! { <LogView head log id=id.clone() /> };
+    let log_section = match kind {
+        WorkloadKind::Job => view! {
+            <h2>"Log"</h2>
+            {log_view}
+        }
+        .into_any(),
+        WorkloadKind::Notebook => view! {
+            <details
+                class="log-details"
+                open=move || matches!(state.get(), WorkloadState::Failed | WorkloadState::Lost)
+            >
+                <summary>"JupyterLab log"</summary>
+                {log_view}
+            </details>
+        }
+        .into_any(),
+    };
+    view! {
+        {back}
+        <section
+            class="workload-detail"
+            data-testid="workload-detail"
+            data-kind=kind.as_str()
+            data-state=move || state.get().as_str()
+            data-id=id.clone()
+        >
+            <h1>
+                <span class="hint">{kind_label(kind)}</span>
+                {name.clone()}
+                {move || view! { <WorkloadBadge state=state.get() /> }}
+            </h1>
+            {move || cur.with(steps_view)}
+            {starting_hint}
+            {message}
+            <div class="buttons">{open} {stop_button}</div>
+            {stop_error(stop)}
+            <dl class="facts row">
+                <div>
+                    <dt>"Team"</dt>
+                    <dd>
+                        <a href=format!("/teams/{}", first.team_id)>{first.team_name.clone()}</a>
+                    </dd>
+                </div>
+                <div>
+                    <dt>"User"</dt>
+                    <dd>{first.username.clone()}</dd>
+                </div>
+                <div>
+                    <dt>"Allocation"</dt>
+                    <dd>
+                        <a href=format!("/allocations/{}", first.allocation_id)>"see allocation"</a>
+                    </dd>
+                </div>
+                <div>
+                    <dt>"Node"</dt>
+                    <dd data-testid="node">{first.hostname.clone().unwrap_or_else(|| "—".to_owned())}</dd>
+                </div>
+                <div>
+                    <dt>"Device"</dt>
+                    <dd data-testid="device">
+                        {match first.device.clone() {
+                            Some(d) => view! { <code class="uuid">{d}</code> }.into_any(),
+                            None => "—".into_any(),
+                        }}
+                    </dd>
+                </div>
+                {job_facts}
+            </dl>
+            <dl class="facts row">
+                <div>
+                    <dt>"Created"</dt>
+                    <dd>{move || time_or_dash(cur.with(|v| Some(v.created_at)))}</dd>
+                </div>
+                <div>
+                    <dt>"Started"</dt>
+                    <dd>{move || time_or_dash(cur.with(|v| v.started_at))}</dd>
+                </div>
+                {(kind == WorkloadKind::Notebook)
+                    .then(|| {
+                        view! {
+                            <div>
+                                <dt>"Ready"</dt>
+                                <dd>{move || time_or_dash(cur.with(|v| v.ready_at))}</dd>
+                            </div>
+                        }
+                    })}
+                <div>
+                    <dt>"Ended"</dt>
+                    <dd>{move || time_or_dash(cur.with(|v| v.ended_at))}</dd>
+                </div>
+            </dl>
+            {env}
+            {idle}
+            {command}
+            {log_section}
+        </section>
+    }
+}
+
+/// The log: the tail loaded with the page, then whatever the poll appends.
+#[component]
+fn LogView(head: Result<LogSlice, UiError>, log: LogState, id: String) -> impl IntoView {
+    let download = view! {
+        <a
+            class="download"
+            href=format!("/api/v1/workloads/{id}/log.txt")
+            download
+            data-testid="download-log"
+        >
+            "Download log"
+        </a>
+    };
+    match head {
+        Ok(slice) => {
+            let mut shown = String::new();
+            if slice.offset > slice.start {
+                shown.push_str("[… earlier output: download the log for all of it …]\n");
+            }
+            shown.push_str(&slice.text);
+            let head_empty = shown.is_empty();
+            let text = StoredValue::new(shown);
+            let empty =
+                move || head_empty && !log.head_hidden.get() && log.more.with(String::is_empty);
+            view! {
+                // One text node: the head, then what the poll appended.
+                <pre class="log" data-testid="log" node_ref=log.pre aria-live="off">
+                    {move || {
+                        let mut all = if log.head_hidden.get() {
+                            String::new()
+                        } else {
+                            text.get_value()
+                        };
+                        log.more.with(|m| all.push_str(m));
+                        all
+                    }}
+                </pre>
+                <p class="log-foot">
+                    {move || {
+                        if log.complete.get() {
+                            view! { <span class="hint" data-testid="log-complete">"End of output."</span> }
+                                .into_any()
+                        } else {
+                            view! { <span class="hint" data-testid="log-live">"Live: new output appears here."</span> }
+                                .into_any()
+                        }
+                    }}
+                    " "
+                    {download}
+                    {move || empty().then(|| view! { <span class="hint">" · no output yet"</span> })}
+                </p>
+            }
+            .into_any()
+        }
+        Err(e) => {
+            let text = match e.error {
+                AppError::Forbidden => {
+                    "Only its owner, a team admin or a platform admin may read its log.".to_owned()
+                }
+                other => format!("The log could not be loaded: {other}"),
+            };
+            view! { <p class="hint" data-testid="log-unavailable">{text}</p> }.into_any()
+        }
+    }
+}

@@ -1,0 +1,216 @@
+// Workload journey on the embedded default's simulated nodes, whose agents run workloads
+// as real processes: a member gets a 1g.10gb slice, launches a JupyterLab named `e2e` from
+// the allocation's page, sees it reach Running, opens it through the server's proxy (the
+// page config carries no notebook token), stops it; then submits a job on the same slice
+// and watches its log line arrive live and the job fail with exit code 3.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD,
+} from './helpers.mjs';
+
+let browser;
+before(async () => { browser = await launch(); });
+after(async () => { await browser?.close(); });
+
+const suffix = Date.now().toString(36).slice(-5);
+const TEAM = `Notebook Lab ${suffix}`;
+const MEMBER = `nb-member-${suffix}`;
+const PASSWORD = 'notebook password 1';
+let teamId;
+let allocationId;
+let notebookUrl;
+
+async function signInAs(page, username, password) {
+  await signIn(page, username, password);
+  await page.waitForURL(`${BASE}/`);
+}
+
+// accounts.test.mjs changes the admin password; run alone, this file meets the first one.
+async function signInAdmin(page) {
+  await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
+  try {
+    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
+  } catch {
+    await signInAs(page, 'admin', ADMIN_PASSWORD);
+  }
+}
+
+// REST calls with the page's session (same-origin, as the CSRF guard requires).
+async function api(page, method, path, data) {
+  const r = await page.request.fetch(`${BASE}${path}`, {
+    method, data, headers: { origin: BASE },
+  });
+  assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
+  return r.json();
+}
+
+async function detailState(page) {
+  return page.locator('[data-testid=workload-detail]').getAttribute('data-state');
+}
+
+test('an admin makes a team with an H100 quota and a member', async () => {
+  await withPage(browser, 'nb-admin', async (page) => {
+    await signInAdmin(page);
+    const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
+    teamId = team.id;
+    await api(page, 'POST', '/api/v1/users', { username: MEMBER, password: PASSWORD });
+    await api(page, 'POST', `/api/v1/teams/${teamId}/members`, { username: MEMBER, role: 'member' });
+    await api(page, 'PUT', `/api/v1/teams/${teamId}/quotas/H100-80GB`, { guaranteed: 2, limit: 2, per_user: 2 });
+  });
+});
+
+test('a member launches a notebook on a slice, opens JupyterLab through the proxy, and stops it', async () => {
+  await withPage(browser, 'nb-member', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+
+    // Without an allocation the notebooks page says what a notebook needs.
+    await page.goto(`${BASE}/notebooks`);
+    await hydrated(page);
+    assert.match(await page.locator('[data-testid=no-allocation]').innerText(), /active GPU allocation/);
+    assert.equal(await page.locator('a[href="/allocations"]', { hasText: 'Request a GPU' }).count(), 1);
+
+    // A 1g.10gb slice, as in the allocation journey.
+    await page.goto(`${BASE}/allocations`);
+    await hydrated(page);
+    const form = page.locator('[data-testid=request-form]');
+    await form.locator('select[name=team_id]').selectOption(teamId);
+    await eventually(async () => (await form.locator('select[name=kind] option[value="H100-80GB:1g.10gb"]').count()) === 1,
+      { what: 'the 1g.10gb kind offered' });
+    await form.locator('select[name=kind]').selectOption('H100-80GB:1g.10gb');
+    await form.locator('button[type=submit]').click();
+    await page.waitForURL(/\/allocations\/[0-9a-f-]{36}$/);
+    allocationId = page.url().split('/').pop();
+    const alloc = page.locator('[data-testid=allocation-detail]');
+    await eventually(async () => (await alloc.getAttribute('data-state')) === 'active',
+      { what: 'the slice to become active', timeoutMs: 60000 });
+
+    // The allocation's page leads to the launch form with the allocation chosen.
+    await page.click('[data-testid=launch-notebook]');
+    await page.waitForURL(`${BASE}/notebooks?allocation=${allocationId}`);
+    await hydrated(page);
+    const launchForm = page.locator('[data-testid=launch-form]');
+    assert.equal(await launchForm.locator('select[name=allocation_id]').inputValue(), allocationId);
+    assert.equal(await launchForm.locator('input[name=name]').inputValue(), 'default');
+
+    // A bad name is refused next to the field; then `e2e` launches.
+    await launchForm.locator('input[name=name]').fill('Not Valid');
+    await launchForm.locator('button[type=submit]').click();
+    await page.locator('#name-error').waitFor();
+    assert.match(await page.locator('#name-error').innerText(), /lowercase/);
+    await launchForm.locator('input[name=name]').fill('e2e');
+    await launchForm.locator('textarea[name=env]').fill('E2E_GREETING=hello');
+    await launchForm.locator('button[type=submit]').click();
+    await page.waitForURL(/\/workloads\/[0-9a-f-]{36}$/);
+    await hydrated(page);
+    notebookUrl = page.url();
+    const detail = page.locator('[data-testid=workload-detail]');
+    assert.equal(await detail.getAttribute('data-kind'), 'notebook');
+    await page.locator('[data-testid=steps]').waitFor();
+
+    // The page follows it (no reload) until JupyterLab answers.
+    await eventually(async () => (await detailState(page)) === 'running',
+      { what: 'the notebook to be running', timeoutMs: 90000 });
+    assert.match(await page.locator('[data-testid=device]').innerText(), /MIG-[0-9a-f-]+/);
+    assert.match(await page.locator('[data-testid=env-names]').innerText(), /E2E_GREETING/);
+    await page.locator('[data-testid=idle-panel]').waitFor();
+    assert.equal(await page.locator('[data-testid=idle-decision]').getAttribute('data-decision'), 'active');
+    const open = page.locator('[data-testid=open-notebook]');
+    assert.match(await open.getAttribute('href'), new RegExp(`^/user/${MEMBER}/e2e/lab`));
+    assert.equal(await open.getAttribute('target'), '_blank');
+
+    // Open: JupyterLab through the authenticated proxy, in a new tab.
+    const [lab] = await Promise.all([page.context().waitForEvent('page'), open.click()]);
+    await lab.waitForLoadState('domcontentloaded');
+    assert.match(lab.url(), new RegExp(`/user/${MEMBER}/e2e/lab`));
+    assert.match(await lab.title(), /JupyterLab/);
+    const config = JSON.parse(await lab.locator('#jupyter-config-data').textContent());
+    assert.equal(config.token, '', 'the page config carries no notebook token');
+    assert.equal(config.baseUrl, `/user/${MEMBER}/e2e/`);
+    // The app itself loads through the proxy (scripts, REST and WebSocket calls).
+    await lab.locator('.jp-LabShell').waitFor({ timeout: 60000 });
+    await lab.close();
+
+    // The notebooks list and the dashboard show it running.
+    await page.goto(`${BASE}/notebooks`);
+    await hydrated(page);
+    const row = page.locator('tr[data-testid=workload-row][data-name=e2e]');
+    assert.equal(await row.getAttribute('data-state'), 'running');
+    assert.equal(await row.locator('[data-testid=open-notebook]').count(), 1);
+    await page.goto(`${BASE}/`);
+    await hydrated(page);
+    await page.locator('[data-testid=my-notebook][data-state=running]', { hasText: 'e2e' }).waitFor();
+
+    // Back on its page: stop it (after confirming), and it ends as Stopped.
+    await page.goto(notebookUrl);
+    await hydrated(page);
+    // Declining the confirmation leaves it running.
+    const stop = page.locator('[data-testid=workload-detail] [data-testid=stop]');
+    page.once('dialog', (d) => d.dismiss());
+    await stop.click();
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal(await detailState(page), 'running');
+    page.once('dialog', (d) => { assert.match(d.message(), /Stop the notebook `e2e`/); d.accept(); });
+    await stop.click();
+    await eventually(async () => (await detailState(page)) === 'stopped',
+      { what: 'the notebook to be stopped', timeoutMs: 60000 });
+    assert.match(await page.locator('[data-testid=workload-message]').innerText(), new RegExp(`stopped by ${MEMBER}`));
+    assert.equal(await page.locator('[data-testid=open-notebook]').count(), 0);
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
+test('a job prints its log live and fails with its exit code', async () => {
+  await withPage(browser, 'nb-job', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    await page.goto(`${BASE}/allocations/${allocationId}`);
+    await hydrated(page);
+    // The stopped notebook is listed on the allocation.
+    await page.locator('[data-testid=allocation-workloads] tr[data-testid=workload-row][data-state=stopped]').waitFor();
+    await page.click('[data-testid=submit-job]');
+    await page.waitForURL(`${BASE}/jobs?allocation=${allocationId}`);
+    await hydrated(page);
+    const form = page.locator('[data-testid=submit-form]');
+    assert.equal(await form.locator('select[name=allocation_id]').inputValue(), allocationId);
+    await form.locator('input[name=name]').fill('e2e-job');
+    await form.locator('textarea[name=command]').fill('echo hello-from-job; exit 3');
+    await form.locator('button[type=submit]').click();
+    await page.waitForURL(/\/workloads\/[0-9a-f-]{36}$/);
+    await hydrated(page);
+    const detail = page.locator('[data-testid=workload-detail]');
+    assert.equal(await detail.getAttribute('data-kind'), 'job');
+    assert.match(await page.locator('[data-testid=command]').innerText(), /hello-from-job/);
+
+    // The log line arrives without a reload, then the job ends.
+    const log = page.locator('[data-testid=log]');
+    await eventually(async () => /hello-from-job/.test(await log.innerText()),
+      { what: 'the log line', timeoutMs: 60000 });
+    await eventually(async () => (await detailState(page)) === 'failed',
+      { what: 'the job to fail', timeoutMs: 60000 });
+    assert.equal((await page.locator('[data-testid=exit-code]').innerText()).trim(), '3');
+    assert.match(await page.locator('[data-testid=attempt]').innerText(), /1 of 1/);
+    assert.match(await page.locator('[data-testid=workload-message]').innerText(), /code 3/);
+    await page.locator('[data-testid=log-complete]').waitFor();
+
+    // The download has the whole log.
+    const href = await page.locator('[data-testid=download-log]').getAttribute('href');
+    assert.match(href, /^\/api\/v1\/workloads\/[0-9a-f-]{36}\/log\.txt$/);
+    const r = await page.request.get(`${BASE}${href}`);
+    assert.equal(r.status(), 200);
+    assert.match(await r.text(), /hello-from-job/);
+
+    // The jobs list shows it failed with its exit code.
+    await page.goto(`${BASE}/jobs`);
+    await hydrated(page);
+    const row = page.locator('tr[data-testid=workload-row][data-name=e2e-job]');
+    assert.equal(await row.getAttribute('data-state'), 'failed');
+    assert.equal((await row.locator('[data-testid=exit-code]').innerText()).trim(), '3');
+    // Filtered to the team, everyone's: still there.
+    await page.locator('select[name=team]').selectOption(teamId);
+    await page.locator('input[name=mine]').uncheck();
+    await page.click('form.filters button[type=submit]');
+    await page.waitForURL((u) => u.pathname === '/jobs' && u.searchParams.get('team') === teamId && !u.searchParams.has('mine'));
+    await page.locator('tr[data-testid=workload-row][data-name=e2e-job]').waitFor();
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
