@@ -542,7 +542,9 @@ fn ensure_jupyterlab() -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        bail!("`jupyter lab` is not on PATH after installing jupyterlab (check pip's script folder)");
+        bail!(
+            "`jupyter lab` is not on PATH after installing jupyterlab (check pip's script folder)"
+        );
     }
     Ok(())
 }
