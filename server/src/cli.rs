@@ -227,6 +227,19 @@ async fn list(c: &Client, kind: &str) -> R<i32> {
     Ok(0)
 }
 
+/// Stops a notebook or cancels a job.
+async fn stop(c: &Client, id: &str) -> R<i32> {
+    let v = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/workloads/{id}/stop"),
+            None,
+        )
+        .await?;
+    println!("{}", row(&v));
+    Ok(0)
+}
+
 pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
     let c = Client::new(remote)?;
     match cmd {
@@ -258,17 +271,7 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             Ok(0)
         }
         JobCommand::Logs { id, follow } => follow_logs(&c, &id, follow).await,
-        JobCommand::Cancel { id } => {
-            let v = c
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/api/v1/workloads/{id}/stop"),
-                    None,
-                )
-                .await?;
-            println!("{}", row(&v));
-            Ok(0)
-        }
+        JobCommand::Cancel { id } => stop(&c, &id).await,
         JobCommand::List => list(&c, "job").await,
     }
 }
@@ -315,17 +318,7 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
                 }
             }
         }
-        NotebookCommand::Stop { id } => {
-            let v = c
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/api/v1/workloads/{id}/stop"),
-                    None,
-                )
-                .await?;
-            println!("{}", row(&v));
-            Ok(0)
-        }
+        NotebookCommand::Stop { id } => stop(&c, &id).await,
         NotebookCommand::List => list(&c, "notebook").await,
     }
 }

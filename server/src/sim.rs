@@ -247,24 +247,6 @@ async fn system_principal(state: &AppState) -> anyhow::Result<Principal> {
     Ok(p)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_default_and_rejects_unknown_models() {
-        let nodes = parse_nodes("sim-a100=A100-SXM4-40GB*4;sim-h100=H100-80GB*2").expect("ok");
-        assert_eq!(nodes.len(), 2);
-        assert_eq!(nodes[0].gpus.len(), 4);
-        assert_eq!(nodes[1].gpus, vec!["H100-80GB", "H100-80GB"]);
-        let mixed = parse_nodes("n=A30-24GB+H100-80GB*2").expect("ok");
-        assert_eq!(mixed[0].gpus.len(), 3);
-        assert!(parse_nodes("x=V100*2").is_err());
-        assert!(parse_nodes("bad name=A30-24GB").is_err());
-        assert!(parse_nodes("n=A30-24GB*0").is_err());
-    }
-}
-
 /// Stops the simulated agents: SIGINT first, so each stops its workloads' process groups,
 /// then a kill after 10 s for any still running.
 pub async fn stop(children: &mut [Child]) {
@@ -282,5 +264,23 @@ pub async fn stop(children: &mut [Child]) {
         {
             let _ = c.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_default_and_rejects_unknown_models() {
+        let nodes = parse_nodes("sim-a100=A100-SXM4-40GB*4;sim-h100=H100-80GB*2").expect("ok");
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].gpus.len(), 4);
+        assert_eq!(nodes[1].gpus, vec!["H100-80GB", "H100-80GB"]);
+        let mixed = parse_nodes("n=A30-24GB+H100-80GB*2").expect("ok");
+        assert_eq!(mixed[0].gpus.len(), 3);
+        assert!(parse_nodes("x=V100*2").is_err());
+        assert!(parse_nodes("bad name=A30-24GB").is_err());
+        assert!(parse_nodes("n=A30-24GB*0").is_err());
     }
 }

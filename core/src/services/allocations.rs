@@ -345,24 +345,11 @@ impl Allocations {
         page: PageRequest,
     ) -> Result<Page<AllocationView>, AppError> {
         let page = page.clamped();
-        let teams: Option<Vec<Uuid>> = match filter.team.as_deref().map(str::trim) {
-            Some(t) if !t.is_empty() => {
-                let team = TeamId::parse(t).ok_or(AppError::NotFound)?;
-                authz::team(&self.store, p, team, Need::Read).await?;
-                Some(vec![team.0])
-            }
-            _ if p.is_admin => None,
-            _ => Some(
-                self.store
-                    .list_user_teams(p.user_id.0, 0, 10_000)
-                    .await
-                    .map_err(internal("loading teams"))?
-                    .0
-                    .into_iter()
-                    .map(|t| t.id)
-                    .collect(),
-            ),
+        let team = match filter.team.as_deref().map(str::trim) {
+            Some(t) if !t.is_empty() => Some(TeamId::parse(t).ok_or(AppError::NotFound)?),
+            _ => None,
         };
+        let teams = authz::readable_teams(&self.store, p, team).await?;
         let states = state_filter(filter.state.as_deref())?;
         let user = filter.mine.then_some(p.user_id.0);
         let (rows, total) = self

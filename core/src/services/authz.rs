@@ -78,3 +78,29 @@ pub async fn team(
     }
     Ok(TeamAccess { team: row, role })
 }
+
+/// The teams whose objects a list may show: `team` alone (if the caller may read it), or
+/// every team for a platform admin (`None`), or the caller's own teams.
+pub async fn readable_teams(
+    store: &Store,
+    p: &Principal,
+    team: Option<TeamId>,
+) -> Result<Option<Vec<uuid::Uuid>>, AppError> {
+    match team {
+        Some(t) => {
+            self::team(store, p, t, Need::Read).await?;
+            Ok(Some(vec![t.0]))
+        }
+        None if p.is_admin => Ok(None),
+        None => Ok(Some(
+            store
+                .list_user_teams(p.user_id.0, 0, 10_000)
+                .await
+                .map_err(internal("loading teams"))?
+                .0
+                .into_iter()
+                .map(|t| t.id)
+                .collect(),
+        )),
+    }
+}

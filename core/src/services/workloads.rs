@@ -462,23 +462,7 @@ impl Workloads {
         page: PageRequest,
     ) -> Result<Page<WorkloadView>, AppError> {
         let page = page.clamped();
-        let teams: Option<Vec<Uuid>> = match f.team {
-            Some(t) => {
-                authz::team(&self.store, p, t, Need::Read).await?;
-                Some(vec![t.0])
-            }
-            None if p.is_admin => None,
-            None => Some(
-                self.store
-                    .list_user_teams(p.user_id.0, 0, 10_000)
-                    .await
-                    .map_err(internal("loading teams"))?
-                    .0
-                    .into_iter()
-                    .map(|t| t.id)
-                    .collect(),
-            ),
-        };
+        let teams = authz::readable_teams(&self.store, p, f.team).await?;
         let user = f.mine.then_some(p.user_id.0);
         let (rows, total) = self
             .store
