@@ -1012,7 +1012,9 @@ impl Workloads {
             let w = &r.w;
             let state = state_of(w);
             let alloc: AllocState = r.alloc_state.parse().unwrap_or(AllocState::Failed);
-            if alloc != AllocState::Active {
+            // Workloads start only on active allocations; once the allocation is being
+            // released or has ended, they stop.
+            if alloc == AllocState::Releasing || alloc.is_terminal() {
                 if alloc.is_terminal()
                     && w.synced_at.is_none_or(|t| now - t > self.cfg.stop_grace)
                     && (state == WorkloadState::Stopping || w.synced_at.is_none())
@@ -1031,6 +1033,9 @@ impl Workloads {
                         report.stopped_for_allocation += 1;
                     }
                 }
+                continue;
+            }
+            if alloc != AllocState::Active {
                 continue;
             }
             if kind_of(w) == WorkloadKind::Notebook && state == WorkloadState::Running {
