@@ -328,6 +328,13 @@ pub struct WorkloadSpec {
     pub token: Option<String>,
     /// Notebooks: the URL path prefix the server listens under (`/user/{user}/{name}/`).
     pub base_path: Option<String>,
+    /// The allocation it runs on (the Kubernetes executor labels its objects with it).
+    #[serde(default)]
+    pub allocation_id: String,
+    /// What it asks a Kubernetes node for, one entry per device, named as NVIDIA's device
+    /// plugin names them in its "mixed" strategy ([`crate::workload::device_resource`]).
+    #[serde(default)]
+    pub resources: Vec<String>,
 }
 
 /// How a workload's process stands on the node.

@@ -463,6 +463,16 @@ pub struct WorkloadView {
 }
 
 /// Proxy path prefix of a notebook: `/user/{username}/{name}/`.
+/// The Kubernetes extended resource that stands for one allocated device in NVIDIA's
+/// device plugin "mixed" strategy: `nvidia.com/mig-<profile>` for a MIG slice,
+/// `nvidia.com/gpu` for a whole GPU.
+pub fn device_resource(mig_profile: Option<&str>) -> String {
+    match mig_profile {
+        Some(p) => format!("nvidia.com/mig-{p}"),
+        None => "nvidia.com/gpu".to_owned(),
+    }
+}
+
 pub fn notebook_base_path(username: &str, name: &str) -> String {
     format!("/user/{username}/{name}/")
 }

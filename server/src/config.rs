@@ -53,6 +53,12 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Executor {
+    Local,
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum IdleAllocation {
     Release,
     Keep,
@@ -148,6 +154,15 @@ pub struct ServeConfig {
     )]
     pub idle_allocation: IdleAllocation,
 
+    /// Who runs notebooks and jobs: `local` (each node's agent starts them as processes)
+    /// or `kubernetes` (Pods and Jobs through the Kubernetes API, `TESSERA_K8S_*`; agents
+    /// still report inventory and apply MIG layouts).
+    #[arg(long, env = "TESSERA_EXECUTOR", value_enum, default_value = "local")]
+    pub executor: Executor,
+
+    #[command(flatten)]
+    pub kubernetes: crate::k8s::KubeSettings,
+
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
     pub session_idle_timeout: Duration,
@@ -194,6 +209,9 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// Checks settings that clap cannot check alone.
     pub fn validate(&self) -> Result<(), String> {
+        if self.executor == Executor::Kubernetes {
+            self.kubernetes.validate()?;
+        }
         let url = self.database_url.expose();
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres://")

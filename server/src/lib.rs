@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod config;
 mod http;
+pub mod k8s;
 pub mod observability;
 mod scheduler;
 pub mod sim;
@@ -138,6 +139,15 @@ pub async fn run(
         state.services.clone(),
         config.metering_interval,
     ));
+    let kube = match config.executor {
+        config::Executor::Local => None,
+        config::Executor::Kubernetes => {
+            let executor = k8s::KubeExecutor::connect(config.kubernetes.clone())
+                .await
+                .context("TESSERA_EXECUTOR=kubernetes")?;
+            Some(tokio::spawn(k8s::run(state.services.clone(), executor)))
+        }
+    };
     let router = http::router(state.clone(), http::session_layer(session_store, &config));
     // Simulated nodes start once the server accepts connections (they register at once).
     let sim_nodes = if config.no_sim {
@@ -165,6 +175,9 @@ pub async fn run(
     cleanup.abort();
     scheduler.abort();
     metering.abort();
+    if let Some(k) = kube {
+        k.abort();
+    }
     if let Some(task) = sim_nodes
         && let Ok(Some(mut children)) = task.await
     {

@@ -13,7 +13,16 @@ use std::time::{Duration, Instant};
 const WASM_TARGET: &str = "wasm32-unknown-unknown";
 const OUTPUT_NAME: &str = "tessera";
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = main_inner() {
+        // `{:#}` and no backtrace: CI shows the tail of the output, and a backtrace of the
+        // xtask itself would push the useful part (the digest of failures) out of it.
+        eprintln!("\nError: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn main_inner() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = workspace_root()?;
     std::env::set_current_dir(&root)?;
@@ -76,6 +85,63 @@ fn step(name: &str, cmd: &mut Command) -> Result<()> {
         .status()
         .with_context(|| format!("cannot start: {cmd:?}"))?;
     if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    eprintln!("    {name}: ok in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Like [`step`], but echoes the command's output as it comes and, if the command fails,
+/// repeats the first panic messages at the end, so a log that keeps only its tail still
+/// says why tests failed.
+fn step_with_digest(name: &str, cmd: &mut Command) -> Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::{Arc, Mutex};
+    eprintln!("\n==> {name}");
+    let started = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start: {cmd:?}"))?;
+    let digest: Arc<Mutex<Vec<String>>> = Arc::default();
+    let echo = |pipe: Box<dyn std::io::Read + Send>, to_stderr: bool| {
+        let digest = Arc::clone(&digest);
+        std::thread::spawn(move || {
+            // Lines left to keep after a panic line (its message follows it).
+            let mut keep = 0;
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if to_stderr {
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                } else {
+                    let _ = writeln!(std::io::stdout(), "{line}");
+                }
+                if line.contains("panicked at") {
+                    keep = 4;
+                }
+                if keep > 0 {
+                    keep -= 1;
+                    let mut d = digest.lock().unwrap_or_else(|e| e.into_inner());
+                    if d.len() < 120 {
+                        d.push(line);
+                    }
+                }
+            }
+        })
+    };
+    let out = echo(Box::new(child.stdout.take().context("stdout")?), false);
+    let err = echo(Box::new(child.stderr.take().context("stderr")?), true);
+    let status = child.wait()?;
+    let _ = out.join();
+    let _ = err.join();
+    if !status.success() {
+        let d = digest.lock().unwrap_or_else(|e| e.into_inner());
+        if !d.is_empty() {
+            eprintln!("\n==> first panics of {name}:");
+            for line in d.iter() {
+                eprintln!("{line}");
+            }
+        }
         bail!("{name} failed ({status})");
     }
     eprintln!("    {name}: ok in {:.1}s", started.elapsed().as_secs_f64());
@@ -303,7 +369,7 @@ fn test() -> Result<()> {
     ensure_jupyterlab()?;
     let pg = Postgres::start()?;
     let url = pg.url();
-    step(
+    step_with_digest(
         "unit and integration tests (SQLite and PostgreSQL)",
         cargo()
             .args(["test", "--workspace", "--exclude", "tessera-app"])
@@ -352,6 +418,7 @@ fn check_dependency_direction() -> Result<()> {
                 "tessera-agent",
                 "leptos",
                 "axum",
+                "kube",
             ],
         ),
         (
@@ -379,6 +446,7 @@ fn check_dependency_direction() -> Result<()> {
                 "tessera-server",
                 "sqlx",
                 "leptos",
+                "kube",
             ],
         ),
     ];

@@ -33,6 +33,8 @@ fn job(id: &str, argv: &[&str]) -> WorkloadSpec {
         workdir: String::new(),
         token: None,
         base_path: None,
+        allocation_id: String::new(),
+        resources: vec![],
     }
 }
 

@@ -797,6 +797,11 @@ impl Workloads {
             workdir: w.workdir.clone(),
             token: w.token.clone(),
             base_path: (kind == WorkloadKind::Notebook).then_some(base),
+            allocation_id: w.allocation_id.to_string(),
+            resources: devices_of(w)
+                .iter()
+                .map(|d| wl::device_resource(d.profile.as_deref()))
+                .collect(),
         }
     }
 

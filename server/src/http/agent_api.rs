@@ -66,10 +66,15 @@ async fn telemetry(
     ))
 }
 
+/// With the Kubernetes executor, workloads are not the agents' business: they get an
+/// empty set (and stop anything they might still run).
 async fn workloads(
     State(s): State<AppState>,
     NodeCaller(node): NodeCaller,
     JsonBody(reports): JsonBody<WorkloadReports>,
 ) -> Result<Json<WorkloadSync>, ApiError> {
+    if s.config.executor == crate::config::Executor::Kubernetes {
+        return Ok(Json(WorkloadSync::default()));
+    }
     Ok(Json(s.services.workloads.sync(&node, &reports).await?))
 }

@@ -1,0 +1,445 @@
+//! The Kubernetes objects the executor creates, built from a [`WorkloadSpec`] and the
+//! settings: pure functions, so what is sent to the API server is unit-tested here and
+//! checked object by object against a fake API server in `tests/it/kubernetes.rs`.
+
+use super::KubeSettings;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, Namespace, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Probe, ResourceQuota,
+    ResourceQuotaSpec, ResourceRequirements, TCPSocketAction, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
+use tessera_domain::wire::WorkloadSpec;
+use tessera_domain::workload::WorkloadKind;
+
+/// Every object the executor makes carries this label; it lists only those.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
+pub const LABEL_WORKLOAD: &str = "tessera.io/workload";
+/// The run (`<workload id>` or `<workload id>.<attempt>` for job retries).
+pub const LABEL_RUN: &str = "tessera.io/run";
+pub const LABEL_ALLOCATION: &str = "tessera.io/allocation";
+pub const LABEL_TEAM: &str = "tessera.io/team";
+pub const LABEL_NODE: &str = "tessera.io/node";
+pub const LABEL_KIND: &str = "tessera.io/kind";
+
+/// The port JupyterLab listens on inside its pod.
+pub const NOTEBOOK_PORT: i32 = 8888;
+/// The one container of every workload pod.
+pub const CONTAINER: &str = "main";
+/// The team workspace volume claim, and where it is mounted.
+pub const WORKSPACE_CLAIM: &str = "tessera-workspace";
+pub const WORKSPACE_MOUNT: &str = "/workspace";
+pub const QUOTA_NAME: &str = "tessera";
+pub const DENY_POLICY: &str = "tessera-default-deny";
+pub const PROXY_POLICY: &str = "tessera-allow-proxy";
+
+/// The namespace of a team (`spec.workspace` is the team id).
+pub fn namespace_name(s: &KubeSettings, team: &str) -> String {
+    format!("{}{team}", s.namespace_prefix)
+}
+
+/// The Pod (notebook) or Job (training run) name of a run: `nb-<id>` / `job-<id>[-<attempt>]`.
+pub fn object_name(spec: &WorkloadSpec) -> String {
+    let run = spec.id.replace('.', "-");
+    match spec.kind {
+        WorkloadKind::Notebook => format!("nb-{run}"),
+        WorkloadKind::Job => format!("job-{run}"),
+    }
+}
+
+fn meta(name: &str, namespace: Option<&str>, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(labels),
+        ..ObjectMeta::default()
+    }
+}
+
+fn team_labels(team: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+        (LABEL_TEAM.to_owned(), team.to_owned()),
+    ])
+}
+
+/// Labels of a workload's Pod or Job (and, through the Job's template, of its pods).
+pub fn workload_labels(spec: &WorkloadSpec, team: &str, node: &str) -> BTreeMap<String, String> {
+    let mut l = team_labels(team);
+    let workload = spec.id.split('.').next().unwrap_or(&spec.id);
+    l.insert(LABEL_WORKLOAD.to_owned(), workload.to_owned());
+    l.insert(LABEL_RUN.to_owned(), spec.id.clone());
+    l.insert(LABEL_ALLOCATION.to_owned(), spec.allocation_id.clone());
+    l.insert(LABEL_NODE.to_owned(), node.to_owned());
+    l.insert(LABEL_KIND.to_owned(), spec.kind.as_str().to_owned());
+    l
+}
+
+pub fn namespace(s: &KubeSettings, team: &str) -> Namespace {
+    Namespace {
+        metadata: meta(&namespace_name(s, team), None, team_labels(team)),
+        ..Namespace::default()
+    }
+}
+
+/// Deny all traffic in and out of the team's pods by default …
+pub fn deny_all(s: &KubeSettings, team: &str) -> NetworkPolicy {
+    let ns = namespace_name(s, team);
+    NetworkPolicy {
+        metadata: meta(DENY_POLICY, Some(&ns), team_labels(team)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector::default()),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
+}
+
+/// … except the server's pods (its notebook proxy) reaching notebooks on their port.
+pub fn allow_proxy(s: &KubeSettings, team: &str) -> NetworkPolicy {
+    let ns = namespace_name(s, team);
+    NetworkPolicy {
+        metadata: meta(PROXY_POLICY, Some(&ns), team_labels(team)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    LABEL_KIND.to_owned(),
+                    WorkloadKind::Notebook.as_str().to_owned(),
+                )])),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: Some(BTreeMap::from([(
+                            "kubernetes.io/metadata.name".to_owned(),
+                            s.server_namespace.clone(),
+                        )])),
+                        ..LabelSelector::default()
+                    }),
+                    pod_selector: Some(LabelSelector {
+                        match_labels: Some(BTreeMap::from([(
+                            "app.kubernetes.io/name".to_owned(),
+                            "tessera-server".to_owned(),
+                        )])),
+                        ..LabelSelector::default()
+                    }),
+                    ..NetworkPolicyPeer::default()
+                }]),
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(NOTEBOOK_PORT)),
+                    protocol: Some("TCP".into()),
+                    ..NetworkPolicyPort::default()
+                }]),
+            }]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
+}
+
+/// The team workspace: one ReadWriteMany volume mounted into every workload of the team.
+pub fn workspace_claim(s: &KubeSettings, team: &str) -> PersistentVolumeClaim {
+    let ns = namespace_name(s, team);
+    PersistentVolumeClaim {
+        metadata: meta(WORKSPACE_CLAIM, Some(&ns), team_labels(team)),
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteMany".into()]),
+            storage_class_name: s.storage_class.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(s.workspace_size.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+/// What the team's namespace may hold: `max_pods` pods, and of each GPU resource exactly
+/// what its running workloads were allotted (`gpus`, resource → count), so a pod made in
+/// the namespace behind Tessera's back cannot take more. `nvidia.com/gpu` is always capped.
+pub fn resource_quota(s: &KubeSettings, team: &str, gpus: &BTreeMap<String, i64>) -> ResourceQuota {
+    let ns = namespace_name(s, team);
+    let mut hard = BTreeMap::from([
+        ("count/pods".to_owned(), Quantity(s.max_pods.to_string())),
+        ("requests.nvidia.com/gpu".to_owned(), Quantity("0".into())),
+    ]);
+    for (resource, n) in gpus {
+        hard.insert(format!("requests.{resource}"), Quantity(n.to_string()));
+    }
+    ResourceQuota {
+        metadata: meta(QUOTA_NAME, Some(&ns), team_labels(team)),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(hard),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    }
+}
+
+/// The GPU resources a spec asks for, resource → count.
+pub fn gpu_requests(spec: &WorkloadSpec) -> BTreeMap<String, Quantity> {
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for r in &spec.resources {
+        *counts.entry(r.clone()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(r, n)| (r, Quantity(n.to_string())))
+        .collect()
+}
+
+/// The command line inside the pod: `{port}` becomes [`NOTEBOOK_PORT`] and a notebook
+/// listens on the pod's address (the proxy reaches it there), not on loopback.
+fn command(spec: &WorkloadSpec) -> Vec<String> {
+    spec.argv
+        .iter()
+        .map(|a| {
+            let a = a.replace("{port}", &NOTEBOOK_PORT.to_string());
+            if spec.kind == WorkloadKind::Notebook && a.starts_with("--ServerApp.ip=") {
+                "--ServerApp.ip=0.0.0.0".to_owned()
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+fn env(spec: &WorkloadSpec) -> Vec<EnvVar> {
+    let var = |name: &str, value: &str| EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        ..EnvVar::default()
+    };
+    let mut out: Vec<EnvVar> = spec.env.iter().map(|e| var(&e.name, &e.value)).collect();
+    out.push(var("TESSERA_WORKSPACE", WORKSPACE_MOUNT));
+    out.push(var("TESSERA_WORKLOAD_ID", &spec.id));
+    if let Some(t) = &spec.token {
+        out.push(var("JUPYTER_TOKEN", t));
+    }
+    out
+}
+
+fn pod_spec(s: &KubeSettings, spec: &WorkloadSpec, hostname: &str) -> PodSpec {
+    let gpus = gpu_requests(spec);
+    let workdir = if spec.workdir.is_empty() {
+        WORKSPACE_MOUNT.to_owned()
+    } else {
+        format!("{WORKSPACE_MOUNT}/{}", spec.workdir)
+    };
+    let notebook = spec.kind == WorkloadKind::Notebook;
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        // The allocation's node: the planner chose it and its agent set up the slice.
+        node_selector: Some(BTreeMap::from([(
+            "kubernetes.io/hostname".to_owned(),
+            hostname.to_owned(),
+        )])),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        containers: vec![Container {
+            name: CONTAINER.into(),
+            image: Some(s.image.clone()),
+            command: Some(command(spec)),
+            env: Some(env(spec)),
+            working_dir: Some(workdir),
+            ports: notebook.then(|| {
+                vec![ContainerPort {
+                    container_port: NOTEBOOK_PORT,
+                    name: Some("http".into()),
+                    ..ContainerPort::default()
+                }]
+            }),
+            readiness_probe: notebook.then(|| Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::Int(NOTEBOOK_PORT),
+                    ..TCPSocketAction::default()
+                }),
+                period_seconds: Some(2),
+                ..Probe::default()
+            }),
+            // Extended resources: requests equal limits, so giving limits is enough.
+            resources: Some(ResourceRequirements {
+                limits: Some(gpus),
+                ..ResourceRequirements::default()
+            }),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "workspace".into(),
+                mount_path: WORKSPACE_MOUNT.into(),
+                ..VolumeMount::default()
+            }]),
+            ..Container::default()
+        }],
+        volumes: Some(vec![Volume {
+            name: "workspace".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: WORKSPACE_CLAIM.into(),
+                ..PersistentVolumeClaimVolumeSource::default()
+            }),
+            ..Volume::default()
+        }]),
+        ..PodSpec::default()
+    }
+}
+
+/// A notebook: a bare Pod (never restarted: a stop is a stop).
+pub fn notebook_pod(s: &KubeSettings, spec: &WorkloadSpec, node: &str, hostname: &str) -> Pod {
+    let ns = namespace_name(s, &spec.workspace);
+    Pod {
+        metadata: meta(
+            &object_name(spec),
+            Some(&ns),
+            workload_labels(spec, &spec.workspace, node),
+        ),
+        spec: Some(pod_spec(s, spec, hostname)),
+        ..Pod::default()
+    }
+}
+
+/// A training run: a Job with one pod and no retries of its own (Tessera's retries are new
+/// runs, so each attempt's exit code is seen).
+pub fn job(s: &KubeSettings, spec: &WorkloadSpec, node: &str, hostname: &str) -> Job {
+    let ns = namespace_name(s, &spec.workspace);
+    let labels = workload_labels(spec, &spec.workspace, node);
+    Job {
+        metadata: meta(&object_name(spec), Some(&ns), labels.clone()),
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            completions: Some(1),
+            parallelism: Some(1),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(s, spec, hostname)),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn settings() -> KubeSettings {
+        #[derive(Parser)]
+        struct P {
+            #[command(flatten)]
+            k: KubeSettings,
+        }
+        P::parse_from(["t"]).k
+    }
+
+    fn spec(kind: WorkloadKind, resources: &[&str]) -> WorkloadSpec {
+        WorkloadSpec {
+            id: "0190a5c4-0000-7000-8000-000000000001.2".into(),
+            kind,
+            run: true,
+            argv: vec![
+                "jupyter".into(),
+                "lab".into(),
+                "--ServerApp.ip=127.0.0.1".into(),
+                "--ServerApp.port={port}".into(),
+            ],
+            env: vec![],
+            devices: vec![],
+            workspace: "team-1".into(),
+            workdir: "runs/a".into(),
+            token: Some("secret".into()),
+            base_path: Some("/user/ann/nb/".into()),
+            allocation_id: "alloc-1".into(),
+            resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_notebook_listens_on_the_pod_address_and_asks_for_its_slices() {
+        let s = settings();
+        let p = notebook_pod(
+            &s,
+            &spec(
+                WorkloadKind::Notebook,
+                &["nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.10gb"],
+            ),
+            "node-1",
+            "gpu-a",
+        );
+        assert_eq!(p.metadata.namespace.as_deref(), Some("tessera-team-team-1"));
+        assert_eq!(
+            p.metadata.name.as_deref(),
+            Some("nb-0190a5c4-0000-7000-8000-000000000001-2")
+        );
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let cmd = c.command.as_ref().unwrap();
+        assert!(
+            cmd.contains(&"--ServerApp.ip=0.0.0.0".to_owned()),
+            "{cmd:?}"
+        );
+        assert!(cmd.contains(&"--ServerApp.port=8888".to_owned()), "{cmd:?}");
+        let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+        assert_eq!(limits.len(), 1);
+        assert_eq!(limits["nvidia.com/mig-1g.10gb"], Quantity("2".into()));
+        assert_eq!(c.working_dir.as_deref(), Some("/workspace/runs/a"));
+        let labels = p.metadata.labels.unwrap();
+        assert_eq!(
+            labels[LABEL_WORKLOAD],
+            "0190a5c4-0000-7000-8000-000000000001"
+        );
+        assert_eq!(labels[LABEL_RUN], "0190a5c4-0000-7000-8000-000000000001.2");
+    }
+
+    #[test]
+    fn a_job_never_retries_by_itself_and_a_whole_gpu_is_nvidia_gpu() {
+        let s = settings();
+        let mut sp = spec(WorkloadKind::Job, &["nvidia.com/gpu"]);
+        sp.argv = vec!["/bin/sh".into(), "-c".into(), "--ServerApp.ip=x".into()];
+        let j = job(&s, &sp, "node-1", "gpu-a");
+        let js = j.spec.unwrap();
+        assert_eq!(js.backoff_limit, Some(0));
+        let pod = js.template.spec.unwrap();
+        let c = &pod.containers[0];
+        // Only notebooks are rewritten.
+        assert_eq!(c.command.as_ref().unwrap()[2], "--ServerApp.ip=x");
+        assert!(c.ports.is_none() && c.readiness_probe.is_none());
+        assert_eq!(
+            c.resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"],
+            Quantity("1".into())
+        );
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    }
+
+    #[test]
+    fn the_quota_caps_whole_gpus_even_when_none_is_allotted() {
+        let s = settings();
+        let q = resource_quota(
+            &s,
+            "t",
+            &BTreeMap::from([("nvidia.com/mig-3g.40gb".to_owned(), 2)]),
+        );
+        let hard = q.spec.unwrap().hard.unwrap();
+        assert_eq!(hard["requests.nvidia.com/gpu"], Quantity("0".into()));
+        assert_eq!(
+            hard["requests.nvidia.com/mig-3g.40gb"],
+            Quantity("2".into())
+        );
+        assert_eq!(hard["count/pods"], Quantity("50".into()));
+    }
+}

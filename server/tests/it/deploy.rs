@@ -1,0 +1,272 @@
+//! The Kubernetes manifests under `deploy/kubernetes/`: every file the kustomization lists
+//! parses into its typed Kubernetes object (k8s-openapi), and they fit the code: images,
+//! probes on `/healthz` and `/readyz`, selectors that select, the settings the server and
+//! agent read, the secret keys they name. That the server's ClusterRole grants exactly what
+//! the Kubernetes executor does is checked in `kubernetes.rs`, against its real requests.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+fn dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes"))
+}
+
+fn yaml_docs(text: &str, what: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap_or_else(|e| panic!("{what}: not YAML: {e}"))
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Every object of the kustomization's resources, with the file it came from.
+pub fn manifests() -> Vec<(String, Value)> {
+    let k = std::fs::read_to_string(dir().join("kustomization.yaml")).expect("kustomization");
+    let k = yaml_docs(&k, "kustomization.yaml").remove(0);
+    let mut out = Vec::new();
+    for f in k["resources"].as_array().expect("resources") {
+        let f = f.as_str().expect("file name");
+        let text = std::fs::read_to_string(dir().join(f))
+            .unwrap_or_else(|e| panic!("kustomization lists {f}: {e}"));
+        for doc in yaml_docs(&text, f) {
+            out.push((f.to_owned(), doc));
+        }
+    }
+    out
+}
+
+fn typed<T: DeserializeOwned>(file: &str, v: &Value) -> T {
+    serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", v["kind"]))
+}
+
+fn one<T: DeserializeOwned>(all: &[(String, Value)], kind: &str) -> T {
+    let found: Vec<_> = all.iter().filter(|(_, v)| v["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "expected one {kind}");
+    typed(&found[0].0, &found[0].1)
+}
+
+/// `(API group, resource, verb)` the server's ClusterRole grants.
+pub fn server_role_grants() -> BTreeSet<(String, String, String)> {
+    let role: ClusterRole = one(&manifests(), "ClusterRole");
+    let mut out = BTreeSet::new();
+    for r in role.rules.unwrap_or_default() {
+        for g in r.api_groups.clone().unwrap_or_default() {
+            for res in r.resources.clone().unwrap_or_default() {
+                for v in &r.verbs {
+                    out.insert((g.clone(), res.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn env(c: &Container) -> BTreeMap<String, k8s_openapi::api::core::v1::EnvVar> {
+    c.env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name.clone(), e))
+        .collect()
+}
+
+fn secret_key(e: &k8s_openapi::api::core::v1::EnvVar) -> (String, String) {
+    let r = e
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .unwrap_or_else(|| panic!("{} comes from a secret", e.name));
+    (r.name.clone(), r.key.clone())
+}
+
+fn selects(selector: &Option<BTreeMap<String, String>>, labels: &Option<BTreeMap<String, String>>) {
+    let s = selector.as_ref().expect("selector");
+    let l = labels.as_ref().expect("labels");
+    assert!(!s.is_empty());
+    for (k, v) in s {
+        assert_eq!(l.get(k), Some(v), "selector {k}={v} does not select {l:?}");
+    }
+}
+
+#[test]
+fn manifests_parse_into_typed_objects_and_fit_the_code() {
+    let all = manifests();
+    let kinds: BTreeSet<&str> = all.iter().filter_map(|(_, v)| v["kind"].as_str()).collect();
+    for (file, v) in &all {
+        match v["kind"].as_str().unwrap_or("") {
+            "Namespace" => drop(typed::<Namespace>(file, v)),
+            "Secret" => drop(typed::<Secret>(file, v)),
+            "ServiceAccount" => drop(typed::<ServiceAccount>(file, v)),
+            "ClusterRole" => drop(typed::<ClusterRole>(file, v)),
+            "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(file, v)),
+            "Deployment" => drop(typed::<Deployment>(file, v)),
+            "Service" => drop(typed::<Service>(file, v)),
+            "DaemonSet" => drop(typed::<DaemonSet>(file, v)),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+    assert_eq!(kinds.len(), 8, "{kinds:?}");
+    let ns: Namespace = one(&all, "Namespace");
+    let ns = ns.metadata.name.expect("namespace name");
+    let secret: Secret = one(&all, "Secret");
+    let secret_keys: BTreeSet<String> =
+        secret.string_data.unwrap_or_default().into_keys().collect();
+    let secret_name = secret.metadata.name.expect("secret name");
+
+    // The server: image, probes, settings, service account, selected by its Service.
+    let d: Deployment = one(&all, "Deployment");
+    let spec = d.spec.expect("deployment spec");
+    selects(
+        &spec.selector.match_labels,
+        &spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone()),
+    );
+    let pod_labels = spec
+        .template
+        .metadata
+        .and_then(|m| m.labels)
+        .expect("pod labels");
+    // Team NetworkPolicies (server/src/k8s/objects.rs) let exactly this label in.
+    assert_eq!(pod_labels["app.kubernetes.io/name"], "tessera-server");
+    let pod: PodSpec = spec.template.spec.expect("pod spec");
+    let sa: ServiceAccount = one(&all, "ServiceAccount");
+    assert_eq!(pod.service_account_name, sa.metadata.name);
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("tessera/server"));
+    let port = c.ports.as_ref().expect("ports")[0].clone();
+    assert_eq!(port.name.as_deref(), Some("http"));
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let g = p
+            .as_ref()
+            .and_then(|p| p.http_get.clone())
+            .expect("http probe");
+        assert_eq!(
+            g.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into())
+        );
+        g.path.expect("path")
+    };
+    assert_eq!(probe_path(&c.readiness_probe), "/readyz");
+    assert_eq!(probe_path(&c.liveness_probe), "/healthz");
+    assert!(
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .is_some()
+    );
+    let e = env(c);
+    assert_eq!(e["TESSERA_BIND"].value.as_deref(), Some("0.0.0.0:3000"));
+    assert!(port.container_port == 3000);
+    assert_eq!(e["TESSERA_EXECUTOR"].value.as_deref(), Some("kubernetes"));
+    assert_eq!(e["TESSERA_NO_SIM"].value.as_deref(), Some("true"));
+    assert_eq!(
+        e["TESSERA_K8S_SERVER_NAMESPACE"].value.as_deref(),
+        Some(ns.as_str())
+    );
+    let (sname, skey) = secret_key(&e["TESSERA_DATABASE_URL"]);
+    assert_eq!(sname, secret_name);
+    assert!(secret_keys.contains(&skey), "{skey} not in the secret");
+    // Every variable the server is given is one it reads.
+    let known = tessera_server_settings();
+    for name in e.keys() {
+        assert!(known.contains(name), "the server has no setting {name}");
+    }
+
+    let svc: Service = one(&all, "Service");
+    let svc = svc.spec.expect("service spec");
+    selects(&svc.selector, &Some(pod_labels.clone()));
+    assert_eq!(
+        svc.ports.expect("ports")[0].target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into()))
+    );
+
+    // The binding gives the role to the server's account in the server's namespace.
+    let b: ClusterRoleBinding = one(&all, "ClusterRoleBinding");
+    let role: ClusterRole = one(&all, "ClusterRole");
+    assert_eq!(Some(b.role_ref.name.clone()), role.metadata.name);
+    let subj = &b.subjects.expect("subjects")[0];
+    assert_eq!(subj.kind, "ServiceAccount");
+    assert_eq!(Some(subj.name.clone()), sa.metadata.name);
+    assert_eq!(subj.namespace.as_deref(), Some(ns.as_str()));
+
+    // The agent: GPU nodes only, MIG management off, the node's name as its hostname.
+    let ds: DaemonSet = one(&all, "DaemonSet");
+    let spec = ds.spec.expect("daemonset spec");
+    selects(
+        &spec.selector.match_labels,
+        &spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone()),
+    );
+    let pod = spec.template.spec.expect("pod spec");
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|n| n.get("nvidia.com/gpu.present"))
+            .map(String::as_str),
+        Some("true")
+    );
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("tessera/agent"));
+    let e = env(c);
+    assert_eq!(
+        e["TESSERA_AGENT_MANAGE_MIG"].value.as_deref(),
+        Some("false")
+    );
+    assert_eq!(
+        e["TESSERA_AGENT_HOSTNAME"]
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
+    let (sname, skey) = secret_key(&e["TESSERA_JOIN_TOKEN"]);
+    assert_eq!(sname, secret_name);
+    assert!(secret_keys.contains(&skey), "{skey} not in the secret");
+    let state_dir = e["TESSERA_AGENT_STATE_DIR"]
+        .value
+        .clone()
+        .expect("state dir");
+    assert!(
+        c.volume_mounts
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .any(|m| m.mount_path == state_dir),
+        "the agent's state folder is on a volume (its credential survives restarts)"
+    );
+    let server_url = e["TESSERA_SERVER"].value.clone().expect("server url");
+    let svc_name: Service = one(&all, "Service");
+    assert!(
+        server_url.starts_with(&format!(
+            "http://{}.{ns}.svc",
+            svc_name.metadata.name.expect("service name")
+        )),
+        "{server_url}"
+    );
+}
+
+/// The environment variables `tessera serve` reads (from its `--help`).
+fn tessera_server_settings() -> BTreeSet<String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("tessera serve --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("TESSERA_"))
+        .map(str::to_owned)
+        .collect()
+}

@@ -1,0 +1,405 @@
+//! A small, faithful fake of the Kubernetes API server for the Kubernetes executor's tests:
+//! the REST paths, verbs, status codes and `Status` error bodies of the real one, for
+//! namespaces and the namespaced kinds the executor uses. It keeps objects in memory,
+//! answers label-selector lists across namespaces, refuses to create in a namespace that
+//! does not exist (404) or an object that does (409), plays the Job controller (a Job gets
+//! a pod from its template, labelled `job-name`, owned by the Job) and deletes a Job's
+//! pods with it. Tests read what was sent and play the kubelet (pod status, logs).
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+struct Store {
+    /// Canonical path (`/api/v1/namespaces/ns/pods/name`) → object.
+    objects: BTreeMap<String, Value>,
+    /// Pod path → its container's log.
+    logs: HashMap<String, String>,
+    /// Every request: `METHOD path`.
+    requests: Vec<String>,
+    serial: u64,
+}
+
+#[derive(Clone)]
+pub struct FakeKube {
+    pub url: String,
+    store: Arc<Mutex<Store>>,
+}
+
+/// Where a request points: the API group/version prefix, namespace, plural, name and
+/// subresource.
+struct Target {
+    gv: String,
+    namespace: Option<String>,
+    plural: String,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (gv, rest) = match *segs.first()? {
+        "api" => (format!("/api/{}", segs.get(1)?), &segs[2..]),
+        "apis" => (
+            format!("/apis/{}/{}", segs.get(1)?, segs.get(2)?),
+            &segs[3..],
+        ),
+        _ => return None,
+    };
+    let t = |namespace: Option<&str>, plural: &str, name: Option<&&str>, sub: Option<&&str>| {
+        Some(Target {
+            gv: gv.clone(),
+            namespace: namespace.map(str::to_owned),
+            plural: plural.to_owned(),
+            name: name.map(|n| (*n).to_owned()),
+            sub: sub.map(|s| (*s).to_owned()),
+        })
+    };
+    match rest {
+        ["namespaces", ns, plural, more @ ..] => t(Some(ns), plural, more.first(), more.get(1)),
+        [plural, more @ ..] => t(None, plural, more.first(), more.get(1)),
+        _ => None,
+    }
+}
+
+fn key(gv: &str, namespace: Option<&str>, plural: &str, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{gv}/namespaces/{ns}/{plural}/{name}"),
+        None => format!("{gv}/{plural}/{name}"),
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    (
+        code,
+        axum::Json(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": message, "reason": reason,
+            "code": code.as_u16(),
+        })),
+    )
+        .into_response()
+}
+
+fn selector_matches(selector: &str, labels: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((k, v)) => labels[k] == v,
+            None => !labels[term].is_null(),
+        })
+}
+
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| {
+            v.replace("%3D", "=")
+                .replace("%2C", ",")
+                .replace("%2F", "/")
+                .replace('+', " ")
+        })
+    })
+}
+
+impl Store {
+    fn stamp(&mut self, obj: &mut Value, namespace: Option<&str>) {
+        self.serial += 1;
+        let m = &mut obj["metadata"];
+        if let Some(ns) = namespace {
+            m["namespace"] = json!(ns);
+        }
+        m["uid"] = json!(format!("uid-{}", self.serial));
+        m["resourceVersion"] = json!(self.serial.to_string());
+        m["creationTimestamp"] = json!(format!(
+            "2026-01-01T00:{:02}:{:02}Z",
+            (self.serial / 60) % 60,
+            self.serial % 60
+        ));
+    }
+
+    /// The Job controller's part: one pod from the template, owned by the Job.
+    fn run_job(&mut self, job: &Value, ns: &str) {
+        let name = format!(
+            "{}-{:05}",
+            job["metadata"]["name"].as_str().unwrap_or("job"),
+            self.serial
+        );
+        let mut labels = job["spec"]["template"]["metadata"]["labels"].clone();
+        let job_name = job["metadata"]["name"].clone();
+        labels["job-name"] = job_name.clone();
+        labels["batch.kubernetes.io/job-name"] = job_name.clone();
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "labels": labels,
+                "ownerReferences": [{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                    "uid": job["metadata"]["uid"], "controller": true,
+                }],
+            },
+            "spec": job["spec"]["template"]["spec"],
+            "status": {"phase": "Pending"},
+        });
+        self.stamp(&mut pod, Some(ns));
+        self.objects
+            .insert(key("/api/v1", Some(ns), "pods", &name), pod);
+    }
+}
+
+async fn handle(State(store): State<Arc<Mutex<Store>>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let body: Bytes = axum::body::to_bytes(req.into_body(), 16 << 20)
+        .await
+        .unwrap_or_default();
+    let mut s = store.lock().expect("fake kube store");
+    s.requests.push(format!("{method} {path}"));
+    let Some(t) = parse(&path) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no route {path}"),
+        );
+    };
+    // Namespaced objects need their namespace.
+    if let Some(ns) = &t.namespace
+        && !s
+            .objects
+            .contains_key(&key("/api/v1", None, "namespaces", ns))
+        && method != Method::GET
+    {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("namespaces \"{ns}\" not found"),
+        );
+    }
+    match (&method, &t.name, &t.sub) {
+        (&Method::POST, None, None) => {
+            let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+            };
+            let Some(name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    "metadata.name: Required value".into(),
+                );
+            };
+            let k = key(&t.gv, t.namespace.as_deref(), &t.plural, &name);
+            if s.objects.contains_key(&k) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("{} \"{name}\" already exists", t.plural),
+                );
+            }
+            s.stamp(&mut obj, t.namespace.as_deref());
+            if t.plural == "jobs"
+                && let Some(ns) = &t.namespace
+            {
+                obj["status"] = json!({"active": 1});
+                s.run_job(&obj, ns);
+            }
+            s.objects.insert(k, obj.clone());
+            (StatusCode::CREATED, axum::Json(obj)).into_response()
+        }
+        (&Method::GET, None, None) => {
+            let selector = query_param(&query, "labelSelector").unwrap_or_default();
+            let items: Vec<Value> = s
+                .objects
+                .iter()
+                .filter(|(k, _)| {
+                    let Some(o) = parse(k) else { return false };
+                    o.gv == t.gv
+                        && o.plural == t.plural
+                        && (t.namespace.is_none() || o.namespace == t.namespace)
+                })
+                .map(|(_, v)| v)
+                .filter(|v| selector_matches(&selector, &v["metadata"]["labels"]))
+                .cloned()
+                .collect();
+            let rv = s.serial.to_string();
+            axum::Json(json!({
+                "apiVersion": t.gv.trim_start_matches("/api/").trim_start_matches("/apis/"),
+                "kind": "List",
+                "metadata": {"resourceVersion": rv},
+                "items": items,
+            }))
+            .into_response()
+        }
+        (&Method::GET, Some(name), None) => {
+            match s
+                .objects
+                .get(&key(&t.gv, t.namespace.as_deref(), &t.plural, name))
+            {
+                Some(o) => axum::Json(o.clone()).into_response(),
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} \"{name}\" not found", t.plural),
+                ),
+            }
+        }
+        (&Method::PUT, Some(name), None) => {
+            let k = key(&t.gv, t.namespace.as_deref(), &t.plural, name);
+            let Some(old) = s.objects.get(&k).cloned() else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("\"{name}\" not found"),
+                );
+            };
+            let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+            };
+            if obj["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    "the object has been modified".into(),
+                );
+            }
+            s.stamp(&mut obj, t.namespace.as_deref());
+            obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
+            s.objects.insert(k, obj.clone());
+            axum::Json(obj).into_response()
+        }
+        (&Method::DELETE, Some(name), None) => {
+            let k = key(&t.gv, t.namespace.as_deref(), &t.plural, name);
+            let Some(old) = s.objects.remove(&k) else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} \"{name}\" not found", t.plural),
+                );
+            };
+            if t.plural == "jobs" {
+                // Background propagation: the garbage collector removes owned pods.
+                let uid = old["metadata"]["uid"].clone();
+                s.objects.retain(|_, o| {
+                    !o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|rs| rs.iter().any(|r| r["uid"] == uid))
+                });
+            }
+            axum::Json(old).into_response()
+        }
+        (&Method::GET, Some(name), Some(sub)) if sub == "log" && t.plural == "pods" => {
+            let k = key(&t.gv, t.namespace.as_deref(), &t.plural, name);
+            let Some(pod) = s.objects.get(&k) else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("pods \"{name}\" not found"),
+                );
+            };
+            if pod["status"]["phase"] == "Pending" {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("container \"main\" in pod \"{name}\" is waiting to start"),
+                );
+            }
+            let mut log = s.logs.get(&k).cloned().unwrap_or_default();
+            if let Some(limit) = query_param(&query, "limitBytes").and_then(|l| l.parse().ok()) {
+                log.truncate(limit);
+            }
+            log.into_response()
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{method} {path}"),
+        ),
+    }
+}
+
+impl FakeKube {
+    pub async fn start() -> FakeKube {
+        let store: Arc<Mutex<Store>> = Arc::default();
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(store.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeKube {
+            url: format!("http://{addr}"),
+            store,
+        }
+    }
+
+    /// A kubeconfig file (in `dir`) that points at this server.
+    pub fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             users:\n- name: fake\n  user: {{}}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n",
+            self.url
+        );
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().expect("fake kube store")
+    }
+
+    /// Objects of a kind (`pods`, `jobs`, `namespaces`, …) whose labels match `selector`.
+    pub fn list(&self, plural: &str, selector: &str) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|(k, _)| parse(k).is_some_and(|t| t.plural == plural))
+            .map(|(_, v)| v)
+            .filter(|v| selector_matches(selector, &v["metadata"]["labels"]))
+            .cloned()
+            .collect()
+    }
+
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.lock().objects.get(path).cloned()
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.lock().requests.clone()
+    }
+
+    fn pod_key(pod: &Value) -> String {
+        key(
+            "/api/v1",
+            pod["metadata"]["namespace"].as_str(),
+            "pods",
+            pod["metadata"]["name"].as_str().unwrap_or(""),
+        )
+    }
+
+    /// The kubelet's part: sets a pod's status.
+    pub fn set_pod_status(&self, pod: &Value, status: Value) {
+        let k = Self::pod_key(pod);
+        if let Some(p) = self.lock().objects.get_mut(&k) {
+            p["status"] = status;
+        }
+    }
+
+    /// The container runtime's part: what the pod's container printed so far.
+    pub fn set_log(&self, pod: &Value, text: &str) {
+        let k = Self::pod_key(pod);
+        self.lock().logs.insert(k, text.to_owned());
+    }
+}

@@ -1,0 +1,322 @@
+//! The Kubernetes executor against a fake API server (`kube_fake.rs`): a member's
+//! notebook and job on a 1g.10gb slice of a simulated H100 become the exact objects a
+//! cluster needs (team namespace, quota, network policies, workspace claim, Pod / Job on
+//! the allocation's node with the MIG resource); pod status and logs flow back; a stop
+//! deletes the pod, a finished job is cleaned up.
+
+use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
+use crate::kube_fake::FakeKube;
+use crate::on_both_databases;
+use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use tessera_server::config::Executor;
+
+async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn workload(app: &TestApp, token: &str, id: &str) -> Value {
+    let (s, v) = call_with_token(
+        app,
+        token,
+        Method::GET,
+        &format!("/api/v1/workloads/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+async fn wait_workload(app: &TestApp, token: &str, id: &str, state: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = workload(app, token, id).await;
+        if v["state"] == state {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "never {state}: {v}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db) {
+    let kube = FakeKube::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = kube.kubeconfig(dir.path());
+    let app = TestApp::spawn_with(db, |c| {
+        c.executor = Executor::Kubernetes;
+        c.kubernetes.kubeconfig = Some(kubeconfig);
+        c.kubernetes.interval = Duration::from_millis(150);
+        c.kubernetes.image = "registry.example/notebook:1".into();
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let t = team(&a, "kube").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let _agent = SimAgent::start(&a, "gpu-node-1").await;
+    let (s, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    let alloc = v["id"].as_str().expect("id").to_owned();
+    let active = wait_for_state(&a, &alloc, "active").await;
+    let node_id = active["devices"][0]["node_id"]
+        .as_str()
+        .expect("node id")
+        .to_owned();
+    let app = &a.app;
+
+    // A notebook: the team's namespace and fixtures, then a Pod.
+    let (s, nb) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"allocation_id": alloc, "name": "lab", "env": {"EPOCHS": "3"}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{nb}");
+    let nb_id = nb["id"].as_str().expect("id").to_owned();
+    let sel = format!("tessera.io/workload={nb_id}");
+    let pod = wait_for("the notebook pod", || kube.list("pods", &sel).pop()).await;
+
+    let ns = format!("tessera-team-{}", t.id);
+    let namespace = kube
+        .get(&format!("/api/v1/namespaces/{ns}"))
+        .expect("team namespace");
+    assert_eq!(namespace["metadata"]["labels"]["tessera.io/team"], t.id);
+    let quota = kube
+        .get(&format!("/api/v1/namespaces/{ns}/resourcequotas/tessera"))
+        .expect("quota");
+    assert_eq!(
+        quota["spec"]["hard"]["requests.nvidia.com/mig-1g.10gb"], "1",
+        "{quota}"
+    );
+    assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "0");
+    let deny = kube
+        .get(&format!(
+            "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/tessera-default-deny"
+        ))
+        .expect("default-deny policy");
+    assert_eq!(deny["spec"]["podSelector"], json!({}));
+    assert_eq!(deny["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    let allow = kube
+        .get(&format!(
+            "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/tessera-allow-proxy"
+        ))
+        .expect("proxy policy");
+    assert_eq!(allow["spec"]["ingress"][0]["ports"][0]["port"], 8888);
+    let claim = kube
+        .get(&format!(
+            "/api/v1/namespaces/{ns}/persistentvolumeclaims/tessera-workspace"
+        ))
+        .expect("workspace claim");
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteMany"]));
+
+    assert_eq!(pod["metadata"]["namespace"], ns);
+    let labels = &pod["metadata"]["labels"];
+    assert_eq!(labels["tessera.io/allocation"], alloc);
+    assert_eq!(labels["tessera.io/node"], node_id);
+    assert_eq!(labels["tessera.io/kind"], "notebook");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "tessera");
+    let spec = &pod["spec"];
+    assert_eq!(spec["nodeSelector"]["kubernetes.io/hostname"], "gpu-node-1");
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    let c = &spec["containers"][0];
+    assert_eq!(c["image"], "registry.example/notebook:1");
+    assert_eq!(
+        c["resources"]["limits"],
+        json!({"nvidia.com/mig-1g.10gb": "1"})
+    );
+    let cmd: Vec<&str> = c["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(cmd.contains(&"--ServerApp.ip=0.0.0.0"), "{cmd:?}");
+    assert!(cmd.contains(&"--ServerApp.port=8888"), "{cmd:?}");
+    assert!(
+        cmd.contains(&"--ServerApp.base_url=/user/kube-member/lab/"),
+        "{cmd:?}"
+    );
+    let env = c["env"].as_array().expect("env");
+    let var = |n: &str| {
+        env.iter()
+            .find(|e| e["name"] == n)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(var("EPOCHS"), Some(json!("3")));
+    assert_eq!(var("TESSERA_WORKSPACE"), Some(json!("/workspace")));
+    assert!(var("JUPYTER_TOKEN").is_some_and(|t| t.as_str().is_some_and(|t| t.len() >= 32)));
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/workspace");
+    assert_eq!(
+        spec["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "tessera-workspace"
+    );
+    // The kubelet starts it: a pending pod is `starting`, and so is a running pod whose
+    // JupyterLab is not ready; ready at the pod's address, it is `running`.
+    kube.set_pod_status(
+        &pod,
+        json!({"phase": "Pending", "containerStatuses": [
+        {"name": "main", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+    );
+    wait_workload(app, &t.member, &nb_id, "starting").await;
+    kube.set_pod_status(
+        &pod,
+        json!({"phase": "Running", "podIP": "10.20.0.7",
+        "conditions": [{"type": "Ready", "status": "False"}]}),
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(workload(app, &t.member, &nb_id).await["state"], "starting");
+    kube.set_pod_status(
+        &pod,
+        json!({"phase": "Running", "podIP": "10.20.0.7",
+        "conditions": [{"type": "Ready", "status": "True"}]}),
+    );
+    wait_workload(app, &t.member, &nb_id, "running").await;
+    kube.set_log(&pod, "[I] Jupyter Server is running\n");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, l) = call_with_token(
+            app,
+            &t.member,
+            Method::GET,
+            &format!("/api/v1/workloads/{nb_id}/logs?from=0"),
+            None,
+        )
+        .await;
+        if l["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Jupyter Server is running"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "log never arrived: {l}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+
+    // Stop: the pod is deleted and the notebook ends `stopped`.
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        &format!("/api/v1/workloads/{nb_id}/stop"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    wait_for("the pod's deletion", || {
+        kube.list("pods", &sel).is_empty().then_some(())
+    })
+    .await;
+    wait_workload(app, &t.member, &nb_id, "stopped").await;
+    // Nothing runs: the team's MIG allotment goes back to zero (and stays capped).
+    let quota_path = format!("/api/v1/namespaces/{ns}/resourcequotas/tessera");
+    wait_for("the quota back at zero", || {
+        kube.get(&quota_path)
+            .filter(|q| q["spec"]["hard"]["requests.nvidia.com/mig-1g.10gb"] == "0")
+    })
+    .await;
+    assert!(
+        kube.requests()
+            .iter()
+            .any(|r| r == &format!("DELETE /api/v1/namespaces/{ns}/pods/nb-{nb_id}")),
+        "{:?}",
+        kube.requests()
+    );
+
+    // A job: a Job with no retries of its own; its pod's exit code and output come back.
+    let (s, job) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": alloc, "command": "python train.py", "workdir": "runs"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let job_id = job["id"].as_str().expect("id").to_owned();
+    let jsel = format!("tessera.io/workload={job_id}");
+    let kjob = wait_for("the job", || kube.list("jobs", &jsel).pop()).await;
+    assert_eq!(kjob["spec"]["backoffLimit"], 0);
+    let tmpl = &kjob["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(tmpl["command"], json!(["/bin/sh", "-c", "python train.py"]));
+    assert_eq!(tmpl["workingDir"], "/workspace/runs");
+    assert_eq!(
+        tmpl["resources"]["limits"],
+        json!({"nvidia.com/mig-1g.10gb": "1"})
+    );
+    let jpod = wait_for("the job's pod", || kube.list("pods", &jsel).pop()).await;
+    assert_eq!(
+        jpod["metadata"]["labels"]["job-name"],
+        kjob["metadata"]["name"]
+    );
+    kube.set_pod_status(&jpod, json!({"phase": "Running"}));
+    wait_workload(app, &t.member, &job_id, "running").await;
+    kube.set_log(&jpod, "epoch 1\nepoch 2\n");
+    kube.set_pod_status(
+        &jpod,
+        json!({"phase": "Failed", "containerStatuses": [
+        {"name": "main", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]}),
+    );
+    let done = wait_workload(app, &t.member, &job_id, "failed").await;
+    assert_eq!(done["exit_code"], 3, "{done}");
+    let (_, l) = call_with_token(
+        app,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
+        None,
+    )
+    .await;
+    assert_eq!(l["text"], "epoch 1\nepoch 2\n", "{l}");
+    // A finished job's objects are cleaned up (its log is kept by the server).
+    wait_for("the job's deletion", || {
+        (kube.list("jobs", &jsel).is_empty() && kube.list("pods", &jsel).is_empty()).then_some(())
+    })
+    .await;
+
+    // The server's ClusterRole (deploy/kubernetes) grants exactly what the executor did.
+    let mut used = std::collections::BTreeSet::new();
+    for r in kube.requests() {
+        let (method, path) = r.split_once(' ').expect("request line");
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let (group, rest) = if segs[0] == "api" {
+            ("", &segs[2..])
+        } else {
+            (segs[1], &segs[3..])
+        };
+        let (resource, named) = match rest {
+            ["namespaces", _, plural, name, sub] => (format!("{plural}/{sub}"), !name.is_empty()),
+            ["namespaces", _, plural, _] => ((*plural).to_owned(), true),
+            ["namespaces", _, plural] => ((*plural).to_owned(), false),
+            [plural, _] => ((*plural).to_owned(), true),
+            [plural] => ((*plural).to_owned(), false),
+            other => panic!("unexpected path {other:?}"),
+        };
+        let verb = match (method, named) {
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("DELETE", _) => "delete",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            other => panic!("unexpected {other:?}"),
+        };
+        used.insert((group.to_owned(), resource, verb.to_owned()));
+    }
+    assert_eq!(crate::deploy::server_role_grants(), used);
+}
+
+on_both_databases!(notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node);
