@@ -181,8 +181,8 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
         assert!(known.contains(name), "the server has no setting {name}");
     }
 
-    let svc: Service = one(&all, "Service");
-    let svc = svc.spec.expect("service spec");
+    let service: Service = one(&all, "Service");
+    let svc = service.spec.clone().expect("service spec");
     selects(&svc.selector, &Some(pod_labels.clone()));
     assert_eq!(
         svc.ports.expect("ports")[0].target_port,
@@ -248,11 +248,10 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
         "the agent's state folder is on a volume (its credential survives restarts)"
     );
     let server_url = e["TESSERA_SERVER"].value.clone().expect("server url");
-    let svc_name: Service = one(&all, "Service");
     assert!(
         server_url.starts_with(&format!(
             "http://{}.{ns}.svc",
-            svc_name.metadata.name.expect("service name")
+            service.metadata.name.clone().expect("service name")
         )),
         "{server_url}"
     );

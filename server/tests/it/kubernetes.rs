@@ -8,6 +8,7 @@ use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
 use crate::kube_fake::FakeKube;
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::workloads::{get, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -21,31 +22,6 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn workload(app: &TestApp, token: &str, id: &str) -> Value {
-    let (s, v) = call_with_token(
-        app,
-        token,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}"),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200, "{v}");
-    v
-}
-
-async fn wait_workload(app: &TestApp, token: &str, id: &str, state: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v = workload(app, token, id).await;
-        if v["state"] == state {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "never {state}: {v}");
-        tokio::time::sleep(Duration::from_millis(150)).await;
     }
 }
 
@@ -171,20 +147,20 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         {"name": "main", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
          "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
     );
-    wait_workload(app, &t.member, &nb_id, "starting").await;
+    wait_workload(app, &t.member, &nb_id, "starting", 30).await;
     kube.set_pod_status(
         &pod,
         json!({"phase": "Running", "podIP": "10.20.0.7",
         "conditions": [{"type": "Ready", "status": "False"}]}),
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(workload(app, &t.member, &nb_id).await["state"], "starting");
+    assert_eq!(get(app, &t.member, &nb_id).await["state"], "starting");
     kube.set_pod_status(
         &pod,
         json!({"phase": "Running", "podIP": "10.20.0.7",
         "conditions": [{"type": "Ready", "status": "True"}]}),
     );
-    wait_workload(app, &t.member, &nb_id, "running").await;
+    wait_workload(app, &t.member, &nb_id, "running", 30).await;
     kube.set_log(&pod, "[I] Jupyter Server is running\n");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -220,7 +196,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         kube.list("pods", &sel).is_empty().then_some(())
     })
     .await;
-    wait_workload(app, &t.member, &nb_id, "stopped").await;
+    wait_workload(app, &t.member, &nb_id, "stopped", 30).await;
     // Nothing runs: the team's MIG allotment goes back to zero (and stays capped).
     let quota_path = format!("/api/v1/namespaces/{ns}/resourcequotas/tessera");
     wait_for("the quota back at zero", || {
@@ -263,7 +239,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         kjob["metadata"]["name"]
     );
     kube.set_pod_status(&jpod, json!({"phase": "Running"}));
-    wait_workload(app, &t.member, &job_id, "running").await;
+    wait_workload(app, &t.member, &job_id, "running", 30).await;
     kube.set_log(&jpod, "epoch 1\nepoch 2\n");
     kube.set_pod_status(
         &jpod,
@@ -271,7 +247,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         {"name": "main", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
          "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]}),
     );
-    let done = wait_workload(app, &t.member, &job_id, "failed").await;
+    let done = wait_workload(app, &t.member, &job_id, "failed", 30).await;
     assert_eq!(done["exit_code"], 3, "{done}");
     let (_, l) = call_with_token(
         app,

@@ -112,7 +112,7 @@ async fn setup(db: Db, name: &str) -> Setup {
     }
 }
 
-async fn get(app: &TestApp, token: &str, id: &str) -> Value {
+pub(crate) async fn get(app: &TestApp, token: &str, id: &str) -> Value {
     let (s, v) = call_with_token(
         app,
         token,
@@ -125,7 +125,13 @@ async fn get(app: &TestApp, token: &str, id: &str) -> Value {
     v
 }
 
-async fn wait_workload(app: &TestApp, token: &str, id: &str, state: &str, secs: u64) -> Value {
+pub(crate) async fn wait_workload(
+    app: &TestApp,
+    token: &str,
+    id: &str,
+    state: &str,
+    secs: u64,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let v = get(app, token, id).await;
