@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "ssr")]
 use ssr::{id, number, optional_number};
 use std::collections::BTreeMap;
-use tessera_domain::account::Me;
+use tessera_domain::account::{Me, SignInOptions};
 use tessera_domain::alloc::{AllocationView, QuotaView};
 use tessera_domain::billing::{BudgetView, LedgerEntryView, RateView, Statement, UsageReport};
 #[cfg(feature = "ssr")]
@@ -92,6 +92,12 @@ pub async fn current_user() -> Result<Option<Me>, UiError> {
         Ok(p.as_ref().map(Me::from))
     })
     .await
+}
+
+/// What the sign-in page offers besides a password (single sign-on's provider name).
+#[server(prefix = "/fn", endpoint = "login_options")]
+pub async fn login_options() -> Result<SignInOptions, UiError> {
+    ssr::with_request([], async |s, _| Ok(s.accounts.sign_in_options())).await
 }
 
 #[server(prefix = "/fn", endpoint = "login")]

@@ -58,6 +58,12 @@ impl Services {
         }
     }
 
+    /// Turns on single sign-on.
+    pub fn with_sso(mut self, policy: services::accounts::SsoPolicy) -> Self {
+        self.accounts = self.accounts.with_sso(policy);
+        self
+    }
+
     /// Sets the currency of prices and charges (ISO 4217).
     pub fn with_currency(mut self, currency: &str) -> Self {
         self.billing = self.billing.with_currency(currency);

@@ -4,6 +4,7 @@
 //! extensions; server functions and REST handlers both come here for the principal.
 
 use crate::Services;
+use crate::services::accounts::{ExternalIdentity, SignedIn};
 use crate::sessions::{self, SessionUser};
 use chrono::Utc;
 use http::request::Parts;
@@ -70,17 +71,33 @@ pub async fn sign_in(
         .accounts
         .login(username, password, client_ip(req))
         .await?;
+    start_session(&session(req)?, &signed_in).await?;
+    tracing::info!(user = %signed_in.principal.username, "signed in");
+    Ok(Me::from(&signed_in.principal))
+}
+
+/// Signs in a person the identity provider vouched for and starts a fresh session, exactly
+/// as a password sign-in does (the session id is cycled; timeouts and disabling apply).
+pub async fn sign_in_sso(
+    services: &Services,
+    session: &Session,
+    who: &ExternalIdentity,
+) -> Result<Me, AppError> {
+    let signed_in = services.accounts.sign_in_sso(who).await?;
+    start_session(session, &signed_in).await?;
+    Ok(Me::from(&signed_in.principal))
+}
+
+async fn start_session(session: &Session, signed_in: &SignedIn) -> Result<(), AppError> {
     sessions::sign_in(
-        &session(req)?,
+        session,
         SessionUser {
             user_id: signed_in.principal.user_id.0,
             signed_in_at: signed_in.at,
         },
     )
     .await
-    .map_err(session_error)?;
-    tracing::info!(user = %signed_in.principal.username, "signed in");
-    Ok(Me::from(&signed_in.principal))
+    .map_err(session_error)
 }
 
 /// Ends the session on the server.

@@ -103,6 +103,13 @@ pub struct Principal {
     pub is_admin: bool,
 }
 
+/// What the sign-in page offers besides a username and password.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignInOptions {
+    /// The identity provider's display name when single sign-on is configured.
+    pub sso_provider: Option<String>,
+}
+
 /// What the UI shows about the signed-in user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -13,6 +13,7 @@ pub mod error;
 pub mod ids;
 pub mod mig;
 pub mod planner;
+pub mod sso;
 pub mod tenancy;
 pub mod wire;
 pub mod workload;

@@ -163,6 +163,9 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub kubernetes: crate::k8s::KubeSettings,
 
+    #[command(flatten)]
+    pub oidc: crate::oidc::OidcSettings,
+
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
     pub session_idle_timeout: Duration,
@@ -212,6 +215,7 @@ impl ServeConfig {
         if self.executor == Executor::Kubernetes {
             self.kubernetes.validate()?;
         }
+        self.oidc.validate()?;
         let url = self.database_url.expose();
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres://")

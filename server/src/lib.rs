@@ -10,6 +10,7 @@ pub mod config;
 mod http;
 pub mod k8s;
 pub mod observability;
+pub mod oidc;
 mod scheduler;
 pub mod sim;
 
@@ -31,6 +32,8 @@ pub struct AppState {
     pub config: Arc<ServeConfig>,
     pub services: Arc<Services>,
     pub leptos_options: LeptosOptions,
+    /// Single sign-on, when configured.
+    pub oidc: Option<Arc<oidc::Oidc>>,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -66,6 +69,10 @@ pub async fn run(
         config.session_absolute_timeout,
     );
     let mut services = services.with_currency(&config.currency);
+    let oidc = oidc::Oidc::new(&config.oidc, &config.public_url())?.map(Arc::new);
+    if let Some(o) = &oidc {
+        services = services.with_sso(o.policy()?);
+    }
     services.allocations = services
         .allocations
         .with_preemption_grace(config.preemption_grace)
@@ -130,6 +137,7 @@ pub async fn run(
         config: Arc::new(config.clone()),
         services,
         leptos_options,
+        oidc,
     };
     let scheduler = tokio::spawn(scheduler::run(
         state.services.clone(),

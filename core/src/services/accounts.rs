@@ -3,14 +3,15 @@
 use super::internal;
 use crate::auth::limiter::LoginLimiter;
 use crate::auth::password::{HashError, Hasher};
-use crate::store::{Store, UserRow};
+use crate::store::{NO_PASSWORD, SsoOutcome, SsoSignIn, Store, UserRow};
 use chrono::{DateTime, Utc};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::account::{NewPassword, Principal, SignInOptions, Username};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::UserId;
+use tessera_domain::sso::{GroupMap, numbered_username, username_candidate};
 use uuid::Uuid;
 
 /// The name of the platform administrator created on an empty database.
@@ -21,6 +22,27 @@ pub struct Accounts {
     store: Store,
     hasher: Hasher,
     limiter: Arc<LoginLimiter>,
+    sso: Option<Arc<SsoPolicy>>,
+}
+
+/// Single sign-on as the administrator configured it: the provider's display name, its
+/// issuer, and what its groups grant.
+#[derive(Debug, Clone)]
+pub struct SsoPolicy {
+    pub provider_name: String,
+    pub issuer: String,
+    pub groups: GroupMap,
+}
+
+/// A person the identity provider vouched for. The caller has verified the ID token
+/// (signature, issuer, audience, expiry, nonce); `issuer` + `subject` identify the person.
+#[derive(Debug, Clone)]
+pub struct ExternalIdentity {
+    pub issuer: String,
+    pub subject: String,
+    pub preferred_username: Option<String>,
+    pub email: Option<String>,
+    pub groups: Vec<String>,
 }
 
 /// A successful sign-in: who, and when (sessions older than a password change are void).
@@ -36,7 +58,83 @@ impl Accounts {
             store,
             hasher,
             limiter,
+            sso: None,
         }
+    }
+
+    /// Turns on single sign-on with `policy`.
+    pub fn with_sso(mut self, policy: SsoPolicy) -> Self {
+        self.sso = Some(Arc::new(policy));
+        self
+    }
+
+    /// What the sign-in page offers besides a password (anyone may ask).
+    pub fn sign_in_options(&self) -> SignInOptions {
+        SignInOptions {
+            sso_provider: self.sso.as_ref().map(|p| p.provider_name.clone()),
+        }
+    }
+
+    /// Signs in a person the identity provider vouched for: the first time, creates their
+    /// user (no password; the username from their claims, numbered when taken); every
+    /// time, sets their membership in each team the group map manages, and platform admin
+    /// where the map grants it, to what their groups say now (see `domain::sso`). A
+    /// disabled user gets [`AppError::Forbidden`] and nothing changes.
+    pub async fn sign_in_sso(&self, who: &ExternalIdentity) -> Result<SignedIn, AppError> {
+        let policy = self.sso.as_ref().ok_or(AppError::NotFound)?;
+        if who.issuer != policy.issuer {
+            tracing::error!(issuer = %who.issuer, "identity from an unexpected issuer");
+            return Err(AppError::InvalidCredentials);
+        }
+        let grants = policy.groups.resolve(&who.groups);
+        let base = username_candidate(
+            who.preferred_username.as_deref(),
+            who.email.as_deref(),
+            &who.subject,
+        );
+        let groups_json = serde_json::to_string(&who.groups).map_err(|_| AppError::Internal)?;
+        let sign_in = SsoSignIn {
+            issuer: &who.issuer,
+            subject: &who.subject,
+            email: who.email.as_deref(),
+            groups_json: &groups_json,
+            usernames: (1..=100)
+                .map(|n| numbered_username(&base, n).as_str().to_owned())
+                .collect(),
+            teams: grants
+                .teams
+                .iter()
+                .map(|(team, role)| (team.clone(), role.map(|r| r.as_str())))
+                .collect(),
+            manages_admin: policy.groups.manages_platform_admin(),
+            grants_admin: grants.platform_admin,
+            now: Utc::now(),
+        };
+        let outcome = self
+            .store
+            .sso_sign_in(&sign_in)
+            .await
+            .map_err(internal("single sign-on"))?;
+        let (user, changes) = match outcome {
+            SsoOutcome::SignedIn { user, changes } => (user, changes),
+            SsoOutcome::Disabled => {
+                tracing::info!(subject = %who.subject, "single sign-on refused: user disabled");
+                return Err(AppError::Forbidden);
+            }
+        };
+        if !grants.unknown_groups.is_empty() {
+            tracing::debug!(user = %user.username, groups = ?grants.unknown_groups, "groups the map does not name");
+        }
+        if !changes.missing_teams.is_empty() {
+            tracing::warn!(user = %user.username, teams = ?changes.missing_teams,
+                "the group map names teams that do not exist");
+        }
+        tracing::info!(user = %user.username, created = changes.created,
+            teams = ?changes.teams, admin = ?changes.admin, "signed in through single sign-on");
+        Ok(SignedIn {
+            principal: principal(&user)?,
+            at: sign_in.now,
+        })
     }
 
     /// On an empty database, creates the platform admin `admin` with `password`, or with a
@@ -103,7 +201,10 @@ impl Accounts {
                 .map_err(internal("loading user for login"))?,
             Err(_) => None,
         };
-        let usable = user.as_ref().filter(|u| !u.disabled);
+        // Users of single sign-on have no password here: they take the unknown-user path.
+        let usable = user
+            .as_ref()
+            .filter(|u| !u.disabled && u.password_hash != NO_PASSWORD);
         let ok = self
             .hasher
             .verify(password, usable.map(|u| u.password_hash.as_str()))
@@ -184,6 +285,12 @@ impl Accounts {
             .await
             .map_err(internal("loading user for password change"))?
             .ok_or(AppError::Unauthorized)?;
+        if user.password_hash == NO_PASSWORD {
+            return Err(AppError::invalid(
+                "current_password",
+                "this account signs in through single sign-on and has no password here",
+            ));
+        }
         if !self
             .hasher
             .verify(current, Some(&user.password_hash))

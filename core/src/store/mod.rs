@@ -9,6 +9,7 @@ mod allocations;
 mod billing;
 mod node_state;
 mod nodes;
+mod sso;
 mod teams;
 mod tokens;
 mod users;
@@ -22,6 +23,7 @@ pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, NodeLatestSampleRow, SampleRow,
 };
 pub use nodes::NodeRow;
+pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};
 pub use users::UserRow;

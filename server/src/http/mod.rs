@@ -11,6 +11,7 @@ pub(crate) mod error;
 mod health;
 mod metrics;
 mod proxy;
+mod sso;
 
 use crate::AppState;
 use crate::config::ServeConfig;
@@ -69,6 +70,7 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
         )
         .merge(agent_api::router())
         .merge(proxy::router())
+        .merge(sso::router())
         .with_state(state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
