@@ -477,6 +477,7 @@ fn fn_rows() -> Vec<Row> {
     let page = |_: &Fixture, _: usize| form(&PAGE);
     vec![
         row!(POST "/fn/current_user", |_, _| "/fn/current_user".into(), none, [200; 6]),
+        row!(POST "/fn/login_options", |_, _| "/fn/login_options".into(), none, [200; 6]),
         row!(POST "/fn/login", |_, _| "/fn/login".into(),
             |_, i| Body::Form(vec![("username".into(), format!("nobody{i}")), ("password".into(), "not the password".into())]),
             [401; 6]),

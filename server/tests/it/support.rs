@@ -77,6 +77,19 @@ impl TestApp {
     }
 
     pub async fn spawn_with(db: Db, tweak: impl FnOnce(&mut ServeConfig)) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        Self::spawn_on(db, listener, tweak).await
+    }
+
+    /// Boots on a listener the test bound itself (when something must know the address
+    /// before the app starts, such as an identity provider's redirect URI).
+    pub async fn spawn_on(
+        db: Db,
+        listener: tokio::net::TcpListener,
+        tweak: impl FnOnce(&mut ServeConfig),
+    ) -> TestApp {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = match db {
             Db::Sqlite => format!("sqlite://{}/t.db?mode=rwc", dir.path().display()),
@@ -87,9 +100,6 @@ impl TestApp {
         config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         config.site_root = dir.path().join("site");
         tweak(&mut config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let mut app = TestApp {
             base: format!("http://{addr}"),
