@@ -47,7 +47,11 @@ impl GroupMap {
     pub fn parse(raw: &str) -> Result<Self, AppError> {
         let err = |m: String| AppError::invalid(Self::SETTING, m);
         let mut entries = Vec::new();
-        for entry in raw.split([';', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
+        for entry in raw
+            .split([';', '\n'])
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
             let (group, target) = entry
                 .split_once('=')
                 .ok_or_else(|| err(format!("`{entry}` must look like group=team:role")))?;
@@ -66,8 +70,11 @@ impl GroupMap {
                 })?;
                 let team = TeamName::parse(team)
                     .map_err(|e| err(format!("`{entry}`: team name {}", message(&e))))?;
-                let role = TeamRole::parse(role)
-                    .map_err(|_| err(format!("`{entry}`: role must be team_admin, member or viewer")))?;
+                let role = TeamRole::parse(role).map_err(|_| {
+                    err(format!(
+                        "`{entry}`: role must be team_admin, member or viewer"
+                    ))
+                })?;
                 Grant::Team { team, role }
             };
             if entries.iter().any(|(g, x)| g == group && *x == grant) {

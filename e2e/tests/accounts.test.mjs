@@ -25,7 +25,7 @@ test('admin signs in, changes password, signs out and back in', async () => {
     await page.click('button[data-toggle-for=password]');
     assert.equal(await page.getAttribute('#password', 'type'), 'password');
 
-    await page.click('button[type=submit]');
+    await page.click('#sign-in');
     await page.waitForURL(`${BASE}/`);
     await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
     assert.equal(await page.innerText('[data-testid=current-user]'), 'admin');
@@ -63,11 +63,11 @@ test('the login form works without JavaScript', async () => {
     await page.goto(`${BASE}/login`);
     await page.fill('#username', 'Admin');
     await page.fill('#password', 'wrong-password-again');
-    await page.click('button[type=submit]');
+    await page.click('#sign-in');
     await page.locator('.form-error').waitFor();
     assert.equal(await page.inputValue('#username'), 'Admin', 'typed username kept');
     await page.fill('#password', NEW_PASSWORD);
-    await page.click('button[type=submit]');
+    await page.click('#sign-in');
     await page.waitForURL(`${BASE}/`);
     await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
   }, { javaScriptEnabled: false });

@@ -48,7 +48,7 @@ export async function signIn(page, username, password) {
   await hydrated(page);
   await page.fill('#username', username);
   await page.fill('#password', password);
-  await page.click('button[type=submit]');
+  await page.click('#sign-in');
 }
 
 // Calls `check` (which may reload the page) until it returns true, for up to `timeoutMs`.

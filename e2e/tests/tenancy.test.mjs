@@ -203,7 +203,7 @@ test('a team can be created without JavaScript', async () => {
     await page.goto(`${BASE}/login`);
     await page.fill('#username', 'admin');
     await page.fill('#password', ADMIN_SECOND_PASSWORD);
-    await page.click('button[type=submit]');
+    await page.click('#sign-in');
     await page.waitForURL(`${BASE}/`);
     await page.goto(`${BASE}/teams`);
     await page.fill('#team-name', '!!');

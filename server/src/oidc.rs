@@ -8,15 +8,15 @@ use crate::config::Secret;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use openidconnect::core::{
-    CoreAuthDisplay, CoreAuthPrompt, CoreErrorResponseType, CoreGenderClaim,
-    CoreJsonWebKey, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm,
-    CoreProviderMetadata, CoreResponseType, CoreRevocableToken, CoreRevocationErrorResponse,
+    CoreAuthDisplay, CoreAuthPrompt, CoreErrorResponseType, CoreGenderClaim, CoreJsonWebKey,
+    CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm, CoreProviderMetadata,
+    CoreResponseType, CoreRevocableToken, CoreRevocationErrorResponse,
     CoreTokenIntrospectionResponse, CoreTokenType,
 };
 use openidconnect::{
     AdditionalClaims, AuthenticationFlow, AuthorizationCode, Client, ClientId, ClientSecret,
-    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet,
-    IdTokenFields, IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
+    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields,
+    IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
     StandardErrorResponse, StandardTokenResponse, TokenResponse,
 };
 use serde::{Deserialize, Serialize};
@@ -39,11 +39,19 @@ pub struct OidcSettings {
     pub client_id: Option<String>,
 
     /// The client secret (confidential client, `client_secret_basic`).
-    #[arg(long = "oidc-client-secret", env = "TESSERA_OIDC_CLIENT_SECRET", hide_env_values = true)]
+    #[arg(
+        long = "oidc-client-secret",
+        env = "TESSERA_OIDC_CLIENT_SECRET",
+        hide_env_values = true
+    )]
     pub client_secret: Option<Secret>,
 
     /// The provider's name on the sign-in button ("Sign in with <name>").
-    #[arg(long = "oidc-provider-name", env = "TESSERA_OIDC_PROVIDER_NAME", default_value = "SSO")]
+    #[arg(
+        long = "oidc-provider-name",
+        env = "TESSERA_OIDC_PROVIDER_NAME",
+        default_value = "SSO"
+    )]
     pub provider_name: String,
 
     /// Scopes to ask for, space-separated; must include `openid`.
@@ -55,12 +63,20 @@ pub struct OidcSettings {
     pub scopes: String,
 
     /// The ID token claim that lists the user's groups (a list of strings, or one string).
-    #[arg(long = "oidc-groups-claim", env = "TESSERA_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    #[arg(
+        long = "oidc-groups-claim",
+        env = "TESSERA_OIDC_GROUPS_CLAIM",
+        default_value = "groups"
+    )]
     pub groups_claim: String,
 
     /// Groups → teams and roles, applied at every sign-in:
     /// `gpu-vision-admins=vision:team_admin; gpu-vision=vision:member; gpu-ops=platform_admin`.
-    #[arg(long = "oidc-group-map", env = "TESSERA_OIDC_GROUP_MAP", default_value = "")]
+    #[arg(
+        long = "oidc-group-map",
+        env = "TESSERA_OIDC_GROUP_MAP",
+        default_value = ""
+    )]
     pub group_map: String,
 }
 
@@ -73,9 +89,11 @@ impl OidcSettings {
     pub fn validate(&self) -> Result<(), String> {
         let Some(issuer) = &self.issuer else {
             if self.client_id.is_some() || !self.group_map.trim().is_empty() {
-                return Err("TESSERA_OIDC_CLIENT_ID or TESSERA_OIDC_GROUP_MAP is set but \
+                return Err(
+                    "TESSERA_OIDC_CLIENT_ID or TESSERA_OIDC_GROUP_MAP is set but \
                             TESSERA_OIDC_ISSUER (--oidc-issuer) is not"
-                    .into());
+                        .into(),
+                );
             }
             return Ok(());
         };
@@ -89,8 +107,15 @@ impl OidcSettings {
                     .into(),
             );
         }
-        if self.client_id.as_deref().is_none_or(|c| c.trim().is_empty()) {
-            return Err("TESSERA_OIDC_CLIENT_ID (--oidc-client-id) is required with TESSERA_OIDC_ISSUER".into());
+        if self
+            .client_id
+            .as_deref()
+            .is_none_or(|c| c.trim().is_empty())
+        {
+            return Err(
+                "TESSERA_OIDC_CLIENT_ID (--oidc-client-id) is required with TESSERA_OIDC_ISSUER"
+                    .into(),
+            );
         }
         if !self.scopes.split_whitespace().any(|s| s == "openid") {
             return Err("TESSERA_OIDC_SCOPES (--oidc-scopes) must include openid".into());
@@ -99,7 +124,9 @@ impl OidcSettings {
             return Err("TESSERA_OIDC_GROUPS_CLAIM (--oidc-groups-claim) must not be empty".into());
         }
         if self.provider_name.trim().is_empty() {
-            return Err("TESSERA_OIDC_PROVIDER_NAME (--oidc-provider-name) must not be empty".into());
+            return Err(
+                "TESSERA_OIDC_PROVIDER_NAME (--oidc-provider-name) must not be empty".into(),
+            );
         }
         GroupMap::parse(&self.group_map).map_err(|e| e.to_string())?;
         Ok(())
@@ -269,7 +296,12 @@ impl Oidc {
                 Nonce::new_random,
             )
             .set_pkce_challenge(challenge);
-        for scope in self.settings.scopes.split_whitespace().filter(|s| *s != "openid") {
+        for scope in self
+            .settings
+            .scopes
+            .split_whitespace()
+            .filter(|s| *s != "openid")
+        {
             request = request.add_scope(Scope::new(scope.to_owned()));
         }
         let (url, state, nonce) = request.url();
@@ -305,7 +337,11 @@ impl Oidc {
             return Err(SsoFailure::Denied);
         }
         // RFC 9207: an answer naming another issuer is a mix-up attack.
-        if answer.iss.as_deref().is_some_and(|iss| iss != self.issuer.as_str()) {
+        if answer
+            .iss
+            .as_deref()
+            .is_some_and(|iss| iss != self.issuer.as_str())
+        {
             tracing::warn!(iss = ?answer.iss, "authorization response from another issuer");
             return Err(SsoFailure::Failed);
         }
@@ -334,7 +370,11 @@ impl Oidc {
                 tracing::warn!(error = %error_chain(&e), "ID token rejected");
                 SsoFailure::Failed
             })?;
-        let groups = match claims.additional_claims().claims.get(&self.settings.groups_claim) {
+        let groups = match claims
+            .additional_claims()
+            .claims
+            .get(&self.settings.groups_claim)
+        {
             None | Some(serde_json::Value::Null) => Vec::new(),
             Some(serde_json::Value::String(g)) => vec![g.clone()],
             Some(serde_json::Value::Array(list)) => list
@@ -400,9 +440,15 @@ mod tests {
 
     #[test]
     fn settings_are_checked() {
-        assert!(settings(Some("https://idp.example.org/realms/lab")).validate().is_ok());
+        assert!(
+            settings(Some("https://idp.example.org/realms/lab"))
+                .validate()
+                .is_ok()
+        );
         assert!(settings(Some("http://127.0.0.1:8080")).validate().is_ok());
-        let e = settings(Some("http://idp.example.org")).validate().expect_err("plain http");
+        let e = settings(Some("http://idp.example.org"))
+            .validate()
+            .expect_err("plain http");
         assert!(e.contains("https"), "{e}");
         let mut s = settings(Some("https://idp.example.org"));
         s.client_id = None;
@@ -412,7 +458,11 @@ mod tests {
         assert!(s.validate().expect_err("no openid").contains("openid"));
         let mut s = settings(Some("https://idp.example.org"));
         s.group_map = "nonsense".into();
-        assert!(s.validate().expect_err("bad map").contains("TESSERA_OIDC_GROUP_MAP"));
+        assert!(
+            s.validate()
+                .expect_err("bad map")
+                .contains("TESSERA_OIDC_GROUP_MAP")
+        );
         let e = settings(None).validate().expect_err("map without issuer");
         assert!(e.contains("TESSERA_OIDC_ISSUER"), "{e}");
         let mut s = settings(None);

@@ -367,6 +367,8 @@ fn test() -> Result<()> {
     )?;
     check_dependency_direction()?;
     ensure_jupyterlab()?;
+    // The single sign-on tests start the OpenID Provider from e2e/node_modules.
+    ensure_e2e_packages()?;
     let pg = Postgres::start()?;
     let url = pg.url();
     step_with_digest(
@@ -419,6 +421,7 @@ fn check_dependency_direction() -> Result<()> {
                 "leptos",
                 "axum",
                 "kube",
+                "openidconnect",
             ],
         ),
         (
@@ -447,6 +450,7 @@ fn check_dependency_direction() -> Result<()> {
                 "sqlx",
                 "leptos",
                 "kube",
+                "openidconnect",
             ],
         ),
     ];
@@ -485,16 +489,22 @@ fn check_dependency_direction() -> Result<()> {
 /// Starts a fresh server on a free port and runs the browser tests against it.
 fn e2e() -> Result<()> {
     let e2e_dir = Path::new("e2e");
-    if !e2e_dir.join("node_modules/playwright-core").exists() {
-        step(
-            "npm ci (e2e)",
-            Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(e2e_dir),
-        )?;
-    }
+    ensure_e2e_packages()?;
     let password = "e2e-admin-password-1";
-    let (server, base, data) = serve_for_tests("tessera-e2e", password)?;
+    let port = free_port()?;
+    let data = tempfile_dir("tessera-e2e")?;
+    let (idp, issuer) = start_identity_provider(port, &data)?;
+    let sso = [
+        ("TESSERA_OIDC_ISSUER", issuer.clone()),
+        ("TESSERA_OIDC_CLIENT_ID", E2E_CLIENT_ID.to_owned()),
+        ("TESSERA_OIDC_CLIENT_SECRET", E2E_CLIENT_SECRET.to_owned()),
+        ("TESSERA_OIDC_PROVIDER_NAME", "Test IdP".to_owned()),
+        (
+            "TESSERA_OIDC_GROUP_MAP",
+            "gpu-vision-admins=SSO Vision:team_admin".to_owned(),
+        ),
+    ];
+    let (server, base) = serve_for_tests(&data, password, port, &sso)?;
     validate_openapi(&base)?;
     let result = step(
         "browser tests (headless Chromium)",
@@ -502,9 +512,11 @@ fn e2e() -> Result<()> {
             .args(["--test", "--test-concurrency=1", "tests/"])
             .current_dir(e2e_dir)
             .env("TESSERA_URL", &base)
+            .env("TESSERA_IDP_URL", &issuer)
             .env("TESSERA_ADMIN_PASSWORD", password),
     );
     drop(server);
+    drop(idp);
     if result.is_err() {
         eprintln!(
             "server log: {}\nscreenshots: e2e/artifacts/",
@@ -514,17 +526,80 @@ fn e2e() -> Result<()> {
     result
 }
 
-/// Starts `tessera serve` (debug build) on a free port with a fresh SQLite database in a
-/// new folder, the embedded simulated nodes and `password` for the bootstrap admin; returns
-/// the running server, its base URL and the folder (with `server.log`).
-fn serve_for_tests(name: &str, password: &str) -> Result<(KillOnDrop, String, PathBuf)> {
-    let data = tempfile_dir(name)?;
-    let port = free_port()?;
+const E2E_CLIENT_ID: &str = "tessera-e2e";
+const E2E_CLIENT_SECRET: &str = "e2e-client-secret-0123456789abcdef";
+
+/// The npm packages of the browser tests and the test identity provider.
+fn ensure_e2e_packages() -> Result<()> {
+    let e2e_dir = Path::new("e2e");
+    let installed = ["playwright-core", "oidc-provider"]
+        .iter()
+        .all(|p| e2e_dir.join("node_modules").join(p).exists());
+    if installed {
+        return Ok(());
+    }
+    step(
+        "npm ci (e2e)",
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(e2e_dir),
+    )
+}
+
+/// Starts the test OpenID Provider (`e2e/oidc/provider.mjs`, oidc-provider from npm) for
+/// a Tessera on `port`; returns it and its issuer URL. Its log goes to `data/idp.log`.
+fn start_identity_provider(port: u16, data: &Path) -> Result<(KillOnDrop, String)> {
+    use std::io::BufRead;
+    let log = std::fs::File::create(data.join("idp.log"))?;
+    let mut child = Command::new("node")
+        .arg("e2e/oidc/provider.mjs")
+        .args([
+            "--redirect-uri",
+            &format!("http://127.0.0.1:{port}/auth/oidc/callback"),
+        ])
+        .args([
+            "--client-id",
+            E2E_CLIENT_ID,
+            "--client-secret",
+            E2E_CLIENT_SECRET,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .context("starting node e2e/oidc/provider.mjs")?;
+    let stdout = child.stdout.take().context("provider stdout")?;
+    let idp = KillOnDrop(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    let issuer = line
+        .split("\"issuer\":\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .with_context(|| {
+            format!(
+                "the identity provider did not start (see {})",
+                data.join("idp.log").display()
+            )
+        })?
+        .to_owned();
+    Ok((idp, issuer))
+}
+
+/// Starts `tessera serve` (debug build) on `port` with a fresh SQLite database in `data`,
+/// the embedded simulated nodes, `password` for the bootstrap admin and the extra settings
+/// `env`; returns the running server and its base URL (its log is `data/server.log`).
+fn serve_for_tests(
+    data: &Path,
+    password: &str,
+    port: u16,
+    env: &[(&str, String)],
+) -> Result<(KillOnDrop, String)> {
     let base = format!("http://127.0.0.1:{port}");
     let bin = target_dir().join("debug").join("tessera");
     let log = std::fs::File::create(data.join("server.log"))?;
     let server = Command::new(&bin)
         .arg("serve")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("TESSERA_BIND", format!("127.0.0.1:{port}"))
         .env(
             "TESSERA_DATABASE_URL",
@@ -541,7 +616,7 @@ fn serve_for_tests(name: &str, password: &str) -> Result<(KillOnDrop, String, Pa
         .with_context(|| format!("starting {}", bin.display()))?;
     let server = KillOnDrop(server);
     wait_for_http(&format!("127.0.0.1:{port}"), Duration::from_secs(60))?;
-    Ok((server, base, data))
+    Ok((server, base))
 }
 
 /// Fuzzes the REST API of a fresh server with Schemathesis (PyPI, installed when missing)
@@ -550,7 +625,8 @@ fn serve_for_tests(name: &str, password: &str) -> Result<(KillOnDrop, String, Pa
 fn fuzz_api() -> Result<()> {
     pip_install("schemathesis", "schemathesis==4.32.5")?;
     let password = "fuzz-admin-password-1";
-    let (server, base, data) = serve_for_tests("tessera-fuzz", password)?;
+    let data = tempfile_dir("tessera-fuzz")?;
+    let (server, base) = serve_for_tests(&data, password, free_port()?, &[])?;
     let result = step(
         "API fuzzing (Schemathesis: no 5xx, responses match the OpenAPI document)",
         Command::new("python3").args(["e2e/fuzz_api.py", &base, password]),

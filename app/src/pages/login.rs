@@ -97,7 +97,12 @@ pub fn LoginPage() -> impl IntoView {
                     {field_error(value, "username")}
                     <PasswordInput name="password" label="Password" />
                     {field_error(value, "password")}
-                    <button type="submit" class="primary" disabled=move || login.pending().get()>
+                    <button
+                        id="sign-in"
+                        type="submit"
+                        class="primary"
+                        disabled=move || login.pending().get()
+                    >
                         {move || if login.pending().get() { "Signing in…" } else { "Sign in" }}
                     </button>
                 </ActionForm>

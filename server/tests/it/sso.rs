@@ -100,7 +100,11 @@ async fn start(db: Db) -> (AdminClient, Idp) {
     .await;
     let api = AdminClient::with_app(app).await;
     let (s, v) = api
-        .call(Method::POST, "/api/v1/teams", Some(json!({"name": "Vision"})))
+        .call(
+            Method::POST,
+            "/api/v1/teams",
+            Some(json!({"name": "Vision"})),
+        )
         .await;
     assert_eq!(s, 201, "{v}");
     (api, idp)
@@ -138,7 +142,10 @@ async fn authorize_with_cookie(b: &Browser, idp: &Idp, user: &str) -> (String, S
     assert_eq!(r.status(), 303, "start sign-in");
     let pending = crate::support::session_cookie(&r).expect("a session for the pending sign-in");
     let mut next = location(&r, &b.base);
-    assert!(next.starts_with(&idp.issuer), "sent to the provider: {next}");
+    assert!(
+        next.starts_with(&idp.issuer),
+        "sent to the provider: {next}"
+    );
     for _ in 0..10 {
         if next.starts_with(&format!("{}/auth/oidc/callback", b.base)) {
             return (next, pending);
@@ -165,7 +172,11 @@ async fn authorize_with_cookie(b: &Browser, idp: &Idp, user: &str) -> (String, S
             .send()
             .await
             .expect("provider login");
-        assert!(r.status().is_redirection(), "login accepted: {}", r.status());
+        assert!(
+            r.status().is_redirection(),
+            "login accepted: {}",
+            r.status()
+        );
         next = location(&r, &idp.issuer);
     }
     panic!("no answer from the provider");
@@ -181,7 +192,11 @@ async fn answer(b: &Browser, callback: &str) -> String {
 async fn sign_in(app: &TestApp, idp: &Idp, user: &str) -> Browser {
     let b = app.browser();
     let callback = authorize(&b, idp, user).await;
-    assert_eq!(answer(&b, &callback).await, app.url("/"), "{user} signed in");
+    assert_eq!(
+        answer(&b, &callback).await,
+        app.url("/"),
+        "{user} signed in"
+    );
     assert_eq!(b.whoami().await.as_deref(), Some(user));
     b
 }
@@ -227,7 +242,10 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
     // The sign-in page offers the provider.
     let page = reqwest::get(app.url("/login")).await.expect("login page");
     let page = page.text().await.expect("html");
-    assert!(page.contains("Sign in with Test IdP"), "button on the login page");
+    assert!(
+        page.contains("Sign in with Test IdP"),
+        "button on the login page"
+    );
     assert!(page.contains("action=\"/auth/oidc/login\""));
 
     let b = app.browser();
@@ -239,7 +257,10 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
     let cookie = crate::support::session_cookie(&r).expect("a session cookie");
     assert_eq!(location(&r, &b.base), app.url("/"));
     assert_eq!(b.whoami().await.as_deref(), Some("alice"));
-    assert_eq!(my_teams(&b).await, vec![("Vision".to_owned(), "team_admin".to_owned())]);
+    assert_eq!(
+        my_teams(&b).await,
+        vec![("Vision".to_owned(), "team_admin".to_owned())]
+    );
     assert!(!is_admin(&b).await);
 
     // A session like a password sign-in's: the id was cycled (the pending sign-in's
@@ -262,7 +283,8 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
     assert_eq!(me(cookie).await, 200);
 
     // The new user has no password: password sign-in and password change both refuse.
-    let (s, _) = crate::support::error_kind(app.browser().login("alice", "alice-password").await).await;
+    let (s, _) =
+        crate::support::error_kind(app.browser().login("alice", "alice-password").await).await;
     assert_eq!(s, 401);
     let r = b
         .call(
@@ -307,17 +329,26 @@ async fn an_answer_with_the_wrong_state_is_refused(db: Db) {
     let b = app.browser();
     let callback = authorize(&b, &idp, "bob").await;
     let (head, state) = callback.split_once("state=").expect("state");
-    let rest = state.split_once('&').map(|(_, r)| format!("&{r}")).unwrap_or_default();
+    let rest = state
+        .split_once('&')
+        .map(|(_, r)| format!("&{r}"))
+        .unwrap_or_default();
     let forged = format!("{head}state=not-the-state{rest}");
     assert_eq!(answer(&b, &forged).await, app.url("/login?sso_error=state"));
     assert_eq!(b.whoami().await, None);
     // The pending sign-in was used up by the failed try: the genuine answer is refused too.
-    assert_eq!(answer(&b, &callback).await, app.url("/login?sso_error=state"));
+    assert_eq!(
+        answer(&b, &callback).await,
+        app.url("/login?sso_error=state")
+    );
     assert_eq!(b.whoami().await, None);
     // An answer delivered to a browser that never started a sign-in (login CSRF).
     let other = app.browser();
     let callback = authorize(&b, &idp, "bob").await;
-    assert_eq!(answer(&other, &callback).await, app.url("/login?sso_error=state"));
+    assert_eq!(
+        answer(&other, &callback).await,
+        app.url("/login?sso_error=state")
+    );
     assert_eq!(other.whoami().await, None);
     // The page explains.
     let page = reqwest::get(app.url("/login?sso_error=state"))
@@ -326,7 +357,10 @@ async fn an_answer_with_the_wrong_state_is_refused(db: Db) {
         .text()
         .await
         .expect("html");
-    assert!(page.contains("expired or was started in another browser"), "message shown");
+    assert!(
+        page.contains("expired or was started in another browser"),
+        "message shown"
+    );
 }
 
 async fn a_replayed_code_is_refused(db: Db) {
@@ -344,10 +378,28 @@ async fn a_replayed_code_is_refused(db: Db) {
     // Replaying the code under a new sign-in's state: the provider refuses the used code
     // (and it was issued for another PKCE challenge).
     let fresh = authorize(&b, &idp, "bob").await;
-    let new_state = fresh.split("state=").nth(1).expect("state").split('&').next().expect("s");
-    let old_code = first.split("code=").nth(1).expect("code").split('&').next().expect("c");
-    let replay = format!("{}/auth/oidc/callback?code={old_code}&state={new_state}", app.base);
-    assert_eq!(answer(&b, &replay).await, app.url("/login?sso_error=failed"));
+    let new_state = fresh
+        .split("state=")
+        .nth(1)
+        .expect("state")
+        .split('&')
+        .next()
+        .expect("s");
+    let old_code = first
+        .split("code=")
+        .nth(1)
+        .expect("code")
+        .split('&')
+        .next()
+        .expect("c");
+    let replay = format!(
+        "{}/auth/oidc/callback?code={old_code}&state={new_state}",
+        app.base
+    );
+    assert_eq!(
+        answer(&b, &replay).await,
+        app.url("/login?sso_error=failed")
+    );
     assert_eq!(b.whoami().await, None);
 }
 
@@ -366,7 +418,10 @@ async fn a_forged_or_expired_id_token_is_refused(db: Db) {
         assert_eq!(b.whoami().await, None, "{fault}: not signed in");
     }
     let (_, users) = api.call(Method::GET, "/api/v1/users", None).await;
-    assert_eq!(users["total"], 1, "no user created from a bad token: {users}");
+    assert_eq!(
+        users["total"], 1,
+        "no user created from a bad token: {users}"
+    );
     // The same flow with an untampered token succeeds.
     sign_in(app, &idp, "alice").await;
 }
@@ -388,7 +443,10 @@ async fn unknown_groups_grant_nothing(db: Db) {
         .await;
     assert_eq!(s, 201);
     let b = sign_in(app, &idp, "carol").await;
-    assert_eq!(my_teams(&b).await, vec![("NLP".to_owned(), "member".to_owned())]);
+    assert_eq!(
+        my_teams(&b).await,
+        vec![("NLP".to_owned(), "member".to_owned())]
+    );
     // The team's page answers for a member.
     let (s, _) = get(&b, "/api/v1/teams").await;
     assert_eq!(s, 200);
@@ -398,7 +456,10 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
     let (api, idp) = start(db).await;
     let app = &api.app;
     let b = sign_in(app, &idp, "bob").await;
-    assert_eq!(my_teams(&b).await, vec![("Vision".to_owned(), "member".to_owned())]);
+    assert_eq!(
+        my_teams(&b).await,
+        vec![("Vision".to_owned(), "member".to_owned())]
+    );
 
     // A team the map does not manage, joined locally, is left alone by the provider.
     let (_, lab) = api
@@ -415,7 +476,8 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
     assert_eq!(s, 201, "{v}");
 
     // Promoted in the provider: team admin and platform admin at the next sign-in.
-    idp.set_groups("bob", &["gpu-vision-admins", "gpu-ops"]).await;
+    idp.set_groups("bob", &["gpu-vision-admins", "gpu-ops"])
+        .await;
     let b = sign_in(app, &idp, "bob").await;
     let mut teams = my_teams(&b).await;
     teams.sort();
@@ -431,7 +493,10 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
     // Out of every group: leaves Vision, loses what the claim gave; keeps Lab.
     idp.set_groups("bob", &[]).await;
     let b = sign_in(app, &idp, "bob").await;
-    assert_eq!(my_teams(&b).await, vec![("Lab".to_owned(), "viewer".to_owned())]);
+    assert_eq!(
+        my_teams(&b).await,
+        vec![("Lab".to_owned(), "viewer".to_owned())]
+    );
     assert!(!is_admin(&b).await);
     let (_, audit) = api
         .call(Method::GET, "/api/v1/audit?action=sso.grants_changed", None)
@@ -440,7 +505,13 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
 
     // The local platform admin is untouched by any of this.
     let admin = app.browser();
-    assert!(admin.login("admin", ADMIN_PASSWORD).await.status().is_success());
+    assert!(
+        admin
+            .login("admin", ADMIN_PASSWORD)
+            .await
+            .status()
+            .is_success()
+    );
     assert!(is_admin(&admin).await);
 
     // Disabling kills the session and refuses the next sign-in.
@@ -461,7 +532,10 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
     assert_eq!(b.whoami().await, None, "disabled: session ended");
     let c = app.browser();
     let callback = authorize(&c, &idp, "bob").await;
-    assert_eq!(answer(&c, &callback).await, app.url("/login?sso_error=disabled"));
+    assert_eq!(
+        answer(&c, &callback).await,
+        app.url("/login?sso_error=disabled")
+    );
     assert_eq!(c.whoami().await, None);
 }
 
@@ -483,9 +557,18 @@ async fn a_username_taken_locally_is_not_taken_over(db: Db) {
     assert_eq!(b.whoami().await.as_deref(), Some("alice-2"));
     // The local alice keeps her password and gets no team from alice-2's claims.
     let local = app.browser();
-    assert!(local.login("alice", "local-alice-password").await.status().is_success());
+    assert!(
+        local
+            .login("alice", "local-alice-password")
+            .await
+            .status()
+            .is_success()
+    );
     assert!(my_teams(&local).await.is_empty());
-    assert_eq!(my_teams(&b).await, vec![("Vision".to_owned(), "team_admin".to_owned())]);
+    assert_eq!(
+        my_teams(&b).await,
+        vec![("Vision".to_owned(), "team_admin".to_owned())]
+    );
 }
 
 on_both_databases!(
