@@ -179,8 +179,9 @@ pub struct PendingLogin {
     started_at: DateTime<Utc>,
 }
 
-/// How long a user may spend at the provider before the answer is refused.
-const PENDING_FOR: chrono::Duration = chrono::Duration::minutes(10);
+/// How long a user may spend at the provider before the answer is refused (and the
+/// anonymous session that carries the pending sign-in expires).
+pub const PENDING_MINUTES: i64 = 10;
 /// How long discovery (metadata and signing keys) is reused before it is fetched again.
 const DISCOVERY_TTL: Duration = Duration::from_secs(300);
 
@@ -328,7 +329,7 @@ impl Oidc {
             .state
             .as_deref()
             .is_some_and(|s| constant_time_eq(s.as_bytes(), pending.state.as_bytes()));
-        if !state_ok || now - pending.started_at > PENDING_FOR {
+        if !state_ok || now - pending.started_at > chrono::Duration::minutes(PENDING_MINUTES) {
             return Err(SsoFailure::State);
         }
         if let Some(error) = &answer.error {

@@ -133,7 +133,9 @@ impl Accounts {
             teams = ?changes.teams, admin = ?changes.admin, "signed in through single sign-on");
         Ok(SignedIn {
             principal: principal(&user)?,
-            at: sign_in.now,
+            // Not `sign_in.now`: a concurrent first sign-in may have created the user (and
+            // its `sessions_valid_after`) after this one read the clock.
+            at: Utc::now().max(user.sessions_valid_after),
         })
     }
 

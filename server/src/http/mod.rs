@@ -99,10 +99,15 @@ pub fn session_layer(store: AnySessionStore, config: &ServeConfig) -> Sessions {
         .with_http_only(true)
         .with_same_site(SameSite::Lax)
         .with_path("/")
-        .with_expiry(Expiry::OnInactivity(
-            tower_sessions::cookie::time::Duration::try_from(config.session_idle_timeout)
-                .unwrap_or(tower_sessions::cookie::time::Duration::hours(8)),
-        ))
+        .with_expiry(idle_expiry(config))
+}
+
+/// A signed-in session's expiry: after the configured inactivity.
+pub(crate) fn idle_expiry(config: &ServeConfig) -> Expiry {
+    Expiry::OnInactivity(
+        tower_sessions::cookie::time::Duration::try_from(config.session_idle_timeout)
+            .unwrap_or(tower_sessions::cookie::time::Duration::hours(8)),
+    )
 }
 
 /// Decides the client's address once per request ([`ClientIp`]): the socket peer, or the

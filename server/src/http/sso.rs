@@ -6,7 +6,7 @@
 //! POST. It acts only on a sign-in this browser's session started (the state), once.
 
 use crate::AppState;
-use crate::oidc::{CallbackQuery, PendingLogin, SsoFailure};
+use crate::oidc::{CallbackQuery, PENDING_MINUTES, PendingLogin, SsoFailure};
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::Utc;
 use tessera_domain::error::AppError;
-use tower_sessions::Session;
+use tower_sessions::{Expiry, Session};
 
 const PENDING: &str = "oidc_pending";
 
@@ -32,16 +32,25 @@ async fn begin(State(state): State<AppState>, session: Session) -> Response {
     let Some(oidc) = &state.oidc else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    match oidc.begin(Utc::now()).await {
-        Ok((url, pending)) => match session.insert(PENDING, pending).await {
-            Ok(()) => Redirect::to(&url).into_response(),
-            Err(e) => {
-                tracing::error!(error = %e, "session store");
-                StatusCode::INTERNAL_SERVER_ERROR.into_response()
-            }
-        },
-        Err(why) => failed(why),
+    match tessera_core::request::session_principal(&state.services, &session).await {
+        Ok(Some(_)) => return Redirect::to("/").into_response(),
+        Ok(None) => {}
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+    let (url, pending) = match oidc.begin(Utc::now()).await {
+        Ok(started) => started,
+        Err(why) => return failed(why),
+    };
+    // An anonymous session only for the trip to the provider: it expires with the pending
+    // sign-in instead of lingering for the whole idle timeout.
+    session.set_expiry(Some(Expiry::OnInactivity(
+        tower_sessions::cookie::time::Duration::minutes(PENDING_MINUTES),
+    )));
+    if let Err(e) = session.insert(PENDING, pending).await {
+        tracing::error!(error = %e, "session store");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    Redirect::to(&url).into_response()
 }
 
 async fn callback(
@@ -67,6 +76,7 @@ async fn callback(
         Ok(who) => who,
         Err(why) => return failed(why),
     };
+    session.set_expiry(Some(super::idle_expiry(&state.config)));
     match tessera_core::request::sign_in_sso(&state.services, &session, &who).await {
         Ok(me) => {
             tracing::info!(user = %me.username, "signed in through single sign-on");

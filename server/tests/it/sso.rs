@@ -255,6 +255,11 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
     let r = b.client.get(&callback).send().await.expect("callback");
     assert_eq!(r.status(), 303);
     let cookie = crate::support::session_cookie(&r).expect("a session cookie");
+    let set = crate::support::set_cookies(&r).join("; ");
+    assert!(
+        set.contains("Max-Age=28800"),
+        "the idle timeout applies: {set}"
+    );
     assert_eq!(location(&r, &b.base), app.url("/"));
     assert_eq!(b.whoami().await.as_deref(), Some("alice"));
     assert_eq!(
@@ -319,6 +324,24 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
     // A second sign-in finds the same user (no duplicate).
     let again = sign_in(app, &idp, "alice").await;
     assert_eq!(my_teams(&again).await.len(), 1);
+    // Signed in already: starting another sign-in just goes home.
+    let r = again
+        .client
+        .post(app.url("/auth/oidc/login"))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(location(&r, &app.base), app.url("/"));
+    // A stranger's start gets a session that lives only as long as the sign-in may take.
+    let r = app
+        .browser()
+        .client
+        .post(app.url("/auth/oidc/login"))
+        .send()
+        .await
+        .expect("start");
+    let cookies = crate::support::set_cookies(&r).join("; ");
+    assert!(cookies.contains("Max-Age=600"), "{cookies}");
     let (_, users) = api.call(Method::GET, "/api/v1/users", None).await;
     assert_eq!(users["total"], 2, "admin and alice: {users}");
 }
@@ -571,7 +594,27 @@ async fn a_username_taken_locally_is_not_taken_over(db: Db) {
     );
 }
 
+async fn concurrent_first_sign_ins_make_one_user(db: Db) {
+    let (api, idp) = start(db).await;
+    let app = &api.app;
+    let browsers: Vec<Browser> = (0..4).map(|_| app.browser()).collect();
+    let mut answers = Vec::new();
+    for b in &browsers {
+        answers.push(authorize(b, &idp, "alice").await);
+    }
+    let homes =
+        futures_util::future::join_all(browsers.iter().zip(&answers).map(|(b, a)| answer(b, a)))
+            .await;
+    assert!(homes.iter().all(|h| *h == app.url("/")), "{homes:?}");
+    for b in &browsers {
+        assert_eq!(b.whoami().await.as_deref(), Some("alice"));
+    }
+    let (_, users) = api.call(Method::GET, "/api/v1/users", None).await;
+    assert_eq!(users["total"], 2, "admin and one alice: {users}");
+}
+
 on_both_databases!(
+    concurrent_first_sign_ins_make_one_user,
     first_sign_in_creates_the_user_in_the_mapped_team,
     an_answer_with_the_wrong_state_is_refused,
     a_replayed_code_is_refused,
