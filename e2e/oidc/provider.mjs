@@ -3,7 +3,10 @@
 // login page of its own.
 //
 //   node e2e/oidc/provider.mjs --redirect-uri http://127.0.0.1:3000/auth/oidc/callback \
-//        [--port 0] [--client-id tessera] [--client-secret …]
+//        [--port 0] [--client-id tessera] [--client-secret …] [--claims-in userinfo]
+//
+// `--claims-in userinfo` keeps profile and group claims out of the ID token (only `sub`),
+// as the spec has it for the code flow; clients must ask the userinfo endpoint.
 //
 // Prints one JSON line on stdout once listening: {"issuer": "http://127.0.0.1:PORT"}.
 //
@@ -39,6 +42,7 @@ const { values: args } = parseArgs({
     'redirect-uri': { type: 'string', multiple: true, default: [] },
     'client-id': { type: 'string', default: 'tessera' },
     'client-secret': { type: 'string', default: 'tessera-test-client-secret-0123456789' },
+    'claims-in': { type: 'string', default: 'id_token' },
   },
 });
 
@@ -85,8 +89,9 @@ const provider = new Provider(issuer, {
     email: ['email'],
     groups: ['groups'],
   },
-  // Put the scopes' claims in the ID token itself, as Keycloak/Azure AD group mappers do.
-  conformIdTokenClaims: false,
+  // By default the scopes' claims go in the ID token itself, as Keycloak/Azure AD group
+  // mappers put them; `--claims-in userinfo` leaves them to the userinfo endpoint.
+  conformIdTokenClaims: args['claims-in'] === 'userinfo',
   features: { devInteractions: { enabled: false } },
   pkce: { required: () => true },
   ttl: {

@@ -16,8 +16,8 @@ use openidconnect::core::{
 use openidconnect::{
     AdditionalClaims, AuthenticationFlow, AuthorizationCode, Client, ClientId, ClientSecret,
     CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields,
-    IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
-    StandardErrorResponse, StandardTokenResponse, TokenResponse,
+    IssuerUrl, Nonce, OAuth2TokenResponse, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
+    StandardErrorResponse, StandardTokenResponse, TokenResponse, UserInfoClaims,
 };
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -371,13 +371,52 @@ impl Oidc {
                 tracing::warn!(error = %error_chain(&e), "ID token rejected");
                 SsoFailure::Failed
             })?;
-        let groups = match claims
+        let mut who = ExternalIdentity {
+            issuer: self.issuer.as_str().to_owned(),
+            subject: claims.subject().as_str().to_owned(),
+            preferred_username: claims.preferred_username().map(|u| u.as_str().to_owned()),
+            email: claims.email().map(|e| e.as_str().to_owned()),
+            groups: Vec::new(),
+        };
+        let mut groups = claims
             .additional_claims()
             .claims
             .get(&self.settings.groups_claim)
+            .cloned();
+        // Providers that keep profile claims out of the ID token (`openid` + code flow, as
+        // the spec has it) answer them at the userinfo endpoint, for the same subject.
+        if groups.is_none()
+            && let Ok(request) = client.user_info(
+                tokens.access_token().clone(),
+                Some(claims.subject().clone()),
+            )
         {
+            let info: UserInfoClaims<OtherClaims, CoreGenderClaim> =
+                request.request_async(&self.http).await.map_err(|e| {
+                    tracing::warn!(error = %error_chain(&e), "userinfo request failed");
+                    SsoFailure::Failed
+                })?;
+            groups = info
+                .additional_claims()
+                .claims
+                .get(&self.settings.groups_claim)
+                .cloned();
+            who.preferred_username = who
+                .preferred_username
+                .or_else(|| info.preferred_username().map(|u| u.as_str().to_owned()));
+            who.email = who
+                .email
+                .or_else(|| info.email().map(|e| e.as_str().to_owned()));
+        }
+        who.groups = self.group_list(groups);
+        Ok(who)
+    }
+
+    /// The group claim's value as a list (a provider may send one group as a string).
+    fn group_list(&self, claim: Option<serde_json::Value>) -> Vec<String> {
+        match claim {
             None | Some(serde_json::Value::Null) => Vec::new(),
-            Some(serde_json::Value::String(g)) => vec![g.clone()],
+            Some(serde_json::Value::String(g)) => vec![g],
             Some(serde_json::Value::Array(list)) => list
                 .iter()
                 .filter_map(|g| g.as_str().map(str::to_owned))
@@ -387,14 +426,7 @@ impl Oidc {
                     "the groups claim is neither a string nor a list; ignored");
                 Vec::new()
             }
-        };
-        Ok(ExternalIdentity {
-            issuer: self.issuer.as_str().to_owned(),
-            subject: claims.subject().as_str().to_owned(),
-            preferred_username: claims.preferred_username().map(|u| u.as_str().to_owned()),
-            email: claims.email().map(|e| e.as_str().to_owned()),
-            groups,
-        })
+        }
     }
 }
 

@@ -27,7 +27,7 @@ struct Idp {
 }
 
 impl Idp {
-    async fn start(redirect_uri: &str) -> Idp {
+    async fn start(redirect_uri: &str, extra: &[&str]) -> Idp {
         let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../e2e");
         assert!(
             e2e.join("node_modules/oidc-provider").exists(),
@@ -37,6 +37,7 @@ impl Idp {
             .arg(e2e.join("oidc/provider.mjs"))
             .args(["--redirect-uri", redirect_uri])
             .args(["--client-id", CLIENT_ID, "--client-secret", CLIENT_SECRET])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -83,11 +84,16 @@ impl Idp {
 
 /// A Tessera with single sign-on through a fresh provider.
 async fn start(db: Db) -> (AdminClient, Idp) {
+    start_with(db, &[]).await
+}
+
+/// [`start`], with extra `provider.mjs` options.
+async fn start_with(db: Db, idp_options: &[&str]) -> (AdminClient, Idp) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let idp = Idp::start(&format!("{base}/auth/oidc/callback")).await;
+    let idp = Idp::start(&format!("{base}/auth/oidc/callback"), idp_options).await;
     let issuer = idp.issuer.clone();
     let app = TestApp::spawn_on(db, listener, |c| {
         c.public_url = Some(base.clone());
@@ -613,7 +619,18 @@ async fn concurrent_first_sign_ins_make_one_user(db: Db) {
     assert_eq!(users["total"], 2, "admin and one alice: {users}");
 }
 
+async fn claims_only_at_userinfo_are_read_there(db: Db) {
+    // The ID token carries only `sub`; name, e-mail and groups come from userinfo.
+    let (api, idp) = start_with(db, &["--claims-in", "userinfo"]).await;
+    let b = sign_in(&api.app, &idp, "alice").await;
+    assert_eq!(
+        my_teams(&b).await,
+        vec![("Vision".to_owned(), "team_admin".to_owned())]
+    );
+}
+
 on_both_databases!(
+    claims_only_at_userinfo_are_read_there,
     concurrent_first_sign_ins_make_one_user,
     first_sign_in_creates_the_user_in_the_mapped_team,
     an_answer_with_the_wrong_state_is_refused,
