@@ -180,6 +180,9 @@ pub struct UserView {
     pub username: String,
     pub is_admin: bool,
     pub disabled: bool,
+    /// Has a Tessera password. Users created by single sign-on have none (until an admin
+    /// sets one) and sign in only through the identity provider.
+    pub has_password: bool,
     pub created_at: DateTime<Utc>,
 }
 

@@ -72,6 +72,21 @@ test('a new user signs in through the identity provider and lands in the mapped 
   });
 });
 
+test('the admin sees the new user marked as a single sign-on user', async () => {
+  await withPage(browser, 'sso-admin-users', async (page) => {
+    await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
+    await page.waitForURL(`${BASE}/`);
+    await page.goto(`${BASE}/admin/users`);
+    await hydrated(page);
+    await page.locator(`tr[data-username="${USER}"] .badge`, { hasText: 'SSO' }).waitFor();
+    assert.equal(
+      await page.locator('tr[data-username="admin"] .badge', { hasText: 'SSO' }).count(),
+      0,
+      'the local admin is not marked',
+    );
+  });
+});
+
 test('a failed single sign-on explains itself on the sign-in page', async () => {
   await withPage(browser, 'sso-error', async (page) => {
     await page.goto(`${BASE}/login?sso_error=disabled`);

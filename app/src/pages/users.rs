@@ -139,6 +139,18 @@ fn UserRow(user: UserView, actions: UserActions) -> impl IntoView {
                 {is_me.then(|| view! { " " <span class="badge muted">"you"</span> })}
                 {user.is_admin.then(|| view! { " " <span class="badge">"admin"</span> })}
                 {user.disabled.then(|| view! { " " <span class="badge danger">"disabled"</span> })}
+                {(!user.has_password)
+                    .then(|| {
+                        view! {
+                            " "
+                            <span
+                                class="badge muted"
+                                title="Signs in through single sign-on; has no Tessera password"
+                            >
+                                "SSO"
+                            </span>
+                        }
+                    })}
             </td>
             <td>
                 <When t=user.created_at />

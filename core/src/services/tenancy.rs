@@ -358,6 +358,7 @@ fn user_view(u: &UserRow) -> UserView {
         username: u.username.clone(),
         is_admin: u.is_admin,
         disabled: u.disabled,
+        has_password: u.password_hash != crate::store::NO_PASSWORD,
         created_at: u.created_at,
     }
 }

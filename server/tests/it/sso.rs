@@ -314,14 +314,13 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
     );
 
     // The admin sees the user and the audit trail records the creation.
-    let (_, users) = api.call(Method::GET, "/api/v1/users", None).await;
-    let alice = users["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .find(|u| u["username"] == "alice")
-        .expect("alice listed");
+    let alice = api.user("alice").await;
     assert_eq!(alice["is_admin"], false);
+    assert_eq!(
+        alice["has_password"], false,
+        "listed as a single sign-on user"
+    );
+    assert_eq!(api.user("admin").await["has_password"], true);
     let (_, audit) = api
         .call(Method::GET, "/api/v1/audit?action=sso.user_created", None)
         .await;
@@ -544,16 +543,7 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
     assert!(is_admin(&admin).await);
 
     // Disabling kills the session and refuses the next sign-in.
-    let (_, users) = api.call(Method::GET, "/api/v1/users", None).await;
-    let bob = users["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .find(|u| u["username"] == "bob")
-        .expect("bob")["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let bob = api.user("bob").await["id"].as_str().expect("id").to_owned();
     let (s, _) = api
         .call(Method::POST, &format!("/api/v1/users/{bob}/disable"), None)
         .await;

@@ -264,6 +264,21 @@ impl AdminClient {
         AdminClient { app, cookie }
     }
 
+    /// The user named `username`, as `GET /api/v1/users` lists them.
+    pub async fn user(&self, username: &str) -> serde_json::Value {
+        let (s, users) = self
+            .call(reqwest::Method::GET, "/api/v1/users?limit=200", None)
+            .await;
+        assert_eq!(s, 200, "{users}");
+        users["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .find(|u| u["username"] == username)
+            .cloned()
+            .unwrap_or_else(|| panic!("{username} is not listed: {users}"))
+    }
+
     /// `(status, JSON body or null)`.
     pub async fn call(
         &self,

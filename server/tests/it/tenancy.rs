@@ -98,13 +98,7 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
     );
 
     // An admin cannot lock themselves out.
-    let (_, me) = api.call(Method::GET, "/api/v1/users?limit=200", None).await;
-    let admin_id = me["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .find(|u| u["username"] == "admin")
-        .expect("admin")["id"]
+    let admin_id = api.user("admin").await["id"]
         .as_str()
         .expect("id")
         .to_owned();
