@@ -13,6 +13,9 @@
 // Test controls (loopback only, not part of OpenID Connect):
 //   POST /__test/users   {"username", "password", "groups": [...], "email"?, "name"?}
 //        adds or replaces a user (the next sign-in sees the new groups).
+//   POST /__test/rotate  {}
+//        rotates the signing key: from now on ID tokens are signed with a new key (new
+//        `kid`), which the JWKS endpoint publishes beside the old one.
 //   POST /__test/fault   {"mode": "bad-signature" | "expired" | "none"}
 //        tampers with the ID token of the next token response only:
 //        bad-signature: re-signed with a key the provider never published (same `kid`);
@@ -67,6 +70,8 @@ const forger = await generateKeyPair('RS256', { extractable: true });
 const signingJwk = { ...(await exportJWK(signing.privateKey)), kid, alg: 'RS256', use: 'sig' };
 
 let fault = 'none';
+// Set by /__test/rotate: the key ID tokens are signed with from then on, and its public JWK.
+let rotated = null;
 
 const server = http.createServer();
 await new Promise((resolve) => { server.listen(Number(args.port), '127.0.0.1', resolve); });
@@ -140,12 +145,25 @@ async function tamper(idToken, mode) {
   return new SignJWT(claims).setProtectedHeader(header).sign(forger.privateKey);
 }
 
+async function resign(idToken) {
+  const header = { ...decodeProtectedHeader(idToken), kid: rotated.jwk.kid };
+  return new SignJWT(decodeJwt(idToken)).setProtectedHeader(header).sign(rotated.privateKey);
+}
+
 provider.use(async (ctx, next) => {
   await next();
-  if (ctx.path === '/token' && ctx.status === 200 && fault !== 'none' && ctx.body?.id_token) {
-    const mode = fault;
-    fault = 'none';
-    ctx.body = { ...ctx.body, id_token: await tamper(ctx.body.id_token, mode) };
+  if (ctx.path === '/token' && ctx.status === 200 && ctx.body?.id_token) {
+    let idToken = ctx.body.id_token;
+    if (rotated) idToken = await resign(idToken);
+    if (fault !== 'none') {
+      const mode = fault;
+      fault = 'none';
+      idToken = await tamper(idToken, mode);
+    }
+    ctx.body = { ...ctx.body, id_token: idToken };
+  }
+  if (ctx.path === '/jwks' && ctx.status === 200 && rotated && Array.isArray(ctx.body?.keys)) {
+    ctx.body = { keys: [...ctx.body.keys, rotated.jwk] };
   }
 });
 
@@ -196,6 +214,12 @@ async function control(req, res, path) {
   const body = JSON.parse((await readBody(req)) || '{}');
   if (path === '/__test/users') {
     putUser(body);
+  } else if (path === '/__test/rotate') {
+    const pair = await generateKeyPair('RS256', { extractable: true });
+    const jwk = {
+      ...(await exportJWK(pair.publicKey)), kid: `rotated-${Date.now()}`, alg: 'RS256', use: 'sig',
+    };
+    rotated = { privateKey: pair.privateKey, jwk };
   } else if (path === '/__test/fault') {
     if (!['none', 'bad-signature', 'expired'].includes(body.mode)) {
       return send(res, 400, 'text/plain', 'unknown fault');

@@ -254,10 +254,15 @@ impl Oidc {
     }
 
     async fn client(&self) -> Result<OidcClient, SsoFailure> {
+        self.client_discovered_within(DISCOVERY_TTL).await
+    }
+
+    /// A client from discovery no older than `max_age` (`Duration::ZERO`: discover now).
+    async fn client_discovered_within(&self, max_age: Duration) -> Result<OidcClient, SsoFailure> {
         let mut cached = self.discovered.lock().await;
         let fresh = cached
             .as_ref()
-            .filter(|(at, _)| at.elapsed() < DISCOVERY_TTL)
+            .filter(|(at, _)| at.elapsed() < max_age)
             .map(|(_, m)| m.clone());
         let metadata = match fresh {
             Some(m) => m,
@@ -365,12 +370,27 @@ impl Oidc {
             tracing::warn!("the token response has no ID token");
             SsoFailure::Failed
         })?;
-        let claims = id_token
-            .claims(&client.id_token_verifier(), &Nonce::new(pending.nonce))
-            .map_err(|e| {
-                tracing::warn!(error = %error_chain(&e), "ID token rejected");
-                SsoFailure::Failed
-            })?;
+        let nonce = Nonce::new(pending.nonce);
+        let verified = id_token
+            .claims(&client.id_token_verifier(), &nonce)
+            .map_err(|e| error_chain(&e));
+        let (client, claims) = match verified {
+            Ok(claims) => (client, claims),
+            // The provider may have rotated its signing keys since discovery: look again
+            // once. (The token came straight from the token endpoint for a code this
+            // browser's sign-in asked for, so a stranger cannot make this refetch happen.)
+            Err(first) => {
+                tracing::info!(error = %first, "ID token not verified with the cached keys; discovering again");
+                let client = self.client_discovered_within(Duration::ZERO).await?;
+                let claims = id_token
+                    .claims(&client.id_token_verifier(), &nonce)
+                    .map_err(|e| {
+                        tracing::warn!(error = %error_chain(&e), "ID token rejected");
+                        SsoFailure::Failed
+                    })?;
+                (client, claims)
+            }
+        };
         let mut who = ExternalIdentity {
             issuer: self.issuer.as_str().to_owned(),
             subject: claims.subject().as_str().to_owned(),

@@ -619,7 +619,25 @@ async fn claims_only_at_userinfo_are_read_there(db: Db) {
     );
 }
 
+async fn a_key_rotation_at_the_provider_is_picked_up(db: Db) {
+    let (api, idp) = start(db).await;
+    // The first sign-in caches the provider's keys.
+    sign_in(&api.app, &idp, "alice").await;
+    // New signing key: tokens now carry a `kid` the cache has never seen.
+    idp.control("/__test/rotate", json!({})).await;
+    sign_in(&api.app, &idp, "alice").await;
+    // A token signed with neither published key is still refused after looking again.
+    idp.fault("bad-signature").await;
+    let b = api.app.browser();
+    let callback = authorize(&b, &idp, "alice").await;
+    assert_eq!(
+        answer(&b, &callback).await,
+        api.app.url("/login?sso_error=failed")
+    );
+}
+
 on_both_databases!(
+    a_key_rotation_at_the_provider_is_picked_up,
     claims_only_at_userinfo_are_read_there,
     concurrent_first_sign_ins_make_one_user,
     first_sign_in_creates_the_user_in_the_mapped_team,
