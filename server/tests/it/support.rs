@@ -71,6 +71,42 @@ async fn fresh_pg_database() -> String {
     format!("{base}/{name}")
 }
 
+/// Drops a PostgreSQL test database (closing whatever still uses it), so a run's throwaway
+/// cluster does not grow by a database per test. Runs on its own thread: `Drop` cannot
+/// await, and the test's runtime may be shutting down.
+fn drop_pg_database(url: &str) {
+    use sqlx::Connection;
+    let (Some(admin), Some((_, name))) = (postgres_url(), url.rsplit_once('/')) else {
+        return;
+    };
+    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
+            sqlx::query(&sql).execute(&mut conn).await.ok()
+        })
+    })
+    .join();
+    if !matches!(done, Ok(Some(_))) {
+        eprintln!("note: could not drop test database {name}");
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if self.database_url.starts_with("postgres") {
+            drop_pg_database(&self.database_url);
+        }
+    }
+}
+
 impl TestApp {
     pub async fn spawn(db: Db) -> TestApp {
         Self::spawn_with(db, |_| {}).await
