@@ -529,9 +529,21 @@ fn e2e() -> Result<()> {
 const E2E_CLIENT_ID: &str = "tessera-e2e";
 const E2E_CLIENT_SECRET: &str = "e2e-client-secret-0123456789abcdef";
 
-/// The npm packages of the browser tests and the test identity provider.
+/// The npm packages of the browser tests and the test identity provider (oidc-provider 9
+/// needs Node.js 20 or later).
 fn ensure_e2e_packages() -> Result<()> {
     let e2e_dir = Path::new("e2e");
+    let version = Command::new("node")
+        .arg("--version")
+        .output()
+        .context("running node --version")?;
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+    if node_major(&version).is_none_or(|major| major < 20) {
+        bail!(
+            "Node.js {version} is too old for the test identity provider (oidc-provider 9): \
+             install Node.js 20 or later"
+        );
+    }
     let installed = ["playwright-core", "oidc-provider"]
         .iter()
         .all(|p| e2e_dir.join("node_modules").join(p).exists());
@@ -544,6 +556,16 @@ fn ensure_e2e_packages() -> Result<()> {
             .args(["ci", "--no-audit", "--no-fund"])
             .current_dir(e2e_dir),
     )
+}
+
+/// `v20.20.2` → 20.
+fn node_major(version: &str) -> Option<u32> {
+    version
+        .trim_start_matches('v')
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Starts the test OpenID Provider (`e2e/oidc/provider.mjs`, oidc-provider from npm) for
@@ -839,5 +861,17 @@ impl Drop for Postgres {
             .stdout(Stdio::null())
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_major;
+
+    #[test]
+    fn node_versions_parse() {
+        assert_eq!(node_major("v20.20.2"), Some(20));
+        assert_eq!(node_major("v18.19.0\n".trim()), Some(18));
+        assert_eq!(node_major("not a version"), None);
     }
 }
