@@ -636,7 +636,52 @@ async fn a_key_rotation_at_the_provider_is_picked_up(db: Db) {
     );
 }
 
+async fn refusals_and_outages_are_explained(db: Db) {
+    let (api, idp) = start(db).await;
+    let app = &api.app;
+    // The provider answers with an error (the user cancelled, or may not use the client).
+    let b = app.browser();
+    let callback = authorize(&b, &idp, "alice").await;
+    let state = callback
+        .split("state=")
+        .nth(1)
+        .and_then(|s| s.split('&').next())
+        .expect("state");
+    let refusal = format!(
+        "{}/auth/oidc/callback?error=access_denied&error_description=no&state={state}",
+        app.base
+    );
+    assert_eq!(
+        answer(&b, &refusal).await,
+        app.url("/login?sso_error=denied")
+    );
+    assert_eq!(b.whoami().await, None);
+    // The provider is down before anyone signed in (nothing discovered yet).
+    let (api, idp) = start(db).await;
+    let addr = idp.issuer.trim_start_matches("http://").to_owned();
+    drop(idp);
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(&addr).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = api
+        .app
+        .browser()
+        .client
+        .post(api.app.url("/auth/oidc/login"))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(
+        location(&r, &api.app.base),
+        api.app.url("/login?sso_error=unavailable")
+    );
+}
+
 on_both_databases!(
+    refusals_and_outages_are_explained,
     a_key_rotation_at_the_provider_is_picked_up,
     claims_only_at_userinfo_are_read_there,
     concurrent_first_sign_ins_make_one_user,
