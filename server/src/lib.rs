@@ -71,7 +71,7 @@ pub async fn run(
     let mut services = services.with_currency(&config.currency);
     let oidc = oidc::Oidc::new(&config.oidc, &config.public_url())?.map(Arc::new);
     if let Some(o) = &oidc {
-        services = services.with_sso(o.policy()?);
+        services = services.with_sso(o.policy());
     }
     services.allocations = services
         .allocations

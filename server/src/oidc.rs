@@ -81,10 +81,6 @@ pub struct OidcSettings {
 }
 
 impl OidcSettings {
-    pub fn enabled(&self) -> bool {
-        self.issuer.is_some()
-    }
-
     /// Checks the settings that clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         let Some(issuer) = &self.issuer else {
@@ -217,6 +213,7 @@ impl SsoFailure {
 /// the provider's discovered metadata and keys, cached for [`DISCOVERY_TTL`].
 pub struct Oidc {
     settings: OidcSettings,
+    groups: GroupMap,
     issuer: IssuerUrl,
     redirect: RedirectUrl,
     http: openidconnect::reqwest::Client,
@@ -236,6 +233,7 @@ impl Oidc {
             .build()?;
         Ok(Some(Oidc {
             settings: settings.clone(),
+            groups: GroupMap::parse(&settings.group_map).map_err(|e| anyhow::anyhow!("{e}"))?,
             issuer: IssuerUrl::new(issuer.clone())?,
             redirect: RedirectUrl::new(format!("{public_url}/auth/oidc/callback"))?,
             http,
@@ -244,13 +242,12 @@ impl Oidc {
     }
 
     /// What core needs to decide about a verified identity.
-    pub fn policy(&self) -> anyhow::Result<SsoPolicy> {
-        Ok(SsoPolicy {
+    pub fn policy(&self) -> SsoPolicy {
+        SsoPolicy {
             provider_name: self.settings.provider_name.trim().to_owned(),
             issuer: self.issuer.as_str().to_owned(),
-            groups: GroupMap::parse(&self.settings.group_map)
-                .map_err(|e| anyhow::anyhow!("{e}"))?,
-        })
+            groups: self.groups.clone(),
+        }
     }
 
     async fn client(&self) -> Result<OidcClient, SsoFailure> {
@@ -392,7 +389,6 @@ impl Oidc {
             }
         };
         let mut who = ExternalIdentity {
-            issuer: self.issuer.as_str().to_owned(),
             subject: claims.subject().as_str().to_owned(),
             preferred_username: claims.preferred_username().map(|u| u.as_str().to_owned()),
             email: claims.email().map(|e| e.as_str().to_owned()),

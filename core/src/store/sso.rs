@@ -152,18 +152,17 @@ impl Store {
                 .bind(s.email).bind(s.groups_json).bind(idp_admin).bind(s.now)
                 .bind(s.issuer).bind(s.subject).execute(&mut *tx).await?;
             if changes.created || !changes.teams.is_empty() || changes.admin.is_some() {
+                // Each changed team with its role before (`after = false`) or after.
+                let teams = |after: bool| changes.teams.iter()
+                    .map(|(t, was, now)| serde_json::json!({"team": t, "role": if after { now } else { was }}))
+                    .collect::<Vec<_>>();
                 let after = serde_json::json!({
                     "issuer": s.issuer,
                     "created": changes.created,
-                    "teams": changes.teams.iter()
-                        .map(|(t, _, r)| serde_json::json!({"team": t, "role": r})).collect::<Vec<_>>(),
+                    "teams": teams(true),
                     "platform_admin": is_admin,
                 });
-                let before = serde_json::json!({
-                    "teams": changes.teams.iter()
-                        .map(|(t, r, _)| serde_json::json!({"team": t, "role": r})).collect::<Vec<_>>(),
-                    "platform_admin": user.is_admin,
-                });
+                let before = serde_json::json!({"teams": teams(false), "platform_admin": user.is_admin});
                 sqlx::query("INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
                              VALUES ($1, $2, $3, $4, 'user', $5, NULL, $6, $7)")
                     .bind(Uuid::now_v7()).bind(s.now).bind(&user.username)
@@ -176,13 +175,5 @@ impl Store {
             tx.commit().await?;
             Ok(SsoOutcome::SignedIn { user: UserRow { is_admin, ..user }, changes })
         })
-    }
-
-    /// Whether the user signs in through single sign-on (and so has no password of their own).
-    pub async fn user_is_sso(&self, user: Uuid) -> Result<bool, sqlx::Error> {
-        let n = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM user_identities WHERE user_id = $1")
-            .bind(user).fetch_one(pool).await?);
-        Ok(n > 0)
     }
 }

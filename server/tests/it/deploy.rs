@@ -94,6 +94,12 @@ fn selects(selector: &Option<BTreeMap<String, String>>, labels: &Option<BTreeMap
     }
 }
 
+fn template_labels(
+    t: &k8s_openapi::api::core::v1::PodTemplateSpec,
+) -> Option<BTreeMap<String, String>> {
+    t.metadata.as_ref().and_then(|m| m.labels.clone())
+}
+
 #[test]
 fn manifests_parse_into_typed_objects_and_fit_the_code() {
     let all = manifests();
@@ -124,17 +130,9 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
     let spec = d.spec.expect("deployment spec");
     selects(
         &spec.selector.match_labels,
-        &spec
-            .template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.clone()),
+        &template_labels(&spec.template),
     );
-    let pod_labels = spec
-        .template
-        .metadata
-        .and_then(|m| m.labels)
-        .expect("pod labels");
+    let pod_labels = template_labels(&spec.template).expect("pod labels");
     // Team NetworkPolicies (server/src/k8s/objects.rs) let exactly this label in.
     assert_eq!(pod_labels["app.kubernetes.io/name"], "tessera-server");
     let pod: PodSpec = spec.template.spec.expect("pod spec");
@@ -203,11 +201,7 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
     let spec = ds.spec.expect("daemonset spec");
     selects(
         &spec.selector.match_labels,
-        &spec
-            .template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.clone()),
+        &template_labels(&spec.template),
     );
     let pod = spec.template.spec.expect("pod spec");
     assert_eq!(

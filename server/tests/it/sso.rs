@@ -188,6 +188,16 @@ async fn authorize_with_cookie(b: &Browser, idp: &Idp, user: &str) -> (String, S
     panic!("no answer from the provider");
 }
 
+/// A query parameter of `url` (the provider's answer), decoded.
+fn param(url: &str, name: &str) -> String {
+    reqwest::Url::parse(url)
+        .expect("url")
+        .query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| panic!("no {name} in {url}"))
+}
+
 /// Follows the provider's answer; returns where Tessera sends the browser next.
 async fn answer(b: &Browser, callback: &str) -> String {
     let r = b.client.get(callback).send().await.expect("callback");
@@ -356,12 +366,11 @@ async fn an_answer_with_the_wrong_state_is_refused(db: Db) {
     let app = &api.app;
     let b = app.browser();
     let callback = authorize(&b, &idp, "bob").await;
-    let (head, state) = callback.split_once("state=").expect("state");
-    let rest = state
-        .split_once('&')
-        .map(|(_, r)| format!("&{r}"))
-        .unwrap_or_default();
-    let forged = format!("{head}state=not-the-state{rest}");
+    let forged = format!(
+        "{}/auth/oidc/callback?code={}&state=not-the-state",
+        app.base,
+        param(&callback, "code")
+    );
     assert_eq!(answer(&b, &forged).await, app.url("/login?sso_error=state"));
     assert_eq!(b.whoami().await, None);
     // The pending sign-in was used up by the failed try: the genuine answer is refused too.
@@ -406,23 +415,11 @@ async fn a_replayed_code_is_refused(db: Db) {
     // Replaying the code under a new sign-in's state: the provider refuses the used code
     // (and it was issued for another PKCE challenge).
     let fresh = authorize(&b, &idp, "bob").await;
-    let new_state = fresh
-        .split("state=")
-        .nth(1)
-        .expect("state")
-        .split('&')
-        .next()
-        .expect("s");
-    let old_code = first
-        .split("code=")
-        .nth(1)
-        .expect("code")
-        .split('&')
-        .next()
-        .expect("c");
     let replay = format!(
-        "{}/auth/oidc/callback?code={old_code}&state={new_state}",
-        app.base
+        "{}/auth/oidc/callback?code={}&state={}",
+        app.base,
+        param(&first, "code"),
+        param(&fresh, "state")
     );
     assert_eq!(
         answer(&b, &replay).await,
@@ -642,14 +639,10 @@ async fn refusals_and_outages_are_explained(db: Db) {
     // The provider answers with an error (the user cancelled, or may not use the client).
     let b = app.browser();
     let callback = authorize(&b, &idp, "alice").await;
-    let state = callback
-        .split("state=")
-        .nth(1)
-        .and_then(|s| s.split('&').next())
-        .expect("state");
     let refusal = format!(
-        "{}/auth/oidc/callback?error=access_denied&error_description=no&state={state}",
-        app.base
+        "{}/auth/oidc/callback?error=access_denied&error_description=no&state={}",
+        app.base,
+        param(&callback, "state")
     );
     assert_eq!(
         answer(&b, &refusal).await,
