@@ -17,6 +17,8 @@ use tessera_domain::wire::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {
     pub index: u32,
+    /// The device file's minor number: `/dev/nvidia<minor>` (not always the index).
+    pub minor: u32,
     pub uuid: String,
     pub name: String,
     pub memory_mib: u64,

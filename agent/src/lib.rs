@@ -17,6 +17,7 @@ pub mod link;
 pub mod nvml;
 pub mod reconcile;
 pub mod run;
+pub mod sandbox;
 pub mod sim;
 pub mod spool;
 pub mod telemetry;

@@ -11,6 +11,7 @@ use tessera_agent::backend::{GpuBackend, inventory};
 use tessera_agent::link::{Credentials, HttpLink};
 use tessera_agent::nvml::NvmlBackend;
 use tessera_agent::run::{Agent, RunConfig};
+use tessera_agent::sandbox::{Sandbox, SandboxSettings};
 use tessera_agent::sim::SimNode;
 use tessera_agent::spool::Spool;
 use tessera_agent::telemetry::Telemetry;
@@ -115,6 +116,80 @@ struct RunArgs {
     /// the next agent adopts them.
     #[arg(long, env = "TESSERA_AGENT_STOP_WORKLOADS_ON_EXIT")]
     stop_workloads_on_exit: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+/// The workload sandbox (docs/security.md).
+#[derive(Args, Debug)]
+struct SandboxArgs {
+    /// `on` (the default): every workload in a container of its own. `off`: workloads run
+    /// as the agent's own user with no isolation between teams; only for a one-person lab.
+    #[arg(long = "sandbox", env = "TESSERA_AGENT_SANDBOX", default_value = "on",
+          value_parser = ["on", "off"])]
+    switch: String,
+    /// The OCI runtime that makes the containers.
+    #[arg(
+        long = "sandbox-runtime",
+        env = "TESSERA_AGENT_SANDBOX_RUNTIME",
+        default_value = "crun"
+    )]
+    runtime: PathBuf,
+    /// Extra host paths every workload sees read-only (a Python or conda installation,
+    /// shared datasets), besides /usr, /etc, /opt and the other system folders.
+    #[arg(
+        long = "sandbox-ro",
+        env = "TESSERA_AGENT_SANDBOX_RO",
+        value_delimiter = ','
+    )]
+    read_only: Vec<PathBuf>,
+    /// The uids (= gids) teams' workloads run as, `FIRST-LAST`; never 0.
+    #[arg(
+        long = "sandbox-uids",
+        env = "TESSERA_AGENT_SANDBOX_UIDS",
+        default_value = "200000-265535"
+    )]
+    uids: String,
+    /// Memory limit of every workload; default: its allocation's share of the node's memory.
+    #[arg(long = "sandbox-memory-mib", env = "TESSERA_AGENT_SANDBOX_MEMORY_MIB")]
+    memory_mib: Option<u64>,
+    /// CPU limit of every workload; default: its allocation's share of the node's CPUs.
+    #[arg(long = "sandbox-cpus", env = "TESSERA_AGENT_SANDBOX_CPUS")]
+    cpus: Option<f64>,
+    /// Process limit of every workload.
+    #[arg(
+        long = "sandbox-pids",
+        env = "TESSERA_AGENT_SANDBOX_PIDS",
+        default_value_t = 4096
+    )]
+    pids: u64,
+    /// Size of every workload's private /tmp (and /dev/shm).
+    #[arg(
+        long = "sandbox-tmp-mib",
+        env = "TESSERA_AGENT_SANDBOX_TMP_MIB",
+        default_value_t = 1024
+    )]
+    tmp_mib: u64,
+}
+
+impl SandboxArgs {
+    fn settings(&self) -> anyhow::Result<SandboxSettings> {
+        let (first, last) = self
+            .uids
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)))
+            .filter(|(a, b)| *a > 0 && a <= b)
+            .context("--sandbox-uids must be FIRST-LAST with 0 < FIRST <= LAST")?;
+        let mut s = SandboxSettings::new(self.runtime.clone());
+        s.read_only = self.read_only.clone();
+        s.uid_first = first;
+        s.uid_count = last - first + 1;
+        s.memory_mib = self.memory_mib;
+        s.cpus = self.cpus;
+        s.pids = self.pids;
+        s.tmp_mib = self.tmp_mib;
+        Ok(s)
+    }
 }
 
 fn backend(args: &BackendArgs) -> anyhow::Result<Arc<dyn GpuBackend>> {
@@ -193,6 +268,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .context("--server is required (or use `tessera-agent inventory`)")?;
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating state dir {}", args.state_dir.display()))?;
+    // The credential and the workloads' state are the agent's alone.
+    std::fs::set_permissions(
+        &args.state_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .with_context(|| format!("protecting state dir {}", args.state_dir.display()))?;
     let cred_path = args.state_dir.join("credential.json");
     let creds = match Credentials::load(&cred_path)? {
         Some(c) if c.server == server.trim_end_matches('/') => c,
@@ -238,8 +319,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .workload_root
         .clone()
         .unwrap_or_else(|| args.state_dir.join("workloads"));
-    let executor = LocalExecutor::open(&workload_root, &args.workload_host)
+    let mut executor = LocalExecutor::open(&workload_root, &args.workload_host)
         .with_context(|| format!("opening the workload root {}", workload_root.display()))?;
+    if args.sandbox.switch == "on" {
+        let mut settings = args.sandbox.settings()?;
+        if cli.backend.simulate {
+            // Stand-in device nodes with the driver's numbering, so that the device rules
+            // are exercised exactly as on hardware.
+            let dev = args.state_dir.join("sim-dev");
+            let minors: Vec<u32> = backend.devices()?.iter().map(|d| d.minor).collect();
+            tessera_agent::sim::write_device_files(&dev, &minors)
+                .with_context(|| format!("creating simulated device nodes in {}", dev.display()))?;
+            settings.mig_minors = dev.join("mig-minors");
+            settings.dev_root = dev;
+        }
+        let sandbox = Sandbox::open(
+            settings,
+            Arc::clone(&backend),
+            &args.state_dir.join("sandbox"),
+        )
+        .map_err(anyhow::Error::msg)
+        .context(
+            "the workload sandbox cannot work here (--sandbox off runs workloads without it)",
+        )?;
+        tracing::info!(cgroups = ?sandbox.cgroup_mode(), "workload sandbox on");
+        executor = executor.with_sandbox(sandbox);
+    } else {
+        tracing::warn!(
+            "THE WORKLOAD SANDBOX IS OFF (--sandbox off): every workload runs as this agent's \
+             user, can read the node credential and every team's files, and can use every GPU. \
+             Only for a one-person lab."
+        );
+    }
     tracing::info!(node_id = %creds.node_id, manage_mig = cfg.manage_mig, "agent started");
     let parent = args.exit_with_pid;
     Agent::new(backend, link, cfg, Telemetry::new(spool))

@@ -344,6 +344,7 @@ impl GpuBackend for NvmlBackend {
             };
             out.push(Device {
                 index,
+                minor: dev.minor_number().unwrap_or(index),
                 uuid: dev.uuid().map_err(err(CALL))?,
                 name: dev.name().map_err(err(CALL))?,
                 memory_mib: dev.memory_info().map(|m| m.total / MIB).unwrap_or(0),

@@ -655,6 +655,7 @@ impl GpuBackend for SimNode {
             .filter(|g| !g.lost)
             .map(|g| Device {
                 index: g.index,
+                minor: g.index,
                 uuid: g.uuid.clone(),
                 name: g.name.clone(),
                 memory_mib: g.memory_mib,
@@ -825,4 +826,35 @@ impl GpuBackend for SimNode {
             mig_devices,
         })
     }
+}
+
+/// Major numbers the simulator's stand-in device nodes use where the driver's are
+/// dynamic (`nvidia-uvm`, `nvidia-caps`); chosen outside what this kernel hands out.
+pub const SIM_UVM_MAJOR: u32 = 235;
+pub const SIM_CAPS_MAJOR: u32 = 236;
+
+/// Writes the device nodes NVIDIA's driver makes, for GPUs with the given minors, into
+/// `dir` (as `/dev`): `nvidiaN`, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`,
+/// `nvidia-caps/nvidia-capM` for every MIG capability, and the driver's `mig-minors`
+/// table. Opening them reaches no driver; the sandbox's device rules are what they test.
+pub fn write_device_files(dir: &std::path::Path, gpu_minors: &[u32]) -> std::io::Result<()> {
+    use crate::sandbox::{
+        NVIDIA_MAJOR, NVIDIACTL_MINOR, make_char_device, mig_minors_table, parse_mig_minors,
+    };
+    let caps = dir.join("nvidia-caps");
+    std::fs::create_dir_all(&caps)?;
+    for &m in gpu_minors {
+        make_char_device(&dir.join(format!("nvidia{m}")), NVIDIA_MAJOR, m, 0o666)?;
+    }
+    make_char_device(&dir.join("nvidiactl"), NVIDIA_MAJOR, NVIDIACTL_MINOR, 0o666)?;
+    make_char_device(&dir.join("nvidia-uvm"), SIM_UVM_MAJOR, 0, 0o666)?;
+    make_char_device(&dir.join("nvidia-uvm-tools"), SIM_UVM_MAJOR, 1, 0o666)?;
+    let table = mig_minors_table(gpu_minors);
+    for minor in parse_mig_minors(&table).values() {
+        let path = caps.join(format!("nvidia-cap{minor}"));
+        if !path.exists() {
+            make_char_device(&path, SIM_CAPS_MAJOR, *minor, 0o444)?;
+        }
+    }
+    std::fs::write(dir.join("mig-minors"), table)
 }

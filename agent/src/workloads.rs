@@ -25,8 +25,14 @@
 //! reused pid), and a process that ended meanwhile is reported with the status from
 //! `exit`, or as lost when it left none. Nothing is ever silently orphaned.
 //!
-//! Processes run as the agent's user, with no resource limits: isolation between
-//! teams is the devices they see (`CUDA_VISIBLE_DEVICES`) and their workspace folder.
+//! With a [`Sandbox`] (the default of `tessera-agent`), every workload runs in a
+//! container of its own (see [`crate::sandbox`]): its team's uid, its own root, PID
+//! namespace, cgroup limits and only its GPU's device nodes. The container's first
+//! process is the same wrapper, writing to `runs/<id>/ctl/exit` (its `/run/tessera`);
+//! `state.json`, the bundle and the log stay outside, readable by the agent alone.
+//! Without one (an explicit, loudly logged choice for a one-person lab), processes run
+//! as the agent's user with no limits and isolation between teams is only the devices
+//! they are told about (`CUDA_VISIBLE_DEVICES`) and their workspace folder.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -42,6 +48,8 @@ use serde::{Deserialize, Serialize};
 use tessera_domain::wire::{LogPiece, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
 use tessera_domain::workload::WorkloadKind;
 use tokio::task::JoinSet;
+
+use crate::sandbox::{CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, read_untrusted};
 
 /// At most this much log output per workload per report.
 pub const LOG_CHUNK: u64 = 256 * 1024;
@@ -68,6 +76,9 @@ struct RunState {
     start_time: u64,
     port: Option<u16>,
     spec: WorkloadSpec,
+    /// Set when it runs in a sandbox: how to signal, inspect and delete the container.
+    #[serde(default)]
+    container: Option<Container>,
 }
 
 /// The process executor. See the module docs.
@@ -78,6 +89,7 @@ pub struct LocalExecutor {
     inherited: Vec<(OsString, OsString)>,
     http: reqwest::Client,
     workloads: BTreeMap<String, Workload>,
+    sandbox: Option<Sandbox>,
 }
 
 /// One workload the executor knows.
@@ -97,6 +109,8 @@ struct Workload {
     ready: bool,
     last_activity_ms: Option<i64>,
     busy: bool,
+    /// The container it runs in (sandboxed workloads).
+    container: Option<Container>,
 }
 
 #[derive(Debug, Clone)]
@@ -148,7 +162,15 @@ impl LocalExecutor {
             inherited: std::env::vars_os().collect(),
             http,
             workloads: BTreeMap::new(),
+            sandbox: None,
         };
+        for dir in [ex.root.clone(), ex.root.join("runs")] {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        }
+        fs::set_permissions(
+            ex.root.join("workspaces"),
+            fs::Permissions::from_mode(0o711),
+        )?;
         let mut names: Vec<String> = fs::read_dir(ex.root.join("runs"))?
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| safe_name(n))
@@ -169,6 +191,16 @@ impl LocalExecutor {
     ) -> Self {
         self.inherited = vars.into_iter().collect();
         self
+    }
+
+    /// Runs every workload started from now on in `sandbox`.
+    pub fn with_sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
+    pub fn sandboxed(&self) -> bool {
+        self.sandbox.is_some()
     }
 
     pub fn root(&self) -> &Path {
@@ -343,6 +375,14 @@ impl LocalExecutor {
         let workspace = self.root.join("workspaces").join(&spec.workspace);
         fs::create_dir_all(&workspace)
             .map_err(|e| format!("cannot create the team workspace: {e}"))?;
+        let uid = match &self.sandbox {
+            Some(sb) => {
+                let uid = sb.uid_for(&spec.workspace)?;
+                sb.own_workspace(&workspace, uid)?;
+                Some(uid)
+            }
+            None => None,
+        };
         let cwd = workdir(&workspace, &spec.workdir)?;
         let run = self.root.join("runs").join(&spec.id);
 
@@ -364,12 +404,16 @@ impl LocalExecutor {
             find_program(program, &cwd, &env)?;
         }
 
-        let started = spawn(&run, &cwd, &argv, &env);
-        let (child, pid) = match started {
-            Ok(c) => {
+        let started = match (&self.sandbox, uid) {
+            (Some(sb), Some(uid)) => start_sandboxed(sb, spec, &run, &workspace, uid, &argv, &env)
+                .map(|(pid, c)| (None, pid, Some(c))),
+            _ => spawn(&run, &cwd, &argv, &env).map(|c| {
                 let pid = c.id();
-                (c, pid)
-            }
+                (Some(c), pid, None)
+            }),
+        };
+        let (child, pid, container) = match started {
+            Ok(c) => c,
             Err(e) => {
                 // Nothing ran; leave no folder behind.
                 let _ = fs::remove_dir_all(&run);
@@ -383,6 +427,7 @@ impl LocalExecutor {
             start_time,
             port,
             spec: spec.clone(),
+            container: container.clone(),
         };
         if let Err(e) = write_atomic(&run.join("state.json"), &state) {
             // It runs and this agent watches it; only adoption after a restart suffers.
@@ -393,10 +438,11 @@ impl LocalExecutor {
             Status::Live(Live {
                 pid,
                 start_time,
-                child: Some(child),
+                child,
                 wrapper_exited: None,
             }),
         );
+        w.container = container;
         w.port = port;
         w.probe = probe_for(spec, port, &self.host);
         Ok(w)
@@ -423,11 +469,23 @@ impl LocalExecutor {
         let devices = OsString::from(spec.devices.join(","));
         env.insert("CUDA_VISIBLE_DEVICES".into(), devices.clone());
         env.insert("NVIDIA_VISIBLE_DEVICES".into(), devices);
-        env.insert("TESSERA_WORKSPACE".into(), workspace.into());
         if let Some(token) = &spec.token {
             env.insert("JUPYTER_TOKEN".into(), token.into());
         }
-        env.insert("JUPYTER_RUNTIME_DIR".into(), run.join("runtime").into());
+        if self.sandbox.is_some() {
+            // Paths as the workload sees them; its home is the team workspace.
+            env.insert("TESSERA_WORKSPACE".into(), WORKSPACE_MOUNT.into());
+            env.insert("HOME".into(), WORKSPACE_MOUNT.into());
+            env.insert("USER".into(), "tessera".into());
+            env.insert("LOGNAME".into(), "tessera".into());
+            env.insert(
+                "JUPYTER_RUNTIME_DIR".into(),
+                format!("{CONTROL_MOUNT}/runtime").into(),
+            );
+        } else {
+            env.insert("TESSERA_WORKSPACE".into(), workspace.into());
+            env.insert("JUPYTER_RUNTIME_DIR".into(), run.join("runtime").into());
+        }
         env.into_iter().collect()
     }
 
@@ -450,6 +508,7 @@ impl LocalExecutor {
             }
         };
         let stopped = dir.join("stopped").exists();
+        let container = state.container.clone();
         let status = if is_alive(state.pid, state.start_time) {
             tracing::info!(id, pid = state.pid, "adopted a running workload");
             Status::Live(Live {
@@ -458,6 +517,9 @@ impl LocalExecutor {
                 child: None,
                 wrapper_exited: None,
             })
+        } else if let Some(c) = &container {
+            let (code, message) = container_end(c, &dir, stopped);
+            Status::Exited { code, message }
         } else if let Some(code) = read_exit(&dir) {
             Status::Exited {
                 code,
@@ -472,6 +534,9 @@ impl LocalExecutor {
             Status::Lost(LOST_WHILE_DOWN.to_owned())
         };
         let mut w = Workload::new(Some(dir), status);
+        if w.is_live() {
+            w.container = container;
+        }
         w.port = state.port;
         w.probe = probe_for(&state.spec, state.port, &self.host);
         w
@@ -490,6 +555,7 @@ impl Workload {
             ready: false,
             last_activity_ms: None,
             busy: false,
+            container: None,
         }
     }
 
@@ -518,7 +584,9 @@ impl Workload {
                 // So that an agent restarted before it is gone reports it as stopped.
                 let _ = fs::write(dir.join("stopped"), b"");
             }
-            if live.wrapper_exited.is_none() || group_alive(live.pid) {
+            if let Some(c) = &self.container {
+                c.signal("TERM");
+            } else if live.wrapper_exited.is_none() || group_alive(live.pid) {
                 signal_group(live.pid, "TERM");
             }
         }
@@ -544,10 +612,20 @@ impl Workload {
         }
         let Some(wrapper_code) = live.wrapper_exited else {
             if self.kill_at.is_some_and(|k| now >= k) {
-                signal_group(live.pid, "KILL");
+                match &self.container {
+                    Some(c) => c.signal("KILL"),
+                    None => signal_group(live.pid, "KILL"),
+                }
             }
             return;
         };
+        // A container ends with its first process (its PID namespace goes with it).
+        if let (Some(c), Some(dir)) = (self.container.take(), self.dir.as_deref()) {
+            let (code, message) = container_end(&c, dir, self.kill_at.is_some());
+            tracing::info!(id, code, message, "sandboxed workload exited");
+            self.status = Status::Exited { code, message };
+            return;
+        }
         // The wrapper is gone; the workload is gone once nothing of its group is left.
         let alive = groups.get_or_insert_with(live_groups).contains(&live.pid);
         if alive {
@@ -762,14 +840,7 @@ fn spawn(
     argv: &[String],
     env: &[(OsString, OsString)],
 ) -> Result<Child, String> {
-    let prepare = || -> io::Result<File> {
-        fs::create_dir_all(run.join("runtime"))?;
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run.join("output.log"))
-    };
-    let log = prepare().map_err(|e| format!("cannot create the run folder: {e}"))?;
+    let log = open_run_dir(run).map_err(|e| format!("cannot create the run folder: {e}"))?;
     let stderr = log
         .try_clone()
         .map_err(|e| format!("cannot create the run folder: {e}"))?;
@@ -806,8 +877,71 @@ fn write_atomic<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 
 /// The `exit` file: `None` if there is none; `Some(None)` if unreadable as a number.
 fn read_exit(dir: &Path) -> Option<Option<i32>> {
-    let s = fs::read_to_string(dir.join("exit")).ok()?;
+    let s = read_untrusted(&dir.join("exit"))?;
     Some(s.trim().parse().ok())
+}
+
+/// How a container ended: the wrapper's status from `ctl/exit` and a message for a
+/// stop or an out-of-memory kill. Deletes the container (and its cgroup).
+fn container_end(c: &Container, dir: &Path, stopped: bool) -> (Option<i32>, Option<String>) {
+    let code = read_exit(&dir.join("ctl")).flatten();
+    let oom = c.oom_killed();
+    c.delete();
+    let message = if oom {
+        Some(format!(
+            "killed: out of memory (the workload's memory limit is {} MiB)",
+            c.memory_mib
+        ))
+    } else if stopped {
+        Some("stopped".to_owned())
+    } else {
+        None
+    };
+    (code, message)
+}
+
+/// Starts `argv` under the exit-status wrapper in a container of `sb`.
+fn start_sandboxed(
+    sb: &Sandbox,
+    spec: &WorkloadSpec,
+    run: &Path,
+    workspace: &Path,
+    uid: u32,
+    argv: &[String],
+    env: &[(OsString, OsString)],
+) -> Result<(u32, Container), String> {
+    let log = open_run_dir(run).map_err(|e| format!("cannot create the run folder: {e}"))?;
+    let mut wrapped: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        WRAPPER.into(),
+        "tessera-run".into(),
+        format!("{CONTROL_MOUNT}/exit"),
+    ];
+    wrapped.extend(argv.iter().cloned());
+    let cwd = Path::new(WORKSPACE_MOUNT).join(&spec.workdir);
+    let started = sb.start(
+        &spec.id,
+        run,
+        workspace,
+        uid,
+        &cwd.to_string_lossy(),
+        &wrapped,
+        env,
+        &spec.devices,
+        &log,
+    )?;
+    Ok((started.pid, started.container))
+}
+
+/// Creates the run folder (mode 0700) and opens `output.log` for appending.
+fn open_run_dir(run: &Path) -> io::Result<File> {
+    fs::create_dir_all(run.join("runtime"))?;
+    fs::set_permissions(run, fs::Permissions::from_mode(0o700))?;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run.join("output.log"))
 }
 
 /// The log from `acked`: at most [`LOG_CHUNK`] bytes, never ending in the middle of a

@@ -5,6 +5,7 @@
 mod agent_loop;
 mod crash;
 mod reconcile;
+mod sandbox;
 mod sim;
 mod spool;
 mod support;

@@ -1,0 +1,934 @@
+//! The workload sandbox: every workload runs in a container of its own, made by an OCI
+//! runtime (`crun`, from the distribution) from a bundle this module writes.
+//!
+//! What a workload gets (see `docs/security.md` for the whole model):
+//! - an unprivileged uid/gid of its team (from a configured range, never 0), persisted in
+//!   `<state>/uids.json`; `no_new_privs`; no capabilities at all;
+//! - a root of its own: an empty read-only folder with the host's system folders
+//!   (`/usr`, `/etc`, …) and the configured extra paths bound read-only, its team
+//!   workspace read-write at `/workspace`, its run's control folder at `/run/tessera`
+//!   and a private size-limited `/tmp`; nothing of the agent's state;
+//! - its own PID, IPC, UTS and mount namespaces (the host network: notebooks listen on
+//!   a port the server's proxy reaches);
+//! - cgroup limits on memory (swap included), CPU and pids, derived from its allocation's
+//!   share of the node unless the node fixes them;
+//! - a `/dev` with the usual pseudo-devices and only its own GPU's device nodes: the
+//!   `/dev/nvidiaN` of its GPU plus `nvidiactl` and `nvidia-uvm*`, and for a MIG device
+//!   the `nvidia-cap` nodes of its GPU instance and compute instance, as NVIDIA's
+//!   container toolkit gives them. The device cgroup allows those and nothing else.
+//!
+//! The container's first process is the exit-status wrapper; when it ends, the PID
+//! namespace ends and with it every process the workload left. The runtime's state
+//! (`<state>/crun`) outlives an agent restart, so a restarted agent still stops,
+//! inspects (out-of-memory kills) and deletes the containers it finds.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tessera_domain::wire::GpuInfo;
+
+use crate::backend::{GpuBackend, inventory};
+
+/// Where the sandbox mounts things, inside.
+pub const WORKSPACE_MOUNT: &str = "/workspace";
+pub const CONTROL_MOUNT: &str = "/run/tessera";
+
+/// Host folders bound read-only into every sandbox when they exist.
+pub const SYSTEM_PATHS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// The NVIDIA character devices' fixed major number (`/dev/nvidia0`, `/dev/nvidiactl`).
+pub const NVIDIA_MAJOR: u32 = 195;
+/// `/dev/nvidiactl`'s minor.
+pub const NVIDIACTL_MINOR: u32 = 255;
+
+/// How the node's sandboxes are made. See `tessera-agent --help`.
+#[derive(Debug, Clone)]
+pub struct SandboxSettings {
+    /// The OCI runtime (`crun`).
+    pub runtime: PathBuf,
+    /// Extra host paths bound read-only (a Python installation, datasets, …).
+    pub read_only: Vec<PathBuf>,
+    /// The uids (and gids) teams get: `first..first + count`.
+    pub uid_first: u32,
+    pub uid_count: u32,
+    /// Fixed per-workload limits; `None`: the allocation's share of the node.
+    pub memory_mib: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: u64,
+    /// Size of the private `/tmp` (and `/dev/shm`).
+    pub tmp_mib: u64,
+    /// Where the GPU device nodes are (`/dev`; a simulated node's own folder).
+    pub dev_root: PathBuf,
+    /// NVIDIA's MIG capability minors (`/proc/driver/nvidia-caps/mig-minors`).
+    pub mig_minors: PathBuf,
+}
+
+impl SandboxSettings {
+    /// The defaults for a real node.
+    pub fn new(runtime: PathBuf) -> SandboxSettings {
+        SandboxSettings {
+            runtime,
+            read_only: Vec::new(),
+            uid_first: 200_000,
+            uid_count: 65_536,
+            memory_mib: None,
+            cpus: None,
+            pids: 4096,
+            tmp_mib: 1024,
+            dev_root: PathBuf::from("/dev"),
+            mig_minors: PathBuf::from("/proc/driver/nvidia-caps/mig-minors"),
+        }
+    }
+}
+
+/// A device node as the container gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// The path inside the container, e.g. `/dev/nvidia-caps/nvidia-cap12`.
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+    pub mode: u32,
+}
+
+/// Per-workload limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub memory_mib: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub tmp_mib: u64,
+}
+
+/// How cgroups are mounted on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// One unified hierarchy at `/sys/fs/cgroup`.
+    V2,
+    /// Per-controller v1 hierarchies under `/sys/fs/cgroup/<controller>` (possibly with
+    /// an empty v2 hierarchy beside them).
+    V1,
+}
+
+impl CgroupMode {
+    /// Reads the host's layout; an error says what to change when the runtime cannot
+    /// work with it (a hybrid host whose v2 hierarchy holds controllers).
+    pub fn detect(root: &Path) -> Result<CgroupMode, String> {
+        if root.join("cgroup.controllers").exists() {
+            return Ok(CgroupMode::V2);
+        }
+        if !root.join("memory").join("memory.limit_in_bytes").exists() {
+            return Err(format!(
+                "no memory cgroup controller found under {}",
+                root.display()
+            ));
+        }
+        let unified = root.join("unified").join("cgroup.controllers");
+        if let Ok(c) = fs::read_to_string(&unified) {
+            let c = c.trim();
+            if !c.is_empty() {
+                return Err(format!(
+                    "this host mounts cgroup v1 hierarchies and a v2 hierarchy that holds \
+                     the controllers `{c}`; the runtime needs every controller on one side. \
+                     Mount each as a v1 hierarchy (for each NAME: `mkdir -p {r}/NAME && \
+                     mount -t cgroup -o NAME cgroup {r}/NAME`) or boot with \
+                     systemd.unified_cgroup_hierarchy=1",
+                    r = root.display()
+                ));
+            }
+        }
+        Ok(CgroupMode::V1)
+    }
+
+    /// The file that counts the container's out-of-memory kills, and the key in it.
+    fn oom_file(self, root: &Path, cgroup: &str) -> PathBuf {
+        let rel = cgroup.trim_start_matches('/');
+        match self {
+            CgroupMode::V2 => root.join(rel).join("memory.events"),
+            CgroupMode::V1 => root.join("memory").join(rel).join("memory.oom_control"),
+        }
+    }
+}
+
+/// The per-node sandbox maker. Cheap to share; see the module docs.
+pub struct Sandbox {
+    settings: SandboxSettings,
+    backend: Arc<dyn GpuBackend>,
+    /// `<state>`: `rootfs/`, `crun/`, `uids.json`.
+    state: PathBuf,
+    cgroups: CgroupMode,
+    host_memory_mib: u64,
+    host_cpus: f64,
+}
+
+/// What the executor needs to handle one container after it started; kept in the run's
+/// `state.json`, so an agent restarted (even without the sandbox) can still stop it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Container {
+    runtime: PathBuf,
+    root: PathBuf,
+    id: String,
+    oom_file: PathBuf,
+    pub memory_mib: u64,
+}
+
+/// What starting a sandboxed workload gives back.
+pub struct Started {
+    pub pid: u32,
+    pub container: Container,
+}
+
+impl Sandbox {
+    /// Checks the runtime and the host, and prepares `state` (mode 0700).
+    pub fn open(
+        settings: SandboxSettings,
+        backend: Arc<dyn GpuBackend>,
+        state: &Path,
+    ) -> Result<Sandbox, String> {
+        // `/proc/self` belongs to the process's effective uid.
+        if fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) {
+            return Err(
+                "the workload sandbox needs the agent to run as root (it makes \
+                        containers with their own users, mounts and cgroups)"
+                    .to_owned(),
+            );
+        }
+        let out = Command::new(&settings.runtime)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| {
+                format!(
+                    "cannot run the OCI runtime `{}` ({e}); install crun (`apt-get install \
+                     crun`) or set --sandbox-runtime",
+                    settings.runtime.display()
+                )
+            })?;
+        if !out.status.success() {
+            return Err(format!("`{} --version` failed", settings.runtime.display()));
+        }
+        if settings.uid_first == 0 || settings.uid_count == 0 {
+            return Err("the sandbox uid range must not include 0 and not be empty".to_owned());
+        }
+        let cgroups = CgroupMode::detect(Path::new("/sys/fs/cgroup"))?;
+        let mkdir = |p: &Path| -> Result<(), String> {
+            fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+        };
+        mkdir(state)?;
+        fs::set_permissions(state, fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot protect {}: {e}", state.display()))?;
+        let rootfs = state.join("rootfs");
+        mkdir(&rootfs)?;
+        fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("cannot prepare {}: {e}", rootfs.display()))?;
+        mkdir(&state.join("crun"))?;
+        Ok(Sandbox {
+            host_memory_mib: host_memory_mib().unwrap_or(4096),
+            host_cpus: std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64),
+            settings,
+            backend,
+            state: state.to_owned(),
+            cgroups,
+        })
+    }
+
+    pub fn cgroup_mode(&self) -> CgroupMode {
+        self.cgroups
+    }
+
+    /// The uid (= gid) of a workspace, assigned on first use and kept.
+    pub fn uid_for(&self, workspace: &str) -> Result<u32, String> {
+        let path = self.state.join("uids.json");
+        let mut map: BTreeMap<String, u32> = match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| format!("{} is damaged: {e}", path.display()))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        if let Some(uid) = map.get(workspace) {
+            return Ok(*uid);
+        }
+        let uid = next_uid(&map, self.settings.uid_first, self.settings.uid_count)
+            .ok_or("the sandbox uid range is used up; widen --sandbox-uids")?;
+        map.insert(workspace.to_owned(), uid);
+        let tmp = path.with_extension("tmp");
+        let bytes = serde_json::to_vec_pretty(&map).map_err(|e| e.to_string())?;
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(uid)
+    }
+
+    /// Gives the workspace folder to its team's uid (mode 0700). A folder that belonged
+    /// to someone else (made before the sandbox) is handed over whole, once.
+    pub fn own_workspace(&self, dir: &Path, uid: u32) -> Result<(), String> {
+        let meta = fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+        if !meta.is_dir() {
+            return Err("the team workspace is not a folder".to_owned());
+        }
+        if meta.uid() != uid {
+            chown_tree(dir, uid).map_err(|e| format!("cannot hand the workspace over: {e}"))?;
+        }
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| e.to_string())
+    }
+
+    /// The device nodes for `devices` (GPU or MIG UUIDs) on this node.
+    pub fn device_nodes(&self, devices: &[String]) -> Result<Vec<DeviceNode>, String> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inv = inventory(self.backend.as_ref()).map_err(|e| e.to_string())?;
+        let minors_of = self.backend.devices().map_err(|e| e.to_string())?;
+        let gpu_minor = |uuid: &str| {
+            minors_of
+                .iter()
+                .find(|d| d.uuid == uuid)
+                .map(|d| d.minor)
+                .ok_or_else(|| format!("GPU {uuid} is not on this node"))
+        };
+        let mig_minors = fs::read_to_string(&self.settings.mig_minors).unwrap_or_default();
+        let caps = parse_mig_minors(&mig_minors);
+        let mut wanted: Vec<PathBuf> = Vec::new();
+        for d in devices {
+            let (gpu, mig) = find_device(&inv.gpus, d)
+                .ok_or_else(|| format!("device {d} is not on this node"))?;
+            let minor = gpu_minor(&gpu.uuid)?;
+            wanted.push(PathBuf::from(format!("nvidia{minor}")));
+            if let Some((gi, ci)) = mig {
+                for key in [
+                    format!("gpu{minor}/gi{gi}/access"),
+                    format!("gpu{minor}/gi{gi}/ci{ci}/access"),
+                ] {
+                    let cap = caps.get(&key).ok_or_else(|| {
+                        format!(
+                            "{} has no `{key}`: cannot give MIG device {d} its capabilities",
+                            self.settings.mig_minors.display()
+                        )
+                    })?;
+                    wanted.push(PathBuf::from(format!("nvidia-caps/nvidia-cap{cap}")));
+                }
+            }
+        }
+        for shared in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
+            if self.settings.dev_root.join(shared).exists() {
+                wanted.push(PathBuf::from(shared));
+            }
+        }
+        wanted.sort();
+        wanted.dedup();
+        wanted
+            .iter()
+            .map(|rel| char_device(&self.settings.dev_root, rel))
+            .collect()
+    }
+
+    /// The limits for a workload on `devices`: the node's fixed values, else the
+    /// allocation's share of the node's memory and CPUs (never under 512 MiB and 1 CPU).
+    pub fn limits(&self, devices: &[String]) -> Limits {
+        let share = inventory(self.backend.as_ref())
+            .map(|inv| device_share(&inv.gpus, devices))
+            .unwrap_or(0.0);
+        let s = &self.settings;
+        Limits {
+            memory_mib: s
+                .memory_mib
+                .unwrap_or_else(|| ((self.host_memory_mib as f64 * share) as u64).max(512)),
+            cpus: s.cpus.unwrap_or_else(|| (self.host_cpus * share).max(1.0)),
+            pids: s.pids,
+            tmp_mib: s.tmp_mib,
+        }
+    }
+
+    /// Writes the bundle into `run/bundle` and starts the container detached; its first
+    /// process is `argv` (the exit-status wrapper), stdout and stderr go to `log`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        &self,
+        id: &str,
+        run: &Path,
+        workspace: &Path,
+        uid: u32,
+        cwd: &str,
+        argv: &[String],
+        env: &[(OsString, OsString)],
+        devices: &[String],
+        log: &File,
+    ) -> Result<Started, String> {
+        let nodes = self.device_nodes(devices)?;
+        let limits = self.limits(devices);
+        let control = run.join("ctl");
+        fs::create_dir_all(control.join("runtime"))
+            .map_err(|e| format!("cannot create the run folder: {e}"))?;
+        for d in [&control, &control.join("runtime")] {
+            std::os::unix::fs::chown(d, Some(uid), Some(uid))
+                .and_then(|()| fs::set_permissions(d, fs::Permissions::from_mode(0o700)))
+                .map_err(|e| format!("cannot prepare the run folder: {e}"))?;
+        }
+        let cgroup = format!("/tessera/{id}");
+        let spec = Bundle {
+            rootfs: &self.state.join("rootfs"),
+            workspace,
+            control: &control,
+            read_only: &self.settings.read_only,
+            uid,
+            cwd,
+            argv,
+            env,
+            nodes: &nodes,
+            limits,
+            cgroup: &cgroup,
+        }
+        .config();
+        let bundle = run.join("bundle");
+        fs::create_dir_all(&bundle).map_err(|e| format!("cannot write the bundle: {e}"))?;
+        fs::set_permissions(&bundle, fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot write the bundle: {e}"))?;
+        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        fs::write(bundle.join("config.json"), bytes)
+            .map_err(|e| format!("cannot write the bundle: {e}"))?;
+        let container = Container {
+            runtime: self.settings.runtime.clone(),
+            root: self.state.join("crun"),
+            id: id.to_owned(),
+            oom_file: self.cgroups.oom_file(Path::new("/sys/fs/cgroup"), &cgroup),
+            memory_mib: limits.memory_mib,
+        };
+        // A container of that name left from an earlier try would block this one.
+        container.delete();
+        let pid_file = bundle.join("pid");
+        let stderr = log.try_clone().map_err(|e| e.to_string())?;
+        let stdout = log.try_clone().map_err(|e| e.to_string())?;
+        let status = Command::new(&self.settings.runtime)
+            .arg("--root")
+            .arg(&container.root)
+            .args(["run", "--detach", "--bundle"])
+            .arg(&bundle)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg(id)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .status()
+            .map_err(|e| format!("cannot run `{}`: {e}", self.settings.runtime.display()))?;
+        if !status.success() {
+            container.delete();
+            let said = fs::read_to_string(run.join("output.log")).unwrap_or_default();
+            let said = said
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(format!(
+                "the sandbox did not start: {}: {said}",
+                self.settings.runtime.display()
+            ));
+        }
+        let pid = fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or("the sandbox started but left no pid")?;
+        Ok(Started { pid, container })
+    }
+
+    /// The handle of a container this agent (or an earlier run of it) started.
+    pub fn container(&self, id: &str, memory_mib: u64) -> Container {
+        Container {
+            runtime: self.settings.runtime.clone(),
+            root: self.state.join("crun"),
+            id: id.to_owned(),
+            oom_file: self
+                .cgroups
+                .oom_file(Path::new("/sys/fs/cgroup"), &format!("/tessera/{id}")),
+            memory_mib,
+        }
+    }
+}
+
+impl Container {
+    /// Sends `signal` to every process of the container.
+    pub fn signal(&self, signal: &str) {
+        let r = self
+            .runtime_cmd()
+            .args(["kill", "--all", &self.id, signal])
+            .status();
+        match r {
+            Ok(s) if s.success() => tracing::debug!(id = self.id, signal, "signalled"),
+            Ok(_) => tracing::debug!(id = self.id, signal, "no container process to signal"),
+            Err(e) => tracing::warn!(id = self.id, error = %e, "cannot run the OCI runtime"),
+        }
+    }
+
+    /// Whether the kernel killed a process of it for reaching its memory limit.
+    pub fn oom_killed(&self) -> bool {
+        fs::read_to_string(&self.oom_file).is_ok_and(|s| oom_kills(&s) > 0)
+    }
+
+    /// Removes the container (and its cgroup) once it has ended.
+    pub fn delete(&self) {
+        let _ = self
+            .runtime_cmd()
+            .args(["delete", "--force", &self.id])
+            .status();
+    }
+
+    fn runtime_cmd(&self) -> Command {
+        let mut c = Command::new(&self.runtime);
+        c.arg("--root")
+            .arg(&self.root)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    }
+}
+
+/// The OCI runtime configuration of one workload.
+struct Bundle<'a> {
+    rootfs: &'a Path,
+    workspace: &'a Path,
+    control: &'a Path,
+    read_only: &'a [PathBuf],
+    uid: u32,
+    cwd: &'a str,
+    argv: &'a [String],
+    env: &'a [(OsString, OsString)],
+    nodes: &'a [DeviceNode],
+    limits: Limits,
+    cgroup: &'a str,
+}
+
+impl Bundle<'_> {
+    fn config(&self) -> Value {
+        let bind = |dest: &str, src: &Path, rw: bool| {
+            let mut options = vec!["rbind", "nosuid", "nodev"];
+            options.push(if rw { "rw" } else { "ro" });
+            json!({"destination": dest, "type": "bind", "source": src, "options": options})
+        };
+        let tmpfs = |dest: &str, options: &[&str]| json!({"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": options});
+        let tmp_size = format!("size={}m", self.limits.tmp_mib);
+        let mut mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            tmpfs(
+                "/dev",
+                &["nosuid", "strictatime", "mode=755", "size=65536k"],
+            ),
+            json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                   "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+            tmpfs(
+                "/dev/shm",
+                &["nosuid", "noexec", "nodev", "mode=1777", &tmp_size],
+            ),
+            json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                   "options": ["nosuid", "noexec", "nodev"]}),
+            json!({"destination": "/sys", "type": "bind", "source": "/sys",
+                   "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
+        ];
+        for p in SYSTEM_PATHS
+            .iter()
+            .map(Path::new)
+            .chain(self.read_only.iter().map(PathBuf::as_path))
+        {
+            if p.exists()
+                && let Some(dest) = p.to_str()
+            {
+                mounts.push(bind(dest, p, false));
+            }
+        }
+        mounts.push(bind(WORKSPACE_MOUNT, self.workspace, true));
+        mounts.push(bind(CONTROL_MOUNT, self.control, true));
+        mounts.push(tmpfs("/tmp", &["nosuid", "nodev", "mode=1777", &tmp_size]));
+
+        let env: Vec<String> = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
+            .collect();
+        let mut devices = Vec::new();
+        let mut allow = vec![json!({"allow": false, "access": "rwm"})];
+        // The pseudo-devices every container has: null, zero, full, random, urandom,
+        // tty, ptmx and the pseudo-terminals.
+        for (major, minor) in [(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)] {
+            allow.push(json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm"}));
+        }
+        allow.push(json!({"allow": true, "type": "c", "major": 136, "access": "rwm"}));
+        for n in self.nodes {
+            devices.push(
+                json!({"path": n.path, "type": "c", "major": n.major, "minor": n.minor,
+                                "fileMode": n.mode & 0o777, "uid": 0, "gid": 0}),
+            );
+            allow.push(json!({"allow": true, "type": "c", "major": n.major, "minor": n.minor, "access": "rw"}));
+        }
+        let memory = self.limits.memory_mib * 1024 * 1024;
+        let period: u64 = 100_000;
+        json!({
+            "ociVersion": "1.0.0",
+            "process": {
+                "terminal": false,
+                "user": {"uid": self.uid, "gid": self.uid, "additionalGids": []},
+                "args": self.argv,
+                "env": env,
+                "cwd": self.cwd,
+                "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+                "noNewPrivileges": true
+            },
+            "root": {"path": self.rootfs, "readonly": true},
+            "hostname": "tessera",
+            "mounts": mounts,
+            "linux": {
+                "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+                "devices": devices,
+                "cgroupsPath": self.cgroup,
+                "resources": {
+                    "devices": allow,
+                    "memory": {"limit": memory, "swap": memory},
+                    "cpu": {"quota": (self.limits.cpus * period as f64) as i64, "period": period},
+                    "pids": {"limit": self.limits.pids}
+                },
+                "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+                    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+                    "/proc/sched_debug", "/sys/firmware", "/proc/scsi", "/sys/fs/cgroup"],
+                "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+            }
+        })
+    }
+}
+
+/// `(gpu, Some((gi, ci)))` for a MIG device's UUID, `(gpu, None)` for a whole GPU's.
+fn find_device<'a>(gpus: &'a [GpuInfo], uuid: &str) -> Option<(&'a GpuInfo, Option<(u32, u32)>)> {
+    for g in gpus {
+        if g.uuid == uuid {
+            return Some((g, None));
+        }
+        for i in &g.instances {
+            for ci in &i.compute_instances {
+                if ci.uuid.as_deref() == Some(uuid) {
+                    return Some((g, Some((i.gi_id, ci.ci_id))));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The share of the node that `devices` are: a whole GPU counts 1, a MIG device its
+/// memory slices out of 8; divided by the node's GPU count.
+pub fn device_share(gpus: &[GpuInfo], devices: &[String]) -> f64 {
+    if gpus.is_empty() {
+        return 0.0;
+    }
+    let mut sum = 0.0;
+    for d in devices {
+        match find_device(gpus, d) {
+            Some((_, None)) => sum += 1.0,
+            Some((g, Some((gi, _)))) => {
+                let size = g
+                    .instances
+                    .iter()
+                    .find(|i| i.gi_id == gi)
+                    .map_or(1, |i| i.size);
+                sum += f64::from(size) / 8.0;
+            }
+            None => {}
+        }
+    }
+    (sum / gpus.len() as f64).min(1.0)
+}
+
+/// `/proc/driver/nvidia-caps/mig-minors`: `gpu0/gi1/ci0/access 13` lines as a map.
+pub fn parse_mig_minors(text: &str) -> BTreeMap<String, u32> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(char::is_whitespace)?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// What NVIDIA's driver writes to `mig-minors`: `config 1`, `monitor 2`, then for each
+/// GPU minor `g` and GPU instance `i` (0..15) its access minor `3 + 135g + 9i`, followed
+/// by its compute instances `c` (0..8) at `+ 1 + c`. The simulator writes this table for
+/// its GPUs; on hardware the driver's own file is read, never this.
+pub fn mig_minors_table(gpu_minors: &[u32]) -> String {
+    let mut out = String::from("config 1\nmonitor 2\n");
+    for &g in gpu_minors {
+        for i in 0..15 {
+            let gi = 3 + 135 * g + 9 * i;
+            out.push_str(&format!("gpu{g}/gi{i}/access {gi}\n"));
+            for c in 0..8 {
+                out.push_str(&format!("gpu{g}/gi{i}/ci{c}/access {}\n", gi + 1 + c));
+            }
+        }
+    }
+    out
+}
+
+/// The `oom_kill` count of a v1 `memory.oom_control` or v2 `memory.events`.
+pub fn oom_kills(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The device node at `dev_root/rel`, as `/dev/rel` inside.
+fn char_device(dev_root: &Path, rel: &Path) -> Result<DeviceNode, String> {
+    let host = dev_root.join(rel);
+    let meta = fs::metadata(&host).map_err(|e| format!("device {}: {e}", host.display()))?;
+    use std::os::unix::fs::FileTypeExt;
+    if !meta.file_type().is_char_device() {
+        return Err(format!("{} is not a character device", host.display()));
+    }
+    let rdev = meta.rdev();
+    Ok(DeviceNode {
+        path: Path::new("/dev").join(rel).to_string_lossy().into_owned(),
+        major: dev_major(rdev),
+        minor: dev_minor(rdev),
+        mode: meta.mode(),
+    })
+}
+
+/// glibc's `major()` and `minor()` of a `dev_t`.
+pub fn dev_major(rdev: u64) -> u32 {
+    (((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff)) as u32
+}
+pub fn dev_minor(rdev: u64) -> u32 {
+    ((rdev & 0xff) | ((rdev >> 12) & !0xff)) as u32
+}
+
+/// Makes the character device `path` (`mknod`), replacing what is there.
+pub fn make_char_device(path: &Path, major: u32, minor: u32, mode: u32) -> io::Result<()> {
+    let _ = fs::remove_file(path);
+    let st = Command::new("mknod")
+        .arg("-m")
+        .arg(format!("{:o}", mode & 0o777))
+        .arg(path)
+        .arg("c")
+        .arg(major.to_string())
+        .arg(minor.to_string())
+        .stdin(Stdio::null())
+        .status()?;
+    if !st.success() {
+        return Err(io::Error::other(format!("mknod {} failed", path.display())));
+    }
+    Ok(())
+}
+
+fn next_uid(map: &BTreeMap<String, u32>, first: u32, count: u32) -> Option<u32> {
+    let used: std::collections::HashSet<u32> = map.values().copied().collect();
+    (first..first.saturating_add(count)).find(|u| !used.contains(u))
+}
+
+/// `chown -hR uid:uid dir`, never following a symlink.
+fn chown_tree(dir: &Path, uid: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))?;
+    let meta = fs::symlink_metadata(dir)?;
+    if meta.is_dir() {
+        for e in fs::read_dir(dir)? {
+            chown_tree(&e?.path(), uid)?;
+        }
+    }
+    Ok(())
+}
+
+fn host_memory_mib() -> Option<u64> {
+    let s = fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024)
+}
+
+/// Reads a small file the workload could have tampered with: never follows a symlink,
+/// never blocks on a FIFO, reads at most 64 bytes of a regular file.
+pub fn read_untrusted(path: &Path) -> Option<String> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut s = String::new();
+    f.take(64).read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::sim::SimNode;
+
+    #[test]
+    fn mig_minors_follow_the_driver_layout() {
+        let t = parse_mig_minors(&mig_minors_table(&[0, 1]));
+        assert_eq!(t["config"], 1);
+        assert_eq!(t["monitor"], 2);
+        assert_eq!(t["gpu0/gi0/access"], 3);
+        assert_eq!(t["gpu0/gi0/ci0/access"], 4);
+        assert_eq!(t["gpu0/gi0/ci7/access"], 11);
+        assert_eq!(t["gpu0/gi1/access"], 12);
+        assert_eq!(t["gpu0/gi14/ci7/access"], 137);
+        assert_eq!(t["gpu1/gi0/access"], 138);
+        assert_eq!(t.len(), 2 + 2 * 15 * 9);
+        assert!(parse_mig_minors("garbage\nx y\n").is_empty());
+    }
+
+    #[test]
+    fn oom_counters_are_read_from_both_cgroup_versions() {
+        assert_eq!(
+            oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"),
+            2
+        );
+        assert_eq!(
+            oom_kills("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\noom_group_kill 0\n"),
+            1
+        );
+        assert_eq!(oom_kills("oom_kill_disable 0\n"), 0);
+    }
+
+    #[test]
+    fn device_numbers_split_like_glibc() {
+        // makedev(195, 0) and makedev(511, 300): minor bits 8.. sit above the major.
+        assert_eq!((dev_major(0xc300), dev_minor(0xc300)), (195, 0));
+        let d: u64 = (1 << 20) | (0x1ff << 8) | 0x2c;
+        assert_eq!((dev_major(d), dev_minor(d)), (511, 300));
+    }
+
+    #[test]
+    fn uids_are_never_reused_or_zero() {
+        let mut m = BTreeMap::new();
+        assert_eq!(next_uid(&m, 1000, 2), Some(1000));
+        m.insert("a".into(), 1000);
+        assert_eq!(next_uid(&m, 1000, 2), Some(1001));
+        m.insert("b".into(), 1001);
+        assert_eq!(next_uid(&m, 1000, 2), None);
+    }
+
+    #[test]
+    fn untrusted_files_are_read_safely() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("exit");
+        fs::write(&f, "0123456789".repeat(20)).unwrap();
+        assert_eq!(read_untrusted(&f).unwrap().len(), 64);
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        assert_eq!(read_untrusted(&link), None, "symlinks are not followed");
+        assert_eq!(read_untrusted(d.path()), None, "folders are not files");
+    }
+
+    #[test]
+    fn shares_follow_the_devices() {
+        let sim = SimNode::new(&["H100-80GB", "H100-80GB"], 1).unwrap();
+        let inv = inventory(&sim).unwrap();
+        // No instances yet: whole GPUs.
+        let g0 = inv.gpus[0].uuid.clone();
+        assert_eq!(device_share(&inv.gpus, std::slice::from_ref(&g0)), 0.5);
+        assert_eq!(device_share(&inv.gpus, &["MIG-nope".into()]), 0.0);
+    }
+
+    #[test]
+    fn the_bundle_holds_only_what_the_workload_may_have() {
+        let nodes = vec![
+            DeviceNode {
+                path: "/dev/nvidia0".into(),
+                major: 195,
+                minor: 0,
+                mode: 0o20666,
+            },
+            DeviceNode {
+                path: "/dev/nvidia-caps/nvidia-cap30".into(),
+                major: 236,
+                minor: 30,
+                mode: 0o20444,
+            },
+        ];
+        let env = vec![(OsString::from("A"), OsString::from("b"))];
+        let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), "true".to_owned()];
+        let ro = vec![PathBuf::from("/nonexistent-extra")];
+        let b = Bundle {
+            rootfs: Path::new("/state/rootfs"),
+            workspace: Path::new("/state/workspaces/t1"),
+            control: Path::new("/state/runs/r1/ctl"),
+            read_only: &ro,
+            uid: 200_001,
+            cwd: "/workspace",
+            argv: &argv,
+            env: &env,
+            nodes: &nodes,
+            limits: Limits {
+                memory_mib: 512,
+                cpus: 1.5,
+                pids: 100,
+                tmp_mib: 64,
+            },
+            cgroup: "/tessera/r1",
+        };
+        let c = b.config();
+        assert_eq!(c["process"]["user"]["uid"], 200_001);
+        assert_eq!(c["process"]["noNewPrivileges"], true);
+        assert_eq!(c["process"]["capabilities"]["bounding"], json!([]));
+        assert_eq!(c["root"]["readonly"], true);
+        assert_eq!(c["process"]["env"], json!(["A=b"]));
+        let ns: Vec<&str> = c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
+        assert!(ns.contains(&"pid") && ns.contains(&"mount"));
+        let r = &c["linux"]["resources"];
+        assert_eq!(r["memory"]["limit"], 512 * 1024 * 1024);
+        assert_eq!(r["cpu"]["quota"], 150_000);
+        assert_eq!(r["pids"]["limit"], 100);
+        // Deny everything, then the pseudo-devices and exactly the two nodes.
+        let rules = r["devices"].as_array().unwrap();
+        assert_eq!(rules[0], json!({"allow": false, "access": "rwm"}));
+        let gpu_rules: Vec<(u64, u64)> = rules
+            .iter()
+            .filter(|r| {
+                r["allow"] == true && r["major"] != 1 && r["major"] != 5 && r["major"] != 136
+            })
+            .map(|r| (r["major"].as_u64().unwrap(), r["minor"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(gpu_rules, vec![(195, 0), (236, 30)]);
+        assert_eq!(c["linux"]["devices"][1]["fileMode"], 0o444);
+        // Writable: the workspace, the control folder and the private tmpfs only.
+        let rw: Vec<&str> = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| {
+                m["type"] == "bind" && m["options"].as_array().unwrap().iter().any(|o| o == "rw")
+            })
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(rw, vec![WORKSPACE_MOUNT, CONTROL_MOUNT]);
+        assert!(
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["destination"] != "/nonexistent-extra"),
+            "missing extra paths are skipped"
+        );
+    }
+}

@@ -1,0 +1,379 @@
+//! The workload sandbox attacked from inside: team A's job tries to reach team B's
+//! files, runs and processes, the node credential, the agent, other GPUs and MIG
+//! instances, and to outgrow its limits; each attempt is refused or contained, while
+//! team B's job keeps running. Real `crun` containers over a simulated H100 whose
+//! stand-in device nodes carry the driver's numbering. Needs root and crun (`cargo
+//! xtask test` installs crun and runs as root).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_agent::backend::GpuBackend;
+use tessera_agent::sandbox::{Sandbox, SandboxSettings, mig_minors_table, parse_mig_minors};
+use tessera_agent::sim::{SIM_CAPS_MAJOR, write_device_files};
+use tessera_agent::workloads::LocalExecutor;
+use tessera_domain::wire::{WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
+use tessera_domain::workload::WorkloadKind;
+
+use crate::support::{H100, node_with};
+
+const WAIT: Duration = Duration::from_secs(30);
+const FIRST_UID: u32 = 300_000;
+
+struct Node {
+    dir: tempfile::TempDir,
+    backend: Arc<dyn GpuBackend>,
+    /// MIG UUID and (gi, ci) of the two slices.
+    a: (String, u32, u32),
+    b: (String, u32, u32),
+}
+
+impl Node {
+    fn new() -> Node {
+        let (sim, gpu) = node_with(H100, &[("1g.10gb", 0), ("1g.10gb", 1)]);
+        let mut slices = Vec::new();
+        for i in sim.instances(&gpu).unwrap() {
+            for c in &i.compute_instances {
+                slices.push((c.uuid.clone().unwrap(), i.gi_id, c.ci_id));
+            }
+        }
+        assert_eq!(slices.len(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        write_device_files(&dir.path().join("dev"), &[0]).unwrap();
+        Node {
+            dir,
+            backend: Arc::new(sim),
+            b: slices.pop().unwrap(),
+            a: slices.pop().unwrap(),
+        }
+    }
+
+    fn settings(&self) -> SandboxSettings {
+        let mut s = SandboxSettings::new(PathBuf::from("crun"));
+        s.uid_first = FIRST_UID;
+        s.uid_count = 10;
+        s.memory_mib = Some(256);
+        s.pids = 32;
+        s.tmp_mib = 16;
+        s.dev_root = self.dir.path().join("dev");
+        s.mig_minors = self.dir.path().join("dev/mig-minors");
+        s
+    }
+
+    fn executor(&self) -> LocalExecutor {
+        let sb = Sandbox::open(
+            self.settings(),
+            Arc::clone(&self.backend),
+            &self.state("sandbox"),
+        )
+        .unwrap_or_else(|e| panic!("the sandbox tests need root and crun: {e}"));
+        LocalExecutor::open(&self.state("workloads"), "127.0.0.1")
+            .unwrap()
+            .with_sandbox(sb)
+    }
+
+    fn state(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+}
+
+fn job(id: &str, team: &str, device: &str, script: &str) -> WorkloadSpec {
+    WorkloadSpec {
+        id: id.to_owned(),
+        kind: WorkloadKind::Job,
+        run: true,
+        argv: vec!["/bin/sh".into(), "-c".into(), script.to_owned()],
+        env: vec![],
+        devices: vec![device.to_owned()],
+        workspace: team.to_owned(),
+        workdir: String::new(),
+        token: None,
+        base_path: None,
+        allocation_id: String::new(),
+        resources: vec![],
+    }
+}
+
+fn sync(workloads: &[WorkloadSpec]) -> WorkloadSync {
+    WorkloadSync {
+        workloads: workloads.to_vec(),
+        log_acks: vec![],
+    }
+}
+
+/// Reports until `id` has exited; returns its report and its whole log.
+/// `desired` is what the "server" wants meanwhile.
+async fn finished(
+    ex: &mut LocalExecutor,
+    id: &str,
+    desired: &[WorkloadSpec],
+) -> (WorkloadReport, String) {
+    let deadline = Instant::now() + WAIT;
+    let mut log = String::new();
+    loop {
+        let reports = ex.reports().await;
+        let r = reports.iter().find(|r| r.id == id).expect("report").clone();
+        if let Some(p) = &r.log {
+            log.push_str(&p.text);
+            ex.apply(&WorkloadSync {
+                workloads: desired.to_vec(),
+                log_acks: vec![tessera_domain::wire::LogAck {
+                    id: id.to_owned(),
+                    stored_through: p.offset + p.len,
+                }],
+            });
+        }
+        if matches!(
+            r.phase,
+            WorkloadPhase::Exited | WorkloadPhase::FailedToStart | WorkloadPhase::Lost
+        ) && r.log_complete
+        {
+            return (r, log);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} did not finish: {r:#?}\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn line<'a>(log: &'a str, case: &str) -> &'a str {
+    log.lines()
+        .find_map(|l| l.strip_prefix(&format!("{case}: ")))
+        .unwrap_or_else(|| panic!("no `{case}` line in:\n{log}"))
+}
+
+/// Lists the device-cgroup rules of a running container (cgroup v1).
+/// `None` on a cgroup v2 host, where the rules are an eBPF program.
+fn device_rules(id: &str) -> Option<Vec<String>> {
+    if !Path::new("/sys/fs/cgroup/devices").exists() {
+        return None;
+    }
+    let path = format!("/sys/fs/cgroup/devices/tessera/{id}/devices.list");
+    let s = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    Some(s.lines().map(str::to_owned).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_job_reaches_nothing_of_another_team_or_the_node() {
+    let node = Node::new();
+    let mut ex = node.executor();
+    let creds = node.dir.path().join("credential.json");
+    std::fs::write(&creds, r#"{"secret":"tsn_node_secret"}"#).unwrap();
+
+    // Team B: a job that keeps its own file and runs until stopped.
+    let b = job(
+        "run-b",
+        "team-b",
+        &node.b.0,
+        "echo b-data > $TESSERA_WORKSPACE/secret.txt; echo ready; while true; do sleep 1; done",
+    );
+    ex.apply(&sync(std::slice::from_ref(&b)));
+    let b_ws = node.state("workloads/workspaces/team-b");
+    let deadline = Instant::now() + WAIT;
+    while !b_ws.join("secret.txt").exists() {
+        let _ = ex.reports().await;
+        assert!(
+            Instant::now() < deadline,
+            "team B's job never wrote its file"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b_pid = ex.pid("run-b").expect("team B's job runs");
+    let b_state = node.state("workloads/runs/run-b/state.json");
+    let a_caps = parse_mig_minors(&mig_minors_table(&[0]));
+    let cap = |gi: u32, ci: Option<u32>| match ci {
+        None => a_caps[&format!("gpu0/gi{gi}/access")],
+        Some(ci) => a_caps[&format!("gpu0/gi{gi}/ci{ci}/access")],
+    };
+    let (a_gi, a_ci) = (node.a.1, node.a.2);
+    let b_gi_cap = cap(node.b.1, None);
+    let script = format!(
+        r#"
+t() {{ name=$1; shift; printf '%s: %s\n' "$name" "$( ("$@") 2>&1 | head -n1 | sed 's/^.*: //')"; }}
+t uid id -u
+t read_b_workspace cat {b_ws}/secret.txt
+t write_b_workspace sh -c 'echo x > {b_ws}/pwned'
+t read_credential cat {creds}
+t read_credential_relative cat $TESSERA_WORKSPACE/../../../credential.json
+t read_b_state cat {b_state}
+t list_runs ls $TESSERA_WORKSPACE/../../runs
+t signal_b kill -0 {b_pid}
+t signal_agent kill -0 {agent}
+t highest_pid sh -c 'ls /proc | grep "^[0-9]" | sort -n | tail -n1'
+t nvidia_nodes sh -c 'ls /dev | grep nvidia | tr "\n" " "'
+t caps sh -c 'ls /dev/nvidia-caps | tr "\n" " "'
+t other_gpu cat /dev/nvidia1
+t other_mig cat /dev/nvidia-caps/nvidia-cap{b_gi_cap}
+t mknod_other_mig mknod /tmp/cap c {caps_major} {b_gi_cap}
+t own_gpu head -c1 /dev/nvidia0
+unset CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES
+t unset_devices sh -c 'ls /dev | grep -c "^nvidia[0-9]"'
+t fill_tmp dd if=/dev/zero of=/tmp/fill-{tag} bs=1M count=64
+t capabilities sh -c 'grep CapEff /proc/self/status | tr -d "\t"'
+t no_new_privs sh -c 'grep NoNewPrivs /proc/self/status | tr -d "\t"'
+"#,
+        b_ws = b_ws.display(),
+        creds = creds.display(),
+        b_state = b_state.display(),
+        agent = std::process::id(),
+        caps_major = SIM_CAPS_MAJOR,
+        tag = "tessera-sandbox-test",
+    );
+    let a = job("run-a", "team-a", &node.a.0, &script);
+    let both = [b.clone(), a.clone()];
+    ex.apply(&sync(&both));
+    let (rep, log) = finished(&mut ex, "run-a", &both).await;
+    assert_eq!(rep.phase, WorkloadPhase::Exited, "{log}");
+
+    // Team B asked first and got the first uid of the range.
+    assert_eq!(line(&log, "uid"), (FIRST_UID + 1).to_string());
+    assert_eq!(line(&log, "read_b_workspace"), "No such file or directory");
+    assert_eq!(line(&log, "write_b_workspace"), "Directory nonexistent");
+    assert!(!b_ws.join("pwned").exists());
+    assert_eq!(line(&log, "read_credential"), "No such file or directory");
+    assert_eq!(
+        line(&log, "read_credential_relative"),
+        "No such file or directory"
+    );
+    assert_eq!(line(&log, "read_b_state"), "No such file or directory");
+    assert_eq!(line(&log, "list_runs"), "No such file or directory");
+    assert_eq!(line(&log, "signal_b"), "No such process");
+    assert_eq!(line(&log, "signal_agent"), "No such process");
+    // A PID namespace of its own: only its few processes, numbered from 1.
+    let highest: u32 = line(&log, "highest_pid").parse().unwrap();
+    assert!(highest < 100, "pid {highest} visible:\n{log}");
+    assert_eq!(
+        line(&log, "nvidia_nodes").trim(),
+        "nvidia-caps nvidia-uvm nvidia-uvm-tools nvidia0 nvidiactl"
+    );
+    assert_eq!(
+        line(&log, "caps").trim(),
+        format!(
+            "nvidia-cap{} nvidia-cap{}",
+            cap(a_gi, None),
+            cap(a_gi, Some(a_ci))
+        )
+    );
+    assert_eq!(line(&log, "other_gpu"), "No such file or directory");
+    assert_eq!(line(&log, "other_mig"), "No such file or directory");
+    assert_eq!(line(&log, "mknod_other_mig"), "Operation not permitted");
+    // Its own node is there and the device cgroup lets it through: the stand-in reaches
+    // no driver (ENXIO), where a denied node says "Operation not permitted".
+    assert_eq!(line(&log, "own_gpu"), "No such device or address");
+    assert_eq!(line(&log, "unset_devices"), "1");
+    assert_eq!(line(&log, "fill_tmp"), "No space left on device");
+    assert!(!Path::new("/tmp/fill-tessera-sandbox-test").exists());
+    assert_eq!(line(&log, "capabilities"), "CapEff:0000000000000000");
+    assert_eq!(line(&log, "no_new_privs"), "NoNewPrivs:1");
+
+    // Team B is untouched and still runs; its device cgroup holds its own slice only.
+    assert_eq!(
+        std::fs::read_to_string(b_ws.join("secret.txt")).unwrap(),
+        "b-data\n"
+    );
+    assert_eq!(ex.pid("run-b"), Some(b_pid));
+    if let Some(rules) = device_rules("run-b") {
+        let mut gpu_rules: Vec<&str> = rules
+            .iter()
+            .map(String::as_str)
+            .filter(|r| {
+                r.starts_with("c 195:") || r.starts_with("c 235:") || r.starts_with("c 236:")
+            })
+            .collect();
+        gpu_rules.sort();
+        let mut expected = vec![
+            "c 195:0 rw".to_owned(),
+            "c 195:255 rw".to_owned(),
+            "c 235:0 rw".to_owned(),
+            "c 235:1 rw".to_owned(),
+            format!("c {SIM_CAPS_MAJOR}:{} rw", cap(node.b.1, None)),
+            format!("c {SIM_CAPS_MAJOR}:{} rw", cap(node.b.1, Some(node.b.2))),
+        ];
+        expected.sort();
+        assert_eq!(gpu_rules, expected, "{rules:?}");
+    }
+    // The agent's secrets are its own.
+    let mode = |p: &Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(mode(&node.state("workloads/runs")), 0o700);
+    assert_eq!(mode(&node.state("sandbox")), 0o700);
+    assert_eq!(mode(&b_ws), 0o700);
+    let stop = [WorkloadSpec { run: false, ..b }, a];
+    ex.apply(&sync(&stop));
+    let (rep, _) = finished(&mut ex, "run-b", &stop).await;
+    assert_eq!(rep.message.as_deref(), Some("stopped"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_end_a_workload_with_the_reason() {
+    let node = Node::new();
+    let mut ex = node.executor();
+    let hog = job(
+        "hog",
+        "team-a",
+        &node.a.0,
+        "python3 -c 'b = bytearray(1024 * 2**20); print(len(b))'",
+    );
+    let bomb = job(
+        "bomb",
+        "team-a",
+        &node.a.0,
+        "for i in $(seq 1 100); do sleep 3 & done 2>&1 | head -n1; wait; echo survived",
+    );
+    let both = [hog.clone(), bomb.clone()];
+    ex.apply(&sync(&both));
+    let (rep, log) = finished(&mut ex, "hog", &both).await;
+    assert_eq!(rep.exit_code, Some(137), "{rep:?} {log}");
+    assert_eq!(
+        rep.message.as_deref(),
+        Some("killed: out of memory (the workload's memory limit is 256 MiB)")
+    );
+    let (rep, log) = finished(&mut ex, "bomb", &both).await;
+    assert!(
+        log.contains("Cannot fork") || log.contains("Resource temporarily unavailable"),
+        "{log}"
+    );
+    assert!(
+        log.contains("survived"),
+        "the job goes on after refused forks: {log}"
+    );
+    assert_eq!(rep.exit_code, Some(0));
+    assert_eq!(rep.message, None);
+    // Both containers are gone with their cgroups.
+    assert!(!Path::new("/sys/fs/cgroup/memory/tessera/hog").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_adopts_stops_and_cleans_up_sandboxed_workloads() {
+    let node = Node::new();
+    let mut ex = node.executor();
+    let spec = job("long", "team-a", &node.a.0, "echo up; exec sleep 600");
+    let quick = job("quick", "team-a", &node.a.0, "sleep 1; exit 3");
+    let both = [spec.clone(), quick.clone()];
+    ex.apply(&sync(&both));
+    let _ = ex.reports().await;
+    let pid = ex.pid("long").expect("runs");
+    drop(ex);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A new agent process: the one still running is adopted, the one that ended while no
+    // agent watched is reported with its status.
+    let mut ex = node.executor();
+    assert_eq!(ex.pid("long"), Some(pid));
+    let (rep, _) = finished(&mut ex, "quick", &both).await;
+    assert_eq!(rep.exit_code, Some(3));
+    let stop = [WorkloadSpec { run: false, ..spec }, quick];
+    ex.apply(&sync(&stop));
+    let (rep, _) = finished(&mut ex, "long", &stop).await;
+    assert_eq!(rep.message.as_deref(), Some("stopped"));
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists() || {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            s.contains(") Z")
+        }
+    );
+}
