@@ -27,7 +27,8 @@ ENTRYPOINT ["tessera"]
 CMD ["serve"]
 
 FROM debian:bookworm-slim AS agent
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+# crun: the workload sandbox (docs/security.md).
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates crun \
  && rm -rf /var/lib/apt/lists/*
 # libnvidia-ml.so.1 comes from the host driver (NVIDIA container toolkit) at run time.
 COPY --from=build /src/target/release/tessera-agent /usr/local/bin/tessera-agent

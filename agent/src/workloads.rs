@@ -973,10 +973,22 @@ fn read_log(path: &Path, acked: u64, finished: bool) -> io::Result<(Option<LogPi
         Some(LogPiece {
             offset: acked,
             len,
-            text: String::from_utf8_lossy(&buf).into_owned(),
+            text: same_length_text(&buf),
         }),
         finished && acked + len >= size,
     ))
+}
+
+/// `b` as text of exactly `b.len()` bytes: each byte of an invalid sequence becomes `?`
+/// (the server checks that a piece's `len` is its text's length, and offsets count
+/// bytes of the file).
+fn same_length_text(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len());
+    for chunk in b.utf8_chunks() {
+        out.push_str(chunk.valid());
+        out.extend(std::iter::repeat_n('?', chunk.invalid().len()));
+    }
+    out
 }
 
 /// The length of `b` without a multi-byte UTF-8 sequence cut off at its end.
@@ -1105,6 +1117,20 @@ mod tests {
     }
 
     #[test]
+    fn invalid_bytes_keep_the_length() {
+        for b in [
+            &b"ok"[..],
+            b"a\xff\xfeb",
+            "é".as_bytes(),
+            &"é".as_bytes()[..1],
+            b"",
+        ] {
+            assert_eq!(same_length_text(b).len(), b.len(), "{b:?}");
+        }
+        assert_eq!(same_length_text(b"a\xffb"), "a?b");
+    }
+
+    #[test]
     fn utf8_tails_are_held_back() {
         let s = "aé€😀".as_bytes();
         assert_eq!(complete_utf8_prefix(s), s.len());
@@ -1140,7 +1166,7 @@ mod tests {
         assert!(piece.is_none());
         // Exited: the end of the file goes out as it is.
         let (piece, complete) = read_log(&path, 6, true).unwrap();
-        assert_eq!(piece.unwrap().text, "\u{fffd}");
+        assert_eq!(piece.unwrap().text, "?");
         assert!(complete);
         let (piece, complete) = read_log(&path, 7, true).unwrap();
         assert!(piece.is_none() && complete);

@@ -354,7 +354,7 @@ pub enum WorkloadPhase {
 }
 
 /// New output of a workload: `len` raw bytes of its log from byte `offset`, as text
-/// (invalid UTF-8 replaced).
+/// (each byte of invalid UTF-8 replaced by `?`, so `len` is always `text.len()`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogPiece {
     pub offset: u64,

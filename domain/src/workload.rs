@@ -490,11 +490,72 @@ pub struct LogSlice {
     pub complete: bool,
 }
 
+/// Whether a node may report `endpoint` (`host:port`) for a notebook it runs: the host
+/// must be the address the node's request came from (`peer`), or any loopback address
+/// when the node itself talks over loopback (an agent on the server's host), and the
+/// port an unprivileged one. Anything else would let a node (or code that stole its
+/// credential) send a notebook's proxied traffic, token included, wherever it likes.
+pub fn endpoint_allowed(endpoint: &str, peer: Option<std::net::IpAddr>) -> bool {
+    let Ok(addr) = endpoint.parse::<std::net::SocketAddr>() else {
+        return false;
+    };
+    let Some(peer) = peer else {
+        return false;
+    };
+    let peer = match peer {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    let host_ok = if peer.is_loopback() {
+        addr.ip().is_loopback()
+    } else {
+        addr.ip() == peer
+    };
+    host_ok && addr.port() >= 1024
+}
+
+/// Whether a reported log piece is well formed: `len` is exactly the text's length in
+/// bytes and `offset + len` neither overflows nor leaves the signed range the stores
+/// keep offsets in.
+pub fn log_piece_valid(offset: u64, len: u64, text: &str) -> bool {
+    len == text.len() as u64
+        && offset
+            .checked_add(len)
+            .is_some_and(|end| i64::try_from(end).is_ok())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn endpoints_must_be_the_reporting_node() {
+        let peer = |s: &str| Some(s.parse().unwrap());
+        assert!(endpoint_allowed("10.0.0.5:8888", peer("10.0.0.5")));
+        assert!(!endpoint_allowed("10.0.0.6:8888", peer("10.0.0.5")));
+        assert!(!endpoint_allowed("127.0.0.1:8888", peer("10.0.0.5")));
+        assert!(endpoint_allowed("127.0.0.1:40000", peer("127.0.0.1")));
+        assert!(endpoint_allowed("[::1]:40000", peer("127.0.0.1")));
+        assert!(endpoint_allowed(
+            "127.0.0.1:40000",
+            peer("::ffff:127.0.0.1")
+        ));
+        assert!(!endpoint_allowed("203.0.113.9:8888", peer("127.0.0.1")));
+        assert!(!endpoint_allowed("127.0.0.1:22", peer("127.0.0.1")));
+        assert!(!endpoint_allowed("evil.example:8888", peer("127.0.0.1")));
+        assert!(!endpoint_allowed("127.0.0.1:8888", None));
+    }
+
+    #[test]
+    fn log_pieces_must_add_up() {
+        assert!(log_piece_valid(0, 5, "hello"));
+        assert!(log_piece_valid(10, 2, "é"));
+        assert!(!log_piece_valid(0, 4, "hello"));
+        assert!(!log_piece_valid(u64::MAX, 1, "x"));
+        assert!(!log_piece_valid(i64::MAX as u64, 1, "x"));
+    }
 
     fn t(min: i64) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 23, 12, 0, 0).unwrap() + Duration::minutes(min)

@@ -169,6 +169,11 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
             Command::new("rustup").args(["target", "add", WASM_TARGET]),
         )?;
     }
+    // The workload sandbox of the simulated nodes' agents.
+    if !have("crun") && is_root() {
+        apt_install(&["crun"])?;
+    }
+    prepare_cgroups()?;
     if !for_tests {
         return Ok(());
     }
@@ -199,20 +204,88 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
         packages.push("prometheus");
     }
     if !packages.is_empty() {
-        let sudo = if is_root() { "" } else { "sudo " };
+        apt_install(&packages)?;
+    }
+    Ok(())
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let sudo = if is_root() { "" } else { "sudo " };
+    step(
+        &format!("apt-get install {}", packages.join(" ")),
+        Command::new("sh").args([
+            "-c",
+            &format!(
+                "{sudo}apt-get update -q && DEBIAN_FRONTEND=noninteractive {sudo}apt-get \
+                 install -y -q {}",
+                packages.join(" ")
+            ),
+        ]),
+    )
+}
+
+/// crun cannot use a host that mounts cgroup v1 hierarchies beside a v2 one that holds
+/// controllers (this sandbox's layout: `hugetlb` on v2). Mounting each such controller
+/// as a v1 hierarchy of its own puts every controller on one side (docs/security.md).
+fn prepare_cgroups() -> Result<()> {
+    let unified = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
+    let Ok(controllers) = std::fs::read_to_string(unified) else {
+        return Ok(());
+    };
+    if controllers.trim().is_empty() || !is_root() {
+        return Ok(());
+    }
+    for c in controllers.split_whitespace() {
+        let dir = format!("/sys/fs/cgroup/{c}");
         step(
-            &format!("apt-get install {}", packages.join(" ")),
+            &format!("mount the {c} cgroup controller as a v1 hierarchy (for crun)"),
             Command::new("sh").args([
                 "-c",
-                &format!(
-                    "{sudo}apt-get update -q && DEBIAN_FRONTEND=noninteractive {sudo}apt-get \
-                     install -y -q {}",
-                    packages.join(" ")
-                ),
+                &format!("mkdir -p {dir} && mount -t cgroup -o {c} cgroup {dir}"),
             ]),
         )?;
     }
     Ok(())
+}
+
+/// Read-only paths the sandboxed workloads need besides the system folders: the Python
+/// installation JupyterLab is in (and pyenv's shims, when that is how it is reached).
+fn sandbox_read_only() -> String {
+    let mut paths = Vec::new();
+    let out = |cmd: &mut Command| {
+        cmd.stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    if let Some(p) = out(Command::new("python3").args([
+        "-c",
+        "import sys; print(sys.prefix); print(sys.base_prefix)",
+    ])) {
+        paths.extend(p.lines().map(str::to_owned));
+    }
+    if let Some(p) = out(Command::new("pyenv").arg("root")) {
+        paths.push(p);
+    }
+    paths.retain(|p| !p.starts_with("/usr") && p != "/");
+    paths.sort();
+    paths.dedup();
+    paths.join(",")
+}
+
+/// The environment the simulated nodes' agents get their sandbox settings from.
+fn sandbox_env(cmd: &mut Command) {
+    cmd.env("TESSERA_AGENT_SANDBOX_RO", sandbox_read_only());
+    if !is_root() {
+        eprintln!(
+            "\n!!! not running as root: the simulated nodes run workloads WITHOUT the sandbox \
+             (TESSERA_AGENT_SANDBOX=off); every workload can read every team's files. Run as \
+             root for the isolation a real deployment has."
+        );
+        cmd.env("TESSERA_AGENT_SANDBOX", "off");
+    }
 }
 
 fn is_root() -> bool {
@@ -292,6 +365,7 @@ fn build_wasm(release: bool) -> Result<()> {
 fn run(release: bool, args: &[String]) -> Result<()> {
     let bin = build(release)?;
     let mut cmd = Command::new(bin);
+    sandbox_env(&mut cmd);
     cmd.arg("serve").arg("--site-root").arg(site_root());
     cmd.args(args.iter().filter(|a| *a != "--"));
     eprintln!("\n==> tessera serve (Ctrl-C to stop)");
@@ -373,10 +447,14 @@ fn test() -> Result<()> {
     let url = pg.url();
     step_with_digest(
         "unit and integration tests (SQLite and PostgreSQL)",
-        cargo()
-            .args(["test", "--workspace", "--exclude", "tessera-app"])
-            .env("TESSERA_TEST_PG_URL", &url)
-            .env("TESSERA_REQUIRE_PG", "1"),
+        {
+            let mut c = cargo();
+            sandbox_env(&mut c);
+            c
+        }
+        .args(["test", "--workspace", "--exclude", "tessera-app"])
+        .env("TESSERA_TEST_PG_URL", &url)
+        .env("TESSERA_REQUIRE_PG", "1"),
     )?;
     drop(pg);
     step(
@@ -619,7 +697,9 @@ fn serve_for_tests(
     let base = format!("http://127.0.0.1:{port}");
     let bin = target_dir().join("debug").join("tessera");
     let log = std::fs::File::create(data.join("server.log"))?;
-    let server = Command::new(&bin)
+    let mut server = Command::new(&bin);
+    sandbox_env(&mut server);
+    let server = server
         .arg("serve")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("TESSERA_BIND", format!("127.0.0.1:{port}"))

@@ -707,9 +707,12 @@ impl Workloads {
     // ---- the executor protocol ----
 
     /// Records a node executor's reports and answers with what should run there.
+    /// `peer` is the address the node's request came from: a notebook's endpoint must be
+    /// on it ([`wl::endpoint_allowed`]); a malformed log piece is refused.
     pub async fn sync(
         &self,
         node: &NodeIdentity,
+        peer: Option<std::net::IpAddr>,
         reports: &WorkloadReports,
     ) -> Result<WorkloadSync, AppError> {
         let now = Utc::now();
@@ -721,6 +724,26 @@ impl Workloads {
             let Some(w) = by_run.get(&rep.id) else {
                 continue;
             };
+            if let Some(p) = &rep.log
+                && !wl::log_piece_valid(p.offset, p.len, &p.text)
+            {
+                return Err(AppError::invalid(
+                    "log",
+                    format!(
+                        "workload {}: a log piece's len must be its text's length in bytes",
+                        rep.id
+                    ),
+                ));
+            }
+            let mut rep = rep.clone();
+            if let Some(e) = &rep.endpoint
+                && !wl::endpoint_allowed(e, peer)
+            {
+                tracing::warn!(node = %node.id, workload = rep.id, endpoint = e, ?peer,
+                    "ignoring a notebook endpoint that is not the node's own address");
+                rep.endpoint = None;
+            }
+            let rep = &rep;
             let mut stored = u64::try_from(w.log_stored - w.log_base).unwrap_or(0);
             if let Some(piece) = &rep.log {
                 stored = self
@@ -892,10 +915,13 @@ impl Workloads {
                     self.step(w, end, change(None)).await?;
                     return Ok(());
                 }
-                let how = match rep.exit_code {
+                let mut how = match rep.exit_code {
                     Some(c) => format!("exited with code {c}"),
                     None => "was killed by a signal".to_owned(),
                 };
+                if let Some(m) = &rep.message {
+                    how = format!("{how} ({m})");
+                }
                 match kind {
                     WorkloadKind::Job if rep.exit_code == Some(0) => {
                         self.step(w, WorkloadState::Succeeded, change(None)).await?;

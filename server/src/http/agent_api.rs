@@ -71,10 +71,14 @@ async fn telemetry(
 async fn workloads(
     State(s): State<AppState>,
     NodeCaller(node): NodeCaller,
+    peer: Option<axum::Extension<tessera_core::request::ClientIp>>,
     JsonBody(reports): JsonBody<WorkloadReports>,
 ) -> Result<Json<WorkloadSync>, ApiError> {
     if s.config.executor == crate::config::Executor::Kubernetes {
         return Ok(Json(WorkloadSync::default()));
     }
-    Ok(Json(s.services.workloads.sync(&node, &reports).await?))
+    let peer = peer.map(|axum::Extension(ip)| ip.0);
+    Ok(Json(
+        s.services.workloads.sync(&node, peer, &reports).await?,
+    ))
 }

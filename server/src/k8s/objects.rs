@@ -5,10 +5,10 @@
 use super::KubeSettings;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, Namespace, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Probe, ResourceQuota,
-    ResourceQuotaSpec, ResourceRequirements, TCPSocketAction, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Capabilities, Container, ContainerPort, EnvVar, Namespace, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile,
+    SecurityContext, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -84,10 +84,46 @@ pub fn workload_labels(spec: &WorkloadSpec, team: &str, node: &str) -> BTreeMap<
     l
 }
 
+/// The uid and gid workload containers run as (the Jupyter Docker Stacks' `jovyan`:
+/// uid 1000, group `users` 100), whatever the image says.
+pub const WORKLOAD_UID: i64 = 1000;
+pub const WORKLOAD_GID: i64 = 100;
+
+/// The team's namespace, enforcing the Pod Security `restricted` standard: the API server
+/// itself refuses any pod in it that could run as root, escalate, keep capabilities or
+/// leave the default seccomp profile.
 pub fn namespace(s: &KubeSettings, team: &str) -> Namespace {
+    let mut labels = team_labels(team);
+    for mode in ["enforce", "audit", "warn"] {
+        labels.insert(
+            format!("pod-security.kubernetes.io/{mode}"),
+            "restricted".into(),
+        );
+        labels.insert(
+            format!("pod-security.kubernetes.io/{mode}-version"),
+            "latest".into(),
+        );
+    }
     Namespace {
-        metadata: meta(&namespace_name(s, team), None, team_labels(team)),
+        metadata: meta(&namespace_name(s, team), None, labels),
         ..Namespace::default()
+    }
+}
+
+/// What the `restricted` Pod Security standard asks of a container.
+fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..SecurityContext::default()
     }
 }
 
@@ -250,7 +286,19 @@ fn pod_spec(s: &KubeSettings, spec: &WorkloadSpec, hostname: &str) -> PodSpec {
         )])),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(WORKLOAD_UID),
+            run_as_group: Some(WORKLOAD_GID),
+            fs_group: Some(WORKLOAD_GID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
         containers: vec![Container {
+            security_context: Some(restricted_container()),
             name: CONTAINER.into(),
             image: Some(s.image.clone()),
             command: Some(command(spec)),

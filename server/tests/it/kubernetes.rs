@@ -69,6 +69,13 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         .get(&format!("/api/v1/namespaces/{ns}"))
         .expect("team namespace");
     assert_eq!(namespace["metadata"]["labels"]["tessera.io/team"], t.id);
+    // Pod Security `restricted` is enforced on the team's namespace.
+    for mode in ["enforce", "audit", "warn"] {
+        assert_eq!(
+            namespace["metadata"]["labels"][format!("pod-security.kubernetes.io/{mode}")],
+            "restricted"
+        );
+    }
     let quota = kube
         .get(&format!("/api/v1/namespaces/{ns}/resourcequotas/tessera"))
         .expect("quota");
@@ -107,6 +114,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     assert_eq!(spec["nodeSelector"]["kubernetes.io/hostname"], "gpu-node-1");
     assert_eq!(spec["restartPolicy"], "Never");
     assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_restricted(spec);
     let c = &spec["containers"][0];
     assert_eq!(c["image"], "registry.example/notebook:1");
     assert_eq!(
@@ -226,6 +234,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     let jsel = format!("tessera.io/workload={job_id}");
     let kjob = wait_for("the job", || kube.list("jobs", &jsel).pop()).await;
     assert_eq!(kjob["spec"]["backoffLimit"], 0);
+    assert_restricted(&kjob["spec"]["template"]["spec"]);
     let tmpl = &kjob["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(tmpl["command"], json!(["/bin/sh", "-c", "python train.py"]));
     assert_eq!(tmpl["workingDir"], "/workspace/runs");
@@ -296,3 +305,17 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
 }
 
 on_both_databases!(notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node);
+
+/// A pod spec that passes the `restricted` Pod Security standard: non-root with a fixed
+/// uid, no privilege escalation, no capabilities, the runtime's default seccomp profile.
+fn assert_restricted(spec: &Value) {
+    let pod = &spec["securityContext"];
+    assert_eq!(pod["runAsNonRoot"], true, "{spec}");
+    assert_eq!(pod["runAsUser"], 1000);
+    assert_eq!(pod["seccompProfile"]["type"], "RuntimeDefault");
+    let c = &spec["containers"][0]["securityContext"];
+    assert_eq!(c["runAsNonRoot"], true, "{spec}");
+    assert_eq!(c["allowPrivilegeEscalation"], false);
+    assert_eq!(c["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(c["seccompProfile"]["type"], "RuntimeDefault");
+}
