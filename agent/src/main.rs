@@ -346,9 +346,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         executor = executor.with_sandbox(sandbox);
     } else {
         tracing::warn!(
-            "THE WORKLOAD SANDBOX IS OFF (--sandbox off): every workload runs as this agent's \
-             user, can read the node credential and every team's files, and can use every GPU. \
-             Only for a one-person lab."
+            "THE WORKLOAD SANDBOX IS OFF (--sandbox off): every workload this agent runs \
+             runs as its user, can read the node credential and every team's files, and can \
+             use every GPU. Only for a one-person lab (or where workloads run as Kubernetes \
+             Pods, not through this agent). The nodes page shows the warning too."
         );
     }
     tracing::info!(node_id = %creds.node_id, manage_mig = cfg.manage_mig, "agent started");

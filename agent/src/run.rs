@@ -101,6 +101,7 @@ impl<L: ServerLink> Agent<L> {
                 at_unix_ms: unix_ms(),
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 manages_mig: self.cfg.manage_mig,
+                workload_sandbox: self.workloads.as_ref().is_some_and(|w| w.sandboxed()),
                 inventory: inv,
             })
             .await?;

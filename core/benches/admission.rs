@@ -108,6 +108,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 last_heartbeat_at: Some(now),
                 agent_version: "bench".into(),
                 manages_mig: true,
+                workload_sandbox: true,
                 inventory: serde_json::to_string(&Inventory { gpus })?,
                 revoked_at: None,
             })

@@ -29,6 +29,9 @@ pub struct NodeView {
     pub agent_version: String,
     /// The agent may change MIG layouts (`--manage-mig`).
     pub manages_mig: bool,
+    /// The agent runs local workloads in its sandbox (docs/security.md); `false` means a
+    /// team's code there can reach other teams' files and every GPU.
+    pub workload_sandbox: bool,
     pub gpus: Vec<GpuView>,
 }
 

@@ -33,6 +33,10 @@ pub struct Heartbeat {
     /// Whether the agent was started with `--manage-mig`; without it the
     /// agent only reports and never changes a GPU.
     pub manages_mig: bool,
+    /// Whether the agent runs workloads in its sandbox (`--sandbox on`, the default).
+    /// Absent from older agents, which had none.
+    #[serde(default)]
+    pub workload_sandbox: bool,
     pub inventory: Inventory,
 }
 

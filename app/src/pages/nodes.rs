@@ -293,6 +293,19 @@ fn NodeCard(node: NodeView, actions: NodeActions, telemetry: Resource<Telemetry>
                     <dd>{if node.manages_mig { "yes" } else { "no" }}</dd>
                 </div>
                 <div>
+                    <dt>"Workload sandbox"</dt>
+                    {if node.workload_sandbox {
+                        view! { <dd>"on"</dd> }.into_any()
+                    } else {
+                        view! {
+                            <dd class="warn" id="sandbox-off">
+                                "OFF: workloads here run without isolation and can reach other teams' files and every GPU"
+                            </dd>
+                        }
+                            .into_any()
+                    }}
+                </div>
+                <div>
                     <dt>"Registered"</dt>
                     <dd>
                         <When t=node.registered_at />

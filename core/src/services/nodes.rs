@@ -187,6 +187,7 @@ impl Nodes {
             last_heartbeat_at: None,
             agent_version: req.agent_version.chars().take(64).collect(),
             manages_mig: false,
+            workload_sandbox: false,
             inventory: r#"{"gpus":[]}"#.into(),
             revoked_at: None,
         };
@@ -239,6 +240,7 @@ impl Nodes {
                 Utc::now(),
                 &hb.agent_version,
                 hb.manages_mig,
+                hb.workload_sandbox,
                 &inventory,
             )
             .await
@@ -398,6 +400,7 @@ impl Nodes {
             last_heartbeat_at: r.last_heartbeat_at,
             agent_version: r.agent_version.clone(),
             manages_mig: r.manages_mig,
+            workload_sandbox: r.workload_sandbox,
             gpus,
         }
     }

@@ -33,6 +33,15 @@ use tessera_domain::workload::{
 };
 use uuid::Uuid;
 
+/// Who reports workloads to [`Workloads::sync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reporter {
+    /// A node's agent, over the agent API, from this client address.
+    Agent(Option<std::net::IpAddr>),
+    /// The server's own executor (Kubernetes), reporting for the node.
+    Executor,
+}
+
 /// Settings of the workload service.
 #[derive(Debug, Clone)]
 pub struct WorkloadConfig {
@@ -707,12 +716,13 @@ impl Workloads {
     // ---- the executor protocol ----
 
     /// Records a node executor's reports and answers with what should run there.
-    /// `peer` is the address the node's request came from: a notebook's endpoint must be
-    /// on it ([`wl::endpoint_allowed`]); a malformed log piece is refused.
+    /// `from` says who reports: a node's agent, whose notebook endpoints must be on the
+    /// address its request came from ([`wl::endpoint_allowed`]), or the server's own
+    /// Kubernetes executor (pod addresses, trusted). A malformed log piece is refused.
     pub async fn sync(
         &self,
         node: &NodeIdentity,
-        peer: Option<std::net::IpAddr>,
+        from: Reporter,
         reports: &WorkloadReports,
     ) -> Result<WorkloadSync, AppError> {
         let now = Utc::now();
@@ -736,7 +746,7 @@ impl Workloads {
                 ));
             }
             let mut rep = rep.clone();
-            if let Some(e) = &rep.endpoint
+            if let (Some(e), Reporter::Agent(peer)) = (&rep.endpoint, from)
                 && !wl::endpoint_allowed(e, peer)
             {
                 tracing::warn!(node = %node.id, workload = rep.id, endpoint = e, ?peer,

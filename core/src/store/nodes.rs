@@ -14,21 +14,23 @@ pub struct NodeRow {
     pub last_heartbeat_at: Option<DateTime<Utc>>,
     pub agent_version: String,
     pub manages_mig: bool,
+    pub workload_sandbox: bool,
     /// JSON of `tessera_domain::wire::Inventory`.
     pub inventory: String,
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
 const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at, \
-                    last_heartbeat_at, agent_version, manages_mig, inventory, revoked_at";
+                    last_heartbeat_at, agent_version, manages_mig, inventory, revoked_at, \
+                    workload_sandbox";
 
 impl Store {
     pub async fn insert_node(&self, r: &NodeRow) -> Result<(), sqlx::Error> {
-        let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)");
+        let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)");
         on_pool!(self, pool => sqlx::query(&sql)
             .bind(r.id).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
             .bind(r.registered_at).bind(r.last_heartbeat_at).bind(&r.agent_version)
-            .bind(r.manages_mig).bind(&r.inventory).bind(r.revoked_at)
+            .bind(r.manages_mig).bind(&r.inventory).bind(r.revoked_at).bind(r.workload_sandbox)
             .execute(pool).await.map(|_| ()))?;
         Ok(())
     }
@@ -71,12 +73,14 @@ impl Store {
         at: DateTime<Utc>,
         agent_version: &str,
         manages_mig: bool,
+        workload_sandbox: bool,
         inventory: &str,
     ) -> Result<(), sqlx::Error> {
         on_pool!(self, pool => sqlx::query(
             "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
-             inventory = $4 WHERE id = $5 AND revoked_at IS NULL")
+             inventory = $4, workload_sandbox = $6 WHERE id = $5 AND revoked_at IS NULL")
             .bind(at).bind(agent_version).bind(manages_mig).bind(inventory).bind(id)
+            .bind(workload_sandbox)
             .execute(pool).await.map(|_| ()))?;
         Ok(())
     }

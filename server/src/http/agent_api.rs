@@ -79,6 +79,13 @@ async fn workloads(
     }
     let peer = peer.map(|axum::Extension(ip)| ip.0);
     Ok(Json(
-        s.services.workloads.sync(&node, peer, &reports).await?,
+        s.services
+            .workloads
+            .sync(
+                &node,
+                tessera_core::services::workloads::Reporter::Agent(peer),
+                &reports,
+            )
+            .await?,
     ))
 }

@@ -248,6 +248,7 @@ impl KubeExecutor {
                 .workloads
                 .sync(
                     &node,
+                    tessera_core::services::workloads::Reporter::Executor,
                     &WorkloadReports {
                         at_unix_ms: now_ms,
                         workloads: reports,

@@ -619,6 +619,7 @@ async fn a_destroyed_mig_instance_fails_its_allocation(db: Db) {
             chrono::Utc::now(),
             &row.agent_version,
             row.manages_mig,
+            row.workload_sandbox,
             &serde_json::to_string(&inv).expect("json"),
         )
         .await

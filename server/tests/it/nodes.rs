@@ -34,6 +34,7 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
         at_unix_ms: 0,
         agent_version: "test".into(),
         manages_mig: true,
+        workload_sandbox: true,
         inventory: Inventory {
             gpus: vec![GpuInfo {
                 index: 0,
@@ -347,6 +348,8 @@ async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
     .await;
     assert_eq!(node["hostname"], "gpu-box-1");
     assert_eq!(node["manages_mig"], true);
+    // The real agent (root, crun) reports its sandbox on.
+    assert_eq!(node["workload_sandbox"], true, "{node}");
     let h100 = node["gpus"]
         .as_array()
         .expect("gpus")

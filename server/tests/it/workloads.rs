@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::Message;
 /// A simulated H100 node whose agent runs workloads; stopping it (SIGINT) stops them.
 struct WorkloadAgent {
     child: tokio::process::Child,
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
 }
 
 impl WorkloadAgent {
@@ -43,13 +43,12 @@ impl WorkloadAgent {
             // No telemetry: the idle test decides on the kernel signal alone.
             .args(["--telemetry-interval-s", "3600"])
             .args(["--workload-interval-ms", "300", "--stop-workloads-on-exit"])
+            // A fixed memory limit, so that the hostile test can reach it quickly.
+            .args(["--sandbox-memory-mib", "768"])
             .kill_on_drop(true)
             .spawn()
             .expect("start tessera-agent");
-        WorkloadAgent {
-            child,
-            _state: state,
-        }
+        WorkloadAgent { child, state }
     }
 
     /// Asks the agent to shut down (it stops its workloads first) and waits.
@@ -627,7 +626,125 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     s.agent.stop().await;
 }
 
+/// A hostile job through the whole stack (REST, scheduler, a real agent, its sandbox):
+/// the node credential, the agent's state and other runs are out of reach, it runs as an
+/// unprivileged uid with only its slice's device nodes; and a forged report with the
+/// stolen credential is refused.
+async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
+    let name = format!("hostile-{}", format!("{db:?}").to_lowercase());
+    let s = setup(db, &name).await;
+    let app = &s.a.app;
+    let state = s.agent.state.path().display().to_string();
+    let script = format!(
+        "t() {{ n=$1; shift; printf '%s: %s\\n' \"$n\" \"$( (\"$@\") 2>&1 | head -n1 | sed 's/^.*: //')\"; }}; \
+         t uid id -u; \
+         t credential cat $TESSERA_WORKSPACE/../../../credential.json; \
+         t credential_abs cat {state}/credential.json; \
+         t runs ls {state}/workloads/runs; \
+         t caps sh -c 'ls /dev/nvidia-caps | wc -l'; \
+         t gpus sh -c 'ls /dev | grep -c \"^nvidia[0-9]\"'"
+    );
+    let (st, v) = call_with_token(
+        app,
+        &s.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": s.alloc, "command": script})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    let done = wait_workload(app, &s.member, &id, "succeeded", 60).await;
+    let (_, all) = call_with_token(
+        app,
+        &s.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{id}/logs?from=0"),
+        None,
+    )
+    .await;
+    let text = all["text"].as_str().expect("text");
+    let line = |case: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{case}: ")))
+            .unwrap_or_else(|| panic!("no {case} in {text} ({done})"))
+            .to_owned()
+    };
+    let uid: u32 = line("uid").parse().expect("uid");
+    assert!(uid >= 200_000, "{text}");
+    assert_eq!(line("credential"), "No such file or directory");
+    assert_eq!(line("credential_abs"), "No such file or directory");
+    assert_eq!(line("runs"), "No such file or directory");
+    // A 1g.10gb slice: its GPU instance's and compute instance's capabilities, one GPU.
+    assert_eq!(line("caps"), "2");
+    assert_eq!(line("gpus"), "1");
+
+    // A job that outgrows its memory limit fails, and says why.
+    let (st, v) = call_with_token(
+        app,
+        &s.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": s.alloc,
+                    "command": "python3 -c 'b = bytearray(2 * 1024**3)'"})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let hog = v["id"].as_str().expect("id").to_owned();
+    let failed = wait_workload(app, &s.member, &hog, "failed", 60).await;
+    assert_eq!(
+        failed["message"],
+        "the job exited with code 137 (killed: out of memory (the workload's memory limit is \
+         768 MiB))",
+        "{failed}"
+    );
+
+    // Even with the node's credential, a report cannot carry a malformed log piece for a
+    // workload the node runs.
+    let (st, v) = call_with_token(
+        app,
+        &s.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": s.alloc, "command": "sleep 60"})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let sleeper = v["id"].as_str().expect("id").to_owned();
+    wait_workload(app, &s.member, &sleeper, "running", 30).await;
+    let id = sleeper.clone();
+    let cred: Value = serde_json::from_slice(
+        &std::fs::read(s.agent.state.path().join("credential.json")).expect("credential"),
+    )
+    .expect("json");
+    let run = id.clone();
+    let forged = json!({"at_unix_ms": 0, "workloads": [{
+        "id": run, "phase": "running", "exit_code": null, "message": null,
+        "endpoint": null, "kernel_last_activity_ms": null,
+        "log": {"offset": 0, "len": 999, "text": "short"}}]});
+    let r = reqwest::Client::new()
+        .post(format!("{}/agent/v1/workloads", app.base))
+        .bearer_auth(cred["credential"].as_str().expect("credential"))
+        .json(&forged)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 422);
+    let (st, _) = call_with_token(
+        app,
+        &s.member,
+        Method::POST,
+        &format!("/api/v1/workloads/{sleeper}/stop"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    wait_workload(app, &s.member, &sleeper, "cancelled", 30).await;
+    s.agent.stop().await;
+}
+
 on_both_databases!(
+    a_hostile_job_is_contained_by_the_node_sandbox,
     a_notebook_runs_jupyterlab_behind_the_proxy,
     a_job_streams_its_output_and_ends_with_its_exit_code,
     an_idle_notebook_is_reclaimed_but_a_busy_kernel_never,
