@@ -21,6 +21,7 @@ pub const OUTPUT_NAME: &str = "tessera";
 
 /// The HTML document around the app (server side only renders it).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    use_csp_nonce();
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -35,6 +36,19 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <App />
             </body>
         </html>
+    }
+}
+
+/// Stamps this response's Content-Security-Policy nonce (chosen by the server's header
+/// middleware) on the scripts Leptos writes inline, instead of a nonce no header knows.
+fn use_csp_nonce() {
+    #[cfg(feature = "ssr")]
+    if let Some(nonce) = use_context::<http::request::Parts>().and_then(|p| {
+        p.extensions
+            .get::<tessera_core::request::CspNonce>()
+            .cloned()
+    }) {
+        provide_context(leptos::nonce::Nonce::from_value(nonce.0));
     }
 }
 

@@ -136,3 +136,24 @@ pub fn session_error(e: tower_sessions::session::Error) -> AppError {
     tracing::error!(error = %e, "session store");
     AppError::Internal
 }
+
+/// The nonce of this response's Content-Security-Policy: the server's header middleware
+/// puts it into the request, and the page shell stamps it on its inline scripts.
+#[derive(Debug, Clone)]
+pub struct CspNonce(pub String);
+
+/// The principal behind a notebook origin's pass (its cookie) for `workload`: `None` when
+/// it is not a valid pass for that notebook, or its user was disabled or changed their
+/// password since it was issued (as for sessions).
+pub async fn notebook_principal(
+    services: &Services,
+    workload: uuid::Uuid,
+    pass: &str,
+) -> Result<Option<Principal>, AppError> {
+    let (user, issued) = match services.workloads.notebook_pass(workload, pass).await {
+        Ok(v) => v,
+        Err(AppError::Unauthorized) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    services.accounts.principal_for_session(user, issued).await
+}

@@ -477,6 +477,46 @@ pub fn notebook_base_path(username: &str, name: &str) -> String {
     format!("/user/{username}/{name}/")
 }
 
+/// The DNS label of a notebook's own origin: `nb-` and its workload id (35 characters, a
+/// valid label whatever the user and notebook are called). A relaunch is a new workload,
+/// so it gets a fresh origin: nothing a stopped notebook's pages stored carries over.
+pub fn notebook_host_label(workload: uuid::Uuid) -> String {
+    format!("nb-{}", workload.simple())
+}
+
+/// The workload a notebook origin's first DNS label names, if it is one.
+pub fn parse_notebook_host_label(label: &str) -> Option<uuid::Uuid> {
+    let hex = label.strip_prefix("nb-")?;
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    uuid::Uuid::try_parse(hex).ok()
+}
+
+/// Whether `path` (as the client sent it, still percent-encoded) stays inside the
+/// notebook's `base` path: it starts with it and has no `.`/`..` segment, empty segment,
+/// backslash or encoded slash that a server behind the proxy could resolve elsewhere.
+pub fn path_within(path: &str, base: &str) -> bool {
+    if path == base.trim_end_matches('/') {
+        return true;
+    }
+    let Some(rest) = path.strip_prefix(base) else {
+        return false;
+    };
+    if path.contains('\\') {
+        return false;
+    }
+    let segments: Vec<&str> = rest.split('/').collect();
+    segments.iter().enumerate().all(|(i, seg)| {
+        let lower = seg.to_ascii_lowercase();
+        // An empty segment only as the last one: a trailing slash.
+        let not_empty = !seg.is_empty() || i + 1 == segments.len();
+        let dots = matches!(lower.replace("%2e", ".").as_str(), "." | "..");
+        let smuggled = ["%2f", "%5c", "%00"].iter().any(|b| lower.contains(b));
+        not_empty && !dots && !smuggled
+    })
+}
+
 /// A piece of a workload's log, from byte `offset`; `next` is where the following read
 /// starts. `start` is the first byte still kept (older output was dropped to stay within
 /// the bound). `complete` once the workload ended and all its output arrived.
@@ -527,6 +567,50 @@ pub fn log_piece_valid(offset: u64, len: u64, text: &str) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn notebook_paths_stay_inside_their_base() {
+        let base = "/user/alice/lab/";
+        for ok in [
+            "/user/alice/lab",
+            "/user/alice/lab/",
+            "/user/alice/lab/lab",
+            "/user/alice/lab/api/contents/my%20notes.ipynb",
+            "/user/alice/lab/static/lab/main.js",
+        ] {
+            assert!(super::path_within(ok, base), "{ok}");
+        }
+        for bad in [
+            "/user/alice/labx",
+            "/user/bob/lab/api",
+            "/user/alice/lab/../../bob/lab/api",
+            "/user/alice/lab/%2e%2e/other",
+            "/user/alice/lab/.%2E/other",
+            "/user/alice/lab/./api",
+            "/user/alice/lab//etc/passwd",
+            "/user/alice/lab/files/a%2F..%2Fb",
+            "/user/alice/lab/files/a%5cb",
+            "/user/alice/lab/files\\..\\x",
+            "/user/alice/lab/a%00b",
+            "/",
+        ] {
+            assert!(!super::path_within(bad, base), "{bad}");
+        }
+    }
+
+    #[test]
+    fn notebook_host_labels_round_trip() {
+        let id = uuid::Uuid::from_u128(0x0196_1f2e_3d4c_7b5a_8f69_0e1d_2c3b_4a59);
+        let label = super::notebook_host_label(id);
+        assert!(label.len() <= 63, "{label}");
+        assert_eq!(super::parse_notebook_host_label(&label), Some(id));
+        assert_eq!(super::parse_notebook_host_label("nb-xyz"), None);
+        assert_eq!(super::parse_notebook_host_label("www"), None);
+        assert_eq!(
+            super::parse_notebook_host_label(&format!("nb-{}", "g".repeat(32))),
+            None
+        );
+    }
+
     use super::*;
     use chrono::TimeZone;
 

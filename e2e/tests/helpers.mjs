@@ -22,12 +22,23 @@ export async function launch() {
 // Runs `body(page)` in a fresh browser context; on failure saves a screenshot under
 // e2e/artifacts/ and rethrows.
 export async function withPage(browser, name, body, options = {}) {
-  const context = await browser.newContext(options);
+  const { allowCspViolations, ...contextOptions } = options;
+  const context = await browser.newContext(contextOptions);
   const page = await context.newPage();
   const consoleErrors = [];
   page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  // Every page runs under the portal's Content-Security-Policy: a violation fails the test.
+  const cspViolations = [];
+  page.on('console', (m) => {
+    if (m.type() === 'error' && /Content Security Policy/i.test(m.text())) {
+      cspViolations.push(`${page.url()}: ${m.text()}`);
+    }
+  });
   try {
     await body(page, consoleErrors);
+    if (cspViolations.length && !allowCspViolations) {
+      throw new Error(`Content-Security-Policy violations:\n${cspViolations.join('\n')}`);
+    }
   } catch (e) {
     mkdirSync('artifacts', { recursive: true });
     const file = `artifacts/${name.replace(/[^a-z0-9]+/gi, '-')}.png`;

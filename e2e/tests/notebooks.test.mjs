@@ -1,8 +1,10 @@
 // Workload journey on the embedded default's simulated nodes, whose agents run workloads
 // as real processes: a member gets a 1g.10gb slice, launches a JupyterLab named `e2e` from
-// the allocation's page, sees it reach Running, opens it through the server's proxy (the
-// page config carries no notebook token), stops it; then submits a job on the same slice
-// and watches its log line arrive live and the job fail with exit code 3.
+// the allocation's page, sees it reach Running, opens it through the server's proxy on the
+// notebook's own origin (the page config carries no notebook token; a hostile script there
+// gets nothing of the portal, as the owner and as a visiting admin), stops it; then submits
+// a job on the same slice and watches its log line arrive live and the job fail with exit
+// code 3. And no other page can frame the portal.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -43,6 +45,72 @@ async function api(page, method, path, data) {
   });
   assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
   return r.json();
+}
+
+// Runs in a notebook's page: everything a malicious script there would try against the
+// portal. Returns what each attempt got.
+async function hostileScript({ portal }) {
+  const attempt = async (url, init) => {
+    try {
+      const r = await fetch(url, init);
+      return { status: r.status, type: r.type, body: (await r.text()).slice(0, 300) };
+    } catch (e) {
+      return { error: String(e) };
+    }
+  };
+  const json = { 'content-type': 'application/json' };
+  const out = {
+    fnCrossOrigin: await attempt(`${portal}/fn/current_user`, { method: 'POST', credentials: 'include' }),
+    tokenCrossOrigin: await attempt(`${portal}/api/v1/tokens`, {
+      method: 'POST', credentials: 'include', headers: json, body: JSON.stringify({ name: 'stolen' }),
+    }),
+    tokenNoCors: await attempt(`${portal}/api/v1/tokens`, {
+      method: 'POST', mode: 'no-cors', credentials: 'include', body: '{"name":"stolen"}',
+    }),
+    fnHere: await attempt('/fn/current_user', { method: 'POST' }),
+    tokenHere: await attempt('/api/v1/tokens', { method: 'POST', headers: json, body: JSON.stringify({ name: 'stolen' }) }),
+    meHere: await attempt('/api/v1/me'),
+    cookie: document.cookie,
+  };
+  const register = async (script, scope) => {
+    try {
+      await navigator.serviceWorker.register(script, { scope });
+      return 'registered';
+    } catch (e) {
+      return String(e);
+    }
+  };
+  // A script the notebook really serves (JupyterLab's own bundle), asking for scope `/`.
+  const served = [...document.querySelectorAll('script[src]')].map((s) => s.src).find((u) => u.startsWith(location.origin));
+  out.swServedRoot = served ? await register(served, '/') : 'no script found';
+  out.swPortal = await register(`${portal}/pkg/tessera.js`, `${portal}/`);
+  document.cookie = `tessera_session=attacker; path=/; domain=${new URL(portal).hostname}`;
+  document.cookie = 'tessera_session=attacker; path=/';
+  return out;
+}
+
+function assertContained(r) {
+  const detail = JSON.stringify(r, null, 1);
+  // Cross-origin calls with the browser's credentials: unreadable, and refused (below: no token).
+  assert.ok(r.fnCrossOrigin.error || r.fnCrossOrigin.status >= 400, detail);
+  assert.ok(r.tokenCrossOrigin.error || r.tokenCrossOrigin.status >= 400, detail);
+  // The notebook's origin has no portal routes and no portal session.
+  for (const k of ['fnHere', 'tokenHere', 'meHere']) {
+    assert.ok(r[k].status === 404 || r[k].status === 401 || r[k].status === 403, `${k}: ${detail}`);
+    assert.doesNotMatch(r[k].body ?? '', /username|tsk_/, `${k}: ${detail}`);
+  }
+  // No credential is readable from script.
+  assert.doesNotMatch(r.cookie, /tessera_session|tessera_notebook|tnp_/, detail);
+  // No service worker for the whole origin, none for the portal.
+  assert.match(r.swServedRoot, /scope|Service-Worker-Allowed|SecurityError|TypeError/i, detail);
+  assert.notEqual(r.swServedRoot, 'registered', detail);
+  assert.notEqual(r.swPortal, 'registered', detail);
+}
+
+// The page's user (signed in on the portal) has no token named `stolen`.
+async function assertNoStolenToken(page) {
+  const tokens = await api(page, 'GET', '/api/v1/tokens');
+  assert.equal(tokens.items.filter((t) => t.name === 'stolen').length, 0, JSON.stringify(tokens));
 }
 
 async function detailState(page) {
@@ -129,7 +197,14 @@ test('a member launches a notebook on a slice, opens JupyterLab through the prox
     assert.equal(config.baseUrl, `/user/${MEMBER}/e2e/`);
     // The app itself loads through the proxy (scripts, REST and WebSocket calls).
     await lab.locator('.jp-LabShell').waitFor({ timeout: 60000 });
+    // It runs on an origin of its own, not the portal's.
+    assert.notEqual(new URL(lab.url()).origin, new URL(BASE).origin);
+    assert.match(new URL(lab.url()).hostname, /^nb-[0-9a-f]{32}\.localhost$/);
+    // A hostile script there (a package, an extension, a notebook's output) gets nothing
+    // of the owner's portal powers.
+    assertContained(await lab.evaluate(hostileScript, { portal: BASE }));
     await lab.close();
+    await assertNoStolenToken(page);
 
     // The notebooks list and the dashboard show it running.
     await page.goto(`${BASE}/notebooks`);
@@ -158,6 +233,66 @@ test('a member launches a notebook on a slice, opens JupyterLab through the prox
     assert.equal(await page.locator('[data-testid=open-notebook]').count(), 0);
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
+});
+
+test('a platform admin opening the notebook is no more exposed than its owner', async () => {
+  // The notebook `e2e` was stopped above: launch `e2e2` on the same slice, through the API.
+  let notebookId;
+  await withPage(browser, 'nb-relaunch', async (page) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    const nb = await api(page, 'POST', '/api/v1/notebooks', { allocation_id: allocationId, name: 'e2e2' });
+    notebookId = nb.id;
+    await eventually(async () => (await api(page, 'GET', `/api/v1/workloads/${notebookId}`)).state === 'running',
+      { what: 'the second notebook to run', timeoutMs: 90000 });
+  });
+  await withPage(browser, 'nb-admin-visit', async (page) => {
+    await signInAdmin(page);
+    await page.goto(`${BASE}/user/${MEMBER}/e2e2/lab`);
+    await page.locator('.jp-LabShell').waitFor({ timeout: 60000 });
+    assert.match(new URL(page.url()).hostname, /^nb-[0-9a-f]{32}\.localhost$/);
+    assertContained(await page.evaluate(hostileScript, { portal: BASE }));
+    // Back on the portal: still the admin, no token was made, the session cookie is ours.
+    await page.goto(`${BASE}/`);
+    await hydrated(page);
+    await assertNoStolenToken(page);
+    const cookies = await page.context().cookies(BASE);
+    assert.ok(cookies.some((c) => c.name.endsWith('tessera_session') && c.value !== 'attacker'), JSON.stringify(cookies));
+  });
+  // Sign-in still works from scratch afterwards.
+  await withPage(browser, 'nb-admin-again', async (page) => {
+    await signInAdmin(page);
+    await hydrated(page);
+  });
+  // A link into the notebook from the portal works once; a replayed one is refused.
+  await withPage(browser, 'nb-replay', async (page) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    const entry = await page.request.get(`${BASE}/user/${MEMBER}/e2e2/lab`, { maxRedirects: 0 });
+    assert.equal(entry.status(), 303);
+    const link = entry.headers().location;
+    assert.match(link, /\/_tessera\/enter\?code=tnc_/);
+    const first = await page.goto(link);
+    assert.equal(first.status(), 200);
+    assert.match(page.url(), new RegExp(`/user/${MEMBER}/e2e2/lab`));
+    const again = await page.goto(link);
+    assert.equal(again.status(), 403);
+    assert.match(await page.locator('h1').innerText(), /expired/);
+    await page.goto(`${BASE}/`);
+    await api(page, 'POST', `/api/v1/workloads/${notebookId}/stop`);
+  });
+});
+
+test('no other page can frame the portal', async () => {
+  await withPage(browser, 'frame', async (page) => {
+    await page.goto('about:blank');
+    await page.setContent(`<iframe id="f" src="${BASE}/login" width="800" height="600"></iframe>`);
+    await new Promise((r) => setTimeout(r, 2000));
+    const frame = page.frames().find((f) => f !== page.mainFrame());
+    const inside = frame ? await frame.locator('#username').count().catch(() => 0) : 0;
+    assert.equal(inside, 0, 'the sign-in form rendered inside a frame');
+    const r = await page.request.get(`${BASE}/login`);
+    assert.match(r.headers()['content-security-policy'], /frame-ancestors 'none'/);
+    assert.equal(r.headers()['x-frame-options'], 'DENY');
+  }, { allowCspViolations: true });
 });
 
 test('a job prints its log live and fails with its exit code', async () => {

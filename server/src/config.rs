@@ -203,6 +203,24 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,
 
+    /// The wildcard domain notebooks are served under, each on its own origin
+    /// `nb-<id>.<domain>` (e.g. `nb.gpu.example.org`, with DNS `*.nb.gpu.example.org` and a
+    /// wildcard certificate; a port may follow). Default: `localhost` when the portal is
+    /// on a loopback address; elsewhere notebooks cannot be opened in a browser until this
+    /// is set (API tokens still reach them).
+    #[arg(long, env = "TESSERA_NOTEBOOK_HOST")]
+    pub notebook_host: Option<String>,
+
+    /// Serve notebooks on the portal's own origin. UNSAFE: any page a notebook serves runs
+    /// with the portal's origin and can act as whoever opens it (an admin included).
+    #[arg(long, env = "TESSERA_NOTEBOOK_SAME_ORIGIN_UNSAFE", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
+    pub notebook_same_origin_unsafe: bool,
+
+    /// Bearer token a Prometheus scraper sends to `/metrics` to see per-team series (spend,
+    /// budget); without it `/metrics` shows no team data.
+    #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<Secret>,
+
     /// Take the client address from the last `X-Forwarded-For` hop (only behind a proxy
     /// you run; otherwise clients could forge it to dodge sign-in throttling).
     #[arg(long, env = "TESSERA_TRUST_PROXY_HEADERS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
@@ -253,6 +271,24 @@ impl ServeConfig {
             crate::sim::parse_nodes(&self.sim_nodes)
                 .map_err(|e| format!("TESSERA_SIM_NODES (--sim-nodes): {e}"))?;
         }
+        if self.notebook_host.is_some() && self.notebook_same_origin_unsafe {
+            return Err("set either TESSERA_NOTEBOOK_HOST (--notebook-host) or \
+                 TESSERA_NOTEBOOK_SAME_ORIGIN_UNSAFE, not both"
+                .into());
+        }
+        if let Some(h) = &self.notebook_host {
+            parse_notebook_host(h)
+                .map_err(|e| format!("TESSERA_NOTEBOOK_HOST (--notebook-host): {e}"))?;
+        }
+        if self
+            .metrics_token
+            .as_ref()
+            .is_some_and(|t| t.expose().len() < 16)
+        {
+            return Err(
+                "TESSERA_METRICS_TOKEN (--metrics-token) must be at least 16 characters".into(),
+            );
+        }
         if self.login_concurrency == Some(0) {
             return Err(
                 "TESSERA_LOGIN_CONCURRENCY (--login-concurrency) must be at least 1".into(),
@@ -286,6 +322,37 @@ impl ServeConfig {
             .to_owned()
     }
 
+    /// Where browsers open notebooks, for a portal listening on `addr`.
+    pub fn notebook_origins(&self, addr: SocketAddr) -> NotebookOrigins {
+        if self.notebook_same_origin_unsafe {
+            return NotebookOrigins::SameOriginUnsafe;
+        }
+        let public = self
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        let (scheme, rest) = public.split_once("://").unwrap_or(("http", &public));
+        let (host, port) = split_host_port(rest.split('/').next().unwrap_or(""));
+        let scheme = scheme.to_ascii_lowercase();
+        if let Some(h) = &self.notebook_host
+            && let Ok((domain, own_port)) = parse_notebook_host(h)
+        {
+            return NotebookOrigins::Isolated {
+                scheme,
+                domain,
+                port: own_port.or(port),
+            };
+        }
+        if is_loopback_host(&host) {
+            return NotebookOrigins::Isolated {
+                scheme,
+                domain: "localhost".into(),
+                port,
+            };
+        }
+        NotebookOrigins::Unconfigured
+    }
+
     /// Served over https: `Secure` cookies with a `__Host-` name.
     pub fn secure_cookies(&self) -> bool {
         self.public_url().starts_with("https://")
@@ -308,6 +375,104 @@ impl ServeConfig {
         ])
         .serve
     }
+}
+
+/// Where browsers open notebooks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotebookOrigins {
+    /// Each notebook on an origin of its own: `{scheme}://nb-<id>.{domain}[:{port}]`.
+    Isolated {
+        scheme: String,
+        domain: String,
+        port: Option<u16>,
+    },
+    /// Not on a loopback address and no `TESSERA_NOTEBOOK_HOST`: browsers are told to ask
+    /// an admin; API tokens still reach notebooks on the portal's origin.
+    Unconfigured,
+    /// On the portal's origin (`TESSERA_NOTEBOOK_SAME_ORIGIN_UNSAFE`).
+    SameOriginUnsafe,
+}
+
+impl NotebookOrigins {
+    /// The origin (`scheme://host[:port]`) of a notebook, when notebooks have their own.
+    pub fn origin_of(&self, workload: uuid::Uuid) -> Option<String> {
+        let NotebookOrigins::Isolated {
+            scheme,
+            domain,
+            port,
+        } = self
+        else {
+            return None;
+        };
+        let label = tessera_domain::workload::notebook_host_label(workload);
+        Some(match port {
+            Some(p) => format!("{scheme}://{label}.{domain}:{p}"),
+            None => format!("{scheme}://{label}.{domain}"),
+        })
+    }
+
+    /// What a request's `Host` names: `Some(Some(id))` a notebook's origin, `Some(None)`
+    /// another name under the notebook domain (nothing is served there), `None` the portal.
+    pub fn classify(&self, host: &str) -> Option<Option<uuid::Uuid>> {
+        let NotebookOrigins::Isolated { domain, .. } = self else {
+            return None;
+        };
+        let (name, _) = split_host_port(host);
+        let under = name
+            .strip_suffix(domain.as_str())
+            .and_then(|rest| rest.strip_suffix('.'))?;
+        Some(tessera_domain::workload::parse_notebook_host_label(under))
+    }
+}
+
+/// `host[:port]` (IPv6 in brackets) → lowercase host, port.
+fn split_host_port(authority: &str) -> (String, Option<u16>) {
+    let a = authority.trim().to_ascii_lowercase();
+    if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').unwrap_or((rest, ""));
+        let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
+        return (format!("[{h}]"), port);
+    }
+    match a.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !p.is_empty() => {
+            (h.to_owned(), p.parse().ok())
+        }
+        _ => (a, None),
+    }
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `nb.example.org`, `*.nb.example.org` or `nb.example.org:8443` → domain, port.
+fn parse_notebook_host(raw: &str) -> Result<(String, Option<u16>), String> {
+    let raw = raw.trim().trim_start_matches("*.");
+    let (domain, port) = split_host_port(raw);
+    let domain = domain.trim_end_matches('.').to_owned();
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+    };
+    if domain.is_empty() || !domain.split('.').all(label_ok) {
+        return Err(format!(
+            "'{raw}' is not a domain name like nb.gpu.example.org"
+        ));
+    }
+    if domain.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Err("must be a domain name (notebooks get subdomains), not an IP address".into());
+    }
+    if domain.len() + 36 > 253 {
+        return Err("too long for a notebook subdomain under it".into());
+    }
+    Ok((domain, port))
 }
 
 /// A string that never shows in `Debug` output or logs.
@@ -378,6 +543,68 @@ mod tests {
             !dbg.contains("hunter2") && !dbg.contains("topsecret"),
             "{dbg}"
         );
+    }
+
+    #[test]
+    fn notebooks_get_their_own_origin() {
+        let addr: SocketAddr = "127.0.0.1:4321".parse().expect("addr");
+        let mut c = ServeConfig::for_tests("sqlite::memory:");
+        let id = uuid::Uuid::now_v7();
+        let label = tessera_domain::workload::notebook_host_label(id);
+        // Loopback: *.localhost on the same port, out of the box.
+        let o = c.notebook_origins(addr);
+        assert_eq!(
+            o.origin_of(id),
+            Some(format!("http://{label}.localhost:4321"))
+        );
+        assert_eq!(
+            o.classify(&format!("{label}.localhost:4321")),
+            Some(Some(id))
+        );
+        assert_eq!(
+            o.classify(&format!("{}.LOCALHOST", label.to_uppercase())),
+            Some(Some(id))
+        );
+        assert_eq!(o.classify("evil.localhost:4321"), Some(None));
+        assert_eq!(o.classify("127.0.0.1:4321"), None);
+        assert_eq!(o.classify("localhost:4321"), None);
+        // A public portal needs the setting.
+        c.public_url = Some("https://gpu.example.org".into());
+        assert_eq!(c.notebook_origins(addr), NotebookOrigins::Unconfigured);
+        c.notebook_host = Some("*.nb.example.org".into());
+        let o = c.notebook_origins(addr);
+        assert_eq!(
+            o.origin_of(id),
+            Some(format!("https://{label}.nb.example.org"))
+        );
+        assert_eq!(
+            o.classify(&format!("{label}.nb.example.org")),
+            Some(Some(id))
+        );
+        assert_eq!(o.classify("gpu.example.org"), None);
+        assert_eq!(
+            o.classify(&format!("{label}.nb.example.org.evil.com")),
+            None
+        );
+        assert_eq!(o.classify(&format!("{label}xnb.example.org")), None);
+        c.notebook_host = Some("nb.example.org:8443".into());
+        assert_eq!(
+            c.notebook_origins(addr).origin_of(id),
+            Some(format!("https://{label}.nb.example.org:8443"))
+        );
+        c.notebook_same_origin_unsafe = true;
+        assert!(c.validate().is_err(), "both settings at once");
+        c.notebook_host = None;
+        assert_eq!(c.notebook_origins(addr), NotebookOrigins::SameOriginUnsafe);
+        for bad in [
+            "",
+            "nb example.org",
+            "10.0.0.1",
+            "nb.example.org/x",
+            "-x.org",
+        ] {
+            assert!(parse_notebook_host(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

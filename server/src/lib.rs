@@ -34,6 +34,8 @@ pub struct AppState {
     pub leptos_options: LeptosOptions,
     /// Single sign-on, when configured.
     pub oidc: Option<Arc<oidc::Oidc>>,
+    /// Where browsers open notebooks.
+    pub notebooks: Arc<config::NotebookOrigins>,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -108,6 +110,11 @@ pub async fn run(
     }
 
     let addr = listener.local_addr()?;
+    // Links, redirects and origin checks need the real address when none was given.
+    let mut config = config;
+    if config.public_url.is_none() {
+        config.public_url = Some(format!("http://{addr}"));
+    }
     let site_root = config.site_root.clone();
     if !site_root
         .join("pkg")
@@ -133,11 +140,28 @@ pub async fn run(
             .continuously_delete_expired(tokio::time::Duration::from_secs(300)),
     );
 
+    let notebooks = config.notebook_origins(addr);
+    match &notebooks {
+        config::NotebookOrigins::Isolated { .. } => tracing::info!(
+            example = notebooks.origin_of(uuid::Uuid::nil()).unwrap_or_default(),
+            "notebooks are served each on its own origin"
+        ),
+        config::NotebookOrigins::Unconfigured => tracing::warn!(
+            "notebooks cannot be opened in a browser: set TESSERA_NOTEBOOK_HOST to a wildcard \
+             domain for them (README: Notebooks); API tokens still reach them"
+        ),
+        config::NotebookOrigins::SameOriginUnsafe => tracing::warn!(
+            "UNSAFE: notebooks are served on the portal's own origin \
+             (TESSERA_NOTEBOOK_SAME_ORIGIN_UNSAFE): a page a notebook serves can act as \
+             whoever opens it"
+        ),
+    }
     let state = AppState {
         config: Arc::new(config.clone()),
         services,
         leptos_options,
         oidc,
+        notebooks: Arc::new(notebooks),
     };
     let scheduler = tokio::spawn(scheduler::run(
         state.services.clone(),

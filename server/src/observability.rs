@@ -27,6 +27,8 @@ pub const QUEUE_OLDEST_WAIT: &str = "tessera_allocation_queue_oldest_wait_second
 pub const BUDGET_RATIO: &str = "tessera_team_budget_used_ratio";
 /// Spend this calendar month in the currency's major unit, per team.
 pub const BUDGET_SPENT: &str = "tessera_team_spend_month";
+/// The families that carry team names and money: only for the authenticated scraper.
+pub const TEAM_FAMILIES: [&str; 2] = [BUDGET_RATIO, BUDGET_SPENT];
 /// (allocation, hour) rows the metering job wrote.
 pub const METERED_HOURS: &str = "tessera_metered_allocation_hours_total";
 /// Live notebooks and jobs by kind and state.

@@ -5,6 +5,9 @@
 //! A second, looser counter per client address slows password spraying across accounts.
 //! After `free_attempts` failures in a window, each further attempt must wait, doubling up
 //! to `max_delay`. Successful sign-in clears the (account, address) counter.
+//!
+//! An IPv6 client counts as its /64: one subscriber or host usually holds a whole /64,
+//! so per-address counting would give an attacker 2^64 fresh addresses.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -58,6 +61,7 @@ impl LoginLimiter {
 
     /// `Err(wait)` when this client must wait before trying this account again.
     pub fn check(&self, account: &str, addr: IpAddr, now: Instant) -> Result<(), Duration> {
+        let addr = client_key(addr);
         let key = (account.to_owned(), addr);
         let acct = lock(&self.by_account).get(&key).copied();
         let wait_a = acct.and_then(|e| self.wait(e, self.config.free_attempts, now));
@@ -70,6 +74,7 @@ impl LoginLimiter {
     }
 
     pub fn record_failure(&self, account: &str, addr: IpAddr, now: Instant) {
+        let addr = client_key(addr);
         let window = self.config.window;
         let bump = |e: &mut Entry| {
             if now.duration_since(e.first) > window {
@@ -102,6 +107,7 @@ impl LoginLimiter {
     }
 
     pub fn record_success(&self, account: &str, addr: IpAddr) {
+        let addr = client_key(addr);
         lock(&self.by_account).remove(&(account.to_owned(), addr));
     }
 
@@ -117,6 +123,22 @@ impl LoginLimiter {
             .min(self.config.max_delay);
         let ready = e.last + delay;
         (ready > now).then(|| ready - now)
+    }
+}
+
+/// What the counters key on: an IPv4 address as is (also when IPv4-mapped), an IPv6
+/// address as its /64 network.
+fn client_key(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                IpAddr::V6(seg.into())
+            }
+        },
     }
 }
 
@@ -152,6 +174,36 @@ mod tests {
         assert!(l.check("alice", attacker, t1).is_ok());
         l.record_failure("alice", attacker, t1);
         assert_eq!(l.check("alice", attacker, t1), Err(Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn an_ipv6_attacker_counts_as_its_64_however_many_addresses_it_uses() {
+        let l = LoginLimiter::new(LimiterConfig::default());
+        let t0 = Instant::now();
+        for i in 0..5u16 {
+            let addr = IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 7, 1, i, 0, 0, i + 1));
+            assert!(l.check("alice", addr, t0).is_ok());
+            l.record_failure("alice", addr, t0);
+        }
+        let fresh = ip("2001:db8:7:1:ffff:ffff:ffff:ffff");
+        assert!(
+            l.check("alice", fresh, t0).is_err(),
+            "a new address in the /64"
+        );
+        // The next /64 is someone else.
+        assert!(l.check("alice", ip("2001:db8:7:2::1"), t0).is_ok());
+        // The per-address (spraying) counter groups by /64 too.
+        for n in 0..60u16 {
+            let addr = IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 9, 9, n, 1, 2, 3));
+            l.record_failure(&format!("user{n}"), addr, t0);
+        }
+        assert!(l.check("zed", ip("2001:db8:9:9::42"), t0).is_err());
+        // An IPv4-mapped address is its IPv4 address.
+        for _ in 0..5 {
+            l.record_failure("bob", ip("192.0.2.77"), t0);
+        }
+        assert!(l.check("bob", ip("::ffff:192.0.2.77"), t0).is_err());
+        assert!(l.check("bob", ip("::ffff:192.0.2.78"), t0).is_ok());
     }
 
     #[test]

@@ -437,6 +437,53 @@ impl Allocations {
         Ok(done)
     }
 
+    /// Ends what people who left a team (or were removed) still hold there: a queued or
+    /// placing request is cancelled, an active allocation released (its workloads stop
+    /// with it, and metering ends). Runs at the start of every scheduler pass.
+    async fn end_departed(&self, now: DateTime<Utc>) -> Result<(), AppError> {
+        let rows = self
+            .store
+            .allocations_of_departed()
+            .await
+            .map_err(internal("loading allocations of departed members"))?;
+        let note = "its owner is no longer a member of the team";
+        for a in rows {
+            let state: AllocState = a.state.parse()?;
+            let done = match state {
+                AllocState::Active => {
+                    self.finish(a.id, alloc::ReleaseCause::Released, now, None, Some(note))
+                        .await?
+                }
+                AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
+                    self.step(
+                        a.id,
+                        state,
+                        AllocState::Cancelled,
+                        now,
+                        None,
+                        Some(note),
+                        Change::default(),
+                    )
+                    .await?
+                }
+                _ => false,
+            };
+            if done {
+                tracing::info!(allocation = %a.id, "ended: {note}");
+                self.audit_as(
+                    None,
+                    "allocation.release",
+                    a.id,
+                    Some(a.team_id),
+                    Some(&a),
+                    None,
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+
     /// Extends an active allocation by `minutes` (owner, team admin, platform admin), up
     /// to the policy's longest duration counted from when it became active. Its units stay
     /// the same, so quota is unaffected; one that is being preempted cannot be extended.
@@ -1157,6 +1204,8 @@ impl Allocations {
         let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
         let inventories: HashMap<Uuid, Inventory> =
             nodes.iter().map(|n| (n.id, inventory(n))).collect();
+
+        self.end_departed(now).await?;
 
         // Expiry, preemption deadlines, lost nodes.
         let held = self

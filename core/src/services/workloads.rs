@@ -14,6 +14,7 @@ use super::billing::utilisation;
 use super::internal;
 use super::nodes::NodeIdentity;
 use super::tenancy::paged;
+use crate::auth::secret;
 use crate::store::{AuditRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +23,7 @@ use tessera_domain::account::Principal;
 use tessera_domain::alloc::{AllocState, AllocatedDevice};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
-use tessera_domain::tenancy::{Page, PageRequest};
+use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
     LogAck, TelemetrySample, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
     WorkloadSync,
@@ -117,6 +118,21 @@ pub struct ProxyTarget {
     pub endpoint: String,
     /// Sent upstream as `Authorization: token …`; never shown to the browser.
     pub token: String,
+    /// `/user/{owner}/{name}/`: every proxied path stays under it.
+    pub base_path: String,
+}
+
+/// How long a one-time notebook code is good for.
+pub const NOTEBOOK_CODE_TTL_SECS: i64 = 60;
+/// How long a notebook pass (the notebook origin's cookie) is good for.
+pub const NOTEBOOK_PASS_TTL_HOURS: i64 = 12;
+
+/// A way into a notebook's own origin: the one-time code for its entry redirect.
+#[derive(Debug, Clone)]
+pub struct NotebookEntry {
+    pub workload_id: Uuid,
+    pub code: String,
+    pub base_path: String,
 }
 
 /// Why the proxy cannot forward yet.
@@ -162,6 +178,20 @@ fn run_id(w: &WorkloadRow) -> String {
         w.id.to_string()
     } else {
         format!("{}.{}", w.id, w.attempt)
+    }
+}
+
+/// Where a live notebook's traffic goes, once it runs.
+fn target_of(row: &WorkloadListRow) -> Result<ProxyTarget, NotReady> {
+    let state = state_of(&row.w);
+    match (state, &row.w.endpoint, &row.w.token) {
+        (WorkloadState::Running, Some(endpoint), Some(token)) => Ok(ProxyTarget {
+            workload_id: row.w.id,
+            endpoint: endpoint.clone(),
+            token: token.clone(),
+            base_path: wl::notebook_base_path(&row.username, &row.w.name),
+        }),
+        _ => Err(NotReady::Starting(state)),
     }
 }
 
@@ -291,12 +321,16 @@ impl Workloads {
             .await
             .map_err(internal("loading allocation"))?
             .ok_or_else(|| AppError::invalid("allocation_id", "no such allocation"))?;
-        authz::team(&self.store, p, TeamId(alloc.a.team_id), Need::Read)
+        let access = authz::team(&self.store, p, TeamId(alloc.a.team_id), Need::Read)
             .await
             .map_err(|e| match e {
                 AppError::NotFound => AppError::invalid("allocation_id", "no such allocation"),
                 other => other,
             })?;
+        // Viewers read; they launch nothing, even on an allocation they held as a member.
+        if access.role == Some(TeamRole::Viewer) {
+            return Err(AppError::Forbidden);
+        }
         if alloc.a.user_id != p.user_id.0 {
             return Err(AppError::invalid(
                 "allocation_id",
@@ -650,21 +684,137 @@ impl Workloads {
             .await
             .map_err(internal("loading notebook"))?
             .ok_or(AppError::NotFound)?;
-        if row.w.user_id != p.user_id.0 {
-            if !p.is_admin {
-                return Err(AppError::NotFound);
+        self.may_open(p, &row).await?;
+        Ok(target_of(&row))
+    }
+
+    /// The same, for the notebook a notebook origin names by its workload id.
+    pub async fn notebook_target(
+        &self,
+        p: &Principal,
+        workload: Uuid,
+    ) -> Result<Result<ProxyTarget, NotReady>, AppError> {
+        let row = self
+            .store
+            .workload(workload)
+            .await
+            .map_err(internal("loading notebook"))?
+            .filter(|r| kind_of(&r.w) == WorkloadKind::Notebook && state_of(&r.w).is_live())
+            .ok_or(AppError::NotFound)?;
+        self.may_open(p, &row).await?;
+        Ok(target_of(&row))
+    }
+
+    /// A one-time code that lets the caller's browser into the notebook's own origin
+    /// (the portal redirects there with it; [`Self::redeem_notebook_code`] swaps it for a
+    /// pass). Who may have one: as [`Self::proxy_target`].
+    pub async fn notebook_code(
+        &self,
+        p: &Principal,
+        username: &str,
+        name: &str,
+    ) -> Result<Result<NotebookEntry, NotReady>, AppError> {
+        let target = match self.proxy_target(p, username, name).await? {
+            Ok(t) => t,
+            Err(not_ready) => return Ok(Err(not_ready)),
+        };
+        let now = Utc::now();
+        let (code, hash) = secret::generate("tnc");
+        self.store
+            .insert_notebook_grant(
+                &hash,
+                "code",
+                target.workload_id,
+                p.user_id.0,
+                now,
+                now + Duration::seconds(NOTEBOOK_CODE_TTL_SECS),
+            )
+            .await
+            .map_err(internal("storing notebook code"))?;
+        Ok(Ok(NotebookEntry {
+            workload_id: target.workload_id,
+            code,
+            base_path: target.base_path,
+        }))
+    }
+
+    /// Swaps a one-time code for `workload` (single use, within a minute) for a notebook
+    /// pass: the secret the notebook origin keeps in its cookie. `NotFound` for a code
+    /// that is unknown, used, expired or for another notebook.
+    pub async fn redeem_notebook_code(
+        &self,
+        workload: Uuid,
+        code: &str,
+    ) -> Result<String, AppError> {
+        let now = Utc::now();
+        let (user, _, expires) = self
+            .store
+            .take_notebook_code(&secret::hash(code), workload)
+            .await
+            .map_err(internal("redeeming notebook code"))?
+            .ok_or(AppError::NotFound)?;
+        if expires < now {
+            return Err(AppError::NotFound);
+        }
+        if let Err(e) = self.store.prune_notebook_grants(now).await {
+            tracing::warn!(error = %e, "pruning notebook grants failed");
+        }
+        let (pass, hash) = secret::generate("tnp");
+        self.store
+            .insert_notebook_grant(
+                &hash,
+                "cookie",
+                workload,
+                user,
+                now,
+                now + Duration::hours(NOTEBOOK_PASS_TTL_HOURS),
+            )
+            .await
+            .map_err(internal("storing notebook pass"))?;
+        Ok(pass)
+    }
+
+    /// Whose notebook pass this is for `workload`, and when it was issued (so a password
+    /// change or disabling voids it like a session): `Unauthorized` when it is not a
+    /// valid pass for that notebook.
+    pub async fn notebook_pass(
+        &self,
+        workload: Uuid,
+        pass: &str,
+    ) -> Result<(Uuid, DateTime<Utc>), AppError> {
+        let (user, issued, expires) = self
+            .store
+            .notebook_pass(&secret::hash(pass), workload)
+            .await
+            .map_err(internal("loading notebook pass"))?
+            .ok_or(AppError::Unauthorized)?;
+        if expires < Utc::now() {
+            return Err(AppError::Unauthorized);
+        }
+        Ok((user, issued))
+    }
+
+    /// Who may open a live notebook: its owner while still a member of its team, and
+    /// platform admins (audited). Anyone else gets the 404 of a notebook that does not
+    /// exist.
+    async fn may_open(&self, p: &Principal, row: &WorkloadListRow) -> Result<(), AppError> {
+        if row.w.user_id == p.user_id.0 {
+            let member = self
+                .store
+                .membership(row.w.team_id, p.user_id.0)
+                .await
+                .map_err(internal("loading membership"))?
+                .is_some();
+            if member || p.is_admin {
+                return Ok(());
             }
-            self.audit_admin_proxy(p, &row.w).await;
+            return Err(AppError::NotFound);
         }
-        let state = state_of(&row.w);
-        match (state, &row.w.endpoint, &row.w.token) {
-            (WorkloadState::Running, Some(endpoint), Some(token)) => Ok(Ok(ProxyTarget {
-                workload_id: row.w.id,
-                endpoint: endpoint.clone(),
-                token: token.clone(),
-            })),
-            _ => Ok(Err(NotReady::Starting(state))),
+        if !p.is_admin {
+            return Err(AppError::NotFound);
         }
+        self.audit_admin_proxy(p, &row.w).await;
+        Ok(())
     }
 
     async fn audit_admin_proxy(&self, p: &Principal, w: &WorkloadRow) {

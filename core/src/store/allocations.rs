@@ -424,6 +424,20 @@ impl Store {
     }
 
     /// Every allocation in one of `states`, oldest first (the scheduler's working set).
+    /// Open allocations (queued, placing, active) whose owner is no longer a member of
+    /// the allocation's team and is not a platform admin.
+    pub async fn allocations_of_departed(&self) -> Result<Vec<AllocationRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {COLS} FROM allocations a WHERE a.state IN \
+             ('pending_approval', 'queued', 'placing', 'active') \
+             AND NOT EXISTS (SELECT 1 FROM memberships m WHERE m.team_id = a.team_id \
+             AND m.user_id = a.user_id) \
+             AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = a.user_id AND u.is_admin) \
+             ORDER BY a.created_at, a.id"
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await)
+    }
+
     pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, sqlx::Error> {
         let ps: Vec<String> = (1..=states.len()).map(|i| format!("${i}")).collect();
         let sql = format!(

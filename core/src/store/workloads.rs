@@ -376,4 +376,57 @@ impl Store {
             Ok(out)
         })
     }
+
+    // ---- notebook grants (the notebook origin's one-time codes and cookie passes) ----
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn insert_notebook_grant(
+        &self,
+        hash: &str,
+        kind: &str,
+        workload: Uuid,
+        user: Uuid,
+        issued_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => sqlx::query(
+            "INSERT INTO notebook_grants (secret_hash, kind, workload_id, user_id, issued_at, \
+             expires_at) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(hash).bind(kind).bind(workload).bind(user).bind(issued_at).bind(expires_at)
+            .execute(pool).await.map(|_| ()))
+    }
+
+    /// Removes a one-time code for `workload` and returns who it was for, when it was
+    /// issued and until when it was good: two redeemers of one code never both get it.
+    pub async fn take_notebook_code(
+        &self,
+        hash: &str,
+        workload: Uuid,
+    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
+            "DELETE FROM notebook_grants WHERE secret_hash = $1 AND kind = 'code' \
+             AND workload_id = $2 RETURNING user_id, issued_at, expires_at")
+            .bind(hash).bind(workload).fetch_optional(pool).await)
+    }
+
+    /// A cookie pass for `workload`: its user, when it was issued, until when it is good.
+    pub async fn notebook_pass(
+        &self,
+        hash: &str,
+        workload: Uuid,
+    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
+            "SELECT user_id, issued_at, expires_at FROM notebook_grants WHERE secret_hash = $1 \
+             AND kind = 'cookie' AND workload_id = $2")
+            .bind(hash).bind(workload).fetch_optional(pool).await)
+    }
+
+    /// Forgets codes and passes past their time, and those of notebooks that ended.
+    pub async fn prune_notebook_grants(&self, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM notebook_grants WHERE expires_at < $1 OR workload_id IN \
+             (SELECT id FROM workloads WHERE state NOT IN {LIVE})"
+        );
+        on_pool!(self, pool => sqlx::query(&sql).bind(now).execute(pool).await.map(|r| r.rows_affected()))
+    }
 }

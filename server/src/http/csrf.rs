@@ -45,7 +45,7 @@ fn is_token_request(h: &HeaderMap) -> bool {
     h.contains_key(header::AUTHORIZATION) && !h.contains_key(header::COOKIE)
 }
 
-fn same_origin(h: &HeaderMap, public_url: &str) -> Result<(), &'static str> {
+pub(super) fn same_origin(h: &HeaderMap, public_url: &str) -> Result<(), &'static str> {
     if let Some(site) = h.get("sec-fetch-site") {
         return match site.as_bytes() {
             b"same-origin" | b"none" => Ok(()),

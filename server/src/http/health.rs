@@ -2,8 +2,8 @@
 
 use crate::AppState;
 use axum::extract::State;
-use axum::response::IntoResponse;
-use http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode, header};
 
 pub async fn healthz() -> &'static str {
     "ok"
@@ -19,16 +19,68 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// Prometheus text. Per-team series (names, spend, budget use) only for a scraper that
+/// sends `Authorization: Bearer <TESSERA_METRICS_TOKEN>`; everyone else gets the rest. A
+/// wrong token is refused outright, so a misconfigured scraper notices.
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let team_data = match (given, &state.config.metrics_token) {
+        (Some(g), Some(t)) if same_secret(g, t.expose()) => true,
+        (Some(_), _) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "wrong metrics token (TESSERA_METRICS_TOKEN)",
+            )
+                .into_response();
+        }
+        (None, _) => false,
+    };
     record_cluster_gauges(&state).await;
     record_allocation_gauges(&state).await;
     record_workload_gauges(&state).await;
-    record_budget_gauges(&state).await;
+    if team_data {
+        record_budget_gauges(&state).await;
+    }
     record_node_gauges(&state).await;
     let body = crate::observability::metrics_handle()
         .map(|h| h.render())
         .unwrap_or_default();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+    let body = if team_data {
+        body
+    } else {
+        without_families(&body, &crate::observability::TEAM_FAMILIES)
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// Compares hashes, so the time taken says nothing about how much of the token matched.
+fn same_secret(given: &str, expected: &str) -> bool {
+    use tessera_core::auth::secret::hash;
+    hash(given) == hash(expected)
+}
+
+/// The exposition text without the samples, `# HELP` and `# TYPE` lines of `families`.
+fn without_families(body: &str, families: &[&str]) -> String {
+    let hidden = |line: &str| {
+        let name = line
+            .strip_prefix("# HELP ")
+            .or_else(|| line.strip_prefix("# TYPE "))
+            .unwrap_or(line);
+        families.iter().any(|f| {
+            name.strip_prefix(f)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '{']))
+        })
+    };
+    let mut out = String::with_capacity(body.len());
+    for line in body.lines().filter(|l| !hidden(l)) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Cluster gauges are computed at scrape time from the stored inventories.
@@ -189,4 +241,23 @@ fn set(name: &'static str, labels: &[(&'static str, String)], value: Option<f64>
 
 fn free_mib(used: Option<u64>, total: Option<u64>) -> Option<f64> {
     Some(total?.saturating_sub(used?) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn team_families_are_cut_whole() {
+        let body = "# HELP tessera_team_spend_month spend\n# TYPE tessera_team_spend_month gauge\n\
+                    tessera_team_spend_month{team=\"vision\"} 12\n\
+                    tessera_team_spend_month_total 1\n\
+                    tessera_nodes{state=\"online\"} 2\n";
+        let out = super::without_families(body, &["tessera_team_spend_month"]);
+        assert!(!out.contains("vision"), "{out}");
+        assert!(
+            !out.contains("# HELP tessera_team_spend_month spend"),
+            "{out}"
+        );
+        assert!(out.contains("tessera_team_spend_month_total 1"), "{out}");
+        assert!(out.contains("tessera_nodes"), "{out}");
+    }
 }

@@ -1,4 +1,5 @@
-//! HTTP: the router, cross-cutting middleware (metrics, CSRF, sessions), health endpoints.
+//! HTTP: the router, cross-cutting middleware (metrics, CSRF, sessions, security headers,
+//! notebook origins), health endpoints.
 //!
 //! Pages and server functions are served by leptos_axum; the REST API will live under
 //! `/api/v1` and the agent API under `/agent/v1`.
@@ -8,8 +9,10 @@ mod api;
 pub(crate) mod auth;
 mod csrf;
 pub(crate) mod error;
+mod headers;
 mod health;
 mod metrics;
+mod notebook_origin;
 mod proxy;
 mod sso;
 
@@ -82,9 +85,18 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .with_state(state)
+        .with_state(state.clone())
         .merge(app)
         .merge(api_and_agent)
+        .layer(axum::middleware::from_fn_with_state(
+            state.config.secure_cookies(),
+            headers::portal,
+        ))
+        // Outside the portal's routes and headers: a notebook origin sees none of them.
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            notebook_origin::dispatch,
+        ))
         .layer(axum::middleware::from_fn_with_state(trust_proxy, client_ip))
         .layer(axum::middleware::from_fn(metrics::track))
 }

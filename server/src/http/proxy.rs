@@ -1,17 +1,28 @@
-//! The notebook proxy: `/user/{username}/{server}/…` → the notebook's JupyterLab.
+//! The notebook proxy: a notebook's JupyterLab, behind Tessera's own access checks.
 //!
-//! Only the notebook's owner (and platform admins, audited) get through; anyone else gets
-//! exactly the 404 of a notebook that does not exist. The caller is authenticated like the
-//! REST API (session cookie or `Bearer` API token); neither credential travels upstream:
-//! the proxy strips Tessera's session cookie and the caller's `Authorization` header and
-//! sends the notebook's own token instead (`Authorization: token …`), so the browser never
-//! holds it. JupyterLab writes its token into the HTML page config; the proxy blanks it out
-//! of every HTML response. WebSockets (kernels) pass through as raw upgraded connections.
+//! Browsers open notebooks on an origin of their own (`nb-<id>.<notebook domain>`, see
+//! [`super::notebook_origin`]), never on the portal's: a page a notebook serves must not
+//! run with the portal's origin, where it could act as whoever opened it. So on the
+//! portal's origin, `/user/{username}/{server}/…` answers a signed-in browser with a
+//! redirect to the notebook's origin carrying a one-time code, and proxies only requests
+//! that carry an API token (`Authorization: Bearer`, which browsers never attach on their
+//! own). `TESSERA_NOTEBOOK_SAME_ORIGIN_UNSAFE` restores same-origin serving.
+//!
+//! Only the notebook's owner (while a member of its team) and platform admins (audited)
+//! get through; anyone else gets exactly the 404 of a notebook that does not exist.
+//! Neither the caller's credentials nor any cookie travel upstream: the proxy sends the
+//! notebook's own token instead (`Authorization: token …`), so the browser never holds it.
+//! JupyterLab writes its token into the HTML page config; the proxy blanks it out of every
+//! HTML response. Upstream headers that would act beyond the notebook (`Set-Cookie`,
+//! `Service-Worker-Allowed`, `Clear-Site-Data`, HSTS, CORS grants) are dropped, and every
+//! path must stay under the notebook's base path. WebSockets (kernels) pass through as raw
+//! upgraded connections once their `Origin` is checked.
 //!
 //! JupyterLab runs with `base_url` = `/user/{username}/{server}/`, so paths go upstream
 //! unchanged.
 
 use crate::AppState;
+use crate::config::NotebookOrigins;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -27,6 +38,7 @@ use tessera_core::request::session_principal;
 use tessera_core::services::workloads::{NotReady, ProxyTarget};
 use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
+use tessera_domain::workload::path_within;
 use tower_sessions::Session;
 
 /// HTML pages are rewritten in memory; bigger ones pass through unchanged.
@@ -79,7 +91,7 @@ async fn caller(
     session_principal(&s.services, &session).await
 }
 
-fn wants_html(req: &Request) -> bool {
+pub(super) fn wants_html(req: &Request) -> bool {
     req.method() == http::Method::GET
         && req
             .headers()
@@ -88,17 +100,21 @@ fn wants_html(req: &Request) -> bool {
             .is_some_and(|a| a.contains("text/html"))
 }
 
-fn not_found() -> Response {
+pub(super) fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "not found").into_response()
 }
 
-async fn proxy(s: AppState, username: String, server: String, req: Request) -> Response {
-    let bearer = req
-        .headers()
+pub(super) fn bearer(req: &Request) -> Option<String> {
+    req.headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|v| v.trim().to_owned());
+        .map(|v| v.trim().to_owned())
+}
+
+async fn proxy(s: AppState, username: String, server: String, req: Request) -> Response {
+    let bearer = bearer(&req);
+    let browser = bearer.is_none();
     let session = req.extensions().get::<Session>().cloned();
     let html = wants_html(&req);
     let p = match caller(&s, bearer, session).await {
@@ -111,6 +127,35 @@ async fn proxy(s: AppState, username: String, server: String, req: Request) -> R
         }
         Err(e) => return super::error::ApiError(e).into_response(),
     };
+    if browser {
+        match s.notebooks.as_ref() {
+            NotebookOrigins::Isolated { .. } => {
+                let page_load = matches!(*req.method(), http::Method::GET | http::Method::HEAD)
+                    && !is_upgrade(&req);
+                let asked = req
+                    .uri()
+                    .path_and_query()
+                    .map_or_else(|| req.uri().path().to_owned(), |pq| pq.as_str().to_owned());
+                let path = req.uri().path().to_owned();
+                drop(req);
+                let visit = Visit {
+                    page_load,
+                    path,
+                    asked,
+                    html,
+                };
+                return enter_redirect(&s, &p, &username, &server, visit).await;
+            }
+            NotebookOrigins::Unconfigured => return not_configured(html),
+            NotebookOrigins::SameOriginUnsafe => {
+                if is_upgrade(&req)
+                    && super::csrf::same_origin(req.headers(), &s.config.public_url()).is_err()
+                {
+                    return foreign_origin();
+                }
+            }
+        }
+    }
     let target = match s
         .services
         .workloads
@@ -122,6 +167,14 @@ async fn proxy(s: AppState, username: String, server: String, req: Request) -> R
         Err(AppError::NotFound) => return not_found(),
         Err(e) => return super::error::ApiError(e).into_response(),
     };
+    proxy_to(target, req).await
+}
+
+/// Forwards to a notebook the caller may open, once the path is confined to it.
+pub(super) async fn proxy_to(target: ProxyTarget, req: Request) -> Response {
+    if !path_within(req.uri().path(), &target.base_path) {
+        return not_found();
+    }
     match forward(target, req).await {
         Ok(r) => r,
         Err(e) => {
@@ -135,8 +188,104 @@ async fn proxy(s: AppState, username: String, server: String, req: Request) -> R
     }
 }
 
+pub(super) fn is_upgrade(req: &Request) -> bool {
+    req.headers().contains_key(header::UPGRADE)
+}
+
+pub(super) fn foreign_origin() -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        "this notebook accepts connections from its own pages only",
+    )
+        .into_response()
+}
+
+/// What [`enter_redirect`] needs of the browser's request.
+struct Visit {
+    /// A GET or HEAD that is no WebSocket upgrade.
+    page_load: bool,
+    path: String,
+    /// Path and query.
+    asked: String,
+    html: bool,
+}
+
+/// A browser on the portal's origin: off to the notebook's own origin, with a one-time
+/// code that lets it in there (only page loads; anything else is not served here).
+async fn enter_redirect(
+    s: &AppState,
+    p: &Principal,
+    username: &str,
+    server: &str,
+    visit: Visit,
+) -> Response {
+    if !visit.page_load {
+        return (
+            StatusCode::NOT_FOUND,
+            "notebooks are served from their own address; open the notebook from the \
+             Notebooks page",
+        )
+            .into_response();
+    }
+    let entry = match s
+        .services
+        .workloads
+        .notebook_code(p, username, server)
+        .await
+    {
+        Ok(Ok(e)) => e,
+        Ok(Err(NotReady::Starting(state))) => return starting_page(visit.html, state.label()),
+        Err(AppError::NotFound) => return not_found(),
+        Err(e) => return super::error::ApiError(e).into_response(),
+    };
+    let next = if path_within(&visit.path, &entry.base_path) {
+        visit.asked.as_str()
+    } else {
+        entry.base_path.as_str()
+    };
+    let Some(origin) = s.notebooks.origin_of(entry.workload_id) else {
+        return super::error::ApiError(AppError::Internal).into_response();
+    };
+    let Ok(url) = reqwest::Url::parse_with_params(
+        &format!("{origin}{}", super::notebook_origin::ENTER_PATH),
+        &[("code", entry.code.as_str()), ("next", next)],
+    ) else {
+        return super::error::ApiError(AppError::Internal).into_response();
+    };
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, url.as_str()),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+    )
+        .into_response()
+}
+
+/// Notebooks have no origin of their own configured: say so rather than serve them here.
+fn not_configured(html: bool) -> Response {
+    let msg = "Notebooks cannot be opened in a browser yet: the portal's operator has to \
+               set TESSERA_NOTEBOOK_HOST (a wildcard domain for notebooks). API tokens \
+               still reach notebooks.";
+    if html {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            format!(
+                "<!doctype html><html><head><meta charset=\"utf-8\"><title>Notebooks not \
+                 configured</title><link rel=\"stylesheet\" href=\"/pkg/tessera.css\"></head>\
+                 <body><main class=\"container\"><h1>Notebooks are not set up</h1><p>{msg}</p>\
+                 <p><a href=\"/notebooks\">Back to notebooks</a></p></main></body></html>"
+            ),
+        )
+            .into_response();
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, msg).into_response()
+}
+
 /// While a notebook starts: a page that reloads itself (browsers), or 503 + Retry-After.
-fn starting_page(html: bool, state: &str) -> Response {
+pub(super) fn starting_page(html: bool, state: &str) -> Response {
     if html {
         let body = format!(
             "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" \
@@ -190,22 +339,25 @@ fn strip_hop(h: &mut HeaderMap) {
     }
 }
 
-/// The request's cookies minus Tessera's session cookie.
-fn cookies_without_session(h: &HeaderMap) -> Option<HeaderValue> {
-    let kept: Vec<&str> = h
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|c| {
-            let name = c.split('=').next().unwrap_or("");
-            !c.is_empty() && !name.ends_with("tessera_session")
-        })
-        .collect();
-    (!kept.is_empty())
-        .then(|| HeaderValue::from_str(&kept.join("; ")).ok())
-        .flatten()
+/// Upstream response headers that would act beyond the notebook's own pages: cookies
+/// (which a notebook on a sibling subdomain could scope to a parent domain), service
+/// worker scope widening, storage wiping, HSTS and CORS grants.
+const DROPPED_UPSTREAM: [&str; 9] = [
+    "set-cookie",
+    "set-cookie2",
+    "service-worker-allowed",
+    "clear-site-data",
+    "strict-transport-security",
+    "alt-svc",
+    "access-control-allow-origin",
+    "access-control-allow-credentials",
+    "public-key-pins",
+];
+
+fn drop_upstream_headers(h: &mut HeaderMap) {
+    for n in DROPPED_UPSTREAM {
+        h.remove(n);
+    }
 }
 
 async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
@@ -225,11 +377,9 @@ async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop(&mut headers);
-    let cookies = cookies_without_session(&headers);
+    // No cookie goes upstream: the notebook authenticates the proxy by its token, and the
+    // browser's cookies (Tessera's, or a notebook pass) are none of its business.
     headers.remove(header::COOKIE);
-    if let Some(c) = cookies {
-        headers.insert(header::COOKIE, c);
-    }
     // Uncompressed, so HTML can be rewritten (loopback: compression buys nothing).
     headers.remove(header::ACCEPT_ENCODING);
     headers.remove(header::AUTHORIZATION);
@@ -267,7 +417,8 @@ async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
                 Err(e) => tracing::debug!(error = %e, "notebook proxy: upgrade failed"),
             }
         });
-        let (parts, _) = resp.into_parts();
+        let (mut parts, _) = resp.into_parts();
+        drop_upstream_headers(&mut parts.headers);
         let mut out = Response::from_parts(parts, Body::empty());
         // Keep the upgrade handshake headers (Upgrade, Connection, Sec-WebSocket-*).
         out.headers_mut()
@@ -277,6 +428,7 @@ async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
 
     let (mut parts, body) = resp.into_parts();
     strip_hop(&mut parts.headers);
+    drop_upstream_headers(&mut parts.headers);
     let html = parts
         .headers
         .get(header::CONTENT_TYPE)

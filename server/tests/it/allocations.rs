@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::Duration;
 
-const PW: &str = "allocation-password-1";
+pub(crate) const PW: &str = "allocation-password-1";
 
 /// A team with a member and a team admin, each with an API token.
 pub(crate) struct Team {

@@ -5,17 +5,81 @@
 use crate::allocations::{request, set_quota, team, wait_for_state};
 use crate::nodes::agent_bin;
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db};
+use crate::support::{AdminClient, Db, TestApp};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
+use tessera_server::config::Secret;
 
-on_both_databases!(dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported);
+on_both_databases!(
+    dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported,
+    team_data_needs_the_scrape_token_and_methods_cannot_grow_series
+);
+
+/// What the Prometheus in `deploy/monitoring/` sends (`authorization: credentials`).
+const SCRAPE_TOKEN: &str = "scrape-token-for-tests-0123456789";
+
+async fn with_scrape_token(db: Db) -> AdminClient {
+    let app = TestApp::spawn_with(db, |c| {
+        c.metrics_token = Some(Secret::new(SCRAPE_TOKEN));
+    })
+    .await;
+    AdminClient::with_app(app).await
+}
+
+async fn team_data_needs_the_scrape_token_and_methods_cannot_grow_series(db: Db) {
+    let a = with_scrape_token(db).await;
+    let name = format!("spendy{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let t = team(&a, &name).await;
+    let (s, v) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/teams/{}/budget", t.id),
+            Some(json!({"monthly_minor": 1000, "hard": false})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // The scraper sees the team's series; anyone else, before and after, does not.
+    let c = reqwest::Client::new();
+    let anonymous = || async {
+        let r = c.get(a.app.url("/metrics")).send().await.expect("scrape");
+        assert_eq!(r.status(), 200);
+        r.text().await.expect("body")
+    };
+    let before = anonymous().await;
+    let body = scrape(&a).await;
+    assert!(
+        body.contains(&name),
+        "the scraper sees team series:\n{body}"
+    );
+    let after = anonymous().await;
+    for b in [&before, &after] {
+        assert!(!b.contains(&name), "a team name leaked:\n{b}");
+        assert!(!b.contains("tessera_team_"), "team series leaked:\n{b}");
+        assert!(b.contains("tessera_http_requests_total"), "{b}");
+    }
+    // A wrong token is refused outright; a signed-in admin's cookie is no scrape token.
+    let r = c
+        .get(a.app.url("/metrics"))
+        .bearer_auth("not-the-token-at-all")
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(r.status(), 401);
+    // Made-up methods all count as OTHER: no new series per method.
+    for i in 0..20 {
+        let m = Method::from_bytes(format!("FUZZ{i}").as_bytes()).expect("method");
+        let _ = c.request(m, a.app.url("/healthz")).send().await;
+    }
+    let body = anonymous().await;
+    assert!(!body.contains("FUZZ"), "{body}");
+    assert!(body.contains(r#"method="OTHER""#), "{body}");
+}
 
 async fn dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported(db: Db) {
-    let a = AdminClient::new(db).await;
+    let a = with_scrape_token(db).await;
     // Unique per backend: the recorder is shared by every app in this test process.
     let host = format!("mon-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let t = team(&a, &format!("mon{}", &host[4..])).await;
@@ -254,7 +318,12 @@ async fn settled(a: &AdminClient, host: &str, h100: &str) -> Option<usize> {
 }
 
 async fn scrape(a: &AdminClient) -> String {
-    let r = reqwest::get(a.app.url("/metrics")).await.expect("scrape");
+    let r = reqwest::Client::new()
+        .get(a.app.url("/metrics"))
+        .bearer_auth(SCRAPE_TOKEN)
+        .send()
+        .await
+        .expect("scrape");
     assert!(r.status().is_success());
     r.text().await.expect("body")
 }

@@ -16,7 +16,7 @@ pub struct TestApp {
     pub base: String,
     pub database_url: String,
     config: ServeConfig,
-    addr: std::net::SocketAddr,
+    pub addr: std::net::SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,

@@ -88,6 +88,7 @@ struct Setup {
     member_name: String,
     other: String,
     alloc: String,
+    team: String,
 }
 
 async fn setup(db: Db, name: &str) -> Setup {
@@ -108,6 +109,7 @@ async fn setup(db: Db, name: &str) -> Setup {
         member_name: format!("{name}-member"),
         other: o.member,
         alloc,
+        team: t.id,
     }
 }
 
@@ -191,23 +193,50 @@ async fn launch(s: &Setup, name: &str) -> Value {
     v
 }
 
-/// Runs `code` in a kernel over the proxied WebSocket and returns its `text/plain` result.
+type KernelSocket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// Opens a kernel's channels WebSocket at `url` (whose host may be a notebook origin),
+/// connecting to the app at `addr`, with extra request headers. `Err(status)` when the
+/// upgrade is refused.
+async fn kernel_socket(
+    addr: std::net::SocketAddr,
+    url: &str,
+    headers: &[(&'static str, String)],
+) -> Result<KernelSocket, u16> {
+    let mut req =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
+            .expect("ws request");
+    for (k, v) in headers {
+        req.headers_mut()
+            .insert(*k, v.parse().expect("header value"));
+    }
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    match tokio_tungstenite::client_async(req, tcp).await {
+        Ok((ws, resp)) => {
+            assert_eq!(resp.status(), 101);
+            Ok(ws)
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("websocket: {e}"),
+    }
+}
+
+/// Runs `code` in a kernel over the proxied WebSocket with an API token.
 async fn run_in_kernel(server: &str, token: &str, base: &str, kernel: &str, code: &str) -> String {
     let addr = server.trim_start_matches("http://");
     let url = format!("ws://{addr}{base}api/kernels/{kernel}/channels");
-    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-        url.as_str(),
+    let ws = kernel_socket(
+        addr.parse().expect("addr"),
+        &url,
+        &[("authorization", format!("Bearer {token}"))],
     )
-    .expect("ws request");
-    req.headers_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("header"),
-    );
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-    let (mut ws, resp) = tokio_tungstenite::client_async(req, tcp)
-        .await
-        .expect("websocket through the proxy");
-    assert_eq!(resp.status(), 101);
+    .await
+    .expect("websocket through the proxy");
+    execute(ws, code).await
+}
+
+/// Sends an `execute_request` and returns its `text/plain` result.
+async fn execute(mut ws: KernelSocket, code: &str) -> String {
     let msg_id = uuid::Uuid::new_v4().to_string();
     let msg = json!({
         "header": {"msg_id": msg_id, "username": "test", "session": uuid::Uuid::new_v4().to_string(),
@@ -239,6 +268,291 @@ async fn run_in_kernel(server: &str, token: &str, base: &str, kernel: &str, code
         }
     }
     panic!("no execute_result");
+}
+
+/// Demoted to viewer, a member launches nothing more; removed from the team, they lose
+/// their notebook at once and what they held there ends (allocation released, its
+/// workloads stopped).
+async fn membership_changes_take_effect_at_once(db: Db) {
+    let name = format!("leave-{}", format!("{db:?}").to_lowercase());
+    let s = setup(db, &name).await;
+    let app = &s.a.app;
+    let nb = launch(&s, "stays").await;
+    let id = nb["id"].as_str().expect("id").to_owned();
+    let user = s.a.user(&s.member_name).await;
+    let member_path = format!(
+        "/api/v1/teams/{}/members/{}",
+        s.team,
+        user["id"].as_str().expect("user id")
+    );
+    let base = format!("/user/{}/stays/", s.member_name);
+    let proxied = || async {
+        reqwest::Client::new()
+            .get(app.url(&format!("{base}api/contents")))
+            .bearer_auth(&s.member)
+            .send()
+            .await
+            .expect("request")
+            .status()
+            .as_u16()
+    };
+    assert_ne!(proxied().await, 404, "the owner reaches their notebook");
+
+    let (st, v) =
+        s.a.call(Method::PUT, &member_path, Some(json!({"role": "viewer"})))
+            .await;
+    assert_eq!(st, 200, "{v}");
+    for (path, body) in [
+        (
+            "/api/v1/jobs",
+            json!({"allocation_id": s.alloc, "command": "true"}),
+        ),
+        (
+            "/api/v1/notebooks",
+            json!({"allocation_id": s.alloc, "name": "second"}),
+        ),
+    ] {
+        let (st, v) = call_with_token(app, &s.member, Method::POST, path, Some(body)).await;
+        assert_eq!(st, 403, "a viewer launched through {path}: {v}");
+    }
+    assert_ne!(
+        proxied().await,
+        404,
+        "a viewer still reaches their own notebook"
+    );
+
+    let (st, v) = s.a.call(Method::DELETE, &member_path, None).await;
+    assert!(st == 200 || st == 204, "{st} {v}");
+    assert_eq!(
+        proxied().await,
+        404,
+        "removed: the notebook is gone for them at once"
+    );
+    let ended = wait_for_state(&s.a, &s.alloc, "ended").await;
+    let (_, events) =
+        s.a.call(
+            Method::GET,
+            &format!("/api/v1/allocations/{}", s.alloc),
+            None,
+        )
+        .await;
+    assert!(
+        events.to_string().contains("no longer a member"),
+        "{ended}\n{events}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, w) =
+            s.a.call(Method::GET, &format!("/api/v1/workloads/{id}"), None)
+                .await;
+        let state = w["state"].as_str().unwrap_or("").to_owned();
+        if ["stopped", "cancelled", "lost", "failed"].contains(&state.as_str()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the notebook still runs: {w}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    s.agent.stop().await;
+}
+
+/// A browser opening the notebook: signed in on the portal, it is sent to the notebook's
+/// own origin with a one-time code, and gets a pass there. Every attack on that flow and
+/// on the origin's boundary is refused; the kernel works from the origin's own pages.
+async fn notebook_origin_boundary(s: &Setup, base: &str, kernel: &str) {
+    let app = &s.a.app;
+    let cookie = crate::support::login(app, &s.member_name, crate::allocations::PW).await;
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let portal_get = |path: String| {
+        plain
+            .get(app.url(&path))
+            .header("cookie", &cookie)
+            .header("accept", "text/html")
+            .send()
+    };
+    // The portal never serves the notebook to a browser: it redirects, once per visit.
+    let r = portal_get(format!("{base}lab?reset"))
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 303);
+    let entry = reqwest::Url::parse(r.headers()["location"].to_str().expect("location"))
+        .expect("entry url");
+    let host = entry.host_str().expect("host").to_owned();
+    assert!(
+        host.starts_with("nb-") && host.ends_with(".localhost") && host.len() == 45,
+        "{entry}"
+    );
+    assert_eq!(entry.port(), Some(app.addr.port()));
+    assert_eq!(entry.path(), "/_tessera/enter");
+    let origin = format!("http://{host}:{}", app.addr.port());
+    // A POST or a WebSocket with the portal session on the portal's origin: not served.
+    let r = plain
+        .post(app.url(&format!("{base}api/kernels")))
+        .header("cookie", &cookie)
+        .header("origin", &app.base)
+        .json(&json!({"name": "python3"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 404);
+    let nb = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(&host, app.addr)
+        .build()
+        .expect("client");
+    // The portal's session means nothing on the notebook's origin.
+    let r = nb
+        .get(format!("{origin}{base}api/contents"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 401);
+    let r = nb
+        .get(format!("{origin}{base}lab"))
+        .header("cookie", &cookie)
+        .header("accept", "text/html")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 303, "back to the portal to get in");
+    assert_eq!(r.headers()["location"], app.url(&format!("{base}lab")));
+    // A code for this notebook does not open another notebook's origin.
+    let other_host = format!(
+        "{}.localhost",
+        tessera_domain::workload::notebook_host_label(uuid::Uuid::now_v7())
+    );
+    let other = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(&other_host, app.addr)
+        .build()
+        .expect("client");
+    let r = other
+        .get(entry.as_str().replace(&host, &other_host))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 403, "a code is bound to its notebook");
+    // The code, once: a pass cookie, host-only and out of scripts' reach.
+    let r = nb.get(entry.as_str()).send().await.expect("request");
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], format!("{base}lab?reset"));
+    let set = r.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    assert!(set.starts_with("tessera_notebook=tnp_"), "{set}");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Lax"),
+        "{set}"
+    );
+    assert!(!set.to_ascii_lowercase().contains("domain="), "{set}");
+    let pass = set.split(';').next().expect("pair").to_owned();
+    let r = nb.get(entry.as_str()).send().await.expect("request");
+    assert_eq!(r.status(), 403, "a code works once");
+    assert!(entry.query().unwrap_or_default().contains("code=tnc_"));
+
+    let with_pass = |req: reqwest::RequestBuilder| req.header("cookie", &pass);
+    let r = with_pass(nb.get(format!("{origin}{base}api/contents")))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+    // No upstream cookie reaches the browser.
+    assert!(r.headers().get("set-cookie").is_none());
+    // The pass opens this notebook only, and none of the portal's routes exist here.
+    for path in [
+        "/api/v1/me".to_owned(),
+        "/fn/current_user".to_owned(),
+        "/".to_owned(),
+        "/user/admin/other/api/contents".to_owned(),
+        format!("{base}..%2f..%2fadmin/x/api/contents"),
+        format!("{base}%2e%2e/%2e%2e/admin/x/api"),
+    ] {
+        let r = with_pass(nb.get(format!("{origin}{path}")))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 404, "{path}");
+        let body = r.text().await.unwrap_or_default();
+        assert!(!body.contains("username"), "{path}: {body}");
+    }
+    let r = with_pass(nb.post(format!("{origin}/api/v1/tokens")))
+        .header("origin", &origin)
+        .json(&json!({"name": "stolen"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 404);
+    // Changes only from the notebook's own pages.
+    for foreign in [app.base.as_str(), "http://evil.localhost:1", "null"] {
+        let r = with_pass(nb.post(format!("{origin}{base}api/kernels")))
+            .header("origin", foreign)
+            .header("sec-fetch-site", "cross-site")
+            .json(&json!({"name": "python3"}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 403, "{foreign}");
+    }
+    let r = with_pass(nb.post(format!("{origin}{base}api/kernels")))
+        .header("origin", &origin)
+        .header("sec-fetch-site", "same-origin")
+        .json(&json!({"name": "python3"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+    // The kernel's WebSocket: refused from any other origin, or with no origin.
+    let ws_url = format!(
+        "ws://{host}:{}{base}api/kernels/{kernel}/channels",
+        app.addr.port()
+    );
+    for foreign in [
+        Some(app.base.clone()),
+        Some("http://evil.localhost".into()),
+        None,
+    ] {
+        let mut h = vec![("cookie", pass.clone())];
+        if let Some(o) = &foreign {
+            h.push(("origin", o.clone()));
+        }
+        let r = kernel_socket(app.addr, &ws_url, &h).await;
+        assert_eq!(r.err(), Some(403), "{foreign:?}");
+    }
+    // The portal's session cookie on the notebook origin's WebSocket: no way in either.
+    let r = kernel_socket(
+        app.addr,
+        &ws_url,
+        &[("cookie", cookie.clone()), ("origin", origin.clone())],
+    )
+    .await;
+    assert_eq!(r.err(), Some(401));
+    let ws = kernel_socket(
+        app.addr,
+        &ws_url,
+        &[("cookie", pass.clone()), ("origin", origin.clone())],
+    )
+    .await
+    .expect("the notebook's own page opens its kernel");
+    assert_eq!(execute(ws, "6*7").await, "42");
+    // The other team's member, signed in, gets the 404 of nothing, and no code.
+    let other_cookie = {
+        let (st, v) = call_with_token(app, &s.other, Method::GET, "/api/v1/me", None).await;
+        assert_eq!(st, 200, "{v}");
+        let name = v["username"].as_str().expect("username").to_owned();
+        crate::support::login(app, &name, crate::allocations::PW).await
+    };
+    let r = plain
+        .get(app.url(&format!("{base}lab")))
+        .header("cookie", &other_cookie)
+        .header("accept", "text/html")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 404);
 }
 
 async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
@@ -286,6 +600,7 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
         run_in_kernel(&app.base, &s.member, &base, kernel_id, "1+1").await,
         "2"
     );
+    notebook_origin_boundary(&s, &base, kernel_id).await;
 
     // The JupyterLab page loads, without the notebook's token in it.
     let store = tessera_core::store::Store::connect(&app.database_url)
@@ -745,6 +1060,7 @@ async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
 
 on_both_databases!(
     a_hostile_job_is_contained_by_the_node_sandbox,
+    membership_changes_take_effect_at_once,
     a_notebook_runs_jupyterlab_behind_the_proxy,
     a_job_streams_its_output_and_ends_with_its_exit_code,
     an_idle_notebook_is_reclaimed_but_a_busy_kernel_never,
