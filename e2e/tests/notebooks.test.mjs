@@ -300,8 +300,8 @@ test('a job prints its log live and fails with its exit code', async () => {
     await signInAs(page, MEMBER, PASSWORD);
     await page.goto(`${BASE}/allocations/${allocationId}`);
     await hydrated(page);
-    // The stopped notebook is listed on the allocation.
-    await page.locator('[data-testid=allocation-workloads] tr[data-testid=workload-row][data-state=stopped]').waitFor();
+    // The stopped notebooks are listed on the allocation.
+    await page.locator('[data-testid=allocation-workloads] tr[data-testid=workload-row][data-state=stopped]', { hasText: 'e2e2' }).waitFor();
     await page.click('[data-testid=submit-job]');
     await page.waitForURL(`${BASE}/jobs?allocation=${allocationId}`);
     await hydrated(page);

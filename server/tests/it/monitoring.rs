@@ -29,18 +29,23 @@ async fn with_scrape_token(db: Db) -> AdminClient {
     AdminClient::with_app(app).await
 }
 
-async fn team_data_needs_the_scrape_token_and_methods_cannot_grow_series(db: Db) {
-    let a = with_scrape_token(db).await;
-    let name = format!("spendy{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let t = team(&a, &name).await;
+/// A soft monthly budget of 10.00, so the team has budget series.
+async fn set_budget(a: &AdminClient, team: &str) {
     let (s, v) = a
         .call(
             Method::PUT,
-            &format!("/api/v1/teams/{}/budget", t.id),
+            &format!("/api/v1/teams/{team}/budget"),
             Some(json!({"monthly_minor": 1000, "hard": false})),
         )
         .await;
     assert_eq!(s, 200, "{v}");
+}
+
+async fn team_data_needs_the_scrape_token_and_methods_cannot_grow_series(db: Db) {
+    let a = with_scrape_token(db).await;
+    let name = format!("spendy{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let t = team(&a, &name).await;
+    set_budget(&a, &t.id).await;
     // The scraper sees the team's series; anyone else, before and after, does not.
     let c = reqwest::Client::new();
     let anonymous = || async {
@@ -84,14 +89,7 @@ async fn dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported(d
     let host = format!("mon-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let t = team(&a, &format!("mon{}", &host[4..])).await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (s, v) = a
-        .call(
-            Method::PUT,
-            &format!("/api/v1/teams/{}/budget", t.id),
-            Some(json!({"monthly_minor": 1000, "hard": false})),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    set_budget(&a, &t.id).await;
     let (s, jt) = a
         .call(
             Method::POST,
