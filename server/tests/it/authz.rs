@@ -369,8 +369,8 @@ const TEAM_A_MANAGE: [u16; 6] = [401, 403, 403, 200, 404, 200];
 /// Extending needs an active allocation: in the matrix none is (no agent applies the
 /// layouts), so those who may act get 409, the others their usual refusal.
 const EXTEND: [u16; 6] = [401, 403, 409, 409, 404, 409];
-/// Workload creation on an allocation that is not active.
-const NOT_ACTIVE: [u16; 6] = [401, 422, 422, 422, 422, 422];
+/// Workload creation on an allocation that is not active; viewers launch nothing (403).
+const NOT_ACTIVE: [u16; 6] = [401, 403, 422, 422, 422, 422];
 /// Stopping a workload, reading its log: its owner (the member), team A's admin, a
 /// platform admin.
 const WORKLOAD_ACT: [u16; 6] = [401, 403, 200, 200, 404, 200];
