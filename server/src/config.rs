@@ -26,6 +26,12 @@ pub enum Command {
     /// Plan placements offline: prints the plan for a cluster and pending requests as JSON
     /// (schema: docs/planner.md). Bad input exits with code 2 naming file, line and field.
     Plan(PlanArgs),
+    /// Writes a consistent copy of the SQLite store to PATH while the server runs (for
+    /// PostgreSQL use pg_dump; README: Backups).
+    Backup(BackupArgs),
+    /// Replaces the SQLite store with a backup made by `tessera backup` (the server must
+    /// be stopped; it migrates the restored database forward when it starts).
+    Restore(BackupArgs),
     /// Training jobs from a terminal (REST with an API token: TESSERA_URL, TESSERA_TOKEN).
     Job {
         #[command(flatten)]
@@ -50,6 +56,19 @@ pub struct PlanArgs {
     /// Pending requests (REQUESTS.json).
     #[arg(long)]
     pub requests: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BackupArgs {
+    /// The database (as for `tessera serve`).
+    #[arg(
+        long,
+        env = "TESSERA_DATABASE_URL",
+        default_value = "sqlite://data/tessera.db?mode=rwc"
+    )]
+    pub database_url: Secret,
+    /// The backup file.
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -221,6 +240,22 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<Secret>,
 
+    /// This replica's name in logs and in the `tessera_leader` gauge (default: host name
+    /// and process id).
+    #[arg(long, env = "TESSERA_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+
+    /// Seconds between the start of shutdown (readiness turns false, the leader lease is
+    /// given up) and closing the listener, so that load balancers stop sending first (5 on
+    /// Kubernetes).
+    #[arg(long, env = "TESSERA_DRAIN_SECONDS", default_value_t = 0)]
+    pub drain_seconds: u64,
+
+    /// Seconds that proxied WebSockets (notebook kernels) get to end after the listener
+    /// closes on shutdown.
+    #[arg(long, env = "TESSERA_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
+
     /// Take the client address from the last `X-Forwarded-For` hop (only behind a proxy
     /// you run; otherwise clients could forge it to dodge sign-in throttling).
     #[arg(long, env = "TESSERA_TRUST_PROXY_HEADERS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
@@ -372,6 +407,8 @@ impl ServeConfig {
             "--bind",
             "127.0.0.1:0",
             "--no-sim",
+            "--shutdown-grace-seconds",
+            "1",
         ])
         .serve
     }

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 mod http;
 pub mod k8s;
+mod leader;
 pub mod observability;
 pub mod oidc;
 mod scheduler;
@@ -20,6 +21,8 @@ use leptos::config::LeptosOptions;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tessera_core::store::Store;
 use tessera_core::{Services, auth, sessions};
 use tessera_domain::account::NewPassword;
@@ -36,6 +39,10 @@ pub struct AppState {
     pub oidc: Option<Arc<oidc::Oidc>>,
     /// Where browsers open notebooks.
     pub notebooks: Arc<config::NotebookOrigins>,
+    /// Set once shutdown begins: `/readyz` answers 503 so load balancers stop sending.
+    pub draining: Arc<AtomicBool>,
+    /// True while this replica leads the background passes.
+    pub leading: Arc<AtomicBool>,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -46,6 +53,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
+    // SQLite is one process: a second server on the same file would race the first's
+    // passes. The lock goes with this function (and with the process, however it ends).
+    let _single_process = match tessera_core::store::sqlite_file(config.database_url.expose()) {
+        Some(file) => Some(lock_sqlite(&file)?),
+        None => None,
+    };
     let store = Store::connect(config.database_url.expose())
         .await
         .context("TESSERA_DATABASE_URL (--database-url)")?;
@@ -162,24 +175,31 @@ pub async fn run(
         leptos_options,
         oidc,
         notebooks: Arc::new(notebooks),
+        draining: Arc::new(AtomicBool::new(false)),
+        leading: Arc::new(AtomicBool::new(false)),
     };
-    let scheduler = tokio::spawn(scheduler::run(
-        state.services.clone(),
-        config.scheduler_interval,
-    ));
-    let metering = tokio::spawn(scheduler::meter(
-        state.services.clone(),
-        config.metering_interval,
-    ));
     let kube = match config.executor {
         config::Executor::Local => None,
-        config::Executor::Kubernetes => {
-            let executor = k8s::KubeExecutor::connect(config.kubernetes.clone())
+        config::Executor::Kubernetes => Some(Arc::new(
+            k8s::KubeExecutor::connect(config.kubernetes.clone())
                 .await
-                .context("TESSERA_EXECUTOR=kubernetes")?;
-            Some(tokio::spawn(k8s::run(state.services.clone(), executor)))
-        }
+                .context("TESSERA_EXECUTOR=kubernetes")?,
+        )),
     };
+    let (stop_leading, stop_rx) = tokio::sync::watch::channel(false);
+    let leader = tokio::spawn(
+        leader::Leader {
+            services: state.services.clone(),
+            config: state.config.clone(),
+            kube,
+            replica: config
+                .replica_name
+                .clone()
+                .unwrap_or_else(leader::replica_name),
+            leading: state.leading.clone(),
+        }
+        .run(stop_rx),
+    );
     let router = http::router(state.clone(), http::session_layer(session_store, &config));
     // Simulated nodes start once the server accepts connections (they register at once).
     let sim_nodes = if config.no_sim {
@@ -198,22 +218,111 @@ pub async fn run(
     };
 
     tracing::info!(%addr, backend = store.backend_name(), "Tessera is listening on {}", config.public_url());
+    // Shutting down: readiness turns false and the leader lease is given up at once; after
+    // the drain delay (load balancers notice) the listener closes and in-flight requests
+    // finish; proxied WebSockets get the grace period to end.
+    let drain = Duration::from_secs(config.drain_seconds);
+    let draining = state.draining.clone();
+    let graceful = async move {
+        shutdown.await;
+        draining.store(true, Ordering::SeqCst);
+        let _ = stop_leading.send(true);
+        if !drain.is_zero() {
+            tracing::info!("shutting down: not ready any more; draining for {drain:?}");
+            tokio::time::sleep(drain).await;
+        }
+    };
     let result = axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
+    .with_graceful_shutdown(graceful)
     .await;
+    http::wait_for_sockets(Duration::from_secs(config.shutdown_grace_seconds)).await;
     cleanup.abort();
-    scheduler.abort();
-    metering.abort();
-    if let Some(k) = kube {
-        k.abort();
-    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), leader).await;
     if let Some(task) = sim_nodes
         && let Ok(Some(mut children)) = task.await
     {
         sim::stop(&mut children).await;
     }
     result.context("HTTP server")
+}
+
+/// Takes an exclusive lock on `<database>.lock` for as long as the returned file lives;
+/// fails with a clear message when another server holds it.
+fn lock_sqlite(db: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    let path = std::path::PathBuf::from(name);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create database folder {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another Tessera server is already using the SQLite database {} (it holds {}). \
+             SQLite serves one server process; stop the other one, or use PostgreSQL \
+             (TESSERA_DATABASE_URL=postgres://…) to run several replicas",
+            db.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
+}
+
+/// `tessera backup`: a consistent online copy of the SQLite store.
+pub async fn backup(database_url: &str, to: &std::path::Path) -> anyhow::Result<()> {
+    let store = Store::connect(database_url)
+        .await
+        .context("TESSERA_DATABASE_URL (--database-url)")?;
+    let result = store.backup_to(to).await;
+    store.close().await;
+    result
+}
+
+/// `tessera restore`: replaces the (stopped) server's SQLite store with a backup.
+pub async fn restore(database_url: &str, from: &std::path::Path) -> anyhow::Result<()> {
+    let db = tessera_core::store::sqlite_file(database_url).context(
+        "tessera restore replaces a SQLite store; for PostgreSQL use pg_restore (README: Backups)",
+    )?;
+    anyhow::ensure!(from.is_file(), "{} is not a file", from.display());
+    // No server may be using the database meanwhile.
+    let _lock = lock_sqlite(&db)?;
+    // Check a copy first: it must be a Tessera database.
+    let mut staged = db.as_os_str().to_owned();
+    staged.push(".restoring");
+    let staged = std::path::PathBuf::from(staged);
+    std::fs::copy(from, &staged)
+        .with_context(|| format!("copying {} to {}", from.display(), staged.display()))?;
+    let check = async {
+        let store = Store::connect(&format!("sqlite://{}", staged.display())).await?;
+        let version = store.schema_version().await;
+        store.close().await;
+        match version {
+            Ok(Some(v)) => Ok(v),
+            _ => anyhow::bail!("{} is not a Tessera database backup", from.display()),
+        }
+    };
+    if let Err(e) = check.await {
+        let _ = std::fs::remove_file(&staged);
+        return Err(e);
+    }
+    for suffix in ["-wal", "-shm"] {
+        let mut side = db.as_os_str().to_owned();
+        side.push(suffix);
+        let _ = std::fs::remove_file(std::path::PathBuf::from(side));
+    }
+    std::fs::rename(&staged, &db)
+        .with_context(|| format!("moving the restored database to {}", db.display()))?;
+    Ok(())
 }

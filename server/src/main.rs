@@ -12,6 +12,16 @@ async fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("TESSERA_BIND (--bind) {}: {e}", config.bind))?;
             tessera_server::run(*config, listener, shutdown_signal()).await
         }
+        Command::Backup(args) => {
+            tessera_server::backup(args.database_url.expose(), &args.path).await?;
+            println!("backup written to {}", args.path.display());
+            Ok(())
+        }
+        Command::Restore(args) => {
+            tessera_server::restore(args.database_url.expose(), &args.path).await?;
+            println!("restored from {}", args.path.display());
+            Ok(())
+        }
         Command::Job { remote, command } => {
             exit_with(tessera_server::cli::job(&remote, command).await)
         }

@@ -19,6 +19,8 @@ pub fn init_tracing(format: LogFormat) {
 pub const HTTP_REQUESTS: &str = "tessera_http_requests_total";
 pub const HTTP_DURATION: &str = "tessera_http_request_duration_seconds";
 pub const SCHEDULER_SECONDS: &str = "tessera_scheduler_pass_duration_seconds";
+/// 1 on the replica that runs the background passes, 0 on the others (label `replica`).
+pub const LEADER: &str = "tessera_leader";
 pub const QUEUE_LENGTH: &str = "tessera_allocation_queue_length";
 pub const PLACEMENT_WAIT: &str = "tessera_allocation_placement_wait_seconds";
 pub const ALLOCATIONS: &str = "tessera_allocations";

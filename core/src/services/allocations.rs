@@ -43,6 +43,8 @@ pub struct Allocations {
     policy: AllocPolicy,
     /// Wakes the scheduler after a change (request, release, approval).
     wake: Arc<Notify>,
+    /// Allocations seen `releasing`, and since when (see `finish_half_released`).
+    releasing_seen: Arc<std::sync::Mutex<HashMap<Uuid, DateTime<Utc>>>>,
     /// How long a borrower is warned before its allocation is preempted.
     preemption_grace: Duration,
     /// Queue positions, capacity and end times as of the last scheduler pass.
@@ -106,6 +108,7 @@ impl Allocations {
             catalog,
             policy: AllocPolicy::default(),
             wake: Arc::new(Notify::new()),
+            releasing_seen: Arc::default(),
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             snapshot: Arc::default(),
             billing: None,
@@ -435,6 +438,50 @@ impl Allocations {
             self.wake.notify_one();
         }
         Ok(done)
+    }
+
+    /// Completes releases that stopped half-way: `finish` moves an allocation to
+    /// `releasing` and at once to its final state; a process killed (or a leader that lost
+    /// its lease) between the two left it `releasing`, holding quota. Each is taken to the
+    /// final state its recorded cause names (conditional, like every step).
+    async fn finish_half_released(&self, now: DateTime<Utc>) -> Result<(), AppError> {
+        let rows = self
+            .store
+            .allocations_in(&["releasing"])
+            .await
+            .map_err(internal("loading releasing allocations"))?;
+        // A release in progress takes two statements in a row: leave it a while.
+        let due: Vec<_> = {
+            let Ok(mut seen) = self.releasing_seen.lock() else {
+                return Ok(());
+            };
+            seen.retain(|id, _| rows.iter().any(|a| a.id == *id));
+            rows.into_iter()
+                .filter(|a| now - *seen.entry(a.id).or_insert(now) > Duration::seconds(10))
+                .collect()
+        };
+        for a in due {
+            let cause = match a.release_cause.as_deref() {
+                Some("expired") => alloc::ReleaseCause::Expired,
+                Some("preempted") => alloc::ReleaseCause::Preempted,
+                _ => alloc::ReleaseCause::Released,
+            };
+            if self
+                .step(
+                    a.id,
+                    AllocState::Releasing,
+                    cause.final_state(),
+                    now,
+                    None,
+                    None,
+                    Change::default(),
+                )
+                .await?
+            {
+                tracing::warn!(allocation = %a.id, "finished a release that had stopped half-way");
+            }
+        }
+        Ok(())
     }
 
     /// Ends what people who left a team (or were removed) still hold there: a queued or
@@ -1206,6 +1253,7 @@ impl Allocations {
             nodes.iter().map(|n| (n.id, inventory(n))).collect();
 
         self.end_departed(now).await?;
+        self.finish_half_released(now).await?;
 
         // Expiry, preemption deadlines, lost nodes.
         let held = self

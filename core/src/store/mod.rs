@@ -7,6 +7,7 @@
 
 mod allocations;
 mod billing;
+mod leader;
 mod node_state;
 mod nodes;
 mod sso;
@@ -19,6 +20,7 @@ pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
+pub use leader::{Lease, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, NodeLatestSampleRow, SampleRow,
 };
@@ -104,6 +106,43 @@ impl Store {
             Store::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
         }
         Ok(())
+    }
+
+    /// Writes a consistent copy of the SQLite database to `path` while it is in use
+    /// (`VACUUM INTO`: one read transaction, so the copy is one moment of the database,
+    /// every committed write before it included). PostgreSQL has `pg_dump` for this.
+    pub async fn backup_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let Store::Sqlite(pool) = self else {
+            anyhow::bail!(
+                "tessera backup copies the SQLite store; for PostgreSQL use pg_dump (README: Backups)"
+            );
+        };
+        anyhow::ensure!(
+            !path.exists(),
+            "{} exists already; choose a new file",
+            path.display()
+        );
+        let target = path
+            .to_str()
+            .context("the backup path must be valid UTF-8")?;
+        sqlx::query("VACUUM INTO $1")
+            .bind(target)
+            .execute(pool)
+            .await
+            .with_context(|| format!("writing the backup {}", path.display()))?;
+        Ok(())
+    }
+
+    /// The newest migration a database has: a backup is checked with it before a restore.
+    pub async fn schema_version(&self) -> Result<Option<i64>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool).await)
+    }
+
+    /// Closes every connection (a SQLite file is then complete on disk, WAL checkpointed).
+    pub async fn close(&self) {
+        on_pool!(self, pool => pool.close().await)
     }
 
     /// `SELECT 1`: used by `/readyz`.

@@ -10,6 +10,9 @@ pub async fn healthz() -> &'static str {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    }
     match state.services.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready"),
         Err(e) => {

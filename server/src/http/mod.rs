@@ -33,6 +33,8 @@ use tessera_core::sessions::{AnySessionStore, cookie_name};
 use tower_http::services::ServeDir;
 use tower_sessions::{Expiry, SessionManagerLayer, cookie::SameSite};
 
+pub(crate) use proxy::wait_for_sockets;
+
 type Sessions = SessionManagerLayer<AnySessionStore>;
 
 pub fn router(state: AppState, sessions: Sessions) -> Router {

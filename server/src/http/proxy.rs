@@ -34,12 +34,31 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_core::request::session_principal;
 use tessera_core::services::workloads::{NotReady, ProxyTarget};
 use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use tessera_domain::workload::path_within;
 use tower_sessions::Session;
+
+/// Proxied WebSockets still open (shutdown waits for them, up to its grace period).
+static OPEN_SOCKETS: AtomicUsize = AtomicUsize::new(0);
+
+/// On shutdown: waits until every proxied WebSocket has ended, or `grace` has passed.
+pub async fn wait_for_sockets(grace: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    while OPEN_SOCKETS.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let left = OPEN_SOCKETS.load(Ordering::SeqCst);
+    if left > 0 {
+        tracing::info!(
+            left,
+            "shutdown grace over: closing the remaining notebook WebSockets"
+        );
+    }
+}
 
 /// HTML pages are rewritten in memory; bigger ones pass through unchanged.
 const MAX_REWRITE: usize = 16 * 1024 * 1024;
@@ -407,6 +426,7 @@ async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
             anyhow::bail!("upstream switched protocols without being asked");
         };
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        OPEN_SOCKETS.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             match tokio::try_join!(client_upgrade, upstream_upgrade) {
                 Ok((c, u)) => {
@@ -416,6 +436,7 @@ async fn forward(t: ProxyTarget, mut req: Request) -> anyhow::Result<Response> {
                 }
                 Err(e) => tracing::debug!(error = %e, "notebook proxy: upgrade failed"),
             }
+            OPEN_SOCKETS.fetch_sub(1, Ordering::SeqCst);
         });
         let (mut parts, _) = resp.into_parts();
         drop_upstream_headers(&mut parts.headers);

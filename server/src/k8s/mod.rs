@@ -624,7 +624,7 @@ fn job_failure(j: &Job) -> Option<String> {
 }
 
 /// The executor's loop: a round every `interval`, for as long as the server runs.
-pub async fn run(services: Arc<Services>, executor: KubeExecutor) {
+pub async fn run(services: Arc<Services>, executor: Arc<KubeExecutor>) {
     let every = executor.s.interval;
     loop {
         match executor.round(&services).await {

@@ -6,6 +6,7 @@
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -114,10 +115,11 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
             "Deployment" => drop(typed::<Deployment>(file, v)),
             "Service" => drop(typed::<Service>(file, v)),
             "DaemonSet" => drop(typed::<DaemonSet>(file, v)),
+            "PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(file, v)),
             other => panic!("{file}: unexpected kind {other:?}"),
         }
     }
-    assert_eq!(kinds.len(), 8, "{kinds:?}");
+    assert_eq!(kinds.len(), 9, "{kinds:?}");
     let ns: Namespace = one(&all, "Namespace");
     let ns = ns.metadata.name.expect("namespace name");
     let secret: Secret = one(&all, "Secret");
@@ -133,6 +135,25 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
         &template_labels(&spec.template),
     );
     let pod_labels = template_labels(&spec.template).expect("pod labels");
+    // Two replicas rolled one at a time, a disruption budget that keeps one, and a drain
+    // that fits in the grace period.
+    assert_eq!(spec.replicas, Some(2));
+    let strategy = spec.strategy.clone().expect("strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    assert_eq!(
+        strategy.rolling_update.and_then(|r| r.max_unavailable),
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    );
+    let pdb: PodDisruptionBudget = one(&all, "PodDisruptionBudget");
+    let pdb = pdb.spec.expect("pdb spec");
+    selects(
+        &pdb.selector.and_then(|s| s.match_labels),
+        &Some(pod_labels.clone()),
+    );
+    assert_eq!(
+        pdb.min_available,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
     // Team NetworkPolicies (server/src/k8s/objects.rs) let exactly this label in.
     assert_eq!(pod_labels["app.kubernetes.io/name"], "tessera-server");
     let pod: PodSpec = spec.template.spec.expect("pod spec");
@@ -173,6 +194,20 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
     let (sname, skey) = secret_key(&e["TESSERA_DATABASE_URL"]);
     assert_eq!(sname, secret_name);
     assert!(secret_keys.contains(&skey), "{skey} not in the secret");
+    // Shutdown: the drain and the WebSocket grace fit in the pod's grace period.
+    let secs = |k: &str| -> i64 {
+        e[k].value
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k}"))
+    };
+    let grace = pod
+        .termination_grace_period_seconds
+        .expect("termination grace");
+    assert!(
+        secs("TESSERA_DRAIN_SECONDS") + secs("TESSERA_SHUTDOWN_GRACE_SECONDS") < grace,
+        "drain + grace must fit in terminationGracePeriodSeconds"
+    );
     // Every variable the server is given is one it reads.
     let known = tessera_server_settings();
     for name in e.keys() {

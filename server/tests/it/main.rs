@@ -11,6 +11,7 @@ mod kubernetes;
 mod monitoring;
 mod nodes;
 mod platform;
+mod replicas;
 mod sso;
 mod support;
 mod tenancy;

@@ -20,6 +20,8 @@ pub struct TestApp {
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
+    /// Whether dropping this app drops its PostgreSQL database (not for a replica).
+    owns_database: bool,
 }
 
 /// Runs each listed test body once per database backend.
@@ -101,7 +103,7 @@ impl Drop for TestApp {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        if self.database_url.starts_with("postgres") {
+        if self.owns_database && self.database_url.starts_with("postgres") {
             drop_pg_database(&self.database_url);
         }
     }
@@ -145,6 +147,32 @@ impl TestApp {
             shutdown: None,
             server: None,
             _dir: dir,
+            owns_database: true,
+        };
+        app.serve(listener).await;
+        app
+    }
+
+    /// Another server on `other`'s database: a second replica (PostgreSQL).
+    pub async fn replica_of(other: &TestApp, tweak: impl FnOnce(&mut ServeConfig)) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = ServeConfig::for_tests(&other.database_url);
+        config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
+        config.site_root = dir.path().join("site");
+        tweak(&mut config);
+        let addr = listener.local_addr().expect("addr");
+        let mut app = TestApp {
+            base: format!("http://{addr}"),
+            database_url: other.database_url.clone(),
+            config,
+            addr,
+            shutdown: None,
+            server: None,
+            _dir: dir,
+            owns_database: false,
         };
         app.serve(listener).await;
         app

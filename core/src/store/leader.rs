@@ -1,0 +1,161 @@
+//! Which replica runs the background passes, and how the others wake it.
+//!
+//! On PostgreSQL the leader holds a session-level advisory lock on a connection of its own
+//! ([`Lease`]): PostgreSQL releases it the moment that connection ends, so a leader that
+//! crashes, is killed or loses the database loses the lock with it, and the next replica's
+//! `pg_try_advisory_lock` succeeds. A leader checks its connection before every pass and
+//! every second, and stops its passes once the check fails. On SQLite there is one process
+//! (the server holds an exclusive lock on the database's lock file), which always leads.
+//!
+//! Replicas that do not lead forward "something changed" to the leader with
+//! `NOTIFY tessera_wake`; the leader `LISTEN`s and runs its scheduler pass at once.
+
+use super::Store;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The advisory lock's key: "tessera" in ASCII.
+const LEADER_KEY: i64 = 0x0074_6573_7365_7261;
+const WAKE_CHANNEL: &str = "tessera_wake";
+
+/// Proof of leadership, valid while [`Lease::holds`] says so.
+pub enum Lease {
+    /// The connection that holds the advisory lock.
+    Postgres(PgConnection),
+    /// The only process on this database.
+    Sqlite,
+}
+
+impl Lease {
+    /// Whether the lease still holds: the lock's connection answers within two seconds
+    /// (the lock lives exactly as long as the connection).
+    pub async fn holds(&mut self) -> bool {
+        match self {
+            Lease::Sqlite => true,
+            Lease::Postgres(conn) => matches!(
+                tokio::time::timeout(
+                    Duration::from_secs(2),
+                    sqlx::query("SELECT 1").execute(&mut *conn)
+                )
+                .await,
+                Ok(Ok(_))
+            ),
+        }
+    }
+
+    /// Gives the lease up at once (a replica shutting down), so another takes over without
+    /// waiting for the connection to time out.
+    pub async fn release(self) {
+        if let Lease::Postgres(mut conn) = self {
+            let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(LEADER_KEY)
+                .execute(&mut conn)
+                .await;
+            let _ = conn.close().await;
+        }
+    }
+}
+
+/// Wake-ups sent by other replicas (PostgreSQL only).
+pub struct WakeListener(PgListener);
+
+impl WakeListener {
+    /// Waits for the next wake-up.
+    pub async fn next(&mut self) -> Result<(), sqlx::Error> {
+        self.0.recv().await.map(|_| ())
+    }
+}
+
+impl Store {
+    /// Tries to become the leader; `Ok(None)` while another replica leads.
+    pub async fn try_lead(&self) -> Result<Option<Lease>, sqlx::Error> {
+        match self {
+            Store::Sqlite(_) => Ok(Some(Lease::Sqlite)),
+            Store::Postgres(pool) => {
+                let opts = pool.connect_options();
+                let mut conn = PgConnection::connect_with(&opts).await?;
+                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                    .bind(LEADER_KEY)
+                    .fetch_one(&mut conn)
+                    .await?;
+                if got {
+                    Ok(Some(Lease::Postgres(conn)))
+                } else {
+                    let _ = conn.close().await;
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    /// Tells the leader that something changed (no-op on SQLite, where this is the leader).
+    pub async fn notify_wake(&self) -> Result<(), sqlx::Error> {
+        match self {
+            Store::Sqlite(_) => Ok(()),
+            Store::Postgres(pool) => sqlx::query("SELECT pg_notify($1, '')")
+                .bind(WAKE_CHANNEL)
+                .execute(pool)
+                .await
+                .map(|_| ()),
+        }
+    }
+
+    /// Listens for other replicas' wake-ups; `None` on SQLite (one process).
+    pub async fn wake_listener(&self) -> Result<Option<WakeListener>, sqlx::Error> {
+        match self {
+            Store::Sqlite(_) => Ok(None),
+            Store::Postgres(pool) => {
+                let mut l = PgListener::connect_with(pool).await?;
+                l.listen(WAKE_CHANNEL).await?;
+                Ok(Some(WakeListener(l)))
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Ends the database connection that holds the leader lock, as a crash or a network
+    /// cut would (tests and operators: `pg_terminate_backend`). `false` when none does.
+    pub async fn terminate_leader_connection(&self) -> Result<bool, sqlx::Error> {
+        let Store::Postgres(pool) = self else {
+            return Ok(false);
+        };
+        // A bigint advisory key shows as classid (high 32 bits) and objid (low 32 bits).
+        let ended: Option<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid::bigint = ($1 >> 32) AND objid::bigint = ($1 & 4294967295) \
+             AND granted AND database = (SELECT oid FROM pg_database \
+             WHERE datname = current_database())",
+        )
+        .bind(LEADER_KEY)
+        .fetch_optional(pool)
+        .await?;
+        Ok(ended.unwrap_or(false))
+    }
+}
+
+/// The SQLite database file a `sqlite:` URL names (`None` for PostgreSQL or in-memory).
+pub fn sqlite_file(url: &str) -> Option<PathBuf> {
+    use std::str::FromStr;
+    if !url.starts_with("sqlite:") || url.contains(":memory:") {
+        return None;
+    }
+    sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .ok()
+        .map(|o| o.get_filename().to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_sqlite_file_comes_from_the_url() {
+        assert_eq!(
+            super::sqlite_file("sqlite://data/tessera.db?mode=rwc"),
+            Some("data/tessera.db".into())
+        );
+        assert_eq!(super::sqlite_file("sqlite::memory:"), None);
+        assert_eq!(super::sqlite_file("postgres://u@h/db"), None);
+    }
+}

@@ -1,0 +1,158 @@
+//! One replica runs the background passes; any number serve requests.
+//!
+//! Every replica runs [`run`]: it tries to take the leader lease (`Store::try_lead`: a
+//! PostgreSQL advisory lock held on a connection of its own; always granted on SQLite,
+//! where the server's file lock keeps to one process). The leader runs the scheduler and
+//! workload passes, metering and the Kubernetes executor, and listens for other replicas'
+//! wake-ups; it checks its lease every [`CHECK_EVERY`] and stops every pass the moment the
+//! check fails. The others retry every [`RETRY_EVERY`] and meanwhile forward local changes
+//! to the leader (`NOTIFY`), so time to placement does not depend on which replica took
+//! the request. Every write a pass makes is conditional on the state it read (see
+//! ARCHITECTURE.md, "One leader"), so a stale leader's last statement landing late
+//! changes nothing another pass has already decided.
+
+use crate::config::ServeConfig;
+use crate::k8s::KubeExecutor;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tessera_core::Services;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often the leader checks its lease.
+pub const CHECK_EVERY: Duration = Duration::from_millis(500);
+/// How often a replica that does not lead tries to.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// What the leader needs to run its passes.
+#[derive(Clone)]
+pub struct Leader {
+    pub services: Arc<Services>,
+    pub config: Arc<ServeConfig>,
+    pub kube: Option<Arc<KubeExecutor>>,
+    /// This replica's name in logs and in the `tessera_leader` gauge.
+    pub replica: String,
+    /// True while this replica leads (read by `/metrics` and the admin pages).
+    pub leading: Arc<AtomicBool>,
+}
+
+/// This process's replica name: the host name (a pod's name on Kubernetes) and the pid.
+pub fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "tessera".into());
+    format!("{host}-{}", std::process::id())
+}
+
+impl Leader {
+    fn set(&self, leading: bool) {
+        self.leading.store(leading, Ordering::SeqCst);
+        metrics::gauge!(crate::observability::LEADER, "replica" => self.replica.clone())
+            .set(if leading { 1.0 } else { 0.0 });
+    }
+
+    /// Leads when it can, until `stop` turns true (then the lease is given up at once).
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        self.set(false);
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            match self.services.store.try_lead().await {
+                Ok(Some(mut lease)) => {
+                    tracing::info!(replica = %self.replica, "leading: this replica runs the background passes");
+                    self.set(true);
+                    let passes = self.start_passes();
+                    let stopping = loop {
+                        tokio::select! {
+                            () = tokio::time::sleep(CHECK_EVERY) => {
+                                if !lease.holds().await {
+                                    break false;
+                                }
+                            }
+                            _ = stop.changed() => break true,
+                        }
+                    };
+                    for p in &passes {
+                        p.abort();
+                    }
+                    self.set(false);
+                    if stopping {
+                        lease.release().await;
+                        tracing::info!(replica = %self.replica, "gave up the leader lease (shutting down)");
+                        return;
+                    }
+                    tracing::warn!(replica = %self.replica, "lost the leader lease (database connection); background passes stopped");
+                }
+                Ok(None) => {
+                    let forward = tokio::spawn(forward_wakes(self.services.clone()));
+                    let stopped = tokio::select! {
+                        () = tokio::time::sleep(RETRY_EVERY) => false,
+                        _ = stop.changed() => true,
+                    };
+                    forward.abort();
+                    if stopped {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot reach the database to take the leader lease");
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY_EVERY) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_passes(&self) -> Vec<JoinHandle<()>> {
+        let s = &self.services;
+        let mut tasks = vec![
+            tokio::spawn(crate::scheduler::run(
+                s.clone(),
+                self.config.scheduler_interval,
+            )),
+            tokio::spawn(crate::scheduler::meter(
+                s.clone(),
+                self.config.metering_interval,
+            )),
+            tokio::spawn(listen_for_wakes(s.clone())),
+        ];
+        if let Some(k) = &self.kube {
+            tasks.push(tokio::spawn(crate::k8s::run(s.clone(), k.clone())));
+        }
+        tasks
+    }
+}
+
+/// Standby: each local change is passed on to the leader.
+async fn forward_wakes(services: Arc<Services>) {
+    let changed = services.allocations.changed();
+    loop {
+        changed.notified().await;
+        if let Err(e) = services.store.notify_wake().await {
+            tracing::warn!(error = %e, "could not wake the leader");
+        }
+    }
+}
+
+/// Leader: other replicas' changes wake this replica's scheduler.
+async fn listen_for_wakes(services: Arc<Services>) {
+    loop {
+        match services.store.wake_listener().await {
+            Ok(None) => return,
+            Ok(Some(mut l)) => {
+                while l.next().await.is_ok() {
+                    services.allocations.changed().notify_one();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for other replicas' changes"),
+        }
+        tokio::time::sleep(RETRY_EVERY).await;
+    }
+}
