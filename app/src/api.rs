@@ -101,10 +101,14 @@ pub async fn login_options() -> Result<SignInOptions, UiError> {
 }
 
 #[server(prefix = "/fn", endpoint = "login")]
-pub async fn login(username: String, password: String) -> Result<(), UiError> {
+pub async fn login(
+    username: String,
+    password: String,
+    next: Option<String>,
+) -> Result<(), UiError> {
     ssr::with_request([("username", username.clone())], async |s, req| {
         tessera_core::request::sign_in(s, req, &username, &password).await?;
-        leptos_axum::redirect("/");
+        leptos_axum::redirect(&tessera_domain::account::after_sign_in(next.as_deref()));
         Ok(())
     })
     .await

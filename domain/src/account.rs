@@ -127,8 +127,43 @@ impl From<&Principal> for Me {
     }
 }
 
+/// Where to go after signing in: `next` when it is a path on this site (not another
+/// host, not the sign-in page itself), else the dashboard. Never an open redirect.
+pub fn after_sign_in(next: Option<&str>) -> String {
+    let local = next.filter(|n| {
+        n.starts_with('/')
+            && !n.starts_with("//")
+            && !n.starts_with("/login")
+            && n.len() <= 2048
+            && !n.contains('\\')
+            && !n.chars().any(|c| c.is_control())
+    });
+    local.unwrap_or("/").to_owned()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sign_in_goes_back_to_local_paths_only() {
+        use super::after_sign_in as a;
+        assert_eq!(
+            a(Some("/allocations?state=active")),
+            "/allocations?state=active"
+        );
+        assert_eq!(a(None), "/");
+        for bad in [
+            "//evil.example/x",
+            "https://evil.example/",
+            "evil",
+            "/\\evil.example",
+            "/login?next=/login",
+            "/a\nb",
+            "",
+        ] {
+            assert_eq!(a(Some(bad)), "/", "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -58,6 +58,22 @@ test('admin signs in, changes password, signs out and back in', async () => {
   });
 });
 
+test('an anonymous visit to a page signs in and lands back on that page', async () => {
+  await withPage(browser, 'next-after-login', async (page) => {
+    const r = await page.request.get(`${BASE}/allocations?state=active`, { maxRedirects: 0 });
+    assert.equal(r.status(), 303);
+    assert.equal(r.headers().location, '/login?next=%2Fallocations%3Fstate%3Dactive');
+    await page.goto(`${BASE}/allocations?state=active`);
+    await page.waitForURL(/\/login\?next=/);
+    await hydrated(page);
+    await page.fill('#username', 'admin');
+    await page.fill('#password', NEW_PASSWORD);
+    await page.click('#sign-in');
+    await page.waitForURL(`${BASE}/allocations?state=active`);
+    await hydrated(page);
+  });
+});
+
 test('the login form works without JavaScript', async () => {
   await withPage(browser, 'no-js-login', async (page) => {
     await page.goto(`${BASE}/login`);

@@ -33,6 +33,8 @@ pub fn LoginPage() -> impl IntoView {
             .get("sso_error")
             .map(|code| sso_error_message(&code))
     };
+    // Where the visitor was going before being sent here (checked again on the server).
+    let next = move || tessera_domain::account::after_sign_in(query.read().get("next").as_deref());
     let login = ServerAction::<Login>::new();
     let value = move || login.value().get();
     let echoed_username = move || {
@@ -46,7 +48,7 @@ pub fn LoginPage() -> impl IntoView {
     view! {
         <Suspense>
             {move || Suspend::new(async move {
-                matches!(me.await, Ok(Some(_))).then(|| view! { <Redirect path="/" /> })
+                matches!(me.await, Ok(Some(_))).then(|| view! { <Redirect path=next() /> })
             })}
         </Suspense>
         <main class="content narrow">
@@ -83,6 +85,7 @@ pub fn LoginPage() -> impl IntoView {
                     })}
                 </Suspense>
                 <ActionForm action=login attr:novalidate=true>
+                    <input type="hidden" name="next" prop:value=next value=next />
                     {form_error(value)}
                     <label for="username">"Username"</label>
                     <input

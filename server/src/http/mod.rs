@@ -22,7 +22,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use leptos::prelude::provide_context;
 use leptos_axum::{LeptosRoutes, generate_route_list};
@@ -60,6 +60,10 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             csrf::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            sign_in_first,
         ))
         .layer(sessions);
 
@@ -146,6 +150,40 @@ async fn client_ip(
         .map(|c| c.0.ip());
     if let Some(ip) = forwarded.or(peer) {
         req.extensions_mut().insert(ClientIp(ip));
+    }
+    next.run(req).await
+}
+
+/// An anonymous visitor asking for a page gets a real answer at once: 303 to the sign-in
+/// page, which returns them to `next` afterwards (works without JavaScript, for curl and
+/// link previews too). Assets, server functions and the sign-in page itself pass.
+async fn sign_in_first(State(s): State<AppState>, req: Request<Body>, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    let page = matches!(*req.method(), http::Method::GET | http::Method::HEAD)
+        && !path.starts_with("/fn/")
+        && !path.starts_with("/pkg/")
+        && path != "/login";
+    let session = req.extensions().get::<tower_sessions::Session>().cloned();
+    if let (true, Some(session)) = (page, session) {
+        let asked = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| path.clone(), |pq| pq.as_str().to_owned());
+        let anonymous = matches!(
+            tessera_core::request::session_principal(&s.services, &session).await,
+            Ok(None) | Err(tessera_domain::error::AppError::Unauthorized)
+        );
+        if anonymous
+            && let Ok(url) =
+                reqwest::Url::parse_with_params("http://portal/login", &[("next", &asked)])
+        {
+            let location = format!("/login?{}", url.query().unwrap_or_default());
+            return (
+                http::StatusCode::SEE_OTHER,
+                [(http::header::LOCATION, location)],
+            )
+                .into_response();
+        }
     }
     next.run(req).await
 }

@@ -63,8 +63,45 @@ async fn pages_render_and_protect_themselves(db: Db) {
     assert!(html.contains("Sign in to Tessera") && html.contains("name=\"password\""));
     // Anonymous visitors are sent to the login page.
     let dash = page("/").await.expect("req");
-    assert_eq!(dash.status(), 302);
-    assert_eq!(dash.headers()["location"], "/login");
+    assert_eq!(dash.status(), 303);
+    assert_eq!(dash.headers()["location"], "/login?next=%2F");
+    // Any page, with its query, and whatever the client accepts (curl, link previews).
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .get(app.url("/allocations?state=active"))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        r.headers()["location"],
+        "/login?next=%2Fallocations%3Fstate%3Dactive"
+    );
+    // Signing in returns there; a foreign `next` goes to the dashboard instead.
+    for (next, lands) in [
+        ("/allocations?state=active", "/allocations?state=active"),
+        ("//evil.example/x", "/"),
+        ("https://evil.example/", "/"),
+    ] {
+        // As the sign-in form posts without JavaScript.
+        let r = app
+            .browser()
+            .client
+            .post(app.url("/fn/login"))
+            .header("accept", "text/html")
+            .form(&[
+                ("username", "admin"),
+                ("password", ADMIN_PASSWORD),
+                ("next", next),
+            ])
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(r.status(), 302, "{next}");
+        assert_eq!(r.headers()["location"], lands, "{next}");
+    }
     assert!(b.login("admin", ADMIN_PASSWORD).await.status().is_success());
     let dash = page("/").await.expect("req");
     assert_eq!(dash.status(), 200);
