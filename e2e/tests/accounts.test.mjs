@@ -48,8 +48,9 @@ test('admin signs in, changes password, signs out and back in', async () => {
 
     await page.click('text=Log out');
     await page.waitForURL(`${BASE}/login`);
+    // Signed out, a page sends the visitor to sign in, remembering where they were going.
     await page.goto(`${BASE}/`);
-    await page.waitForURL(`${BASE}/login`);
+    await page.waitForURL(`${BASE}/login?next=%2F`);
 
     await signIn(page, 'admin', NEW_PASSWORD);
     await page.waitForURL(`${BASE}/`);

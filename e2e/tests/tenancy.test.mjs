@@ -128,7 +128,7 @@ test('the member sees the cluster and the nodes, but no admin pages', async () =
     await page.click('text=Log out');
     await page.waitForURL(`${BASE}/login`);
     await page.goto(`${BASE}/nodes`);
-    await page.waitForURL(`${BASE}/login`);
+    await page.waitForURL(`${BASE}/login?next=%2Fnodes`);
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
 });
