@@ -14,6 +14,13 @@ pub fn generate(kind: &str) -> (String, String) {
     (secret, hash)
 }
 
+/// `bytes` random bytes as hex, for values that are never stored (a CSP nonce).
+pub fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    OsRng.fill_bytes(&mut b);
+    hex(&b)
+}
+
 pub fn hash(secret: &str) -> String {
     hex(&Sha256::digest(secret.as_bytes()))
 }

@@ -31,7 +31,7 @@ pub fn policy(nonce: &str) -> String {
 
 /// Adds the headers; `secure`: the portal is served over https.
 pub async fn portal(State(secure): State<bool>, mut req: Request<Body>, next: Next) -> Response {
-    let (nonce, _) = tessera_core::auth::secret::generate("n");
+    let nonce = tessera_core::auth::secret::random_hex(16);
     req.extensions_mut().insert(CspNonce(nonce.clone()));
     let mut res = next.run(req).await;
     let h = res.headers_mut();

@@ -37,9 +37,13 @@ async fn a_second_server_on_one_sqlite_file_refuses_to_start() {
     assert_eq!(r.status(), 200);
 }
 
-/// `Some(true)` when `/metrics` says `replica` leads, `Some(false)` when it says it does not.
-async fn leads(app: &TestApp, replica: &str) -> Option<bool> {
-    let body = reqwest::get(app.url("/metrics"))
+/// `Some(true)` when the `/metrics` of the server at `base` says `replica` leads,
+/// `Some(false)` when it says it does not, `None` when it does not answer.
+async fn leads_at(base: &str, replica: &str) -> Option<bool> {
+    let body = reqwest::Client::new()
+        .get(format!("{base}/metrics"))
+        .timeout(Duration::from_secs(2))
+        .send()
         .await
         .ok()?
         .text()
@@ -49,6 +53,10 @@ async fn leads(app: &TestApp, replica: &str) -> Option<bool> {
     body.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .map(|v| v.trim() == "1")
+}
+
+async fn leads(app: &TestApp, replica: &str) -> Option<bool> {
+    leads_at(&app.base, replica).await
 }
 
 /// Waits until exactly one of `replicas` leads; returns it and how long that took.
@@ -402,23 +410,6 @@ fn start_replica(name: &str, port: u16, database_url: &str) -> Replica {
     }
 }
 
-/// Whether the replica on `port` says it leads (`None`: not answering).
-async fn process_leads(port: u16, name: &str) -> Option<bool> {
-    let body = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    let prefix = format!("tessera_leader{{replica=\"{name}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map(|v| v.trim() == "1")
-}
-
 /// A round-robin TCP proxy in front of the replicas: each connection goes to the next
 /// backend that accepts it (what a Service does for agents and clients).
 async fn round_robin(ports: Vec<u16>) -> u16 {
@@ -579,7 +570,7 @@ async fn killing_the_leader_twenty_times_loses_nothing_and_places_nothing_twice(
         async move {
             let mut leaders = Vec::new();
             for (i, port, name) in probes {
-                if process_leads(port, &name).await == Some(true) {
+                if leads_at(&format!("http://127.0.0.1:{port}"), &name).await == Some(true) {
                     leaders.push(i);
                 }
             }

@@ -128,29 +128,11 @@ impl TestApp {
         listener: tokio::net::TcpListener,
         tweak: impl FnOnce(&mut ServeConfig),
     ) -> TestApp {
-        let dir = tempfile::tempdir().expect("tempdir");
         let url = match db {
-            Db::Sqlite => format!("sqlite://{}/t.db?mode=rwc", dir.path().display()),
-            Db::Postgres => fresh_pg_database().await,
+            Db::Sqlite => None,
+            Db::Postgres => Some(fresh_pg_database().await),
         };
-        let database_url = url.clone();
-        let mut config = ServeConfig::for_tests(&url);
-        config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
-        config.site_root = dir.path().join("site");
-        tweak(&mut config);
-        let addr = listener.local_addr().expect("addr");
-        let mut app = TestApp {
-            base: format!("http://{addr}"),
-            database_url,
-            config,
-            addr,
-            shutdown: None,
-            server: None,
-            _dir: dir,
-            owns_database: true,
-        };
-        app.serve(listener).await;
-        app
+        Self::boot(url, true, listener, tweak).await
     }
 
     /// Another server on `other`'s database: a second replica (PostgreSQL).
@@ -158,21 +140,32 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
+        Self::boot(Some(other.database_url.clone()), false, listener, tweak).await
+    }
+
+    /// Boots on `listener` against `url` (`None`: a fresh SQLite file in its own folder).
+    async fn boot(
+        url: Option<String>,
+        owns_database: bool,
+        listener: tokio::net::TcpListener,
+        tweak: impl FnOnce(&mut ServeConfig),
+    ) -> TestApp {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = ServeConfig::for_tests(&other.database_url);
+        let url = url.unwrap_or_else(|| format!("sqlite://{}/t.db?mode=rwc", dir.path().display()));
+        let mut config = ServeConfig::for_tests(&url);
         config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         config.site_root = dir.path().join("site");
         tweak(&mut config);
         let addr = listener.local_addr().expect("addr");
         let mut app = TestApp {
             base: format!("http://{addr}"),
-            database_url: other.database_url.clone(),
+            database_url: url,
             config,
             addr,
             shutdown: None,
             server: None,
             _dir: dir,
-            owns_database: false,
+            owns_database,
         };
         app.serve(listener).await;
         app
