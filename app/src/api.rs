@@ -22,7 +22,7 @@ use tessera_domain::alloc::{AllocationView, QuotaView};
 use tessera_domain::billing::{BudgetView, LedgerEntryView, RateView, Statement, UsageReport};
 #[cfg(feature = "ssr")]
 use tessera_domain::billing::{NewRate, SetBudget};
-use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
+use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView, ServerReplicaView};
 use tessera_domain::error::AppError;
 #[cfg(feature = "ssr")]
 use tessera_domain::ids::{TeamId, UserId};
@@ -303,6 +303,12 @@ pub async fn remove_member(team_id: String, user_id: String) -> Result<(), UiErr
 }
 
 // ---- nodes ----
+
+/// The server replicas and which one leads (platform admins).
+#[server(prefix = "/fn", endpoint = "list_servers")]
+pub async fn list_servers() -> Result<Vec<ServerReplicaView>, UiError> {
+    ssr::call([], async |s, p| s.nodes.replicas(p).await).await
+}
 
 #[server(prefix = "/fn", endpoint = "cluster_summary")]
 pub async fn get_cluster_summary() -> Result<ClusterSummary, UiError> {

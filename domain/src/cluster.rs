@@ -190,6 +190,25 @@ impl NodeTelemetry {
     }
 }
 
+/// One server process (replica) on the database, as the admin pages show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ServerReplicaView {
+    /// `TESSERA_REPLICA_NAME`, else the host (pod) name and the process id.
+    pub name: String,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+    /// When it last reported itself (every few seconds while it runs).
+    pub seen_at: DateTime<Utc>,
+    /// It holds the leader lease: it runs the scheduler, metering and the other passes.
+    pub leading: bool,
+    /// It reported within [`REPLICA_SILENT_SECS`]; otherwise it probably died.
+    pub responding: bool,
+}
+
+/// A replica that has not reported for this long counts as not responding.
+pub const REPLICA_SILENT_SECS: i64 = 20;
+
 /// Counts for the dashboard.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -17,13 +17,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tessera_core::Services;
-use tokio::sync::watch;
+use tessera_core::store::ReplicaRow;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 /// How often the leader checks its lease.
 pub const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// How often a replica that does not lead tries to.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// How often a replica writes its row for the admin pages (and at once when it starts or
+/// stops leading).
+pub const REPORT_EVERY: Duration = Duration::from_secs(5);
 
 /// What the leader needs to run its passes.
 #[derive(Clone)]
@@ -33,8 +37,11 @@ pub struct Leader {
     pub kube: Option<Arc<KubeExecutor>>,
     /// This replica's name in logs and in the `tessera_leader` gauge.
     pub replica: String,
-    /// True while this replica leads (read by `/metrics` and the admin pages).
+    /// True while this replica leads (read by `/metrics`; the admin pages read the
+    /// replica's row, see [`report`]).
     pub leading: Arc<AtomicBool>,
+    /// Wakes [`report`] when leadership changes.
+    pub report_now: Arc<Notify>,
 }
 
 /// This process's replica name: the host name (a pod's name on Kubernetes) and the pid.
@@ -53,10 +60,21 @@ impl Leader {
         self.leading.store(leading, Ordering::SeqCst);
         metrics::gauge!(crate::observability::LEADER, "replica" => self.replica.clone())
             .set(if leading { 1.0 } else { 0.0 });
+        self.report_now.notify_one();
     }
 
     /// Leads when it can, until `stop` turns true (then the lease is given up at once).
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        let reporter = tokio::spawn(report(self.clone()));
+        self.lead_until(stop).await;
+        reporter.abort();
+        let _ = reporter.await;
+        if let Err(e) = self.services.nodes.remove_replica(&self.replica).await {
+            tracing::warn!(error = %e, "could not remove this replica's row");
+        }
+    }
+
+    async fn lead_until(&self, mut stop: watch::Receiver<bool>) {
         self.set(false);
         loop {
             if *stop.borrow() {
@@ -127,6 +145,28 @@ impl Leader {
             tasks.push(tokio::spawn(crate::k8s::run(s.clone(), k.clone())));
         }
         tasks
+    }
+}
+
+/// Writes this replica's row (alive, leading or not) every [`REPORT_EVERY`] and whenever
+/// leadership changes, for the admin pages.
+async fn report(leader: Leader) {
+    let started_at = chrono::Utc::now();
+    loop {
+        let me = ReplicaRow {
+            name: leader.replica.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at,
+            seen_at: chrono::Utc::now(),
+            is_leader: leader.leading.load(Ordering::SeqCst),
+        };
+        if let Err(e) = leader.services.nodes.report_replica(&me).await {
+            tracing::warn!(error = %e, "could not report this replica");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(REPORT_EVERY) => {}
+            () = leader.report_now.notified() => {}
+        }
     }
 }
 

@@ -197,6 +197,7 @@ pub async fn run(
                 .clone()
                 .unwrap_or_else(leader::replica_name),
             leading: state.leading.clone(),
+            report_now: Arc::new(tokio::sync::Notify::new()),
         }
         .run(stop_rx),
     );

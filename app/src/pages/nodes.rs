@@ -5,8 +5,8 @@ mod chart;
 
 use crate::api::{self, RevokeNode, SetGpuLayout, UiError};
 use crate::components::{
-    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error, form_error,
-    is_admin, pager, use_offset,
+    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
+    form_error, is_admin, pager, use_offset,
 };
 use chrono::DateTime;
 use leptos::prelude::*;
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_domain::cluster::{
-    DesiredView, GpuPoint, GpuView, InstanceView, NodeTelemetry, NodeView,
+    DesiredView, GpuPoint, GpuView, InstanceView, NodeTelemetry, NodeView, ServerReplicaView,
 };
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest};
@@ -25,10 +25,14 @@ pub fn NodesPage() -> impl IntoView {
     // more than once (dry runs), so resources created inside get different ids there than
     // in the browser, and a fetch that awaits another resource may outlive its owner.
     let page = NodesData::new();
+    let servers = Resource::new(|| (), |()| api::list_servers());
     view! {
         <Authenticated>
             <h1>"Nodes"</h1>
             <NodeList page />
+            <AdminOnly>
+                <Servers servers />
+            </AdminOnly>
         </Authenticated>
     }
 }
@@ -208,6 +212,66 @@ fn NodeList(page: NodesData) -> impl IntoView {
                 }
             })}
         </Transition>
+    }
+}
+
+/// The portal's own server processes and which one leads (platform admins): with several
+/// replicas on PostgreSQL, one runs the scheduler and the other background passes.
+#[component]
+fn Servers(servers: Resource<Result<Vec<ServerReplicaView>, UiError>>) -> impl IntoView {
+    view! {
+        <section class="card wide" data-testid="servers">
+            <h2>"Portal servers"</h2>
+            <p class="hint">
+                "Every server answers pages, the API, agents and notebooks; the leader also runs \
+                 the scheduler, metering and idle reclaim. If it stops, another takes over \
+                 within seconds."
+            </p>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match servers.await {
+                        Ok(list) if list.is_empty() => view! {
+                            <Empty><p>"No server has reported yet."</p></Empty>
+                        }.into_any(),
+                        Ok(list) => view! {
+                            <table class="list" data-testid="server-list">
+                                <thead>
+                                    <tr>
+                                        <th>"Server"</th>
+                                        <th>"Role"</th>
+                                        <th>"Version"</th>
+                                        <th>"Started"</th>
+                                        <th>"Last report"</th>
+                                    </tr>
+                                </thead>
+                                <tbody>
+                                    {list.into_iter().map(|r| view! { <ServerRow r /> }).collect_view()}
+                                </tbody>
+                            </table>
+                        }.into_any(),
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+#[component]
+fn ServerRow(r: ServerReplicaView) -> impl IntoView {
+    let (role, class) = match (r.responding, r.leading) {
+        (false, _) => ("not responding", "badge danger"),
+        (true, true) => ("leader", "badge ok"),
+        (true, false) => ("standby", "badge muted"),
+    };
+    view! {
+        <tr>
+            <td><code>{r.name}</code></td>
+            <td><span class=class>{role}</span></td>
+            <td>{r.version}</td>
+            <td><When t=r.started_at /></td>
+            <td><When t=r.seen_at /></td>
+        </tr>
     }
 }
 

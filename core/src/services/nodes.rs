@@ -4,12 +4,12 @@ use super::authz;
 use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
-use crate::store::{DesiredRow, DesiredWithStatus, JoinTokenRow, NodeRow, Store};
+use crate::store::{DesiredRow, DesiredWithStatus, JoinTokenRow, NodeRow, ReplicaRow, Store};
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
 use tessera_domain::cluster::{
-    self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView,
+    self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView, ServerReplicaView,
 };
 use tessera_domain::error::AppError;
 use tessera_domain::mig::Catalog;
@@ -301,6 +301,49 @@ impl Nodes {
     pub async fn summary(&self, _p: &Principal) -> Result<ClusterSummary, AppError> {
         let (s, _) = self.summary_now().await?;
         Ok(s)
+    }
+
+    /// The server replicas heard from in the last ten minutes and which one leads
+    /// (platform admins).
+    pub async fn replicas(&self, p: &Principal) -> Result<Vec<ServerReplicaView>, AppError> {
+        authz::admin(p)?;
+        let now = Utc::now();
+        let rows = self
+            .store
+            .replicas(now - Duration::minutes(10))
+            .await
+            .map_err(internal("loading server replicas"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let responding = now - r.seen_at <= Duration::seconds(cluster::REPLICA_SILENT_SECS);
+                ServerReplicaView {
+                    leading: r.is_leader && responding,
+                    responding,
+                    name: r.name,
+                    version: r.version,
+                    started_at: r.started_at,
+                    seen_at: r.seen_at,
+                }
+            })
+            .collect())
+    }
+
+    /// This server process reports itself alive, leading or not (its leader task; no
+    /// principal).
+    pub async fn report_replica(&self, me: &ReplicaRow) -> Result<(), AppError> {
+        self.store
+            .report_replica(me)
+            .await
+            .map_err(internal("reporting this server replica"))
+    }
+
+    /// This server process stops.
+    pub async fn remove_replica(&self, name: &str) -> Result<(), AppError> {
+        self.store
+            .remove_replica(name)
+            .await
+            .map_err(internal("removing this server replica"))
     }
 
     /// The summary for dashboards and `/metrics` (no principal: aggregate counts only).

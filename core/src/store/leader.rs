@@ -10,7 +10,8 @@
 //! Replicas that do not lead forward "something changed" to the leader with
 //! `NOTIFY tessera_wake`; the leader `LISTEN`s and runs its scheduler pass at once.
 
-use super::Store;
+use super::{Store, on_pool};
+use chrono::{DateTime, Utc};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgListener};
 use std::path::PathBuf;
@@ -133,6 +134,58 @@ impl Store {
         .fetch_optional(pool)
         .await?;
         Ok(ended.unwrap_or(false))
+    }
+}
+
+/// A server process's row in `server_replicas`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReplicaRow {
+    pub name: String,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+    pub seen_at: DateTime<Utc>,
+    pub is_leader: bool,
+}
+
+impl Store {
+    /// Records that `replica` is alive at `now` and whether it leads. A replica that leads
+    /// clears every other row's mark (theirs is stale: one lease, one leader), and rows not
+    /// refreshed for a day are forgotten.
+    pub async fn report_replica(&self, r: &ReplicaRow) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(
+                "INSERT INTO server_replicas (name, version, started_at, seen_at, is_leader) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET \
+                 version = excluded.version, seen_at = excluded.seen_at, \
+                 is_leader = excluded.is_leader")
+                .bind(&r.name).bind(&r.version).bind(r.started_at).bind(r.seen_at)
+                .bind(r.is_leader)
+                .execute(&mut *tx).await?;
+            if r.is_leader {
+                sqlx::query("UPDATE server_replicas SET is_leader = FALSE \
+                             WHERE name <> $1 AND is_leader")
+                    .bind(&r.name).execute(&mut *tx).await?;
+            }
+            sqlx::query("DELETE FROM server_replicas WHERE seen_at < $1")
+                .bind(r.seen_at - chrono::Duration::days(1))
+                .execute(&mut *tx).await?;
+            tx.commit().await
+        })
+    }
+
+    /// A replica that stops removes its row.
+    pub async fn remove_replica(&self, name: &str) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => sqlx::query("DELETE FROM server_replicas WHERE name = $1")
+            .bind(name).execute(pool).await.map(|_| ()))
+    }
+
+    /// Every replica heard from since `since`, by name.
+    pub async fn replicas(&self, since: DateTime<Utc>) -> Result<Vec<ReplicaRow>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_as::<_, ReplicaRow>(
+            "SELECT name, version, started_at, seen_at, is_leader FROM server_replicas \
+             WHERE seen_at >= $1 ORDER BY name")
+            .bind(since).fetch_all(pool).await)
     }
 }
 

@@ -20,7 +20,7 @@ pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
-pub use leader::{Lease, WakeListener, sqlite_file};
+pub use leader::{Lease, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, NodeLatestSampleRow, SampleRow,
 };
@@ -101,11 +101,43 @@ impl Store {
 
     /// Applies pending migrations for this backend.
     pub async fn migrate(&self) -> anyhow::Result<()> {
+        on_pool!(self, pool => self.migrator().run(pool).await)?;
+        Ok(())
+    }
+
+    /// This backend's migrations: (version, description), oldest first.
+    pub fn migrations(&self) -> Vec<(i64, String)> {
+        self.migrator()
+            .iter()
+            .map(|m| (m.version, m.description.to_string()))
+            .collect()
+    }
+
+    /// Applies this backend's migrations up to and including `version`, no further: the
+    /// upgrade test builds the previous release's database with it, step by step.
+    pub async fn migrate_to(&self, version: i64) -> anyhow::Result<()> {
+        let upto = sqlx::migrate::Migrator {
+            migrations: std::borrow::Cow::Owned(
+                self.migrator()
+                    .iter()
+                    .filter(|m| m.version <= version)
+                    .cloned()
+                    .collect(),
+            ),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
         match self {
-            Store::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await?,
-            Store::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
+            Store::Sqlite(p) => upto.run(p).await?,
+            Store::Postgres(p) => upto.run(p).await?,
         }
         Ok(())
+    }
+
+    fn migrator(&self) -> &'static sqlx::migrate::Migrator {
+        match self {
+            Store::Sqlite(_) => &SQLITE_MIGRATIONS,
+            Store::Postgres(_) => &POSTGRES_MIGRATIONS,
+        }
     }
 
     /// Writes a consistent copy of the SQLite database to `path` while it is in use

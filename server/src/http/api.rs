@@ -19,7 +19,7 @@ use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing::{
     BudgetView, LedgerEntryView, NewRate, RateView, SetBudget, Statement, UsageReport,
 };
-use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView};
+use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView, ServerReplicaView};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
@@ -98,6 +98,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(cluster_summary))
+        .routes(routes!(list_servers))
         .routes(routes!(free_now))
         .routes(routes!(list_allocations, request_allocation))
         .routes(routes!(get_allocation))
@@ -461,6 +462,15 @@ async fn set_gpu_layout(
     responses((status = 200, description = "OK", body = ClusterSummary)))]
 async fn cluster_summary(Call(s, p): Call) -> ApiResult<ClusterSummary> {
     ok(s.nodes.summary(&p).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/cluster/servers", tag = "nodes",
+    description = "The server replicas on this database (heard from in the last ten minutes) \
+                   and which one leads: runs the scheduler, metering and the other background \
+                   passes. Platform admins.",
+    responses((status = 200, description = "OK", body = Vec<ServerReplicaView>), Forbidden))]
+async fn list_servers(Call(s, p): Call) -> ApiResult<Vec<ServerReplicaView>> {
+    ok(s.nodes.replicas(&p).await)
 }
 
 // ---- allocations ----

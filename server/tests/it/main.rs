@@ -15,4 +15,5 @@ mod replicas;
 mod sso;
 mod support;
 mod tenancy;
+mod upgrade;
 mod workloads;

@@ -151,6 +151,31 @@ async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
     // Everything goes through B, which does not lead: the leader's scheduler must be
     // woken through the database for the slice to be placed and activated in time.
     let admin = AdminClient::with_app(b).await;
+    // The admin pages name the leader: every replica reports itself, from any of them.
+    let t0 = Instant::now();
+    loop {
+        let (s, v) = admin
+            .call(Method::GET, "/api/v1/cluster/servers", None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let role = |name: &str| {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["name"] == name)
+                .map(|r| (r["leading"].as_bool(), r["responding"].as_bool()))
+        };
+        if role(&ra) == Some((Some(true), Some(true)))
+            && role(&rb) == Some((Some(false), Some(true)))
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "servers list never showed {ra} leading and {rb} standing by: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let t = team(&admin, &format!("rep{tag}")).await;
     set_quota(&admin, &t.id, "H100-80GB", 7, 7, 7).await;
     let (s, jt) = admin

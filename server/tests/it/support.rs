@@ -58,7 +58,7 @@ pub fn postgres_url() -> Option<String> {
 }
 
 /// A fresh, empty database on the configured PostgreSQL server.
-async fn fresh_pg_database() -> String {
+pub async fn fresh_pg_database() -> String {
     use sqlx::Connection;
     let url = postgres_url().expect("postgres url");
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
@@ -133,6 +133,15 @@ impl TestApp {
             Db::Postgres => Some(fresh_pg_database().await),
         };
         Self::boot(url, true, listener, tweak).await
+    }
+
+    /// A server on the existing database at `url` (migrated forward as it starts), which
+    /// it owns from then on (a PostgreSQL database is dropped with it).
+    pub async fn spawn_existing(url: String) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        Self::boot(Some(url), true, listener, |_| {}).await
     }
 
     /// Another server on `other`'s database: a second replica (PostgreSQL).
