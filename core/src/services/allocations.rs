@@ -65,6 +65,9 @@ pub const DEFAULT_PLACING_TIMEOUT: Duration = Duration::minutes(10);
 /// Default warning before borrowed capacity is reclaimed.
 pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::minutes(10);
 
+/// How often a release re-reads an allocation that moved on meanwhile.
+const RELEASE_TRIES: u32 = 5;
+
 /// Which allocations a list shows.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -375,36 +378,48 @@ impl Allocations {
         if row.a.user_id != p.user_id.0 && !team_admin {
             return Err(AppError::Forbidden);
         }
-        let state: AllocState = row.a.state.parse()?;
         let now = Utc::now();
         let actor = Some(p.username.as_str());
-        let done = match state {
-            AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
-                self.step(
-                    id,
-                    state,
-                    AllocState::Cancelled,
-                    now,
-                    actor,
-                    None,
-                    Change::default(),
-                )
-                .await?
-            }
-            AllocState::Active => {
-                self.finish(id, alloc::ReleaseCause::Released, now, actor, None)
+        // The scheduler may move the allocation on (queued → placing → active) between
+        // this read and the conditional write; the user's intent stands, so the release
+        // applies to the state it finds then. A few tries: each lost race means another
+        // step was taken, and an allocation has only a few.
+        let mut state: AllocState = row.a.state.parse()?;
+        let mut tries = 0;
+        loop {
+            let done = match state {
+                AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
+                    self.step(
+                        id,
+                        state,
+                        AllocState::Cancelled,
+                        now,
+                        actor,
+                        None,
+                        Change::default(),
+                    )
                     .await?
+                }
+                AllocState::Active => {
+                    self.finish(id, alloc::ReleaseCause::Released, now, actor, None)
+                        .await?
+                }
+                _ => {
+                    return Err(AppError::Conflict {
+                        message: format!("the allocation is {} already", state.label()),
+                    });
+                }
+            };
+            if done {
+                break;
             }
-            _ => {
+            tries += 1;
+            if tries == RELEASE_TRIES {
                 return Err(AppError::Conflict {
-                    message: format!("the allocation is {} already", state.label()),
+                    message: "the allocation changed meanwhile; reload and try again".into(),
                 });
             }
-        };
-        if !done {
-            return Err(AppError::Conflict {
-                message: "the allocation changed meanwhile; reload and try again".into(),
-            });
+            state = self.visible(p, id).await?.a.state.parse()?;
         }
         self.audit(
             p,

@@ -12,6 +12,7 @@ mod monitoring;
 mod nodes;
 mod platform;
 mod replicas;
+mod rolling;
 mod sso;
 mod support;
 mod tenancy;

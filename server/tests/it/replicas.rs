@@ -405,7 +405,7 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
 }
 
 /// A free port on loopback (bound and released; fine for a test).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -413,18 +413,21 @@ fn free_port() -> u16 {
 }
 
 /// One `tessera serve` process of the cluster under test.
-struct Replica {
-    name: String,
-    port: u16,
-    child: tokio::process::Child,
+pub(crate) struct Replica {
+    pub name: String,
+    pub port: u16,
+    pub child: tokio::process::Child,
 }
 
-fn start_replica(name: &str, port: u16, database_url: &str) -> Replica {
+pub(crate) fn start_replica(name: &str, port: u16, database_url: &str) -> Replica {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
         .args(["--database-url", database_url, "--replica-name", name])
         .args(["--scheduler-interval", "1s", "--site-root", "/nonexistent"])
         .env("RUST_LOG", "warn")
+        // A short drain and grace: a stopped replica is gone within seconds.
+        .env("TESSERA_DRAIN_SECONDS", "1")
+        .env("TESSERA_SHUTDOWN_GRACE_SECONDS", "3")
         .kill_on_drop(true)
         .spawn()
         .expect("start tessera serve");
@@ -437,7 +440,7 @@ fn start_replica(name: &str, port: u16, database_url: &str) -> Replica {
 
 /// A round-robin TCP proxy in front of the replicas: each connection goes to the next
 /// backend that accepts it (what a Service does for agents and clients).
-async fn round_robin(ports: Vec<u16>) -> u16 {
+pub(crate) async fn round_robin(ports: Vec<u16>) -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind proxy");

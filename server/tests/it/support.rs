@@ -374,7 +374,7 @@ pub async fn call_with_token(
     json_call(rb, body).await
 }
 
-async fn json_call(
+pub async fn json_call(
     mut rb: reqwest::RequestBuilder,
     body: Option<serde_json::Value>,
 ) -> (u16, serde_json::Value) {

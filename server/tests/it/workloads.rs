@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 
 /// A simulated H100 node whose agent runs workloads; stopping it (SIGINT) stops them.
-struct WorkloadAgent {
+pub(crate) struct WorkloadAgent {
     child: tokio::process::Child,
     state: tempfile::TempDir,
 }
@@ -31,11 +31,19 @@ impl WorkloadAgent {
             )
             .await;
         assert_eq!(s, 201);
+        Self::start_at(
+            &a.app.base,
+            jt["secret"].as_str().expect("secret"),
+            hostname,
+        )
+    }
+
+    /// An agent joining the server at `server` with the join token `secret`.
+    pub(crate) fn start_at(server: &str, secret: &str, hostname: &str) -> WorkloadAgent {
         let state = tempfile::tempdir().expect("tempdir");
         let child = tokio::process::Command::new(agent_bin())
             .args(["--simulate", "--gpus", "H100-80GB", "--hostname", hostname])
-            .args(["--server", &a.app.base, "--join-token"])
-            .arg(jt["secret"].as_str().expect("secret"))
+            .args(["--server", server, "--join-token", secret])
             .arg("--manage-mig")
             .arg("--state-dir")
             .arg(state.path())
@@ -52,7 +60,7 @@ impl WorkloadAgent {
     }
 
     /// Asks the agent to shut down (it stops its workloads first) and waits.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
             let _ = std::process::Command::new("kill")
                 .args(["-INT", &pid.to_string()])
@@ -193,12 +201,12 @@ async fn launch(s: &Setup, name: &str) -> Value {
     v
 }
 
-type KernelSocket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+pub(crate) type KernelSocket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// Opens a kernel's channels WebSocket at `url` (whose host may be a notebook origin),
 /// connecting to the app at `addr`, with extra request headers. `Err(status)` when the
 /// upgrade is refused.
-async fn kernel_socket(
+pub(crate) async fn kernel_socket(
     addr: std::net::SocketAddr,
     url: &str,
     headers: &[(&'static str, String)],
@@ -237,6 +245,18 @@ async fn run_in_kernel(server: &str, token: &str, base: &str, kernel: &str, code
 
 /// Sends an `execute_request` and returns its `text/plain` result.
 async fn execute(mut ws: KernelSocket, code: &str) -> String {
+    execute_on(&mut ws, code, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `code` on an open kernel socket; `Err` when the socket fails or no result comes
+/// within `within`.
+pub(crate) async fn execute_on(
+    ws: &mut KernelSocket,
+    code: &str,
+    within: Duration,
+) -> Result<String, String> {
     let msg_id = uuid::Uuid::new_v4().to_string();
     let msg = json!({
         "header": {"msg_id": msg_id, "username": "test", "session": uuid::Uuid::new_v4().to_string(),
@@ -248,26 +268,26 @@ async fn execute(mut ws: KernelSocket, code: &str) -> String {
     });
     ws.send(Message::Text(msg.to_string().into()))
         .await
-        .expect("send");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        let next = tokio::time::timeout(Duration::from_secs(60), ws.next())
+        .map_err(|e| format!("send: {e}"))?;
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let next = tokio::time::timeout(left, ws.next())
             .await
-            .expect("kernel answers")
-            .expect("stream open")
-            .expect("frame");
+            .map_err(|_| "no execute_result in time".to_owned())?
+            .ok_or("the socket closed")?
+            .map_err(|e| format!("socket: {e}"))?;
         let Message::Text(t) = next else { continue };
-        let v: Value = serde_json::from_str(&t).expect("json");
+        let v: Value = serde_json::from_str(&t).map_err(|e| format!("json: {e}"))?;
         if v["parent_header"]["msg_id"] == msg_id.as_str()
             && v["header"]["msg_type"] == "execute_result"
         {
             return v["content"]["data"]["text/plain"]
                 .as_str()
-                .expect("text")
-                .to_owned();
+                .map(str::to_owned)
+                .ok_or_else(|| format!("no text in {v}"));
         }
     }
-    panic!("no execute_result");
 }
 
 /// Demoted to viewer, a member launches nothing more; removed from the team, they lose
