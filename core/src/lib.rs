@@ -45,10 +45,11 @@ impl Services {
         let catalog = Arc::new(tessera_domain::mig::Catalog::builtin());
         let billing = Billing::new(store.clone(), catalog.clone());
         let allocations = Allocations::new(store.clone(), catalog).with_budgets(billing.clone());
+        let tokens = Tokens::new(store.clone());
         Services {
             accounts: Accounts::new(store.clone(), hasher.clone(), limiter),
-            tenancy: Tenancy::new(store.clone(), hasher),
-            tokens: Tokens::new(store.clone()),
+            tenancy: Tenancy::new(store.clone(), hasher).forgetting(tokens.verified()),
+            tokens,
             nodes: Nodes::new(store.clone()),
             workloads: Workloads::new(store.clone(), allocations.clone()),
             allocations,

@@ -2,6 +2,7 @@
 
 use super::authz::{self, Admin, Need};
 use super::internal;
+use super::tokens::VerifiedTokens;
 use crate::auth::password::Hasher;
 use crate::store::{ChangeOutcome, MemberRow, Store, TeamListRow, TeamRow, UserRow};
 use chrono::Utc;
@@ -17,11 +18,23 @@ use uuid::Uuid;
 pub struct Tenancy {
     store: Store,
     hasher: Hasher,
+    /// Forgotten when a user is disabled, so their tokens stop on this replica at once.
+    verified_tokens: VerifiedTokens,
 }
 
 impl Tenancy {
     pub fn new(store: Store, hasher: Hasher) -> Self {
-        Self { store, hasher }
+        Self {
+            store,
+            hasher,
+            verified_tokens: VerifiedTokens::default(),
+        }
+    }
+
+    /// Shares the token service's verified tokens (see [`Tenancy::set_user_disabled`]).
+    pub fn forgetting(mut self, verified: VerifiedTokens) -> Self {
+        self.verified_tokens = verified;
+        self
     }
 
     // ---- users (platform admin) ----
@@ -97,6 +110,8 @@ impl Tenancy {
         {
             return Err(AppError::NotFound);
         }
+        // Their tokens stop here now, on other replicas within `VERIFIED_FOR`.
+        self.verified_tokens.forget_all();
         tracing::info!(by = %admin.0.username, user = %user, disabled, "user access changed");
         self.user(admin, user).await
     }

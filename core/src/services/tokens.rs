@@ -4,7 +4,10 @@ use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
 use crate::store::{ApiTokenRow, Store};
-use chrono::{Duration, Utc};
+use chrono::{DateTime, Duration, Utc};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tessera_domain::account::{Principal, Username};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::UserId;
@@ -14,14 +17,69 @@ use uuid::Uuid;
 /// Longest allowed token lifetime.
 pub const MAX_DAYS: u32 = 366;
 
+/// How long a verified token is trusted without asking the database again. A token revoked
+/// or a user disabled on any replica is refused everywhere within this; the replica that
+/// revokes a token forgets it at once.
+pub const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Verified tokens kept at most (beyond, the cache starts over: it only saves queries).
+const VERIFIED_MAX: usize = 10_000;
+
 #[derive(Clone)]
 pub struct Tokens {
     store: Store,
+    verified: VerifiedTokens,
+}
+
+/// Tokens this replica verified lately, by secret hash: who they act as, until when the
+/// token itself is valid, and when they were checked. Shared with the use cases that must
+/// stop a token here at once (revoking it, disabling its user).
+#[derive(Clone, Default)]
+pub struct VerifiedTokens(Arc<Mutex<HashMap<String, Verified>>>);
+
+impl VerifiedTokens {
+    /// Forgets every verified token: the next use of each asks the database.
+    pub fn forget_all(&self) {
+        if let Ok(mut cache) = self.0.lock() {
+            cache.clear();
+        }
+    }
+
+    fn get(&self, hash: &str, now: DateTime<Utc>) -> Option<Principal> {
+        let cache = self.0.lock().ok()?;
+        let v = cache.get(hash)?;
+        (v.checked.elapsed() < VERIFIED_FOR && v.expires_at.is_none_or(|e| e > now))
+            .then(|| v.principal.clone())
+    }
+
+    fn put(&self, hash: String, v: Verified) {
+        if let Ok(mut cache) = self.0.lock() {
+            if cache.len() >= VERIFIED_MAX {
+                cache.clear();
+            }
+            cache.insert(hash, v);
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Verified {
+    principal: Principal,
+    expires_at: Option<DateTime<Utc>>,
+    checked: Instant,
 }
 
 impl Tokens {
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            store,
+            verified: VerifiedTokens::default(),
+        }
+    }
+
+    /// This replica's verified tokens (to forget them when a user is disabled).
+    pub fn verified(&self) -> VerifiedTokens {
+        self.verified.clone()
     }
 
     pub async fn list(
@@ -79,6 +137,9 @@ impl Tokens {
     }
 
     pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<(), AppError> {
+        // Forget every verified token of this replica: the revoked one must stop here at
+        // once (other replicas stop within `VERIFIED_FOR`).
+        self.verified.forget_all();
         if self
             .store
             .revoke_api_token(p.user_id.0, id, Utc::now())
@@ -92,12 +153,18 @@ impl Tokens {
     }
 
     /// The principal behind `Authorization: Bearer <secret>`, or `Unauthorized`. Expired
-    /// and revoked tokens, and tokens of disabled users, do not work.
+    /// and revoked tokens, and tokens of disabled users, do not work (checked in the
+    /// database at most every [`VERIFIED_FOR`] per token).
     pub async fn authenticate(&self, bearer: &str) -> Result<Principal, AppError> {
         let now = Utc::now();
+        let hash = secret::hash(bearer);
+        if let Some(p) = self.verified.get(&hash, now) {
+            return Ok(p);
+        }
+        let checked = Instant::now();
         let Some(token) = self
             .store
-            .api_token_by_hash(&secret::hash(bearer))
+            .api_token_by_hash(&hash)
             .await
             .map_err(internal("loading token"))?
         else {
@@ -124,11 +191,20 @@ impl Tokens {
                 .await
                 .map_err(internal("touching token"))?;
         }
-        Ok(Principal {
+        let principal = Principal {
             user_id: UserId(user.id),
             username: Username::parse(&user.username).map_err(|_| AppError::Internal)?,
             is_admin: user.is_admin,
-        })
+        };
+        self.verified.put(
+            hash,
+            Verified {
+                principal: principal.clone(),
+                expires_at: token.expires_at,
+                checked,
+            },
+        );
+        Ok(principal)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Users, teams and memberships: the rules beyond who may call what.
 
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -19,6 +19,7 @@ async fn user(api: &AdminClient, name: &str) -> String {
 
 on_both_databases!(
     disabling_a_user_ends_their_sessions_and_tokens,
+    revoked_tokens_and_disabled_users_stop_within_a_second_everywhere,
     a_team_keeps_at_least_one_team_admin,
     archived_teams_are_read_only,
     lists_paginate,
@@ -112,6 +113,93 @@ async fn disabling_a_user_ends_their_sessions_and_tokens(db: Db) {
         .0,
         409
     );
+}
+
+async fn me(app: &TestApp, token: &str) -> u16 {
+    call_with_token(app, token, Method::GET, "/api/v1/me", None)
+        .await
+        .0
+}
+
+/// Polls until `token` is refused; fails when it is still accepted a second later.
+async fn gone_within_a_second(app: &TestApp, token: &str) -> std::time::Duration {
+    let t0 = std::time::Instant::now();
+    while me(app, token).await != 401 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(1),
+            "still accepted a second later"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    t0.elapsed()
+}
+
+/// Tokens are trusted for `VERIFIED_FOR` between database checks, yet a revoked token
+/// and a disabled user's token stop at once on the replica that made the change and
+/// within a second on every other (PostgreSQL: a second replica; SQLite: one process).
+async fn revoked_tokens_and_disabled_users_stop_within_a_second_everywhere(db: Db) {
+    let api = AdminClient::new(db).await;
+    let other = match db {
+        Db::Postgres => Some(TestApp::replica_of(&api.app, |_| {}).await),
+        Db::Sqlite => None,
+    };
+    let there = other.as_ref().unwrap_or(&api.app);
+    let id = user(&api, "rita").await;
+    let rita = api.app.browser();
+    assert!(
+        rita.login("rita", "user-password-1")
+            .await
+            .status()
+            .is_success()
+    );
+    let mut tokens = Vec::new();
+    for name in ["one", "two"] {
+        let v: Value = rita
+            .client
+            .post(api.app.url("/api/v1/tokens"))
+            .json(&json!({"name": name}))
+            .send()
+            .await
+            .expect("req")
+            .json()
+            .await
+            .expect("json");
+        tokens.push((
+            v["token"]["id"].as_str().expect("id").to_owned(),
+            v["secret"].as_str().expect("secret").to_owned(),
+        ));
+    }
+    // Both servers have just verified both tokens.
+    for (_, secret) in &tokens {
+        assert_eq!(me(&api.app, secret).await, 200);
+        assert_eq!(me(there, secret).await, 200);
+    }
+    let r = rita
+        .client
+        .delete(api.app.url(&format!("/api/v1/tokens/{}", tokens[0].0)))
+        .send()
+        .await
+        .expect("revoke");
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(
+        me(&api.app, &tokens[0].1).await,
+        401,
+        "revoked: stops here at once"
+    );
+    let took = gone_within_a_second(there, &tokens[0].1).await;
+    eprintln!("revoked token refused elsewhere after {took:?}");
+
+    let (s, _) = api
+        .call(Method::POST, &format!("/api/v1/users/{id}/disable"), None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        me(&api.app, &tokens[1].1).await,
+        401,
+        "disabled: stops here at once"
+    );
+    let took = gone_within_a_second(there, &tokens[1].1).await;
+    eprintln!("disabled user's token refused elsewhere after {took:?}");
 }
 
 async fn a_team_keeps_at_least_one_team_admin(db: Db) {
