@@ -223,6 +223,8 @@ struct Node {
     credential: String,
     base: String,
     sim: SimNode,
+    /// Read once: a real agent reads it on the node, not on the server's clock.
+    inventory: tessera_domain::wire::Inventory,
     seq: AtomicU64,
 }
 
@@ -252,7 +254,7 @@ impl Node {
             agent_version: "load-bench".into(),
             manages_mig: true,
             workload_sandbox: true,
-            inventory: inventory(&self.sim).expect("inventory"),
+            inventory: self.inventory.clone(),
         }
     }
 }
@@ -561,6 +563,7 @@ async fn main() {
         let node = Arc::new(Node {
             credential: v["credential"].as_str().expect("credential").to_owned(),
             base,
+            inventory: inventory(&sim).expect("inventory"),
             sim,
             seq: AtomicU64::new(0),
         });

@@ -211,12 +211,9 @@ impl Nodes {
             .await
             .map_err(internal("loading node"))?;
         match node {
-            Some(n) if n.revoked_at.is_none() => Ok(NodeIdentity {
-                id: n.id,
-                hostname: n.hostname,
-            }),
-            Some(n) => {
-                tracing::warn!(node = %n.id, hostname = %n.hostname, "revoked node refused");
+            Some((id, hostname, None)) => Ok(NodeIdentity { id, hostname }),
+            Some((id, hostname, Some(_))) => {
+                tracing::warn!(node = %id, %hostname, "revoked node refused");
                 Err(AppError::Unauthorized)
             }
             None => {

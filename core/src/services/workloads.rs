@@ -930,7 +930,12 @@ impl Workloads {
             });
             self.apply_report(w, rep, now).await?;
         }
-        let rows = self.node_rows(node.id, now).await?;
+        // Reports may have moved workloads on: read again (not for an idle node).
+        let rows = if acks.is_empty() {
+            rows
+        } else {
+            self.node_rows(node.id, now).await?
+        };
         let workloads = rows.iter().map(|r| self.spec(r)).collect();
         Ok(WorkloadSync {
             workloads,

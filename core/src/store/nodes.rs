@@ -36,9 +36,15 @@ impl Store {
     }
 
     /// A node by the hash of its credential (revoked ones included, so they can be logged).
-    pub async fn node_by_credential(&self, hash: &str) -> Result<Option<NodeRow>, sqlx::Error> {
-        let sql = format!("SELECT {COLS} FROM nodes WHERE credential_hash = $1");
-        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(hash).fetch_optional(pool).await)
+    /// Only what authentication needs (every agent call makes it: the inventory, tens of
+    /// kilobytes of JSON, stays in the database). `(id, hostname, revoked_at)`.
+    pub async fn node_by_credential(
+        &self,
+        hash: &str,
+    ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>)>, sqlx::Error> {
+        on_pool!(self, pool => sqlx::query_as(
+            "SELECT id, hostname, revoked_at FROM nodes WHERE credential_hash = $1")
+            .bind(hash).fetch_optional(pool).await)
     }
 
     pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, sqlx::Error> {
