@@ -917,7 +917,7 @@ impl Allocations {
             .iter()
             .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
         {
-            for g in inventory(n).gpus {
+            for g in &inventory(n).gpus {
                 let Some(m) = self.catalog.get(&g.name) else {
                     continue;
                 };
@@ -1264,7 +1264,7 @@ impl Allocations {
             .await
             .map_err(internal("loading nodes"))?;
         let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
-        let inventories: HashMap<Uuid, Inventory> =
+        let inventories: HashMap<Uuid, std::sync::Arc<Inventory>> =
             nodes.iter().map(|n| (n.id, inventory(n))).collect();
 
         self.end_departed(now).await?;
@@ -1725,7 +1725,7 @@ impl Allocations {
     async fn planner_input(
         &self,
         nodes: &[NodeRow],
-        inventories: &HashMap<Uuid, Inventory>,
+        inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
         held: &[AllocationRow],
         now: DateTime<Utc>,
     ) -> Result<PlannerInput, AppError> {
@@ -1843,7 +1843,10 @@ struct PendingContext {
 }
 
 /// Fills in the device's MIG UUID from the inventory; whether the device is there.
-fn present(d: &mut AllocatedDevice, inventories: &HashMap<Uuid, Inventory>) -> bool {
+fn present(
+    d: &mut AllocatedDevice,
+    inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
+) -> bool {
     let Some(g) = inventories
         .get(&d.node_id)
         .and_then(|i| i.gpus.iter().find(|g| g.uuid == d.gpu_uuid))
@@ -1916,8 +1919,8 @@ fn approver_str(a: Approver) -> &'static str {
     }
 }
 
-fn inventory(r: &NodeRow) -> Inventory {
-    serde_json::from_str(&r.inventory).unwrap_or_default()
+fn inventory(r: &NodeRow) -> std::sync::Arc<Inventory> {
+    super::parsed_inventory(r.id, &r.inventory)
 }
 
 /// The states a list filter names.

@@ -38,7 +38,7 @@ pub struct NodeMetrics {
     pub last_seen_secs: f64,
     /// Samples the agent reports it had to drop, ever.
     pub telemetry_dropped: u64,
-    pub inventory: Inventory,
+    pub inventory: Arc<Inventory>,
     /// The newest sample, only when younger than [`FRESH_SAMPLE_SECS`]: a node that
     /// stopped reporting has no current values.
     pub latest: Option<TelemetrySample>,
@@ -344,18 +344,20 @@ impl Nodes {
     }
 
     /// The summary for dashboards and `/metrics` (no principal: aggregate counts only).
-    pub async fn summary_now(&self) -> Result<(ClusterSummary, Vec<(bool, Inventory)>), AppError> {
+    pub async fn summary_now(
+        &self,
+    ) -> Result<(ClusterSummary, Vec<(bool, Arc<Inventory>)>), AppError> {
         let rows = self
             .store
             .active_nodes()
             .await
             .map_err(internal("loading nodes"))?;
         let now = Utc::now();
-        let nodes: Vec<(bool, Inventory)> = rows
+        let nodes: Vec<(bool, Arc<Inventory>)> = rows
             .iter()
             .map(|r| (cluster::is_online(r.last_heartbeat_at, now), inventory(r)))
             .collect();
-        let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, i)), &self.catalog);
+        let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, &**i)), &self.catalog);
         Ok((summary, nodes))
     }
 
@@ -380,7 +382,7 @@ impl Nodes {
                             .is_some_and(|at| now - at < Duration::seconds(FRESH_SAMPLE_SECS))
                     })
                     .and_then(|p| serde_json::from_str::<TelemetrySample>(p).ok());
-                let inventory = serde_json::from_str(&r.inventory).unwrap_or_default();
+                let inventory = super::parsed_inventory(r.id, &r.inventory);
                 NodeMetrics {
                     id: r.id,
                     hostname: r.hostname,
@@ -507,11 +509,8 @@ fn desired_view(d: &DesiredRow, status: Option<&ApplyStatus>) -> DesiredView {
     }
 }
 
-fn inventory(r: &NodeRow) -> Inventory {
-    serde_json::from_str(&r.inventory).unwrap_or_else(|e| {
-        tracing::error!(node = %r.id, error = %e, "stored inventory is not valid JSON");
-        Inventory::default()
-    })
+fn inventory(r: &NodeRow) -> Arc<Inventory> {
+    super::parsed_inventory(r.id, &r.inventory)
 }
 
 fn join_view(r: &JoinTokenRow) -> JoinTokenView {
