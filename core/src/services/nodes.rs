@@ -47,10 +47,17 @@ pub struct NodeMetrics {
 /// A node's newest telemetry sample counts as current for this long.
 pub const FRESH_SAMPLE_SECS: i64 = 120;
 
+/// The cluster summary is reused this long (dashboards and `/metrics` ask for it often,
+/// and it reads every node's inventory); this replica's own node changes drop it at once.
+const SUMMARY_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+type Summary = (ClusterSummary, Vec<(bool, Arc<Inventory>)>);
+
 #[derive(Clone)]
 pub struct Nodes {
     store: Store,
     catalog: Arc<Catalog>,
+    summary: Arc<std::sync::Mutex<Option<(std::time::Instant, Summary)>>>,
 }
 
 impl Nodes {
@@ -58,6 +65,14 @@ impl Nodes {
         Self {
             store,
             catalog: Arc::new(Catalog::builtin()),
+            summary: Arc::default(),
+        }
+    }
+
+    /// Drops the reused summary (a node joined or was revoked here).
+    fn forget_summary(&self) {
+        if let Ok(mut s) = self.summary.lock() {
+            *s = None;
         }
     }
 
@@ -196,6 +211,7 @@ impl Nodes {
             .await
             .map_err(internal("registering node"))?;
         tracing::info!(node = %row.id, hostname, "node registered");
+        self.forget_summary();
         Ok(RegisterResponse {
             node_id: row.id.to_string(),
             credential,
@@ -292,6 +308,7 @@ impl Nodes {
             .map_err(internal("loading node"))?
             .ok_or(AppError::NotFound)?;
         tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
+        self.forget_summary();
         self.view(&row, now).await
     }
 
@@ -344,9 +361,14 @@ impl Nodes {
     }
 
     /// The summary for dashboards and `/metrics` (no principal: aggregate counts only).
-    pub async fn summary_now(
-        &self,
-    ) -> Result<(ClusterSummary, Vec<(bool, Arc<Inventory>)>), AppError> {
+    pub async fn summary_now(&self) -> Result<Summary, AppError> {
+        if let Ok(s) = self.summary.lock()
+            && let Some((at, summary)) = s.as_ref()
+            && at.elapsed() < SUMMARY_FOR
+        {
+            return Ok(summary.clone());
+        }
+        let started = std::time::Instant::now();
         let rows = self
             .store
             .active_nodes()
@@ -358,6 +380,9 @@ impl Nodes {
             .map(|r| (cluster::is_online(r.last_heartbeat_at, now), inventory(r)))
             .collect();
         let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, &**i)), &self.catalog);
+        if let Ok(mut s) = self.summary.lock() {
+            *s = Some((started, (summary.clone(), nodes.clone())));
+        }
         Ok((summary, nodes))
     }
 

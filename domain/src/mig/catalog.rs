@@ -224,6 +224,9 @@ pub(crate) fn range_mask(start: u8, size: u8) -> u32 {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catalog {
     models: BTreeMap<String, GpuModel>,
+    /// Each model's normalised name → its name (looked up per GPU, many times a pass).
+    #[serde(default)]
+    normalised: BTreeMap<String, String>,
     aliases: BTreeMap<String, String>,
 }
 
@@ -267,6 +270,8 @@ impl Catalog {
     /// Adds or replaces a model (a table read from the device wins over the
     /// built-in one of the same name).
     pub fn insert(&mut self, model: GpuModel) {
+        self.normalised
+            .insert(normalise(&model.name), model.name.clone());
         self.models.insert(model.name.clone(), model);
     }
 
@@ -277,10 +282,16 @@ impl Catalog {
             return Some(m);
         }
         let key = normalise(name);
-        if let Some(m) = self.models.values().find(|m| normalise(&m.name) == key) {
+        if let Some(m) = self
+            .normalised
+            .get(&key)
+            .or_else(|| self.aliases.get(&key))
+            .and_then(|c| self.models.get(c))
+        {
             return Some(m);
         }
-        self.aliases.get(&key).and_then(|c| self.models.get(c))
+        // A catalog deserialized without the index still finds its models.
+        self.models.values().find(|m| normalise(&m.name) == key)
     }
 
     pub fn models(&self) -> impl Iterator<Item = &GpuModel> {
