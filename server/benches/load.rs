@@ -388,12 +388,15 @@ fn metric(page: &str, name: &str) -> f64 {
 
 async fn leader_pass(bases: &[String]) -> (f64, f64) {
     for b in bases {
-        let page = reqwest::get(format!("{b}/metrics"))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let r = reqwest::get(format!("{b}/metrics")).await.expect("metrics");
+        let status = r.status();
+        let page = r.text().await.expect("text");
+        if !status.is_success() {
+            eprintln!(
+                "{b}/metrics: {status} {}",
+                page.chars().take(200).collect::<String>()
+            );
+        }
         if page
             .lines()
             .any(|l| l.starts_with("tessera_leader{") && l.ends_with(" 1"))
@@ -404,6 +407,7 @@ async fn leader_pass(bases: &[String]) -> (f64, f64) {
             );
         }
     }
+    eprintln!("no replica reports leading in /metrics");
     (0.0, 0.0)
 }
 
@@ -620,6 +624,8 @@ async fn main() {
             count1 - count0,
             (sum1 - sum0) / (count1 - count0) * 1000.0
         );
+    } else {
+        println!("leader's scheduler pass: none finished ({count0} then {count1} passes)");
     }
 
     // 2. Telemetry ingest as fast as acked.

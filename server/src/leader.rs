@@ -153,12 +153,16 @@ impl Leader {
 async fn report(leader: Leader) {
     let started_at = chrono::Utc::now();
     loop {
+        // Re-set every round: `/metrics` drops a gauge not set for a minute.
+        let leading = leader.leading.load(Ordering::SeqCst);
+        metrics::gauge!(crate::observability::LEADER, "replica" => leader.replica.clone())
+            .set(if leading { 1.0 } else { 0.0 });
         let me = ReplicaRow {
             name: leader.replica.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             started_at,
             seen_at: chrono::Utc::now(),
-            is_leader: leader.leading.load(Ordering::SeqCst),
+            is_leader: leading,
         };
         if let Err(e) = leader.services.nodes.report_replica(&me).await {
             tracing::warn!(error = %e, "could not report this replica");
