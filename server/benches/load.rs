@@ -279,7 +279,7 @@ async fn run_node(node: Arc<Node>, c: reqwest::Client, stats: Arc<Stats>, stop: 
                 .json(&reports),
         )
         .await;
-        if tick % 10 == 0 {
+        if tick.is_multiple_of(10) {
             timed(
                 &stats,
                 "GET /agent/v1/desired",
@@ -296,7 +296,7 @@ async fn run_node(node: Arc<Node>, c: reqwest::Client, stats: Arc<Stats>, stop: 
             )
             .await;
         }
-        if tick % 30 == 0 {
+        if tick.is_multiple_of(30) {
             timed(
                 &stats,
                 "POST /agent/v1/heartbeat",
