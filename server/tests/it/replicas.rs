@@ -404,6 +404,30 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
     );
 }
 
+/// A PostgreSQL database with a team `name` (quota `limit` H100 units per member) and a
+/// join token, set up by an in-process server that then stops; the returned admin owns
+/// the database until it is dropped. Returns it, the team, the join secret and the URL.
+pub(crate) async fn stopped_setup(
+    name: &str,
+    limit: u32,
+) -> (AdminClient, crate::allocations::Team, String, String) {
+    let mut admin = AdminClient::new(Db::Postgres).await;
+    let t = team(&admin, name).await;
+    set_quota(&admin, &t.id, "H100-80GB", 7, limit, limit).await;
+    let (s, jt) = admin
+        .call(
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": name})),
+        )
+        .await;
+    assert_eq!(s, 201, "{jt}");
+    let join = jt["secret"].as_str().expect("secret").to_owned();
+    let url = admin.app.database_url.clone();
+    admin.app.stop().await;
+    (admin, t, join, url)
+}
+
 /// A free port on loopback (bound and released; fine for a test).
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -476,19 +500,7 @@ async fn killing_the_leader_twenty_times_loses_nothing_and_places_nothing_twice(
     }
     // The database, its admin, a team with a quota and a member: set up by an in-process
     // server that then stops (it owns the throwaway database until the test ends).
-    let mut admin = AdminClient::new(Db::Postgres).await;
-    let t = team(&admin, "failover").await;
-    set_quota(&admin, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (s, jt) = admin
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "failover"})),
-        )
-        .await;
-    assert_eq!(s, 201, "{jt}");
-    let url = admin.app.database_url.clone();
-    admin.app.stop().await;
+    let (_admin, t, join, url) = stopped_setup("failover", 7).await;
 
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let mut replicas: Vec<Replica> = (0..3)
@@ -518,8 +530,7 @@ async fn killing_the_leader_twenty_times_loses_nothing_and_places_nothing_twice(
             "--hostname",
             &format!("fo-{tag}"),
         ])
-        .args(["--server", &base, "--join-token"])
-        .arg(jt["secret"].as_str().expect("secret"))
+        .args(["--server", &base, "--join-token", &join])
         .arg("--manage-mig")
         .arg("--state-dir")
         .arg(state.path())

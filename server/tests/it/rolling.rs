@@ -6,11 +6,9 @@
 //! (a refused or cut connection, 502, 503) sees no request fail, and the kernel socket
 //! reconnects to the same, still running kernel.
 
-use crate::allocations::{set_quota, team};
-use crate::replicas::{Replica, free_port, round_robin, start_replica};
-use crate::support::{AdminClient, Db, postgres_url};
+use crate::replicas::{Replica, free_port, round_robin, start_replica, stopped_setup};
+use crate::support::postgres_url;
 use crate::workloads::{KernelSocket, WorkloadAgent, execute_on};
-use reqwest::Method;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -187,20 +185,8 @@ async fn a_rolling_restart_under_load_fails_no_request_and_the_notebook_reconnec
     if postgres_url().is_none() {
         return;
     }
-    let mut admin = AdminClient::new(Db::Postgres).await;
     let name = format!("roll{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
-    let t = team(&admin, &name).await;
-    set_quota(&admin, &t.id, "H100-80GB", 7, 400, 400).await;
-    let (s, jt) = admin
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "rolling"})),
-        )
-        .await;
-    assert_eq!(s, 201, "{jt}");
-    let url = admin.app.database_url.clone();
-    admin.app.stop().await;
+    let (_admin, t, join, url) = stopped_setup(&name, 400).await;
 
     let mut replicas: Vec<Replica> = (0..3)
         .map(|i| start_replica(&format!("{name}-{i}"), free_port(), &url))
@@ -220,11 +206,7 @@ async fn a_rolling_restart_under_load_fails_no_request_and_the_notebook_reconnec
     }
 
     // The notebook: an active slice, JupyterLab on it, a kernel.
-    let agent = WorkloadAgent::start_at(
-        &base,
-        jt["secret"].as_str().expect("secret"),
-        &format!("{name}-node"),
-    );
+    let agent = WorkloadAgent::start_at(&base, &join, &format!("{name}-node"));
     let token = t.member.clone();
     let (s, a) = crate::support::json_call(
         reqwest::Client::new()
