@@ -41,6 +41,11 @@ test('every GPU shows its current values and a history chart', async () => {
     await waitForTelemetry(page);
     signedIn = await page.context().storageState();
 
+    // Admins see the portal's own server process: the embedded default runs one, leading.
+    const servers = page.locator('[data-testid=server-list] tbody tr');
+    assert.equal(await servers.count(), 1, 'one portal server');
+    assert.equal(await servers.first().locator('.badge').innerText(), 'leader');
+
     // MIG on: the driver has no whole-GPU utilization, and the page does not make one up.
     const h100 = gpuCard(page, 'H100-80GB', 'MIG on').first();
     const na = h100.locator('[data-testid=telemetry-utilization]');

@@ -97,6 +97,7 @@ test('the member sees the cluster and the nodes, but no admin pages', async () =
     await nav.getByRole('link', { name: 'Nodes', exact: true }).click();
     await page.waitForURL(`${BASE}/nodes`);
     await page.locator('[data-testid=node]').first().waitFor();
+    assert.equal(await page.locator('[data-testid=servers]').count(), 0, 'no server list for members');
     const nodes = page.locator('[data-testid=node]');
     const models = [];
     for (let i = 0; i < await nodes.count(); i++) {
