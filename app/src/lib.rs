@@ -9,14 +9,15 @@ mod components;
 mod pages;
 
 use leptos::prelude::*;
-use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+use leptos_meta::{MetaTags, Title, provide_meta_context};
 use leptos_router::{
     SsrMode,
     components::{Route, Router, Routes},
     path,
 };
 
-/// Name of the wasm/js bundle and stylesheet under `/pkg`.
+/// Name of the wasm/js bundle and stylesheet under `/pkg`, before its content hash
+/// (`tessera.<hash>.js`; see `cargo xtask build`).
 pub const OUTPUT_NAME: &str = "tessera";
 
 /// The HTML document around the app (server side only renders it).
@@ -29,6 +30,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta charset="utf-8" />
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
                 <link rel="icon" href="data:," />
+                <link rel="stylesheet" href=format!("/pkg/{}.css", options.output_name) />
                 <HydrationScripts options />
                 <MetaTags />
             </head>
@@ -57,7 +59,6 @@ pub fn App() -> impl IntoView {
     provide_meta_context();
     components::mark_hydrated();
     view! {
-        <Stylesheet id="tessera" href="/pkg/tessera.css" />
         <Title text="Tessera" />
         <Router>
             <Routes fallback=pages::NotFound>

@@ -113,7 +113,7 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_PUBLIC_URL")]
     pub public_url: Option<String>,
 
-    /// Folder holding the built UI assets (`pkg/tessera.js`, `.wasm`, `.css`).
+    /// Folder holding the built UI assets (`pkg/tessera.<hash>.js`, `_bg.wasm`, `.css`).
     #[arg(long, env = "TESSERA_SITE_ROOT", default_value = "target/site")]
     pub site_root: PathBuf,
 

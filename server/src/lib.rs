@@ -129,18 +129,15 @@ pub async fn run(
         config.public_url = Some(format!("http://{addr}"));
     }
     let site_root = config.site_root.clone();
-    if !site_root
-        .join("pkg")
-        .join(format!("{}.js", tessera_app::OUTPUT_NAME))
-        .exists()
-    {
+    let bundle = http::bundle::name(&site_root.join("pkg"));
+    if bundle.is_none() {
         tracing::warn!(
             site_root = %site_root.display(),
             "UI bundle not found: pages render but will not hydrate (build it with `cargo xtask build`)"
         );
     }
     let leptos_options = LeptosOptions::builder()
-        .output_name(tessera_app::OUTPUT_NAME)
+        .output_name(bundle.unwrap_or_else(|| tessera_app::OUTPUT_NAME.to_owned()))
         .site_root(site_root.to_string_lossy().to_string())
         .site_pkg_dir("pkg")
         .site_addr(addr)

@@ -4,6 +4,8 @@
 //! Cargo (wasm-bindgen runs in-process as a library), so a fresh machine needs no pinned tool
 //! installs (cargo-leptos costs ~17 minutes of those here).
 
+mod bundle;
+
 use anyhow::{Context, Result, bail};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -344,21 +346,68 @@ fn build_wasm(release: bool) -> Result<()> {
         .join(WASM_TARGET)
         .join(profile_dir)
         .join("tessera_app.wasm");
-    let pkg = site_root().join("pkg");
-    std::fs::create_dir_all(&pkg)?;
+    let stage = target_dir().join("site-stage");
+    let _ = std::fs::remove_dir_all(&stage);
+    std::fs::create_dir_all(&stage)?;
     eprintln!("==> wasm-bindgen {}", input.display());
     wasm_bindgen_cli_support::Bindgen::new()
         .input_path(&input)
         .out_name(OUTPUT_NAME)
         .web(true)?
         .debug(!release)
-        .generate(&pkg)
+        .generate(&stage)
         .context("wasm-bindgen")?;
-    std::fs::copy("style/main.css", pkg.join(format!("{OUTPUT_NAME}.css")))
-        .context("copying style/main.css")?;
-    let wasm = pkg.join(format!("{OUTPUT_NAME}_bg.wasm"));
-    let size = std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
-    eprintln!("    {}: {} KiB", wasm.display(), size / 1024);
+    let wasm = stage.join(format!("{OUTPUT_NAME}_bg.wasm"));
+    if release {
+        wasm_opt(&wasm)?;
+    }
+    bundle::publish(
+        &bundle::Parts {
+            js: std::fs::read(stage.join(format!("{OUTPUT_NAME}.js")))?,
+            wasm: std::fs::read(&wasm)?,
+            css: std::fs::read("style/main.css").context("reading style/main.css")?,
+        },
+        OUTPUT_NAME,
+        &site_root().join("pkg"),
+        release,
+    )
+}
+
+/// Shrinks the release wasm with binaryen's `wasm-opt` from npm (`e2e/package.json` pins
+/// it: Debian's older wasm-opt breaks hydration). Without Node.js the bundle ships
+/// unoptimised, with a warning.
+fn wasm_opt(wasm: &Path) -> Result<()> {
+    if let Err(e) = ensure_e2e_packages() {
+        eprintln!("warning: no wasm-opt ({e:#}); the UI bundle is not size-optimised");
+        return Ok(());
+    }
+    let before = std::fs::metadata(wasm)?.len();
+    let out = wasm.with_extension("opt.wasm");
+    step(
+        "wasm-opt -Oz (binaryen from npm)",
+        Command::new("node")
+            .arg(Path::new("e2e/node_modules/binaryen/bin/wasm-opt"))
+            .args([
+                "-Oz",
+                "--enable-bulk-memory",
+                "--enable-nontrapping-float-to-int",
+            ])
+            .args([
+                "--enable-sign-ext",
+                "--enable-mutable-globals",
+                "--enable-reference-types",
+            ])
+            .arg(wasm)
+            .arg("-o")
+            .arg(&out),
+    )?;
+    std::fs::rename(&out, wasm)?;
+    let after = std::fs::metadata(wasm)?.len();
+    eprintln!(
+        "    wasm-opt: {} KiB -> {} KiB",
+        before / 1024,
+        after / 1024
+    );
     Ok(())
 }
 
@@ -622,7 +671,7 @@ fn ensure_e2e_packages() -> Result<()> {
              install Node.js 20 or later"
         );
     }
-    let installed = ["playwright-core", "oidc-provider"]
+    let installed = ["playwright-core", "oidc-provider", "binaryen"]
         .iter()
         .all(|p| e2e_dir.join("node_modules").join(p).exists());
     if installed {

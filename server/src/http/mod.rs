@@ -7,6 +7,7 @@
 mod agent_api;
 mod api;
 pub(crate) mod auth;
+pub(crate) mod bundle;
 mod csrf;
 pub(crate) mod error;
 mod headers;
@@ -30,7 +31,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tessera_core::request::ClientIp;
 use tessera_core::sessions::{AnySessionStore, cookie_name};
-use tower_http::services::ServeDir;
 use tower_sessions::{Expiry, SessionManagerLayer, cookie::SameSite};
 
 pub(crate) use proxy::wait_for_sockets;
@@ -55,7 +55,7 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
                 move || tessera_app::shell(options.clone())
             },
         )
-        .nest_service("/pkg", ServeDir::new(pkg_dir))
+        .nest_service("/pkg", bundle::service(pkg_dir))
         .with_state(leptos_options)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -65,7 +65,8 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
             state.clone(),
             sign_in_first,
         ))
-        .layer(sessions);
+        .layer(sessions)
+        .layer(axum::middleware::from_fn(bundle::no_cache_pages));
 
     let (api_router, openapi) = api::router();
     let openapi = Arc::new(openapi);

@@ -212,3 +212,87 @@ fn tessera_plan_prints_a_plan_and_locates_bad_input() {
         "{err}"
     );
 }
+
+/// The UI bundle as `cargo xtask build` publishes it (content-hashed names with brotli and
+/// gzip twins): pages name the hashed files, each client gets the encoding it accepts, and
+/// hashed files may be cached for a year while pages are asked for again on each visit.
+#[tokio::test]
+async fn the_bundle_is_served_hashed_precompressed_and_cached() {
+    let site = tempfile::tempdir().expect("tmp");
+    let pkg = site.path().join("pkg");
+    std::fs::create_dir_all(&pkg).expect("pkg");
+    let stem = "tessera.0123456789abcdef";
+    for (file, body) in [
+        (format!("{stem}.js"), "js plain"),
+        (format!("{stem}.js.br"), "js brotli"),
+        (format!("{stem}.js.gz"), "js gzip"),
+        (format!("{stem}_bg.wasm"), "wasm plain"),
+        (format!("{stem}_bg.wasm.br"), "wasm brotli"),
+        (format!("{stem}_bg.wasm.gz"), "wasm gzip"),
+        (format!("{stem}.css"), "css plain"),
+        ("tessera.css".to_owned(), "css unhashed"),
+    ] {
+        std::fs::write(pkg.join(file), body).expect("write");
+    }
+    let root = site.path().to_owned();
+    let app = TestApp::spawn_with(Db::Sqlite, move |c| c.site_root = root).await;
+    let c = reqwest::Client::new();
+
+    let login = c.get(app.url("/login")).send().await.expect("login");
+    assert_eq!(login.headers()["cache-control"], "private, no-cache");
+    let html = login.text().await.expect("html");
+    for href in [
+        format!("/pkg/{stem}.js"),
+        format!("/pkg/{stem}_bg.wasm"),
+        format!("/pkg/{stem}.css"),
+    ] {
+        assert!(html.contains(&href), "{href} in {html}");
+    }
+
+    let get = |path: String, encoding: &'static str| {
+        let c = c.clone();
+        let url = app.url(&path);
+        async move {
+            let r = c
+                .get(url)
+                .header("accept-encoding", encoding)
+                .send()
+                .await
+                .expect("asset");
+            let h = r.headers().clone();
+            let header = |k: &str| {
+                h.get(k)
+                    .map(|v| v.to_str().expect("ascii").to_owned())
+                    .unwrap_or_default()
+            };
+            (
+                r.status().as_u16(),
+                header("content-encoding"),
+                header("content-type"),
+                header("cache-control"),
+                r.text().await.expect("body"),
+            )
+        }
+    };
+    let immutable = "public, max-age=31536000, immutable";
+    let (s, enc, ty, cache, body) = get(format!("/pkg/{stem}_bg.wasm"), "gzip, deflate, br").await;
+    assert_eq!((s, enc.as_str(), body.as_str()), (200, "br", "wasm brotli"));
+    assert_eq!(
+        (ty.as_str(), cache.as_str()),
+        ("application/wasm", immutable)
+    );
+    let (s, enc, _, _, body) = get(format!("/pkg/{stem}.js"), "gzip").await;
+    assert_eq!((s, enc.as_str(), body.as_str()), (200, "gzip", "js gzip"));
+    let (s, enc, _, cache, body) = get(format!("/pkg/{stem}.css"), "identity").await;
+    assert_eq!((s, enc.as_str(), body.as_str()), (200, "", "css plain"));
+    assert_eq!(cache, immutable);
+    // Unhashed: revalidated, never cached for long.
+    let (s, _, _, cache, body) = get("/pkg/tessera.css".into(), "br").await;
+    assert_eq!(
+        (s, cache.as_str(), body.as_str()),
+        (200, "no-cache", "css unhashed")
+    );
+    let (s, _, _, cache, _) = get(format!("/pkg/{stem}.map"), "br").await;
+    assert_eq!(s, 404);
+    assert!(!cache.contains("immutable"), "{cache}");
+}

@@ -149,6 +149,22 @@ async fn kernel_socket(addr: u16, path: &str, token: &str) -> Result<KernelSocke
     Ok(ws)
 }
 
+/// [`kernel_socket`], retried for up to [`GIVE_UP`]: a handshake that meets a replica as it
+/// drains can fail (hyper then answers `Connection: upgrade, close`, which tungstenite
+/// refuses), and a browser's notebook reconnects the same way.
+async fn kernel_socket_retrying(addr: u16, path: &str, token: &str) -> KernelSocket {
+    let t0 = Instant::now();
+    loop {
+        match kernel_socket(addr, path, token).await {
+            Ok(ws) => return ws,
+            Err(e) => {
+                assert!(t0.elapsed() < GIVE_UP, "no kernel socket: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 /// Polls `path` (with `token`) through the proxy until `ready(body)`.
 async fn wait_until(
     base: &str,
@@ -262,9 +278,7 @@ async fn a_rolling_restart_under_load_fails_no_request_and_the_notebook_reconnec
     let notebook = {
         let (stop, token, channels) = (stop.clone(), token.clone(), channels.clone());
         tokio::spawn(async move {
-            let mut ws = kernel_socket(front, &channels, &token)
-                .await
-                .expect("kernel socket");
+            let mut ws = kernel_socket_retrying(front, &channels, &token).await;
             let first = execute_on(&mut ws, "n = 0; n", Duration::from_secs(30)).await;
             assert_eq!(first.as_deref(), Ok("0"), "the kernel answers");
             let (mut reconnects, mut last) = (0u32, 0i64);
@@ -277,16 +291,7 @@ async fn a_rolling_restart_under_load_fails_no_request_and_the_notebook_reconnec
                         tokio::time::sleep(Duration::from_millis(300)).await;
                     }
                     Err(_) => {
-                        let t0 = Instant::now();
-                        ws = loop {
-                            match kernel_socket(front, &channels, &token).await {
-                                Ok(ws) => break ws,
-                                Err(e) => {
-                                    assert!(t0.elapsed() < GIVE_UP, "no reconnect: {e}");
-                                    tokio::time::sleep(Duration::from_millis(200)).await;
-                                }
-                            }
-                        };
+                        ws = kernel_socket_retrying(front, &channels, &token).await;
                         reconnects += 1;
                     }
                 }

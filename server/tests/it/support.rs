@@ -236,6 +236,8 @@ impl TestApp {
                 .cookie_store(true)
                 .redirect(reqwest::redirect::Policy::none())
                 .default_headers(h)
+                // A request that never answers fails its test instead of stalling the suite.
+                .timeout(std::time::Duration::from_secs(120))
                 .build()
                 .expect("client"),
             base: self.base.clone(),

@@ -1,0 +1,141 @@
+//! The UI bundle as the server publishes it: content-hashed file names (so browsers may
+//! cache them for a year) with brotli and gzip twins beside them (served by content
+//! negotiation, `tower_http::services::ServeDir::precompressed_*`).
+
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::Path;
+
+/// What wasm-bindgen (and wasm-opt) made, and the stylesheet.
+pub struct Parts {
+    pub js: Vec<u8>,
+    pub wasm: Vec<u8>,
+    pub css: Vec<u8>,
+}
+
+/// Replaces `pkg`'s contents with `<name>.<hash>.js`, `<name>.<hash>_bg.wasm` and
+/// `<name>.<hash>.css` (one hash over all three: they change together), each with `.br`
+/// and `.gz` twins, and `<name>.css` for the server's few static pages. The server finds
+/// the name by its `.js` file. A debug build gets fast compression levels (its wasm is
+/// tens of MB); a release build the smallest.
+pub fn publish(parts: &Parts, name: &str, pkg: &Path, release: bool) -> Result<()> {
+    let stem = format!(
+        "{name}.{:016x}",
+        fnv1a(&[&parts.js, &parts.wasm, &parts.css])
+    );
+    if pkg.exists() {
+        std::fs::remove_dir_all(pkg).with_context(|| format!("clearing {}", pkg.display()))?;
+    }
+    std::fs::create_dir_all(pkg)?;
+    std::fs::write(pkg.join(format!("{name}.css")), &parts.css)?;
+    let (brotli_quality, gzip_level) = if release { (11, 9) } else { (1, 1) };
+    for (file, bytes) in [
+        (format!("{stem}.js"), &parts.js),
+        (format!("{stem}_bg.wasm"), &parts.wasm),
+        (format!("{stem}.css"), &parts.css),
+    ] {
+        std::fs::write(pkg.join(&file), bytes)?;
+        let br = brotli(bytes, brotli_quality)?;
+        std::fs::write(pkg.join(format!("{file}.br")), &br)?;
+        let gz = gzip(bytes, gzip_level)?;
+        std::fs::write(pkg.join(format!("{file}.gz")), &gz)?;
+        eprintln!(
+            "    {file}: {} KiB (brotli {} KiB, gzip {} KiB)",
+            bytes.len() / 1024,
+            br.len() / 1024,
+            gz.len() / 1024
+        );
+    }
+    Ok(())
+}
+
+fn brotli(bytes: &[u8], quality: u32) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    {
+        let mut w = brotli::CompressorWriter::new(&mut out, 1 << 16, quality, 22);
+        w.write_all(bytes)?;
+    }
+    Ok(out)
+}
+
+fn gzip(bytes: &[u8], level: u32) -> Result<Vec<u8>> {
+    let mut w = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    w.write_all(bytes)?;
+    Ok(w.finish()?)
+}
+
+/// 64-bit FNV-1a over the parts: a cache key, not a security property.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_name_follows_the_content_and_the_twins_decompress_to_it() {
+        let dir = std::env::temp_dir().join(format!("tessera-bundle-{}", std::process::id()));
+        let parts = |js: &str| Parts {
+            js: js.as_bytes().to_vec(),
+            wasm: b"\0asm wasm".to_vec(),
+            css: b"body{}".to_vec(),
+        };
+        publish(&parts("export {}"), "t", &dir, false).expect("publish");
+        let names = |dir: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(dir)
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let first = names(&dir);
+        assert_eq!(first.len(), 10, "{first:?}");
+        let js = first
+            .iter()
+            .find(|n| n.ends_with(".js"))
+            .expect("js")
+            .clone();
+        assert!(
+            js.starts_with("t.") && js.len() == "t.".len() + 16 + ".js".len(),
+            "{js}"
+        );
+        let stem = js.trim_end_matches(".js");
+        assert!(first.contains(&format!("{stem}_bg.wasm.br")), "{first:?}");
+
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(
+                &std::fs::read(dir.join(format!("{js}.gz"))).expect("gz")[..],
+            ),
+            &mut text,
+        )
+        .expect("gunzip");
+        assert_eq!(text, "export {}");
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut brotli::Decompressor::new(
+                &std::fs::read(dir.join(format!("{js}.br"))).expect("br")[..],
+                4096,
+            ),
+            &mut text,
+        )
+        .expect("unbrotli");
+        assert_eq!(text, "export {}");
+
+        // New content: a new name, and the old files are gone.
+        publish(&parts("export {x}"), "t", &dir, false).expect("publish again");
+        let second = names(&dir);
+        assert_eq!(second.len(), 10);
+        assert!(second.iter().all(|n| !n.starts_with(stem)), "{second:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
