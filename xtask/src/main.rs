@@ -36,11 +36,11 @@ fn main_inner() -> Result<()> {
         .cloned()
         .collect();
     match args.first().map(String::as_str) {
-        Some("build") => build(release).map(|_| ()),
+        Some("build") => build(release, release).map(|_| ()),
         Some("run") => run(release, &rest),
         Some("test") => test(),
         Some("e2e") => {
-            build(false)?;
+            build(false, true)?;
             ensure_jupyterlab()?;
             e2e()
         }
@@ -298,10 +298,12 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Builds the wasm bundle into `<target>/site/pkg` and the server binary.
-fn build(release: bool) -> Result<PathBuf> {
+/// Builds the wasm bundle into `<target>/site/pkg` and the server binary. The browser
+/// tests use a debug server with the release bundle (wasm-opt'd, as users get it): that is
+/// what proves hydration survives wasm-opt, and it loads far faster than a debug bundle.
+fn build(release: bool, release_bundle: bool) -> Result<PathBuf> {
     ensure_tools(false)?;
-    build_wasm(release)?;
+    build_wasm(release_bundle)?;
     let mut cmd = cargo();
     cmd.args([
         "build",
@@ -412,7 +414,7 @@ fn wasm_opt(wasm: &Path) -> Result<()> {
 }
 
 fn run(release: bool, args: &[String]) -> Result<()> {
-    let bin = build(release)?;
+    let bin = build(release, release)?;
     let mut cmd = Command::new(bin);
     sandbox_env(&mut cmd);
     cmd.arg("serve").arg("--site-root").arg(site_root());
@@ -510,7 +512,7 @@ fn test() -> Result<()> {
         "UI unit tests (app with ssr)",
         cargo().args(["test", "-p", "tessera-app", "--features", "ssr"]),
     )?;
-    build(false)?;
+    build(false, true)?;
     e2e()?;
     fuzz_api()?;
     eprintln!(

@@ -1,0 +1,76 @@
+// First and repeat page loads as a researcher on a VPN sees them: headless Chromium with
+// the network throttled through CDP (default 10 Mbit/s both ways, 40 ms latency). For each
+// run: bytes transferred (compressed, as on the wire) and the time from navigation until
+// the page is interactive (`body[data-hydrated]`, set once the wasm bundle has hydrated).
+//
+//   TESSERA_URL=http://127.0.0.1:3000 TESSERA_ADMIN_PASSWORD=… node bench/pageload.mjs
+//   (bench/pageload.sh starts a server and runs this; figures in docs/benchmarks.md §12)
+import { chromium } from 'playwright-core';
+
+const BASE = process.env.TESSERA_URL ?? 'http://127.0.0.1:3000';
+const PASSWORD = process.env.TESSERA_ADMIN_PASSWORD;
+const RUNS = Number(process.env.RUNS ?? 5);
+const MBIT = Number(process.env.MBIT ?? 10);
+const LATENCY = Number(process.env.LATENCY_MS ?? 40);
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+
+// One visit of `path` in `page`: bytes on the wire, requests, ms until hydrated.
+async function visit(page, cdp, path) {
+  let bytes = 0;
+  let requests = 0;
+  const done = (e) => { bytes += e.encodedDataLength; requests += 1; };
+  cdp.on('Network.loadingFinished', done);
+  const t0 = performance.now();
+  await page.goto(`${BASE}${path}`, { waitUntil: 'commit' });
+  await page.waitForSelector('body[data-hydrated="true"]', { timeout: 60000 });
+  const ms = performance.now() - t0;
+  // Requests the page makes once hydrated (server functions) count too.
+  await page.waitForLoadState('networkidle');
+  cdp.off('Network.loadingFinished', done);
+  return { bytes, requests, ms };
+}
+
+async function throttled(context) {
+  const page = await context.newPage();
+  const cdp = await context.newCDPSession(page);
+  await cdp.send('Network.enable');
+  await cdp.send('Network.emulateNetworkConditions', {
+    offline: false,
+    latency: LATENCY,
+    downloadThroughput: (MBIT * 1e6) / 8,
+    uploadThroughput: (MBIT * 1e6) / 8,
+  });
+  return { page, cdp };
+}
+
+const rows = { 'first visit /login': [], 'repeat visit /login': [], 'signed in, repeat visit /': [] };
+for (let i = 0; i < RUNS; i += 1) {
+  const context = await browser.newContext();
+  const { page, cdp } = await throttled(context);
+  rows['first visit /login'].push(await visit(page, cdp, '/login'));
+  rows['repeat visit /login'].push(await visit(page, cdp, '/login'));
+  if (PASSWORD) {
+    await page.fill('#username', 'admin');
+    await page.fill('#password', PASSWORD);
+    await Promise.all([page.waitForURL(`${BASE}/`), page.click('#sign-in')]);
+    rows['signed in, repeat visit /'].push(await visit(page, cdp, '/'));
+  }
+  await context.close();
+}
+await browser.close();
+
+const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; };
+console.log(`${RUNS} runs at ${MBIT} Mbit/s, ${LATENCY} ms latency (medians)\n`);
+console.log('| visit | transferred | requests | interactive after |');
+console.log('|---|---:|---:|---:|');
+for (const [name, runs] of Object.entries(rows)) {
+  if (!runs.length) continue;
+  const kb = median(runs.map((r) => r.bytes)) / 1024;
+  console.log(`| ${name} | ${kb.toFixed(1)} KiB | ${median(runs.map((r) => r.requests))} | ${(median(runs.map((r) => r.ms)) / 1000).toFixed(2)} s |`);
+}
