@@ -323,7 +323,7 @@ fn build(release: bool, release_bundle: bool) -> Result<PathBuf> {
 }
 
 fn build_wasm(release: bool) -> Result<()> {
-    let wasm_target_dir = target_dir().join("wasm");
+    let wasm_target_dir = target_dir().join(if release { "wasm-release" } else { "wasm" });
     let mut cmd = cargo();
     cmd.args([
         "rustc",
