@@ -27,6 +27,129 @@ pub fn mark_hydrated() {
     });
 }
 
+/// What moved, as the live stream (`GET /events`, one per tab) reports it: counters that
+/// pages follow to reload their data at once, and whether the stream is open (while it
+/// is, pages do not poll).
+#[derive(Clone, Copy)]
+pub struct Live {
+    work: RwSignal<u32>,
+    nodes: RwSignal<u32>,
+    connected: RwSignal<bool>,
+}
+
+/// What a page follows: allocations and workloads of the viewer's teams (queues and
+/// dashboards with them), or the nodes' GPU layouts.
+#[derive(Clone, Copy)]
+pub enum Topic {
+    Work,
+    Nodes,
+}
+
+impl Live {
+    fn counter(self, topic: Topic) -> RwSignal<u32> {
+        match topic {
+            Topic::Work => self.work,
+            Topic::Nodes => self.nodes,
+        }
+    }
+}
+
+/// Opens the tab's live stream once hydrated (the app calls it once).
+pub fn provide_live() {
+    let live = Live {
+        work: RwSignal::new(0),
+        nodes: RwSignal::new(0),
+        connected: RwSignal::new(false),
+    };
+    provide_context(live);
+    Effect::new(move |_| {
+        #[cfg(feature = "hydrate")]
+        live_stream::open(live);
+    });
+}
+
+#[cfg(feature = "hydrate")]
+mod live_stream {
+    use super::Live;
+    use leptos::prelude::*;
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen::closure::Closure;
+
+    /// After the stream fails for good (signed out, server gone): try again this late.
+    const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub(super) fn open(live: Live) {
+        let Ok(source) = web_sys::EventSource::new("/events") else {
+            return;
+        };
+        let on_change =
+            Closure::<dyn Fn(web_sys::MessageEvent)>::new(move |e: web_sys::MessageEvent| {
+                let moved = e.data().as_string().unwrap_or_default();
+                for (name, counter) in [("work", live.work), ("nodes", live.nodes)] {
+                    if moved.split(',').any(|m| m == name) {
+                        counter.update(|n| *n = n.wrapping_add(1));
+                    }
+                }
+            });
+        let _ =
+            source.add_event_listener_with_callback("change", on_change.as_ref().unchecked_ref());
+        on_change.forget();
+        let on_open = Closure::<dyn Fn()>::new(move || live.connected.set(true));
+        source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
+        on_open.forget();
+        let stream = source.clone();
+        let on_error = Closure::<dyn Fn()>::new(move || {
+            live.connected.set(false);
+            // The browser retries a dropped stream by itself; one it gave up on (an error
+            // status, e.g. signed out) is opened again later.
+            if stream.ready_state() == web_sys::EventSource::CLOSED {
+                set_timeout(move || open(live), RETRY_AFTER);
+            }
+        });
+        source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        on_error.forget();
+    }
+}
+
+/// A counter that moves when what a page shows may have changed: at once when the live
+/// stream says one of `topics` moved, and every `every` when `poll(streaming)` says so
+/// (most pages: only while the stream is down; some, like a queued allocation whose
+/// position moves with other teams' requests, also while it is open).
+pub fn refresher(
+    topics: &'static [Topic],
+    every: std::time::Duration,
+    poll: impl Fn(bool) -> bool + 'static,
+) -> RwSignal<u32> {
+    let tick = RwSignal::new(0u32);
+    let live = use_context::<Live>();
+    if let Some(live) = live {
+        Effect::new(move |seen: Option<()>| {
+            for t in topics {
+                live.counter(*t).track();
+            }
+            if seen.is_some() {
+                tick.update(|n| *n = n.wrapping_add(1));
+            }
+        });
+    }
+    let poll = std::rc::Rc::new(poll);
+    Effect::new(move |_| {
+        let poll = poll.clone();
+        if let Ok(handle) = set_interval_with_handle(
+            move || {
+                let streaming = live.is_some_and(|l| l.connected.get_untracked());
+                if poll(streaming) {
+                    tick.update(|n| *n = n.wrapping_add(1));
+                }
+            },
+            every,
+        ) {
+            on_cleanup(move || handle.clear());
+        }
+    });
+    tick
+}
+
 /// `true` once the wasm bundle runs; always `false` while rendering on the server.
 pub fn use_hydrated() -> ReadSignal<bool> {
     let (hydrated, set) = signal(false);

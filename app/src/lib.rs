@@ -58,6 +58,7 @@ fn use_csp_nonce() {
 pub fn App() -> impl IntoView {
     provide_meta_context();
     components::mark_hydrated();
+    components::provide_live();
     view! {
         <Title text="Tessera" />
         <Router>

@@ -14,8 +14,8 @@ pub mod sessions;
 pub mod store;
 
 use services::{
-    accounts::Accounts, allocations::Allocations, billing::Billing, nodes::Nodes, tenancy::Tenancy,
-    tokens::Tokens, workloads::Workloads,
+    accounts::Accounts, allocations::Allocations, billing::Billing, changes::Changes, nodes::Nodes,
+    tenancy::Tenancy, tokens::Tokens, workloads::Workloads,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +31,7 @@ pub struct Services {
     pub allocations: Allocations,
     pub billing: Billing,
     pub workloads: Workloads,
+    pub changes: Changes,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
 }
@@ -51,6 +52,7 @@ impl Services {
             tenancy: Tenancy::new(store.clone(), hasher).forgetting(tokens.verified()),
             tokens,
             nodes: Nodes::new(store.clone()),
+            changes: Changes::new(store.clone()),
             workloads: Workloads::new(store.clone(), allocations.clone()),
             allocations,
             billing,

@@ -43,6 +43,8 @@ pub struct AppState {
     pub draining: Arc<AtomicBool>,
     /// True while this replica leads the background passes.
     pub leading: Arc<AtomicBool>,
+    /// What could be on someone's screen, for the live-update streams (`/events`).
+    pub changes: tokio::sync::watch::Receiver<Arc<tessera_core::services::changes::Snapshot>>,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -166,6 +168,7 @@ pub async fn run(
              whoever opens it"
         ),
     }
+    let (changes_tx, changes) = tokio::sync::watch::channel(Arc::default());
     let state = AppState {
         config: Arc::new(config.clone()),
         services,
@@ -174,7 +177,13 @@ pub async fn run(
         notebooks: Arc::new(notebooks),
         draining: Arc::new(AtomicBool::new(false)),
         leading: Arc::new(AtomicBool::new(false)),
+        changes,
     };
+    tokio::spawn(http::events::watch(
+        state.services.clone(),
+        changes_tx,
+        state.draining.clone(),
+    ));
     let kube = match config.executor {
         config::Executor::Local => None,
         config::Executor::Kubernetes => Some(Arc::new(

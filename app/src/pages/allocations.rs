@@ -9,6 +9,7 @@ use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error,
     pager_with, timestamp, use_hydrated,
 };
+use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -213,7 +214,7 @@ impl ListData {
     fn new() -> Self {
         let request = ServerAction::<RequestAllocation>::new();
         let filter = use_filter();
-        let tick = ticker(LIST_EVERY);
+        let tick = refresher(&[Topic::Work], LIST_EVERY, |streaming| !streaming);
         let options = Resource::new(move || request.version().get(), |_| load_options());
         let free = Resource::new(move || request.version().get(), |_| api::free_now());
         let list = Resource::new(
@@ -239,19 +240,6 @@ impl ListData {
             estimate,
         }
     }
-}
-
-/// A counter bumped every `every` once hydrated (never on the server).
-pub(super) fn ticker(every: Duration) -> RwSignal<u32> {
-    let tick = RwSignal::new(0u32);
-    Effect::new(move |_| {
-        if let Ok(handle) =
-            set_interval_with_handle(move || tick.update(|n| *n = n.wrapping_add(1)), every)
-        {
-            on_cleanup(move || handle.clear());
-        }
-    });
-    tick
 }
 
 #[component]
@@ -963,7 +951,15 @@ impl DetailData {
         let decide = ServerAction::<DecideAllocation>::new();
         let reason = RwSignal::new(untrack(echoed(move || decide.value().get(), "reason")));
         let typing = RwSignal::new(false);
-        let tick = RwSignal::new(0u32);
+        // (still moving, waiting for approval) of what is shown; set below, once loaded.
+        let status = RwSignal::new((false, false));
+        // Polls while it moves, stream or not: its queue position and ETA move with other
+        // teams' requests, which its viewer's stream does not hear of. Someone typing a
+        // reason into the approval form keeps it as it is.
+        let tick = refresher(&[Topic::Work], DETAIL_EVERY, move |_| {
+            let (moving, approval) = status.get_untracked();
+            moving && !(approval && typing.get_untracked())
+        });
         let allocation = Resource::new(
             move || {
                 (
@@ -989,9 +985,7 @@ impl DetailData {
                 )
             },
         );
-        // (still moving, waiting for approval) of what is shown; read in an effect, where
-        // reading a resource is fine.
-        let status = RwSignal::new((false, false));
+        // Read in an effect, where reading a resource is fine.
         Effect::new(move |_| {
             let now = allocation.with(|a| match a {
                 Some(Ok(a)) => (
@@ -1001,20 +995,6 @@ impl DetailData {
                 _ => (false, false),
             });
             status.set(now);
-        });
-        Effect::new(move |_| {
-            if let Ok(handle) = set_interval_with_handle(
-                move || {
-                    let (moving, approval) = status.get_untracked();
-                    // Someone typing a reason into the approval form keeps it as it is.
-                    if moving && !(approval && typing.get_untracked()) {
-                        tick.update(|n| *n = n.wrapping_add(1));
-                    }
-                },
-                DETAIL_EVERY,
-            ) {
-                on_cleanup(move || handle.clear());
-            }
         });
         DetailData {
             release,

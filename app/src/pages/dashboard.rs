@@ -1,6 +1,7 @@
 use super::workloads::WorkloadBadge;
 use crate::api::{self, UiError};
 use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
+use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -51,13 +52,8 @@ pub fn DashboardPage() -> impl IntoView {
 /// Nodes, GPUs and MIG instances across the cluster; refreshes itself while open.
 #[component]
 fn ClusterPanel() -> impl IntoView {
-    let tick = RwSignal::new(0u32);
-    Effect::new(move |_| {
-        if let Ok(handle) =
-            set_interval_with_handle(move || tick.update(|t| *t = t.wrapping_add(1)), REFRESH)
-        {
-            on_cleanup(move || handle.clear());
-        }
+    let tick = refresher(&[Topic::Work, Topic::Nodes], REFRESH, |streaming| {
+        !streaming
     });
     let summary = Resource::new(move || tick.get(), |_| api::get_cluster_summary());
     view! {
@@ -136,14 +132,7 @@ fn ClusterFacts(s: ClusterSummary) -> impl IntoView {
 
 /// The caller's current allocations (pending or active), reloaded with the cluster.
 fn my_allocations() -> Resource<Result<Page<AllocationView>, UiError>> {
-    let tick = RwSignal::new(0u32);
-    Effect::new(move |_| {
-        if let Ok(handle) =
-            set_interval_with_handle(move || tick.update(|t| *t = t.wrapping_add(1)), REFRESH)
-        {
-            on_cleanup(move || handle.clear());
-        }
-    });
+    let tick = refresher(&[Topic::Work], REFRESH, |streaming| !streaming);
     Resource::new(
         move || tick.get(),
         |_| {

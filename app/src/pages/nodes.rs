@@ -8,6 +8,7 @@ use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
     form_error, is_admin, pager, use_offset,
 };
+use crate::components::{Topic, refresher};
 use chrono::DateTime;
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -95,7 +96,8 @@ impl NodesData {
             layout: ServerAction::new(),
             layout_target: RwSignal::new(None),
         };
-        let refresh = RwSignal::new(0u32);
+        // Layout changes (and apply progress) as the live stream reports them.
+        let refresh = refresher(&[Topic::Nodes], TELEMETRY_EVERY, |_| false);
         // Agents report every 10 s; once hydrated, the page reloads telemetry as often.
         let telemetry_tick = RwSignal::new(0u32);
         Effect::new(move |_| {

@@ -1,9 +1,10 @@
 //! Platform admins see every team's pending allocations, grouped by model in queue order,
 //! reloaded while open.
 
-use super::allocations::{StateBadge, position_text, ticker};
+use super::allocations::{StateBadge, position_text};
 use crate::api::{self, UiError};
 use crate::components::{AdminOnly, Authenticated, PAGE_SIZE, When, paged_table, use_offset};
+use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use std::time::Duration;
 use tessera_domain::alloc::AllocationView;
@@ -16,7 +17,7 @@ const QUEUE_EVERY: Duration = Duration::from_secs(5);
 pub fn QueuePage() -> impl IntoView {
     // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let offset = use_offset();
-    let tick = ticker(QUEUE_EVERY);
+    let tick = refresher(&[Topic::Work], QUEUE_EVERY, |streaming| !streaming);
     let queue = Resource::new(
         move || (offset.get(), tick.get()),
         |(offset, _)| load_queue(offset),

@@ -14,6 +14,7 @@ use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error, now,
     pager_with, relative, timestamp,
 };
+use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::Form;
@@ -372,18 +373,8 @@ impl ListData {
         );
         // Reloads while something listed has not ended (set from the list once loaded).
         let moving = RwSignal::new(false);
-        let tick = RwSignal::new(0u32);
-        Effect::new(move |_| {
-            if let Ok(handle) = set_interval_with_handle(
-                move || {
-                    if moving.get_untracked() {
-                        tick.update(|n| *n = n.wrapping_add(1));
-                    }
-                },
-                LIST_EVERY,
-            ) {
-                on_cleanup(move || handle.clear());
-            }
+        let tick = refresher(&[Topic::Work], LIST_EVERY, move |streaming| {
+            !streaming && moving.get_untracked()
         });
         let list = Resource::new(
             move || (filter.get(), tick.get(), stop.version().get()),

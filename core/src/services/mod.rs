@@ -10,6 +10,7 @@ pub mod accounts;
 pub mod allocations;
 pub mod authz;
 pub mod billing;
+pub mod changes;
 pub mod nodes;
 pub mod tenancy;
 pub mod tokens;

@@ -7,6 +7,7 @@
 
 mod allocations;
 mod billing;
+mod changes;
 mod leader;
 mod node_state;
 mod nodes;

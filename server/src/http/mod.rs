@@ -10,6 +10,7 @@ pub(crate) mod auth;
 pub(crate) mod bundle;
 mod csrf;
 pub(crate) mod error;
+pub(crate) mod events;
 mod headers;
 mod health;
 mod metrics;
@@ -78,6 +79,7 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
+        .route("/events", get(events::events))
         .merge(agent_api::router())
         .merge(proxy::router())
         .merge(sso::router())

@@ -6,6 +6,7 @@ mod allocations;
 mod authz;
 mod billing;
 mod deploy;
+mod events;
 mod kube_fake;
 mod kubernetes;
 mod monitoring;

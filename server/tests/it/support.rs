@@ -347,6 +347,19 @@ impl AdminClient {
             .unwrap_or_else(|| panic!("{username} is not listed: {users}"))
     }
 
+    /// A new API token of the admin's.
+    pub async fn token(&self) -> String {
+        let (s, t) = self
+            .call(
+                reqwest::Method::POST,
+                "/api/v1/tokens",
+                Some(serde_json::json!({"name": "admin token"})),
+            )
+            .await;
+        assert_eq!(s, 201, "{t}");
+        t["secret"].as_str().expect("secret").to_owned()
+    }
+
     /// `(status, JSON body or null)`.
     pub async fn call(
         &self,
