@@ -111,6 +111,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 workload_sandbox: true,
                 inventory: serde_json::to_string(&Inventory { gpus })?,
                 revoked_at: None,
+                inventory_version: 0,
             })
             .await?;
     }

@@ -906,18 +906,17 @@ impl Allocations {
         now: DateTime<Utc>,
         busy: &BTreeSet<(String, Option<u8>)>,
     ) -> Result<(HashMap<String, u32>, BTreeMap<String, u32>), AppError> {
-        let nodes = self
-            .store
-            .active_nodes()
-            .await
-            .map_err(internal("loading nodes"))?;
+        let (nodes, inventories) = super::active_nodes_with_inventories(&self.store).await?;
         let mut cap = HashMap::new();
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for n in nodes
             .iter()
             .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
         {
-            for g in &inventory(n).gpus {
+            let Some(inv) = inventories.get(&n.id) else {
+                continue;
+            };
+            for g in &inv.gpus {
                 let Some(m) = self.catalog.get(&g.name) else {
                     continue;
                 };
@@ -1258,14 +1257,8 @@ impl Allocations {
     /// picks up from the stored states.
     pub async fn tick(&self, now: DateTime<Utc>) -> Result<TickReport, AppError> {
         let mut report = TickReport::default();
-        let nodes = self
-            .store
-            .active_nodes()
-            .await
-            .map_err(internal("loading nodes"))?;
+        let (nodes, inventories) = super::active_nodes_with_inventories(&self.store).await?;
         let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
-        let inventories: HashMap<Uuid, std::sync::Arc<Inventory>> =
-            nodes.iter().map(|n| (n.id, inventory(n))).collect();
 
         self.end_departed(now).await?;
         self.finish_half_released(now).await?;
@@ -1917,10 +1910,6 @@ fn approver_str(a: Approver) -> &'static str {
         Approver::TeamAdmin => "team_admin",
         Approver::PlatformAdmin => "platform_admin",
     }
-}
-
-fn inventory(r: &NodeRow) -> std::sync::Arc<Inventory> {
-    super::parsed_inventory(r.id, &r.inventory)
 }
 
 /// The states a list filter names.

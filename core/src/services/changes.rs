@@ -28,6 +28,8 @@ pub struct Snapshot {
     /// Over every team (what a platform admin sees).
     all: u64,
     nodes: u64,
+    /// False for the placeholder before the first snapshot: nothing to compare with.
+    taken: bool,
 }
 
 /// What one viewer may see of a snapshot.
@@ -75,6 +77,7 @@ impl Changes {
             all: hash(&sorted),
             nodes: hash(&layouts),
             teams,
+            taken: true,
         })
     }
 
@@ -83,6 +86,13 @@ impl Changes {
         Ok(Viewer {
             teams: readable_teams(&self.store, p, None).await?,
         })
+    }
+}
+
+impl Snapshot {
+    /// A real snapshot, not the placeholder before the first one.
+    pub fn is_taken(&self) -> bool {
+        self.taken
     }
 }
 

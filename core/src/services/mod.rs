@@ -26,6 +26,64 @@ pub(crate) fn internal(context: &'static str) -> impl FnOnce(sqlx::Error) -> App
     }
 }
 
+/// Registered, unrevoked nodes with their parsed inventories, for the passes that look at
+/// every node each time (the scheduler, capacity checks). An inventory's text is read from
+/// the database only when its `inventory_version` moved since this process last parsed it:
+/// reading every node's tens of kilobytes on every pass was what a pass cost with 1,000
+/// nodes (docs/benchmarks.md §10). Versions only grow, and a copy is kept under the version
+/// it was read at, so a cached inventory is never older than the version the pass saw.
+pub(crate) async fn active_nodes_with_inventories(
+    store: &crate::store::Store,
+) -> Result<
+    (
+        Vec<crate::store::NodeRow>,
+        std::collections::HashMap<uuid::Uuid, std::sync::Arc<tessera_domain::wire::Inventory>>,
+    ),
+    AppError,
+> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, LazyLock, Mutex};
+    type Parsed = HashMap<uuid::Uuid, (i64, Arc<tessera_domain::wire::Inventory>)>;
+    static PARSED: LazyLock<Mutex<Parsed>> = LazyLock::new(Mutex::default);
+    let nodes = store
+        .active_nodes_lean()
+        .await
+        .map_err(internal("loading nodes"))?;
+    let mut out = HashMap::with_capacity(nodes.len());
+    let mut stale = Vec::new();
+    {
+        let cache = PARSED.lock().map_err(|_| AppError::Internal)?;
+        for n in &nodes {
+            match cache.get(&n.id) {
+                Some((v, inv)) if *v >= n.inventory_version => {
+                    out.insert(n.id, inv.clone());
+                }
+                _ => stale.push(n.id),
+            }
+        }
+    }
+    if !stale.is_empty() {
+        let read = store
+            .node_inventories(&stale)
+            .await
+            .map_err(internal("loading inventories"))?;
+        let mut cache = PARSED.lock().map_err(|_| AppError::Internal)?;
+        if cache.len() > 2 * nodes.len() + 1_000 {
+            // Nodes come and go (revoked ones are never asked for again).
+            cache.retain(|id, _| out.contains_key(id));
+        }
+        for (id, version, text) in read {
+            let inv = Arc::new(serde_json::from_str(&text).unwrap_or_else(|e| {
+                tracing::error!(node = %id, error = %e, "stored inventory is not valid JSON");
+                tessera_domain::wire::Inventory::default()
+            }));
+            cache.insert(id, (version, inv.clone()));
+            out.insert(id, inv);
+        }
+    }
+    Ok((nodes, out))
+}
+
 /// A node's stored inventory, parsed. Every scheduler pass, cluster summary and capacity
 /// check reads every node's inventory (tens of kilobytes of JSON each, rewritten on each
 /// heartbeat but rarely changed): parsing it again each time was most of the server's CPU

@@ -205,6 +205,7 @@ impl Nodes {
             workload_sandbox: false,
             inventory: r#"{"gpus":[]}"#.into(),
             revoked_at: None,
+            inventory_version: 0,
         };
         self.store
             .insert_node(&row)

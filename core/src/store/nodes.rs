@@ -18,6 +18,9 @@ pub struct NodeRow {
     /// JSON of `tessera_domain::wire::Inventory`.
     pub inventory: String,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Moves each time `inventory` changes (0 where a query does not read it).
+    #[sqlx(default)]
+    pub inventory_version: i64,
 }
 
 const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at, \
@@ -73,6 +76,39 @@ impl Store {
         on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).fetch_all(pool).await)
     }
 
+    /// Registered, unrevoked nodes without their inventory's text (`inventory` is empty;
+    /// `inventory_version` says whether a copy read earlier is still current).
+    pub async fn active_nodes_lean(&self) -> Result<Vec<NodeRow>, sqlx::Error> {
+        let sql = "SELECT id, hostname, credential_hash, join_token_id, registered_at, \
+                   last_heartbeat_at, agent_version, manages_mig, '' AS inventory, revoked_at, \
+                   workload_sandbox, inventory_version FROM nodes WHERE revoked_at IS NULL";
+        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(sql).fetch_all(pool).await)
+    }
+
+    /// `(id, inventory_version, inventory)` of the given nodes.
+    pub async fn node_inventories(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, i64, String)>, sqlx::Error> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let ps: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT id, inventory_version, inventory FROM nodes WHERE id IN ({})",
+                ps.join(",")
+            );
+            let rows = on_pool!(self, pool => {
+                let mut q = sqlx::query_as::<_, (Uuid, i64, String)>(&sql);
+                for id in chunk {
+                    q = q.bind(*id);
+                }
+                q.fetch_all(pool).await
+            })?;
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+
     pub async fn record_heartbeat(
         &self,
         id: Uuid,
@@ -84,7 +120,9 @@ impl Store {
     ) -> Result<(), sqlx::Error> {
         on_pool!(self, pool => sqlx::query(
             "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
-             inventory = $4, workload_sandbox = $6 WHERE id = $5 AND revoked_at IS NULL")
+             inventory = $4, workload_sandbox = $6, \
+             inventory_version = inventory_version + CASE WHEN inventory = $4 THEN 0 ELSE 1 END \
+             WHERE id = $5 AND revoked_at IS NULL")
             .bind(at).bind(agent_version).bind(manages_mig).bind(inventory).bind(id)
             .bind(workload_sandbox)
             .execute(pool).await.map(|_| ()))?;

@@ -19,7 +19,7 @@ use futures_util::Stream;
 use http::request::Parts;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tessera_core::Services;
 use tessera_core::services::changes::{Mark, Snapshot, Viewer};
@@ -30,14 +30,26 @@ pub const EVERY: Duration = Duration::from_secs(1);
 /// How often a stream checks that its caller may still follow it.
 const RECHECK: Duration = Duration::from_secs(30);
 
-/// Takes snapshots while any stream is open, until the replica drains.
+/// Streams open in this process.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes snapshots while any stream is open, until the replica drains. While none is, the
+/// last snapshot is dropped (quietly): the next stream's baseline is a fresh one, not one
+/// from before a quiet spell, which would announce a change nobody made since.
 pub async fn watch(
     services: Arc<Services>,
     tx: watch::Sender<Arc<Snapshot>>,
     draining: Arc<AtomicBool>,
 ) {
     while !draining.load(Ordering::SeqCst) {
-        if tx.receiver_count() > 1 {
+        if OPEN.load(Ordering::SeqCst) == 0 {
+            tx.send_if_modified(|cur| {
+                if cur.is_taken() {
+                    *cur = Arc::default();
+                }
+                false
+            });
+        } else {
             match services.changes.snapshot().await {
                 Ok(now) => {
                     tx.send_if_modified(|cur| {
@@ -62,7 +74,13 @@ pub async fn events(
     let Caller(p) = Caller::from_request_parts(&mut parts, &s).await?;
     let viewer = s.services.changes.viewer(&p).await?;
     let mut rx = s.changes.clone();
-    let last = viewer.mark(&rx.borrow_and_update());
+    // Until the replica's first snapshot there is nothing to compare with: the first one
+    // becomes the baseline instead of an event.
+    let last = {
+        let now = rx.borrow_and_update();
+        now.is_taken().then(|| viewer.mark(&now))
+    };
+    OPEN.fetch_add(1, Ordering::SeqCst);
     let follower = Follower {
         state: s,
         parts,
@@ -80,8 +98,15 @@ struct Follower {
     parts: Parts,
     viewer: Viewer,
     rx: watch::Receiver<Arc<Snapshot>>,
-    last: Mark,
+    /// What the viewer was last told (None: no snapshot yet).
+    last: Option<Mark>,
     recheck_at: tokio::time::Instant,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 async fn next(mut s: Follower) -> Option<(Result<Event, Infallible>, Follower)> {
@@ -90,13 +115,19 @@ async fn next(mut s: Follower) -> Option<(Result<Event, Infallible>, Follower)> 
             changed = s.rx.changed() => {
                 changed.ok()?;
                 let now = s.viewer.mark(&s.rx.borrow_and_update());
-                if now != s.last {
-                    let parts: Vec<&str> = [("work", now.work != s.last.work), ("nodes", now.nodes != s.last.nodes)]
-                        .into_iter()
-                        .filter_map(|(name, moved)| moved.then_some(name))
-                        .collect();
-                    s.last = now;
-                    return Some((Ok(Event::default().event("change").data(parts.join(","))), s));
+                let Some(last) = s.last.replace(now) else {
+                    continue;
+                };
+                let moved: Vec<&str> = [
+                    ("work", now.work != last.work),
+                    ("nodes", now.nodes != last.nodes),
+                ]
+                .into_iter()
+                .filter_map(|(name, moved)| moved.then_some(name))
+                .collect();
+                if !moved.is_empty() {
+                    let event = Event::default().event("change").data(moved.join(","));
+                    return Some((Ok(event), s));
                 }
             }
             () = tokio::time::sleep_until(s.recheck_at) => {

@@ -337,6 +337,15 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        10 => {
+            exec(
+                store,
+                "INSERT INTO server_replicas (name, version, started_at, seen_at, is_leader) \
+                 VALUES ('old-replica', '0.0.0', $1, $1, FALSE)",
+                &[V::D(now - Duration::hours(1))],
+            )
+            .await;
+        }
         _ => {}
     }
 }
