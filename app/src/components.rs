@@ -64,21 +64,77 @@ pub fn provide_live() {
     provide_context(live);
     Effect::new(move |_| {
         #[cfg(feature = "hydrate")]
-        live_stream::open(live);
+        live_stream::start(live);
     });
 }
 
+/// Whether this tab is in the background (never on the server).
+fn tab_hidden() -> bool {
+    #[cfg(feature = "hydrate")]
+    {
+        live_stream::hidden()
+    }
+    #[cfg(not(feature = "hydrate"))]
+    {
+        false
+    }
+}
+
+/// The tab's stream. Only a visible tab holds one: over plain HTTP/1.1 a browser opens at
+/// most six connections to a host, and a stream per background tab would use them up.
+/// A tab coming back to the front opens it again and reloads what it shows.
 #[cfg(feature = "hydrate")]
 mod live_stream {
     use super::Live;
     use leptos::prelude::*;
+    use std::cell::RefCell;
     use wasm_bindgen::JsCast;
     use wasm_bindgen::closure::Closure;
 
     /// After the stream fails for good (signed out, server gone): try again this late.
     const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
-    pub(super) fn open(live: Live) {
+    thread_local! {
+        static SOURCE: RefCell<Option<web_sys::EventSource>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn hidden() -> bool {
+        web_sys::window()
+            .and_then(|w| w.document())
+            .is_some_and(|d| d.hidden())
+    }
+
+    pub(super) fn start(live: Live) {
+        if let Some(document) = web_sys::window().and_then(|w| w.document()) {
+            let on_visibility = Closure::<dyn Fn()>::new(move || {
+                if hidden() {
+                    close(live);
+                } else if SOURCE.with(|s| s.borrow().is_none()) {
+                    open(live);
+                    // What changed while in the background.
+                    live.work.update(|n| *n = n.wrapping_add(1));
+                    live.nodes.update(|n| *n = n.wrapping_add(1));
+                }
+            });
+            let _ = document.add_event_listener_with_callback(
+                "visibilitychange",
+                on_visibility.as_ref().unchecked_ref(),
+            );
+            on_visibility.forget();
+        }
+        if !hidden() {
+            open(live);
+        }
+    }
+
+    fn close(live: Live) {
+        if let Some(source) = SOURCE.with(|s| s.borrow_mut().take()) {
+            source.close();
+        }
+        live.connected.set(false);
+    }
+
+    fn open(live: Live) {
         let Ok(source) = web_sys::EventSource::new("/events") else {
             return;
         };
@@ -101,13 +157,22 @@ mod live_stream {
         let on_error = Closure::<dyn Fn()>::new(move || {
             live.connected.set(false);
             // The browser retries a dropped stream by itself; one it gave up on (an error
-            // status, e.g. signed out) is opened again later.
+            // status, e.g. signed out) is opened again later, if the tab is in front.
             if stream.ready_state() == web_sys::EventSource::CLOSED {
-                set_timeout(move || open(live), RETRY_AFTER);
+                SOURCE.with(|s| s.borrow_mut().take());
+                set_timeout(
+                    move || {
+                        if !hidden() && SOURCE.with(|s| s.borrow().is_none()) {
+                            open(live);
+                        }
+                    },
+                    RETRY_AFTER,
+                );
             }
         });
         source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
         on_error.forget();
+        SOURCE.with(|s| *s.borrow_mut() = Some(source));
     }
 }
 
@@ -138,7 +203,8 @@ pub fn refresher(
         if let Ok(handle) = set_interval_with_handle(
             move || {
                 let streaming = live.is_some_and(|l| l.connected.get_untracked());
-                if poll(streaming) {
+                // A background tab waits: it reloads when it comes back to the front.
+                if !tab_hidden() && poll(streaming) {
                     tick.update(|n| *n = n.wrapping_add(1));
                 }
             },
