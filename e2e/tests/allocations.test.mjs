@@ -135,6 +135,38 @@ test('the team admin approves the waiting request', async () => {
   });
 });
 
+test('the list updates itself from the live stream, without polling', async () => {
+  await withPage(browser, 'alloc-live', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    await page.goto(`${BASE}/allocations`);
+    await hydrated(page);
+    const rows = page.locator('tr[data-testid=allocation-row]');
+    await rows.first().waitFor();
+    const before = await rows.count();
+    // Longer than the list's poll period (5 s): with the stream open, it does not ask again.
+    const reloads = [];
+    page.on('request', (r) => { if (r.url().includes('/fn/list_allocations')) reloads.push(Date.now()); });
+    await page.waitForTimeout(7000);
+    assert.deepEqual(reloads, [], 'no polling while the live stream is open');
+
+    // A request made elsewhere (the API, with this browser's session): the list shows it.
+    const made = await page.request.post(`${BASE}/api/v1/allocations`, {
+      headers: { origin: BASE },
+      data: { team_id: teamId, kind: 'A100-SXM4-40GB:whole', count: 5 },
+    });
+    assert.equal(made.status(), 201, await made.text());
+    const id = (await made.json()).id;
+    const asked = Date.now();
+    await eventually(async () => (await rows.count()) > before,
+      { what: 'the new request in the list', timeoutMs: 4000, intervalMs: 100 });
+    assert.ok(reloads.length >= 1 && reloads[0] - asked < 3000, `reloaded from the stream: ${reloads.map((t) => t - asked)}`);
+    await page.locator(`tr[data-testid=allocation-row][data-state=queued][data-id="${id}"]`).waitFor();
+    const cancelled = await page.request.post(`${BASE}/api/v1/allocations/${id}/release`, { headers: { origin: BASE } });
+    assert.equal(cancelled.status(), 200, await cancelled.text());
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
 test('the admin sees the approval in the audit trail and the queue page', async () => {
   await withPage(browser, 'alloc-audit', async (page, errors) => {
     await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
