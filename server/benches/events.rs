@@ -7,9 +7,12 @@
 //! released), how long after the API call answered each stream heard of it: p50, p99, max
 //! over every stream and change. Figures in docs/benchmarks.md §12.
 
+mod support;
+
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::{call, login, token_for};
 
 const PW: &str = "events-bench-password-1";
 
@@ -39,43 +42,6 @@ fn usage(pid: u32) -> (u64, f64) {
         .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
         .sum();
     (rss, ticks / 100.0)
-}
-
-async fn call(base: &str, auth: &str, m: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
-    let mut rb = reqwest::Client::new()
-        .request(m, format!("{base}{path}"))
-        .header("origin", base);
-    rb = if auth.starts_with("tessera_session=") {
-        rb.header("cookie", auth)
-    } else {
-        rb.bearer_auth(auth)
-    };
-    if !body.is_null() {
-        rb = rb.json(&body);
-    }
-    let r = rb.send().await.expect("request");
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-async fn login(base: &str, user: &str) -> String {
-    let r = reqwest::Client::new()
-        .post(format!("{base}/fn/login"))
-        .header("origin", base)
-        .form(&[("username", user), ("password", PW)])
-        .send()
-        .await
-        .expect("login");
-    r.headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find_map(|c| {
-            c.split(';')
-                .next()
-                .filter(|c| c.starts_with("tessera_session="))
-        })
-        .expect("session cookie")
-        .to_owned()
 }
 
 /// Milliseconds over which `window` CPU seconds were spent, as a share of one core.
@@ -115,7 +81,7 @@ async fn main() {
     }
 
     // A team with a quota and a member with an API token.
-    let admin = login(&base, "admin").await;
+    let admin = login(&base, "admin", PW).await;
     let post = reqwest::Method::POST;
     let (_, team) = call(
         &base,
@@ -150,16 +116,7 @@ async fn main() {
         json!({"username": "viewer", "role": "member"}),
     )
     .await;
-    let cookie = login(&base, "viewer").await;
-    let (_, t) = call(
-        &base,
-        &cookie,
-        post.clone(),
-        "/api/v1/tokens",
-        json!({"name": "events"}),
-    )
-    .await;
-    let token = t["secret"].as_str().expect("token").to_owned();
+    let token = token_for(&base, "viewer", PW).await;
 
     let window = Duration::from_secs(10);
     let (rss0, cpu0) = usage(pid);

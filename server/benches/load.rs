@@ -18,12 +18,15 @@
 //!    them; samples/s counted from the rows committed to the database (node samples, each
 //!    with `LOAD_GPUS` GPU samples).
 
+mod support;
+
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::{call, login, token_for};
 use tessera_agent::backend::{GpuBackend, inventory};
 use tessera_agent::sim::SimNode;
 use tessera_domain::wire::{Heartbeat, TelemetryBatch, TelemetrySample, WorkloadReports};
@@ -146,60 +149,6 @@ fn start_server(i: usize, url: &str) -> Server {
         .spawn()
         .expect("start tessera serve");
     Server { port, child }
-}
-
-async fn login(base: &str, user: &str) -> String {
-    loop {
-        let r = reqwest::Client::new()
-            .post(format!("{base}/fn/login"))
-            .header("origin", base)
-            .form(&[("username", user), ("password", PW)])
-            .send()
-            .await
-            .expect("login");
-        if let Some(c) = r
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|c| c.contains("tessera_session="))
-            .and_then(|c| c.split(';').next())
-        {
-            return c.to_owned();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn call(base: &str, auth: &str, m: Method, path: &str, body: Value) -> (u16, Value) {
-    let mut rb = reqwest::Client::new()
-        .request(m, format!("{base}{path}"))
-        .header("origin", base);
-    rb = if auth.starts_with("tessera_session=") {
-        rb.header("cookie", auth)
-    } else {
-        rb.bearer_auth(auth)
-    };
-    if !body.is_null() {
-        rb = rb.json(&body);
-    }
-    let r = rb.send().await.expect("request");
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-/// A user's API token (signs in once to make it).
-async fn token_for(base: &str, user: &str) -> String {
-    let cookie = login(base, user).await;
-    let (s, v) = call(
-        base,
-        &cookie,
-        Method::POST,
-        "/api/v1/tokens",
-        json!({"name": "load"}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    v["secret"].as_str().expect("secret").to_owned()
 }
 
 struct Node {
@@ -465,7 +414,7 @@ async fn main() {
     let base0 = bases[0].clone();
 
     // Teams of 10 users, each team with room for every member's slice.
-    let admin = login(&base0, "admin").await;
+    let admin = login(&base0, "admin", PW).await;
     let teams_n = users_n.div_ceil(10);
     let mut teams = Vec::new();
     for t in 0..teams_n {
@@ -517,7 +466,7 @@ async fn main() {
     }
     let mut tokens = Vec::new();
     for (name, team) in &users {
-        tokens.push((token_for(&base0, name).await, team.clone()));
+        tokens.push((token_for(&base0, name, PW).await, team.clone()));
     }
     let (s, jt) = call(
         &base0,

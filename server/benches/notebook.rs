@@ -11,11 +11,14 @@
 //!    (default 16) clients, through the proxy and directly at JupyterLab; requests/s and
 //!    p50/p99 latency of each.
 
+mod support;
+
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::login;
 use tessera_server::config::{Secret, ServeConfig};
 
 const PW: &str = "bench-admin-password";
@@ -89,24 +92,6 @@ impl Api {
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
-}
-
-async fn login(base: &str, user: &str, pw: &str) -> String {
-    let r = reqwest::Client::new()
-        .post(format!("{base}/fn/login"))
-        .header("origin", base)
-        .form(&[("username", user), ("password", pw)])
-        .send()
-        .await
-        .expect("login");
-    r.headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|c| c.contains("tessera_session="))
-        .and_then(|c| c.split(';').next())
-        .expect("session cookie")
-        .to_owned()
 }
 
 async fn load(

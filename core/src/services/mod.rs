@@ -84,10 +84,11 @@ pub(crate) async fn active_nodes_with_inventories(
     Ok((nodes, out))
 }
 
-/// A node's stored inventory, parsed. Every scheduler pass, cluster summary and capacity
-/// check reads every node's inventory (tens of kilobytes of JSON each, rewritten on each
-/// heartbeat but rarely changed): parsing it again each time was most of the server's CPU
-/// under load (docs/benchmarks.md §10). Parsed values are kept per node with the text
+/// A node's stored inventory, parsed, where its text was read anyway (one node's page,
+/// the metrics scrape; the passes over every node use [`active_nodes_with_inventories`]).
+/// Inventories are tens of kilobytes of JSON each, rewritten on each heartbeat but rarely
+/// changed: parsing them again each time was most of the server's CPU under load
+/// (docs/benchmarks.md §10). Parsed values are kept per node with the text
 /// they came from and reused while the text is the same, so a cached value is always what
 /// parsing would give.
 pub(crate) fn parsed_inventory(

@@ -370,15 +370,14 @@ impl Nodes {
             return Ok(summary.clone());
         }
         let started = std::time::Instant::now();
-        let rows = self
-            .store
-            .active_nodes()
-            .await
-            .map_err(internal("loading nodes"))?;
+        let (rows, inventories) = super::active_nodes_with_inventories(&self.store).await?;
         let now = Utc::now();
         let nodes: Vec<(bool, Arc<Inventory>)> = rows
             .iter()
-            .map(|r| (cluster::is_online(r.last_heartbeat_at, now), inventory(r)))
+            .filter_map(|r| {
+                let inv = inventories.get(&r.id)?.clone();
+                Some((cluster::is_online(r.last_heartbeat_at, now), inv))
+            })
             .collect();
         let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, &**i)), &self.catalog);
         if let Ok(mut s) = self.summary.lock() {

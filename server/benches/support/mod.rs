@@ -1,0 +1,68 @@
+//! What the benches share: signing in and calling the REST API of a running server.
+//! (Each bench includes this module; not every bench uses every function.)
+#![allow(dead_code)]
+
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// Signs `user` in (retrying while the server is still starting); the session cookie.
+pub async fn login(base: &str, user: &str, pw: &str) -> String {
+    loop {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/fn/login"))
+            .header("origin", base)
+            .form(&[("username", user), ("password", pw)])
+            .send()
+            .await
+            .expect("login");
+        if let Some(c) = r
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|c| c.contains("tessera_session="))
+            .and_then(|c| c.split(';').next())
+        {
+            return c.to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A REST call with a session cookie or an API token: `(status, JSON body or null)`.
+pub async fn call(
+    base: &str,
+    auth: &str,
+    m: reqwest::Method,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
+    let mut rb = reqwest::Client::new()
+        .request(m, format!("{base}{path}"))
+        .header("origin", base);
+    rb = if auth.starts_with("tessera_session=") {
+        rb.header("cookie", auth)
+    } else {
+        rb.bearer_auth(auth)
+    };
+    if !body.is_null() {
+        rb = rb.json(&body);
+    }
+    let r = rb.send().await.expect("request");
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// A user's API token (signs in once to make it).
+pub async fn token_for(base: &str, user: &str, pw: &str) -> String {
+    let cookie = login(base, user, pw).await;
+    let (s, v) = call(
+        base,
+        &cookie,
+        reqwest::Method::POST,
+        "/api/v1/tokens",
+        json!({"name": "bench"}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    v["secret"].as_str().expect("secret").to_owned()
+}
