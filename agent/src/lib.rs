@@ -8,12 +8,14 @@
 //! - [`telemetry`] and [`spool`]: sampling and the on-disk queue of samples
 //!   the server has not acknowledged.
 //! - [`link`]: the [`link::ServerLink`] trait and its HTTP client.
-//! - [`workloads`]: the local process executor for notebooks and training jobs.
+//! - [`workloads`]: the local process executor for notebooks and training jobs;
+//!   [`notebook_env`]: the Python environment notebooks' `jupyter` comes from.
 //! - [`run`]: the process loop tying these together.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod backend;
 pub mod link;
+pub mod notebook_env;
 pub mod nvml;
 pub mod reconcile;
 pub mod run;

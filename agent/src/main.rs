@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tessera_agent::backend::{GpuBackend, inventory};
 use tessera_agent::link::{Credentials, HttpLink};
+use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::nvml::NvmlBackend;
 use tessera_agent::run::{Agent, RunConfig};
 use tessera_agent::sandbox::{Sandbox, SandboxSettings};
@@ -116,6 +117,12 @@ struct RunArgs {
     /// the next agent adopts them.
     #[arg(long, env = "TESSERA_AGENT_STOP_WORKLOADS_ON_EXIT")]
     stop_workloads_on_exit: bool,
+    /// A Python environment with JupyterLab (e.g. a virtual environment): a notebook's
+    /// program named without a folder (`jupyter`) is taken from its `bin/` when it is
+    /// there, and the sandbox mounts it (and the Python it links to) read-only. Without
+    /// it, `jupyter` must be on the workload's PATH.
+    #[arg(long, env = "TESSERA_AGENT_NOTEBOOK_ENV")]
+    notebook_env: Option<PathBuf>,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -266,6 +273,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let server = args
         .server
         .context("--server is required (or use `tessera-agent inventory`)")?;
+    // Checked before a join token is spent.
+    let notebook_env = match &args.notebook_env {
+        Some(dir) => {
+            let env = NotebookEnv::open(dir).map_err(anyhow::Error::msg)?;
+            if env.program("jupyter").is_none() {
+                tracing::warn!(
+                    dir = %env.dir().display(),
+                    "the notebook environment has no bin/jupyter"
+                );
+            }
+            Some(env)
+        }
+        None => None,
+    };
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating state dir {}", args.state_dir.display()))?;
     // The credential and the workloads' state are the agent's alone.
@@ -321,8 +342,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|| args.state_dir.join("workloads"));
     let mut executor = LocalExecutor::open(&workload_root, &args.workload_host)
         .with_context(|| format!("opening the workload root {}", workload_root.display()))?;
+    if let Some(env) = &notebook_env {
+        tracing::info!(dir = %env.dir().display(), "notebooks start from this environment");
+        executor = executor.with_notebook_env(env.clone());
+    }
     if args.sandbox.switch == "on" {
         let mut settings = args.sandbox.settings()?;
+        if let Some(env) = &notebook_env
+            && env.dir().starts_with("/tmp")
+        {
+            tracing::warn!(
+                dir = %env.dir().display(),
+                "the notebook environment is under /tmp, which every sandbox replaces with \
+                 a private one: sandboxed notebooks cannot run from it"
+            );
+        }
+        for p in notebook_env.iter().flat_map(NotebookEnv::read_only_paths) {
+            if !settings.read_only.contains(&p) {
+                settings.read_only.push(p);
+            }
+        }
         if cli.backend.simulate {
             // Stand-in device nodes with the driver's numbering, so that the device rules
             // are exercised exactly as on hardware.

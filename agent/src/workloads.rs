@@ -49,6 +49,7 @@ use tessera_domain::wire::{LogPiece, WorkloadPhase, WorkloadReport, WorkloadSpec
 use tessera_domain::workload::WorkloadKind;
 use tokio::task::JoinSet;
 
+use crate::notebook_env::NotebookEnv;
 use crate::sandbox::{CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, read_untrusted};
 
 /// At most this much log output per workload per report.
@@ -90,6 +91,8 @@ pub struct LocalExecutor {
     http: reqwest::Client,
     workloads: BTreeMap<String, Workload>,
     sandbox: Option<Sandbox>,
+    /// Where a notebook's program comes from (see [`crate::notebook_env`]).
+    notebook_env: Option<NotebookEnv>,
 }
 
 /// One workload the executor knows.
@@ -163,6 +166,7 @@ impl LocalExecutor {
             http,
             workloads: BTreeMap::new(),
             sandbox: None,
+            notebook_env: None,
         };
         for dir in [ex.root.clone(), ex.root.join("runs")] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -196,6 +200,14 @@ impl LocalExecutor {
     /// Runs every workload started from now on in `sandbox`.
     pub fn with_sandbox(mut self, sandbox: Sandbox) -> Self {
         self.sandbox = Some(sandbox);
+        self
+    }
+
+    /// Takes a notebook's program (`jupyter`) from `env`'s `bin/` when it is there (see
+    /// [`crate::notebook_env`]). A sandbox must also mount
+    /// [`NotebookEnv::read_only_paths`] (`tessera-agent` adds them to its settings).
+    pub fn with_notebook_env(mut self, env: NotebookEnv) -> Self {
+        self.notebook_env = Some(env);
         self
     }
 
@@ -391,7 +403,7 @@ impl LocalExecutor {
         } else {
             None
         };
-        let argv: Vec<String> = spec
+        let mut argv: Vec<String> = spec
             .argv
             .iter()
             .map(|a| match port {
@@ -399,9 +411,30 @@ impl LocalExecutor {
                 None => a.clone(),
             })
             .collect();
+        if spec.kind == WorkloadKind::Notebook
+            && let (Some(nb_env), Some(program)) = (&self.notebook_env, argv.first_mut())
+            && let Some(found) = nb_env.program(program)
+            && let Some(found) = found.to_str()
+        {
+            *program = found.to_owned();
+        }
         let env = self.env_for(spec, &workspace, &run);
         if let Some(program) = argv.first() {
-            find_program(program, &cwd, &env)?;
+            find_program(program, &cwd, &env).map_err(|e| {
+                if spec.kind != WorkloadKind::Notebook || program.contains('/') {
+                    return e;
+                }
+                match &self.notebook_env {
+                    Some(nb_env) => format!(
+                        "{e} (neither in the notebook environment {} nor on PATH)",
+                        nb_env.dir().join("bin").display()
+                    ),
+                    None => format!(
+                        "{e} (install JupyterLab on the node and point the agent at it \
+                         with --notebook-env, or set TESSERA_NOTEBOOK_COMMAND on the server)"
+                    ),
+                }
+            })?;
         }
 
         let started = match (&self.sandbox, uid) {

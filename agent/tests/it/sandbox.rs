@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_agent::backend::GpuBackend;
+use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::sandbox::{Sandbox, SandboxSettings, mig_minors_table, parse_mig_minors};
 use tessera_agent::sim::{SIM_CAPS_MAJOR, write_device_files};
 use tessera_agent::workloads::LocalExecutor;
@@ -376,4 +377,127 @@ async fn a_restarted_agent_adopts_stops_and_cleans_up_sandboxed_workloads() {
             s.contains(") Z")
         }
     );
+}
+
+/// A notebook's program from a real virtual environment (`python3 -m venv`, made from
+/// whatever `python3` is here: pyenv's lives outside the system folders) runs in the
+/// sandbox once the agent mounts what [`NotebookEnv::read_only_paths`] names, and not
+/// without the installation the environment's `python` links to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notebook_runs_from_a_virtual_environment_in_the_sandbox() {
+    let node = Node::new();
+    // Not under /tmp, which the sandbox replaces with a private one.
+    let envs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let venv = envs.path().join("venv");
+    let made = std::process::Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .expect("python3 -m venv");
+    assert!(made.success());
+    let env = NotebookEnv::open(&venv).unwrap();
+    let read_only = env.read_only_paths();
+    assert_eq!(read_only[0], venv);
+    let executor = |read_only: Vec<PathBuf>, state: &str| {
+        let mut settings = node.settings();
+        settings.read_only = read_only;
+        let sb = Sandbox::open(settings, Arc::clone(&node.backend), &node.state("sandbox"))
+            .unwrap_or_else(|e| panic!("the sandbox tests need root and crun: {e}"));
+        LocalExecutor::open(&node.state(state), "127.0.0.1")
+            .unwrap()
+            .with_sandbox(sb)
+            .with_notebook_env(env.clone())
+    };
+    let spec = WorkloadSpec {
+        kind: WorkloadKind::Notebook,
+        argv: vec![
+            "python".into(),
+            "-c".into(),
+            "import sys; print(sys.prefix, sys.prefix != sys.base_prefix)".into(),
+        ],
+        token: Some("t".into()),
+        base_path: Some("/user/ann/nb/".into()),
+        ..job("nb", "team-a", &node.a.0, "")
+    };
+    let mut ex = executor(read_only.clone(), "workloads");
+    ex.apply(&sync(std::slice::from_ref(&spec)));
+    let (rep, log) = finished(&mut ex, "nb", std::slice::from_ref(&spec)).await;
+    assert_eq!(rep.exit_code, Some(0), "{rep:?}\n{log}");
+    assert_eq!(log, format!("{} True\n", venv.display()));
+
+    if read_only.len() > 1 {
+        // Only the environment: its python's installation is missing in there.
+        let mut ex = executor(vec![venv.clone()], "workloads-2");
+        ex.apply(&sync(std::slice::from_ref(&spec)));
+        let (rep, log) = finished(&mut ex, "nb", std::slice::from_ref(&spec)).await;
+        assert_ne!(rep.exit_code, Some(0), "{rep:?}\n{log}");
+    }
+}
+
+/// The real thing: JupyterLab from the notebook environment `cargo xtask test` provisions
+/// (`TESSERA_AGENT_NOTEBOOK_ENV`, the project's `.venv-jupyter`) starts in the sandbox
+/// with the server's default command, its program named `jupyter` on a PATH that lacks
+/// it, and answers its status probe. Skipped when the variable is not set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jupyterlab_from_the_notebook_environment_answers_in_the_sandbox() {
+    let Some(dir) = std::env::var_os("TESSERA_AGENT_NOTEBOOK_ENV") else {
+        eprintln!("skipped: TESSERA_AGENT_NOTEBOOK_ENV is not set (`cargo xtask test` sets it)");
+        return;
+    };
+    let env = NotebookEnv::open(Path::new(&dir)).unwrap();
+    let node = Node::new();
+    let mut settings = node.settings();
+    settings.read_only = env.read_only_paths();
+    // JupyterLab's server needs more than the hostile tests' limits.
+    settings.memory_mib = Some(1024);
+    settings.pids = 512;
+    let sb = Sandbox::open(settings, Arc::clone(&node.backend), &node.state("sandbox"))
+        .unwrap_or_else(|e| panic!("the sandbox tests need root and crun: {e}"));
+    let mut ex = LocalExecutor::open(&node.state("workloads"), "127.0.0.1")
+        .unwrap()
+        .with_inherited_env([("PATH".into(), "/usr/bin:/bin".into())])
+        .with_sandbox(sb)
+        .with_notebook_env(env);
+    let argv = "jupyter lab --no-browser --allow-root --ServerApp.ip=127.0.0.1 \
+                --ServerApp.port={port} --ServerApp.port_retries=0 \
+                --ServerApp.base_url=/user/ann/nb/";
+    let spec = WorkloadSpec {
+        kind: WorkloadKind::Notebook,
+        argv: argv.split_whitespace().map(str::to_owned).collect(),
+        token: Some("s3cret-token".into()),
+        base_path: Some("/user/ann/nb/".into()),
+        ..job("lab", "team-a", &node.a.0, "")
+    };
+    ex.apply(&sync(std::slice::from_ref(&spec)));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut log = String::new();
+    loop {
+        let reports = ex.reports().await;
+        let r = reports.iter().find(|r| r.id == "lab").expect("report");
+        if let Some(p) = &r.log {
+            log.push_str(&p.text);
+            ex.apply(&WorkloadSync {
+                workloads: vec![spec.clone()],
+                log_acks: vec![tessera_domain::wire::LogAck {
+                    id: "lab".into(),
+                    stored_through: p.offset + p.len,
+                }],
+            });
+        }
+        if r.phase == WorkloadPhase::Running {
+            break;
+        }
+        assert!(
+            matches!(r.phase, WorkloadPhase::Starting) && Instant::now() < deadline,
+            "JupyterLab did not come up: {r:#?}\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stop = [WorkloadSpec {
+        run: false,
+        ..spec.clone()
+    }];
+    ex.apply(&sync(&stop));
+    let (rep, _) = finished(&mut ex, "lab", &stop).await;
+    assert_eq!(rep.message.as_deref(), Some("stopped"));
 }

@@ -1,7 +1,7 @@
 //! The workload executor with real processes (`/bin/sh`, `sleep`, `python3`) under a
 //! temporary root: exit codes and logs, stopping whole process groups, adoption after
-//! an agent restart, the environment, notebook readiness, refusals, and the agent's
-//! workload round against the fake server.
+//! an agent restart, the environment, notebook readiness, the notebook environment,
+//! refusals, and the agent's workload round against the fake server.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::run::{Agent, RunConfig};
 use tessera_agent::sim::SimNode;
 use tessera_agent::spool::Spool;
@@ -518,6 +519,84 @@ async fn a_notebook_is_running_once_it_answers_with_its_token() {
     .await;
     assert_eq!(r.endpoint, None);
     assert!(!r.kernel_busy);
+}
+
+/// A notebook spec whose program is `argv` (no probe answers: it just runs).
+fn notebook(id: &str, argv: &[&str]) -> WorkloadSpec {
+    WorkloadSpec {
+        kind: WorkloadKind::Notebook,
+        token: Some("t".into()),
+        base_path: Some("/user/ann/nb/".into()),
+        ..job(id, argv)
+    }
+}
+
+#[tokio::test]
+async fn a_notebooks_program_comes_from_the_notebook_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let program = venv.join("bin/tessera-test-jupyter");
+    std::fs::create_dir_all(program.parent().unwrap()).unwrap();
+    std::fs::write(&program, "#!/bin/sh\necho \"ran $0 with $*\"\n").unwrap();
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // A PATH without the environment: it is found without PATH tricks.
+    let mut ex = open(&dir.path().join("root"))
+        .with_inherited_env([("PATH".into(), "/usr/bin:/bin".into())])
+        .with_notebook_env(NotebookEnv::open(&venv).unwrap());
+    let all = [
+        notebook("nb", &["tessera-test-jupyter", "lab", "--port={port}"]),
+        // An override naming a path is used as it is.
+        notebook("abs", &["/bin/echo", "override"]),
+        // What the environment does not have is looked up on PATH.
+        notebook("path", &["echo", "from PATH"]),
+        notebook("missing", &["no-such-jupyter-tessera"]),
+        // Jobs never take their program from it.
+        job("job", &["tessera-test-jupyter"]),
+    ];
+    ex.apply(&sync(&all));
+    for id in ["nb", "abs", "path"] {
+        let r = until(&mut ex, id, "exited", |r| r.phase == WorkloadPhase::Exited).await;
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        let log = r.log.unwrap().text;
+        match id {
+            "nb" => assert!(
+                log.starts_with(&format!("ran {} with lab --port=", program.display())),
+                "{log}"
+            ),
+            "abs" => assert_eq!(log, "override\n"),
+            _ => assert_eq!(log, "from PATH\n"),
+        }
+    }
+    let r = ex.reports().await;
+    assert_eq!(find(&r, "missing").phase, WorkloadPhase::FailedToStart);
+    assert_eq!(
+        find(&r, "missing").message.as_deref().unwrap(),
+        format!(
+            "cannot start `no-such-jupyter-tessera`: program not found (neither in the \
+             notebook environment {} nor on PATH)",
+            venv.join("bin").display()
+        )
+    );
+    assert_eq!(
+        find(&r, "job").message.as_deref(),
+        Some("cannot start `tessera-test-jupyter`: program not found")
+    );
+
+    // Without a notebook environment, the message says how to give one.
+    let mut plain = open(&dir.path().join("root2"))
+        .with_inherited_env([("PATH".into(), "/usr/bin:/bin".into())]);
+    plain.apply(&sync(&[notebook("nb", &["tessera-test-jupyter", "lab"])]));
+    let r = plain.reports().await;
+    let message = find(&r, "nb").message.clone().unwrap();
+    assert!(
+        message.starts_with("cannot start `tessera-test-jupyter`: program not found (")
+            && message.contains("--notebook-env"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
