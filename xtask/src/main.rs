@@ -5,6 +5,7 @@
 //! installs (cargo-leptos costs ~17 minutes of those here).
 
 mod bundle;
+mod jupyter;
 
 use anyhow::{Context, Result, bail};
 use std::net::TcpListener;
@@ -251,7 +252,9 @@ fn prepare_cgroups() -> Result<()> {
 }
 
 /// Read-only paths the sandboxed workloads need besides the system folders: the Python
-/// installation JupyterLab is in (and pyenv's shims, when that is how it is reached).
+/// installation `python3` comes from (for jobs; and pyenv's shims, when that is how it is reached).
+/// The notebooks' JupyterLab environment is the agent's own setting, which it mounts
+/// itself (with the installation its `python` links to).
 fn sandbox_read_only() -> String {
     let mut paths = Vec::new();
     let out = |cmd: &mut Command| {
@@ -277,9 +280,16 @@ fn sandbox_read_only() -> String {
     paths.join(",")
 }
 
-/// The environment the simulated nodes' agents get their sandbox settings from.
+/// The environment the simulated nodes' agents get their sandbox settings and their
+/// notebook environment (the project's JupyterLab, once provisioned) from.
 fn sandbox_env(cmd: &mut Command) {
     cmd.env("TESSERA_AGENT_SANDBOX_RO", sandbox_read_only());
+    // One set by hand (another JupyterLab) wins.
+    if std::env::var_os(jupyter::AGENT_ENV_VAR).is_none()
+        && let Some(venv) = workspace_root().ok().and_then(|r| jupyter::project_env(&r))
+    {
+        cmd.env(jupyter::AGENT_ENV_VAR, venv);
+    }
     if !is_root() {
         eprintln!(
             "\n!!! not running as root: the simulated nodes run workloads WITHOUT the sandbox \
@@ -415,6 +425,13 @@ fn wasm_opt(wasm: &Path) -> Result<()> {
 
 fn run(release: bool, args: &[String]) -> Result<()> {
     let bin = build(release, release)?;
+    // Notebooks need it; the rest of the portal does not, so a failure only warns.
+    if let Err(e) = ensure_jupyterlab() {
+        eprintln!(
+            "\n!!! JupyterLab could not be provisioned ({e:#}): notebooks will fail to start \
+             until it is (the next `cargo xtask run` tries again)."
+        );
+    }
     let mut cmd = Command::new(bin);
     sandbox_env(&mut cmd);
     cmd.arg("serve").arg("--site-root").arg(site_root());
@@ -829,20 +846,11 @@ fn pip_install(module: &str, spec: &str) -> Result<()> {
     )
 }
 
-/// JupyterLab (PyPI) for the notebook tests: the executor starts `jupyter lab`.
+/// JupyterLab (PyPI) for the simulated nodes' notebooks, in the project's virtual
+/// environment `.venv-jupyter` (see `jupyter.rs`); a no-op once it is there.
 fn ensure_jupyterlab() -> Result<()> {
-    pip_install("jupyterlab", "jupyterlab==4.6.6")?;
-    let ok = Command::new("jupyter")
-        .args(["lab", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        bail!(
-            "`jupyter lab` is not on PATH after installing jupyterlab (check pip's script folder)"
-        );
-    }
+    let venv = workspace_root()?.join(jupyter::DIR);
+    jupyter::provision(&venv, jupyter::VERSION)?;
     Ok(())
 }
 
