@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "ssr")]
 use ssr::{id, number, optional_number};
 use std::collections::BTreeMap;
-use tessera_domain::account::{Me, SignInOptions};
+use tessera_domain::account::{Me, SetupChecklist, SignInOptions};
 use tessera_domain::alloc::{AllocationView, QuotaView};
 use tessera_domain::billing::{BudgetView, LedgerEntryView, RateView, Statement, UsageReport};
 #[cfg(feature = "ssr")]
@@ -112,6 +112,18 @@ pub async fn login(
         Ok(())
     })
     .await
+}
+
+/// A platform admin's first-run checklist.
+#[server(prefix = "/fn", endpoint = "setup_checklist")]
+pub async fn get_setup_checklist() -> Result<SetupChecklist, UiError> {
+    ssr::call([], async |s, p| s.accounts.setup_checklist(p).await).await
+}
+
+/// Puts the first-run checklist away for this admin.
+#[server(prefix = "/fn", endpoint = "dismiss_setup")]
+pub async fn dismiss_setup() -> Result<SetupChecklist, UiError> {
+    ssr::call([], async |s, p| s.accounts.dismiss_setup(p).await).await
 }
 
 #[server(prefix = "/fn", endpoint = "logout")]
@@ -807,12 +819,65 @@ fn allocation_field(raw: &str) -> Result<uuid::Uuid, AppError> {
     id(raw).map_err(|_| AppError::invalid("allocation_id", "no such allocation"))
 }
 
+/// The form's "Run on" choice: one of the caller's active allocations, or
+/// [`NEW_GPU`] with a GPU kind, hours and priority for a request of the workload's own.
+#[cfg(feature = "ssr")]
+fn run_on(
+    allocation_id: &str,
+    gpu: Option<String>,
+    hours: Option<String>,
+    priority: Option<String>,
+    team_id: Option<String>,
+) -> Result<
+    (
+        Option<uuid::Uuid>,
+        Option<tessera_domain::alloc::NewAllocation>,
+    ),
+    AppError,
+> {
+    if allocation_id.trim() != NEW_GPU {
+        return Ok((Some(allocation_field(allocation_id)?), None));
+    }
+    let kind = gpu.unwrap_or_default();
+    if kind.trim().is_empty() {
+        return Err(AppError::invalid("gpu", "choose a GPU"));
+    }
+    let duration_minutes = match hours.as_deref().map(str::trim).filter(|h| !h.is_empty()) {
+        None => None,
+        Some(h) => Some(
+            h.parse::<u32>()
+                .ok()
+                .filter(|h| (1..=24 * 30).contains(h))
+                .ok_or_else(|| AppError::invalid("hours", "a whole number of hours, 1 or more"))?
+                * 60,
+        ),
+    };
+    Ok((
+        None,
+        Some(tessera_domain::alloc::NewAllocation {
+            team_id: team_id.unwrap_or_default(),
+            kind,
+            count: 1,
+            duration_minutes,
+            starts_at: None,
+            priority,
+            purpose: String::new(),
+        }),
+    ))
+}
+
+/// The "Run on" value that asks for a GPU of the workload's own.
+pub const NEW_GPU: &str = "new";
+
 /// Launches a JupyterLab on one of the caller's active allocations; goes to its page.
 #[server(prefix = "/fn", endpoint = "launch_notebook")]
 pub async fn launch_notebook(
     allocation_id: String,
     name: String,
     env: String,
+    #[server(default)] gpu: Option<String>,
+    #[server(default)] hours: Option<String>,
+    #[server(default)] team_id: Option<String>,
     #[server(default)] idempotency_key: Option<String>,
 ) -> Result<WorkloadView, UiError> {
     // `env` is not echoed: values may be secrets, and a plain form post carries the echo
@@ -822,8 +887,10 @@ pub async fn launch_notebook(
         ("name", name.clone()),
     ];
     ssr::call(echo, async |s, p| {
+        let (allocation_id, gpu) = run_on(&allocation_id, gpu, hours, None, team_id)?;
         let req = tessera_core::services::workloads::NewNotebook {
-            allocation_id: allocation_field(&allocation_id)?,
+            allocation_id,
+            gpu,
             name,
             env,
             idempotency_key,
@@ -845,6 +912,10 @@ pub async fn submit_job(
     workdir: String,
     env: String,
     retries: String,
+    #[server(default)] gpu: Option<String>,
+    #[server(default)] hours: Option<String>,
+    #[server(default)] priority: Option<String>,
+    #[server(default)] team_id: Option<String>,
     #[server(default)] idempotency_key: Option<String>,
 ) -> Result<WorkloadView, UiError> {
     let echo = [
@@ -855,8 +926,10 @@ pub async fn submit_job(
         ("retries", retries.clone()),
     ];
     ssr::call(echo, async |s, p| {
+        let (allocation_id, gpu) = run_on(&allocation_id, gpu, hours, priority, team_id)?;
         let req = tessera_core::services::workloads::NewJob {
-            allocation_id: allocation_field(&allocation_id)?,
+            allocation_id,
+            gpu,
             name,
             command,
             workdir,

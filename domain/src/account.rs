@@ -103,6 +103,107 @@ pub struct Principal {
     pub is_admin: bool,
 }
 
+/// One step of a fresh install's setup, for the first-run checklist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SetupStep {
+    /// Stable key: `team`, `quota`, `people`, `nodes`, `prices`.
+    pub key: String,
+    pub title: String,
+    /// What to do, in a sentence.
+    pub hint: String,
+    /// Where it is done.
+    pub href: String,
+    pub done: bool,
+}
+
+/// A platform admin's first-run checklist: what a working install still lacks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SetupChecklist {
+    pub steps: Vec<SetupStep>,
+    /// This admin put it away.
+    pub dismissed: bool,
+}
+
+/// Counts a checklist is made from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetupFacts {
+    pub teams: u64,
+    pub quotas: u64,
+    /// Users who are not platform admins.
+    pub people: u64,
+    pub sso: bool,
+    pub nodes: u64,
+    pub rates: u64,
+}
+
+impl SetupChecklist {
+    /// The steps, in the order an admin takes them, each ticked from `facts`.
+    pub fn from_facts(f: SetupFacts, dismissed: bool) -> Self {
+        let step = |key: &str, title: &str, hint: &str, href: &str, done: bool| SetupStep {
+            key: key.into(),
+            title: title.into(),
+            hint: hint.into(),
+            href: href.into(),
+            done,
+        };
+        SetupChecklist {
+            steps: vec![
+                step(
+                    "team",
+                    "Create a team",
+                    "Teams own GPU quota and pay for what their members use.",
+                    "/teams",
+                    f.teams > 0,
+                ),
+                step(
+                    "quota",
+                    "Give a team a GPU quota",
+                    "On the team's page: how many slices of each GPU model it may hold.",
+                    "/teams",
+                    f.quotas > 0,
+                ),
+                step(
+                    "people",
+                    if f.sso {
+                        "Add people (single sign-on is on)"
+                    } else {
+                        "Add people"
+                    },
+                    if f.sso {
+                        "People sign in with your identity provider; their groups can grant teams."
+                    } else {
+                        "Create accounts, then add them to a team as members or team admins."
+                    },
+                    "/admin/users",
+                    f.people > 0 || f.sso,
+                ),
+                step(
+                    "nodes",
+                    "Add GPU nodes",
+                    "Create a join token and start `tessera-agent` with it on each GPU server.",
+                    "/admin/join-tokens",
+                    f.nodes > 0,
+                ),
+                step(
+                    "prices",
+                    "Set prices",
+                    "A rate card per GPU kind, so usage shows up on statements and chargeback.",
+                    "/admin/billing",
+                    f.rates > 0,
+                ),
+            ],
+            dismissed,
+        }
+    }
+
+    /// Whether it has anything left to say.
+    pub fn shows(&self) -> bool {
+        !self.dismissed && self.steps.iter().any(|s| !s.done)
+    }
+}
+
 /// What the sign-in page offers besides a username and password.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignInOptions {
@@ -190,5 +291,35 @@ mod tests {
         assert_eq!(format!("{ok:?}"), "NewPassword(***)");
         let e = NewPassword::parse("short", "pw").expect_err("short");
         assert_eq!(e.field(), Some("pw"));
+    }
+}
+
+#[cfg(test)]
+mod setup_tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_install_lists_every_step_and_a_set_up_one_nothing() {
+        let fresh = SetupChecklist::from_facts(SetupFacts::default(), false);
+        assert!(fresh.shows());
+        assert!(fresh.steps.iter().all(|s| !s.done));
+        let keys: Vec<&str> = fresh.steps.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["team", "quota", "people", "nodes", "prices"]);
+        let done = SetupFacts {
+            teams: 1,
+            quotas: 1,
+            people: 0,
+            sso: true,
+            nodes: 2,
+            rates: 3,
+        };
+        let all = SetupChecklist::from_facts(done, false);
+        assert!(
+            all.steps.iter().all(|s| s.done),
+            "single sign-on counts as people"
+        );
+        assert!(!all.shows());
+        let dismissed = SetupChecklist::from_facts(SetupFacts::default(), true);
+        assert!(!dismissed.shows());
     }
 }

@@ -2,13 +2,17 @@
 //! training jobs.
 //!
 //! A workload always runs inside one `active` allocation and sees only that allocation's
-//! devices. The server decides *what* should run (the desired set per node, see
+//! devices. It is submitted either onto an active allocation of its user's, or with a GPU
+//! request of its own: then it owns that allocation, waits `queued` (on no node) until the
+//! allocation is active, and the allocation is released when the workload ends. The server decides *what* should run (the desired set per node, see
 //! [`crate::wire::WorkloadSpec`]); an executor (the node agent's process executor, or
 //! Kubernetes) makes it so and reports back ([`crate::wire::WorkloadReport`]).
 //!
 //! States and transitions:
 //!
 //! ```text
+//! queued ──▶ pending       (its own allocation became active: it has a node now)
+//! queued ──▶ cancelled | stopped | failed   (stopped while waiting; its GPU request ended)
 //! pending ──▶ starting ──▶ running ──▶ succeeded | failed        (exit code 0 / non-zero)
 //!    │            │           │
 //!    └────────────┴───────────┴──▶ stopping ──▶ stopped | cancelled   (user, idle reclaim,
@@ -61,6 +65,8 @@ impl FromStr for WorkloadKind {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum WorkloadState {
+    /// Waiting for its own allocation to become active; on no node yet.
+    Queued,
     /// Stored; the executor has not started it yet.
     Pending,
     /// The process exists; a notebook is not answering yet.
@@ -82,7 +88,8 @@ pub enum WorkloadState {
 }
 
 impl WorkloadState {
-    pub const ALL: [WorkloadState; 9] = [
+    pub const ALL: [WorkloadState; 10] = [
+        WorkloadState::Queued,
         WorkloadState::Pending,
         WorkloadState::Starting,
         WorkloadState::Running,
@@ -96,6 +103,7 @@ impl WorkloadState {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            WorkloadState::Queued => "queued",
             WorkloadState::Pending => "pending",
             WorkloadState::Starting => "starting",
             WorkloadState::Running => "running",
@@ -110,6 +118,7 @@ impl WorkloadState {
 
     pub fn label(self) -> &'static str {
         match self {
+            WorkloadState::Queued => "Waiting for GPU",
             WorkloadState::Pending => "Pending",
             WorkloadState::Starting => "Starting",
             WorkloadState::Running => "Running",
@@ -140,6 +149,8 @@ impl WorkloadState {
             return false;
         }
         match (self, to) {
+            (Queued, Pending | Cancelled | Stopped | Failed) => true,
+            (Queued, _) => false,
             (_, Lost | Stopping) => self != Stopping || to == Lost,
             (Pending, Starting | Running | Failed | Succeeded) => true,
             (Starting, Running | Failed | Succeeded) => true,
@@ -460,6 +471,13 @@ pub struct WorkloadView {
     /// Notebooks: the idle-reclaim signals and decision, once running.
     pub activity: Option<ActivitySignals>,
     pub idle: Option<IdleDecision>,
+    /// It brought its own GPU request: `allocation_id` is that allocation, released when the
+    /// workload ends.
+    #[serde(default)]
+    pub owns_allocation: bool,
+    /// While `queued`: why its allocation is not active yet, in plain words.
+    #[serde(default)]
+    pub waiting: Option<String>,
 }
 
 /// Proxy path prefix of a notebook: `/user/{username}/{name}/`.
@@ -653,10 +671,17 @@ mod tests {
                     assert!(!s.can_transition(to), "{s:?} -> {to:?}");
                 }
             }
-            if !s.is_terminal() {
+            // Only what runs on a node can be lost there; a queued workload has no node.
+            if !s.is_terminal() && s != WorkloadState::Queued {
                 assert!(s.can_transition(WorkloadState::Lost), "{s:?} -> lost");
             }
         }
+        // Waiting for its GPU: it starts (once the allocation is active) or ends at once.
+        assert!(WorkloadState::Queued.can_transition(WorkloadState::Pending));
+        assert!(WorkloadState::Queued.can_transition(WorkloadState::Cancelled));
+        assert!(!WorkloadState::Queued.can_transition(WorkloadState::Running));
+        assert!(!WorkloadState::Queued.can_transition(WorkloadState::Lost));
+        assert!(!WorkloadState::Pending.can_transition(WorkloadState::Queued));
         assert!(WorkloadState::Running.can_transition(WorkloadState::Stopping));
         assert!(!WorkloadState::Stopping.can_transition(WorkloadState::Stopping));
         assert!(!WorkloadState::Running.can_transition(WorkloadState::Pending));

@@ -132,11 +132,13 @@ test('a member launches a notebook on a slice, opens JupyterLab through the prox
   await withPage(browser, 'nb-member', async (page, errors) => {
     await signInAs(page, MEMBER, PASSWORD);
 
-    // Without an allocation the notebooks page says what a notebook needs.
+    // Without an allocation the notebooks page offers a GPU of the notebook's own.
     await page.goto(`${BASE}/notebooks`);
     await hydrated(page);
-    assert.match(await page.locator('[data-testid=no-allocation]').innerText(), /active GPU allocation/);
-    assert.equal(await page.locator('a[href="/allocations"]', { hasText: 'Request a GPU' }).count(), 1);
+    const oneClick = page.locator('[data-testid=launch-form]');
+    assert.equal(await oneClick.locator('select[name=allocation_id]').inputValue(), 'new');
+    assert.ok(await oneClick.locator('[data-testid=own-gpu]').isVisible());
+    assert.equal(await oneClick.locator('select[name=gpu] option[value="H100-80GB:1g.10gb"]').count(), 1);
 
     // A 1g.10gb slice, as in the allocation journey.
     await page.goto(`${BASE}/allocations`);
@@ -346,6 +348,39 @@ test('a job prints its log live and fails with its exit code', async () => {
     await page.click('form.filters button[type=submit]');
     await page.waitForURL((u) => u.pathname === '/jobs' && u.searchParams.get('team') === teamId && !u.searchParams.has('mine'));
     await page.locator('tr[data-testid=workload-row][data-name=e2e-job]').waitFor();
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
+test('one click: a notebook with a GPU of its own reaches JupyterLab, and stopping it gives the GPU back', async () => {
+  await withPage(browser, 'nb-one-click', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    await page.goto(`${BASE}/notebooks`);
+    await hydrated(page);
+    const form = page.locator('[data-testid=launch-form]');
+    await form.locator('select[name=allocation_id]').selectOption('new');
+    await form.locator('select[name=gpu]').selectOption('H100-80GB:1g.10gb');
+    await form.locator('input[name=hours]').fill('2');
+    await form.locator('input[name=name]').fill('quick');
+    await form.locator('button[type=submit]').click();
+    await page.waitForURL(/\/workloads\/[0-9a-f-]{36}$/);
+    await hydrated(page);
+    const id = page.url().split('/').pop();
+    // It waits for its GPU, then runs, without a reload.
+    await eventually(async () => (await detailState(page)) === 'running',
+      { what: 'the one-click notebook to be running', timeoutMs: 120000 });
+    const nb = await api(page, 'GET', `/api/v1/workloads/${id}`);
+    assert.equal(nb.owns_allocation, true);
+    const open = page.locator('[data-testid=open-notebook]');
+    const [lab] = await Promise.all([page.context().waitForEvent('page'), open.click()]);
+    await lab.waitForLoadState('domcontentloaded');
+    assert.match(lab.url(), new RegExp(`/user/${MEMBER}/quick/lab`));
+    await lab.locator('.jp-LabShell').waitFor({ timeout: 60000 });
+    await lab.close();
+    // Stopping it ends its allocation too.
+    await api(page, 'POST', `/api/v1/workloads/${id}/stop`);
+    await eventually(async () => (await api(page, 'GET', `/api/v1/allocations/${nb.allocation_id}`)).state === 'ended',
+      { what: 'its allocation to end', timeoutMs: 60000 });
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
 });

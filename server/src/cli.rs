@@ -26,14 +26,21 @@ pub struct Remote {
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
-    /// Runs a command on one of your active allocations.
+    /// Runs a command on one of your active allocations (`--allocation`), or queues it for
+    /// a GPU of its own (`--gpu`), given back when it ends:
+    /// `tessera job submit --gpu H100-80GB:1g.10gb -- python train.py`.
     Submit {
         /// The allocation's id.
-        #[arg(long)]
-        allocation: String,
-        /// Shell command, run by /bin/sh in your team's workspace.
-        #[arg(long)]
-        command: String,
+        #[arg(long, required_unless_present = "gpu", conflicts_with = "gpu")]
+        allocation: Option<String>,
+        #[command(flatten)]
+        own: Box<OwnGpu>,
+        /// Shell command, run by /bin/sh in your team's workspace; or give it after `--`.
+        #[arg(long, required_unless_present = "args", conflicts_with = "args")]
+        command: Option<String>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
         #[arg(long, default_value = "")]
         name: String,
         /// Folder inside the team workspace.
@@ -64,10 +71,13 @@ pub enum JobCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum NotebookCommand {
-    /// Launches JupyterLab on one of your active allocations and waits until it answers.
+    /// Launches JupyterLab on one of your active allocations (`--allocation`), or with a
+    /// GPU of its own (`--gpu`, given back when it stops), and waits until it answers.
     Start {
-        #[arg(long)]
-        allocation: String,
+        #[arg(long, required_unless_present = "gpu", conflicts_with = "gpu")]
+        allocation: Option<String>,
+        #[command(flatten)]
+        own: Box<OwnGpu>,
         #[arg(long, default_value = "default")]
         name: String,
     },
@@ -75,6 +85,61 @@ pub enum NotebookCommand {
     Stop { id: String },
     /// Your notebooks, newest first.
     List,
+}
+
+/// A GPU request of the workload's own.
+#[derive(Debug, Clone, Args)]
+pub struct OwnGpu {
+    /// Queue for a GPU of this kind, e.g. `H100-80GB:1g.10gb` or `H100-80GB:whole`.
+    #[arg(long)]
+    gpu: Option<String>,
+    /// How many of `--gpu`.
+    #[arg(long, default_value_t = 1, requires = "gpu")]
+    count: u32,
+    /// `high`, `normal` or `preemptible`.
+    #[arg(long, requires = "gpu")]
+    priority: Option<String>,
+    /// Longest run in minutes (the GPU is given back then); default: the portal's policy.
+    #[arg(long = "time-limit", requires = "gpu")]
+    time_limit: Option<u32>,
+    /// The team that pays (its id); default: your only team.
+    #[arg(long, requires = "gpu")]
+    team: Option<String>,
+}
+
+impl OwnGpu {
+    /// The request body's fields for it (nothing without `--gpu`).
+    fn fields(&self, body: &mut Value) {
+        let Some(gpu) = &self.gpu else { return };
+        body["gpu"] = json!(gpu);
+        body["count"] = json!(self.count);
+        if let Some(p) = &self.priority {
+            body["priority"] = json!(p);
+        }
+        if let Some(t) = self.time_limit {
+            body["time_limit_minutes"] = json!(t);
+        }
+        if let Some(t) = &self.team {
+            body["team_id"] = json!(t);
+        }
+    }
+}
+
+/// Words for `/bin/sh -c`: each argument as it was given (single-quoted where needed).
+fn shell_join(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+            if plain {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 struct Client {
@@ -245,25 +310,27 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
     match cmd {
         JobCommand::Submit {
             allocation,
+            own,
             command,
+            args,
             name,
             workdir,
             env,
             retries,
             follow,
         } => {
+            let command = command.unwrap_or_else(|| shell_join(&args));
+            let mut body = json!({"allocation_id": allocation, "command": command, "name": name,
+                "workdir": workdir, "env": env_map(&env)?, "retries": retries});
+            own.fields(&mut body);
             let v = c
-                .call(
-                    reqwest::Method::POST,
-                    "/api/v1/jobs",
-                    Some(
-                        json!({"allocation_id": allocation, "command": command, "name": name,
-                        "workdir": workdir, "env": env_map(&env)?, "retries": retries}),
-                    ),
-                )
+                .call(reqwest::Method::POST, "/api/v1/jobs", Some(body))
                 .await?;
             let id = v["id"].as_str().unwrap_or("").to_owned();
-            eprintln!("submitted job {id}");
+            match v["waiting"].as_str() {
+                Some(why) => eprintln!("queued job {id}: {why}"),
+                None => eprintln!("submitted job {id}"),
+            }
             if follow {
                 return follow_logs(&c, &id, true).await;
             }
@@ -279,17 +346,20 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
 pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
     let c = Client::new(remote)?;
     match cmd {
-        NotebookCommand::Start { allocation, name } => {
+        NotebookCommand::Start {
+            allocation,
+            own,
+            name,
+        } => {
+            let mut body = json!({"allocation_id": allocation, "name": name});
+            own.fields(&mut body);
             let v = c
-                .call(
-                    reqwest::Method::POST,
-                    "/api/v1/notebooks",
-                    Some(json!({"allocation_id": allocation, "name": name})),
-                )
+                .call(reqwest::Method::POST, "/api/v1/notebooks", Some(body))
                 .await?;
             let id = v["id"].as_str().unwrap_or("").to_owned();
             eprintln!("notebook {id} is starting");
-            let deadline = std::time::Instant::now() + Duration::from_secs(300);
+            let mut deadline = std::time::Instant::now() + Duration::from_secs(300);
+            let mut told = String::new();
             loop {
                 let w = c
                     .call(
@@ -306,6 +376,17 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
                     "pending" | "starting" if std::time::Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
+                    // Waiting for its GPU takes as long as the queue: no deadline (Ctrl-C
+                    // leaves it queued; `tessera notebook stop ID` gives the request up).
+                    "queued" => {
+                        let why = w["waiting"].as_str().unwrap_or("waiting for its GPU");
+                        if why != told {
+                            eprintln!("waiting: {why}");
+                            told = why.to_owned();
+                        }
+                        deadline = std::time::Instant::now() + Duration::from_secs(300);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                     other => {
                         return Err(CliError {
                             code: 1,
@@ -320,5 +401,23 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
         }
         NotebookCommand::Stop { id } => stop(&c, &id).await,
         NotebookCommand::List => list(&c, "notebook").await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_join;
+
+    #[test]
+    fn trailing_arguments_reach_the_shell_as_given() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            shell_join(&args(&["python", "train.py", "--lr=0.1"])),
+            "python train.py --lr=0.1"
+        );
+        assert_eq!(
+            shell_join(&args(&["echo", "two words", "it's", "$HOME", ""])),
+            "echo 'two words' 'it'\\''s' '$HOME' ''"
+        );
     }
 }

@@ -5,6 +5,7 @@ use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use tessera_domain::account::SetupChecklist;
 use tessera_domain::alloc::{AllocState, AllocationView, QuotaView};
 use tessera_domain::billing::BudgetView;
 use tessera_domain::cluster::ClusterSummary;
@@ -21,6 +22,11 @@ pub fn DashboardPage() -> impl IntoView {
     // Created here, outside `Authenticated`, like the nodes page (see the comment there).
     let mine = my_allocations();
     let quotas = Resource::new(|| (), |_| team_quotas());
+    let dismiss = ServerAction::<api::DismissSetup>::new();
+    let setup = Resource::new(
+        move || dismiss.version().get(),
+        |_| api::get_setup_checklist(),
+    );
     let notebooks = Resource::new(
         || (),
         |_| {
@@ -37,6 +43,7 @@ pub fn DashboardPage() -> impl IntoView {
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
+            <SetupPanel setup dismiss />
             <BudgetAlerts quotas />
             <div class="panels">
                 <ClusterPanel />
@@ -46,6 +53,59 @@ pub fn DashboardPage() -> impl IntoView {
                 <UsagePanel />
             </div>
         </Authenticated>
+    }
+}
+
+/// A platform admin's first-run checklist, until every step is done or they put it away.
+/// Anyone else gets nothing (the call is refused for them).
+#[component]
+fn SetupPanel(
+    setup: Resource<Result<SetupChecklist, UiError>>,
+    dismiss: ServerAction<api::DismissSetup>,
+) -> impl IntoView {
+    view! {
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                let Ok(list) = setup.await else { return ().into_any() };
+                if !list.shows() {
+                    return ().into_any();
+                }
+                let left = list.steps.iter().filter(|s| !s.done).count();
+                let steps = list
+                    .steps
+                    .into_iter()
+                    .map(|s| {
+                        let class = if s.done { "done" } else { "todo" };
+                        view! {
+                            <li class=class data-testid="setup-step" data-key=s.key.clone() data-done=s.done.to_string()>
+                                <span class="tick" aria-hidden="true">{if s.done { "✓" } else { "○" }}</span>
+                                <a href=s.href>{s.title}</a>
+                                <span class="sr-only">{if s.done { " (done)" } else { " (to do)" }}</span>
+                                <p class="hint">{s.hint}</p>
+                            </li>
+                        }
+                    })
+                    .collect_view();
+                view! {
+                    <section class="card wide setup" aria-labelledby="setup-title" data-testid="setup-checklist">
+                        <h2 id="setup-title">"Set up Tessera"</h2>
+                        <p>
+                            {format!(
+                                "{left} step{} left before researchers can request GPUs and see them on the bill.",
+                                if left == 1 { "" } else { "s" },
+                            )}
+                        </p>
+                        <ol class="checklist">{steps}</ol>
+                        <ActionForm action=dismiss>
+                            <button type="submit" class="link" data-testid="dismiss-setup">
+                                "Hide this checklist"
+                            </button>
+                        </ActionForm>
+                    </section>
+                }
+                    .into_any()
+            })}
+        </Transition>
     }
 }
 

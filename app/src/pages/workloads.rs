@@ -24,6 +24,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tessera_domain::alloc::{AllocState, AllocationView};
 use tessera_domain::error::AppError;
+use tessera_domain::mig::Catalog;
+use tessera_domain::tenancy::TeamRole;
 use tessera_domain::tenancy::{Page, PageRequest, TeamView};
 use tessera_domain::workload::{IdleDecision, LogSlice, WorkloadKind, WorkloadState, WorkloadView};
 
@@ -42,7 +44,10 @@ const LOG_SHOWN_MAX: usize = 1024 * 1024;
 fn state_class(state: WorkloadState) -> &'static str {
     match state {
         WorkloadState::Running | WorkloadState::Succeeded => "badge ok",
-        WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Stopping => "badge warn",
+        WorkloadState::Queued
+        | WorkloadState::Pending
+        | WorkloadState::Starting
+        | WorkloadState::Stopping => "badge warn",
         WorkloadState::Failed | WorkloadState::Lost => "badge danger",
         WorkloadState::Stopped | WorkloadState::Cancelled => "badge muted",
     }
@@ -267,6 +272,11 @@ struct LaunchOptions {
     pending: usize,
     /// Allocation id → e.g. `1g.10gb on H100-80GB`.
     labels: BTreeMap<String, String>,
+    /// GPU kinds a workload may request for itself (value, label): those of the models the
+    /// caller's teams have a quota on.
+    gpus: Vec<(String, String)>,
+    /// Teams that may pay for such a request (id, name); a choice only when several.
+    teams: Vec<(String, String)>,
     /// The form's idempotency key (a double submit launches one workload).
     key: String,
 }
@@ -312,13 +322,46 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
             pending += 1;
         }
     }
+    let (gpus, teams) = requestable().await?;
     Ok(LaunchOptions {
         free,
         busy,
         pending,
         labels,
+        gpus,
+        teams,
         key: super::allocations::new_key(),
     })
+}
+
+/// The GPU kinds the caller may request (of the models their teams have a quota on), and
+/// those teams; viewers and archived teams request nothing.
+async fn requestable() -> Result<(Vec<(String, String)>, Vec<(String, String)>), UiError> {
+    let teams = api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT)).await?;
+    let mut models = Vec::new();
+    let mut payers = Vec::new();
+    for team in teams.items {
+        if team.archived || team.my_role.is_none_or(|r| r == TeamRole::Viewer) {
+            continue;
+        }
+        let quotas = api::list_quotas(team.id.to_string()).await?;
+        let mut any = false;
+        for q in quotas.into_iter().filter(|q| q.limit > 0) {
+            models.push(q.model);
+            any = true;
+        }
+        if any {
+            payers.push((team.id.to_string(), team.name));
+        }
+    }
+    models.sort();
+    models.dedup();
+    let catalog = Catalog::builtin();
+    let gpus = models
+        .iter()
+        .flat_map(|m| super::allocations::kind_options(&catalog, m))
+        .collect();
+    Ok((gpus, payers))
 }
 
 #[derive(Clone, Copy)]
@@ -432,7 +475,9 @@ fn LaunchSection(data: ListData) -> impl IntoView {
                 {move || Suspend::new(async move {
                     let chosen = preselect.get_untracked();
                     match options.await {
-                        Ok(o) if o.free.is_empty() => view! { <NoFreeAllocation o kind /> }.into_any(),
+                        Ok(o) if o.free.is_empty() && o.gpus.is_empty() => {
+                            view! { <NoFreeAllocation o kind /> }.into_any()
+                        }
                         Ok(o) => {
                             let unusable = (!chosen.is_empty() && !o.free.iter().any(|c| c.id == chosen))
                                 .then(|| {
@@ -510,8 +555,23 @@ fn NoFreeAllocation(o: LaunchOptions, kind: WorkloadKind) -> impl IntoView {
     }
 }
 
+/// "Run on": one of the caller's free active allocations, or a GPU of the workload's own
+/// (queued for, given back when it ends). `new_gpu` follows the choice.
 #[component]
-fn AllocationSelect(choices: Vec<Choice>, chosen: String, input_id: &'static str) -> impl IntoView {
+fn RunOnSelect(
+    choices: Vec<Choice>,
+    chosen: String,
+    input_id: &'static str,
+    kind: WorkloadKind,
+    can_request: bool,
+    new_gpu: RwSignal<bool>,
+) -> impl IntoView {
+    let chosen = if chosen.is_empty() && choices.is_empty() {
+        api::NEW_GPU.to_owned()
+    } else {
+        chosen
+    };
+    new_gpu.set(chosen == api::NEW_GPU);
     let options = choices
         .into_iter()
         .map(|c| {
@@ -523,11 +583,118 @@ fn AllocationSelect(choices: Vec<Choice>, chosen: String, input_id: &'static str
             }
         })
         .collect_view();
+    let own = can_request.then(|| {
+        let label = match kind {
+            WorkloadKind::Notebook => "A new GPU for this notebook (given back when it stops)",
+            WorkloadKind::Job => "A new GPU for this job (queued; given back when it ends)",
+        };
+        view! {
+            <option value=api::NEW_GPU selected=chosen == api::NEW_GPU>
+                {label}
+            </option>
+        }
+    });
     view! {
-        <label for=input_id>"Allocation"</label>
-        <select id=input_id name="allocation_id" required>
+        <label for=input_id>"Run on"</label>
+        <select
+            id=input_id
+            name="allocation_id"
+            required
+            on:change=move |ev| new_gpu.set(event_target_value(&ev) == api::NEW_GPU)
+        >
+            {own}
             {options}
         </select>
+    }
+}
+
+/// The workload's own GPU request: kind, hours (a job's time limit), priority (jobs) and
+/// the paying team when the caller has several. Shown while "a new GPU" is chosen.
+#[component]
+fn OwnGpuFields(
+    gpus: Vec<(String, String)>,
+    teams: Vec<(String, String)>,
+    kind: WorkloadKind,
+    new_gpu: RwSignal<bool>,
+    errors: Callback<&'static str, AnyView>,
+) -> impl IntoView {
+    let prefix = match kind {
+        WorkloadKind::Notebook => "nb",
+        WorkloadKind::Job => "job",
+    };
+    let gpu_options = gpus
+        .into_iter()
+        .map(|(v, label)| view! { <option value=v>{label}</option> })
+        .collect_view();
+    let team_field = (teams.len() > 1).then(|| {
+        let options = teams
+            .into_iter()
+            .map(|(id, name)| view! { <option value=id>{name}</option> })
+            .collect_view();
+        view! {
+            <div>
+                <label for=format!("{prefix}-team")>"Team that pays"</label>
+                <select id=format!("{prefix}-team") name="team_id">
+                    {options}
+                </select>
+                {errors.run("team_id")}
+            </div>
+        }
+    });
+    let priority_field = (kind == WorkloadKind::Job).then(|| {
+        view! {
+            <div>
+                <label for="job-priority">"Priority"</label>
+                <select id="job-priority" name="priority">
+                    <option value="normal" selected>"normal"</option>
+                    <option value="high">"high"</option>
+                    <option value="preemptible">"preemptible (spare capacity, stopped first)"</option>
+                </select>
+                {errors.run("priority")}
+            </div>
+        }
+    });
+    let (hours_label, hours_hint) = match kind {
+        WorkloadKind::Notebook => (
+            "Hours",
+            "At most this long; stopping it earlier gives the GPU back.",
+        ),
+        WorkloadKind::Job => (
+            "Time limit (hours)",
+            "The job is stopped after this long; its GPU is given back as soon as it ends.",
+        ),
+    };
+    view! {
+        <fieldset class="own-gpu" data-testid="own-gpu" hidden=move || !new_gpu.get()>
+            <div class="field-row three">
+                <div>
+                    <label for=format!("{prefix}-gpu")>"GPU or MIG slice"</label>
+                    <select id=format!("{prefix}-gpu") name="gpu">
+                        {gpu_options}
+                    </select>
+                    {errors.run("gpu")}
+                </div>
+                <div>
+                    <label for=format!("{prefix}-hours")>{hours_label}</label>
+                    <input
+                        id=format!("{prefix}-hours")
+                        name="hours"
+                        type="number"
+                        min="1"
+                        inputmode="numeric"
+                        placeholder="8"
+                    />
+                    {errors.run("hours")}
+                    {errors.run("duration_minutes")}
+                </div>
+                {priority_field}
+                {team_field}
+            </div>
+            <p class="hint">
+                {hours_hint}
+                " It waits in your team's queue like any request; its page says why while it waits."
+            </p>
+        </fieldset>
     }
 }
 
@@ -549,14 +716,26 @@ fn other_error<T: 'static>(
     }
 }
 
-const NOTEBOOK_FIELDS: [&str; 3] = ["allocation_id", "name", "env"];
-const JOB_FIELDS: [&str; 6] = [
+const NOTEBOOK_FIELDS: [&str; 7] = [
+    "allocation_id",
+    "name",
+    "env",
+    "gpu",
+    "hours",
+    "duration_minutes",
+    "team_id",
+];
+const JOB_FIELDS: [&str; 10] = [
     "allocation_id",
     "name",
     "command",
     "workdir",
     "env",
     "retries",
+    "gpu",
+    "hours",
+    "duration_minutes",
+    "team_id",
 ];
 
 const ENV_PLACEHOLDER: &str =
@@ -581,12 +760,27 @@ fn LaunchForm(
     } else {
         name
     };
+    let new_gpu = RwSignal::new(false);
     view! {
         <ActionForm action=action attr:data-testid="launch-form" attr:novalidate=true>
             {other_error(value, &NOTEBOOK_FIELDS)}
             <input type="hidden" name="idempotency_key" value=o.key />
-            <AllocationSelect choices=o.free chosen input_id="nb-allocation" />
+            <RunOnSelect
+                choices=o.free
+                chosen
+                input_id="nb-allocation"
+                kind=WorkloadKind::Notebook
+                can_request=!o.gpus.is_empty()
+                new_gpu
+            />
             {field_error(value, "allocation_id")}
+            <OwnGpuFields
+                gpus=o.gpus
+                teams=o.teams
+                kind=WorkloadKind::Notebook
+                new_gpu
+                errors=Callback::new(move |f| field_error(value, f).into_any())
+            />
             <label for="nb-name">"Name"</label>
             <input
                 id="nb-name"
@@ -628,12 +822,27 @@ fn SubmitForm(o: LaunchOptions, chosen: String, action: ServerAction<SubmitJob>)
     } else {
         retries
     };
+    let new_gpu = RwSignal::new(false);
     view! {
         <ActionForm action=action attr:data-testid="submit-form" attr:novalidate=true>
             {other_error(value, &JOB_FIELDS)}
             <input type="hidden" name="idempotency_key" value=o.key />
-            <AllocationSelect choices=o.free chosen input_id="job-allocation" />
+            <RunOnSelect
+                choices=o.free
+                chosen
+                input_id="job-allocation"
+                kind=WorkloadKind::Job
+                can_request=!o.gpus.is_empty()
+                new_gpu
+            />
             {field_error(value, "allocation_id")}
+            <OwnGpuFields
+                gpus=o.gpus
+                teams=o.teams
+                kind=WorkloadKind::Job
+                new_gpu
+                errors=Callback::new(move |f| field_error(value, f).into_any())
+            />
             <label for="job-command">"Command"</label>
             <textarea
                 id="job-command"
@@ -1145,40 +1354,50 @@ fn WorkloadDetail(data: DetailData) -> impl IntoView {
 
 /// Pending → Starting → Running, and how it ended.
 fn steps_view(v: &WorkloadView) -> impl IntoView + use<> {
-    let reached = match v.state {
-        WorkloadState::Pending => 0,
-        WorkloadState::Starting => 1,
-        WorkloadState::Running => 2,
-        _ if v.ready_at.is_some() => 2,
-        _ if v.started_at.is_some() => 1,
-        _ => 0,
-    };
-    let live = v.state.is_live() && v.state != WorkloadState::Stopping;
-    let steps = [
+    // A workload with a GPU request of its own first waits for that GPU.
+    let mut order = Vec::new();
+    if v.owns_allocation {
+        order.push(WorkloadState::Queued);
+    }
+    order.extend([
         WorkloadState::Pending,
         WorkloadState::Starting,
         WorkloadState::Running,
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, s)| {
-        // A running notebook has arrived; a running job is still at work.
-        let arrived = v.state == WorkloadState::Running && v.kind == WorkloadKind::Notebook;
-        let class = if i < reached || (i == reached && (!live || arrived)) {
-            "done"
-        } else if i == reached {
-            "current"
-        } else {
-            "todo"
-        };
-        let current = (live && i == reached).then_some("step");
-        view! {
-            <li class=class aria-current=current>
-                {s.label()}
-            </li>
-        }
-    })
-    .collect_view();
+    ]);
+    let at = |s: WorkloadState| order.iter().position(|o| *o == s).unwrap_or(0);
+    let reached = match v.state {
+        s @ (WorkloadState::Queued
+        | WorkloadState::Pending
+        | WorkloadState::Starting
+        | WorkloadState::Running) => at(s),
+        _ if v.ready_at.is_some() => at(WorkloadState::Running),
+        _ if v.started_at.is_some() => at(WorkloadState::Starting),
+        _ if v.hostname.is_some() => at(WorkloadState::Pending),
+        _ => 0,
+    };
+    let live = v.state.is_live() && v.state != WorkloadState::Stopping;
+    let steps = order
+        .iter()
+        .copied()
+        .enumerate()
+        .map(|(i, s)| {
+            // A running notebook has arrived; a running job is still at work.
+            let arrived = v.state == WorkloadState::Running && v.kind == WorkloadKind::Notebook;
+            let class = if i < reached || (i == reached && (!live || arrived)) {
+                "done"
+            } else if i == reached {
+                "current"
+            } else {
+                "todo"
+            };
+            let current = (live && i == reached).then_some("step");
+            view! {
+                <li class=class aria-current=current>
+                    {s.label()}
+                </li>
+            }
+        })
+        .collect_view();
     let end = (!live).then(|| {
         let class = match v.state {
             WorkloadState::Stopping => "current",
@@ -1192,11 +1411,23 @@ fn steps_view(v: &WorkloadView) -> impl IntoView + use<> {
             </li>
         }
     });
+    let waiting = (v.state == WorkloadState::Queued).then(|| {
+        let why = v
+            .waiting
+            .clone()
+            .unwrap_or_else(|| "It waits for its GPU.".to_owned());
+        view! {
+            <p class="hint" data-testid="waiting" aria-live="polite">
+                {why} " " <a href=format!("/allocations/{}", v.allocation_id)>"See its GPU request"</a>
+            </p>
+        }
+    });
     view! {
         <ol class="steps" data-testid="steps" aria-label="Progress">
             {steps}
             {end}
         </ol>
+        {waiting}
     }
 }
 

@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_domain::account::{NewPassword, Principal, SignInOptions, Username};
+use tessera_domain::account::{
+    NewPassword, Principal, SetupChecklist, SetupFacts, SignInOptions, Username,
+};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::UserId;
 use tessera_domain::sso::{GroupMap, numbered_username, username_candidate};
@@ -69,6 +71,40 @@ impl Accounts {
     }
 
     /// What the sign-in page offers besides a password (anyone may ask).
+    /// A platform admin's first-run checklist (others: `Forbidden`).
+    pub async fn setup_checklist(&self, p: &Principal) -> Result<SetupChecklist, AppError> {
+        if !p.is_admin {
+            return Err(AppError::Forbidden);
+        }
+        let (teams, quotas, people, nodes, rates, dismissed) = self
+            .store
+            .setup_facts(p.user_id.0)
+            .await
+            .map_err(internal("loading setup facts"))?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let facts = SetupFacts {
+            teams: n(teams),
+            quotas: n(quotas),
+            people: n(people),
+            sso: self.sso.is_some(),
+            nodes: n(nodes),
+            rates: n(rates),
+        };
+        Ok(SetupChecklist::from_facts(facts, dismissed))
+    }
+
+    /// Puts the checklist away for this admin.
+    pub async fn dismiss_setup(&self, p: &Principal) -> Result<SetupChecklist, AppError> {
+        if !p.is_admin {
+            return Err(AppError::Forbidden);
+        }
+        self.store
+            .dismiss_setup(p.user_id.0)
+            .await
+            .map_err(internal("dismissing the checklist"))?;
+        self.setup_checklist(p).await
+    }
+
     pub fn sign_in_options(&self) -> SignInOptions {
         SignInOptions {
             sso_provider: self.sso.as_ref().map(|p| p.provider_name.clone()),

@@ -434,25 +434,122 @@ impl Allocations {
         self.get(p, id).await
     }
 
-    /// Releases an active allocation on the system's behalf (idle reclaim of the notebook
-    /// on it), with `note` in its history; audited with no actor. `false` if it was not
-    /// active any more.
+    /// Ends an allocation on the system's behalf (idle reclaim of the notebook on it, the
+    /// end of the workload that owned it), with `note` in its history; audited with no
+    /// actor. An active one is released, one still waiting (for approval, in the queue, being
+    /// placed) is cancelled. `false` if it had ended already.
     pub async fn release_for_system(&self, id: Uuid, note: &str) -> Result<bool, AppError> {
-        let done = self
-            .finish(
-                id,
-                alloc::ReleaseCause::Released,
-                Utc::now(),
-                None,
-                Some(note),
-            )
-            .await?;
+        let now = Utc::now();
+        let mut done = false;
+        // Like `release`: the scheduler may move it on between the read and the write.
+        for _ in 0..RELEASE_TRIES {
+            let Some(row) = self
+                .store
+                .allocation(id)
+                .await
+                .map_err(internal("loading allocation"))?
+            else {
+                return Ok(false);
+            };
+            let state: AllocState = row.a.state.parse()?;
+            let moved = match state {
+                AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
+                    self.step(
+                        id,
+                        state,
+                        AllocState::Cancelled,
+                        now,
+                        None,
+                        Some(note),
+                        Change::default(),
+                    )
+                    .await?
+                }
+                AllocState::Active => {
+                    self.finish(id, alloc::ReleaseCause::Released, now, None, Some(note))
+                        .await?
+                }
+                _ => return Ok(false),
+            };
+            if moved {
+                done = true;
+                break;
+            }
+        }
         if done {
             self.audit_as(None, "allocation.release", id, None, None, None)
                 .await;
             self.wake.notify_one();
         }
         Ok(done)
+    }
+
+    /// Admits, in the order given, allocations that wait in `pending_approval` only for
+    /// room in their team's quota (those that workloads requested for themselves: a job
+    /// queues for its GPU, like a batch scheduler, instead of waiting for an admin), as far
+    /// as the quota and the per-user limit now have room and no hard budget blocks them.
+    /// Each admission is the same conditional update as at request time, so concurrent
+    /// passes cannot over-admit. Returns how many were admitted.
+    pub async fn admit_when_room(&self, ids: &[Uuid], now: DateTime<Utc>) -> Result<u32, AppError> {
+        let mut admitted = 0;
+        for &id in ids {
+            let Some(row) = self
+                .store
+                .allocation(id)
+                .await
+                .map_err(internal("loading allocation"))?
+            else {
+                continue;
+            };
+            let a = &row.a;
+            if a.state != AllocState::PendingApproval.as_str() {
+                continue;
+            }
+            let Some(quota) = self
+                .store
+                .quota(a.team_id, &a.model)
+                .await
+                .map_err(internal("loading quota"))?
+                .as_ref()
+                .and_then(quota_of)
+            else {
+                continue;
+            };
+            if let (Some(billing), Ok(kind)) = (&self.billing, a.kind.parse::<GpuKind>()) {
+                let blocked = billing
+                    .hard_budget_block(
+                        a.team_id,
+                        &kind,
+                        to_u32(a.count),
+                        to_u32(a.duration_minutes),
+                        a.priority == PriorityClass::Preemptible.as_str(),
+                        now,
+                    )
+                    .await?;
+                if blocked.is_some() {
+                    continue;
+                }
+            }
+            let moved = self
+                .store
+                .admit_waiting(
+                    id,
+                    i64::from(quota.per_user()),
+                    now,
+                    "admitted: the team's quota has room for it now",
+                )
+                .await
+                .map_err(internal("admitting a waiting allocation"))?;
+            if moved {
+                admitted += 1;
+                self.audit_as(None, "allocation.admit", id, Some(a.team_id), None, None)
+                    .await;
+            }
+        }
+        if admitted > 0 {
+            self.wake.notify_one();
+        }
+        Ok(admitted)
     }
 
     /// Completes releases that stopped half-way: `finish` moves an allocation to

@@ -20,7 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tessera_domain::account::Principal;
-use tessera_domain::alloc::{AllocState, AllocatedDevice};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, NewAllocation};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
@@ -77,25 +77,80 @@ impl Default for WorkloadConfig {
     }
 }
 
-/// A notebook to launch on an active allocation (form strings, parsed here).
+/// A notebook to launch (form strings, parsed here): on an active allocation of the
+/// caller's, or with a GPU request of its own (`gpu`), which it waits for and releases
+/// when it stops.
 #[derive(Debug, Clone, Default)]
 pub struct NewNotebook {
-    pub allocation_id: Uuid,
+    pub allocation_id: Option<Uuid>,
+    pub gpu: Option<NewAllocation>,
     pub name: String,
     pub env: String,
     pub idempotency_key: Option<String>,
 }
 
-/// A training job to run on an active allocation (form strings, parsed here).
+/// A training job to run (form strings, parsed here): on an active allocation of the
+/// caller's, or with a GPU request of its own (`gpu`: kind, count, priority; its duration
+/// is the job's time limit), which the job queues for and releases when it ends.
 #[derive(Debug, Clone, Default)]
 pub struct NewJob {
-    pub allocation_id: Uuid,
+    pub allocation_id: Option<Uuid>,
+    pub gpu: Option<NewAllocation>,
     pub name: String,
     pub command: String,
     pub workdir: String,
     pub env: String,
     pub retries: String,
     pub idempotency_key: Option<String>,
+}
+
+/// What a new workload runs on.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    /// An active allocation of the caller's.
+    Allocation(Uuid),
+    /// A GPU request of its own.
+    NewGpu(&'a NewAllocation),
+}
+
+impl<'a> Target<'a> {
+    fn of(allocation: Option<Uuid>, gpu: Option<&'a NewAllocation>) -> Result<Self, AppError> {
+        match (allocation, gpu) {
+            (Some(id), None) => Ok(Target::Allocation(id)),
+            (None, Some(g)) => Ok(Target::NewGpu(g)),
+            (Some(_), Some(_)) => Err(AppError::invalid(
+                "gpu",
+                "give either an allocation to run on or a GPU to request, not both",
+            )),
+            (None, None) => Err(AppError::invalid(
+                "allocation_id",
+                "choose one of your active allocations, or request a GPU for it",
+            )),
+        }
+    }
+}
+
+/// Where a new workload is stored: its allocation, and its node once it has one.
+struct Place {
+    allocation_id: Uuid,
+    team_id: Uuid,
+    node_id: Option<Uuid>,
+    hostname: String,
+    /// JSON of the devices it sees.
+    devices: String,
+    state: WorkloadState,
+    owned: bool,
+}
+
+/// A process runs on one node: the first device's node, its hostname, and (as JSON) the
+/// allocation's devices there. `None` while the allocation has no device.
+fn node_devices(devices_json: &str) -> Option<(Uuid, String, String)> {
+    let all: Vec<AllocatedDevice> = serde_json::from_str(devices_json).unwrap_or_default();
+    let first = all.first()?;
+    let (node, hostname) = (first.node_id, first.hostname.clone());
+    let here: Vec<&AllocatedDevice> = all.iter().filter(|d| d.node_id == node).collect();
+    let json = serde_json::to_string(&here).unwrap_or_else(|_| "[]".into());
+    Some((node, hostname, json))
 }
 
 /// Which workloads to list.
@@ -145,6 +200,12 @@ pub enum NotReady {
 /// What one [`Workloads::tick`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkloadTick {
+    /// Own allocations admitted because the team's quota had room again.
+    pub admitted: u32,
+    /// Queued workloads whose own allocation became active: now pending on its node.
+    pub started_queued: u32,
+    /// Allocations given back because the workload that owned them ended.
+    pub released_allocations: u32,
     pub stopped_for_allocation: u32,
     pub reclaimed_idle: u32,
     pub lost: u32,
@@ -192,6 +253,24 @@ fn target_of(row: &WorkloadListRow) -> Result<ProxyTarget, NotReady> {
             base_path: wl::notebook_base_path(&row.username, &row.w.name),
         }),
         _ => Err(NotReady::Starting(state)),
+    }
+}
+
+/// The state a stopped workload ends in: a notebook is stopped, a job cancelled.
+fn stop_end(w: &WorkloadRow) -> WorkloadState {
+    if kind_of(w) == WorkloadKind::Notebook {
+        WorkloadState::Stopped
+    } else {
+        WorkloadState::Cancelled
+    }
+}
+
+/// Why a workload stops when its allocation ended.
+fn allocation_gone(alloc: AllocState) -> String {
+    if alloc == AllocState::Expired {
+        "its time limit was reached (its allocation expired)".to_owned()
+    } else {
+        format!("its allocation is {}", alloc.label().to_lowercase())
     }
 }
 
@@ -249,7 +328,7 @@ impl Workloads {
         let env = wl::parse_env(&req.env)?;
         self.create(
             p,
-            req.allocation_id,
+            Target::of(req.allocation_id, req.gpu.as_ref())?,
             WorkloadKind::Notebook,
             name.as_str(),
             "",
@@ -278,7 +357,7 @@ impl Workloads {
         };
         self.create(
             p,
-            req.allocation_id,
+            Target::of(req.allocation_id, req.gpu.as_ref())?,
             WorkloadKind::Job,
             &name,
             command.as_str(),
@@ -294,7 +373,7 @@ impl Workloads {
     async fn create(
         &self,
         p: &Principal,
-        allocation_id: Uuid,
+        target: Target<'_>,
         kind: WorkloadKind,
         name: &str,
         command: &str,
@@ -315,6 +394,85 @@ impl Workloads {
                 return self.get(p, id).await;
             }
         }
+        let place = match target {
+            Target::Allocation(id) => self.on_allocation(p, id).await?,
+            Target::NewGpu(gpu) => self.own_allocation(p, gpu, kind, name, key).await?,
+        };
+        let base = wl::notebook_base_path(p.username.as_str(), name);
+        let row = WorkloadRow {
+            id: Uuid::now_v7(),
+            kind: kind.as_str().into(),
+            name: name.into(),
+            allocation_id: place.allocation_id,
+            team_id: place.team_id,
+            user_id: p.user_id.0,
+            node_id: place.node_id,
+            hostname: place.hostname,
+            devices: place.devices,
+            state: place.state.as_str().into(),
+            command: command.into(),
+            workdir: workdir.into(),
+            env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
+            retries: i64::from(retries),
+            attempt: 1,
+            token: (kind == WorkloadKind::Notebook).then(new_token),
+            endpoint: None,
+            exit_code: None,
+            message: None,
+            stop_state: None,
+            created_at: Utc::now(),
+            started_at: None,
+            ready_at: None,
+            ended_at: None,
+            synced_at: None,
+            kernel_activity: None,
+            kernel_busy: false,
+            log_base: 0,
+            log_stored: 0,
+            log_start: 0,
+            log_complete: false,
+            idempotency_key: key.map(str::to_owned),
+            owns_allocation: place.owned,
+        };
+        let inserted = self
+            .store
+            .insert_workload(&row)
+            .await
+            .map_err(internal("storing workload"))?;
+        if !inserted {
+            // A concurrent request with the same key made it (and owns the same allocation).
+            if let Some(k) = key
+                && let Some(id) = self.by_key(p, k).await?
+            {
+                return self.get(p, id).await;
+            }
+            if place.owned {
+                self.allocations
+                    .release_for_system(place.allocation_id, "its workload could not start")
+                    .await?;
+            }
+            return Err(self
+                .why_not_inserted(p, key, place.allocation_id, kind, name)
+                .await);
+        }
+        let what = if kind == WorkloadKind::Notebook {
+            format!("notebook {base}")
+        } else {
+            format!("job {name}")
+        };
+        self.audit(
+            Some(p.username.as_str()),
+            &format!("{}.start", kind.as_str()),
+            row.id,
+            row.team_id,
+            &what,
+        )
+        .await;
+        self.get(p, row.id).await
+    }
+
+    /// Where a workload on an existing allocation runs: the caller's own, active one.
+    async fn on_allocation(&self, p: &Principal, allocation_id: Uuid) -> Result<Place, AppError> {
         let alloc = self
             .store
             .allocation(allocation_id)
@@ -347,76 +505,80 @@ impl Workloads {
                 ),
             ));
         }
-        let all: Vec<AllocatedDevice> = serde_json::from_str(&alloc.a.devices).unwrap_or_default();
-        let Some(first) = all.first() else {
-            return Err(AppError::invalid(
-                "allocation_id",
-                "the allocation has no device yet",
-            ));
-        };
-        // A process runs on one node: it sees the allocation's devices on that node.
-        let node = first.node_id;
-        let hostname = first.hostname.clone();
-        let devices: Vec<AllocatedDevice> = all.into_iter().filter(|d| d.node_id == node).collect();
-        let base = wl::notebook_base_path(p.username.as_str(), name);
-        let row = WorkloadRow {
-            id: Uuid::now_v7(),
-            kind: kind.as_str().into(),
-            name: name.into(),
+        let (node, hostname, devices) = node_devices(&alloc.a.devices).ok_or_else(|| {
+            AppError::invalid("allocation_id", "the allocation has no device yet")
+        })?;
+        Ok(Place {
             allocation_id,
             team_id: alloc.a.team_id,
-            user_id: p.user_id.0,
-            node_id: node,
+            node_id: Some(node),
             hostname,
-            devices: serde_json::to_string(&devices).unwrap_or_else(|_| "[]".into()),
-            state: WorkloadState::Pending.as_str().into(),
-            command: command.into(),
-            workdir: workdir.into(),
-            env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
-            retries: i64::from(retries),
-            attempt: 1,
-            token: (kind == WorkloadKind::Notebook).then(new_token),
-            endpoint: None,
-            exit_code: None,
-            message: None,
-            stop_state: None,
-            created_at: Utc::now(),
-            started_at: None,
-            ready_at: None,
-            ended_at: None,
-            synced_at: None,
-            kernel_activity: None,
-            kernel_busy: false,
-            log_base: 0,
-            log_stored: 0,
-            log_start: 0,
-            log_complete: false,
-            idempotency_key: key.map(str::to_owned),
-        };
-        let inserted = self
-            .store
-            .insert_workload(&row)
-            .await
-            .map_err(internal("storing workload"))?;
-        if !inserted {
-            return Err(self
-                .why_not_inserted(p, key, allocation_id, kind, name)
-                .await);
+            devices,
+            state: WorkloadState::Pending,
+            owned: false,
+        })
+    }
+
+    /// Requests the workload's own allocation (same quota, approval and queue as any
+    /// request, in the caller's only team unless it names one); the workload waits
+    /// `queued` for it.
+    async fn own_allocation(
+        &self,
+        p: &Principal,
+        gpu: &NewAllocation,
+        kind: WorkloadKind,
+        name: &str,
+        key: Option<&str>,
+    ) -> Result<Place, AppError> {
+        let mut req = gpu.clone();
+        if req.team_id.trim().is_empty() {
+            req.team_id = self.only_team(p).await?.to_string();
         }
-        let what = if kind == WorkloadKind::Notebook {
-            format!("notebook {base}")
-        } else {
-            format!("job {name}")
-        };
-        self.audit(
-            Some(p.username.as_str()),
-            &format!("{}.start", kind.as_str()),
-            row.id,
-            row.team_id,
-            &what,
-        )
-        .await;
-        self.get(p, row.id).await
+        if req.purpose.trim().is_empty() {
+            req.purpose = format!("{} `{name}`", kind.as_str());
+        }
+        // The same key finds the same allocation again when a request is repeated.
+        let key = key.map(|k| format!("{}:{k}", kind.as_str()));
+        let a = self
+            .allocations
+            .request(p, &req, key.as_deref())
+            .await
+            .map_err(|e| match e {
+                AppError::Invalid { field, message } if field == "kind" => AppError::Invalid {
+                    field: "gpu".into(),
+                    message,
+                },
+                other => other,
+            })?;
+        Ok(Place {
+            allocation_id: a.id,
+            team_id: a.team_id.0,
+            node_id: None,
+            hostname: String::new(),
+            devices: "[]".into(),
+            state: WorkloadState::Queued,
+            owned: true,
+        })
+    }
+
+    /// The caller's team when they belong to exactly one.
+    async fn only_team(&self, p: &Principal) -> Result<Uuid, AppError> {
+        let (teams, total) = self
+            .store
+            .list_user_teams(p.user_id.0, 0, 2)
+            .await
+            .map_err(internal("loading teams"))?;
+        match (teams.first(), total) {
+            (Some(t), 1) => Ok(t.id),
+            (None, _) => Err(AppError::invalid(
+                "team_id",
+                "you are in no team yet; ask a team admin to add you",
+            )),
+            _ => Err(AppError::invalid(
+                "team_id",
+                "you are in several teams: choose the one that pays",
+            )),
+        }
     }
 
     async fn why_not_inserted(
@@ -472,7 +634,31 @@ impl Workloads {
             v.idle = Some(self.decide(&row.w, &s, now));
             v.activity = Some(s);
         }
+        if state_of(&row.w) == WorkloadState::Queued {
+            v.waiting = self.waiting(p, &row).await;
+        }
         Ok(v)
+    }
+
+    /// Why a queued workload's allocation is not active yet: the allocation's own
+    /// explanation (place in the queue, why the planner cannot place it, ETA), or that it
+    /// waits for approval.
+    async fn waiting(&self, p: &Principal, row: &WorkloadListRow) -> Option<String> {
+        let a = self.allocations.get(p, row.w.allocation_id).await.ok()?;
+        if let Some(pending) = a.pending {
+            return Some(pending.reason);
+        }
+        Some(match a.state {
+            AllocState::PendingApproval => format!(
+                "it waits for room in the team's quota ({}); it is admitted as soon as the \
+                 team's other work frees some, or sooner if an admin approves it",
+                a.approval_reason
+                    .unwrap_or_else(|| "the quota is in use".into())
+            ),
+            AllocState::Placing => "its GPU is being set up on the node".into(),
+            AllocState::Active => "its GPU is ready; it starts on the next scheduler pass".into(),
+            other => format!("its GPU request is {}", other.label().to_lowercase()),
+        })
     }
 
     async fn visible(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
@@ -556,11 +742,18 @@ impl Workloads {
     /// Moves a live workload to `stopping`; one the executor never started ends at once.
     async fn request_stop(&self, w: &WorkloadRow, message: &str) -> Result<bool, AppError> {
         let state = state_of(w);
-        let end = if kind_of(w) == WorkloadKind::Notebook {
-            WorkloadState::Stopped
-        } else {
-            WorkloadState::Cancelled
-        };
+        let end = stop_end(w);
+        if state == WorkloadState::Queued {
+            // Still waiting for its GPU: nothing runs anywhere; it ends, and so does its
+            // request.
+            let moved = self.end_queued(w, end, message, Utc::now()).await?;
+            if !moved {
+                return Err(AppError::conflict(
+                    "the workload changed meanwhile; reload and try again",
+                ));
+            }
+            return Ok(true);
+        }
         let change = WorkloadChange {
             message: Some(message.into()),
             stop_state: Some(end.as_str().into()),
@@ -603,6 +796,85 @@ impl Workloads {
             ));
         }
         Ok(moved)
+    }
+
+    /// Ends a workload still waiting for its own allocation, and that allocation's request.
+    async fn end_queued(
+        &self,
+        w: &WorkloadRow,
+        end: WorkloadState,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, AppError> {
+        let moved = self
+            .store
+            .workload_step(
+                w.id,
+                WorkloadState::Queued.as_str(),
+                end.as_str(),
+                &WorkloadChange {
+                    ended_at: Some(now),
+                    message: Some(message.into()),
+                    ..WorkloadChange::default()
+                },
+            )
+            .await
+            .map_err(internal("ending workload"))?;
+        if moved {
+            self.store
+                .close_log(w.id)
+                .await
+                .map_err(internal("closing log"))?;
+            if w.owns_allocation {
+                let note = format!("its {} `{}` ended while waiting", w.kind, w.name);
+                self.allocations
+                    .release_for_system(w.allocation_id, &note)
+                    .await?;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// A queued workload whose allocation is active gets that allocation's node and devices
+    /// and becomes `pending`: the node's executor starts it on its next sync.
+    async fn start_queued(&self, w: &WorkloadRow) -> Result<bool, AppError> {
+        let Some(alloc) = self
+            .store
+            .allocation(w.allocation_id)
+            .await
+            .map_err(internal("loading allocation"))?
+        else {
+            return Ok(false);
+        };
+        let Some((node, hostname, devices)) = node_devices(&alloc.a.devices) else {
+            return Ok(false);
+        };
+        self.store
+            .place_queued_workload(w.id, node, &hostname, &devices)
+            .await
+            .map_err(internal("placing workload"))
+    }
+
+    /// Gives back the allocations of workloads that owned them and have ended (the job
+    /// exited, was cancelled or lost, the notebook stopped): metering stops with them.
+    async fn release_ended_owners(&self) -> Result<u32, AppError> {
+        let ended = self
+            .store
+            .allocations_of_ended_workloads()
+            .await
+            .map_err(internal("loading ended workloads"))?;
+        let mut released = 0;
+        for (allocation, name, state) in ended {
+            let note = format!("its workload `{name}` ended ({state})");
+            if self
+                .allocations
+                .release_for_system(allocation, &note)
+                .await?
+            {
+                released += 1;
+            }
+        }
+        Ok(released)
     }
 
     /// Part of a workload's log from byte `from` (default: the last `max` bytes kept).
@@ -877,13 +1149,15 @@ impl Workloads {
     ) -> Result<WorkloadSync, AppError> {
         let now = Utc::now();
         let rows = self.node_rows(node.id, now).await?;
-        let by_run: HashMap<String, &WorkloadRow> =
-            rows.iter().map(|r| (run_id(&r.w), &r.w)).collect();
+        let by_run: HashMap<String, &WorkloadListRow> =
+            rows.iter().map(|r| (run_id(&r.w), r)).collect();
         let mut acks = Vec::new();
         for rep in &reports.workloads {
-            let Some(w) = by_run.get(&rep.id) else {
+            let Some(row) = by_run.get(&rep.id) else {
                 continue;
             };
+            let w = &row.w;
+            let alloc: AllocState = row.alloc_state.parse().unwrap_or(AllocState::Failed);
             if let Some(p) = &rep.log
                 && !wl::log_piece_valid(p.offset, p.len, &p.text)
             {
@@ -928,7 +1202,7 @@ impl Workloads {
                 id: rep.id.clone(),
                 stored_through: stored,
             });
-            self.apply_report(w, rep, now).await?;
+            self.apply_report(w, alloc, rep, now).await?;
         }
         // Reports may have moved workloads on: read again (not for an idle node).
         let rows = if acks.is_empty() {
@@ -1012,6 +1286,7 @@ impl Workloads {
     async fn apply_report(
         &self,
         w: &WorkloadRow,
+        alloc: AllocState,
         rep: &WorkloadReport,
         now: DateTime<Utc>,
     ) -> Result<(), AppError> {
@@ -1066,6 +1341,9 @@ impl Workloads {
             WorkloadPhase::Exited if rep.log_complete => {
                 let code = rep.exit_code.map(i64::from);
                 let change = |message: Option<String>| WorkloadChange {
+                    // A process that ended before any report said it ran started no later
+                    // than now (an earlier start time is kept).
+                    started_at: Some(now),
                     ended_at: Some(now),
                     exit_code: code,
                     message,
@@ -1078,6 +1356,28 @@ impl Workloads {
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(WorkloadState::Stopped);
                     self.step(w, end, change(None)).await?;
+                    return Ok(());
+                }
+                if alloc == AllocState::Releasing || alloc.is_terminal() {
+                    // The executor stopped it because its allocation ended (before this
+                    // server's pass asked it to): a stop, not a failure of the workload.
+                    let end = stop_end(w);
+                    let stopping = WorkloadChange {
+                        message: Some(allocation_gone(alloc)),
+                        stop_state: Some(end.as_str().into()),
+                        ..WorkloadChange::default()
+                    };
+                    let moved = self
+                        .store
+                        .workload_step(w.id, state.as_str(), "stopping", &stopping)
+                        .await
+                        .map_err(internal("stopping workload"))?;
+                    if moved {
+                        self.store
+                            .workload_step(w.id, "stopping", end.as_str(), &change(None))
+                            .await
+                            .map_err(internal("stopping workload"))?;
+                    }
                     return Ok(());
                 }
                 let mut how = match rep.exit_code {
@@ -1204,10 +1504,42 @@ impl Workloads {
             .live_workloads()
             .await
             .map_err(internal("loading workloads"))?;
+        // Queued workloads whose request waits beyond the team's quota are admitted as the
+        // quota frees, oldest first.
+        let over_quota: Vec<Uuid> = rows
+            .iter()
+            .filter(|r| {
+                state_of(&r.w) == WorkloadState::Queued
+                    && r.w.owns_allocation
+                    && r.alloc_state == AllocState::PendingApproval.as_str()
+            })
+            .map(|r| r.w.allocation_id)
+            .collect();
+        if !over_quota.is_empty() {
+            report.admitted = self.allocations.admit_when_room(&over_quota, now).await?;
+        }
         for r in &rows {
             let w = &r.w;
             let state = state_of(w);
             let alloc: AllocState = r.alloc_state.parse().unwrap_or(AllocState::Failed);
+            if state == WorkloadState::Queued {
+                if alloc == AllocState::Active {
+                    if self.start_queued(w).await? {
+                        report.started_queued += 1;
+                    }
+                } else if alloc == AllocState::Releasing || alloc.is_terminal() {
+                    let end = match (kind_of(w), alloc) {
+                        (WorkloadKind::Notebook, _) => WorkloadState::Stopped,
+                        (_, AllocState::Cancelled | AllocState::Ended) => WorkloadState::Cancelled,
+                        _ => WorkloadState::Failed,
+                    };
+                    let m = format!("its GPU request was {}", alloc.label().to_lowercase());
+                    if self.end_queued(w, end, &m, now).await? {
+                        report.stopped_for_allocation += 1;
+                    }
+                }
+                continue;
+            }
             // Workloads start only on active allocations; once the allocation is being
             // released or has ended, they stop.
             if alloc == AllocState::Releasing || alloc.is_terminal() {
@@ -1224,7 +1556,7 @@ impl Workloads {
                         report.lost += 1;
                     }
                 } else if state != WorkloadState::Stopping {
-                    let m = format!("its allocation is {}", alloc.label().to_lowercase());
+                    let m = allocation_gone(alloc);
                     if self.request_stop(w, &m).await.is_ok() {
                         report.stopped_for_allocation += 1;
                     }
@@ -1258,6 +1590,7 @@ impl Workloads {
                 }
             }
         }
+        report.released_allocations = self.release_ended_owners().await?;
         Ok(report)
     }
 
@@ -1342,7 +1675,7 @@ impl Workloads {
             started_at: w.started_at,
             ready_at: w.ready_at,
             ended_at: w.ended_at,
-            hostname: Some(w.hostname.clone()),
+            hostname: (!w.hostname.is_empty()).then(|| w.hostname.clone()),
             device: (!devices.is_empty()).then(|| {
                 devices
                     .iter()
@@ -1353,6 +1686,8 @@ impl Workloads {
             url,
             activity: None,
             idle: None,
+            owns_allocation: w.owns_allocation,
+            waiting: None,
         }
     }
 

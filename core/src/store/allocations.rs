@@ -254,6 +254,44 @@ impl Store {
         result
     }
 
+    /// Moves an allocation waiting in `pending_approval` to `queued` if the team's quota
+    /// and the user's per-user limit (`per_user`) now have room for it, counting its units
+    /// in the same transaction (the same conditional updates as admission at request
+    /// time); `false` when there is no room or it is no longer waiting.
+    pub async fn admit_waiting(
+        &self,
+        id: Uuid,
+        per_user: i64,
+        at: DateTime<Utc>,
+        note: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = "UPDATE allocations SET state = 'queued' \
+                   WHERE id = $1 AND state = 'pending_approval' \
+                   RETURNING team_id, model, user_id, units";
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let row: Option<(Uuid, String, Uuid, i64)> =
+                sqlx::query_as(sql).bind(id).fetch_optional(&mut *tx).await?;
+            let Some((team, model, user, units)) = row else {
+                tx.rollback().await?;
+                return Ok(false);
+            };
+            let fits = units <= per_user
+                && sqlx::query(TEAM_ADD_CHECKED).bind(team).bind(&model).bind(units)
+                    .execute(&mut *tx).await?.rows_affected() == 1
+                && sqlx::query(USER_ADD_CHECKED).bind(team).bind(&model).bind(user)
+                    .bind(units).bind(per_user).execute(&mut *tx).await?.rows_affected() == 1;
+            if !fits {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            sqlx::query(EVENT).bind(id).bind(at).bind("pending_approval").bind("queued")
+                .bind(None::<String>).bind(note).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
     /// Applies a state transition if the allocation is still in `t.from`; returns whether
     /// it happened. Quota counters change in the same transaction.
     pub async fn transition(&self, t: &Transition<'_>) -> Result<bool, sqlx::Error> {

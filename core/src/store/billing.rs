@@ -85,8 +85,9 @@ pub struct UsageGroupRow {
     pub cost_minor: i64,
 }
 
-/// One team-side ledger entry with what was charged, for the chargeback export.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// One team-side ledger entry with what was charged, for the chargeback export. Read as
+/// one JSON array per entry, in this field order (see [`Store::charges_after`]).
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct ChargeRow {
     pub id: Uuid,
     pub hour_start: DateTime<Utc>,
@@ -491,6 +492,10 @@ impl Store {
     /// Up to `limit` team-side ledger entries for hours in `[from, to)` after the cursor
     /// `(hour, id)`, in `(hour_start, id)` order, with what they charged: the chargeback
     /// export reads the ledger in these pages, so its memory stays constant.
+    ///
+    /// The database answers each page as one JSON array (one array per entry) rather than
+    /// one result row per entry: a driver's cost per row (for SQLite, a message from its
+    /// worker thread and a value allocated per column) was most of the export's time.
     #[allow(clippy::too_many_arguments)]
     pub async fn charges_after(
         &self,
@@ -500,20 +505,61 @@ impl Store {
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: u32,
     ) -> Result<Vec<ChargeRow>, sqlx::Error> {
-        // The cursor is a row-value comparison both backends answer from the
-        // (hour_start, id) index, so each page is a range seek, not a rescan. The first page
+        // Each page is a range seek on the (hour_start, id) index, not a rescan: the range
+        // starts at the cursor's hour ($1; SQLite seeks on that bound, not on the row
+        // value, so a bound at the period's start made every page rescan all pages before
+        // it), and the row value skips what that hour's earlier pages had. The first page
         // starts after (from, nil): every entry of the period.
-        let sql = "SELECT le.id, le.hour_start, le.amount_minor, le.entry_type, le.currency, le.team_id, \
-             m.user_id, le.allocation_id, m.kind, m.model, m.priority, \
-             m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor \
-             FROM ledger_entries le \
-             JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start \
-             WHERE le.account <> 'platform' AND le.hour_start >= $1 AND le.hour_start < $2 \
-               AND ($3 IS NULL OR le.team_id = $3) AND (le.hour_start, le.id) > ($4, $5) \
-             ORDER BY le.hour_start, le.id LIMIT $6";
+        const PAGE: &str = "FROM (SELECT le.id, le.hour_start, le.amount_minor, le.entry_type, \
+               le.currency, le.team_id, le.allocation_id FROM ledger_entries le \
+               WHERE le.account <> 'platform' AND le.hour_start >= $1 AND le.hour_start < $2 \
+                 AND ($3 IS NULL OR le.team_id = $3) AND (le.hour_start, le.id) > ($4, $5) \
+               ORDER BY le.hour_start, le.id LIMIT $6) le \
+             JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start";
         let (after_hour, after_id) = after.unwrap_or((from, Uuid::nil()));
-        on_pool!(self, pool => sqlx::query_as::<_, ChargeRow>(sql).bind(from).bind(to).bind(team)
-            .bind(after_hour).bind(after_id).bind(i64::from(limit)).fetch_all(pool).await)
+        let from = from.max(after_hour);
+        let json: String = match self {
+            Store::Sqlite(pool) => {
+                let sql = format!(
+                    "SELECT json_group_array(json_array(hex(le.id), le.hour_start, \
+                     le.amount_minor, le.entry_type, le.currency, hex(le.team_id), \
+                     hex(m.user_id), hex(le.allocation_id), m.kind, m.model, m.priority, \
+                     m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, \
+                     m.list_minor)) {PAGE}"
+                );
+                sqlx::query_scalar(&sql)
+                    .bind(from)
+                    .bind(to)
+                    .bind(team)
+                    .bind(after_hour)
+                    .bind(after_id)
+                    .bind(i64::from(limit))
+                    .fetch_one(pool)
+                    .await?
+            }
+            Store::Postgres(pool) => {
+                let sql = format!(
+                    "SELECT COALESCE(json_agg(json_build_array(le.id, le.hour_start, \
+                     le.amount_minor, le.entry_type, le.currency, le.team_id, m.user_id, \
+                     le.allocation_id, m.kind, m.model, m.priority, m.count, m.resource_id, \
+                     m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor)), '[]')::TEXT {PAGE}"
+                );
+                sqlx::query_scalar(&sql)
+                    .bind(from)
+                    .bind(to)
+                    .bind(team)
+                    .bind(after_hour)
+                    .bind(after_id)
+                    .bind(i64::from(limit))
+                    .fetch_one(pool)
+                    .await?
+            }
+        };
+        let mut rows: Vec<ChargeRow> =
+            serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        // An aggregate's input order is the plan's, not the page's: restore it.
+        rows.sort_unstable_by_key(|r| (r.hour_start, r.id));
+        Ok(rows)
     }
 
     // ---- budgets ----

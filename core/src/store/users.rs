@@ -33,6 +33,29 @@ impl Store {
         on_pool!(self, pool => sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM users").fetch_one(pool).await)
     }
 
+    /// What a fresh install's checklist is made from: `(teams not archived, quotas with a
+    /// limit, users who are not platform admins, nodes not revoked, rate cards, whether
+    /// `user` dismissed the checklist)`.
+    pub async fn setup_facts(
+        &self,
+        user: Uuid,
+    ) -> Result<(i64, i64, i64, i64, i64, bool), sqlx::Error> {
+        let sql = "SELECT \
+            (SELECT COUNT(*) FROM teams WHERE archived = FALSE), \
+            (SELECT COUNT(*) FROM quotas WHERE limit_units > 0), \
+            (SELECT COUNT(*) FROM users WHERE is_admin = FALSE), \
+            (SELECT COUNT(*) FROM nodes WHERE revoked_at IS NULL), \
+            (SELECT COUNT(*) FROM rate_cards), \
+            COALESCE((SELECT setup_dismissed FROM users WHERE id = $1), FALSE)";
+        on_pool!(self, pool => sqlx::query_as::<_, (i64, i64, i64, i64, i64, bool)>(sql)
+            .bind(user).fetch_one(pool).await)
+    }
+
+    pub async fn dismiss_setup(&self, user: Uuid) -> Result<(), sqlx::Error> {
+        on_pool!(self, pool => sqlx::query("UPDATE users SET setup_dismissed = TRUE WHERE id = $1")
+            .bind(user).execute(pool).await.map(|_| ()))
+    }
+
     /// Inserts a user; `Ok(false)` when the username is taken.
     pub async fn insert_user(&self, row: &UserRow) -> Result<bool, sqlx::Error> {
         let sql = format!(

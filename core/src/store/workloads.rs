@@ -13,9 +13,9 @@ const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id,
     w.hostname, w.devices, w.state, w.command, w.workdir, w.env, w.retries, w.attempt, w.token, \
     w.endpoint, w.exit_code, w.message, w.stop_state, w.created_at, w.started_at, w.ready_at, \
     w.ended_at, w.synced_at, w.kernel_activity, w.kernel_busy, w.log_base, w.log_stored, \
-    w.log_start, w.log_complete, w.idempotency_key";
+    w.log_start, w.log_complete, w.idempotency_key, w.owns_allocation";
 
-const LIVE: &str = "('pending', 'starting', 'running', 'stopping')";
+const LIVE: &str = "('queued', 'pending', 'starting', 'running', 'stopping')";
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkloadRow {
@@ -25,7 +25,8 @@ pub struct WorkloadRow {
     pub allocation_id: Uuid,
     pub team_id: Uuid,
     pub user_id: Uuid,
-    pub node_id: Uuid,
+    /// `None` while `queued` for its own allocation (then `hostname` is empty).
+    pub node_id: Option<Uuid>,
     pub hostname: String,
     /// JSON list of MIG or GPU UUIDs.
     pub devices: String,
@@ -54,6 +55,8 @@ pub struct WorkloadRow {
     pub log_start: i64,
     pub log_complete: bool,
     pub idempotency_key: Option<String>,
+    /// It requested its own allocation, released when it ends.
+    pub owns_allocation: bool,
 }
 
 /// A workload with the names views show and its allocation's state.
@@ -98,15 +101,16 @@ impl Store {
     pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, sqlx::Error> {
         let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
-                   token, created_at, idempotency_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-                   $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) ON CONFLICT DO NOTHING";
+                   token, created_at, idempotency_key, owns_allocation) VALUES ($1, $2, $3, $4, \
+                   $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+                   ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
                 .bind(w.id).bind(&w.kind).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
                 .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
                 .bind(&w.state).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
-                .execute(pool).await?;
+                .bind(w.owns_allocation).execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
     }
@@ -233,6 +237,39 @@ impl Store {
             "SELECT kind, state, COUNT(*) FROM workloads WHERE state IN {LIVE} GROUP BY kind, state"
         );
         on_pool!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await)
+    }
+
+    /// A queued workload's allocation is active: it gets the node and devices it runs on and
+    /// becomes `pending`; `false` if it was no longer queued.
+    pub async fn place_queued_workload(
+        &self,
+        id: Uuid,
+        node: Uuid,
+        hostname: &str,
+        devices: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
+                   devices = $4 WHERE id = $1 AND state = 'queued'";
+        on_pool!(self, pool => {
+            let r = sqlx::query(sql).bind(id).bind(node).bind(hostname).bind(devices)
+                .execute(pool).await?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    /// Allocations that ended workloads still hold: `(allocation, workload name, workload
+    /// state)` for every workload that owns its allocation, has ended, and whose allocation
+    /// still holds quota or waits for it. Read from the (few) live allocations.
+    pub async fn allocations_of_ended_workloads(
+        &self,
+    ) -> Result<Vec<(Uuid, String, String)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT a.id, w.name, w.state FROM allocations a \
+             JOIN workloads w ON w.allocation_id = a.id \
+             WHERE a.state IN ('pending_approval', 'queued', 'placing', 'active') \
+               AND w.owns_allocation AND w.state NOT IN {LIVE}"
+        );
+        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)
     }
 
     /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tessera_core::services::allocations::ListFilter;
 use tessera_core::services::billing::UsageQuery;
 use tessera_core::services::workloads::{NewJob, NewNotebook, WorkloadFilter};
-use tessera_domain::account::Me;
+use tessera_domain::account::{Me, SetupChecklist};
 use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
 use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing::{
@@ -78,6 +78,8 @@ impl utoipa::Modify for BearerAuth {
 pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(me))
+        .routes(routes!(setup_checklist))
+        .routes(routes!(dismiss_setup))
         .routes(routes!(list_users, create_user))
         .routes(routes!(disable_user))
         .routes(routes!(enable_user))
@@ -132,6 +134,21 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
     responses((status = 200, description = "OK", body = Me), Unauthorized))]
 async fn me(Caller(p): Caller) -> ApiResult<Me> {
     Ok(Json(Me::from(&p)))
+}
+
+#[utoipa::path(get, path = "/api/v1/setup", tag = "accounts",
+    description = "A platform admin's first-run checklist: create a team, give it a quota, add \
+                   people (or single sign-on), add GPU nodes, set prices; each step ticked once done.",
+    responses((status = 200, description = "OK", body = SetupChecklist), Forbidden))]
+async fn setup_checklist(Call(s, p): Call) -> ApiResult<SetupChecklist> {
+    ok(s.accounts.setup_checklist(&p).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/setup/dismiss", tag = "accounts",
+    description = "Puts the first-run checklist away for the calling platform admin.",
+    responses((status = 200, description = "OK", body = SetupChecklist), Forbidden))]
+async fn dismiss_setup(Call(s, p): Call) -> ApiResult<SetupChecklist> {
+    ok(s.accounts.dismiss_setup(&p).await)
 }
 
 // ---- users ----
@@ -893,10 +910,49 @@ fn env_lines(env: &std::collections::BTreeMap<String, String>) -> Result<String,
     Ok(out)
 }
 
+/// A GPU request of a workload's own, instead of an `allocation_id`: the workload waits
+/// `queued` until it is active (same quota, approval and queue as any request) and gives it
+/// back when it ends.
+#[derive(Deserialize, utoipa::ToSchema)]
+struct OwnGpu {
+    /// `H100-80GB:1g.10gb` or `H100-80GB:whole`.
+    gpu: Option<String>,
+    /// How many of `gpu`; 1 when absent.
+    #[serde(default)]
+    count: Option<u32>,
+    /// The team that pays; the caller's only team when absent.
+    #[serde(default)]
+    team_id: Option<String>,
+    /// `high`, `normal` (default) or `preemptible`.
+    #[serde(default)]
+    priority: Option<String>,
+    /// Longest run in minutes (the allocation's duration); the policy's default when absent.
+    #[serde(default)]
+    time_limit_minutes: Option<u32>,
+}
+
+impl OwnGpu {
+    fn request(&self) -> Option<NewAllocation> {
+        let gpu = self.gpu.as_deref()?;
+        Some(NewAllocation {
+            team_id: self.team_id.clone().unwrap_or_default(),
+            kind: gpu.to_owned(),
+            count: self.count.unwrap_or(1),
+            duration_minutes: self.time_limit_minutes,
+            starts_at: None,
+            priority: self.priority.clone(),
+            purpose: String::new(),
+        })
+    }
+}
+
 #[derive(Deserialize, utoipa::ToSchema)]
 struct NewNotebookBody {
-    /// An active allocation of the caller's.
-    allocation_id: Uuid,
+    /// An active allocation of the caller's; or give `gpu` instead.
+    #[serde(default)]
+    allocation_id: Option<Uuid>,
+    #[serde(flatten)]
+    own: OwnGpu,
     /// The notebook's name (its URL is `/user/{username}/{name}/lab`); lowercase letters,
     /// digits and `-`.
     name: String,
@@ -906,9 +962,10 @@ struct NewNotebookBody {
 
 #[utoipa::path(post, path = "/api/v1/notebooks", tag = "workloads", request_body = NewNotebookBody,
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the notebook the first one made.")),
-    description = "Launches JupyterLab on one of the caller's active allocations. It is `pending`, \
-                   then `starting`, then `running` once it answers; open its `url` (through the \
-                   server's authenticated proxy).",
+    description = "Launches JupyterLab on one of the caller's active allocations, or with a GPU \
+                   request of its own (`gpu`): then it is `queued` until that GPU is active and \
+                   gives it back when stopped. It is `pending`, then `starting`, then `running` \
+                   once it answers; open its `url` (through the server's authenticated proxy).",
     responses((status = 201, description = "Created", body = WorkloadView), Invalid, Conflict))]
 async fn launch_notebook(
     Call(s, p): Call,
@@ -917,6 +974,7 @@ async fn launch_notebook(
 ) -> Created<WorkloadView> {
     let req = NewNotebook {
         allocation_id: b.allocation_id,
+        gpu: b.own.request(),
         name: b.name,
         env: env_lines(&b.env)?,
         idempotency_key: headers
@@ -929,8 +987,11 @@ async fn launch_notebook(
 
 #[derive(Deserialize, utoipa::ToSchema)]
 struct NewJobBody {
-    /// An active allocation of the caller's.
-    allocation_id: Uuid,
+    /// An active allocation of the caller's; or give `gpu` instead.
+    #[serde(default)]
+    allocation_id: Option<Uuid>,
+    #[serde(flatten)]
+    own: OwnGpu,
     /// Shell command (`/bin/sh -c`), run in the team workspace.
     command: String,
     /// Default: the start of the command.
@@ -948,9 +1009,11 @@ struct NewJobBody {
 
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the job the first one made.")),
-    description = "Runs a command on one of the caller's active allocations: `pending → running → \
-                   succeeded | failed` (with its exit code), or `cancelled`. Logs: \
-                   `/api/v1/workloads/{id}/logs`.",
+    description = "Runs a command on one of the caller's active allocations, or with a GPU request \
+                   of its own (`gpu`, `count`, `priority`, `time_limit_minutes`): then it waits \
+                   `queued` (see `waiting`) until that GPU is active and gives it back when it \
+                   ends. `pending → running → succeeded | failed` (with its exit code), or \
+                   `cancelled`. Logs: `/api/v1/workloads/{id}/logs`.",
     responses((status = 201, description = "Created", body = WorkloadView), Invalid, Conflict))]
 async fn submit_job(
     Call(s, p): Call,
@@ -959,6 +1022,7 @@ async fn submit_job(
 ) -> Created<WorkloadView> {
     let req = NewJob {
         allocation_id: b.allocation_id,
+        gpu: b.own.request(),
         name: b.name,
         command: b.command,
         workdir: b.workdir,

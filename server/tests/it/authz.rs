@@ -283,7 +283,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
             allocation_id: alloc,
             team_id: row.a.team_id,
             user_id: row.a.user_id,
-            node_id: uuid::Uuid::parse_str(node).expect("uuid"),
+            node_id: Some(uuid::Uuid::parse_str(node).expect("uuid")),
             hostname: "node-m".into(),
             devices: "[]".into(),
             state: "pending".into(),
@@ -309,6 +309,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
             log_start: 0,
             log_complete: false,
             idempotency_key: None,
+            owns_allocation: false,
         };
         assert!(store.insert_workload(&w).await.expect("insert"));
         out.push(id.to_string());
@@ -380,6 +381,8 @@ const ALLOC_REQUEST: [u16; 6] = [401, 403, 201, 201, 404, 201];
 fn rest_rows() -> Vec<Row> {
     vec![
         row!(GET "/api/v1/me", |_, _| "/api/v1/me".into(), none, [401, 200, 200, 200, 200, 200]),
+        row!(GET "/api/v1/setup", |_, _| "/api/v1/setup".into(), none, ADMIN_ONLY),
+        row!(POST "/api/v1/setup/dismiss", |_, _| "/api/v1/setup/dismiss".into(), none, ADMIN_ONLY),
         row!(GET "/api/v1/openapi.json", |_, _| "/api/v1/openapi.json".into(), none, [200, 200, 200, 200, 200, 200]),
         row!(GET "/api/v1/users", |_, _| "/api/v1/users".into(), none, ADMIN_ONLY),
         row!(POST "/api/v1/users", |_, _| "/api/v1/users".into(),
@@ -479,6 +482,8 @@ fn fn_rows() -> Vec<Row> {
     vec![
         row!(POST "/fn/current_user", |_, _| "/fn/current_user".into(), none, [200; 6]),
         row!(POST "/fn/login_options", |_, _| "/fn/login_options".into(), none, [200; 6]),
+        row!(POST "/fn/setup_checklist", |_, _| "/fn/setup_checklist".into(), none, ADMIN_ONLY),
+        row!(POST "/fn/dismiss_setup", |_, _| "/fn/dismiss_setup".into(), none, ADMIN_ONLY),
         row!(POST "/fn/login", |_, _| "/fn/login".into(),
             |_, i| Body::Form(vec![("username".into(), format!("nobody{i}")), ("password".into(), "not the password".into())]),
             [401; 6]),

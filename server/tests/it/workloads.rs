@@ -22,7 +22,7 @@ pub(crate) struct WorkloadAgent {
 }
 
 impl WorkloadAgent {
-    async fn start(a: &AdminClient, hostname: &str) -> WorkloadAgent {
+    pub(crate) async fn start(a: &AdminClient, hostname: &str) -> WorkloadAgent {
         let (s, jt) = a
             .call(
                 Method::POST,

@@ -1,0 +1,285 @@
+//! Jobs and notebooks that bring their own GPU: submitted with a GPU request instead of an
+//! allocation, they wait `queued` in the team's queue (same quota and fair share as any
+//! request), run once their own allocation is active, and give it back when they end, so
+//! metering stops with them. A real `tessera-agent --simulate` runs the job processes.
+
+use crate::allocations::{set_quota, team, wait_for_state};
+use crate::on_both_databases;
+use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::workloads::{WorkloadAgent, get, wait_workload};
+use chrono::{DateTime, Utc};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+on_both_databases!(
+    twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back,
+    a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request,
+);
+
+async fn submit(app: &TestApp, token: &str, body: Value) -> Value {
+    let (s, v) = call_with_token(app, token, Method::POST, "/api/v1/jobs", Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    v
+}
+
+async fn allocation(a: &AdminClient, id: &str) -> Value {
+    let (s, v) = a
+        .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+fn time(v: &Value) -> DateTime<Utc> {
+    v.as_str()
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_else(|| panic!("not a time: {v}"))
+}
+
+/// When the allocation entered `state` (from its history).
+fn entered(alloc: &Value, state: &str) -> Option<DateTime<Utc>> {
+    alloc["history"]
+        .as_array()?
+        .iter()
+        .find(|t| t["to"] == state)
+        .map(|t| time(&t["at"]))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back(db: Db) {
+    let name = format!("queue-{}", format!("{db:?}").to_lowercase());
+    let a = AdminClient::new(db).await;
+    let t = team(&a, &name).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let agent = WorkloadAgent::start(&a, &format!("{name}-node")).await;
+    let app = &a.app;
+
+    // Bad requests are refused before anything is queued.
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"command": "true", "gpu": "H100-80GB:9g.99gb"})),
+    )
+    .await;
+    assert_eq!(s, 422, "{v}");
+    assert_eq!(v["error"]["field"], "gpu", "{v}");
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"command": "true"})),
+    )
+    .await;
+    assert_eq!(s, 422, "{v}");
+    assert_eq!(v["error"]["field"], "allocation_id", "{v}");
+
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let v = submit(
+            app,
+            &t.member,
+            json!({"command": format!("sleep 2; echo run {i}"), "name": format!("sweep-{i}"),
+                   "gpu": "H100-80GB:1g.10gb", "time_limit_minutes": 60}),
+        )
+        .await;
+        assert_eq!(v["state"], "queued", "{v}");
+        assert_eq!(v["owns_allocation"], true, "{v}");
+        ids.push(v["id"].as_str().expect("id").to_owned());
+    }
+    // A repeated submission with the same Idempotency-Key is the same job.
+    let keyed = || {
+        reqwest::Client::new()
+            .post(app.url("/api/v1/jobs"))
+            .bearer_auth(&t.member)
+            .header("Idempotency-Key", "sweep-once")
+    };
+    let body = json!({"command": "true", "gpu": "H100-80GB:1g.10gb"});
+    let (s, first) = crate::support::json_call(keyed(), Some(body.clone())).await;
+    assert_eq!(s, 201, "{first}");
+    let (_, again) = crate::support::json_call(keyed(), Some(body)).await;
+    assert_eq!(first["id"], again["id"]);
+    assert_eq!(first["allocation_id"], again["allocation_id"]);
+    ids.push(first["id"].as_str().expect("id").to_owned());
+
+    // A queued job says why it waits.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut most_running = 0;
+    let mut saw_waiting = false;
+    let done = loop {
+        let mut running = 0;
+        let mut finished = Vec::new();
+        for id in &ids {
+            let v = get(app, &t.member, id).await;
+            match v["state"].as_str().unwrap_or("") {
+                "pending" | "starting" | "running" | "stopping" => running += 1,
+                "queued" => saw_waiting |= v["waiting"].as_str().is_some_and(|w| !w.is_empty()),
+                "succeeded" => finished.push(v),
+                other => panic!("job {id} is {other}: {v}"),
+            }
+        }
+        most_running = most_running.max(running);
+        assert!(
+            running <= 7,
+            "{running} jobs hold GPUs at once; the quota is 7"
+        );
+        if finished.len() == ids.len() {
+            break finished;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} jobs finished",
+            finished.len(),
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(saw_waiting, "no queued job said why it waits");
+    assert!(most_running >= 2, "the jobs never ran side by side");
+
+    // Every job's allocation ended with it: released, within a scheduler pass or two.
+    let mut allocated = 0.0;
+    let mut used = 0.0;
+    let mut ends = Vec::new();
+    let mut starts = Vec::new();
+    for job in &done {
+        let alloc_id = job["allocation_id"].as_str().expect("allocation");
+        let alloc = wait_for_state(&a, alloc_id, "ended").await;
+        let job_end = time(&job["ended_at"]);
+        let job_start = time(&job["started_at"]);
+        let active = entered(&alloc, "active").expect("was active");
+        let released = entered(&alloc, "releasing")
+            .or_else(|| entered(&alloc, "ended"))
+            .expect("ended");
+        let lag = (released - job_end).num_milliseconds();
+        assert!(
+            lag < 10_000,
+            "allocation {alloc_id} ended {lag} ms after its job: {alloc}"
+        );
+        allocated += (released - active).num_milliseconds() as f64 / 3_600_000.0;
+        used += (job_end - job_start).num_milliseconds() as f64 / 3_600_000.0;
+        ends.push(job_end);
+        starts.push(job_start);
+    }
+    // No quota stays held.
+    let (_, quotas) = a
+        .call(Method::GET, &format!("/api/v1/teams/{}/quotas", t.id), None)
+        .await;
+    assert_eq!(quotas[0]["used"], 0, "{quotas}");
+
+    // Time from capacity freeing to the next queued job running: the k-th job to start
+    // after the first seven waited for the k-th job to end.
+    starts.sort();
+    ends.sort();
+    let waits: Vec<f64> = starts
+        .iter()
+        .skip(7)
+        .zip(&ends)
+        .map(|(s, e)| (*s - *e).num_milliseconds().max(0) as f64 / 1000.0)
+        .collect();
+    eprintln!(
+        "queued jobs ({db:?}): {} jobs, at most {most_running} at once; capacity freed → next \
+         job running: median {:.2} s, max {:.2} s; GPU hours allocated {allocated:.5} vs used \
+         {used:.5} ({:.0} %)",
+        done.len(),
+        median(waits.clone()),
+        waits.iter().copied().fold(0.0, f64::max),
+        100.0 * used / allocated,
+    );
+    agent.stop().await;
+}
+
+async fn a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request(db: Db) {
+    let name = format!("limit-{}", format!("{db:?}").to_lowercase());
+    let a = AdminClient::new(db).await;
+    let t = team(&a, &name).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let app = &a.app;
+
+    // Without a node, a job waits; stopping it cancels its request and frees the quota.
+    let v = submit(
+        app,
+        &t.member,
+        json!({"command": "sleep 600", "gpu": "H100-80GB:whole"}),
+    )
+    .await;
+    let waiting = v["id"].as_str().expect("id").to_owned();
+    let waiting_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
+    assert_eq!(v["state"], "queued", "{v}");
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        &format!("/api/v1/workloads/{waiting}/stop"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "cancelled", "{v}");
+    assert_eq!(allocation(&a, &waiting_alloc).await["state"], "cancelled");
+    // Another team's member cannot see or stop it.
+    let o = team(&a, &format!("{name}-other")).await;
+    let (s, _) = call_with_token(
+        app,
+        &o.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{waiting}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+
+    // A job with a 60-minute limit runs; an hour later its allocation has expired and the
+    // job is stopped on the node.
+    let agent = WorkloadAgent::start(&a, &format!("{name}-node")).await;
+    let v = submit(
+        app,
+        &t.member,
+        json!({"command": "echo started; sleep 600", "gpu": "H100-80GB:1g.10gb",
+               "time_limit_minutes": 60, "priority": "normal"}),
+    )
+    .await;
+    let id = v["id"].as_str().expect("id").to_owned();
+    let alloc_id = v["allocation_id"].as_str().expect("alloc").to_owned();
+    let running = wait_workload(app, &t.member, &id, "running", 90).await;
+    assert!(running["hostname"].is_string(), "{running}");
+    assert!(
+        running["device"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("MIG-")),
+        "{running}"
+    );
+
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let services = tessera_core::Services::new(
+        store,
+        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
+        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
+            Default::default(),
+        )),
+        Duration::from_secs(3600),
+    );
+    let later = Utc::now() + chrono::Duration::minutes(61);
+    let r = services.allocations.tick(later).await.expect("tick");
+    assert_eq!(r.expired, 1, "{r:?}");
+    let ended = wait_workload(app, &t.member, &id, "cancelled", 60).await;
+    assert!(
+        ended["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("time limit"),
+        "{ended}"
+    );
+    assert_eq!(allocation(&a, &alloc_id).await["state"], "expired");
+    agent.stop().await;
+}
