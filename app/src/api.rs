@@ -930,6 +930,7 @@ pub async fn submit_job(
         let req = tessera_core::services::workloads::NewJob {
             allocation_id,
             gpu,
+            array_index: None,
             name,
             command,
             workdir,

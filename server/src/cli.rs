@@ -53,8 +53,13 @@ pub enum JobCommand {
         #[arg(long, default_value_t = 0)]
         retries: u32,
         /// Print its output as it comes and exit with the job.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "array")]
         follow: bool,
+        /// A sweep: one job per index in `FIRST-LAST` (e.g. `1-20`), each queued for a GPU
+        /// of its own, with `TESSERA_ARRAY_INDEX` set to its index and `[index]` after its
+        /// name. Prints one job id per line.
+        #[arg(long, requires = "gpu", value_name = "FIRST-LAST")]
+        array: Option<String>,
     },
     /// Prints a job's output.
     Logs {
@@ -292,6 +297,61 @@ async fn list(c: &Client, kind: &str) -> R<i32> {
     Ok(0)
 }
 
+/// Most jobs one `--array` submits.
+const ARRAY_MAX: u32 = 1000;
+
+/// `FIRST-LAST` (or one index) as an inclusive range.
+fn array_range(spec: &str) -> R<std::ops::RangeInclusive<u32>> {
+    let bad = || CliError {
+        code: 1,
+        message: format!("--array {spec}: write FIRST-LAST, e.g. 1-20 (at most {ARRAY_MAX} jobs)"),
+    };
+    let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
+    let (a, b): (u32, u32) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if b < a || b - a >= ARRAY_MAX {
+        return Err(bad());
+    }
+    Ok(a..=b)
+}
+
+/// Submits one job per index of `spec`, each with `TESSERA_ARRAY_INDEX`.
+async fn submit_array(c: &Client, body: Value, spec: &str) -> R<i32> {
+    let range = array_range(spec)?;
+    let base = match body["name"].as_str().filter(|n| !n.is_empty()) {
+        Some(n) => n.to_owned(),
+        None => body["command"]
+            .as_str()
+            .unwrap_or("job")
+            .chars()
+            .take(40)
+            .collect(),
+    };
+    let total = range.clone().count();
+    for (n, i) in range.enumerate() {
+        let mut one = body.clone();
+        one["name"] = json!(format!("{base}[{i}]"));
+        one["array_index"] = json!(i);
+        let v = c
+            .call(reqwest::Method::POST, "/api/v1/jobs", Some(one))
+            .await
+            .map_err(|e| CliError {
+                code: e.code,
+                message: format!(
+                    "{} (after {n} of {total} array jobs were submitted)",
+                    e.message
+                ),
+            })?;
+        println!("{}", v["id"].as_str().unwrap_or(""));
+    }
+    eprintln!(
+        "submitted {total} jobs; each runs when its GPU is free and gives it back at its end"
+    );
+    Ok(0)
+}
+
 /// Stops a notebook or cancels a job.
 async fn stop(c: &Client, id: &str) -> R<i32> {
     let v = c
@@ -318,11 +378,15 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             env,
             retries,
             follow,
+            array,
         } => {
             let command = command.unwrap_or_else(|| shell_join(&args));
             let mut body = json!({"allocation_id": allocation, "command": command, "name": name,
                 "workdir": workdir, "env": env_map(&env)?, "retries": retries});
             own.fields(&mut body);
+            if let Some(range) = array {
+                return submit_array(&c, body, &range).await;
+            }
             let v = c
                 .call(reqwest::Method::POST, "/api/v1/jobs", Some(body))
                 .await?;
@@ -406,7 +470,17 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::shell_join;
+    use super::{array_range, shell_join};
+
+    #[test]
+    fn array_ranges_are_inclusive_and_bounded() {
+        assert_eq!(array_range("1-20").ok(), Some(1..=20));
+        assert_eq!(array_range("7").ok(), Some(7..=7));
+        assert_eq!(array_range("0-999").ok(), Some(0..=999));
+        for bad in ["20-1", "1-1000", "a-3", "", "-"] {
+            assert!(array_range(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn trailing_arguments_reach_the_shell_as_given() {

@@ -19,7 +19,7 @@ use crate::store::{AuditRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use tessera_domain::account::Principal;
+use tessera_domain::account::{Principal, Username};
 use tessera_domain::alloc::{AllocState, AllocatedDevice, NewAllocation};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -96,6 +96,8 @@ pub struct NewNotebook {
 pub struct NewJob {
     pub allocation_id: Option<Uuid>,
     pub gpu: Option<NewAllocation>,
+    /// One task of a sweep: its index, given to the run as `TESSERA_ARRAY_INDEX`.
+    pub array_index: Option<u32>,
     pub name: String,
     pub command: String,
     pub workdir: String,
@@ -206,6 +208,8 @@ pub struct WorkloadTick {
     pub started_queued: u32,
     /// Allocations given back because the workload that owned them ended.
     pub released_allocations: u32,
+    /// Jobs whose own allocation was preempted, queued again for a new one.
+    pub requeued: u32,
     pub stopped_for_allocation: u32,
     pub reclaimed_idle: u32,
     pub lost: u32,
@@ -344,7 +348,14 @@ impl Workloads {
     pub async fn submit_job(&self, p: &Principal, req: &NewJob) -> Result<WorkloadView, AppError> {
         let command = JobCommand::parse(&req.command)?;
         let workdir = wl::parse_workdir(&req.workdir)?;
-        let env = wl::parse_env(&req.env)?;
+        let mut env = wl::parse_env(&req.env)?;
+        if let Some(i) = req.array_index {
+            // Tessera's own variable (a request's env may not set `TESSERA_*` names).
+            env.push(EnvVar {
+                name: "TESSERA_ARRAY_INDEX".into(),
+                value: i.to_string(),
+            });
+        }
         let retries = wl::parse_retries(&req.retries)?;
         let name = req.name.trim();
         if name.chars().count() > 80 {
@@ -855,6 +866,87 @@ impl Workloads {
             .map_err(internal("placing workload"))
     }
 
+    /// A job whose own allocation was preempted is queued again for a new one (same kind,
+    /// count, priority, time limit, team; the same quota and queue), as its next attempt,
+    /// instead of ending. `false` when it cannot be (the owner left the team, the request
+    /// is refused, or the workload moved on meanwhile): then it stops like any other.
+    async fn requeue(&self, w: &WorkloadRow) -> Result<bool, AppError> {
+        if !w.owns_allocation || kind_of(w) != WorkloadKind::Job {
+            return Ok(false);
+        }
+        let state = state_of(w);
+        let (Some(old), Some(user)) = (
+            self.store
+                .allocation(w.allocation_id)
+                .await
+                .map_err(internal("loading allocation"))?,
+            self.store
+                .user_by_id(w.user_id)
+                .await
+                .map_err(internal("loading user"))?,
+        ) else {
+            return Ok(false);
+        };
+        let Ok(username) = Username::parse(&user.username) else {
+            return Ok(false);
+        };
+        let owner = Principal {
+            user_id: UserId(w.user_id),
+            username,
+            is_admin: user.is_admin,
+        };
+        let req = NewAllocation {
+            team_id: old.a.team_id.to_string(),
+            kind: old.a.kind.clone(),
+            count: u32::try_from(old.a.count).unwrap_or(1),
+            duration_minutes: u32::try_from(old.a.duration_minutes).ok(),
+            starts_at: None,
+            priority: Some(old.a.priority.clone()),
+            purpose: old.a.purpose.clone(),
+        };
+        let attempt = w.attempt + 1;
+        // One key per attempt: a report and a pass requeueing at once share one request.
+        let key = format!("requeue:{}:{attempt}", w.id);
+        let fresh = match self.allocations.request(&owner, &req, Some(&key)).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(workload = %w.id, error = %e, "a preempted job could not be queued again");
+                return Ok(false);
+            }
+        };
+        let note = format!("its GPU was preempted; queued again for a new one (attempt {attempt})");
+        let moved = self
+            .store
+            .requeue_workload(
+                w.id,
+                state.as_str(),
+                w.allocation_id,
+                fresh.id,
+                attempt,
+                &note,
+            )
+            .await
+            .map_err(internal("requeueing workload"))?;
+        if moved {
+            self.audit(None, "job.requeue", w.id, w.team_id, &note)
+                .await;
+            return Ok(true);
+        }
+        // Another pass requeued it onto the same request: keep that; else give it back.
+        let now_on = self
+            .store
+            .workload(w.id)
+            .await
+            .map_err(internal("loading workload"))?
+            .map(|r| r.w.allocation_id);
+        if now_on != Some(fresh.id) {
+            self.allocations
+                .release_for_system(fresh.id, "its job had moved on")
+                .await?;
+        }
+        Ok(now_on == Some(fresh.id))
+    }
+
     /// Gives back the allocations of workloads that owned them and have ended (the job
     /// exited, was cancelled or lost, the notebook stopped): metering stops with them.
     async fn release_ended_owners(&self) -> Result<u32, AppError> {
@@ -1358,6 +1450,9 @@ impl Workloads {
                     self.step(w, end, change(None)).await?;
                     return Ok(());
                 }
+                if alloc == AllocState::Preempted && self.requeue(w).await? {
+                    return Ok(());
+                }
                 if alloc == AllocState::Releasing || alloc.is_terminal() {
                     // The executor stopped it because its allocation ended (before this
                     // server's pass asked it to): a stop, not a failure of the workload.
@@ -1538,6 +1633,13 @@ impl Workloads {
                         report.stopped_for_allocation += 1;
                     }
                 }
+                continue;
+            }
+            if alloc == AllocState::Preempted
+                && state != WorkloadState::Stopping
+                && self.requeue(w).await?
+            {
+                report.requeued += 1;
                 continue;
             }
             // Workloads start only on active allocations; once the allocation is being

@@ -312,6 +312,32 @@ impl Store {
         })
     }
 
+    /// A running job whose own allocation was preempted goes back to `queued` on a new
+    /// allocation, as its next attempt: off its node (whose executor then stops the old run,
+    /// no longer wanted), its log continuing after what was stored. `false` if it moved on.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn requeue_workload(
+        &self,
+        id: Uuid,
+        from: &str,
+        old_allocation: Uuid,
+        new_allocation: Uuid,
+        attempt: i64,
+        note: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = "UPDATE workloads SET state = 'queued', allocation_id = $4, node_id = NULL, \
+                   hostname = '', devices = '[]', attempt = $5, log_base = log_stored, \
+                   endpoint = NULL, exit_code = NULL, synced_at = NULL, stop_state = NULL, \
+                   message = $6 \
+                   WHERE id = $1 AND state = $2 AND allocation_id = $3 AND attempt = $5 - 1 \
+                     AND owns_allocation";
+        on_pool!(self, pool => {
+            let r = sqlx::query(sql).bind(id).bind(from).bind(old_allocation)
+                .bind(new_allocation).bind(attempt).bind(note).execute(pool).await?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
     /// Records what the executor reported besides the state.
     pub async fn workload_seen(
         &self,

@@ -1005,6 +1005,10 @@ struct NewJobBody {
     /// Times a failed run is started again (0–5).
     #[serde(default)]
     retries: u32,
+    /// One task of a sweep (`tessera job submit --array`): its index, which the run gets as
+    /// `TESSERA_ARRAY_INDEX`.
+    #[serde(default)]
+    array_index: Option<u32>,
 }
 
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
@@ -1023,6 +1027,7 @@ async fn submit_job(
     let req = NewJob {
         allocation_id: b.allocation_id,
         gpu: b.own.request(),
+        array_index: b.array_index,
         name: b.name,
         command: b.command,
         workdir: b.workdir,

@@ -3,6 +3,7 @@
 //! request), run once their own allocation is active, and give it back when they end, so
 //! metering stops with them. A real `tessera-agent --simulate` runs the job processes.
 
+use crate::allocations::request;
 use crate::allocations::{set_quota, team, wait_for_state};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 on_both_databases!(
     twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back,
     a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request,
+    a_preempted_job_is_queued_again_and_runs_its_next_attempt,
 );
 
 async fn submit(app: &TestApp, token: &str, body: Value) -> Value {
@@ -194,6 +196,52 @@ async fn twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back(db: Db
         waits.iter().copied().fold(0.0, f64::max),
         100.0 * used / allocated,
     );
+
+    // A sweep from the terminal: one job per index, each with its index, each queued for
+    // a GPU of its own.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "job",
+            "submit",
+            "--gpu",
+            "H100-80GB:1g.10gb",
+            "--name",
+            "sweep",
+        ])
+        .args([
+            "--array",
+            "1-3",
+            "--",
+            "sh",
+            "-c",
+            "echo idx=$TESSERA_ARRAY_INDEX",
+        ])
+        .env("TESSERA_URL", &app.base)
+        .env("TESSERA_TOKEN", &t.member)
+        .output()
+        .expect("run tessera");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let array: Vec<&str> = stdout.lines().collect();
+    assert_eq!(array.len(), 3, "{stdout}");
+    for (i, id) in array.iter().enumerate() {
+        let v = wait_workload(app, &t.member, id, "succeeded", 120).await;
+        assert_eq!(v["name"], format!("sweep[{}]", i + 1), "{v}");
+        let (_, log) = call_with_token(
+            app,
+            &t.member,
+            Method::GET,
+            &format!("/api/v1/workloads/{id}/logs?from=0"),
+            None,
+        )
+        .await;
+        let text = log["text"].as_str().unwrap_or("");
+        assert!(text.contains(&format!("idx={}", i + 1)), "{log}");
+    }
     agent.stop().await;
 }
 
@@ -281,5 +329,80 @@ async fn a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request(
         "{ended}"
     );
     assert_eq!(allocation(&a, &alloc_id).await["state"], "expired");
+    agent.stop().await;
+}
+
+async fn a_preempted_job_is_queued_again_and_runs_its_next_attempt(db: Db) {
+    let name = format!("requeue-{}", format!("{db:?}").to_lowercase());
+    let app = TestApp::spawn_with(db, |c| {
+        c.preemption_grace = Duration::from_secs(3);
+        c.scheduler_interval = Duration::from_millis(500);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let lender = team(&a, &format!("{name}-lender")).await;
+    let claimant = team(&a, &format!("{name}-claimant")).await;
+    set_quota(&a, &lender.id, "H100-80GB", 7, 7, 7).await;
+    set_quota(&a, &claimant.id, "H100-80GB", 7, 7, 7).await;
+    let agent = WorkloadAgent::start(&a, &format!("{name}-node")).await;
+    let app = &a.app;
+    let v = submit(
+        app,
+        &lender.member,
+        json!({"command": "echo attempt-$TESSERA_WORKLOAD_ATTEMPT; sleep 600",
+               "gpu": "H100-80GB:whole", "name": "long-train"}),
+    )
+    .await;
+    let id = v["id"].as_str().expect("id").to_owned();
+    let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
+    wait_workload(app, &lender.member, &id, "running", 90).await;
+
+    // Another team claims a slice; the lender's guarantee drops to nothing, so its whole
+    // GPU is borrowed and preempted: the job goes back to the queue, on a new request.
+    let (s, slice) = request(app, &claimant.member, &claimant.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{slice}");
+    let slice_id = slice["id"].as_str().expect("id").to_owned();
+    set_quota(&a, &lender.id, "H100-80GB", 0, 7, 7).await;
+    wait_for_state(&a, &first_alloc, "preempted").await;
+    let requeued = wait_workload(app, &lender.member, &id, "queued", 60).await;
+    assert_eq!(requeued["attempt"], 2, "{requeued}");
+    assert_ne!(
+        requeued["allocation_id"],
+        first_alloc.as_str(),
+        "{requeued}"
+    );
+    assert!(
+        requeued["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("preempted"),
+        "{requeued}"
+    );
+    // Its next attempt runs once the GPU is free again.
+    wait_for_state(&a, &slice_id, "active").await;
+    let (s, _) = call_with_token(
+        app,
+        &claimant.member,
+        Method::POST,
+        &format!("/api/v1/allocations/{slice_id}/release"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let again = wait_workload(app, &lender.member, &id, "running", 120).await;
+    assert_eq!(again["attempt"], 2, "{again}");
+    // Cancelled, it gives its second GPU back.
+    let second_alloc = again["allocation_id"].as_str().expect("alloc").to_owned();
+    let (s, _) = call_with_token(
+        app,
+        &lender.member,
+        Method::POST,
+        &format!("/api/v1/workloads/{id}/stop"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    wait_workload(app, &lender.member, &id, "cancelled", 60).await;
+    wait_for_state(&a, &second_alloc, "ended").await;
     agent.stop().await;
 }
