@@ -349,17 +349,17 @@ async fn a_preempted_job_is_queued_again_and_runs_its_next_attempt(db: Db) {
     let v = submit(
         app,
         &lender.member,
-        json!({"command": "echo attempt-$TESSERA_WORKLOAD_ATTEMPT; sleep 600",
-               "gpu": "H100-80GB:whole", "name": "long-train"}),
+        json!({"command": "sleep 600", "gpu": "H100-80GB:4g.40gb", "name": "long-train"}),
     )
     .await;
     let id = v["id"].as_str().expect("id").to_owned();
     let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
     wait_workload(app, &lender.member, &id, "running", 90).await;
 
-    // Another team claims a slice; the lender's guarantee drops to nothing, so its whole
-    // GPU is borrowed and preempted: the job goes back to the queue, on a new request.
-    let (s, slice) = request(app, &claimant.member, &claimant.id, "H100-80GB:1g.10gb").await;
+    // Another team claims the GPU's one 4g.40gb place; the lender's guarantee drops to
+    // nothing, so its slice is borrowed and preempted: the job goes back to the queue, on
+    // a new request. (MIG slices on both sides: no MIG mode switch in the way.)
+    let (s, slice) = request(app, &claimant.member, &claimant.id, "H100-80GB:4g.40gb").await;
     assert_eq!(s, 201, "{slice}");
     let slice_id = slice["id"].as_str().expect("id").to_owned();
     set_quota(&a, &lender.id, "H100-80GB", 0, 7, 7).await;
