@@ -32,7 +32,7 @@ use tessera_domain::tenancy::{
 use tessera_domain::wire::DesiredInstance;
 #[cfg(feature = "ssr")]
 use tessera_domain::wire::MigMode;
-use tessera_domain::workload::{LogSlice, WorkloadView};
+use tessera_domain::workload::{LogSlice, NotebookProfile, WorkloadView};
 
 /// An [`AppError`] plus the non-secret form values to show again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -868,6 +868,59 @@ fn run_on(
 
 /// The "Run on" value that asks for a GPU of the workload's own.
 pub const NEW_GPU: &str = "new";
+/// A "Run on" value `profile:<id>`: a team's notebook profile.
+pub const PROFILE_PREFIX: &str = "profile:";
+
+/// Notebook profiles: of one team, or (`team` empty) of all the caller's teams.
+#[server(prefix = "/fn", endpoint = "notebook_profiles")]
+pub async fn notebook_profiles(
+    #[server(default)] team: String,
+) -> Result<Vec<NotebookProfile>, UiError> {
+    ssr::call([], async |s, p| {
+        let team = Some(team)
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| ssr::id(&t).map(TeamId))
+            .transpose()?;
+        s.workloads.profiles(p, team).await
+    })
+    .await
+}
+
+/// Adds (or replaces by name) a team's notebook profile.
+#[server(prefix = "/fn", endpoint = "save_notebook_profile")]
+pub async fn save_notebook_profile(
+    team_id: String,
+    name: String,
+    kind: String,
+    hours: String,
+) -> Result<NotebookProfile, UiError> {
+    let echo = [
+        ("name", name.clone()),
+        ("kind", kind.clone()),
+        ("hours", hours.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let hours = hours
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| AppError::invalid("hours", "a whole number of hours, 1 or more"))?;
+        s.workloads
+            .save_profile(p, TeamId(ssr::id(&team_id)?), &name, &kind, hours)
+            .await
+    })
+    .await
+}
+
+/// Removes a team's notebook profile.
+#[server(prefix = "/fn", endpoint = "delete_notebook_profile")]
+pub async fn delete_notebook_profile(team_id: String, id: String) -> Result<(), UiError> {
+    ssr::call([], async |s, p| {
+        s.workloads
+            .delete_profile(p, TeamId(ssr::id(&team_id)?), ssr::id(&id)?)
+            .await
+    })
+    .await
+}
 
 /// Launches a JupyterLab on one of the caller's active allocations; goes to its page.
 #[server(prefix = "/fn", endpoint = "launch_notebook")]
@@ -887,10 +940,21 @@ pub async fn launch_notebook(
         ("name", name.clone()),
     ];
     ssr::call(echo, async |s, p| {
-        let (allocation_id, gpu) = run_on(&allocation_id, gpu, hours, None, team_id)?;
+        let profile_id = match allocation_id.trim().strip_prefix(PROFILE_PREFIX) {
+            Some(p) => {
+                Some(id(p).map_err(|_| AppError::invalid("allocation_id", "no such profile"))?)
+            }
+            None => None,
+        };
+        let (allocation_id, gpu) = if profile_id.is_some() {
+            (None, None)
+        } else {
+            run_on(&allocation_id, gpu, hours, None, team_id)?
+        };
         let req = tessera_core::services::workloads::NewNotebook {
             allocation_id,
             gpu,
+            profile_id,
             name,
             env,
             idempotency_key,

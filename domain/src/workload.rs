@@ -480,6 +480,38 @@ pub struct WorkloadView {
     pub waiting: Option<String>,
 }
 
+/// A team's named notebook profile: the GPU and hours a member starts a notebook with in
+/// one click (like JupyterHub's profile list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NotebookProfile {
+    pub id: Uuid,
+    pub team_id: TeamId,
+    pub team_name: String,
+    /// E.g. `Small`; unique within the team.
+    pub name: String,
+    /// `H100-80GB:1g.10gb`, `H100-80GB:whole`.
+    pub kind: String,
+    /// E.g. `1g.10gb on H100-80GB`.
+    pub kind_label: String,
+    pub hours: u32,
+}
+
+/// A profile's name: 1–40 characters, no line breaks or other control characters.
+pub fn parse_profile_name(raw: &str) -> Result<String, AppError> {
+    let name = raw.trim();
+    if name.is_empty() || name.chars().count() > 40 {
+        return Err(AppError::invalid("name", "1 to 40 characters"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(AppError::invalid(
+            "name",
+            "no line breaks or control characters",
+        ));
+    }
+    Ok(name.to_owned())
+}
+
 /// Proxy path prefix of a notebook: `/user/{username}/{name}/`.
 /// The Kubernetes extended resource that stands for one allocated device in NVIDIA's
 /// device plugin "mixed" strategy: `nvidia.com/mig-<profile>` for a MIG slice,
@@ -690,6 +722,14 @@ mod tests {
         for s in WorkloadState::ALL {
             assert_eq!(s.as_str().parse::<WorkloadState>().unwrap(), s);
         }
+    }
+
+    #[test]
+    fn profile_names_are_short_plain_text() {
+        assert_eq!(parse_profile_name("  Small GPU ").unwrap(), "Small GPU");
+        assert!(parse_profile_name("").is_err());
+        assert!(parse_profile_name(&"x".repeat(41)).is_err());
+        assert!(parse_profile_name("a\nb").is_err());
     }
 
     #[test]

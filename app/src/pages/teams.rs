@@ -2,7 +2,8 @@
 //! members. Another team's page answers exactly like a missing one: "Not found".
 
 use crate::api::{
-    self, AddMember, ChangeRole, CreateTeam, RemoveMember, RenameTeam, SetQuota, SetTeamArchived,
+    self, AddMember, ChangeRole, CreateTeam, DeleteNotebookProfile, RemoveMember, RenameTeam,
+    SaveNotebookProfile, SetQuota, SetTeamArchived,
 };
 use crate::components::{
     Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, field_error, form_error,
@@ -14,6 +15,7 @@ use tessera_domain::alloc::QuotaView;
 use tessera_domain::billing::{BudgetView, format_minor};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
+use tessera_domain::workload::NotebookProfile;
 
 #[component]
 pub fn TeamsPage() -> impl IntoView {
@@ -154,6 +156,9 @@ struct TeamData {
     quotas: Resource<Result<Vec<QuotaView>, api::UiError>>,
     set_quota: ServerAction<SetQuota>,
     budget: Resource<Result<BudgetView, api::UiError>>,
+    profiles: Resource<Result<Vec<NotebookProfile>, api::UiError>>,
+    save_profile: ServerAction<SaveNotebookProfile>,
+    delete_profile: ServerAction<DeleteNotebookProfile>,
 }
 
 impl TeamData {
@@ -182,6 +187,18 @@ impl TeamData {
             |(id, _)| api::list_quotas(id),
         );
         let budget = Resource::new(move || id.get(), api::team_budget);
+        let save_profile = ServerAction::<SaveNotebookProfile>::new();
+        let delete_profile = ServerAction::<DeleteNotebookProfile>::new();
+        let profiles = Resource::new(
+            move || {
+                (
+                    id.get(),
+                    save_profile.version().get(),
+                    delete_profile.version().get(),
+                )
+            },
+            |(id, ..)| api::notebook_profiles(id),
+        );
         TeamData {
             actions,
             team,
@@ -189,6 +206,9 @@ impl TeamData {
             quotas,
             set_quota,
             budget,
+            profiles,
+            save_profile,
+            delete_profile,
         }
     }
 }
@@ -225,6 +245,9 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         quotas,
         set_quota,
         budget,
+        profiles,
+        save_profile,
+        delete_profile,
         ..
     } = data;
     let platform_admin = is_admin();
@@ -317,6 +340,14 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
             <Transition fallback=Loading>{member_list}</Transition>
         </section>
         <TeamQuotas quotas />
+        <TeamProfiles
+            team_id=team_id.clone()
+            profiles
+            quotas
+            manages
+            save=save_profile
+            delete=delete_profile
+        />
         <TeamSpend
             team_id=team_id.clone()
             budget
@@ -593,6 +624,139 @@ fn TeamQuotas(quotas: Resource<Result<Vec<QuotaView>, api::UiError>>) -> impl In
                     }
                 })}
             </Transition>
+        </section>
+    }
+}
+
+/// The team's notebook profiles (what "Start a notebook" offers its members in one click),
+/// with a form for the team's admins.
+#[component]
+fn TeamProfiles(
+    team_id: String,
+    profiles: Resource<Result<Vec<NotebookProfile>, api::UiError>>,
+    quotas: Resource<Result<Vec<QuotaView>, api::UiError>>,
+    manages: bool,
+    save: ServerAction<SaveNotebookProfile>,
+    delete: ServerAction<DeleteNotebookProfile>,
+) -> impl IntoView {
+    let list = {
+        let team_id = team_id.clone();
+        move || {
+            let team_id = team_id.clone();
+            Suspend::new(async move {
+                match profiles.await {
+                    Ok(list) if list.is_empty() => view! {
+                        <Empty>
+                            <p data-testid="no-profiles">
+                                "No notebook profiles: members choose a GPU and hours themselves."
+                            </p>
+                        </Empty>
+                    }
+                    .into_any(),
+                    Ok(list) => {
+                        let rows = list
+                            .into_iter()
+                            .map(|p| {
+                                let (team_id, profile_id) = (team_id.clone(), p.id.to_string());
+                                let remove = manages.then(move || {
+                                    view! {
+                                        <td>
+                                            <ActionForm action=delete>
+                                                <input type="hidden" name="team_id" value=team_id />
+                                                <input type="hidden" name="id" value=profile_id />
+                                                <button type="submit" class="link danger">"Delete"</button>
+                                            </ActionForm>
+                                        </td>
+                                    }
+                                });
+                                let name = p.name.clone();
+                                view! {
+                                    <tr data-testid="profile-row" data-name=name>
+                                        <td>{p.name}</td>
+                                        <td>{p.kind_label}</td>
+                                        <td>{format!("{} h", p.hours)}</td>
+                                        {remove}
+                                    </tr>
+                                }
+                            })
+                            .collect_view();
+                        view! {
+                            <table class="list" data-testid="profiles">
+                                <thead>
+                                    <tr>
+                                        <th>"Profile"</th>
+                                        <th>"GPU"</th>
+                                        <th>"Hours"</th>
+                                        {manages.then(|| view! { <th>"Manage"</th> })}
+                                    </tr>
+                                </thead>
+                                <tbody>{rows}</tbody>
+                            </table>
+                        }
+                        .into_any()
+                    }
+                    Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                }
+            })
+        }
+    };
+    let form = manages.then(|| {
+        let value = move || save.value().get();
+        let kinds = move || {
+            Suspend::new(async move {
+                let catalog = Catalog::builtin();
+                let mut models: Vec<String> = quotas
+                    .await
+                    .map(|qs| qs.into_iter().filter(|q| q.limit > 0).map(|q| q.model).collect())
+                    .unwrap_or_default();
+                models.sort();
+                models.dedup();
+                models
+                    .iter()
+                    .flat_map(|m| super::allocations::kind_options(&catalog, m))
+                    .map(|(v, label)| view! { <option value=v>{label}</option> })
+                    .collect_view()
+            })
+        };
+        view! {
+            <ActionForm action=save attr:data-testid="profile-form" attr:novalidate=true>
+                {form_error(value)}
+                <input type="hidden" name="team_id" value=team_id.clone() />
+                <div class="field-row three">
+                    <div>
+                        <label for="profile-name">"Name"</label>
+                        <input id="profile-name" name="name" maxlength="40" placeholder="Small" required />
+                        {field_error(value, "name")}
+                    </div>
+                    <div>
+                        <label for="profile-kind">"GPU or MIG slice"</label>
+                        <select id="profile-kind" name="kind">
+                            <Transition fallback=|| ()>{kinds}</Transition>
+                        </select>
+                        {field_error(value, "kind")}
+                    </div>
+                    <div>
+                        <label for="profile-hours">"Hours"</label>
+                        <input id="profile-hours" name="hours" type="number" min="1" value="8" inputmode="numeric" />
+                        {field_error(value, "hours")}
+                    </div>
+                </div>
+                <button type="submit" disabled=move || save.pending().get()>
+                    "Save profile"
+                </button>
+            </ActionForm>
+        }
+    });
+    view! {
+        <section class="card wide" aria-labelledby="profiles-title">
+            <h2 id="profiles-title">"Notebook profiles"</h2>
+            <p class="hint">
+                "What members start a notebook with in one click: a GPU and how long it may run. "
+                "The notebook waits for that GPU in the team's queue and gives it back when it stops."
+            </p>
+            {form_error(move || delete.value().get())}
+            <Transition fallback=Loading>{list}</Transition>
+            {form}
         </section>
     }
 }

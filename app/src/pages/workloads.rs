@@ -277,6 +277,8 @@ struct LaunchOptions {
     gpus: Vec<(String, String)>,
     /// Teams that may pay for such a request (id, name); a choice only when several.
     teams: Vec<(String, String)>,
+    /// The caller's teams' notebook profiles (value `profile:<id>`).
+    profiles: Vec<Choice>,
     /// The form's idempotency key (a double submit launches one workload).
     key: String,
 }
@@ -323,6 +325,17 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         }
     }
     let (gpus, teams) = requestable().await?;
+    let profiles = api::notebook_profiles(String::new())
+        .await?
+        .into_iter()
+        .map(|p| Choice {
+            id: format!("{}{}", api::PROFILE_PREFIX, p.id),
+            label: format!(
+                "Profile {}: {}, {} h ({})",
+                p.name, p.kind_label, p.hours, p.team_name
+            ),
+        })
+        .collect();
     Ok(LaunchOptions {
         free,
         busy,
@@ -330,6 +343,7 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         labels,
         gpus,
         teams,
+        profiles,
         key: super::allocations::new_key(),
     })
 }
@@ -475,7 +489,7 @@ fn LaunchSection(data: ListData) -> impl IntoView {
                 {move || Suspend::new(async move {
                     let chosen = preselect.get_untracked();
                     match options.await {
-                        Ok(o) if o.free.is_empty() && o.gpus.is_empty() => {
+                        Ok(o) if o.free.is_empty() && o.gpus.is_empty() && o.profiles.is_empty() => {
                             view! { <NoFreeAllocation o kind /> }.into_any()
                         }
                         Ok(o) => {
@@ -565,12 +579,26 @@ fn RunOnSelect(
     kind: WorkloadKind,
     can_request: bool,
     new_gpu: RwSignal<bool>,
+    /// Notebooks: the team profiles, offered first.
+    #[prop(optional)]
+    profiles: Vec<Choice>,
 ) -> impl IntoView {
-    let chosen = if chosen.is_empty() && choices.is_empty() {
-        api::NEW_GPU.to_owned()
-    } else {
-        chosen
+    let chosen = match (chosen.is_empty(), choices.is_empty(), profiles.first()) {
+        (true, true, Some(p)) => p.id.clone(),
+        (true, true, None) => api::NEW_GPU.to_owned(),
+        _ => chosen,
     };
+    let profile_options = profiles
+        .into_iter()
+        .map(|c| {
+            let selected = c.id == chosen;
+            view! {
+                <option value=c.id selected=selected>
+                    {c.label}
+                </option>
+            }
+        })
+        .collect_view();
     new_gpu.set(chosen == api::NEW_GPU);
     let options = choices
         .into_iter()
@@ -602,6 +630,7 @@ fn RunOnSelect(
             required
             on:change=move |ev| new_gpu.set(event_target_value(&ev) == api::NEW_GPU)
         >
+            {profile_options}
             {own}
             {options}
         </select>
@@ -772,6 +801,7 @@ fn LaunchForm(
                 kind=WorkloadKind::Notebook
                 can_request=!o.gpus.is_empty()
                 new_gpu
+                profiles=o.profiles
             />
             {field_error(value, "allocation_id")}
             <OwnGpuFields

@@ -301,6 +301,29 @@ impl Allocations {
         self.get(p, row.id).await
     }
 
+    /// Checks that one `kind` for `minutes` could be requested by `team` (the catalog and the
+    /// duration policy, as a request is checked); errors name `kind` / `duration_minutes`.
+    /// Returns the kind's label, e.g. `1g.10gb on H100-80GB`.
+    pub fn check_kind(&self, team: Uuid, kind: &str, minutes: u32) -> Result<String, AppError> {
+        let input = NewAllocation {
+            team_id: team.to_string(),
+            kind: kind.to_owned(),
+            count: 1,
+            duration_minutes: Some(minutes),
+            starts_at: None,
+            priority: None,
+            purpose: String::new(),
+        };
+        let valid = alloc::validate(&input, &self.policy, &self.catalog, Utc::now())?;
+        if matches!(valid.kind(), GpuKind::Share { .. }) {
+            return Err(AppError::invalid(
+                "kind",
+                "time-sliced shares are not offered yet; ask for a MIG slice or a whole GPU",
+            ));
+        }
+        Ok(valid.kind().label())
+    }
+
     async fn existing(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
         self.store
             .allocation_by_key(p.user_id.0, key)

@@ -69,6 +69,17 @@ pub struct WorkloadListRow {
     pub alloc_state: String,
 }
 
+/// A team's notebook profile, with the team's name.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ProfileRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub name: String,
+    pub kind: String,
+    pub duration_minutes: i64,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LogChunkRow {
     pub offset_b: i64,
@@ -270,6 +281,62 @@ impl Store {
                AND w.owns_allocation AND w.state NOT IN {LIVE}"
         );
         on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)
+    }
+
+    /// The notebook profiles of `teams`, by team name then profile name.
+    pub async fn notebook_profiles(&self, teams: &[Uuid]) -> Result<Vec<ProfileRow>, sqlx::Error> {
+        if teams.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ps: Vec<String> = (1..=teams.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes \
+             FROM notebook_profiles p JOIN teams t ON t.id = p.team_id \
+             WHERE p.team_id IN ({}) ORDER BY lower(t.name), lower(p.name)",
+            ps.join(", ")
+        );
+        on_pool!(self, pool => {
+            let mut q = sqlx::query_as::<_, ProfileRow>(&sql);
+            for t in teams {
+                q = q.bind(*t);
+            }
+            q.fetch_all(pool).await
+        })
+    }
+
+    /// Stores a team's profile; one of the same name is replaced (its id kept).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn save_notebook_profile(
+        &self,
+        id: Uuid,
+        team: Uuid,
+        name: &str,
+        kind: &str,
+        duration_minutes: i64,
+        at: DateTime<Utc>,
+        by: Uuid,
+    ) -> Result<Uuid, sqlx::Error> {
+        let sql = "INSERT INTO notebook_profiles (id, team_id, name, kind, duration_minutes, \
+                   created_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                   ON CONFLICT (team_id, name) DO UPDATE SET kind = excluded.kind, \
+                   duration_minutes = excluded.duration_minutes RETURNING id";
+        on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
+            .bind(kind).bind(duration_minutes).bind(at).bind(by).fetch_one(pool).await)
+    }
+
+    /// Deletes a team's profile; `false` if the team has no such profile.
+    pub async fn delete_notebook_profile(&self, team: Uuid, id: Uuid) -> Result<bool, sqlx::Error> {
+        let sql = "DELETE FROM notebook_profiles WHERE id = $1 AND team_id = $2";
+        on_pool!(self, pool => {
+            let r = sqlx::query(sql).bind(id).bind(team).execute(pool).await?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    pub async fn notebook_profile(&self, id: Uuid) -> Result<Option<ProfileRow>, sqlx::Error> {
+        let sql = "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes \
+                   FROM notebook_profiles p JOIN teams t ON t.id = p.team_id WHERE p.id = $1";
+        on_pool!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await)
     }
 
     /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.

@@ -25,7 +25,7 @@ use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
     ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
 };
-use tessera_domain::workload::{LogSlice, WorkloadKind, WorkloadView};
+use tessera_domain::workload::{LogSlice, NotebookProfile, WorkloadKind, WorkloadView};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -122,6 +122,8 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(usage_csv))
         .routes(routes!(list_workloads))
         .routes(routes!(launch_notebook))
+        .routes(routes!(list_notebook_profiles, save_notebook_profile))
+        .routes(routes!(delete_notebook_profile))
         .routes(routes!(submit_job))
         .routes(routes!(get_workload))
         .routes(routes!(stop_workload))
@@ -948,9 +950,12 @@ impl OwnGpu {
 
 #[derive(Deserialize, utoipa::ToSchema)]
 struct NewNotebookBody {
-    /// An active allocation of the caller's; or give `gpu` instead.
+    /// An active allocation of the caller's; or give `gpu` or `profile_id` instead.
     #[serde(default)]
     allocation_id: Option<Uuid>,
+    /// One of the caller's teams' notebook profiles (its GPU and hours, its team pays).
+    #[serde(default)]
+    profile_id: Option<Uuid>,
     #[serde(flatten)]
     own: OwnGpu,
     /// The notebook's name (its URL is `/user/{username}/{name}/lab`); lowercase letters,
@@ -975,6 +980,7 @@ async fn launch_notebook(
     let req = NewNotebook {
         allocation_id: b.allocation_id,
         gpu: b.own.request(),
+        profile_id: b.profile_id,
         name: b.name,
         env: env_lines(&b.env)?,
         idempotency_key: headers
@@ -983,6 +989,53 @@ async fn launch_notebook(
             .map(str::to_owned),
     };
     created(s.workloads.launch_notebook(&p, &req).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/notebook-profiles", tag = "workloads",
+    description = "The team's named notebook profiles (GPU and hours a member starts a notebook \
+                   with in one click: `POST /api/v1/notebooks {profile_id}`).",
+    responses((status = 200, description = "OK", body = Vec<NotebookProfile>), NotFound))]
+async fn list_notebook_profiles(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+) -> ApiResult<Vec<NotebookProfile>> {
+    ok(s.workloads.profiles(&p, Some(TeamId(team))).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct NewProfile {
+    /// E.g. `Small`; a profile of the same name is replaced.
+    name: String,
+    /// `H100-80GB:1g.10gb`, `H100-80GB:whole`.
+    kind: String,
+    /// How long its notebooks may run.
+    hours: u32,
+}
+
+#[utoipa::path(post, path = "/api/v1/teams/{id}/notebook-profiles", tag = "workloads",
+    request_body = NewProfile, description = "Adds (or replaces by name) a notebook profile \
+    of the team: team admins and platform admins.",
+    responses((status = 201, description = "Created", body = NotebookProfile), Forbidden, NotFound, Invalid))]
+async fn save_notebook_profile(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+    JsonBody(b): JsonBody<NewProfile>,
+) -> Created<NotebookProfile> {
+    created(
+        s.workloads
+            .save_profile(&p, TeamId(team), &b.name, &b.kind, b.hours)
+            .await,
+    )
+}
+
+#[utoipa::path(delete, path = "/api/v1/teams/{id}/notebook-profiles/{profile_id}", tag = "workloads",
+    responses((status = 204, description = "Done"), Forbidden, NotFound))]
+async fn delete_notebook_profile(
+    Call(s, p): Call,
+    Path((team, id)): Path<(Uuid, Uuid)>,
+) -> Result<StatusCode, ApiError> {
+    s.workloads.delete_profile(&p, TeamId(team), id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

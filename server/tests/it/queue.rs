@@ -17,6 +17,7 @@ on_both_databases!(
     twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back,
     a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request,
     a_preempted_job_is_queued_again_and_runs_its_next_attempt,
+    a_team_profile_starts_a_notebook_in_one_call,
 );
 
 async fn submit(app: &TestApp, token: &str, body: Value) -> Value {
@@ -405,4 +406,112 @@ async fn a_preempted_job_is_queued_again_and_runs_its_next_attempt(db: Db) {
     wait_workload(app, &lender.member, &id, "cancelled", 60).await;
     wait_for_state(&a, &second_alloc, "ended").await;
     agent.stop().await;
+}
+
+async fn a_team_profile_starts_a_notebook_in_one_call(db: Db) {
+    let name = format!("profile-{}", format!("{db:?}").to_lowercase());
+    let a = AdminClient::new(db).await;
+    let t = team(&a, &name).await;
+    let o = team(&a, &format!("{name}-other")).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let app = &a.app;
+    let path = format!("/api/v1/teams/{}/notebook-profiles", t.id);
+
+    // Team admins define profiles; members may not; a bad kind or hours is refused.
+    let body = json!({"name": "Small", "kind": "H100-80GB:1g.10gb", "hours": 4});
+    let (s, _) = call_with_token(app, &t.member, Method::POST, &path, Some(body.clone())).await;
+    assert_eq!(s, 403);
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::POST,
+        &path,
+        Some(json!({"name": "Odd", "kind": "H100-80GB:9g.99gb", "hours": 4})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (422, Some("kind")),
+        "{v}"
+    );
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::POST,
+        &path,
+        Some(json!({"name": "Odd", "kind": "H100-80GB:whole", "hours": 0})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (422, Some("hours")),
+        "{v}"
+    );
+    let (s, small) = call_with_token(app, &t.team_admin, Method::POST, &path, Some(body)).await;
+    assert_eq!(s, 201, "{small}");
+    assert_eq!(small["kind_label"], "1g.10gb on H100-80GB", "{small}");
+    let (s, list) = call_with_token(app, &t.member, Method::GET, &path, None).await;
+    assert_eq!(s, 200);
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+
+    // One call starts a notebook on it: it waits for its own 1g.10gb for 4 hours, paid by
+    // the profile's team.
+    let (s, nb) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"profile_id": small["id"], "name": "quick"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{nb}");
+    assert_eq!(nb["state"], "queued", "{nb}");
+    assert_eq!(nb["owns_allocation"], true);
+    let alloc = allocation(&a, nb["allocation_id"].as_str().expect("alloc")).await;
+    assert_eq!(alloc["kind"], "H100-80GB:1g.10gb", "{alloc}");
+    assert_eq!(alloc["team_id"], t.id.as_str(), "{alloc}");
+    assert!(
+        alloc["purpose"].as_str().unwrap_or("").contains("Small"),
+        "{alloc}"
+    );
+    // Another team's member cannot use it, nor see the team's profiles.
+    let (s, v) = call_with_token(
+        app,
+        &o.member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"profile_id": small["id"], "name": "steal"})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (422, Some("profile_id")),
+        "{v}"
+    );
+    let (s, _) = call_with_token(app, &o.member, Method::GET, &path, None).await;
+    assert_eq!(s, 404);
+    // Stopped while it waits, its request is cancelled.
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        &format!("/api/v1/workloads/{}/stop", nb["id"].as_str().expect("id")),
+        None,
+    )
+    .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("stopped")), "{v}");
+    let alloc = allocation(&a, nb["allocation_id"].as_str().expect("alloc")).await;
+    assert_eq!(alloc["state"], "cancelled", "{alloc}");
+    // Deleted, it is gone.
+    let (s, _) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::DELETE,
+        &format!("{path}/{}", small["id"].as_str().expect("id")),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (_, list) = call_with_token(app, &t.member, Method::GET, &path, None).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
 }
