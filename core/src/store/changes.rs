@@ -39,7 +39,7 @@ impl Store {
         let allocations = "SELECT team_id, id, state, pending_reason, preempt_at, ends_at, devices \
              FROM allocations WHERE state IN ('pending_approval','queued','placing','active','releasing')";
         let workloads = "SELECT team_id, id, state, attempt, ready_at, stop_state FROM workloads \
-             WHERE state IN ('pending','starting','running','stopping')";
+             WHERE state IN ('queued','pending','starting','running','stopping')";
         let layouts = "SELECT (SELECT COUNT(*) FROM nodes WHERE revoked_at IS NULL), \
              (SELECT CAST(COALESCE(SUM(version), 0) AS BIGINT) FROM gpu_desired), \
              (SELECT CAST(COALESCE(SUM(version), 0) AS BIGINT) FROM gpu_apply_status), \

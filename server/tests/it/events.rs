@@ -50,6 +50,25 @@ impl Stream {
         self.seen = self.seen.rsplit("\n\n").next().unwrap_or("").to_owned();
         events
     }
+
+    /// What the stream says until it has been quiet for 1.5 s (at most `wait`), each kind
+    /// once: one change can reach a snapshot in two steps (a request, then the scheduler's
+    /// reason for its wait), which a loaded machine may put in two different seconds.
+    async fn settled(&mut self, wait: Duration) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut all = Vec::new();
+        loop {
+            let got = self.changes(Duration::from_millis(1500)).await;
+            let quiet = got.is_empty();
+            all.extend(got);
+            if (quiet && !all.is_empty()) || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        all.sort();
+        all.dedup();
+        all
+    }
 }
 
 async fn a_stream_tells_its_team_what_moved_and_nothing_of_other_teams(db: Db) {
@@ -81,9 +100,9 @@ async fn a_stream_tells_its_team_what_moved_and_nothing_of_other_teams(db: Db) {
     // The team admin requests a slice (no node: it queues): the member hears of it.
     let (s, v) = request(&a.app, &mine.team_admin, &mine.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
-    let heard = member.changes(Duration::from_secs(3)).await;
+    let heard = member.settled(Duration::from_secs(8)).await;
     assert_eq!(heard, ["work"], "the member's stream");
-    assert_eq!(admin.changes(Duration::from_millis(100)).await, ["work"]);
+    assert_eq!(admin.settled(Duration::from_secs(8)).await, ["work"]);
     // ... and the other team's member hears nothing of it.
     assert!(
         outsider
@@ -95,7 +114,7 @@ async fn a_stream_tells_its_team_what_moved_and_nothing_of_other_teams(db: Db) {
     // The other team's request: their member and the admin hear of it, ours does not.
     let (s, v) = request(&a.app, &theirs.member, &theirs.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
-    assert_eq!(outsider.changes(Duration::from_secs(3)).await, ["work"]);
-    assert_eq!(admin.changes(Duration::from_millis(100)).await, ["work"]);
+    assert_eq!(outsider.settled(Duration::from_secs(8)).await, ["work"]);
+    assert_eq!(admin.settled(Duration::from_secs(8)).await, ["work"]);
     assert!(member.changes(Duration::from_millis(100)).await.is_empty());
 }
