@@ -287,15 +287,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => None,
     };
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("creating state dir {}", args.state_dir.display()))?;
+    // crun, the workloads and the spool see this folder from other working directories:
+    // everything handed on is an absolute path (`--state-dir data/sim` is common).
+    let state_dir = std::path::absolute(&args.state_dir)
+        .with_context(|| format!("resolving state dir {}", args.state_dir.display()))?;
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating state dir {}", state_dir.display()))?;
     // The credential and the workloads' state are the agent's alone.
     std::fs::set_permissions(
-        &args.state_dir,
+        &state_dir,
         std::os::unix::fs::PermissionsExt::from_mode(0o700),
     )
-    .with_context(|| format!("protecting state dir {}", args.state_dir.display()))?;
-    let cred_path = args.state_dir.join("credential.json");
+    .with_context(|| format!("protecting state dir {}", state_dir.display()))?;
+    let cred_path = state_dir.join("credential.json");
     let creds = match Credentials::load(&cred_path)? {
         Some(c) if c.server == server.trim_end_matches('/') => c,
         _ => {
@@ -324,7 +328,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let link = HttpLink::new(&creds)?;
     // Segments of 60 samples (10 minutes at the default interval).
     let spool = Spool::open(
-        &args.state_dir.join("spool"),
+        &state_dir.join("spool"),
         60,
         args.spool_capacity.div_ceil(60).max(1),
     )?;
@@ -336,10 +340,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         workload_every: Duration::from_millis(args.workload_interval_ms.max(100)),
         stop_workloads_on_exit: args.stop_workloads_on_exit,
     };
-    let workload_root = args
-        .workload_root
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("workloads"));
+    let workload_root = std::path::absolute(
+        args.workload_root
+            .clone()
+            .unwrap_or_else(|| state_dir.join("workloads")),
+    )
+    .context("resolving the workload root")?;
     let mut executor = LocalExecutor::open(&workload_root, &args.workload_host)
         .with_context(|| format!("opening the workload root {}", workload_root.display()))?;
     if let Some(env) = &notebook_env {
@@ -365,22 +371,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         if cli.backend.simulate {
             // Stand-in device nodes with the driver's numbering, so that the device rules
             // are exercised exactly as on hardware.
-            let dev = args.state_dir.join("sim-dev");
+            let dev = state_dir.join("sim-dev");
             let minors: Vec<u32> = backend.devices()?.iter().map(|d| d.minor).collect();
             tessera_agent::sim::write_device_files(&dev, &minors)
                 .with_context(|| format!("creating simulated device nodes in {}", dev.display()))?;
             settings.mig_minors = dev.join("mig-minors");
             settings.dev_root = dev;
         }
-        let sandbox = Sandbox::open(
-            settings,
-            Arc::clone(&backend),
-            &args.state_dir.join("sandbox"),
-        )
-        .map_err(anyhow::Error::msg)
-        .context(
-            "the workload sandbox cannot work here (--sandbox off runs workloads without it)",
-        )?;
+        let sandbox = Sandbox::open(settings, Arc::clone(&backend), &state_dir.join("sandbox"))
+            .map_err(anyhow::Error::msg)
+            .context(
+                "the workload sandbox cannot work here (--sandbox off runs workloads without it)",
+            )?;
         tracing::info!(cgroups = ?sandbox.cgroup_mode(), "workload sandbox on");
         executor = executor.with_sandbox(sandbox);
     } else {

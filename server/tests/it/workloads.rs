@@ -45,8 +45,10 @@ impl WorkloadAgent {
             .args(["--simulate", "--gpus", "H100-80GB", "--hostname", hostname])
             .args(["--server", server, "--join-token", secret])
             .arg("--manage-mig")
-            .arg("--state-dir")
-            .arg(state.path())
+            // A relative state folder, as `cargo xtask run` gives its simulated nodes
+            // (`data/sim/…`): crun and the workloads must still find their paths.
+            .current_dir(state.path())
+            .args(["--state-dir", "agent-state"])
             .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
             // No telemetry: the idle test decides on the kernel signal alone.
             .args(["--telemetry-interval-s", "3600"])
