@@ -21,7 +21,15 @@ pub(crate) struct WorkloadAgent {
     state: tempfile::TempDir,
 }
 
+/// The agent's state folder, relative to its working folder (the temp dir).
+const AGENT_STATE: &str = "agent-state";
+
 impl WorkloadAgent {
+    /// Where the agent keeps its credential and runs.
+    pub(crate) fn state_dir(&self) -> std::path::PathBuf {
+        self.state.path().join(AGENT_STATE)
+    }
+
     pub(crate) async fn start(a: &AdminClient, hostname: &str) -> WorkloadAgent {
         let (s, jt) = a
             .call(
@@ -48,7 +56,7 @@ impl WorkloadAgent {
             // A relative state folder, as `cargo xtask run` gives its simulated nodes
             // (`data/sim/…`): crun and the workloads must still find their paths.
             .current_dir(state.path())
-            .args(["--state-dir", "agent-state"])
+            .args(["--state-dir", AGENT_STATE])
             .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
             // No telemetry: the idle test decides on the kernel signal alone.
             .args(["--telemetry-interval-s", "3600"])
@@ -971,7 +979,7 @@ async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
     let name = format!("hostile-{}", format!("{db:?}").to_lowercase());
     let s = setup(db, &name).await;
     let app = &s.a.app;
-    let state = s.agent.state.path().display().to_string();
+    let state = s.agent.state_dir().display().to_string();
     let script = format!(
         "t() {{ n=$1; shift; printf '%s: %s\\n' \"$n\" \"$( (\"$@\") 2>&1 | head -n1 | sed 's/^.*: //')\"; }}; \
          t uid id -u; \
@@ -1051,7 +1059,7 @@ async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
     wait_workload(app, &s.member, &sleeper, "running", 30).await;
     let id = sleeper.clone();
     let cred: Value = serde_json::from_slice(
-        &std::fs::read(s.agent.state.path().join("credential.json")).expect("credential"),
+        &std::fs::read(s.agent.state_dir().join("credential.json")).expect("credential"),
     )
     .expect("json");
     let run = id.clone();
