@@ -588,29 +588,21 @@ fn RunOnSelect(
         (true, true, None) => api::NEW_GPU.to_owned(),
         _ => chosen,
     };
-    let profile_options = profiles
-        .into_iter()
-        .map(|c| {
-            let selected = c.id == chosen;
-            view! {
-                <option value=c.id selected=selected>
-                    {c.label}
-                </option>
-            }
-        })
-        .collect_view();
+    let option_list = |list: Vec<Choice>| {
+        list.into_iter()
+            .map(|c| {
+                let selected = c.id == chosen;
+                view! {
+                    <option value=c.id selected=selected>
+                        {c.label}
+                    </option>
+                }
+            })
+            .collect_view()
+    };
+    let profile_options = option_list(profiles);
+    let options = option_list(choices);
     new_gpu.set(chosen == api::NEW_GPU);
-    let options = choices
-        .into_iter()
-        .map(|c| {
-            let selected = c.id == chosen;
-            view! {
-                <option value=c.id selected=selected>
-                    {c.label}
-                </option>
-            }
-        })
-        .collect_view();
     let own = can_request.then(|| {
         let label = match kind {
             WorkloadKind::Notebook => "A new GPU for this notebook (given back when it stops)",

@@ -410,28 +410,10 @@ impl Allocations {
         let mut state: AllocState = row.a.state.parse()?;
         let mut tries = 0;
         loop {
-            let done = match state {
-                AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
-                    self.step(
-                        id,
-                        state,
-                        AllocState::Cancelled,
-                        now,
-                        actor,
-                        None,
-                        Change::default(),
-                    )
-                    .await?
-                }
-                AllocState::Active => {
-                    self.finish(id, alloc::ReleaseCause::Released, now, actor, None)
-                        .await?
-                }
-                _ => {
-                    return Err(AppError::Conflict {
-                        message: format!("the allocation is {} already", state.label()),
-                    });
-                }
+            let Some(done) = self.end_from(id, state, now, actor, None).await? else {
+                return Err(AppError::Conflict {
+                    message: format!("the allocation is {} already", state.label()),
+                });
             };
             if done {
                 break;
@@ -475,24 +457,8 @@ impl Allocations {
                 return Ok(false);
             };
             let state: AllocState = row.a.state.parse()?;
-            let moved = match state {
-                AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
-                    self.step(
-                        id,
-                        state,
-                        AllocState::Cancelled,
-                        now,
-                        None,
-                        Some(note),
-                        Change::default(),
-                    )
-                    .await?
-                }
-                AllocState::Active => {
-                    self.finish(id, alloc::ReleaseCause::Released, now, None, Some(note))
-                        .await?
-                }
-                _ => return Ok(false),
+            let Some(moved) = self.end_from(id, state, now, None, Some(note)).await? else {
+                return Ok(false);
             };
             if moved {
                 done = true;
@@ -573,6 +539,38 @@ impl Allocations {
             self.wake.notify_one();
         }
         Ok(admitted)
+    }
+
+    /// Ends an allocation found in `state`: one still waiting is cancelled, an active one
+    /// released. `None` when `state` has nothing to end; `Some(false)` when the allocation
+    /// had moved on from `state` meanwhile (the caller reads it again).
+    async fn end_from(
+        &self,
+        id: Uuid,
+        state: AllocState,
+        now: DateTime<Utc>,
+        actor: Option<&str>,
+        note: Option<&str>,
+    ) -> Result<Option<bool>, AppError> {
+        Ok(Some(match state {
+            AllocState::PendingApproval | AllocState::Queued | AllocState::Placing => {
+                self.step(
+                    id,
+                    state,
+                    AllocState::Cancelled,
+                    now,
+                    actor,
+                    note,
+                    Change::default(),
+                )
+                .await?
+            }
+            AllocState::Active => {
+                self.finish(id, alloc::ReleaseCause::Released, now, actor, note)
+                    .await?
+            }
+            _ => return Ok(None),
+        }))
     }
 
     /// Completes releases that stopped half-way: `finish` moves an allocation to

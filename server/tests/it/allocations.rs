@@ -546,17 +546,7 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     // The scheduler pass with the clock moved 61 minutes on: the 1-hour allocation has
     // expired, and the node's last heartbeat is now an hour old, so the other one fails
     // with the reason (after the 3-minute grace).
-    let store = tessera_core::store::Store::connect(&a.app.database_url)
-        .await
-        .expect("store");
-    let services = tessera_core::Services::new(
-        store,
-        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
-        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
-            Default::default(),
-        )),
-        Duration::from_secs(3600),
-    );
+    let services = a.app.side_services().await;
     drop(agent);
     let later = chrono::Utc::now() + chrono::Duration::minutes(61);
     // With a 2-hour node grace (TESSERA_NODE_GRACE) the silent node keeps its allocation;

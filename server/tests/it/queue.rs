@@ -307,17 +307,7 @@ async fn a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request(
         "{running}"
     );
 
-    let store = tessera_core::store::Store::connect(&app.database_url)
-        .await
-        .expect("store");
-    let services = tessera_core::Services::new(
-        store,
-        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
-        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
-            Default::default(),
-        )),
-        Duration::from_secs(3600),
-    );
+    let services = app.side_services().await;
     let later = Utc::now() + chrono::Duration::minutes(61);
     let r = services.allocations.tick(later).await.expect("tick");
     assert_eq!(r.expired, 1, "{r:?}");

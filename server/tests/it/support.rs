@@ -247,6 +247,22 @@ impl TestApp {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+
+    /// A second set of services over this app's database, for driving a pass with a
+    /// clock of the test's choosing (`tick(later)`).
+    pub async fn side_services(&self) -> tessera_core::Services {
+        let store = tessera_core::store::Store::connect(&self.database_url)
+            .await
+            .expect("store");
+        tessera_core::Services::new(
+            store,
+            tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
+            std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
+                Default::default(),
+            )),
+            std::time::Duration::from_secs(3600),
+        )
+    }
 }
 
 pub struct Browser {

@@ -929,17 +929,7 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The same services over the same database, with a clock 2 hours ahead.
-    let store = tessera_core::store::Store::connect(&app.database_url)
-        .await
-        .expect("store");
-    let services = tessera_core::Services::new(
-        store,
-        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
-        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
-            Default::default(),
-        )),
-        Duration::from_secs(3600),
-    );
+    let services = app.side_services().await;
     let later = chrono::Utc::now() + chrono::Duration::hours(2);
     let r = services.workloads.tick(later).await.expect("tick");
     assert_eq!(r.reclaimed_idle, 0, "a busy kernel was reclaimed");
