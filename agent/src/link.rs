@@ -131,26 +131,88 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response, LinkError> 
     })
 }
 
-fn client() -> Result<reqwest::Client, LinkError> {
-    reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .map_err(unreachable)
+/// How the agent reaches the server. HTTPS (rustls) trusts the system's certificate
+/// store, the Mozilla roots built in, and the PEM certificates of `--ca-file` (a lab's
+/// private CA). Plain `http://` carries the node credential in clear text: it is accepted
+/// only to a loopback address, or anywhere with `--insecure-http`.
+#[derive(Debug, Clone, Default)]
+pub struct Transport {
+    /// Extra trusted root certificates (PEM bundle).
+    pub ca_pem: Option<Vec<u8>>,
+    pub insecure_http: bool,
+}
+
+/// Why a server address was refused (or the warning it deserves).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UrlVerdict {
+    Ok,
+    /// Plain HTTP beyond this machine, allowed by `--insecure-http`: warn.
+    InsecureAllowed,
+    Refused(String),
+}
+
+impl Transport {
+    /// Checks `server` before anything is sent to it.
+    pub fn check(&self, server: &str) -> UrlVerdict {
+        let url = match reqwest::Url::parse(server) {
+            Ok(u) => u,
+            Err(e) => return UrlVerdict::Refused(format!("--server {server}: {e}")),
+        };
+        match url.scheme() {
+            "https" => UrlVerdict::Ok,
+            "http" if is_loopback(&url) => UrlVerdict::Ok,
+            "http" if self.insecure_http => UrlVerdict::InsecureAllowed,
+            "http" => UrlVerdict::Refused(format!(
+                "--server {server}: plain http:// to another machine would send this \
+                 node's credential in clear text; use https:// (with --ca-file for a \
+                 private CA), or pass --insecure-http on a network you trust"
+            )),
+            other => UrlVerdict::Refused(format!(
+                "--server {server}: unsupported scheme {other}:// (use https://)"
+            )),
+        }
+    }
+
+    fn client(&self) -> Result<reqwest::Client, LinkError> {
+        let mut b = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .use_rustls_tls();
+        if let Some(pem) = &self.ca_pem {
+            for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(unreachable)? {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        b.build().map_err(unreachable)
+    }
+}
+
+/// `localhost`, `127.0.0.0/8` and `::1`: traffic that never leaves the machine.
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let host = url.host_str().unwrap_or("").trim_matches(['[', ']']);
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl HttpLink {
-    pub fn new(creds: &Credentials) -> Result<HttpLink, LinkError> {
+    pub fn new(creds: &Credentials, transport: &Transport) -> Result<HttpLink, LinkError> {
         Ok(HttpLink {
-            client: client()?,
+            client: transport.client()?,
             base: creds.server.trim_end_matches('/').to_owned(),
             credential: creds.credential.clone(),
         })
     }
 
     /// Trades a join token for a node credential.
-    pub async fn register(server: &str, req: &RegisterRequest) -> Result<Credentials, LinkError> {
+    pub async fn register(
+        server: &str,
+        req: &RegisterRequest,
+        transport: &Transport,
+    ) -> Result<Credentials, LinkError> {
         let base = server.trim_end_matches('/');
-        let resp = client()?
+        let resp = transport
+            .client()?
             .post(format!("{base}/agent/v1/register"))
             .json(req)
             .send()
@@ -223,5 +285,63 @@ impl ServerLink for HttpLink {
             .json()
             .await
             .map_err(|e| LinkError::Decode(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_only_to_loopback_unless_allowed() {
+        let strict = Transport::default();
+        for ok in [
+            "https://tessera.example.org",
+            "https://198.18.0.1:3443/",
+            "http://127.0.0.1:3000",
+            "http://127.8.0.1",
+            "http://localhost:3000",
+            "http://[::1]:3000",
+        ] {
+            assert_eq!(strict.check(ok), UrlVerdict::Ok, "{ok}");
+        }
+        for refused in [
+            "http://tessera:3000",
+            "http://198.18.0.1:3000",
+            "http://[2001:db8::1]/",
+            "http://localhost.example.org",
+            "ftp://tessera",
+            "tessera:3000",
+        ] {
+            assert!(
+                matches!(strict.check(refused), UrlVerdict::Refused(_)),
+                "{refused}"
+            );
+        }
+        let UrlVerdict::Refused(why) = strict.check("http://tessera:3000") else {
+            unreachable!()
+        };
+        assert!(why.contains("--insecure-http"), "{why}");
+        let lax = Transport {
+            insecure_http: true,
+            ..Transport::default()
+        };
+        assert_eq!(
+            lax.check("http://tessera:3000"),
+            UrlVerdict::InsecureAllowed
+        );
+        assert_eq!(lax.check("http://127.0.0.1:3000"), UrlVerdict::Ok);
+        assert!(matches!(lax.check("ftp://tessera"), UrlVerdict::Refused(_)));
+    }
+
+    #[test]
+    fn a_ca_file_that_is_not_pem_is_an_error() {
+        let t = Transport {
+            ca_pem: Some(
+                b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n".to_vec(),
+            ),
+            insecure_http: false,
+        };
+        assert!(t.client().is_err());
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tessera_agent::backend::{GpuBackend, inventory};
-use tessera_agent::link::{Credentials, HttpLink};
+use tessera_agent::link::{Credentials, HttpLink, Transport, UrlVerdict};
 use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::nvml::NvmlBackend;
 use tessera_agent::run::{Agent, RunConfig};
@@ -66,6 +66,14 @@ struct RunArgs {
     /// Server base URL, e.g. http://tessera.example:3000.
     #[arg(long, env = "TESSERA_SERVER")]
     server: Option<String>,
+    /// PEM file of extra root certificates to trust for an https:// server (a lab's
+    /// private CA), besides the system's store and the Mozilla roots.
+    #[arg(long, env = "TESSERA_AGENT_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// Allow a plain http:// server on another machine. The node credential then
+    /// crosses the network in clear text: only on a network you trust.
+    #[arg(long, env = "TESSERA_AGENT_INSECURE_HTTP")]
+    insecure_http: bool,
     /// One-time join token from the server; needed only until the node
     /// credential is saved in the state directory.
     #[arg(long, env = "TESSERA_JOIN_TOKEN", hide_env_values = true)]
@@ -274,6 +282,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .server
         .context("--server is required (or use `tessera-agent inventory`)")?;
     // Checked before a join token is spent.
+    let transport = Transport {
+        ca_pem: match &args.ca_file {
+            Some(p) => {
+                Some(std::fs::read(p).with_context(|| format!("--ca-file {}", p.display()))?)
+            }
+            None => None,
+        },
+        insecure_http: args.insecure_http,
+    };
+    match transport.check(&server) {
+        UrlVerdict::Ok => {}
+        UrlVerdict::InsecureAllowed => tracing::warn!(
+            %server,
+            "--insecure-http: the node credential and every report cross the network \
+             in clear text"
+        ),
+        UrlVerdict::Refused(why) => anyhow::bail!(why),
+    }
     let notebook_env = match &args.notebook_env {
         Some(dir) => {
             let env = NotebookEnv::open(dir).map_err(anyhow::Error::msg)?;
@@ -318,6 +344,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     hostname,
                     agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 },
+                &transport,
             )
             .await?;
             c.save(&cred_path)?;
@@ -325,7 +352,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             c
         }
     };
-    let link = HttpLink::new(&creds)?;
+    let link = HttpLink::new(&creds, &transport)?;
     // Segments of 60 samples (10 minutes at the default interval).
     let spool = Spool::open(
         &state_dir.join("spool"),

@@ -406,9 +406,12 @@ impl LocalExecutor {
         let mut argv: Vec<String> = spec
             .argv
             .iter()
-            .map(|a| match port {
-                Some(p) => a.replace("{port}", &p.to_string()),
-                None => a.clone(),
+            .map(|a| {
+                let a = a.replace("{host}", &self.host);
+                match port {
+                    Some(p) => a.replace("{port}", &p.to_string()),
+                    None => a,
+                }
             })
             .collect();
         if spec.kind == WorkloadKind::Notebook

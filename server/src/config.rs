@@ -108,8 +108,18 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_ADMIN_PASSWORD", hide_env_values = true)]
     pub admin_password: Option<Secret>,
 
+    /// Serve HTTPS with this certificate chain (PEM, leaf first), for a lab without a
+    /// reverse proxy. Re-read when the file changes. Needs TESSERA_TLS_KEY.
+    #[arg(long, env = "TESSERA_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of TESSERA_TLS_CERT; re-read with it.
+    #[arg(long, env = "TESSERA_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// The URL users reach the portal at. `https://` makes session cookies `Secure` with a
-    /// `__Host-` name. Defaults to `http://` + the bind address.
+    /// `__Host-` name. Defaults to `http://` (`https://` with TESSERA_TLS_CERT) + the bind
+    /// address.
     #[arg(long, env = "TESSERA_PUBLIC_URL")]
     pub public_url: Option<String>,
 
@@ -151,7 +161,8 @@ pub struct ServeConfig {
     pub currency: String,
 
     /// Command line that starts a notebook (split on whitespace): `{base_path}` becomes
-    /// the notebook's proxy path, `{port}` the port the node's executor picks.
+    /// the notebook's proxy path, `{port}` the port the node's executor picks, `{host}`
+    /// the node's workload address (the agent's `--workload-host`).
     #[arg(long, env = "TESSERA_NOTEBOOK_COMMAND", default_value = tessera_core::services::workloads::DEFAULT_NOTEBOOK_COMMAND)]
     pub notebook_command: String,
 
@@ -283,6 +294,9 @@ impl ServeConfig {
             tessera_domain::account::NewPassword::parse(p.expose(), "TESSERA_ADMIN_PASSWORD")
                 .map_err(|e| format!("{e} (--admin-password)"))?;
         }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("TESSERA_TLS_CERT and TESSERA_TLS_KEY go together".into());
+        }
         if let Some(u) = &self.public_url
             && !(u.starts_with("http://") || u.starts_with("https://"))
         {
@@ -352,7 +366,14 @@ impl ServeConfig {
     pub fn public_url(&self) -> String {
         self.public_url
             .clone()
-            .unwrap_or_else(|| format!("http://{}", self.bind))
+            .unwrap_or_else(|| {
+                let scheme = if self.tls_cert.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!("{scheme}://{}", self.bind)
+            })
             .trim_end_matches('/')
             .to_owned()
     }
@@ -386,6 +407,15 @@ impl ServeConfig {
             };
         }
         NotebookOrigins::Unconfigured
+    }
+
+    /// The certificate files to terminate TLS with, if set.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        Some(crate::tls::TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            poll: Duration::from_secs(2),
+        })
     }
 
     /// Served over https: `Secure` cookies with a `__Host-` name.

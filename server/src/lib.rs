@@ -14,6 +14,7 @@ pub mod observability;
 pub mod oidc;
 mod scheduler;
 pub mod sim;
+pub mod tls;
 
 use anyhow::Context;
 use config::ServeConfig;
@@ -55,6 +56,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
+    let addr = listener.local_addr()?;
+    // A certificate that does not load stops the start here, before anything else.
+    let listener = match config.tls_files() {
+        Some(files) => Serving::Tls(tls::TlsListener::new(listener, files)?),
+        None => Serving::Plain(listener),
+    };
     // SQLite is one process: a second server on the same file would race the first's
     // passes. The lock goes with this function (and with the process, however it ends).
     let _single_process = match tessera_core::store::sqlite_file(config.database_url.expose()) {
@@ -124,11 +131,14 @@ pub async fn run(
         }
     }
 
-    let addr = listener.local_addr()?;
     // Links, redirects and origin checks need the real address when none was given.
     let mut config = config;
     if config.public_url.is_none() {
-        config.public_url = Some(format!("http://{addr}"));
+        let scheme = match listener {
+            Serving::Tls(_) => "https",
+            Serving::Plain(_) => "http",
+        };
+        config.public_url = Some(format!("{scheme}://{addr}"));
     }
     let site_root = config.site_root.clone();
     let bundle = http::bundle::name(&site_root.join("pkg"));
@@ -239,12 +249,24 @@ pub async fn run(
             tokio::time::sleep(drain).await;
         }
     };
-    let result = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(graceful)
-    .await;
+    let result = match listener {
+        Serving::Tls(tls) => {
+            axum::serve(
+                tls,
+                router.into_make_service_with_connect_info::<tls::TlsPeer>(),
+            )
+            .with_graceful_shutdown(graceful)
+            .await
+        }
+        Serving::Plain(plain) => {
+            axum::serve(
+                plain,
+                router.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(graceful)
+            .await
+        }
+    };
     http::wait_for_sockets(Duration::from_secs(config.shutdown_grace_seconds)).await;
     cleanup.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), leader).await;
@@ -254,6 +276,12 @@ pub async fn run(
         sim::stop(&mut children).await;
     }
     result.context("HTTP server")
+}
+
+/// Plain HTTP, or TLS terminated here (`TESSERA_TLS_CERT`).
+enum Serving {
+    Plain(TcpListener),
+    Tls(tls::TlsListener),
 }
 
 /// Takes an exclusive lock on `<database>.lock` for as long as the returned file lives;

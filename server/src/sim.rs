@@ -85,7 +85,13 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
     } else {
         addr.to_string()
     };
-    let server = format!("http://{host}");
+    // Under TLS the agents check the server's certificate like any other: they trust
+    // its own file (enough for a self-signed certificate that names 127.0.0.1) and
+    // whatever TESSERA_AGENT_CA_FILE they inherit.
+    let server = match &state.config.tls_cert {
+        Some(_) => format!("https://{host}"),
+        None => format!("http://{host}"),
+    };
     let admin = system_principal(state).await?;
     let mut children = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
@@ -104,6 +110,14 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
             .arg("--hostname")
             .arg(&spec.name)
             .arg("--manage-mig")
+            .args(
+                state
+                    .config
+                    .tls_cert
+                    .iter()
+                    .filter(|_| std::env::var_os("TESSERA_AGENT_CA_FILE").is_none())
+                    .flat_map(|c| [std::ffi::OsStr::new("--ca-file"), c.as_os_str()]),
+            )
             .arg("--exit-with-pid")
             .arg(std::process::id().to_string())
             .args([

@@ -60,9 +60,11 @@ pub struct WorkloadConfig {
 }
 
 /// `--allow-root`: agents often run as root (then so do their workloads; Jupyter refuses
-/// that without the flag). It changes nothing for other users.
+/// that without the flag). It changes nothing for other users. `{host}` is the node's
+/// workload address (the agent's `--workload-host`, where the server's proxy reaches the
+/// notebook), `{port}` the port the node chose.
 pub const DEFAULT_NOTEBOOK_COMMAND: &str = "jupyter lab --no-browser --allow-root \
-     --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 \
+     --ServerApp.ip={host} --ServerApp.port={port} --ServerApp.port_retries=0 \
      --ServerApp.base_url={base_path}";
 
 impl Default for WorkloadConfig {

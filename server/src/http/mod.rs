@@ -150,7 +150,12 @@ async fn client_ip(
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
+        .map(|c| c.0.ip())
+        .or_else(|| {
+            req.extensions()
+                .get::<ConnectInfo<crate::tls::TlsPeer>>()
+                .map(|c| c.0.0.ip())
+        });
     if let Some(ip) = forwarded.or(peer) {
         req.extensions_mut().insert(ClientIp(ip));
     }

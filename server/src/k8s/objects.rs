@@ -238,13 +238,16 @@ pub fn gpu_requests(spec: &WorkloadSpec) -> BTreeMap<String, Quantity> {
         .collect()
 }
 
-/// The command line inside the pod: `{port}` becomes [`NOTEBOOK_PORT`] and a notebook
+/// The command line inside the pod: `{port}` becomes [`NOTEBOOK_PORT`], `{host}` the
+/// pod's every address, and a notebook
 /// listens on the pod's address (the proxy reaches it there), not on loopback.
 fn command(spec: &WorkloadSpec) -> Vec<String> {
     spec.argv
         .iter()
         .map(|a| {
-            let a = a.replace("{port}", &NOTEBOOK_PORT.to_string());
+            let a = a
+                .replace("{port}", &NOTEBOOK_PORT.to_string())
+                .replace("{host}", "0.0.0.0");
             if spec.kind == WorkloadKind::Notebook && a.starts_with("--ServerApp.ip=") {
                 "--ServerApp.ip=0.0.0.0".to_owned()
             } else {

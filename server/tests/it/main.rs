@@ -10,6 +10,7 @@ mod events;
 mod kube_fake;
 mod kubernetes;
 mod monitoring;
+mod multihost;
 mod nodes;
 mod platform;
 mod queue;

@@ -166,8 +166,13 @@ impl TestApp {
         config.site_root = dir.path().join("site");
         tweak(&mut config);
         let addr = listener.local_addr().expect("addr");
+        let scheme = if config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let mut app = TestApp {
-            base: format!("http://{addr}"),
+            base: format!("{scheme}://{addr}"),
             database_url: url,
             config,
             addr,
@@ -215,7 +220,11 @@ impl TestApp {
     }
 
     async fn wait_ready(&self) {
-        let c = reqwest::Client::new();
+        // Only "is it up": a TLS test checks the certificate with clients of its own.
+        let c = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .expect("client");
         for _ in 0..300 {
             if let Ok(r) = c.get(format!("{}/readyz", self.base)).send().await
                 && r.status().is_success()

@@ -48,8 +48,28 @@ impl WorkloadAgent {
 
     /// An agent joining the server at `server` with the join token `secret`.
     pub(crate) fn start_at(server: &str, secret: &str, hostname: &str) -> WorkloadAgent {
+        Self::start_with(server, secret, hostname, &[], &[])
+    }
+
+    /// The same, started through `wrap` (a program and its arguments, e.g. `nsenter
+    /// --net=…`, which must exec the agent in its place) and with `extra` arguments.
+    pub(crate) fn start_with(
+        server: &str,
+        secret: &str,
+        hostname: &str,
+        wrap: &[String],
+        extra: &[String],
+    ) -> WorkloadAgent {
         let state = tempfile::tempdir().expect("tempdir");
-        let child = tokio::process::Command::new(agent_bin())
+        let mut cmd = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(args).arg(agent_bin());
+                c
+            }
+            None => tokio::process::Command::new(agent_bin()),
+        };
+        let child = cmd
             .args(["--simulate", "--gpus", "H100-80GB", "--hostname", hostname])
             .args(["--server", server, "--join-token", secret])
             .arg("--manage-mig")
@@ -63,6 +83,7 @@ impl WorkloadAgent {
             .args(["--workload-interval-ms", "300", "--stop-workloads-on-exit"])
             // A fixed memory limit, so that the hostile test can reach it quickly.
             .args(["--sandbox-memory-mib", "768"])
+            .args(extra)
             .kill_on_drop(true)
             .spawn()
             .expect("start tessera-agent");
@@ -262,11 +283,14 @@ async fn execute(mut ws: KernelSocket, code: &str) -> String {
 
 /// Runs `code` on an open kernel socket; `Err` when the socket fails or no result comes
 /// within `within`.
-pub(crate) async fn execute_on(
-    ws: &mut KernelSocket,
+pub(crate) async fn execute_on<S>(
+    ws: &mut tokio_tungstenite::WebSocketStream<S>,
     code: &str,
     within: Duration,
-) -> Result<String, String> {
+) -> Result<String, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let msg_id = uuid::Uuid::new_v4().to_string();
     let msg = json!({
         "header": {"msg_id": msg_id, "username": "test", "session": uuid::Uuid::new_v4().to_string(),

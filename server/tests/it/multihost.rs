@@ -1,0 +1,670 @@
+//! Tessera across hosts without Kubernetes, on this one machine: network namespaces stand
+//! in for a "server host" and two "GPU nodes", joined by a bridge in the server host and
+//! a veth pair per node. Addresses come from the benchmarking range 198.18.0.0/15 and
+//! exist only inside those namespaces; no namespace has a route out, and the machine's
+//! own network is not touched (nothing is created outside the three namespaces, which
+//! the test removes). The server terminates TLS with a certificate from a test CA, and
+//! the agents join over HTTPS, as README's bare-metal section has it.
+//!
+//! Needs root and `ip`/`nsenter`; skips with a message elsewhere (fails instead with
+//! `TESSERA_REQUIRE_NETNS`, as `cargo xtask test` sets).
+
+use crate::workloads::{WorkloadAgent, execute_on};
+use reqwest::Method;
+use rustls::pki_types::pem::PemObject;
+use serde_json::{Value, json};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SERVER_IP: &str = "198.18.0.1";
+const NODES: [(&str, &str); 2] = [("gpu-node-1", "198.18.0.2"), ("gpu-node-2", "198.18.0.3")];
+const PORT: u16 = 3443;
+const ADMIN_PW: &str = "multi-host-admin-pw";
+const MEMBER_PW: &str = "multi-host-member-pw";
+
+/// Three network namespaces: `[server, node 1, node 2]`, removed on drop.
+struct Lab {
+    names: Vec<String>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Lab {
+    fn create() -> Result<Lab, String> {
+        let tag = format!("tsr{}", std::process::id());
+        let lab = Lab {
+            names: ["srv", "n1", "n2"]
+                .iter()
+                .map(|n| format!("{tag}-{n}"))
+                .collect(),
+        };
+        for n in &lab.names {
+            ip(&["netns", "add", n])?;
+        }
+        let srv = lab.names[0].as_str();
+        let cidr = format!("{SERVER_IP}/24");
+        for args in [
+            vec!["-n", srv, "link", "add", "br0", "type", "bridge"],
+            vec!["-n", srv, "addr", "add", &cidr, "dev", "br0"],
+            vec!["-n", srv, "link", "set", "br0", "up"],
+            vec!["-n", srv, "link", "set", "lo", "up"],
+        ] {
+            ip(&args)?;
+        }
+        for (i, (_, addr)) in NODES.iter().enumerate() {
+            let node = lab.names[i + 1].as_str();
+            let veth = format!("v{}", i + 1);
+            let cidr = format!("{addr}/24");
+            for args in [
+                vec![
+                    "-n", srv, "link", "add", &veth, "type", "veth", "peer", "name", "eth0",
+                    "netns", node,
+                ],
+                vec!["-n", srv, "link", "set", &veth, "master", "br0", "up"],
+                vec!["-n", node, "addr", "add", &cidr, "dev", "eth0"],
+                vec!["-n", node, "link", "set", "eth0", "up"],
+                vec!["-n", node, "link", "set", "lo", "up"],
+            ] {
+                ip(&args)?;
+            }
+        }
+        Ok(lab)
+    }
+
+    fn path(&self, i: usize) -> String {
+        format!("/run/netns/{}", self.names[i])
+    }
+
+    /// The prefix that runs a program on host `i`.
+    fn on_host(&self, i: usize) -> Vec<String> {
+        vec!["nsenter".into(), format!("--net={}", self.path(i))]
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = ip(&["netns", "del", n]);
+        }
+    }
+}
+
+/// A test CA, and the server's certificate from it: the server's address, and the
+/// notebooks' wildcard domain.
+struct Pki {
+    ca_pem: String,
+    ca_file: PathBuf,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+}
+
+pub(crate) fn test_ca(name: &str) -> (rcgen::Certificate, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let key = rcgen::KeyPair::generate().expect("ca key");
+    let cert = params.self_signed(&key).expect("ca cert");
+    (cert, rcgen::Issuer::new(params, key))
+}
+
+/// A server certificate for `names` (DNS names or IP addresses) signed by `issuer`:
+/// `(chain PEM, key PEM)`.
+pub(crate) fn server_cert(
+    names: &[&str],
+    issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+) -> (String, String) {
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .expect("params");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, issuer).expect("sign");
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Pki {
+        let (ca, issuer) = test_ca("Tessera multi-host test CA");
+        let (cert, key) = server_cert(&[SERVER_IP, "*.nb.lab.test"], &issuer);
+        let pki = Pki {
+            ca_pem: ca.pem(),
+            ca_file: dir.join("ca.pem"),
+            cert_file: dir.join("server.pem"),
+            key_file: dir.join("server.key"),
+        };
+        std::fs::write(&pki.ca_file, &pki.ca_pem).expect("write ca");
+        std::fs::write(&pki.cert_file, cert).expect("write cert");
+        std::fs::write(&pki.key_file, key).expect("write key");
+        pki
+    }
+
+    /// An HTTPS client trusting the test CA only.
+    fn client(&self, resolve: &[(&str, std::net::SocketAddr)]) -> reqwest::Client {
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).expect("ca"),
+            )
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(30));
+        for (host, addr) in resolve {
+            b = b.resolve(host, *addr);
+        }
+        b.build().expect("client")
+    }
+}
+
+#[test]
+fn a_lab_of_three_hosts_over_tls() {
+    let lab = match Lab::create() {
+        Ok(lab) => lab,
+        Err(why) => {
+            assert!(
+                std::env::var_os("TESSERA_REQUIRE_NETNS").is_none(),
+                "TESSERA_REQUIRE_NETNS is set but network namespaces cannot be made: {why}"
+            );
+            eprintln!(
+                "multi-host test skipped: network namespaces cannot be made here ({why}); \
+                 it needs root, `ip` and `nsenter`"
+            );
+            return;
+        }
+    };
+    let run = std::thread::spawn(move || {
+        // From here on this thread, and every thread and process it starts, is on the
+        // server host.
+        enter_network_namespace(&lab.path(0));
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(on_the_server_host(&lab));
+        drop(lab);
+    });
+    if let Err(panic) = run.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Moves the calling thread (only) into the network namespace at `path`; threads and
+/// processes it starts afterwards are born there.
+#[allow(unsafe_code)]
+fn enter_network_namespace(path: &str) {
+    let ns = std::fs::File::open(path).expect("namespace file");
+    // SAFETY: `ns` is an open namespace file for the duration of the call; setns with
+    // CLONE_NEWNET changes this thread's network namespace and nothing else.
+    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+}
+
+/// `(status, JSON or null)` for a bearer-token call.
+async fn call(
+    c: &reqwest::Client,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let rb = c
+        .request(method, format!("https://{SERVER_IP}:{PORT}{path}"))
+        .bearer_auth(token);
+    crate::support::json_call(rb, body).await
+}
+
+/// Signs in through the login server function: the session cookie.
+async fn sign_in(c: &reqwest::Client, user: &str, pw: &str) -> String {
+    let base = format!("https://{SERVER_IP}:{PORT}");
+    let r = c
+        .post(format!("{base}/fn/login"))
+        .header("origin", &base)
+        .form(&[("username", user), ("password", pw)])
+        .send()
+        .await
+        .expect("login");
+    assert!(r.status().is_success(), "login {user}: {}", r.status());
+    let cookie = crate::support::set_cookies(&r)
+        .into_iter()
+        .find(|c| c.contains("tessera_session="))
+        .expect("session cookie");
+    assert!(
+        cookie.starts_with("__Host-") && cookie.contains("Secure"),
+        "over https the session cookie is Secure and host-only: {cookie}"
+    );
+    cookie.split(';').next().expect("name=value").to_owned()
+}
+
+async fn api_token(c: &reqwest::Client, cookie: &str) -> String {
+    let base = format!("https://{SERVER_IP}:{PORT}");
+    let r = c
+        .post(format!("{base}/api/v1/tokens"))
+        .header("origin", &base)
+        .header("cookie", cookie)
+        .json(&json!({"name": "multi-host"}))
+        .send()
+        .await
+        .expect("token");
+    assert_eq!(r.status(), 201);
+    r.json::<Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_owned()
+}
+
+async fn wait_until<F, Fut>(what: &str, secs: u64, mut f: F) -> Value
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (bool, Value)>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let (done, v) = f().await;
+        if done {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: {v}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+}
+
+async fn on_the_server_host(lab: &Lab) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path());
+    let public = format!("https://{SERVER_IP}:{PORT}");
+    // README, "Many nodes without Kubernetes": the server with its certificate.
+    let mut server = tokio::process::Command::new(&lab.on_host(0)[0])
+        .args(&lab.on_host(0)[1..])
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .arg("serve")
+        .env("TESSERA_BIND", format!("{SERVER_IP}:{PORT}"))
+        .env("TESSERA_PUBLIC_URL", &public)
+        .env("TESSERA_TLS_CERT", &pki.cert_file)
+        .env("TESSERA_TLS_KEY", &pki.key_file)
+        .env("TESSERA_NOTEBOOK_HOST", format!("nb.lab.test:{PORT}"))
+        .env(
+            "TESSERA_DATABASE_URL",
+            format!("sqlite://{}/tessera.db?mode=rwc", dir.path().display()),
+        )
+        .env("TESSERA_ADMIN_PASSWORD", ADMIN_PW)
+        .env("TESSERA_NO_SIM", "true")
+        .env("TESSERA_SITE_ROOT", dir.path().join("site"))
+        .env("TESSERA_SCHEDULER_INTERVAL", "1s")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start tessera serve");
+    let c = pki.client(&[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !c
+        .get(format!("{public}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        if let Ok(Some(exit)) = server.try_wait() {
+            panic!("tessera serve exited: {exit}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never became ready over https"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Only TLS on that port.
+    let plain = reqwest::Client::new()
+        .get(format!("http://{SERVER_IP}:{PORT}/healthz"))
+        .send()
+        .await;
+    assert!(
+        plain.map(|r| !r.status().is_success()).unwrap_or(true),
+        "plain HTTP is not served"
+    );
+
+    let admin = api_token(&c, &sign_in(&c, "admin", ADMIN_PW).await).await;
+    let (s, team) = call(
+        &c,
+        &admin,
+        Method::POST,
+        "/api/v1/teams",
+        Some(json!({"name": "lab"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{team}");
+    let team = team["id"].as_str().expect("team id").to_owned();
+    let (s, v) = call(
+        &c,
+        &admin,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "researcher", "password": MEMBER_PW})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = call(
+        &c,
+        &admin,
+        Method::POST,
+        &format!("/api/v1/teams/{team}/members"),
+        Some(json!({"username": "researcher", "role": "member"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = call(
+        &c,
+        &admin,
+        Method::PUT,
+        &format!("/api/v1/teams/{team}/quotas/H100-80GB"),
+        Some(json!({"guaranteed": 14, "limit": 14, "per_user": 14})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+
+    // Each GPU node: a join token, and the agent over HTTPS trusting the lab's CA.
+    let mut tokens = Vec::new();
+    for (name, _) in NODES {
+        let (s, jt) = call(
+            &c,
+            &admin,
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": name})),
+        )
+        .await;
+        assert_eq!(s, 201, "{jt}");
+        tokens.push(jt["secret"].as_str().expect("secret").to_owned());
+    }
+    // Plain HTTP across the network is refused before the join token is spent.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(&lab.on_host(1)[0])
+            .args(&lab.on_host(1)[1..])
+            .arg(crate::nodes::agent_bin())
+            .args(["--simulate", "--gpus", "H100-80GB"])
+            .args(["--server", &format!("http://{SERVER_IP}:{PORT}")])
+            .args(["--join-token", &tokens[0]])
+            .args([
+                "--state-dir",
+                &dir.path().join("refused").display().to_string(),
+            ])
+            .output(),
+    )
+    .await
+    .expect("the agent answers at once")
+    .expect("run tessera-agent");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("--insecure-http"), "{stderr}");
+
+    let server_url = public.clone();
+    let agents: Vec<WorkloadAgent> = NODES
+        .iter()
+        .enumerate()
+        .map(|(i, (name, addr))| {
+            WorkloadAgent::start_with(
+                &server_url,
+                &tokens[i],
+                name,
+                &lab.on_host(i + 1),
+                &[
+                    "--ca-file".into(),
+                    pki.ca_file.display().to_string(),
+                    "--workload-host".into(),
+                    (*addr).into(),
+                ],
+            )
+        })
+        .collect();
+    wait_until("both nodes report in", 90, || async {
+        let (_, nodes) = call(&c, &admin, Method::GET, "/api/v1/nodes", None).await;
+        let online = nodes
+            .as_array()
+            .or_else(|| nodes["items"].as_array())
+            .map(|n| {
+                n.iter()
+                    .filter(|n| n["gpus"].as_array().is_some_and(|g| !g.is_empty()))
+                    .count()
+            })
+            .unwrap_or(0);
+        (online == NODES.len(), nodes)
+    })
+    .await;
+
+    // The researcher: a whole-GPU-sized slice lands on each node.
+    let member = api_token(&c, &sign_in(&c, "researcher", MEMBER_PW).await).await;
+    let mut on_node = std::collections::BTreeMap::new();
+    for _ in NODES {
+        let (s, a) = call(
+            &c,
+            &member,
+            Method::POST,
+            "/api/v1/allocations",
+            Some(json!({"team_id": team, "kind": "H100-80GB:7g.80gb", "purpose": "lab"})),
+        )
+        .await;
+        assert_eq!(s, 201, "{a}");
+        let id = a["id"].as_str().expect("id").to_owned();
+        let active = wait_until("the slice never became active", 120, || async {
+            let (_, v) = call(
+                &c,
+                &member,
+                Method::GET,
+                &format!("/api/v1/allocations/{id}"),
+                None,
+            )
+            .await;
+            (v["state"] == "active", v)
+        })
+        .await;
+        assert!(active["devices"][0]["mig_uuid"].is_string(), "{active}");
+        let host = active["devices"][0]["hostname"]
+            .as_str()
+            .expect("hostname")
+            .to_owned();
+        on_node.insert(host, id);
+    }
+    assert_eq!(on_node.len(), 2, "one slice on each node: {on_node:?}");
+
+    // A job on each node runs there: it sees that node's address, and only that one.
+    for (name, addr) in NODES {
+        let (s, job) = call(
+            &c,
+            &member,
+            Method::POST,
+            "/api/v1/jobs",
+            Some(json!({"allocation_id": on_node[name], "command": "cat /proc/net/fib_trie"})),
+        )
+        .await;
+        assert_eq!(s, 201, "{job}");
+        let id = job["id"].as_str().expect("id").to_owned();
+        let done = wait_until("the job never finished", 120, || async {
+            let (_, v) = call(
+                &c,
+                &member,
+                Method::GET,
+                &format!("/api/v1/workloads/{id}"),
+                None,
+            )
+            .await;
+            let state = v["state"].as_str().unwrap_or("");
+            (
+                ["succeeded", "failed", "lost", "cancelled"].contains(&state),
+                v,
+            )
+        })
+        .await;
+        let (_, log) = call(
+            &c,
+            &member,
+            Method::GET,
+            &format!("/api/v1/workloads/{id}/logs?from=0"),
+            None,
+        )
+        .await;
+        assert_eq!(done["state"], "succeeded", "{done}\n{log}");
+        let text = log["text"].as_str().unwrap_or("");
+        let seen: std::collections::BTreeSet<&str> = text.split_whitespace().collect();
+        assert!(seen.contains(addr), "{name}'s job ran elsewhere: {text}");
+        for (other, other_addr) in NODES {
+            if other != name {
+                assert!(
+                    !seen.contains(other_addr),
+                    "{name}'s job saw {other}: {text}"
+                );
+            }
+        }
+    }
+
+    // A notebook on node 2 answers through the server's proxy, over TLS.
+    let (node2, node2_addr) = NODES[1];
+    let (s, nb) = call(
+        &c,
+        &member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"allocation_id": on_node[node2], "name": "lab"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{nb}");
+    let id = nb["id"].as_str().expect("id").to_owned();
+    let running = wait_until("the notebook never ran", 180, || async {
+        let (_, v) = call(
+            &c,
+            &member,
+            Method::GET,
+            &format!("/api/v1/workloads/{id}"),
+            None,
+        )
+        .await;
+        let state = v["state"].as_str().unwrap_or("");
+        (["running", "failed", "lost"].contains(&state), v)
+    })
+    .await;
+    assert_eq!(running["state"], "running", "{running}");
+    let base = "/user/researcher/lab/";
+    let (s, contents) = call(
+        &c,
+        &member,
+        Method::GET,
+        &format!("{base}api/contents"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{contents}");
+    assert_eq!(contents["type"], "directory", "{contents}");
+
+    // In a browser: the portal sends the member to the notebook's own https origin.
+    let cookie = sign_in(&c, "researcher", MEMBER_PW).await;
+    let r = c
+        .get(format!("{public}{base}lab"))
+        .header("cookie", &cookie)
+        .header("accept", "text/html")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 303);
+    let entry = reqwest::Url::parse(r.headers()["location"].to_str().expect("location"))
+        .expect("entry url");
+    assert_eq!(entry.scheme(), "https", "{entry}");
+    let nb_host = entry.host_str().expect("host").to_owned();
+    assert!(nb_host.ends_with(".nb.lab.test"), "{entry}");
+    let server_addr: std::net::SocketAddr = format!("{SERVER_IP}:{PORT}").parse().expect("addr");
+    let browser = pki.client(&[(&nb_host, server_addr)]);
+    let r = browser.get(entry.as_str()).send().await.expect("enter");
+    assert_eq!(r.status(), 303);
+    let pass = crate::support::set_cookies(&r)
+        .into_iter()
+        .next()
+        .expect("a pass for the notebook's origin");
+    assert!(pass.contains("Secure"), "{pass}");
+    let r = browser
+        .get(format!("https://{nb_host}:{PORT}{base}api/contents"))
+        .header("cookie", pass.split(';').next().expect("name=value"))
+        .send()
+        .await
+        .expect("contents");
+    assert_eq!(r.status(), 200);
+
+    // A kernel on node 2, driven over a WebSocket through the TLS proxy.
+    let (s, kernel) = call(
+        &c,
+        &member,
+        Method::POST,
+        &format!("{base}api/kernels"),
+        Some(json!({"name": "python3"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{kernel}");
+    let kernel = kernel["id"].as_str().expect("kernel id");
+    let mut ws = wss(
+        &pki,
+        &format!("wss://{SERVER_IP}:{PORT}{base}api/kernels/{kernel}/channels"),
+        &member,
+    )
+    .await;
+    let code = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                s.connect(('198.18.0.1', 9)); s.getsockname()[0]";
+    let seen = execute_on(&mut ws, code, Duration::from_secs(60))
+        .await
+        .expect("the kernel answers");
+    assert_eq!(seen, format!("'{node2_addr}'"), "the kernel runs on node 2");
+
+    for a in agents {
+        a.stop().await;
+    }
+}
+
+/// A WebSocket over TLS to the server, trusting the test CA only.
+async fn wss(
+    pki: &Pki,
+    url: &str,
+    token: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca =
+        rustls::pki_types::CertificateDer::from_pem_slice(pki.ca_pem.as_bytes()).expect("ca der");
+    roots.add(ca).expect("trust the ca");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect((SERVER_IP, PORT))
+        .await
+        .expect("tcp");
+    let name = rustls::pki_types::ServerName::try_from(SERVER_IP).expect("server name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS to the server");
+    let mut req =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
+            .expect("ws request");
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    let (ws, resp) = tokio_tungstenite::client_async(req, tls)
+        .await
+        .expect("websocket through the TLS proxy");
+    assert_eq!(resp.status(), 101);
+    ws
+}
