@@ -20,5 +20,6 @@ mod setup;
 mod sso;
 mod support;
 mod tenancy;
+mod tls;
 mod upgrade;
 mod workloads;
