@@ -206,6 +206,13 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
     if !have("promtool") {
         packages.push("prometheus");
     }
+    // The multi-host test's network namespaces (`ip netns`, `nsenter`).
+    if !have("ip") {
+        packages.push("iproute2");
+    }
+    if !have("nsenter") {
+        packages.push("util-linux");
+    }
     if !packages.is_empty() {
         apt_install(&packages)?;
     }
@@ -522,7 +529,9 @@ fn test() -> Result<()> {
         }
         .args(["test", "--workspace", "--exclude", "tessera-app"])
         .env("TESSERA_TEST_PG_URL", &url)
-        .env("TESSERA_REQUIRE_PG", "1"),
+        .env("TESSERA_REQUIRE_PG", "1")
+        // The multi-host test runs here (root: network namespaces) instead of skipping.
+        .envs(is_root().then_some(("TESSERA_REQUIRE_NETNS", "1"))),
     )?;
     drop(pg);
     step(

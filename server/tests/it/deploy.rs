@@ -1,5 +1,6 @@
-//! The Kubernetes manifests under `deploy/kubernetes/`: every file the kustomization lists
-//! parses into its typed Kubernetes object (k8s-openapi), and they fit the code: images,
+//! The deployment files. `deploy/systemd/`: units and environment templates that fit the
+//! binaries (at the end). The Kubernetes manifests under `deploy/kubernetes/`: every file
+//! the kustomization lists parses into its typed Kubernetes object (k8s-openapi), and they fit the code: images,
 //! probes on `/healthz` and `/readyz`, selectors that select, the settings the server and
 //! agent read, the secret keys they name. That the server's ClusterRole grants exactly what
 //! the Kubernetes executor does is checked in `kubernetes.rs`, against its real requests.
@@ -284,14 +285,138 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
         )),
         "{server_url}"
     );
+    // The agent refuses plain HTTP to a non-loopback server unless told so explicitly.
+    assert_eq!(
+        e.get("TESSERA_AGENT_INSECURE_HTTP")
+            .and_then(|v| v.value.as_deref()),
+        Some("true"),
+        "plain http:// to the Service needs TESSERA_AGENT_INSECURE_HTTP"
+    );
+    let agent_settings = settings_in_help(&crate::nodes::agent_bin(), &["--help"]);
+    for name in e.keys().filter(|n| n.starts_with("TESSERA_")) {
+        assert!(
+            agent_settings.contains(name),
+            "agent.yaml sets {name}, which tessera-agent does not read"
+        );
+    }
+}
+
+/// `deploy/systemd/`: both units pass `systemd-analyze verify` (where systemd is
+/// installed) with no unknown setting, run the installed binaries, and every setting
+/// their environment templates name is one that binary reads.
+#[test]
+fn systemd_units_and_environment_templates_fit_the_binaries() {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/systemd"));
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("deploy/systemd/{f}: {e}"))
+    };
+    // (unit, what it runs, its environment template, where that is installed, the
+    // binary, the arguments that list its settings)
+    let units = [
+        (
+            "tessera.service",
+            "/usr/local/bin/tessera serve",
+            "tessera.env",
+            "/etc/tessera/tessera.env",
+            PathBuf::from(env!("CARGO_BIN_EXE_tessera")),
+            &["serve", "--help"][..],
+        ),
+        (
+            "tessera-agent.service",
+            "/usr/local/bin/tessera-agent",
+            "tessera-agent.env",
+            "/etc/tessera/agent.env",
+            crate::nodes::agent_bin(),
+            &["--help"][..],
+        ),
+    ];
+    let scratch = tempfile::tempdir().expect("tempdir");
+    for (unit, exec, env_file, installed, bin, help) in &units {
+        let text = read(unit);
+        let exec_line = format!("ExecStart={exec}");
+        assert!(text.lines().any(|l| l == exec_line), "{unit} runs `{exec}`");
+        assert!(
+            text.lines()
+                .any(|l| l == format!("EnvironmentFile={installed}")),
+            "{unit} reads {installed}"
+        );
+        // Every TESSERA_ variable the template sets or shows (commented out) is real.
+        let known = settings_in_help(bin, help);
+        let template = read(env_file);
+        for line in template.lines() {
+            let line = line.trim_start_matches('#');
+            if let Some((name, _)) = line.split_once('=')
+                && name.starts_with("TESSERA_")
+            {
+                assert!(
+                    known.contains(name),
+                    "{env_file}: {name} is not a setting of {unit}"
+                );
+            }
+        }
+        for line in text.lines() {
+            if let Some(kv) = line.strip_prefix("Environment=")
+                && let Some((name, _)) = kv.split_once('=')
+            {
+                assert!(known.contains(name), "{unit}: {name} is not a setting");
+            }
+        }
+        // systemd's own check, on a copy that runs the binary this build made.
+        let copy = scratch.path().join(unit);
+        let program = exec.split(' ').next().unwrap_or_default();
+        let runnable = text.replace(
+            &format!("ExecStart={program}"),
+            &format!("ExecStart={}", bin.display()),
+        );
+        std::fs::write(&copy, runnable).expect("copy");
+        match std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&copy)
+            .output()
+        {
+            Ok(out) => {
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(out.status.success(), "systemd-analyze verify {unit}: {err}");
+                assert!(
+                    !err.contains("Unknown") && !err.contains("ignoring"),
+                    "systemd-analyze verify {unit}: {err}"
+                );
+            }
+            Err(e) => {
+                eprintln!("systemd-analyze not run ({e}): the units were checked as text only")
+            }
+        }
+    }
+    // The templates describe the secure way: HTTPS to the portal, TLS on the server.
+    let agent_env = read("tessera-agent.env");
+    assert!(
+        agent_env.contains("\nTESSERA_SERVER=https://"),
+        "{agent_env}"
+    );
+    let server_env = read("tessera.env");
+    for needed in [
+        "\nTESSERA_TLS_CERT=",
+        "\nTESSERA_TLS_KEY=",
+        "\nTESSERA_PUBLIC_URL=https://",
+    ] {
+        assert!(server_env.contains(needed), "tessera.env lacks {needed}");
+    }
 }
 
 /// The environment variables `tessera serve` reads (from its `--help`).
 fn tessera_server_settings() -> BTreeSet<String> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--help"])
+    settings_in_help(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
+        &["serve", "--help"],
+    )
+}
+
+/// The `TESSERA_` environment variables a binary's help names.
+fn settings_in_help(bin: &std::path::Path, args: &[&str]) -> BTreeSet<String> {
+    let out = std::process::Command::new(bin)
+        .args(args)
         .output()
-        .expect("tessera serve --help");
+        .unwrap_or_else(|e| panic!("{} {args:?}: {e}", bin.display()));
     let help = String::from_utf8_lossy(&out.stdout);
     help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("TESSERA_"))
