@@ -1,8 +1,8 @@
 //! The deployment files. `deploy/systemd/`: units and environment templates that fit the
 //! binaries (at the end). The Kubernetes manifests under `deploy/kubernetes/`: every file
-//! the kustomization lists parses into its typed Kubernetes object (k8s-openapi), and they fit the code: images,
-//! probes on `/healthz` and `/readyz`, selectors that select, the settings the server and
-//! agent read, the secret keys they name. That the server's ClusterRole grants exactly what
+//! the kustomization lists parses into its typed Kubernetes object (k8s-openapi), and they
+//! fit the code: images, probes on `/healthz` and `/readyz`, selectors that select, the
+//! settings the server and agent read, the secret keys they name. That the server's ClusterRole grants exactly what
 //! the Kubernetes executor does is checked in `kubernetes.rs`, against its real requests.
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -344,7 +344,7 @@ fn systemd_units_and_environment_templates_fit_the_binaries() {
         let known = settings_in_help(bin, help);
         let template = read(env_file);
         for line in template.lines() {
-            let line = line.trim_start_matches('#');
+            let line = line.trim_start_matches('#').trim_start();
             if let Some((name, _)) = line.split_once('=')
                 && name.starts_with("TESSERA_")
             {
