@@ -25,6 +25,7 @@ fn seven(gpu: &str) -> DesiredGpuState {
                 start,
             })
             .collect(),
+        sharing: None,
         version: 1,
     }
 }

@@ -30,6 +30,7 @@ fn spec(id: &str, device: &str) -> WorkloadSpec {
         base_path: None,
         allocation_id: String::new(),
         resources: vec![],
+        share: None,
     }
 }
 

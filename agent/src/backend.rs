@@ -163,6 +163,7 @@ pub fn inventory(backend: &dyn GpuBackend) -> Result<Inventory, BackendError> {
             profiles,
             profiles_error,
             instances,
+            sharing: None,
         });
     }
     Ok(Inventory { gpus })

@@ -94,6 +94,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 }),
                 profiles: vec![],
                 profiles_error: None,
+                sharing: None,
                 instances: vec![],
             })
             .collect();

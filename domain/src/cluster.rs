@@ -282,6 +282,7 @@ mod tests {
             }),
             profiles: vec![],
             profiles_error: None,
+            sharing: None,
             instances: busy
                 .iter()
                 .enumerate()

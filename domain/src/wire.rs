@@ -80,6 +80,56 @@ pub struct GpuInfo {
     pub profiles_error: Option<String>,
     /// GPU instances present now, with their compute instances flattened in.
     pub instances: Vec<MigInstance>,
+    /// How the agent shares this GPU, when the server asked for it to be shared
+    /// ([`DesiredGpuState::sharing`]). Absent from older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<SharingState>,
+}
+
+/// How a GPU in shared mode is divided among its tenants (an admin's choice per GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareMethod {
+    /// NVIDIA MPS: one control daemon per GPU, run and supervised by the agent; each
+    /// workload is an MPS client limited to its compute share
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) and its memory share
+    /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`).
+    Mps,
+    /// Time-slicing: tenants take turns on the whole GPU; no compute limit, and the
+    /// memory share is only advertised to the workload (`TESSERA_GPU_MEMORY_MIB`).
+    TimeSlice,
+}
+
+impl ShareMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareMethod::Mps => "mps",
+            ShareMethod::TimeSlice => "time_slice",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ShareMethod> {
+        match s {
+            "mps" => Some(ShareMethod::Mps),
+            "time_slice" => Some(ShareMethod::TimeSlice),
+            _ => None,
+        }
+    }
+}
+
+/// A shared GPU as the agent runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharingState {
+    pub method: ShareMethod,
+    /// Workloads can start on it: MIG is off and, for MPS, the control daemon answers.
+    pub ready: bool,
+    /// Why it is not ready (the MPS daemon's or the driver's error), or the last
+    /// daemon failure if it was restarted since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// MPS: how many times the agent restarted the control daemon after it died.
+    #[serde(default)]
+    pub daemon_restarts: u32,
 }
 
 /// One row of a device's GPU-instance profile table, as read from the
@@ -147,6 +197,11 @@ pub struct DesiredGpuState {
     pub mode: MigMode,
     /// Must be empty when `mode` is `disabled`.
     pub layout: Vec<DesiredInstance>,
+    /// `Some`: the GPU is shared (`mode` is then `disabled` and `layout` empty); with
+    /// MPS the agent keeps its control daemon running. `None`: not shared (an MPS daemon
+    /// the agent started for it is stopped once no workload uses it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<ShareMethod>,
     /// Increases whenever the server changes this GPU's desired state; every
     /// [`ApplyStatus`] names the version it is about.
     pub version: u64,
@@ -339,6 +394,24 @@ pub struct WorkloadSpec {
     /// plugin names them in its "mixed" strategy ([`crate::workload::device_resource`]).
     #[serde(default)]
     pub resources: Vec<String>,
+    /// Set when it runs on a share of a shared GPU (`devices` is then that GPU): the
+    /// limits the agent applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<ShareLimits>,
+}
+
+/// A workload's share of a shared GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareLimits {
+    pub method: ShareMethod,
+    /// `GPU-…`, the shared GPU.
+    pub gpu_uuid: String,
+    /// 1..=1000 milli-GPU: the compute share (MPS: `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+    /// = ⌈milli / 10⌉).
+    pub milli: u32,
+    /// The memory share, `milli / 1000` of the GPU's memory (MPS:
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<memory_mib>M`).
+    pub memory_mib: u64,
 }
 
 /// How a workload's process stands on the node.

@@ -93,6 +93,7 @@ fn job(id: &str, team: &str, device: &str, script: &str) -> WorkloadSpec {
         base_path: None,
         allocation_id: String::new(),
         resources: vec![],
+        share: None,
     }
 }
 

@@ -40,6 +40,7 @@ pub fn desired(gpu: &str, layout: &[(&str, u8)], version: u64) -> DesiredGpuStat
                 start: *s,
             })
             .collect(),
+        sharing: None,
         version,
     }
 }

@@ -36,6 +36,7 @@ fn job(id: &str, argv: &[&str]) -> WorkloadSpec {
         base_path: None,
         allocation_id: String::new(),
         resources: vec![],
+        share: None,
     }
 }
 

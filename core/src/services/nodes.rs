@@ -656,6 +656,7 @@ impl Nodes {
                     MigMode::Disabled
                 },
                 layout,
+                sharing: None,
                 version: u64::try_from(r.version).unwrap_or(0),
             });
         }

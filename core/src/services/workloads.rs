@@ -1529,6 +1529,7 @@ impl Workloads {
                 .iter()
                 .map(|d| wl::device_resource(d.profile.as_deref()))
                 .collect(),
+            share: None,
         }
     }
 

@@ -418,6 +418,7 @@ mod tests {
             base_path: Some("/user/ann/nb/".into()),
             allocation_id: "alloc-1".into(),
             resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+            share: None,
         }
     }
 

@@ -47,6 +47,7 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
                 }),
                 profiles: vec![],
                 profiles_error: None,
+                sharing: None,
                 instances: vec![],
             }],
         },
