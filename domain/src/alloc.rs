@@ -9,12 +9,14 @@
 //! |---|---|---|
 //! | `H100-80GB:1g.10gb` | one MIG instance of profile `1g.10gb` | 1 |
 //! | `H100-80GB:whole` | one whole GPU | 7 |
-//! | `H100-80GB:share:250` | 250 milli-GPU (a quarter) of a shared GPU | 2 |
+//! | `H100-80GB:share:250` | 250 milli-GPU (a quarter) of a shared GPU | 250 (of `H100-80GB:shared`) |
 //!
 //! An allocation is `count` of a kind (2 × `1g.10gb`, 4 whole GPUs); a share is always
-//! count 1. Quota is counted in **units = compute slices of the model** (7 on
-//! A100/H100/H200/B200, 4 on A30): a MIG profile costs its compute slices, a whole GPU
-//! all of the model's, and a share of `m` milli costs `⌈m × slices / 1000⌉`.
+//! count 1. Quota is counted per [`GpuKind::quota_key`]: MIG slices and whole GPUs of a
+//! model count in **units = compute slices of the model** (7 on A100/H100/H200/B200, 4 on
+//! A30) against the model's quota (`H100-80GB`): a MIG profile costs its compute slices, a
+//! whole GPU all of the model's. Shares count exactly, in **milli-GPU**, against the
+//! model's shared quota (`H100-80GB:shared`): a share of `m` milli costs `m`.
 //!
 //! # Lifecycle
 //!
@@ -211,7 +213,18 @@ impl GpuKind {
         })
     }
 
-    /// Units one of this kind costs: compute slices of its model (see the module docs).
+    /// The quota line this kind counts against: the model (`H100-80GB`) for MIG slices
+    /// and whole GPUs, in compute slices; the model's shared quota (`H100-80GB:shared`)
+    /// for shares, in milli-GPU.
+    pub fn quota_key(&self) -> String {
+        match self {
+            GpuKind::Share { model, .. } => shared_quota_key(model),
+            GpuKind::Mig { model, .. } | GpuKind::Whole { model } => model.clone(),
+        }
+    }
+
+    /// Units one of this kind costs on its [`quota_key`](Self::quota_key): compute
+    /// slices of its model, or a share's milli-GPU (see the module docs).
     pub fn unit_cost(&self, catalog: &Catalog) -> Result<u32, AppError> {
         let model = find_model(catalog, self.model())?;
         let slices = u32::from(model.compute_slices());
@@ -222,8 +235,7 @@ impl GpuKind {
             GpuKind::Whole { .. } => Ok(slices),
             GpuKind::Share { milli, .. } => {
                 check_milli(*milli)?;
-                // milli ≤ 1000 and slices ≤ 255: no overflow.
-                Ok((milli * slices).div_ceil(SHARE_MILLI_MAX))
+                Ok(*milli)
             }
         }
     }
@@ -233,6 +245,23 @@ impl GpuKind {
         self.unit_cost(catalog)?
             .checked_mul(count)
             .ok_or_else(|| AppError::invalid("count", "is too large"))
+    }
+}
+
+/// The quota line of `model`'s shares (milli-GPU): `H100-80GB:shared`.
+pub fn shared_quota_key(model: &str) -> String {
+    format!("{model}{SHARED_QUOTA_SUFFIX}")
+}
+
+/// What [`shared_quota_key`] appends.
+pub const SHARED_QUOTA_SUFFIX: &str = ":shared";
+
+/// The model of a quota line and whether it is the shared one (`H100-80GB:shared` →
+/// `("H100-80GB", true)`).
+pub fn split_quota_key(key: &str) -> (&str, bool) {
+    match key.strip_suffix(SHARED_QUOTA_SUFFIX) {
+        Some(model) => (model, true),
+        None => (key, false),
     }
 }
 
@@ -1393,7 +1422,7 @@ mod tests {
     }
 
     #[test]
-    fn units_are_compute_slices() {
+    fn units_are_compute_slices_or_milli_for_shares() {
         let c = Catalog::builtin();
         assert_eq!(kind("H100-80GB:1g.10gb").units(7, &c), Ok(7));
         assert_eq!(kind("H100-80GB:1g.20gb").units(1, &c), Ok(1));
@@ -1404,11 +1433,15 @@ mod tests {
         assert_eq!(kind("H100-80GB:whole").units(2, &c), Ok(14));
         assert_eq!(kind("A30-24GB:whole").units(1, &c), Ok(4));
         assert_eq!(kind("A30-24GB:2g.12gb").units(1, &c), Ok(2));
-        // ⌈250 × 7 / 1000⌉ = ⌈1.75⌉ = 2; ⌈250 × 4 / 1000⌉ = 1 exactly.
-        assert_eq!(kind("H100-80GB:share:250").units(1, &c), Ok(2));
-        assert_eq!(kind("A30-24GB:share:250").units(1, &c), Ok(1));
+        // Shares count exactly, in milli-GPU, on the model's shared quota line.
+        assert_eq!(kind("H100-80GB:share:250").units(1, &c), Ok(250));
+        assert_eq!(kind("A30-24GB:share:250").units(1, &c), Ok(250));
+        assert_eq!(kind("H100-80GB:share:250").quota_key(), "H100-80GB:shared");
+        assert_eq!(kind("H100-80GB:1g.10gb").quota_key(), "H100-80GB");
+        assert_eq!(split_quota_key("H100-80GB:shared"), ("H100-80GB", true));
+        assert_eq!(split_quota_key("H100-80GB"), ("H100-80GB", false));
         assert_eq!(kind("H100-80GB:share:1").units(1, &c), Ok(1));
-        assert_eq!(kind("H100-80GB:share:1000").units(1, &c), Ok(7));
+        assert_eq!(kind("H100-80GB:share:1000").units(1, &c), Ok(1000));
         // Aliases and case resolve through the catalog.
         assert_eq!(kind("H100-SXM5-80GB:1G.10GB").units(1, &c), Ok(1));
     }

@@ -212,6 +212,7 @@ fn main() -> Result<(), String> {
                         &Cluster {
                             nodes,
                             models: Vec::new(),
+                            fixed_sharing: false,
                         },
                         &catalog,
                     )

@@ -73,6 +73,7 @@ fn main() {
     let cluster = Cluster {
         nodes,
         models: Vec::new(),
+        fixed_sharing: false,
     };
     let catalog = Catalog::builtin();
     let mut engine = Engine::new(&cluster, &catalog).expect("valid cluster");

@@ -111,6 +111,8 @@ pub struct Engine {
     /// place one instance (lower is better), refreshed on every change.
     costs: Vec<[u32; MAX_PROFILES]>,
     policy: Policy,
+    /// [`Cluster::fixed_sharing`]: no GPU is converted to shared mode.
+    fixed_sharing: bool,
 }
 
 /// A request, checked and resolved against the engine's models.
@@ -168,6 +170,7 @@ impl Engine {
             gpu_model: Vec::new(),
             costs: Vec::new(),
             policy: Policy::Fragmentation(Workload::default()),
+            fixed_sharing: cluster.fixed_sharing,
         };
         let mut names = BTreeMap::new();
         for (i, node) in cluster.nodes.iter().enumerate() {
@@ -654,7 +657,8 @@ impl Engine {
                 let g = (0..self.gpus.len())
                     .filter(|&g| {
                         let gpu = &self.gpus[g];
-                        gpu.mode != GpuMode::Shared
+                        !self.fixed_sharing
+                            && gpu.mode != GpuMode::Shared
                             && gpu.reconfigurable
                             && gpu.idle()
                             && r.allowed[usize::from(gpu.model)]
@@ -781,6 +785,7 @@ impl Engine {
         Cluster {
             nodes,
             models: Vec::new(),
+            fixed_sharing: self.fixed_sharing,
         }
     }
 
@@ -940,9 +945,15 @@ impl Engine {
                     .map(|(b, _)| *b)
                     .max()
                     .unwrap_or(0);
-                format!(
-                    "needs {m} milli-GPU on one GPU; the most left free on a shared GPU is {most}, and no idle reconfigurable GPU can switch to shared"
-                )
+                if self.fixed_sharing {
+                    format!(
+                        "needs {m} milli-GPU free on one shared GPU; the most free on a shared GPU of this model is {most} (admins choose which GPUs are shared, on the Nodes page)"
+                    )
+                } else {
+                    format!(
+                        "needs {m} milli-GPU on one GPU; the most left free on a shared GPU is {most}, and no idle reconfigurable GPU can switch to shared"
+                    )
+                }
             }
         }
     }

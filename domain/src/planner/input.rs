@@ -13,6 +13,10 @@ pub struct Cluster {
     /// built-in catalog for GPUs of the same model name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<GpuModel>,
+    /// GPUs are shared only where the input says so (`mode: shared`, chosen by an
+    /// admin): the planner never switches a GPU to shared mode itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fixed_sharing: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -91,6 +91,7 @@ fn cluster() -> impl Strategy<Value = Cluster> {
         .prop_map(|nodes| Cluster {
             nodes,
             models: Vec::new(),
+            fixed_sharing: false,
         })
 }
 
@@ -211,4 +212,58 @@ proptest! {
             }
         }
     }
+}
+
+/// With `fixed_sharing` (the server: admins choose the shared GPUs) a share goes only to
+/// a GPU already shared, and waits with a reason rather than converting an idle one.
+#[test]
+fn with_fixed_sharing_only_shared_gpus_take_shares() {
+    let gpu = |index: u32, mode: GpuMode, used_milli: u32| Gpu {
+        index,
+        model: "H100-80GB".into(),
+        mode,
+        reconfigurable: true,
+        instances: Vec::new(),
+        busy: false,
+        used_milli,
+    };
+    let cluster = |fixed_sharing: bool| Cluster {
+        nodes: vec![Node {
+            name: "n".into(),
+            cpu_milli: 64_000,
+            memory_mib: 1 << 20,
+            cpu_used_milli: 0,
+            memory_used_mib: 0,
+            gpus: vec![gpu(0, GpuMode::Whole, 0), gpu(1, GpuMode::Shared, 750)],
+        }],
+        models: Vec::new(),
+        fixed_sharing,
+    };
+    let ask = |id: &str| Request {
+        id: id.into(),
+        team: None,
+        priority: 0,
+        mig: None,
+        gpus: None,
+        gpu_milli: Some(250),
+        cpu_milli: 0,
+        memory_mib: 0,
+        models: Vec::new(),
+    };
+    let asks = [ask("a"), ask("b")];
+    let catalog = Catalog::builtin();
+    let fixed = plan(&cluster(true), &asks, &catalog).expect("plan");
+    assert_eq!(fixed.assignments.len(), 1, "{fixed:?}");
+    assert_eq!(fixed.assignments[0].gpu, Some(1));
+    assert!(fixed.reconfigurations.is_empty(), "{fixed:?}");
+    assert_eq!(fixed.pending.len(), 1);
+    assert!(
+        fixed.pending[0].reason.contains("one shared GPU")
+            && fixed.pending[0].reason.contains("is 0"),
+        "{}",
+        fixed.pending[0].reason
+    );
+    // Left to itself the planner converts the idle GPU.
+    let free = plan(&cluster(false), &asks, &catalog).expect("plan");
+    assert_eq!(free.assignments.len(), 2, "{free:?}");
 }
