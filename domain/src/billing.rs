@@ -31,7 +31,8 @@
 //! billed = round(price × count × wall_ms × num × (100 − discount) / (3_600_000 × den × 100))
 //! ```
 //!
-//! where `num/den` is 1 for a kind's own rate and `unit_cost/slices` for a pro-rata one;
+//! where `num/den` is 1 for a kind's own rate and, for a pro-rata one, the profile's
+//! compute slices over the model's (`unit_cost/slices`) or a share's `milli/1000`;
 //! `round` is half away from zero, applied once to the exact quotient.
 //!
 //! # Ledger
@@ -222,8 +223,14 @@ impl RateCard {
             model: kind.model().to_owned(),
         };
         let rate = self.exact(&whole.to_string(), at)?;
-        let num = kind.unit_cost(catalog).ok()?;
-        let den = whole.unit_cost(catalog).ok()?;
+        // A share is its milli-GPU of the whole; a MIG profile its compute slices.
+        let (num, den) = match kind {
+            GpuKind::Share { milli, .. } => (*milli, 1000),
+            _ => (
+                kind.unit_cost(catalog).ok()?,
+                whole.unit_cost(catalog).ok()?,
+            ),
+        };
         Some(Priced { rate, num, den })
     }
 }

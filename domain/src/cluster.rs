@@ -54,6 +54,35 @@ pub struct GpuView {
     pub instances: Vec<InstanceView>,
     /// The layout an admin asked for, if any, and how applying it goes.
     pub desired: Option<DesiredView>,
+    /// Set when an admin shared this GPU (fractional shares).
+    pub sharing: Option<SharingView>,
+}
+
+/// A shared GPU: how it is shared, whether its node runs it so, and its shares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SharingView {
+    /// `mps` or `time_slice`.
+    pub method: String,
+    /// The node runs it that way (MIG off; with MPS its control daemon answers): shares
+    /// can start on it.
+    pub ready: bool,
+    /// What keeps it from being ready, or the last MPS daemon failure.
+    pub error: Option<String>,
+    /// How often the node restarted the GPU's MPS daemon after it died.
+    pub daemon_restarts: u32,
+    /// Milli-GPU held by shares (being set up, active or being released).
+    pub used_milli: u32,
+    /// Each share on it, oldest first.
+    pub tenants: Vec<ShareTenantView>,
+}
+
+/// One share of a shared GPU. Only platform admins see whose it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ShareTenantView {
+    pub milli: u32,
+    pub team: Option<String>,
 }
 
 /// A desired MIG layout and the agent's last report about it.
@@ -117,6 +146,7 @@ impl GpuView {
                 })
                 .collect(),
             desired: None,
+            sharing: None,
         }
     }
 }

@@ -28,7 +28,9 @@ use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::planner;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
-use tessera_domain::wire::{ApplyState, ApplyStatus, DesiredInstance, Inventory, MigMode};
+use tessera_domain::wire::{
+    ApplyState, ApplyStatus, DesiredInstance, Inventory, MigMode, ShareMethod,
+};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -183,13 +185,8 @@ impl Allocations {
         if access.role == Some(TeamRole::Viewer) {
             return Err(AppError::Forbidden);
         }
-        if matches!(valid.kind(), GpuKind::Share { .. }) {
-            return Err(AppError::invalid(
-                "kind",
-                "time-sliced shares are not offered yet; ask for a MIG slice or a whole GPU",
-            ));
-        }
-        let model = valid.kind().model().to_owned();
+        // Shares count in milli-GPU on the model's shared quota line (`H100-80GB:shared`).
+        let model = valid.kind().quota_key();
         let quota_row = self
             .store
             .quota(access.team.id, &model)
@@ -315,12 +312,6 @@ impl Allocations {
             purpose: String::new(),
         };
         let valid = alloc::validate(&input, &self.policy, &self.catalog, Utc::now())?;
-        if matches!(valid.kind(), GpuKind::Share { .. }) {
-            return Err(AppError::invalid(
-                "kind",
-                "time-sliced shares are not offered yet; ask for a MIG slice or a whole GPU",
-            ));
-        }
         Ok(valid.kind().label())
     }
 
@@ -836,7 +827,8 @@ impl Allocations {
             .collect())
     }
 
-    /// Sets a team's quota on a model (platform admin). Units are compute slices.
+    /// Sets a team's quota on a model (platform admin). Units are compute slices, or
+    /// milli-GPU on a model's shared line (`H100-80GB:shared`).
     pub async fn set_quota(
         &self,
         p: &Principal,
@@ -848,15 +840,26 @@ impl Allocations {
     ) -> Result<Vec<QuotaView>, AppError> {
         authz::admin(p)?;
         authz::team(&self.store, p, team, Need::Read).await?;
+        // `H100-80GB` (compute slices) or `H100-80GB:shared` (shares, in milli-GPU).
+        let (name, shared) = alloc::split_quota_key(model.trim());
         let model = self
             .catalog
-            .get(model.trim())
-            .map(|m| m.name().to_owned())
+            .get(name)
+            .map(|m| {
+                if shared {
+                    alloc::shared_quota_key(m.name())
+                } else {
+                    m.name().to_owned()
+                }
+            })
             .ok_or_else(|| {
                 let known: Vec<&str> = self.catalog.models().map(|m| m.name()).collect();
                 AppError::invalid(
                     "model",
-                    format!("unknown model; one of {}", known.join(", ")),
+                    format!(
+                        "unknown model; one of {} (append :shared for its shares, in milli-GPU)",
+                        known.join(", ")
+                    ),
                 )
             })?;
         Quota::new(guaranteed, limit, per_user)?;
@@ -955,6 +958,21 @@ impl Allocations {
     }
 
     /// Recomputes queue positions, capacity and known end times (end of each pass).
+    /// The GPUs admins shared, by UUID, with how.
+    async fn shared_gpus(&self) -> Result<HashMap<String, ShareMethod>, AppError> {
+        Ok(self
+            .store
+            .desired_with_status(None)
+            .await
+            .map_err(internal("loading desired state"))?
+            .into_iter()
+            .filter_map(|d| {
+                let method = ShareMethod::parse(d.desired.sharing.as_deref()?)?;
+                Some((d.desired.gpu_uuid, method))
+            })
+            .collect())
+    }
+
     async fn refresh_snapshot(&self, now: DateTime<Utc>) -> Result<(), AppError> {
         let ctx = self.build_pending_context(now).await?;
         if let Ok(mut s) = self.snapshot.write() {
@@ -997,16 +1015,20 @@ impl Allocations {
                     .push((e, to_u32(a.units)));
             }
         }
-        let busy: BTreeSet<(String, Option<u8>)> = self
+        let holding = self
             .store
             .allocations_in(&["placing", "active", "releasing"])
             .await
-            .map_err(internal("loading allocations"))?
+            .map_err(internal("loading allocations"))?;
+        let busy: BTreeSet<(String, Option<u8>)> = holding
             .iter()
             .flat_map(devices)
             .map(|d| (d.gpu_uuid, d.start))
             .collect();
-        let (capacity, free_now) = self.capacity(now, &busy).await?;
+        let shared = self.shared_gpus().await?;
+        let (capacity, free_now) = self
+            .capacity(now, &busy, &shared, &share_usage(&holding))
+            .await?;
         Ok(PendingContext {
             now,
             position,
@@ -1017,12 +1039,16 @@ impl Allocations {
         })
     }
 
-    /// Units each model has on online nodes, and the devices free right now per kind
-    /// (existing free MIG instances, idle whole GPUs without MIG), without re-partitioning.
+    /// Units each quota line has on online nodes (a shared GPU: 1000 milli-GPU on its
+    /// model's shared line), and what is free right now per kind (existing free MIG
+    /// instances, idle whole GPUs without MIG; `MODEL:share`: the most milli-GPU free on
+    /// one shared GPU), without re-partitioning.
     async fn capacity(
         &self,
         now: DateTime<Utc>,
         busy: &BTreeSet<(String, Option<u8>)>,
+        shared: &HashMap<String, ShareMethod>,
+        share_used: &HashMap<String, u32>,
     ) -> Result<(HashMap<String, u32>, BTreeMap<String, u32>), AppError> {
         let (nodes, inventories) = super::active_nodes_with_inventories(&self.store).await?;
         let mut cap = HashMap::new();
@@ -1038,6 +1064,14 @@ impl Allocations {
                 let Some(m) = self.catalog.get(&g.name) else {
                     continue;
                 };
+                if shared.contains_key(&g.uuid) {
+                    *cap.entry(alloc::shared_quota_key(m.name())).or_default() += 1000;
+                    let left =
+                        1000u32.saturating_sub(share_used.get(&g.uuid).copied().unwrap_or(0));
+                    let most = free.entry(format!("{}:share", m.name())).or_default();
+                    *most = (*most).max(left);
+                    continue;
+                }
                 *cap.entry(m.name().to_owned()).or_default() += u32::from(m.compute_slices());
                 let mig_on = g.mig_mode.is_some_and(|x| x.current == MigMode::Enabled);
                 if mig_on {
@@ -1502,7 +1536,9 @@ impl Allocations {
             }
         }
 
-        // Activation: placed devices the agents now report.
+        // Activation: placed devices the agents now report (a share: its GPU shared the
+        // way an admin asked, and ready).
+        let shared = self.shared_gpus().await?;
         for a in self
             .store
             .allocations_in(&["placing"])
@@ -1510,7 +1546,14 @@ impl Allocations {
             .map_err(internal("loading allocations"))?
         {
             let mut devs = devices(&a);
-            let all_present = devs.iter_mut().all(|d| present(d, &inventories));
+            let is_share = matches!(a.kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }));
+            let all_present = devs.iter_mut().all(|d| {
+                if is_share {
+                    share_ready(d, &inventories, &shared)
+                } else {
+                    present(d, &inventories)
+                }
+            });
             if all_present {
                 let change = Change {
                     active_at: Some(now),
@@ -1554,7 +1597,9 @@ impl Allocations {
             .allocations_in(&["placing", "active", "releasing"])
             .await
             .map_err(internal("loading allocations"))?;
-        let input = self.planner_input(&nodes, &inventories, &held, now).await?;
+        let input = self
+            .planner_input(&nodes, &inventories, &held, &shared, now)
+            .await?;
         let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
         let order = alloc::order_queue(&entries, &self.fair_shares(now).await?);
         let rank: HashMap<Uuid, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
@@ -1578,6 +1623,11 @@ impl Allocations {
                 models: vec![a.model.clone()],
             };
             match kind {
+                GpuKind::Share { model, milli } => requests.push(planner::Request {
+                    gpu_milli: Some(milli),
+                    models: vec![model],
+                    ..base
+                }),
                 GpuKind::Mig { profile, .. } => {
                     for i in 0..a.count {
                         requests.push(planner::Request {
@@ -1591,7 +1641,6 @@ impl Allocations {
                     gpus: Some(to_u32(a.count)),
                     ..base
                 }),
-                GpuKind::Share { .. } => {}
             }
         }
         let plan = match planner::plan(&input.cluster, &requests, &self.catalog) {
@@ -1682,7 +1731,8 @@ impl Allocations {
                 Ok(GpuKind::Mig { .. }) | Ok(GpuKind::Whole { .. }) => {
                     devs.len() == usize::try_from(a.count).unwrap_or(0)
                 }
-                _ => false,
+                Ok(GpuKind::Share { .. }) => devs.len() == 1,
+                Err(_) => false,
             };
             if complete {
                 let change = Change {
@@ -1838,6 +1888,7 @@ impl Allocations {
         nodes: &[NodeRow],
         inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
         held: &[AllocationRow],
+        shared: &HashMap<String, ShareMethod>,
         now: DateTime<Utc>,
     ) -> Result<PlannerInput, AppError> {
         let mut busy: BTreeSet<(String, Option<u8>)> = BTreeSet::new();
@@ -1846,7 +1897,10 @@ impl Allocations {
                 busy.insert((d.gpu_uuid.clone(), d.start));
             }
         }
+        let share_used = share_usage(held);
         let mut input = PlannerInput::default();
+        // Admins choose the shared GPUs; the planner never makes one.
+        input.cluster.fixed_sharing = true;
         // A GPU whose desired layout is not applied yet is left out: its instances are
         // about to change.
         let applying: BTreeSet<(Uuid, String)> = self
@@ -1903,6 +1957,19 @@ impl Allocations {
                         })
                         .collect(),
                 );
+                if shared.contains_key(&g.uuid) {
+                    // Shares only, never reconfigured (its mode is the admin's).
+                    gpus.push(planner::Gpu {
+                        index: g.index,
+                        model: model.name().to_owned(),
+                        mode: planner::GpuMode::Shared,
+                        reconfigurable: false,
+                        instances: Vec::new(),
+                        busy: false,
+                        used_milli: share_used.get(&g.uuid).copied().unwrap_or(0).min(1000),
+                    });
+                    continue;
+                }
                 let whole_busy = busy.contains(&(g.uuid.clone(), None));
                 gpus.push(planner::Gpu {
                     index: g.index,
@@ -1951,6 +2018,35 @@ struct PendingContext {
     held_units: HashMap<String, u32>,
     capacity: HashMap<String, u32>,
     free_now: BTreeMap<String, u32>,
+}
+
+/// Milli-GPU held by shares per GPU UUID, among `held`.
+fn share_usage(held: &[AllocationRow]) -> HashMap<String, u32> {
+    let mut used: HashMap<String, u32> = HashMap::new();
+    for a in held {
+        if let Ok(GpuKind::Share { milli, .. }) = a.kind.parse::<GpuKind>() {
+            for d in devices(a) {
+                *used.entry(d.gpu_uuid).or_default() += milli;
+            }
+        }
+    }
+    used
+}
+
+/// Whether a share's GPU is shared on its node the way the admin asked, and ready.
+fn share_ready(
+    d: &AllocatedDevice,
+    inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
+    shared: &HashMap<String, ShareMethod>,
+) -> bool {
+    let Some(method) = shared.get(&d.gpu_uuid) else {
+        return false;
+    };
+    inventories
+        .get(&d.node_id)
+        .and_then(|i| i.gpus.iter().find(|g| g.uuid == d.gpu_uuid))
+        .and_then(|g| g.sharing.as_ref())
+        .is_some_and(|s| s.ready && s.method == *method)
 }
 
 /// Fills in the device's MIG UUID from the inventory; whether the device is there.

@@ -193,11 +193,15 @@ impl Billing {
             return Ok((Vec::new(), done));
         }
         let kind: GpuKind = a.kind.parse().map_err(|_| AppError::Internal)?;
-        let slices = GpuKind::Whole {
-            model: a.model.clone(),
-        }
-        .unit_cost(&self.catalog)
-        .unwrap_or(1);
+        // Units per GPU: a share's units are milli-GPU; otherwise the model's slices.
+        let slices = match &kind {
+            GpuKind::Share { .. } => 1000,
+            _ => GpuKind::Whole {
+                model: kind.model().to_owned(),
+            }
+            .unit_cost(&self.catalog)
+            .unwrap_or(1),
+        };
         let units = u32::try_from(a.units).unwrap_or(0);
         let count = u32::try_from(a.count).unwrap_or(0);
         let preemptible = a.priority == "preemptible";

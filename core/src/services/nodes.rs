@@ -4,12 +4,16 @@ use super::authz;
 use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
-use crate::store::{DesiredRow, DesiredWithStatus, JoinTokenRow, NodeRow, ReplicaRow, Store};
+use crate::store::{
+    DesiredRow, DesiredWithStatus, HeldShareRow, JoinTokenRow, NodeRow, ReplicaRow, Store,
+};
 use chrono::{DateTime, Duration, Utc};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
+use tessera_domain::alloc::{AllocatedDevice, GpuKind};
 use tessera_domain::cluster::{
     self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView, ServerReplicaView,
+    ShareTenantView, SharingView,
 };
 use tessera_domain::error::AppError;
 use tessera_domain::mig::Catalog;
@@ -17,8 +21,8 @@ use tessera_domain::mig::Instance;
 use tessera_domain::tenancy::{CreatedSecret, JoinTokenView, Page, PageRequest};
 use tessera_domain::wire::{
     ApplyState, ApplyStatus, DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, Inventory,
-    MigMode, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck, TelemetryBatch,
-    TelemetrySample,
+    MigMode, RegisterRequest, RegisterResponse, ShareMethod, StatusReport, TelemetryAck,
+    TelemetryBatch, TelemetrySample,
 };
 use uuid::Uuid;
 
@@ -264,11 +268,7 @@ impl Nodes {
     // ---- the user side ----
 
     /// Every signed-in user may see the cluster (what exists, not who uses it).
-    pub async fn list(
-        &self,
-        _p: &Principal,
-        page: PageRequest,
-    ) -> Result<Page<NodeView>, AppError> {
+    pub async fn list(&self, p: &Principal, page: PageRequest) -> Result<Page<NodeView>, AppError> {
         let page = page.clamped();
         let (rows, total) = self
             .store
@@ -278,21 +278,22 @@ impl Nodes {
         let now = Utc::now();
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let desired = self.desired_of(&ids).await?;
+        let shares = self.held_shares().await?;
         let views = rows
             .iter()
-            .map(|r| self.view_with(r, &desired, now))
+            .map(|r| self.view_with(r, &desired, &shares, p.is_admin, now))
             .collect();
         Ok(paged(views, total, page))
     }
 
-    pub async fn get(&self, _p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
+    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
         let row = self
             .store
             .node(id)
             .await
             .map_err(internal("loading node"))?
             .ok_or(AppError::NotFound)?;
-        self.view(&row, Utc::now()).await
+        self.view(&row, p.is_admin, Utc::now()).await
     }
 
     pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
@@ -310,7 +311,7 @@ impl Nodes {
             .ok_or(AppError::NotFound)?;
         tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
         self.forget_summary();
-        self.view(&row, now).await
+        self.view(&row, true, now).await
     }
 
     pub async fn summary(&self, _p: &Principal) -> Result<ClusterSummary, AppError> {
@@ -428,16 +429,32 @@ impl Nodes {
             .map_err(internal("loading desired state"))
     }
 
-    /// A node as users see it, with each GPU's desired layout and apply state.
-    async fn view(&self, r: &NodeRow, now: DateTime<Utc>) -> Result<NodeView, AppError> {
+    /// A node as users see it, with each GPU's desired layout and apply state (and, for
+    /// `admin`, whose shares a shared GPU holds).
+    async fn view(
+        &self,
+        r: &NodeRow,
+        admin: bool,
+        now: DateTime<Utc>,
+    ) -> Result<NodeView, AppError> {
         let desired = self.desired_of(&[r.id]).await?;
-        Ok(self.view_with(r, &desired, now))
+        let shares = self.held_shares().await?;
+        Ok(self.view_with(r, &desired, &shares, admin, now))
+    }
+
+    async fn held_shares(&self) -> Result<Vec<HeldShareRow>, AppError> {
+        self.store
+            .held_shares()
+            .await
+            .map_err(internal("loading shares"))
     }
 
     fn view_with(
         &self,
         r: &NodeRow,
         desired: &[DesiredWithStatus],
+        shares: &[HeldShareRow],
+        admin: bool,
         now: DateTime<Utc>,
     ) -> NodeView {
         let gpus = inventory(r)
@@ -445,16 +462,20 @@ impl Nodes {
             .iter()
             .map(|g| {
                 let mut v = GpuView::from_wire(g, &self.catalog);
-                v.desired = desired
+                let d = desired
                     .iter()
-                    .find(|d| d.desired.node_id == r.id && d.desired.gpu_uuid == g.uuid)
-                    .map(|d| {
-                        let status = d
-                            .status
-                            .as_deref()
-                            .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok());
-                        desired_view(&d.desired, status.as_ref())
-                    });
+                    .find(|d| d.desired.node_id == r.id && d.desired.gpu_uuid == g.uuid);
+                v.desired = d.map(|d| {
+                    let status = d
+                        .status
+                        .as_deref()
+                        .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok());
+                    desired_view(&d.desired, status.as_ref())
+                });
+                v.sharing = d
+                    .and_then(|d| d.desired.sharing.as_deref())
+                    .and_then(ShareMethod::parse)
+                    .map(|method| sharing_view(method, g, shares, admin));
                 v
             })
             .collect();
@@ -502,6 +523,41 @@ impl Nodes {
             &samples,
             u64::try_from(dropped).unwrap_or(0),
         ))
+    }
+}
+
+/// A shared GPU as users see it: how the node runs it, and its shares (whose, for admins).
+fn sharing_view(
+    method: ShareMethod,
+    gpu: &tessera_domain::wire::GpuInfo,
+    shares: &[HeldShareRow],
+    admin: bool,
+) -> SharingView {
+    let reported = gpu.sharing.as_ref().filter(|s| s.method == method);
+    let tenants: Vec<ShareTenantView> = shares
+        .iter()
+        .filter_map(|s| {
+            let devices: Vec<AllocatedDevice> = serde_json::from_str(&s.devices).ok()?;
+            devices.iter().find(|d| d.gpu_uuid == gpu.uuid)?;
+            let GpuKind::Share { milli, .. } = s.kind.parse::<GpuKind>().ok()? else {
+                return None;
+            };
+            Some(ShareTenantView {
+                milli,
+                team: admin.then(|| s.team_name.clone()),
+            })
+        })
+        .collect();
+    SharingView {
+        method: method.as_str().to_owned(),
+        ready: reported.is_some_and(|s| s.ready),
+        error: match reported {
+            Some(s) => s.error.clone(),
+            None => Some("the node has not reported this GPU as shared yet".to_owned()),
+        },
+        daemon_restarts: reported.map_or(0, |s| s.daemon_restarts),
+        used_milli: tenants.iter().map(|t| t.milli).sum(),
+        tenants,
     }
 }
 
@@ -584,6 +640,18 @@ impl Nodes {
                 "must be empty when MIG is disabled",
             ));
         }
+        let shared = self
+            .store
+            .desired_for_node(node)
+            .await
+            .map_err(internal("loading desired state"))?
+            .into_iter()
+            .any(|d| d.gpu_uuid == gpu_uuid && d.sharing.is_some());
+        if shared {
+            return Err(AppError::Conflict {
+                message: "this GPU is shared: stop sharing it first".into(),
+            });
+        }
         if mode == MigMode::Enabled {
             if gpu.mig_mode.is_none() {
                 return Err(AppError::invalid("mode", "this GPU is not MIG-capable"));
@@ -623,6 +691,76 @@ impl Nodes {
         self.get(p, node).await
     }
 
+    /// Shares a GPU with MPS or time-slicing (`Some`), or stops sharing it (`None`)
+    /// (platform admin). Only while nothing holds the GPU, like a MIG mode change: the
+    /// check and the change are one statement, so a placement cannot slip in between.
+    /// A shared GPU runs with MIG off and takes only shares; the planner never changes it.
+    pub async fn set_gpu_sharing(
+        &self,
+        p: &Principal,
+        node: Uuid,
+        gpu_uuid: &str,
+        sharing: Option<ShareMethod>,
+    ) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let row = self
+            .store
+            .node(node)
+            .await
+            .map_err(internal("loading node"))?
+            .filter(|r| r.revoked_at.is_none())
+            .ok_or(AppError::NotFound)?;
+        let inv = inventory(&row);
+        let gpu = inv
+            .gpus
+            .iter()
+            .find(|g| g.uuid == gpu_uuid)
+            .ok_or(AppError::NotFound)?;
+        if sharing.is_some() && self.catalog.get(&gpu.name).is_none() {
+            return Err(AppError::invalid(
+                "sharing",
+                format!(
+                    "{} is not a GPU model Tessera prices and plans for",
+                    gpu.name
+                ),
+            ));
+        }
+        let current = self
+            .store
+            .desired_for_node(node)
+            .await
+            .map_err(internal("loading desired state"))?
+            .into_iter()
+            .find(|d| d.gpu_uuid == gpu_uuid);
+        let now_sharing = current
+            .as_ref()
+            .and_then(|d| d.sharing.as_deref())
+            .and_then(ShareMethod::parse);
+        if now_sharing == sharing {
+            return self.get(p, node).await;
+        }
+        let version = self
+            .store
+            .set_sharing(
+                node,
+                gpu_uuid,
+                sharing.map(ShareMethod::as_str),
+                current.as_ref().map(|d| d.version),
+                p.user_id.0,
+                Utc::now(),
+            )
+            .await
+            .map_err(internal("storing GPU sharing"))?
+            .ok_or_else(|| AppError::Conflict {
+                message: "the GPU is in use (an allocation holds it) or was changed \
+                          meanwhile; its mode changes only while it is idle"
+                    .into(),
+            })?;
+        tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version,
+            sharing = sharing.map_or("off", ShareMethod::as_str), "GPU sharing set");
+        self.get(p, node).await
+    }
+
     fn model_of(
         &self,
         gpu: &tessera_domain::wire::GpuInfo,
@@ -656,7 +794,7 @@ impl Nodes {
                     MigMode::Disabled
                 },
                 layout,
-                sharing: None,
+                sharing: r.sharing.as_deref().and_then(ShareMethod::parse),
                 version: u64::try_from(r.version).unwrap_or(0),
             });
         }

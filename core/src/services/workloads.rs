@@ -20,13 +20,14 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tessera_domain::account::{Principal, Username};
-use tessera_domain::alloc::{AllocState, AllocatedDevice, NewAllocation};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
-    LogAck, TelemetrySample, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
-    WorkloadSync,
+    LogAck, ShareLimits, ShareMethod, TelemetrySample, WorkloadPhase, WorkloadReport,
+    WorkloadReports, WorkloadSpec, WorkloadSync,
 };
 use tessera_domain::workload::{
     self as wl, ActivitySignals, EnvVar, IdleDecision, IdlePolicy, JobCommand, LogSlice,
@@ -240,6 +241,31 @@ fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
         }
     }
     v
+}
+
+/// A share's limits on its GPU: the milli-GPU, and as much of the GPU's memory (the
+/// model's full-GPU MIG profile, what workloads can use). `None` for other kinds, or when
+/// the GPU is not shared (any more): the node then refuses nothing and limits nothing.
+fn share_limits(
+    kind: &str,
+    devices: &[AllocatedDevice],
+    shared: &HashMap<String, ShareMethod>,
+) -> Option<ShareLimits> {
+    let GpuKind::Share { model, milli } = kind.parse::<GpuKind>().ok()? else {
+        return None;
+    };
+    let gpu = devices.first()?;
+    let method = *shared.get(&gpu.gpu_uuid)?;
+    let total = Catalog::builtin()
+        .get(&model)
+        .and_then(|m| m.profiles().iter().map(|p| p.memory_mib).max())
+        .unwrap_or(0);
+    Some(ShareLimits {
+        method,
+        gpu_uuid: gpu.gpu_uuid.clone(),
+        milli,
+        memory_mib: total * u64::from(milli) / 1000,
+    })
 }
 
 fn run_id(w: &WorkloadRow) -> String {
@@ -1475,7 +1501,20 @@ impl Workloads {
         } else {
             self.node_rows(node.id, now).await?
         };
-        let workloads = rows.iter().map(|r| self.spec(r)).collect();
+        // Shares carry their limits: how the GPU is shared comes from its desired state.
+        let shared: HashMap<String, ShareMethod> =
+            if rows.iter().any(|r| r.alloc_kind.contains(":share:")) {
+                self.store
+                    .desired_for_node(node.id)
+                    .await
+                    .map_err(internal("loading desired state"))?
+                    .into_iter()
+                    .filter_map(|d| Some((d.gpu_uuid, ShareMethod::parse(d.sharing.as_deref()?)?)))
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+        let workloads = rows.iter().map(|r| self.spec(r, &shared)).collect();
         Ok(WorkloadSync {
             workloads,
             log_acks: acks,
@@ -1493,7 +1532,7 @@ impl Workloads {
             .map_err(internal("loading node workloads"))
     }
 
-    fn spec(&self, r: &WorkloadListRow) -> WorkloadSpec {
+    fn spec(&self, r: &WorkloadListRow, shared: &HashMap<String, ShareMethod>) -> WorkloadSpec {
         let w = &r.w;
         let kind = kind_of(w);
         let state = state_of(w);
@@ -1529,7 +1568,7 @@ impl Workloads {
                 .iter()
                 .map(|d| wl::device_resource(d.profile.as_deref()))
                 .collect(),
-            share: None,
+            share: share_limits(&r.alloc_kind, &devices_of(w), shared),
         }
     }
 

@@ -23,7 +23,7 @@ pub use allocations::{
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
 pub use leader::{Lease, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
-    ApplyStatusRow, DesiredRow, DesiredWithStatus, NodeLatestSampleRow, SampleRow,
+    ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };
 pub use nodes::NodeRow;
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};

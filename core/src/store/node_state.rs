@@ -13,6 +13,18 @@ pub struct DesiredRow {
     pub layout: String,
     pub version: i64,
     pub updated_at: DateTime<Utc>,
+    /// `mps` or `time_slice` when an admin shared the GPU (`mode` is then `disabled`).
+    pub sharing: Option<String>,
+}
+
+/// A share allocation holding part of a shared GPU (placing, active or releasing).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct HeldShareRow {
+    pub id: Uuid,
+    pub kind: String,
+    /// JSON list of `AllocatedDevice`.
+    pub devices: String,
+    pub team_name: String,
 }
 
 /// A GPU's desired state with the agent's status for that same version, if any.
@@ -58,9 +70,46 @@ pub struct NodeLatestSampleRow {
 
 impl Store {
     pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, sqlx::Error> {
-        let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at FROM gpu_desired \
-                   WHERE node_id = $1 ORDER BY gpu_uuid";
+        let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at, sharing \
+                   FROM gpu_desired WHERE node_id = $1 ORDER BY gpu_uuid";
         on_pool!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await)
+    }
+
+    /// Shares (`Some(method)`) or unshares one GPU: MIG off, no layout, its version bumped
+    /// — only if the GPU's desired state is still at `expected` (`None`: it has none yet)
+    /// and no allocation holds the GPU. `None` when either check failed.
+    pub async fn set_sharing(
+        &self,
+        node: Uuid,
+        gpu_uuid: &str,
+        sharing: Option<&str>,
+        expected: Option<i64>,
+        by: Uuid,
+        at: DateTime<Utc>,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, \
+                   updated_by, sharing) \
+                   SELECT $1, $2, 'disabled', '[]', 1, $3, $4, $5 WHERE NOT EXISTS ( \
+                     SELECT 1 FROM allocations WHERE state IN ('placing', 'active', 'releasing') \
+                     AND devices LIKE $7) \
+                   ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET mode = 'disabled', layout = '[]', \
+                   sharing = excluded.sharing, version = gpu_desired.version + 1, \
+                   updated_at = excluded.updated_at, updated_by = excluded.updated_by \
+                   WHERE gpu_desired.version = $6 \
+                   RETURNING version";
+        let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
+        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
+            .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing).bind(expected).bind(&holds)
+            .fetch_optional(pool).await)
+    }
+
+    /// Share allocations holding part of a GPU now, with their team's name.
+    pub async fn held_shares(&self) -> Result<Vec<HeldShareRow>, sqlx::Error> {
+        let sql = "SELECT a.id, a.kind, a.devices, t.name AS team_name FROM allocations a \
+                   JOIN teams t ON t.id = a.team_id \
+                   WHERE a.state IN ('placing', 'active', 'releasing') AND a.kind LIKE '%:share:%' \
+                   ORDER BY a.created_at";
+        on_pool!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await)
     }
 
     /// Sets the desired state of one GPU, bumping its version; returns the new version.
@@ -119,7 +168,8 @@ impl Store {
             ),
         };
         let sql = format!(
-            "SELECT d.node_id, d.gpu_uuid, d.mode, d.layout, d.version, d.updated_at, s.status \
+            "SELECT d.node_id, d.gpu_uuid, d.mode, d.layout, d.version, d.updated_at, d.sharing, \
+             s.status \
              FROM gpu_desired d LEFT JOIN gpu_apply_status s ON s.node_id = d.node_id \
              AND s.gpu_uuid = d.gpu_uuid AND s.version = d.version{filter} ORDER BY d.gpu_uuid"
         );

@@ -67,6 +67,8 @@ pub struct WorkloadListRow {
     pub team_name: String,
     pub username: String,
     pub alloc_state: String,
+    /// The allocation's kind (`H100-80GB:share:250` gives the workload its share limits).
+    pub alloc_kind: String,
 }
 
 /// A team's notebook profile, with the team's name.
@@ -89,8 +91,8 @@ pub struct LogChunkRow {
 
 fn joined(filter: &str) -> String {
     format!(
-        "SELECT {COLS}, t.name AS team_name, u.username AS username, a.state AS alloc_state \
-         FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
+        "SELECT {COLS}, t.name AS team_name, u.username AS username, a.state AS alloc_state, \
+         a.kind AS alloc_kind FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
          JOIN allocations a ON a.id = w.allocation_id {filter}"
     )
 }

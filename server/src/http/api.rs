@@ -99,6 +99,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(revoke_node))
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
+        .routes(routes!(set_gpu_sharing))
         .routes(routes!(cluster_summary))
         .routes(routes!(list_servers))
         .routes(routes!(free_now))
@@ -475,6 +476,33 @@ async fn set_gpu_layout(
     ok(s.nodes
         .set_desired_layout(&p, node, &gpu, b.mode, b.layout)
         .await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct SharingBody {
+    /// `mps` (NVIDIA MPS: compute and memory limits per share), `time_slice` (tenants
+    /// take turns; memory share advertised only) or `off` (not shared).
+    sharing: String,
+}
+
+#[utoipa::path(put, path = "/api/v1/nodes/{id}/gpus/{gpu_uuid}/sharing", tag = "nodes", request_body = SharingBody,
+    description = "Shares a GPU for fractional requests (`MODEL:share:MILLI`), with MPS or time-slicing, or stops \
+                   sharing it (platform admin). Only while no allocation holds the GPU. A shared GPU runs with \
+                   MIG off and takes only shares; see the GPU's `sharing` for how its node runs it.",
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid, Conflict))]
+async fn set_gpu_sharing(
+    Call(s, p): Call,
+    Path((node, gpu)): Path<(Uuid, String)>,
+    JsonBody(b): JsonBody<SharingBody>,
+) -> ApiResult<NodeView> {
+    let sharing = match b.sharing.trim() {
+        "off" => None,
+        other => Some(
+            tessera_domain::wire::ShareMethod::parse(other)
+                .ok_or_else(|| AppError::invalid("sharing", "one of mps, time_slice or off"))?,
+        ),
+    };
+    ok(s.nodes.set_gpu_sharing(&p, node, &gpu, sharing).await)
 }
 
 #[utoipa::path(get, path = "/api/v1/cluster/summary", tag = "nodes",

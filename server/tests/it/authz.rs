@@ -422,6 +422,9 @@ fn rest_rows() -> Vec<Row> {
         row!(POST "/api/v1/nodes/{id}/revoke", |f, _| format!("/api/v1/nodes/{}/revoke", f.node_id), none, ADMIN_ONLY),
         row!(PUT "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", |f, _| format!("/api/v1/nodes/{}/gpus/{}/layout", f.node_id, f.gpu_uuid),
             |_, _| Body::Json(json!({"mode": "enabled", "layout": [{"profile": "1g.10gb", "start": 0}]})), ADMIN_ONLY),
+        // `off` on an unshared GPU: the admin's call succeeds and changes nothing.
+        row!(PUT "/api/v1/nodes/{id}/gpus/{gpu_uuid}/sharing", |f, _| format!("/api/v1/nodes/{}/gpus/{}/sharing", f.node_id, f.gpu_uuid),
+            |_, _| Body::Json(json!({"sharing": "off"})), ADMIN_ONLY),
         row!(GET "/api/v1/cluster/summary", |_, _| "/api/v1/cluster/summary".into(), none, ANY_USER),
         row!(GET "/api/v1/cluster/free", |_, _| "/api/v1/cluster/free".into(), none, ANY_USER),
         row!(GET "/api/v1/cluster/servers", |_, _| "/api/v1/cluster/servers".into(), none, ADMIN_ONLY),

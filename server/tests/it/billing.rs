@@ -16,7 +16,7 @@ use tessera_core::Services;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
 use uuid::Uuid;
 
-async fn services(app: &TestApp) -> Services {
+pub(crate) async fn services(app: &TestApp) -> Services {
     let store = Store::connect(&app.database_url).await.expect("store");
     Services::new(
         store,
@@ -28,14 +28,14 @@ async fn services(app: &TestApp) -> Services {
     )
 }
 
-fn next_hour() -> DateTime<Utc> {
+pub(crate) fn next_hour() -> DateTime<Utc> {
     let now = Utc::now().timestamp();
     Utc.timestamp_opt(now - now.rem_euclid(3600) + 3600, 0)
         .single()
         .expect("time")
 }
 
-async fn member_id(a: &AdminClient, team: &str) -> Uuid {
+pub(crate) async fn member_id(a: &AdminClient, team: &str) -> Uuid {
     let (_, v) = a
         .call(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
         .await;
@@ -52,7 +52,7 @@ async fn member_id(a: &AdminClient, team: &str) -> Uuid {
 #[allow(clippy::too_many_arguments)]
 /// Writes an allocation that was active over `[start, end)` (`end = None`: still active),
 /// through the same store transitions the scheduler uses.
-async fn history(
+pub(crate) async fn history(
     store: &Store,
     team: Uuid,
     user: Uuid,
@@ -129,7 +129,13 @@ async fn history(
     id
 }
 
-async fn set_rate(a: &AdminClient, kind: &str, price: i64, discount: u8, from: DateTime<Utc>) {
+pub(crate) async fn set_rate(
+    a: &AdminClient,
+    kind: &str,
+    price: i64,
+    discount: u8,
+    from: DateTime<Utc>,
+) {
     let (s, v) = a
         .call(
             Method::POST,
@@ -154,7 +160,11 @@ fn minor(text: &str) -> i64 {
 }
 
 /// The chargeback CSV's rows (header checked) and its BilledCost total.
-async fn chargeback(app: &TestApp, token: &str, query: &str) -> (u16, Vec<Vec<String>>, i64) {
+pub(crate) async fn chargeback(
+    app: &TestApp,
+    token: &str,
+    query: &str,
+) -> (u16, Vec<Vec<String>>, i64) {
     let r = reqwest::Client::new()
         .get(app.url(&format!("/api/v1/exports/chargeback.csv?{query}")))
         .bearer_auth(token)

@@ -17,6 +17,7 @@ mod queue;
 mod replicas;
 mod rolling;
 mod setup;
+mod shares;
 mod sso;
 mod support;
 mod tenancy;

@@ -346,6 +346,15 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        14 => {
+            exec(
+                store,
+                "INSERT INTO notebook_profiles (id, team_id, name, kind, duration_minutes, \
+                 created_at) VALUES ($1, $2, 'Small', 'H100-80GB:1g.10gb', 480, $3)",
+                &[V::U(Uuid::from_u128(500)), V::U(s.team), V::D(now)],
+            )
+            .await;
+        }
         _ => {}
     }
 }
