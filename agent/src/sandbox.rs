@@ -15,7 +15,9 @@
 //! - a `/dev` with the usual pseudo-devices and only its own GPU's device nodes: the
 //!   `/dev/nvidiaN` of its GPU plus `nvidiactl` and `nvidia-uvm*`, and for a MIG device
 //!   the `nvidia-cap` nodes of its GPU instance and compute instance, as NVIDIA's
-//!   container toolkit gives them. The device cgroup allows those and nothing else.
+//!   container toolkit gives them. The device cgroup allows those and nothing else;
+//! - on an MPS share of a GPU ([`crate::mps`]), that GPU's MPS pipe directory,
+//!   read-write at its host path (and no other GPU's), and limits scaled to the share.
 //!
 //! The container's first process is the exit-status wrapper; when it ends, the PID
 //! namespace ends and with it every process the workload left. The runtime's state
