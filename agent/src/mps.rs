@@ -32,7 +32,9 @@
 //! find MPS control daemon process" and exits 1 when nothing listens. `quit` removes the
 //! pid file and ends the daemon; the socket stays, as on hardware. SIGKILL ends it at
 //! once and leaves the pid file and socket behind, which is how the supervisor tells a
-//! daemon that died from one that was stopped.
+//! daemon that died from one that was stopped. Unlike the real daemon, the stand-in also
+//! ends when its control socket is removed (a simulated node's state folder deleted),
+//! so that simulated nodes leave no daemon behind.
 //!
 //! **Not modelled**: the MPS server (`nvidia-cuda-mps-server`, started per user by the
 //! daemon when a CUDA client connects; `get_server_list` always answers with no server),
@@ -827,8 +829,24 @@ fn sim_daemon(pipe: &Path, log_dir: &Path) -> i32 {
         return fail(&format!("cannot write {}", pid_path.display()), &e);
     }
     let mut defaults = SimDefaults::default();
-    for conn in listener.incoming() {
-        let Ok(mut conn) = conn else { continue };
+    // Polled, to notice the socket going away (see the module docs).
+    if let Err(e) = listener.set_nonblocking(true) {
+        return fail("cannot poll the control socket", &e);
+    }
+    loop {
+        let mut conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !socket.exists() {
+                    let _ = fs::remove_file(&pid_path);
+                    return 0;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let _ = conn.set_nonblocking(false);
         log_line(&mut log, "Accepting connection...");
         let _ = conn.set_read_timeout(Some(CONTROL_TIMEOUT));
         let mut request = String::new();
@@ -848,7 +866,6 @@ fn sim_daemon(pipe: &Path, log_dir: &Path) -> i32 {
             return 0;
         }
     }
-    0
 }
 
 /// The daemon's settings the stand-in keeps (answered back, enforced nowhere).

@@ -609,3 +609,16 @@ fn a_second_daemon_on_the_same_pipe_directory_is_refused() {
     mps.quit("GPU-0ther").unwrap();
     assert!(mps.start("../escape").is_err());
 }
+
+/// Only the stand-in: a simulated node whose state folder is deleted leaves no daemon.
+#[test]
+fn the_stand_in_ends_with_its_state_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    let _reaper = Reaper(root.clone());
+    let mps = sim_mps(&root);
+    mps.start("GPU-1").unwrap();
+    let pid = mps.dirs("GPU-1").recorded_pid().unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+    wait_gone(pid);
+}
