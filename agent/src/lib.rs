@@ -10,11 +10,14 @@
 //! - [`link`]: the [`link::ServerLink`] trait and its HTTP client.
 //! - [`workloads`]: the local process executor for notebooks and training jobs;
 //!   [`notebook_env`]: the Python environment notebooks' `jupyter` comes from.
+//! - [`mps`]: shared GPUs: the MPS control daemon per GPU (real and simulated), its
+//!   supervision, and what the heartbeat reports of every shared GPU.
 //! - [`run`]: the process loop tying these together.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod backend;
 pub mod link;
+pub mod mps;
 pub mod notebook_env;
 pub mod nvml;
 pub mod reconcile;

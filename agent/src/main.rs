@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tessera_agent::backend::{GpuBackend, inventory};
 use tessera_agent::link::{Credentials, HttpLink, Transport, UrlVerdict};
+use tessera_agent::mps::{MpsControl, NvidiaMps, SIM_SUBCOMMAND, SimMps, sim_control_main};
 use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::nvml::NvmlBackend;
 use tessera_agent::run::{Agent, RunConfig};
@@ -420,9 +421,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
              Pods, not through this agent). The nodes page shows the warning too."
         );
     }
+    // One MPS control daemon per GPU shared with MPS, under <state-dir>/mps. Simulated
+    // GPUs get the stand-in: this very program, as `tessera-agent sim-mps-control`.
+    let mps_root = state_dir.join("mps");
+    let mps: Arc<dyn MpsControl> = if cli.backend.simulate {
+        let me = std::env::current_exe().context("finding the agent's own program")?;
+        Arc::new(SimMps::new(&me, &mps_root))
+    } else {
+        Arc::new(NvidiaMps::new(&mps_root))
+    };
     tracing::info!(node_id = %creds.node_id, manage_mig = cfg.manage_mig, "agent started");
     let parent = args.exit_with_pid;
     Agent::new(backend, link, cfg, Telemetry::new(spool))
+        .with_mps(mps)
         .with_workloads(executor)
         .run(async move {
             let parent_gone = async {
@@ -459,8 +470,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .await
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // The simulator's stand-in for `nvidia-cuda-mps-control` (tessera_agent::mps): a
+    // plain process, before any runtime or logging exists.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == SIM_SUBCOMMAND) {
+        std::process::exit(sim_control_main(&args[2..]));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -468,5 +484,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    run(Cli::parse()).await
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(Cli::parse()))
 }

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::backend::{GpuBackend, inventory};
 use crate::link::ServerLink;
+use crate::mps::{MpsControl, ShareBoard, ShareSupervisor};
 use crate::reconcile::Controller;
 use crate::telemetry::Telemetry;
 use crate::workloads::LocalExecutor;
@@ -54,6 +55,11 @@ pub struct Agent<L> {
     started: Instant,
     /// The process executor; without one the agent runs no workloads.
     workloads: Option<LocalExecutor>,
+    /// Shared GPUs: their MPS daemons and what the heartbeat reports of them.
+    shares: ShareSupervisor,
+    /// Whether the server's desired state has been read at least once (until then no
+    /// MPS daemon is started or stopped).
+    desired_known: bool,
 }
 
 impl<L: ServerLink> Agent<L> {
@@ -73,13 +79,31 @@ impl<L: ServerLink> Agent<L> {
             unsent: BTreeMap::new(),
             started: Instant::now(),
             workloads: None,
+            shares: ShareSupervisor::new(ShareBoard::default()),
+            desired_known: false,
         }
     }
 
     /// Runs the server's workloads with `executor`.
-    pub fn with_workloads(mut self, executor: LocalExecutor) -> Self {
+    pub fn with_workloads(mut self, mut executor: LocalExecutor) -> Self {
+        executor.set_shares(self.shares.board().clone());
         self.workloads = Some(executor);
         self
+    }
+
+    /// Runs an MPS control daemon with `control` for every GPU the server wants shared
+    /// with MPS. Without it such GPUs are reported not ready.
+    pub fn with_mps(mut self, control: Arc<dyn MpsControl>) -> Self {
+        self.shares = ShareSupervisor::new(ShareBoard::new(Some(control)));
+        if let Some(executor) = self.workloads.as_mut() {
+            executor.set_shares(self.shares.board().clone());
+        }
+        self
+    }
+
+    /// What the agent knows of its shared GPUs.
+    pub fn shares(&self) -> &ShareBoard {
+        self.shares.board()
     }
 
     pub fn workloads(&self) -> Option<&LocalExecutor> {
@@ -95,7 +119,8 @@ impl<L: ServerLink> Agent<L> {
     }
 
     pub async fn heartbeat(&mut self) -> anyhow::Result<()> {
-        let inv = inventory(self.backend.as_ref())?;
+        let mut inv = inventory(self.backend.as_ref())?;
+        self.shares.board().fill(&mut inv);
         self.link
             .heartbeat(&Heartbeat {
                 at_unix_ms: unix_ms(),
@@ -109,10 +134,15 @@ impl<L: ServerLink> Agent<L> {
     }
 
     /// Fetches the desired state (keeping the last one if the server is
-    /// unreachable), reconciles, and reports status changes as they happen.
+    /// unreachable), reconciles, and reports status changes as they happen. Then keeps
+    /// the shared GPUs' MPS daemons running; when what the heartbeat says of shared GPUs
+    /// changed (one became ready, a daemon was restarted), a heartbeat goes out at once.
     pub async fn reconcile_round(&mut self, now_ms: u64) -> anyhow::Result<()> {
         match self.link.desired_state().await {
-            Ok(d) => self.desired = d,
+            Ok(d) => {
+                self.desired = d;
+                self.desired_known = true;
+            }
             Err(e) => tracing::warn!(error = %e, "cannot fetch desired state; using the last one"),
         }
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -135,6 +165,26 @@ impl<L: ServerLink> Agent<L> {
         }
         self.controller = work.await?;
         self.send_statuses().await;
+
+        let in_use = self
+            .workloads
+            .as_ref()
+            .map(LocalExecutor::gpus_in_use)
+            .unwrap_or_default();
+        let backend = Arc::clone(&self.backend);
+        let desired = self.desired_known.then(|| self.desired.clone());
+        let board = self.shares.board().clone();
+        let mut shares = std::mem::replace(&mut self.shares, ShareSupervisor::new(board));
+        // Control-program calls block (each has a time limit).
+        let (shares, changed) = tokio::task::spawn_blocking(move || {
+            let changed = shares.tick(backend.as_ref(), desired.as_ref(), &in_use);
+            (shares, changed)
+        })
+        .await?;
+        self.shares = shares;
+        if changed && let Err(e) = self.heartbeat().await {
+            tracing::warn!(error = %e, "heartbeat after a change of shared GPUs failed");
+        }
         Ok(())
     }
 

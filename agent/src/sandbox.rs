@@ -15,7 +15,9 @@
 //! - a `/dev` with the usual pseudo-devices and only its own GPU's device nodes: the
 //!   `/dev/nvidiaN` of its GPU plus `nvidiactl` and `nvidia-uvm*`, and for a MIG device
 //!   the `nvidia-cap` nodes of its GPU instance and compute instance, as NVIDIA's
-//!   container toolkit gives them. The device cgroup allows those and nothing else.
+//!   container toolkit gives them. The device cgroup allows those and nothing else;
+//! - on an MPS share of a GPU ([`crate::mps`]), that GPU's MPS pipe directory,
+//!   read-write at its host path (and no other GPU's), and limits scaled to the share.
 //!
 //! The container's first process is the exit-status wrapper; when it ends, the PID
 //! namespace ends and with it every process the workload left. The runtime's state
@@ -168,6 +170,19 @@ pub struct Sandbox {
     cgroups: CgroupMode,
     host_memory_mib: u64,
     host_cpus: f64,
+}
+
+/// What one workload may reach besides its workspace and run folder.
+#[derive(Debug, Clone, Copy)]
+pub struct Access<'a> {
+    /// GPU or MIG UUIDs: their device nodes.
+    pub devices: &'a [String],
+    /// Host folders bound read-write at the same path inside (an MPS daemon's pipe
+    /// directory); mounted after the private `/tmp`, so paths under `/tmp` work too.
+    pub binds: &'a [PathBuf],
+    /// The workload's share of its GPU (`None`: whole devices): its default memory and
+    /// CPU limits are that fraction of a whole GPU's.
+    pub gpu_fraction: Option<f64>,
 }
 
 /// What the executor needs to handle one container after it started; kept in the run's
@@ -334,8 +349,13 @@ impl Sandbox {
     /// The limits for a workload on `devices`: the node's fixed values, else the
     /// allocation's share of the node's memory and CPUs (never under 512 MiB and 1 CPU).
     pub fn limits(&self, devices: &[String]) -> Limits {
+        self.limits_for(devices, 1.0)
+    }
+
+    /// [`Sandbox::limits`] for `fraction` of `devices` (a share of a GPU).
+    pub fn limits_for(&self, devices: &[String], fraction: f64) -> Limits {
         let share = inventory(self.backend.as_ref())
-            .map(|inv| device_share(&inv.gpus, devices))
+            .map(|inv| device_share(&inv.gpus, devices) * fraction.clamp(0.0, 1.0))
             .unwrap_or(0.0);
         let s = &self.settings;
         Limits {
@@ -360,11 +380,11 @@ impl Sandbox {
         cwd: &str,
         argv: &[String],
         env: &[(OsString, OsString)],
-        devices: &[String],
+        access: &Access<'_>,
         log: &File,
     ) -> Result<Started, String> {
-        let nodes = self.device_nodes(devices)?;
-        let limits = self.limits(devices);
+        let nodes = self.device_nodes(access.devices)?;
+        let limits = self.limits_for(access.devices, access.gpu_fraction.unwrap_or(1.0));
         let control = run.join("ctl");
         fs::create_dir_all(control.join("runtime"))
             .map_err(|e| format!("cannot create the run folder: {e}"))?;
@@ -379,6 +399,7 @@ impl Sandbox {
             workspace,
             control: &control,
             read_only: &self.settings.read_only,
+            binds: access.binds,
             uid,
             cwd,
             argv,
@@ -500,6 +521,8 @@ struct Bundle<'a> {
     workspace: &'a Path,
     control: &'a Path,
     read_only: &'a [PathBuf],
+    /// Read-write at the same path, after everything else.
+    binds: &'a [PathBuf],
     uid: u32,
     cwd: &'a str,
     argv: &'a [String],
@@ -549,6 +572,11 @@ impl Bundle<'_> {
         mounts.push(bind(WORKSPACE_MOUNT, self.workspace, true));
         mounts.push(bind(CONTROL_MOUNT, self.control, true));
         mounts.push(tmpfs("/tmp", &["nosuid", "nodev", "mode=1777", &tmp_size]));
+        for b in self.binds {
+            if let Some(dest) = b.to_str() {
+                mounts.push(bind(dest, b, true));
+            }
+        }
 
         let env: Vec<String> = self
             .env
@@ -846,6 +874,53 @@ mod tests {
     }
 
     #[test]
+    fn an_mps_pipe_directory_is_bound_read_write_at_its_path_after_tmp() {
+        let pipe = vec![PathBuf::from("/tmp/state/mps/GPU-1/pipe")];
+        let b = Bundle {
+            rootfs: Path::new("/state/rootfs"),
+            workspace: Path::new("/state/workspaces/t1"),
+            control: Path::new("/state/runs/r1/ctl"),
+            read_only: &[],
+            binds: &pipe,
+            uid: 200_001,
+            cwd: "/workspace",
+            argv: &[],
+            env: &[],
+            nodes: &[],
+            limits: Limits {
+                memory_mib: 512,
+                cpus: 1.0,
+                pids: 100,
+                tmp_mib: 64,
+            },
+            cgroup: "/tessera/r1",
+        };
+        let c = b.config();
+        let mounts = c["mounts"].as_array().unwrap();
+        let dests: Vec<&str> = mounts
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        let tmp = dests.iter().position(|d| *d == "/tmp").unwrap();
+        let at = dests
+            .iter()
+            .position(|d| *d == "/tmp/state/mps/GPU-1/pipe")
+            .unwrap();
+        assert!(
+            at > tmp,
+            "inside the private /tmp, not hidden by it: {dests:?}"
+        );
+        assert_eq!(mounts[at]["source"], "/tmp/state/mps/GPU-1/pipe");
+        assert!(
+            mounts[at]["options"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|o| o == "rw")
+        );
+    }
+
+    #[test]
     fn the_bundle_holds_only_what_the_workload_may_have() {
         let nodes = vec![
             DeviceNode {
@@ -869,6 +944,7 @@ mod tests {
             workspace: Path::new("/state/workspaces/t1"),
             control: Path::new("/state/runs/r1/ctl"),
             read_only: &ro,
+            binds: &[],
             uid: 200_001,
             cwd: "/workspace",
             argv: &argv,

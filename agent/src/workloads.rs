@@ -33,6 +33,15 @@
 //! Without one (an explicit, loudly logged choice for a one-person lab), processes run
 //! as the agent's user with no limits and isolation between teams is only the devices
 //! they are told about (`CUDA_VISIBLE_DEVICES`) and their workspace folder.
+//!
+//! A workload on a share of a shared GPU (`spec.share`) sees that GPU like a whole-GPU
+//! workload, plus `TESSERA_GPU_SHARE_METHOD`, `TESSERA_GPU_SHARE_MILLI` and
+//! `TESSERA_GPU_MEMORY_MIB`; with MPS it is a client of the GPU's daemon (see
+//! [`crate::mps`]): `CUDA_MPS_PIPE_DIRECTORY`/`CUDA_MPS_LOG_DIRECTORY` of that daemon,
+//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` = ⌈milli / 10⌉ and
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` = `0=<memory_mib>M`, and in the sandbox that
+//! daemon's pipe directory (and no other) at the same path. It does not start while the
+//! daemon does not answer, and is told when the daemon died while it ran.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -45,12 +54,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tessera_domain::wire::{LogPiece, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
+use tessera_domain::wire::{
+    LogPiece, ShareLimits, ShareMethod, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync,
+};
 use tessera_domain::workload::WorkloadKind;
 use tokio::task::JoinSet;
 
+use crate::mps::{MpsDirs, ShareBoard};
 use crate::notebook_env::NotebookEnv;
-use crate::sandbox::{CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, read_untrusted};
+use crate::sandbox::{Access, CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, read_untrusted};
 
 /// At most this much log output per workload per report.
 pub const LOG_CHUNK: u64 = 256 * 1024;
@@ -64,6 +76,10 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// sets. The agent reads the file only once the wrapper has exited, so it is complete.
 /// A wrapper killed by a signal (a stop) writes nothing.
 pub const WRAPPER: &str = r#"f=$1; shift; "$@"; c=$?; printf %s "$c" > "$f"; exit $c"#;
+
+/// The message of a workload on an MPS share whose GPU's daemon died while it ran.
+pub const MPS_DAEMON_DIED: &str = "the GPU's MPS control daemon died while this workload ran \
+     and was restarted: the workload's CUDA contexts on that GPU were lost";
 
 /// Phrase for a workload that ended while no agent watched it and left no status.
 const LOST_WHILE_DOWN: &str = "the process ended while the agent was down and left no exit status";
@@ -93,6 +109,8 @@ pub struct LocalExecutor {
     sandbox: Option<Sandbox>,
     /// Where a notebook's program comes from (see [`crate::notebook_env`]).
     notebook_env: Option<NotebookEnv>,
+    /// Shared GPUs: their MPS daemons (see [`crate::mps`]).
+    shares: ShareBoard,
 }
 
 /// One workload the executor knows.
@@ -114,6 +132,22 @@ struct Workload {
     busy: bool,
     /// The container it runs in (sandboxed workloads).
     container: Option<Container>,
+    /// The GPUs (or MIG devices) it was given.
+    devices: Vec<String>,
+    /// Set when it is a client of a GPU's MPS daemon.
+    mps: Option<MpsWatch>,
+}
+
+/// An MPS client, watched for its daemon dying under it.
+#[derive(Debug, Clone)]
+struct MpsWatch {
+    gpu: String,
+    /// When this agent started (or adopted) it.
+    since: Instant,
+    /// When this agent found it gone.
+    ended: Option<Instant>,
+    /// Its daemon died while it ran.
+    lost: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +201,7 @@ impl LocalExecutor {
             workloads: BTreeMap::new(),
             sandbox: None,
             notebook_env: None,
+            shares: ShareBoard::default(),
         };
         for dir in [ex.root.clone(), ex.root.join("runs")] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -211,6 +246,31 @@ impl LocalExecutor {
         self
     }
 
+    /// Takes the state of shared GPUs (and their MPS daemons) from `shares`; without
+    /// it, workloads on an MPS share fail to start.
+    pub fn with_shares(mut self, shares: ShareBoard) -> Self {
+        self.shares = shares;
+        self
+    }
+
+    pub fn set_shares(&mut self, shares: ShareBoard) {
+        self.shares = shares;
+    }
+
+    /// The GPUs that workloads still running use (whole GPUs, and the GPU of a share).
+    pub fn gpus_in_use(&self) -> std::collections::BTreeSet<String> {
+        self.workloads
+            .values()
+            .filter(|w| w.is_live())
+            .flat_map(|w| {
+                w.devices
+                    .iter()
+                    .cloned()
+                    .chain(w.mps.as_ref().map(|m| m.gpu.clone()))
+            })
+            .collect()
+    }
+
     pub fn sandboxed(&self) -> bool {
         self.sandbox.is_some()
     }
@@ -243,9 +303,32 @@ impl LocalExecutor {
     pub async fn reports(&mut self) -> Vec<WorkloadReport> {
         self.poll();
         self.probe_notebooks().await;
+        let now = Instant::now();
+        for w in self.workloads.values_mut() {
+            let live = w.is_live();
+            if let Some(m) = &mut w.mps {
+                if !live && m.ended.is_none() {
+                    m.ended = Some(now);
+                }
+                if !m.lost && self.shares.died_during(&m.gpu, m.since, m.ended) {
+                    tracing::warn!(gpu = m.gpu, "an MPS client's daemon died while it ran");
+                    m.lost = true;
+                }
+            }
+        }
         self.workloads
             .iter()
-            .map(|(id, w)| w.report(id, &self.host))
+            .map(|(id, w)| {
+                let mut r = w.report(id, &self.host);
+                let told = matches!(
+                    r.phase,
+                    WorkloadPhase::Starting | WorkloadPhase::Running | WorkloadPhase::Exited
+                );
+                if told && r.message.is_none() && w.mps.as_ref().is_some_and(|m| m.lost) {
+                    r.message = Some(MPS_DAEMON_DIED.to_owned());
+                }
+                r
+            })
             .collect()
     }
 
@@ -384,6 +467,20 @@ impl LocalExecutor {
         if spec.argv.is_empty() {
             return Err("nothing to run: argv is empty".to_owned());
         }
+        let devices = match &spec.share {
+            Some(share) => share_devices(spec, share)?,
+            None => spec.devices.clone(),
+        };
+        // MPS: the daemon must answer now, or the client would run without its limits
+        // (a CUDA program that finds no daemon runs as if MPS were off).
+        let mps = match &spec.share {
+            Some(share) if share.method == ShareMethod::Mps => Some(
+                self.shares
+                    .mps_client(&share.gpu_uuid)
+                    .map_err(|e| format!("the GPU's MPS daemon is not running: {e}"))?,
+            ),
+            _ => None,
+        };
         let workspace = self.root.join("workspaces").join(&spec.workspace);
         fs::create_dir_all(&workspace)
             .map_err(|e| format!("cannot create the team workspace: {e}"))?;
@@ -421,7 +518,7 @@ impl LocalExecutor {
         {
             *program = found.to_owned();
         }
-        let env = self.env_for(spec, &workspace, &run);
+        let env = self.env_for(spec, &devices, mps.as_ref(), &workspace, &run);
         if let Some(program) = argv.first() {
             find_program(program, &cwd, &env).map_err(|e| {
                 if spec.kind != WorkloadKind::Notebook || program.contains('/') {
@@ -441,8 +538,16 @@ impl LocalExecutor {
         }
 
         let started = match (&self.sandbox, uid) {
-            (Some(sb), Some(uid)) => start_sandboxed(sb, spec, &run, &workspace, uid, &argv, &env)
-                .map(|(pid, c)| (None, pid, Some(c))),
+            (Some(sb), Some(uid)) => {
+                let binds: Vec<PathBuf> = mps.iter().map(|d| d.pipe.clone()).collect();
+                let access = Access {
+                    devices: &devices,
+                    binds: &binds,
+                    gpu_fraction: spec.share.as_ref().map(|s| f64::from(s.milli) / 1000.0),
+                };
+                start_sandboxed(sb, spec, &run, &workspace, uid, &argv, &env, &access)
+                    .map(|(pid, c)| (None, pid, Some(c)))
+            }
             _ => spawn(&run, &cwd, &argv, &env).map(|c| {
                 let pid = c.id();
                 (Some(c), pid, None)
@@ -481,6 +586,8 @@ impl LocalExecutor {
         w.container = container;
         w.port = port;
         w.probe = probe_for(spec, port, &self.host);
+        w.devices = devices;
+        w.mps = mps_watch(spec);
         Ok(w)
     }
 
@@ -490,6 +597,8 @@ impl LocalExecutor {
     fn env_for(
         &self,
         spec: &WorkloadSpec,
+        devices: &[String],
+        mps: Option<&MpsDirs>,
         workspace: &Path,
         run: &Path,
     ) -> Vec<(OsString, OsString)> {
@@ -502,9 +611,14 @@ impl LocalExecutor {
         for v in &spec.env {
             env.insert(v.name.clone().into(), v.value.clone().into());
         }
-        let devices = OsString::from(spec.devices.join(","));
-        env.insert("CUDA_VISIBLE_DEVICES".into(), devices.clone());
-        env.insert("NVIDIA_VISIBLE_DEVICES".into(), devices);
+        let visible = OsString::from(devices.join(","));
+        env.insert("CUDA_VISIBLE_DEVICES".into(), visible.clone());
+        env.insert("NVIDIA_VISIBLE_DEVICES".into(), visible);
+        if let Some(share) = &spec.share {
+            // Only the agent says how a share is run.
+            env.retain(|k, _| !k.as_encoded_bytes().starts_with(b"CUDA_MPS_"));
+            env.extend(share_env(share, mps));
+        }
         if let Some(token) = &spec.token {
             env.insert("JUPYTER_TOKEN".into(), token.into());
         }
@@ -575,6 +689,11 @@ impl LocalExecutor {
         }
         w.port = state.port;
         w.probe = probe_for(&state.spec, state.port, &self.host);
+        w.devices = match &state.spec.share {
+            Some(share) => share_devices(&state.spec, share).unwrap_or_default(),
+            None => state.spec.devices.clone(),
+        };
+        w.mps = mps_watch(&state.spec);
         w
     }
 }
@@ -592,6 +711,8 @@ impl Workload {
             last_activity_ms: None,
             busy: false,
             container: None,
+            devices: Vec::new(),
+            mps: None,
         }
     }
 
@@ -733,9 +854,86 @@ pub fn safe_name(s: &str) -> bool {
 
 /// Variables a workload never inherits from the agent.
 fn dropped_var(name: &OsStr) -> bool {
-    name.as_encoded_bytes().starts_with(b"TESSERA_")
+    let b = name.as_encoded_bytes();
+    b.starts_with(b"TESSERA_")
+        || b.starts_with(b"CUDA_MPS_")
         || name == "CUDA_VISIBLE_DEVICES"
         || name == "NVIDIA_VISIBLE_DEVICES"
+}
+
+/// The devices of a workload on a share: its GPU, which `devices` must name alone (or
+/// leave empty). The limits must be usable.
+fn share_devices(spec: &WorkloadSpec, share: &ShareLimits) -> Result<Vec<String>, String> {
+    let gpu = &share.gpu_uuid;
+    if !(spec.devices.is_empty() || spec.devices == std::slice::from_ref(gpu)) {
+        return Err(format!(
+            "a workload on a share of GPU {gpu} must have that GPU as its only device, not {}",
+            spec.devices.join(",")
+        ));
+    }
+    if !(1..=1000).contains(&share.milli) {
+        return Err(format!(
+            "a GPU share is 1 to 1000 milli-GPU, not {}",
+            share.milli
+        ));
+    }
+    if share.method == ShareMethod::Mps && share.memory_mib == 0 {
+        return Err("an MPS share needs a memory limit above 0 MiB".to_owned());
+    }
+    Ok(vec![gpu.clone()])
+}
+
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` for a share: ⌈milli / 10⌉, within 1..=100.
+pub fn active_thread_percentage(milli: u32) -> u32 {
+    milli.div_ceil(10).clamp(1, 100)
+}
+
+/// The variables of a workload on `share` (`mps`: its daemon's folders).
+pub fn share_env(share: &ShareLimits, mps: Option<&MpsDirs>) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = vec![
+        (
+            "TESSERA_GPU_SHARE_METHOD".into(),
+            share.method.as_str().into(),
+        ),
+        (
+            "TESSERA_GPU_SHARE_MILLI".into(),
+            share.milli.to_string().into(),
+        ),
+        (
+            "TESSERA_GPU_MEMORY_MIB".into(),
+            share.memory_mib.to_string().into(),
+        ),
+    ];
+    if let (ShareMethod::Mps, Some(dirs)) = (share.method, mps) {
+        env.extend([
+            ("CUDA_MPS_PIPE_DIRECTORY".into(), dirs.pipe.clone().into()),
+            ("CUDA_MPS_LOG_DIRECTORY".into(), dirs.log.clone().into()),
+            (
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+                active_thread_percentage(share.milli).to_string().into(),
+            ),
+            // The client sees one GPU: device ordinal 0.
+            (
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                format!("0={}M", share.memory_mib).into(),
+            ),
+        ]);
+    }
+    env
+}
+
+/// An MPS client's watch, from its spec.
+fn mps_watch(spec: &WorkloadSpec) -> Option<MpsWatch> {
+    let share = spec
+        .share
+        .as_ref()
+        .filter(|s| s.method == ShareMethod::Mps)?;
+    Some(MpsWatch {
+        gpu: share.gpu_uuid.clone(),
+        since: Instant::now(),
+        ended: None,
+        lost: false,
+    })
 }
 
 /// The folder to start in: `workdir` inside the workspace, which must exist.
@@ -937,6 +1135,7 @@ fn container_end(c: &Container, dir: &Path, stopped: bool) -> (Option<i32>, Opti
 }
 
 /// Starts `argv` under the exit-status wrapper in a container of `sb`.
+#[allow(clippy::too_many_arguments)]
 fn start_sandboxed(
     sb: &Sandbox,
     spec: &WorkloadSpec,
@@ -945,6 +1144,7 @@ fn start_sandboxed(
     uid: u32,
     argv: &[String],
     env: &[(OsString, OsString)],
+    access: &Access<'_>,
 ) -> Result<(u32, Container), String> {
     let log = open_run_dir(run).map_err(|e| format!("cannot create the run folder: {e}"))?;
     let mut wrapped: Vec<String> = vec![
@@ -964,7 +1164,7 @@ fn start_sandboxed(
         &cwd.to_string_lossy(),
         &wrapped,
         env,
-        &spec.devices,
+        access,
         &log,
     )?;
     Ok((started.pid, started.container))
@@ -1251,11 +1451,101 @@ mod tests {
     }
 
     #[test]
+    fn shares_get_their_limits_in_the_documented_formats() {
+        assert_eq!(active_thread_percentage(1), 1);
+        assert_eq!(active_thread_percentage(10), 1);
+        assert_eq!(active_thread_percentage(11), 2);
+        assert_eq!(active_thread_percentage(250), 25);
+        assert_eq!(active_thread_percentage(333), 34);
+        assert_eq!(active_thread_percentage(1000), 100);
+        let share = ShareLimits {
+            method: ShareMethod::Mps,
+            gpu_uuid: "GPU-1".into(),
+            milli: 250,
+            memory_mib: 20_480,
+        };
+        let dirs = MpsDirs::under(Path::new("/s/mps"), "GPU-1");
+        let env: BTreeMap<String, String> = share_env(&share, Some(&dirs))
+            .into_iter()
+            .map(|(k, v)| (k.into_string().unwrap(), v.into_string().unwrap()))
+            .collect();
+        assert_eq!(env["TESSERA_GPU_SHARE_METHOD"], "mps");
+        assert_eq!(env["TESSERA_GPU_SHARE_MILLI"], "250");
+        assert_eq!(env["TESSERA_GPU_MEMORY_MIB"], "20480");
+        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+        assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20480M");
+        assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/s/mps/GPU-1/pipe");
+        assert_eq!(env["CUDA_MPS_LOG_DIRECTORY"], "/s/mps/GPU-1/log");
+        let sliced = ShareLimits {
+            method: ShareMethod::TimeSlice,
+            ..share.clone()
+        };
+        let names: Vec<OsString> = share_env(&sliced, None)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "TESSERA_GPU_SHARE_METHOD",
+                "TESSERA_GPU_SHARE_MILLI",
+                "TESSERA_GPU_MEMORY_MIB"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_share_names_its_gpu_alone() {
+        let share = ShareLimits {
+            method: ShareMethod::Mps,
+            gpu_uuid: "GPU-1".into(),
+            milli: 500,
+            memory_mib: 1024,
+        };
+        let mut spec: WorkloadSpec = serde_json::from_value(serde_json::json!({
+            "id": "a", "kind": "job", "run": true, "argv": ["true"], "env": [],
+            "devices": [], "workspace": "t", "workdir": "", "token": null,
+            "base_path": null, "allocation_id": ""
+        }))
+        .unwrap();
+        assert_eq!(share_devices(&spec, &share).unwrap(), ["GPU-1"]);
+        spec.devices = vec!["GPU-1".into()];
+        assert_eq!(share_devices(&spec, &share).unwrap(), ["GPU-1"]);
+        spec.devices = vec!["GPU-1".into(), "GPU-2".into()];
+        assert!(share_devices(&spec, &share).is_err());
+        spec.devices = vec![];
+        for bad in [
+            ShareLimits {
+                milli: 0,
+                ..share.clone()
+            },
+            ShareLimits {
+                milli: 1001,
+                ..share.clone()
+            },
+            ShareLimits {
+                memory_mib: 0,
+                ..share.clone()
+            },
+        ] {
+            assert!(share_devices(&spec, &bad).is_err(), "{bad:?}");
+        }
+        let sliced_without_memory = ShareLimits {
+            method: ShareMethod::TimeSlice,
+            memory_mib: 0,
+            ..share
+        };
+        assert!(share_devices(&spec, &sliced_without_memory).is_ok());
+    }
+
+    #[test]
     fn agent_variables_are_not_inherited() {
         for v in [
             "TESSERA_JOIN_TOKEN",
             "TESSERA_AGENT_STATE_DIR",
             "CUDA_VISIBLE_DEVICES",
+            "CUDA_MPS_PIPE_DIRECTORY",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         ] {
             assert!(dropped_var(OsStr::new(v)), "{v}");
         }

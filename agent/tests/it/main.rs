@@ -1,11 +1,12 @@
 //! Integration tests for the agent: simulator conformance, reconcile,
-//! crash points, spool, the agent loop against a fake server, and the
-//! workload executor with real processes.
+//! crash points, spool, the agent loop against a fake server, the workload
+//! executor with real processes, and shared GPUs (MPS daemons, time-slicing).
 
 mod agent_loop;
 mod crash;
 mod reconcile;
 mod sandbox;
+mod shares;
 mod sim;
 mod spool;
 mod support;

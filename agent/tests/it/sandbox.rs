@@ -1,7 +1,7 @@
 //! The workload sandbox attacked from inside: team A's job tries to reach team B's
 //! files, runs and processes, the node credential, the agent, other GPUs and MIG
 //! instances, and to outgrow its limits; each attempt is refused or contained, while
-//! team B's job keeps running. Real `crun` containers over a simulated H100 whose
+//! team B's job keeps running. An MPS client reaches its own GPU's daemon and no other. Real `crun` containers over a simulated H100 whose
 //! stand-in device nodes carry the driver's numbering. Needs root and crun (`cargo
 //! xtask test` installs crun and runs as root).
 
@@ -10,13 +10,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_agent::backend::GpuBackend;
+use tessera_agent::mps::{MpsControl, SIM_SUBCOMMAND, ShareBoard, ShareSupervisor};
 use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::sandbox::{Sandbox, SandboxSettings, mig_minors_table, parse_mig_minors};
-use tessera_agent::sim::{SIM_CAPS_MAJOR, write_device_files};
+use tessera_agent::sim::{SIM_CAPS_MAJOR, SimNode, write_device_files};
 use tessera_agent::workloads::LocalExecutor;
-use tessera_domain::wire::{WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
+use tessera_domain::wire::{
+    DesiredState, ShareMethod, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync,
+};
 use tessera_domain::workload::WorkloadKind;
 
+use crate::shares::{Reaper, share_job, shared, sim_mps};
 use crate::support::{H100, node_with};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -501,4 +505,117 @@ async fn jupyterlab_from_the_notebook_environment_answers_in_the_sandbox() {
     ex.apply(&sync(&stop));
     let (rep, _) = finished(&mut ex, "lab", &stop).await;
     assert_eq!(rep.message.as_deref(), Some("stopped"));
+}
+
+/// Two simulated H100s, both shared with MPS, their daemons started by the supervisor;
+/// a sandboxed job on a 250-milli share of the first one. It gets its limits, sees its
+/// daemon's pipe directory at the same path and can talk to the daemon as its own uid,
+/// while the other GPU's pipe directory, daemon and device node do not exist for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_client_reaches_its_own_daemon_and_no_other() {
+    let sim = SimNode::new(&[H100, H100], 21).unwrap();
+    let gpus = sim.gpu_uuids();
+    let (g0, g1) = (&gpus[0], &gpus[1]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    let _reaper = Reaper(root.clone());
+    write_device_files(&dir.path().join("dev"), &[0, 1]).unwrap();
+    let mps = sim_mps(&root);
+    let board = ShareBoard::new(Some(mps.clone()));
+    let mut supervisor = ShareSupervisor::new(board.clone());
+    let desired = DesiredState {
+        gpus: vec![
+            shared(g0, Some(ShareMethod::Mps), 1),
+            shared(g1, Some(ShareMethod::Mps), 1),
+        ],
+    };
+    supervisor.tick(&sim, Some(&desired), &Default::default());
+    for g in [g0, g1] {
+        let share = board.get(g).unwrap();
+        assert!(share.ready, "{share:?}");
+    }
+    let (own, other) = (mps.dirs(g0), mps.dirs(g1));
+
+    let exe = Path::new(env!("CARGO_BIN_EXE_tessera-agent"));
+    let mut settings = SandboxSettings::new(PathBuf::from("crun"));
+    settings.uid_first = FIRST_UID;
+    settings.uid_count = 10;
+    settings.memory_mib = Some(256);
+    settings.pids = 32;
+    settings.tmp_mib = 16;
+    settings.dev_root = dir.path().join("dev");
+    settings.mig_minors = dir.path().join("dev/mig-minors");
+    // The stand-in control program, to talk to the daemons from inside.
+    settings.read_only = vec![exe.parent().unwrap().to_owned()];
+    let backend: Arc<dyn GpuBackend> = Arc::new(sim.clone());
+    let sb = Sandbox::open(settings, backend, &dir.path().join("sandbox"))
+        .unwrap_or_else(|e| panic!("the sandbox tests need root and crun: {e}"));
+    let mut ex = LocalExecutor::open(&dir.path().join("workloads"), "127.0.0.1")
+        .unwrap()
+        .with_sandbox(sb)
+        .with_shares(board.clone());
+    let control = format!("{} {SIM_SUBCOMMAND}", exe.display());
+    let script = format!(
+        r#"
+t() {{ name=$1; shift; printf '%s: %s\n' "$name" "$( ("$@") 2>&1 | head -n1 | sed 's/^.*: //')"; }}
+t uid id -u
+t threads printenv CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+t memory printenv CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+t pipe printenv CUDA_MPS_PIPE_DIRECTORY
+t method printenv TESSERA_GPU_SHARE_METHOD
+t devices printenv CUDA_VISIBLE_DEVICES
+t own_pipe sh -c 'ls "$CUDA_MPS_PIPE_DIRECTORY" | tr "\n" " "'
+t own_daemon sh -c 'echo get_server_list | {control} && echo answers'
+t other_pipe ls {other}
+t other_daemon sh -c 'echo get_server_list | CUDA_MPS_PIPE_DIRECTORY={other} {control}'
+t mps_root sh -c 'ls {root} | tr "\n" " "'
+t own_gpu_dir sh -c 'ls {root}/{g0} | tr "\n" " "'
+t nvidia_nodes sh -c 'ls /dev | grep nvidia | tr "\n" " "'
+"#,
+        other = other.pipe.display(),
+        root = root.display(),
+    );
+    let spec = WorkloadSpec {
+        workspace: "team-a".into(),
+        ..share_job("client", g0, ShareMethod::Mps, 250, &script)
+    };
+    ex.apply(&sync(std::slice::from_ref(&spec)));
+    let (rep, log) = finished(&mut ex, "client", std::slice::from_ref(&spec)).await;
+    assert_eq!(rep.phase, WorkloadPhase::Exited, "{rep:?}\n{log}");
+    assert_eq!(rep.exit_code, Some(0), "{log}");
+    assert_eq!(line(&log, "uid"), FIRST_UID.to_string());
+    assert_eq!(line(&log, "threads"), "25");
+    assert_eq!(line(&log, "memory"), "0=20480M");
+    assert_eq!(line(&log, "pipe"), own.pipe.display().to_string());
+    assert_eq!(line(&log, "method"), "mps");
+    assert_eq!(line(&log, "devices"), g0.as_str());
+    assert_eq!(
+        line(&log, "own_pipe").trim(),
+        "control control_lock nvidia-cuda-mps-control.pid"
+    );
+    assert_eq!(line(&log, "own_daemon"), "answers");
+    assert_eq!(line(&log, "other_pipe"), "No such file or directory");
+    assert_eq!(
+        line(&log, "other_daemon"),
+        "Cannot find MPS control daemon process"
+    );
+    // Of the daemons' folders only the path to its own pipe directory exists in there
+    // (the mount point's parents): no log folder, no other GPU.
+    assert_eq!(line(&log, "mps_root").trim(), g0.as_str());
+    assert_eq!(line(&log, "own_gpu_dir").trim(), "pipe");
+    // Its whole GPU's nodes, as a whole-GPU workload gets them (no MIG capabilities).
+    assert_eq!(
+        line(&log, "nvidia_nodes").trim(),
+        "nvidia-uvm nvidia-uvm-tools nvidia0 nvidiactl"
+    );
+    // The daemon saw the client's connection.
+    let control_log = std::fs::read_to_string(own.log.join("control.log")).unwrap();
+    assert!(
+        control_log.contains("Cmd: get_server_list"),
+        "{control_log}"
+    );
+    // Both daemons still run, and the pipe directory is still the agent's.
+    assert!(mps.check(g0).is_ok() && mps.check(g1).is_ok());
+    let meta = std::fs::metadata(&own.pipe).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0);
 }
