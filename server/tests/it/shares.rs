@@ -175,9 +175,9 @@ async fn four_quarter_shares_fill_a_shared_gpu_and_a_fifth_waits_with_a_reason(d
     let deadline = Instant::now() + Duration::from_secs(30);
     let waiting = loop {
         let v = alloc_state(&a.app, &t.member, &fifth_id).await;
-        if v["pending_reason"]
+        if v["pending"]["reason"]
             .as_str()
-            .is_some_and(|r| r.contains("shared GPU"))
+            .is_some_and(|r| r.contains("free on one shared GPU"))
         {
             break v;
         }
@@ -294,7 +294,7 @@ async fn a_gpu_changes_mode_only_while_idle(db: Db) {
     let (s, v) = set_sharing(&a, &node, &gpu, "fractional").await;
     assert_eq!(
         (s, v["error"]["field"].as_str()),
-        (400, Some("sharing")),
+        (422, Some("sharing")),
         "{v}"
     );
     // A slice on it: the GPU is in use.
