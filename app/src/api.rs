@@ -371,6 +371,28 @@ pub async fn set_gpu_layout(
     .await
 }
 
+/// Shares a GPU (`mps`, `time_slice`) or stops sharing it (`off`) (platform admin).
+#[server(prefix = "/fn", endpoint = "set_gpu_sharing")]
+pub async fn set_gpu_sharing(
+    node_id: String,
+    gpu_uuid: String,
+    sharing: String,
+) -> Result<NodeView, UiError> {
+    let echo = [("sharing", sharing.clone())];
+    ssr::call(echo, async |s, p| {
+        let node = id(&node_id)?;
+        let method = match sharing.as_str() {
+            "off" => None,
+            other => Some(
+                tessera_domain::wire::ShareMethod::parse(other)
+                    .ok_or_else(|| AppError::invalid("sharing", "one of mps, time_slice or off"))?,
+            ),
+        };
+        s.nodes.set_gpu_sharing(p, node, &gpu_uuid, method).await
+    })
+    .await
+}
+
 /// Parses `3g.40gb@0, 1g.10gb@6` into instances.
 pub fn parse_layout(text: &str) -> Result<Vec<DesiredInstance>, AppError> {
     text.split(',')

@@ -312,6 +312,20 @@ pub(super) fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, Strin
             format!("{n} units")
         }
     };
+    // The shared quota line (`H100-80GB:shared`): fractions of a shared GPU.
+    if let (base, true) = tessera_domain::alloc::split_quota_key(model) {
+        return SHARE_CHOICES
+            .iter()
+            .map(|milli| {
+                let kind = format!("{base}:share:{milli}");
+                let label = kind
+                    .parse::<tessera_domain::alloc::GpuKind>()
+                    .map(|k| k.label())
+                    .unwrap_or_else(|_| kind.clone());
+                (kind, format!("{label} ({milli} milli-GPU)"))
+            })
+            .collect();
+    }
     let Some(m) = catalog.get(model) else {
         return vec![(format!("{model}:whole"), format!("whole {model}"))];
     };
@@ -328,8 +342,21 @@ pub(super) fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, Strin
     out
 }
 
-/// How many devices of `kind` are free now, for its option's label.
+/// The fractions the form offers on a shared quota line, in milli-GPU.
+const SHARE_CHOICES: [u32; 5] = [100, 250, 500, 750, 1000];
+
+/// How many devices of `kind` are free now, for its option's label (a share: whether one
+/// shared GPU has that much free).
 fn free_text(free: &BTreeMap<String, u32>, kind: &str) -> String {
+    if let Ok(tessera_domain::alloc::GpuKind::Share { model, milli }) =
+        kind.parse::<tessera_domain::alloc::GpuKind>()
+    {
+        return match free.get(&format!("{model}:share")).copied() {
+            None => "no shared GPU now (an admin shares GPUs on the Nodes page)".to_owned(),
+            Some(most) if most >= milli => "fits now".to_owned(),
+            Some(most) => format!("waits: at most {most} milli-GPU free on one shared GPU"),
+        };
+    }
     match free.get(kind).copied().unwrap_or(0) {
         0 => "none free now (may re-partition)".to_owned(),
         n => format!("{n} free now"),

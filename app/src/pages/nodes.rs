@@ -3,7 +3,7 @@
 
 mod chart;
 
-use crate::api::{self, RevokeNode, SetGpuLayout, UiError};
+use crate::api::{self, RevokeNode, SetGpuLayout, SetGpuSharing, UiError};
 use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
     form_error, is_admin, pager, use_offset,
@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_domain::cluster::{
     DesiredView, GpuPoint, GpuView, InstanceView, NodeTelemetry, NodeView, ServerReplicaView,
+    SharingView,
 };
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest};
@@ -73,6 +74,8 @@ struct NodeActions {
     admin: bool,
     revoke: ServerAction<RevokeNode>,
     layout: ServerAction<SetGpuLayout>,
+    sharing: ServerAction<SetGpuSharing>,
+    /// The GPU whose layout or sharing form was submitted last.
     layout_target: RwSignal<Option<String>>,
 }
 
@@ -94,6 +97,7 @@ impl NodesData {
             admin: false,
             revoke: ServerAction::new(),
             layout: ServerAction::new(),
+            sharing: ServerAction::new(),
             layout_target: RwSignal::new(None),
         };
         // Layout changes (and apply progress) as the live stream reports them.
@@ -113,6 +117,7 @@ impl NodesData {
                 offset.get(),
                 actions.revoke.version().get(),
                 actions.layout.version().get(),
+                actions.sharing.version().get(),
                 refresh.get(),
             )
         };
@@ -426,16 +431,163 @@ fn GpuBlock(
                 {driver_name.map(|n| view! { <span class="hint">{n}</span> })}
                 <span class="memory">{memory(gpu.memory_mib)}</span>
                 <span class=mig.1>{mig.0}</span>
+                {gpu
+                    .sharing
+                    .as_ref()
+                    .map(|sh| {
+                        view! {
+                            <span class="badge" data-testid="shared-badge">
+                                {format!("shared · {}", method_label(&sh.method))}
+                            </span>
+                        }
+                    })}
             </header>
-            <MigLayout gpu=gpu.clone() />
+            {match gpu.sharing.clone() {
+                Some(sharing) => view! { <SharedGpu sharing /> }.into_any(),
+                None => view! { <MigLayout gpu=gpu.clone() /> }.into_any(),
+            }}
             <GpuTelemetrySlot gpu=gpu.clone() node_id=node_id.clone() telemetry />
             {gpu
                 .desired
                 .clone()
                 .filter(|d| d.state.as_deref() != Some("success"))
                 .map(|desired| view! { <DesiredStatus desired /> })}
-            {editable.then(|| view! { <LayoutForm gpu node_id actions /> })}
+            {editable
+                .then(|| {
+                    view! {
+                        <SharingForm gpu=gpu.clone() node_id=node_id.clone() actions />
+                        {gpu.sharing.is_none().then(|| view! { <LayoutForm gpu node_id actions /> })}
+                    }
+                })}
         </section>
+    }
+    .into_any()
+}
+
+/// "MPS", "time-slicing".
+fn method_label(method: &str) -> &'static str {
+    match method {
+        "mps" => "MPS",
+        "time_slice" => "time-slicing",
+        _ => "unknown",
+    }
+}
+
+/// A shared GPU: whether its node runs it so, how much is handed out, and to whom.
+#[component]
+fn SharedGpu(sharing: SharingView) -> impl IntoView {
+    let used = sharing.used_milli.min(1000);
+    let pct = f64::from(used) / 10.0;
+    let status = if sharing.ready {
+        view! { <span class="badge">"ready"</span> }.into_any()
+    } else {
+        view! { <span class="badge warn">"not ready"</span> }.into_any()
+    };
+    let tenants = sharing
+        .tenants
+        .iter()
+        .map(|t| {
+            let who = t.team.clone().unwrap_or_else(|| "a share".to_owned());
+            view! {
+                <li data-testid="share-tenant">
+                    {format!("{} milli-GPU ({}%) · {who}", t.milli, f64::from(t.milli) / 10.0)}
+                </li>
+            }
+        })
+        .collect_view();
+    view! {
+        <div class="shared-gpu" data-testid="shared-gpu">
+            <p>
+                {status} " "
+                <span data-testid="share-used">
+                    {format!("{used} of 1000 milli-GPU handed out ({pct}%)")}
+                </span>
+                {(sharing.daemon_restarts > 0)
+                    .then(|| {
+                        format!(
+                            " · MPS daemon restarted {} time{}",
+                            sharing.daemon_restarts,
+                            if sharing.daemon_restarts == 1 { "" } else { "s" },
+                        )
+                    })}
+            </p>
+            <div
+                class="share-bar"
+                role="img"
+                aria-label=format!("{pct}% of the GPU handed out")
+            >
+                <span style=format!("width: {pct}%")></span>
+            </div>
+            {sharing.error.map(|e| view! { <p class="hint" data-testid="share-error">{e}</p> })}
+            {if sharing.tenants.is_empty() {
+                view! { <p class="hint">"No shares on it yet."</p> }.into_any()
+            } else {
+                view! { <ul class="share-tenants">{tenants}</ul> }.into_any()
+            }}
+        </div>
+    }
+    .into_any()
+}
+
+/// The admin's switch between a partitioned-or-whole GPU and a shared one.
+#[component]
+fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoView {
+    let action = actions.sharing;
+    let target = actions.layout_target;
+    let uuid = gpu.uuid.clone();
+    let mine = {
+        let uuid = uuid.clone();
+        Memo::new(move |_| target.read().as_deref() == Some(uuid.as_str()))
+    };
+    let value = move || {
+        if mine.get() {
+            action.value().get()
+        } else {
+            None
+        }
+    };
+    let current = gpu
+        .sharing
+        .as_ref()
+        .map_or("off".to_owned(), |s| s.method.clone());
+    let open = untrack(value).is_some_and(|r| r.is_err());
+    let select_id = format!("sharing-{uuid}");
+    view! {
+        <details class="set-sharing" open=open>
+            <summary>"Sharing"</summary>
+            <ActionForm action=action attr:novalidate=true>
+                <input type="hidden" name="node_id" value=node_id />
+                <input type="hidden" name="gpu_uuid" value=uuid.clone() />
+                {form_error(value)}
+                <label for=select_id.clone()>"How this GPU is offered"</label>
+                <select id=select_id name="sharing">
+                    <option value="off" selected=current == "off">
+                        "Not shared: MIG slices or the whole GPU, as requests need"
+                    </option>
+                    <option value="mps" selected=current == "mps">
+                        "Shared with MPS: each share gets its compute and memory fraction"
+                    </option>
+                    <option value="time_slice" selected=current == "time_slice">
+                        "Shared by time-slicing: shares take turns, no limits"
+                    </option>
+                </select>
+                {field_error(value, "sharing")}
+                <p class="hint">
+                    "A shared GPU runs with MIG off and takes only fractional requests (e.g. "
+                    <code>"H100-80GB:share:250"</code>
+                    ", a quarter), counted against a team's "
+                    <code>"MODEL:shared"</code>
+                    " quota in milli-GPU. MPS limits each share's compute (active thread percentage) and pinned memory; time-slicing shares the whole GPU in turns and isolates nothing. The mode changes only while nothing runs on the GPU."
+                </p>
+                <button
+                    type="submit"
+                    on:click=move |_| target.set(Some(uuid.clone()))
+                    disabled=move || action.pending().get()
+                >
+                    "Save"
+                </button>
+            </ActionForm>
+        </details>
     }
     .into_any()
 }

@@ -811,13 +811,30 @@ fn SetQuotaForm(team_id: String, action: ServerAction<SetQuota>) -> impl IntoVie
     let limit = or("limit", "7");
     let per_user = or("per_user", "7");
     let echo_model = untrack(echoed(value, "model"));
+    // Each model twice: its slices and whole GPUs (compute slices), and its shares of
+    // shared GPUs (milli-GPU).
     let models = Catalog::builtin()
         .models()
-        .map(|m| {
+        .flat_map(|m| {
             let name = m.name().to_owned();
-            let label = format!("{name} ({} units per GPU)", m.compute_slices());
+            let shared = tessera_domain::alloc::shared_quota_key(&name);
+            [
+                (
+                    name.clone(),
+                    format!(
+                        "{name}: MIG slices and whole GPUs ({} units per GPU)",
+                        m.compute_slices()
+                    ),
+                ),
+                (
+                    shared,
+                    format!("{name}: shares of shared GPUs (1000 units = one GPU, in milli-GPU)"),
+                ),
+            ]
+        })
+        .map(|(value, label)| {
             view! {
-                <option value=name.clone() selected=name == echo_model>
+                <option value=value.clone() selected=value == echo_model>
                     {label}
                 </option>
             }
