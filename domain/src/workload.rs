@@ -516,6 +516,11 @@ pub fn parse_profile_name(raw: &str) -> Result<String, AppError> {
 /// The Kubernetes extended resource that stands for one allocated device in NVIDIA's
 /// device plugin "mixed" strategy: `nvidia.com/mig-<profile>` for a MIG slice,
 /// `nvidia.com/gpu` for a whole GPU.
+/// What a share asks a Kubernetes node for: one replica of a GPU that NVIDIA's device
+/// plugin shares (time-slicing or MPS, `renameByDefault: true`; see
+/// `deploy/kubernetes/device-plugin-sharing.yaml`).
+pub const SHARED_GPU_RESOURCE: &str = "nvidia.com/gpu.shared";
+
 pub fn device_resource(mig_profile: Option<&str>) -> String {
     match mig_profile {
         Some(p) => format!("nvidia.com/mig-{p}"),

@@ -1564,10 +1564,14 @@ impl Workloads {
             token: w.token.clone(),
             base_path: (kind == WorkloadKind::Notebook).then_some(base),
             allocation_id: w.allocation_id.to_string(),
-            resources: devices_of(w)
-                .iter()
-                .map(|d| wl::device_resource(d.profile.as_deref()))
-                .collect(),
+            resources: if r.alloc_kind.contains(":share:") {
+                vec![wl::SHARED_GPU_RESOURCE.to_owned()]
+            } else {
+                devices_of(w)
+                    .iter()
+                    .map(|d| wl::device_resource(d.profile.as_deref()))
+                    .collect()
+            },
             share: share_limits(&r.alloc_kind, &devices_of(w), shared),
         }
     }

@@ -206,12 +206,17 @@ pub fn workspace_claim(s: &KubeSettings, team: &str) -> PersistentVolumeClaim {
 
 /// What the team's namespace may hold: `max_pods` pods, and of each GPU resource exactly
 /// what its running workloads were allotted (`gpus`, resource → count), so a pod made in
-/// the namespace behind Tessera's back cannot take more. `nvidia.com/gpu` is always capped.
+/// the namespace behind Tessera's back cannot take more. `nvidia.com/gpu` and
+/// `nvidia.com/gpu.shared` are always capped.
 pub fn resource_quota(s: &KubeSettings, team: &str, gpus: &BTreeMap<String, i64>) -> ResourceQuota {
     let ns = namespace_name(s, team);
     let mut hard = BTreeMap::from([
         ("count/pods".to_owned(), Quantity(s.max_pods.to_string())),
         ("requests.nvidia.com/gpu".to_owned(), Quantity("0".into())),
+        (
+            format!("requests.{}", tessera_domain::workload::SHARED_GPU_RESOURCE),
+            Quantity("0".into()),
+        ),
     ]);
     for (resource, n) in gpus {
         hard.insert(format!("requests.{resource}"), Quantity(n.to_string()));
@@ -268,6 +273,12 @@ fn env(spec: &WorkloadSpec) -> Vec<EnvVar> {
     out.push(var("TESSERA_WORKLOAD_ID", &spec.id));
     if let Some(t) = &spec.token {
         out.push(var("JUPYTER_TOKEN", t));
+    }
+    // A share: what it was given (the device plugin's replica is what limits it).
+    if let Some(share) = &spec.share {
+        out.push(var("TESSERA_GPU_SHARE_METHOD", share.method.as_str()));
+        out.push(var("TESSERA_GPU_SHARE_MILLI", &share.milli.to_string()));
+        out.push(var("TESSERA_GPU_MEMORY_MIB", &share.memory_mib.to_string()));
     }
     out
 }

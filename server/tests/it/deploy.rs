@@ -423,3 +423,49 @@ fn settings_in_help(bin: &std::path::Path, args: &[&str]) -> BTreeSet<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// `deploy/kubernetes/device-plugin-sharing.yaml`: the device plugin configurations a
+/// cluster needs for shares advertise exactly the resource the executor asks for, and
+/// keep the MIG strategy the executor's slices need.
+#[test]
+fn the_device_plugin_sharing_config_fits_the_executor() {
+    let text = std::fs::read_to_string(dir().join("device-plugin-sharing.yaml"))
+        .expect("device-plugin-sharing.yaml");
+    let docs = yaml_docs(&text, "device-plugin-sharing.yaml");
+    assert_eq!(docs.len(), 1);
+    let cm: k8s_openapi::api::core::v1::ConfigMap = typed("device-plugin-sharing.yaml", &docs[0]);
+    let data = cm.data.expect("data");
+    let mut sharing_methods = BTreeSet::new();
+    for (name, config) in &data {
+        let c: Value = serde_saphyr::from_str(config)
+            .unwrap_or_else(|e| panic!("config {name}: not YAML: {e}"));
+        assert_eq!(c["version"], "v1", "{name}");
+        assert_eq!(
+            c["flags"]["migStrategy"], "mixed",
+            "{name}: MIG slices need it"
+        );
+        let Some(sharing) = c["sharing"].as_object() else {
+            continue;
+        };
+        for (method, s) in sharing {
+            sharing_methods.insert(method.clone());
+            assert_eq!(s["renameByDefault"], true, "{name}");
+            let r = &s["resources"][0];
+            let renamed = format!("{}.shared", r["name"].as_str().expect("resource name"));
+            assert_eq!(
+                renamed,
+                tessera_domain::workload::SHARED_GPU_RESOURCE,
+                "{name}: the executor asks for what the plugin advertises"
+            );
+            assert!(
+                r["replicas"].as_u64().is_some_and(|n| n >= 2),
+                "{name}: {r}"
+            );
+        }
+    }
+    assert_eq!(
+        sharing_methods,
+        BTreeSet::from(["mps".to_owned(), "timeSlicing".to_owned()]),
+        "both of Tessera's sharing methods have a configuration"
+    );
+}

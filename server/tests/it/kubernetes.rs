@@ -304,7 +304,95 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     assert_eq!(crate::deploy::server_role_grants(), used);
 }
 
-on_both_databases!(notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node);
+on_both_databases!(
+    notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node,
+    a_share_asks_the_device_plugin_for_a_shared_gpu,
+);
+
+/// A job on a 250-milli share of a shared (time-sliced) H100 becomes a Job whose pod asks
+/// for one `nvidia.com/gpu.shared` (the device plugin's shared replica) on the share's
+/// node, says its fraction in its environment, and the team's quota allows exactly that.
+async fn a_share_asks_the_device_plugin_for_a_shared_gpu(db: Db) {
+    let kube = FakeKube::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = kube.kubeconfig(dir.path());
+    let app = TestApp::spawn_with(db, |c| {
+        c.executor = Executor::Kubernetes;
+        c.kubernetes.kubeconfig = Some(kubeconfig);
+        c.kubernetes.interval = Duration::from_millis(150);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let t = team(&a, "kshare").await;
+    set_quota(&a, &t.id, "H100-80GB:shared", 1000, 1000, 1000).await;
+    let _agent = SimAgent::start(&a, "gpu-node-2").await;
+    let (node, gpu) = wait_for_async_gpu(&a).await;
+    let (s, v) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/nodes/{node}/gpus/{gpu}/sharing"),
+            Some(json!({"sharing": "time_slice"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = request(&a.app, &t.member, &t.id, "H100-80GB:share:250").await;
+    assert_eq!(s, 201, "{v}");
+    let alloc = v["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &alloc, "active").await;
+    let (s, job) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": alloc, "command": "python train.py"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().expect("id").to_owned();
+    let sel = format!("tessera.io/workload={id}");
+    let job = wait_for("the share's Job", || kube.list("jobs", &sel).pop()).await;
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/hostname"], "gpu-node-2");
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["resources"]["limits"],
+        json!({"nvidia.com/gpu.shared": "1"}),
+        "{c}"
+    );
+    let env = c["env"].as_array().expect("env");
+    let var = |n: &str| {
+        env.iter()
+            .find(|e| e["name"] == n)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(var("TESSERA_GPU_SHARE_MILLI"), Some(json!("250")));
+    assert_eq!(var("TESSERA_GPU_SHARE_METHOD"), Some(json!("time_slice")));
+    let ns = format!("tessera-team-{}", t.id);
+    let quota = kube
+        .get(&format!("/api/v1/namespaces/{ns}/resourcequotas/tessera"))
+        .expect("quota");
+    assert_eq!(
+        quota["spec"]["hard"]["requests.nvidia.com/gpu.shared"], "1",
+        "{quota}"
+    );
+    assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "0");
+}
+
+/// The simulated node's GPU, once reported: `(node id, GPU UUID)`.
+async fn wait_for_async_gpu(a: &AdminClient) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, nodes) = a.call(Method::GET, "/api/v1/nodes", None).await;
+        if let (Some(n), Some(g)) = (
+            nodes["items"][0]["id"].as_str(),
+            nodes["items"][0]["gpus"][0]["uuid"].as_str(),
+        ) {
+            return (n.to_owned(), g.to_owned());
+        }
+        assert!(Instant::now() < deadline, "no GPU reported: {nodes}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 /// A pod spec that passes the `restricted` Pod Security standard: non-root with a fixed
 /// uid, no privilege escalation, no capabilities, the runtime's default seccomp profile.
