@@ -1210,7 +1210,7 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
             {release}
             <AllocationWorkloads workloads=data.workloads />
             <h2>"Devices"</h2>
-            <DevicesTable devices=a.devices.clone() />
+            <DevicesTable devices=a.devices.clone() kind=a.kind.clone() />
             <h2>"History"</h2>
             <HistoryTable a=a.clone() />
         </section>
@@ -1458,7 +1458,14 @@ fn ExtendForm(id: String, action: ServerAction<ExtendAllocation>) -> impl IntoVi
 }
 
 #[component]
-fn DevicesTable(devices: Vec<AllocatedDevice>) -> impl IntoView {
+fn DevicesTable(devices: Vec<AllocatedDevice>, kind: String) -> impl IntoView {
+    // A share holds part of a whole GPU: say which part.
+    let share = match kind.parse::<tessera_domain::alloc::GpuKind>() {
+        Ok(tessera_domain::alloc::GpuKind::Share { milli, .. }) => {
+            Some(format!("{milli} milli-GPU share"))
+        }
+        _ => None,
+    };
     if devices.is_empty() {
         return view! {
             <Empty>
@@ -1473,7 +1480,7 @@ fn DevicesTable(devices: Vec<AllocatedDevice>) -> impl IntoView {
             let slice = match (&d.profile, d.start) {
                 (Some(p), Some(s)) => format!("{p}@{s}"),
                 (Some(p), None) => p.clone(),
-                _ => "whole GPU".to_owned(),
+                _ => share.clone().unwrap_or_else(|| "whole GPU".to_owned()),
             };
             let mig = match (d.mig_uuid.clone(), d.profile.is_some()) {
                 (Some(u), _) => view! { <code class="uuid">{u}</code> }.into_any(),
