@@ -1,5 +1,5 @@
-// Fractional GPUs on the embedded default's simulated nodes: an admin shares an idle H100
-// with MPS from the Nodes page and gives a team a shared quota; a member asks for a
+// Fractional GPUs on the embedded default's simulated nodes: an admin shares an idle GPU
+// (whichever earlier tests left idle) with MPS from the Nodes page and gives a team a shared quota; a member asks for a
 // quarter of a GPU through the request form and sees it active on the shared GPU, and the
 // Nodes page shows the share. Everything is put back afterwards (the share released, the
 // GPU unshared) for the tests that follow.
@@ -18,7 +18,7 @@ const TEAM = `Shared Lab ${suffix}`;
 const MEMBER = `share-member-${suffix}`;
 const PASSWORD = 'share password 123';
 let teamId;
-let shared; // { node, gpu }
+let shared; // { node, gpu, model }
 
 async function signInAs(page, username, password) {
   await signIn(page, username, password);
@@ -41,24 +41,25 @@ async function api(page, method, path, data) {
 
 const gpuCard = (page, uuid) => page.locator(`[data-testid=gpu][data-uuid="${uuid}"]`);
 
-test('an admin shares an idle H100 with MPS from the Nodes page', async () => {
+test('an admin shares an idle GPU with MPS from the Nodes page', async () => {
   await withPage(browser, 'share-admin', async (page, errors) => {
     await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
-    // An H100 nothing holds: switching is refused (409) while anything does.
+    // A GPU nothing holds: switching is refused (409) while anything does.
     const nodes = await api(page, 'GET', '/api/v1/nodes?limit=50');
     for (const n of nodes.items) {
-      for (const g of n.gpus.filter((g) => g.model === 'H100-80GB' && !g.sharing)) {
+      for (const g of n.gpus.filter((g) => g.model && !g.sharing)) {
         const path = `/api/v1/nodes/${n.id}/gpus/${g.uuid}/sharing`;
         const [status] = await call(page, 'PUT', path, { sharing: 'mps' });
         if (status === 200) {
           await api(page, 'PUT', path, { sharing: 'off' });
-          shared = { node: n.id, gpu: g.uuid };
+          shared = { node: n.id, gpu: g.uuid, model: g.model };
           break;
         }
+        assert.equal(status, 409, 'a busy GPU is refused, not broken');
       }
       if (shared) break;
     }
-    assert.ok(shared, 'an idle H100 to share');
+    assert.ok(shared, 'an idle GPU to share');
 
     await page.goto(`${BASE}/nodes`);
     await hydrated(page);
@@ -82,27 +83,28 @@ test('an admin shares an idle H100 with MPS from the Nodes page', async () => {
     await page.goto(`${BASE}/teams/${teamId}`);
     await hydrated(page);
     const form = page.locator('[data-testid=quota-form]');
-    await form.locator('select[name=model]').selectOption('H100-80GB:shared');
+    await form.locator('select[name=model]').selectOption(`${shared.model}:shared`);
     await form.locator('input[name=guaranteed]').fill('500');
     await form.locator('input[name=limit]').fill('1000');
     await form.locator('input[name=per_user]').fill('500');
     await form.locator('button[type=submit]').click();
-    await page.locator('[data-testid=quota-row][data-model="H100-80GB:shared"]').waitFor();
+    await page.locator(`[data-testid=quota-row][data-model="${shared.model}:shared"]`).waitFor();
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
 });
 
 test('a member gets a quarter of the shared GPU through the form', async () => {
+  assert.ok(shared && teamId, 'the GPU was shared');
   await withPage(browser, 'share-member', async (page, errors) => {
     await signInAs(page, MEMBER, PASSWORD);
     await page.goto(`${BASE}/allocations`);
     await hydrated(page);
     const form = page.locator('[data-testid=request-form]');
     await form.locator('select[name=team_id]').selectOption(teamId);
-    const kind = 'H100-80GB:share:250';
+    const kind = `${shared.model}:share:250`;
     const option = form.locator(`select[name=kind] option[value="${kind}"]`);
     await eventually(async () => (await option.count()) === 1, { what: 'the share offered' });
-    assert.match(await option.innerText(), /25% share of H100-80GB.*fits now/);
+    assert.match(await option.innerText(), new RegExp(`25% share of ${shared.model}.*fits now`));
     await form.locator('select[name=kind]').selectOption(kind);
     await form.locator('button[type=submit]').click();
     await page.waitForURL(/\/allocations\/[0-9a-f-]{36}$/);
