@@ -190,8 +190,9 @@ fn overlaps(a_start: u8, a_size: u8, b_start: u8, b_size: u8) -> bool {
 
 impl SimNode {
     /// A node with one GPU per model name. Names are looked up in the domain
-    /// catalog (aliases such as `H100-SXM5-80GB` work); `nomig:<name>` gives
-    /// a GPU without MIG support.
+    /// catalog (aliases such as `H100-SXM5-80GB` work; the catalog's models without
+    /// MIG, such as `T4-16GB`, report no MIG mode); `nomig:<name>` gives a GPU without
+    /// MIG support that the catalog does not know.
     pub fn new<S: AsRef<str>>(models: &[S], seed: u64) -> Result<SimNode, SimError> {
         let catalog = Catalog::builtin();
         let mut gpus = Vec::new();
@@ -217,6 +218,22 @@ impl SimNode {
                     .get(m)
                     .ok_or_else(|| SimError::UnknownModel(m.to_owned()))?
                     .clone();
+                // A catalog model without MIG (T4, L4, A10): what the driver shows for one.
+                if !model.has_mig() {
+                    gpus.push(Gpu {
+                        index,
+                        uuid,
+                        name: format!("NVIDIA {}", model.name()),
+                        arch: Arch::HopperOrNewer,
+                        model: None,
+                        memory_mib: model.memory_mib(),
+                        current: MigMode::Disabled,
+                        pending: MigMode::Disabled,
+                        lost: false,
+                        gis: BTreeMap::new(),
+                    });
+                    continue;
+                }
                 let arch = if model.name().starts_with('A') {
                     Arch::Ampere
                 } else {

@@ -821,10 +821,14 @@ fn SetQuotaForm(team_id: String, action: ServerAction<SetQuota>) -> impl IntoVie
             [
                 (
                     name.clone(),
-                    format!(
-                        "{name}: MIG slices and whole GPUs ({} units per GPU)",
-                        m.compute_slices()
-                    ),
+                    if m.has_mig() {
+                        format!(
+                            "{name}: MIG slices and whole GPUs ({} units per GPU)",
+                            m.compute_slices()
+                        )
+                    } else {
+                        format!("{name}: whole GPUs (no MIG; 1 unit per GPU)")
+                    },
                 ),
                 (
                     shared,

@@ -243,8 +243,8 @@ fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
     v
 }
 
-/// A share's limits on its GPU: the milli-GPU, and as much of the GPU's memory (the
-/// model's full-GPU MIG profile, what workloads can use). `None` for other kinds, or when
+/// A share's limits on its GPU: the milli-GPU, and as much of the GPU's memory (what
+/// workloads can use: a MIG model's full-GPU profile, else the GPU's memory). `None` for other kinds, or when
 /// the GPU is not shared (any more): the node then refuses nothing and limits nothing.
 fn share_limits(
     kind: &str,
@@ -258,7 +258,7 @@ fn share_limits(
     let method = *shared.get(&gpu.gpu_uuid)?;
     let total = Catalog::builtin()
         .get(&model)
-        .and_then(|m| m.profiles().iter().map(|p| p.memory_mib).max())
+        .map(|m| m.memory_mib())
         .unwrap_or(0);
     Some(ShareLimits {
         method,

@@ -37,9 +37,10 @@ pub const MAX_PROFILES: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ProfileIdx(pub u8);
 
-/// A MIG-capable GPU model and its profile table. Valid by construction:
-/// every placement lies inside the GPU and has its profile's size, names and
-/// IDs are unique, and the memory fits a 32-bit slice mask.
+/// A GPU model and its MIG profile table (empty for a GPU without MIG, such as a T4: one
+/// slice, handed out whole or shared). Valid by construction: every placement lies inside
+/// the GPU and has its profile's size, names and IDs are unique, and the memory fits a
+/// 32-bit slice mask.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "GpuModelSpec", into = "GpuModelSpec")]
 pub struct GpuModel {
@@ -47,6 +48,9 @@ pub struct GpuModel {
     memory_slices: u8,
     compute_slices: u8,
     profiles: Vec<Profile>,
+    /// The whole GPU's memory when known apart from the profiles (GPUs without MIG);
+    /// 0: the largest profile's.
+    memory_mib: u64,
 }
 
 /// The unchecked wire form of a [`GpuModel`].
@@ -56,6 +60,12 @@ pub struct GpuModelSpec {
     pub memory_slices: u8,
     pub compute_slices: u8,
     pub profiles: Vec<Profile>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_mib: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,12 +87,14 @@ pub enum CatalogError {
 impl TryFrom<GpuModelSpec> for GpuModel {
     type Error = CatalogError;
     fn try_from(spec: GpuModelSpec) -> Result<Self, Self::Error> {
-        GpuModel::new(
+        let mut m = GpuModel::new(
             spec.name,
             spec.memory_slices,
             spec.compute_slices,
             spec.profiles,
-        )
+        )?;
+        m.memory_mib = spec.memory_mib;
+        Ok(m)
     }
 }
 
@@ -93,6 +105,7 @@ impl From<GpuModel> for GpuModelSpec {
             memory_slices: m.memory_slices,
             compute_slices: m.compute_slices,
             profiles: m.profiles,
+            memory_mib: m.memory_mib,
         }
     }
 }
@@ -162,11 +175,41 @@ impl GpuModel {
             memory_slices,
             compute_slices,
             profiles,
+            memory_mib: 0,
         })
+    }
+
+    /// A GPU without MIG (T4, L4, A10): one slice, handed out whole or shared.
+    pub fn without_mig(name: impl Into<String>, memory_mib: u64) -> Self {
+        GpuModel {
+            name: name.into(),
+            memory_slices: 1,
+            compute_slices: 1,
+            profiles: Vec::new(),
+            memory_mib,
+        }
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the model can be partitioned with MIG (it has a profile table).
+    pub fn has_mig(&self) -> bool {
+        !self.profiles.is_empty()
+    }
+
+    /// The whole GPU's memory: as given for a GPU without MIG, else its largest
+    /// profile's (what workloads can use).
+    pub fn memory_mib(&self) -> u64 {
+        if self.memory_mib > 0 {
+            return self.memory_mib;
+        }
+        self.profiles
+            .iter()
+            .map(|p| p.memory_mib)
+            .max()
+            .unwrap_or(0)
     }
     pub fn memory_slices(&self) -> u8 {
         self.memory_slices
@@ -236,7 +279,8 @@ impl Catalog {
     }
 
     /// A30-24GB, A100-SXM4-40GB, A100-80GB, H100-80GB, H100-94GB, H200-141GB
-    /// and B200-180GB, from `shared/reference/mig.md` §1.2.
+    /// and B200-180GB, from `shared/reference/mig.md` §1.2; and, without MIG (whole
+    /// or shared only), T4-16GB, L4-24GB and A10-24GB.
     pub fn builtin() -> Self {
         let mut c = Catalog::empty();
         for m in builtin_models() {
@@ -260,6 +304,10 @@ impl Catalog {
             ("H200-SXM5-141GB", "H200-141GB"),
             ("H200-NVL", "H200-141GB"),
             ("B200", "B200-180GB"),
+            ("T4", "T4-16GB"),
+            ("TESLA-T4", "T4-16GB"),
+            ("L4", "L4-24GB"),
+            ("A10", "A10-24GB"),
         ];
         for (alias, canonical) in aliases {
             c.aliases.insert(normalise(alias), (*canonical).to_owned());
@@ -362,6 +410,7 @@ fn seven_slice(name: &str, mem_names: [&str; 4], gib: [u64; 4]) -> GpuModel {
         memory_slices: 8,
         compute_slices: 7,
         profiles,
+        memory_mib: 0,
     }
 }
 
@@ -377,6 +426,7 @@ fn builtin_models() -> Vec<GpuModel> {
             profile(6, "2g.12gb+me", 2, 2, 1, &[0, 2], 1169),
             profile(0, "4g.24gb", 4, 4, 1, &[0], 2344),
         ],
+        memory_mib: 0,
     };
     // A100-40GB has "1g.5gb" and "1g.10gb" where the others have 1g.Ngb and
     // 1g.2Ngb; its 1-slice and 2-slice memory names differ from the pattern.
@@ -418,6 +468,11 @@ fn builtin_models() -> Vec<GpuModel> {
             ["23gb", "45gb", "90gb", "180gb"],
             [2050, 4425, 8850, 17700],
         ),
+        // Without MIG: whole GPUs and shares only. Memory as the driver reports it
+        // (`memory.total`, MiB) on common boards.
+        GpuModel::without_mig("T4-16GB", 15_360),
+        GpuModel::without_mig("L4-24GB", 23_034),
+        GpuModel::without_mig("A10-24GB", 23_028),
     ]
 }
 
@@ -429,14 +484,16 @@ mod tests {
     #[test]
     fn builtin_tables_are_valid_by_construction() {
         for m in Catalog::builtin().models() {
-            let again = GpuModel::new(
-                m.name(),
-                m.memory_slices(),
-                m.compute_slices(),
-                m.profiles().to_vec(),
-            );
+            let again = GpuModel::try_from(GpuModelSpec::from(m.clone()));
             assert_eq!(again.as_ref(), Ok(m), "{}", m.name());
+            assert!(m.memory_mib() > 0, "{}", m.name());
         }
+        let t4 = Catalog::builtin();
+        let t4 = t4.get("Tesla T4").expect("T4 by its driver name");
+        assert_eq!(
+            (t4.name(), t4.has_mig(), t4.memory_mib()),
+            ("T4-16GB", false, 15_360)
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ on_both_databases!(
     share_quota_counts_exact_milli_under_concurrency,
     four_quarter_shares_fill_a_shared_gpu_and_a_fifth_waits_with_a_reason,
     a_gpu_changes_mode_only_while_idle,
+    a_gpu_without_mig_is_shared_by_time_slicing,
 );
 
 /// The node's only GPU, once its agent reported it.
@@ -52,14 +53,25 @@ async fn set_sharing(a: &AdminClient, node: &str, gpu: &str, sharing: &str) -> (
     .await
 }
 
-/// The GPU's view once `pick` accepts it.
+/// The node's first GPU's view once `pick` accepts it.
 async fn wait_gpu(a: &AdminClient, node: &str, what: &str, pick: impl Fn(&Value) -> bool) -> Value {
+    wait_gpu_at(a, node, 0, what, pick).await
+}
+
+/// The node's GPU at `index` in its list, once `pick` accepts it.
+async fn wait_gpu_at(
+    a: &AdminClient,
+    node: &str,
+    index: usize,
+    what: &str,
+    pick: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (_, n) = a
             .call(Method::GET, &format!("/api/v1/nodes/{node}"), None)
             .await;
-        let gpu = n["gpus"][0].clone();
+        let gpu = n["gpus"][index].clone();
         if pick(&gpu) {
             return gpu;
         }
@@ -401,4 +413,95 @@ async fn a_share_is_billed_pro_rata() {
             && r.iter().any(|f| f.contains("25% share of H100-80GB"))),
         "{rows:?}"
     );
+}
+
+/// A T4 has no MIG: it is handed out whole or shared. Shared by time-slicing, two halves
+/// fill it; a job on one gets its fraction and no MPS variables.
+async fn a_gpu_without_mig_is_shared_by_time_slicing(db: Db) {
+    let a = AdminClient::new(db).await;
+    let name = format!("t4-{}", format!("{db:?}").to_lowercase());
+    let t = team(&a, &name).await;
+    set_quota(&a, &t.id, "T4-16GB:shared", 1000, 1000, 1000).await;
+    let (s, jt) = a
+        .call(
+            Method::POST,
+            "/api/v1/join-tokens",
+            Some(json!({"note": "t4"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{jt}");
+    let host = format!("{name}-node");
+    let agent = WorkloadAgent::start_with(
+        &a.app.base,
+        jt["secret"].as_str().expect("secret"),
+        &host,
+        &[],
+        &["--gpus".into(), "T4-16GB".into()],
+    );
+    // The test agent always has an H100; the T4 comes second.
+    let (node, _) = node_gpu(&a, &host).await;
+    let t4 = wait_gpu_at(&a, &node, 1, "the T4 never reported", |g| {
+        g["model"] == "T4-16GB"
+    })
+    .await;
+    assert!(t4["mig_enabled"].is_null(), "no MIG on a T4: {t4}");
+    let gpu = t4["uuid"].as_str().expect("uuid").to_owned();
+    // A MIG slice of a T4 does not exist.
+    let (s, v) = request(&a.app, &t.member, &t.id, "T4-16GB:1g.5gb").await;
+    assert_eq!(s, 422, "{v}");
+    let (s, v) = set_sharing(&a, &node, &gpu, "time_slice").await;
+    assert_eq!(s, 200, "{v}");
+    wait_gpu_at(&a, &node, 1, "the T4 never became ready", |g| {
+        g["sharing"]["ready"] == true
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (s, v) = request(&a.app, &t.member, &t.id, "T4-16GB:share:500").await;
+        assert_eq!(v["units"], 500, "{v}");
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_str().expect("id").to_owned());
+    }
+    for id in &ids {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while alloc_state(&a.app, &t.member, id).await["state"] != "active" {
+            assert!(Instant::now() < deadline, "the half never became active");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let (s, job) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": ids[0],
+            "command": "env | grep -E '^(CUDA_|TESSERA_GPU_)' | sort"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let job_id = job["id"].as_str().expect("id").to_owned();
+    wait_workload(&a.app, &t.member, &job_id, "succeeded", 120).await;
+    let (_, log) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
+        None,
+    )
+    .await;
+    let text = log["text"].as_str().unwrap_or("");
+    assert!(text.contains("TESSERA_GPU_SHARE_MILLI=500"), "{text}");
+    assert!(
+        text.contains("TESSERA_GPU_SHARE_METHOD=time_slice"),
+        "{text}"
+    );
+    assert!(
+        text.contains("TESSERA_GPU_MEMORY_MIB=7680"),
+        "half of 15360 MiB: {text}"
+    );
+    assert!(
+        !text.contains("CUDA_MPS_"),
+        "no MPS under time-slicing: {text}"
+    );
+    agent.stop().await;
 }
