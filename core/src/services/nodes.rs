@@ -621,19 +621,7 @@ impl Nodes {
         layout: Vec<DesiredInstance>,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
-        let row = self
-            .store
-            .node(node)
-            .await
-            .map_err(internal("loading node"))?
-            .filter(|r| r.revoked_at.is_none())
-            .ok_or(AppError::NotFound)?;
-        let inv = inventory(&row);
-        let gpu = inv
-            .gpus
-            .iter()
-            .find(|g| g.uuid == gpu_uuid)
-            .ok_or(AppError::NotFound)?;
+        let gpu = self.reported_gpu(node, gpu_uuid).await?;
         if mode == MigMode::Disabled && !layout.is_empty() {
             return Err(AppError::invalid(
                 "layout",
@@ -641,12 +629,9 @@ impl Nodes {
             ));
         }
         let shared = self
-            .store
-            .desired_for_node(node)
-            .await
-            .map_err(internal("loading desired state"))?
-            .into_iter()
-            .any(|d| d.gpu_uuid == gpu_uuid && d.sharing.is_some());
+            .desired_row(node, gpu_uuid)
+            .await?
+            .is_some_and(|d| d.sharing.is_some());
         if shared {
             return Err(AppError::Conflict {
                 message: "this GPU is shared: stop sharing it first".into(),
@@ -656,7 +641,7 @@ impl Nodes {
             if gpu.mig_mode.is_none() {
                 return Err(AppError::invalid("mode", "this GPU is not MIG-capable"));
             }
-            let model = self.model_of(gpu).ok_or_else(|| {
+            let model = self.model_of(&gpu).ok_or_else(|| {
                 AppError::invalid("layout", "no MIG profile table is known for this GPU model")
             })?;
             let instances: Vec<Instance> = layout
@@ -703,19 +688,7 @@ impl Nodes {
         sharing: Option<ShareMethod>,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
-        let row = self
-            .store
-            .node(node)
-            .await
-            .map_err(internal("loading node"))?
-            .filter(|r| r.revoked_at.is_none())
-            .ok_or(AppError::NotFound)?;
-        let inv = inventory(&row);
-        let gpu = inv
-            .gpus
-            .iter()
-            .find(|g| g.uuid == gpu_uuid)
-            .ok_or(AppError::NotFound)?;
+        let gpu = self.reported_gpu(node, gpu_uuid).await?;
         if sharing.is_some() && self.catalog.get(&gpu.name).is_none() {
             return Err(AppError::invalid(
                 "sharing",
@@ -725,13 +698,7 @@ impl Nodes {
                 ),
             ));
         }
-        let current = self
-            .store
-            .desired_for_node(node)
-            .await
-            .map_err(internal("loading desired state"))?
-            .into_iter()
-            .find(|d| d.gpu_uuid == gpu_uuid);
+        let current = self.desired_row(node, gpu_uuid).await?;
         let now_sharing = current
             .as_ref()
             .and_then(|d| d.sharing.as_deref())
@@ -759,6 +726,42 @@ impl Nodes {
         tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version,
             sharing = sharing.map_or("off", ShareMethod::as_str), "GPU sharing set");
         self.get(p, node).await
+    }
+
+    /// GPU `gpu_uuid` of node `node` (not revoked) as its agent last reported it.
+    async fn reported_gpu(
+        &self,
+        node: Uuid,
+        gpu_uuid: &str,
+    ) -> Result<tessera_domain::wire::GpuInfo, AppError> {
+        let row = self
+            .store
+            .node(node)
+            .await
+            .map_err(internal("loading node"))?
+            .filter(|r| r.revoked_at.is_none())
+            .ok_or(AppError::NotFound)?;
+        inventory(&row)
+            .gpus
+            .iter()
+            .find(|g| g.uuid == gpu_uuid)
+            .cloned()
+            .ok_or(AppError::NotFound)
+    }
+
+    /// The desired state an admin or the scheduler last set for one GPU, if any.
+    async fn desired_row(
+        &self,
+        node: Uuid,
+        gpu_uuid: &str,
+    ) -> Result<Option<DesiredRow>, AppError> {
+        Ok(self
+            .store
+            .desired_for_node(node)
+            .await
+            .map_err(internal("loading desired state"))?
+            .into_iter()
+            .find(|d| d.gpu_uuid == gpu_uuid))
     }
 
     fn model_of(

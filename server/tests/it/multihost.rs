@@ -285,6 +285,17 @@ where
     }
 }
 
+/// The workload `id` once its state is one of `states` (within `secs`).
+async fn settled(c: &reqwest::Client, token: &str, id: &str, states: &[&str], secs: u64) -> Value {
+    let path = format!("/api/v1/workloads/{id}");
+    wait_until(&format!("{id} never reached {states:?}"), secs, || async {
+        let (_, v) = call(c, token, Method::GET, &path, None).await;
+        let state = v["state"].as_str().unwrap_or("");
+        (states.contains(&state), v)
+    })
+    .await
+}
+
 async fn on_the_server_host(lab: &Lab) {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(dir.path());
@@ -493,21 +504,13 @@ async fn on_the_server_host(lab: &Lab) {
         .await;
         assert_eq!(s, 201, "{job}");
         let id = job["id"].as_str().expect("id").to_owned();
-        let done = wait_until("the job never finished", 120, || async {
-            let (_, v) = call(
-                &c,
-                &member,
-                Method::GET,
-                &format!("/api/v1/workloads/{id}"),
-                None,
-            )
-            .await;
-            let state = v["state"].as_str().unwrap_or("");
-            (
-                ["succeeded", "failed", "lost", "cancelled"].contains(&state),
-                v,
-            )
-        })
+        let done = settled(
+            &c,
+            &member,
+            &id,
+            &["succeeded", "failed", "lost", "cancelled"],
+            120,
+        )
         .await;
         let (_, log) = call(
             &c,
@@ -543,19 +546,7 @@ async fn on_the_server_host(lab: &Lab) {
     .await;
     assert_eq!(s, 201, "{nb}");
     let id = nb["id"].as_str().expect("id").to_owned();
-    let running = wait_until("the notebook never ran", 180, || async {
-        let (_, v) = call(
-            &c,
-            &member,
-            Method::GET,
-            &format!("/api/v1/workloads/{id}"),
-            None,
-        )
-        .await;
-        let state = v["state"].as_str().unwrap_or("");
-        (["running", "failed", "lost"].contains(&state), v)
-    })
-    .await;
+    let running = settled(&c, &member, &id, &["running", "failed", "lost"], 180).await;
     assert_eq!(running["state"], "running", "{running}");
     let base = "/user/researcher/lab/";
     let (s, contents) = call(

@@ -80,6 +80,32 @@ async fn wait_gpu_at(
     }
 }
 
+/// What a job on allocation `alloc` sees of its GPU: its `CUDA_*` and `TESSERA_GPU_*`
+/// environment, one `NAME=value` a line.
+async fn gpu_environment(app: &TestApp, token: &str, alloc: &str) -> String {
+    let (s, job) = call_with_token(
+        app,
+        token,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": alloc,
+            "command": "env | grep -E '^(CUDA_|TESSERA_GPU_)' | sort"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let job_id = job["id"].as_str().expect("id").to_owned();
+    wait_workload(app, token, &job_id, "succeeded", 120).await;
+    let (_, log) = call_with_token(
+        app,
+        token,
+        Method::GET,
+        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
+        None,
+    )
+    .await;
+    log["text"].as_str().unwrap_or("").to_owned()
+}
+
 async fn alloc_state(app: &TestApp, token: &str, id: &str) -> Value {
     let (_, v) = call_with_token(
         app,
@@ -226,27 +252,7 @@ async fn four_quarter_shares_fill_a_shared_gpu_and_a_fifth_waits_with_a_reason(d
     );
 
     // A job on a share runs as an MPS client with its limits, on its GPU only.
-    let (s, job) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": ids[0],
-            "command": "env | grep -E '^(CUDA_|TESSERA_GPU_)' | sort"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{job}");
-    let job_id = job["id"].as_str().expect("id").to_owned();
-    wait_workload(&a.app, &t.member, &job_id, "succeeded", 120).await;
-    let (_, log) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
-        None,
-    )
-    .await;
-    let text = log["text"].as_str().unwrap_or("");
+    let text = gpu_environment(&a.app, &t.member, &ids[0]).await;
     for expected in [
         format!("CUDA_VISIBLE_DEVICES={gpu}"),
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_owned(),
@@ -469,27 +475,7 @@ async fn a_gpu_without_mig_is_shared_by_time_slicing(db: Db) {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
-    let (s, job) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": ids[0],
-            "command": "env | grep -E '^(CUDA_|TESSERA_GPU_)' | sort"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{job}");
-    let job_id = job["id"].as_str().expect("id").to_owned();
-    wait_workload(&a.app, &t.member, &job_id, "succeeded", 120).await;
-    let (_, log) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
-        None,
-    )
-    .await;
-    let text = log["text"].as_str().unwrap_or("");
+    let text = gpu_environment(&a.app, &t.member, &ids[0]).await;
     assert!(text.contains("TESSERA_GPU_SHARE_MILLI=500"), "{text}");
     assert!(
         text.contains("TESSERA_GPU_SHARE_METHOD=time_slice"),
