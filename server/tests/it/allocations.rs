@@ -108,19 +108,23 @@ pub(crate) async fn request(app: &TestApp, token: &str, team: &str, kind: &str) 
     .await
 }
 
-async fn concurrent_requests_admit_exactly_the_quota(db: Db) {
-    let a = AdminClient::new(db).await;
-    let t = team(&a, "race").await;
-    const N: u32 = 5;
-    set_quota(&a, &t.id, "H100-80GB", N, N, N).await;
-    let url = a.app.url("/api/v1/allocations");
-    let calls = (0..50).map(|_| {
-        let (url, token, team) = (url.clone(), t.member.clone(), t.id.clone());
+/// `n` requests for one `kind` at once: each one's `(status, body)`.
+pub(crate) async fn race(
+    app: &TestApp,
+    token: &str,
+    team: &str,
+    kind: &str,
+    n: usize,
+) -> Vec<(u16, Value)> {
+    let url = app.url("/api/v1/allocations");
+    let calls = (0..n).map(|_| {
+        let (url, token) = (url.clone(), token.to_owned());
+        let body = json!({"team_id": team, "kind": kind});
         async move {
             let r = reqwest::Client::new()
                 .post(url)
                 .bearer_auth(token)
-                .json(&json!({"team_id": team, "kind": "H100-80GB:1g.10gb"}))
+                .json(&body)
                 .send()
                 .await
                 .expect("request");
@@ -128,7 +132,15 @@ async fn concurrent_requests_admit_exactly_the_quota(db: Db) {
             (s, r.json::<Value>().await.expect("json"))
         }
     });
-    let results = futures_join_all(calls).await;
+    futures_join_all(calls).await
+}
+
+async fn concurrent_requests_admit_exactly_the_quota(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "race").await;
+    const N: u32 = 5;
+    set_quota(&a, &t.id, "H100-80GB", N, N, N).await;
+    let results = race(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb", 50).await;
     let mut admitted = 0;
     let mut waiting = 0;
     for (s, v) in &results {

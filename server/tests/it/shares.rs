@@ -3,7 +3,7 @@
 //! placed on shared GPUs only, activated when the node runs the GPU shared, and billed
 //! pro rata. Real simulated agents (`tessera-agent --simulate`).
 
-use crate::allocations::{request, set_quota, team};
+use crate::allocations::{race, request, set_quota, team};
 use crate::billing::{chargeback, history, member_id, next_hour, services, set_rate};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
@@ -131,25 +131,14 @@ async fn share_quota_counts_exact_milli_under_concurrency(db: Db) {
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let url = a.app.url("/api/v1/allocations");
-    let calls = (0..50).map(|_| {
-        let (url, token, team) = (url.clone(), t.member.clone(), t.id.clone());
-        async move {
-            let r = reqwest::Client::new()
-                .post(url)
-                .bearer_auth(token)
-                .json(&json!({"team_id": team, "kind": "H100-80GB:share:100"}))
-                .send()
-                .await
-                .expect("request");
-            assert_eq!(r.status(), 201);
-            r.json::<Value>().await.expect("json")["state"]
-                .as_str()
-                .expect("state")
-                .to_owned()
-        }
-    });
-    let states = futures_util::future::join_all(calls).await;
+    let states: Vec<String> = race(&a.app, &t.member, &t.id, "H100-80GB:share:100", 50)
+        .await
+        .into_iter()
+        .map(|(s, v)| {
+            assert_eq!(s, 201, "{v}");
+            v["state"].as_str().expect("state").to_owned()
+        })
+        .collect();
     let admitted = states.iter().filter(|s| *s == "queued").count();
     let over = states.iter().filter(|s| *s == "pending_approval").count();
     assert_eq!((admitted, over), (10, 40), "{states:?}");
