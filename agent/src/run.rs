@@ -85,9 +85,8 @@ impl<L: ServerLink> Agent<L> {
     }
 
     /// Runs the server's workloads with `executor`.
-    pub fn with_workloads(mut self, mut executor: LocalExecutor) -> Self {
-        executor.set_shares(self.shares.board().clone());
-        self.workloads = Some(executor);
+    pub fn with_workloads(mut self, executor: LocalExecutor) -> Self {
+        self.workloads = Some(executor.with_shares(self.shares.board().clone()));
         self
     }
 
@@ -95,9 +94,8 @@ impl<L: ServerLink> Agent<L> {
     /// with MPS. Without it such GPUs are reported not ready.
     pub fn with_mps(mut self, control: Arc<dyn MpsControl>) -> Self {
         self.shares = ShareSupervisor::new(ShareBoard::new(Some(control)));
-        if let Some(executor) = self.workloads.as_mut() {
-            executor.set_shares(self.shares.board().clone());
-        }
+        let board = self.shares.board().clone();
+        self.workloads = self.workloads.take().map(|e| e.with_shares(board));
         self
     }
 

@@ -253,10 +253,6 @@ impl LocalExecutor {
         self
     }
 
-    pub fn set_shares(&mut self, shares: ShareBoard) {
-        self.shares = shares;
-    }
-
     /// The GPUs that workloads still running use (whole GPUs, and the GPU of a share).
     pub fn gpus_in_use(&self) -> std::collections::BTreeSet<String> {
         self.workloads

@@ -381,13 +381,7 @@ pub async fn set_gpu_sharing(
     let echo = [("sharing", sharing.clone())];
     ssr::call(echo, async |s, p| {
         let node = id(&node_id)?;
-        let method = match sharing.as_str() {
-            "off" => None,
-            other => Some(
-                tessera_domain::wire::ShareMethod::parse(other)
-                    .ok_or_else(|| AppError::invalid("sharing", "one of mps, time_slice or off"))?,
-            ),
-        };
+        let method = tessera_domain::cluster::parse_sharing(&sharing)?;
         s.nodes.set_gpu_sharing(p, node, &gpu_uuid, method).await
     })
     .await

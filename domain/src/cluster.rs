@@ -3,8 +3,9 @@
 //! Built from the agents' [`Inventory`](crate::wire::Inventory) reports; `now` is a
 //! parameter so "online" is decided by the caller's clock.
 
+use crate::error::AppError;
 use crate::mig::Catalog;
-use crate::wire::{GpuInfo, Inventory, MigMode};
+use crate::wire::{GpuInfo, Inventory, MigMode, ShareMethod};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -75,6 +76,16 @@ pub struct SharingView {
     pub used_milli: u32,
     /// Each share on it, oldest first.
     pub tenants: Vec<ShareTenantView>,
+}
+
+/// An admin's sharing setting for a GPU: `mps`, `time_slice`, or `off` (not shared).
+pub fn parse_sharing(raw: &str) -> Result<Option<ShareMethod>, AppError> {
+    match raw.trim() {
+        "off" => Ok(None),
+        other => ShareMethod::parse(other)
+            .map(Some)
+            .ok_or_else(|| AppError::invalid("sharing", "one of mps, time_slice or off")),
+    }
 }
 
 /// One share of a shared GPU. Only platform admins see whose it is.
@@ -367,5 +378,19 @@ mod tests {
         assert!(is_online(Some(now - Duration::seconds(10)), now));
         assert!(!is_online(Some(now - Duration::seconds(91)), now));
         assert!(!is_online(None, now));
+    }
+
+    #[test]
+    fn sharing_settings_parse_or_name_the_field() {
+        assert_eq!(parse_sharing("off"), Ok(None));
+        assert_eq!(parse_sharing(" mps "), Ok(Some(ShareMethod::Mps)));
+        assert_eq!(
+            parse_sharing("time_slice"),
+            Ok(Some(ShareMethod::TimeSlice))
+        );
+        assert!(matches!(
+            parse_sharing("fractional"),
+            Err(AppError::Invalid { field, .. }) if field == "sharing"
+        ));
     }
 }

@@ -92,6 +92,12 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
         Some(_) => format!("https://{host}"),
         None => format!("http://{host}"),
     };
+    // An inherited TESSERA_AGENT_CA_FILE wins over the server's own certificate file.
+    let ca_file = state
+        .config
+        .tls_cert
+        .as_ref()
+        .filter(|_| std::env::var_os("TESSERA_AGENT_CA_FILE").is_none());
     let admin = system_principal(state).await?;
     let mut children = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
@@ -110,14 +116,6 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
             .arg("--hostname")
             .arg(&spec.name)
             .arg("--manage-mig")
-            .args(
-                state
-                    .config
-                    .tls_cert
-                    .iter()
-                    .filter(|_| std::env::var_os("TESSERA_AGENT_CA_FILE").is_none())
-                    .flat_map(|c| [std::ffi::OsStr::new("--ca-file"), c.as_os_str()]),
-            )
             .arg("--exit-with-pid")
             .arg(std::process::id().to_string())
             .args([
@@ -133,6 +131,9 @@ pub async fn start(state: &AppState, addr: SocketAddr) -> anyhow::Result<Vec<Chi
             .arg("--stop-workloads-on-exit")
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
+        if let Some(cert) = ca_file {
+            cmd.arg("--ca-file").arg(cert);
+        }
         let cred_file = dir.join("credential.json");
         let registered = known_credential(state, &cred_file, &server).await;
         if !registered {

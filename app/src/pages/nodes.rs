@@ -529,23 +529,21 @@ fn SharedGpu(sharing: SharingView) -> impl IntoView {
     .into_any()
 }
 
+/// Whether GPU `uuid`'s form was the last one submitted on the page (the page has one
+/// action of each kind for all its GPUs).
+fn submitted_here(target: RwSignal<Option<String>>, uuid: &str) -> Memo<bool> {
+    let uuid = uuid.to_owned();
+    Memo::new(move |_| target.read().as_deref() == Some(uuid.as_str()))
+}
+
 /// The admin's switch between a partitioned-or-whole GPU and a shared one.
 #[component]
 fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoView {
     let action = actions.sharing;
     let target = actions.layout_target;
     let uuid = gpu.uuid.clone();
-    let mine = {
-        let uuid = uuid.clone();
-        Memo::new(move |_| target.read().as_deref() == Some(uuid.as_str()))
-    };
-    let value = move || {
-        if mine.get() {
-            action.value().get()
-        } else {
-            None
-        }
-    };
+    let mine = submitted_here(target, &uuid);
+    let value = move || mine.get().then(|| action.value().get()).flatten();
     let current = gpu
         .sharing
         .as_ref()
@@ -958,17 +956,8 @@ fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoV
     let action = actions.layout;
     let target = actions.layout_target;
     let uuid = gpu.uuid.clone();
-    let mine = {
-        let uuid = uuid.clone();
-        Memo::new(move |_| target.read().as_deref() == Some(uuid.as_str()))
-    };
-    let value = move || {
-        if mine.get() {
-            action.value().get()
-        } else {
-            None
-        }
-    };
+    let mine = submitted_here(target, &uuid);
+    let value = move || mine.get().then(|| action.value().get()).flatten();
     let saved = move || mine.get() && !action.pending().get() && matches!(value(), Some(Ok(_)));
     let last = untrack(value).map(|r| r.map(|_| ()));
     let (open, layout, enabled) = layout_form_start(&gpu, last);

@@ -10,8 +10,8 @@ use super::authz::{self, Need};
 use super::internal;
 use super::tenancy::paged;
 use crate::store::{
-    AllocationListRow, AllocationRow, AuditRow, Change, Inserted, NodeRow, QuotaRow, Store,
-    Transition as StoreTransition,
+    AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Inserted, NodeRow,
+    QuotaRow, Store, Transition as StoreTransition,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -296,6 +296,11 @@ impl Allocations {
         .await;
         self.wake.notify_one();
         self.get(p, row.id).await
+    }
+
+    /// The GPU models this cluster plans and prices for.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     /// Checks that one `kind` for `minutes` could be requested by `team` (the catalog and the
@@ -957,22 +962,15 @@ impl Allocations {
         PendingContext { now, ..snap }
     }
 
-    /// Recomputes queue positions, capacity and known end times (end of each pass).
-    /// The GPUs admins shared, by UUID, with how.
-    async fn shared_gpus(&self) -> Result<HashMap<String, ShareMethod>, AppError> {
-        Ok(self
-            .store
+    /// Every GPU's desired state with its apply status (one query, all nodes).
+    async fn desired_states(&self) -> Result<Vec<DesiredWithStatus>, AppError> {
+        self.store
             .desired_with_status(None)
             .await
-            .map_err(internal("loading desired state"))?
-            .into_iter()
-            .filter_map(|d| {
-                let method = ShareMethod::parse(d.desired.sharing.as_deref()?)?;
-                Some((d.desired.gpu_uuid, method))
-            })
-            .collect())
+            .map_err(internal("loading desired state"))
     }
 
+    /// Recomputes queue positions, capacity and known end times (end of each pass).
     async fn refresh_snapshot(&self, now: DateTime<Utc>) -> Result<(), AppError> {
         let ctx = self.build_pending_context(now).await?;
         if let Ok(mut s) = self.snapshot.write() {
@@ -1025,7 +1023,7 @@ impl Allocations {
             .flat_map(devices)
             .map(|d| (d.gpu_uuid, d.start))
             .collect();
-        let shared = self.shared_gpus().await?;
+        let shared = shared_gpus(&self.desired_states().await?);
         let (capacity, free_now) = self
             .capacity(now, &busy, &shared, &share_usage(&holding))
             .await?;
@@ -1538,7 +1536,8 @@ impl Allocations {
 
         // Activation: placed devices the agents now report (a share: its GPU shared the
         // way an admin asked, and ready).
-        let shared = self.shared_gpus().await?;
+        let desired = self.desired_states().await?;
+        let shared = shared_gpus(&desired);
         for a in self
             .store
             .allocations_in(&["placing"])
@@ -1598,7 +1597,7 @@ impl Allocations {
             .await
             .map_err(internal("loading allocations"))?;
         let input = self
-            .planner_input(&nodes, &inventories, &held, &shared, now)
+            .planner_input(&nodes, &inventories, &held, &desired, &shared, now)
             .await?;
         let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
         let order = alloc::order_queue(&entries, &self.fair_shares(now).await?);
@@ -1888,6 +1887,7 @@ impl Allocations {
         nodes: &[NodeRow],
         inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
         held: &[AllocationRow],
+        desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
         now: DateTime<Utc>,
     ) -> Result<PlannerInput, AppError> {
@@ -1903,19 +1903,15 @@ impl Allocations {
         input.cluster.fixed_sharing = true;
         // A GPU whose desired layout is not applied yet is left out: its instances are
         // about to change.
-        let applying: BTreeSet<(Uuid, String)> = self
-            .store
-            .desired_with_status(None)
-            .await
-            .map_err(internal("loading desired state"))?
-            .into_iter()
+        let applying: BTreeSet<(Uuid, &str)> = desired
+            .iter()
             .filter(|d| {
                 !d.status
                     .as_deref()
                     .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok())
                     .is_some_and(|st| st.state == ApplyState::Success)
             })
-            .map(|d| (d.desired.node_id, d.desired.gpu_uuid))
+            .map(|d| (d.desired.node_id, d.desired.gpu_uuid.as_str()))
             .collect();
         for n in nodes
             .iter()
@@ -1929,7 +1925,7 @@ impl Allocations {
                 let Some(model) = self.catalog.get(&g.name) else {
                     continue;
                 };
-                if applying.contains(&(n.id, g.uuid.clone())) {
+                if applying.contains(&(n.id, g.uuid.as_str())) {
                     continue;
                 }
                 input.gpu_uuid.insert((n.id, g.index), g.uuid.clone());
@@ -2018,6 +2014,17 @@ struct PendingContext {
     held_units: HashMap<String, u32>,
     capacity: HashMap<String, u32>,
     free_now: BTreeMap<String, u32>,
+}
+
+/// The GPUs admins shared, by UUID, with how.
+fn shared_gpus(desired: &[DesiredWithStatus]) -> HashMap<String, ShareMethod> {
+    desired
+        .iter()
+        .filter_map(|d| {
+            let method = ShareMethod::parse(d.desired.sharing.as_deref()?)?;
+            Some((d.desired.gpu_uuid.clone(), method))
+        })
+        .collect()
 }
 
 /// Milli-GPU held by shares per GPU UUID, among `held`.

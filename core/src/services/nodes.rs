@@ -278,7 +278,7 @@ impl Nodes {
         let now = Utc::now();
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let desired = self.desired_of(&ids).await?;
-        let shares = self.held_shares().await?;
+        let shares = self.held_shares(&desired).await?;
         let views = rows
             .iter()
             .map(|r| self.view_with(r, &desired, &shares, p.is_admin, now))
@@ -438,11 +438,18 @@ impl Nodes {
         now: DateTime<Utc>,
     ) -> Result<NodeView, AppError> {
         let desired = self.desired_of(&[r.id]).await?;
-        let shares = self.held_shares().await?;
+        let shares = self.held_shares(&desired).await?;
         Ok(self.view_with(r, &desired, &shares, admin, now))
     }
 
-    async fn held_shares(&self) -> Result<Vec<HeldShareRow>, AppError> {
+    /// The shares held on shared GPUs; nothing to load while no GPU in `desired` is shared.
+    async fn held_shares(
+        &self,
+        desired: &[DesiredWithStatus],
+    ) -> Result<Vec<HeldShareRow>, AppError> {
+        if desired.iter().all(|d| d.desired.sharing.is_none()) {
+            return Ok(Vec::new());
+        }
         self.store
             .held_shares()
             .await

@@ -243,23 +243,26 @@ fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
     v
 }
 
+/// Whether an allocation of `kind` is a share of a shared GPU.
+fn is_share(kind: &str) -> bool {
+    matches!(kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }))
+}
+
 /// A share's limits on its GPU: the milli-GPU, and as much of the GPU's memory (what
-/// workloads can use: a MIG model's full-GPU profile, else the GPU's memory). `None` for other kinds, or when
-/// the GPU is not shared (any more): the node then refuses nothing and limits nothing.
+/// workloads can use: a MIG model's full-GPU profile, else the GPU's memory). `None` for
+/// other kinds, or when the GPU is not shared (any more): the node then limits nothing.
 fn share_limits(
     kind: &str,
     devices: &[AllocatedDevice],
     shared: &HashMap<String, ShareMethod>,
+    catalog: &Catalog,
 ) -> Option<ShareLimits> {
     let GpuKind::Share { model, milli } = kind.parse::<GpuKind>().ok()? else {
         return None;
     };
     let gpu = devices.first()?;
     let method = *shared.get(&gpu.gpu_uuid)?;
-    let total = Catalog::builtin()
-        .get(&model)
-        .map(|m| m.memory_mib())
-        .unwrap_or(0);
+    let total = catalog.get(&model).map_or(0, |m| m.memory_mib());
     Some(ShareLimits {
         method,
         gpu_uuid: gpu.gpu_uuid.clone(),
@@ -327,7 +330,7 @@ fn device_uuid(d: &AllocatedDevice) -> String {
 fn profile_view(r: ProfileRow) -> NotebookProfile {
     let kind_label = r
         .kind
-        .parse::<tessera_domain::alloc::GpuKind>()
+        .parse::<GpuKind>()
         .map_or_else(|_| r.kind.clone(), |k| k.label());
     NotebookProfile {
         id: r.id,
@@ -1502,18 +1505,17 @@ impl Workloads {
             self.node_rows(node.id, now).await?
         };
         // Shares carry their limits: how the GPU is shared comes from its desired state.
-        let shared: HashMap<String, ShareMethod> =
-            if rows.iter().any(|r| r.alloc_kind.contains(":share:")) {
-                self.store
-                    .desired_for_node(node.id)
-                    .await
-                    .map_err(internal("loading desired state"))?
-                    .into_iter()
-                    .filter_map(|d| Some((d.gpu_uuid, ShareMethod::parse(d.sharing.as_deref()?)?)))
-                    .collect()
-            } else {
-                HashMap::new()
-            };
+        let shared: HashMap<String, ShareMethod> = if rows.iter().any(|r| is_share(&r.alloc_kind)) {
+            self.store
+                .desired_for_node(node.id)
+                .await
+                .map_err(internal("loading desired state"))?
+                .into_iter()
+                .filter_map(|d| Some((d.gpu_uuid, ShareMethod::parse(d.sharing.as_deref()?)?)))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let workloads = rows.iter().map(|r| self.spec(r, &shared)).collect();
         Ok(WorkloadSync {
             workloads,
@@ -1552,27 +1554,29 @@ impl Workloads {
                 .collect(),
             WorkloadKind::Job => vec!["/bin/sh".into(), "-c".into(), w.command.clone()],
         };
+        let devices = devices_of(w);
+        let share = is_share(&r.alloc_kind);
         WorkloadSpec {
             id: run_id(w),
             kind,
             run,
             argv,
             env: serde_json::from_str(&w.env).unwrap_or_default(),
-            devices: devices_of(w).iter().map(device_uuid).collect(),
+            devices: devices.iter().map(device_uuid).collect(),
             workspace: w.team_id.to_string(),
             workdir: w.workdir.clone(),
             token: w.token.clone(),
             base_path: (kind == WorkloadKind::Notebook).then_some(base),
             allocation_id: w.allocation_id.to_string(),
-            resources: if r.alloc_kind.contains(":share:") {
+            resources: if share {
                 vec![wl::SHARED_GPU_RESOURCE.to_owned()]
             } else {
-                devices_of(w)
+                devices
                     .iter()
                     .map(|d| wl::device_resource(d.profile.as_deref()))
                     .collect()
             },
-            share: share_limits(&r.alloc_kind, &devices_of(w), shared),
+            share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
         }
     }
 

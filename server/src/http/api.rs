@@ -495,13 +495,7 @@ async fn set_gpu_sharing(
     Path((node, gpu)): Path<(Uuid, String)>,
     JsonBody(b): JsonBody<SharingBody>,
 ) -> ApiResult<NodeView> {
-    let sharing = match b.sharing.trim() {
-        "off" => None,
-        other => Some(
-            tessera_domain::wire::ShareMethod::parse(other)
-                .ok_or_else(|| AppError::invalid("sharing", "one of mps, time_slice or off"))?,
-        ),
-    };
+    let sharing = tessera_domain::cluster::parse_sharing(&b.sharing)?;
     ok(s.nodes.set_gpu_sharing(&p, node, &gpu, sharing).await)
 }
 

@@ -133,12 +133,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         cmd.contains(&"--ServerApp.base_url=/user/kube-member/lab/"),
         "{cmd:?}"
     );
-    let env = c["env"].as_array().expect("env");
-    let var = |n: &str| {
-        env.iter()
-            .find(|e| e["name"] == n)
-            .map(|e| e["value"].clone())
-    };
+    let var = |n: &str| env_var(c, n);
     assert_eq!(var("EPOCHS"), Some(json!("3")));
     assert_eq!(var("TESSERA_WORKSPACE"), Some(json!("/workspace")));
     assert!(var("JUPYTER_TOKEN").is_some_and(|t| t.as_str().is_some_and(|t| t.len() >= 32)));
@@ -359,12 +354,7 @@ async fn a_share_asks_the_device_plugin_for_a_shared_gpu(db: Db) {
         json!({"nvidia.com/gpu.shared": "1"}),
         "{c}"
     );
-    let env = c["env"].as_array().expect("env");
-    let var = |n: &str| {
-        env.iter()
-            .find(|e| e["name"] == n)
-            .map(|e| e["value"].clone())
-    };
+    let var = |n: &str| env_var(c, n);
     assert_eq!(var("TESSERA_GPU_SHARE_MILLI"), Some(json!("250")));
     assert_eq!(var("TESSERA_GPU_SHARE_METHOD"), Some(json!("time_slice")));
     let ns = format!("tessera-team-{}", t.id);
@@ -376,6 +366,16 @@ async fn a_share_asks_the_device_plugin_for_a_shared_gpu(db: Db) {
         "{quota}"
     );
     assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "0");
+}
+
+/// The value of the container `c`'s environment variable `name`.
+fn env_var(c: &Value, name: &str) -> Option<Value> {
+    c["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].clone())
 }
 
 /// The simulated node's GPU, once reported: `(node id, GPU UUID)`.
