@@ -764,28 +764,21 @@ pub async fn estimate_cost(
     priority: String,
 ) -> Result<String, UiError> {
     ssr::call([], async |s, p| {
-        let _ = p;
-        let Ok(kind) = kind.parse::<tessera_domain::alloc::GpuKind>() else {
+        // A kind still being typed has no estimate yet rather than an error.
+        let Ok(kind) = kind.parse() else {
             return Ok(String::new());
         };
-        let count = number(&count, "count").unwrap_or(1).max(1);
-        let hours = number(&duration_hours, "duration_hours").unwrap_or(0);
-        let minor = s
-            .billing
-            .estimate(
-                &kind,
-                count,
-                hours.saturating_mul(60),
-                priority == "preemptible",
-                chrono::Utc::now(),
-            )
-            .await?;
-        let c = s.billing.currency();
-        Ok(if minor == 0 {
-            String::new()
-        } else {
-            format!("{} {c}", tessera_domain::billing::format_minor(minor, c))
-        })
+        let query = tessera_domain::billing::EstimateQuery {
+            kind,
+            count: number(&count, "count").unwrap_or(1).max(1),
+            duration_hours: number(&duration_hours, "duration_hours").unwrap_or(0),
+            priority: priority.parse().unwrap_or_default(),
+        };
+        match s.billing.quote(p, &query, chrono::Utc::now()).await {
+            Ok(e) => Ok(e.text),
+            Err(AppError::Invalid { .. }) => Ok(String::new()),
+            Err(e) => Err(e),
+        }
     })
     .await
 }

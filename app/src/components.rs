@@ -655,13 +655,59 @@ mod tests {
     }
 }
 
-/// A paged list as a table: loading state, empty state, errors, rows and the pager. Every
-/// list page shows its data through this, so they all behave the same.
+/// How a list's table looks: its CSS class, test id and column headings.
+#[derive(Debug, Clone)]
+pub struct Columns {
+    class: &'static str,
+    testid: &'static str,
+    headers: Vec<&'static str>,
+}
+
+impl Columns {
+    pub fn new(testid: &'static str, headers: &[&'static str]) -> Self {
+        Columns {
+            class: "list",
+            testid,
+            headers: headers.to_vec(),
+        }
+    }
+
+    /// The table's class instead of `list` (e.g. `list audit`, for its column widths).
+    pub fn class(self, class: &'static str) -> Self {
+        Columns { class, ..self }
+    }
+}
+
+/// Page links for the list at `path` (`path?offset=N`).
+pub fn at(path: impl Into<String>) -> impl Fn(u32) -> String + Send + Sync + Clone + 'static {
+    let path = path.into();
+    move |offset| format!("{path}?offset={offset}")
+}
+
+/// The table of a list: headings and rows.
+pub fn list_table<R: IntoView>(columns: &Columns, rows: R) -> impl IntoView + use<R> {
+    let heads = columns
+        .headers
+        .iter()
+        .map(|h| view! { <th>{*h}</th> })
+        .collect_view();
+    view! {
+        <table class=columns.class data-testid=columns.testid>
+            <thead>
+                <tr>{heads}</tr>
+            </thead>
+            <tbody>{rows}</tbody>
+        </table>
+    }
+}
+
+/// A paged list as a table: loading state, empty state, errors, rows and the pager, whose
+/// links `href(offset)` makes (keeping the page's filter). Every paged list shows its data
+/// through this, so they all behave the same.
 pub fn paged_table<T, V>(
     list: Resource<Result<Page<T>, UiError>>,
-    path: &'static str,
-    testid: &'static str,
-    headers: &'static [&'static str],
+    href: impl Fn(u32) -> String + Send + Sync + Clone + 'static,
+    columns: Columns,
     empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
     row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
 ) -> impl IntoView
@@ -672,27 +718,48 @@ where
     view! {
         <Transition fallback=Loading>
             {move || {
-                let (empty, row) = (empty.clone(), row.clone());
+                let (href, columns, empty, row) =
+                    (href.clone(), columns.clone(), empty.clone(), row.clone());
                 Suspend::new(async move {
                     match list.await {
                         Ok(page) if page.total == 0 => view! { <Empty>{empty()}</Empty> }.into_any(),
                         Ok(page) => {
-                            let pager = pager(&page, path);
+                            let pager = pager_with(&page, &href);
                             let rows = page.items.into_iter().map(row).collect_view();
-                            let heads = headers
-                                .iter()
-                                .map(|h| view! { <th>{*h}</th> })
-                                .collect_view();
                             view! {
-                                <table class="list" data-testid=testid>
-                                    <thead>
-                                        <tr>{heads}</tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
+                                {list_table(&columns, rows)}
                                 {pager}
                             }
                                 .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })
+            }}
+        </Transition>
+    }
+}
+
+/// The unpaged twin of [`paged_table`], for short lists loaded whole.
+pub fn unpaged_table<T, V>(
+    list: Resource<Result<Vec<T>, UiError>>,
+    columns: Columns,
+    empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
+    row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
+) -> impl IntoView
+where
+    T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
+    V: IntoView + 'static,
+{
+    view! {
+        <Transition fallback=Loading>
+            {move || {
+                let (columns, empty, row) = (columns.clone(), empty.clone(), row.clone());
+                Suspend::new(async move {
+                    match list.await {
+                        Ok(items) if items.is_empty() => view! { <Empty>{empty()}</Empty> }.into_any(),
+                        Ok(items) => {
+                            list_table(&columns, items.into_iter().map(row).collect_view()).into_any()
                         }
                         Err(e) => view! { <Problem error=e.error /> }.into_any(),
                     }

@@ -50,6 +50,7 @@ fn single_gpu_search(c: &mut Criterion) {
         }],
         models: Vec::new(),
         fixed_sharing: false,
+        demand: Vec::new(),
     };
     let engine = Engine::new(&cluster, &catalog).expect("valid");
     let asks: Vec<Request> = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]

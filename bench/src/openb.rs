@@ -102,6 +102,38 @@ pub fn load(nodes: &Path, pods: &Path) -> Result<Trace, String> {
 }
 
 impl Trace {
+    /// The variant a Tessera server can run as it stands: GPUs only (the server does not
+    /// track CPU or memory), one model (`model`; the trace's models are not in the
+    /// catalog and its pods name none), and only the pods that fit one GPU, each a share
+    /// of `gpu_milli` (a whole single-GPU pod is a 1000-milli share). CPU-only and
+    /// multi-GPU pods are left out (1,088 and 75 of the default trace's 8,152).
+    pub fn single_gpu_variant(&self, model: &str) -> Trace {
+        Trace {
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| SimNode {
+                    cpu: 1 << 40,
+                    mem: 1 << 40,
+                    model: 0,
+                    ..n.clone()
+                })
+                .collect(),
+            pods: self
+                .pods
+                .iter()
+                .filter(|p| p.num_gpu == 1)
+                .map(|p| Pod {
+                    cpu: 0,
+                    mem: 0,
+                    models: u64::MAX,
+                    ..p.clone()
+                })
+                .collect(),
+            model_names: vec![model.to_owned()],
+        }
+    }
+
     pub fn total_gpu_milli(&self) -> u64 {
         self.nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum()
     }
@@ -135,12 +167,68 @@ impl Trace {
     }
 }
 
-/// Runs one seed; returns the curve: allocation % at arrived 0..=130 %.
-pub fn run(trace: &Trace, policy: &Policy, seed: u64) -> Vec<f64> {
+/// One seed's arrivals and node order (steps 3–5 of the protocol): the pods in
+/// arrival order, and the order in which nodes are tried (ties go to the earlier).
+pub fn seeded(trace: &Trace, seed: u64) -> (Vec<Pod>, Vec<usize>) {
     let mut rng = Rng::new(seed);
     let pods = trace.arrivals(&mut rng);
     let mut order: Vec<usize> = (0..trace.nodes.len()).collect();
     rng.shuffle(&mut order);
+    (pods, order)
+}
+
+/// The allocation curve of one run: allocation % averaged per rounded arrived %.
+pub struct Curve {
+    total: f64,
+    arrived: u64,
+    used: u64,
+    sums: Vec<(f64, u32)>,
+}
+
+impl Curve {
+    pub fn new(trace: &Trace) -> Self {
+        Curve {
+            total: trace.total_gpu_milli() as f64,
+            arrived: 0,
+            used: 0,
+            sums: vec![(0.0, 0); 140],
+        }
+    }
+
+    /// Records that `pod` arrived and `placed` milli-GPU of it were allocated.
+    pub fn record(&mut self, pod: &Pod, placed: u64) {
+        self.used += placed;
+        self.arrived += pod.gpu_milli();
+        let arrive = (self.arrived as f64 / self.total * 100.0).round() as usize;
+        let alloc = (self.used as f64 / self.total * 100.0 * 100.0).round() / 100.0;
+        if arrive < self.sums.len() {
+            self.sums[arrive].0 += alloc;
+            self.sums[arrive].1 += 1;
+        }
+    }
+
+    /// Allocation % at arrived 0..=130 %.
+    pub fn finish(&self) -> Vec<f64> {
+        let sums = &self.sums;
+        (0..=130)
+            .map(|x| {
+                if sums[x].1 > 0 {
+                    sums[x].0 / f64::from(sums[x].1)
+                } else {
+                    let lo = x.saturating_sub(1);
+                    let (s, c) = sums[lo..=x + 1]
+                        .iter()
+                        .fold((0.0, 0), |(s, c), v| (s + v.0, c + v.1));
+                    if c > 0 { s / f64::from(c) } else { f64::NAN }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Runs one seed; returns the curve: allocation % at arrived 0..=130 %.
+pub fn run(trace: &Trace, policy: &Policy, seed: u64) -> Vec<f64> {
+    let (pods, order) = seeded(trace, seed);
     let mut cpu: Vec<u64> = trace.nodes.iter().map(|n| n.cpu).collect();
     let mut mem: Vec<u64> = trace.nodes.iter().map(|n| n.mem).collect();
     let mut free: Vec<Vec<u32>> = trace
@@ -148,9 +236,7 @@ pub fn run(trace: &Trace, policy: &Policy, seed: u64) -> Vec<f64> {
         .iter()
         .map(|n| vec![1000; n.gpus as usize])
         .collect();
-    let total = trace.total_gpu_milli() as f64;
-    let (mut arrived, mut used) = (0u64, 0u64);
-    let mut sums = vec![(0.0f64, 0u32); 140];
+    let mut curve = Curve::new(trace);
     for pod in &pods {
         let ask = pod.ask();
         let mut best: Option<(i64, usize, Vec<usize>)> = None;
@@ -171,35 +257,18 @@ pub fn run(trace: &Trace, policy: &Policy, seed: u64) -> Vec<f64> {
                 best = Some((c.score, n, c.gpus));
             }
         }
+        let mut placed = 0;
         if let Some((_, n, gpus)) = best {
             cpu[n] -= ask.cpu;
             mem[n] -= ask.mem;
             for g in gpus {
                 free[n][g] -= ask.milli;
-                used += u64::from(ask.milli);
+                placed += u64::from(ask.milli);
             }
         }
-        arrived += pod.gpu_milli();
-        let arrive = (arrived as f64 / total * 100.0).round() as usize;
-        let alloc = (used as f64 / total * 100.0 * 100.0).round() / 100.0;
-        if arrive < sums.len() {
-            sums[arrive].0 += alloc;
-            sums[arrive].1 += 1;
-        }
+        curve.record(pod, placed);
     }
-    (0..=130)
-        .map(|x| {
-            if sums[x].1 > 0 {
-                sums[x].0 / f64::from(sums[x].1)
-            } else {
-                let lo = x.saturating_sub(1);
-                let (s, c) = sums[lo..=x + 1]
-                    .iter()
-                    .fold((0.0, 0), |(s, c), v| (s + v.0, c + v.1));
-                if c > 0 { s / f64::from(c) } else { f64::NAN }
-            }
-        })
-        .collect()
+    curve.finish()
 }
 
 /// Curve points by (workload, policy): alloc mean per arrived %.

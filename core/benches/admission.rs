@@ -4,16 +4,13 @@
 //! on a simulated 6,212-GPU cluster (777 nodes × 8 H100, MIG on, empty), writing the
 //! desired MIG layouts. Run: `cargo bench -p tessera-core --bench admission`.
 
+mod support;
+
 use chrono::Utc;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tessera_core::Services;
-use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
-use tessera_core::store::{NodeRow, Store};
-use tessera_domain::account::{NewPassword, Principal, Username};
+use std::time::Instant;
+use support::{Bench, Scratch, err as anyhow_err};
 use tessera_domain::alloc::NewAllocation;
-use tessera_domain::ids::UserId;
-use tessera_domain::wire::{GpuInfo, Inventory, MigMode, MigModeState};
+use tessera_domain::wire::{GpuInfo, MigMode, MigModeState};
 use uuid::Uuid;
 
 const NODES: usize = 777;
@@ -24,60 +21,28 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let dir = tempfile_dir()?;
-    let mut targets = vec![(
-        "SQLite",
-        format!("sqlite://{}/bench.db?mode=rwc", dir.display()),
-    )];
-    if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
-        targets.push((
-            "PostgreSQL",
-            rt.block_on(Store::create_postgres_database(&pg))?,
-        ));
-    }
+    let scratch = Scratch::new("admission")?;
     println!(
         "{REQUESTS} requests, {} GPUs on {NODES} nodes",
         NODES * GPUS_PER_NODE
     );
-    for (name, url) in targets {
+    for (name, url) in rt.block_on(support::targets(&scratch, "bench"))? {
         rt.block_on(run(name, &url))?;
     }
-    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 async fn run(name: &str, url: &str) -> anyhow::Result<()> {
-    let store = Store::connect(url).await?;
-    store.migrate().await?;
-    let services = Services::new(
-        store.clone(),
-        Hasher::new(2, 16)?,
-        Arc::new(LoginLimiter::new(Default::default())),
-        Duration::from_secs(86400),
-    );
-    services
-        .accounts
-        .bootstrap_admin(Some(
-            &NewPassword::parse("bench-admin-password", "password").map_err(anyhow_err)?,
-        ))
-        .await?;
-    let admin = store
-        .user_by_username("admin")
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no admin"))?;
-    let p = Principal {
-        user_id: UserId(admin.id),
-        username: Username::parse("admin").map_err(anyhow_err)?,
-        is_admin: true,
-    };
+    let b = Bench::open(url).await?;
+    let (services, p) = (&b.services, &b.admin);
     let team = services
         .tenancy
-        .create_team(&p, &format!("bench-{}", Uuid::new_v4().simple()))
+        .create_team(p, &format!("bench-{}", Uuid::new_v4().simple()))
         .await
         .map_err(anyhow_err)?;
     services
         .allocations
-        .set_quota(&p, team.id, "H100-80GB", 100_000, 100_000, 100_000)
+        .set_quota(p, team.id, "H100-80GB", 100_000, 100_000, 100_000)
         .await
         .map_err(anyhow_err)?;
     let now = Utc::now();
@@ -98,23 +63,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 instances: vec![],
             })
             .collect();
-        let id = Uuid::new_v4();
-        store
-            .insert_node(&NodeRow {
-                id,
-                hostname: format!("bench-{n:04}"),
-                credential_hash: Uuid::new_v4().to_string(),
-                join_token_id: None,
-                registered_at: now,
-                last_heartbeat_at: Some(now),
-                agent_version: "bench".into(),
-                manages_mig: true,
-                workload_sandbox: true,
-                inventory: serde_json::to_string(&Inventory { gpus })?,
-                revoked_at: None,
-                inventory_version: 0,
-            })
-            .await?;
+        b.add_node(&format!("bench-{n:04}"), gpus, now).await?;
     }
 
     let mut latencies = Vec::with_capacity(REQUESTS);
@@ -124,7 +73,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
         services
             .allocations
             .request(
-                &p,
+                p,
                 &NewAllocation {
                     team_id: team.id.to_string(),
                     kind: "H100-80GB:1g.10gb".into(),
@@ -164,14 +113,4 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     );
     anyhow::ensure!(report.placed as usize == REQUESTS, "not all placed");
     Ok(())
-}
-
-fn anyhow_err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
-}
-
-fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
-    let d = std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
 }

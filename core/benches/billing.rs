@@ -8,45 +8,22 @@
 //! the ledger, with the time and the resident memory the export added at its peak.
 //! `TEAMS` and `DAYS` shrink it. Run: `cargo bench -p tessera-core --bench billing`.
 
+mod support;
+
 use chrono::{Duration as Days, TimeZone, Utc};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tessera_core::Services;
-use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
+use std::time::Instant;
+use support::{Bench, Scratch, env_or, err};
 use tessera_core::services::billing::UsageQuery;
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
-use tessera_domain::account::{NewPassword, Principal, Username};
-use tessera_domain::ids::UserId;
 use uuid::Uuid;
-
-fn env_or(name: &str, default: i64) -> i64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let dir = std::env::temp_dir().join(format!("tessera-bench-billing-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let mut targets = vec![(
-        "SQLite",
-        format!("sqlite://{}/bench.db?mode=rwc", dir.display()),
-    )];
-    if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
-        targets.push((
-            "PostgreSQL",
-            rt.block_on(Store::create_postgres_database(&pg))?,
-        ));
-    }
-    for (name, url) in targets {
+    let scratch = Scratch::new("billing")?;
+    for (name, url) in rt.block_on(support::targets(&scratch, "bench"))? {
         rt.block_on(run(name, &url))?;
-    }
-    if std::env::var_os("KEEP_DB").is_none() {
-        let _ = std::fs::remove_dir_all(dir);
     }
     Ok(())
 }
@@ -54,29 +31,9 @@ fn main() -> anyhow::Result<()> {
 async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let teams = env_or("TEAMS", 1000);
     let days = env_or("DAYS", 30);
-    let store = Store::connect(url).await?;
-    store.migrate().await?;
-    let services = Services::new(
-        store.clone(),
-        Hasher::new(2, 16)?,
-        Arc::new(LoginLimiter::new(Default::default())),
-        Duration::from_secs(86400),
-    );
-    services
-        .accounts
-        .bootstrap_admin(Some(
-            &NewPassword::parse("bench-admin-password", "password").map_err(err)?,
-        ))
-        .await?;
-    let admin = store
-        .user_by_username("admin")
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no admin"))?;
-    let p = Principal {
-        user_id: UserId(admin.id),
-        username: Username::parse("admin").map_err(err)?,
-        is_admin: true,
-    };
+    let b = Bench::open(url).await?;
+    let (store, services, p) = (&b.store, &b.services, &b.admin);
+    let admin_id = p.user_id.0;
     let now = Utc::now();
     let last_hour = Utc
         .timestamp_opt(now.timestamp() - now.timestamp().rem_euclid(3600), 0)
@@ -95,7 +52,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 created_at: now,
                 created_by: None,
             },
-            admin.id,
+            admin_id,
             true,
         )
         .await?;
@@ -103,10 +60,10 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     for i in 0..teams {
         let team = services
             .tenancy
-            .create_team(&p, &format!("bench-{i:04}"))
+            .create_team(p, &format!("bench-{i:04}"))
             .await
             .map_err(err)?;
-        seed(&store, team.id.0, admin.id, start, last_hour).await?;
+        seed(store, team.id.0, admin_id, start, last_hour).await?;
     }
     println!(
         "{name}: seeded {teams} teams × {days} days in {:.1} s",
@@ -151,7 +108,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
         from: Some(start.format("%Y-%m-%d").to_string()),
         to: Some(last_hour.format("%Y-%m-%d").to_string()),
     };
-    let mut csv = services.billing.chargeback(&p, &query).await.map_err(err)?;
+    let mut csv = services.billing.chargeback(p, &query).await.map_err(err)?;
     let (mut bytes, mut rows, mut total) = (0usize, 0i64, 0i64);
     let mut billed_col = None;
     while let Some(chunk) = csv.next_chunk().await.map_err(err)? {
@@ -272,8 +229,4 @@ fn rss_kib() -> i64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
-}
-
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
 }

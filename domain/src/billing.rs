@@ -41,7 +41,7 @@
 //! platform (`−billed` on `platform`); a correction is a reversing pair, never an edit.
 //! All entries sum to zero at all times.
 
-use crate::alloc::{AllocState, GpuKind};
+use crate::alloc::{AllocState, GpuKind, PriorityClass};
 use crate::error::AppError;
 use crate::ids::TeamId;
 use crate::mig::Catalog;
@@ -529,6 +529,28 @@ pub fn parse_period(
 // ---------------------------------------------------------------------------------------
 // Views
 // ---------------------------------------------------------------------------------------
+
+/// What to estimate: a request's kind, how many, for how long, at which priority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EstimateQuery {
+    pub kind: GpuKind,
+    pub count: u32,
+    /// 0: open-ended, which has no estimate.
+    pub duration_hours: u32,
+    pub priority: PriorityClass,
+}
+
+/// What a request would cost at today's rates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CostEstimate {
+    /// Minor units of `currency` (cents); 0 when the kind has no rate or no duration
+    /// was given.
+    pub minor: i64,
+    pub currency: String,
+    /// e.g. `12.00 USD`; empty when `minor` is 0.
+    pub text: String,
+}
 
 /// A rate as the UI and REST show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

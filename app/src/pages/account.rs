@@ -1,7 +1,7 @@
 use crate::api::{self, ChangePassword, CreateToken, RevokeToken, UiError};
 use crate::components::{
-    Authenticated, PAGE_SIZE, PasswordInput, SecretBox, SecretSubmit, When, echoed, field_error,
-    form_error, paged_table, use_offset,
+    Authenticated, Columns, PAGE_SIZE, PasswordInput, SecretBox, SecretSubmit, When, at, echoed,
+    field_error, form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -141,9 +141,8 @@ fn TokenList(
             {form_error(move || revoke.value().get())}
             {paged_table(
                 tokens,
-                "/account",
-                "api-tokens",
-                &["Name", "Token", "Created", "Expires", "Last used", ""],
+                at("/account"),
+                Columns::new("api-tokens", &["Name", "Token", "Created", "Expires", "Last used", ""]),
                 || "No API tokens. Create one to call the REST API from scripts.".into_any(),
                 move |token| view! { <TokenRow token revoke /> },
             )}

@@ -6,8 +6,8 @@ use crate::api::{
     self, DecideAllocation, ExtendAllocation, ReleaseAllocation, RequestAllocation, UiError,
 };
 use crate::components::{
-    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error,
-    pager_with, timestamp, use_hydrated,
+    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
+    field_error, paged_table, timestamp, use_hydrated,
 };
 use crate::components::{Topic, refresher};
 use leptos::prelude::*;
@@ -754,46 +754,24 @@ fn AllocationList(data: ListData) -> impl IntoView {
         <section class="card wide" aria-labelledby="list-title">
             <h2 id="list-title">"Allocations"</h2>
             <FilterForm filter />
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    let f = filter.get_untracked();
-                    match list.await {
-                        Ok(page) if page.total == 0 => {
-                            let text = if f.is_default() {
-                                "No allocations yet — request a GPU above."
-                            } else {
-                                "No allocations match this filter."
-                            };
-                            view! { <Empty>{text}</Empty> }.into_any()
-                        }
-                        Ok(page) => {
-                            let pager = pager_with(&page, &|offset| f.href(offset));
-                            let rows = page.items.into_iter().map(allocation_row).collect_view();
-                            view! {
-                                <table class="list allocations" data-testid="allocations">
-                                    <thead>
-                                        <tr>
-                                            <th>"Kind"</th>
-                                            <th>"Count"</th>
-                                            <th>"Team"</th>
-                                            <th>"User"</th>
-                                            <th>"State"</th>
-                                            <th>"Where"</th>
-                                            <th>"Created"</th>
-                                            <th>"Ends"</th>
-                                            <th>"Waiting"</th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+            {paged_table(
+                list,
+                move |offset| filter.get_untracked().href(offset),
+                Columns::new(
+                    "allocations",
+                    &["Kind", "Count", "Team", "User", "State", "Where", "Created", "Ends", "Waiting"],
+                )
+                .class("list allocations"),
+                move || {
+                    if filter.get_untracked().is_default() {
+                        "No allocations yet — request a GPU above."
+                    } else {
+                        "No allocations match this filter."
                     }
-                })}
-            </Transition>
+                    .into_any()
+                },
+                allocation_row,
+            )}
         </section>
     }
 }

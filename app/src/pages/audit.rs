@@ -2,9 +2,7 @@
 //! extended what, and who changed which quota, newest first, filtered by action.
 
 use crate::api::{self, UiError};
-use crate::components::{
-    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, pager_with, timestamp,
-};
+use crate::components::{AdminOnly, Authenticated, Columns, PAGE_SIZE, paged_table, timestamp};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
@@ -89,42 +87,21 @@ fn AuditLog(
         <section class="card wide" aria-labelledby="audit-title">
             <h2 id="audit-title">"Entries"</h2>
             <FilterForm filter />
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    let f = filter.get_untracked();
-                    match entries.await {
-                        Ok(page) if page.total == 0 => {
-                            let text = if f.action == "all" {
-                                "Nothing has been recorded yet."
-                            } else {
-                                "No entries for this action."
-                            };
-                            view! { <Empty>{text}</Empty> }.into_any()
-                        }
-                        Ok(page) => {
-                            let pager = pager_with(&page, &|offset| f.href(offset));
-                            let rows = page.items.into_iter().map(audit_row).collect_view();
-                            view! {
-                                <table class="list audit" data-testid="audit">
-                                    <thead>
-                                        <tr>
-                                            <th>"Time"</th>
-                                            <th>"Who"</th>
-                                            <th>"Action"</th>
-                                            <th>"Object"</th>
-                                            <th>"Change"</th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+            {paged_table(
+                entries,
+                move |offset| filter.get_untracked().href(offset),
+                Columns::new("audit", &["Time", "Who", "Action", "Object", "Change"])
+                    .class("list audit"),
+                move || {
+                    if filter.get_untracked().action == "all" {
+                        "Nothing has been recorded yet."
+                    } else {
+                        "No entries for this action."
                     }
-                })}
-            </Transition>
+                    .into_any()
+                },
+                audit_row,
+            )}
         </section>
     }
 }

@@ -3,8 +3,8 @@
 
 use crate::api::{self, CreateJoinToken, RevokeJoinToken, UiError};
 use crate::components::{
-    AdminOnly, Authenticated, PAGE_SIZE, SecretBox, SecretSubmit, When, echoed, field_error,
-    form_error, now, origin, paged_table, use_offset,
+    AdminOnly, Authenticated, Columns, PAGE_SIZE, SecretBox, SecretSubmit, When, at, echoed,
+    field_error, form_error, now, origin, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::tenancy::{JoinTokenView, Page, PageRequest};
@@ -47,9 +47,8 @@ fn JoinTokenAdmin(
             {form_error(move || revoke.value().get())}
             {paged_table(
                 tokens,
-                "/admin/join-tokens",
-                "join-tokens",
-                &["Note", "Token", "Uses", "Expires", "Status", "Created", ""],
+                at("/admin/join-tokens"),
+                Columns::new("join-tokens", &["Note", "Token", "Uses", "Expires", "Status", "Created", ""]),
                 || "No join tokens yet. Create one above to add a node.".into_any(),
                 move |token| view! { <JoinTokenRow token revoke /> },
             )}

@@ -3,7 +3,9 @@
 
 use super::allocations::{StateBadge, position_text};
 use crate::api::{self, UiError};
-use crate::components::{AdminOnly, Authenticated, PAGE_SIZE, When, paged_table, use_offset};
+use crate::components::{
+    AdminOnly, Authenticated, Columns, PAGE_SIZE, When, at, paged_table, use_offset,
+};
 use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use std::time::Duration;
@@ -32,10 +34,9 @@ pub fn QueuePage() -> impl IntoView {
                         "Sorted by model, then by place in that model's queue (this page only)."
                     </p>
                     {paged_table(
-                        queue,
-                        "/admin/queue",
-                        "queue",
-                        &["Kind", "Team", "User", "State", "Position", "Reason", "ETA", "Age", ""],
+                queue,
+                at("/admin/queue"),
+                Columns::new("queue", &["Kind", "Team", "User", "State", "Position", "Reason", "ETA", "Age", ""]),
                         || "Nothing is waiting.".into_any(),
                         queue_row,
                     )}

@@ -6,8 +6,8 @@ use crate::api::{
     SaveNotebookProfile, SetQuota, SetTeamArchived,
 };
 use crate::components::{
-    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, field_error, form_error,
-    is_admin, paged_table, pager, use_offset,
+    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, at, echoed, field_error,
+    form_error, is_admin, paged_table, unpaged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
@@ -46,9 +46,8 @@ fn TeamList(
             <h2>{if admin { "All teams" } else { "Your teams" }}</h2>
             {paged_table(
                 teams,
-                "/teams",
-                "teams",
-                &["Name", "Members", "Your role", "Created"],
+                at("/teams"),
+                Columns::new("teams", &["Name", "Members", "Your role", "Created"]),
                 move || if admin { "No teams yet. Create the first one above." } else { "You are not in any team yet. Ask a team admin to add you." }.into_any(),
                 team_row,
             )}
@@ -262,45 +261,18 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
     };
     let member_list = {
         let team_id = team_id.clone();
-        move || {
-            let team_id = team_id.clone();
-            let path = path.clone();
-            Suspend::new(async move {
-                match members.await {
-                    Ok(page) if page.total == 0 => {
-                        view! { <Empty>"No members yet."</Empty> }.into_any()
-                    }
-                    Ok(page) => {
-                        let pager = pager(&page, &path);
-                        let rows = page
-                            .items
-                            .into_iter()
-                            .map(|m| {
-                                view! {
-                                    <MemberRow member=m team_id=team_id.clone() manages actions />
-                                }
-                            })
-                            .collect_view();
-                        view! {
-                            <table class="list" data-testid="members">
-                                <thead>
-                                    <tr>
-                                        <th>"User"</th>
-                                        <th>"Role"</th>
-                                        <th>"Added"</th>
-                                        {manages.then(|| view! { <th>"Manage"</th> })}
-                                    </tr>
-                                </thead>
-                                <tbody>{rows}</tbody>
-                            </table>
-                            {pager}
-                        }
-                        .into_any()
-                    }
-                    Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                }
-            })
-        }
+        let headers: &[&str] = if manages {
+            &["User", "Role", "Added", "Manage"]
+        } else {
+            &["User", "Role", "Added"]
+        };
+        paged_table(
+            members,
+            at(path),
+            Columns::new("members", headers),
+            || "No members yet.".into_any(),
+            move |m| view! { <MemberRow member=m team_id=team_id.clone() manages actions /> },
+        )
     };
     let member_notice = move || {
         let change = actions.change.value().get().and_then(Result::ok);
@@ -337,7 +309,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
             {member_notice}
             {form_error(move || actions.change.value().get())}
             {form_error(move || actions.remove.value().get())}
-            <Transition fallback=Loading>{member_list}</Transition>
+            {member_list}
         </section>
         <TeamQuotas quotas />
         <TeamProfiles
@@ -587,43 +559,22 @@ fn TeamQuotas(quotas: Resource<Result<Vec<QuotaView>, api::UiError>>) -> impl In
                 "guarantee is borrowed and may be preempted; beyond the per-user cap or the "
                 "limit a request waits for approval."
             </p>
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match quotas.await {
-                        Ok(list) if list.is_empty() => {
-                            view! {
-                                <Empty>
-                                    <p data-testid="no-quotas">
-                                        "No GPU quota yet: members cannot request GPUs until a platform admin sets one."
-                                    </p>
-                                </Empty>
-                            }
-                                .into_any()
-                        }
-                        Ok(list) => {
-                            let rows = list.into_iter().map(quota_row).collect_view();
-                            view! {
-                                <table class="list" data-testid="quotas">
-                                    <thead>
-                                        <tr>
-                                            <th>"Model"</th>
-                                            <th>"Guaranteed"</th>
-                                            <th>"Limit"</th>
-                                            <th>"Per user"</th>
-                                            <th>"Used"</th>
-                                            <th>"Borrowed"</th>
-                                            <th>"Usage"</th>
-                                        </tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+            {unpaged_table(
+                quotas,
+                Columns::new(
+                    "quotas",
+                    &["Model", "Guaranteed", "Limit", "Per user", "Used", "Borrowed", "Usage"],
+                ),
+                || {
+                    view! {
+                        <p data-testid="no-quotas">
+                            "No GPU quota yet: members cannot request GPUs until a platform admin sets one."
+                        </p>
                     }
-                })}
-            </Transition>
+                        .into_any()
+                },
+                quota_row,
+            )}
         </section>
     }
 }

@@ -2,8 +2,8 @@
 
 use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled, UiError};
 use crate::components::{
-    AdminOnly, Authenticated, PAGE_SIZE, PasswordInput, When, echoed, error_of, field_error,
-    form_error, paged_table, use_offset,
+    AdminOnly, Authenticated, Columns, PAGE_SIZE, PasswordInput, When, at, echoed, error_of,
+    field_error, form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::account::Me;
@@ -93,9 +93,8 @@ fn UserAdmin(
             {reset_error}
             {paged_table(
                 users,
-                "/admin/users",
-                "users",
-                &["Username", "Created", "Manage"],
+                at("/admin/users"),
+                Columns::new("users", &["Username", "Created", "Manage"]),
                 || "No users yet.".into_any(),
                 move |user| view! { <UserRow user actions /> },
             )}

@@ -11,8 +11,8 @@
 
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
 use crate::components::{
-    Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of, field_error, now,
-    pager_with, relative, timestamp,
+    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
+    field_error, list_table, now, pager_with, relative, timestamp,
 };
 use crate::components::{Topic, refresher};
 use leptos::prelude::*;
@@ -175,20 +175,13 @@ pub(super) fn workloads_table(items: Vec<WorkloadView>) -> impl IntoView {
             }
         })
         .collect_view();
-    view! {
-        <table class="list" data-testid="allocation-workloads">
-            <thead>
-                <tr>
-                    <th>"Name"</th>
-                    <th>"Kind"</th>
-                    <th>"State"</th>
-                    <th>"User"</th>
-                    <th>"Created"</th>
-                </tr>
-            </thead>
-            <tbody>{rows}</tbody>
-        </table>
-    }
+    list_table(
+        &Columns::new(
+            "allocation-workloads",
+            &["Name", "Kind", "State", "User", "Created"],
+        ),
+        rows,
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -990,14 +983,8 @@ fn ListSection(data: ListData) -> impl IntoView {
                                     ][..]
                                 }
                             };
-                            let heads = heads.iter().map(|h| view! { <th>{*h}</th> }).collect_view();
                             view! {
-                                <table class="list workloads" data-testid=testid>
-                                    <thead>
-                                        <tr>{heads}</tr>
-                                    </thead>
-                                    <tbody>{rows}</tbody>
-                                </table>
+                                {list_table(&Columns::new(testid, heads).class("list workloads"), rows)}
                                 {pager}
                             }
                                 .into_any()

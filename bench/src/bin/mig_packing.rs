@@ -213,6 +213,7 @@ fn main() -> Result<(), String> {
                             nodes,
                             models: Vec::new(),
                             fixed_sharing: false,
+                            demand: Vec::new(),
                         },
                         &catalog,
                     )

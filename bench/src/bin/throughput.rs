@@ -74,6 +74,7 @@ fn main() {
         nodes,
         models: Vec::new(),
         fixed_sharing: false,
+        demand: Vec::new(),
     };
     let catalog = Catalog::builtin();
     let mut engine = Engine::new(&cluster, &catalog).expect("valid cluster");

@@ -70,6 +70,9 @@ pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::minutes(10);
 /// How often a release re-reads an allocation that moved on meanwhile.
 const RELEASE_TRIES: u32 = 5;
 
+/// How many of the latest requests make up the share mix the planner keeps room for.
+const DEMAND_WINDOW: i64 = 2000;
+
 /// Which allocations a list shows.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -970,16 +973,25 @@ impl Allocations {
             .map_err(internal("loading desired state"))
     }
 
-    /// Recomputes queue positions, capacity and known end times (end of each pass).
-    async fn refresh_snapshot(&self, now: DateTime<Utc>) -> Result<(), AppError> {
-        let ctx = self.build_pending_context(now).await?;
+    /// Recomputes queue positions, capacity and known end times (end of each pass);
+    /// `shared` is the pass's map of shared GPUs (a pass does not change it).
+    async fn refresh_snapshot(
+        &self,
+        now: DateTime<Utc>,
+        shared: &HashMap<String, ShareMethod>,
+    ) -> Result<(), AppError> {
+        let ctx = self.build_pending_context(now, shared).await?;
         if let Ok(mut s) = self.snapshot.write() {
             *s = ctx;
         }
         Ok(())
     }
 
-    async fn build_pending_context(&self, now: DateTime<Utc>) -> Result<PendingContext, AppError> {
+    async fn build_pending_context(
+        &self,
+        now: DateTime<Utc>,
+        shared: &HashMap<String, ShareMethod>,
+    ) -> Result<PendingContext, AppError> {
         let queued = self
             .store
             .allocations_in(&["queued"])
@@ -1023,9 +1035,8 @@ impl Allocations {
             .flat_map(devices)
             .map(|d| (d.gpu_uuid, d.start))
             .collect();
-        let shared = shared_gpus(&self.desired_states().await?);
         let (capacity, free_now) = self
-            .capacity(now, &busy, &shared, &share_usage(&holding))
+            .capacity(now, &busy, shared, &share_usage(&holding))
             .await?;
         Ok(PendingContext {
             now,
@@ -1588,7 +1599,7 @@ impl Allocations {
             .collect();
         report.queued = u32::try_from(queued.len()).unwrap_or(u32::MAX);
         if queued.is_empty() {
-            self.refresh_snapshot(now).await?;
+            self.refresh_snapshot(now, &shared).await?;
             return Ok(report);
         }
         let held = self
@@ -1642,7 +1653,9 @@ impl Allocations {
                 }),
             }
         }
-        let plan = match planner::plan(&input.cluster, &requests, &self.catalog) {
+        let mut cluster = input.cluster;
+        cluster.demand = self.recent_share_demand().await?;
+        let plan = match planner::plan(&cluster, &requests, &self.catalog) {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "planner input rejected");
@@ -1790,7 +1803,7 @@ impl Allocations {
             }
         }
         report.warned = self.preempt_for(&still_waiting, now).await?;
-        self.refresh_snapshot(now).await?;
+        self.refresh_snapshot(now, &shared).await?;
         Ok(report)
     }
 
@@ -1877,6 +1890,37 @@ impl Allocations {
             }
         }
         Ok(warned)
+    }
+
+    /// The shares asked for lately, by kind, placed or not: the fractional policy keeps
+    /// room for this mix on shared GPUs, as FGD keeps room for its target workload. A
+    /// single new request alone in the queue would otherwise be its own whole forecast.
+    async fn recent_share_demand(&self) -> Result<Vec<planner::Demand>, AppError> {
+        let kinds = self
+            .store
+            .recent_kinds(DEMAND_WINDOW)
+            .await
+            .map_err(internal("loading recent requests"))?;
+        Ok(kinds
+            .into_iter()
+            .filter_map(|(kind, n)| match kind.parse::<GpuKind>() {
+                Ok(GpuKind::Share { model, milli }) => Some(planner::Demand {
+                    request: planner::Request {
+                        id: kind,
+                        team: None,
+                        priority: 0,
+                        mig: None,
+                        gpus: None,
+                        gpu_milli: Some(milli),
+                        cpu_milli: 0,
+                        memory_mib: 0,
+                        models: vec![model],
+                    },
+                    weight: u32::try_from(n).unwrap_or(u32::MAX),
+                }),
+                _ => None,
+            })
+            .collect())
     }
 
     /// The cluster as the planner sees it: online nodes' GPUs of known models, minus GPUs

@@ -17,10 +17,10 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
-use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PriorityClass};
 use tessera_domain::billing::{
-    self as b, BudgetView, LedgerEntryView, NewRate, Rate, RateCard, RateView, SetBudget,
-    Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
+    self as b, BudgetView, CostEstimate, EstimateQuery, LedgerEntryView, NewRate, Rate, RateCard,
+    RateView, SetBudget, Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
 };
 use tessera_domain::error::AppError;
 use tessera_domain::ids::TeamId;
@@ -417,6 +417,43 @@ impl Billing {
             created_by: r.created_by.clone(),
             created_at: r.created_at,
         }
+    }
+
+    /// What a request would cost at today's rates, for the request form and scripts. Any
+    /// signed-in user may ask: the rate card is theirs to read too (`rates`).
+    pub async fn quote(
+        &self,
+        _p: &Principal,
+        q: &EstimateQuery,
+        now: DateTime<Utc>,
+    ) -> Result<CostEstimate, AppError> {
+        if q.count == 0 {
+            return Err(AppError::invalid("count", "must be at least 1"));
+        }
+        let kind = q.kind.canonical(&self.catalog)?;
+        let minor = self
+            .estimate(
+                &kind,
+                q.count,
+                q.duration_hours.saturating_mul(60),
+                q.priority == PriorityClass::Preemptible,
+                now,
+            )
+            .await?;
+        let text = if minor == 0 {
+            String::new()
+        } else {
+            format!(
+                "{} {}",
+                b::format_minor(minor, &self.currency),
+                self.currency
+            )
+        };
+        Ok(CostEstimate {
+            minor,
+            currency: self.currency.to_string(),
+            text,
+        })
     }
 
     /// The estimated cost of a request at today's rates (minor units; 0 when unpriced).

@@ -476,6 +476,14 @@ impl Store {
         on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await)
     }
 
+    /// The latest `limit` allocation requests grouped by kind, whatever became of them:
+    /// `(kind, how many)`, for the mix the planner keeps room for.
+    pub async fn recent_kinds(&self, limit: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        let sql = "SELECT kind, COUNT(*) FROM (SELECT kind FROM allocations \
+                   ORDER BY created_at DESC LIMIT $1) r GROUP BY kind ORDER BY kind";
+        on_pool!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(limit).fetch_all(pool).await)
+    }
+
     pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, sqlx::Error> {
         let ps: Vec<String> = (1..=states.len()).map(|i| format!("${i}")).collect();
         let sql = format!(

@@ -786,6 +786,7 @@ impl Engine {
             nodes,
             models: Vec::new(),
             fixed_sharing: self.fixed_sharing,
+            demand: Vec::new(),
         }
     }
 

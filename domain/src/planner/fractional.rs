@@ -86,15 +86,20 @@ impl Workload {
     /// 8-GPU types dominate: the policy then keeps 8-GPU nodes empty for them
     /// and fills small nodes whose models constrained requests need.
     pub fn from_asks(asks: impl IntoIterator<Item = (ShareAsk, u64)>) -> Self {
+        Self::from_weighted(asks.into_iter().map(|(a, models)| (a, models, 1)))
+    }
+
+    /// As [`Workload::from_asks`], each ask counted `weight` times.
+    pub fn from_weighted(asks: impl IntoIterator<Item = (ShareAsk, u64, u64)>) -> Self {
         let mut types: Vec<ShareType> = Vec::new();
         let (mut cpu, mut mem, mut gpu) = (0u64, 0u64, 0u64);
-        for (a, models) in asks {
-            if a.count == 0 || a.milli == 0 {
+        for (a, models, weight) in asks {
+            if a.count == 0 || a.milli == 0 || weight == 0 {
                 continue;
             }
-            cpu += a.cpu;
-            mem += a.mem;
-            gpu += u64::from(a.count) * u64::from(a.milli);
+            cpu += a.cpu * weight;
+            mem += a.mem * weight;
+            gpu += u64::from(a.count) * u64::from(a.milli) * weight;
             match types.iter_mut().find(|t| {
                 t.cpu == a.cpu
                     && t.mem == a.mem
@@ -102,14 +107,14 @@ impl Workload {
                     && t.milli == a.milli
                     && t.models == models
             }) {
-                Some(t) => t.weight += 1,
+                Some(t) => t.weight += weight,
                 None => types.push(ShareType {
                     cpu: a.cpu,
                     mem: a.mem,
                     count: a.count,
                     milli: a.milli,
                     models,
-                    weight: 1,
+                    weight,
                 }),
             }
         }

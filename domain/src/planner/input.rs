@@ -17,6 +17,20 @@ pub struct Cluster {
     /// admin): the planner never switches a GPU to shared mode itself.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fixed_sharing: bool,
+    /// The requests that came lately and how often each kind came: the mix
+    /// the fractional policy keeps room for (FGD's target workload). Empty:
+    /// the mix of the pending requests themselves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub demand: Vec<Demand>,
+}
+
+/// A kind of request and how many of it came lately (`weight`). Only
+/// `gpus` and `gpu_milli` requests shape the policy; others are ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Demand {
+    pub request: Request,
+    pub weight: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 pub use engine::{Decision, Engine, Unplaced};
-pub use input::{Cluster, Gpu, GpuMode, InputError, MigInstance, Node, Request};
+pub use input::{Cluster, Demand, Gpu, GpuMode, InputError, MigInstance, Node, Request};
 pub use output::{Assignment, Pending, Plan, Reconfiguration};
 
 use crate::mig::Catalog;
@@ -45,11 +45,35 @@ pub fn plan(
             ));
         }
     }
-    engine.set_policy(Policy::Fragmentation(Workload::from_asks(
-        resolved
-            .iter()
-            .filter_map(|r| r.share_ask().map(|a| (a, r.model_mask()))),
-    )));
+    // With fixed sharing whole GPUs never come from shared ones: whole asks do not
+    // shape where shares go.
+    let shapes =
+        |r: &engine::Resolved| !(cluster.fixed_sharing && matches!(r.ask(), Ask::Whole(_)));
+    let workload = if cluster.demand.is_empty() {
+        Workload::from_asks(
+            resolved
+                .iter()
+                .filter(|r| shapes(r))
+                .filter_map(|r| r.share_ask().map(|a| (a, r.model_mask()))),
+        )
+    } else {
+        let mut kinds = Vec::with_capacity(cluster.demand.len());
+        for (i, d) in cluster.demand.iter().enumerate() {
+            let r = engine.resolve(&d.request, i).map_err(|e| {
+                // `[i].field` → `demand[i].request.field`
+                let field = e.path.strip_prefix(&format!("[{i}]")).unwrap_or_default();
+                InputError {
+                    path: format!("demand[{i}].request{field}"),
+                    ..e
+                }
+            })?;
+            if let Some(a) = r.share_ask().filter(|_| shapes(&r)) {
+                kinds.push((a, r.model_mask(), u64::from(d.weight)));
+            }
+        }
+        Workload::from_weighted(kinds)
+    };
+    engine.set_policy(Policy::Fragmentation(workload));
 
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| {

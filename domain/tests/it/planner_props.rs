@@ -2,7 +2,9 @@
 
 use proptest::prelude::*;
 use tessera_domain::mig::{Catalog, Instance};
-use tessera_domain::planner::{Cluster, Engine, Gpu, GpuMode, MigInstance, Node, Request, plan};
+use tessera_domain::planner::{
+    Cluster, Demand, Engine, Gpu, GpuMode, MigInstance, Node, Request, plan,
+};
 
 const MODELS: [&str; 4] = ["H100-80GB", "A100-SXM4-40GB", "A30-24GB", "V100-32GB"];
 const PROFILES: [&str; 8] = [
@@ -92,6 +94,7 @@ fn cluster() -> impl Strategy<Value = Cluster> {
             nodes,
             models: Vec::new(),
             fixed_sharing: false,
+            demand: Vec::new(),
         })
 }
 
@@ -238,6 +241,7 @@ fn with_fixed_sharing_only_shared_gpus_take_shares() {
         }],
         models: Vec::new(),
         fixed_sharing,
+        demand: Vec::new(),
     };
     let ask = |id: &str| Request {
         id: id.into(),
@@ -266,4 +270,63 @@ fn with_fixed_sharing_only_shared_gpus_take_shares() {
     // Left to itself the planner converts the idle GPU.
     let free = plan(&cluster(false), &asks, &catalog).expect("plan");
     assert_eq!(free.assignments.len(), 2, "{free:?}");
+}
+
+/// The demand the server learned (recent requests by kind) decides which shared GPU a
+/// share takes: the one that keeps room for the kinds that come most often.
+#[test]
+fn recent_demand_steers_shares() {
+    let gpu = |index: u32, used_milli: u32| Gpu {
+        index,
+        model: "T4-16GB".into(),
+        mode: GpuMode::Shared,
+        reconfigurable: false,
+        instances: Vec::new(),
+        busy: false,
+        used_milli,
+    };
+    let share = |id: &str, milli: u32| Request {
+        id: id.into(),
+        team: None,
+        priority: 0,
+        mig: None,
+        gpus: None,
+        gpu_milli: Some(milli),
+        cpu_milli: 0,
+        memory_mib: 0,
+        models: vec!["T4-16GB".into()],
+    };
+    // GPU 0 has 500 milli free, GPU 1 750.
+    let cluster = |demand: Vec<Demand>| Cluster {
+        nodes: vec![Node {
+            name: "n".into(),
+            cpu_milli: 64_000,
+            memory_mib: 1 << 20,
+            cpu_used_milli: 0,
+            memory_used_mib: 0,
+            gpus: vec![gpu(0, 500), gpu(1, 250)],
+        }],
+        models: Vec::new(),
+        fixed_sharing: true,
+        demand,
+    };
+    let came = |milli: u32, weight: u32| Demand {
+        request: share("kind", milli),
+        weight,
+    };
+    let catalog = Catalog::builtin();
+    let gpu_for = |demand| {
+        let p = plan(&cluster(demand), &[share("r", 250)], &catalog).expect("plan");
+        assert_eq!(p.assignments.len(), 1, "{p:?}");
+        p.assignments[0].gpu
+    };
+    // Mostly halves came lately: 250 on GPU 1 leaves both GPUs able to take a half.
+    assert_eq!(gpu_for(vec![came(500, 9), came(750, 1)]), Some(1));
+    // Mostly three quarters: only GPU 1 can take one, so the 250 goes to GPU 0.
+    assert_eq!(gpu_for(vec![came(500, 1), came(750, 9)]), Some(0));
+    // A demand entry the planner cannot read is an input error, located.
+    let mut bad = came(500, 1);
+    bad.request.gpu_milli = Some(0);
+    let e = plan(&cluster(vec![bad]), &[share("r", 250)], &catalog).expect_err("bad demand");
+    assert_eq!(e.path, "demand[0].request.gpu_milli", "{e}");
 }

@@ -17,7 +17,8 @@ use tessera_domain::account::{Me, SetupChecklist};
 use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
 use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing::{
-    BudgetView, LedgerEntryView, NewRate, RateView, SetBudget, Statement, UsageReport,
+    BudgetView, CostEstimate, EstimateQuery, LedgerEntryView, NewRate, RateView, SetBudget,
+    Statement, UsageReport,
 };
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView, ServerReplicaView};
 use tessera_domain::error::AppError;
@@ -113,6 +114,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(set_quota))
         .routes(routes!(audit_log))
         .routes(routes!(list_rates, set_rate))
+        .routes(routes!(estimate_cost))
         .routes(routes!(list_budgets))
         .routes(routes!(get_budget, set_budget))
         .routes(routes!(ledger))
@@ -695,6 +697,38 @@ async fn audit_log(
     responses((status = 200, description = "OK", body = Vec<RateView>)))]
 async fn list_rates(Call(s, p): Call) -> ApiResult<Vec<RateView>> {
     ok(s.billing.rates(&p).await)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct EstimateParams {
+    /// What would be requested, e.g. `H100-80GB:1g.10gb`, `H100-80GB:whole` or
+    /// `T4-16GB:share:250`.
+    kind: String,
+    /// How many (default 1).
+    count: Option<u32>,
+    /// For how long; omitted or 0: open-ended, which has no estimate (0).
+    duration_hours: Option<u32>,
+    /// `high`, `normal` (default) or `preemptible` (discounted where the rate says so).
+    priority: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/v1/estimate", tag = "billing", params(EstimateParams),
+    description = "What a request would cost at today's rates, as the request form shows it.",
+    responses((status = 200, description = "OK", body = CostEstimate), Invalid))]
+async fn estimate_cost(
+    Call(s, p): Call,
+    Query(q): Query<EstimateParams>,
+) -> ApiResult<CostEstimate> {
+    let query = EstimateQuery {
+        kind: q.kind.parse()?,
+        count: q.count.unwrap_or(1),
+        duration_hours: q.duration_hours.unwrap_or(0),
+        priority: q
+            .priority
+            .as_deref()
+            .map_or(Ok(Default::default()), str::parse)?,
+    };
+    ok(s.billing.quote(&p, &query, chrono::Utc::now()).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/rates", tag = "billing", request_body = NewRate,

@@ -447,6 +447,7 @@ fn rest_rows() -> Vec<Row> {
         row!(GET "/api/v1/rates", |_, _| "/api/v1/rates".into(), none, ANY_USER),
         row!(POST "/api/v1/rates", |_, _| "/api/v1/rates".into(),
             |_, _| Body::Json(json!({"kind": "A100-SXM4-40GB:whole", "price_minor_per_hour": 250})), [401, 403, 403, 403, 403, 201]),
+        row!(GET "/api/v1/estimate", |_, _| "/api/v1/estimate?kind=H100-80GB:whole&duration_hours=2".into(), none, ANY_USER),
         row!(GET "/api/v1/budgets", |_, _| "/api/v1/budgets".into(), none, ADMIN_ONLY),
         row!(GET "/api/v1/teams/{id}/budget", |f, _| format!("/api/v1/teams/{}/budget", f.team_a), none, TEAM_A_READ),
         row!(PUT "/api/v1/teams/{id}/budget", |f, _| format!("/api/v1/teams/{}/budget", f.team_a),

@@ -628,8 +628,73 @@ async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
     assert_eq!(audit["total"], 2);
 }
 
+/// The request form's estimate is a use case with its own route: today's price pro rata
+/// for a slice, the preemptible discount, nothing for open-ended or unpriced requests, and
+/// bad input named (who may ask: the authorization matrix).
+async fn an_estimate_prices_a_request_at_todays_rate(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "estimate").await;
+    let (s, v) = a
+        .call(
+            Method::POST,
+            "/api/v1/rates",
+            Some(json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
+                "preemptible_discount_pct": 50, "effective_from": next_hour() - Duration::hours(1)})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let estimate = async |query: &str| {
+        call_with_token(
+            &a.app,
+            &t.member,
+            Method::GET,
+            &format!("/api/v1/estimate?{query}"),
+            None,
+        )
+        .await
+    };
+    // A 1g.10gb slice is 1/7 of an H100: 100 an hour, × 2 slices × 3 hours.
+    let (s, v) = estimate("kind=H100-80GB:1g.10gb&count=2&duration_hours=3").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["minor"], 600, "{v}");
+    let currency = v["currency"].as_str().expect("currency").to_owned();
+    assert_eq!(v["text"], format!("6.00 {currency}"));
+    let (_, v) =
+        estimate("kind=H100-80GB:1g.10gb&count=2&duration_hours=3&priority=preemptible").await;
+    assert_eq!(v["minor"], 300, "{v}");
+    for unpriced in [
+        "kind=H100-80GB:1g.10gb",
+        "kind=H100-80GB:whole&duration_hours=0",
+        "kind=A100-SXM4-40GB:whole&duration_hours=5",
+    ] {
+        let (s, v) = estimate(unpriced).await;
+        assert_eq!(
+            (s, &v["minor"], &v["text"]),
+            (200, &json!(0), &json!("")),
+            "{unpriced}"
+        );
+    }
+    for (query, field) in [
+        ("kind=H100-80GB:9g.99gb&duration_hours=1", "kind"),
+        ("kind=NoSuchGPU:whole&duration_hours=1", "kind"),
+        ("kind=H100-80GB:whole&count=0&duration_hours=1", "count"),
+        (
+            "kind=H100-80GB:whole&duration_hours=1&priority=urgent",
+            "priority",
+        ),
+    ] {
+        let (s, v) = estimate(query).await;
+        assert_eq!(
+            (s, v["error"]["field"].as_str()),
+            (422, Some(field)),
+            "{query}: {v}"
+        );
+    }
+}
+
 on_both_databases!(
     metering_bills_each_hour_once_at_its_rate,
+    an_estimate_prices_a_request_at_todays_rate,
     rates_and_exports_reject_bad_input_and_other_teams,
     a_hard_budget_sends_requests_to_a_platform_admin,
 );

@@ -1,0 +1,128 @@
+//! What the service-layer benches share: the stores to run on, a fresh store with the
+//! bootstrap admin, and simulated nodes written straight to the store.
+#![allow(dead_code)] // each bench uses part of it
+
+use chrono::{DateTime, Utc};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_core::Services;
+use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
+use tessera_core::store::{NodeRow, Store};
+use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::ids::UserId;
+use tessera_domain::wire::{GpuInfo, Inventory};
+use uuid::Uuid;
+
+/// A scratch folder for SQLite files, removed on drop unless `KEEP_DB` is set.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> anyhow::Result<Self> {
+        let d = std::env::temp_dir().join(format!("tessera-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d)?;
+        Ok(Scratch(d))
+    }
+
+    /// A fresh SQLite database URL in this folder.
+    pub fn sqlite(&self, file: &str) -> String {
+        format!("sqlite://{}/{file}.db?mode=rwc", self.0.display())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::env::var_os("KEEP_DB").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Where to run: a fresh SQLite file always, and a fresh PostgreSQL database when
+/// `TESSERA_BENCH_PG_URL` is set. Call again for another set of fresh databases.
+pub async fn targets(scratch: &Scratch, tag: &str) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let mut out = vec![("SQLite", scratch.sqlite(tag))];
+    if let Ok(pg) = std::env::var("TESSERA_BENCH_PG_URL") {
+        out.push(("PostgreSQL", Store::create_postgres_database(&pg).await?));
+    }
+    Ok(out)
+}
+
+/// A migrated store, its services and the bootstrap admin.
+pub struct Bench {
+    pub store: Store,
+    pub services: Services,
+    pub admin: Principal,
+}
+
+impl Bench {
+    pub async fn open(url: &str) -> anyhow::Result<Self> {
+        let store = Store::connect(url).await?;
+        store.migrate().await?;
+        let services = Services::new(
+            store.clone(),
+            Hasher::new(2, 16)?,
+            Arc::new(LoginLimiter::new(Default::default())),
+            Duration::from_secs(86400),
+        );
+        services
+            .accounts
+            .bootstrap_admin(Some(
+                &NewPassword::parse("bench-admin-password", "password").map_err(err)?,
+            ))
+            .await?;
+        let admin = store
+            .user_by_username("admin")
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no admin"))?;
+        let admin = Principal {
+            user_id: UserId(admin.id),
+            username: Username::parse("admin").map_err(err)?,
+            is_admin: true,
+        };
+        Ok(Bench {
+            store,
+            services,
+            admin,
+        })
+    }
+
+    /// A node named `hostname` that reports `gpus` and last beat at `now`.
+    pub async fn add_node(
+        &self,
+        hostname: &str,
+        gpus: Vec<GpuInfo>,
+        now: DateTime<Utc>,
+    ) -> anyhow::Result<Uuid> {
+        let id = Uuid::new_v4();
+        self.store
+            .insert_node(&NodeRow {
+                id,
+                hostname: hostname.to_owned(),
+                credential_hash: Uuid::new_v4().to_string(),
+                join_token_id: None,
+                registered_at: now,
+                last_heartbeat_at: Some(now),
+                agent_version: "bench".into(),
+                manages_mig: true,
+                workload_sandbox: true,
+                inventory: serde_json::to_string(&Inventory { gpus })?,
+                revoked_at: None,
+                inventory_version: 0,
+            })
+            .await?;
+        Ok(id)
+    }
+}
+
+/// The variable `name` as a number, or `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+pub fn err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
