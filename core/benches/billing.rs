@@ -15,6 +15,7 @@ use std::time::Instant;
 use support::{Bench, Scratch, env_or, err};
 use tessera_core::services::billing::UsageQuery;
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
+use tessera_domain::alloc::{AllocState, PriorityClass};
 use uuid::Uuid;
 
 fn main() -> anyhow::Result<()> {
@@ -169,9 +170,9 @@ async fn seed(
         model: "H100-80GB".into(),
         count: 1,
         units: 7,
-        priority: "normal".into(),
+        priority: PriorityClass::Normal,
         purpose: String::new(),
-        state: "queued".into(),
+        state: AllocState::Queued,
         duration_minutes: 60,
         starts_at: None,
         created_at: from,

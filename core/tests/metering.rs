@@ -10,7 +10,7 @@ use tessera_core::Services;
 use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
 use tessera_domain::account::{NewPassword, Principal, Username};
-use tessera_domain::alloc::GpuKind;
+use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::{self, Rate, RateCard};
 use tessera_domain::ids::UserId;
 use tessera_domain::mig::Catalog;
@@ -78,7 +78,7 @@ async fn world(url: &str) -> (Services, Principal, Uuid) {
     (services, p, team.id.0)
 }
 
-async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: &Spec) {
+async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: &Spec) -> Uuid {
     let id = Uuid::new_v4();
     let units = KINDS.iter().find(|k| k.0 == s.kind).expect("kind").1 * s.count;
     let start = origin + Duration::seconds(s.start);
@@ -91,13 +91,12 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
         count: i64::from(s.count),
         units: i64::from(units),
         priority: if s.preemptible {
-            "preemptible"
+            PriorityClass::Preemptible
         } else {
-            "normal"
-        }
-        .into(),
+            PriorityClass::Normal
+        },
         purpose: String::new(),
-        state: "queued".into(),
+        state: AllocState::Queued,
         duration_minutes: 60,
         starts_at: None,
         created_at: start,
@@ -137,6 +136,7 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
         };
         assert!(store.transition(&t).await.expect("transition"));
     }
+    id
 }
 
 /// Second by second: which hour each active second falls in, then each hour priced.
@@ -283,4 +283,45 @@ async fn metering_random_histories_matches_ground_truth_through_crashes_and_reru
             run(&url, seed).await;
         }
     }
+}
+
+/// A state no release wrote (a hand edit, a botched migration) fails the read loudly: the
+/// service answers Internal and logs it, where the row used to read back as `failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}/s.db?mode=rwc", dir.path().display());
+    let (services, p, team) = world(&url).await;
+    let spec = Spec {
+        kind: "H100-80GB:1g.10gb",
+        count: 1,
+        preemptible: false,
+        start: 0,
+        end: None,
+    };
+    let id = write(&services.store, team, p.user_id.0, Utc::now(), &spec).await;
+    let view = services.allocations.get(&p, id).await.expect("readable");
+    assert_eq!(view.state, AllocState::Active);
+    let Store::Sqlite(pool) = &services.store else {
+        panic!("a SQLite store")
+    };
+    sqlx::query("UPDATE allocations SET state = 'finished' WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .expect("update");
+    let e = services
+        .store
+        .allocation(id)
+        .await
+        .expect_err("undecodable");
+    assert!(matches!(e, sqlx::Error::ColumnDecode { .. }), "{e}");
+    assert_eq!(
+        services
+            .allocations
+            .get(&p, id)
+            .await
+            .expect_err("internal"),
+        tessera_domain::error::AppError::Internal
+    );
 }

@@ -17,3 +17,25 @@ pub mod sso;
 pub mod tenancy;
 pub mod wire;
 pub mod workload;
+
+/// `TryFrom<String>` through the type's parser, so the store reads these enums straight
+/// from their text columns (`#[sqlx(try_from = "String")]`): a value no release wrote
+/// fails the read loudly instead of quietly becoming some fallback state.
+macro_rules! stored_as_text {
+    ($($t:ty => $parse:path),* $(,)?) => {
+        $(impl TryFrom<String> for $t {
+            type Error = error::AppError;
+            fn try_from(s: String) -> Result<Self, Self::Error> {
+                $parse(&s)
+            }
+        })*
+    };
+}
+
+stored_as_text!(
+    alloc::AllocState => str::parse,
+    alloc::PriorityClass => str::parse,
+    workload::WorkloadState => str::parse,
+    workload::WorkloadKind => str::parse,
+    tenancy::TeamRole => tenancy::TeamRole::parse,
+);

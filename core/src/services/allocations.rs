@@ -11,7 +11,7 @@ use super::internal;
 use super::tenancy::paged;
 use crate::store::{
     AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Inserted, NodeRow,
-    QuotaRow, Store, Transition as StoreTransition,
+    QuotaRow, Store, Transition as StoreTransition, decoded,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -213,9 +213,9 @@ impl Allocations {
             model: model.clone(),
             count: i64::from(valid.count()),
             units: i64::from(valid.units()),
-            priority: valid.priority().as_str().to_owned(),
+            priority: valid.priority(),
             purpose: valid.purpose().to_owned(),
-            state: AllocState::Queued.as_str().to_owned(),
+            state: AllocState::Queued,
             duration_minutes: i64::from(valid.duration_minutes()),
             starts_at: valid.starts_at(),
             created_at: now,
@@ -273,7 +273,7 @@ impl Allocations {
                         format!("the team's {model} quota was used up by other requests"),
                     ),
                 };
-                row.state = AllocState::PendingApproval.as_str().to_owned();
+                row.state = AllocState::PendingApproval;
                 row.approver = Some(approver_str(by).to_owned());
                 row.approval_reason = Some(reason);
                 self.store
@@ -342,14 +342,17 @@ impl Allocations {
         let mut v = self.view(&row, &ctx);
         v.history = events
             .into_iter()
-            .map(|e| Transition {
-                at: e.at,
-                from: e.from_state.and_then(|s| s.parse().ok()),
-                to: e.to_state.parse().unwrap_or(AllocState::Failed),
-                by: e.actor,
-                note: e.note,
+            .map(|e| {
+                Ok(Transition {
+                    at: e.at,
+                    from: e.from_state.map(decoded).transpose()?,
+                    to: e.to_state,
+                    by: e.actor,
+                    note: e.note,
+                })
             })
-            .collect();
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(internal("reading history"))?;
         Ok(v)
     }
 
@@ -406,7 +409,7 @@ impl Allocations {
         // this read and the conditional write; the user's intent stands, so the release
         // applies to the state it finds then. A few tries: each lost race means another
         // step was taken, and an allocation has only a few.
-        let mut state: AllocState = row.a.state.parse()?;
+        let mut state = row.a.state;
         let mut tries = 0;
         loop {
             let Some(done) = self.end_from(id, state, now, actor, None).await? else {
@@ -423,7 +426,7 @@ impl Allocations {
                     message: "the allocation changed meanwhile; reload and try again".into(),
                 });
             }
-            state = self.visible(p, id).await?.a.state.parse()?;
+            state = self.visible(p, id).await?.a.state;
         }
         self.audit(
             p,
@@ -455,7 +458,7 @@ impl Allocations {
             else {
                 return Ok(false);
             };
-            let state: AllocState = row.a.state.parse()?;
+            let state = row.a.state;
             let Some(moved) = self.end_from(id, state, now, None, Some(note)).await? else {
                 return Ok(false);
             };
@@ -490,7 +493,7 @@ impl Allocations {
                 continue;
             };
             let a = &row.a;
-            if a.state != AllocState::PendingApproval.as_str() {
+            if a.state != AllocState::PendingApproval {
                 continue;
             }
             let Some(quota) = self
@@ -510,7 +513,7 @@ impl Allocations {
                         &kind,
                         to_u32(a.count),
                         to_u32(a.duration_minutes),
-                        a.priority == PriorityClass::Preemptible.as_str(),
+                        a.priority == PriorityClass::Preemptible,
                         now,
                     )
                     .await?;
@@ -627,7 +630,7 @@ impl Allocations {
             .map_err(internal("loading allocations of departed members"))?;
         let note = "its owner is no longer a member of the team";
         for a in rows {
-            let state: AllocState = a.state.parse()?;
+            let state = a.state;
             let done = match state {
                 AllocState::Active => {
                     self.finish(a.id, alloc::ReleaseCause::Released, now, None, Some(note))
@@ -756,7 +759,7 @@ impl Allocations {
                 "must be at most 500 characters",
             ));
         }
-        if row.a.state != AllocState::PendingApproval.as_str() {
+        if row.a.state != AllocState::PendingApproval {
             return Err(AppError::Conflict {
                 message: "only a request waiting for approval can be approved or denied".into(),
             });
@@ -1135,7 +1138,7 @@ impl Allocations {
         }
         for a in &recent {
             let Some(start) = a.active_at else { continue };
-            let end = if a.state == "active" || a.state == "releasing" {
+            let end = if matches!(a.state, AllocState::Active | AllocState::Releasing) {
                 None
             } else {
                 a.ends_at.map(|e| e.min(now))
@@ -1152,7 +1155,7 @@ impl Allocations {
 
     fn view(&self, r: &AllocationListRow, ctx: &PendingContext) -> AllocationView {
         let a = &r.a;
-        let state: AllocState = a.state.parse().unwrap_or(AllocState::Failed);
+        let state = a.state;
         let kind_label = a
             .kind
             .parse::<GpuKind>()
@@ -1217,7 +1220,7 @@ impl Allocations {
             kind_label,
             count: to_u32(a.count),
             units: to_u32(a.units),
-            priority: a.priority.parse().unwrap_or(PriorityClass::Normal),
+            priority: a.priority,
             state,
             purpose: a.purpose.clone(),
             created_at: a.created_at,
@@ -1375,7 +1378,7 @@ impl Allocations {
             .map_err(internal("loading history"))?;
         let Some(since) = events
             .iter()
-            .filter(|e| e.to_state == AllocState::Placing.as_str())
+            .filter(|e| e.to_state == AllocState::Placing)
             .map(|e| e.at)
             .max()
         else {
@@ -1431,7 +1434,7 @@ impl Allocations {
             .await
             .map_err(internal("loading allocations"))?;
         for a in &held {
-            let state: AllocState = a.state.parse()?;
+            let state = a.state;
             let lost = devices(a).iter().find_map(|d| {
                 let Some(node) = by_id.get(&d.node_id) else {
                     return Some(format!("node {} was removed", d.hostname));
@@ -1857,7 +1860,7 @@ impl Allocations {
                         team: TeamId(r.team_id),
                         units: to_u32(r.units),
                         started_at: r.active_at?,
-                        priority: r.priority.parse().ok()?,
+                        priority: r.priority,
                         team_used,
                         team_guaranteed,
                     })
@@ -2152,7 +2155,7 @@ fn queue_entry(a: &AllocationRow) -> Option<QueueEntry> {
         id: a.id,
         model: a.model.clone(),
         team: TeamId(a.team_id),
-        priority: a.priority.parse().ok()?,
+        priority: a.priority,
         created_at: a.created_at,
     })
 }

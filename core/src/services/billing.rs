@@ -135,8 +135,7 @@ impl Billing {
                 .await
                 .map_err(internal("loading histories"))?
             {
-                let state = to.parse().unwrap_or(AllocState::Failed);
-                histories.entry(id).or_default().push((at, state));
+                histories.entry(id).or_default().push((at, to));
             }
             let metered: HashSet<(Uuid, DateTime<Utc>)> = self
                 .store
@@ -204,7 +203,7 @@ impl Billing {
         };
         let units = u32::try_from(a.units).unwrap_or(0);
         let count = u32::try_from(a.count).unwrap_or(0);
-        let preemptible = a.priority == "preemptible";
+        let preemptible = a.priority == PriorityClass::Preemptible;
         let devices: Vec<AllocatedDevice> = serde_json::from_str(&a.devices).unwrap_or_default();
         let resource_id = devices
             .iter()
@@ -242,7 +241,7 @@ impl Billing {
                     user_id: a.user_id,
                     kind: a.kind.clone(),
                     model: a.model.clone(),
-                    priority: a.priority.clone(),
+                    priority: a.priority.to_string(),
                     count: a.count,
                     resource_id: resource_id.clone(),
                     resource_name: resource_name.clone(),

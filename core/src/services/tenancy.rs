@@ -393,7 +393,7 @@ fn member_view(m: &MemberRow) -> MemberView {
     MemberView {
         user_id: UserId(m.user_id),
         username: m.username.clone(),
-        role: TeamRole::parse(&m.role).unwrap_or(TeamRole::Viewer),
+        role: m.role,
         disabled: m.disabled,
         added_at: m.added_at,
     }

@@ -281,7 +281,7 @@ fn run_id(w: &WorkloadRow) -> String {
 
 /// Where a live notebook's traffic goes, once it runs.
 fn target_of(row: &WorkloadListRow) -> Result<ProxyTarget, NotReady> {
-    let state = state_of(&row.w);
+    let state = row.w.state;
     match (state, &row.w.endpoint, &row.w.token) {
         (WorkloadState::Running, Some(endpoint), Some(token)) => Ok(ProxyTarget {
             workload_id: row.w.id,
@@ -295,7 +295,7 @@ fn target_of(row: &WorkloadListRow) -> Result<ProxyTarget, NotReady> {
 
 /// The state a stopped workload ends in: a notebook is stopped, a job cancelled.
 fn stop_end(w: &WorkloadRow) -> WorkloadState {
-    if kind_of(w) == WorkloadKind::Notebook {
+    if w.kind == WorkloadKind::Notebook {
         WorkloadState::Stopped
     } else {
         WorkloadState::Cancelled
@@ -309,14 +309,6 @@ fn allocation_gone(alloc: AllocState) -> String {
     } else {
         format!("its allocation is {}", alloc.label().to_lowercase())
     }
-}
-
-fn state_of(w: &WorkloadRow) -> WorkloadState {
-    w.state.parse().unwrap_or(WorkloadState::Lost)
-}
-
-fn kind_of(w: &WorkloadRow) -> WorkloadKind {
-    w.kind.parse().unwrap_or(WorkloadKind::Job)
 }
 
 fn devices_of(w: &WorkloadRow) -> Vec<AllocatedDevice> {
@@ -476,7 +468,7 @@ impl Workloads {
         let base = wl::notebook_base_path(p.username.as_str(), name);
         let row = WorkloadRow {
             id: Uuid::now_v7(),
-            kind: kind.as_str().into(),
+            kind,
             name: name.into(),
             allocation_id: place.allocation_id,
             team_id: place.team_id,
@@ -484,7 +476,7 @@ impl Workloads {
             node_id: place.node_id,
             hostname: place.hostname,
             devices: place.devices,
-            state: place.state.as_str().into(),
+            state: place.state,
             command: command.into(),
             workdir: workdir.into(),
             env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
@@ -570,7 +562,7 @@ impl Workloads {
                 "workloads run on your own allocations only",
             ));
         }
-        let state: AllocState = alloc.a.state.parse()?;
+        let state = alloc.a.state;
         if state != AllocState::Active {
             return Err(AppError::invalid(
                 "allocation_id",
@@ -817,7 +809,8 @@ impl Workloads {
                 "allocation_id",
                 format!(
                     "the allocation already runs {} `{}`; stop it first or request another allocation",
-                    r.w.kind, r.w.name
+                    r.w.kind.as_str(),
+                    r.w.name
                 ),
             );
         }
@@ -841,13 +834,13 @@ impl Workloads {
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
         let row = self.visible(p, id).await?;
         let mut v = redact(self.view(&row), p);
-        if kind_of(&row.w) == WorkloadKind::Notebook && state_of(&row.w) == WorkloadState::Running {
+        if row.w.kind == WorkloadKind::Notebook && row.w.state == WorkloadState::Running {
             let now = Utc::now();
             let s = self.signals(&row.w, now).await?;
             v.idle = Some(self.decide(&row.w, &s, now));
             v.activity = Some(s);
         }
-        if state_of(&row.w) == WorkloadState::Queued {
+        if row.w.state == WorkloadState::Queued {
             v.waiting = self.waiting(p, &row).await;
         }
         Ok(v)
@@ -929,11 +922,11 @@ impl Workloads {
     /// Stops a notebook or cancels a job (owner, team admin, platform admin).
     pub async fn stop(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
         let row = self.actionable(p, id).await?;
-        let state = state_of(&row.w);
+        let state = row.w.state;
         if !state.is_live() {
             return Err(AppError::conflict(format!(
                 "the {} has {} already",
-                row.w.kind,
+                row.w.kind.as_str(),
                 state.label().to_lowercase()
             )));
         }
@@ -942,7 +935,7 @@ impl Workloads {
             self.request_stop(&row.w, &msg).await?;
             self.audit(
                 Some(p.username.as_str()),
-                &format!("{}.stop", row.w.kind),
+                &format!("{}.stop", row.w.kind.as_str()),
                 id,
                 row.w.team_id,
                 &msg,
@@ -954,7 +947,7 @@ impl Workloads {
 
     /// Moves a live workload to `stopping`; one the executor never started ends at once.
     async fn request_stop(&self, w: &WorkloadRow, message: &str) -> Result<bool, AppError> {
-        let state = state_of(w);
+        let state = w.state;
         let end = stop_end(w);
         if state == WorkloadState::Queued {
             // Still waiting for its GPU: nothing runs anywhere; it ends, and so does its
@@ -1039,7 +1032,7 @@ impl Workloads {
                 .await
                 .map_err(internal("closing log"))?;
             if w.owns_allocation {
-                let note = format!("its {} `{}` ended while waiting", w.kind, w.name);
+                let note = format!("its {} `{}` ended while waiting", w.kind.as_str(), w.name);
                 self.allocations
                     .release_for_system(w.allocation_id, &note)
                     .await?;
@@ -1073,10 +1066,10 @@ impl Workloads {
     /// instead of ending. `false` when it cannot be (the owner left the team, the request
     /// is refused, or the workload moved on meanwhile): then it stops like any other.
     async fn requeue(&self, w: &WorkloadRow) -> Result<bool, AppError> {
-        if !w.owns_allocation || kind_of(w) != WorkloadKind::Job {
+        if !w.owns_allocation || w.kind != WorkloadKind::Job {
             return Ok(false);
         }
-        let state = state_of(w);
+        let state = w.state;
         let (Some(old), Some(user)) = (
             self.store
                 .allocation(w.allocation_id)
@@ -1103,7 +1096,7 @@ impl Workloads {
             count: u32::try_from(old.a.count).unwrap_or(1),
             duration_minutes: u32::try_from(old.a.duration_minutes).ok(),
             starts_at: None,
-            priority: Some(old.a.priority.clone()),
+            priority: Some(old.a.priority.to_string()),
             purpose: old.a.purpose.clone(),
         };
         let attempt = w.attempt + 1;
@@ -1203,7 +1196,7 @@ impl Workloads {
             next,
             start,
             text,
-            complete: !state_of(&row.w).is_live() && row.w.log_complete && next >= stored,
+            complete: !row.w.state.is_live() && row.w.log_complete && next >= stored,
         })
     }
 
@@ -1226,7 +1219,7 @@ impl Workloads {
         }
         let file = format!(
             "{}-{}.log",
-            row.w.kind,
+            row.w.kind.as_str(),
             row.w
                 .name
                 .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
@@ -1265,7 +1258,7 @@ impl Workloads {
             .workload(workload)
             .await
             .map_err(internal("loading notebook"))?
-            .filter(|r| kind_of(&r.w) == WorkloadKind::Notebook && state_of(&r.w).is_live())
+            .filter(|r| r.w.kind == WorkloadKind::Notebook && r.w.state.is_live())
             .ok_or(AppError::NotFound)?;
         self.may_open(p, &row).await?;
         Ok(target_of(&row))
@@ -1451,7 +1444,7 @@ impl Workloads {
                 continue;
             };
             let w = &row.w;
-            let alloc: AllocState = row.alloc_state.parse().unwrap_or(AllocState::Failed);
+            let alloc = row.alloc_state;
             if let Some(p) = &rep.log
                 && !wl::log_piece_valid(p.offset, p.len, &p.text)
             {
@@ -1536,9 +1529,9 @@ impl Workloads {
 
     fn spec(&self, r: &WorkloadListRow, shared: &HashMap<String, ShareMethod>) -> WorkloadSpec {
         let w = &r.w;
-        let kind = kind_of(w);
-        let state = state_of(w);
-        let alloc_active = r.alloc_state == AllocState::Active.as_str();
+        let kind = w.kind;
+        let state = w.state;
+        let alloc_active = r.alloc_state == AllocState::Active;
         let run = alloc_active
             && matches!(
                 state,
@@ -1586,7 +1579,7 @@ impl Workloads {
         to: WorkloadState,
         change: WorkloadChange,
     ) -> Result<bool, AppError> {
-        let from = state_of(w);
+        let from = w.state;
         if !from.can_transition(to) {
             return Ok(false);
         }
@@ -1603,8 +1596,8 @@ impl Workloads {
         rep: &WorkloadReport,
         now: DateTime<Utc>,
     ) -> Result<(), AppError> {
-        let kind = kind_of(w);
-        let state = state_of(w);
+        let kind = w.kind;
+        let state = w.state;
         let activity = rep
             .kernel_last_activity_ms
             .and_then(DateTime::<Utc>::from_timestamp_millis);
@@ -1730,7 +1723,7 @@ impl Workloads {
                         self.step(w, WorkloadState::Stopping, change(Some(m.clone())))
                             .await?;
                         let mut again = w.clone();
-                        again.state = WorkloadState::Stopping.as_str().into();
+                        again.state = WorkloadState::Stopping;
                         self.step(&again, WorkloadState::Stopped, change(Some(m)))
                             .await?;
                     }
@@ -1825,9 +1818,9 @@ impl Workloads {
         let over_quota: Vec<Uuid> = rows
             .iter()
             .filter(|r| {
-                state_of(&r.w) == WorkloadState::Queued
+                r.w.state == WorkloadState::Queued
                     && r.w.owns_allocation
-                    && r.alloc_state == AllocState::PendingApproval.as_str()
+                    && r.alloc_state == AllocState::PendingApproval
             })
             .map(|r| r.w.allocation_id)
             .collect();
@@ -1836,15 +1829,15 @@ impl Workloads {
         }
         for r in &rows {
             let w = &r.w;
-            let state = state_of(w);
-            let alloc: AllocState = r.alloc_state.parse().unwrap_or(AllocState::Failed);
+            let state = w.state;
+            let alloc = r.alloc_state;
             if state == WorkloadState::Queued {
                 if alloc == AllocState::Active {
                     if self.start_queued(w).await? {
                         report.started_queued += 1;
                     }
                 } else if alloc == AllocState::Releasing || alloc.is_terminal() {
-                    let end = match (kind_of(w), alloc) {
+                    let end = match (w.kind, alloc) {
                         (WorkloadKind::Notebook, _) => WorkloadState::Stopped,
                         (_, AllocState::Cancelled | AllocState::Ended) => WorkloadState::Cancelled,
                         _ => WorkloadState::Failed,
@@ -1889,7 +1882,7 @@ impl Workloads {
             if alloc != AllocState::Active {
                 continue;
             }
-            if kind_of(w) == WorkloadKind::Notebook && state == WorkloadState::Running {
+            if w.kind == WorkloadKind::Notebook && state == WorkloadState::Running {
                 let s = self.signals(w, now).await?;
                 if let IdleDecision::Reclaim { idle_since } = self.decide(w, &s, now) {
                     let m = format!(
@@ -1972,8 +1965,8 @@ impl Workloads {
 
     fn view(&self, r: &WorkloadListRow) -> WorkloadView {
         let w = &r.w;
-        let kind = kind_of(w);
-        let state = state_of(w);
+        let kind = w.kind;
+        let state = w.state;
         let devices = devices_of(w);
         let url = (kind == WorkloadKind::Notebook && state == WorkloadState::Running)
             .then(|| format!("{}lab", wl::notebook_base_path(&r.username, &w.name)));

@@ -9,6 +9,7 @@
 
 use super::{Store, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::alloc::{AllocState, PriorityClass};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -30,9 +31,11 @@ pub struct AllocationRow {
     pub model: String,
     pub count: i64,
     pub units: i64,
-    pub priority: String,
+    #[sqlx(try_from = "String")]
+    pub priority: PriorityClass,
     pub purpose: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: AllocState,
     pub duration_minutes: i64,
     pub starts_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -61,7 +64,8 @@ pub struct AllocationListRow {
 pub struct EventRow {
     pub at: DateTime<Utc>,
     pub from_state: Option<String>,
-    pub to_state: String,
+    #[sqlx(try_from = "String")]
+    pub to_state: AllocState,
     pub actor: Option<String>,
     pub note: Option<String>,
 }
@@ -153,9 +157,9 @@ macro_rules! bind_insert {
             .bind(&$r.model)
             .bind($r.count)
             .bind($r.units)
-            .bind(&$r.priority)
+            .bind($r.priority.as_str())
             .bind(&$r.purpose)
-            .bind(&$r.state)
+            .bind($r.state.as_str())
             .bind($r.duration_minutes)
             .bind($r.starts_at)
             .bind($r.created_at)
@@ -246,7 +250,7 @@ impl Store {
                 }
                 Err(e) => return Err(e),
             }
-            sqlx::query(EVENT).bind(r.id).bind(r.created_at).bind(None::<String>).bind(&r.state)
+            sqlx::query(EVENT).bind(r.id).bind(r.created_at).bind(None::<String>).bind(r.state.as_str())
                 .bind(actor).bind(None::<String>).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(Some(if admit_within.is_some() { Inserted::Admitted } else { Inserted::Stored }))

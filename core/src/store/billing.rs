@@ -9,6 +9,7 @@
 
 use super::{AllocationRow, SampleRow, Store, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::alloc::AllocState;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -215,7 +216,7 @@ impl Store {
     pub async fn histories(
         &self,
         ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, DateTime<Utc>, String)>, sqlx::Error> {
+    ) -> Result<Vec<(Uuid, DateTime<Utc>, AllocState)>, sqlx::Error> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -230,7 +231,10 @@ impl Store {
                 q = q.bind(*id);
             }
             q.fetch_all(pool).await
-        })
+        })?
+        .into_iter()
+        .map(|(id, at, to)| Ok((id, at, super::decoded(to)?)))
+        .collect()
     }
 
     /// The hours of `ids` metered already.

@@ -203,3 +203,12 @@ impl Store {
         }
     }
 }
+
+/// A text column read as a domain enum: a value no release wrote is a decode error, like a
+/// column of the wrong type, never a quiet fallback.
+pub(crate) fn decoded<T>(text: String) -> Result<T, sqlx::Error>
+where
+    T: TryFrom<String, Error = tessera_domain::error::AppError>,
+{
+    T::try_from(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}

@@ -2,6 +2,7 @@
 
 use super::{Store, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::tenancy::TeamRole;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -27,7 +28,8 @@ pub struct TeamListRow {
 pub struct MemberRow {
     pub user_id: Uuid,
     pub username: String,
-    pub role: String,
+    #[sqlx(try_from = "String")]
+    pub role: TeamRole,
     pub disabled: bool,
     pub added_at: DateTime<Utc>,
 }

@@ -7,6 +7,8 @@
 
 use super::{Store, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::alloc::AllocState;
+use tessera_domain::workload::{WorkloadKind, WorkloadState};
 use uuid::Uuid;
 
 const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id, w.node_id, \
@@ -20,7 +22,8 @@ const LIVE: &str = "('queued', 'pending', 'starting', 'running', 'stopping')";
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkloadRow {
     pub id: Uuid,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: WorkloadKind,
     pub name: String,
     pub allocation_id: Uuid,
     pub team_id: Uuid,
@@ -30,7 +33,8 @@ pub struct WorkloadRow {
     pub hostname: String,
     /// JSON list of MIG or GPU UUIDs.
     pub devices: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: WorkloadState,
     pub command: String,
     pub workdir: String,
     /// JSON list of `EnvVar`.
@@ -66,7 +70,8 @@ pub struct WorkloadListRow {
     pub w: WorkloadRow,
     pub team_name: String,
     pub username: String,
-    pub alloc_state: String,
+    #[sqlx(try_from = "String")]
+    pub alloc_state: AllocState,
     /// The allocation's kind (`H100-80GB:share:250` gives the workload its share limits).
     pub alloc_kind: String,
 }
@@ -119,9 +124,9 @@ impl Store {
                    ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
-                .bind(w.id).bind(&w.kind).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
+                .bind(w.id).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
                 .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
-                .bind(&w.state).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
+                .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                 .bind(w.owns_allocation).execute(pool).await?;
             Ok(r.rows_affected() == 1)

@@ -278,7 +278,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
         let id = uuid::Uuid::now_v7();
         let w = tessera_core::store::WorkloadRow {
             id,
-            kind: "notebook".into(),
+            kind: tessera_domain::workload::WorkloadKind::Notebook,
             name: format!("nb{i}"),
             allocation_id: alloc,
             team_id: row.a.team_id,
@@ -286,7 +286,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
             node_id: Some(uuid::Uuid::parse_str(node).expect("uuid")),
             hostname: "node-m".into(),
             devices: "[]".into(),
-            state: "pending".into(),
+            state: tessera_domain::workload::WorkloadState::Pending,
             command: String::new(),
             workdir: String::new(),
             env: "[]".into(),

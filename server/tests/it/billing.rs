@@ -14,6 +14,7 @@ use serde_json::json;
 use std::collections::BTreeSet;
 use tessera_core::Services;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
+use tessera_domain::alloc::AllocState;
 use uuid::Uuid;
 
 pub(crate) async fn services(app: &TestApp) -> Services {
@@ -73,9 +74,9 @@ pub(crate) async fn history(
         model: kind.split(':').next().expect("model").into(),
         count,
         units,
-        priority: priority.into(),
+        priority: priority.parse().expect("priority"),
         purpose: "billing test".into(),
-        state: "queued".into(),
+        state: AllocState::Queued,
         duration_minutes: 60 * 24,
         starts_at: None,
         created_at: created,
