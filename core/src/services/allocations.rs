@@ -982,8 +982,13 @@ impl Allocations {
         &self,
         now: DateTime<Utc>,
         shared: &HashMap<String, ShareMethod>,
+        shares: Option<BTreeMap<TeamId, FairShare>>,
     ) -> Result<(), AppError> {
-        let ctx = self.build_pending_context(now, shared).await?;
+        let shares = match shares {
+            Some(s) => s,
+            None => self.fair_shares(now).await?,
+        };
+        let ctx = self.build_pending_context(now, shared, &shares).await?;
         if let Ok(mut s) = self.snapshot.write() {
             *s = ctx;
         }
@@ -994,21 +999,22 @@ impl Allocations {
         &self,
         now: DateTime<Utc>,
         shared: &HashMap<String, ShareMethod>,
+        shares: &BTreeMap<TeamId, FairShare>,
     ) -> Result<PendingContext, AppError> {
         let queued = self
             .store
             .allocations_in(&["queued"])
             .await
             .map_err(internal("loading queue"))?;
-        let held = self
+        let holding = self
             .store
-            .allocations_in(&["placing", "active"])
+            .allocations_in(&["placing", "active", "releasing"])
             .await
             .map_err(internal("loading allocations"))?;
+        let held = holding.iter().filter(|a| a.state != AllocState::Releasing);
         let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
-        let shares = self.fair_shares(now).await?;
         let mut position = HashMap::new();
-        let order = alloc::order_queue(&entries, &shares);
+        let order = alloc::order_queue(&entries, shares);
         let model_of: HashMap<Uuid, &str> =
             entries.iter().map(|e| (e.id, e.model.as_str())).collect();
         let mut per_model: HashMap<&str, u32> = HashMap::new();
@@ -1020,7 +1026,7 @@ impl Allocations {
         }
         let mut ends: HashMap<String, Vec<(DateTime<Utc>, u32)>> = HashMap::new();
         let mut held_units: HashMap<String, u32> = HashMap::new();
-        for a in &held {
+        for a in held {
             *held_units.entry(a.model.clone()).or_default() += to_u32(a.units);
             if let Some(e) = a.ends_at {
                 ends.entry(a.model.clone())
@@ -1028,11 +1034,6 @@ impl Allocations {
                     .push((e, to_u32(a.units)));
             }
         }
-        let holding = self
-            .store
-            .allocations_in(&["placing", "active", "releasing"])
-            .await
-            .map_err(internal("loading allocations"))?;
         let busy: BTreeSet<(String, Option<u8>)> = holding
             .iter()
             .flat_map(devices)
@@ -1602,7 +1603,7 @@ impl Allocations {
             .collect();
         report.queued = u32::try_from(queued.len()).unwrap_or(u32::MAX);
         if queued.is_empty() {
-            self.refresh_snapshot(now, &shared).await?;
+            self.refresh_snapshot(now, &shared, None).await?;
             return Ok(report);
         }
         let held = self
@@ -1614,7 +1615,9 @@ impl Allocations {
             .planner_input(&nodes, &inventories, &held, &desired, &shared, now)
             .await?;
         let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
-        let order = alloc::order_queue(&entries, &self.fair_shares(now).await?);
+        // Placement moves nothing to active, so the pass's snapshot reuses these.
+        let shares = self.fair_shares(now).await?;
+        let order = alloc::order_queue(&entries, &shares);
         let rank: HashMap<Uuid, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
         let total = i32::try_from(order.len()).unwrap_or(i32::MAX);
         let mut requests = Vec::new();
@@ -1806,7 +1809,7 @@ impl Allocations {
             }
         }
         report.warned = self.preempt_for(&still_waiting, now).await?;
-        self.refresh_snapshot(now, &shared).await?;
+        self.refresh_snapshot(now, &shared, Some(shares)).await?;
         Ok(report)
     }
 
