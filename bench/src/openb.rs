@@ -134,6 +134,16 @@ impl Trace {
         }
     }
 
+    /// Every `k`-th node (by name) and the same pods: a smaller cluster the same pods
+    /// saturate sooner, for runs that cost more per pod (the server path).
+    pub fn every_nth_node(&self, k: usize) -> Trace {
+        Trace {
+            nodes: self.nodes.iter().step_by(k.max(1)).cloned().collect(),
+            pods: self.pods.clone(),
+            model_names: self.model_names.clone(),
+        }
+    }
+
     pub fn total_gpu_milli(&self) -> u64 {
         self.nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum()
     }
@@ -205,6 +215,11 @@ impl Curve {
             self.sums[arrive].0 += alloc;
             self.sums[arrive].1 += 1;
         }
+    }
+
+    /// Whether arrivals have passed 130 % of the cluster: the curve is complete.
+    pub fn complete(&self) -> bool {
+        self.arrived as f64 > self.total * 1.305
     }
 
     /// Allocation % at arrived 0..=130 %.
