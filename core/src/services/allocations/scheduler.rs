@@ -1,0 +1,767 @@
+//! The scheduler pass ([`Allocations::tick`]): expiry and lost nodes, activation of what
+//! the agents report, placement of the queue with the planner, preemption warnings.
+
+use super::*;
+
+impl Allocations {
+    /// Why a `placing` allocation gives up: placed longer than the timeout ago, with the
+    /// node's last apply error for its GPU when there is one.
+    async fn placing_too_long(
+        &self,
+        a: &AllocationRow,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, AppError> {
+        let events = self
+            .store
+            .allocation_events(a.id)
+            .await
+            .map_err(internal("loading history"))?;
+        let Some(since) = events
+            .iter()
+            .filter(|e| e.to_state == AllocState::Placing)
+            .map(|e| e.at)
+            .max()
+        else {
+            return Ok(None);
+        };
+        if now - since <= self.placing_timeout {
+            return Ok(None);
+        }
+        let mut why = format!(
+            "the node did not set up the device within {} min",
+            self.placing_timeout.num_minutes().max(1)
+        );
+        if let Some(d) = devices(a).first() {
+            let statuses = self
+                .store
+                .apply_statuses(d.node_id)
+                .await
+                .map_err(internal("loading apply statuses"))?;
+            let error = statuses
+                .iter()
+                .filter(|s| s.gpu_uuid == d.gpu_uuid)
+                .filter_map(|s| serde_json::from_str::<ApplyStatus>(&s.status).ok())
+                .find_map(|s| s.error.map(|e| e.message));
+            match error {
+                Some(e) => why.push_str(&format!(" ({} reports: {e})", d.hostname)),
+                None => why.push_str(&format!(
+                    " ({} reported no progress on GPU {}; does its agent run with --manage-mig?)",
+                    d.hostname, d.gpu_uuid
+                )),
+            }
+        }
+        Ok(Some(why))
+    }
+
+    /// One scheduler pass at `now`: expire what ran out, fail what lost its node, activate
+    /// what the agents now report, and place the queue with the planner (writing the
+    /// desired MIG layouts the agents apply). Idempotent: after a crash the next pass
+    /// picks up from the stored states.
+    pub async fn tick(&self, now: DateTime<Utc>) -> Result<TickReport, AppError> {
+        let mut report = TickReport::default();
+        let (nodes, inventories) =
+            crate::services::active_nodes_with_inventories(&self.store).await?;
+        self.end_departed(now).await?;
+        self.finish_half_released(now).await?;
+        self.expire(&nodes, &inventories, now, &mut report).await?;
+        let desired = self.desired_states().await?;
+        let shared = shared_gpus(&desired);
+        self.activate(&inventories, &shared, now, &mut report)
+            .await?;
+        self.place(&nodes, &inventories, &desired, &shared, now, &mut report)
+            .await?;
+        Ok(report)
+    }
+
+    /// Expiry, preemption deadlines, lost nodes: what is held and should no longer be.
+    async fn expire(
+        &self,
+        nodes: &[NodeRow],
+        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        now: DateTime<Utc>,
+        report: &mut TickReport,
+    ) -> Result<(), AppError> {
+        let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
+        let held = self
+            .store
+            .allocations_in(&["placing", "active"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        for a in &held {
+            let state = a.state;
+            let lost = devices(a).iter().find_map(|d| {
+                let Some(node) = by_id.get(&d.node_id) else {
+                    return Some(format!("node {} was removed", d.hostname));
+                };
+                let silent = node
+                    .last_heartbeat_at
+                    .is_none_or(|t| now - t > self.node_grace);
+                if silent {
+                    return Some(format!("node {} stopped reporting", d.hostname));
+                }
+                let gpu = inventories
+                    .get(&d.node_id)
+                    .and_then(|i| i.gpus.iter().find(|g| g.uuid == d.gpu_uuid));
+                let Some(gpu) = gpu else {
+                    return Some(format!("GPU {} vanished from {}", d.gpu_uuid, d.hostname));
+                };
+                // An active MIG slice whose instance is gone (destroyed outside Tessera, or
+                // lost in a GPU reset) is over: say so rather than bill and show it.
+                if state == AllocState::Active
+                    && let (Some(mig), Some(profile), Some(start)) =
+                        (&d.mig_uuid, &d.profile, d.start)
+                    && !mig_instance_present(gpu, mig, profile, start)
+                {
+                    return Some(format!(
+                        "MIG instance {mig} ({profile}) is gone from GPU {} on {}",
+                        d.gpu_uuid, d.hostname
+                    ));
+                }
+                None
+            });
+            let lost = match lost {
+                Some(why) => Some(why),
+                None if state == AllocState::Placing => self.placing_too_long(a, now).await?,
+                None => None,
+            };
+            // An allocation past its end expires, whatever became of its node.
+            let ended = state == AllocState::Active && a.ends_at.is_some_and(|e| e <= now);
+            if let (Some(why), false) = (lost, ended) {
+                if self
+                    .step(
+                        a.id,
+                        state,
+                        AllocState::Failed,
+                        now,
+                        None,
+                        Some(&why),
+                        Change::default(),
+                    )
+                    .await?
+                {
+                    tracing::warn!(allocation = %a.id, "{why}: allocation failed");
+                    report.failed += 1;
+                    self.audit_as(
+                        None,
+                        "allocation.fail",
+                        a.id,
+                        Some(a.team_id),
+                        Some(a),
+                        None,
+                    )
+                    .await;
+                }
+                continue;
+            }
+            if state != AllocState::Active {
+                continue;
+            }
+            if a.ends_at.is_some_and(|e| e <= now) {
+                if self
+                    .finish(
+                        a.id,
+                        alloc::ReleaseCause::Expired,
+                        now,
+                        None,
+                        Some("end time reached"),
+                    )
+                    .await?
+                {
+                    report.expired += 1;
+                    self.audit_as(
+                        None,
+                        "allocation.expire",
+                        a.id,
+                        Some(a.team_id),
+                        Some(a),
+                        None,
+                    )
+                    .await;
+                }
+            } else if a.preempt_at.is_some_and(|e| e <= now)
+                && self
+                    .finish(
+                        a.id,
+                        alloc::ReleaseCause::Preempted,
+                        now,
+                        None,
+                        Some("borrowed capacity reclaimed for a team's guaranteed share"),
+                    )
+                    .await?
+            {
+                report.preempted += 1;
+                self.audit_as(
+                    None,
+                    "allocation.preempt",
+                    a.id,
+                    Some(a.team_id),
+                    Some(a),
+                    None,
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Activation: placed devices the agents now report (a share: its GPU shared the way an
+    /// admin asked, and ready).
+    async fn activate(
+        &self,
+        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        shared: &HashMap<String, ShareMethod>,
+        now: DateTime<Utc>,
+        report: &mut TickReport,
+    ) -> Result<(), AppError> {
+        for a in self
+            .store
+            .allocations_in(&["placing"])
+            .await
+            .map_err(internal("loading allocations"))?
+        {
+            let mut devs = devices(&a);
+            let is_share = matches!(a.kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }));
+            let all_present = devs.iter_mut().all(|d| {
+                if is_share {
+                    share_ready(d, inventories, shared)
+                } else {
+                    present(d, inventories)
+                }
+            });
+            if all_present {
+                let change = Change {
+                    active_at: Some(now),
+                    ends_at: Some(now + Duration::minutes(a.duration_minutes)),
+                    devices: serde_json::to_string(&devs).ok(),
+                    ..Change::default()
+                };
+                if self
+                    .step(
+                        a.id,
+                        AllocState::Placing,
+                        AllocState::Active,
+                        now,
+                        None,
+                        None,
+                        change,
+                    )
+                    .await?
+                {
+                    report.activated += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Placement: the queue in fair-share order through the planner; desired layouts are
+    /// written before an allocation becomes `placing`, and what waits gets its reason.
+    async fn place(
+        &self,
+        nodes: &[NodeRow],
+        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        desired: &[DesiredWithStatus],
+        shared: &HashMap<String, ShareMethod>,
+        now: DateTime<Utc>,
+        report: &mut TickReport,
+    ) -> Result<(), AppError> {
+        let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
+        let queued: Vec<AllocationRow> = self
+            .store
+            .allocations_in(&["queued"])
+            .await
+            .map_err(internal("loading queue"))?
+            .into_iter()
+            .filter(|a| a.starts_at.is_none_or(|s| s <= now))
+            .collect();
+        report.queued = u32::try_from(queued.len()).unwrap_or(u32::MAX);
+        if queued.is_empty() {
+            self.refresh_snapshot(now, shared, None).await?;
+            return Ok(());
+        }
+        let held = self
+            .store
+            .allocations_in(&["placing", "active", "releasing"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        let mut input = self
+            .planner_input(nodes, inventories, &held, desired, shared, now)
+            .await?;
+        // Placement moves nothing to active, so the pass's snapshot reuses these.
+        let shares = self.fair_shares(now).await?;
+        let requests = planner_requests(&queued, &shares);
+        let mut cluster = std::mem::take(&mut input.cluster);
+        cluster.demand = self.recent_share_demand().await?;
+        let plan = match planner::plan(&cluster, &requests, &self.catalog) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "planner input rejected");
+                return Err(AppError::Internal);
+            }
+        };
+        let mut placed: HashMap<Uuid, Vec<AllocatedDevice>> = HashMap::new();
+        for asg in &plan.assignments {
+            let id_s = asg.request.split('#').next().unwrap_or_default();
+            let Ok(id) = Uuid::parse_str(id_s) else {
+                continue;
+            };
+            let Some(node_id) = Uuid::parse_str(&asg.node).ok() else {
+                continue;
+            };
+            let hostname = by_id
+                .get(&node_id)
+                .map(|n| n.hostname.clone())
+                .unwrap_or_default();
+            let gpus = if asg.gpus.is_empty() {
+                asg.gpu.into_iter().collect()
+            } else {
+                asg.gpus.clone()
+            };
+            for g in gpus {
+                let Some(uuid) = input.gpu_uuid.get(&(node_id, g)) else {
+                    continue;
+                };
+                placed.entry(id).or_default().push(AllocatedDevice {
+                    node_id,
+                    hostname: hostname.clone(),
+                    gpu_uuid: uuid.clone(),
+                    profile: asg.profile.clone(),
+                    start: asg.start,
+                    mig_uuid: None,
+                });
+            }
+        }
+        let mut pending_reason: HashMap<Uuid, String> = HashMap::new();
+        for p in &plan.pending {
+            let id_s = p.request.split('#').next().unwrap_or_default();
+            if let Ok(id) = Uuid::parse_str(id_s) {
+                pending_reason.entry(id).or_insert_with(|| p.reason.clone());
+            }
+        }
+        self.write_layouts(&plan, &input, now, report).await?;
+        let still_waiting = self
+            .settle_queue(&queued, placed, &pending_reason, now, report)
+            .await?;
+        report.warned = self.preempt_for(&still_waiting, now).await?;
+        self.refresh_snapshot(now, shared, Some(shares)).await?;
+        Ok(())
+    }
+
+    /// The plan's layouts as desired states: an allocation is `placing` only once its GPU
+    /// is told.
+    async fn write_layouts(
+        &self,
+        plan: &planner::Plan,
+        input: &PlannerInput,
+        now: DateTime<Utc>,
+        report: &mut TickReport,
+    ) -> Result<(), AppError> {
+        for r in &plan.reconfigurations {
+            let Ok(node_id) = Uuid::parse_str(&r.node) else {
+                continue;
+            };
+            let Some(uuid) = input.gpu_uuid.get(&(node_id, r.gpu)) else {
+                continue;
+            };
+            let current = input.instances.get(uuid).cloned().unwrap_or_default();
+            let (mode, layout) = match r.mode {
+                planner::GpuMode::Mig => {
+                    let mut layout: Vec<DesiredInstance> = current
+                        .into_iter()
+                        .filter(|i| {
+                            !r.destroy
+                                .iter()
+                                .any(|d| d.profile == i.profile && d.start == i.start)
+                        })
+                        .collect();
+                    layout.extend(r.create.iter().map(|c| DesiredInstance {
+                        profile: c.profile.clone(),
+                        start: c.start,
+                    }));
+                    layout.sort_by_key(|i| i.start);
+                    ("enabled", layout)
+                }
+                _ => ("disabled", Vec::new()),
+            };
+            let json = serde_json::to_string(&layout).map_err(|_| AppError::Internal)?;
+            self.store
+                .set_desired(node_id, uuid, mode, &json, None, now)
+                .await
+                .map_err(internal("writing desired layout"))?;
+            report.reconfigured += 1;
+        }
+        Ok(())
+    }
+
+    /// Moves the placed allocations to `placing` and stores the reason of those left
+    /// waiting, which it returns.
+    async fn settle_queue<'q>(
+        &self,
+        queued: &'q [AllocationRow],
+        mut placed: HashMap<Uuid, Vec<AllocatedDevice>>,
+        pending_reason: &HashMap<Uuid, String>,
+        now: DateTime<Utc>,
+        report: &mut TickReport,
+    ) -> Result<Vec<&'q AllocationRow>, AppError> {
+        let mut still_waiting: Vec<&AllocationRow> = Vec::new();
+        for a in queued {
+            let devs = placed.remove(&a.id).unwrap_or_default();
+            let complete = match a.kind.parse::<GpuKind>() {
+                Ok(GpuKind::Mig { .. }) | Ok(GpuKind::Whole { .. }) => {
+                    devs.len() == usize::try_from(a.count).unwrap_or(0)
+                }
+                Ok(GpuKind::Share { .. }) => devs.len() == 1,
+                Err(_) => false,
+            };
+            if complete {
+                let change = Change {
+                    devices: serde_json::to_string(&devs).ok(),
+                    pending_reason: Some(None),
+                    ..Change::default()
+                };
+                let note = format!(
+                    "placed on {}",
+                    devs.iter()
+                        .map(|d| d.hostname.as_str())
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if self
+                    .step(
+                        a.id,
+                        AllocState::Queued,
+                        AllocState::Placing,
+                        now,
+                        None,
+                        Some(&note),
+                        change,
+                    )
+                    .await?
+                {
+                    report.placed += 1;
+                    self.audit_as(
+                        None,
+                        "allocation.place",
+                        a.id,
+                        Some(a.team_id),
+                        Some(a),
+                        None,
+                    )
+                    .await;
+                    let since = a.starts_at.unwrap_or(a.created_at).max(a.created_at);
+                    report
+                        .placement_waits
+                        .push((now - since).num_milliseconds().max(0) as f64 / 1000.0);
+                }
+            } else {
+                let reason = pending_reason
+                    .get(&a.id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("not enough free {} capacity", a.model));
+                if a.pending_reason.as_deref() != Some(reason.as_str()) {
+                    self.store
+                        .set_pending_reason(a.id, Some(&reason))
+                        .await
+                        .map_err(internal("storing pending reason"))?;
+                }
+                still_waiting.push(a);
+            }
+        }
+        Ok(still_waiting)
+    }
+
+    /// Borrowed capacity is preemptible: for each waiting allocation whose team asks
+    /// within its guarantee, the borrowers' newest allocations on that model are warned
+    /// (`preempt_at` = now + grace) and released when the warning runs out (see
+    /// [`tick`](Self::tick)). A warning no longer needed is withdrawn. Never preempts
+    /// within a team's guarantee, and never in vain.
+    async fn preempt_for(
+        &self,
+        waiting: &[&AllocationRow],
+        now: DateTime<Utc>,
+    ) -> Result<u32, AppError> {
+        let active = self
+            .store
+            .allocations_in(&["active"])
+            .await
+            .map_err(internal("loading allocations"))?;
+        let quotas: HashMap<(Uuid, String), QuotaRow> = self
+            .store
+            .quotas(None)
+            .await
+            .map_err(internal("loading quotas"))?
+            .into_iter()
+            .map(|q| ((q.team_id, q.model.clone()), q))
+            .collect();
+        let quota_of_team = |team: Uuid, model: &str| {
+            quotas
+                .get(&(team, model.to_owned()))
+                .map_or((0, 0), |q| (to_u32(q.used), to_u32(q.guaranteed)))
+        };
+        let mut victims: BTreeSet<Uuid> = BTreeSet::new();
+        for a in waiting {
+            let (used, guaranteed) = quota_of_team(a.team_id, &a.model);
+            let ask = to_u32(a.units);
+            // `used` already counts this queued allocation.
+            let claim = alloc::Claim {
+                team: TeamId(a.team_id),
+                used: used.saturating_sub(ask),
+                guaranteed,
+                ask,
+            };
+            let running: Vec<alloc::Running> = active
+                .iter()
+                .filter(|r| r.model == a.model && r.team_id != a.team_id)
+                .filter(|r| !victims.contains(&r.id))
+                .filter_map(|r| {
+                    let (team_used, team_guaranteed) = quota_of_team(r.team_id, &r.model);
+                    Some(alloc::Running {
+                        id: r.id,
+                        team: TeamId(r.team_id),
+                        units: to_u32(r.units),
+                        started_at: r.active_at?,
+                        priority: r.priority,
+                        team_used,
+                        team_guaranteed,
+                    })
+                })
+                .collect();
+            if let Some(p) = alloc::select_victims(&claim, ask, &running) {
+                victims.extend(p.victims);
+            }
+        }
+        let mut warned = 0;
+        for r in &active {
+            let wanted = victims.contains(&r.id);
+            match (wanted, r.preempt_at) {
+                (true, None) => {
+                    let at = now + self.preemption_grace;
+                    self.store
+                        .set_preempt_at(r.id, Some(at))
+                        .await
+                        .map_err(internal("warning of preemption"))?;
+                    tracing::info!(allocation = %r.id, %at, "borrowed capacity will be reclaimed");
+                    warned += 1;
+                }
+                (false, Some(_)) => {
+                    self.store
+                        .set_preempt_at(r.id, None)
+                        .await
+                        .map_err(internal("withdrawing preemption warning"))?;
+                }
+                _ => {}
+            }
+        }
+        Ok(warned)
+    }
+
+    /// The shares asked for lately, by kind, placed or not: the fractional policy keeps
+    /// room for this mix on shared GPUs, as FGD keeps room for its target workload. A
+    /// single new request alone in the queue would otherwise be its own whole forecast.
+    async fn recent_share_demand(&self) -> Result<Vec<planner::Demand>, AppError> {
+        let kinds = self
+            .store
+            .recent_kinds(DEMAND_WINDOW)
+            .await
+            .map_err(internal("loading recent requests"))?;
+        Ok(kinds
+            .into_iter()
+            .filter_map(|(kind, n)| match kind.parse::<GpuKind>() {
+                Ok(GpuKind::Share { model, milli }) => Some(planner::Demand {
+                    request: planner::Request {
+                        id: kind,
+                        team: None,
+                        priority: 0,
+                        mig: None,
+                        gpus: None,
+                        gpu_milli: Some(milli),
+                        cpu_milli: 0,
+                        memory_mib: 0,
+                        models: vec![model],
+                    },
+                    weight: u32::try_from(n).unwrap_or(u32::MAX),
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The cluster as the planner sees it: online nodes' GPUs of known models, minus GPUs
+    /// whose desired layout is still being applied; instances held by allocations (or
+    /// running processes) are busy and never destroyed; a GPU handed out whole is never changed.
+    async fn planner_input(
+        &self,
+        nodes: &[NodeRow],
+        inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
+        held: &[AllocationRow],
+        desired: &[DesiredWithStatus],
+        shared: &HashMap<String, ShareMethod>,
+        now: DateTime<Utc>,
+    ) -> Result<PlannerInput, AppError> {
+        let mut busy: BTreeSet<(String, Option<u8>)> = BTreeSet::new();
+        for a in held {
+            for d in devices(a) {
+                busy.insert((d.gpu_uuid.clone(), d.start));
+            }
+        }
+        let share_used = share_usage(held);
+        let mut input = PlannerInput::default();
+        // Admins choose the shared GPUs; the planner never makes one.
+        input.cluster.fixed_sharing = true;
+        // A GPU whose desired layout is not applied yet is left out: its instances are
+        // about to change.
+        let applying: BTreeSet<(Uuid, &str)> = desired
+            .iter()
+            .filter(|d| {
+                !d.status
+                    .as_deref()
+                    .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok())
+                    .is_some_and(|st| st.state == ApplyState::Success)
+            })
+            .map(|d| (d.desired.node_id, d.desired.gpu_uuid.as_str()))
+            .collect();
+        for n in nodes
+            .iter()
+            .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
+        {
+            let mut gpus = Vec::new();
+            let Some(inv) = inventories.get(&n.id) else {
+                continue;
+            };
+            for g in &inv.gpus {
+                let Some(model) = self.catalog.get(&g.name) else {
+                    continue;
+                };
+                if applying.contains(&(n.id, g.uuid.as_str())) {
+                    continue;
+                }
+                input.gpu_uuid.insert((n.id, g.index), g.uuid.clone());
+                let mig_on = g.mig_mode.is_some_and(|m| m.current == MigMode::Enabled);
+                let settled = g.mig_mode.is_some_and(|m| m.current == m.pending);
+                let instances: Vec<planner::MigInstance> = g
+                    .instances
+                    .iter()
+                    .map(|i| planner::MigInstance {
+                        profile: i.profile.clone(),
+                        start: i.start,
+                        busy: busy.contains(&(g.uuid.clone(), Some(i.start)))
+                            || i.compute_instances
+                                .iter()
+                                .any(|c| c.process_count != Some(0)),
+                    })
+                    .collect();
+                input.instances.insert(
+                    g.uuid.clone(),
+                    g.instances
+                        .iter()
+                        .map(|i| DesiredInstance {
+                            profile: i.profile.clone(),
+                            start: i.start,
+                        })
+                        .collect(),
+                );
+                if shared.contains_key(&g.uuid) {
+                    // Shares only, never reconfigured (its mode is the admin's).
+                    gpus.push(planner::Gpu {
+                        index: g.index,
+                        model: model.name().to_owned(),
+                        mode: planner::GpuMode::Shared,
+                        reconfigurable: false,
+                        instances: Vec::new(),
+                        busy: false,
+                        used_milli: share_used.get(&g.uuid).copied().unwrap_or(0).min(1000),
+                    });
+                    continue;
+                }
+                let whole_busy = busy.contains(&(g.uuid.clone(), None));
+                gpus.push(planner::Gpu {
+                    index: g.index,
+                    model: model.name().to_owned(),
+                    mode: if mig_on {
+                        planner::GpuMode::Mig
+                    } else {
+                        planner::GpuMode::Whole
+                    },
+                    // Busy instances are never destroyed (the planner keeps them); new
+                    // instances may go into free slices beside them. A GPU handed out whole
+                    // is never touched.
+                    reconfigurable: n.manages_mig && settled && (mig_on || !whole_busy),
+                    instances: if mig_on { instances } else { Vec::new() },
+                    busy: !mig_on && whole_busy,
+                    used_milli: 0,
+                });
+            }
+            input.cluster.nodes.push(planner::Node {
+                name: n.id.to_string(),
+                cpu_milli: 1 << 40,
+                memory_mib: 1 << 40,
+                cpu_used_milli: 0,
+                memory_used_mib: 0,
+                gpus,
+            });
+        }
+        Ok(input)
+    }
+}
+
+/// The queue as planner requests (a MIG request of `count` slices is `count` requests),
+/// ranked by the queue order: the first in line has the highest priority.
+fn planner_requests(
+    queued: &[AllocationRow],
+    shares: &BTreeMap<TeamId, FairShare>,
+) -> Vec<planner::Request> {
+    let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
+    let order = alloc::order_queue(&entries, shares);
+    let rank: HashMap<Uuid, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let total = i32::try_from(order.len()).unwrap_or(i32::MAX);
+    let mut requests = Vec::new();
+    for a in queued {
+        let Ok(kind) = a.kind.parse::<GpuKind>() else {
+            continue;
+        };
+        let priority = total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0);
+        let base = planner::Request {
+            id: a.id.to_string(),
+            team: Some(a.team_id.to_string()),
+            priority,
+            mig: None,
+            gpus: None,
+            gpu_milli: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            models: vec![a.model.clone()],
+        };
+        match kind {
+            GpuKind::Share { model, milli } => requests.push(planner::Request {
+                gpu_milli: Some(milli),
+                models: vec![model],
+                ..base
+            }),
+            GpuKind::Mig { profile, .. } => {
+                for i in 0..a.count {
+                    requests.push(planner::Request {
+                        id: format!("{}#{i}", a.id),
+                        mig: Some(profile.clone()),
+                        ..base.clone()
+                    });
+                }
+            }
+            GpuKind::Whole { .. } => requests.push(planner::Request {
+                gpus: Some(to_u32(a.count)),
+                ..base
+            }),
+        }
+    }
+    requests
+}
+
+#[derive(Default)]
+struct PlannerInput {
+    cluster: planner::Cluster,
+    /// (node, GPU index) → GPU UUID.
+    gpu_uuid: HashMap<(Uuid, u32), String>,
+    /// GPU UUID → its instances now.
+    instances: HashMap<String, Vec<DesiredInstance>>,
+}

@@ -1,0 +1,309 @@
+//! Notebooks, notebook profiles and jobs.
+
+use super::*;
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub(super) struct WorkloadQuery {
+    /// `notebook` or `job`.
+    kind: Option<WorkloadKind>,
+    /// Only this team's.
+    team: Option<Uuid>,
+    /// Only those on this allocation.
+    allocation: Option<Uuid>,
+    /// Only the caller's own.
+    #[serde(default)]
+    mine: bool,
+    /// Only those not ended.
+    #[serde(default)]
+    live: bool,
+    #[serde(default)]
+    offset: u32,
+    #[serde(default = "default_limit")]
+    limit: u32,
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadQuery),
+    description = "Notebooks and jobs the caller may see (their teams'; platform admins: all), newest first.",
+    responses((status = 200, description = "OK", body = Page<WorkloadView>), NotFound, Invalid))]
+pub(super) async fn list_workloads(
+    Call(s, p): Call,
+    Query(q): Query<WorkloadQuery>,
+) -> ApiResult<Page<WorkloadView>> {
+    let filter = WorkloadFilter {
+        kind: q.kind,
+        team: q.team.map(TeamId),
+        allocation: q.allocation,
+        mine: q.mine,
+        live: q.live,
+    };
+    ok(s.workloads
+        .list(&p, &filter, PageRequest::new(q.offset, q.limit))
+        .await)
+}
+
+/// Environment variables as `{"NAME": "value"}` (values without line breaks).
+fn env_lines(env: &std::collections::BTreeMap<String, String>) -> Result<String, AppError> {
+    let mut out = String::new();
+    for (k, v) in env {
+        if k.contains(['\n', '=']) || v.contains('\n') {
+            return Err(AppError::invalid(
+                "env",
+                format!(
+                    "`{}`: names cannot contain `=` or line breaks, values no line breaks",
+                    k.escape_debug()
+                ),
+            ));
+        }
+        out.push_str(&format!("{k}={v}\n"));
+    }
+    Ok(out)
+}
+
+/// A GPU request of a workload's own, instead of an `allocation_id`: the workload waits
+/// `queued` until it is active (same quota, approval and queue as any request) and gives it
+/// back when it ends.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(super) struct OwnGpu {
+    /// `H100-80GB:1g.10gb` or `H100-80GB:whole`.
+    gpu: Option<String>,
+    /// How many of `gpu`; 1 when absent.
+    #[serde(default)]
+    count: Option<u32>,
+    /// The team that pays; the caller's only team when absent.
+    #[serde(default)]
+    team_id: Option<String>,
+    /// `high`, `normal` (default) or `preemptible`.
+    #[serde(default)]
+    priority: Option<String>,
+    /// Longest run in minutes (the allocation's duration); the policy's default when absent.
+    #[serde(default)]
+    time_limit_minutes: Option<u32>,
+}
+
+impl OwnGpu {
+    fn request(&self) -> Option<NewAllocation> {
+        let gpu = self.gpu.as_deref()?;
+        Some(NewAllocation {
+            team_id: self.team_id.clone().unwrap_or_default(),
+            kind: gpu.to_owned(),
+            count: self.count.unwrap_or(1),
+            duration_minutes: self.time_limit_minutes,
+            starts_at: None,
+            priority: self.priority.clone(),
+            purpose: String::new(),
+        })
+    }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(super) struct NewNotebookBody {
+    /// An active allocation of the caller's; or give `gpu` or `profile_id` instead.
+    #[serde(default)]
+    allocation_id: Option<Uuid>,
+    /// One of the caller's teams' notebook profiles (its GPU and hours, its team pays).
+    #[serde(default)]
+    profile_id: Option<Uuid>,
+    #[serde(flatten)]
+    own: OwnGpu,
+    /// The notebook's name (its URL is `/user/{username}/{name}/lab`); lowercase letters,
+    /// digits and `-`.
+    name: String,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/notebooks", tag = "workloads", request_body = NewNotebookBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the notebook the first one made.")),
+    description = "Launches JupyterLab on one of the caller's active allocations, or with a GPU \
+                   request of its own (`gpu`): then it is `queued` until that GPU is active and \
+                   gives it back when stopped. It is `pending`, then `starting`, then `running` \
+                   once it answers; open its `url` (through the server's authenticated proxy).",
+    responses((status = 201, description = "Created", body = WorkloadView), Invalid, Conflict))]
+pub(super) async fn launch_notebook(
+    Call(s, p): Call,
+    headers: http::HeaderMap,
+    JsonBody(b): JsonBody<NewNotebookBody>,
+) -> Created<WorkloadView> {
+    let req = NewNotebook {
+        allocation_id: b.allocation_id,
+        gpu: b.own.request(),
+        profile_id: b.profile_id,
+        name: b.name,
+        env: env_lines(&b.env)?,
+        idempotency_key: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    created(s.workloads.launch_notebook(&p, &req).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/notebook-profiles", tag = "workloads",
+    description = "The team's named notebook profiles (GPU and hours a member starts a notebook \
+                   with in one click: `POST /api/v1/notebooks {profile_id}`).",
+    responses((status = 200, description = "OK", body = Vec<NotebookProfile>), NotFound))]
+pub(super) async fn list_notebook_profiles(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+) -> ApiResult<Vec<NotebookProfile>> {
+    ok(s.workloads.profiles(&p, Some(TeamId(team))).await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(super) struct NewProfile {
+    /// E.g. `Small`; a profile of the same name is replaced.
+    name: String,
+    /// `H100-80GB:1g.10gb`, `H100-80GB:whole`.
+    kind: String,
+    /// How long its notebooks may run.
+    hours: u32,
+}
+
+#[utoipa::path(post, path = "/api/v1/teams/{id}/notebook-profiles", tag = "workloads",
+    request_body = NewProfile, description = "Adds (or replaces by name) a notebook profile \
+    of the team: team admins and platform admins.",
+    responses((status = 201, description = "Created", body = NotebookProfile), Forbidden, NotFound, Invalid))]
+pub(super) async fn save_notebook_profile(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+    JsonBody(b): JsonBody<NewProfile>,
+) -> Created<NotebookProfile> {
+    created(
+        s.workloads
+            .save_profile(&p, TeamId(team), &b.name, &b.kind, b.hours)
+            .await,
+    )
+}
+
+#[utoipa::path(delete, path = "/api/v1/teams/{id}/notebook-profiles/{profile_id}", tag = "workloads",
+    responses((status = 204, description = "Done"), Forbidden, NotFound))]
+pub(super) async fn delete_notebook_profile(
+    Call(s, p): Call,
+    Path((team, id)): Path<(Uuid, Uuid)>,
+) -> Result<StatusCode, ApiError> {
+    s.workloads.delete_profile(&p, TeamId(team), id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(super) struct NewJobBody {
+    /// An active allocation of the caller's; or give `gpu` instead.
+    #[serde(default)]
+    allocation_id: Option<Uuid>,
+    #[serde(flatten)]
+    own: OwnGpu,
+    /// Shell command (`/bin/sh -c`), run in the team workspace.
+    command: String,
+    /// Default: the start of the command.
+    #[serde(default)]
+    name: String,
+    /// Folder inside the team workspace (must exist).
+    #[serde(default)]
+    workdir: String,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    /// Times a failed run is started again (0–5).
+    #[serde(default)]
+    retries: u32,
+    /// One task of a sweep (`tessera job submit --array`): its index, which the run gets as
+    /// `TESSERA_ARRAY_INDEX`.
+    #[serde(default)]
+    array_index: Option<u32>,
+}
+
+#[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the job the first one made.")),
+    description = "Runs a command on one of the caller's active allocations, or with a GPU request \
+                   of its own (`gpu`, `count`, `priority`, `time_limit_minutes`): then it waits \
+                   `queued` (see `waiting`) until that GPU is active and gives it back when it \
+                   ends. `pending → running → succeeded | failed` (with its exit code), or \
+                   `cancelled`. Logs: `/api/v1/workloads/{id}/logs`.",
+    responses((status = 201, description = "Created", body = WorkloadView), Invalid, Conflict))]
+pub(super) async fn submit_job(
+    Call(s, p): Call,
+    headers: http::HeaderMap,
+    JsonBody(b): JsonBody<NewJobBody>,
+) -> Created<WorkloadView> {
+    let req = NewJob {
+        allocation_id: b.allocation_id,
+        gpu: b.own.request(),
+        array_index: b.array_index,
+        name: b.name,
+        command: b.command,
+        workdir: b.workdir,
+        env: env_lines(&b.env)?,
+        retries: b.retries.to_string(),
+        idempotency_key: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    created(s.workloads.submit_job(&p, &req).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads",
+    description = "A notebook or job; running notebooks include their idle-reclaim signals and decision.",
+    responses((status = 200, description = "OK", body = WorkloadView), NotFound))]
+pub(super) async fn get_workload(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+) -> ApiResult<WorkloadView> {
+    ok(s.workloads.get(&p, id).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/stop", tag = "workloads",
+    description = "Stops a notebook or cancels a job (owner, team admin, platform admin); its \
+                   process group is killed on the node.",
+    responses((status = 200, description = "OK", body = WorkloadView), Forbidden, NotFound, Conflict))]
+pub(super) async fn stop_workload(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+) -> ApiResult<WorkloadView> {
+    ok(s.workloads.stop(&p, id).await)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub(super) struct LogQuery {
+    /// Byte offset to read from (a previous answer's `next`); default: the last `max` bytes.
+    from: Option<u64>,
+    /// Bytes to return at most (1 KiB–1 MiB, default 64 KiB).
+    #[serde(default = "default_log_max")]
+    max: u64,
+}
+
+fn default_log_max() -> u64 {
+    64 * 1024
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/logs", tag = "workloads", params(LogQuery),
+    description = "Output (stdout and stderr) from byte `from`; poll with `from = next` to follow. \
+                   `complete` once the workload ended and all its output arrived. Owner, team \
+                   admin, platform admin.",
+    responses((status = 200, description = "OK", body = LogSlice), Forbidden, NotFound, Invalid))]
+pub(super) async fn workload_logs(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<LogSlice> {
+    ok(s.workloads.logs(&p, id, q.from, q.max).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/log.txt", tag = "workloads",
+    description = "The whole log kept (the newest 4 MiB), as a download.",
+    responses((status = 200, description = "Log", content_type = "text/plain", body = String), Forbidden, NotFound))]
+pub(super) async fn workload_log_file(
+    Call(s, p): Call,
+    Path(id): Path<Uuid>,
+) -> Result<axum::response::Response, ApiError> {
+    let (file, text) = s.workloads.log_text(&p, id).await?;
+    let mut res = axum::response::IntoResponse::into_response(text);
+    let h = res.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(&format!("attachment; filename=\"{file}\"")) {
+        h.insert(http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(res)
+}
