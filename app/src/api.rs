@@ -965,7 +965,7 @@ pub async fn launch_notebook(
             gpu,
             profile_id,
             name,
-            env,
+            env: tessera_domain::workload::parse_env(&env)?,
             idempotency_key,
         };
         let v = s.workloads.launch_notebook(p, &req).await?;
@@ -1007,8 +1007,8 @@ pub async fn submit_job(
             name,
             command,
             workdir,
-            env,
-            retries,
+            env: tessera_domain::workload::parse_env(&env)?,
+            retries: tessera_domain::workload::parse_retries(&retries)?,
             idempotency_key,
         };
         let v = s.workloads.submit_job(p, &req).await?;

@@ -8,6 +8,7 @@ use leptos_router::components::{A, Redirect};
 use leptos_router::hooks::use_query_map;
 use tessera_domain::account::Me;
 use tessera_domain::error::AppError;
+use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::Page;
 
 /// Items per page on every list.
@@ -768,3 +769,69 @@ where
         </Transition>
     }
 }
+
+/// A random-enough idempotency key: a v4 UUID on the server, time and `Math.random` in
+/// the browser.
+pub fn new_key() -> String {
+    #[cfg(feature = "ssr")]
+    {
+        uuid::Uuid::new_v4().to_string()
+    }
+    #[cfg(all(feature = "hydrate", not(feature = "ssr")))]
+    {
+        use web_sys::js_sys::{Date, Math};
+        let bits = |scale: f64| (Math::random() * scale) as u128;
+        let v = ((Date::now() as u128) << 80) | (bits(2f64.powi(48)) << 32) | bits(2f64.powi(32));
+        uuid::Uuid::from_u128(v).to_string()
+    }
+    #[cfg(not(any(feature = "ssr", feature = "hydrate")))]
+    {
+        crate::components::now()
+            .timestamp_nanos_opt()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+/// `(value, label)` of every kind one may ask for on `model`: the whole GPU, then its MIG
+/// profiles, each with its cost in units.
+pub fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {
+    let units = |n: u8| {
+        if n == 1 {
+            "1 unit".to_owned()
+        } else {
+            format!("{n} units")
+        }
+    };
+    // The shared quota line (`H100-80GB:shared`): fractions of a shared GPU.
+    if let (base, true) = tessera_domain::alloc::split_quota_key(model) {
+        return SHARE_CHOICES
+            .iter()
+            .map(|milli| {
+                let kind = format!("{base}:share:{milli}");
+                let label = kind
+                    .parse::<tessera_domain::alloc::GpuKind>()
+                    .map(|k| k.label())
+                    .unwrap_or_else(|_| kind.clone());
+                (kind, format!("{label} ({milli} milli-GPU)"))
+            })
+            .collect();
+    }
+    let Some(m) = catalog.get(model) else {
+        return vec![(format!("{model}:whole"), format!("whole {model}"))];
+    };
+    let mut out = vec![(
+        format!("{model}:whole"),
+        format!("whole {model} ({})", units(m.compute_slices())),
+    )];
+    out.extend(m.profiles().iter().map(|p| {
+        (
+            format!("{model}:{}", p.name),
+            format!("{} on {model} ({})", p.name, units(p.compute_slices)),
+        )
+    }));
+    out
+}
+
+/// The fractions the form offers on a shared quota line, in milli-GPU.
+const SHARE_CHOICES: [u32; 5] = [100, 250, 500, 750, 1000];

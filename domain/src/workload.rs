@@ -278,8 +278,9 @@ pub const RESERVED_ENV: [&str; 4] = [
     "TESSERA_WORKSPACE",
 ];
 
-/// Parses `NAME=value` lines (blank lines and `#` comments skipped). Names follow POSIX
-/// (`[A-Za-z_][A-Za-z0-9_]*`); reserved names and duplicates are refused.
+/// Parses `NAME=value` lines (blank lines and `#` comments skipped), as a form gives them.
+/// Names follow POSIX (`[A-Za-z_][A-Za-z0-9_]*`); reserved names and duplicates are
+/// refused. Errors name the line.
 pub fn parse_env(text: &str) -> Result<Vec<EnvVar>, AppError> {
     let mut out: Vec<EnvVar> = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -291,29 +292,57 @@ pub fn parse_env(text: &str) -> Result<Vec<EnvVar>, AppError> {
         let (name, value) = line
             .split_once('=')
             .ok_or_else(|| at("write NAME=value".into()))?;
-        let name = name.trim();
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(at(format!("`{name}` is not a valid variable name")));
-        }
-        if RESERVED_ENV.contains(&name) || name.starts_with("TESSERA_") {
-            return Err(at(format!("`{name}` is set by Tessera")));
-        }
-        if out.iter().any(|v| v.name == name) {
-            return Err(at(format!("`{name}` is set twice")));
-        }
-        if value.contains('\0') {
-            return Err(at("contains a NUL character".into()));
-        }
-        out.push(EnvVar {
-            name: name.to_owned(),
-            value: value.to_owned(),
-        });
+        push_env(&mut out, name.trim(), value).map_err(at)?;
     }
+    env_size(out)
+}
+
+/// The environment as the REST API gives it (`{"NAME": "value"}`), under the same rules as
+/// [`parse_env`], values without line breaks. Errors name the variable.
+pub fn env_from_pairs<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<EnvVar>, AppError> {
+    let mut out: Vec<EnvVar> = Vec::new();
+    for (name, value) in pairs {
+        let at = |m: String| AppError::invalid("env", format!("`{}`: {m}", name.escape_debug()));
+        if value.contains(['\n', '\r']) {
+            return Err(at("values cannot contain line breaks".into()));
+        }
+        push_env(&mut out, name, value).map_err(at)?;
+    }
+    env_size(out)
+}
+
+/// Checks one variable against the rules and those before it, then adds it.
+fn push_env(out: &mut Vec<EnvVar>, name: &str, value: &str) -> Result<(), String> {
+    let valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "`{}` is not a valid variable name",
+            name.escape_debug()
+        ));
+    }
+    if RESERVED_ENV.contains(&name) || name.starts_with("TESSERA_") {
+        return Err(format!("`{name}` is set by Tessera"));
+    }
+    if out.iter().any(|v| v.name == name) {
+        return Err(format!("`{name}` is set twice"));
+    }
+    if value.contains('\0') {
+        return Err("contains a NUL character".into());
+    }
+    out.push(EnvVar {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    });
+    Ok(())
+}
+
+fn env_size(out: Vec<EnvVar>) -> Result<Vec<EnvVar>, AppError> {
     if out.len() > 100 {
         return Err(AppError::invalid("env", "at most 100 variables"));
     }
@@ -334,9 +363,17 @@ pub fn parse_retries(raw: &str) -> Result<u32, AppError> {
     if s.is_empty() {
         return Ok(0);
     }
-    match s.parse::<u32>() {
-        Ok(n) if n <= 5 => Ok(n),
-        _ => Err(AppError::invalid("retries", "a number from 0 to 5")),
+    s.parse::<u32>()
+        .map_err(|_| AppError::invalid("retries", "a number from 0 to 5"))
+        .and_then(check_retries)
+}
+
+/// How many times a failed job may run again: 0 to 5.
+pub fn check_retries(n: u32) -> Result<u32, AppError> {
+    if n <= 5 {
+        Ok(n)
+    } else {
+        Err(AppError::invalid("retries", "a number from 0 to 5"))
     }
 }
 
@@ -770,6 +807,26 @@ mod tests {
         assert!(msg("CUDA_VISIBLE_DEVICES=0").contains("set by Tessera"));
         assert!(msg("TESSERA_X=0").contains("set by Tessera"));
         assert!(msg("A=1\nA=2").contains("twice"));
+    }
+
+    #[test]
+    fn env_from_json_pairs_follows_the_same_rules() {
+        let v = env_from_pairs([("EPOCHS", "3"), ("_X", "a=b c")]).unwrap();
+        assert_eq!(env_text(&v), "EPOCHS=3\n_X=a=b c");
+        let msg = |pairs: &[(&str, &str)]| env_from_pairs(pairs.iter().copied()).unwrap_err();
+        for (pairs, says) in [
+            (&[("A=B", "1")][..], "not a valid"),
+            (&[("A\nB", "1")][..], "not a valid"),
+            (&[("NVIDIA_VISIBLE_DEVICES", "all")][..], "set by Tessera"),
+            (&[("A", "1\n2")][..], "line breaks"),
+            (&[("A", "x\0")][..], "NUL"),
+        ] {
+            let e = msg(pairs);
+            assert_eq!(e.field(), Some("env"), "{pairs:?}");
+            assert!(e.to_string().contains(says), "{pairs:?}: {e}");
+        }
+        assert_eq!(check_retries(5).unwrap(), 5);
+        assert_eq!(check_retries(6).unwrap_err().field(), Some("retries"));
     }
 
     #[test]

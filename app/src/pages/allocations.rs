@@ -9,7 +9,7 @@ use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, paged_table, timestamp, use_hydrated,
 };
-use crate::components::{Topic, refresher};
+use crate::components::{Topic, kind_options, new_key, refresher};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -153,29 +153,6 @@ async fn load_options() -> Result<RequestOptions, UiError> {
     })
 }
 
-/// A random-enough idempotency key: a v4 UUID on the server, time and `Math.random` in
-/// the browser.
-pub(super) fn new_key() -> String {
-    #[cfg(feature = "ssr")]
-    {
-        uuid::Uuid::new_v4().to_string()
-    }
-    #[cfg(all(feature = "hydrate", not(feature = "ssr")))]
-    {
-        use web_sys::js_sys::{Date, Math};
-        let bits = |scale: f64| (Math::random() * scale) as u128;
-        let v = ((Date::now() as u128) << 80) | (bits(2f64.powi(48)) << 32) | bits(2f64.powi(32));
-        uuid::Uuid::from_u128(v).to_string()
-    }
-    #[cfg(not(any(feature = "ssr", feature = "hydrate")))]
-    {
-        crate::components::now()
-            .timestamp_nanos_opt()
-            .unwrap_or_default()
-            .to_string()
-    }
-}
-
 /// What the list page loads and the action that changes it.
 #[derive(Clone, Copy)]
 struct ListData {
@@ -301,49 +278,6 @@ fn NoQuota() -> impl IntoView {
         </Empty>
     }
 }
-
-/// `(value, label)` of every kind one may ask for on `model`: the whole GPU, then its MIG
-/// profiles, each with its cost in units.
-pub(super) fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {
-    let units = |n: u8| {
-        if n == 1 {
-            "1 unit".to_owned()
-        } else {
-            format!("{n} units")
-        }
-    };
-    // The shared quota line (`H100-80GB:shared`): fractions of a shared GPU.
-    if let (base, true) = tessera_domain::alloc::split_quota_key(model) {
-        return SHARE_CHOICES
-            .iter()
-            .map(|milli| {
-                let kind = format!("{base}:share:{milli}");
-                let label = kind
-                    .parse::<tessera_domain::alloc::GpuKind>()
-                    .map(|k| k.label())
-                    .unwrap_or_else(|_| kind.clone());
-                (kind, format!("{label} ({milli} milli-GPU)"))
-            })
-            .collect();
-    }
-    let Some(m) = catalog.get(model) else {
-        return vec![(format!("{model}:whole"), format!("whole {model}"))];
-    };
-    let mut out = vec![(
-        format!("{model}:whole"),
-        format!("whole {model} ({})", units(m.compute_slices())),
-    )];
-    out.extend(m.profiles().iter().map(|p| {
-        (
-            format!("{model}:{}", p.name),
-            format!("{} on {model} ({})", p.name, units(p.compute_slices)),
-        )
-    }));
-    out
-}
-
-/// The fractions the form offers on a shared quota line, in milli-GPU.
-const SHARE_CHOICES: [u32; 5] = [100, 250, 500, 750, 1000];
 
 /// How many devices of `kind` are free now, for its option's label (a share: whether one
 /// shared GPU has that much free).

@@ -2,9 +2,9 @@
 //! and a form to set one), every team's monthly budget and spend (and a form to set one),
 //! the chargeback export, and links to each team's monthly statement.
 
-use super::allocations::kind_options;
 use super::money;
 use crate::api::{self, SaveBudget, SetRate, UiError};
+use crate::components::kind_options;
 use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, Problem, echoed, field_error, form_error, now,
     timestamp,

@@ -664,7 +664,7 @@ fn TeamProfiles(
                 models.dedup();
                 models
                     .iter()
-                    .flat_map(|m| super::allocations::kind_options(&catalog, m))
+                    .flat_map(|m| crate::components::kind_options(&catalog, m))
                     .map(|(v, label)| view! { <option value=v>{label}</option> })
                     .collect_view()
             })

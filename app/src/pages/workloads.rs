@@ -337,7 +337,7 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         gpus,
         teams,
         profiles,
-        key: super::allocations::new_key(),
+        key: crate::components::new_key(),
     })
 }
 
@@ -366,7 +366,7 @@ async fn requestable() -> Result<(Vec<(String, String)>, Vec<(String, String)>),
     let catalog = Catalog::builtin();
     let gpus = models
         .iter()
-        .flat_map(|m| super::allocations::kind_options(&catalog, m))
+        .flat_map(|m| crate::components::kind_options(&catalog, m))
         .collect();
     Ok((gpus, payers))
 }

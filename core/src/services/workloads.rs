@@ -80,7 +80,7 @@ impl Default for WorkloadConfig {
     }
 }
 
-/// A notebook to launch (form strings, parsed here): on an active allocation of the
+/// A notebook to launch (name parsed here, env typed): on an active allocation of the
 /// caller's, or with a GPU request of its own (`gpu`), which it waits for and releases
 /// when it stops.
 #[derive(Debug, Clone, Default)]
@@ -90,11 +90,12 @@ pub struct NewNotebook {
     /// One of the caller's teams' notebook profiles: its GPU and hours, paid by its team.
     pub profile_id: Option<Uuid>,
     pub name: String,
-    pub env: String,
+    /// Checked by `wl::parse_env` (a form) or `wl::env_from_pairs` (JSON).
+    pub env: Vec<EnvVar>,
     pub idempotency_key: Option<String>,
 }
 
-/// A training job to run (form strings, parsed here): on an active allocation of the
+/// A training job to run (name, command and workdir parsed here; env and retries typed): on an active allocation of the
 /// caller's, or with a GPU request of its own (`gpu`: kind, count, priority; its duration
 /// is the job's time limit), which the job queues for and releases when it ends.
 #[derive(Debug, Clone, Default)]
@@ -106,8 +107,10 @@ pub struct NewJob {
     pub name: String,
     pub command: String,
     pub workdir: String,
-    pub env: String,
-    pub retries: String,
+    /// Checked by `wl::parse_env` (a form) or `wl::env_from_pairs` (JSON).
+    pub env: Vec<EnvVar>,
+    /// Checked again here (`wl::check_retries`).
+    pub retries: u32,
     pub idempotency_key: Option<String>,
 }
 
@@ -370,7 +373,7 @@ impl Workloads {
         req: &NewNotebook,
     ) -> Result<WorkloadView, AppError> {
         let name = ServerName::parse(&req.name)?;
-        let env = wl::parse_env(&req.env)?;
+        let env = req.env.clone();
         let from_profile = match req.profile_id {
             Some(id) if req.allocation_id.is_none() && req.gpu.is_none() => {
                 Some(self.profile_request(p, id).await?)
@@ -404,7 +407,7 @@ impl Workloads {
     pub async fn submit_job(&self, p: &Principal, req: &NewJob) -> Result<WorkloadView, AppError> {
         let command = JobCommand::parse(&req.command)?;
         let workdir = wl::parse_workdir(&req.workdir)?;
-        let mut env = wl::parse_env(&req.env)?;
+        let mut env = req.env.clone();
         if let Some(i) = req.array_index {
             // Tessera's own variable (a request's env may not set `TESSERA_*` names).
             env.push(EnvVar {
@@ -412,7 +415,7 @@ impl Workloads {
                 value: i.to_string(),
             });
         }
-        let retries = wl::parse_retries(&req.retries)?;
+        let retries = wl::check_retries(req.retries)?;
         let name = req.name.trim();
         if name.chars().count() > 80 {
             return Err(AppError::invalid("name", "at most 80 characters"));

@@ -1,6 +1,7 @@
 //! Notebooks, notebook profiles and jobs.
 
 use super::*;
+use tessera_domain::workload::{self as wl, EnvVar};
 
 #[derive(Deserialize, utoipa::IntoParams)]
 pub(super) struct WorkloadQuery {
@@ -42,21 +43,8 @@ pub(super) async fn list_workloads(
 }
 
 /// Environment variables as `{"NAME": "value"}` (values without line breaks).
-fn env_lines(env: &std::collections::BTreeMap<String, String>) -> Result<String, AppError> {
-    let mut out = String::new();
-    for (k, v) in env {
-        if k.contains(['\n', '=']) || v.contains('\n') {
-            return Err(AppError::invalid(
-                "env",
-                format!(
-                    "`{}`: names cannot contain `=` or line breaks, values no line breaks",
-                    k.escape_debug()
-                ),
-            ));
-        }
-        out.push_str(&format!("{k}={v}\n"));
-    }
-    Ok(out)
+fn env_of(env: &std::collections::BTreeMap<String, String>) -> Result<Vec<EnvVar>, AppError> {
+    wl::env_from_pairs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
 /// A GPU request of a workload's own, instead of an `allocation_id`: the workload waits
@@ -129,7 +117,7 @@ pub(super) async fn launch_notebook(
         gpu: b.own.request(),
         profile_id: b.profile_id,
         name: b.name,
-        env: env_lines(&b.env)?,
+        env: env_of(&b.env)?,
         idempotency_key: headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
@@ -231,8 +219,8 @@ pub(super) async fn submit_job(
         name: b.name,
         command: b.command,
         workdir: b.workdir,
-        env: env_lines(&b.env)?,
-        retries: b.retries.to_string(),
+        env: env_of(&b.env)?,
+        retries: b.retries,
         idempotency_key: headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
