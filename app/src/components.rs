@@ -702,6 +702,30 @@ pub fn list_table<R: IntoView>(columns: &Columns, rows: R) -> impl IntoView + us
     }
 }
 
+/// A loading list: the loading state while `list` loads, its error, or what `show` makes
+/// of it (the part the paged and unpaged tables differ in).
+fn loaded<L>(
+    list: Resource<Result<L, UiError>>,
+    show: impl Fn(L) -> AnyView + Send + Sync + Clone + 'static,
+) -> impl IntoView
+where
+    L: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    view! {
+        <Transition fallback=Loading>
+            {move || {
+                let show = show.clone();
+                Suspend::new(async move {
+                    match list.await {
+                        Ok(l) => show(l),
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                })
+            }}
+        </Transition>
+    }
+}
+
 /// A paged list as a table: loading state, empty state, errors, rows and the pager, whose
 /// links `href(offset)` makes (keeping the page's filter). Every paged list shows its data
 /// through this, so they all behave the same.
@@ -716,29 +740,19 @@ where
     T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     V: IntoView + 'static,
 {
-    view! {
-        <Transition fallback=Loading>
-            {move || {
-                let (href, columns, empty, row) =
-                    (href.clone(), columns.clone(), empty.clone(), row.clone());
-                Suspend::new(async move {
-                    match list.await {
-                        Ok(page) if page.total == 0 => view! { <Empty>{empty()}</Empty> }.into_any(),
-                        Ok(page) => {
-                            let pager = pager_with(&page, &href);
-                            let rows = page.items.into_iter().map(row).collect_view();
-                            view! {
-                                {list_table(&columns, rows)}
-                                {pager}
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })
-            }}
-        </Transition>
-    }
+    loaded(list, move |page: Page<T>| {
+        if page.total == 0 {
+            let text = empty();
+            return view! { <Empty>{text}</Empty> }.into_any();
+        }
+        let pager = pager_with(&page, &href);
+        let rows = page.items.into_iter().map(row.clone()).collect_view();
+        view! {
+            {list_table(&columns, rows)}
+            {pager}
+        }
+        .into_any()
+    })
 }
 
 /// The unpaged twin of [`paged_table`], for short lists loaded whole.
@@ -752,22 +766,13 @@ where
     T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     V: IntoView + 'static,
 {
-    view! {
-        <Transition fallback=Loading>
-            {move || {
-                let (columns, empty, row) = (columns.clone(), empty.clone(), row.clone());
-                Suspend::new(async move {
-                    match list.await {
-                        Ok(items) if items.is_empty() => view! { <Empty>{empty()}</Empty> }.into_any(),
-                        Ok(items) => {
-                            list_table(&columns, items.into_iter().map(row).collect_view()).into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })
-            }}
-        </Transition>
-    }
+    loaded(list, move |items: Vec<T>| {
+        if items.is_empty() {
+            let text = empty();
+            return view! { <Empty>{text}</Empty> }.into_any();
+        }
+        list_table(&columns, items.into_iter().map(row.clone()).collect_view()).into_any()
+    })
 }
 
 /// A random-enough idempotency key: a v4 UUID on the server, time and `Math.random` in

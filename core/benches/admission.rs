@@ -9,7 +9,6 @@ mod support;
 use chrono::Utc;
 use std::time::Instant;
 use support::{Bench, Scratch, err as anyhow_err};
-use tessera_domain::alloc::NewAllocation;
 use tessera_domain::wire::{GpuInfo, MigMode, MigModeState};
 use uuid::Uuid;
 
@@ -70,23 +69,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let started = Instant::now();
     for _ in 0..REQUESTS {
         let t = Instant::now();
-        services
-            .allocations
-            .request(
-                p,
-                &NewAllocation {
-                    team_id: team.id.to_string(),
-                    kind: "H100-80GB:1g.10gb".into(),
-                    count: 1,
-                    duration_minutes: None,
-                    starts_at: None,
-                    priority: None,
-                    purpose: String::new(),
-                },
-                None,
-            )
-            .await
-            .map_err(anyhow_err)?;
+        b.request(team.id, "H100-80GB:1g.10gb").await?;
         latencies.push(t.elapsed());
     }
     let admit_total = started.elapsed();

@@ -25,7 +25,7 @@ use std::time::Instant;
 use support::{Bench, Scratch, env_or, err};
 use tessera_bench::{data, openb};
 use tessera_core::services::nodes::NodeIdentity;
-use tessera_domain::alloc::NewAllocation;
+use tessera_domain::alloc::AllocState;
 use tessera_domain::planner::fractional::Policy;
 use tessera_domain::wire::{
     ApplyState, ApplyStatus, GpuInfo, ShareMethod, SharingState, StatusReport,
@@ -198,23 +198,8 @@ async fn through_server(
             break;
         }
         let view = b
-            .services
-            .allocations
-            .request(
-                p,
-                &NewAllocation {
-                    team_id: team.id.to_string(),
-                    kind: format!("{MODEL}:share:{}", pod.milli),
-                    count: 1,
-                    duration_minutes: None,
-                    starts_at: None,
-                    priority: None,
-                    purpose: String::new(),
-                },
-                None,
-            )
-            .await
-            .map_err(err)?;
+            .request(team.id, &format!("{MODEL}:share:{}", pod.milli))
+            .await?;
         // The same instant every pass: nothing times out while the bench runs.
         b.services.allocations.tick(now).await.map_err(err)?;
         let row = b
@@ -222,9 +207,9 @@ async fn through_server(
             .allocation(view.id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("allocation {} vanished", view.id))?;
-        let placed = match row.a.state.as_str() {
-            "placing" | "active" => u64::from(pod.milli),
-            "queued" => {
+        let placed = match row.a.state {
+            AllocState::Placing | AllocState::Active => u64::from(pod.milli),
+            AllocState::Queued => {
                 b.services
                     .allocations
                     .release(p, view.id)

@@ -10,7 +10,8 @@ use tessera_core::Services;
 use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{NodeRow, Store};
 use tessera_domain::account::{NewPassword, Principal, Username};
-use tessera_domain::ids::UserId;
+use tessera_domain::alloc::{AllocationView, NewAllocation};
+use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::wire::{GpuInfo, Inventory};
 use uuid::Uuid;
 
@@ -121,6 +122,30 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+impl Bench {
+    /// One `kind` for `team`, as its admin asks through the service (one of it, no end, no
+    /// start time).
+    pub async fn request(&self, team: TeamId, kind: &str) -> anyhow::Result<AllocationView> {
+        self.services
+            .allocations
+            .request(
+                &self.admin,
+                &NewAllocation {
+                    team_id: team.to_string(),
+                    kind: kind.to_owned(),
+                    count: 1,
+                    duration_minutes: None,
+                    starts_at: None,
+                    priority: None,
+                    purpose: String::new(),
+                },
+                None,
+            )
+            .await
+            .map_err(err)
+    }
 }
 
 pub fn err(e: impl std::fmt::Display) -> anyhow::Error {
