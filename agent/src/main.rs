@@ -39,6 +39,9 @@ enum Command {
         /// JSON (the `Inventory` wire type) instead of a summary.
         #[arg(long)]
         json: bool,
+        /// Also read one telemetry sample per GPU (what heartbeats report).
+        #[arg(long)]
+        samples: bool,
     },
 }
 
@@ -216,6 +219,38 @@ fn backend(args: &BackendArgs) -> anyhow::Result<Arc<dyn GpuBackend>> {
     }
 }
 
+/// Compares the table read from the device with the built-in catalog's, which the
+/// planner falls back on and the simulator follows.
+fn print_catalog_check(g: &tessera_domain::wire::GpuInfo) {
+    let catalog = tessera_domain::mig::Catalog::builtin();
+    let Some(builtin) = catalog.get(&g.name) else {
+        println!("  catalog: no built-in model for {:?}", g.name);
+        return;
+    };
+    if g.profiles.is_empty() {
+        println!(
+            "  catalog: built-in {} (no table read to compare)",
+            builtin.name()
+        );
+        return;
+    }
+    match tessera_domain::wire::model_from_profiles(&g.name, &g.profiles) {
+        Err(e) => println!("  catalog: the table read is not a valid model: {e}"),
+        Ok(read) => {
+            let diffs = builtin.differences_from(&read);
+            if diffs.is_empty() {
+                println!(
+                    "  catalog: the table read matches built-in {}",
+                    builtin.name()
+                );
+            }
+            for d in diffs {
+                println!("  catalog: {}: {d}", builtin.name());
+            }
+        }
+    }
+}
+
 fn print_summary(inv: &tessera_domain::wire::Inventory) {
     for g in &inv.gpus {
         let mode = g
@@ -243,6 +278,7 @@ fn print_summary(inv: &tessera_domain::wire::Inventory) {
         if let Some(e) = &g.profiles_error {
             println!("  profiles: {e}");
         }
+        print_catalog_check(g);
         for i in &g.instances {
             for ci in &i.compute_instances {
                 println!(
@@ -267,14 +303,28 @@ fn print_summary(inv: &tessera_domain::wire::Inventory) {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let backend = backend(&cli.backend)?;
-    if let Some(Command::Inventory { json }) = cli.command {
+    if let Some(Command::Inventory { json, samples }) = cli.command {
         let inv = inventory(backend.as_ref())?;
+        let samples = if samples {
+            inv.gpus
+                .iter()
+                .map(|g| backend.sample(&g.uuid).map_err(anyhow::Error::from))
+                .collect::<anyhow::Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         if json {
             let mut out = std::io::stdout().lock();
             serde_json::to_writer_pretty(&mut out, &inv)?;
+            for s in &samples {
+                serde_json::to_writer_pretty(&mut out, s)?;
+            }
             std::io::Write::write_all(&mut out, b"\n")?;
         } else {
             print_summary(&inv);
+            for s in &samples {
+                println!("sample {s:?}");
+            }
         }
         return Ok(());
     }

@@ -250,6 +250,67 @@ impl GpuModel {
             (1u32 << self.memory_slices) - 1
         }
     }
+
+    /// How a table read from a device differs from this one (the built-in table of
+    /// its model), one line per difference; empty when they agree. Memory sizes
+    /// vary by driver, so they are compared too and named like any other field.
+    pub fn differences_from(&self, read: &GpuModel) -> Vec<String> {
+        let mut out = Vec::new();
+        if (self.memory_slices, self.compute_slices) != (read.memory_slices, read.compute_slices) {
+            out.push(format!(
+                "geometry: built-in {} memory / {} compute slices, device {} / {}",
+                self.memory_slices, self.compute_slices, read.memory_slices, read.compute_slices
+            ));
+        }
+        for p in &self.profiles {
+            let Some((_, q)) = read.profile_by_id(p.id) else {
+                out.push(format!(
+                    "profile {} {}: not offered by the device",
+                    p.id, p.name
+                ));
+                continue;
+            };
+            let mut field = |what: &str, ours: String, theirs: String| {
+                if ours != theirs {
+                    out.push(format!(
+                        "profile {} {}: {what} built-in {ours}, device {theirs}",
+                        p.id, p.name
+                    ));
+                }
+            };
+            field("name", p.name.clone(), q.name.clone());
+            field(
+                "slices (compute/memory)",
+                format!("{}/{}", p.compute_slices, p.memory_slices),
+                format!("{}/{}", q.compute_slices, q.memory_slices),
+            );
+            field(
+                "max count",
+                p.max_count.to_string(),
+                q.max_count.to_string(),
+            );
+            field("placements", starts(&p.placements), starts(&q.placements));
+            field(
+                "memory MiB",
+                p.memory_mib.to_string(),
+                q.memory_mib.to_string(),
+            );
+        }
+        for q in &read.profiles {
+            if self.profile_by_id(q.id).is_none() {
+                out.push(format!(
+                    "profile {} {}: offered by the device, not built in",
+                    q.id, q.name
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn starts(placements: &[Placement]) -> String {
+    let s: Vec<String> = placements.iter().map(|p| p.start.to_string()).collect();
+    format!("{{{}}}", s.join(","))
 }
 
 /// Memory-slice bit mask of `size` slices from `start`.
@@ -356,11 +417,11 @@ fn normalise(name: &str) -> String {
         .collect()
 }
 
-fn gib_to_mib(hundredths_gib: u64) -> u64 {
-    (hundredths_gib * 1024 + 50) / 100
+fn gib_to_mib(thousandths_gib: u64) -> u64 {
+    (thousandths_gib * 1024 + 500) / 1000
 }
 
-fn profile(id: u32, name: &str, g: u8, mem: u8, max: u8, starts: &[u8], gib_x100: u64) -> Profile {
+fn profile(id: u32, name: &str, g: u8, mem: u8, max: u8, starts: &[u8], gib_x1000: u64) -> Profile {
     Profile {
         id,
         name: name.to_owned(),
@@ -371,13 +432,13 @@ fn profile(id: u32, name: &str, g: u8, mem: u8, max: u8, starts: &[u8], gib_x100
             .iter()
             .map(|&start| Placement { start, size: mem })
             .collect(),
-        memory_mib: gib_to_mib(gib_x100),
+        memory_mib: gib_to_mib(gib_x1000),
     }
 }
 
 /// The A100/H100/H200/B200 family share IDs and slice structure (8 memory,
 /// 7 compute slices); only names and memory differ. `gib` holds the GiB of
-/// 1 slice, 2 slices, 4 slices and 8 slices (×100).
+/// 1 slice, 2 slices, 4 slices and 8 slices (×1000).
 fn seven_slice(name: &str, mem_names: [&str; 4], gib: [u64; 4]) -> GpuModel {
     let [m1, m2, m4, m8] = mem_names;
     let profiles = vec![
@@ -420,11 +481,11 @@ fn builtin_models() -> Vec<GpuModel> {
         memory_slices: 4,
         compute_slices: 4,
         profiles: vec![
-            profile(14, "1g.6gb", 1, 1, 4, &[0, 1, 2, 3], 581),
-            profile(21, "1g.6gb+me", 1, 1, 1, &[0, 1, 2, 3], 581),
-            profile(5, "2g.12gb", 2, 2, 2, &[0, 2], 1169),
-            profile(6, "2g.12gb+me", 2, 2, 1, &[0, 2], 1169),
-            profile(0, "4g.24gb", 4, 4, 1, &[0], 2344),
+            profile(14, "1g.6gb", 1, 1, 4, &[0, 1, 2, 3], 5810),
+            profile(21, "1g.6gb+me", 1, 1, 1, &[0, 1, 2, 3], 5810),
+            profile(5, "2g.12gb", 2, 2, 2, &[0, 2], 11690),
+            profile(6, "2g.12gb+me", 2, 2, 1, &[0, 2], 11690),
+            profile(0, "4g.24gb", 4, 4, 1, &[0], 23440),
         ],
         memory_mib: 0,
     };
@@ -433,7 +494,7 @@ fn builtin_models() -> Vec<GpuModel> {
     let mut a100_40 = seven_slice(
         "A100-SXM4-40GB",
         ["5gb", "10gb", "20gb", "40gb"],
-        [475, 962, 1950, 3925],
+        [4750, 9620, 19500, 39250],
     );
     a100_40.profiles[2].name = "1g.10gb".to_owned();
     a100_40.profiles[3].name = "2g.10gb".to_owned();
@@ -444,29 +505,31 @@ fn builtin_models() -> Vec<GpuModel> {
         seven_slice(
             "A100-80GB",
             ["10gb", "20gb", "40gb", "80gb"],
-            [950, 1950, 3925, 7925],
+            [9500, 19500, 39250, 79250],
         ),
         seven_slice(
             "H100-80GB",
             ["10gb", "20gb", "40gb", "80gb"],
-            [975, 1962, 3950, 7925],
+            // Read from an H100 80GB HBM3 on driver 580.159.04 (tests/hardware/).
+            [9750, 19625, 39500, 79250],
         ),
         seven_slice(
             "H100-94GB",
             ["12gb", "24gb", "47gb", "94gb"],
-            [1075, 2162, 4638, 9312],
+            [10750, 21620, 46380, 93120],
         ),
         seven_slice(
             "H200-141GB",
             ["18gb", "35gb", "71gb", "141gb"],
-            [1600, 3225, 6950, 13975],
+            // Read from an H200 on driver 580.159.04 (tests/hardware/).
+            [16000, 32500, 69750, 140000],
         ),
         // B200 placements and the 3g/4g/7g memory are not published; derived
         // from the shared slice structure (mig.md §1.2, §6).
         seven_slice(
             "B200-180GB",
             ["23gb", "45gb", "90gb", "180gb"],
-            [2050, 4425, 8850, 17700],
+            [20500, 44250, 88500, 177000],
         ),
         // Without MIG: whole GPUs and shares only. Memory as the driver reports it
         // (`memory.total`, MiB) on common boards.
@@ -480,6 +543,42 @@ fn builtin_models() -> Vec<GpuModel> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_table_is_compared_field_by_field_with_the_built_in_one() {
+        let cat = Catalog::builtin();
+        let h100 = cat.get("H100-80GB").unwrap();
+        assert!(h100.differences_from(h100).is_empty());
+
+        let mut read = h100.clone();
+        read.profiles[0].max_count = 6; // 1g.10gb
+        read.profiles[0].memory_mib += 256;
+        read.profiles.retain(|p| p.id != 5); // no 4g.40gb
+        let mut extra = read.profiles[0].clone();
+        extra.id = 47;
+        extra.name = "1g.10gb+gfx".to_owned();
+        read.profiles.push(extra);
+        let read = GpuModel::new("H100-80GB", 8, 7, read.profiles).unwrap();
+        let diffs = h100.differences_from(&read);
+        assert_eq!(
+            diffs,
+            vec![
+                "profile 19 1g.10gb: max count built-in 7, device 6".to_owned(),
+                format!(
+                    "profile 19 1g.10gb: memory MiB built-in {}, device {}",
+                    h100.profiles[0].memory_mib,
+                    h100.profiles[0].memory_mib + 256
+                ),
+                "profile 5 4g.40gb: not offered by the device".to_owned(),
+                "profile 47 1g.10gb+gfx: offered by the device, not built in".to_owned(),
+            ]
+        );
+        let a30 = cat.get("A30-24GB").unwrap();
+        assert!(
+            h100.differences_from(a30)[0]
+                .starts_with("geometry: built-in 8 memory / 7 compute slices, device 4 / 4")
+        );
+    }
 
     #[test]
     fn builtin_tables_are_valid_by_construction() {

@@ -2,4 +2,5 @@
 
 mod alloc_props;
 mod docs_example;
+mod hardware;
 mod planner_props;
