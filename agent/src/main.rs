@@ -453,8 +453,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let minors: Vec<u32> = backend.devices()?.iter().map(|d| d.minor).collect();
             tessera_agent::sim::write_device_files(&dev, &minors)
                 .with_context(|| format!("creating simulated device nodes in {}", dev.display()))?;
-            settings.mig_minors = dev.join("mig-minors");
-            settings.dev_root = dev;
+            settings.simulated_devices(dev);
         }
         let sandbox = Sandbox::open(settings, Arc::clone(&backend), &state_dir.join("sandbox"))
             .map_err(anyhow::Error::msg)

@@ -72,6 +72,8 @@ pub struct SandboxSettings {
     pub dev_root: PathBuf,
     /// NVIDIA's MIG capability minors (`/proc/driver/nvidia-caps/mig-minors`).
     pub mig_minors: PathBuf,
+    /// The kernel's device majors (`/proc/devices`), for `nvidia-caps`.
+    pub proc_devices: PathBuf,
 }
 
 impl SandboxSettings {
@@ -88,7 +90,16 @@ impl SandboxSettings {
             tmp_mib: 1024,
             dev_root: PathBuf::from("/dev"),
             mig_minors: PathBuf::from("/proc/driver/nvidia-caps/mig-minors"),
+            proc_devices: PathBuf::from("/proc/devices"),
         }
+    }
+
+    /// Reads device nodes, `mig-minors` and `devices` from a simulated node's folder
+    /// (`crate::sim::write_device_files`) instead of the driver's.
+    pub fn simulated_devices(&mut self, dir: PathBuf) {
+        self.mig_minors = dir.join("mig-minors");
+        self.proc_devices = dir.join("devices");
+        self.dev_root = dir;
     }
 }
 
@@ -342,8 +353,37 @@ impl Sandbox {
         wanted.dedup();
         wanted
             .iter()
-            .map(|rel| char_device(&self.settings.dev_root, rel))
+            .map(|rel| match char_device(&self.settings.dev_root, rel) {
+                Err(e) => self.cap_not_made_yet(rel).ok_or(e),
+                ok => ok,
+            })
             .collect()
+    }
+
+    /// A MIG capability node the driver has not made under `/dev` yet: at load it
+    /// makes only `nvidia-cap1` (config) and `nvidia-cap2` (monitor), and NVIDIA's
+    /// tools make the others on first use (`nvidia-modprobe -f`), as read on an H100
+    /// and an H200. The container gets the node all the same, from the major the
+    /// driver registered for `nvidia-caps` and the minor in `mig-minors`, read-only
+    /// as the driver makes them; the host's `/dev` is left alone.
+    fn cap_not_made_yet(&self, rel: &Path) -> Option<DeviceNode> {
+        let minor = rel
+            .strip_prefix("nvidia-caps")
+            .ok()?
+            .to_str()?
+            .strip_prefix("nvidia-cap")?
+            .parse()
+            .ok()?;
+        if self.settings.dev_root.join(rel).exists() {
+            return None;
+        }
+        let major = caps_major(&fs::read_to_string(&self.settings.proc_devices).ok()?)?;
+        Some(DeviceNode {
+            path: Path::new("/dev").join(rel).to_string_lossy().into_owned(),
+            major,
+            minor,
+            mode: 0o20444,
+        })
     }
 
     /// The limits for a workload on `devices`: the node's fixed values, else the
@@ -684,6 +724,22 @@ pub fn parse_mig_minors(text: &str) -> BTreeMap<String, u32> {
         .collect()
 }
 
+/// The character-device major registered for `nvidia-caps` in `/proc/devices`.
+pub fn caps_major(proc_devices: &str) -> Option<u32> {
+    proc_devices
+        .lines()
+        .skip_while(|l| !l.starts_with("Character devices"))
+        .take_while(|l| !l.starts_with("Block devices"))
+        .find_map(|l| {
+            let (major, name) = l.trim().split_once(' ')?;
+            if name.trim() == "nvidia-caps" {
+                major.parse().ok()
+            } else {
+                None
+            }
+        })
+}
+
 /// What NVIDIA's driver writes to `mig-minors`: `config 1`, `monitor 2`, then for each
 /// GPU minor `g` and GPU instance `i` (0..15) its access minor `3 + 135g + 9i`, followed
 /// by its compute instances `c` (0..8) at `+ 1 + c`. The simulator writes this table for
@@ -818,6 +874,32 @@ mod tests {
         assert_eq!(t["gpu1/gi0/access"], 138);
         assert_eq!(t.len(), 2 + 2 * 15 * 9);
         assert!(parse_mig_minors("garbage\nx y\n").is_empty());
+        // Read on an H100 (driver 580.159.04): 4,322 lines, for 32 GPU minors.
+        let real = parse_mig_minors(&mig_minors_table(&(0..32).collect::<Vec<_>>()));
+        assert_eq!(real.len(), 4322);
+        for (key, minor) in [
+            ("gpu0/gi1/access", 12),
+            ("gpu0/gi14/ci4/access", 134),
+            ("gpu0/gi14/ci7/access", 137),
+            ("gpu1/gi0/access", 138),
+            ("gpu1/gi0/ci1/access", 140),
+        ] {
+            assert_eq!(real[key], minor, "{key}");
+        }
+    }
+
+    #[test]
+    fn the_caps_major_is_read_from_proc_devices() {
+        // Excerpt of an H100 node's /proc/devices (driver 580.159.04).
+        let real = "Character devices:\n  1 mem\n136 pts\n195 nvidia\n195 nvidiactl\n\
+                    238 nvidia-uvm\n241 nvidia-caps\n242 nvidia-caps-imex-channels\n\n\
+                    Block devices:\n  7 loop\n";
+        assert_eq!(caps_major(real), Some(241));
+        assert_eq!(
+            caps_major("Character devices:\n  1 mem\n\nBlock devices:\n 99 nvidia-caps\n"),
+            None
+        );
+        assert_eq!(caps_major(""), None);
     }
 
     #[test]

@@ -852,8 +852,8 @@ pub const SIM_CAPS_MAJOR: u32 = 236;
 
 /// Writes the device nodes NVIDIA's driver makes, for GPUs with the given minors, into
 /// `dir` (as `/dev`): `nvidiaN`, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`,
-/// `nvidia-caps/nvidia-capM` for every MIG capability, and the driver's `mig-minors`
-/// table. Opening them reaches no driver; the sandbox's device rules are what they test.
+/// `nvidia-caps/nvidia-cap1` and `nvidia-cap2`, the driver's `mig-minors` table and a
+/// `/proc/devices` naming the majors. Opening them reaches no driver; the sandbox's device rules are what they test.
 pub fn write_device_files(dir: &std::path::Path, gpu_minors: &[u32]) -> std::io::Result<()> {
     use crate::sandbox::{
         NVIDIA_MAJOR, NVIDIACTL_MINOR, make_char_device, mig_minors_table, parse_mig_minors,
@@ -866,12 +866,25 @@ pub fn write_device_files(dir: &std::path::Path, gpu_minors: &[u32]) -> std::io:
     make_char_device(&dir.join("nvidiactl"), NVIDIA_MAJOR, NVIDIACTL_MINOR, 0o666)?;
     make_char_device(&dir.join("nvidia-uvm"), SIM_UVM_MAJOR, 0, 0o666)?;
     make_char_device(&dir.join("nvidia-uvm-tools"), SIM_UVM_MAJOR, 1, 0o666)?;
+    // As the driver at load: only config (0400) and monitor (0444); the nodes of GPU
+    // and compute instances are made on first use, so the sandbox must do without.
     let table = mig_minors_table(gpu_minors);
-    for minor in parse_mig_minors(&table).values() {
-        let path = caps.join(format!("nvidia-cap{minor}"));
-        if !path.exists() {
-            make_char_device(&path, SIM_CAPS_MAJOR, *minor, 0o444)?;
-        }
+    let minors = parse_mig_minors(&table);
+    for (name, mode) in [("config", 0o400), ("monitor", 0o444)] {
+        let minor = minors[name];
+        make_char_device(
+            &caps.join(format!("nvidia-cap{minor}")),
+            SIM_CAPS_MAJOR,
+            minor,
+            mode,
+        )?;
     }
-    std::fs::write(dir.join("mig-minors"), table)
+    std::fs::write(dir.join("mig-minors"), table)?;
+    std::fs::write(
+        dir.join("devices"),
+        format!(
+            "Character devices:\n  1 mem\n{NVIDIA_MAJOR} nvidia-frontend\n{SIM_UVM_MAJOR} nvidia-uvm\n\
+             {SIM_CAPS_MAJOR} nvidia-caps\n\nBlock devices:\n  8 sd\n"
+        ),
+    )
 }

@@ -61,8 +61,7 @@ impl Node {
         s.memory_mib = Some(256);
         s.pids = 32;
         s.tmp_mib = 16;
-        s.dev_root = self.dir.path().join("dev");
-        s.mig_minors = self.dir.path().join("dev/mig-minors");
+        s.simulated_devices(self.dir.path().join("dev"));
         s
     }
 
@@ -543,8 +542,7 @@ async fn an_mps_client_reaches_its_own_daemon_and_no_other() {
     settings.memory_mib = Some(256);
     settings.pids = 32;
     settings.tmp_mib = 16;
-    settings.dev_root = dir.path().join("dev");
-    settings.mig_minors = dir.path().join("dev/mig-minors");
+    settings.simulated_devices(dir.path().join("dev"));
     // The stand-in control program, to talk to the daemons from inside.
     settings.read_only = vec![exe.parent().unwrap().to_owned()];
     let backend: Arc<dyn GpuBackend> = Arc::new(sim.clone());
