@@ -1,12 +1,12 @@
 // The first user journey: sign in (wrong, then right), dashboard, change password, sign out,
 // sign in again. Plus: forms work before hydration.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { launch, withPage, hydrated, signIn, BASE, ADMIN_PASSWORD } from './helpers.mjs';
+import {
+  withPage, hydrated, signIn, BASE, ADMIN_PASSWORD, fileBrowser,
+} from './helpers.mjs';
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
 const NEW_PASSWORD = 'e2e second password 2';
 

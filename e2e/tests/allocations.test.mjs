@@ -3,37 +3,21 @@
 // MIG UUID the agent reported; a second request beyond the per-user cap waits for approval
 // and the team admin approves it; a request the cluster cannot hold shows its queue
 // position and the reason it waits.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api,
 } from './helpers.mjs';
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
-const suffix = Date.now().toString(36).slice(-5);
+const suffix = runTag();
 const TEAM = `GPU Lab ${suffix}`;
 const MEMBER = `alloc-member-${suffix}`;
 const LEAD = `alloc-lead-${suffix}`;
 const PASSWORD = 'allocation password 1';
 let teamId;
 let pendingUrl;
-
-async function signInAs(page, username, password) {
-  await signIn(page, username, password);
-  await page.waitForURL(`${BASE}/`);
-}
-
-// REST calls with the page's session (same-origin, as the CSRF guard requires).
-async function api(page, method, path, data) {
-  const r = await page.request.fetch(`${BASE}${path}`, {
-    method, data, headers: { origin: BASE },
-  });
-  assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
-  return r.json();
-}
 
 async function setQuota(page, model, guaranteed, limit, perUser) {
   const form = page.locator('[data-testid=quota-form]');

@@ -3,29 +3,19 @@
 // `cargo xtask e2e`) bills it at the whole-H100 price pro rata (1/7); the usage page's chart
 // and the team statement show the cost; the statement's CSV downloads and its BilledCost
 // total equals the statement's total.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, api,
 } from './helpers.mjs';
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
-const suffix = Date.now().toString(36).slice(-5);
+const suffix = runTag();
 const TEAM = `Billing Lab ${suffix}`;
 const MEMBER = `bill-member-${suffix}`;
 const PASSWORD = 'billing password 1';
 let teamId;
-
-async function api(page, method, path, data) {
-  const r = await page.request.fetch(`${BASE}${path}`, {
-    method, data, headers: { origin: BASE },
-  });
-  assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
-  return r.json();
-}
 
 // RFC 4180 rows (quoted fields may hold commas and doubled quotes).
 function parseCsv(text) {

@@ -1,4 +1,6 @@
 // Shared helpers for the browser tests: launch Debian's Chromium, screenshot on failure.
+import { before, after } from 'node:test';
+import assert from 'node:assert/strict';
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 
@@ -18,6 +20,18 @@ export async function launch() {
     ],
   });
 }
+
+// One Chromium for a test file: launched before its first test, closed after its last;
+// `withPage` takes it like a launched one.
+export function fileBrowser() {
+  let launched;
+  before(async () => { launched = await launch(); });
+  after(async () => { await launched?.close(); });
+  return { newContext: (options) => launched.newContext(options) };
+}
+
+// A short tag that keeps this run's team and user names apart from earlier runs'.
+export const runTag = () => Date.now().toString(36).slice(-5);
 
 // Runs `body(page)` in a fresh browser context; on failure saves a screenshot under
 // e2e/artifacts/ and rethrows.
@@ -60,6 +74,22 @@ export async function signIn(page, username, password) {
   await page.fill('#username', username);
   await page.fill('#password', password);
   await page.click('#sign-in');
+}
+
+// Signs in and waits for the dashboard's address.
+export async function signInAs(page, username, password) {
+  await signIn(page, username, password);
+  await page.waitForURL(`${BASE}/`);
+}
+
+// A REST call with the page's session (same-origin, as the CSRF guard requires): asserts a
+// success and returns the JSON body.
+export async function api(page, method, path, data) {
+  const r = await page.request.fetch(`${BASE}${path}`, {
+    method, data, headers: { origin: BASE },
+  });
+  assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
+  return r.json();
 }
 
 // Calls `check` (which may reload the page) until it returns true, for up to `timeoutMs`.

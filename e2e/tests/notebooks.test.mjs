@@ -5,28 +5,21 @@
 // gets nothing of the portal, as the owner and as a visiting admin), stops it; then submits
 // a job on the same slice and watches its log line arrive live and the job fail with exit
 // code 3. And no other page can frame the portal.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, signIn, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api,
 } from './helpers.mjs';
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
-const suffix = Date.now().toString(36).slice(-5);
+const suffix = runTag();
 const TEAM = `Notebook Lab ${suffix}`;
 const MEMBER = `nb-member-${suffix}`;
 const PASSWORD = 'notebook password 1';
 let teamId;
 let allocationId;
 let notebookUrl;
-
-async function signInAs(page, username, password) {
-  await signIn(page, username, password);
-  await page.waitForURL(`${BASE}/`);
-}
 
 // accounts.test.mjs changes the admin password; run alone, this file meets the first one.
 async function signInAdmin(page) {
@@ -36,15 +29,6 @@ async function signInAdmin(page) {
   } catch {
     await signInAs(page, 'admin', ADMIN_PASSWORD);
   }
-}
-
-// REST calls with the page's session (same-origin, as the CSRF guard requires).
-async function api(page, method, path, data) {
-  const r = await page.request.fetch(`${BASE}${path}`, {
-    method, data, headers: { origin: BASE },
-  });
-  assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
-  return r.json();
 }
 
 // Runs in a notebook's page: everything a malicious script there would try against the

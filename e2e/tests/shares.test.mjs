@@ -3,27 +3,20 @@
 // quarter of a GPU through the request form and sees it active on the shared GPU, and the
 // Nodes page shows the share. Everything is put back afterwards (the share released, the
 // GPU unshared) for the tests that follow.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs,
 } from './helpers.mjs';
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
-const suffix = Date.now().toString(36).slice(-5);
+const suffix = runTag();
 const TEAM = `Shared Lab ${suffix}`;
 const MEMBER = `share-member-${suffix}`;
 const PASSWORD = 'share password 123';
 let teamId;
 let shared; // { node, gpu, model }
-
-async function signInAs(page, username, password) {
-  await signIn(page, username, password);
-  await page.waitForURL(`${BASE}/`);
-}
 
 // REST calls with the page's session: `[status, body]`.
 async function call(page, method, path, data) {

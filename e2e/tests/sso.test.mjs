@@ -2,18 +2,16 @@
 // with Test IdP", signs in at the identity provider (oidc-provider, started by `cargo xtask
 // e2e` with the group map `gpu-vision-admins=SSO Vision:team_admin`), and lands on the
 // dashboard as a team admin of "SSO Vision".
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, BASE, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, signIn, BASE, ADMIN_SECOND_PASSWORD, fileBrowser,
 } from './helpers.mjs';
 
 const IDP = process.env.TESSERA_IDP_URL;
 if (!IDP) throw new Error('set TESSERA_IDP_URL (cargo xtask e2e starts the identity provider)');
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
 const TEAM = 'SSO Vision';
 const USER = `erin-${Date.now().toString(36).slice(-5)}`;

@@ -1,16 +1,14 @@
 // Telemetry on the nodes page: the simulated agents report every 10 s; each GPU shows its
 // newest values and a sparkline, says "n/a (MIG on)" where the driver has no utilization,
 // and the values are there without JavaScript too.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser,
 } from './helpers.mjs';
 
-let browser;
+const browser = fileBrowser();
 let signedIn; // the admin's cookies, for the page without JavaScript
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
 
 const gpuCard = (page, model, mig) => page.locator('[data-testid=gpu]', {
   has: page.locator('.gpu-head', {

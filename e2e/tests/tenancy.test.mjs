@@ -1,17 +1,15 @@
 // Tenancy journey: an admin creates a team and a member; the member signs in, sees the
 // simulated cluster on the dashboard and the nodes page, cannot reach admin pages, signs out.
 // Then the admin side of the cluster pages: a MIG layout, a join token, an API token.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  launch, withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD,
+  withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag,
 } from './helpers.mjs';
 
-let browser;
-before(async () => { browser = await launch(); });
-after(async () => { await browser?.close(); });
+const browser = fileBrowser();
 
-const suffix = Date.now().toString(36).slice(-5);
+const suffix = runTag();
 const TEAM = `Vision Lab ${suffix}`;
 const MEMBER = `member-${suffix}`;
 const MEMBER_PASSWORD = 'member password 12';
