@@ -487,22 +487,17 @@ pub async fn request_allocation(
         ("purpose", purpose.clone()),
     ];
     ssr::call(echo, async |s, p| {
-        let count = if count.trim().is_empty() {
-            1
-        } else {
-            number(&count, "count")?
-        };
-        let duration_minutes =
-            optional_number(Some(&duration_hours), "duration_hours")?.map(|h| h.saturating_mul(60));
-        let input = tessera_domain::alloc::NewAllocation {
-            team_id,
-            kind,
-            count,
-            duration_minutes,
-            starts_at: Some(starts_at),
-            priority: Some(priority),
-            purpose,
-        };
+        let input = tessera_domain::alloc::NewAllocation::from_form(
+            tessera_domain::alloc::AllocationForm {
+                team_id,
+                kind,
+                count,
+                duration_hours,
+                starts_at,
+                priority,
+                purpose,
+            },
+        )?;
         let key = Some(idempotency_key.as_str()).filter(|k| !k.is_empty());
         let v = s.allocations.request(p, &input, key).await?;
         leptos_axum::redirect(&format!("/allocations/{}", v.id));
@@ -627,31 +622,13 @@ pub async fn set_rate(
         ("effective_from", effective_from.clone()),
     ];
     ssr::call(echo, async |s, p| {
-        let minor = tessera_domain::billing::parse_money(&price, s.billing.currency(), "price")?;
-        let discount =
-            optional_number(Some(&preemptible_discount_pct), "preemptible_discount_pct")?
-                .unwrap_or(0);
-        let from = match effective_from.trim() {
-            "" => None,
-            t => Some(
-                chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M")
-                    .map_err(|_| {
-                        AppError::invalid(
-                            "effective_from",
-                            "must be a date and hour like 2026-12-01T00:00",
-                        )
-                    })?
-                    .and_utc(),
-            ),
-        };
-        let input = NewRate {
+        let input = NewRate::from_form(
             kind,
-            price_minor_per_hour: minor,
-            preemptible_discount_pct: u8::try_from(discount).map_err(|_| {
-                AppError::invalid("preemptible_discount_pct", "must be between 0 and 100")
-            })?,
-            effective_from: from,
-        };
+            &price,
+            &preemptible_discount_pct,
+            &effective_from,
+            s.billing.currency(),
+        )?;
         s.billing.set_rate(p, &input).await
     })
     .await

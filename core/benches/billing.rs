@@ -15,7 +15,7 @@ use std::time::Instant;
 use support::{Bench, Scratch, env_or, err};
 use tessera_core::services::billing::UsageQuery;
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
-use tessera_domain::alloc::{AllocState, PriorityClass};
+
 use uuid::Uuid;
 
 fn main() -> anyhow::Result<()> {
@@ -164,27 +164,7 @@ async fn seed(
     let id = Uuid::new_v4();
     let row = AllocationRow {
         id,
-        team_id: team,
-        user_id: user,
-        kind: "H100-80GB:whole".into(),
-        model: "H100-80GB".into(),
-        count: 1,
-        units: 7,
-        priority: PriorityClass::Normal,
-        purpose: String::new(),
-        state: AllocState::Queued,
-        duration_minutes: 60,
-        starts_at: None,
-        created_at: from,
-        active_at: None,
-        ends_at: None,
-        approver: None,
-        approval_reason: None,
-        pending_reason: None,
-        devices: "[]".into(),
-        release_cause: None,
-        preempt_at: None,
-        idempotency_key: None,
+        ..AllocationRow::queued(team, user, "H100-80GB:whole", (1, 7), from)
     };
     store.insert_allocation(&row, None, "bench").await?;
     for (f, t, at) in [

@@ -84,31 +84,18 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
     let start = origin + Duration::seconds(s.start);
     let row = AllocationRow {
         id,
-        team_id: team,
-        user_id: user,
-        kind: s.kind.into(),
-        model: s.kind.split(':').next().expect("model").into(),
-        count: i64::from(s.count),
-        units: i64::from(units),
         priority: if s.preemptible {
             PriorityClass::Preemptible
         } else {
             PriorityClass::Normal
         },
-        purpose: String::new(),
-        state: AllocState::Queued,
-        duration_minutes: 60,
-        starts_at: None,
-        created_at: start,
-        active_at: None,
-        ends_at: None,
-        approver: None,
-        approval_reason: None,
-        pending_reason: None,
-        devices: "[]".into(),
-        release_cause: None,
-        preempt_at: None,
-        idempotency_key: None,
+        ..AllocationRow::queued(
+            team,
+            user,
+            s.kind,
+            (i64::from(s.count), i64::from(units)),
+            start,
+        )
     };
     store
         .insert_allocation(&row, None, "test")

@@ -605,6 +605,43 @@ fn one() -> u32 {
     1
 }
 
+/// The request form's fields as typed, before [`NewAllocation::from_form`] reads them.
+#[derive(Debug, Clone, Default)]
+pub struct AllocationForm {
+    pub team_id: String,
+    pub kind: String,
+    /// Empty: 1.
+    pub count: String,
+    /// Whole hours; empty: the policy's default.
+    pub duration_hours: String,
+    pub starts_at: String,
+    pub priority: String,
+    pub purpose: String,
+}
+
+impl NewAllocation {
+    /// Reads the request form; errors name the form's field. [`validate`] checks the rest.
+    pub fn from_form(form: AllocationForm) -> Result<NewAllocation, AppError> {
+        let whole = |raw: &str, field: &str| match raw.trim() {
+            "" => Ok(None),
+            t => t
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| AppError::invalid(field, "must be a whole number")),
+        };
+        Ok(NewAllocation {
+            count: whole(&form.count, "count")?.unwrap_or(1),
+            duration_minutes: whole(&form.duration_hours, "duration_hours")?
+                .map(|h| h.saturating_mul(60)),
+            team_id: form.team_id,
+            kind: form.kind,
+            starts_at: Some(form.starts_at),
+            priority: Some(form.priority),
+            purpose: form.purpose,
+        })
+    }
+}
+
 /// A request that passed [`validate`]: valid by construction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidAllocation {
@@ -1358,6 +1395,36 @@ impl QuotaView {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn the_request_form_is_read_with_defaults_and_field_errors() {
+        let form = AllocationForm {
+            team_id: "t".into(),
+            kind: "H100-80GB:1g.10gb".into(),
+            ..AllocationForm::default()
+        };
+        let a = NewAllocation::from_form(form.clone()).unwrap();
+        assert_eq!((a.count, a.duration_minutes), (1, None));
+        let a = NewAllocation::from_form(AllocationForm {
+            count: " 3 ".into(),
+            duration_hours: "2".into(),
+            ..form.clone()
+        })
+        .unwrap();
+        assert_eq!((a.count, a.duration_minutes), (3, Some(120)));
+        for (count, hours, field) in [("x", "", "count"), ("1", "1.5", "duration_hours")] {
+            let e = NewAllocation::from_form(AllocationForm {
+                count: count.into(),
+                duration_hours: hours.into(),
+                ..form.clone()
+            })
+            .unwrap_err();
+            assert!(
+                matches!(&e, AppError::Invalid { field: f, .. } if f == field),
+                "{e:?}"
+            );
+        }
+    }
 
     fn t(h: u32, m: u32) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2025, 5, 1, h, m, 0).unwrap()

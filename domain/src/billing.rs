@@ -268,6 +268,49 @@ pub struct NewRate {
     pub effective_from: Option<DateTime<Utc>>,
 }
 
+impl NewRate {
+    /// The rate form's fields as typed: `price` a decimal amount in `currency`, the
+    /// discount a whole percentage (empty: 0), `effective_from` a UTC date and hour
+    /// like `2026-12-01T00:00` (empty: the next full hour). Errors name the field;
+    /// [`validate_rate`] checks the rest.
+    pub fn from_form(
+        kind: String,
+        price: &str,
+        preemptible_discount_pct: &str,
+        effective_from: &str,
+        currency: &str,
+    ) -> Result<NewRate, AppError> {
+        let discount = match preemptible_discount_pct.trim() {
+            "" => 0,
+            t => t.parse().map_err(|_| {
+                AppError::invalid(
+                    "preemptible_discount_pct",
+                    "must be a whole number between 0 and 100",
+                )
+            })?,
+        };
+        let effective_from = match effective_from.trim() {
+            "" => None,
+            t => Some(
+                chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M")
+                    .map_err(|_| {
+                        AppError::invalid(
+                            "effective_from",
+                            "must be a date and hour like 2026-12-01T00:00",
+                        )
+                    })?
+                    .and_utc(),
+            ),
+        };
+        Ok(NewRate {
+            kind,
+            price_minor_per_hour: parse_money(price, currency, "price")?,
+            preemptible_discount_pct: discount,
+            effective_from,
+        })
+    }
+}
+
 /// The most a rate may charge per hour (minor units): keeps every product in range.
 pub const PRICE_MAX_MINOR: i64 = 100_000_000;
 
@@ -717,6 +760,32 @@ pub struct Statement {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_form_is_read_into_a_typed_rate_with_field_errors() {
+        let r = NewRate::from_form("H100-80GB:whole".into(), "7.50", "", " ", "EUR").unwrap();
+        assert_eq!(r.price_minor_per_hour, 750);
+        assert_eq!((r.preemptible_discount_pct, r.effective_from), (0, None));
+        let r = NewRate::from_form("k".into(), "1", "40", "2026-12-01T13:00", "JPY").unwrap();
+        assert_eq!(r.price_minor_per_hour, 1);
+        assert_eq!(r.preemptible_discount_pct, 40);
+        assert_eq!(
+            r.effective_from,
+            Some(Utc.with_ymd_and_hms(2026, 12, 1, 13, 0, 0).unwrap())
+        );
+        for (price, discount, from, field) in [
+            ("seven", "", "", "price"),
+            ("7", "-1", "", "preemptible_discount_pct"),
+            ("7", "300", "", "preemptible_discount_pct"),
+            ("7", "", "tomorrow", "effective_from"),
+        ] {
+            let e = NewRate::from_form("k".into(), price, discount, from, "EUR").unwrap_err();
+            assert!(
+                matches!(&e, AppError::Invalid { field: f, .. } if f == field),
+                "{price}/{discount}/{from}: {e:?}"
+            );
+        }
+    }
     use proptest::prelude::*;
 
     fn t(s: i64) -> DateTime<Utc> {

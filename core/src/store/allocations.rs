@@ -51,6 +51,44 @@ pub struct AllocationRow {
     pub idempotency_key: Option<String>,
 }
 
+impl AllocationRow {
+    /// A new request as it is first written: queued, nothing decided yet, normal
+    /// priority, an hour long, no purpose; `model` (the quota line) is the kind's first
+    /// part, which a share must override with its `quota_key`.
+    pub fn queued(
+        team_id: Uuid,
+        user_id: Uuid,
+        kind: &str,
+        (count, units): (i64, i64),
+        created_at: DateTime<Utc>,
+    ) -> AllocationRow {
+        AllocationRow {
+            id: Uuid::new_v4(),
+            team_id,
+            user_id,
+            kind: kind.to_owned(),
+            model: kind.split(':').next().unwrap_or_default().to_owned(),
+            count,
+            units,
+            priority: PriorityClass::Normal,
+            purpose: String::new(),
+            state: AllocState::Queued,
+            duration_minutes: 60,
+            starts_at: None,
+            created_at,
+            active_at: None,
+            ends_at: None,
+            approver: None,
+            approval_reason: None,
+            pending_reason: None,
+            devices: "[]".into(),
+            release_cause: None,
+            preempt_at: None,
+            idempotency_key: None,
+        }
+    }
+}
+
 /// An allocation with the names the views show.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AllocationListRow {

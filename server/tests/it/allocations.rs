@@ -2,8 +2,8 @@
 //! cancel (quota returned exactly once), surviving a restart between admit and place, and a
 //! real simulated agent turning a request into an active MIG slice.
 
-use crate::nodes::agent_bin;
 use crate::on_both_databases;
+use crate::support::sim_agent;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -653,15 +653,10 @@ impl SimAgent {
             .await;
         assert_eq!(s, 201);
         let state = tempfile::tempdir().expect("tempdir");
-        let child = tokio::process::Command::new(agent_bin())
-            .args(["--simulate", "--gpus", "H100-80GB", "--hostname", hostname])
-            .args(["--server", &a.app.base, "--join-token"])
+        let child = sim_agent(&a.app.base, "H100-80GB", hostname, state.path())
+            .arg("--join-token")
             .arg(jt["secret"].as_str().expect("secret"))
             .arg("--manage-mig")
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-            .kill_on_drop(true)
             .spawn()
             .expect("start tessera-agent");
         SimAgent {

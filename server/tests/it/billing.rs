@@ -14,7 +14,6 @@ use serde_json::json;
 use std::collections::BTreeSet;
 use tessera_core::Services;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
-use tessera_domain::alloc::AllocState;
 use uuid::Uuid;
 
 pub(crate) async fn services(app: &TestApp) -> Services {
@@ -68,27 +67,10 @@ pub(crate) async fn history(
     let created = start - Duration::minutes(1);
     let row = AllocationRow {
         id,
-        team_id: team,
-        user_id: user,
-        kind: kind.into(),
-        model: kind.split(':').next().expect("model").into(),
-        count,
-        units,
         priority: priority.parse().expect("priority"),
         purpose: "billing test".into(),
-        state: AllocState::Queued,
         duration_minutes: 60 * 24,
-        starts_at: None,
-        created_at: created,
-        active_at: None,
-        ends_at: None,
-        approver: None,
-        approval_reason: None,
-        pending_reason: None,
-        devices: "[]".into(),
-        release_cause: None,
-        preempt_at: None,
-        idempotency_key: None,
+        ..AllocationRow::queued(team, user, kind, (count, units), created)
     };
     store
         .insert_allocation(&row, None, "test")

@@ -292,7 +292,7 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
         Some("true"),
         "plain http:// to the Service needs TESSERA_AGENT_INSECURE_HTTP"
     );
-    let agent_settings = settings_in_help(&crate::nodes::agent_bin(), &["--help"]);
+    let agent_settings = settings_in_help(&crate::support::agent_bin(), &["--help"]);
     for name in e.keys().filter(|n| n.starts_with("TESSERA_")) {
         assert!(
             agent_settings.contains(name),
@@ -326,7 +326,7 @@ fn systemd_units_and_environment_templates_fit_the_binaries() {
             "/usr/local/bin/tessera-agent",
             "tessera-agent.env",
             "/etc/tessera/agent.env",
-            crate::nodes::agent_bin(),
+            crate::support::agent_bin(),
             &["--help"][..],
         ),
     ];

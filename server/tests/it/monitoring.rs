@@ -3,8 +3,8 @@
 //! metric the alerting rules and the Grafana dashboard query is really exported.
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
-use crate::nodes::agent_bin;
 use crate::on_both_databases;
+use crate::support::sim_agent;
 use crate::support::{AdminClient, Db, TestApp};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -99,16 +99,10 @@ async fn dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported(d
         .await;
     assert_eq!(s, 201, "{jt}");
     let state = tempfile::tempdir().expect("tempdir");
-    let _agent = tokio::process::Command::new(agent_bin())
-        .args(["--simulate", "--gpus", "H100-80GB,A100-SXM4-40GB"])
-        .args(["--hostname", &host, "--server", &a.app.base, "--join-token"])
+    let _agent = sim_agent(&a.app.base, "H100-80GB,A100-SXM4-40GB", &host, state.path())
+        .arg("--join-token")
         .arg(jt["secret"].as_str().expect("secret"))
-        .arg("--manage-mig")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-        .args(["--telemetry-interval-s", "1"])
-        .kill_on_drop(true)
+        .args(["--manage-mig", "--telemetry-interval-s", "1"])
         .spawn()
         .expect("start tessera-agent");
     // A slice on the H100: the scheduler enables MIG and places it (a placement wait is

@@ -406,7 +406,7 @@ async fn on_the_server_host(lab: &Lab) {
         Duration::from_secs(30),
         tokio::process::Command::new(&lab.on_host(1)[0])
             .args(&lab.on_host(1)[1..])
-            .arg(crate::nodes::agent_bin())
+            .arg(crate::support::agent_bin())
             .args(["--simulate", "--gpus", "H100-80GB"])
             .args(["--server", &format!("http://{SERVER_IP}:{PORT}")])
             .args(["--join-token", &tokens[0]])

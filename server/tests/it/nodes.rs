@@ -2,9 +2,8 @@
 //! revocation, desired MIG layouts applied by the agent, and telemetry ingestion.
 
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp};
+use crate::support::{AdminClient, Db, TestApp, sim_agent};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 use tessera_domain::wire::{
     GpuInfo, Heartbeat, Inventory, MigMode, MigModeState, RegisterResponse, TelemetryBatch,
@@ -296,51 +295,25 @@ async fn invalid_layouts_are_rejected_with_the_reason(db: Db) {
     assert_eq!(desired["gpus"][0]["layout"][0]["profile"], "1g.10gb");
 }
 
-/// The `tessera-agent` binary, built if missing.
-pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let bin = dir.join("tessera-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "tessera-agent", "--bin", "tessera-agent"])
-            .status()
-            .expect("cargo build");
-        assert!(status.success(), "building tessera-agent");
-    }
-    bin
-}
-
 async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
     let a = AdminClient::new(db).await;
     let (_, jt) = join_token(&a, 1).await;
     let state = tempfile::tempdir().expect("tempdir");
-    let mut agent = tokio::process::Command::new(agent_bin())
-        .args([
-            "--simulate",
-            "--gpus",
-            "H100-80GB,A100-SXM4-40GB",
-            "--hostname",
-            "gpu-box-1",
-        ])
-        .args(["--server", &a.app.base, "--join-token", &jt, "--manage-mig"])
-        .arg("--state-dir")
-        .arg(state.path())
-        .args([
-            "--heartbeat-interval-s",
-            "1",
-            "--reconcile-interval-s",
-            "1",
-            "--telemetry-interval-s",
-            "1",
-        ])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera-agent");
+    let mut agent = sim_agent(
+        &a.app.base,
+        "H100-80GB,A100-SXM4-40GB",
+        "gpu-box-1",
+        state.path(),
+    )
+    .args([
+        "--join-token",
+        &jt,
+        "--manage-mig",
+        "--telemetry-interval-s",
+        "1",
+    ])
+    .spawn()
+    .expect("start tessera-agent");
 
     let node = wait_for(&a, |nodes| {
         let n = nodes["items"].as_array()?.first()?;
@@ -460,21 +433,14 @@ async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
 
     // The credential survives an agent restart (no join token needed the second time).
     agent.kill().await.expect("kill");
-    let mut again = tokio::process::Command::new(agent_bin())
-        .args([
-            "--simulate",
-            "--gpus",
-            "H100-80GB,A100-SXM4-40GB",
-            "--hostname",
-            "gpu-box-1",
-        ])
-        .args(["--server", &a.app.base])
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1"])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("restart tessera-agent");
+    let mut again = sim_agent(
+        &a.app.base,
+        "H100-80GB,A100-SXM4-40GB",
+        "gpu-box-1",
+        state.path(),
+    )
+    .spawn()
+    .expect("restart tessera-agent");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (_, nodes) = a.call(reqwest::Method::GET, "/api/v1/nodes", None).await;
     assert_eq!(nodes["total"], 1, "the restarted agent is the same node");
@@ -500,13 +466,8 @@ async fn telemetry_survives_a_server_restart(db: Db) {
     let mut a = AdminClient::new(db).await;
     let (_, jt) = join_token(&a, 1).await;
     let state = tempfile::tempdir().expect("tempdir");
-    let mut agent = tokio::process::Command::new(agent_bin())
-        .args(["--simulate", "--gpus", "H100-80GB", "--hostname", "spooler"])
-        .args(["--server", &a.app.base, "--join-token", &jt])
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--telemetry-interval-s", "1"])
-        .kill_on_drop(true)
+    let mut agent = sim_agent(&a.app.base, "H100-80GB", "spooler", state.path())
+        .args(["--join-token", &jt, "--telemetry-interval-s", "1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -5,7 +5,7 @@
 //! refuses to start.
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
-use crate::nodes::agent_bin;
+use crate::support::sim_agent;
 use crate::support::{AdminClient, Db, TestApp, postgres_url};
 use reqwest::Method;
 use serde_json::json;
@@ -187,23 +187,17 @@ async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
         .await;
     assert_eq!(s, 201, "{jt}");
     let state = tempfile::tempdir().expect("tempdir");
-    let _agent = tokio::process::Command::new(agent_bin())
-        .args([
-            "--simulate",
-            "--gpus",
-            "H100-80GB",
-            "--hostname",
-            &format!("rep-{tag}"),
-        ])
-        .args(["--server", &admin.app.base, "--join-token"])
-        .arg(jt["secret"].as_str().expect("secret"))
-        .arg("--manage-mig")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera-agent");
+    let _agent = sim_agent(
+        &admin.app.base,
+        "H100-80GB",
+        &format!("rep-{tag}"),
+        state.path(),
+    )
+    .arg("--join-token")
+    .arg(jt["secret"].as_str().expect("secret"))
+    .arg("--manage-mig")
+    .spawn()
+    .expect("start tessera-agent");
     node_reports_gpu(&admin, &format!("rep-{tag}")).await;
     let (s, v) = request(&admin.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
@@ -522,20 +516,8 @@ async fn killing_the_leader_twenty_times_loses_nothing_and_places_nothing_twice(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let state = tempfile::tempdir().expect("tempdir");
-    let _agent = tokio::process::Command::new(agent_bin())
-        .args([
-            "--simulate",
-            "--gpus",
-            "H100-80GB",
-            "--hostname",
-            &format!("fo-{tag}"),
-        ])
-        .args(["--server", &base, "--join-token", &join])
-        .arg("--manage-mig")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
-        .kill_on_drop(true)
+    let _agent = sim_agent(&base, "H100-80GB", &format!("fo-{tag}"), state.path())
+        .args(["--join-token", &join, "--manage-mig"])
         .spawn()
         .expect("start tessera-agent");
 

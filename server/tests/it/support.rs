@@ -425,3 +425,40 @@ pub async fn json_call(
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
+
+/// The `tessera-agent` binary, built if missing.
+pub fn agent_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let bin = dir.join("tessera-agent");
+    if !bin.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "tessera-agent", "--bin", "tessera-agent"])
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building tessera-agent");
+    }
+    bin
+}
+
+/// `tessera-agent --simulate` with `gpus` (catalog names, comma-separated) as node
+/// `hostname` of `server`, its state in `state`, heartbeats and layout rounds every
+/// second, killed when dropped; callers add a join token and what they test.
+pub fn sim_agent(
+    server: &str,
+    gpus: &str,
+    hostname: &str,
+    state: &std::path::Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(agent_bin());
+    cmd.args(["--simulate", "--gpus", gpus, "--hostname", hostname])
+        .args(["--server", server, "--state-dir"])
+        .arg(state)
+        .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
+        .kill_on_drop(true);
+    cmd
+}

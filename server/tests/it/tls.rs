@@ -138,7 +138,7 @@ fn the_server_refuses_to_start_with_a_certificate_that_does_not_load() {
 #[test]
 fn an_agent_refuses_plain_http_beyond_loopback() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(crate::nodes::agent_bin())
+    let out = std::process::Command::new(crate::support::agent_bin())
         .args(["--simulate", "--gpus", "H100-80GB"])
         .args([
             "--server",

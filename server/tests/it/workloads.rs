@@ -6,8 +6,8 @@
 //! Needs `jupyter lab` on PATH (`cargo xtask test` installs JupyterLab).
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
-use crate::nodes::agent_bin;
 use crate::on_both_databases;
+use crate::support::agent_bin;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use futures_util::{SinkExt, StreamExt};
 use reqwest::Method;

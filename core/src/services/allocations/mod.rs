@@ -211,28 +211,19 @@ impl Allocations {
             user: to_u32(user_used),
         };
         let mut row = AllocationRow {
-            id: Uuid::new_v4(),
-            team_id: access.team.id,
-            user_id: p.user_id.0,
-            kind: valid.kind().to_string(),
             model: model.clone(),
-            count: i64::from(valid.count()),
-            units: i64::from(valid.units()),
             priority: valid.priority(),
             purpose: valid.purpose().to_owned(),
-            state: AllocState::Queued,
             duration_minutes: i64::from(valid.duration_minutes()),
             starts_at: valid.starts_at(),
-            created_at: now,
-            active_at: None,
-            ends_at: None,
-            approver: None,
-            approval_reason: None,
-            pending_reason: None,
-            devices: "[]".into(),
-            release_cause: None,
-            preempt_at: None,
             idempotency_key: key.map(str::to_owned),
+            ..AllocationRow::queued(
+                access.team.id,
+                p.user_id.0,
+                &valid.kind().to_string(),
+                (i64::from(valid.count()), i64::from(valid.units())),
+                now,
+            )
         };
         let actor = p.username.as_str();
         let mut admission = alloc::admit(&model, quota.as_ref(), usage, valid.units());
