@@ -23,6 +23,7 @@ pub const OUTPUT_NAME: &str = "tessera";
 /// The HTML document around the app (server side only renders it).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     use_csp_nonce();
+    let server_only = request_path().as_deref().is_some_and(is_server_only);
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -31,13 +32,49 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
                 <link rel="icon" href="data:," />
                 <link rel="stylesheet" href=format!("/pkg/{}.css", options.output_name) />
-                <HydrationScripts options />
+                {(!server_only).then(|| view! { <HydrationScripts options /> })}
                 <MetaTags />
             </head>
-            <body>
+            <body data-server-only=server_only.then_some("")>
                 <App />
+                {server_only
+                    .then(|| {
+                        view! { <script nonce=leptos::nonce::use_nonce() inner_html=SERVER_ONLY_JS></script> }
+                    })}
             </body>
         </html>
+    }
+}
+
+/// Pages served as plain HTML, without the wasm bundle: the sign-in page, which every
+/// anonymous visit lands on, must be usable at once on a slow link (docs/benchmarks.md
+/// §12), and its form works without JavaScript. Reached by client-side navigation (after
+/// signing out), the app renders it like any other page.
+pub fn is_server_only(path: &str) -> bool {
+    path == "/login"
+}
+
+/// What a server-only page does in the browser without the bundle (progressive
+/// enhancement; the forms work without it): the password fields' show/hide toggle, and
+/// the submit button says it is busy.
+const SERVER_ONLY_JS: &str = "document.addEventListener('click',function(e){\
+var b=e.target.closest('button[data-toggle-for]');if(!b)return;\
+var i=document.getElementById(b.dataset.toggleFor),s=i.type==='password';\
+i.type=s?'text':'password';b.textContent=s?'Hide':'Show';\
+b.setAttribute('aria-label',s?'Hide password':'Show password')});\
+document.addEventListener('submit',function(e){\
+var b=e.target.querySelector('button[type=submit]');\
+if(b){b.disabled=true;b.textContent='Signing in\u{2026}'}});";
+
+/// This response's request path (server side only).
+fn request_path() -> Option<String> {
+    #[cfg(feature = "ssr")]
+    {
+        use_context::<http::request::Parts>().map(|p| p.uri.path().to_owned())
+    }
+    #[cfg(not(feature = "ssr"))]
+    {
+        None
     }
 }
 

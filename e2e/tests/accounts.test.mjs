@@ -18,7 +18,10 @@ test('admin signs in, changes password, signs out and back in', async () => {
     assert.match(await err.innerText(), /invalid username or password/);
     assert.equal(await page.inputValue('#username'), 'admin', 'typed username kept');
 
-    // Client-side interaction works after hydration: the show/hide toggle.
+    // The sign-in page is plain HTML (no wasm bundle): its show/hide toggle is a few lines
+    // of script.
+    assert.equal(await page.locator('link[rel=modulepreload], link[href*="_bg.wasm"]').count(), 0,
+      'the sign-in page loads no bundle');
     await page.fill('#password', ADMIN_PASSWORD);
     await page.click('button[data-toggle-for=password]');
     assert.equal(await page.getAttribute('#password', 'type'), 'text');
@@ -28,6 +31,7 @@ test('admin signs in, changes password, signs out and back in', async () => {
     await page.click('#sign-in');
     await page.waitForURL(`${BASE}/`);
     await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+    await hydrated(page);
     assert.equal(await page.innerText('[data-testid=current-user]'), 'admin');
 
     await page.click('nav >> text=My account');
@@ -55,6 +59,7 @@ test('admin signs in, changes password, signs out and back in', async () => {
     await signIn(page, 'admin', NEW_PASSWORD);
     await page.waitForURL(`${BASE}/`);
     await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+    await hydrated(page);
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
 });

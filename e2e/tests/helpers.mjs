@@ -64,8 +64,10 @@ export async function withPage(browser, name, body, options = {}) {
   }
 }
 
+// Waits until the page is interactive: hydrated by the wasm bundle, or a server-only page
+// (the sign-in page, plain HTML whose forms work without it).
 export async function hydrated(page) {
-  await page.waitForSelector('body[data-hydrated="true"]', { timeout: 30000 });
+  await page.waitForSelector('body[data-hydrated="true"], body[data-server-only]', { timeout: 30000 });
 }
 
 export async function signIn(page, username, password) {
@@ -76,10 +78,12 @@ export async function signIn(page, username, password) {
   await page.click('#sign-in');
 }
 
-// Signs in and waits for the dashboard's address.
+// Signs in and waits for the dashboard, hydrated (the sign-in form posts without the
+// bundle, so the dashboard is a full page load).
 export async function signInAs(page, username, password) {
   await signIn(page, username, password);
   await page.waitForURL(`${BASE}/`);
+  await hydrated(page);
 }
 
 // A REST call with the page's session (same-origin, as the CSRF guard requires): asserts a

@@ -18,6 +18,7 @@ async function signInAs(page, username, password) {
   await signIn(page, username, password);
   await page.waitForURL(`${BASE}/`);
   await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+  await hydrated(page);
 }
 
 test('admin creates a team and a user, and adds the user as a member', async () => {

@@ -241,6 +241,23 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     let login = c.get(app.url("/login")).send().await.expect("login");
     assert_eq!(login.headers()["cache-control"], "private, no-cache");
     let html = login.text().await.expect("html");
+    // The sign-in page is server-only: its stylesheet, no bundle.
+    assert!(html.contains(&format!("/pkg/{stem}.css")), "{html}");
+    assert!(html.contains("data-server-only"), "{html}");
+    assert!(
+        !html.contains(&format!("/pkg/{stem}.js")) && !html.contains("_bg.wasm"),
+        "{html}"
+    );
+    // A signed-in page names the hashed bundle.
+    let cookie = crate::support::login(&app, "admin", crate::support::ADMIN_PASSWORD).await;
+    let dash = c
+        .get(app.url("/"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("dashboard");
+    assert_eq!(dash.headers()["cache-control"], "private, no-cache");
+    let html = dash.text().await.expect("html");
     for href in [
         format!("/pkg/{stem}.js"),
         format!("/pkg/{stem}_bg.wasm"),
@@ -248,6 +265,7 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     ] {
         assert!(html.contains(&href), "{href} in {html}");
     }
+    assert!(!html.contains("data-server-only"), "{html}");
 
     let get = |path: String, encoding: &'static str| {
         let c = c.clone();
