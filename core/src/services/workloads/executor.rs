@@ -1,0 +1,408 @@
+//! The executor sync: what each node should run, and what its agent (or the Kubernetes executor) reports.
+
+use super::*;
+
+impl Workloads {
+    /// Live workloads by kind and state, every combination present (zero included), for
+    /// `/metrics`.
+    pub async fn live_counts(&self) -> Result<Vec<(WorkloadKind, WorkloadState, u64)>, AppError> {
+        let rows = self
+            .store
+            .live_workload_counts()
+            .await
+            .map_err(internal("counting workloads"))?;
+        let mut out = Vec::new();
+        for kind in [WorkloadKind::Notebook, WorkloadKind::Job] {
+            for state in WorkloadState::ALL.into_iter().filter(|s| s.is_live()) {
+                let n = rows
+                    .iter()
+                    .find(|(k, s, _)| k == kind.as_str() && s == state.as_str())
+                    .map_or(0, |r| u64::try_from(r.2).unwrap_or(0));
+                out.push((kind, state, n));
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- the executor protocol ----
+
+    /// Records a node executor's reports and answers with what should run there.
+    /// `from` says who reports: a node's agent, whose notebook endpoints must be on the
+    /// address its request came from ([`wl::endpoint_allowed`]), or the server's own
+    /// Kubernetes executor (pod addresses, trusted). A malformed log piece is refused.
+    pub async fn sync(
+        &self,
+        node: &NodeIdentity,
+        from: Reporter,
+        reports: &WorkloadReports,
+    ) -> Result<WorkloadSync, AppError> {
+        let now = Utc::now();
+        let rows = self.node_rows(node.id, now).await?;
+        let by_run: HashMap<String, &WorkloadListRow> =
+            rows.iter().map(|r| (run_id(&r.w), r)).collect();
+        let mut acks = Vec::new();
+        for rep in &reports.workloads {
+            let Some(row) = by_run.get(&rep.id) else {
+                continue;
+            };
+            let w = &row.w;
+            let alloc = row.alloc_state;
+            if let Some(p) = &rep.log
+                && !wl::log_piece_valid(p.offset, p.len, &p.text)
+            {
+                return Err(AppError::invalid(
+                    "log",
+                    format!(
+                        "workload {}: a log piece's len must be its text's length in bytes",
+                        rep.id
+                    ),
+                ));
+            }
+            let mut rep = rep.clone();
+            if let (Some(e), Reporter::Agent(peer)) = (&rep.endpoint, from)
+                && !wl::endpoint_allowed(e, peer)
+            {
+                tracing::warn!(node = %node.id, workload = rep.id, endpoint = e, ?peer,
+                    "ignoring a notebook endpoint that is not the node's own address");
+                rep.endpoint = None;
+            }
+            let rep = &rep;
+            let mut stored = u64::try_from(w.log_stored - w.log_base).unwrap_or(0);
+            if let Some(piece) = &rep.log {
+                stored = self
+                    .store
+                    .append_log(
+                        w.id,
+                        piece.offset,
+                        piece.len,
+                        &piece.text,
+                        rep.log_complete,
+                        self.cfg.log_cap,
+                    )
+                    .await
+                    .map_err(internal("storing log"))?;
+            } else if rep.log_complete {
+                self.store
+                    .close_log(w.id)
+                    .await
+                    .map_err(internal("closing log"))?;
+            }
+            acks.push(LogAck {
+                id: rep.id.clone(),
+                stored_through: stored,
+            });
+            self.apply_report(w, alloc, rep, now).await?;
+        }
+        // Reports may have moved workloads on: read again (not for an idle node).
+        let rows = if acks.is_empty() {
+            rows
+        } else {
+            self.node_rows(node.id, now).await?
+        };
+        // Shares carry their limits: how the GPU is shared comes from its desired state.
+        let shared: HashMap<String, ShareMethod> = if rows.iter().any(|r| is_share(&r.alloc_kind)) {
+            self.store
+                .desired_for_node(node.id)
+                .await
+                .map_err(internal("loading desired state"))?
+                .into_iter()
+                .filter_map(|d| Some((d.gpu_uuid, ShareMethod::parse(d.sharing.as_deref()?)?)))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let workloads = rows.iter().map(|r| self.spec(r, &shared)).collect();
+        Ok(WorkloadSync {
+            workloads,
+            log_acks: acks,
+        })
+    }
+
+    async fn node_rows(
+        &self,
+        node: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkloadListRow>, AppError> {
+        self.store
+            .node_workloads(node, now - Duration::minutes(10))
+            .await
+            .map_err(internal("loading node workloads"))
+    }
+
+    fn spec(&self, r: &WorkloadListRow, shared: &HashMap<String, ShareMethod>) -> WorkloadSpec {
+        let w = &r.w;
+        let kind = w.kind;
+        let state = w.state;
+        let alloc_active = r.alloc_state == AllocState::Active;
+        let run = alloc_active
+            && matches!(
+                state,
+                WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Running
+            );
+        let base = wl::notebook_base_path(&r.username, &w.name);
+        let argv = match kind {
+            WorkloadKind::Notebook => self
+                .cfg
+                .notebook_command
+                .split_whitespace()
+                .map(|a| a.replace("{base_path}", &base))
+                .collect(),
+            WorkloadKind::Job => vec!["/bin/sh".into(), "-c".into(), w.command.clone()],
+        };
+        let devices = devices_of(w);
+        let share = is_share(&r.alloc_kind);
+        WorkloadSpec {
+            id: run_id(w),
+            kind,
+            run,
+            argv,
+            env: serde_json::from_str(&w.env).unwrap_or_default(),
+            devices: devices.iter().map(device_uuid).collect(),
+            workspace: w.team_id.to_string(),
+            workdir: w.workdir.clone(),
+            token: w.token.clone(),
+            base_path: (kind == WorkloadKind::Notebook).then_some(base),
+            allocation_id: w.allocation_id.to_string(),
+            resources: if share {
+                vec![wl::SHARED_GPU_RESOURCE.to_owned()]
+            } else {
+                devices
+                    .iter()
+                    .map(|d| wl::device_resource(d.profile.as_deref()))
+                    .collect()
+            },
+            share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
+        }
+    }
+
+    async fn step(
+        &self,
+        w: &WorkloadRow,
+        to: WorkloadState,
+        change: WorkloadChange,
+    ) -> Result<bool, AppError> {
+        let from = w.state;
+        if !from.can_transition(to) {
+            return Ok(false);
+        }
+        self.store
+            .workload_step(w.id, from.as_str(), to.as_str(), &change)
+            .await
+            .map_err(internal("updating workload"))
+    }
+
+    async fn apply_report(
+        &self,
+        w: &WorkloadRow,
+        alloc: AllocState,
+        rep: &WorkloadReport,
+        now: DateTime<Utc>,
+    ) -> Result<(), AppError> {
+        let kind = w.kind;
+        let state = w.state;
+        let activity = rep
+            .kernel_last_activity_ms
+            .and_then(DateTime::<Utc>::from_timestamp_millis);
+        self.store
+            .workload_seen(
+                w.id,
+                now,
+                rep.endpoint.as_deref(),
+                activity,
+                rep.kernel_busy,
+            )
+            .await
+            .map_err(internal("recording workload report"))?;
+        if !state.is_live() {
+            return Ok(());
+        }
+        match rep.phase {
+            WorkloadPhase::Starting => {
+                if state == WorkloadState::Pending {
+                    self.step(
+                        w,
+                        WorkloadState::Starting,
+                        WorkloadChange {
+                            started_at: Some(now),
+                            ..WorkloadChange::default()
+                        },
+                    )
+                    .await?;
+                }
+            }
+            WorkloadPhase::Running => {
+                if matches!(state, WorkloadState::Pending | WorkloadState::Starting) {
+                    self.step(
+                        w,
+                        WorkloadState::Running,
+                        WorkloadChange {
+                            started_at: Some(now),
+                            ready_at: Some(now),
+                            ..WorkloadChange::default()
+                        },
+                    )
+                    .await?;
+                }
+            }
+            // The end is recorded once all the output has arrived, so a finished
+            // workload's log is whole.
+            WorkloadPhase::Exited if rep.log_complete => {
+                let code = rep.exit_code.map(i64::from);
+                let change = |message: Option<String>| WorkloadChange {
+                    // A process that ended before any report said it ran started no later
+                    // than now (an earlier start time is kept).
+                    started_at: Some(now),
+                    ended_at: Some(now),
+                    exit_code: code,
+                    message,
+                    ..WorkloadChange::default()
+                };
+                if state == WorkloadState::Stopping {
+                    let end = w
+                        .stop_state
+                        .as_deref()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(WorkloadState::Stopped);
+                    self.step(w, end, change(None)).await?;
+                    return Ok(());
+                }
+                if alloc == AllocState::Preempted && self.requeue(w).await? {
+                    return Ok(());
+                }
+                if alloc == AllocState::Releasing || alloc.is_terminal() {
+                    // The executor stopped it because its allocation ended (before this
+                    // server's pass asked it to): a stop, not a failure of the workload.
+                    let end = stop_end(w);
+                    let stopping = WorkloadChange {
+                        message: Some(allocation_gone(alloc)),
+                        stop_state: Some(end.as_str().into()),
+                        ..WorkloadChange::default()
+                    };
+                    let moved = self
+                        .store
+                        .workload_step(w.id, state.as_str(), "stopping", &stopping)
+                        .await
+                        .map_err(internal("stopping workload"))?;
+                    if moved {
+                        self.store
+                            .workload_step(w.id, "stopping", end.as_str(), &change(None))
+                            .await
+                            .map_err(internal("stopping workload"))?;
+                    }
+                    return Ok(());
+                }
+                let mut how = match rep.exit_code {
+                    Some(c) => format!("exited with code {c}"),
+                    None => "was killed by a signal".to_owned(),
+                };
+                if let Some(m) = &rep.message {
+                    how = format!("{how} ({m})");
+                }
+                match kind {
+                    WorkloadKind::Job if rep.exit_code == Some(0) => {
+                        self.step(w, WorkloadState::Succeeded, change(None)).await?;
+                    }
+                    WorkloadKind::Job if w.attempt <= w.retries => {
+                        let note = format!(
+                            "attempt {} {how}; retrying ({} of {} retries)",
+                            w.attempt, w.attempt, w.retries
+                        );
+                        self.store
+                            .workload_retry(w.id, state.as_str(), w.attempt + 1, &note)
+                            .await
+                            .map_err(internal("retrying job"))?;
+                    }
+                    WorkloadKind::Job => {
+                        self.step(
+                            w,
+                            WorkloadState::Failed,
+                            change(Some(format!("the job {how}"))),
+                        )
+                        .await?;
+                    }
+                    WorkloadKind::Notebook if rep.exit_code == Some(0) => {
+                        let m = "JupyterLab shut down".to_owned();
+                        self.step(w, WorkloadState::Stopping, change(Some(m.clone())))
+                            .await?;
+                        let mut again = w.clone();
+                        again.state = WorkloadState::Stopping;
+                        self.step(&again, WorkloadState::Stopped, change(Some(m)))
+                            .await?;
+                    }
+                    WorkloadKind::Notebook => {
+                        let m = format!("JupyterLab {how}; the log shows why");
+                        self.step(w, WorkloadState::Failed, change(Some(m))).await?;
+                    }
+                }
+            }
+            WorkloadPhase::Exited => {}
+            WorkloadPhase::FailedToStart => {
+                let message = Some(format!(
+                    "could not start: {}",
+                    rep.message.as_deref().unwrap_or("unknown error")
+                ));
+                let to = if state == WorkloadState::Stopping {
+                    w.stop_state
+                        .as_deref()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(WorkloadState::Stopped)
+                } else {
+                    WorkloadState::Failed
+                };
+                self.step(
+                    w,
+                    to,
+                    WorkloadChange {
+                        ended_at: Some(now),
+                        message,
+                        ..WorkloadChange::default()
+                    },
+                )
+                .await?;
+                self.store
+                    .close_log(w.id)
+                    .await
+                    .map_err(internal("closing log"))?;
+            }
+            WorkloadPhase::Lost => {
+                self.mark_lost(
+                    w,
+                    rep.message
+                        .as_deref()
+                        .unwrap_or("the node's executor lost the process"),
+                    now,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn mark_lost(
+        &self,
+        w: &WorkloadRow,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, AppError> {
+        let done = self
+            .step(
+                w,
+                WorkloadState::Lost,
+                WorkloadChange {
+                    ended_at: Some(now),
+                    message: Some(message.into()),
+                    ..WorkloadChange::default()
+                },
+            )
+            .await?;
+        if done {
+            self.store
+                .close_log(w.id)
+                .await
+                .map_err(internal("closing log"))?;
+        }
+        Ok(done)
+    }
+
+    // ---- the scheduler pass ----
+}

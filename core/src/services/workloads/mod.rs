@@ -1,0 +1,921 @@
+//! Workloads on an allocation: notebooks and training jobs (see `tessera_domain::workload`
+//! for the states, and docs/workloads.md).
+//!
+//! The service decides what should run on each node and records what the executor
+//! reports ([`Workloads::sync`], the agent's `POST /agent/v1/workloads`); the scheduler
+//! pass ([`Workloads::tick`]) stops workloads whose allocation ended, reclaims idle
+//! notebooks and gives up on ones whose node went silent. [`Workloads::proxy_target`]
+//! tells the server's notebook proxy where a notebook listens, for its owner (and,
+//! audited, platform admins) only.
+
+use super::allocations::Allocations;
+use super::authz::{self, Need};
+use super::billing::utilisation;
+use super::internal;
+use super::nodes::NodeIdentity;
+use super::tenancy::paged;
+use crate::auth::secret;
+use crate::store::{AuditRow, ProfileRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
+use chrono::{DateTime, Duration, Utc};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tessera_domain::account::{Principal, Username};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};
+use tessera_domain::error::AppError;
+use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::mig::Catalog;
+use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
+use tessera_domain::wire::{
+    LogAck, ShareLimits, ShareMethod, TelemetrySample, WorkloadPhase, WorkloadReport,
+    WorkloadReports, WorkloadSpec, WorkloadSync,
+};
+use tessera_domain::workload::{
+    self as wl, ActivitySignals, EnvVar, IdleDecision, IdlePolicy, JobCommand, LogSlice,
+    NotebookProfile, ServerName, WorkloadKind, WorkloadState, WorkloadView,
+};
+use uuid::Uuid;
+
+mod executor;
+mod notebooks;
+mod pass;
+mod profiles;
+
+/// Who reports workloads to [`Workloads::sync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reporter {
+    /// A node's agent, over the agent API, from this client address.
+    Agent(Option<std::net::IpAddr>),
+    /// The server's own executor (Kubernetes), reporting for the node.
+    Executor,
+}
+
+/// Settings of the workload service.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    /// Command line that starts JupyterLab, split on whitespace. `{base_path}` is replaced
+    /// by the notebook's proxy path, `{port}` by the executor with the port it chose.
+    pub notebook_command: String,
+    pub idle: IdlePolicy,
+    /// Idle reclaim also releases the notebook's allocation (else the GPU stays held).
+    pub idle_release_allocation: bool,
+    /// Log bytes kept per workload (the oldest output is dropped beyond it).
+    pub log_cap: u64,
+    /// How long a workload whose allocation ended waits for its node to confirm the stop
+    /// before it counts as lost.
+    pub stop_grace: Duration,
+}
+
+/// `--allow-root`: agents often run as root (then so do their workloads; Jupyter refuses
+/// that without the flag). It changes nothing for other users. `{host}` is the node's
+/// workload address (the agent's `--workload-host`, where the server's proxy reaches the
+/// notebook), `{port}` the port the node chose.
+pub const DEFAULT_NOTEBOOK_COMMAND: &str = "jupyter lab --no-browser --allow-root \
+     --ServerApp.ip={host} --ServerApp.port={port} --ServerApp.port_retries=0 \
+     --ServerApp.base_url={base_path}";
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        WorkloadConfig {
+            notebook_command: DEFAULT_NOTEBOOK_COMMAND.into(),
+            idle: IdlePolicy::default(),
+            idle_release_allocation: true,
+            log_cap: 4 * 1024 * 1024,
+            stop_grace: Duration::minutes(3),
+        }
+    }
+}
+
+/// A notebook to launch (name parsed here, env typed): on an active allocation of the
+/// caller's, or with a GPU request of its own (`gpu`), which it waits for and releases
+/// when it stops.
+#[derive(Debug, Clone, Default)]
+pub struct NewNotebook {
+    pub allocation_id: Option<Uuid>,
+    pub gpu: Option<NewAllocation>,
+    /// One of the caller's teams' notebook profiles: its GPU and hours, paid by its team.
+    pub profile_id: Option<Uuid>,
+    pub name: String,
+    /// Checked by `wl::parse_env` (a form) or `wl::env_from_pairs` (JSON).
+    pub env: Vec<EnvVar>,
+    pub idempotency_key: Option<String>,
+}
+
+/// A training job to run (name, command and workdir parsed here; env and retries typed): on an active allocation of the
+/// caller's, or with a GPU request of its own (`gpu`: kind, count, priority; its duration
+/// is the job's time limit), which the job queues for and releases when it ends.
+#[derive(Debug, Clone, Default)]
+pub struct NewJob {
+    pub allocation_id: Option<Uuid>,
+    pub gpu: Option<NewAllocation>,
+    /// One task of a sweep: its index, given to the run as `TESSERA_ARRAY_INDEX`.
+    pub array_index: Option<u32>,
+    pub name: String,
+    pub command: String,
+    pub workdir: String,
+    /// Checked by `wl::parse_env` (a form) or `wl::env_from_pairs` (JSON).
+    pub env: Vec<EnvVar>,
+    /// Checked again here (`wl::check_retries`).
+    pub retries: u32,
+    pub idempotency_key: Option<String>,
+}
+
+/// What a new workload runs on.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    /// An active allocation of the caller's.
+    Allocation(Uuid),
+    /// A GPU request of its own.
+    NewGpu(&'a NewAllocation),
+}
+
+impl<'a> Target<'a> {
+    fn of(allocation: Option<Uuid>, gpu: Option<&'a NewAllocation>) -> Result<Self, AppError> {
+        match (allocation, gpu) {
+            (Some(id), None) => Ok(Target::Allocation(id)),
+            (None, Some(g)) => Ok(Target::NewGpu(g)),
+            (Some(_), Some(_)) => Err(AppError::invalid(
+                "gpu",
+                "give either an allocation to run on or a GPU to request, not both",
+            )),
+            (None, None) => Err(AppError::invalid(
+                "allocation_id",
+                "choose one of your active allocations, or request a GPU for it",
+            )),
+        }
+    }
+}
+
+/// Where a new workload is stored: its allocation, and its node once it has one.
+struct Place {
+    allocation_id: Uuid,
+    team_id: Uuid,
+    node_id: Option<Uuid>,
+    hostname: String,
+    /// JSON of the devices it sees.
+    devices: String,
+    state: WorkloadState,
+    owned: bool,
+}
+
+/// A process runs on one node: the first device's node, its hostname, and (as JSON) the
+/// allocation's devices there. `None` while the allocation has no device.
+fn node_devices(devices_json: &str) -> Option<(Uuid, String, String)> {
+    let all: Vec<AllocatedDevice> = serde_json::from_str(devices_json).unwrap_or_default();
+    let first = all.first()?;
+    let (node, hostname) = (first.node_id, first.hostname.clone());
+    let here: Vec<&AllocatedDevice> = all.iter().filter(|d| d.node_id == node).collect();
+    let json = serde_json::to_string(&here).unwrap_or_else(|_| "[]".into());
+    Some((node, hostname, json))
+}
+
+/// Which workloads to list.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadFilter {
+    pub kind: Option<WorkloadKind>,
+    pub team: Option<TeamId>,
+    pub allocation: Option<Uuid>,
+    /// Only the caller's own.
+    pub mine: bool,
+    /// Only the ones not ended.
+    pub live: bool,
+}
+
+/// Where the proxy sends a notebook's requests.
+#[derive(Debug, Clone)]
+pub struct ProxyTarget {
+    pub workload_id: Uuid,
+    /// `host:port`.
+    pub endpoint: String,
+    /// Sent upstream as `Authorization: token …`; never shown to the browser.
+    pub token: String,
+    /// `/user/{owner}/{name}/`: every proxied path stays under it.
+    pub base_path: String,
+}
+
+/// How long a one-time notebook code is good for.
+pub const NOTEBOOK_CODE_TTL_SECS: i64 = 60;
+/// How long a notebook pass (the notebook origin's cookie) is good for.
+pub const NOTEBOOK_PASS_TTL_HOURS: i64 = 12;
+
+/// A way into a notebook's own origin: the one-time code for its entry redirect.
+#[derive(Debug, Clone)]
+pub struct NotebookEntry {
+    pub workload_id: Uuid,
+    pub code: String,
+    pub base_path: String,
+}
+
+/// Why the proxy cannot forward yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// Starting; the page should show progress and retry.
+    Starting(WorkloadState),
+}
+
+/// What one [`Workloads::tick`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadTick {
+    /// Own allocations admitted because the team's quota had room again.
+    pub admitted: u32,
+    /// Queued workloads whose own allocation became active: now pending on its node.
+    pub started_queued: u32,
+    /// Allocations given back because the workload that owned them ended.
+    pub released_allocations: u32,
+    /// Jobs whose own allocation was preempted, queued again for a new one.
+    pub requeued: u32,
+    pub stopped_for_allocation: u32,
+    pub reclaimed_idle: u32,
+    pub lost: u32,
+}
+
+#[derive(Clone)]
+pub struct Workloads {
+    store: Store,
+    allocations: Allocations,
+    cfg: WorkloadConfig,
+    /// Platform admins' proxy use is audited once per (admin, notebook) and hour.
+    admin_audited: Arc<Mutex<AuditedAccess>>,
+}
+
+/// When each (admin, notebook) pair was last audited.
+type AuditedAccess = HashMap<(Uuid, Uuid), DateTime<Utc>>;
+
+/// Environment values may be secrets: only the workload's owner and platform admins see
+/// them; other readers get the names.
+fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
+    if v.user_id != p.user_id && !p.is_admin {
+        for e in &mut v.env {
+            e.value = String::from("(hidden)");
+        }
+    }
+    v
+}
+
+/// Whether an allocation of `kind` is a share of a shared GPU.
+fn is_share(kind: &str) -> bool {
+    matches!(kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }))
+}
+
+/// A share's limits on its GPU: the milli-GPU, and as much of the GPU's memory (what
+/// workloads can use: a MIG model's full-GPU profile, else the GPU's memory). `None` for
+/// other kinds, or when the GPU is not shared (any more): the node then limits nothing.
+fn share_limits(
+    kind: &str,
+    devices: &[AllocatedDevice],
+    shared: &HashMap<String, ShareMethod>,
+    catalog: &Catalog,
+) -> Option<ShareLimits> {
+    let GpuKind::Share { model, milli } = kind.parse::<GpuKind>().ok()? else {
+        return None;
+    };
+    let gpu = devices.first()?;
+    let method = *shared.get(&gpu.gpu_uuid)?;
+    let total = catalog.get(&model).map_or(0, |m| m.memory_mib());
+    Some(ShareLimits {
+        method,
+        gpu_uuid: gpu.gpu_uuid.clone(),
+        milli,
+        memory_mib: total * u64::from(milli) / 1000,
+    })
+}
+
+fn run_id(w: &WorkloadRow) -> String {
+    if w.attempt <= 1 {
+        w.id.to_string()
+    } else {
+        format!("{}.{}", w.id, w.attempt)
+    }
+}
+
+/// Where a live notebook's traffic goes, once it runs.
+fn target_of(row: &WorkloadListRow) -> Result<ProxyTarget, NotReady> {
+    let state = row.w.state;
+    match (state, &row.w.endpoint, &row.w.token) {
+        (WorkloadState::Running, Some(endpoint), Some(token)) => Ok(ProxyTarget {
+            workload_id: row.w.id,
+            endpoint: endpoint.clone(),
+            token: token.clone(),
+            base_path: wl::notebook_base_path(&row.username, &row.w.name),
+        }),
+        _ => Err(NotReady::Starting(state)),
+    }
+}
+
+/// The state a stopped workload ends in: a notebook is stopped, a job cancelled.
+fn stop_end(w: &WorkloadRow) -> WorkloadState {
+    if w.kind == WorkloadKind::Notebook {
+        WorkloadState::Stopped
+    } else {
+        WorkloadState::Cancelled
+    }
+}
+
+/// Why a workload stops when its allocation ended.
+fn allocation_gone(alloc: AllocState) -> String {
+    if alloc == AllocState::Expired {
+        "its time limit was reached (its allocation expired)".to_owned()
+    } else {
+        format!("its allocation is {}", alloc.label().to_lowercase())
+    }
+}
+
+fn devices_of(w: &WorkloadRow) -> Vec<AllocatedDevice> {
+    serde_json::from_str(&w.devices).unwrap_or_default()
+}
+
+fn device_uuid(d: &AllocatedDevice) -> String {
+    d.mig_uuid.clone().unwrap_or_else(|| d.gpu_uuid.clone())
+}
+
+fn profile_view(r: ProfileRow) -> NotebookProfile {
+    let kind_label = r
+        .kind
+        .parse::<GpuKind>()
+        .map_or_else(|_| r.kind.clone(), |k| k.label());
+    NotebookProfile {
+        id: r.id,
+        team_id: TeamId(r.team_id),
+        team_name: r.team_name,
+        name: r.name,
+        kind: r.kind,
+        kind_label,
+        hours: u32::try_from(r.duration_minutes / 60).unwrap_or(0),
+    }
+}
+
+/// A random secret for a notebook (256 bits, hex).
+fn new_token() -> String {
+    let a = Uuid::new_v4().simple().to_string();
+    let b = Uuid::new_v4().simple().to_string();
+    format!("{a}{b}")
+}
+
+impl Workloads {
+    pub fn new(store: Store, allocations: Allocations) -> Self {
+        Workloads {
+            store,
+            allocations,
+            cfg: WorkloadConfig::default(),
+            admin_audited: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    pub fn with_config(mut self, cfg: WorkloadConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    pub fn config(&self) -> &WorkloadConfig {
+        &self.cfg
+    }
+
+    // ---- use cases ----
+
+    /// Launches a JupyterLab named `name` on the caller's active allocation.
+    pub async fn launch_notebook(
+        &self,
+        p: &Principal,
+        req: &NewNotebook,
+    ) -> Result<WorkloadView, AppError> {
+        let name = ServerName::parse(&req.name)?;
+        let env = req.env.clone();
+        let from_profile = match req.profile_id {
+            Some(id) if req.allocation_id.is_none() && req.gpu.is_none() => {
+                Some(self.profile_request(p, id).await?)
+            }
+            Some(_) => {
+                return Err(AppError::invalid(
+                    "profile_id",
+                    "give a profile, an allocation or a GPU, not several",
+                ));
+            }
+            None => None,
+        };
+        self.create(
+            p,
+            Target::of(
+                req.allocation_id,
+                req.gpu.as_ref().or(from_profile.as_ref()),
+            )?,
+            WorkloadKind::Notebook,
+            name.as_str(),
+            "",
+            "",
+            &env,
+            0,
+            req.idempotency_key.as_deref(),
+        )
+        .await
+    }
+
+    /// Submits a training job on the caller's active allocation.
+    pub async fn submit_job(&self, p: &Principal, req: &NewJob) -> Result<WorkloadView, AppError> {
+        let command = JobCommand::parse(&req.command)?;
+        let workdir = wl::parse_workdir(&req.workdir)?;
+        let mut env = req.env.clone();
+        if let Some(i) = req.array_index {
+            // Tessera's own variable (a request's env may not set `TESSERA_*` names).
+            env.push(EnvVar {
+                name: "TESSERA_ARRAY_INDEX".into(),
+                value: i.to_string(),
+            });
+        }
+        let retries = wl::check_retries(req.retries)?;
+        let name = req.name.trim();
+        if name.chars().count() > 80 {
+            return Err(AppError::invalid("name", "at most 80 characters"));
+        }
+        let name = if name.is_empty() {
+            command.as_str().chars().take(40).collect::<String>()
+        } else {
+            name.to_owned()
+        };
+        self.create(
+            p,
+            Target::of(req.allocation_id, req.gpu.as_ref())?,
+            WorkloadKind::Job,
+            &name,
+            command.as_str(),
+            &workdir,
+            &env,
+            retries,
+            req.idempotency_key.as_deref(),
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        &self,
+        p: &Principal,
+        target: Target<'_>,
+        kind: WorkloadKind,
+        name: &str,
+        command: &str,
+        workdir: &str,
+        env: &[EnvVar],
+        retries: u32,
+        key: Option<&str>,
+    ) -> Result<WorkloadView, AppError> {
+        let key = key.map(str::trim).filter(|k| !k.is_empty());
+        if let Some(k) = key {
+            if k.len() > 200 {
+                return Err(AppError::invalid(
+                    "idempotency_key",
+                    "at most 200 characters",
+                ));
+            }
+            if let Some(id) = self.by_key(p, k).await? {
+                return self.get(p, id).await;
+            }
+        }
+        let place = match target {
+            Target::Allocation(id) => self.on_allocation(p, id).await?,
+            Target::NewGpu(gpu) => self.own_allocation(p, gpu, kind, name, key).await?,
+        };
+        let base = wl::notebook_base_path(p.username.as_str(), name);
+        let row = WorkloadRow {
+            id: Uuid::now_v7(),
+            kind,
+            name: name.into(),
+            allocation_id: place.allocation_id,
+            team_id: place.team_id,
+            user_id: p.user_id.0,
+            node_id: place.node_id,
+            hostname: place.hostname,
+            devices: place.devices,
+            state: place.state,
+            command: command.into(),
+            workdir: workdir.into(),
+            env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
+            retries: i64::from(retries),
+            attempt: 1,
+            token: (kind == WorkloadKind::Notebook).then(new_token),
+            endpoint: None,
+            exit_code: None,
+            message: None,
+            stop_state: None,
+            created_at: Utc::now(),
+            started_at: None,
+            ready_at: None,
+            ended_at: None,
+            synced_at: None,
+            kernel_activity: None,
+            kernel_busy: false,
+            log_base: 0,
+            log_stored: 0,
+            log_start: 0,
+            log_complete: false,
+            idempotency_key: key.map(str::to_owned),
+            owns_allocation: place.owned,
+        };
+        let inserted = self
+            .store
+            .insert_workload(&row)
+            .await
+            .map_err(internal("storing workload"))?;
+        if !inserted {
+            // A concurrent request with the same key made it (and owns the same allocation).
+            if let Some(k) = key
+                && let Some(id) = self.by_key(p, k).await?
+            {
+                return self.get(p, id).await;
+            }
+            if place.owned {
+                self.allocations
+                    .release_for_system(place.allocation_id, "its workload could not start")
+                    .await?;
+            }
+            return Err(self
+                .why_not_inserted(p, key, place.allocation_id, kind, name)
+                .await);
+        }
+        let what = if kind == WorkloadKind::Notebook {
+            format!("notebook {base}")
+        } else {
+            format!("job {name}")
+        };
+        self.audit(
+            Some(p.username.as_str()),
+            &format!("{}.start", kind.as_str()),
+            row.id,
+            row.team_id,
+            &what,
+        )
+        .await;
+        self.get(p, row.id).await
+    }
+
+    /// Where a workload on an existing allocation runs: the caller's own, active one.
+    async fn on_allocation(&self, p: &Principal, allocation_id: Uuid) -> Result<Place, AppError> {
+        let alloc = self
+            .store
+            .allocation(allocation_id)
+            .await
+            .map_err(internal("loading allocation"))?
+            .ok_or_else(|| AppError::invalid("allocation_id", "no such allocation"))?;
+        let access = authz::team(&self.store, p, TeamId(alloc.a.team_id), Need::Read)
+            .await
+            .map_err(|e| match e {
+                AppError::NotFound => AppError::invalid("allocation_id", "no such allocation"),
+                other => other,
+            })?;
+        // Viewers read; they launch nothing, even on an allocation they held as a member.
+        if access.role == Some(TeamRole::Viewer) {
+            return Err(AppError::Forbidden);
+        }
+        if alloc.a.user_id != p.user_id.0 {
+            return Err(AppError::invalid(
+                "allocation_id",
+                "workloads run on your own allocations only",
+            ));
+        }
+        let state = alloc.a.state;
+        if state != AllocState::Active {
+            return Err(AppError::invalid(
+                "allocation_id",
+                format!(
+                    "the allocation is {}; workloads start once it is active",
+                    state.label().to_lowercase()
+                ),
+            ));
+        }
+        let (node, hostname, devices) = node_devices(&alloc.a.devices).ok_or_else(|| {
+            AppError::invalid("allocation_id", "the allocation has no device yet")
+        })?;
+        Ok(Place {
+            allocation_id,
+            team_id: alloc.a.team_id,
+            node_id: Some(node),
+            hostname,
+            devices,
+            state: WorkloadState::Pending,
+            owned: false,
+        })
+    }
+
+    /// Requests the workload's own allocation (same quota, approval and queue as any
+    /// request, in the caller's only team unless it names one); the workload waits
+    /// `queued` for it.
+    async fn own_allocation(
+        &self,
+        p: &Principal,
+        gpu: &NewAllocation,
+        kind: WorkloadKind,
+        name: &str,
+        key: Option<&str>,
+    ) -> Result<Place, AppError> {
+        let mut req = gpu.clone();
+        if req.team_id.trim().is_empty() {
+            req.team_id = self.only_team(p).await?.to_string();
+        }
+        if req.purpose.trim().is_empty() {
+            req.purpose = format!("{} `{name}`", kind.as_str());
+        }
+        // The same key finds the same allocation again when a request is repeated.
+        let key = key.map(|k| format!("{}:{k}", kind.as_str()));
+        let a = self
+            .allocations
+            .request(p, &req, key.as_deref())
+            .await
+            .map_err(|e| match e {
+                AppError::Invalid { field, message } if field == "kind" => AppError::Invalid {
+                    field: "gpu".into(),
+                    message,
+                },
+                other => other,
+            })?;
+        Ok(Place {
+            allocation_id: a.id,
+            team_id: a.team_id.0,
+            node_id: None,
+            hostname: String::new(),
+            devices: "[]".into(),
+            state: WorkloadState::Queued,
+            owned: true,
+        })
+    }
+
+    async fn why_not_inserted(
+        &self,
+        p: &Principal,
+        key: Option<&str>,
+        allocation: Uuid,
+        kind: WorkloadKind,
+        name: &str,
+    ) -> AppError {
+        if let Some(k) = key
+            && let Ok(Some(_)) = self.store.workload_by_key(p.user_id.0, k).await
+        {
+            return AppError::conflict("this idempotency key was used concurrently; retry");
+        }
+        if let Ok((rows, _)) = self
+            .store
+            .list_workloads(None, None, None, Some(allocation), true, 0, 1)
+            .await
+            && let Some(r) = rows.first()
+        {
+            return AppError::invalid(
+                "allocation_id",
+                format!(
+                    "the allocation already runs {} `{}`; stop it first or request another allocation",
+                    r.w.kind.as_str(),
+                    r.w.name
+                ),
+            );
+        }
+        if kind == WorkloadKind::Notebook {
+            return AppError::invalid(
+                "name",
+                format!("you already have a running notebook named `{name}`"),
+            );
+        }
+        AppError::conflict("the workload could not be stored; retry")
+    }
+
+    async fn by_key(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
+        self.store
+            .workload_by_key(p.user_id.0, key)
+            .await
+            .map_err(internal("loading workload by key"))
+    }
+
+    /// One workload; another team's is `NotFound`.
+    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+        let row = self.visible(p, id).await?;
+        let mut v = redact(self.view(&row), p);
+        if row.w.kind == WorkloadKind::Notebook && row.w.state == WorkloadState::Running {
+            let now = Utc::now();
+            let s = self.signals(&row.w, now).await?;
+            v.idle = Some(self.decide(&row.w, &s, now));
+            v.activity = Some(s);
+        }
+        if row.w.state == WorkloadState::Queued {
+            v.waiting = self.waiting(p, &row).await;
+        }
+        Ok(v)
+    }
+
+    /// Why a queued workload's allocation is not active yet: the allocation's own
+    /// explanation (place in the queue, why the planner cannot place it, ETA), or that it
+    /// waits for approval.
+    async fn waiting(&self, p: &Principal, row: &WorkloadListRow) -> Option<String> {
+        let a = self.allocations.get(p, row.w.allocation_id).await.ok()?;
+        if let Some(pending) = a.pending {
+            return Some(pending.reason);
+        }
+        Some(match a.state {
+            AllocState::PendingApproval => format!(
+                "it waits for room in the team's quota ({}); it is admitted as soon as the \
+                 team's other work frees some, or sooner if an admin approves it",
+                a.approval_reason
+                    .unwrap_or_else(|| "the quota is in use".into())
+            ),
+            AllocState::Placing => "its GPU is being set up on the node".into(),
+            AllocState::Active => "its GPU is ready; it starts on the next scheduler pass".into(),
+            other => format!("its GPU request is {}", other.label().to_lowercase()),
+        })
+    }
+
+    async fn visible(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
+        let row = self
+            .store
+            .workload(id)
+            .await
+            .map_err(internal("loading workload"))?
+            .ok_or(AppError::NotFound)?;
+        authz::team(&self.store, p, TeamId(row.w.team_id), Need::Read).await?;
+        Ok(row)
+    }
+
+    /// Visible, and the caller may act on it (stop it, read its log): its owner, a team
+    /// admin of its team, or a platform admin. Other members of the team get `Forbidden`.
+    async fn actionable(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
+        let row = self.visible(p, id).await?;
+        if row.w.user_id == p.user_id.0 || p.is_admin {
+            return Ok(row);
+        }
+        authz::team(&self.store, p, TeamId(row.w.team_id), Need::ManageMembers).await?;
+        Ok(row)
+    }
+
+    /// Workloads the caller may see, newest first.
+    pub async fn list(
+        &self,
+        p: &Principal,
+        f: &WorkloadFilter,
+        page: PageRequest,
+    ) -> Result<Page<WorkloadView>, AppError> {
+        let page = page.clamped();
+        let teams = authz::readable_teams(&self.store, p, f.team).await?;
+        let user = f.mine.then_some(p.user_id.0);
+        let (rows, total) = self
+            .store
+            .list_workloads(
+                teams.as_deref(),
+                user,
+                f.kind.map(WorkloadKind::as_str),
+                f.allocation,
+                f.live,
+                page.offset,
+                page.limit,
+            )
+            .await
+            .map_err(internal("listing workloads"))?;
+        Ok(paged(
+            rows.iter().map(|r| redact(self.view(r), p)).collect(),
+            i64::try_from(total).unwrap_or(i64::MAX),
+            page,
+        ))
+    }
+
+    /// Stops a notebook or cancels a job (owner, team admin, platform admin).
+    pub async fn stop(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+        let row = self.actionable(p, id).await?;
+        let state = row.w.state;
+        if !state.is_live() {
+            return Err(AppError::conflict(format!(
+                "the {} has {} already",
+                row.w.kind.as_str(),
+                state.label().to_lowercase()
+            )));
+        }
+        if state != WorkloadState::Stopping {
+            let msg = format!("stopped by {}", p.username);
+            self.request_stop(&row.w, &msg).await?;
+            self.audit(
+                Some(p.username.as_str()),
+                &format!("{}.stop", row.w.kind.as_str()),
+                id,
+                row.w.team_id,
+                &msg,
+            )
+            .await;
+        }
+        self.get(p, id).await
+    }
+
+    /// Part of a workload's log from byte `from` (default: the last `max` bytes kept).
+    pub async fn logs(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        from: Option<u64>,
+        max: u64,
+    ) -> Result<LogSlice, AppError> {
+        let row = self.actionable(p, id).await?;
+        let max = max.clamp(1024, 1024 * 1024);
+        let start = u64::try_from(row.w.log_start).unwrap_or(0);
+        let stored = u64::try_from(row.w.log_stored).unwrap_or(0);
+        let from = from
+            .unwrap_or_else(|| stored.saturating_sub(max))
+            .max(start);
+        let chunks = self
+            .store
+            .log_chunks(id, from, max)
+            .await
+            .map_err(internal("loading log"))?;
+        let offset = chunks
+            .first()
+            .map_or(from, |c| u64::try_from(c.offset_b).unwrap_or(0));
+        let next = chunks.last().map_or(from.min(stored), |c| {
+            u64::try_from(c.offset_b + c.len_b).unwrap_or(0)
+        });
+        let text: String = chunks.iter().map(|c| c.text.as_str()).collect();
+        Ok(LogSlice {
+            offset,
+            next,
+            start,
+            text,
+            complete: !row.w.state.is_live() && row.w.log_complete && next >= stored,
+        })
+    }
+
+    /// The whole log kept for a workload (at most the configured bound), for download.
+    pub async fn log_text(&self, p: &Principal, id: Uuid) -> Result<(String, String), AppError> {
+        let row = self.actionable(p, id).await?;
+        let mut out = String::new();
+        let mut from = u64::try_from(row.w.log_start).unwrap_or(0);
+        loop {
+            let chunks = self
+                .store
+                .log_chunks(id, from, 1024 * 1024)
+                .await
+                .map_err(internal("loading log"))?;
+            let Some(last) = chunks.last() else { break };
+            from = u64::try_from(last.offset_b + last.len_b).unwrap_or(u64::MAX);
+            for c in &chunks {
+                out.push_str(&c.text);
+            }
+        }
+        let file = format!(
+            "{}-{}.log",
+            row.w.kind.as_str(),
+            row.w
+                .name
+                .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+        );
+        Ok((file, out))
+    }
+
+    fn view(&self, r: &WorkloadListRow) -> WorkloadView {
+        let w = &r.w;
+        let kind = w.kind;
+        let state = w.state;
+        let devices = devices_of(w);
+        let url = (kind == WorkloadKind::Notebook && state == WorkloadState::Running)
+            .then(|| format!("{}lab", wl::notebook_base_path(&r.username, &w.name)));
+        WorkloadView {
+            id: w.id,
+            kind,
+            name: w.name.clone(),
+            allocation_id: w.allocation_id,
+            team_id: TeamId(w.team_id),
+            team_name: r.team_name.clone(),
+            user_id: UserId(w.user_id),
+            username: r.username.clone(),
+            state,
+            command: w.command.clone(),
+            workdir: w.workdir.clone(),
+            env: serde_json::from_str(&w.env).unwrap_or_default(),
+            retries: u32::try_from(w.retries).unwrap_or(0),
+            attempt: u32::try_from(w.attempt).unwrap_or(1),
+            exit_code: w.exit_code.and_then(|c| i32::try_from(c).ok()),
+            message: w.message.clone(),
+            created_at: w.created_at,
+            started_at: w.started_at,
+            ready_at: w.ready_at,
+            ended_at: w.ended_at,
+            hostname: (!w.hostname.is_empty()).then(|| w.hostname.clone()),
+            device: (!devices.is_empty()).then(|| {
+                devices
+                    .iter()
+                    .map(device_uuid)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+            url,
+            activity: None,
+            idle: None,
+            owns_allocation: w.owns_allocation,
+            waiting: None,
+        }
+    }
+
+    async fn audit(&self, actor: Option<&str>, action: &str, id: Uuid, team: Uuid, after: &str) {
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: actor.map(str::to_owned),
+            action: action.into(),
+            object_type: "workload".into(),
+            object_id: id.to_string(),
+            team_id: Some(team),
+            before: None,
+            after: Some(serde_json::json!({ "note": after }).to_string()),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+    }
+}

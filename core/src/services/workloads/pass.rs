@@ -1,0 +1,392 @@
+//! The workload pass: starting queued workloads, stopping ones whose allocation ended, reclaiming idle notebooks, giving up on silent nodes.
+
+use super::*;
+
+impl Workloads {
+    /// Moves a live workload to `stopping`; one the executor never started ends at once.
+    pub(super) async fn request_stop(
+        &self,
+        w: &WorkloadRow,
+        message: &str,
+    ) -> Result<bool, AppError> {
+        let state = w.state;
+        let end = stop_end(w);
+        if state == WorkloadState::Queued {
+            // Still waiting for its GPU: nothing runs anywhere; it ends, and so does its
+            // request.
+            let moved = self.end_queued(w, end, message, Utc::now()).await?;
+            if !moved {
+                return Err(AppError::conflict(
+                    "the workload changed meanwhile; reload and try again",
+                ));
+            }
+            return Ok(true);
+        }
+        let change = WorkloadChange {
+            message: Some(message.into()),
+            stop_state: Some(end.as_str().into()),
+            ..WorkloadChange::default()
+        };
+        let moved = self
+            .store
+            .workload_step(
+                w.id,
+                state.as_str(),
+                WorkloadState::Stopping.as_str(),
+                &change,
+            )
+            .await
+            .map_err(internal("stopping workload"))?;
+        if moved && state == WorkloadState::Pending {
+            // Never started (as far as the server knows): it leaves the node's desired
+            // set, so an executor that did start it meanwhile stops and forgets it.
+            let now = Utc::now();
+            self.store
+                .workload_step(
+                    w.id,
+                    WorkloadState::Stopping.as_str(),
+                    end.as_str(),
+                    &WorkloadChange {
+                        ended_at: Some(now),
+                        ..WorkloadChange::default()
+                    },
+                )
+                .await
+                .map_err(internal("stopping workload"))?;
+            self.store
+                .close_log(w.id)
+                .await
+                .map_err(internal("closing log"))?;
+        }
+        if !moved {
+            return Err(AppError::conflict(
+                "the workload changed meanwhile; reload and try again",
+            ));
+        }
+        Ok(moved)
+    }
+
+    /// Ends a workload still waiting for its own allocation, and that allocation's request.
+    async fn end_queued(
+        &self,
+        w: &WorkloadRow,
+        end: WorkloadState,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, AppError> {
+        let moved = self
+            .store
+            .workload_step(
+                w.id,
+                WorkloadState::Queued.as_str(),
+                end.as_str(),
+                &WorkloadChange {
+                    ended_at: Some(now),
+                    message: Some(message.into()),
+                    ..WorkloadChange::default()
+                },
+            )
+            .await
+            .map_err(internal("ending workload"))?;
+        if moved {
+            self.store
+                .close_log(w.id)
+                .await
+                .map_err(internal("closing log"))?;
+            if w.owns_allocation {
+                let note = format!("its {} `{}` ended while waiting", w.kind.as_str(), w.name);
+                self.allocations
+                    .release_for_system(w.allocation_id, &note)
+                    .await?;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// A queued workload whose allocation is active gets that allocation's node and devices
+    /// and becomes `pending`: the node's executor starts it on its next sync.
+    async fn start_queued(&self, w: &WorkloadRow) -> Result<bool, AppError> {
+        let Some(alloc) = self
+            .store
+            .allocation(w.allocation_id)
+            .await
+            .map_err(internal("loading allocation"))?
+        else {
+            return Ok(false);
+        };
+        let Some((node, hostname, devices)) = node_devices(&alloc.a.devices) else {
+            return Ok(false);
+        };
+        self.store
+            .place_queued_workload(w.id, node, &hostname, &devices)
+            .await
+            .map_err(internal("placing workload"))
+    }
+
+    /// A job whose own allocation was preempted is queued again for a new one (same kind,
+    /// count, priority, time limit, team; the same quota and queue), as its next attempt,
+    /// instead of ending. `false` when it cannot be (the owner left the team, the request
+    /// is refused, or the workload moved on meanwhile): then it stops like any other.
+    pub(super) async fn requeue(&self, w: &WorkloadRow) -> Result<bool, AppError> {
+        if !w.owns_allocation || w.kind != WorkloadKind::Job {
+            return Ok(false);
+        }
+        let state = w.state;
+        let (Some(old), Some(user)) = (
+            self.store
+                .allocation(w.allocation_id)
+                .await
+                .map_err(internal("loading allocation"))?,
+            self.store
+                .user_by_id(w.user_id)
+                .await
+                .map_err(internal("loading user"))?,
+        ) else {
+            return Ok(false);
+        };
+        let Ok(username) = Username::parse(&user.username) else {
+            return Ok(false);
+        };
+        let owner = Principal {
+            user_id: UserId(w.user_id),
+            username,
+            is_admin: user.is_admin,
+        };
+        let req = NewAllocation {
+            team_id: old.a.team_id.to_string(),
+            kind: old.a.kind.clone(),
+            count: u32::try_from(old.a.count).unwrap_or(1),
+            duration_minutes: u32::try_from(old.a.duration_minutes).ok(),
+            starts_at: None,
+            priority: Some(old.a.priority.to_string()),
+            purpose: old.a.purpose.clone(),
+        };
+        let attempt = w.attempt + 1;
+        // One key per attempt: a report and a pass requeueing at once share one request.
+        let key = format!("requeue:{}:{attempt}", w.id);
+        let fresh = match self.allocations.request(&owner, &req, Some(&key)).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(workload = %w.id, error = %e, "a preempted job could not be queued again");
+                return Ok(false);
+            }
+        };
+        let note = format!("its GPU was preempted; queued again for a new one (attempt {attempt})");
+        let moved = self
+            .store
+            .requeue_workload(
+                w.id,
+                state.as_str(),
+                w.allocation_id,
+                fresh.id,
+                attempt,
+                &note,
+            )
+            .await
+            .map_err(internal("requeueing workload"))?;
+        if moved {
+            self.audit(None, "job.requeue", w.id, w.team_id, &note)
+                .await;
+            return Ok(true);
+        }
+        // Another pass requeued it onto the same request: keep that; else give it back.
+        let now_on = self
+            .store
+            .workload(w.id)
+            .await
+            .map_err(internal("loading workload"))?
+            .map(|r| r.w.allocation_id);
+        if now_on != Some(fresh.id) {
+            self.allocations
+                .release_for_system(fresh.id, "its job had moved on")
+                .await?;
+        }
+        Ok(now_on == Some(fresh.id))
+    }
+
+    /// Gives back the allocations of workloads that owned them and have ended (the job
+    /// exited, was cancelled or lost, the notebook stopped): metering stops with them.
+    async fn release_ended_owners(&self) -> Result<u32, AppError> {
+        let ended = self
+            .store
+            .allocations_of_ended_workloads()
+            .await
+            .map_err(internal("loading ended workloads"))?;
+        let mut released = 0;
+        for (allocation, name, state) in ended {
+            let note = format!("its workload `{name}` ended ({state})");
+            if self
+                .allocations
+                .release_for_system(allocation, &note)
+                .await?
+            {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    /// Stops workloads whose allocation is no longer active, reclaims idle notebooks, and
+    /// gives up on workloads whose node never confirmed a stop. Idempotent.
+    pub async fn tick(&self, now: DateTime<Utc>) -> Result<WorkloadTick, AppError> {
+        let mut report = WorkloadTick::default();
+        let rows = self
+            .store
+            .live_workloads()
+            .await
+            .map_err(internal("loading workloads"))?;
+        // Queued workloads whose request waits beyond the team's quota are admitted as the
+        // quota frees, oldest first.
+        let over_quota: Vec<Uuid> = rows
+            .iter()
+            .filter(|r| {
+                r.w.state == WorkloadState::Queued
+                    && r.w.owns_allocation
+                    && r.alloc_state == AllocState::PendingApproval
+            })
+            .map(|r| r.w.allocation_id)
+            .collect();
+        if !over_quota.is_empty() {
+            report.admitted = self.allocations.admit_when_room(&over_quota, now).await?;
+        }
+        for r in &rows {
+            let w = &r.w;
+            let state = w.state;
+            let alloc = r.alloc_state;
+            if state == WorkloadState::Queued {
+                if alloc == AllocState::Active {
+                    if self.start_queued(w).await? {
+                        report.started_queued += 1;
+                    }
+                } else if alloc == AllocState::Releasing || alloc.is_terminal() {
+                    let end = match (w.kind, alloc) {
+                        (WorkloadKind::Notebook, _) => WorkloadState::Stopped,
+                        (_, AllocState::Cancelled | AllocState::Ended) => WorkloadState::Cancelled,
+                        _ => WorkloadState::Failed,
+                    };
+                    let m = format!("its GPU request was {}", alloc.label().to_lowercase());
+                    if self.end_queued(w, end, &m, now).await? {
+                        report.stopped_for_allocation += 1;
+                    }
+                }
+                continue;
+            }
+            if alloc == AllocState::Preempted
+                && state != WorkloadState::Stopping
+                && self.requeue(w).await?
+            {
+                report.requeued += 1;
+                continue;
+            }
+            // Workloads start only on active allocations; once the allocation is being
+            // released or has ended, they stop.
+            if alloc == AllocState::Releasing || alloc.is_terminal() {
+                if alloc.is_terminal()
+                    && w.synced_at.is_none_or(|t| now - t > self.cfg.stop_grace)
+                    && (state == WorkloadState::Stopping || w.synced_at.is_none())
+                {
+                    let m = format!(
+                        "its allocation is {} and node {} did not confirm the stop",
+                        alloc.label().to_lowercase(),
+                        w.hostname
+                    );
+                    if self.mark_lost(w, &m, now).await? {
+                        report.lost += 1;
+                    }
+                } else if state != WorkloadState::Stopping {
+                    let m = allocation_gone(alloc);
+                    if self.request_stop(w, &m).await.is_ok() {
+                        report.stopped_for_allocation += 1;
+                    }
+                }
+                continue;
+            }
+            if alloc != AllocState::Active {
+                continue;
+            }
+            if w.kind == WorkloadKind::Notebook && state == WorkloadState::Running {
+                let s = self.signals(w, now).await?;
+                if let IdleDecision::Reclaim { idle_since } = self.decide(w, &s, now) {
+                    let m = format!(
+                        "stopped after {} min without kernel or GPU activity (idle since {} UTC)",
+                        self.cfg.idle.idle_after.num_minutes(),
+                        idle_since.format("%Y-%m-%d %H:%M")
+                    );
+                    if self.request_stop(w, &m).await.is_ok() {
+                        report.reclaimed_idle += 1;
+                        self.audit(None, "notebook.idle_reclaim", w.id, w.team_id, &m)
+                            .await;
+                        if self.cfg.idle_release_allocation {
+                            self.allocations
+                                .release_for_system(
+                                    w.allocation_id,
+                                    &format!("its notebook `{}` was idle", w.name),
+                                )
+                                .await?;
+                        }
+                    }
+                }
+            }
+        }
+        report.released_allocations = self.release_ended_owners().await?;
+        Ok(report)
+    }
+
+    pub(super) fn decide(
+        &self,
+        w: &WorkloadRow,
+        s: &ActivitySignals,
+        now: DateTime<Utc>,
+    ) -> IdleDecision {
+        let started = w.ready_at.or(w.started_at).unwrap_or(w.created_at);
+        wl::idle_decision(now, started, s, &self.cfg.idle)
+    }
+
+    /// The idle signals of a notebook: the kernel activity the executor last reported and
+    /// the last telemetry sample within the idle window in which its device was busy.
+    pub(super) async fn signals(
+        &self,
+        w: &WorkloadRow,
+        now: DateTime<Utc>,
+    ) -> Result<ActivitySignals, AppError> {
+        let devices = devices_of(w);
+        let mut gpu_last_busy = None;
+        let mut gpu_has_data = false;
+        let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
+        for d in &devices {
+            nodes.entry(d.node_id).or_default().push(d);
+        }
+        for (node, devs) in nodes {
+            let samples = self
+                .store
+                .samples_between(
+                    node,
+                    now - self.cfg.idle.idle_after,
+                    now + Duration::seconds(1),
+                )
+                .await
+                .map_err(internal("loading telemetry"))?;
+            for s in samples {
+                let Ok(sample) = serde_json::from_str::<TelemetrySample>(&s.payload) else {
+                    continue;
+                };
+                for d in &devs {
+                    if let Some(u) = utilisation(&sample, d) {
+                        gpu_has_data = true;
+                        if u >= self.cfg.idle.busy_pct {
+                            gpu_last_busy = gpu_last_busy.max(Some(s.at));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ActivitySignals {
+            kernel_last_activity: w.kernel_activity,
+            kernel_busy: w.kernel_busy,
+            gpu_last_busy,
+            gpu_has_data,
+        })
+    }
+
+    // ---- views ----
+}
