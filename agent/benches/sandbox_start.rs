@@ -14,24 +14,9 @@ use tessera_agent::sandbox::{Sandbox, SandboxSettings};
 use tessera_agent::sim::{SimNode, write_device_files};
 use tessera_agent::workloads::LocalExecutor;
 use tessera_domain::wire::{MigMode, WorkloadPhase, WorkloadSpec, WorkloadSync};
-use tessera_domain::workload::WorkloadKind;
 
 fn spec(id: &str, device: &str) -> WorkloadSpec {
-    WorkloadSpec {
-        id: id.to_owned(),
-        kind: WorkloadKind::Job,
-        run: true,
-        argv: vec!["/bin/sh".into(), "-c".into(), "true".into()],
-        env: vec![],
-        devices: vec![device.to_owned()],
-        workspace: "bench".to_owned(),
-        workdir: String::new(),
-        token: None,
-        base_path: None,
-        allocation_id: String::new(),
-        resources: vec![],
-        share: None,
-    }
+    WorkloadSpec::job(id, "bench", &[device], &["/bin/sh", "-c", "true"])
 }
 
 fn summary(name: &str, mut v: Vec<Duration>) {

@@ -9,7 +9,7 @@ use leptos_router::hooks::use_query_map;
 use tessera_domain::account::Me;
 use tessera_domain::error::AppError;
 use tessera_domain::mig::Catalog;
-use tessera_domain::tenancy::Page;
+use tessera_domain::tenancy::{Page, PageRequest};
 
 /// Items per page on every list.
 pub const PAGE_SIZE: u32 = 25;
@@ -254,15 +254,7 @@ pub fn field_error<T: 'static>(
 pub fn form_error<T: 'static>(
     value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + 'static,
 ) -> impl IntoView {
-    move || {
-        error_of(value()).and_then(|e| e.general()).map(|m| {
-            view! {
-                <div class="form-error" role="alert">
-                    {m}
-                </div>
-            }
-        })
-    }
+    move || error_of(value()).and_then(|e| e.general()).map(alert)
 }
 
 /// What the user typed into `field`, as echoed back by a failed submission (so a form
@@ -330,12 +322,7 @@ pub fn Authenticated(children: ChildrenFn) -> impl IntoView {
                     }
                     Ok(None) => view! { <Redirect path="/login" /> }.into_any(),
                     Err(e) => {
-                        view! {
-                            <div class="form-error" role="alert">
-                                {e.error.to_string()}
-                            </div>
-                        }
-                            .into_any()
+                        alert(e.error.to_string())
                     }
                 }
             })}
@@ -447,12 +434,7 @@ pub fn Problem(
         }
         .into_any(),
         AppError::Unauthorized => view! { <Redirect path="/login" /> }.into_any(),
-        other => view! {
-            <div class="form-error" role="alert">
-                {other.to_string()}
-            </div>
-        }
-        .into_any(),
+        other => alert(other.to_string()),
     }
 }
 
@@ -724,6 +706,38 @@ where
             }}
         </Transition>
     }
+}
+
+/// A team the caller may pick (report and statement selects, statement links).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TeamChoice {
+    pub id: String,
+    pub name: String,
+    pub archived: bool,
+}
+
+/// The caller's teams (every team for a platform admin), as choices.
+pub async fn load_teams() -> Result<Vec<TeamChoice>, UiError> {
+    Ok(api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT))
+        .await?
+        .items
+        .into_iter()
+        .map(|t| TeamChoice {
+            id: t.id.to_string(),
+            name: t.name,
+            archived: t.archived,
+        })
+        .collect())
+}
+
+/// An error said where it happened (`role="alert"`, read out by screen readers).
+pub fn alert(text: impl IntoView + 'static) -> AnyView {
+    view! {
+        <div class="form-error" role="alert">
+            {text}
+        </div>
+    }
+    .into_any()
 }
 
 /// A paged list as a table: loading state, empty state, errors, rows and the pager, whose

@@ -32,13 +32,9 @@ fn validator(c: &mut Criterion) {
 fn single_gpu_search(c: &mut Criterion) {
     let catalog = Catalog::builtin();
     let cluster = Cluster {
-        nodes: vec![Node {
-            name: "n".into(),
-            cpu_milli: 64_000,
-            memory_mib: 1 << 20,
-            cpu_used_milli: 0,
-            memory_used_mib: 0,
-            gpus: vec![Gpu {
+        nodes: vec![Node::gpus_only(
+            "n",
+            vec![Gpu {
                 index: 0,
                 model: "H100-80GB".into(),
                 mode: GpuMode::Mig,
@@ -47,7 +43,7 @@ fn single_gpu_search(c: &mut Criterion) {
                 busy: false,
                 used_milli: 0,
             }],
-        }],
+        )],
         models: Vec::new(),
         fixed_sharing: false,
         demand: Vec::new(),

@@ -184,16 +184,7 @@ async fn seed(
             ..Change::default()
         };
         store
-            .transition(&Transition {
-                id,
-                from: f,
-                to: t,
-                quota_delta: 0,
-                at,
-                actor: None,
-                note: None,
-                change,
-            })
+            .transition(&Transition::plain(id, (f, t), at, change))
             .await?;
     }
     Ok(())

@@ -108,19 +108,11 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
         steps.push(("releasing", "ended", end));
     }
     for (from, to, at) in steps {
-        let t = Transition {
-            id,
-            from,
-            to,
-            quota_delta: 0,
-            at,
-            actor: None,
-            note: None,
-            change: Change {
-                active_at: (to == "active").then_some(at),
-                ..Change::default()
-            },
+        let change = Change {
+            active_at: (to == "active").then_some(at),
+            ..Change::default()
         };
+        let t = Transition::plain(id, (from, to), at, change);
         assert!(store.transition(&t).await.expect("transition"));
     }
     id

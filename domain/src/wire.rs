@@ -400,6 +400,28 @@ pub struct WorkloadSpec {
     pub share: Option<ShareLimits>,
 }
 
+impl WorkloadSpec {
+    /// A job that runs `argv` on `devices` in `workspace`, with nothing else set (tests,
+    /// benches and tools build the rest with struct update syntax).
+    pub fn job(id: &str, workspace: &str, devices: &[&str], argv: &[&str]) -> WorkloadSpec {
+        WorkloadSpec {
+            id: id.to_owned(),
+            kind: crate::workload::WorkloadKind::Job,
+            run: true,
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            env: Vec::new(),
+            devices: devices.iter().map(|d| (*d).to_owned()).collect(),
+            workspace: workspace.to_owned(),
+            workdir: String::new(),
+            token: None,
+            base_path: None,
+            allocation_id: String::new(),
+            resources: Vec::new(),
+            share: None,
+        }
+    }
+}
+
 /// A workload's share of a shared GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareLimits {

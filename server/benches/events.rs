@@ -9,19 +9,14 @@
 
 mod support;
 
+use support::env_usize;
+
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{call, login, token_for};
 
 const PW: &str = "events-bench-password-1";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// (resident KiB, CPU seconds so far) of process `pid`.
 fn usage(pid: u32) -> (u64, f64) {
@@ -54,23 +49,11 @@ async fn main() {
     let streams = env_usize("STREAMS", 1000);
     let changes = env_usize("CHANGES", 20);
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
-        .arg("--database-url")
-        .arg(format!(
-            "sqlite://{}/events.db?mode=rwc",
-            dir.path().display()
-        ))
-        .args(["--site-root", "/nonexistent"])
-        .env("TESSERA_ADMIN_PASSWORD", PW)
-        .env("RUST_LOG", "error")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera serve");
+    let (port, mut server) = support::serve(
+        &format!("sqlite://{}/events.db?mode=rwc", dir.path().display()),
+        PW,
+        &[],
+    );
     let pid = server.id().expect("pid");
     let base = format!("http://127.0.0.1:{port}");
     while !reqwest::get(format!("{base}/readyz"))

@@ -20,6 +20,8 @@
 
 mod support;
 
+use support::env_usize;
+
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -36,13 +38,6 @@ const PW: &str = "load-bench-password-1";
 /// A random number below `n` (a v4 UUID's random bits: no extra dependency).
 fn random(n: u64) -> u64 {
     (uuid::Uuid::new_v4().as_u128() % u128::from(n)) as u64
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Latencies per route, in microseconds, and failures.
@@ -130,24 +125,7 @@ struct Server {
 }
 
 fn start_server(i: usize, url: &str) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
-        .args([
-            "--database-url",
-            url,
-            "--replica-name",
-            &format!("load-{i}"),
-        ])
-        .args(["--site-root", "/nonexistent"])
-        .env("TESSERA_ADMIN_PASSWORD", PW)
-        .env("RUST_LOG", "error")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera serve");
+    let (port, child) = support::serve(url, PW, &["--replica-name", &format!("load-{i}")]);
     Server { port, child }
 }
 

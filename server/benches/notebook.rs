@@ -13,6 +13,8 @@
 
 mod support;
 
+use support::env_usize;
+
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -22,13 +24,6 @@ use support::login;
 use tessera_server::config::{Secret, ServeConfig};
 
 const PW: &str = "bench-admin-password";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn agent_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("exe");

@@ -193,15 +193,7 @@ async fn demo_layouts(state: AppState, admin: Principal, hostname: String) {
     use tessera_domain::wire::{DesiredInstance, MigMode};
     let layouts: [&[(&str, u8)]; 2] = [
         &[("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)],
-        &[
-            ("1g.10gb", 0),
-            ("1g.10gb", 1),
-            ("1g.10gb", 2),
-            ("1g.10gb", 3),
-            ("1g.10gb", 4),
-            ("1g.10gb", 5),
-            ("1g.10gb", 6),
-        ],
+        &(0..7).map(|at| ("1g.10gb", at)).collect::<Vec<_>>(),
     ];
     for _ in 0..120 {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;

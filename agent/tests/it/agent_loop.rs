@@ -10,18 +10,7 @@ use tessera_agent::spool::Spool;
 use tessera_agent::telemetry::Telemetry;
 use tessera_domain::wire::{ApplyState, DesiredState};
 
-use crate::support::{FakeServer, H100, desired};
-
-fn cfg(manage_mig: bool) -> RunConfig {
-    RunConfig {
-        manage_mig,
-        reconcile_every: Duration::from_secs(10),
-        telemetry_every: Duration::from_secs(10),
-        heartbeat_every: Duration::from_secs(30),
-        workload_every: Duration::from_secs(1),
-        stop_workloads_on_exit: false,
-    }
-}
+use crate::support::{FakeServer, H100, desired, run_config};
 
 fn agent<'a>(
     node: &SimNode,
@@ -32,7 +21,10 @@ fn agent<'a>(
     Agent::new(
         Arc::new(node.clone()),
         server,
-        cfg(manage),
+        RunConfig {
+            manage_mig: manage,
+            ..run_config()
+        },
         Telemetry::new(Spool::open(dir, 60, 10).unwrap()),
     )
 }

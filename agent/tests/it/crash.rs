@@ -4,7 +4,7 @@
 use tessera_agent::sim::SimNode;
 use tessera_domain::wire::{ApplyState, DesiredGpuState, MigMode};
 
-use crate::support::{A100, H100, apply, desired, mig_uuids, node_with};
+use crate::support::{A100, H100, apply, desired, mig_uuids, node_with, sevens};
 
 type Layout = &'static [(&'static str, u8)];
 
@@ -22,15 +22,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         model: A100,
         mig_on: true,
-        start: &[
-            ("1g.5gb", 0),
-            ("1g.5gb", 1),
-            ("1g.5gb", 2),
-            ("1g.5gb", 3),
-            ("1g.5gb", 4),
-            ("1g.5gb", 5),
-            ("1g.5gb", 6),
-        ],
+        start: &sevens("1g.5gb"),
         busy: &[],
         want_mode: MigMode::Enabled,
         want: &[("4g.20gb", 0), ("3g.20gb", 4)],
@@ -72,28 +64,12 @@ const SCENARIOS: &[Scenario] = &[
         start: &[],
         busy: &[],
         want_mode: MigMode::Enabled,
-        want: &[
-            ("1g.10gb", 0),
-            ("1g.10gb", 1),
-            ("1g.10gb", 2),
-            ("1g.10gb", 3),
-            ("1g.10gb", 4),
-            ("1g.10gb", 5),
-            ("1g.10gb", 6),
-        ],
+        want: &sevens("1g.10gb"),
     },
     Scenario {
         model: H100,
         mig_on: true,
-        start: &[
-            ("1g.10gb", 0),
-            ("1g.10gb", 1),
-            ("1g.10gb", 2),
-            ("1g.10gb", 3),
-            ("1g.10gb", 4),
-            ("1g.10gb", 5),
-            ("1g.10gb", 6),
-        ],
+        start: &sevens("1g.10gb"),
         busy: &["1g.10gb@3"],
         want_mode: MigMode::Enabled,
         want: &[

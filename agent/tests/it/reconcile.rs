@@ -7,7 +7,7 @@ use tessera_domain::wire::{
     ApplyState, ApplyStatus, DesiredGpuState, DesiredState, FailureKind, MigMode,
 };
 
-use crate::support::{A100, H100, apply, desired, mig_uuids, node_with, sorted};
+use crate::support::{A100, H100, apply, desired, mig_uuids, node_with, sevens, sorted};
 
 type Layout = &'static [(&'static str, u8)];
 
@@ -22,15 +22,7 @@ const A100_LAYOUTS: &[Layout] = &[
         ("2g.10gb", 4),
         ("1g.5gb", 6),
     ],
-    &[
-        ("1g.5gb", 0),
-        ("1g.5gb", 1),
-        ("1g.5gb", 2),
-        ("1g.5gb", 3),
-        ("1g.5gb", 4),
-        ("1g.5gb", 5),
-        ("1g.5gb", 6),
-    ],
+    &sevens("1g.5gb"),
     &[
         ("1g.10gb", 0),
         ("1g.10gb", 2),
@@ -50,15 +42,7 @@ const H100_LAYOUTS: &[Layout] = &[
     &[],
     &[("7g.80gb", 0)],
     &[("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)],
-    &[
-        ("1g.10gb", 0),
-        ("1g.10gb", 1),
-        ("1g.10gb", 2),
-        ("1g.10gb", 3),
-        ("1g.10gb", 4),
-        ("1g.10gb", 5),
-        ("1g.10gb", 6),
-    ],
+    &sevens("1g.10gb"),
     &[("1g.20gb", 0), ("1g.20gb", 2), ("3g.40gb", 4)],
 ];
 

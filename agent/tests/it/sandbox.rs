@@ -21,7 +21,7 @@ use tessera_domain::wire::{
 use tessera_domain::workload::WorkloadKind;
 
 use crate::shares::{Reaper, share_job, shared, sim_mps};
-use crate::support::{H100, node_with};
+use crate::support::{H100, node_with, sync};
 
 const WAIT: Duration = Duration::from_secs(30);
 const FIRST_UID: u32 = 300_000;
@@ -83,28 +83,7 @@ impl Node {
 }
 
 fn job(id: &str, team: &str, device: &str, script: &str) -> WorkloadSpec {
-    WorkloadSpec {
-        id: id.to_owned(),
-        kind: WorkloadKind::Job,
-        run: true,
-        argv: vec!["/bin/sh".into(), "-c".into(), script.to_owned()],
-        env: vec![],
-        devices: vec![device.to_owned()],
-        workspace: team.to_owned(),
-        workdir: String::new(),
-        token: None,
-        base_path: None,
-        allocation_id: String::new(),
-        resources: vec![],
-        share: None,
-    }
-}
-
-fn sync(workloads: &[WorkloadSpec]) -> WorkloadSync {
-    WorkloadSync {
-        workloads: workloads.to_vec(),
-        log_acks: vec![],
-    }
+    WorkloadSpec::job(id, team, &[device], &["/bin/sh", "-c", script])
 }
 
 /// Reports until `id` has exited; returns its report and its whole log.

@@ -21,9 +21,9 @@ use tessera_domain::wire::{
     DesiredGpuState, DesiredState, MigMode, ShareLimits, ShareMethod, SharingState, WorkloadPhase,
     WorkloadReport, WorkloadSpec,
 };
-use tessera_domain::workload::{EnvVar, WorkloadKind};
+use tessera_domain::workload::EnvVar;
 
-use crate::support::{FakeServer, H100, node_with};
+use crate::support::{FakeServer, H100, node_with, run_config};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -94,41 +94,19 @@ pub fn share_job(
     script: &str,
 ) -> WorkloadSpec {
     WorkloadSpec {
-        id: id.to_owned(),
-        kind: WorkloadKind::Job,
-        run: true,
-        argv: vec!["/bin/sh".into(), "-c".into(), script.to_owned()],
-        env: vec![],
-        devices: vec![gpu.to_owned()],
-        workspace: "team-1".to_owned(),
-        workdir: String::new(),
-        token: None,
-        base_path: None,
-        allocation_id: String::new(),
-        resources: vec![],
         share: Some(ShareLimits {
             method,
             gpu_uuid: gpu.to_owned(),
             milli,
             memory_mib: u64::from(milli) * 80 * 1024 / 1000,
         }),
+        ..WorkloadSpec::job(id, "team-1", &[gpu], &["/bin/sh", "-c", script])
     }
 }
 
 /// Prints the job's GPU variables, then `ready`, then waits to be stopped.
 const PRINT_ENV: &str = "env | grep -E '^(CUDA_|NVIDIA_|TESSERA_GPU_)' | sort; echo ready; \
                          exec sleep 600";
-
-fn cfg(manage_mig: bool) -> RunConfig {
-    RunConfig {
-        manage_mig,
-        reconcile_every: Duration::from_secs(10),
-        telemetry_every: Duration::from_secs(10),
-        heartbeat_every: Duration::from_secs(30),
-        workload_every: Duration::from_secs(1),
-        stop_workloads_on_exit: false,
-    }
-}
 
 struct Setup {
     // First: fields drop in order, and it reads the pid files in `dir`.
@@ -173,7 +151,10 @@ impl Setup {
         Agent::new(
             Arc::new(self.node.clone()),
             &self.server,
-            cfg(manage_mig),
+            RunConfig {
+                manage_mig,
+                ..run_config()
+            },
             Telemetry::new(Spool::open(&self.dir.path().join("spool"), 60, 10).unwrap()),
         )
         .with_mps(self.mps.clone())

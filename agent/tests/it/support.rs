@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use tessera_agent::link::{LinkError, ServerLink};
 use tessera_agent::reconcile::{Outcome, reconcile_gpu};
+use tessera_agent::run::RunConfig;
 use tessera_agent::sim::{Arch, SimNode};
 use tessera_domain::wire::{
     DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, LogAck, MigMode, StatusReport,
@@ -12,6 +13,12 @@ use tessera_domain::wire::{
 };
 
 pub const A100: &str = "A100-SXM4-40GB";
+
+/// Seven instances of a one-slice profile, at every placement: a full A100 or H100.
+pub const fn sevens(profile: &'static str) -> [(&'static str, u8); 7] {
+    let p = profile;
+    [(p, 0), (p, 1), (p, 2), (p, 3), (p, 4), (p, 5), (p, 6)]
+}
 pub const H100: &str = "H100-80GB";
 
 /// A one-GPU node with MIG enabled (reset applied on Ampere) and `layout`
@@ -189,5 +196,26 @@ impl ServerLink for &FakeServer {
                 log_acks,
             }
         }))
+    }
+}
+
+/// The desired workloads as the server answers them, no logs acknowledged.
+pub fn sync(workloads: &[WorkloadSpec]) -> WorkloadSync {
+    WorkloadSync {
+        workloads: workloads.to_vec(),
+        log_acks: vec![],
+    }
+}
+
+/// An agent loop's settings for tests: no MIG management, slow periodic rounds (tests
+/// drive what they look at), workloads every second, workloads left running on exit.
+pub fn run_config() -> RunConfig {
+    RunConfig {
+        manage_mig: false,
+        reconcile_every: std::time::Duration::from_secs(10),
+        telemetry_every: std::time::Duration::from_secs(10),
+        heartbeat_every: std::time::Duration::from_secs(30),
+        workload_every: std::time::Duration::from_secs(1),
+        stop_workloads_on_exit: false,
     }
 }

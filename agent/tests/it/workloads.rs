@@ -18,33 +18,12 @@ use tessera_agent::workloads::{LocalExecutor, parse_stat};
 use tessera_domain::wire::{LogAck, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
 use tessera_domain::workload::{EnvVar, WorkloadKind};
 
-use crate::support::{FakeServer, H100};
+use crate::support::{FakeServer, H100, run_config, sync};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn job(id: &str, argv: &[&str]) -> WorkloadSpec {
-    WorkloadSpec {
-        id: id.to_owned(),
-        kind: WorkloadKind::Job,
-        run: true,
-        argv: argv.iter().map(|a| (*a).to_owned()).collect(),
-        env: vec![],
-        devices: vec!["MIG-a".to_owned(), "MIG-b".to_owned()],
-        workspace: "team-1".to_owned(),
-        workdir: String::new(),
-        token: None,
-        base_path: None,
-        allocation_id: String::new(),
-        resources: vec![],
-        share: None,
-    }
-}
-
-fn sync(workloads: &[WorkloadSpec]) -> WorkloadSync {
-    WorkloadSync {
-        workloads: workloads.to_vec(),
-        log_acks: vec![],
-    }
+    WorkloadSpec::job(id, "team-1", &["MIG-a", "MIG-b"], argv)
 }
 
 fn stopped(spec: &WorkloadSpec) -> WorkloadSpec {
@@ -680,22 +659,15 @@ async fn a_workload_stopped_before_it_started_is_reported_as_exited() {
     assert!(!ex.root().join("runs/late").exists());
 }
 
-fn cfg(stop_workloads_on_exit: bool) -> RunConfig {
-    RunConfig {
-        manage_mig: false,
-        reconcile_every: Duration::from_secs(10),
-        telemetry_every: Duration::from_secs(10),
-        heartbeat_every: Duration::from_secs(30),
-        workload_every: Duration::from_millis(50),
-        stop_workloads_on_exit,
-    }
-}
-
 fn agent<'a>(dir: &Path, server: &'a FakeServer, stop_on_exit: bool) -> Agent<&'a FakeServer> {
     Agent::new(
         Arc::new(SimNode::new(&[H100], 3).unwrap()),
         server,
-        cfg(stop_on_exit),
+        RunConfig {
+            workload_every: Duration::from_millis(50),
+            stop_workloads_on_exit: stop_on_exit,
+            ..run_config()
+        },
         Telemetry::new(Spool::open(&dir.join("spool"), 60, 10).unwrap()),
     )
     .with_workloads(open(&dir.join("workloads")))

@@ -5,6 +5,7 @@
 use crate::api::{
     self, DecideAllocation, ExtendAllocation, ReleaseAllocation, RequestAllocation, UiError,
 };
+use crate::components::alert;
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, paged_table, timestamp, use_hydrated,
@@ -252,12 +253,7 @@ fn RequestSection(data: ListData) -> impl IntoView {
                                 .into_any()
                         }
                         Err(e) => {
-                            view! {
-                                <div class="form-error" role="alert">
-                                    {format!("Your teams could not be loaded: {}", e.error)}
-                                </div>
-                            }
-                                .into_any()
+                            alert(format!("Your teams could not be loaded: {}", e.error))
                         }
                     }
                 })}

@@ -9,11 +9,10 @@ use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, Problem, echoed, field_error, form_error, now,
     timestamp,
 };
+use crate::components::{TeamChoice, alert, load_teams};
 use leptos::prelude::*;
-use serde::{Deserialize, Serialize};
 use tessera_domain::billing::{BudgetView, RateView};
 use tessera_domain::mig::Catalog;
-use tessera_domain::tenancy::PageRequest;
 
 #[component]
 pub fn BillingPage() -> impl IntoView {
@@ -36,27 +35,6 @@ pub fn BillingPage() -> impl IntoView {
             </AdminOnly>
         </Authenticated>
     }
-}
-
-/// A team, for the selects and statement links.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct TeamChoice {
-    id: String,
-    name: String,
-    archived: bool,
-}
-
-async fn load_teams() -> Result<Vec<TeamChoice>, UiError> {
-    Ok(api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT))
-        .await?
-        .items
-        .into_iter()
-        .map(|t| TeamChoice {
-            id: t.id.to_string(),
-            name: t.name,
-            archived: t.archived,
-        })
-        .collect())
 }
 
 /// What the billing page loads and the actions that change it.
@@ -485,12 +463,7 @@ fn BudgetForm(
                     }
                     .into_any()
                 }
-                Err(e) => view! {
-                    <div class="form-error" role="alert">
-                        {format!("Teams could not be loaded: {}", e.error)}
-                    </div>
-                }
-                .into_any(),
+                Err(e) => alert(format!("Teams could not be loaded: {}", e.error)),
             }
         })
     };

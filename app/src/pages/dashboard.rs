@@ -1,5 +1,6 @@
 use super::workloads::WorkloadBadge;
 use crate::api::{self, UiError};
+use crate::components::alert;
 use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
 use crate::components::{Topic, refresher};
 use leptos::prelude::*;
@@ -237,12 +238,7 @@ fn AllocationsPanel(mine: Resource<Result<Page<AllocationView>, UiError>>) -> im
                                 .into_any()
                         }
                         Err(e) => {
-                            view! {
-                                <div class="form-error" role="alert">
-                                    {e.error.to_string()}
-                                </div>
-                            }
-                                .into_any()
+                            alert(e.error.to_string())
                         }
                     }
                 })}
@@ -304,12 +300,7 @@ fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> i
                             view! { <ul class="models">{items} {more}</ul> }.into_any()
                         }
                         Err(e) => {
-                            view! {
-                                <div class="form-error" role="alert">
-                                    {e.error.to_string()}
-                                </div>
-                            }
-                                .into_any()
+                            alert(e.error.to_string())
                         }
                     }
                 })}

@@ -1,4 +1,5 @@
 use crate::api::{self, Login};
+use crate::components::alert;
 use crate::components::{PasswordInput, field_error, form_error};
 use leptos::prelude::*;
 use leptos_router::components::Redirect;
@@ -57,11 +58,7 @@ pub fn LoginPage() -> impl IntoView {
                 {move || {
                     sso_error()
                         .map(|m| {
-                            view! {
-                                <div class="form-error" role="alert">
-                                    {m}
-                                </div>
-                            }
+                            alert(m)
                         })
                 }}
                 <Suspense>

@@ -4,6 +4,7 @@
 mod chart;
 
 use crate::api::{self, RevokeNode, SetGpuLayout, SetGpuSharing, UiError};
+use crate::components::alert;
 use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
     form_error, is_admin, pager, use_offset,
@@ -176,13 +177,7 @@ fn NodeList(page: NodesData) -> impl IntoView {
             .is_none()
             .then(|| error_of(actions.layout.value().get()))
             .flatten()
-            .map(|e| {
-                view! {
-                    <div class="form-error" role="alert">
-                        {format!("Could not set the MIG layout: {}", e.error)}
-                    </div>
-                }
-            })
+            .map(|e| alert(format!("Could not set the MIG layout: {}", e.error)))
     };
     view! {
         {form_error(move || actions.revoke.value().get())}

@@ -7,13 +7,13 @@ mod chart;
 use super::money;
 use crate::api::{self, UiError};
 use crate::components::{Authenticated, Empty, Loading, Problem};
+use crate::components::{TeamChoice, load_teams};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 use tessera_domain::billing::{UsageReport, UsageRow, gpu_hours};
 use tessera_domain::error::AppError;
-use tessera_domain::tenancy::PageRequest;
 
 /// Milli-GPU-seconds in a hundredth of a GPU-hour: the GPU chart's display unit.
 const CENTI_GPU_HOUR: i64 = 36_000;
@@ -60,14 +60,6 @@ fn use_filter() -> Memo<Filter> {
     })
 }
 
-/// A team the caller may pick.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct TeamChoice {
-    id: String,
-    name: String,
-    archived: bool,
-}
-
 /// What the page shows: the team choices, the team actually reported on, and the report
 /// (`None` when the caller is in no team at all).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,16 +72,7 @@ struct UsageData {
 
 async fn load_usage(f: Filter) -> Result<UsageData, UiError> {
     let admin = api::current_user().await?.is_some_and(|me| me.is_admin);
-    let teams: Vec<TeamChoice> = api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT))
-        .await?
-        .items
-        .into_iter()
-        .map(|t| TeamChoice {
-            id: t.id.to_string(),
-            name: t.name,
-            archived: t.archived,
-        })
-        .collect();
+    let teams = load_teams().await?;
     // Members must name a team: the first unarchived one (else any) by default.
     let team = if f.team.is_empty() && !admin {
         teams

@@ -1,6 +1,7 @@
 //! Platform admins manage user accounts: create, disable/enable, reset a password.
 
 use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled, UiError};
+use crate::components::alert;
 use crate::components::{
     AdminOnly, Authenticated, Columns, PAGE_SIZE, PasswordInput, When, at, echoed, error_of,
     field_error, form_error, paged_table, use_offset,
@@ -76,13 +77,7 @@ fn UserAdmin(
             .is_none()
             .then(|| error_of(actions.reset.value().get()))
             .flatten()
-            .map(|e| {
-                view! {
-                    <div class="form-error" role="alert">
-                        {format!("Could not reset the password: {}", e.error)}
-                    </div>
-                }
-            })
+            .map(|e| alert(format!("Could not reset the password: {}", e.error)))
     };
     view! {
         <CreateUserForm action=create />

@@ -10,6 +10,7 @@
 //! a long log keeps its scroll position and nothing flickers.
 
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
+use crate::components::alert;
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, list_table, now, pager_with, relative, timestamp,
@@ -510,12 +511,7 @@ fn LaunchSection(data: ListData) -> impl IntoView {
                                 .into_any()
                         }
                         Err(e) => {
-                            view! {
-                                <div class="form-error" role="alert">
-                                    {format!("Your allocations could not be loaded: {}", e.error)}
-                                </div>
-                            }
-                                .into_any()
+                            alert(format!("Your allocations could not be loaded: {}", e.error))
                         }
                     }
                 })}

@@ -146,6 +146,28 @@ pub struct Transition<'a> {
     pub change: Change,
 }
 
+impl<'a> Transition<'a> {
+    /// A move of `id` from `from` to `to` at `at` that holds or frees no quota and names
+    /// no actor.
+    pub fn plain(
+        id: Uuid,
+        (from, to): (&'a str, &'a str),
+        at: DateTime<Utc>,
+        change: Change,
+    ) -> Self {
+        Transition {
+            id,
+            from,
+            to,
+            quota_delta: 0,
+            at,
+            actor: None,
+            note: None,
+            change,
+        }
+    }
+}
+
 pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
                     a.purpose, a.state, a.duration_minutes, a.starts_at, a.created_at, a.active_at, \
                     a.ends_at, a.approver, a.approval_reason, a.pending_reason, a.devices, \

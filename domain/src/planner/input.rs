@@ -49,6 +49,21 @@ pub struct Node {
     pub gpus: Vec<Gpu>,
 }
 
+impl Node {
+    /// A node whose CPU and memory never limit a placement (the server schedules GPUs
+    /// only), holding `gpus`.
+    pub fn gpus_only(name: impl Into<String>, gpus: Vec<Gpu>) -> Node {
+        Node {
+            name: name.into(),
+            cpu_milli: 1 << 40,
+            memory_mib: 1 << 40,
+            cpu_used_milli: 0,
+            memory_used_mib: 0,
+            gpus,
+        }
+    }
+}
+
 /// How a GPU is offered: partitioned with MIG, handed out whole, or
 /// time-sliced in milli-GPU shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -149,6 +164,22 @@ pub(crate) enum Ask {
 }
 
 impl Request {
+    /// A request named `id` for no team, at priority 0, asking for nothing yet (no GPU,
+    /// CPU or memory) on any model: set `mig`, `gpus` or `gpu_milli`.
+    pub fn new(id: impl Into<String>) -> Request {
+        Request {
+            id: id.into(),
+            team: None,
+            priority: 0,
+            mig: None,
+            gpus: None,
+            gpu_milli: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            models: Vec::new(),
+        }
+    }
+
     pub(crate) fn ask(&self, position: usize) -> Result<Ask, InputError> {
         let path = |field: &str| format!("[{position}].{field}");
         let given = [

@@ -231,28 +231,17 @@ fn with_fixed_sharing_only_shared_gpus_take_shares() {
         used_milli,
     };
     let cluster = |fixed_sharing: bool| Cluster {
-        nodes: vec![Node {
-            name: "n".into(),
-            cpu_milli: 64_000,
-            memory_mib: 1 << 20,
-            cpu_used_milli: 0,
-            memory_used_mib: 0,
-            gpus: vec![gpu(0, GpuMode::Whole, 0), gpu(1, GpuMode::Shared, 750)],
-        }],
+        nodes: vec![Node::gpus_only(
+            "n",
+            vec![gpu(0, GpuMode::Whole, 0), gpu(1, GpuMode::Shared, 750)],
+        )],
         models: Vec::new(),
         fixed_sharing,
         demand: Vec::new(),
     };
     let ask = |id: &str| Request {
-        id: id.into(),
-        team: None,
-        priority: 0,
-        mig: None,
-        gpus: None,
         gpu_milli: Some(250),
-        cpu_milli: 0,
-        memory_mib: 0,
-        models: Vec::new(),
+        ..Request::new(id)
     };
     let asks = [ask("a"), ask("b")];
     let catalog = Catalog::builtin();
@@ -286,26 +275,13 @@ fn recent_demand_steers_shares() {
         used_milli,
     };
     let share = |id: &str, milli: u32| Request {
-        id: id.into(),
-        team: None,
-        priority: 0,
-        mig: None,
-        gpus: None,
         gpu_milli: Some(milli),
-        cpu_milli: 0,
-        memory_mib: 0,
         models: vec!["T4-16GB".into()],
+        ..Request::new(id)
     };
     // GPU 0 has 500 milli free, GPU 1 750.
     let cluster = |demand: Vec<Demand>| Cluster {
-        nodes: vec![Node {
-            name: "n".into(),
-            cpu_milli: 64_000,
-            memory_mib: 1 << 20,
-            cpu_used_milli: 0,
-            memory_used_mib: 0,
-            gpus: vec![gpu(0, 500), gpu(1, 250)],
-        }],
+        nodes: vec![Node::gpus_only("n", vec![gpu(0, 500), gpu(1, 250)])],
         models: Vec::new(),
         fixed_sharing: true,
         demand,

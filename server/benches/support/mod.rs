@@ -5,6 +5,39 @@
 use serde_json::{Value, json};
 use std::time::Duration;
 
+/// `name` from the environment as a number, else `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `tessera serve` (this build, no simulated nodes, no UI bundle) on a free local port,
+/// on `database_url`, its bootstrap admin's password `pw`, with `extra` arguments;
+/// killed when dropped. Returns the port and the process.
+pub fn serve(database_url: &str, pw: &str, extra: &[&str]) -> (u16, tokio::process::Child) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
+        .args([
+            "--database-url",
+            database_url,
+            "--site-root",
+            "/nonexistent",
+        ])
+        .args(extra)
+        .env("TESSERA_ADMIN_PASSWORD", pw)
+        .env("RUST_LOG", "error")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start tessera serve");
+    (port, child)
+}
+
 /// Signs `user` in (retrying while the server is still starting); the session cookie.
 pub async fn login(base: &str, user: &str, pw: &str) -> String {
     loop {

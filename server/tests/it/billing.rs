@@ -79,16 +79,7 @@ pub(crate) async fn history(
     let step = |from: &'static str, to: &'static str, at: DateTime<Utc>, change: Change| {
         let store = store.clone();
         async move {
-            let t = Transition {
-                id,
-                from,
-                to,
-                quota_delta: 0,
-                at,
-                actor: None,
-                note: None,
-                change,
-            };
+            let t = Transition::plain(id, (from, to), at, change);
             assert!(
                 store.transition(&t).await.expect("transition"),
                 "{from} → {to}"

@@ -571,15 +571,9 @@ impl Allocations {
             .filter_map(|(kind, n)| match kind.parse::<GpuKind>() {
                 Ok(GpuKind::Share { model, milli }) => Some(planner::Demand {
                     request: planner::Request {
-                        id: kind,
-                        team: None,
-                        priority: 0,
-                        mig: None,
-                        gpus: None,
                         gpu_milli: Some(milli),
-                        cpu_milli: 0,
-                        memory_mib: 0,
                         models: vec![model],
+                        ..planner::Request::new(kind)
                     },
                     weight: u32::try_from(n).unwrap_or(u32::MAX),
                 }),
@@ -693,14 +687,10 @@ impl Allocations {
                     used_milli: 0,
                 });
             }
-            input.cluster.nodes.push(planner::Node {
-                name: n.id.to_string(),
-                cpu_milli: 1 << 40,
-                memory_mib: 1 << 40,
-                cpu_used_milli: 0,
-                memory_used_mib: 0,
-                gpus,
-            });
+            input
+                .cluster
+                .nodes
+                .push(planner::Node::gpus_only(n.id.to_string(), gpus));
         }
         Ok(input)
     }
@@ -723,15 +713,10 @@ fn planner_requests(
         };
         let priority = total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0);
         let base = planner::Request {
-            id: a.id.to_string(),
             team: Some(a.team_id.to_string()),
             priority,
-            mig: None,
-            gpus: None,
-            gpu_milli: None,
-            cpu_milli: 0,
-            memory_mib: 0,
             models: vec![a.model.clone()],
+            ..planner::Request::new(a.id.to_string())
         };
         match kind {
             GpuKind::Share { model, milli } => requests.push(planner::Request {
