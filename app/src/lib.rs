@@ -24,6 +24,8 @@ pub const OUTPUT_NAME: &str = "tessera";
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     use_csp_nonce();
     let server_only = request_path().as_deref().is_some_and(is_server_only);
+    let prefetch =
+        server_only.then(|| format!("/pkg/{0}.js /pkg/{0}_bg.wasm", options.output_name));
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -35,7 +37,10 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 {(!server_only).then(|| view! { <HydrationScripts options /> })}
                 <MetaTags />
             </head>
-            <body data-server-only=server_only.then_some("")>
+            <body
+                data-server-only=server_only.then_some("")
+                data-prefetch=prefetch
+            >
                 <App />
                 {server_only
                     .then(|| {
@@ -55,9 +60,15 @@ pub fn is_server_only(path: &str) -> bool {
 }
 
 /// What a server-only page does in the browser without the bundle (progressive
-/// enhancement; the forms work without it): the password fields' show/hide toggle, and
-/// the submit button says it is busy.
-const SERVER_ONLY_JS: &str = "document.addEventListener('click',function(e){\
+/// enhancement; the forms work without it): the password fields' show/hide toggle, the
+/// submit button says it is busy, and once the visitor starts typing the bundle is
+/// prefetched (`body[data-prefetch]`), so the page after signing in finds it cached.
+const SERVER_ONLY_JS: &str = "(function(){var b=document.body,p=b.dataset.prefetch;\
+if(!p)return;var go=function(){document.removeEventListener('input',go);\
+p.split(' ').forEach(function(h){var l=document.createElement('link');\
+l.rel='prefetch';l.href=h;document.head.appendChild(l)})};\
+document.addEventListener('input',go)})();\
+document.addEventListener('click',function(e){\
 var b=e.target.closest('button[data-toggle-for]');if(!b)return;\
 var i=document.getElementById(b.dataset.toggleFor),s=i.type==='password';\
 i.type=s?'text':'password';b.textContent=s?'Hide':'Show';\

@@ -20,9 +20,11 @@ test('admin signs in, changes password, signs out and back in', async () => {
 
     // The sign-in page is plain HTML (no wasm bundle): its show/hide toggle is a few lines
     // of script.
-    assert.equal(await page.locator('link[rel=modulepreload], link[href*="_bg.wasm"]').count(), 0,
+    assert.equal(await page.locator('link[rel=modulepreload], link[rel=preload]').count(), 0,
       'the sign-in page loads no bundle');
     await page.fill('#password', ADMIN_PASSWORD);
+    // Having typed, the visitor's browser prefetches it for the page after signing in.
+    assert.equal(await page.locator('link[rel=prefetch][href$="_bg.wasm"]').count(), 1);
     await page.click('button[data-toggle-for=password]');
     assert.equal(await page.getAttribute('#password', 'type'), 'text');
     await page.click('button[data-toggle-for=password]');

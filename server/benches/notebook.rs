@@ -11,37 +11,21 @@
 //!    (default 16) clients, through the proxy and directly at JupyterLab; requests/s and
 //!    p50/p99 latency of each.
 
+#[path = "../tests/it/agent_bin.rs"]
+mod agent_bin;
 mod support;
 
+use agent_bin::agent_bin;
 use support::env_usize;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::login;
 use tessera_server::config::{Secret, ServeConfig};
 
 const PW: &str = "bench-admin-password";
-
-fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("exe");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let bin = dir.join("tessera-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "--release", "-p", "tessera-agent"])
-            .status()
-            .expect("cargo build");
-        assert!(status.success());
-    }
-    bin
-}
 
 struct Api {
     base: String,

@@ -203,12 +203,7 @@ async fn record_node_gauges(state: &AppState) {
                 &gpu,
                 g.power_mw.map(|mw| f64::from(mw) / 1000.0),
             );
-            set(dcgm::FB_USED, &gpu, g.memory_used_mib.map(|m| m as f64));
-            set(
-                dcgm::FB_FREE,
-                &gpu,
-                free_mib(g.memory_used_mib, g.memory_total_mib),
-            );
+            set_memory(&gpu, g.memory_used_mib, g.memory_total_mib);
             for d in &g.mig_devices {
                 let profile = info
                     .instances
@@ -224,12 +219,7 @@ async fn record_node_gauges(state: &AppState) {
                     &mig,
                     d.sm_util_pct.map(|p| f64::from(p) / 100.0),
                 );
-                set(dcgm::FB_USED, &mig, d.memory_used_mib.map(|m| m as f64));
-                set(
-                    dcgm::FB_FREE,
-                    &mig,
-                    free_mib(d.memory_used_mib, d.memory_total_mib),
-                );
+                set_memory(&mig, d.memory_used_mib, d.memory_total_mib);
             }
         }
     }
@@ -242,8 +232,15 @@ fn set(name: &'static str, labels: &[(&'static str, String)], value: Option<f64>
     }
 }
 
-fn free_mib(used: Option<u64>, total: Option<u64>) -> Option<f64> {
-    Some(total?.saturating_sub(used?) as f64)
+/// Framebuffer used and free (MiB), as dcgm-exporter names them.
+fn set_memory(labels: &[(&'static str, String)], used: Option<u64>, total: Option<u64>) {
+    use crate::observability::dcgm;
+    set(dcgm::FB_USED, labels, used.map(|m| m as f64));
+    set(
+        dcgm::FB_FREE,
+        labels,
+        total.zip(used).map(|(t, u)| t.saturating_sub(u) as f64),
+    );
 }
 
 #[cfg(test)]

@@ -343,15 +343,7 @@ async fn plain_form_posts_redirect_and_carry_errors(db: Db) {
         location.starts_with(&login_page) && location.contains("__err="),
         "{location}"
     );
-    let page = b
-        .client
-        .get(&location)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("body");
+    let page = b.page(&location).await;
     assert!(page.contains("invalid username or password"), "error shown");
     assert!(page.contains("value=\"Admin\""), "typed username kept");
 

@@ -275,42 +275,19 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
             .await
             .expect("load")
             .expect("allocation");
-        let id = uuid::Uuid::now_v7();
         let w = tessera_core::store::WorkloadRow {
-            id,
-            kind: tessera_domain::workload::WorkloadKind::Notebook,
-            name: format!("nb{i}"),
-            allocation_id: alloc,
-            team_id: row.a.team_id,
-            user_id: row.a.user_id,
             node_id: Some(uuid::Uuid::parse_str(node).expect("uuid")),
             hostname: "node-m".into(),
-            devices: "[]".into(),
-            state: tessera_domain::workload::WorkloadState::Pending,
-            command: String::new(),
-            workdir: String::new(),
-            env: "[]".into(),
-            retries: 0,
-            attempt: 1,
             token: Some("matrix-token".into()),
-            endpoint: None,
-            exit_code: None,
-            message: None,
-            stop_state: None,
-            created_at: chrono::Utc::now(),
-            started_at: None,
-            ready_at: None,
-            ended_at: None,
-            synced_at: None,
-            kernel_activity: None,
-            kernel_busy: false,
-            log_base: 0,
-            log_stored: 0,
-            log_start: 0,
-            log_complete: false,
-            idempotency_key: None,
-            owns_allocation: false,
+            ..tessera_core::store::WorkloadRow::new(
+                tessera_domain::workload::WorkloadKind::Notebook,
+                &format!("nb{i}"),
+                (alloc, row.a.team_id, row.a.user_id),
+                tessera_domain::workload::WorkloadState::Pending,
+                chrono::Utc::now(),
+            )
         };
+        let id = w.id;
         assert!(store.insert_workload(&w).await.expect("insert"));
         out.push(id.to_string());
     }

@@ -12,7 +12,7 @@ use crate::workloads::{get, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use tessera_server::config::Executor;
+use tessera_server::config::{Executor, ServeConfig};
 
 async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -25,7 +25,12 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db) {
+/// A server whose executor is the Kubernetes one, on a fresh fake API server (its
+/// kubeconfig in the returned folder), rounds every 150 ms; `tweak` sets the rest.
+async fn on_fake_cluster(
+    db: Db,
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> (FakeKube, tempfile::TempDir, AdminClient) {
     let kube = FakeKube::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = kube.kubeconfig(dir.path());
@@ -33,10 +38,17 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         c.executor = Executor::Kubernetes;
         c.kubernetes.kubeconfig = Some(kubeconfig);
         c.kubernetes.interval = Duration::from_millis(150);
+        tweak(c);
+    })
+    .await;
+    (kube, dir, AdminClient::with_app(app).await)
+}
+
+async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db) {
+    let (kube, _dir, a) = on_fake_cluster(db, |c| {
         c.kubernetes.image = "registry.example/notebook:1".into();
     })
     .await;
-    let a = AdminClient::with_app(app).await;
     let t = team(&a, "kube").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     let _agent = SimAgent::start(&a, "gpu-node-1").await;
@@ -308,16 +320,7 @@ on_both_databases!(
 /// for one `nvidia.com/gpu.shared` (the device plugin's shared replica) on the share's
 /// node, says its fraction in its environment, and the team's quota allows exactly that.
 async fn a_share_asks_the_device_plugin_for_a_shared_gpu(db: Db) {
-    let kube = FakeKube::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = kube.kubeconfig(dir.path());
-    let app = TestApp::spawn_with(db, |c| {
-        c.executor = Executor::Kubernetes;
-        c.kubernetes.kubeconfig = Some(kubeconfig);
-        c.kubernetes.interval = Duration::from_millis(150);
-    })
-    .await;
-    let a = AdminClient::with_app(app).await;
+    let (kube, _dir, a) = on_fake_cluster(db, |_| {}).await;
     let t = team(&a, "kshare").await;
     set_quota(&a, &t.id, "H100-80GB:shared", 1000, 1000, 1000).await;
     let _agent = SimAgent::start(&a, "gpu-node-2").await;

@@ -2,6 +2,7 @@
 //! (when `TESSERA_TEST_PG_URL` is set, as `cargo xtask test` does) PostgreSQL.
 
 mod accounts;
+mod agent_bin;
 mod allocations;
 mod authz;
 mod billing;

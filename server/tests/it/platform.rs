@@ -241,11 +241,18 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     let login = c.get(app.url("/login")).send().await.expect("login");
     assert_eq!(login.headers()["cache-control"], "private, no-cache");
     let html = login.text().await.expect("html");
-    // The sign-in page is server-only: its stylesheet, no bundle.
+    // The sign-in page is server-only: its stylesheet, no bundle loaded, the hashed
+    // bundle named for the prefetch once the visitor types.
     assert!(html.contains(&format!("/pkg/{stem}.css")), "{html}");
     assert!(html.contains("data-server-only"), "{html}");
     assert!(
-        !html.contains(&format!("/pkg/{stem}.js")) && !html.contains("_bg.wasm"),
+        !html.contains("modulepreload") && !html.contains("rel=\"preload\""),
+        "{html}"
+    );
+    assert!(
+        html.contains(&format!(
+            "data-prefetch=\"/pkg/{stem}.js /pkg/{stem}_bg.wasm\""
+        )),
         "{html}"
     );
     // A signed-in page names the hashed bundle.

@@ -36,15 +36,7 @@ async fn a_fresh_install_walks_its_admin_through_setup(db: Db) {
         "{}",
         r.status()
     );
-    let page = browser
-        .client
-        .get(a.app.url("/"))
-        .send()
-        .await
-        .expect("dashboard")
-        .text()
-        .await
-        .expect("body");
+    let page = browser.page("/").await;
     assert!(
         page.contains("data-testid=\"setup-checklist\""),
         "no checklist on the dashboard"
@@ -72,15 +64,7 @@ async fn a_fresh_install_walks_its_admin_through_setup(db: Db) {
     let (s, v) = a.call(Method::POST, "/api/v1/setup/dismiss", None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["dismissed"], true);
-    let page = browser
-        .client
-        .get(a.app.url("/"))
-        .send()
-        .await
-        .expect("dashboard")
-        .text()
-        .await
-        .expect("body");
+    let page = browser.page("/").await;
     assert!(
         !page.contains("data-testid=\"setup-checklist\""),
         "the checklist came back"

@@ -295,6 +295,23 @@ impl Browser {
             .await
     }
 
+    /// The HTML of the page at `path` (a path on this server, or a URL).
+    pub async fn page(&self, path: &str) -> String {
+        let url = if path.starts_with('/') {
+            format!("{}{path}", self.base)
+        } else {
+            path.to_owned()
+        };
+        self.client
+            .get(url)
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("body")
+    }
+
     /// `Some(username)` when the session is signed in.
     pub async fn whoami(&self) -> Option<String> {
         let r = self.call("current_user", &[]).await;
@@ -426,24 +443,7 @@ pub async fn json_call(
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
 
-/// The `tessera-agent` binary, built if missing.
-pub fn agent_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let bin = dir.join("tessera-agent");
-    if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "tessera-agent", "--bin", "tessera-agent"])
-            .status()
-            .expect("cargo build");
-        assert!(status.success(), "building tessera-agent");
-    }
-    bin
-}
+pub use crate::agent_bin::agent_bin;
 
 /// `tessera-agent --simulate` with `gpus` (catalog names, comma-separated) as node
 /// `hostname` of `server`, its state in `state`, heartbeats and layout rounds every
