@@ -483,36 +483,23 @@ fn test() -> Result<()> {
             "warnings",
         ]),
     )?;
+    let wasm_clippy = |args: &[&str]| {
+        let mut cmd = cargo();
+        cmd.arg("clippy")
+            .args(args)
+            .args(["--target", WASM_TARGET, "--target-dir"])
+            .arg(target_dir().join("wasm"))
+            .args(["--", "-D", "warnings"]);
+        cmd
+    };
     step(
         "clippy (browser side: app/hydrate on wasm32)",
-        cargo()
-            .args([
-                "clippy",
-                "-p",
-                "tessera-app",
-                "--features",
-                "hydrate",
-                "--target",
-                WASM_TARGET,
-                "--target-dir",
-            ])
-            .arg(target_dir().join("wasm"))
-            .args(["--", "-D", "warnings"]),
+        &mut wasm_clippy(&["-p", "tessera-app", "--features", "hydrate"]),
     )?;
     // On its own, so the UI's features cannot hide a domain dependency that needs I/O.
     step(
         "clippy (domain alone on wasm32: stays pure)",
-        cargo()
-            .args([
-                "clippy",
-                "-p",
-                "tessera-domain",
-                "--target",
-                WASM_TARGET,
-                "--target-dir",
-            ])
-            .arg(target_dir().join("wasm"))
-            .args(["--", "-D", "warnings"]),
+        &mut wasm_clippy(&["-p", "tessera-domain"]),
     )?;
     check_dependency_direction()?;
     ensure_jupyterlab()?;

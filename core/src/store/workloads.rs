@@ -63,6 +63,54 @@ pub struct WorkloadRow {
     pub owns_allocation: bool,
 }
 
+impl WorkloadRow {
+    /// A new workload as first written: in `state`, first attempt, no command, place,
+    /// token or report yet.
+    pub fn new(
+        kind: WorkloadKind,
+        name: &str,
+        (allocation_id, team_id, user_id): (Uuid, Uuid, Uuid),
+        state: WorkloadState,
+        created_at: DateTime<Utc>,
+    ) -> WorkloadRow {
+        WorkloadRow {
+            id: Uuid::now_v7(),
+            kind,
+            name: name.to_owned(),
+            allocation_id,
+            team_id,
+            user_id,
+            node_id: None,
+            hostname: String::new(),
+            devices: "[]".into(),
+            state,
+            command: String::new(),
+            workdir: String::new(),
+            env: "[]".into(),
+            retries: 0,
+            attempt: 1,
+            token: None,
+            endpoint: None,
+            exit_code: None,
+            message: None,
+            stop_state: None,
+            created_at,
+            started_at: None,
+            ready_at: None,
+            ended_at: None,
+            synced_at: None,
+            kernel_activity: None,
+            kernel_busy: false,
+            log_base: 0,
+            log_stored: 0,
+            log_start: 0,
+            log_complete: false,
+            idempotency_key: None,
+            owns_allocation: false,
+        }
+    }
+}
+
 /// A workload with the names views show and its allocation's state.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkloadListRow {

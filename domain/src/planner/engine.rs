@@ -925,27 +925,13 @@ impl Engine {
                 }
             }
             Ask::Whole(n) => {
-                let block = summary
-                    .largest_block
-                    .iter()
-                    .zip(&r.allowed)
-                    .filter(|(_, ok)| **ok)
-                    .map(|(b, _)| *b)
-                    .max()
-                    .unwrap_or(0);
+                let block = best_allowed(&summary.largest_block, &r.allowed);
                 format!(
                     "needs {n} GPUs of one model on one node; the largest free block left by this plan is {block}"
                 )
             }
             Ask::Share(m) => {
-                let most = summary
-                    .share_free
-                    .iter()
-                    .zip(&r.allowed)
-                    .filter(|(_, ok)| **ok)
-                    .map(|(b, _)| *b)
-                    .max()
-                    .unwrap_or(0);
+                let most = best_allowed(&summary.share_free, &r.allowed);
                 if self.fixed_sharing {
                     format!(
                         "needs {m} milli-GPU free on one shared GPU; the most free on a shared GPU of this model is {most} (admins choose which GPUs are shared, on the Nodes page)"
@@ -1029,6 +1015,17 @@ pub(crate) struct Summary {
     share_free: Vec<u32>,
     max_cpu: u64,
     max_mem: u64,
+}
+
+/// The largest of a per-model figure over the models a request allows.
+fn best_allowed(per_model: &[u32], allowed: &[bool]) -> u32 {
+    per_model
+        .iter()
+        .zip(allowed)
+        .filter(|(_, ok)| **ok)
+        .map(|(v, _)| *v)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The cheapest way to add one instance of `p` to `gpu`, as a cost key:

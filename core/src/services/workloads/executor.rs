@@ -198,7 +198,6 @@ impl Workloads {
         rep: &WorkloadReport,
         now: DateTime<Utc>,
     ) -> Result<(), AppError> {
-        let kind = w.kind;
         let state = w.state;
         let activity = rep
             .kernel_last_activity_ms
@@ -246,95 +245,7 @@ impl Workloads {
             }
             // The end is recorded once all the output has arrived, so a finished
             // workload's log is whole.
-            WorkloadPhase::Exited if rep.log_complete => {
-                let code = rep.exit_code.map(i64::from);
-                let change = |message: Option<String>| WorkloadChange {
-                    // A process that ended before any report said it ran started no later
-                    // than now (an earlier start time is kept).
-                    started_at: Some(now),
-                    ended_at: Some(now),
-                    exit_code: code,
-                    message,
-                    ..WorkloadChange::default()
-                };
-                if state == WorkloadState::Stopping {
-                    let end = w
-                        .stop_state
-                        .as_deref()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(WorkloadState::Stopped);
-                    self.step(w, end, change(None)).await?;
-                    return Ok(());
-                }
-                if alloc == AllocState::Preempted && self.requeue(w).await? {
-                    return Ok(());
-                }
-                if alloc == AllocState::Releasing || alloc.is_terminal() {
-                    // The executor stopped it because its allocation ended (before this
-                    // server's pass asked it to): a stop, not a failure of the workload.
-                    let end = stop_end(w);
-                    let stopping = WorkloadChange {
-                        message: Some(allocation_gone(alloc)),
-                        stop_state: Some(end.as_str().into()),
-                        ..WorkloadChange::default()
-                    };
-                    let moved = self
-                        .store
-                        .workload_step(w.id, state.as_str(), "stopping", &stopping)
-                        .await
-                        .map_err(internal("stopping workload"))?;
-                    if moved {
-                        self.store
-                            .workload_step(w.id, "stopping", end.as_str(), &change(None))
-                            .await
-                            .map_err(internal("stopping workload"))?;
-                    }
-                    return Ok(());
-                }
-                let mut how = match rep.exit_code {
-                    Some(c) => format!("exited with code {c}"),
-                    None => "was killed by a signal".to_owned(),
-                };
-                if let Some(m) = &rep.message {
-                    how = format!("{how} ({m})");
-                }
-                match kind {
-                    WorkloadKind::Job if rep.exit_code == Some(0) => {
-                        self.step(w, WorkloadState::Succeeded, change(None)).await?;
-                    }
-                    WorkloadKind::Job if w.attempt <= w.retries => {
-                        let note = format!(
-                            "attempt {} {how}; retrying ({} of {} retries)",
-                            w.attempt, w.attempt, w.retries
-                        );
-                        self.store
-                            .workload_retry(w.id, state.as_str(), w.attempt + 1, &note)
-                            .await
-                            .map_err(internal("retrying job"))?;
-                    }
-                    WorkloadKind::Job => {
-                        self.step(
-                            w,
-                            WorkloadState::Failed,
-                            change(Some(format!("the job {how}"))),
-                        )
-                        .await?;
-                    }
-                    WorkloadKind::Notebook if rep.exit_code == Some(0) => {
-                        let m = "JupyterLab shut down".to_owned();
-                        self.step(w, WorkloadState::Stopping, change(Some(m.clone())))
-                            .await?;
-                        let mut again = w.clone();
-                        again.state = WorkloadState::Stopping;
-                        self.step(&again, WorkloadState::Stopped, change(Some(m)))
-                            .await?;
-                    }
-                    WorkloadKind::Notebook => {
-                        let m = format!("JupyterLab {how}; the log shows why");
-                        self.step(w, WorkloadState::Failed, change(Some(m))).await?;
-                    }
-                }
-            }
+            WorkloadPhase::Exited if rep.log_complete => self.on_exit(w, alloc, rep, now).await?,
             WorkloadPhase::Exited => {}
             WorkloadPhase::FailedToStart => {
                 let message = Some(format!(
@@ -373,6 +284,107 @@ impl Workloads {
                     now,
                 )
                 .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A process that ended, its whole log in: how its workload ends (as its stop asked,
+    /// requeued after a preemption, stopped with its allocation, succeeded, retried or
+    /// failed).
+    async fn on_exit(
+        &self,
+        w: &WorkloadRow,
+        alloc: AllocState,
+        rep: &WorkloadReport,
+        now: DateTime<Utc>,
+    ) -> Result<(), AppError> {
+        let (kind, state) = (w.kind, w.state);
+        let code = rep.exit_code.map(i64::from);
+        let change = |message: Option<String>| WorkloadChange {
+            // A process that ended before any report said it ran started no later
+            // than now (an earlier start time is kept).
+            started_at: Some(now),
+            ended_at: Some(now),
+            exit_code: code,
+            message,
+            ..WorkloadChange::default()
+        };
+        if state == WorkloadState::Stopping {
+            let end = w
+                .stop_state
+                .as_deref()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(WorkloadState::Stopped);
+            self.step(w, end, change(None)).await?;
+            return Ok(());
+        }
+        if alloc == AllocState::Preempted && self.requeue(w).await? {
+            return Ok(());
+        }
+        if alloc == AllocState::Releasing || alloc.is_terminal() {
+            // The executor stopped it because its allocation ended (before this
+            // server's pass asked it to): a stop, not a failure of the workload.
+            let end = stop_end(w);
+            let stopping = WorkloadChange {
+                message: Some(allocation_gone(alloc)),
+                stop_state: Some(end.as_str().into()),
+                ..WorkloadChange::default()
+            };
+            let moved = self
+                .store
+                .workload_step(w.id, state.as_str(), "stopping", &stopping)
+                .await
+                .map_err(internal("stopping workload"))?;
+            if moved {
+                self.store
+                    .workload_step(w.id, "stopping", end.as_str(), &change(None))
+                    .await
+                    .map_err(internal("stopping workload"))?;
+            }
+            return Ok(());
+        }
+        let mut how = match rep.exit_code {
+            Some(c) => format!("exited with code {c}"),
+            None => "was killed by a signal".to_owned(),
+        };
+        if let Some(m) = &rep.message {
+            how = format!("{how} ({m})");
+        }
+        match kind {
+            WorkloadKind::Job if rep.exit_code == Some(0) => {
+                self.step(w, WorkloadState::Succeeded, change(None)).await?;
+            }
+            WorkloadKind::Job if w.attempt <= w.retries => {
+                let note = format!(
+                    "attempt {} {how}; retrying ({} of {} retries)",
+                    w.attempt, w.attempt, w.retries
+                );
+                self.store
+                    .workload_retry(w.id, state.as_str(), w.attempt + 1, &note)
+                    .await
+                    .map_err(internal("retrying job"))?;
+            }
+            WorkloadKind::Job => {
+                self.step(
+                    w,
+                    WorkloadState::Failed,
+                    change(Some(format!("the job {how}"))),
+                )
+                .await?;
+            }
+            WorkloadKind::Notebook if rep.exit_code == Some(0) => {
+                let m = "JupyterLab shut down".to_owned();
+                self.step(w, WorkloadState::Stopping, change(Some(m.clone())))
+                    .await?;
+                let mut again = w.clone();
+                again.state = WorkloadState::Stopping;
+                self.step(&again, WorkloadState::Stopped, change(Some(m)))
+                    .await?;
+            }
+            WorkloadKind::Notebook => {
+                let m = format!("JupyterLab {how}; the log shows why");
+                self.step(w, WorkloadState::Failed, change(Some(m))).await?;
             }
         }
         Ok(())

@@ -475,39 +475,23 @@ impl Workloads {
         };
         let base = wl::notebook_base_path(p.username.as_str(), name);
         let row = WorkloadRow {
-            id: Uuid::now_v7(),
-            kind,
-            name: name.into(),
-            allocation_id: place.allocation_id,
-            team_id: place.team_id,
-            user_id: p.user_id.0,
             node_id: place.node_id,
             hostname: place.hostname,
             devices: place.devices,
-            state: place.state,
             command: command.into(),
             workdir: workdir.into(),
             env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
             retries: i64::from(retries),
-            attempt: 1,
             token: (kind == WorkloadKind::Notebook).then(new_token),
-            endpoint: None,
-            exit_code: None,
-            message: None,
-            stop_state: None,
-            created_at: Utc::now(),
-            started_at: None,
-            ready_at: None,
-            ended_at: None,
-            synced_at: None,
-            kernel_activity: None,
-            kernel_busy: false,
-            log_base: 0,
-            log_stored: 0,
-            log_start: 0,
-            log_complete: false,
             idempotency_key: key.map(str::to_owned),
             owns_allocation: place.owned,
+            ..WorkloadRow::new(
+                kind,
+                name,
+                (place.allocation_id, place.team_id, p.user_id.0),
+                place.state,
+                Utc::now(),
+            )
         };
         let inserted = self
             .store
@@ -903,16 +887,30 @@ impl Workloads {
     }
 
     async fn audit(&self, actor: Option<&str>, action: &str, id: Uuid, team: Uuid, after: &str) {
+        self.audit_note("workload", actor, action, (id, team), after)
+            .await;
+    }
+
+    /// Records `action` on the `object_type` `id` of `team` with a note; a failure to
+    /// write it is logged, never the caller's error.
+    pub(super) async fn audit_note(
+        &self,
+        object_type: &str,
+        actor: Option<&str>,
+        action: &str,
+        (id, team): (Uuid, Uuid),
+        note: &str,
+    ) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: Utc::now(),
             actor: actor.map(str::to_owned),
             action: action.into(),
-            object_type: "workload".into(),
+            object_type: object_type.into(),
             object_id: id.to_string(),
             team_id: Some(team),
             before: None,
-            after: Some(serde_json::json!({ "note": after }).to_string()),
+            after: Some(serde_json::json!({ "note": note }).to_string()),
         };
         if let Err(e) = self.store.audit(&entry).await {
             tracing::error!(error = %e, "writing audit entry");

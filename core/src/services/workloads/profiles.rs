@@ -166,19 +166,8 @@ impl Workloads {
     }
 
     async fn audit_profile(&self, p: &Principal, action: &str, id: Uuid, team: Uuid, after: &str) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: Utc::now(),
-            actor: Some(p.username.to_string()),
-            action: action.into(),
-            object_type: "notebook_profile".into(),
-            object_id: id.to_string(),
-            team_id: Some(team),
-            before: None,
-            after: Some(serde_json::json!({ "note": after }).to_string()),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        let actor = p.username.as_str();
+        self.audit_note("notebook_profile", Some(actor), action, (id, team), after)
+            .await;
     }
 }
