@@ -684,15 +684,29 @@ pub fn list_table<R: IntoView>(columns: &Columns, rows: R) -> impl IntoView + us
     }
 }
 
+/// What a list's resource may hold: server-function results, which the server renders
+/// and the browser receives again to hydrate.
+pub trait Loadable:
+    Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static
+{
+}
+impl<T> Loadable for T where
+    T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static
+{
+}
+
+/// The empty state a list shows instead of its table.
+fn empty_state(empty: &impl Fn() -> AnyView) -> AnyView {
+    let text = empty();
+    view! { <Empty>{text}</Empty> }.into_any()
+}
+
 /// A loading list: the loading state while `list` loads, its error, or what `show` makes
 /// of it (the part the paged and unpaged tables differ in).
-fn loaded<L>(
+fn loaded<L: Loadable>(
     list: Resource<Result<L, UiError>>,
     show: impl Fn(L) -> AnyView + Send + Sync + Clone + 'static,
-) -> impl IntoView
-where
-    L: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
-{
+) -> impl IntoView {
     view! {
         <Transition fallback=Loading>
             {move || {
@@ -743,21 +757,16 @@ pub fn alert(text: impl IntoView + 'static) -> AnyView {
 /// A paged list as a table: loading state, empty state, errors, rows and the pager, whose
 /// links `href(offset)` makes (keeping the page's filter). Every paged list shows its data
 /// through this, so they all behave the same.
-pub fn paged_table<T, V>(
+pub fn paged_table<T: Loadable, V: IntoView + 'static>(
     list: Resource<Result<Page<T>, UiError>>,
     href: impl Fn(u32) -> String + Send + Sync + Clone + 'static,
     columns: Columns,
     empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
     row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
-) -> impl IntoView
-where
-    T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
-    V: IntoView + 'static,
-{
+) -> impl IntoView {
     loaded(list, move |page: Page<T>| {
         if page.total == 0 {
-            let text = empty();
-            return view! { <Empty>{text}</Empty> }.into_any();
+            return empty_state(&empty);
         }
         let pager = pager_with(&page, &href);
         let rows = page.items.into_iter().map(row.clone()).collect_view();
@@ -770,20 +779,15 @@ where
 }
 
 /// The unpaged twin of [`paged_table`], for short lists loaded whole.
-pub fn unpaged_table<T, V>(
+pub fn unpaged_table<T: Loadable, V: IntoView + 'static>(
     list: Resource<Result<Vec<T>, UiError>>,
     columns: Columns,
     empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
     row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
-) -> impl IntoView
-where
-    T: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
-    V: IntoView + 'static,
-{
+) -> impl IntoView {
     loaded(list, move |items: Vec<T>| {
         if items.is_empty() {
-            let text = empty();
-            return view! { <Empty>{text}</Empty> }.into_any();
+            return empty_state(&empty);
         }
         list_table(&columns, items.into_iter().map(row.clone()).collect_view()).into_any()
     })
