@@ -13,6 +13,7 @@ mod leader;
 pub mod observability;
 pub mod oidc;
 mod scheduler;
+pub mod settings;
 pub mod sim;
 pub mod tls;
 

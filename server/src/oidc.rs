@@ -4,7 +4,7 @@
 //! issuer, audience, expiry, nonce). What a verified identity may do is decided in
 //! `tessera-core` (`Accounts::sign_in_sso`); the routes are in `http/sso.rs`.
 
-use crate::config::Secret;
+use crate::settings::Secret;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use openidconnect::core::{

@@ -89,7 +89,7 @@ pub struct KubeSettings {
     pub max_pods: u32,
     /// How often the executor reconciles.
     #[arg(long = "k8s-interval", env = "TESSERA_K8S_INTERVAL", default_value = "2s",
-          value_parser = crate::config::parse_duration)]
+          value_parser = crate::settings::parse_duration)]
     pub interval: Duration,
 }
 
