@@ -80,7 +80,7 @@ pub struct ChargebackCsv {
     done: bool,
     cache: LineCache,
     /// The next page, already being read while this one is written out.
-    next: Option<tokio::task::JoinHandle<Result<Vec<ChargeRow>, sqlx::Error>>>,
+    next: Option<tokio::task::JoinHandle<Result<Vec<ChargeRow>, crate::store::StoreError>>>,
     /// The file name to offer.
     pub filename: String,
 }

@@ -19,7 +19,7 @@ pub mod workloads;
 use tessera_domain::error::AppError;
 
 /// Logs an infrastructure error and hides it behind [`AppError::Internal`].
-pub(crate) fn internal(context: &'static str) -> impl FnOnce(sqlx::Error) -> AppError {
+pub(crate) fn internal(context: &'static str) -> impl FnOnce(crate::store::StoreError) -> AppError {
     move |e| {
         tracing::error!(error = %e, "{context}");
         AppError::Internal

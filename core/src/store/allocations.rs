@@ -7,7 +7,7 @@
 //! both backends (SQLite serializes writers; PostgreSQL re-checks the condition on the
 //! locked row), so concurrent requests never admit past the limit.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, PriorityClass};
 use uuid::Uuid;
@@ -236,17 +236,21 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
 impl Store {
     // ---- quotas ----
 
-    pub async fn quota(&self, team: Uuid, model: &str) -> Result<Option<QuotaRow>, sqlx::Error> {
+    pub async fn quota(&self, team: Uuid, model: &str) -> Result<Option<QuotaRow>, StoreError> {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE team_id = $1 AND model = $2";
-        on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).bind(model).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).bind(model).fetch_optional(pool).await),
+        )
     }
 
     /// Quotas of one team (`Some`) or every team, by model.
-    pub async fn quotas(&self, team: Option<Uuid>) -> Result<Vec<QuotaRow>, sqlx::Error> {
+    pub async fn quotas(&self, team: Option<Uuid>) -> Result<Vec<QuotaRow>, StoreError> {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE ($1 IS NULL OR team_id = $1) ORDER BY team_id, model";
-        on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await),
+        )
     }
 
     /// Creates or changes a quota (its usage counter is kept).
@@ -255,16 +259,18 @@ impl Store {
         q: &QuotaRow,
         by: Uuid,
         at: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         let sql = "INSERT INTO quotas (team_id, model, guaranteed, limit_units, per_user, used, updated_at, updated_by) \
                    VALUES ($1, $2, $3, $4, $5, 0, $6, $7) ON CONFLICT (team_id, model) DO UPDATE SET \
                    guaranteed = excluded.guaranteed, limit_units = excluded.limit_units, \
                    per_user = excluded.per_user, updated_at = excluded.updated_at, updated_by = excluded.updated_by";
-        on_pool!(self, pool => sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
-            .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(pool).await.map(|_| ()))
+        db(
+            on_pool!(self, pool => sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
+            .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(pool).await.map(|_| ())),
+        )
     }
 
-    pub async fn user_used(&self, team: Uuid, model: &str, user: Uuid) -> Result<i64, sqlx::Error> {
+    pub async fn user_used(&self, team: Uuid, model: &str, user: Uuid) -> Result<i64, StoreError> {
         let sql = "SELECT used FROM user_usage WHERE team_id = $1 AND model = $2 AND user_id = $3";
         let v = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql).bind(team).bind(model)
             .bind(user).fetch_optional(pool).await?);
@@ -282,7 +288,7 @@ impl Store {
         r: &AllocationRow,
         admit_within: Option<i64>,
         actor: &str,
-    ) -> Result<Option<Inserted>, sqlx::Error> {
+    ) -> Result<Option<Inserted>, StoreError> {
         let result: Result<Option<Inserted>, sqlx::Error> = on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             if let Some(per_user) = admit_within {
@@ -308,14 +314,14 @@ impl Store {
                     tx.rollback().await?;
                     return Ok(Some(Inserted::Duplicate));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
             sqlx::query(EVENT).bind(r.id).bind(r.created_at).bind(None::<String>).bind(r.state.as_str())
                 .bind(actor).bind(None::<String>).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(Some(if admit_within.is_some() { Inserted::Admitted } else { Inserted::Stored }))
         });
-        result
+        db(result)
     }
 
     /// Moves an allocation waiting in `pending_approval` to `queued` if the team's quota
@@ -328,7 +334,7 @@ impl Store {
         per_user: i64,
         at: DateTime<Utc>,
         note: &str,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE allocations SET state = 'queued' \
                    WHERE id = $1 AND state = 'pending_approval' \
                    RETURNING team_id, model, user_id, units";
@@ -358,7 +364,7 @@ impl Store {
 
     /// Applies a state transition if the allocation is still in `t.from`; returns whether
     /// it happened. Quota counters change in the same transaction.
-    pub async fn transition(&self, t: &Transition<'_>) -> Result<bool, sqlx::Error> {
+    pub async fn transition(&self, t: &Transition<'_>) -> Result<bool, StoreError> {
         let c = &t.change;
         let sql = "UPDATE allocations SET state = $3, \
                    active_at = COALESCE($4, active_at), ends_at = COALESCE($5, ends_at), \
@@ -409,7 +415,7 @@ impl Store {
         at: DateTime<Utc>,
         actor: &str,
         note: &str,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE allocations SET ends_at = $2 WHERE id = $1 AND state = 'active' \
                    AND ends_at = $3 AND preempt_at IS NULL";
         on_pool!(self, pool => {
@@ -432,9 +438,11 @@ impl Store {
         &self,
         id: Uuid,
         reason: Option<&str>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET pending_reason = $2 WHERE id = $1 AND state = 'queued'";
-        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ()))
+        db(
+            on_pool!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ())),
+        )
     }
 
     /// Warns an active allocation that it will be preempted at `at` (`None` withdraws).
@@ -442,26 +450,32 @@ impl Store {
         &self,
         id: Uuid,
         at: Option<DateTime<Utc>>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2 WHERE id = $1 AND state = 'active'";
-        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).execute(pool).await.map(|_| ()))
+        db(
+            on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).execute(pool).await.map(|_| ())),
+        )
     }
 
-    pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, sqlx::Error> {
+    pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, StoreError> {
         let sql = format!(
             "SELECT {COLS}, t.name AS team_name, u.username AS username FROM allocations a \
              JOIN teams t ON t.id = a.team_id JOIN users u ON u.id = a.user_id WHERE a.id = $1"
         );
-        on_pool!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id).fetch_optional(pool).await),
+        )
     }
 
     pub async fn allocation_by_key(
         &self,
         user: Uuid,
         key: &str,
-    ) -> Result<Option<Uuid>, sqlx::Error> {
+    ) -> Result<Option<Uuid>, StoreError> {
         let sql = "SELECT id FROM allocations WHERE user_id = $1 AND idempotency_key = $2";
-        on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await),
+        )
     }
 
     /// A page of allocations, newest first. `teams`: only these teams (`None`: all);
@@ -473,7 +487,7 @@ impl Store {
         states: &[String],
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<AllocationListRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<AllocationListRow>, i64), StoreError> {
         let mut filter = String::from("WHERE 1 = 1");
         let mut n = 0;
         let mut next = || {
@@ -528,7 +542,7 @@ impl Store {
     /// Every allocation in one of `states`, oldest first (the scheduler's working set).
     /// Open allocations (queued, placing, active) whose owner is no longer a member of
     /// the allocation's team and is not a platform admin.
-    pub async fn allocations_of_departed(&self) -> Result<Vec<AllocationRow>, sqlx::Error> {
+    pub async fn allocations_of_departed(&self) -> Result<Vec<AllocationRow>, StoreError> {
         let sql = format!(
             "SELECT {COLS} FROM allocations a WHERE a.state IN \
              ('pending_approval', 'queued', 'placing', 'active') \
@@ -537,54 +551,60 @@ impl Store {
              AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = a.user_id AND u.is_admin) \
              ORDER BY a.created_at, a.id"
         );
-        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await))
     }
 
     /// The latest `limit` allocation requests grouped by kind, whatever became of them:
     /// `(kind, how many)`, for the mix the planner keeps room for.
-    pub async fn recent_kinds(&self, limit: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    pub async fn recent_kinds(&self, limit: i64) -> Result<Vec<(String, i64)>, StoreError> {
         let sql = "SELECT kind, COUNT(*) FROM (SELECT kind FROM allocations \
                    ORDER BY created_at DESC LIMIT $1) r GROUP BY kind ORDER BY kind";
-        on_pool!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(limit).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(limit).fetch_all(pool).await),
+        )
     }
 
-    pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, sqlx::Error> {
+    pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, StoreError> {
         let ps: Vec<String> = (1..=states.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "SELECT {COLS} FROM allocations a WHERE a.state IN ({}) ORDER BY a.created_at, a.id",
             ps.join(",")
         );
-        on_pool!(self, pool => {
+        db(on_pool!(self, pool => {
             let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
             for s in states {
                 q = q.bind(*s);
             }
             q.fetch_all(pool).await
-        })
+        }))
     }
 
     /// Allocations that were active at some point since `since` (for fair share).
     pub async fn allocations_active_since(
         &self,
         since: DateTime<Utc>,
-    ) -> Result<Vec<AllocationRow>, sqlx::Error> {
+    ) -> Result<Vec<AllocationRow>, StoreError> {
         let sql = format!(
             "SELECT {COLS} FROM allocations a WHERE a.active_at IS NOT NULL \
              AND (a.ends_at IS NULL OR a.ends_at >= $1)"
         );
-        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(since).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(since).fetch_all(pool).await),
+        )
     }
 
-    pub async fn allocation_events(&self, id: Uuid) -> Result<Vec<EventRow>, sqlx::Error> {
+    pub async fn allocation_events(&self, id: Uuid) -> Result<Vec<EventRow>, StoreError> {
         let sql = "SELECT at, from_state, to_state, actor, note FROM allocation_events \
                    WHERE allocation_id = $1 ORDER BY seq";
-        on_pool!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await),
+        )
     }
 
     /// Allocations by (state, model), and the oldest queued allocation's creation time.
     pub async fn allocation_stats(
         &self,
-    ) -> Result<(Vec<(String, String, i64)>, Option<DateTime<Utc>>), sqlx::Error> {
+    ) -> Result<(Vec<(String, String, i64)>, Option<DateTime<Utc>>), StoreError> {
         let counts = "SELECT state, model, COUNT(*) FROM allocations GROUP BY state, model";
         let oldest = "SELECT MIN(created_at) FROM allocations WHERE state = 'queued'";
         on_pool!(self, pool => {
@@ -596,12 +616,14 @@ impl Store {
 
     // ---- audit ----
 
-    pub async fn audit(&self, r: &AuditRow) -> Result<(), sqlx::Error> {
+    pub async fn audit(&self, r: &AuditRow) -> Result<(), StoreError> {
         let sql = "INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
-        on_pool!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
+        db(
+            on_pool!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
             .bind(&r.object_type).bind(&r.object_id).bind(r.team_id).bind(&r.before).bind(&r.after)
-            .execute(pool).await.map(|_| ()))
+            .execute(pool).await.map(|_| ())),
+        )
     }
 
     pub async fn audit_page(
@@ -609,7 +631,7 @@ impl Store {
         action: Option<&str>,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<AuditRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<AuditRow>, i64), StoreError> {
         let sql = "SELECT id, at, actor, action, object_type, object_id, team_id, before, after \
                    FROM audit_log WHERE ($1 IS NULL OR action = $1) ORDER BY at DESC, id LIMIT $2 OFFSET $3";
         let count = "SELECT COUNT(*) FROM audit_log WHERE ($1 IS NULL OR action = $1)";

@@ -7,7 +7,7 @@
 //! UUIDv7 (time-ordered), so the ledger's indexes grow at their right edge instead of
 //! dirtying pages all over them: metering writes an order of magnitude less.
 
-use super::{AllocationRow, SampleRow, Store, on_pool};
+use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::AllocState;
 use uuid::Uuid;
@@ -146,22 +146,17 @@ fn sum(col: &str) -> String {
 impl Store {
     // ---- rate cards ----
 
-    pub async fn rates(&self) -> Result<Vec<RateRow>, sqlx::Error> {
+    pub async fn rates(&self) -> Result<Vec<RateRow>, StoreError> {
         let sql = "SELECT r.id, r.kind, r.model, r.price_minor_per_hour, r.preemptible_discount_pct, \
                    r.effective_from, r.created_at, u.username AS created_by FROM rate_cards r \
                    LEFT JOIN users u ON u.id = r.created_by ORDER BY r.kind, r.effective_from";
-        on_pool!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await))
     }
 
     /// Adds a rate from its `effective_from` on. With `replace`, one of the same kind
     /// starting at the same hour is replaced (the caller allows that only for hours that
     /// have not begun); without, such a clash stores nothing and returns `false`.
-    pub async fn set_rate(
-        &self,
-        r: &RateRow,
-        by: Uuid,
-        replace: bool,
-    ) -> Result<bool, sqlx::Error> {
+    pub async fn set_rate(&self, r: &RateRow, by: Uuid, replace: bool) -> Result<bool, StoreError> {
         let insert = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
                    preemptible_discount_pct, effective_from, created_at, created_by) \
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8)";
@@ -189,7 +184,7 @@ impl Store {
         &self,
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: u32,
-    ) -> Result<Vec<AllocationRow>, sqlx::Error> {
+    ) -> Result<Vec<AllocationRow>, StoreError> {
         // A row-value cursor (an index range seek on both backends); the first batch
         // starts after (epoch, nil), i.e. at the beginning.
         let sql = format!(
@@ -198,25 +193,31 @@ impl Store {
             super::allocations::COLS
         );
         let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()));
-        on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
-            .bind(i64::from(limit)).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
+            .bind(i64::from(limit)).fetch_all(pool).await),
+        )
     }
 
     /// `(id, username)` of every user.
-    pub async fn user_names(&self) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await)
+    pub async fn user_names(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await),
+        )
     }
 
     /// `(id, name)` of every team.
-    pub async fn team_names(&self) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await)
+    pub async fn team_names(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await),
+        )
     }
 
     /// `(allocation, at, to_state)` of every history entry of `ids`, in order.
     pub async fn histories(
         &self,
         ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, DateTime<Utc>, AllocState)>, sqlx::Error> {
+    ) -> Result<Vec<(Uuid, DateTime<Utc>, AllocState)>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -241,7 +242,7 @@ impl Store {
     pub async fn metered_hours(
         &self,
         ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> {
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -249,13 +250,13 @@ impl Store {
             "SELECT allocation_id, hour_start FROM meter_hours WHERE allocation_id IN ({})",
             placeholders(1, ids.len())
         );
-        on_pool!(self, pool => {
+        db(on_pool!(self, pool => {
             let mut q = sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(&sql);
             for id in ids {
                 q = q.bind(*id);
             }
             q.fetch_all(pool).await
-        })
+        }))
     }
 
     /// A node's telemetry samples taken in `[from, to)`.
@@ -264,10 +265,12 @@ impl Store {
         node: Uuid,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<SampleRow>, sqlx::Error> {
+    ) -> Result<Vec<SampleRow>, StoreError> {
         let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
                    AND at >= $2 AND at < $3 ORDER BY at";
-        on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node).bind(from).bind(to).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node).bind(from).bind(to).fetch_all(pool).await),
+        )
     }
 
     /// Writes metered hours of one allocation and their ledger entries in one transaction;
@@ -278,7 +281,7 @@ impl Store {
         allocation: Uuid,
         rows: &[MeterRow],
         close: bool,
-    ) -> Result<u32, sqlx::Error> {
+    ) -> Result<u32, StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let mut written = 0u32;
@@ -340,7 +343,7 @@ impl Store {
         txn: Uuid,
         at: DateTime<Utc>,
         memo: &str,
-    ) -> Result<Option<(bool, Vec<LedgerRow>)>, sqlx::Error> {
+    ) -> Result<Option<(bool, Vec<LedgerRow>)>, StoreError> {
         let charge = self.ledger_txn(txn).await?;
         if charge.is_empty() || charge.iter().any(|e| e.entry_type != "charge") {
             return Ok(None);
@@ -385,11 +388,13 @@ impl Store {
         })
     }
 
-    pub async fn ledger_txn(&self, txn: Uuid) -> Result<Vec<LedgerRow>, sqlx::Error> {
+    pub async fn ledger_txn(&self, txn: Uuid) -> Result<Vec<LedgerRow>, StoreError> {
         let sql = "SELECT le.id, le.txn_id, le.account, le.team_id, t.name AS team_name, le.amount_minor, \
                    le.currency, le.entry_type, le.allocation_id, le.hour_start, le.posted_at, le.memo \
                    FROM ledger_entries le JOIN teams t ON t.id = le.team_id WHERE le.txn_id = $1 ORDER BY le.account";
-        on_pool!(self, pool => sqlx::query_as::<_, LedgerRow>(sql).bind(txn).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, LedgerRow>(sql).bind(txn).fetch_all(pool).await),
+        )
     }
 
     /// A page of ledger entries for hours in `[from, to)`, newest first; `team`: only the
@@ -401,7 +406,7 @@ impl Store {
         to: DateTime<Utc>,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<LedgerRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<LedgerRow>, i64), StoreError> {
         let filter =
             "WHERE le.hour_start >= $1 AND le.hour_start < $2 AND ($3 IS NULL OR le.team_id = $3)";
         let sql = format!(
@@ -426,13 +431,15 @@ impl Store {
         team: Option<Uuid>,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+    ) -> Result<Vec<(Uuid, i64)>, StoreError> {
         let sql = format!(
             "SELECT team_id, {} FROM ledger_entries WHERE account <> 'platform' \
              AND hour_start >= $1 AND hour_start < $2 AND ($3 IS NULL OR team_id = $3) GROUP BY team_id",
             sum("amount_minor")
         );
-        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team).fetch_all(pool).await),
+        )
     }
 
     /// Reversals posted for hours in `[from, to)` of one team (team side, negative).
@@ -441,22 +448,24 @@ impl Store {
         team: Uuid,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<i64, sqlx::Error> {
+    ) -> Result<i64, StoreError> {
         let sql = format!(
             "SELECT {} FROM ledger_entries WHERE account <> 'platform' AND entry_type = 'reversal' \
              AND hour_start >= $1 AND hour_start < $2 AND team_id = $3",
             sum("amount_minor")
         );
-        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team).fetch_one(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team).fetch_one(pool).await),
+        )
     }
 
     /// `(sum of every entry, number of entries)`: the sum is 0 in a balanced ledger.
-    pub async fn ledger_balance(&self) -> Result<(i64, i64), sqlx::Error> {
+    pub async fn ledger_balance(&self) -> Result<(i64, i64), StoreError> {
         let sql = format!(
             "SELECT {}, COUNT(*) FROM ledger_entries",
             sum("amount_minor")
         );
-        on_pool!(self, pool => sqlx::query_as::<_, (i64, i64)>(&sql).fetch_one(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, (i64, i64)>(&sql).fetch_one(pool).await))
     }
 
     // ---- usage ----
@@ -470,7 +479,7 @@ impl Store {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         by_day: bool,
-    ) -> Result<Vec<UsageGroupRow>, sqlx::Error> {
+    ) -> Result<Vec<UsageGroupRow>, StoreError> {
         let day = if by_day { "m.day" } else { "''" };
         let group = if by_day { "m.day, " } else { "" };
         let sql = format!(
@@ -489,8 +498,10 @@ impl Store {
             sum("m.list_minor"),
             sum("m.billed_minor + COALESCE(r.amount_minor, 0)"),
         );
-        on_pool!(self, pool => sqlx::query_as::<_, UsageGroupRow>(&sql).bind(from).bind(to)
-            .bind(team).bind(user).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, UsageGroupRow>(&sql).bind(from).bind(to)
+            .bind(team).bind(user).fetch_all(pool).await),
+        )
     }
 
     /// Up to `limit` team-side ledger entries for hours in `[from, to)` after the cursor
@@ -508,7 +519,7 @@ impl Store {
         to: DateTime<Utc>,
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: u32,
-    ) -> Result<Vec<ChargeRow>, sqlx::Error> {
+    ) -> Result<Vec<ChargeRow>, StoreError> {
         // Each page is a range seek on the (hour_start, id) index, not a rescan: the range
         // starts at the cursor's hour ($1; SQLite seeks on that bound, not on the row
         // value, so a bound at the period's start made every page rescan all pages before
@@ -568,14 +579,16 @@ impl Store {
 
     // ---- budgets ----
 
-    pub async fn budgets(&self) -> Result<Vec<BudgetRow>, sqlx::Error> {
+    pub async fn budgets(&self) -> Result<Vec<BudgetRow>, StoreError> {
         let sql = "SELECT team_id, monthly_minor, hard FROM budgets";
-        on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).fetch_all(pool).await))
     }
 
-    pub async fn budget(&self, team: Uuid) -> Result<Option<BudgetRow>, sqlx::Error> {
+    pub async fn budget(&self, team: Uuid) -> Result<Option<BudgetRow>, StoreError> {
         let sql = "SELECT team_id, monthly_minor, hard FROM budgets WHERE team_id = $1";
-        on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team).fetch_optional(pool).await),
+        )
     }
 
     /// Sets (`Some`) or removes (`None`) a team's budget.
@@ -585,20 +598,22 @@ impl Store {
         budget: Option<(i64, bool)>,
         by: Uuid,
         at: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         match budget {
             Some((monthly, hard)) => {
                 let sql = "INSERT INTO budgets (team_id, monthly_minor, hard, updated_at, updated_by) \
                            VALUES ($1,$2,$3,$4,$5) ON CONFLICT (team_id) DO UPDATE SET \
                            monthly_minor = excluded.monthly_minor, hard = excluded.hard, \
                            updated_at = excluded.updated_at, updated_by = excluded.updated_by";
-                on_pool!(self, pool => sqlx::query(sql).bind(team).bind(monthly).bind(hard).bind(at)
-                    .bind(by).execute(pool).await.map(|_| ()))
+                db(
+                    on_pool!(self, pool => sqlx::query(sql).bind(team).bind(monthly).bind(hard).bind(at)
+                    .bind(by).execute(pool).await.map(|_| ())),
+                )
             }
-            None => {
+            None => db(
                 on_pool!(self, pool => sqlx::query("DELETE FROM budgets WHERE team_id = $1")
-                    .bind(team).execute(pool).await.map(|_| ()))
-            }
+                    .bind(team).execute(pool).await.map(|_| ())),
+            ),
         }
     }
 }

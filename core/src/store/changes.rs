@@ -1,7 +1,7 @@
 //! What the live-update fingerprints read ([`crate::services::changes`]): the visible state
 //! of live allocations and workloads, and a summary of the nodes' GPU layouts.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -35,7 +35,7 @@ pub type LayoutMark = (i64, i64, i64, i64, i64);
 impl Store {
     pub async fn change_marks(
         &self,
-    ) -> Result<(Vec<AllocationMark>, Vec<WorkloadMark>, LayoutMark), sqlx::Error> {
+    ) -> Result<(Vec<AllocationMark>, Vec<WorkloadMark>, LayoutMark), StoreError> {
         let allocations = "SELECT team_id, id, state, pending_reason, preempt_at, ends_at, devices \
              FROM allocations WHERE state IN ('pending_approval','queued','placing','active','releasing')";
         let workloads = "SELECT team_id, id, state, attempt, ready_at, stop_state FROM workloads \

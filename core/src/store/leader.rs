@@ -10,7 +10,7 @@
 //! Replicas that do not lead forward "something changed" to the leader with
 //! `NOTIFY tessera_wake`; the leader `LISTEN`s and runs its scheduler pass at once.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgListener};
@@ -64,14 +64,14 @@ pub struct WakeListener(PgListener);
 
 impl WakeListener {
     /// Waits for the next wake-up.
-    pub async fn next(&mut self) -> Result<(), sqlx::Error> {
-        self.0.recv().await.map(|_| ())
+    pub async fn next(&mut self) -> Result<(), StoreError> {
+        db(self.0.recv().await.map(|_| ()))
     }
 }
 
 impl Store {
     /// Tries to become the leader; `Ok(None)` while another replica leads.
-    pub async fn try_lead(&self) -> Result<Option<Lease>, sqlx::Error> {
+    pub async fn try_lead(&self) -> Result<Option<Lease>, StoreError> {
         match self {
             Store::Sqlite(_) => Ok(Some(Lease::Sqlite)),
             Store::Postgres(pool) => {
@@ -92,19 +92,19 @@ impl Store {
     }
 
     /// Tells the leader that something changed (no-op on SQLite, where this is the leader).
-    pub async fn notify_wake(&self) -> Result<(), sqlx::Error> {
+    pub async fn notify_wake(&self) -> Result<(), StoreError> {
         match self {
             Store::Sqlite(_) => Ok(()),
-            Store::Postgres(pool) => sqlx::query("SELECT pg_notify($1, '')")
+            Store::Postgres(pool) => db(sqlx::query("SELECT pg_notify($1, '')")
                 .bind(WAKE_CHANNEL)
                 .execute(pool)
                 .await
-                .map(|_| ()),
+                .map(|_| ())),
         }
     }
 
     /// Listens for other replicas' wake-ups; `None` on SQLite (one process).
-    pub async fn wake_listener(&self) -> Result<Option<WakeListener>, sqlx::Error> {
+    pub async fn wake_listener(&self) -> Result<Option<WakeListener>, StoreError> {
         match self {
             Store::Sqlite(_) => Ok(None),
             Store::Postgres(pool) => {
@@ -119,7 +119,7 @@ impl Store {
 impl Store {
     /// Ends the database connection that holds the leader lock, as a crash or a network
     /// cut would (tests and operators: `pg_terminate_backend`). `false` when none does.
-    pub async fn terminate_leader_connection(&self) -> Result<bool, sqlx::Error> {
+    pub async fn terminate_leader_connection(&self) -> Result<bool, StoreError> {
         let Store::Postgres(pool) = self else {
             return Ok(false);
         };
@@ -151,7 +151,7 @@ impl Store {
     /// Records that `replica` is alive at `now` and whether it leads. A replica that leads
     /// clears every other row's mark (theirs is stale: one lease, one leader), and rows not
     /// refreshed for a day are forgotten.
-    pub async fn report_replica(&self, r: &ReplicaRow) -> Result<(), sqlx::Error> {
+    pub async fn report_replica(&self, r: &ReplicaRow) -> Result<(), StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             sqlx::query(
@@ -170,22 +170,24 @@ impl Store {
             sqlx::query("DELETE FROM server_replicas WHERE seen_at < $1")
                 .bind(r.seen_at - chrono::Duration::days(1))
                 .execute(&mut *tx).await?;
-            tx.commit().await
+            Ok(tx.commit().await?)
         })
     }
 
     /// A replica that stops removes its row.
-    pub async fn remove_replica(&self, name: &str) -> Result<(), sqlx::Error> {
-        on_pool!(self, pool => sqlx::query("DELETE FROM server_replicas WHERE name = $1")
-            .bind(name).execute(pool).await.map(|_| ()))
+    pub async fn remove_replica(&self, name: &str) -> Result<(), StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query("DELETE FROM server_replicas WHERE name = $1")
+            .bind(name).execute(pool).await.map(|_| ())),
+        )
     }
 
     /// Every replica heard from since `since`, by name.
-    pub async fn replicas(&self, since: DateTime<Utc>) -> Result<Vec<ReplicaRow>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_as::<_, ReplicaRow>(
+    pub async fn replicas(&self, since: DateTime<Utc>) -> Result<Vec<ReplicaRow>, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_as::<_, ReplicaRow>(
             "SELECT name, version, started_at, seen_at, is_leader FROM server_replicas \
              WHERE seen_at >= $1 ORDER BY name")
-            .bind(since).fetch_all(pool).await)
+            .bind(since).fetch_all(pool).await))
     }
 }
 

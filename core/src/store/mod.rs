@@ -55,6 +55,11 @@ macro_rules! on_pool {
         }
     };
 }
+
+/// The driver's result as the store answers it.
+pub(crate) fn db<T>(r: Result<T, sqlx::Error>) -> Result<T, StoreError> {
+    r.map_err(StoreError)
+}
 pub(crate) use on_pool;
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -167,10 +172,10 @@ impl Store {
     }
 
     /// The newest migration a database has: a backup is checked with it before a restore.
-    pub async fn schema_version(&self) -> Result<Option<i64>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_scalar::<_, Option<i64>>(
+    pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_scalar::<_, Option<i64>>(
             "SELECT MAX(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool).await)
+            .fetch_one(pool).await))
     }
 
     /// Closes every connection (a SQLite file is then complete on disk, WAL checkpointed).
@@ -179,8 +184,8 @@ impl Store {
     }
 
     /// `SELECT 1`: used by `/readyz`.
-    pub async fn ping(&self) -> Result<(), sqlx::Error> {
-        on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        db(on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ())))
     }
 
     /// Creates a new, empty database on the PostgreSQL server at `url` and returns its URL
@@ -204,11 +209,29 @@ impl Store {
     }
 }
 
+/// What went wrong in the database. Services see this type, never the driver's: they log
+/// it and answer Internal (`services::internal`). The driver's error stays inside the
+/// store, which is the only place that knows which database it talks to.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StoreError(#[from] sqlx::Error);
+
+impl StoreError {
+    /// A stored value no release wrote (a state that does not parse, JSON that does not
+    /// read): the data is wrong, not the connection.
+    pub fn is_bad_data(&self) -> bool {
+        matches!(
+            self.0,
+            sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)
+        )
+    }
+}
+
 /// A text column read as a domain enum: a value no release wrote is a decode error, like a
 /// column of the wrong type, never a quiet fallback.
-pub(crate) fn decoded<T>(text: String) -> Result<T, sqlx::Error>
+pub(crate) fn decoded<T>(text: String) -> Result<T, StoreError>
 where
     T: TryFrom<String, Error = tessera_domain::error::AppError>,
 {
-    T::try_from(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    T::try_from(text).map_err(|e| StoreError(sqlx::Error::Decode(Box::new(e))))
 }

@@ -1,6 +1,6 @@
 //! `gpu_desired`, `gpu_apply_status`, `telemetry_samples`.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -69,10 +69,12 @@ pub struct NodeLatestSampleRow {
 }
 
 impl Store {
-    pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, sqlx::Error> {
+    pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, StoreError> {
         let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at, sharing \
                    FROM gpu_desired WHERE node_id = $1 ORDER BY gpu_uuid";
-        on_pool!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await),
+        )
     }
 
     /// Shares (`Some(method)`) or unshares one GPU: MIG off, no layout, its version bumped
@@ -86,7 +88,7 @@ impl Store {
         expected: Option<i64>,
         by: Uuid,
         at: DateTime<Utc>,
-    ) -> Result<Option<i64>, sqlx::Error> {
+    ) -> Result<Option<i64>, StoreError> {
         let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, \
                    updated_by, sharing) \
                    SELECT $1, $2, 'disabled', '[]', 1, $3, $4, $5 WHERE NOT EXISTS ( \
@@ -98,18 +100,18 @@ impl Store {
                    WHERE gpu_desired.version = $6 \
                    RETURNING version";
         let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
-        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
+        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
             .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing).bind(expected).bind(&holds)
-            .fetch_optional(pool).await)
+            .fetch_optional(pool).await))
     }
 
     /// Share allocations holding part of a GPU now, with their team's name.
-    pub async fn held_shares(&self) -> Result<Vec<HeldShareRow>, sqlx::Error> {
+    pub async fn held_shares(&self) -> Result<Vec<HeldShareRow>, StoreError> {
         let sql = "SELECT a.id, a.kind, a.devices, t.name AS team_name FROM allocations a \
                    JOIN teams t ON t.id = a.team_id \
                    WHERE a.state IN ('placing', 'active', 'releasing') AND a.kind LIKE '%:share:%' \
                    ORDER BY a.created_at";
-        on_pool!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await))
     }
 
     /// Sets the desired state of one GPU, bumping its version; returns the new version.
@@ -121,16 +123,16 @@ impl Store {
         layout: &str,
         by: Option<Uuid>,
         at: DateTime<Utc>,
-    ) -> Result<i64, sqlx::Error> {
+    ) -> Result<i64, StoreError> {
         let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, updated_by) \
                    VALUES ($1, $2, $3, $4, 1, $5, $6) \
                    ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET mode = excluded.mode, \
                    layout = excluded.layout, version = gpu_desired.version + 1, \
                    updated_at = excluded.updated_at, updated_by = excluded.updated_by \
                    RETURNING version";
-        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
+        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
             .bind(node).bind(gpu_uuid).bind(mode).bind(layout).bind(at).bind(by)
-            .fetch_one(pool).await)
+            .fetch_one(pool).await))
     }
 
     pub async fn upsert_apply_status(
@@ -140,14 +142,14 @@ impl Store {
         version: i64,
         status: &str,
         at: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         let sql = "INSERT INTO gpu_apply_status (node_id, gpu_uuid, version, status, reported_at) \
                    VALUES ($1, $2, $3, $4, $5) \
                    ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET version = excluded.version, \
                    status = excluded.status, reported_at = excluded.reported_at";
-        on_pool!(self, pool => sqlx::query(sql)
+        db(on_pool!(self, pool => sqlx::query(sql)
             .bind(node).bind(gpu_uuid).bind(version).bind(status).bind(at)
-            .execute(pool).await.map(|_| ()))
+            .execute(pool).await.map(|_| ())))
     }
 
     /// Desired states of the given nodes (all nodes with `None`) with their apply status
@@ -155,7 +157,7 @@ impl Store {
     pub async fn desired_with_status(
         &self,
         nodes: Option<&[Uuid]>,
-    ) -> Result<Vec<DesiredWithStatus>, sqlx::Error> {
+    ) -> Result<Vec<DesiredWithStatus>, StoreError> {
         let filter = match nodes {
             None => String::new(),
             Some([]) => " WHERE 1 = 0".to_owned(),
@@ -173,18 +175,20 @@ impl Store {
              FROM gpu_desired d LEFT JOIN gpu_apply_status s ON s.node_id = d.node_id \
              AND s.gpu_uuid = d.gpu_uuid AND s.version = d.version{filter} ORDER BY d.gpu_uuid"
         );
-        on_pool!(self, pool => {
+        db(on_pool!(self, pool => {
             let mut q = sqlx::query_as::<_, DesiredWithStatus>(&sql);
             for id in nodes.unwrap_or(&[]) {
                 q = q.bind(*id);
             }
             q.fetch_all(pool).await
-        })
+        }))
     }
 
-    pub async fn apply_statuses(&self, node: Uuid) -> Result<Vec<ApplyStatusRow>, sqlx::Error> {
+    pub async fn apply_statuses(&self, node: Uuid) -> Result<Vec<ApplyStatusRow>, StoreError> {
         let sql = "SELECT gpu_uuid, version, status, reported_at FROM gpu_apply_status WHERE node_id = $1";
-        on_pool!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node).fetch_all(pool).await),
+        )
     }
 
     /// Stores samples, ignoring `(node, seq)` already stored, all in one transaction;
@@ -195,7 +199,7 @@ impl Store {
         samples: &[(i64, DateTime<Utc>, String)],
         dropped_total: i64,
         at: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             for (seq, sampled_at, payload) in samples {
@@ -206,7 +210,7 @@ impl Store {
             }
             sqlx::query("UPDATE nodes SET telemetry_dropped = $1 WHERE id = $2 AND telemetry_dropped < $1")
                 .bind(dropped_total).bind(node).execute(&mut *tx).await?;
-            tx.commit().await
+            Ok(tx.commit().await?)
         })
     }
 
@@ -215,7 +219,7 @@ impl Store {
         &self,
         node: Uuid,
         limit: u32,
-    ) -> Result<Vec<SampleRow>, sqlx::Error> {
+    ) -> Result<Vec<SampleRow>, StoreError> {
         let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
                    ORDER BY seq DESC LIMIT $2";
         let mut rows = on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql)
@@ -226,24 +230,26 @@ impl Store {
 
     /// Every node that is not revoked with its newest sample (highest `seq`), in one query
     /// whatever the number of nodes (the primary key makes `MAX(seq)` an index lookup).
-    pub async fn latest_sample_per_node(&self) -> Result<Vec<NodeLatestSampleRow>, sqlx::Error> {
+    pub async fn latest_sample_per_node(&self) -> Result<Vec<NodeLatestSampleRow>, StoreError> {
         let sql = "SELECT n.id, n.hostname, n.registered_at, n.last_heartbeat_at, n.inventory, \
                    n.telemetry_dropped, s.at AS sample_at, s.payload \
                    FROM nodes n LEFT JOIN telemetry_samples s ON s.node_id = n.id \
                    AND s.seq = (SELECT MAX(m.seq) FROM telemetry_samples m WHERE m.node_id = n.id) \
                    WHERE n.revoked_at IS NULL ORDER BY n.hostname, n.id";
-        on_pool!(self, pool => sqlx::query_as::<_, NodeLatestSampleRow>(sql).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, NodeLatestSampleRow>(sql).fetch_all(pool).await),
+        )
     }
 
-    pub async fn count_samples(&self, node: Uuid) -> Result<i64, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await)
+    pub async fn count_samples(&self, node: Uuid) -> Result<i64, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await))
     }
 }
 
 impl Store {
-    pub async fn telemetry_dropped(&self, node: Uuid) -> Result<i64, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node).fetch_one(pool).await)
+    pub async fn telemetry_dropped(&self, node: Uuid) -> Result<i64, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
+            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node).fetch_one(pool).await))
     }
 }

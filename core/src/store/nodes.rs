@@ -1,6 +1,6 @@
 //! `nodes`: registered GPU servers and their last reported inventory.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -28,7 +28,7 @@ const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at,
                     workload_sandbox";
 
 impl Store {
-    pub async fn insert_node(&self, r: &NodeRow) -> Result<(), sqlx::Error> {
+    pub async fn insert_node(&self, r: &NodeRow) -> Result<(), StoreError> {
         let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)");
         on_pool!(self, pool => sqlx::query(&sql)
             .bind(r.id).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
@@ -44,22 +44,24 @@ impl Store {
     pub async fn node_by_credential(
         &self,
         hash: &str,
-    ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>)>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_as(
+    ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>)>, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_as(
             "SELECT id, hostname, revoked_at FROM nodes WHERE credential_hash = $1")
-            .bind(hash).fetch_optional(pool).await)
+            .bind(hash).fetch_optional(pool).await))
     }
 
-    pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, sqlx::Error> {
+    pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, StoreError> {
         let sql = format!("SELECT {COLS} FROM nodes WHERE id = $1");
-        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id).fetch_optional(pool).await),
+        )
     }
 
     pub async fn list_nodes(
         &self,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<NodeRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<NodeRow>, i64), StoreError> {
         let sql = format!(
             "SELECT {COLS} FROM nodes ORDER BY revoked_at IS NOT NULL, hostname, id LIMIT $1 OFFSET $2"
         );
@@ -71,25 +73,25 @@ impl Store {
     }
 
     /// Every node that is not revoked (for the cluster summary and metrics).
-    pub async fn active_nodes(&self) -> Result<Vec<NodeRow>, sqlx::Error> {
+    pub async fn active_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         let sql = format!("SELECT {COLS} FROM nodes WHERE revoked_at IS NULL");
-        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).fetch_all(pool).await))
     }
 
     /// Registered, unrevoked nodes without their inventory's text (`inventory` is empty;
     /// `inventory_version` says whether a copy read earlier is still current).
-    pub async fn active_nodes_lean(&self) -> Result<Vec<NodeRow>, sqlx::Error> {
+    pub async fn active_nodes_lean(&self) -> Result<Vec<NodeRow>, StoreError> {
         let sql = "SELECT id, hostname, credential_hash, join_token_id, registered_at, \
                    last_heartbeat_at, agent_version, manages_mig, '' AS inventory, revoked_at, \
                    workload_sandbox, inventory_version FROM nodes WHERE revoked_at IS NULL";
-        on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(sql).fetch_all(pool).await))
     }
 
     /// `(id, inventory_version, inventory)` of the given nodes.
     pub async fn node_inventories(
         &self,
         ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, i64, String)>, sqlx::Error> {
+    ) -> Result<Vec<(Uuid, i64, String)>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
             let ps: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
@@ -117,7 +119,7 @@ impl Store {
         manages_mig: bool,
         workload_sandbox: bool,
         inventory: &str,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         on_pool!(self, pool => sqlx::query(
             "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
              inventory = $4, workload_sandbox = $6, \
@@ -129,7 +131,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn revoke_node(&self, id: Uuid, at: DateTime<Utc>) -> Result<bool, sqlx::Error> {
+    pub async fn revoke_node(&self, id: Uuid, at: DateTime<Utc>) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE nodes SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
             .bind(at).bind(id).execute(pool).await?.rows_affected());

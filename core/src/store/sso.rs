@@ -1,7 +1,7 @@
 //! `user_identities`: users who sign in through an OpenID Connect provider, and the one
 //! transaction that applies a sign-in's group claim.
 
-use super::{Store, UserRow, on_pool};
+use super::{Store, StoreError, UserRow, db, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -51,13 +51,13 @@ impl Store {
     /// Finds or creates the user behind `(issuer, subject)` and applies the group claim, all
     /// in one transaction. A concurrent first sign-in of the same person loses the race on
     /// the identity's primary key and is retried once, finding the winner's user.
-    pub async fn sso_sign_in(&self, s: &SsoSignIn<'_>) -> Result<SsoOutcome, sqlx::Error> {
-        match self.sso_sign_in_once(s).await {
+    pub async fn sso_sign_in(&self, s: &SsoSignIn<'_>) -> Result<SsoOutcome, StoreError> {
+        db(match self.sso_sign_in_once(s).await {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                 self.sso_sign_in_once(s).await
             }
             other => other,
-        }
+        })
     }
 
     async fn sso_sign_in_once(&self, s: &SsoSignIn<'_>) -> Result<SsoOutcome, sqlx::Error> {

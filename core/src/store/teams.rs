@@ -1,6 +1,6 @@
 //! `teams` and `memberships`.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::tenancy::TeamRole;
 use uuid::Uuid;
@@ -41,7 +41,7 @@ const TEAM_LIST: &str = "SELECT t.id, t.name, t.archived, t.created_at, \
 
 impl Store {
     /// Inserts a team; `Ok(false)` if the name (case-insensitively) is taken.
-    pub async fn insert_team(&self, row: &TeamRow) -> Result<bool, sqlx::Error> {
+    pub async fn insert_team(&self, row: &TeamRow) -> Result<bool, StoreError> {
         let sql = "INSERT INTO teams (id, name, archived, created_at) VALUES ($1, $2, $3, $4) \
                    ON CONFLICT DO NOTHING";
         let n = on_pool!(self, pool => sqlx::query(sql)
@@ -50,9 +50,11 @@ impl Store {
         Ok(n == 1)
     }
 
-    pub async fn team(&self, id: Uuid) -> Result<Option<TeamRow>, sqlx::Error> {
+    pub async fn team(&self, id: Uuid) -> Result<Option<TeamRow>, StoreError> {
         let sql = "SELECT id, name, archived, created_at FROM teams WHERE id = $1";
-        on_pool!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id).fetch_optional(pool).await),
+        )
     }
 
     /// Every team (for the platform admin), with `viewer`'s role where they are a member.
@@ -61,7 +63,7 @@ impl Store {
         viewer: Uuid,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<TeamListRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<TeamListRow>, i64), StoreError> {
         let sql = format!("{TEAM_LIST} ORDER BY lower(t.name), t.id LIMIT $2 OFFSET $3");
         let rows = on_pool!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
             .bind(viewer).bind(i64::from(limit)).bind(i64::from(offset))
@@ -77,7 +79,7 @@ impl Store {
         user: Uuid,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<TeamListRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<TeamListRow>, i64), StoreError> {
         let sql = format!(
             "{TEAM_LIST} WHERE m.user_id IS NOT NULL ORDER BY lower(t.name), t.id LIMIT $2 OFFSET $3"
         );
@@ -93,14 +95,16 @@ impl Store {
         &self,
         team: Uuid,
         viewer: Uuid,
-    ) -> Result<Option<TeamListRow>, sqlx::Error> {
+    ) -> Result<Option<TeamListRow>, StoreError> {
         let sql = format!("{TEAM_LIST} WHERE t.id = $2");
-        on_pool!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
-            .bind(viewer).bind(team).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
+            .bind(viewer).bind(team).fetch_optional(pool).await),
+        )
     }
 
     /// Renames; `Ok(false)` if another team has the name.
-    pub async fn rename_team(&self, id: Uuid, name: &str) -> Result<bool, sqlx::Error> {
+    pub async fn rename_team(&self, id: Uuid, name: &str) -> Result<bool, StoreError> {
         let taken = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM teams WHERE lower(name) = lower($1) AND id <> $2")
             .bind(name).bind(id).fetch_one(pool).await?);
@@ -112,20 +116,20 @@ impl Store {
         match r {
             Ok(_) => Ok(true),
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
-    pub async fn set_team_archived(&self, id: Uuid, archived: bool) -> Result<(), sqlx::Error> {
+    pub async fn set_team_archived(&self, id: Uuid, archived: bool) -> Result<(), StoreError> {
         on_pool!(self, pool => sqlx::query("UPDATE teams SET archived = $1 WHERE id = $2")
             .bind(archived).bind(id).execute(pool).await.map(|_| ()))?;
         Ok(())
     }
 
-    pub async fn membership(&self, team: Uuid, user: Uuid) -> Result<Option<String>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_scalar::<_, String>(
+    pub async fn membership(&self, team: Uuid, user: Uuid) -> Result<Option<String>, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_scalar::<_, String>(
             "SELECT role FROM memberships WHERE team_id = $1 AND user_id = $2")
-            .bind(team).bind(user).fetch_optional(pool).await)
+            .bind(team).bind(user).fetch_optional(pool).await))
     }
 
     pub async fn list_members(
@@ -133,7 +137,7 @@ impl Store {
         team: Uuid,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<MemberRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<MemberRow>, i64), StoreError> {
         let sql = "SELECT m.user_id, u.username, m.role, u.disabled, m.added_at \
                    FROM memberships m JOIN users u ON u.id = m.user_id \
                    WHERE m.team_id = $1 ORDER BY u.username LIMIT $2 OFFSET $3";
@@ -151,7 +155,7 @@ impl Store {
         user: Uuid,
         role: &str,
         at: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "INSERT INTO memberships (team_id, user_id, role, added_at) VALUES ($1, $2, $3, $4) \
                    ON CONFLICT (team_id, user_id) DO NOTHING";
         let n = on_pool!(self, pool => sqlx::query(sql)
@@ -167,7 +171,7 @@ impl Store {
         team: Uuid,
         user: Uuid,
         role: Option<&str>,
-    ) -> Result<ChangeOutcome, sqlx::Error> {
+    ) -> Result<ChangeOutcome, StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             // Takes the write lock up front on SQLite; on PostgreSQL, locks the team row.

@@ -1,6 +1,6 @@
 //! `api_tokens` and `join_tokens`: only hashes of secrets are stored.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -37,7 +37,7 @@ const JOIN_COLS: &str =
     "id, note, prefix, secret_hash, created_by, created_at, expires_at, max_uses, uses, revoked";
 
 impl Store {
-    pub async fn insert_api_token(&self, r: &ApiTokenRow) -> Result<(), sqlx::Error> {
+    pub async fn insert_api_token(&self, r: &ApiTokenRow) -> Result<(), StoreError> {
         let sql =
             format!("INSERT INTO api_tokens ({API_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)");
         on_pool!(self, pool => sqlx::query(&sql)
@@ -48,14 +48,16 @@ impl Store {
     }
 
     /// A live (not revoked) token by the hash of its secret.
-    pub async fn api_token_by_hash(&self, hash: &str) -> Result<Option<ApiTokenRow>, sqlx::Error> {
+    pub async fn api_token_by_hash(&self, hash: &str) -> Result<Option<ApiTokenRow>, StoreError> {
         let sql = format!(
             "SELECT {API_COLS} FROM api_tokens WHERE secret_hash = $1 AND revoked_at IS NULL"
         );
-        on_pool!(self, pool => sqlx::query_as::<_, ApiTokenRow>(&sql).bind(hash).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, ApiTokenRow>(&sql).bind(hash).fetch_optional(pool).await),
+        )
     }
 
-    pub async fn touch_api_token(&self, id: Uuid, at: DateTime<Utc>) -> Result<(), sqlx::Error> {
+    pub async fn touch_api_token(&self, id: Uuid, at: DateTime<Utc>) -> Result<(), StoreError> {
         on_pool!(self, pool => sqlx::query("UPDATE api_tokens SET last_used_at = $1 WHERE id = $2")
             .bind(at).bind(id).execute(pool).await.map(|_| ()))?;
         Ok(())
@@ -67,7 +69,7 @@ impl Store {
         user: Uuid,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<ApiTokenRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<ApiTokenRow>, i64), StoreError> {
         let sql = format!(
             "SELECT {API_COLS} FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL \
              ORDER BY created_at DESC, id LIMIT $2 OFFSET $3"
@@ -86,7 +88,7 @@ impl Store {
         user: Uuid,
         id: Uuid,
         at: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND user_id = $3 AND revoked_at IS NULL")
             .bind(at).bind(id).bind(user).execute(pool).await?.rows_affected());
@@ -97,14 +99,14 @@ impl Store {
         &self,
         user: Uuid,
         at: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         on_pool!(self, pool => sqlx::query(
             "UPDATE api_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL")
             .bind(at).bind(user).execute(pool).await.map(|_| ()))?;
         Ok(())
     }
 
-    pub async fn insert_join_token(&self, r: &JoinTokenRow) -> Result<(), sqlx::Error> {
+    pub async fn insert_join_token(&self, r: &JoinTokenRow) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO join_tokens ({JOIN_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
         );
@@ -115,16 +117,15 @@ impl Store {
         Ok(())
     }
 
-    pub async fn join_token_by_hash(
-        &self,
-        hash: &str,
-    ) -> Result<Option<JoinTokenRow>, sqlx::Error> {
+    pub async fn join_token_by_hash(&self, hash: &str) -> Result<Option<JoinTokenRow>, StoreError> {
         let sql = format!("SELECT {JOIN_COLS} FROM join_tokens WHERE secret_hash = $1");
-        on_pool!(self, pool => sqlx::query_as::<_, JoinTokenRow>(&sql).bind(hash).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, JoinTokenRow>(&sql).bind(hash).fetch_optional(pool).await),
+        )
     }
 
     /// Counts one use, atomically: `Ok(false)` when it was used up or revoked meanwhile.
-    pub async fn consume_join_token(&self, id: Uuid) -> Result<bool, sqlx::Error> {
+    pub async fn consume_join_token(&self, id: Uuid) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE join_tokens SET uses = uses + 1 WHERE id = $1 AND uses < max_uses AND NOT revoked")
             .bind(id).execute(pool).await?.rows_affected());
@@ -135,7 +136,7 @@ impl Store {
         &self,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<JoinTokenRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<JoinTokenRow>, i64), StoreError> {
         let sql = format!(
             "SELECT {JOIN_COLS} FROM join_tokens ORDER BY created_at DESC, id LIMIT $1 OFFSET $2"
         );
@@ -146,7 +147,7 @@ impl Store {
         Ok((rows, total))
     }
 
-    pub async fn revoke_join_token(&self, id: Uuid) -> Result<bool, sqlx::Error> {
+    pub async fn revoke_join_token(&self, id: Uuid) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query("UPDATE join_tokens SET revoked = TRUE WHERE id = $1")
             .bind(id).execute(pool).await?.rows_affected());
         Ok(n == 1)

@@ -1,6 +1,6 @@
 //! The `users` table.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -19,18 +19,24 @@ const COLUMNS: &str =
     "id, username, password_hash, is_admin, disabled, sessions_valid_after, created_at";
 
 impl Store {
-    pub async fn user_by_username(&self, username: &str) -> Result<Option<UserRow>, sqlx::Error> {
+    pub async fn user_by_username(&self, username: &str) -> Result<Option<UserRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM users WHERE username = $1");
-        on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(username).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(username).fetch_optional(pool).await),
+        )
     }
 
-    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRow>, sqlx::Error> {
+    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM users WHERE id = $1");
-        on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(id).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(id).fetch_optional(pool).await),
+        )
     }
 
-    pub async fn count_users(&self) -> Result<i64, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM users").fetch_one(pool).await)
+    pub async fn count_users(&self) -> Result<i64, StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM users").fetch_one(pool).await),
+        )
     }
 
     /// What a fresh install's checklist is made from: `(teams not archived, quotas with a
@@ -39,7 +45,7 @@ impl Store {
     pub async fn setup_facts(
         &self,
         user: Uuid,
-    ) -> Result<(i64, i64, i64, i64, i64, bool), sqlx::Error> {
+    ) -> Result<(i64, i64, i64, i64, i64, bool), StoreError> {
         let sql = "SELECT \
             (SELECT COUNT(*) FROM teams WHERE archived = FALSE), \
             (SELECT COUNT(*) FROM quotas WHERE limit_units > 0), \
@@ -47,17 +53,21 @@ impl Store {
             (SELECT COUNT(*) FROM nodes WHERE revoked_at IS NULL), \
             (SELECT COUNT(*) FROM rate_cards), \
             COALESCE((SELECT setup_dismissed FROM users WHERE id = $1), FALSE)";
-        on_pool!(self, pool => sqlx::query_as::<_, (i64, i64, i64, i64, i64, bool)>(sql)
-            .bind(user).fetch_one(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (i64, i64, i64, i64, i64, bool)>(sql)
+            .bind(user).fetch_one(pool).await),
+        )
     }
 
-    pub async fn dismiss_setup(&self, user: Uuid) -> Result<(), sqlx::Error> {
-        on_pool!(self, pool => sqlx::query("UPDATE users SET setup_dismissed = TRUE WHERE id = $1")
-            .bind(user).execute(pool).await.map(|_| ()))
+    pub async fn dismiss_setup(&self, user: Uuid) -> Result<(), StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query("UPDATE users SET setup_dismissed = TRUE WHERE id = $1")
+            .bind(user).execute(pool).await.map(|_| ())),
+        )
     }
 
     /// Inserts a user; `Ok(false)` when the username is taken.
-    pub async fn insert_user(&self, row: &UserRow) -> Result<bool, sqlx::Error> {
+    pub async fn insert_user(&self, row: &UserRow) -> Result<bool, StoreError> {
         let sql = format!(
             "INSERT INTO users ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (username) DO NOTHING"
@@ -84,7 +94,7 @@ impl Store {
         expected_hash: &str,
         new_hash: &str,
         at: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE users SET password_hash = $1, sessions_valid_after = $2 \
                    WHERE id = $3 AND password_hash = $4";
         let n = on_pool!(self, pool => sqlx::query(sql)
@@ -104,7 +114,7 @@ impl Store {
         &self,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<UserRow>, i64), sqlx::Error> {
+    ) -> Result<(Vec<UserRow>, i64), StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM users ORDER BY username LIMIT $1 OFFSET $2");
         let rows = on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql)
             .bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
@@ -119,7 +129,7 @@ impl Store {
         id: Uuid,
         disabled: bool,
         at: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let n = if disabled {
@@ -144,7 +154,7 @@ impl Store {
         id: Uuid,
         new_hash: &str,
         at: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE users SET password_hash = $1, sessions_valid_after = $2 WHERE id = $3")
             .bind(new_hash).bind(at).bind(id).execute(pool).await?.rows_affected());

@@ -5,7 +5,7 @@
 //! appended only at the end of what is stored, so a chunk the agent resends after a lost
 //! answer is stored once.
 
-use super::{Store, on_pool};
+use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::AllocState;
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
@@ -164,7 +164,7 @@ pub struct WorkloadChange {
 impl Store {
     /// Inserts a workload; `false` when a live notebook of the same user already has its
     /// name, or the idempotency key was used.
-    pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, sqlx::Error> {
+    pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, StoreError> {
         let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
                    token, created_at, idempotency_key, owns_allocation) VALUES ($1, $2, $3, $4, \
@@ -181,18 +181,18 @@ impl Store {
         })
     }
 
-    pub async fn workload(&self, id: Uuid) -> Result<Option<WorkloadListRow>, sqlx::Error> {
+    pub async fn workload(&self, id: Uuid) -> Result<Option<WorkloadListRow>, StoreError> {
         let sql = joined("WHERE w.id = $1");
-        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id).fetch_optional(pool).await),
+        )
     }
 
-    pub async fn workload_by_key(
-        &self,
-        user: Uuid,
-        key: &str,
-    ) -> Result<Option<Uuid>, sqlx::Error> {
+    pub async fn workload_by_key(&self, user: Uuid, key: &str) -> Result<Option<Uuid>, StoreError> {
         let sql = "SELECT id FROM workloads WHERE user_id = $1 AND idempotency_key = $2";
-        on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await),
+        )
     }
 
     /// The live notebook at `/user/{username}/{name}/`.
@@ -200,11 +200,13 @@ impl Store {
         &self,
         username: &str,
         name: &str,
-    ) -> Result<Option<WorkloadListRow>, sqlx::Error> {
+    ) -> Result<Option<WorkloadListRow>, StoreError> {
         let sql = joined(&format!(
             "WHERE u.username = $1 AND w.name = $2 AND w.kind = 'notebook' AND w.state IN {LIVE}"
         ));
-        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(username).bind(name).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(username).bind(name).fetch_optional(pool).await),
+        )
     }
 
     /// A page of workloads, newest first. `teams`: only these (`None`: all); `user`: only
@@ -219,7 +221,7 @@ impl Store {
         live: bool,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<WorkloadListRow>, u64), sqlx::Error> {
+    ) -> Result<(Vec<WorkloadListRow>, u64), StoreError> {
         let mut filter = String::from("WHERE 1 = 1");
         let mut n = 0;
         let mut next = || {
@@ -283,26 +285,30 @@ impl Store {
         &self,
         node: Uuid,
         log_grace_since: DateTime<Utc>,
-    ) -> Result<Vec<WorkloadListRow>, sqlx::Error> {
+    ) -> Result<Vec<WorkloadListRow>, StoreError> {
         let sql = joined(&format!(
             "WHERE w.node_id = $1 AND (w.state IN {LIVE} OR (w.log_complete = FALSE \
              AND w.ended_at >= $2)) ORDER BY w.created_at"
         ));
-        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node).bind(log_grace_since).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node).bind(log_grace_since).fetch_all(pool).await),
+        )
     }
 
     /// Every live workload, with its allocation's state (the scheduler pass).
-    pub async fn live_workloads(&self) -> Result<Vec<WorkloadListRow>, sqlx::Error> {
+    pub async fn live_workloads(&self) -> Result<Vec<WorkloadListRow>, StoreError> {
         let sql = joined(&format!("WHERE w.state IN {LIVE} ORDER BY w.created_at"));
-        on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await)
+        db(on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await))
     }
 
     /// Live workloads counted by kind and state.
-    pub async fn live_workload_counts(&self) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    pub async fn live_workload_counts(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
         let sql = format!(
             "SELECT kind, state, COUNT(*) FROM workloads WHERE state IN {LIVE} GROUP BY kind, state"
         );
-        on_pool!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await),
+        )
     }
 
     /// A queued workload's allocation is active: it gets the node and devices it runs on and
@@ -313,7 +319,7 @@ impl Store {
         node: Uuid,
         hostname: &str,
         devices: &str,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
                    devices = $4 WHERE id = $1 AND state = 'queued'";
         on_pool!(self, pool => {
@@ -328,18 +334,20 @@ impl Store {
     /// still holds quota or waits for it. Read from the (few) live allocations.
     pub async fn allocations_of_ended_workloads(
         &self,
-    ) -> Result<Vec<(Uuid, String, String)>, sqlx::Error> {
+    ) -> Result<Vec<(Uuid, String, String)>, StoreError> {
         let sql = format!(
             "SELECT a.id, w.name, w.state FROM allocations a \
              JOIN workloads w ON w.allocation_id = a.id \
              WHERE a.state IN ('pending_approval', 'queued', 'placing', 'active') \
                AND w.owns_allocation AND w.state NOT IN {LIVE}"
         );
-        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await),
+        )
     }
 
     /// The notebook profiles of `teams`, by team name then profile name.
-    pub async fn notebook_profiles(&self, teams: &[Uuid]) -> Result<Vec<ProfileRow>, sqlx::Error> {
+    pub async fn notebook_profiles(&self, teams: &[Uuid]) -> Result<Vec<ProfileRow>, StoreError> {
         if teams.is_empty() {
             return Ok(Vec::new());
         }
@@ -350,13 +358,13 @@ impl Store {
              WHERE p.team_id IN ({}) ORDER BY lower(t.name), lower(p.name)",
             ps.join(", ")
         );
-        on_pool!(self, pool => {
+        db(on_pool!(self, pool => {
             let mut q = sqlx::query_as::<_, ProfileRow>(&sql);
             for t in teams {
                 q = q.bind(*t);
             }
             q.fetch_all(pool).await
-        })
+        }))
     }
 
     /// Stores a team's profile; one of the same name is replaced (its id kept).
@@ -370,17 +378,19 @@ impl Store {
         duration_minutes: i64,
         at: DateTime<Utc>,
         by: Uuid,
-    ) -> Result<Uuid, sqlx::Error> {
+    ) -> Result<Uuid, StoreError> {
         let sql = "INSERT INTO notebook_profiles (id, team_id, name, kind, duration_minutes, \
                    created_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                    ON CONFLICT (team_id, name) DO UPDATE SET kind = excluded.kind, \
                    duration_minutes = excluded.duration_minutes RETURNING id";
-        on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
-            .bind(kind).bind(duration_minutes).bind(at).bind(by).fetch_one(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
+            .bind(kind).bind(duration_minutes).bind(at).bind(by).fetch_one(pool).await),
+        )
     }
 
     /// Deletes a team's profile; `false` if the team has no such profile.
-    pub async fn delete_notebook_profile(&self, team: Uuid, id: Uuid) -> Result<bool, sqlx::Error> {
+    pub async fn delete_notebook_profile(&self, team: Uuid, id: Uuid) -> Result<bool, StoreError> {
         let sql = "DELETE FROM notebook_profiles WHERE id = $1 AND team_id = $2";
         on_pool!(self, pool => {
             let r = sqlx::query(sql).bind(id).bind(team).execute(pool).await?;
@@ -388,10 +398,12 @@ impl Store {
         })
     }
 
-    pub async fn notebook_profile(&self, id: Uuid) -> Result<Option<ProfileRow>, sqlx::Error> {
+    pub async fn notebook_profile(&self, id: Uuid) -> Result<Option<ProfileRow>, StoreError> {
         let sql = "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes \
                    FROM notebook_profiles p JOIN teams t ON t.id = p.team_id WHERE p.id = $1";
-        on_pool!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await)
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await),
+        )
     }
 
     /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.
@@ -401,7 +413,7 @@ impl Store {
         from: &str,
         to: &str,
         c: &WorkloadChange,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = $3, \
                    started_at = COALESCE(started_at, $4), ready_at = COALESCE(ready_at, $5), \
                    ended_at = COALESCE($6, ended_at), exit_code = COALESCE($7, exit_code), \
@@ -424,7 +436,7 @@ impl Store {
         from: &str,
         attempt: i64,
         note: &str,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'pending', attempt = $3, log_base = log_stored, \
                    endpoint = NULL, exit_code = NULL, message = $4 \
                    WHERE id = $1 AND state = $2 AND attempt = $3 - 1";
@@ -446,7 +458,7 @@ impl Store {
         new_allocation: Uuid,
         attempt: i64,
         note: &str,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'queued', allocation_id = $4, node_id = NULL, \
                    hostname = '', devices = '[]', attempt = $5, log_base = log_stored, \
                    endpoint = NULL, exit_code = NULL, synced_at = NULL, stop_state = NULL, \
@@ -468,10 +480,12 @@ impl Store {
         endpoint: Option<&str>,
         kernel_activity: Option<DateTime<Utc>>,
         kernel_busy: bool,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), StoreError> {
         let sql = "UPDATE workloads SET synced_at = $2, endpoint = COALESCE($3, endpoint), \
                    kernel_activity = COALESCE($4, kernel_activity), kernel_busy = $5 WHERE id = $1";
-        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ()))
+        db(
+            on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ())),
+        )
     }
 
     /// Appends `len` bytes of the current attempt's log at the attempt's `offset` (a piece
@@ -485,7 +499,7 @@ impl Store {
         text: &str,
         complete: bool,
         cap: u64,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<u64, StoreError> {
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let len = i64::try_from(len).unwrap_or(0);
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
@@ -531,8 +545,10 @@ impl Store {
     }
 
     /// Marks a workload's log complete without more output (lost workloads).
-    pub async fn close_log(&self, id: Uuid) -> Result<(), sqlx::Error> {
-        on_pool!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id).execute(pool).await.map(|_| ()))
+    pub async fn close_log(&self, id: Uuid) -> Result<(), StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id).execute(pool).await.map(|_| ())),
+        )
     }
 
     /// Log chunks that end after `from`, in order, until about `max_bytes`.
@@ -541,7 +557,7 @@ impl Store {
         id: Uuid,
         from: u64,
         max_bytes: u64,
-    ) -> Result<Vec<LogChunkRow>, sqlx::Error> {
+    ) -> Result<Vec<LogChunkRow>, StoreError> {
         let from = i64::try_from(from).unwrap_or(i64::MAX);
         // Chunks are at most 256 KiB, so this many always cover `max_bytes`.
         let limit = i64::try_from(max_bytes / 1024 + 4).unwrap_or(64);
@@ -573,12 +589,12 @@ impl Store {
         user: Uuid,
         issued_at: DateTime<Utc>,
         expires_at: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
-        on_pool!(self, pool => sqlx::query(
+    ) -> Result<(), StoreError> {
+        db(on_pool!(self, pool => sqlx::query(
             "INSERT INTO notebook_grants (secret_hash, kind, workload_id, user_id, issued_at, \
              expires_at) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(hash).bind(kind).bind(workload).bind(user).bind(issued_at).bind(expires_at)
-            .execute(pool).await.map(|_| ()))
+            .execute(pool).await.map(|_| ())))
     }
 
     /// Removes a one-time code for `workload` and returns who it was for, when it was
@@ -587,11 +603,13 @@ impl Store {
         &self,
         hash: &str,
         workload: Uuid,
-    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
+    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
             "DELETE FROM notebook_grants WHERE secret_hash = $1 AND kind = 'code' \
              AND workload_id = $2 RETURNING user_id, issued_at, expires_at")
-            .bind(hash).bind(workload).fetch_optional(pool).await)
+            .bind(hash).bind(workload).fetch_optional(pool).await),
+        )
     }
 
     /// A cookie pass for `workload`: its user, when it was issued, until when it is good.
@@ -599,19 +617,23 @@ impl Store {
         &self,
         hash: &str,
         workload: Uuid,
-    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, sqlx::Error> {
-        on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
+    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, StoreError> {
+        db(
+            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
             "SELECT user_id, issued_at, expires_at FROM notebook_grants WHERE secret_hash = $1 \
              AND kind = 'cookie' AND workload_id = $2")
-            .bind(hash).bind(workload).fetch_optional(pool).await)
+            .bind(hash).bind(workload).fetch_optional(pool).await),
+        )
     }
 
     /// Forgets codes and passes past their time, and those of notebooks that ended.
-    pub async fn prune_notebook_grants(&self, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+    pub async fn prune_notebook_grants(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let sql = format!(
             "DELETE FROM notebook_grants WHERE expires_at < $1 OR workload_id IN \
              (SELECT id FROM workloads WHERE state NOT IN {LIVE})"
         );
-        on_pool!(self, pool => sqlx::query(&sql).bind(now).execute(pool).await.map(|r| r.rows_affected()))
+        db(
+            on_pool!(self, pool => sqlx::query(&sql).bind(now).execute(pool).await.map(|r| r.rows_affected())),
+        )
     }
 }

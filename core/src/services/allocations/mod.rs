@@ -347,7 +347,7 @@ impl Allocations {
                     note: e.note,
                 })
             })
-            .collect::<Result<_, sqlx::Error>>()
+            .collect::<Result<_, crate::store::StoreError>>()
             .map_err(internal("reading history"))?;
         Ok(v)
     }
