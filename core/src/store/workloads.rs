@@ -111,6 +111,10 @@ impl WorkloadRow {
     }
 }
 
+/// A notebook code or pass as read back: whom it was for, when it was issued, until when
+/// it is good.
+pub type Grant = (Uuid, DateTime<Utc>, DateTime<Utc>);
+
 /// A workload with the names views show and its allocation's state.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkloadListRow {
@@ -603,13 +607,11 @@ impl Store {
         &self,
         hash: &str,
         workload: Uuid,
-    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
+    ) -> Result<Option<Grant>, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_as::<_, Grant>(
             "DELETE FROM notebook_grants WHERE secret_hash = $1 AND kind = 'code' \
              AND workload_id = $2 RETURNING user_id, issued_at, expires_at")
-            .bind(hash).bind(workload).fetch_optional(pool).await),
-        )
+            .bind(hash).bind(workload).fetch_optional(pool).await))
     }
 
     /// A cookie pass for `workload`: its user, when it was issued, until when it is good.
@@ -617,13 +619,11 @@ impl Store {
         &self,
         hash: &str,
         workload: Uuid,
-    ) -> Result<Option<(Uuid, DateTime<Utc>, DateTime<Utc>)>, StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>, DateTime<Utc>)>(
+    ) -> Result<Option<Grant>, StoreError> {
+        db(on_pool!(self, pool => sqlx::query_as::<_, Grant>(
             "SELECT user_id, issued_at, expires_at FROM notebook_grants WHERE secret_hash = $1 \
              AND kind = 'cookie' AND workload_id = $2")
-            .bind(hash).bind(workload).fetch_optional(pool).await),
-        )
+            .bind(hash).bind(workload).fetch_optional(pool).await))
     }
 
     /// Forgets codes and passes past their time, and those of notebooks that ended.
