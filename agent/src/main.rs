@@ -39,7 +39,8 @@ enum Command {
         /// JSON (the `Inventory` wire type) instead of a summary.
         #[arg(long)]
         json: bool,
-        /// Also read one telemetry sample per GPU (what heartbeats report).
+        /// Also read one telemetry sample per GPU (what heartbeats report); with `--json`
+        /// the output is then `{"inventory": …, "samples": […]}`.
         #[arg(long)]
         samples: bool,
     },
@@ -221,8 +222,7 @@ fn backend(args: &BackendArgs) -> anyhow::Result<Arc<dyn GpuBackend>> {
 
 /// Compares the table read from the device with the built-in catalog's, which the
 /// planner falls back on and the simulator follows.
-fn print_catalog_check(g: &tessera_domain::wire::GpuInfo) {
-    let catalog = tessera_domain::mig::Catalog::builtin();
+fn print_catalog_check(catalog: &tessera_domain::mig::Catalog, g: &tessera_domain::wire::GpuInfo) {
     let Some(builtin) = catalog.get(&g.name) else {
         println!("  catalog: no built-in model for {:?}", g.name);
         return;
@@ -252,6 +252,7 @@ fn print_catalog_check(g: &tessera_domain::wire::GpuInfo) {
 }
 
 fn print_summary(inv: &tessera_domain::wire::Inventory) {
+    let catalog = tessera_domain::mig::Catalog::builtin();
     for g in &inv.gpus {
         let mode = g
             .mig_mode
@@ -278,7 +279,7 @@ fn print_summary(inv: &tessera_domain::wire::Inventory) {
         if let Some(e) = &g.profiles_error {
             println!("  profiles: {e}");
         }
-        print_catalog_check(g);
+        print_catalog_check(&catalog, g);
         for i in &g.instances {
             for ci in &i.compute_instances {
                 println!(
@@ -315,9 +316,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         };
         if json {
             let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &inv)?;
-            for s in &samples {
-                serde_json::to_writer_pretty(&mut out, s)?;
+            // One document: the `Inventory` as it is, or with the samples beside it.
+            if samples.is_empty() {
+                serde_json::to_writer_pretty(&mut out, &inv)?;
+            } else {
+                let both = serde_json::json!({ "inventory": inv, "samples": samples });
+                serde_json::to_writer_pretty(&mut out, &both)?;
             }
             std::io::Write::write_all(&mut out, b"\n")?;
         } else {

@@ -351,10 +351,11 @@ impl Sandbox {
         }
         wanted.sort();
         wanted.dedup();
+        let caps_major = std::cell::OnceCell::new();
         wanted
             .iter()
             .map(|rel| match char_device(&self.settings.dev_root, rel) {
-                Err(e) => self.cap_not_made_yet(rel).ok_or(e),
+                Err(e) => self.cap_not_made_yet(rel, &caps_major).ok_or(e),
                 ok => ok,
             })
             .collect()
@@ -366,7 +367,12 @@ impl Sandbox {
     /// and an H200. The container gets the node all the same, from the major the
     /// driver registered for `nvidia-caps` and the minor in `mig-minors`, read-only
     /// as the driver makes them; the host's `/dev` is left alone.
-    fn cap_not_made_yet(&self, rel: &Path) -> Option<DeviceNode> {
+    /// `/proc/devices` is read at most once per call of [`Sandbox::device_nodes`].
+    fn cap_not_made_yet(
+        &self,
+        rel: &Path,
+        major: &std::cell::OnceCell<Option<u32>>,
+    ) -> Option<DeviceNode> {
         let minor = rel
             .strip_prefix("nvidia-caps")
             .ok()?
@@ -377,7 +383,8 @@ impl Sandbox {
         if self.settings.dev_root.join(rel).exists() {
             return None;
         }
-        let major = caps_major(&fs::read_to_string(&self.settings.proc_devices).ok()?)?;
+        let major = (*major
+            .get_or_init(|| caps_major(&fs::read_to_string(&self.settings.proc_devices).ok()?)))?;
         Some(DeviceNode {
             path: Path::new("/dev").join(rel).to_string_lossy().into_owned(),
             major,

@@ -853,7 +853,8 @@ pub const SIM_CAPS_MAJOR: u32 = 236;
 /// Writes the device nodes NVIDIA's driver makes, for GPUs with the given minors, into
 /// `dir` (as `/dev`): `nvidiaN`, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`,
 /// `nvidia-caps/nvidia-cap1` and `nvidia-cap2`, the driver's `mig-minors` table and a
-/// `/proc/devices` naming the majors. Opening them reaches no driver; the sandbox's device rules are what they test.
+/// `/proc/devices` naming the majors. Opening them reaches no driver; the sandbox's
+/// device rules are what they test.
 pub fn write_device_files(dir: &std::path::Path, gpu_minors: &[u32]) -> std::io::Result<()> {
     use crate::sandbox::{
         NVIDIA_MAJOR, NVIDIACTL_MINOR, make_char_device, mig_minors_table, parse_mig_minors,

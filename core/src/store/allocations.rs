@@ -7,7 +7,7 @@
 //! both backends (SQLite serializes writers; PostgreSQL re-checks the condition on the
 //! locked row), so concurrent requests never admit past the limit.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, from_driver, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, PriorityClass};
 use uuid::Uuid;
@@ -239,18 +239,14 @@ impl Store {
     pub async fn quota(&self, team: Uuid, model: &str) -> Result<Option<QuotaRow>, StoreError> {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE team_id = $1 AND model = $2";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).bind(model).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).bind(model).fetch_optional(pool).await)
     }
 
     /// Quotas of one team (`Some`) or every team, by model.
     pub async fn quotas(&self, team: Option<Uuid>) -> Result<Vec<QuotaRow>, StoreError> {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE ($1 IS NULL OR team_id = $1) ORDER BY team_id, model";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await)
     }
 
     /// Creates or changes a quota (its usage counter is kept).
@@ -264,10 +260,8 @@ impl Store {
                    VALUES ($1, $2, $3, $4, $5, 0, $6, $7) ON CONFLICT (team_id, model) DO UPDATE SET \
                    guaranteed = excluded.guaranteed, limit_units = excluded.limit_units, \
                    per_user = excluded.per_user, updated_at = excluded.updated_at, updated_by = excluded.updated_by";
-        db(
-            on_pool!(self, pool => sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
-            .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
+            .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(pool).await.map(|_| ()))
     }
 
     pub async fn user_used(&self, team: Uuid, model: &str, user: Uuid) -> Result<i64, StoreError> {
@@ -321,7 +315,7 @@ impl Store {
             tx.commit().await?;
             Ok(Some(if admit_within.is_some() { Inserted::Admitted } else { Inserted::Stored }))
         });
-        db(result)
+        from_driver(result)
     }
 
     /// Moves an allocation waiting in `pending_approval` to `queued` if the team's quota
@@ -440,9 +434,7 @@ impl Store {
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET pending_reason = $2 WHERE id = $1 AND state = 'queued'";
-        db(
-            on_pool!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ()))
     }
 
     /// Warns an active allocation that it will be preempted at `at` (`None` withdraws).
@@ -452,9 +444,7 @@ impl Store {
         at: Option<DateTime<Utc>>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2 WHERE id = $1 AND state = 'active'";
-        db(
-            on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query(sql).bind(id).bind(at).execute(pool).await.map(|_| ()))
     }
 
     pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, StoreError> {
@@ -462,9 +452,7 @@ impl Store {
             "SELECT {COLS}, t.name AS team_name, u.username AS username FROM allocations a \
              JOIN teams t ON t.id = a.team_id JOIN users u ON u.id = a.user_id WHERE a.id = $1"
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id).fetch_optional(pool).await)
     }
 
     pub async fn allocation_by_key(
@@ -473,9 +461,7 @@ impl Store {
         key: &str,
     ) -> Result<Option<Uuid>, StoreError> {
         let sql = "SELECT id FROM allocations WHERE user_id = $1 AND idempotency_key = $2";
-        db(
-            on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
     }
 
     /// A page of allocations, newest first. `teams`: only these teams (`None`: all);
@@ -551,7 +537,7 @@ impl Store {
              AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = a.user_id AND u.is_admin) \
              ORDER BY a.created_at, a.id"
         );
-        db(on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await)
     }
 
     /// The latest `limit` allocation requests grouped by kind, whatever became of them:
@@ -559,9 +545,7 @@ impl Store {
     pub async fn recent_kinds(&self, limit: i64) -> Result<Vec<(String, i64)>, StoreError> {
         let sql = "SELECT kind, COUNT(*) FROM (SELECT kind FROM allocations \
                    ORDER BY created_at DESC LIMIT $1) r GROUP BY kind ORDER BY kind";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(limit).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(limit).fetch_all(pool).await)
     }
 
     pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, StoreError> {
@@ -570,13 +554,13 @@ impl Store {
             "SELECT {COLS} FROM allocations a WHERE a.state IN ({}) ORDER BY a.created_at, a.id",
             ps.join(",")
         );
-        db(on_pool!(self, pool => {
+        db!(self, pool => {
             let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
             for s in states {
                 q = q.bind(*s);
             }
             q.fetch_all(pool).await
-        }))
+        })
     }
 
     /// Allocations that were active at some point since `since` (for fair share).
@@ -588,17 +572,13 @@ impl Store {
             "SELECT {COLS} FROM allocations a WHERE a.active_at IS NOT NULL \
              AND (a.ends_at IS NULL OR a.ends_at >= $1)"
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(since).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(since).fetch_all(pool).await)
     }
 
     pub async fn allocation_events(&self, id: Uuid) -> Result<Vec<EventRow>, StoreError> {
         let sql = "SELECT at, from_state, to_state, actor, note FROM allocation_events \
                    WHERE allocation_id = $1 ORDER BY seq";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await)
     }
 
     /// Allocations by (state, model), and the oldest queued allocation's creation time.
@@ -619,11 +599,9 @@ impl Store {
     pub async fn audit(&self, r: &AuditRow) -> Result<(), StoreError> {
         let sql = "INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
-        db(
-            on_pool!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
+        db!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
             .bind(&r.object_type).bind(&r.object_id).bind(r.team_id).bind(&r.before).bind(&r.after)
-            .execute(pool).await.map(|_| ())),
-        )
+            .execute(pool).await.map(|_| ()))
     }
 
     pub async fn audit_page(

@@ -150,7 +150,7 @@ impl Store {
         let sql = "SELECT r.id, r.kind, r.model, r.price_minor_per_hour, r.preemptible_discount_pct, \
                    r.effective_from, r.created_at, u.username AS created_by FROM rate_cards r \
                    LEFT JOIN users u ON u.id = r.created_by ORDER BY r.kind, r.effective_from";
-        db(on_pool!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await)
     }
 
     /// Adds a rate from its `effective_from` on. With `replace`, one of the same kind
@@ -193,24 +193,18 @@ impl Store {
             super::allocations::COLS
         );
         let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()));
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
-            .bind(i64::from(limit)).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
+            .bind(i64::from(limit)).fetch_all(pool).await)
     }
 
     /// `(id, username)` of every user.
     pub async fn user_names(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await)
     }
 
     /// `(id, name)` of every team.
     pub async fn team_names(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await)
     }
 
     /// `(allocation, at, to_state)` of every history entry of `ids`, in order.
@@ -250,13 +244,13 @@ impl Store {
             "SELECT allocation_id, hour_start FROM meter_hours WHERE allocation_id IN ({})",
             placeholders(1, ids.len())
         );
-        db(on_pool!(self, pool => {
+        db!(self, pool => {
             let mut q = sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(&sql);
             for id in ids {
                 q = q.bind(*id);
             }
             q.fetch_all(pool).await
-        }))
+        })
     }
 
     /// A node's telemetry samples taken in `[from, to)`.
@@ -268,9 +262,7 @@ impl Store {
     ) -> Result<Vec<SampleRow>, StoreError> {
         let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
                    AND at >= $2 AND at < $3 ORDER BY at";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node).bind(from).bind(to).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node).bind(from).bind(to).fetch_all(pool).await)
     }
 
     /// Writes metered hours of one allocation and their ledger entries in one transaction;
@@ -392,9 +384,7 @@ impl Store {
         let sql = "SELECT le.id, le.txn_id, le.account, le.team_id, t.name AS team_name, le.amount_minor, \
                    le.currency, le.entry_type, le.allocation_id, le.hour_start, le.posted_at, le.memo \
                    FROM ledger_entries le JOIN teams t ON t.id = le.team_id WHERE le.txn_id = $1 ORDER BY le.account";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, LedgerRow>(sql).bind(txn).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, LedgerRow>(sql).bind(txn).fetch_all(pool).await)
     }
 
     /// A page of ledger entries for hours in `[from, to)`, newest first; `team`: only the
@@ -437,9 +427,7 @@ impl Store {
              AND hour_start >= $1 AND hour_start < $2 AND ($3 IS NULL OR team_id = $3) GROUP BY team_id",
             sum("amount_minor")
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team).fetch_all(pool).await)
     }
 
     /// Reversals posted for hours in `[from, to)` of one team (team side, negative).
@@ -454,9 +442,7 @@ impl Store {
              AND hour_start >= $1 AND hour_start < $2 AND team_id = $3",
             sum("amount_minor")
         );
-        db(
-            on_pool!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team).fetch_one(pool).await),
-        )
+        db!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team).fetch_one(pool).await)
     }
 
     /// `(sum of every entry, number of entries)`: the sum is 0 in a balanced ledger.
@@ -465,7 +451,7 @@ impl Store {
             "SELECT {}, COUNT(*) FROM ledger_entries",
             sum("amount_minor")
         );
-        db(on_pool!(self, pool => sqlx::query_as::<_, (i64, i64)>(&sql).fetch_one(pool).await))
+        db!(self, pool => sqlx::query_as::<_, (i64, i64)>(&sql).fetch_one(pool).await)
     }
 
     // ---- usage ----
@@ -498,10 +484,8 @@ impl Store {
             sum("m.list_minor"),
             sum("m.billed_minor + COALESCE(r.amount_minor, 0)"),
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, UsageGroupRow>(&sql).bind(from).bind(to)
-            .bind(team).bind(user).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, UsageGroupRow>(&sql).bind(from).bind(to)
+            .bind(team).bind(user).fetch_all(pool).await)
     }
 
     /// Up to `limit` team-side ledger entries for hours in `[from, to)` after the cursor
@@ -581,14 +565,12 @@ impl Store {
 
     pub async fn budgets(&self) -> Result<Vec<BudgetRow>, StoreError> {
         let sql = "SELECT team_id, monthly_minor, hard FROM budgets";
-        db(on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).fetch_all(pool).await)
     }
 
     pub async fn budget(&self, team: Uuid) -> Result<Option<BudgetRow>, StoreError> {
         let sql = "SELECT team_id, monthly_minor, hard FROM budgets WHERE team_id = $1";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team).fetch_optional(pool).await)
     }
 
     /// Sets (`Some`) or removes (`None`) a team's budget.
@@ -605,15 +587,11 @@ impl Store {
                            VALUES ($1,$2,$3,$4,$5) ON CONFLICT (team_id) DO UPDATE SET \
                            monthly_minor = excluded.monthly_minor, hard = excluded.hard, \
                            updated_at = excluded.updated_at, updated_by = excluded.updated_by";
-                db(
-                    on_pool!(self, pool => sqlx::query(sql).bind(team).bind(monthly).bind(hard).bind(at)
-                    .bind(by).execute(pool).await.map(|_| ())),
-                )
+                db!(self, pool => sqlx::query(sql).bind(team).bind(monthly).bind(hard).bind(at)
+                    .bind(by).execute(pool).await.map(|_| ()))
             }
-            None => db(
-                on_pool!(self, pool => sqlx::query("DELETE FROM budgets WHERE team_id = $1")
+            None => db!(self, pool => sqlx::query("DELETE FROM budgets WHERE team_id = $1")
                     .bind(team).execute(pool).await.map(|_| ())),
-            ),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! Replicas that do not lead forward "something changed" to the leader with
 //! `NOTIFY tessera_wake`; the leader `LISTEN`s and runs its scheduler pass at once.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, from_driver, on_pool};
 use chrono::{DateTime, Utc};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgListener};
@@ -65,7 +65,7 @@ pub struct WakeListener(PgListener);
 impl WakeListener {
     /// Waits for the next wake-up.
     pub async fn next(&mut self) -> Result<(), StoreError> {
-        db(self.0.recv().await.map(|_| ()))
+        from_driver(self.0.recv().await.map(|_| ()))
     }
 }
 
@@ -95,11 +95,13 @@ impl Store {
     pub async fn notify_wake(&self) -> Result<(), StoreError> {
         match self {
             Store::Sqlite(_) => Ok(()),
-            Store::Postgres(pool) => db(sqlx::query("SELECT pg_notify($1, '')")
-                .bind(WAKE_CHANNEL)
-                .execute(pool)
-                .await
-                .map(|_| ())),
+            Store::Postgres(pool) => from_driver(
+                sqlx::query("SELECT pg_notify($1, '')")
+                    .bind(WAKE_CHANNEL)
+                    .execute(pool)
+                    .await
+                    .map(|_| ()),
+            ),
         }
     }
 
@@ -176,18 +178,16 @@ impl Store {
 
     /// A replica that stops removes its row.
     pub async fn remove_replica(&self, name: &str) -> Result<(), StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query("DELETE FROM server_replicas WHERE name = $1")
-            .bind(name).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query("DELETE FROM server_replicas WHERE name = $1")
+            .bind(name).execute(pool).await.map(|_| ()))
     }
 
     /// Every replica heard from since `since`, by name.
     pub async fn replicas(&self, since: DateTime<Utc>) -> Result<Vec<ReplicaRow>, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_as::<_, ReplicaRow>(
+        db!(self, pool => sqlx::query_as::<_, ReplicaRow>(
             "SELECT name, version, started_at, seen_at, is_leader FROM server_replicas \
              WHERE seen_at >= $1 ORDER BY name")
-            .bind(since).fetch_all(pool).await))
+            .bind(since).fetch_all(pool).await)
     }
 }
 

@@ -56,11 +56,21 @@ macro_rules! on_pool {
     };
 }
 
+pub(crate) use on_pool;
+
+/// [`on_pool!`] for a body that yields the driver's result, answered as the store's
+/// ([`from_driver`]).
+macro_rules! db {
+    ($store:expr, $pool:ident => $body:expr) => {
+        $crate::store::from_driver($crate::store::on_pool!($store, $pool => $body))
+    };
+}
+pub(crate) use db;
+
 /// The driver's result as the store answers it.
-pub(crate) fn db<T>(r: Result<T, sqlx::Error>) -> Result<T, StoreError> {
+pub(crate) fn from_driver<T>(r: Result<T, sqlx::Error>) -> Result<T, StoreError> {
     r.map_err(StoreError)
 }
-pub(crate) use on_pool;
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -173,9 +183,9 @@ impl Store {
 
     /// The newest migration a database has: a backup is checked with it before a restore.
     pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_scalar::<_, Option<i64>>(
+        db!(self, pool => sqlx::query_scalar::<_, Option<i64>>(
             "SELECT MAX(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool).await))
+            .fetch_one(pool).await)
     }
 
     /// Closes every connection (a SQLite file is then complete on disk, WAL checkpointed).
@@ -185,7 +195,7 @@ impl Store {
 
     /// `SELECT 1`: used by `/readyz`.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        db(on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ())))
+        db!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))
     }
 
     /// Creates a new, empty database on the PostgreSQL server at `url` and returns its URL

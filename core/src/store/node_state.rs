@@ -72,9 +72,7 @@ impl Store {
     pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, StoreError> {
         let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at, sharing \
                    FROM gpu_desired WHERE node_id = $1 ORDER BY gpu_uuid";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await)
     }
 
     /// Shares (`Some(method)`) or unshares one GPU: MIG off, no layout, its version bumped
@@ -100,9 +98,9 @@ impl Store {
                    WHERE gpu_desired.version = $6 \
                    RETURNING version";
         let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
-        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
+        db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
             .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing).bind(expected).bind(&holds)
-            .fetch_optional(pool).await))
+            .fetch_optional(pool).await)
     }
 
     /// Share allocations holding part of a GPU now, with their team's name.
@@ -111,7 +109,7 @@ impl Store {
                    JOIN teams t ON t.id = a.team_id \
                    WHERE a.state IN ('placing', 'active', 'releasing') AND a.kind LIKE '%:share:%' \
                    ORDER BY a.created_at";
-        db(on_pool!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await)
     }
 
     /// Sets the desired state of one GPU, bumping its version; returns the new version.
@@ -130,9 +128,9 @@ impl Store {
                    layout = excluded.layout, version = gpu_desired.version + 1, \
                    updated_at = excluded.updated_at, updated_by = excluded.updated_by \
                    RETURNING version";
-        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql)
+        db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
             .bind(node).bind(gpu_uuid).bind(mode).bind(layout).bind(at).bind(by)
-            .fetch_one(pool).await))
+            .fetch_one(pool).await)
     }
 
     pub async fn upsert_apply_status(
@@ -147,9 +145,9 @@ impl Store {
                    VALUES ($1, $2, $3, $4, $5) \
                    ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET version = excluded.version, \
                    status = excluded.status, reported_at = excluded.reported_at";
-        db(on_pool!(self, pool => sqlx::query(sql)
+        db!(self, pool => sqlx::query(sql)
             .bind(node).bind(gpu_uuid).bind(version).bind(status).bind(at)
-            .execute(pool).await.map(|_| ())))
+            .execute(pool).await.map(|_| ()))
     }
 
     /// Desired states of the given nodes (all nodes with `None`) with their apply status
@@ -175,20 +173,18 @@ impl Store {
              FROM gpu_desired d LEFT JOIN gpu_apply_status s ON s.node_id = d.node_id \
              AND s.gpu_uuid = d.gpu_uuid AND s.version = d.version{filter} ORDER BY d.gpu_uuid"
         );
-        db(on_pool!(self, pool => {
+        db!(self, pool => {
             let mut q = sqlx::query_as::<_, DesiredWithStatus>(&sql);
             for id in nodes.unwrap_or(&[]) {
                 q = q.bind(*id);
             }
             q.fetch_all(pool).await
-        }))
+        })
     }
 
     pub async fn apply_statuses(&self, node: Uuid) -> Result<Vec<ApplyStatusRow>, StoreError> {
         let sql = "SELECT gpu_uuid, version, status, reported_at FROM gpu_apply_status WHERE node_id = $1";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node).fetch_all(pool).await)
     }
 
     /// Stores samples, ignoring `(node, seq)` already stored, all in one transaction;
@@ -236,20 +232,18 @@ impl Store {
                    FROM nodes n LEFT JOIN telemetry_samples s ON s.node_id = n.id \
                    AND s.seq = (SELECT MAX(m.seq) FROM telemetry_samples m WHERE m.node_id = n.id) \
                    WHERE n.revoked_at IS NULL ORDER BY n.hostname, n.id";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, NodeLatestSampleRow>(sql).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, NodeLatestSampleRow>(sql).fetch_all(pool).await)
     }
 
     pub async fn count_samples(&self, node: Uuid) -> Result<i64, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await))
+        db!(self, pool => sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await)
     }
 }
 
 impl Store {
     pub async fn telemetry_dropped(&self, node: Uuid) -> Result<i64, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node).fetch_one(pool).await))
+        db!(self, pool => sqlx::query_scalar::<_, i64>(
+            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node).fetch_one(pool).await)
     }
 }

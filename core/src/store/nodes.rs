@@ -45,16 +45,14 @@ impl Store {
         &self,
         hash: &str,
     ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>)>, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_as(
+        db!(self, pool => sqlx::query_as(
             "SELECT id, hostname, revoked_at FROM nodes WHERE credential_hash = $1")
-            .bind(hash).fetch_optional(pool).await))
+            .bind(hash).fetch_optional(pool).await)
     }
 
     pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, StoreError> {
         let sql = format!("SELECT {COLS} FROM nodes WHERE id = $1");
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id).fetch_optional(pool).await)
     }
 
     pub async fn list_nodes(
@@ -75,7 +73,7 @@ impl Store {
     /// Every node that is not revoked (for the cluster summary and metrics).
     pub async fn active_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         let sql = format!("SELECT {COLS} FROM nodes WHERE revoked_at IS NULL");
-        db(on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).fetch_all(pool).await)
     }
 
     /// Registered, unrevoked nodes without their inventory's text (`inventory` is empty;
@@ -84,7 +82,7 @@ impl Store {
         let sql = "SELECT id, hostname, credential_hash, join_token_id, registered_at, \
                    last_heartbeat_at, agent_version, manages_mig, '' AS inventory, revoked_at, \
                    workload_sandbox, inventory_version FROM nodes WHERE revoked_at IS NULL";
-        db(on_pool!(self, pool => sqlx::query_as::<_, NodeRow>(sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, NodeRow>(sql).fetch_all(pool).await)
     }
 
     /// `(id, inventory_version, inventory)` of the given nodes.

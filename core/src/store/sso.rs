@@ -1,7 +1,7 @@
 //! `user_identities`: users who sign in through an OpenID Connect provider, and the one
 //! transaction that applies a sign-in's group claim.
 
-use super::{Store, StoreError, UserRow, db, on_pool};
+use super::{Store, StoreError, UserRow, from_driver, on_pool};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -52,7 +52,7 @@ impl Store {
     /// in one transaction. A concurrent first sign-in of the same person loses the race on
     /// the identity's primary key and is retried once, finding the winner's user.
     pub async fn sso_sign_in(&self, s: &SsoSignIn<'_>) -> Result<SsoOutcome, StoreError> {
-        db(match self.sso_sign_in_once(s).await {
+        from_driver(match self.sso_sign_in_once(s).await {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                 self.sso_sign_in_once(s).await
             }

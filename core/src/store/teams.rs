@@ -52,9 +52,7 @@ impl Store {
 
     pub async fn team(&self, id: Uuid) -> Result<Option<TeamRow>, StoreError> {
         let sql = "SELECT id, name, archived, created_at FROM teams WHERE id = $1";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id).fetch_optional(pool).await)
     }
 
     /// Every team (for the platform admin), with `viewer`'s role where they are a member.
@@ -97,10 +95,8 @@ impl Store {
         viewer: Uuid,
     ) -> Result<Option<TeamListRow>, StoreError> {
         let sql = format!("{TEAM_LIST} WHERE t.id = $2");
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
-            .bind(viewer).bind(team).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
+            .bind(viewer).bind(team).fetch_optional(pool).await)
     }
 
     /// Renames; `Ok(false)` if another team has the name.
@@ -127,9 +123,9 @@ impl Store {
     }
 
     pub async fn membership(&self, team: Uuid, user: Uuid) -> Result<Option<String>, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_scalar::<_, String>(
+        db!(self, pool => sqlx::query_scalar::<_, String>(
             "SELECT role FROM memberships WHERE team_id = $1 AND user_id = $2")
-            .bind(team).bind(user).fetch_optional(pool).await))
+            .bind(team).bind(user).fetch_optional(pool).await)
     }
 
     pub async fn list_members(

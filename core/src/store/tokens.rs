@@ -52,9 +52,7 @@ impl Store {
         let sql = format!(
             "SELECT {API_COLS} FROM api_tokens WHERE secret_hash = $1 AND revoked_at IS NULL"
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, ApiTokenRow>(&sql).bind(hash).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, ApiTokenRow>(&sql).bind(hash).fetch_optional(pool).await)
     }
 
     pub async fn touch_api_token(&self, id: Uuid, at: DateTime<Utc>) -> Result<(), StoreError> {
@@ -119,9 +117,7 @@ impl Store {
 
     pub async fn join_token_by_hash(&self, hash: &str) -> Result<Option<JoinTokenRow>, StoreError> {
         let sql = format!("SELECT {JOIN_COLS} FROM join_tokens WHERE secret_hash = $1");
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, JoinTokenRow>(&sql).bind(hash).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, JoinTokenRow>(&sql).bind(hash).fetch_optional(pool).await)
     }
 
     /// Counts one use, atomically: `Ok(false)` when it was used up or revoked meanwhile.

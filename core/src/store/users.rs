@@ -21,22 +21,16 @@ const COLUMNS: &str =
 impl Store {
     pub async fn user_by_username(&self, username: &str) -> Result<Option<UserRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM users WHERE username = $1");
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(username).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(username).fetch_optional(pool).await)
     }
 
     pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM users WHERE id = $1");
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(id).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(id).fetch_optional(pool).await)
     }
 
     pub async fn count_users(&self) -> Result<i64, StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM users").fetch_one(pool).await),
-        )
+        db!(self, pool => sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM users").fetch_one(pool).await)
     }
 
     /// What a fresh install's checklist is made from: `(teams not archived, quotas with a
@@ -53,17 +47,13 @@ impl Store {
             (SELECT COUNT(*) FROM nodes WHERE revoked_at IS NULL), \
             (SELECT COUNT(*) FROM rate_cards), \
             COALESCE((SELECT setup_dismissed FROM users WHERE id = $1), FALSE)";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (i64, i64, i64, i64, i64, bool)>(sql)
-            .bind(user).fetch_one(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (i64, i64, i64, i64, i64, bool)>(sql)
+            .bind(user).fetch_one(pool).await)
     }
 
     pub async fn dismiss_setup(&self, user: Uuid) -> Result<(), StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query("UPDATE users SET setup_dismissed = TRUE WHERE id = $1")
-            .bind(user).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query("UPDATE users SET setup_dismissed = TRUE WHERE id = $1")
+            .bind(user).execute(pool).await.map(|_| ()))
     }
 
     /// Inserts a user; `Ok(false)` when the username is taken.

@@ -187,16 +187,12 @@ impl Store {
 
     pub async fn workload(&self, id: Uuid) -> Result<Option<WorkloadListRow>, StoreError> {
         let sql = joined("WHERE w.id = $1");
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id).fetch_optional(pool).await)
     }
 
     pub async fn workload_by_key(&self, user: Uuid, key: &str) -> Result<Option<Uuid>, StoreError> {
         let sql = "SELECT id FROM workloads WHERE user_id = $1 AND idempotency_key = $2";
-        db(
-            on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
     }
 
     /// The live notebook at `/user/{username}/{name}/`.
@@ -208,9 +204,7 @@ impl Store {
         let sql = joined(&format!(
             "WHERE u.username = $1 AND w.name = $2 AND w.kind = 'notebook' AND w.state IN {LIVE}"
         ));
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(username).bind(name).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(username).bind(name).fetch_optional(pool).await)
     }
 
     /// A page of workloads, newest first. `teams`: only these (`None`: all); `user`: only
@@ -294,15 +288,13 @@ impl Store {
             "WHERE w.node_id = $1 AND (w.state IN {LIVE} OR (w.log_complete = FALSE \
              AND w.ended_at >= $2)) ORDER BY w.created_at"
         ));
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node).bind(log_grace_since).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node).bind(log_grace_since).fetch_all(pool).await)
     }
 
     /// Every live workload, with its allocation's state (the scheduler pass).
     pub async fn live_workloads(&self) -> Result<Vec<WorkloadListRow>, StoreError> {
         let sql = joined(&format!("WHERE w.state IN {LIVE} ORDER BY w.created_at"));
-        db(on_pool!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await))
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await)
     }
 
     /// Live workloads counted by kind and state.
@@ -310,9 +302,7 @@ impl Store {
         let sql = format!(
             "SELECT kind, state, COUNT(*) FROM workloads WHERE state IN {LIVE} GROUP BY kind, state"
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await)
     }
 
     /// A queued workload's allocation is active: it gets the node and devices it runs on and
@@ -345,9 +335,7 @@ impl Store {
              WHERE a.state IN ('pending_approval', 'queued', 'placing', 'active') \
                AND w.owns_allocation AND w.state NOT IN {LIVE}"
         );
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)
     }
 
     /// The notebook profiles of `teams`, by team name then profile name.
@@ -362,13 +350,13 @@ impl Store {
              WHERE p.team_id IN ({}) ORDER BY lower(t.name), lower(p.name)",
             ps.join(", ")
         );
-        db(on_pool!(self, pool => {
+        db!(self, pool => {
             let mut q = sqlx::query_as::<_, ProfileRow>(&sql);
             for t in teams {
                 q = q.bind(*t);
             }
             q.fetch_all(pool).await
-        }))
+        })
     }
 
     /// Stores a team's profile; one of the same name is replaced (its id kept).
@@ -387,10 +375,8 @@ impl Store {
                    created_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                    ON CONFLICT (team_id, name) DO UPDATE SET kind = excluded.kind, \
                    duration_minutes = excluded.duration_minutes RETURNING id";
-        db(
-            on_pool!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
-            .bind(kind).bind(duration_minutes).bind(at).bind(by).fetch_one(pool).await),
-        )
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
+            .bind(kind).bind(duration_minutes).bind(at).bind(by).fetch_one(pool).await)
     }
 
     /// Deletes a team's profile; `false` if the team has no such profile.
@@ -405,9 +391,7 @@ impl Store {
     pub async fn notebook_profile(&self, id: Uuid) -> Result<Option<ProfileRow>, StoreError> {
         let sql = "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes \
                    FROM notebook_profiles p JOIN teams t ON t.id = p.team_id WHERE p.id = $1";
-        db(
-            on_pool!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await),
-        )
+        db!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await)
     }
 
     /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.
@@ -487,9 +471,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let sql = "UPDATE workloads SET synced_at = $2, endpoint = COALESCE($3, endpoint), \
                    kernel_activity = COALESCE($4, kernel_activity), kernel_busy = $5 WHERE id = $1";
-        db(
-            on_pool!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ()))
     }
 
     /// Appends `len` bytes of the current attempt's log at the attempt's `offset` (a piece
@@ -550,9 +532,7 @@ impl Store {
 
     /// Marks a workload's log complete without more output (lost workloads).
     pub async fn close_log(&self, id: Uuid) -> Result<(), StoreError> {
-        db(
-            on_pool!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id).execute(pool).await.map(|_| ())),
-        )
+        db!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id).execute(pool).await.map(|_| ()))
     }
 
     /// Log chunks that end after `from`, in order, until about `max_bytes`.
@@ -594,11 +574,11 @@ impl Store {
         issued_at: DateTime<Utc>,
         expires_at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        db(on_pool!(self, pool => sqlx::query(
+        db!(self, pool => sqlx::query(
             "INSERT INTO notebook_grants (secret_hash, kind, workload_id, user_id, issued_at, \
              expires_at) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(hash).bind(kind).bind(workload).bind(user).bind(issued_at).bind(expires_at)
-            .execute(pool).await.map(|_| ())))
+            .execute(pool).await.map(|_| ()))
     }
 
     /// Removes a one-time code for `workload` and returns who it was for, when it was
@@ -608,10 +588,10 @@ impl Store {
         hash: &str,
         workload: Uuid,
     ) -> Result<Option<Grant>, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_as::<_, Grant>(
+        db!(self, pool => sqlx::query_as::<_, Grant>(
             "DELETE FROM notebook_grants WHERE secret_hash = $1 AND kind = 'code' \
              AND workload_id = $2 RETURNING user_id, issued_at, expires_at")
-            .bind(hash).bind(workload).fetch_optional(pool).await))
+            .bind(hash).bind(workload).fetch_optional(pool).await)
     }
 
     /// A cookie pass for `workload`: its user, when it was issued, until when it is good.
@@ -620,10 +600,10 @@ impl Store {
         hash: &str,
         workload: Uuid,
     ) -> Result<Option<Grant>, StoreError> {
-        db(on_pool!(self, pool => sqlx::query_as::<_, Grant>(
+        db!(self, pool => sqlx::query_as::<_, Grant>(
             "SELECT user_id, issued_at, expires_at FROM notebook_grants WHERE secret_hash = $1 \
              AND kind = 'cookie' AND workload_id = $2")
-            .bind(hash).bind(workload).fetch_optional(pool).await))
+            .bind(hash).bind(workload).fetch_optional(pool).await)
     }
 
     /// Forgets codes and passes past their time, and those of notebooks that ended.
@@ -632,8 +612,6 @@ impl Store {
             "DELETE FROM notebook_grants WHERE expires_at < $1 OR workload_id IN \
              (SELECT id FROM workloads WHERE state NOT IN {LIVE})"
         );
-        db(
-            on_pool!(self, pool => sqlx::query(&sql).bind(now).execute(pool).await.map(|r| r.rows_affected())),
-        )
+        db!(self, pool => sqlx::query(&sql).bind(now).execute(pool).await.map(|r| r.rows_affected()))
     }
 }
