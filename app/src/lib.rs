@@ -11,7 +11,7 @@ mod pages;
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Title, provide_meta_context};
 use leptos_router::{
-    SsrMode,
+    Lazy, SsrMode,
     components::{Route, Router, Routes},
     path,
 };
@@ -24,8 +24,15 @@ pub const OUTPUT_NAME: &str = "tessera";
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     use_csp_nonce();
     let server_only = request_path().as_deref().is_some_and(is_server_only);
-    let prefetch =
-        server_only.then(|| format!("/pkg/{0}.js /pkg/{0}_bg.wasm", options.output_name));
+    let prefetch = server_only.then(|| {
+        // The main module, and the chunk loader it imports when the bundle is split.
+        let loader = use_context::<leptos::WasmSplitManifest>()
+            .and_then(|m| {
+                m.0.try_with_value(|(pkg, _, loader)| format!(" {pkg}/{loader}"))
+            })
+            .unwrap_or_default();
+        format!("/pkg/{0}.js /pkg/{0}_bg.wasm{loader}", options.output_name)
+    });
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -112,47 +119,95 @@ pub fn App() -> impl IntoView {
         <Router>
             <Routes fallback=pages::NotFound>
                 // Async: the response waits for data, so a signed-out visitor gets a real
-                // 302 to /login (works without JavaScript) and statuses are accurate.
-                <Route path=path!("/login") view=pages::LoginPage ssr=SsrMode::Async />
-                <Route path=path!("/") view=pages::DashboardPage ssr=SsrMode::Async />
-                <Route path=path!("/account") view=pages::AccountPage ssr=SsrMode::Async />
-                <Route path=path!("/nodes") view=pages::NodesPage ssr=SsrMode::Async />
+                // 303 to /login (works without JavaScript) and statuses are accurate.
+                <Route
+                    path=path!("/login")
+                    view=pages::LoginPage
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/")
+                    view=pages::DashboardPage
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/account")
+                    view={Lazy::<pages::Account>::new()}
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/nodes")
+                    view={Lazy::<pages::Nodes>::new()}
+                    ssr=SsrMode::Async
+                />
                 <Route
                     path=path!("/allocations")
-                    view=pages::AllocationsPage
+                    view={Lazy::<pages::Allocations>::new()}
                     ssr=SsrMode::Async
                 />
                 <Route
                     path=path!("/allocations/:id")
-                    view=pages::AllocationPage
+                    view={Lazy::<pages::Allocation>::new()}
                     ssr=SsrMode::Async
                 />
-                <Route path=path!("/notebooks") view=pages::NotebooksPage ssr=SsrMode::Async />
-                <Route path=path!("/jobs") view=pages::JobsPage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/notebooks")
+                    view={Lazy::<pages::Notebooks>::new()}
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/jobs")
+                    view={Lazy::<pages::Jobs>::new()}
+                    ssr=SsrMode::Async
+                />
                 <Route
                     path=path!("/workloads/:id")
-                    view=pages::WorkloadPage
+                    view={Lazy::<pages::Workload>::new()}
                     ssr=SsrMode::Async
                 />
-                <Route path=path!("/teams") view=pages::TeamsPage ssr=SsrMode::Async />
-                <Route path=path!("/teams/:id") view=pages::TeamPage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/teams")
+                    view={Lazy::<pages::Teams>::new()}
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/teams/:id")
+                    view={Lazy::<pages::Team>::new()}
+                    ssr=SsrMode::Async
+                />
                 <Route
                     path=path!("/teams/:id/statement")
-                    view=pages::StatementPage
+                    view={Lazy::<pages::Statement>::new()}
                     ssr=SsrMode::Async
                 />
-                <Route path=path!("/usage") view=pages::UsagePage ssr=SsrMode::Async />
-                <Route path=path!("/admin/users") view=pages::UsersPage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/usage")
+                    view={Lazy::<pages::Usage>::new()}
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/admin/users")
+                    view={Lazy::<pages::Users>::new()}
+                    ssr=SsrMode::Async
+                />
                 <Route
                     path=path!("/admin/join-tokens")
-                    view=pages::JoinTokensPage
+                    view={Lazy::<pages::JoinTokens>::new()}
                     ssr=SsrMode::Async
                 />
-                <Route path=path!("/admin/audit") view=pages::AuditPage ssr=SsrMode::Async />
-                <Route path=path!("/admin/queue") view=pages::QueuePage ssr=SsrMode::Async />
+                <Route
+                    path=path!("/admin/audit")
+                    view={Lazy::<pages::Audit>::new()}
+                    ssr=SsrMode::Async
+                />
+                <Route
+                    path=path!("/admin/queue")
+                    view={Lazy::<pages::Queue>::new()}
+                    ssr=SsrMode::Async
+                />
                 <Route
                     path=path!("/admin/billing")
-                    view=pages::BillingPage
+                    view={Lazy::<pages::Billing>::new()}
                     ssr=SsrMode::Async
                 />
             </Routes>
@@ -165,5 +220,6 @@ pub fn App() -> impl IntoView {
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
-    leptos::mount::hydrate_body(App);
+    // Lazily loaded routes hydrate once their chunk is in (`hydrate_body` cannot wait).
+    leptos::mount::hydrate_lazy(App);
 }

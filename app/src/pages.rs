@@ -33,6 +33,91 @@ pub use workloads::{JobsPage, NotebooksPage, WorkloadPage};
 use leptos::prelude::*;
 use tessera_domain::billing::format_minor;
 
+/// Pages whose code the browser loads when one of them is first shown: `cargo xtask build`
+/// splits each group's code (and what only it uses) out of the main wasm
+/// (docs/benchmarks.md §12). One split point per group, not per page: code shared by a set
+/// of split points becomes a chunk of its own, and eighteen lazy pages made 437 chunks, one
+/// request each. The server names a page's chunks in its preload links, so a fresh load
+/// fetches them beside the main module.
+///
+/// The dashboard, where signing in lands, stays in the main module, and so does the sign-in
+/// page: a lazy page's response names its chunks to preload, and a direct visit to `/login`
+/// loads no bundle at all. `#[lazy]` names each group's loader `__preload_<group>`; the
+/// routes await it first.
+macro_rules! lazy_pages {
+    ($($(#[$doc:meta])* $group:ident / $preload:ident { $($route:ident => $page:ident),* $(,)? })*) => {
+        /// Which lazily loaded page to render.
+        #[derive(Clone, Copy, Debug)]
+        pub enum Page {
+            $($($route,)*)*
+        }
+
+        $(
+            $(#[$doc])*
+            #[leptos::lazy]
+            fn $group(page: Page) -> AnyView {
+                #[allow(unreachable_patterns)]
+                match page {
+                    $(Page::$route => $page().into_any(),)*
+                    _ => NotFound().into_any(),
+                }
+            }
+
+            $(
+                #[doc = concat!("[`", stringify!($page), "`], loaded on demand.")]
+                #[derive(Debug)]
+                pub struct $route;
+
+                impl leptos_router::LazyRoute for $route {
+                    fn data() -> Self {
+                        $route
+                    }
+
+                    async fn view(_: Self) -> AnyView {
+                        $group(Page::$route).await
+                    }
+
+                    // The router awaits this before it hydrates or renders the page, so the
+                    // view above finds its chunk loaded and renders at once (a view that had
+                    // to wait would not match the server's HTML).
+                    async fn preload() {
+                        #[cfg(feature = "hydrate")]
+                        $preload().await;
+                    }
+                }
+            )*
+        )*
+    };
+}
+
+lazy_pages! {
+    /// What a researcher works with: allocations, notebooks and jobs.
+    work / __preload_work {
+        Allocations => AllocationsPage,
+        Allocation => AllocationPage,
+        Notebooks => NotebooksPage,
+        Jobs => JobsPage,
+        Workload => WorkloadPage,
+    }
+    /// The fleet, teams and their money, and the account.
+    teams / __preload_teams {
+        Nodes => NodesPage,
+        Teams => TeamsPage,
+        Team => TeamPage,
+        Statement => StatementPage,
+        Usage => UsagePage,
+        Account => AccountPage,
+    }
+    /// The administrators' pages.
+    admin / __preload_admin {
+        Users => UsersPage,
+        JoinTokens => JoinTokensPage,
+        Audit => AuditPage,
+        Queue => QueuePage,
+        Billing => BillingPage,
+    }
+}
+
 /// An amount in minor units with its currency: `12.34 USD`.
 fn money(minor: i64, currency: &str) -> String {
     format!("{} {currency}", format_minor(minor, currency))

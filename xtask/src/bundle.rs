@@ -3,38 +3,107 @@
 //! negotiation, `tower_http::services::ServeDir::precompressed_*`).
 
 use anyhow::{Context, Result};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
+
+/// The module name the split wasm imports its chunk loaders from, as wasm_split_helpers
+/// writes it: 22 placeholder characters, replaced in place (the wasm keeps its length) by
+/// the hash and `.split`.
+pub const LOADER_PLACEHOLDER: &str = "__wasm_split.______________________.js";
+
+/// How the loader module names the main module until its name is known.
+pub const MAIN_PLACEHOLDER: &str = "./__tessera_main__.js";
 
 /// What wasm-bindgen (and wasm-opt) made, and the stylesheet.
 pub struct Parts {
     pub js: Vec<u8>,
     pub wasm: Vec<u8>,
     pub css: Vec<u8>,
+    /// The lazily loaded pages, when the wasm was split (release builds).
+    pub split: Option<Split>,
+}
+
+/// wasm-split's output beside the main module.
+pub struct Split {
+    /// The JavaScript module that fetches and links chunks (imports [`MAIN_PLACEHOLDER`]).
+    pub loader: Vec<u8>,
+    /// Each chunk's file stem and bytes.
+    pub chunks: Vec<(String, Vec<u8>)>,
+    /// For each split point (a lazy route's view), the chunk stems it needs.
+    pub needs: BTreeMap<String, Vec<String>>,
 }
 
 /// Replaces `pkg`'s contents with `<name>.<hash>.js`, `<name>.<hash>_bg.wasm` and
-/// `<name>.<hash>.css` (one hash over all three: they change together), each with `.br`
+/// `<name>.<hash>.css` (one hash over all parts: they change together), each with `.br`
 /// and `.gz` twins, and `<name>.css` for the server's few static pages. The server finds
 /// the name by its `.js` file. A debug build gets fast compression levels (its wasm is
 /// tens of MB); a release build the smallest.
+///
+/// A split bundle adds `__wasm_split.<hash>.split.js` (the chunk loader), each chunk as
+/// `<chunk>.<hash>.wasm`, and `<name>.<hash>.split.json`: the loader's name and, for each
+/// split point, the chunks it needs, for the server's preload links.
 pub fn publish(parts: &Parts, name: &str, pkg: &Path, release: bool) -> Result<()> {
-    let stem = format!(
-        "{name}.{:016x}",
-        fnv1a(&[&parts.js, &parts.wasm, &parts.css])
-    );
+    let mut hashed: Vec<&[u8]> = vec![&parts.js, &parts.wasm, &parts.css];
+    if let Some(split) = &parts.split {
+        hashed.push(&split.loader);
+        hashed.extend(split.chunks.iter().map(|(_, b)| &b[..]));
+    }
+    let hash = format!("{:016x}", fnv1a(&hashed));
+    let stem = format!("{name}.{hash}");
     if pkg.exists() {
         std::fs::remove_dir_all(pkg).with_context(|| format!("clearing {}", pkg.display()))?;
     }
     std::fs::create_dir_all(pkg)?;
     std::fs::write(pkg.join(format!("{name}.css")), &parts.css)?;
     let (brotli_quality, gzip_level) = if release { (11, 9) } else { (1, 1) };
-    for (file, bytes) in [
-        (format!("{stem}.js"), &parts.js),
-        (format!("{stem}_bg.wasm"), &parts.wasm),
-        (format!("{stem}.css"), &parts.css),
-    ] {
-        std::fs::write(pkg.join(&file), bytes)?;
+    let mut files = vec![
+        (format!("{stem}.js"), parts.js.clone()),
+        (format!("{stem}_bg.wasm"), parts.wasm.clone()),
+        (format!("{stem}.css"), parts.css.clone()),
+    ];
+    if let Some(split) = &parts.split {
+        let loader = LOADER_PLACEHOLDER.replace("______________________", &format!("{hash}.split"));
+        debug_assert_eq!(loader.len(), LOADER_PLACEHOLDER.len());
+        // The main wasm imports the loader by module name, and the js glue keys its imports
+        // by that name; its `import` statements need a relative path.
+        files[0].1 = replace(
+            &files[0].1,
+            format!("from \"{LOADER_PLACEHOLDER}\"").as_bytes(),
+            format!("from \"./{loader}\"").as_bytes(),
+        );
+        for (_, bytes) in &mut files[..2] {
+            *bytes = replace(bytes, LOADER_PLACEHOLDER.as_bytes(), loader.as_bytes());
+        }
+        let mut js = replace(
+            &split.loader,
+            MAIN_PLACEHOLDER.as_bytes(),
+            format!("./{stem}.js").as_bytes(),
+        );
+        let mut needs = String::new();
+        for (chunk, bytes) in &split.chunks {
+            js = replace(
+                &js,
+                format!("\"./{chunk}.wasm\"").as_bytes(),
+                format!("\"./{chunk}.{hash}.wasm\"").as_bytes(),
+            );
+            files.push((format!("{chunk}.{hash}.wasm"), bytes.clone()));
+        }
+        for (point, chunks) in &split.needs {
+            let list: Vec<String> = chunks.iter().map(|c| format!("\"{c}.{hash}\"")).collect();
+            if !needs.is_empty() {
+                needs.push(',');
+            }
+            needs.push_str(&format!("\n    \"{point}\": [{}]", list.join(", ")));
+        }
+        files.push((loader.clone(), js));
+        std::fs::write(
+            pkg.join(format!("{stem}.split.json")),
+            format!("{{\n  \"loader\": \"{loader}\",\n  \"needs\": {{{needs}\n  }}\n}}\n"),
+        )?;
+    }
+    for (file, bytes) in &files {
+        std::fs::write(pkg.join(file), bytes)?;
         let br = brotli(bytes, brotli_quality)?;
         std::fs::write(pkg.join(format!("{file}.br")), &br)?;
         let gz = gzip(bytes, gzip_level)?;
@@ -64,6 +133,19 @@ fn gzip(bytes: &[u8], level: u32) -> Result<Vec<u8>> {
     Ok(w.finish()?)
 }
 
+/// `bytes` with every `from` replaced by `to`.
+fn replace(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while let Some(at) = rest.windows(from.len()).position(|w| w == from) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(to);
+        rest = &rest[at + from.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
 /// 64-bit FNV-1a over the parts: a cache key, not a security property.
 fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -87,6 +169,7 @@ mod tests {
             js: js.as_bytes().to_vec(),
             wasm: b"\0asm wasm".to_vec(),
             css: b"body{}".to_vec(),
+            split: None,
         };
         publish(&parts("export {}"), "t", &dir, false).expect("publish");
         let names = |dir: &Path| {

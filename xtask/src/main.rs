@@ -38,6 +38,10 @@ fn main_inner() -> Result<()> {
         .collect();
     match args.first().map(String::as_str) {
         Some("build") => build(release, release).map(|_| ()),
+        Some("bundle") => {
+            ensure_tools(false)?;
+            build_wasm(!args.iter().any(|a| a == "--debug"))
+        }
         Some("run") => run(release, &rest),
         Some("test") => test(),
         Some("e2e") => {
@@ -49,6 +53,7 @@ fn main_inner() -> Result<()> {
             eprintln!(
                 "usage: cargo xtask <command>\n\n  \
                  build [--release]   build the server and the wasm UI bundle\n  \
+                 bundle              build only the release UI bundle (split, wasm-opt'd)\n  \
                  run [--release] [-- ARGS]   build, then `tessera serve ARGS`\n  \
                  test                fmt, promtool rule tests, clippy (ssr + hydrate), unit +\n                      \
                  integration tests on SQLite and PostgreSQL, browser e2e\n  \
@@ -359,32 +364,52 @@ fn build_wasm(release: bool) -> Result<()> {
     if release {
         cmd.args(["--profile", "wasm-release"]);
     }
+    // wasm-split needs the linker's relocations to move code between modules; only the
+    // final link changes, so the dependencies stay built.
+    cmd.args(["--", "-C", "link-arg=--emit-relocs"]);
     step("build wasm UI bundle", &mut cmd)?;
     let profile_dir = if release { "wasm-release" } else { "debug" };
-    let input = wasm_target_dir
+    let raw = wasm_target_dir
         .join(WASM_TARGET)
         .join(profile_dir)
         .join("tessera_app.wasm");
     let stage = target_dir().join("site-stage");
     let _ = std::fs::remove_dir_all(&stage);
     std::fs::create_dir_all(&stage)?;
+    // Debug builds are split too: the lazy routes' code calls its loader either way.
+    let split = split_wasm(&raw, &stage)?;
+    let input = stage.join("main.wasm");
     eprintln!("==> wasm-bindgen {}", input.display());
     wasm_bindgen_cli_support::Bindgen::new()
         .input_path(&input)
         .out_name(OUTPUT_NAME)
         .web(true)?
         .debug(!release)
+        // The split chunks link against the main module's exports.
+        .keep_lld_exports(true)
         .generate(&stage)
         .context("wasm-bindgen")?;
     let wasm = stage.join(format!("{OUTPUT_NAME}_bg.wasm"));
+    let mut split = split;
     if release {
-        wasm_opt(&wasm)?;
+        let mut all = vec![wasm.clone()];
+        all.extend(
+            split
+                .chunks
+                .iter()
+                .map(|(stem, _)| stage.join(format!("{stem}.wasm"))),
+        );
+        wasm_opt(&all)?;
+        for (stem, bytes) in &mut split.chunks {
+            *bytes = std::fs::read(stage.join(format!("{stem}.wasm")))?;
+        }
     }
     bundle::publish(
         &bundle::Parts {
             js: std::fs::read(stage.join(format!("{OUTPUT_NAME}.js")))?,
             wasm: std::fs::read(&wasm)?,
             css: std::fs::read("style/main.css").context("reading style/main.css")?,
+            split: Some(split),
         },
         OUTPUT_NAME,
         &site_root().join("pkg"),
@@ -392,41 +417,83 @@ fn build_wasm(release: bool) -> Result<()> {
     )
 }
 
+/// Splits the release wasm at the app's lazy routes (`#[lazy_route]`, wasm_split_helpers):
+/// `stage/main.wasm` keeps what every page needs, and each page's own code goes to a chunk
+/// the browser fetches when the page is first shown (or beside the main module, when the
+/// server names it in the page's preload links).
+fn split_wasm(raw: &Path, stage: &Path) -> Result<bundle::Split> {
+    eprintln!("==> wasm-split {}", raw.display());
+    let started = Instant::now();
+    let input = std::fs::read(raw).with_context(|| format!("reading {}", raw.display()))?;
+    let main = stage.join("main.wasm");
+    let mut opts = wasm_split_cli_support::Options::new(&input);
+    opts.output_dir = stage;
+    opts.main_out_path = &main;
+    opts.link_name = bundle::LOADER_PLACEHOLDER;
+    opts.main_module = bundle::MAIN_PLACEHOLDER;
+    let out = wasm_split_cli_support::transform(opts)
+        .map_err(|e| anyhow::anyhow!("wasm-split: {e:#}"))?;
+    let loader = std::fs::read(stage.join(bundle::LOADER_PLACEHOLDER))?;
+    let mut chunks = Vec::new();
+    for path in &out.split_modules {
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("chunk file name")?
+            .to_owned();
+        chunks.push((stem, std::fs::read(path)?));
+    }
+    chunks.sort();
+    eprintln!(
+        "    wasm-split: {} chunks in {:.1}s",
+        chunks.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bundle::Split {
+        loader,
+        chunks,
+        needs: out.prefetch_map.into_iter().collect(),
+    })
+}
+
 /// Shrinks the release wasm with binaryen's `wasm-opt` from npm (`e2e/package.json` pins
 /// it: Debian's older wasm-opt breaks hydration). Without Node.js the bundle ships
 /// unoptimised, with a warning.
-fn wasm_opt(wasm: &Path) -> Result<()> {
+fn wasm_opt(files: &[PathBuf]) -> Result<()> {
     if let Err(e) = ensure_e2e_packages() {
         eprintln!("warning: no wasm-opt ({e:#}); the UI bundle is not size-optimised");
         return Ok(());
     }
-    let before = std::fs::metadata(wasm)?.len();
-    let out = wasm.with_extension("opt.wasm");
-    step(
-        "wasm-opt -Oz (binaryen from npm)",
-        Command::new("node")
-            .arg(Path::new("e2e/node_modules/binaryen/bin/wasm-opt"))
-            .args([
-                "-Oz",
-                "--enable-bulk-memory",
-                "--enable-nontrapping-float-to-int",
-            ])
-            .args([
-                "--enable-sign-ext",
-                "--enable-mutable-globals",
-                "--enable-reference-types",
-            ])
-            .arg(wasm)
-            .arg("-o")
-            .arg(&out),
-    )?;
-    std::fs::rename(&out, wasm)?;
-    let after = std::fs::metadata(wasm)?.len();
-    eprintln!(
-        "    wasm-opt: {} KiB -> {} KiB",
-        before / 1024,
-        after / 1024
-    );
+    for wasm in files {
+        let before = std::fs::metadata(wasm)?.len();
+        let out = wasm.with_extension("opt.wasm");
+        step(
+            "wasm-opt -Oz (binaryen from npm)",
+            Command::new("node")
+                .arg(Path::new("e2e/node_modules/binaryen/bin/wasm-opt"))
+                .args([
+                    "-Oz",
+                    "--enable-bulk-memory",
+                    "--enable-nontrapping-float-to-int",
+                ])
+                .args([
+                    "--enable-sign-ext",
+                    "--enable-mutable-globals",
+                    "--enable-reference-types",
+                ])
+                .arg(wasm)
+                .arg("-o")
+                .arg(&out),
+        )?;
+        std::fs::rename(&out, wasm)?;
+        let after = std::fs::metadata(wasm)?.len();
+        eprintln!(
+            "    wasm-opt {}: {} KiB -> {} KiB",
+            wasm.file_name().unwrap_or_default().to_string_lossy(),
+            before / 1024,
+            after / 1024
+        );
+    }
     Ok(())
 }
 

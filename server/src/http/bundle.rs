@@ -34,6 +34,30 @@ pub fn name(pkg: &Path) -> Option<String> {
         .map(|(_, stem)| stem)
 }
 
+/// The split bundle's map (`<name>.split.json`, written by `cargo xtask build --release`):
+/// the chunk loader's file and, for each lazily loaded group of pages, the chunks it needs.
+/// Provided to every page's render, Leptos turns it into preload links for the chunks the
+/// page uses, so the browser fetches them beside the main module. None: the bundle is not
+/// split (a debug build).
+pub fn split_manifest(pkg: &Path, name: &str) -> Option<leptos::WasmSplitManifest> {
+    #[derive(serde::Deserialize)]
+    struct Manifest {
+        loader: String,
+        needs: std::collections::HashMap<String, Vec<String>>,
+    }
+    let path = pkg.join(format!("{name}.split.json"));
+    let text = std::fs::read_to_string(&path).ok()?;
+    match serde_json::from_str::<Manifest>(&text) {
+        Ok(m) => Some(leptos::WasmSplitManifest(
+            leptos::prelude::ArcStoredValue::new(("/pkg".to_owned(), m.needs, m.loader)),
+        )),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "unreadable split-bundle map: pages load their chunks on demand only");
+            None
+        }
+    }
+}
+
 /// Serves `pkg`: precompressed twins by `Accept-Encoding`, immutable caching for hashed
 /// names.
 pub fn service(pkg: PathBuf) -> Router {
@@ -57,18 +81,22 @@ async fn cache_hashed(req: Request<Body>, next: Next) -> Response {
     res
 }
 
-/// `…/name.<16 hex digits>.js` (or `_bg.wasm`, `.css`): a content-hashed file.
+/// A content-hashed file: one of its name's dot-separated parts is 16 hex digits
+/// (`tessera.<hash>.js`, `tessera.<hash>_bg.wasm`, `chunk_4.<hash>.wasm`,
+/// `__wasm_split.<hash>.split.js`), and it is code or style.
 fn is_hashed(path: &str) -> bool {
     let file = path.rsplit('/').next().unwrap_or(path);
     let Some(stem) = file
         .strip_suffix(".js")
-        .or_else(|| file.strip_suffix("_bg.wasm"))
+        .or_else(|| file.strip_suffix(".wasm"))
         .or_else(|| file.strip_suffix(".css"))
     else {
         return false;
     };
-    stem.rsplit_once('.')
-        .is_some_and(|(_, hash)| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+    stem.split('.').skip(1).any(|part| {
+        let hash = part.strip_suffix("_bg").unwrap_or(part);
+        hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit())
+    })
 }
 
 /// Pages carry the viewer's data and change with every action: the browser asks again
@@ -97,6 +125,9 @@ mod tests {
             "/tessera.0123456789abcdef.js",
             "/tessera.0123456789abcdef_bg.wasm",
             "/pkg/tessera.0123456789ABCDEF.css",
+            "/pkg/chunk_4.0123456789abcdef.wasm",
+            "/pkg/split_work_87032.0123456789abcdef.wasm",
+            "/pkg/__wasm_split.0123456789abcdef.split.js",
         ] {
             assert!(super::is_hashed(yes), "{yes}");
         }
@@ -106,6 +137,8 @@ mod tests {
             "/tessera.0123456789abcde.js",
             "/tessera.0123456789abcdeg.js",
             "/tessera.0123456789abcdef.html",
+            "/tessera.0123456789abcdef.split.json",
+            "/0123456789abcdef.js",
         ] {
             assert!(!super::is_hashed(no), "{no}");
         }

@@ -44,13 +44,19 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
     let routes = generate_route_list(tessera_app::App);
     let services = state.services.clone();
     let pkg_dir = state.config.site_root.join("pkg");
+    let split = bundle::split_manifest(&pkg_dir, &leptos_options.output_name);
     let sessions_for_api = sessions.clone();
 
     let app = Router::new()
         .leptos_routes_with_context(
             &leptos_options,
             routes,
-            move || provide_context(services.clone()),
+            move || {
+                provide_context(services.clone());
+                if let Some(split) = &split {
+                    provide_context(split.clone());
+                }
+            },
             {
                 let options = leptos_options.clone();
                 move || tessera_app::shell(options.clone())

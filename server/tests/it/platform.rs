@@ -214,14 +214,17 @@ fn tessera_plan_prints_a_plan_and_locates_bad_input() {
 }
 
 /// The UI bundle as `cargo xtask build` publishes it (content-hashed names with brotli and
-/// gzip twins): pages name the hashed files, each client gets the encoding it accepts, and
-/// hashed files may be cached for a year while pages are asked for again on each visit.
+/// gzip twins, split into lazily loaded chunks): pages name the hashed files, a page of a
+/// lazily loaded group names the chunk loader to preload, each client gets the encoding it
+/// accepts, and hashed files may be cached for a year while pages are asked for again on
+/// each visit. (The browser tests load the real split bundle.)
 #[tokio::test]
 async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     let site = tempfile::tempdir().expect("tmp");
     let pkg = site.path().join("pkg");
     std::fs::create_dir_all(&pkg).expect("pkg");
     let stem = "tessera.0123456789abcdef";
+    let loader = "__wasm_split.0123456789abcdef.split.js";
     for (file, body) in [
         (format!("{stem}.js"), "js plain"),
         (format!("{stem}.js.br"), "js brotli"),
@@ -231,6 +234,12 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         (format!("{stem}_bg.wasm.gz"), "wasm gzip"),
         (format!("{stem}.css"), "css plain"),
         ("tessera.css".to_owned(), "css unhashed"),
+        (loader.to_owned(), "loader"),
+        ("chunk_4.0123456789abcdef.wasm".to_owned(), "chunk"),
+        (
+            format!("{stem}.split.json"),
+            &format!(r#"{{"loader": "{loader}", "needs": {{}}}}"#),
+        ),
     ] {
         std::fs::write(pkg.join(file), body).expect("write");
     }
@@ -251,7 +260,7 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     );
     assert!(
         html.contains(&format!(
-            "data-prefetch=\"/pkg/{stem}.js /pkg/{stem}_bg.wasm\""
+            "data-prefetch=\"/pkg/{stem}.js /pkg/{stem}_bg.wasm /pkg/{loader}\""
         )),
         "{html}"
     );
@@ -259,7 +268,7 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     let cookie = crate::support::login(&app, "admin", crate::support::ADMIN_PASSWORD).await;
     let dash = c
         .get(app.url("/"))
-        .header("cookie", cookie)
+        .header("cookie", cookie.clone())
         .send()
         .await
         .expect("dashboard");
@@ -273,6 +282,20 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         assert!(html.contains(&href), "{href} in {html}");
     }
     assert!(!html.contains("data-server-only"), "{html}");
+    // The dashboard is in the main module; the allocations page is loaded on demand, so
+    // its response names the chunk loader for the browser to fetch beside the main module.
+    let modulepreload = format!("rel=\"modulepreload\" href=\"/pkg/{loader}\"");
+    assert!(!html.contains(&modulepreload), "{html}");
+    let html = c
+        .get(app.url("/allocations"))
+        .header("cookie", cookie.clone())
+        .send()
+        .await
+        .expect("allocations")
+        .text()
+        .await
+        .expect("html");
+    assert!(html.contains(&modulepreload), "{html}");
 
     let get = |path: String, encoding: &'static str| {
         let c = c.clone();
@@ -306,6 +329,10 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         (ty.as_str(), cache.as_str()),
         ("application/wasm", immutable)
     );
+    for hashed in [loader, "chunk_4.0123456789abcdef.wasm"] {
+        let (s, _, _, cache, _) = get(format!("/pkg/{hashed}"), "br").await;
+        assert_eq!((s, cache.as_str()), (200, immutable), "{hashed}");
+    }
     let (s, enc, _, _, body) = get(format!("/pkg/{stem}.js"), "gzip").await;
     assert_eq!((s, enc.as_str(), body.as_str()), (200, "gzip", "js gzip"));
     let (s, enc, _, cache, body) = get(format!("/pkg/{stem}.css"), "identity").await;
