@@ -14,18 +14,17 @@ use tessera_domain::tenancy::{Page, PageRequest};
 /// Items per page on every list.
 pub const PAGE_SIZE: u32 = 25;
 
-/// Sets `body[data-hydrated]` once the wasm bundle has taken over, so browser tests (and
-/// curious humans) can tell a hydrated page from a server-rendered one.
-pub fn mark_hydrated() {
-    Effect::new(move |_| {
-        #[cfg(feature = "hydrate")]
-        if let Some(body) = web_sys::window()
-            .and_then(|w| w.document())
-            .and_then(|d| d.body())
-        {
-            let _ = body.set_attribute("data-hydrated", "true");
-        }
-    });
+/// Sets `body[data-hydrated]` once the wasm bundle has taken over the whole page (lazily
+/// loaded routes included), so browser tests (and curious humans) can tell a hydrated page
+/// from a server-rendered one.
+#[cfg(feature = "hydrate")]
+pub fn set_hydrated() {
+    if let Some(body) = web_sys::window()
+        .and_then(|w| w.document())
+        .and_then(|d| d.body())
+    {
+        let _ = body.set_attribute("data-hydrated", "true");
+    }
 }
 
 /// What moved, as the live stream (`GET /events`, one per tab) reports it: counters that

@@ -112,7 +112,6 @@ fn use_csp_nonce() {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    components::mark_hydrated();
     components::provide_live();
     view! {
         <Title text="Tessera" />
@@ -220,6 +219,14 @@ pub fn App() -> impl IntoView {
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
-    // Lazily loaded routes hydrate once their chunk is in (`hydrate_body` cannot wait).
-    leptos::mount::hydrate_lazy(App);
+    // Lazily loaded routes hydrate once their chunk is in, so hydration is async (as in
+    // `leptos::mount::hydrate_lazy`; `hydrate_body` cannot wait), and the page counts as
+    // hydrated once all of it is.
+    wasm_bindgen_futures::spawn_local(async {
+        let Some(body) = leptos::prelude::document().body() else {
+            return;
+        };
+        leptos::mount::hydrate_from_async(body, App).await.forget();
+        components::set_hydrated();
+    });
 }

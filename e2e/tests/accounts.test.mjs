@@ -79,6 +79,16 @@ test('an anonymous visit to a page signs in and lands back on that page', async 
     await page.click('#sign-in');
     await page.waitForURL(`${BASE}/allocations?state=active`);
     await hydrated(page);
+    // The allocations page is loaded on demand (app/src/pages.rs): its response named the
+    // chunks of its group for the browser to fetch beside the main module, the dashboard's
+    // did not, and the page hydrated with them.
+    assert.equal(await page.locator('link[rel=preload][href*="/pkg/split_work_"]').count(), 1);
+    assert.equal(await page.locator('link[rel=preload][href*="/pkg/split_admin_"]').count(), 0);
+    await page.click('nav >> text=Dashboard');
+    await page.locator('h1', { hasText: 'Dashboard' }).waitFor();
+    await page.goto(`${BASE}/`);
+    await hydrated(page);
+    assert.equal(await page.locator('link[rel=preload][href*="/pkg/split_"]').count(), 0);
   });
 });
 
