@@ -284,7 +284,7 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
     assert!(!html.contains("data-server-only"), "{html}");
     // The dashboard is in the main module; the allocations page is loaded on demand, so
     // its response names the chunk loader for the browser to fetch beside the main module.
-    let modulepreload = format!("rel=\"modulepreload\" href=\"/pkg/{loader}\"");
+    let modulepreload = format!("href=\"/pkg/{loader}\" rel=\"modulepreload\"");
     assert!(!html.contains(&modulepreload), "{html}");
     let html = c
         .get(app.url("/allocations"))
