@@ -69,8 +69,10 @@ pub fn is_server_only(path: &str) -> bool {
 /// What a server-only page does in the browser without the bundle (progressive
 /// enhancement; the forms work without it): the password fields' show/hide toggle, the
 /// submit button says it is busy, and once the visitor starts typing the bundle is
-/// prefetched (`body[data-prefetch]`), so the page after signing in finds it cached.
-const SERVER_ONLY_JS: &str = "(function(){var b=document.body,p=b.dataset.prefetch;\
+/// prefetched (`body[data-prefetch]`, and the chunks of the page they are headed for,
+/// `[data-prefetch-next]`), so the page after signing in finds it cached.
+const SERVER_ONLY_JS: &str = "(function(){var n=document.querySelector('[data-prefetch-next]'),\
+p=[document.body.dataset.prefetch,n&&n.dataset.prefetchNext].filter(Boolean).join(' ');\
 if(!p)return;var go=function(){document.removeEventListener('input',go);\
 p.split(' ').forEach(function(h){var l=document.createElement('link');\
 l.rel='prefetch';l.href=h;document.head.appendChild(l)})};\

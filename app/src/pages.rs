@@ -118,6 +118,71 @@ lazy_pages! {
     }
 }
 
+/// Which group of lazily loaded pages `path` belongs to (`lazy_pages!` above): the
+/// sign-in page prefetches the group of the page the visitor is headed for. None: a page
+/// of the main module.
+fn group_of(path: &str) -> Option<&'static str> {
+    let first = path.trim_start_matches('/').split(['/', '?', '#']).next()?;
+    Some(match first {
+        "allocations" | "notebooks" | "jobs" | "workloads" => "work",
+        "nodes" | "teams" | "usage" | "account" => "teams",
+        "admin" => "admin",
+        _ => return None,
+    })
+}
+
+/// The files of `path`'s group of lazily loaded pages, as the split bundle's map (a server
+/// context) names them, space-separated; empty for a page of the main module or where there
+/// is no map.
+pub fn group_files(path: &str) -> String {
+    let Some(group) = group_of(path) else {
+        return String::new();
+    };
+    use_context::<leptos::WasmSplitManifest>()
+        .and_then(|m| {
+            m.0.try_with_value(|(pkg, needs, _)| {
+                needs
+                    .iter()
+                    .find(|(point, _)| {
+                        point
+                            .strip_prefix(group)
+                            .is_some_and(|rest| rest.starts_with('_'))
+                    })
+                    .map(|(_, chunks)| {
+                        chunks
+                            .iter()
+                            .map(|c| format!("{pkg}/{c}.wasm"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+            })
+        })
+        .flatten()
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_names_the_group_its_page_is_loaded_with() {
+        for (path, group) in [
+            ("/allocations", Some("work")),
+            ("/allocations/5f0c?x=1", Some("work")),
+            ("/workloads/7", Some("work")),
+            ("/jobs", Some("work")),
+            ("/nodes", Some("teams")),
+            ("/teams/3/statement", Some("teams")),
+            ("/account", Some("teams")),
+            ("/admin/billing", Some("admin")),
+            ("/", None),
+            ("/login", None),
+            ("/allocationsx", None),
+        ] {
+            assert_eq!(super::group_of(path), group, "{path}");
+        }
+    }
+}
+
 /// An amount in minor units with its currency: `12.34 USD`.
 fn money(minor: i64, currency: &str) -> String {
     format!("{} {currency}", format_minor(minor, currency))

@@ -76,6 +76,10 @@ test('an anonymous visit to a page signs in and lands back on that page', async 
     await hydrated(page);
     await page.fill('#username', 'admin');
     await page.fill('#password', NEW_PASSWORD);
+    // Having typed, the browser prefetches the bundle and the chunks of the page it is
+    // headed for, which is loaded on demand.
+    assert.equal(await page.locator('link[rel=prefetch][href$="_bg.wasm"]').count(), 1);
+    assert.equal(await page.locator('link[rel=prefetch][href*="/pkg/split_work_"]').count(), 1);
     await page.click('#sign-in');
     await page.waitForURL(`${BASE}/allocations?state=active`);
     await hydrated(page);

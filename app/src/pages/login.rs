@@ -81,7 +81,13 @@ pub fn LoginPage() -> impl IntoView {
                             })
                     })}
                 </Suspense>
-                <ActionForm action=login attr:novalidate=true>
+                // Where the visitor is headed, if it is a lazily loaded page: its group of
+                // chunks, prefetched with the bundle once they type (`SERVER_ONLY_JS`).
+                <ActionForm
+                    action=login
+                    attr:novalidate=true
+                    attr:data-prefetch-next=move || crate::pages::group_files(&next())
+                >
                     <input type="hidden" name="next" prop:value=next value=next />
                     {form_error(value)}
                     <label for="username">"Username"</label>

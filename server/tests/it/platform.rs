@@ -238,7 +238,9 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         ("chunk_4.0123456789abcdef.wasm".to_owned(), "chunk"),
         (
             format!("{stem}.split.json"),
-            &format!(r#"{{"loader": "{loader}", "needs": {{}}}}"#),
+            &format!(
+                r#"{{"loader": "{loader}", "needs": {{"work_42": ["chunk_4.0123456789abcdef", "split_work_42.0123456789abcdef"]}}}}"#
+            ),
         ),
     ] {
         std::fs::write(pkg.join(file), body).expect("write");
@@ -262,6 +264,21 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         html.contains(&format!(
             "data-prefetch=\"/pkg/{stem}.js /pkg/{stem}_bg.wasm /pkg/{loader}\""
         )),
+        "{html}"
+    );
+    // Headed for a lazily loaded page, the visitor also prefetches that page's chunks.
+    let html = c
+        .get(app.url("/login?next=%2Fallocations%3Fstate%3Dactive"))
+        .send()
+        .await
+        .expect("login")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        html.contains(
+            "data-prefetch-next=\"/pkg/chunk_4.0123456789abcdef.wasm /pkg/split_work_42.0123456789abcdef.wasm\""
+        ),
         "{html}"
     );
     // A signed-in page names the hashed bundle.
