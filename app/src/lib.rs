@@ -20,18 +20,52 @@ use leptos_router::{
 /// (`tessera.<hash>.js`; see `cargo xtask build`).
 pub const OUTPUT_NAME: &str = "tessera";
 
+/// The split bundle's map (`<name>.<hash>.split.json`, which `cargo xtask build` writes
+/// and the server provides to every render): the chunk loader the main module imports, and
+/// for each group of lazily loaded pages (by split point, `<group>_<hash>`) the chunk file
+/// stems it needs under `/pkg`.
+#[derive(Clone, Debug, Default)]
+pub struct SplitBundle {
+    pub loader: String,
+    pub needs: std::collections::HashMap<String, Vec<String>>,
+}
+
 /// The HTML document around the app (server side only renders it).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     use_csp_nonce();
-    let server_only = request_path().as_deref().is_some_and(is_server_only);
+    let path = request_path();
+    let server_only = path.as_deref().is_some_and(is_server_only);
+    // The chunk loader the main module imports (split bundles).
+    let loader = use_context::<SplitBundle>().map(|s| format!("/pkg/{}", s.loader));
     let prefetch = server_only.then(|| {
-        // The main module, and the chunk loader it imports when the bundle is split.
-        let loader = use_context::<leptos::WasmSplitManifest>()
-            .and_then(|m| {
-                m.0.try_with_value(|(pkg, _, loader)| format!(" {pkg}/{loader}"))
-            })
+        let loader = loader
+            .as_deref()
+            .map(|l| format!(" {l}"))
             .unwrap_or_default();
         format!("/pkg/{0}.js /pkg/{0}_bg.wasm{loader}", options.output_name)
+    });
+    // A hydrated page fetches the loader and, for a lazily loaded page, its group's chunks
+    // beside the main module rather than after it.
+    let preloads = (!server_only).then(|| {
+        let chunks = path.as_deref().map(pages::group_files).unwrap_or_default();
+        view! {
+            {loader
+                .map(|href| view! { <link rel="modulepreload" href=href crossorigin="anonymous" /> })}
+            {chunks
+                .into_iter()
+                .map(|href| {
+                    view! {
+                        <link
+                            rel="preload"
+                            href=href
+                            r#as="fetch"
+                            r#type="application/wasm"
+                            crossorigin="anonymous"
+                        />
+                    }
+                })
+                .collect_view()}
+        }
     });
     view! {
         <!DOCTYPE html>
@@ -42,6 +76,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <link rel="icon" href="data:," />
                 <link rel="stylesheet" href=format!("/pkg/{}.css", options.output_name) />
                 {(!server_only).then(|| view! { <HydrationScripts options /> })}
+                {preloads}
                 <MetaTags />
             </head>
             <body

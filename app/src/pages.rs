@@ -131,33 +131,21 @@ fn group_of(path: &str) -> Option<&'static str> {
     })
 }
 
-/// The files of `path`'s group of lazily loaded pages, as the split bundle's map (a server
-/// context) names them, space-separated; empty for a page of the main module or where there
-/// is no map.
-pub fn group_files(path: &str) -> String {
-    let Some(group) = group_of(path) else {
-        return String::new();
+/// The files of `path`'s group of lazily loaded pages under `/pkg`, as the split bundle's
+/// map names them; none for a page of the main module or where there is no map.
+pub fn group_files(path: &str) -> Vec<String> {
+    let (Some(group), Some(split)) = (group_of(path), use_context::<crate::SplitBundle>()) else {
+        return Vec::new();
     };
-    use_context::<leptos::WasmSplitManifest>()
-        .and_then(|m| {
-            m.0.try_with_value(|(pkg, needs, _)| {
-                needs
-                    .iter()
-                    .find(|(point, _)| {
-                        point
-                            .strip_prefix(group)
-                            .is_some_and(|rest| rest.starts_with('_'))
-                    })
-                    .map(|(_, chunks)| {
-                        chunks
-                            .iter()
-                            .map(|c| format!("{pkg}/{c}.wasm"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    })
-            })
+    split
+        .needs
+        .iter()
+        .find(|(point, _)| {
+            point
+                .strip_prefix(group)
+                .is_some_and(|rest| rest.starts_with('_'))
         })
-        .flatten()
+        .map(|(_, chunks)| chunks.iter().map(|c| format!("/pkg/{c}.wasm")).collect())
         .unwrap_or_default()
 }
 

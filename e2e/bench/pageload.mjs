@@ -65,7 +65,7 @@ async function throttled(context) {
 // there yet); TYPING_MS (default 2000) is a person typing. Bytes and time count from the
 // click; the bytes prefetched while typing are reported on their own.
 const TYPING_MS = Number(process.env.TYPING_MS ?? 2000);
-async function signIn(page, cdp, typingMs) {
+async function signIn(page, cdp, typingMs, landing = '/') {
   let typed = 0;
   const during = (e) => { typed += e.encodedDataLength; };
   cdp.on('Network.loadingFinished', during);
@@ -74,7 +74,7 @@ async function signIn(page, cdp, typingMs) {
   await page.waitForTimeout(typingMs);
   cdp.off('Network.loadingFinished', during);
   const r = await measure(page, cdp, () => Promise.all([
-    page.waitForURL(`${BASE}/`, { waitUntil: 'commit' }), page.click('#sign-in')]));
+    page.waitForURL(`${BASE}${landing}`, { waitUntil: 'commit' }), page.click('#sign-in')]));
   return { ...r, typed };
 }
 
@@ -107,6 +107,21 @@ for (let i = 0; i < RUNS; i += 1) {
         rows['signed in, repeat visit /allocations'].push(await visit(page, cdp, '/allocations'));
       }
     }
+    await context.close();
+  }
+}
+// A deep link opened with nothing cached: `/allocations` (loaded on demand) sends the
+// visitor to sign in first, and the sign-in page prefetches the bundle and that page's
+// chunks while they type.
+const DEEP = ['at once', 0], DEEP_TYPED = [`after typing for ${TYPING_MS / 1000} s`, TYPING_MS];
+for (const [how, typingMs] of PASSWORD ? [DEEP, DEEP_TYPED] : []) {
+  const name = `deep link /allocations, sign in ${how}`;
+  rows[name] = [];
+  for (let i = 0; i < RUNS; i += 1) {
+    const context = await browser.newContext();
+    const { page, cdp } = await throttled(context);
+    await visit(page, cdp, '/allocations');
+    rows[name].push(await signIn(page, cdp, typingMs, '/allocations'));
     await context.close();
   }
 }

@@ -86,7 +86,7 @@ pub fn LoginPage() -> impl IntoView {
                 <ActionForm
                     action=login
                     attr:novalidate=true
-                    attr:data-prefetch-next=move || crate::pages::group_files(&next())
+                    attr:data-prefetch-next=move || crate::pages::group_files(&next()).join(" ")
                 >
                     <input type="hidden" name="next" prop:value=next value=next />
                     {form_error(value)}

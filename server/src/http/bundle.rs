@@ -34,12 +34,11 @@ pub fn name(pkg: &Path) -> Option<String> {
         .map(|(_, stem)| stem)
 }
 
-/// The split bundle's map (`<name>.split.json`, written by `cargo xtask build --release`):
-/// the chunk loader's file and, for each lazily loaded group of pages, the chunks it needs.
-/// Provided to every page's render, Leptos turns it into preload links for the chunks the
-/// page uses, so the browser fetches them beside the main module. None: the bundle is not
-/// split (a debug build).
-pub fn split_manifest(pkg: &Path, name: &str) -> Option<leptos::WasmSplitManifest> {
+/// The split bundle's map (`<name>.split.json`, written by `cargo xtask build`): the chunk
+/// loader's file and, for each lazily loaded group of pages, the chunks it needs. Provided
+/// to every page's render, it lets pages preload what they need beside the main module.
+/// None: no map (an older bundle), so pages load their chunks on demand only.
+pub fn split_manifest(pkg: &Path, name: &str) -> Option<tessera_app::SplitBundle> {
     #[derive(serde::Deserialize)]
     struct Manifest {
         loader: String,
@@ -48,9 +47,10 @@ pub fn split_manifest(pkg: &Path, name: &str) -> Option<leptos::WasmSplitManifes
     let path = pkg.join(format!("{name}.split.json"));
     let text = std::fs::read_to_string(&path).ok()?;
     match serde_json::from_str::<Manifest>(&text) {
-        Ok(m) => Some(leptos::WasmSplitManifest(
-            leptos::prelude::ArcStoredValue::new(("/pkg".to_owned(), m.needs, m.loader)),
-        )),
+        Ok(m) => Some(tessera_app::SplitBundle {
+            loader: m.loader,
+            needs: m.needs,
+        }),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "unreadable split-bundle map: pages load their chunks on demand only");
             None

@@ -299,10 +299,13 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         assert!(html.contains(&href), "{href} in {html}");
     }
     assert!(!html.contains("data-server-only"), "{html}");
-    // The dashboard is in the main module; the allocations page is loaded on demand, so
-    // its response names the chunk loader for the browser to fetch beside the main module.
-    let modulepreload = format!("href=\"/pkg/{loader}\" rel=\"modulepreload\"");
-    assert!(!html.contains(&modulepreload), "{html}");
+    // Every hydrated page preloads the chunk loader the main module imports; the dashboard
+    // is in the main module, so no chunk. The allocations page is loaded on demand: its
+    // response names its group's chunks for the browser to fetch beside the main module.
+    let modulepreload = format!("rel=\"modulepreload\" href=\"/pkg/{loader}\"");
+    let chunk = "rel=\"preload\" href=\"/pkg/split_work_42.0123456789abcdef.wasm\"";
+    assert!(html.contains(&modulepreload), "{html}");
+    assert!(!html.contains(".0123456789abcdef.wasm\""), "{html}");
     let html = c
         .get(app.url("/allocations"))
         .header("cookie", cookie.clone())
@@ -313,6 +316,11 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         .await
         .expect("html");
     assert!(html.contains(&modulepreload), "{html}");
+    assert!(html.contains(chunk), "{html}");
+    assert!(
+        html.contains("rel=\"preload\" href=\"/pkg/chunk_4.0123456789abcdef.wasm\""),
+        "{html}"
+    );
 
     let get = |path: String, encoding: &'static str| {
         let c = c.clone();
