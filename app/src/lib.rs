@@ -21,9 +21,9 @@ use leptos_router::{
 pub const OUTPUT_NAME: &str = "tessera";
 
 /// The split bundle's map (`<name>.<hash>.split.json`, which `cargo xtask build` writes
-/// and the server provides to every render): the chunk loader the main module imports, and
-/// for each group of lazily loaded pages (by split point, `<group>_<hash>`) the chunk file
-/// stems it needs under `/pkg`.
+/// and the server provides to every render, once, behind an `Arc`): the chunk loader the
+/// main module imports, and for each group of lazily loaded pages (`work`, `teams`, `admin`)
+/// the chunk file stems it needs under `/pkg`.
 #[derive(Clone, Debug, Default)]
 pub struct SplitBundle {
     pub loader: String,
@@ -36,7 +36,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
     let path = request_path();
     let server_only = path.as_deref().is_some_and(is_server_only);
     // The chunk loader the main module imports (split bundles).
-    let loader = use_context::<SplitBundle>().map(|s| format!("/pkg/{}", s.loader));
+    let loader = use_context::<std::sync::Arc<SplitBundle>>().map(|s| format!("/pkg/{}", s.loader));
     let prefetch = server_only.then(|| {
         let loader = loader
             .as_deref()

@@ -134,19 +134,15 @@ fn group_of(path: &str) -> Option<&'static str> {
 /// The files of `path`'s group of lazily loaded pages under `/pkg`, as the split bundle's
 /// map names them; none for a page of the main module or where there is no map.
 pub fn group_files(path: &str) -> Vec<String> {
-    let (Some(group), Some(split)) = (group_of(path), use_context::<crate::SplitBundle>()) else {
+    let (Some(group), Some(split)) = (
+        group_of(path),
+        use_context::<std::sync::Arc<crate::SplitBundle>>(),
+    ) else {
         return Vec::new();
     };
-    split
-        .needs
-        .iter()
-        .find(|(point, _)| {
-            point
-                .strip_prefix(group)
-                .is_some_and(|rest| rest.starts_with('_'))
-        })
-        .map(|(_, chunks)| chunks.iter().map(|c| format!("/pkg/{c}.wasm")).collect())
-        .unwrap_or_default()
+    split.needs.get(group).map_or_else(Vec::new, |chunks| {
+        chunks.iter().map(|c| format!("/pkg/{c}.wasm")).collect()
+    })
 }
 
 #[cfg(test)]

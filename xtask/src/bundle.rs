@@ -20,7 +20,8 @@ pub struct Parts {
     pub js: Vec<u8>,
     pub wasm: Vec<u8>,
     pub css: Vec<u8>,
-    /// The lazily loaded pages, when the wasm was split (release builds).
+    /// The lazily loaded pages (`cargo xtask build` always splits; None for an unsplit
+    /// bundle).
     pub split: Option<Split>,
 }
 
@@ -30,7 +31,8 @@ pub struct Split {
     pub loader: Vec<u8>,
     /// Each chunk's file stem and bytes.
     pub chunks: Vec<(String, Vec<u8>)>,
-    /// For each split point (a lazy route's view), the chunk stems it needs.
+    /// For each split point (a group of lazy pages, `<group>_<hash>`), the chunk stems it
+    /// needs.
     pub needs: BTreeMap<String, Vec<String>>,
 }
 
@@ -42,7 +44,8 @@ pub struct Split {
 ///
 /// A split bundle adds `__wasm_split.<hash>.split.js` (the chunk loader), each chunk as
 /// `<chunk>.<hash>.wasm`, and `<name>.<hash>.split.json`: the loader's name and, for each
-/// split point, the chunks it needs, for the server's preload links.
+/// group of lazy pages (the split point's name without its `_<hash>`), the chunks it needs,
+/// for the server's preload links.
 pub fn publish(parts: &Parts, name: &str, pkg: &Path, release: bool) -> Result<()> {
     let mut hashed: Vec<&[u8]> = vec![&parts.js, &parts.wasm, &parts.css];
     if let Some(split) = &parts.split {
@@ -80,7 +83,6 @@ pub fn publish(parts: &Parts, name: &str, pkg: &Path, release: bool) -> Result<(
             MAIN_PLACEHOLDER.as_bytes(),
             format!("./{stem}.js").as_bytes(),
         );
-        let mut needs = String::new();
         for (chunk, bytes) in &split.chunks {
             js = replace(
                 &js,
@@ -89,13 +91,15 @@ pub fn publish(parts: &Parts, name: &str, pkg: &Path, release: bool) -> Result<(
             );
             files.push((format!("{chunk}.{hash}.wasm"), bytes.clone()));
         }
-        for (point, chunks) in &split.needs {
-            let list: Vec<String> = chunks.iter().map(|c| format!("\"{c}.{hash}\"")).collect();
-            if !needs.is_empty() {
-                needs.push(',');
-            }
-            needs.push_str(&format!("\n    \"{point}\": [{}]", list.join(", ")));
-        }
+        let needs: Vec<String> = split
+            .needs
+            .iter()
+            .map(|(point, chunks)| {
+                let list: Vec<String> = chunks.iter().map(|c| format!("\"{c}.{hash}\"")).collect();
+                format!("\n    \"{}\": [{}]", group(point), list.join(", "))
+            })
+            .collect();
+        let needs = needs.join(",");
         files.push((loader.clone(), js));
         std::fs::write(
             pkg.join(format!("{stem}.split.json")),
@@ -133,6 +137,15 @@ fn gzip(bytes: &[u8], level: u32) -> Result<Vec<u8>> {
     Ok(w.finish()?)
 }
 
+/// The group a split point belongs to: `work_16878108156359909555` → `work` (Leptos's
+/// `#[lazy]` appends a hash of where the function is written).
+fn group(point: &str) -> &str {
+    point
+        .rsplit_once('_')
+        .filter(|(_, hash)| !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(point, |(group, _)| group)
+}
+
 /// `bytes` with every `from` replaced by `to`.
 fn replace(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
@@ -161,6 +174,14 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_point_names_its_group() {
+        assert_eq!(group("work_16878108156359909555"), "work");
+        assert_eq!(group("join_tokens_42"), "join_tokens");
+        assert_eq!(group("admin"), "admin");
+        assert_eq!(group("admin_"), "admin_");
+    }
 
     #[test]
     fn the_name_follows_the_content_and_the_twins_decompress_to_it() {

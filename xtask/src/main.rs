@@ -53,7 +53,7 @@ fn main_inner() -> Result<()> {
             eprintln!(
                 "usage: cargo xtask <command>\n\n  \
                  build [--release]   build the server and the wasm UI bundle\n  \
-                 bundle              build only the release UI bundle (split, wasm-opt'd)\n  \
+                 bundle [--debug]    build only the UI bundle (release: wasm-opt'd)\n  \
                  run [--release] [-- ARGS]   build, then `tessera serve ARGS`\n  \
                  test                fmt, promtool rule tests, clippy (ssr + hydrate), unit +\n                      \
                  integration tests on SQLite and PostgreSQL, browser e2e\n  \
@@ -377,7 +377,7 @@ fn build_wasm(release: bool) -> Result<()> {
     let _ = std::fs::remove_dir_all(&stage);
     std::fs::create_dir_all(&stage)?;
     // Debug builds are split too: the lazy routes' code calls its loader either way.
-    let split = split_wasm(&raw, &stage)?;
+    let (chunk_stems, loader, needs) = split_wasm(&raw, &stage)?;
     let input = stage.join("main.wasm");
     eprintln!("==> wasm-bindgen {}", input.display());
     wasm_bindgen_cli_support::Bindgen::new()
@@ -390,26 +390,29 @@ fn build_wasm(release: bool) -> Result<()> {
         .generate(&stage)
         .context("wasm-bindgen")?;
     let wasm = stage.join(format!("{OUTPUT_NAME}_bg.wasm"));
-    let mut split = split;
+    let chunk_file = |stem: &str| stage.join(format!("{stem}.wasm"));
     if release {
         let mut all = vec![wasm.clone()];
-        all.extend(
-            split
-                .chunks
-                .iter()
-                .map(|(stem, _)| stage.join(format!("{stem}.wasm"))),
-        );
+        all.extend(chunk_stems.iter().map(|stem| chunk_file(stem)));
         wasm_opt(&all)?;
-        for (stem, bytes) in &mut split.chunks {
-            *bytes = std::fs::read(stage.join(format!("{stem}.wasm")))?;
-        }
     }
+    let chunks = chunk_stems
+        .into_iter()
+        .map(|stem| {
+            let bytes = std::fs::read(chunk_file(&stem))?;
+            Ok((stem, bytes))
+        })
+        .collect::<Result<Vec<_>>>()?;
     bundle::publish(
         &bundle::Parts {
             js: std::fs::read(stage.join(format!("{OUTPUT_NAME}.js")))?,
             wasm: std::fs::read(&wasm)?,
             css: std::fs::read("style/main.css").context("reading style/main.css")?,
-            split: Some(split),
+            split: Some(bundle::Split {
+                loader,
+                chunks,
+                needs,
+            }),
         },
         OUTPUT_NAME,
         &site_root().join("pkg"),
@@ -417,11 +420,18 @@ fn build_wasm(release: bool) -> Result<()> {
     )
 }
 
-/// Splits the release wasm at the app's lazy routes (`#[lazy_route]`, wasm_split_helpers):
-/// `stage/main.wasm` keeps what every page needs, and each page's own code goes to a chunk
-/// the browser fetches when the page is first shown (or beside the main module, when the
-/// server names it in the page's preload links).
-fn split_wasm(raw: &Path, stage: &Path) -> Result<bundle::Split> {
+/// The chunk files' stems, the loader module, and for each split point the chunk stems it
+/// needs.
+type SplitOutput = (
+    Vec<String>,
+    Vec<u8>,
+    std::collections::BTreeMap<String, Vec<String>>,
+);
+
+/// Splits the wasm at the app's groups of lazily loaded pages (`#[leptos::lazy]`,
+/// `app/src/pages.rs`): `stage/main.wasm` keeps what every page needs, each group's own
+/// code goes to a module of its own, and code some groups share to chunks, all in `stage`.
+fn split_wasm(raw: &Path, stage: &Path) -> Result<SplitOutput> {
     eprintln!("==> wasm-split {}", raw.display());
     let started = Instant::now();
     let input = std::fs::read(raw).with_context(|| format!("reading {}", raw.display()))?;
@@ -434,26 +444,23 @@ fn split_wasm(raw: &Path, stage: &Path) -> Result<bundle::Split> {
     let out = wasm_split_cli_support::transform(opts)
         .map_err(|e| anyhow::anyhow!("wasm-split: {e:#}"))?;
     let loader = std::fs::read(stage.join(bundle::LOADER_PLACEHOLDER))?;
-    let mut chunks = Vec::new();
-    for path in &out.split_modules {
-        let stem = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .context("chunk file name")?
-            .to_owned();
-        chunks.push((stem, std::fs::read(path)?));
-    }
-    chunks.sort();
+    let mut stems = out
+        .split_modules
+        .iter()
+        .map(|path| {
+            path.file_stem()
+                .and_then(|s| s.to_str())
+                .map(str::to_owned)
+                .context("chunk file name")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    stems.sort();
     eprintln!(
         "    wasm-split: {} chunks in {:.1}s",
-        chunks.len(),
+        stems.len(),
         started.elapsed().as_secs_f64()
     );
-    Ok(bundle::Split {
-        loader,
-        chunks,
-        needs: out.prefetch_map.into_iter().collect(),
-    })
+    Ok((stems, loader, out.prefetch_map.into_iter().collect()))
 }
 
 /// Shrinks the release wasm with binaryen's `wasm-opt` from npm (`e2e/package.json` pins

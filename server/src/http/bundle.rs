@@ -11,6 +11,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tower_http::services::ServeDir;
 
 /// The bundle's name in `pkg` (`tessera.<hash>`, as Leptos's output name), from its `.js`
@@ -38,7 +39,7 @@ pub fn name(pkg: &Path) -> Option<String> {
 /// loader's file and, for each lazily loaded group of pages, the chunks it needs. Provided
 /// to every page's render, it lets pages preload what they need beside the main module.
 /// None: no map (an older bundle), so pages load their chunks on demand only.
-pub fn split_manifest(pkg: &Path, name: &str) -> Option<tessera_app::SplitBundle> {
+pub fn split_manifest(pkg: &Path, name: &str) -> Option<Arc<tessera_app::SplitBundle>> {
     #[derive(serde::Deserialize)]
     struct Manifest {
         loader: String,
@@ -47,10 +48,10 @@ pub fn split_manifest(pkg: &Path, name: &str) -> Option<tessera_app::SplitBundle
     let path = pkg.join(format!("{name}.split.json"));
     let text = std::fs::read_to_string(&path).ok()?;
     match serde_json::from_str::<Manifest>(&text) {
-        Ok(m) => Some(tessera_app::SplitBundle {
+        Ok(m) => Some(Arc::new(tessera_app::SplitBundle {
             loader: m.loader,
             needs: m.needs,
-        }),
+        })),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "unreadable split-bundle map: pages load their chunks on demand only");
             None

@@ -239,7 +239,7 @@ async fn the_bundle_is_served_hashed_precompressed_and_cached() {
         (
             format!("{stem}.split.json"),
             &format!(
-                r#"{{"loader": "{loader}", "needs": {{"work_42": ["chunk_4.0123456789abcdef", "split_work_42.0123456789abcdef"]}}}}"#
+                r#"{{"loader": "{loader}", "needs": {{"work": ["chunk_4.0123456789abcdef", "split_work_42.0123456789abcdef"]}}}}"#
             ),
         ),
     ] {
