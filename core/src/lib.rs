@@ -7,6 +7,7 @@
 //! client address) to find out who is calling.
 #![deny(clippy::unwrap_used)]
 
+pub mod at_rest;
 pub mod auth;
 pub mod request;
 pub mod services;
