@@ -10,6 +10,8 @@
 //! - [`link`]: the [`link::ServerLink`] trait and its HTTP client.
 //! - [`workloads`]: the local process executor for notebooks and training jobs;
 //!   [`notebook_env`]: the Python environment notebooks' `jupyter` comes from.
+//! - [`sandbox`]: the workload sandbox (a crun container per workload) and
+//!   [`seccomp`]: its syscall filter.
 //! - [`mps`]: shared GPUs: the MPS control daemon per GPU (real and simulated), its
 //!   supervision, and what the heartbeat reports of every shared GPU.
 //! - [`run`]: the process loop tying these together.
@@ -23,6 +25,7 @@ pub mod nvml;
 pub mod reconcile;
 pub mod run;
 pub mod sandbox;
+pub mod seccomp;
 pub mod sim;
 pub mod spool;
 pub mod telemetry;

@@ -126,6 +126,11 @@ struct RunArgs {
         default_value_t = 1000
     )]
     workload_interval_ms: u64,
+    /// How much of a workload's log (stdout and stderr) is kept on this node's disk,
+    /// the newest part: beyond it the oldest output is dropped, with a line in the log
+    /// saying how much, unless the server already has it.
+    #[arg(long, env = "TESSERA_AGENT_WORKLOAD_LOG_CAP_MIB", default_value_t = 16)]
+    workload_log_cap_mib: u64,
     /// Stop every workload when the agent exits. Without it they keep running and
     /// the next agent adopts them.
     #[arg(long, env = "TESSERA_AGENT_STOP_WORKLOADS_ON_EXIT")]
@@ -190,6 +195,21 @@ struct SandboxArgs {
         default_value_t = 1024
     )]
     tmp_mib: u64,
+    /// Open files per process of every workload (RLIMIT_NOFILE, soft = hard).
+    #[arg(
+        long = "sandbox-nofile",
+        env = "TESSERA_AGENT_SANDBOX_NOFILE",
+        default_value_t = 65_536
+    )]
+    nofile: u64,
+    /// Processes of one team on this node, all its workloads together (RLIMIT_NPROC,
+    /// counted per uid by the kernel); each workload also has --sandbox-pids.
+    #[arg(
+        long = "sandbox-nproc",
+        env = "TESSERA_AGENT_SANDBOX_NPROC",
+        default_value_t = 16_384
+    )]
+    nproc: u64,
 }
 
 impl SandboxArgs {
@@ -208,6 +228,8 @@ impl SandboxArgs {
         s.cpus = self.cpus;
         s.pids = self.pids;
         s.tmp_mib = self.tmp_mib;
+        s.nofile = self.nofile;
+        s.nproc = self.nproc;
         Ok(s)
     }
 }
@@ -429,7 +451,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     )
     .context("resolving the workload root")?;
     let mut executor = LocalExecutor::open(&workload_root, &args.workload_host)
-        .with_context(|| format!("opening the workload root {}", workload_root.display()))?;
+        .with_context(|| format!("opening the workload root {}", workload_root.display()))?
+        .with_log_cap(args.workload_log_cap_mib.saturating_mul(1024 * 1024));
     if let Some(env) = &notebook_env {
         tracing::info!(dir = %env.dir().display(), "notebooks start from this environment");
         executor = executor.with_notebook_env(env.clone());

@@ -11,7 +11,10 @@
 //! - its own PID, IPC, UTS and mount namespaces (the host network: notebooks listen on
 //!   a port the server's proxy reaches);
 //! - cgroup limits on memory (swap included), CPU and pids, derived from its allocation's
-//!   share of the node unless the node fixes them;
+//!   share of the node unless the node fixes them; explicit rlimits (`NOFILE`, `NPROC`
+//!   per team uid, `CORE` 0) rather than the agent's;
+//! - Docker's default syscall filter ([`crate::seccomp`]): no new namespaces (user
+//!   namespaces included), no `keyctl`, `bpf`, `perf_event_open`, modules or clocks;
 //! - a `/dev` with the usual pseudo-devices and only its own GPU's device nodes: the
 //!   `/dev/nvidiaN` of its GPU plus `nvidiactl` and `nvidia-uvm*`, and for a MIG device
 //!   the `nvidia-cap` nodes of its GPU instance and compute instance, as NVIDIA's
@@ -68,6 +71,11 @@ pub struct SandboxSettings {
     pub pids: u64,
     /// Size of the private `/tmp` (and `/dev/shm`).
     pub tmp_mib: u64,
+    /// `RLIMIT_NOFILE` (soft = hard) of every workload.
+    pub nofile: u64,
+    /// `RLIMIT_NPROC`: the kernel counts it per uid, so it bounds all the processes of
+    /// one team on the node together (the pids cgroup bounds each workload).
+    pub nproc: u64,
     /// Where the GPU device nodes are (`/dev`; a simulated node's own folder).
     pub dev_root: PathBuf,
     /// NVIDIA's MIG capability minors (`/proc/driver/nvidia-caps/mig-minors`).
@@ -88,6 +96,8 @@ impl SandboxSettings {
             cpus: None,
             pids: 4096,
             tmp_mib: 1024,
+            nofile: 65_536,
+            nproc: 16_384,
             dev_root: PathBuf::from("/dev"),
             mig_minors: PathBuf::from("/proc/driver/nvidia-caps/mig-minors"),
             proc_devices: PathBuf::from("/proc/devices"),
@@ -120,6 +130,9 @@ pub struct Limits {
     pub cpus: f64,
     pub pids: u64,
     pub tmp_mib: u64,
+    /// `RLIMIT_NOFILE` and `RLIMIT_NPROC` (`RLIMIT_CORE` is always 0).
+    pub nofile: u64,
+    pub nproc: u64,
 }
 
 /// How cgroups are mounted on this host.
@@ -181,6 +194,12 @@ pub struct Sandbox {
     cgroups: CgroupMode,
     host_memory_mib: u64,
     host_cpus: f64,
+    /// `linux.seccomp` of every bundle ([`crate::seccomp`]).
+    seccomp: Value,
+    /// The agent's own hard `RLIMIT_NOFILE` and `RLIMIT_NPROC`: the runtime sets a
+    /// container's rlimits without the privilege to raise them beyond these.
+    hard_nofile: u64,
+    hard_nproc: u64,
 }
 
 /// What one workload may reach besides its workspace and run folder.
@@ -257,7 +276,21 @@ impl Sandbox {
         fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
             .map_err(|e| format!("cannot prepare {}: {e}", rootfs.display()))?;
         mkdir(&state.join("crun"))?;
+        let seccomp = crate::seccomp::workload_filter()?;
+        let own = fs::read_to_string("/proc/self/limits").unwrap_or_default();
+        let hard = |name: &str| hard_limit(&own, name).unwrap_or(u64::MAX);
+        let (hard_nofile, hard_nproc) = (hard("Max open files"), hard("Max processes"));
+        if settings.nofile > hard_nofile || settings.nproc > hard_nproc {
+            tracing::warn!(
+                nofile = settings.nofile.min(hard_nofile),
+                nproc = settings.nproc.min(hard_nproc),
+                "the workloads' rlimits are lowered to the agent's own hard limits"
+            );
+        }
         Ok(Sandbox {
+            seccomp,
+            hard_nofile,
+            hard_nproc,
             host_memory_mib: host_memory_mib().unwrap_or(4096),
             host_cpus: std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64),
             settings,
@@ -412,6 +445,8 @@ impl Sandbox {
             cpus: s.cpus.unwrap_or_else(|| (self.host_cpus * share).max(1.0)),
             pids: s.pids,
             tmp_mib: s.tmp_mib,
+            nofile: s.nofile.min(self.hard_nofile),
+            nproc: s.nproc.min(self.hard_nproc),
         }
     }
 
@@ -454,6 +489,7 @@ impl Sandbox {
             nodes: &nodes,
             limits,
             cgroup: &cgroup,
+            seccomp: &self.seccomp,
         }
         .config();
         let bundle = run.join("bundle");
@@ -577,6 +613,7 @@ struct Bundle<'a> {
     nodes: &'a [DeviceNode],
     limits: Limits,
     cgroup: &'a str,
+    seccomp: &'a Value,
 }
 
 impl Bundle<'_> {
@@ -656,7 +693,12 @@ impl Bundle<'_> {
                 "env": env,
                 "cwd": self.cwd,
                 "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
-                "noNewPrivileges": true
+                "noNewPrivileges": true,
+                "rlimits": [
+                    {"type": "RLIMIT_NOFILE", "soft": self.limits.nofile, "hard": self.limits.nofile},
+                    {"type": "RLIMIT_NPROC", "soft": self.limits.nproc, "hard": self.limits.nproc},
+                    {"type": "RLIMIT_CORE", "soft": 0, "hard": 0}
+                ]
             },
             "root": {"path": self.rootfs, "readonly": true},
             "hostname": "tessera",
@@ -665,6 +707,7 @@ impl Bundle<'_> {
                 "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
                 "devices": devices,
                 "cgroupsPath": self.cgroup,
+                "seccomp": self.seccomp,
                 "resources": {
                     "devices": allow,
                     "memory": {"limit": memory, "swap": memory},
@@ -763,6 +806,15 @@ pub fn mig_minors_table(gpu_minors: &[u32]) -> String {
         }
     }
     out
+}
+
+/// The hard limit on the line `name` of `/proc/<pid>/limits` (`unlimited`: `u64::MAX`).
+pub fn hard_limit(limits: &str, name: &str) -> Option<u64> {
+    let rest = limits.lines().find_map(|l| l.strip_prefix(name))?;
+    match rest.split_whitespace().nth(1)? {
+        "unlimited" => Some(u64::MAX),
+        n => n.parse().ok(),
+    }
 }
 
 /// The `oom_kill` count of a v1 `memory.oom_control` or v2 `memory.events`.
@@ -923,6 +975,18 @@ mod tests {
     }
 
     #[test]
+    fn hard_limits_are_read_from_proc() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max core file size        0                    unlimited            bytes     \n\
+                      Max processes             96551                96551                processes \n\
+                      Max open files            20000                20000                files     \n";
+        assert_eq!(hard_limit(limits, "Max open files"), Some(20_000));
+        assert_eq!(hard_limit(limits, "Max processes"), Some(96_551));
+        assert_eq!(hard_limit(limits, "Max core file size"), Some(u64::MAX));
+        assert_eq!(hard_limit(limits, "Max locked memory"), None);
+    }
+
+    #[test]
     fn device_numbers_split_like_glibc() {
         // makedev(195, 0) and makedev(511, 300): minor bits 8.. sit above the major.
         assert_eq!((dev_major(0xc300), dev_minor(0xc300)), (195, 0));
@@ -981,8 +1045,11 @@ mod tests {
                 cpus: 1.0,
                 pids: 100,
                 tmp_mib: 64,
+                nofile: 1024,
+                nproc: 200,
             },
             cgroup: "/tessera/r1",
+            seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
         };
         let c = b.config();
         let mounts = c["mounts"].as_array().unwrap();
@@ -1044,12 +1111,24 @@ mod tests {
                 cpus: 1.5,
                 pids: 100,
                 tmp_mib: 64,
+                nofile: 1024,
+                nproc: 200,
             },
             cgroup: "/tessera/r1",
+            seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
         };
         let c = b.config();
         assert_eq!(c["process"]["user"]["uid"], 200_001);
         assert_eq!(c["process"]["noNewPrivileges"], true);
+        assert_eq!(
+            c["process"]["rlimits"],
+            json!([
+                {"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 1024},
+                {"type": "RLIMIT_NPROC", "soft": 200, "hard": 200},
+                {"type": "RLIMIT_CORE", "soft": 0, "hard": 0}
+            ])
+        );
+        assert_eq!(c["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
         assert_eq!(c["process"]["capabilities"]["bounding"], json!([]));
         assert_eq!(c["root"]["readonly"], true);
         assert_eq!(c["process"]["env"], json!(["A=b"]));

@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! workspaces/<workspace>/      a team's files, shared by its workloads; never deleted here
-//! runs/<id>/output.log         stdout and stderr of the process, appended
+//! runs/<id>/output.log         stdout and stderr of the process, appended; at most the
+//!                              newest log cap of it on disk (see below)
 //! runs/<id>/exit               the exit status, written by the wrapper when the program ends
 //! runs/<id>/state.json         pid, process start time, port and spec (see `RunState`)
 //! runs/<id>/stopped            present once the agent asked it to stop
@@ -42,12 +43,21 @@
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` = `0=<memory_mib>M`, and in the sandbox that
 //! daemon's pipe directory (and no other) at the same path. It does not start while the
 //! daemon does not answer, and is told when the daemon died while it ran.
+//!
+//! A workload writes its output straight to `output.log` (so it outlives the agent), and
+//! could fill the node's disk with it. Each round, before reading, the agent keeps only
+//! the newest [`LocalExecutor::with_log_cap`] bytes of each log on disk: it punches the
+//! older whole blocks out of the file (`fallocate(PUNCH_HOLE)`), which keeps the file's
+//! size and offsets, so the workload's appends go on and offsets stay those the server
+//! acknowledges. Output dropped before the server had it is replaced, in the log the
+//! server receives, by a line saying how many bytes were dropped ([`dropped_marker`]).
+//! Between two rounds a log can outgrow the cap by what the workload writes meanwhile.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -66,6 +76,8 @@ use crate::sandbox::{Access, CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT,
 
 /// At most this much log output per workload per report.
 pub const LOG_CHUNK: u64 = 256 * 1024;
+/// What a workload's log may hold on the node's disk by default.
+pub const LOG_CAP: u64 = 16 * 1024 * 1024;
 /// How long a stopped workload's processes get between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// A notebook that does not answer its status probe within this is still starting.
@@ -111,6 +123,8 @@ pub struct LocalExecutor {
     notebook_env: Option<NotebookEnv>,
     /// Shared GPUs: their MPS daemons (see [`crate::mps`]).
     shares: ShareBoard,
+    /// Bytes of a workload's log kept on disk (the newest).
+    log_cap: u64,
 }
 
 /// One workload the executor knows.
@@ -202,6 +216,7 @@ impl LocalExecutor {
             sandbox: None,
             notebook_env: None,
             shares: ShareBoard::default(),
+            log_cap: LOG_CAP,
         };
         for dir in [ex.root.clone(), ex.root.join("runs")] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -229,6 +244,13 @@ impl LocalExecutor {
         vars: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Self {
         self.inherited = vars.into_iter().collect();
+        self
+    }
+
+    /// Keeps at most the newest `bytes` of each workload's log on disk (default
+    /// [`LOG_CAP`]; at least a few blocks).
+    pub fn with_log_cap(mut self, bytes: u64) -> Self {
+        self.log_cap = bytes.max(16 * 1024);
         self
     }
 
@@ -315,7 +337,7 @@ impl LocalExecutor {
         self.workloads
             .iter()
             .map(|(id, w)| {
-                let mut r = w.report(id, &self.host);
+                let mut r = w.report(id, &self.host, self.log_cap);
                 let told = matches!(
                     r.phase,
                     WorkloadPhase::Starting | WorkloadPhase::Running | WorkloadPhase::Exited
@@ -800,7 +822,7 @@ impl Workload {
         self.status = Status::Exited { code, message };
     }
 
-    fn report(&self, id: &str, host: &str) -> WorkloadReport {
+    fn report(&self, id: &str, host: &str, log_cap: u64) -> WorkloadReport {
         let (phase, exit_code, message) = match &self.status {
             Status::FailedToStart(m) => (WorkloadPhase::FailedToStart, None, Some(m.clone())),
             Status::Live(_) if self.probe.is_some() && !self.ready => {
@@ -811,6 +833,11 @@ impl Workload {
             Status::Lost(m) => (WorkloadPhase::Lost, None, Some(m.clone())),
         };
         let finished = !self.is_live();
+        if let Some(dir) = &self.dir
+            && let Err(e) = cap_log(&dir.join("output.log"), log_cap)
+        {
+            tracing::warn!(id, error = %e, "cannot cap the workload's log");
+        }
         let (log, log_complete) = match &self.dir {
             Some(dir) => match read_log(&dir.join("output.log"), self.acked, finished) {
                 Ok(r) => r,
@@ -1189,26 +1216,108 @@ fn read_log(path: &Path, acked: u64, finished: bool) -> io::Result<(Option<LogPi
     if acked >= size {
         return Ok((None, finished));
     }
-    f.seek(SeekFrom::Start(acked))?;
+    // Output from `acked` on that `cap_log` punched out never reached the server.
+    let data = next_data(&f, acked)?.min(size);
+    let marker = (data > acked).then(|| {
+        let m = dropped_marker(data - acked);
+        // Ending where the kept output starts, inside the dropped range: offsets stay
+        // those of the file. A gap shorter than the marker keeps its tail.
+        let fits = usize::try_from(data - acked)
+            .unwrap_or(usize::MAX)
+            .min(m.len());
+        m[m.len() - fits..].to_owned()
+    });
+    let marker = marker.unwrap_or_default();
+    let from = data;
+    f.seek(SeekFrom::Start(from))?;
     let mut buf = Vec::new();
-    f.take((size - acked).min(LOG_CHUNK))
+    f.take((size - from).min(LOG_CHUNK.saturating_sub(marker.len() as u64)))
         .read_to_end(&mut buf)?;
-    let len = buf.len() as u64;
-    if !(finished && acked + len >= size) {
+    let end = from + buf.len() as u64;
+    if !(finished && end >= size) {
         buf.truncate(complete_utf8_prefix(&buf));
     }
-    if buf.is_empty() {
+    if buf.is_empty() && marker.is_empty() {
         return Ok((None, false));
     }
-    let len = buf.len() as u64;
+    let end = from + buf.len() as u64;
+    let text = marker + &same_length_text(&buf);
     Ok((
         Some(LogPiece {
-            offset: acked,
-            len,
-            text: same_length_text(&buf),
+            offset: end - text.len() as u64,
+            len: text.len() as u64,
+            text,
         }),
-        finished && acked + len >= size,
+        finished && end >= size,
     ))
+}
+
+/// The line that stands, in the log the server receives, for `bytes` of output the
+/// node dropped before the server had them.
+pub fn dropped_marker(bytes: u64) -> String {
+    format!(
+        "\n[tessera: {bytes} bytes of output dropped here: the workload wrote faster than \
+         its log could be shipped, and the node keeps only the newest part]\n"
+    )
+}
+
+/// The first offset at or after `from` that holds data (`SEEK_DATA`): past the blocks
+/// [`cap_log`] punched out. The file's end when only a hole follows.
+#[allow(unsafe_code)]
+fn next_data(f: &File, from: u64) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let at = libc::off_t::try_from(from).map_err(io::Error::other)?;
+    // SAFETY: lseek on a descriptor this function borrows; no memory is passed.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), at, libc::SEEK_DATA) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(u64::MAX),
+            _ => Err(e),
+        };
+    }
+    Ok(u64::try_from(r).unwrap_or(from))
+}
+
+/// Keeps at most about the newest `cap` bytes of the log at `path` on disk: punches
+/// whole blocks out of its head, keeping its size (the workload's `O_APPEND` writes go
+/// on at the end, and offsets do not move). Cheap when the file's blocks are within it.
+#[allow(unsafe_code)]
+pub fn cap_log(path: &Path, cap: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let f = match OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let meta = f.metadata()?;
+    let block = meta.blksize().max(512);
+    if !meta.is_file() || meta.blocks() * 512 <= cap + block {
+        return Ok(());
+    }
+    let end = meta.len().saturating_sub(cap) / block * block;
+    if end == 0 {
+        return Ok(());
+    }
+    let len = libc::off_t::try_from(end).map_err(io::Error::other)?;
+    // SAFETY: fallocate on a descriptor this function owns; no memory is passed.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `b` as text of exactly `b.len()` bytes: each byte of an invalid sequence becomes `?`
@@ -1410,6 +1519,54 @@ mod tests {
         let (piece, complete) = read_log(&path, LOG_CHUNK, true).unwrap();
         assert_eq!(piece.unwrap().len, 10);
         assert!(complete);
+    }
+
+    #[test]
+    fn a_log_beyond_its_cap_keeps_its_newest_output_and_says_what_was_dropped() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("output.log");
+        let text: String = (0..20_000).map(|i| format!("line {i:06}\n")).collect();
+        fs::write(&path, &text).unwrap();
+        let cap = 64 * 1024;
+        cap_log(&path, cap).unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), text.len() as u64, "the size (and offsets) stay");
+        assert!(
+            meta.blocks() * 512 <= cap + 2 * meta.blksize(),
+            "{} bytes on disk",
+            meta.blocks() * 512
+        );
+        // From the start: the marker, then the newest output, up to the end.
+        let (piece, complete) = read_log(&path, 0, true).unwrap();
+        let piece = piece.unwrap();
+        assert!(complete);
+        assert_eq!(piece.offset + piece.len, text.len() as u64);
+        assert_eq!(piece.len, piece.text.len() as u64);
+        let kept = piece.text.split_once("part]\n").unwrap().1;
+        let dropped = text.len() - kept.len();
+        assert!(text.len() - dropped >= cap as usize - 4096, "{dropped}");
+        assert_eq!(kept, &text[dropped..]);
+        assert_eq!(piece.text, dropped_marker(dropped as u64) + kept);
+        assert!(kept.ends_with("line 019999\n"));
+        // Once the server has the marker, the rest reads as usual.
+        let (piece, _) = read_log(&path, dropped as u64, true).unwrap();
+        assert_eq!(piece.unwrap().text, kept);
+        // A gap shorter than the marker keeps the marker's tail, and the offsets.
+        let (piece, _) = read_log(&path, dropped as u64 - 3, true).unwrap();
+        let piece = piece.unwrap();
+        assert_eq!(piece.offset, dropped as u64 - 3);
+        assert!(piece.text.starts_with("t]\n"), "{:?}", &piece.text[..10]);
+        assert_eq!(&piece.text[3..], kept);
+        // Under the cap, nothing is touched.
+        let small = dir.path().join("small.log");
+        fs::write(&small, "hello\n").unwrap();
+        cap_log(&small, cap).unwrap();
+        assert_eq!(
+            read_log(&small, 0, true).unwrap().0.unwrap().text,
+            "hello\n"
+        );
+        cap_log(&dir.path().join("missing.log"), cap).unwrap();
     }
 
     #[test]

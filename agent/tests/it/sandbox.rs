@@ -61,6 +61,8 @@ impl Node {
         s.memory_mib = Some(256);
         s.pids = 32;
         s.tmp_mib = 16;
+        s.nofile = 1024;
+        s.nproc = 300;
         s.simulated_devices(self.dir.path().join("dev"));
         s
     }
@@ -81,6 +83,25 @@ impl Node {
         self.dir.path().join(rel)
     }
 }
+
+/// Makes a raw syscall from inside (`SYSCALL NR ARG…`): prints its result, or the
+/// error's text.
+const SYSCALL: &str = "python3 -c 'import ctypes, os, sys; c = ctypes.CDLL(None, use_errno=True); \
+    r = c.syscall(*[ctypes.c_long(int(a)) for a in sys.argv[1:]]); \
+    print(r if r >= 0 else \"x: \" + os.strerror(ctypes.get_errno()))'";
+/// Without the filter, as the team's uid: `keyctl(KEYCTL_GET_KEYRING_ID,
+/// KEY_SPEC_SESSION_KEYRING, create)` gives a keyring's serial number, and
+/// `bpf(BPF_MAP_CREATE, NULL, 0)` fails with EINVAL (the kernel checks the attributes'
+/// size first), even where unprivileged eBPF is off (seen on Linux 6.18); `unshare -Urn`
+/// works. With it, all three fail with EPERM.
+#[cfg(target_arch = "x86_64")]
+const KEYCTL: u32 = 250;
+#[cfg(target_arch = "x86_64")]
+const BPF: u32 = 321;
+#[cfg(target_arch = "aarch64")]
+const KEYCTL: u32 = 219;
+#[cfg(target_arch = "aarch64")]
+const BPF: u32 = 280;
 
 fn job(id: &str, team: &str, device: &str, script: &str) -> WorkloadSpec {
     WorkloadSpec::job(id, team, &[device], &["/bin/sh", "-c", script])
@@ -198,6 +219,15 @@ t unset_devices sh -c 'ls /dev | grep -c "^nvidia[0-9]"'
 t fill_tmp dd if=/dev/zero of=/tmp/fill-{tag} bs=1M count=64
 t capabilities sh -c 'grep CapEff /proc/self/status | tr -d "\t"'
 t no_new_privs sh -c 'grep NoNewPrivs /proc/self/status | tr -d "\t"'
+t seccomp sh -c 'grep "^Seccomp:" /proc/self/status | tr -d "\t"'
+t unshare_user unshare -U true
+t unshare_root_net unshare -Urn true
+t unshare_mount unshare -m true
+t keyctl {syscall} {keyctl} 0 -3 1
+t bpf {syscall} {bpf} 0 0 0
+t nofile awk '/^Max open files/ {{print $4 "/" $5}}' /proc/self/limits
+t nproc awk '/^Max processes/ {{print $3 "/" $4}}' /proc/self/limits
+t core awk '/^Max core file size/ {{print $5 "/" $6}}' /proc/self/limits
 "#,
         b_ws = b_ws.display(),
         creds = creds.display(),
@@ -205,6 +235,9 @@ t no_new_privs sh -c 'grep NoNewPrivs /proc/self/status | tr -d "\t"'
         agent = std::process::id(),
         caps_major = SIM_CAPS_MAJOR,
         tag = "tessera-sandbox-test",
+        syscall = SYSCALL,
+        keyctl = KEYCTL,
+        bpf = BPF,
     );
     let a = job("run-a", "team-a", &node.a.0, &script);
     let both = [b.clone(), a.clone()];
@@ -252,6 +285,18 @@ t no_new_privs sh -c 'grep NoNewPrivs /proc/self/status | tr -d "\t"'
     assert!(!Path::new("/tmp/fill-tessera-sandbox-test").exists());
     assert_eq!(line(&log, "capabilities"), "CapEff:0000000000000000");
     assert_eq!(line(&log, "no_new_privs"), "NoNewPrivs:1");
+    // Docker's default syscall filter: no user namespace (the usual road to kernel
+    // bugs), no other namespace, no keyrings, no eBPF.
+    assert_eq!(line(&log, "seccomp"), "Seccomp:2", "{log}");
+    assert_eq!(line(&log, "unshare_user"), "Operation not permitted");
+    assert_eq!(line(&log, "unshare_root_net"), "Operation not permitted");
+    assert_eq!(line(&log, "unshare_mount"), "Operation not permitted");
+    assert_eq!(line(&log, "keyctl"), "Operation not permitted");
+    assert_eq!(line(&log, "bpf"), "Operation not permitted");
+    // Explicit rlimits, not the agent's.
+    assert_eq!(line(&log, "nofile"), "1024/1024");
+    assert_eq!(line(&log, "nproc"), "300/300");
+    assert_eq!(line(&log, "core"), "0/0");
 
     // Team B is untouched and still runs; its device cgroup holds its own slice only.
     assert_eq!(
@@ -595,4 +640,60 @@ t nvidia_nodes sh -c 'ls /dev | grep nvidia | tr "\n" " "'
     assert!(mps.check(g0).is_ok() && mps.check(g1).is_ok());
     let meta = std::fs::metadata(&own.pipe).unwrap();
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0);
+}
+
+/// A job writes twice its log cap in one go, faster than any round ships it: the node
+/// keeps the newest part only (on disk, within the cap), and the log the server gets
+/// says how much was dropped, then goes on to the job's last line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_writing_twice_its_log_cap_leaves_a_capped_log() {
+    use std::os::unix::fs::MetadataExt;
+    let node = Node::new();
+    let cap: u64 = 256 * 1024;
+    let mut ex = node.executor().with_log_cap(cap);
+    // 50,000 lines of 12 bytes: 600,000 bytes, over 2 × 256 KiB.
+    let spec = job(
+        "chatty",
+        "team-a",
+        &node.a.0,
+        "seq -f 'line %06.0f' 0 49999",
+    );
+    ex.apply(&sync(std::slice::from_ref(&spec)));
+    // No round while it writes: all of it is there at once.
+    let exit = node.state("workloads/runs/chatty/ctl/exit");
+    let deadline = Instant::now() + WAIT;
+    while !exit.exists() {
+        assert!(Instant::now() < deadline, "the job never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let output = node.state("workloads/runs/chatty/output.log");
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), 600_000);
+    let (rep, log) = finished(&mut ex, "chatty", std::slice::from_ref(&spec)).await;
+    assert_eq!(rep.exit_code, Some(0), "{log}");
+    let meta = std::fs::metadata(&output).unwrap();
+    assert!(
+        meta.blocks() * 512 <= cap + 2 * meta.blksize(),
+        "{} bytes of log on disk",
+        meta.blocks() * 512
+    );
+    let (marker, kept) = log.split_once("newest part]\n").expect("a dropped marker");
+    let dropped: u64 = marker
+        .trim_start_matches("\n[tessera: ")
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        marker.ends_with("bytes of output dropped here: the workload wrote faster than its log could be shipped, and the node keeps only the "),
+        "{marker}"
+    );
+    assert_eq!(dropped + kept.len() as u64, 600_000, "{marker}");
+    assert!(cap <= kept.len() as u64 && (kept.len() as u64) < cap + meta.blksize());
+    assert!(!log.contains("line 000000"));
+    assert!(kept.ends_with("line 049999\n"));
+    // What is kept is whole output, from a line boundary or not, up to the end.
+    let first_full = kept.find('\n').unwrap() + 1;
+    let n: u32 = kept[first_full + 5..first_full + 11].parse().unwrap();
+    assert_eq!(kept.len() - first_full, (50_000 - n as usize) * 12);
 }
