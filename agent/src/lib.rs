@@ -11,7 +11,7 @@
 //! - [`workloads`]: the local process executor for notebooks and training jobs;
 //!   [`notebook_env`]: the Python environment notebooks' `jupyter` comes from.
 //! - [`sandbox`]: the workload sandbox (a crun container per workload) and
-//!   [`seccomp`]: its syscall filter.
+//!   [`seccomp`]: its syscall filter, [`network`]: its network namespace and policy.
 //! - [`mps`]: shared GPUs: the MPS control daemon per GPU (real and simulated), its
 //!   supervision, and what the heartbeat reports of every shared GPU.
 //! - [`run`]: the process loop tying these together.
@@ -20,6 +20,7 @@
 pub mod backend;
 pub mod link;
 pub mod mps;
+pub mod network;
 pub mod notebook_env;
 pub mod nvml;
 pub mod reconcile;

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use tessera_agent::backend::{GpuBackend, inventory};
 use tessera_agent::link::{Credentials, HttpLink, Transport, UrlVerdict};
 use tessera_agent::mps::{MpsControl, NvidiaMps, SIM_SUBCOMMAND, SimMps, sim_control_main};
+use tessera_agent::network::{Ipv4Range, NetworkSettings};
 use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::nvml::NvmlBackend;
 use tessera_agent::run::{Agent, RunConfig};
@@ -210,6 +211,26 @@ struct SandboxArgs {
         default_value_t = 16_384
     )]
     nproc: u64,
+    /// `on` (the default): every workload in a network namespace of its own, reaching
+    /// neither the node nor other workloads (docs/security.md). `off`: workloads share
+    /// the node's network and reach everything listening on it.
+    #[arg(long = "sandbox-network", env = "TESSERA_AGENT_SANDBOX_NETWORK",
+          default_value = "on", value_parser = ["on", "off"])]
+    network: String,
+    /// The node's workload addresses: a /30 per workload. Give each node its own range
+    /// where servers elsewhere should reach workloads directly.
+    #[arg(
+        long = "sandbox-net",
+        env = "TESSERA_AGENT_SANDBOX_NET",
+        default_value = tessera_agent::network::DEFAULT_RANGE
+    )]
+    net: String,
+    /// Whether workloads may open connections beyond the node (the internet, other
+    /// hosts); the node itself, other workloads and link-local addresses (a cloud's
+    /// metadata service) stay refused either way.
+    #[arg(long = "sandbox-internet", env = "TESSERA_AGENT_SANDBOX_INTERNET",
+          default_value = "on", value_parser = ["on", "off"])]
+    internet: String,
 }
 
 impl SandboxArgs {
@@ -230,7 +251,39 @@ impl SandboxArgs {
         s.tmp_mib = self.tmp_mib;
         s.nofile = self.nofile;
         s.nproc = self.nproc;
+        s.network = if self.network == "on" {
+            let mut n = NetworkSettings::new();
+            n.range = Ipv4Range::parse(&self.net).map_err(anyhow::Error::msg)?;
+            n.internet = self.internet == "on";
+            Some(n)
+        } else {
+            None
+        };
         Ok(s)
+    }
+}
+
+/// The addresses `server` (a URL) resolves to, with its port; none when it does not
+/// resolve (notebooks are then reachable from this node only).
+fn server_addresses(server: &str) -> Vec<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let rest = server.split_once("://").map_or(server, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let https = server.starts_with("https://");
+    let with_port = if authority.rsplit_once(':').is_some_and(|(h, p)| {
+        !h.ends_with(':') && p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']'))
+    }) {
+        authority.to_owned()
+    } else {
+        format!("{authority}:{}", if https { 443 } else { 80 })
+    };
+    match with_port.to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => {
+            tracing::warn!(server, error = %e, "cannot resolve the server: notebooks are \
+                reachable from this node only");
+            Vec::new()
+        }
     }
 }
 
@@ -481,6 +534,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tessera_agent::sim::write_device_files(&dev, &minors)
                 .with_context(|| format!("creating simulated device nodes in {}", dev.display()))?;
             settings.simulated_devices(dev);
+        }
+        if let Some(net) = &mut settings.network {
+            // The portal: the one host that may open notebooks from outside the node,
+            // and a service workloads have no business calling.
+            let portal = server_addresses(&server);
+            net.proxies = portal.iter().map(std::net::SocketAddr::ip).collect();
+            net.blocked = portal;
+        } else {
+            tracing::warn!(
+                "WORKLOADS SHARE THE NODE'S NETWORK (--sandbox-network off): each can reach \
+                 every service listening on the node, other teams' notebooks and the cloud's \
+                 metadata address"
+            );
         }
         let sandbox = Sandbox::open(settings, Arc::clone(&backend), &state_dir.join("sandbox"))
             .map_err(anyhow::Error::msg)

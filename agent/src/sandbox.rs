@@ -8,8 +8,9 @@
 //!   (`/usr`, `/etc`, …) and the configured extra paths bound read-only, its team
 //!   workspace read-write at `/workspace`, its run's control folder at `/run/tessera`
 //!   and a private size-limited `/tmp`; nothing of the agent's state;
-//! - its own PID, IPC, UTS and mount namespaces (the host network: notebooks listen on
-//!   a port the server's proxy reaches);
+//! - its own PID, IPC, UTS and mount namespaces, and a network of its own
+//!   ([`crate::network`]: its own loopback, an address of the node's range, nothing of
+//!   the node or other workloads reachable; `--sandbox-network off` keeps the node's);
 //! - cgroup limits on memory (swap included), CPU and pids, derived from its allocation's
 //!   share of the node unless the node fixes them; explicit rlimits (`NOFILE`, `NPROC`
 //!   per team uid, `CORE` 0) rather than the agent's;
@@ -40,6 +41,7 @@ use serde_json::{Value, json};
 use tessera_domain::wire::GpuInfo;
 
 use crate::backend::{GpuBackend, inventory};
+use crate::network::{self, NetworkSettings, Slot};
 
 /// Where the sandbox mounts things, inside.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
@@ -82,6 +84,9 @@ pub struct SandboxSettings {
     pub mig_minors: PathBuf,
     /// The kernel's device majors (`/proc/devices`), for `nvidia-caps`.
     pub proc_devices: PathBuf,
+    /// A network namespace per workload; `None`: the node's own network (an explicit
+    /// choice, logged loudly).
+    pub network: Option<NetworkSettings>,
 }
 
 impl SandboxSettings {
@@ -101,6 +106,7 @@ impl SandboxSettings {
             dev_root: PathBuf::from("/dev"),
             mig_minors: PathBuf::from("/proc/driver/nvidia-caps/mig-minors"),
             proc_devices: PathBuf::from("/proc/devices"),
+            network: Some(NetworkSettings::new()),
         }
     }
 
@@ -213,6 +219,8 @@ pub struct Access<'a> {
     /// The workload's share of its GPU (`None`: whole devices): its default memory and
     /// CPU limits are that fraction of a whole GPU's.
     pub gpu_fraction: Option<f64>,
+    /// The port a notebook listens on: open to the node and the proxies.
+    pub port: Option<u16>,
 }
 
 /// What the executor needs to handle one container after it started; kept in the run's
@@ -224,6 +232,9 @@ pub struct Container {
     id: String,
     oom_file: PathBuf,
     pub memory_mib: u64,
+    /// Its network namespace, removed with it (`None`: the node's network).
+    #[serde(default)]
+    pub net: Option<Slot>,
 }
 
 /// What starting a sandboxed workload gives back.
@@ -277,6 +288,9 @@ impl Sandbox {
             .map_err(|e| format!("cannot prepare {}: {e}", rootfs.display()))?;
         mkdir(&state.join("crun"))?;
         let seccomp = crate::seccomp::workload_filter()?;
+        if let Some(net) = &settings.network {
+            network::prepare(net)?;
+        }
         let own = fs::read_to_string("/proc/self/limits").unwrap_or_default();
         let hard = |name: &str| hard_limit(&own, name).unwrap_or(u64::MAX);
         let (hard_nofile, hard_nproc) = (hard("Max open files"), hard("Max processes"));
@@ -302,6 +316,11 @@ impl Sandbox {
 
     pub fn cgroup_mode(&self) -> CgroupMode {
         self.cgroups
+    }
+
+    /// Whether workloads get a network of their own (else they share the node's).
+    pub fn own_network(&self) -> bool {
+        self.settings.network.is_some()
     }
 
     /// The uid (= gid) of a workspace, assigned on first use and kept.
@@ -476,6 +495,11 @@ impl Sandbox {
                 .map_err(|e| format!("cannot prepare the run folder: {e}"))?;
         }
         let cgroup = format!("/tessera/{id}");
+        let net = match &self.settings.network {
+            Some(settings) => Some(network::create(settings, access.port)?),
+            None => None,
+        };
+        let netns = net.as_ref().map(Slot::netns_path);
         let spec = Bundle {
             rootfs: &self.state.join("rootfs"),
             workspace,
@@ -490,24 +514,32 @@ impl Sandbox {
             limits,
             cgroup: &cgroup,
             seccomp: &self.seccomp,
+            netns: netns.as_deref(),
         }
         .config();
-        let bundle = run.join("bundle");
-        fs::create_dir_all(&bundle).map_err(|e| format!("cannot write the bundle: {e}"))?;
-        fs::set_permissions(&bundle, fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("cannot write the bundle: {e}"))?;
-        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
-        fs::write(bundle.join("config.json"), bytes)
-            .map_err(|e| format!("cannot write the bundle: {e}"))?;
         let container = Container {
             runtime: self.settings.runtime.clone(),
             root: self.state.join("crun"),
             id: id.to_owned(),
             oom_file: self.cgroups.oom_file(Path::new("/sys/fs/cgroup"), &cgroup),
             memory_mib: limits.memory_mib,
+            net,
         };
+        let bundle = run.join("bundle");
+        let written = fs::create_dir_all(&bundle)
+            .and_then(|()| fs::set_permissions(&bundle, fs::Permissions::from_mode(0o700)))
+            .and_then(|()| {
+                fs::write(
+                    bundle.join("config.json"),
+                    serde_json::to_vec_pretty(&spec).map_err(io::Error::other)?,
+                )
+            });
+        if let Err(e) = written {
+            container.delete();
+            return Err(format!("cannot write the bundle: {e}"));
+        }
         // A container of that name left from an earlier try would block this one.
-        container.delete();
+        container.delete_runtime();
         let pid_file = bundle.join("pid");
         let stderr = log.try_clone().map_err(|e| e.to_string())?;
         let stdout = log.try_clone().map_err(|e| e.to_string())?;
@@ -545,7 +577,8 @@ impl Sandbox {
         Ok(Started { pid, container })
     }
 
-    /// The handle of a container this agent (or an earlier run of it) started.
+    /// The handle of a container this agent (or an earlier run of it) started (its
+    /// network, if any, is not known to it).
     pub fn container(&self, id: &str, memory_mib: u64) -> Container {
         Container {
             runtime: self.settings.runtime.clone(),
@@ -555,6 +588,7 @@ impl Sandbox {
                 .cgroups
                 .oom_file(Path::new("/sys/fs/cgroup"), &format!("/tessera/{id}")),
             memory_mib,
+            net: None,
         }
     }
 }
@@ -578,12 +612,25 @@ impl Container {
         fs::read_to_string(&self.oom_file).is_ok_and(|s| oom_kills(&s) > 0)
     }
 
-    /// Removes the container (and its cgroup) once it has ended.
+    /// Removes the container (and its cgroup) and its network once it has ended.
     pub fn delete(&self) {
+        self.delete_runtime();
+        if let Some(net) = &self.net {
+            network::remove(net);
+        }
+    }
+
+    /// Removes the container and its cgroup only.
+    fn delete_runtime(&self) {
         let _ = self
             .runtime_cmd()
             .args(["delete", "--force", &self.id])
             .status();
+    }
+
+    /// The workload's own address, when it has a network of its own.
+    pub fn address(&self) -> Option<std::net::Ipv4Addr> {
+        self.net.as_ref().map(|n| n.addr)
     }
 
     fn runtime_cmd(&self) -> Command {
@@ -614,6 +661,8 @@ struct Bundle<'a> {
     limits: Limits,
     cgroup: &'a str,
     seccomp: &'a Value,
+    /// The network namespace to join (`None`: the node's).
+    netns: Option<&'a Path>,
 }
 
 impl Bundle<'_> {
@@ -684,6 +733,15 @@ impl Bundle<'_> {
         }
         let memory = self.limits.memory_mib * 1024 * 1024;
         let period: u64 = 100_000;
+        let mut namespaces = vec![
+            json!({"type": "pid"}),
+            json!({"type": "ipc"}),
+            json!({"type": "uts"}),
+            json!({"type": "mount"}),
+        ];
+        if let Some(path) = self.netns {
+            namespaces.push(json!({"type": "network", "path": path}));
+        }
         json!({
             "ociVersion": "1.0.0",
             "process": {
@@ -704,7 +762,7 @@ impl Bundle<'_> {
             "hostname": "tessera",
             "mounts": mounts,
             "linux": {
-                "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+                "namespaces": namespaces,
                 "devices": devices,
                 "cgroupsPath": self.cgroup,
                 "seccomp": self.seccomp,
@@ -1050,6 +1108,7 @@ mod tests {
             },
             cgroup: "/tessera/r1",
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
+            netns: Some(Path::new("/run/netns/tsr-7")),
         };
         let c = b.config();
         let mounts = c["mounts"].as_array().unwrap();
@@ -1116,6 +1175,7 @@ mod tests {
             },
             cgroup: "/tessera/r1",
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
+            netns: Some(Path::new("/run/netns/tsr-7")),
         };
         let c = b.config();
         assert_eq!(c["process"]["user"]["uid"], 200_001);
@@ -1138,7 +1198,8 @@ mod tests {
             .iter()
             .map(|n| n["type"].as_str().unwrap())
             .collect();
-        assert!(ns.contains(&"pid") && ns.contains(&"mount"));
+        assert!(ns.contains(&"pid") && ns.contains(&"mount") && ns.contains(&"network"));
+        assert_eq!(c["linux"]["namespaces"][4]["path"], "/run/netns/tsr-7");
         let r = &c["linux"]["resources"];
         assert_eq!(r["memory"]["limit"], 512 * 1024 * 1024);
         assert_eq!(r["cpu"]["quota"], 150_000);

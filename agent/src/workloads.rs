@@ -57,6 +57,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
@@ -146,6 +147,10 @@ struct Workload {
     busy: bool,
     /// The container it runs in (sandboxed workloads).
     container: Option<Container>,
+    /// Its own address, when it has a network of its own: probed there, and reported
+    /// as its endpoint to a server on this node (else the node's address, which the
+    /// node forwards to it).
+    addr: Option<Ipv4Addr>,
     /// The GPUs (or MIG devices) it was given.
     devices: Vec<String>,
     /// Set when it is a client of a GPU's MPS daemon.
@@ -416,6 +421,22 @@ impl LocalExecutor {
         }
     }
 
+    /// A port free on the node and not given to another of its workloads (which, in
+    /// networks of their own, do not hold theirs on the node).
+    fn free_port(&self) -> io::Result<u16> {
+        for _ in 0..16 {
+            let p = free_port()?;
+            if !self
+                .workloads
+                .values()
+                .any(|w| w.port == Some(p) && w.is_live())
+            {
+                return Ok(p);
+            }
+        }
+        Err(io::Error::other("no free port found"))
+    }
+
     fn run_dir(&self, id: &str) -> Option<PathBuf> {
         safe_name(id).then(|| self.root.join("runs").join(id))
     }
@@ -514,15 +535,24 @@ impl LocalExecutor {
         let run = self.root.join("runs").join(&spec.id);
 
         let port = if needs_port(spec) {
-            Some(free_port().map_err(|e| format!("cannot choose a port: {e}"))?)
+            Some(
+                self.free_port()
+                    .map_err(|e| format!("cannot choose a port: {e}"))?,
+            )
         } else {
             None
+        };
+        // In a network of its own, a notebook listens on its own address; which one is
+        // known once its network is made.
+        let host = match &self.sandbox {
+            Some(sb) if sb.own_network() => "0.0.0.0",
+            _ => &self.host,
         };
         let mut argv: Vec<String> = spec
             .argv
             .iter()
             .map(|a| {
-                let a = a.replace("{host}", &self.host);
+                let a = a.replace("{host}", host);
                 match port {
                     Some(p) => a.replace("{port}", &p.to_string()),
                     None => a,
@@ -562,6 +592,7 @@ impl LocalExecutor {
                     devices: &devices,
                     binds: &binds,
                     gpu_fraction: spec.share.as_ref().map(|s| f64::from(s.milli) / 1000.0),
+                    port,
                 };
                 start_sandboxed(sb, spec, &run, &workspace, uid, &argv, &env, &access)
                     .map(|(pid, c)| (None, pid, Some(c)))
@@ -601,9 +632,10 @@ impl LocalExecutor {
                 wrapper_exited: None,
             }),
         );
+        w.addr = container.as_ref().and_then(Container::address);
         w.container = container;
         w.port = port;
-        w.probe = probe_for(spec, port, &self.host);
+        w.probe = probe_for(spec, port, &reach_at(&self.host, w.addr, true));
         w.devices = devices;
         w.mps = mps_watch(spec);
         Ok(w)
@@ -703,10 +735,11 @@ impl LocalExecutor {
         };
         let mut w = Workload::new(Some(dir), status);
         if w.is_live() {
+            w.addr = container.as_ref().and_then(Container::address);
             w.container = container;
         }
         w.port = state.port;
-        w.probe = probe_for(&state.spec, state.port, &self.host);
+        w.probe = probe_for(&state.spec, state.port, &reach_at(&self.host, w.addr, true));
         w.devices = match &state.spec.share {
             Some(share) => share_devices(&state.spec, share).unwrap_or_default(),
             None => state.spec.devices.clone(),
@@ -729,6 +762,7 @@ impl Workload {
             last_activity_ms: None,
             busy: false,
             container: None,
+            addr: None,
             devices: Vec::new(),
             mps: None,
         }
@@ -857,7 +891,7 @@ impl Workload {
             endpoint: self
                 .port
                 .filter(|_| live)
-                .map(|p| format!("{}:{p}", host_for_url(host))),
+                .map(|p| format!("{}:{p}", host_for_url(&reach_at(host, self.addr, false)))),
             kernel_last_activity_ms: self.last_activity_ms.filter(|_| live),
             kernel_busy: live && self.busy,
             log_complete,
@@ -984,6 +1018,18 @@ fn needs_port(spec: &WorkloadSpec) -> bool {
     spec.kind == WorkloadKind::Notebook
         || spec.base_path.is_some()
         || spec.argv.iter().any(|a| a.contains("{port}"))
+}
+
+/// Where a notebook is reached: `host` (the node's address), or the workload's own
+/// address when it has one and either the agent itself asks (`probe`) or `host` is a
+/// loopback address, i.e. the server is on this node and routes to it directly. A
+/// server elsewhere reaches `host`, which the node forwards to the workload.
+fn reach_at(host: &str, own: Option<Ipv4Addr>, probe: bool) -> String {
+    let local = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|a| a.is_loopback());
+    match own {
+        Some(addr) if probe || local => addr.to_string(),
+        _ => host.to_owned(),
+    }
 }
 
 /// A port free right now: bind port 0, read it, let it go.

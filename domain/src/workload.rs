@@ -623,9 +623,10 @@ pub struct LogSlice {
 }
 
 /// Whether a node may report `endpoint` (`host:port`) for a notebook it runs: the host
-/// must be the address the node's request came from (`peer`), or any loopback address
-/// when the node itself talks over loopback (an agent on the server's host), and the
-/// port an unprivileged one. Anything else would let a node (or code that stole its
+/// must be the address the node's request came from (`peer`), or, when the node itself
+/// talks over loopback (an agent on the server's host), a loopback address or a private
+/// IPv4 one (RFC 1918: the notebook's own address in the agent's workload network), and
+/// the port an unprivileged one. Anything else would let a node (or code that stole its
 /// credential) send a notebook's proxied traffic, token included, wherever it likes.
 pub fn endpoint_allowed(endpoint: &str, peer: Option<std::net::IpAddr>) -> bool {
     let Ok(addr) = endpoint.parse::<std::net::SocketAddr>() else {
@@ -639,7 +640,10 @@ pub fn endpoint_allowed(endpoint: &str, peer: Option<std::net::IpAddr>) -> bool 
         v4 => v4,
     };
     let host_ok = if peer.is_loopback() {
-        addr.ip().is_loopback()
+        match addr.ip() {
+            std::net::IpAddr::V4(v4) => v4.is_loopback() || v4.is_private(),
+            v6 => v6.is_loopback(),
+        }
     } else {
         addr.ip() == peer
     };
@@ -719,6 +723,13 @@ mod tests {
             peer("::ffff:127.0.0.1")
         ));
         assert!(!endpoint_allowed("203.0.113.9:8888", peer("127.0.0.1")));
+        // A sandboxed notebook's own address, from an agent on the server's host; a
+        // node elsewhere reports its own address (and forwards it).
+        assert!(endpoint_allowed("10.213.0.2:40000", peer("127.0.0.1")));
+        assert!(endpoint_allowed("192.168.1.2:40000", peer("::1")));
+        assert!(!endpoint_allowed("10.213.0.2:40000", peer("10.0.0.5")));
+        assert!(!endpoint_allowed("169.254.169.254:8080", peer("127.0.0.1")));
+        assert!(!endpoint_allowed("10.213.0.2:80", peer("127.0.0.1")));
         assert!(!endpoint_allowed("127.0.0.1:22", peer("127.0.0.1")));
         assert!(!endpoint_allowed("evil.example:8888", peer("127.0.0.1")));
         assert!(!endpoint_allowed("127.0.0.1:8888", None));

@@ -181,6 +181,10 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
     if !have("crun") && is_root() {
         apt_install(&["crun"])?;
     }
+    // Its per-workload networks (docs/security.md).
+    if !have("nft") && is_root() {
+        apt_install(&["nftables", "iproute2"])?;
+    }
     prepare_cgroups()?;
     if !for_tests {
         return Ok(());

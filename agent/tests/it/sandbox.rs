@@ -486,7 +486,7 @@ async fn jupyterlab_from_the_notebook_environment_answers_in_the_sandbox() {
         .with_inherited_env([("PATH".into(), "/usr/bin:/bin".into())])
         .with_sandbox(sb)
         .with_notebook_env(env);
-    let argv = "jupyter lab --no-browser --allow-root --ServerApp.ip=127.0.0.1 \
+    let argv = "jupyter lab --no-browser --allow-root --ServerApp.ip={host} \
                 --ServerApp.port={port} --ServerApp.port_retries=0 \
                 --ServerApp.base_url=/user/ann/nb/";
     let spec = WorkloadSpec {
@@ -696,4 +696,281 @@ async fn a_job_writing_twice_its_log_cap_leaves_a_capped_log() {
     let first_full = kept.find('\n').unwrap() + 1;
     let n: u32 = kept[first_full + 5..first_full + 11].parse().unwrap();
     assert_eq!(kept.len() - first_full, (50_000 - n as usize) * 12);
+}
+
+/// Set by [`workload_networks_keep_teams_apart_from_each_other_the_node_and_the_cloud`]
+/// for the test it runs in a network namespace of its own.
+const OWN_NETNS: &str = "TESSERA_TEST_OWN_NETNS";
+
+/// Runs [`networks_in_a_namespace_of_its_own`] in a fresh network namespace (`unshare
+/// --net`), which stands for the node: its addresses, listeners, routes and rules are
+/// the test's own, and the host's network is left alone.
+#[test]
+fn workload_networks_keep_teams_apart_from_each_other_the_node_and_the_cloud() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "--"])
+        .arg(&exe)
+        .args([
+            "--exact",
+            "sandbox::networks_in_a_namespace_of_its_own",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(OWN_NETNS, "1")
+        .output()
+        .expect("run unshare");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+fn sh(script: &str) {
+    let st = std::process::Command::new("sh")
+        .args(["-c", script])
+        .status()
+        .unwrap();
+    assert!(st.success(), "{script}");
+}
+
+/// Answers every connection with `banner` and closes it.
+fn banner_listener(addr: &str, banner: &'static str) -> u16 {
+    let l = std::net::TcpListener::bind(addr).unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            use std::io::Write;
+            let _ = (&c).write_all(format!("{banner}\n").as_bytes());
+        }
+    });
+    port
+}
+
+/// Connects from here (the node) and reads the banner, or the error.
+fn connect(addr: &str) -> String {
+    use std::io::Read;
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+        Ok(mut c) => {
+            let mut s = String::new();
+            let _ = c.read_to_string(&mut s);
+            s.trim().to_owned()
+        }
+        Err(e) => format!("x: {}", e.kind()),
+    }
+}
+
+/// A Python server: `SERVE HOST PORT BANNER [HOST PORT BANNER]…`.
+const SERVE: &str = r#"
+import socket, sys, threading
+def serve(host, port, banner):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    s.listen(16)
+    while True:
+        c, _ = s.accept()
+        c.sendall(banner.encode() + b"\n")
+        c.close()
+a = sys.argv[1:]
+ts = [threading.Thread(target=serve, args=a[i:i + 3]) for i in range(0, len(a), 3)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// "The cloud" behind the node: a namespace with the metadata service's address and a
+/// host on the internet (198.51.100.1), each answering with a banner.
+struct Cloud {
+    ns: String,
+    servers: std::process::Child,
+}
+
+impl Cloud {
+    fn new() -> Cloud {
+        let ns = format!("tsrtest-cloud-{}", std::process::id());
+        sh(&format!(
+            "ip netns add {ns} && \
+             ip link add cloudlink type veth peer name eth0 netns {ns} && \
+             ip addr add 198.51.100.2/24 dev cloudlink && ip link set cloudlink up && \
+             ip -n {ns} link set lo up && ip -n {ns} addr add 169.254.169.254/32 dev lo && \
+             ip -n {ns} addr add 198.51.100.1/24 dev eth0 && ip -n {ns} link set eth0 up && \
+             ip route add 169.254.169.254/32 via 198.51.100.1"
+        ));
+        let servers = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", SERVE])
+            .args(["169.254.169.254", "80", "metadata-credentials"])
+            .args(["198.51.100.1", "8080", "hello-from-the-internet"])
+            .spawn()
+            .unwrap();
+        let cloud = Cloud { ns, servers };
+        let deadline = Instant::now() + WAIT;
+        while connect("169.254.169.254:80") != "metadata-credentials"
+            || connect("198.51.100.1:8080") != "hello-from-the-internet"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the cloud's servers never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cloud
+    }
+}
+
+impl Drop for Cloud {
+    fn drop(&mut self) {
+        let _ = self.servers.kill();
+        let _ = self.servers.wait();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .status();
+    }
+}
+
+/// Connects from inside a workload: `python3 /tmp/c.py HOST PORT` prints the banner or
+/// the error's text; HOST `gateway` is the node's end of the workload's link.
+const CONNECT_PY: &str = r#"cat > /tmp/c.py <<'PY'
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+if host == "gateway":
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == "00000000":
+            host = socket.inet_ntoa(bytes.fromhex(f[2])[::-1])
+try:
+    s = socket.create_connection((host, port), timeout=3)
+    print(s.recv(64).decode().strip() or "connected")
+except OSError as e:
+    print("x: " + (e.strerror or str(e)))
+PY
+t() { name=$1; shift; printf '%s: %s\n' "$name" "$( ("$@") 2>&1 | head -n1 | sed 's/^.*: //')"; }
+"#;
+
+/// Team B runs a notebook (and a private service on its loopback); team A's job tries
+/// to reach it, the node's loopback and addresses, the metadata service, and the
+/// internet. Only the internet answers, and only while allowed; the node (the proxy)
+/// reaches B's notebook at the endpoint the agent reports: B's own address.
+#[ignore = "needs a network namespace of its own: run by \
+            workload_networks_keep_teams_apart_from_each_other_the_node_and_the_cloud"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn networks_in_a_namespace_of_its_own() {
+    assert!(
+        std::env::var_os(OWN_NETNS).is_some(),
+        "run through the test that gives it a network namespace of its own"
+    );
+    sh("ip link set lo up && \
+        ip link add uplink type veth peer name uplink-peer && \
+        ip addr add 192.0.2.10/24 dev uplink && ip link set uplink up && \
+        ip link set uplink-peer up");
+    // Services of the node: one on its loopback (the portal, an agent), one on all its
+    // addresses (its uplink's and every workload link's node end).
+    let node_lo = banner_listener("127.0.0.1:0", "node-loopback-service");
+    let node_any = banner_listener("0.0.0.0:0", "node-service");
+    let _cloud = Cloud::new();
+
+    let node = Node::new();
+    let mut ex = node.executor();
+    let b = WorkloadSpec {
+        kind: WorkloadKind::Notebook,
+        argv: ["python3", "-c", SERVE, "{host}", "{port}", "b-notebook"]
+            .into_iter()
+            .chain(["127.0.0.1", "7000", "b-private"])
+            .map(str::to_owned)
+            .collect(),
+        token: Some("t".into()),
+        base_path: Some("/user/bob/nb/".into()),
+        ..job("nb-b", "team-b", &node.b.0, "")
+    };
+    ex.apply(&sync(std::slice::from_ref(&b)));
+    let reports = ex.reports().await;
+    let endpoint = reports[0].endpoint.clone().expect("an endpoint");
+    let (b_addr, b_port) = endpoint.rsplit_once(':').unwrap();
+    // B's own address, in the node's range.
+    assert!(b_addr.starts_with("10.213."), "{endpoint}");
+    let deadline = Instant::now() + WAIT;
+    while connect(&endpoint) != "b-notebook" {
+        assert!(
+            Instant::now() < deadline,
+            "the node never reached B's notebook at {endpoint}: {}",
+            connect(&endpoint)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its other port is not open to the node either.
+    assert_ne!(connect(&format!("{b_addr}:7000")), "b-private");
+
+    let script = format!(
+        "{CONNECT_PY}
+t b_notebook python3 /tmp/c.py {b_addr} {b_port}
+t b_loopback python3 /tmp/c.py 127.0.0.1 7000
+t b_in_proc_net sh -c 'grep -ci \":1B58 \" /proc/net/tcp'
+t node_loopback python3 /tmp/c.py 127.0.0.1 {node_lo}
+t node_address python3 /tmp/c.py 192.0.2.10 {node_any}
+t node_gateway python3 /tmp/c.py gateway {node_any}
+t metadata python3 /tmp/c.py 169.254.169.254 80
+t internet python3 /tmp/c.py 198.51.100.1 8080
+t node_addresses_seen sh -c 'grep -c 192.0.2.10 /proc/net/fib_trie'
+"
+    );
+    let a = job("run-a", "team-a", &node.a.0, &script);
+    let both = [b.clone(), a.clone()];
+    ex.apply(&sync(&both));
+    let (rep, log) = finished(&mut ex, "run-a", &both).await;
+    assert_eq!(rep.exit_code, Some(0), "{log}");
+    // Refused by the node's rules ("administratively prohibited"), not merely unanswered.
+    assert_eq!(line(&log, "b_notebook"), "No route to host", "{log}");
+    assert_eq!(line(&log, "b_loopback"), "Connection refused");
+    assert_eq!(line(&log, "b_in_proc_net"), "0");
+    assert_eq!(line(&log, "node_loopback"), "Connection refused");
+    assert_eq!(line(&log, "node_address"), "No route to host");
+    assert_eq!(line(&log, "node_gateway"), "No route to host");
+    assert_eq!(line(&log, "metadata"), "No route to host");
+    assert_eq!(line(&log, "internet"), "hello-from-the-internet");
+    assert_eq!(line(&log, "node_addresses_seen"), "0");
+    // B still answers the node.
+    assert_eq!(connect(&endpoint), "b-notebook");
+
+    // A node that allows no internet.
+    let mut settings = node.settings();
+    settings.network.as_mut().unwrap().internet = false;
+    let sb = Sandbox::open(settings, Arc::clone(&node.backend), &node.state("sandbox"))
+        .unwrap_or_else(|e| panic!("the sandbox tests need root and crun: {e}"));
+    let mut closed = LocalExecutor::open(&node.state("workloads-closed"), "127.0.0.1")
+        .unwrap()
+        .with_sandbox(sb);
+    let c = job(
+        "run-c",
+        "team-a",
+        &node.a.0,
+        &format!("{CONNECT_PY}\nt internet python3 /tmp/c.py 198.51.100.1 8080\n"),
+    );
+    closed.apply(&sync(std::slice::from_ref(&c)));
+    let (rep, log) = finished(&mut closed, "run-c", std::slice::from_ref(&c)).await;
+    assert_eq!(rep.exit_code, Some(0), "{log}");
+    assert_eq!(line(&log, "internet"), "No route to host");
+
+    // Stopped, every workload's namespace, link and rules are gone.
+    let stop = [WorkloadSpec { run: false, ..b }, a];
+    ex.apply(&sync(&stop));
+    let (rep, _) = finished(&mut ex, "nb-b", &stop).await;
+    assert_eq!(rep.message.as_deref(), Some("stopped"));
+    closed.apply(&sync(&[]));
+    let tables = std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&tables.stdout), "");
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(!links.contains(": tsr"), "{links}");
 }

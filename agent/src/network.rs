@@ -1,0 +1,432 @@
+//! A network of its own for every sandboxed workload.
+//!
+//! Each workload gets a network namespace (`/run/netns/tsr-N`) with its own loopback and
+//! one end of a veth pair (`eth0`); the other end (`tsrN`) stays in the agent's namespace.
+//! Slot `N` is the `N`-th /30 of the node's range (`--sandbox-net`, default
+//! [`DEFAULT_RANGE`]): the node's end is its first address, the workload's the second,
+//! and the node routes and masquerades its traffic. Made with the kernel's own tools:
+//! `ip` (iproute2) for the namespace, the link and the addresses, `nft` (nftables) for
+//! the policy, one table per workload (`inet tsr-N`), so that workloads (and agents
+//! sharing a host in tests) never edit each other's rules and a workload's rules go with
+//! one `nft delete table`.
+//!
+//! The policy, in the workload's table ([`ruleset`]):
+//! - from the workload, refused (ICMP administratively prohibited, so a program fails at
+//!   once with "No route to host"): every address of the node itself (the input hook:
+//!   the agent, the portal, anything listening on the node, its end of the veth),
+//!   loopback, link-local (`169.254.0.0/16`: a cloud's metadata service), multicast and
+//!   broadcast, every workload of the node's range (other teams' notebooks), all of IPv6
+//!   (workloads have no IPv6 route; `fd00:ec2::254` included), and the `blocked`
+//!   addresses (the portal's, when it runs elsewhere); everything else (the internet)
+//!   only when `internet` is on;
+//! - to the workload: only its notebook's port, from the node itself (the agent's probe,
+//!   a portal on the node) or, through a DNAT of the node's own addresses, from the
+//!   `proxies` (the portal's host); and replies to its own connections.
+//!
+//! The slot is claimed by creating its namespace (`ip netns add` fails on an existing
+//! name), so agents sharing a host never take the same one. Every failure undoes what was
+//! made, and the workload does not start: it never falls back to the node's network.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+/// Where `ip netns` keeps named namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+/// The node's workload range unless set.
+pub const DEFAULT_RANGE: &str = "10.213.0.0/16";
+
+/// How the node's workloads are networked. See the module docs.
+#[derive(Debug, Clone)]
+pub struct NetworkSettings {
+    pub range: Ipv4Range,
+    /// Whether workloads may reach addresses outside the node (the refused ones aside).
+    pub internet: bool,
+    /// Addresses that may open a notebook's port from outside the node (the portal).
+    pub proxies: Vec<IpAddr>,
+    /// Addresses outside the node workloads may never reach (the portal's).
+    pub blocked: Vec<SocketAddr>,
+}
+
+impl NetworkSettings {
+    pub fn new() -> NetworkSettings {
+        NetworkSettings {
+            range: Ipv4Range::parse(DEFAULT_RANGE).unwrap_or(Ipv4Range {
+                base: Ipv4Addr::new(10, 213, 0, 0),
+                prefix: 16,
+            }),
+            internet: true,
+            proxies: Vec::new(),
+            blocked: Vec::new(),
+        }
+    }
+}
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        NetworkSettings::new()
+    }
+}
+
+/// An IPv4 range `a.b.c.d/p` cut into /30 slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4Range {
+    pub base: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Ipv4Range {
+    /// `10.213.0.0/16`: a prefix from 8 to 29 and no host bits set.
+    pub fn parse(s: &str) -> Result<Ipv4Range, String> {
+        let bad = || format!("`{s}` is not an IPv4 range such as {DEFAULT_RANGE}");
+        let (addr, prefix) = s.trim().split_once('/').ok_or_else(bad)?;
+        let base: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        if !(8..=29).contains(&prefix) {
+            return Err(format!("{s}: the prefix must be from /8 to /29"));
+        }
+        if u32::from(base) & (u32::MAX >> prefix) != 0 {
+            return Err(format!("{s}: the address has bits beyond the prefix"));
+        }
+        Ok(Ipv4Range { base, prefix })
+    }
+
+    /// How many workloads it holds (a /30 each).
+    pub fn slots(self) -> u32 {
+        1 << (30 - u32::from(self.prefix))
+    }
+
+    /// Slot `n`: the node's end and the workload's address.
+    pub fn slot(self, n: u32) -> Slot {
+        let net = u32::from(self.base) + 4 * n;
+        Slot {
+            n,
+            gateway: Ipv4Addr::from(net + 1),
+            addr: Ipv4Addr::from(net + 2),
+        }
+    }
+}
+
+impl std::fmt::Display for Ipv4Range {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+/// One workload's network, kept in its run's state so a restarted agent removes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    pub n: u32,
+    /// The node's end of the veth pair.
+    pub gateway: Ipv4Addr,
+    /// The workload's address (its `eth0`).
+    pub addr: Ipv4Addr,
+}
+
+impl Slot {
+    /// The namespace's name (`ip netns`) and the nftables table's.
+    pub fn name(&self) -> String {
+        format!("tsr-{}", self.n)
+    }
+
+    /// The namespace's file, for the runtime to join.
+    pub fn netns_path(&self) -> PathBuf {
+        Path::new(NETNS_DIR).join(self.name())
+    }
+
+    /// The node's end of the veth pair.
+    pub fn ifname(&self) -> String {
+        format!("tsr{}", self.n)
+    }
+}
+
+/// Checks that `ip` and `nft` work here, and turns on IPv4 forwarding (workloads reach
+/// the internet and are reached by the proxy through the node), as container engines do.
+pub fn prepare(settings: &NetworkSettings) -> Result<(), String> {
+    for (tool, arg, package) in [("ip", "-V", "iproute2"), ("nft", "--version", "nftables")] {
+        let ok = Command::new(tool)
+            .arg(arg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err(format!(
+                "the workload network needs `{tool}` (`apt-get install {package}`), or \
+                 --sandbox-network off to run workloads on the node's network"
+            ));
+        }
+    }
+    run("nft", &["list", "tables"], None)
+        .map_err(|e| format!("nftables does not work here ({e}); the workload network needs it"))?;
+    if settings.internet || !settings.proxies.is_empty() {
+        let path = "/proc/sys/net/ipv4/ip_forward";
+        if std::fs::read_to_string(path).map_or(true, |v| v.trim() != "1") {
+            std::fs::write(path, "1")
+                .map_err(|e| format!("cannot turn on IPv4 forwarding ({path}): {e}"))?;
+            tracing::info!("turned on IPv4 forwarding for the workloads' networks");
+        }
+    }
+    Ok(())
+}
+
+/// Claims a free slot and makes its namespace, veth pair, addresses, routes and rules,
+/// with `port` (a notebook's) open to the node and the proxies. Undoes it all on failure.
+pub fn create(settings: &NetworkSettings, port: Option<u16>) -> Result<Slot, String> {
+    let slot = claim(settings.range)?;
+    let made = (|| {
+        let (ifname, ns) = (slot.ifname(), slot.name());
+        run(
+            "ip",
+            &["-batch", "-"],
+            Some(&format!(
+                "link add {ifname} type veth peer name eth0 netns {ns}\n\
+                 addr add {gw}/30 dev {ifname}\n\
+                 link set {ifname} up\n",
+                gw = slot.gateway
+            )),
+        )?;
+        run(
+            "ip",
+            &["-n", &ns, "-batch", "-"],
+            Some(&format!(
+                "link set lo up\n\
+                 addr add {addr}/30 dev eth0\n\
+                 link set eth0 up\n\
+                 route add default via {gw}\n",
+                addr = slot.addr,
+                gw = slot.gateway
+            )),
+        )?;
+        run("nft", &["-f", "-"], Some(&ruleset(settings, &slot, port)))
+    })();
+    match made {
+        Ok(()) => Ok(slot),
+        Err(e) => {
+            remove(&slot);
+            Err(format!("cannot make the workload's network: {e}"))
+        }
+    }
+}
+
+/// Removes a workload's rules, veth pair and namespace; what is already gone is skipped.
+pub fn remove(slot: &Slot) {
+    let _ = run("ip", &["link", "del", &slot.ifname()], None);
+    let _ = run("nft", &["delete", "table", "inet", &slot.name()], None);
+    if let Err(e) = run("ip", &["netns", "del", &slot.name()], None)
+        && slot.netns_path().exists()
+    {
+        tracing::warn!(
+            netns = slot.name(),
+            error = e,
+            "cannot remove a workload's network"
+        );
+    }
+}
+
+/// The first slot whose namespace this call could create.
+fn claim(range: Ipv4Range) -> Result<Slot, String> {
+    for n in 0..range.slots() {
+        let slot = range.slot(n);
+        if slot.netns_path().exists() {
+            continue;
+        }
+        match run("ip", &["netns", "add", &slot.name()], None) {
+            Ok(()) => return Ok(slot),
+            // Taken meanwhile (another agent on this host).
+            Err(_) if slot.netns_path().exists() => continue,
+            Err(e) => return Err(format!("cannot make a network namespace: {e}")),
+        }
+    }
+    Err(format!(
+        "the workload network {range} is full ({} workloads); widen --sandbox-net",
+        range.slots()
+    ))
+}
+
+/// Runs `tool args`, with `stdin` fed in when given; the error is what it said.
+fn run(tool: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run `{tool}`: {e}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .map_err(|e| format!("`{tool}`: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("`{tool}`: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&out.stderr);
+    Err(format!(
+        "`{tool} {}` failed: {}",
+        args.join(" "),
+        said.trim()
+    ))
+}
+
+/// The nftables table of one workload (see the module docs).
+pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> String {
+    let i = slot.ifname();
+    let refuse = "reject with icmpx type admin-prohibited";
+    let mut t = String::new();
+    let _ = writeln!(t, "table inet {} {{", slot.name());
+    let _ = writeln!(
+        t,
+        "  chain input {{\n    type filter hook input priority filter - 10; policy accept;\n    \
+         iifname \"{i}\" ct state established,related accept\n    iifname \"{i}\" {refuse}\n  }}"
+    );
+    let _ = writeln!(
+        t,
+        "  chain forward {{\n    type filter hook forward priority filter - 10; policy accept;\n    \
+         iifname \"{i}\" ct state established,related accept\n    \
+         iifname \"{i}\" meta nfproto ipv6 {refuse}\n    \
+         iifname \"{i}\" ip daddr {{ 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3, {range} }} {refuse}",
+        range = settings.range
+    );
+    for b in &settings.blocked {
+        if let SocketAddr::V4(b) = b {
+            let _ = writeln!(
+                t,
+                "    iifname \"{i}\" ip daddr {} tcp dport {} {refuse}",
+                b.ip(),
+                b.port()
+            );
+        }
+    }
+    let _ = writeln!(
+        t,
+        "    iifname \"{i}\" {}",
+        if settings.internet { "accept" } else { refuse }
+    );
+    let _ = writeln!(t, "    oifname \"{i}\" ct state established,related accept");
+    let proxies: Vec<String> = settings
+        .proxies
+        .iter()
+        .filter_map(|p| match p {
+            IpAddr::V4(v4) if !v4.is_loopback() => Some(v4.to_string()),
+            _ => None,
+        })
+        .collect();
+    if let (Some(p), false) = (port, proxies.is_empty()) {
+        let _ = writeln!(
+            t,
+            "    oifname \"{i}\" ip saddr {{ {} }} tcp dport {p} ct status dnat accept",
+            proxies.join(", ")
+        );
+    }
+    let _ = writeln!(t, "    oifname \"{i}\" drop\n  }}");
+    let _ = writeln!(
+        t,
+        "  chain output {{\n    type filter hook output priority filter - 10; policy accept;\n    \
+         oifname \"{i}\" ct state established,related accept"
+    );
+    if let Some(p) = port {
+        let _ = writeln!(t, "    oifname \"{i}\" tcp dport {p} accept");
+    }
+    let _ = writeln!(t, "    oifname \"{i}\" drop\n  }}");
+    if let (Some(p), false) = (port, proxies.is_empty()) {
+        let _ = writeln!(
+            t,
+            "  chain prerouting {{\n    type nat hook prerouting priority dstnat; policy accept;\n    \
+             fib daddr type local ip saddr {{ {} }} tcp dport {p} dnat ip to {}:{p}\n  }}",
+            proxies.join(", "),
+            slot.addr
+        );
+    }
+    let _ = writeln!(
+        t,
+        "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
+         ip saddr {} oifname != \"{i}\" masquerade\n  }}",
+        slot.addr
+    );
+    t.push_str("}\n");
+    t
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_cut_into_slots() {
+        let r = Ipv4Range::parse("10.213.0.0/16").unwrap();
+        assert_eq!(r.slots(), 16_384);
+        let s = r.slot(0);
+        assert_eq!(
+            (s.gateway, s.addr),
+            ("10.213.0.1".parse().unwrap(), "10.213.0.2".parse().unwrap())
+        );
+        let s = r.slot(16_383);
+        assert_eq!(s.addr, "10.213.255.254".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(
+            (s.name(), s.ifname()),
+            ("tsr-16383".to_owned(), "tsr16383".to_owned())
+        );
+        assert!(s.ifname().len() <= 15, "Linux interface names");
+        assert_eq!(s.netns_path(), Path::new("/run/netns/tsr-16383"));
+        assert_eq!(Ipv4Range::parse("192.168.7.0/29").unwrap().slots(), 2);
+        for bad in [
+            "10.213.0.1/16",
+            "10.213.0.0",
+            "10.213.0.0/30",
+            "10.0.0.0/7",
+            "x/16",
+            "::1/64",
+        ] {
+            assert!(Ipv4Range::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_rules_refuse_the_node_its_neighbours_and_metadata_and_open_one_port() {
+        let mut s = NetworkSettings::new();
+        s.proxies = vec!["192.0.2.7".parse().unwrap(), "127.0.0.1".parse().unwrap()];
+        s.blocked = vec!["192.0.2.7:8443".parse().unwrap()];
+        let slot = s.range.slot(3);
+        let t = ruleset(&s, &slot, Some(40_001));
+        assert!(t.starts_with("table inet tsr-3 {"));
+        // Everything the workload sends to the node itself.
+        assert!(t.contains("hook input priority filter - 10; policy accept;\n    iifname \"tsr3\" ct state established,related accept\n    iifname \"tsr3\" reject"));
+        assert!(t.contains(
+            "ip daddr { 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3, 10.213.0.0/16 } reject"
+        ));
+        assert!(t.contains("iifname \"tsr3\" meta nfproto ipv6 reject"));
+        assert!(t.contains("ip daddr 192.0.2.7 tcp dport 8443 reject"));
+        assert!(t.contains("    iifname \"tsr3\" accept\n"));
+        // In: the port, from the node and (DNAT) from the proxy; loopback is the node's.
+        assert!(t.contains("oifname \"tsr3\" tcp dport 40001 accept"));
+        assert!(t.contains("ip saddr { 192.0.2.7 } tcp dport 40001 ct status dnat accept"));
+        assert!(t.contains("fib daddr type local ip saddr { 192.0.2.7 } tcp dport 40001 dnat ip to 10.213.0.14:40001"));
+        assert!(t.contains("ip saddr 10.213.0.14 oifname != \"tsr3\" masquerade"));
+        // The refusals come before the acceptance.
+        assert!(
+            t.find("10.213.0.0/16 } reject").unwrap() < t.find("iifname \"tsr3\" accept").unwrap()
+        );
+
+        // No internet, no port, no proxy: out only to nothing, in only replies.
+        s.internet = false;
+        s.proxies.clear();
+        let t = ruleset(&s, &slot, None);
+        assert!(
+            t.contains("    iifname \"tsr3\" reject with icmpx type admin-prohibited\n    oifname")
+        );
+        assert!(!t.contains("dport 40001") && !t.contains("prerouting"));
+    }
+}
