@@ -265,7 +265,10 @@ async fn main() {
         .expect("load")
         .expect("row");
     let endpoint = row.w.endpoint.expect("endpoint");
-    let token = row.w.token.expect("token");
+    let keys = tessera_server::data_keys::load(&ServeConfig::for_tests(&url)).expect("data keys");
+    let token = tessera_core::services::workloads::open_notebook_token(&keys, &row.w)
+        .expect("the token opens")
+        .expect("token");
     let (s, tok) = member
         .call(
             Method::POST,

@@ -247,6 +247,24 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_NOTEBOOK_SAME_ORIGIN_UNSAFE", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub notebook_same_origin_unsafe: bool,
 
+    /// The data keys that seal notebook tokens and workload environments at rest: base64
+    /// of 32 random bytes each (`openssl rand -base64 32`), separated by commas, the newest
+    /// first (it seals; the others still open). With PostgreSQL this or
+    /// TESSERA_DATA_KEY_FILE is required, the same on every replica (docs/security.md:
+    /// Data at rest).
+    #[arg(
+        long,
+        env = "TESSERA_DATA_KEY",
+        hide_env_values = true,
+        conflicts_with = "data_key_file"
+    )]
+    pub data_key: Option<Secret>,
+
+    /// A file with the data keys, one a line, the newest first; readable by its owner only.
+    /// Default with SQLite: `<database>.key` beside the database, generated when missing.
+    #[arg(long, env = "TESSERA_DATA_KEY_FILE")]
+    pub data_key_file: Option<PathBuf>,
+
     /// Bearer token a Prometheus scraper sends to `/metrics` to see per-team series (spend,
     /// budget); without it `/metrics` shows no team data.
     #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]

@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod data_keys;
 mod http;
 pub mod k8s;
 mod leader;
@@ -66,9 +67,14 @@ pub async fn run(
     // SQLite is one process: a second server on the same file would race the first's
     // passes. The lock goes with this function (and with the process, however it ends).
     let _single_process = match tessera_core::store::sqlite_file(config.database_url.expose()) {
-        Some(file) => Some(lock_sqlite(&file)?),
+        Some(file) => {
+            let lock = lock_sqlite(&file)?;
+            create_private(&file)?;
+            Some(lock)
+        }
         None => None,
     };
+    let data_keys = Arc::new(data_keys::load(&config)?);
     let store = Store::connect(config.database_url.expose())
         .await
         .context("TESSERA_DATABASE_URL (--database-url)")?;
@@ -106,8 +112,17 @@ pub async fn run(
     services.workloads = services
         .workloads
         .clone()
-        .with_config(config.workload_config());
+        .with_config(config.workload_config())
+        .with_data_keys(data_keys.clone());
     let services = Arc::new(services);
+    let sealed = services
+        .workloads
+        .seal_at_rest()
+        .await
+        .context("sealing workload secrets with the data keys (TESSERA_DATA_KEY)")?;
+    if sealed > 0 {
+        tracing::info!(sealed, keys = ?data_keys, "sealed workload secrets under the newest data key");
+    }
 
     let admin_password = config
         .admin_password
@@ -316,14 +331,67 @@ fn lock_sqlite(db: &std::path::Path) -> anyhow::Result<std::fs::File> {
     }
 }
 
-/// `tessera backup`: a consistent online copy of the SQLite store.
+/// Creates a new SQLite database file readable by its owner only, as its key file and its
+/// backups are (SQLite gives the `-wal` and `-shm` files the database's mode). An existing
+/// file keeps the mode its operator gave it.
+fn create_private(db: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(db)
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            Err(e).with_context(|| format!("cannot create {}", db.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `tessera backup`: a consistent online copy of the SQLite store, readable by its owner
+/// only. It holds password hashes and sealed secrets, never a session id or a data key.
+/// SQLite writes it inside a folder only its owner may enter (mode 0700), where it is made
+/// 0600 before it is moved into place, so no other user can ever open it: what a umask of
+/// 077 would give, without changing the process's umask.
 pub async fn backup(database_url: &str, to: &std::path::Path) -> anyhow::Result<()> {
-    let store = Store::connect(database_url)
-        .await
-        .context("TESSERA_DATABASE_URL (--database-url)")?;
-    let result = store.backup_to(to).await;
-    store.close().await;
-    result
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    anyhow::ensure!(
+        !to.exists(),
+        "{} exists already; choose a new file",
+        to.display()
+    );
+    let name = to
+        .file_name()
+        .with_context(|| format!("{} is not a file name", to.display()))?;
+    let mut staging = std::ffi::OsString::from(".");
+    staging.push(name);
+    staging.push(".partial");
+    let staging = to.with_file_name(staging);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .with_context(|| format!("cannot create {}", staging.display()))?;
+    let staged = staging.join("backup.db");
+    let written = async {
+        let store = Store::connect(database_url)
+            .await
+            .context("TESSERA_DATABASE_URL (--database-url)")?;
+        let result = store.backup_to(&staged).await;
+        store.close().await;
+        result?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        anyhow::ensure!(
+            !to.exists(),
+            "{} exists already; choose a new file",
+            to.display()
+        );
+        std::fs::rename(&staged, to)
+            .with_context(|| format!("moving the backup to {}", to.display()))
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&staging);
+    written
 }
 
 /// `tessera restore`: replaces the (stopped) server's SQLite store with a backup.
@@ -332,6 +400,16 @@ pub async fn restore(database_url: &str, from: &std::path::Path) -> anyhow::Resu
         "tessera restore replaces a SQLite store; for PostgreSQL use pg_restore (README: Backups)",
     )?;
     anyhow::ensure!(from.is_file(), "{} is not a file", from.display());
+    // A backup holds password hashes and sealed secrets: one others could read may have
+    // been read, or changed.
+    let mode = std::os::unix::fs::PermissionsExt::mode(&from.metadata()?.permissions());
+    anyhow::ensure!(
+        mode & 0o077 == 0,
+        "{} is open to other users (mode {:o}); a backup must be readable by its owner only: \
+         check who else could have read or changed it, then `chmod 600` it",
+        from.display(),
+        mode & 0o777
+    );
     // No server may be using the database meanwhile.
     let _lock = lock_sqlite(&db)?;
     // Check a copy first: it must be a Tessera database.

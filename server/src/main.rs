@@ -14,7 +14,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Backup(args) => {
             tessera_server::backup(args.database_url.expose(), &args.path).await?;
-            println!("backup written to {}", args.path.display());
+            println!(
+                "backup written to {} (readable by you only; the data key is not in it: \
+                 keep a copy of the key apart from it)",
+                args.path.display()
+            );
             Ok(())
         }
         Command::Restore(args) => {

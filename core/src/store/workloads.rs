@@ -6,6 +6,7 @@
 //! answer is stored once.
 
 use super::{Store, StoreError, db, on_pool};
+use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::AllocState;
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
@@ -37,11 +38,12 @@ pub struct WorkloadRow {
     pub state: WorkloadState,
     pub command: String,
     pub workdir: String,
-    /// JSON list of `EnvVar`.
-    pub env: String,
+    /// JSON list of `EnvVar`, sealed (values may be secrets).
+    pub env: Sealed,
     pub retries: i64,
     pub attempt: i64,
-    pub token: Option<String>,
+    /// The notebook's secret, sealed.
+    pub token: Option<Sealed>,
     pub endpoint: Option<String>,
     pub exit_code: Option<i64>,
     pub message: Option<String>,
@@ -86,7 +88,7 @@ impl WorkloadRow {
             state,
             command: String::new(),
             workdir: String::new(),
-            env: "[]".into(),
+            env: Sealed::clear("[]"),
             retries: 0,
             attempt: 1,
             token: None,
@@ -295,6 +297,37 @@ impl Store {
     pub async fn live_workloads(&self) -> Result<Vec<WorkloadListRow>, StoreError> {
         let sql = joined(&format!("WHERE w.state IN {LIVE} ORDER BY w.created_at"));
         db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).fetch_all(pool).await)
+    }
+
+    /// Up to `limit` workloads after `after` (by id) whose token or environment is not
+    /// sealed under the current key (`prefix`, `tsx1.<key id>.`): in clear from an older
+    /// release, or under an older key.
+    pub async fn workload_secrets_to_seal(
+        &self,
+        prefix: &str,
+        after: Uuid,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, Option<Sealed>, Sealed)>, StoreError> {
+        let sql = "SELECT id, token, env FROM workloads WHERE id > $1 \
+                   AND (env NOT LIKE $2 OR (token IS NOT NULL AND token NOT LIKE $2)) \
+                   ORDER BY id LIMIT $3";
+        let pattern = format!("{prefix}%");
+        db!(self, pool => sqlx::query_as::<_, (Uuid, Option<Sealed>, Sealed)>(sql)
+            .bind(after).bind(&pattern).bind(limit).fetch_all(pool).await)
+    }
+
+    /// Replaces a workload's token and environment with the same values sealed anew, unless
+    /// its environment is no longer `was` (another replica sealed it first); `false` then.
+    pub async fn reseal_workload_secrets(
+        &self,
+        id: Uuid,
+        was: &Sealed,
+        token: Option<&Sealed>,
+        env: &Sealed,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE workloads SET token = $1, env = $2 WHERE id = $3 AND env = $4";
+        db!(self, pool => sqlx::query(sql).bind(token).bind(env).bind(id).bind(was)
+            .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 
     /// Live workloads counted by kind and state.

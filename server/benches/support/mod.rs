@@ -31,6 +31,11 @@ pub fn serve(database_url: &str, pw: &str, extra: &[&str]) -> (u16, tokio::proce
         ])
         .args(extra)
         .env("TESSERA_ADMIN_PASSWORD", pw)
+        // Replicas of one PostgreSQL database share their data key.
+        .env(
+            "TESSERA_DATA_KEY",
+            "HcROzxrmpf2OqVvT6xHCt3zygxviuKsr5vruiDhAvRg=",
+        )
         .env("RUST_LOG", "error")
         .kill_on_drop(true)
         .spawn()

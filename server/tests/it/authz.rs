@@ -278,7 +278,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
         let w = tessera_core::store::WorkloadRow {
             node_id: Some(uuid::Uuid::parse_str(node).expect("uuid")),
             hostname: "node-m".into(),
-            token: Some("matrix-token".into()),
+            token: Some(tessera_core::at_rest::Sealed::clear("matrix-token")),
             ..tessera_core::store::WorkloadRow::new(
                 tessera_domain::workload::WorkloadKind::Notebook,
                 &format!("nb{i}"),

@@ -195,6 +195,10 @@ fn manifests_parse_into_typed_objects_and_fit_the_code() {
     let (sname, skey) = secret_key(&e["TESSERA_DATABASE_URL"]);
     assert_eq!(sname, secret_name);
     assert!(secret_keys.contains(&skey), "{skey} not in the secret");
+    // PostgreSQL needs the data keys, from the Secret too.
+    let (sname, skey) = secret_key(&e["TESSERA_DATA_KEY"]);
+    assert_eq!(sname, secret_name);
+    assert!(secret_keys.contains(&skey), "{skey} not in the secret");
     // Shutdown: the drain and the WebSocket grace fit in the pod's grace period.
     let secs = |k: &str| -> i64 {
         e[k].value

@@ -25,3 +25,4 @@ mod tenancy;
 mod tls;
 mod upgrade;
 mod workloads;
+mod at_rest;

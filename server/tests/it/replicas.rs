@@ -443,6 +443,7 @@ pub(crate) fn start_replica(name: &str, port: u16, database_url: &str) -> Replic
         .args(["--database-url", database_url, "--replica-name", name])
         .args(["--scheduler-interval", "1s", "--site-root", "/nonexistent"])
         .env("RUST_LOG", "warn")
+        .env("TESSERA_DATA_KEY", crate::support::TEST_DATA_KEY)
         // A short drain and grace: a stopped replica is gone within seconds.
         .env("TESSERA_DRAIN_SECONDS", "1")
         .env("TESSERA_SHUTDOWN_GRACE_SECONDS", "3")

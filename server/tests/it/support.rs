@@ -5,6 +5,9 @@ use tessera_server::config::{Secret, ServeConfig};
 use tokio::sync::oneshot;
 
 pub const ADMIN_PASSWORD: &str = "integration-admin-pw";
+/// The data key of PostgreSQL test servers (every replica of one database needs the same);
+/// SQLite ones generate theirs beside the database, as the embedded default does.
+pub const TEST_DATA_KEY: &str = "HcROzxrmpf2OqVvT6xHCt3zygxviuKsr5vruiDhAvRg=";
 
 #[derive(Debug, Clone, Copy)]
 pub enum Db {
@@ -164,6 +167,9 @@ impl TestApp {
         let mut config = ServeConfig::for_tests(&url);
         config.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         config.site_root = dir.path().join("site");
+        if url.starts_with("postgres") {
+            config.data_key = Some(Secret::new(TEST_DATA_KEY));
+        }
         tweak(&mut config);
         let addr = listener.local_addr().expect("addr");
         let scheme = if config.tls_cert.is_some() {
@@ -263,14 +269,24 @@ impl TestApp {
         let store = tessera_core::store::Store::connect(&self.database_url)
             .await
             .expect("store");
-        tessera_core::Services::new(
+        let mut services = tessera_core::Services::new(
             store,
             tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
             std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
                 Default::default(),
             )),
             std::time::Duration::from_secs(3600),
-        )
+        );
+        services.workloads = services
+            .workloads
+            .clone()
+            .with_data_keys(std::sync::Arc::new(self.data_keys()));
+        services
+    }
+
+    /// The data keys this app seals secrets with.
+    pub fn data_keys(&self) -> tessera_core::at_rest::DataKeys {
+        tessera_server::data_keys::load(&self.config).expect("data keys")
     }
 }
 
@@ -372,6 +388,11 @@ impl AdminClient {
     pub async fn with_app(app: TestApp) -> AdminClient {
         let cookie = login(&app, "admin", ADMIN_PASSWORD).await;
         AdminClient { app, cookie }
+    }
+
+    /// The admin's session cookie (`name=value`).
+    pub fn cookie(&self) -> &str {
+        &self.cookie
     }
 
     /// The user named `username`, as `GET /api/v1/users` lists them.

@@ -665,7 +665,13 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
         .await
         .expect("load")
         .expect("row");
-    let secret = row.w.token.clone().expect("token");
+    let secret = app
+        .side_services()
+        .await
+        .workloads
+        .notebook_token(&row.w)
+        .expect("the token opens")
+        .expect("token");
     let r = c
         .get(app.url(&format!("{base}lab")))
         .bearer_auth(&s.member)

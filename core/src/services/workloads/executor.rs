@@ -111,7 +111,10 @@ impl Workloads {
         } else {
             HashMap::new()
         };
-        let workloads = rows.iter().map(|r| self.spec(r, &shared)).collect();
+        let workloads = rows
+            .iter()
+            .map(|r| self.spec(r, &shared))
+            .collect::<Result<_, _>>()?;
         Ok(WorkloadSync {
             workloads,
             log_acks: acks,
@@ -129,7 +132,13 @@ impl Workloads {
             .map_err(internal("loading node workloads"))
     }
 
-    fn spec(&self, r: &WorkloadListRow, shared: &HashMap<String, ShareMethod>) -> WorkloadSpec {
+    /// What `r` should be on its node; Internal when its secrets do not open (a notebook
+    /// is never started without its token).
+    fn spec(
+        &self,
+        r: &WorkloadListRow,
+        shared: &HashMap<String, ShareMethod>,
+    ) -> Result<WorkloadSpec, AppError> {
         let w = &r.w;
         let kind = w.kind;
         let state = w.state;
@@ -151,16 +160,16 @@ impl Workloads {
         };
         let devices = devices_of(w);
         let share = is_share(&r.alloc_kind);
-        WorkloadSpec {
+        Ok(WorkloadSpec {
             id: run_id(w),
             kind,
             run,
             argv,
-            env: serde_json::from_str(&w.env).unwrap_or_default(),
+            env: self.env_of(w)?,
             devices: devices.iter().map(device_uuid).collect(),
             workspace: w.team_id.to_string(),
             workdir: w.workdir.clone(),
-            token: w.token.clone(),
+            token: self.notebook_token(w)?,
             base_path: (kind == WorkloadKind::Notebook).then_some(base),
             allocation_id: w.allocation_id.to_string(),
             resources: if share {
@@ -172,7 +181,7 @@ impl Workloads {
                     .collect()
             },
             share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
-        }
+        })
     }
 
     async fn step(

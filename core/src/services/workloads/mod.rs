@@ -39,6 +39,9 @@ mod executor;
 mod notebooks;
 mod pass;
 mod profiles;
+mod secrets;
+
+pub use secrets::open_notebook_token;
 
 /// Who reports workloads to [`Workloads::sync`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +236,8 @@ pub struct Workloads {
     store: Store,
     allocations: Allocations,
     cfg: WorkloadConfig,
+    /// Seal tokens and environments at rest (`secrets.rs`).
+    keys: Arc<crate::at_rest::DataKeys>,
     /// Platform admins' proxy use is audited once per (admin, notebook) and hour.
     admin_audited: Arc<Mutex<AuditedAccess>>,
 }
@@ -287,14 +292,14 @@ fn run_id(w: &WorkloadRow) -> String {
     }
 }
 
-/// Where a live notebook's traffic goes, once it runs.
-fn target_of(row: &WorkloadListRow) -> Result<ProxyTarget, NotReady> {
+/// Where a live notebook's traffic goes, once it runs (`token` opened from the row).
+fn target_of(row: &WorkloadListRow, token: Option<String>) -> Result<ProxyTarget, NotReady> {
     let state = row.w.state;
-    match (state, &row.w.endpoint, &row.w.token) {
+    match (state, &row.w.endpoint, token) {
         (WorkloadState::Running, Some(endpoint), Some(token)) => Ok(ProxyTarget {
             workload_id: row.w.id,
             endpoint: endpoint.clone(),
-            token: token.clone(),
+            token,
             base_path: wl::notebook_base_path(&row.username, &row.w.name),
         }),
         _ => Err(NotReady::Starting(state)),
@@ -356,6 +361,7 @@ impl Workloads {
             store,
             allocations,
             cfg: WorkloadConfig::default(),
+            keys: Arc::new(crate::at_rest::DataKeys::ephemeral()),
             admin_audited: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -474,15 +480,13 @@ impl Workloads {
             Target::NewGpu(gpu) => self.own_allocation(p, gpu, kind, name, key).await?,
         };
         let base = wl::notebook_base_path(p.username.as_str(), name);
-        let row = WorkloadRow {
+        let mut row = WorkloadRow {
             node_id: place.node_id,
             hostname: place.hostname,
             devices: place.devices,
             command: command.into(),
             workdir: workdir.into(),
-            env: serde_json::to_string(env).unwrap_or_else(|_| "[]".into()),
             retries: i64::from(retries),
-            token: (kind == WorkloadKind::Notebook).then(new_token),
             idempotency_key: key.map(str::to_owned),
             owns_allocation: place.owned,
             ..WorkloadRow::new(
@@ -493,6 +497,8 @@ impl Workloads {
                 Utc::now(),
             )
         };
+        let token = (kind == WorkloadKind::Notebook).then(new_token);
+        self.seal_secrets(&mut row, token.as_deref(), env)?;
         let inserted = self
             .store
             .insert_workload(&row)
@@ -861,7 +867,8 @@ impl Workloads {
             state,
             command: w.command.clone(),
             workdir: w.workdir.clone(),
-            env: serde_json::from_str(&w.env).unwrap_or_default(),
+            // A row no key opens was already logged; its view shows no environment.
+            env: self.env_of(w).unwrap_or_default(),
             retries: u32::try_from(w.retries).unwrap_or(0),
             attempt: u32::try_from(w.attempt).unwrap_or(1),
             exit_code: w.exit_code.and_then(|c| i32::try_from(c).ok()),

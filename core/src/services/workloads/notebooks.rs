@@ -20,7 +20,7 @@ impl Workloads {
             .map_err(internal("loading notebook"))?
             .ok_or(AppError::NotFound)?;
         self.may_open(p, &row).await?;
-        Ok(target_of(&row))
+        Ok(target_of(&row, self.notebook_token(&row.w)?))
     }
 
     /// The same, for the notebook a notebook origin names by its workload id.
@@ -37,7 +37,7 @@ impl Workloads {
             .filter(|r| r.w.kind == WorkloadKind::Notebook && r.w.state.is_live())
             .ok_or(AppError::NotFound)?;
         self.may_open(p, &row).await?;
-        Ok(target_of(&row))
+        Ok(target_of(&row, self.notebook_token(&row.w)?))
     }
 
     /// A one-time code that lets the caller's browser into the notebook's own origin

@@ -1,0 +1,156 @@
+//! Data at rest gives nothing away: the database and `tessera backup` hold no session
+//! cookie's value, no notebook token and no environment value in clear; the backup is
+//! readable by its owner only, and `tessera restore` refuses one that others could read.
+//! (SQLite: `tessera backup` copies the embedded store; PostgreSQL uses pg_dump.)
+
+use crate::allocations::{set_quota, team};
+use crate::support::{AdminClient, Db, call_with_token};
+use reqwest::Method;
+use serde_json::json;
+use std::os::unix::fs::PermissionsExt;
+use tessera_core::store::Store;
+
+const SECRET: &str = "s3cr3t-wandb-key-0f1e2d3c";
+
+/// Every file of the SQLite database at `url` (the database, its WAL), concatenated.
+fn database_bytes(url: &str) -> Vec<u8> {
+    let db = tessera_core::store::sqlite_file(url).expect("a SQLite file");
+    let mut bytes = Vec::new();
+    for suffix in ["", "-wal"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        if let Ok(b) = std::fs::read(std::path::PathBuf::from(name)) {
+            bytes.extend(b);
+        }
+    }
+    bytes
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_holds_no_session_token_or_secret_in_clear() {
+    let mut a = AdminClient::new(Db::Sqlite).await;
+    let cookie = a.cookie().to_owned();
+    let (_, session_id) = cookie.split_once('=').expect("name=value");
+    assert_eq!(session_id.len(), 22, "a tower-sessions id: {cookie}");
+    let t = team(&a, "rest").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+
+    // A notebook (it has a token) and a job, each with a secret in its environment; no
+    // node, so both wait for their own GPU.
+    let (s, nb) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"name": "nb-at-rest", "gpu": "H100-80GB:1g.10gb",
+                    "env": {"WANDB_API_KEY": SECRET}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{nb}");
+    let (s, job) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"command": "true", "gpu": "H100-80GB:1g.10gb",
+                    "env": {"HF_TOKEN": format!("{SECRET}-job")}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    // The owner still reads the value back.
+    assert_eq!(nb["env"][0]["value"], SECRET, "{nb}");
+    let id = uuid::Uuid::parse_str(nb["id"].as_str().expect("id")).expect("uuid");
+    let store = Store::connect(&a.app.database_url).await.expect("store");
+    let row = store.workload(id).await.expect("load").expect("row");
+    store.close().await;
+    let token = a
+        .app
+        .side_services()
+        .await
+        .workloads
+        .notebook_token(&row.w)
+        .expect("the token opens")
+        .expect("a notebook has a token");
+    assert_eq!(token.len(), 64, "{token}");
+
+    // Neither the live database nor a backup holds any of them in clear.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tessera-backup.db");
+    tessera_server::backup(&a.app.database_url, &file)
+        .await
+        .expect("backup");
+    assert_eq!(mode(&file), 0o600, "a backup is its owner's only");
+    let db = tessera_core::store::sqlite_file(&a.app.database_url).expect("file");
+    assert_eq!(mode(&db), 0o600, "so is the database");
+    let backup = std::fs::read(&file).expect("read backup");
+    let live = database_bytes(&a.app.database_url);
+    for (what, bytes) in [("backup", &backup), ("database", &live)] {
+        assert!(
+            contains(bytes, "nb-at-rest"),
+            "the {what} was read in clear"
+        );
+        for (name, value) in [
+            ("the session cookie's value", session_id),
+            ("the notebook token", &token),
+            ("a secret environment value", SECRET),
+        ] {
+            assert!(!contains(bytes, value), "the {what} holds {name}");
+        }
+    }
+    // The session is in the backup, under a hash of the cookie's id.
+    let copy = Store::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .expect("open backup");
+    let Store::Sqlite(pool) = &copy else {
+        unreachable!()
+    };
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM tower_sessions")
+        .fetch_all(pool)
+        .await
+        .expect("sessions");
+    let hashed =
+        tessera_core::sessions::stored_id(&session_id.parse().expect("session id")).to_string();
+    assert!(ids.contains(&hashed), "{ids:?} lacks {hashed}");
+    copy.close().await;
+
+    // A restore refuses a backup others could read, and restores one only its owner can.
+    a.app.stop().await;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let err = tessera_server::restore(&a.app.database_url, &file)
+        .await
+        .expect_err("a 0644 backup is refused");
+    assert!(format!("{err:#}").contains("chmod 600"), "{err:#}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    tessera_server::restore(&a.app.database_url, &file)
+        .await
+        .expect("restore");
+    a.app.start_again().await;
+    // The restored session still signs the admin in; the secrets open with the key beside
+    // the database.
+    let (s, me) = a.call(Method::GET, "/api/v1/me", None).await;
+    assert_eq!(s, 200, "{me}");
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["env"][0]["value"], SECRET, "{v}");
+}
