@@ -264,11 +264,11 @@ async fn main() {
         .await
         .expect("load")
         .expect("row");
-    let endpoint = row.w.endpoint.expect("endpoint");
     let keys = tessera_server::data_keys::load(&ServeConfig::for_tests(&url)).expect("data keys");
     let token = tessera_core::services::workloads::open_notebook_token(&keys, &row.w)
         .expect("the token opens")
         .expect("token");
+    let endpoint = row.w.endpoint.expect("endpoint");
     let (s, tok) = member
         .call(
             Method::POST,
