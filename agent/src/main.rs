@@ -132,6 +132,11 @@ struct RunArgs {
     /// saying how much, unless the server already has it.
     #[arg(long, env = "TESSERA_AGENT_WORKLOAD_LOG_CAP_MIB", default_value_t = 16)]
     workload_log_cap_mib: u64,
+    /// What a team's workspace on this node may hold: a workload of a team whose
+    /// workspace holds this much or more does not start (checked at each start; see
+    /// docs/security.md). Default: no quota.
+    #[arg(long, env = "TESSERA_AGENT_WORKSPACE_QUOTA_GIB")]
+    workspace_quota_gib: Option<u64>,
     /// Stop every workload when the agent exits. Without it they keep running and
     /// the next agent adopts them.
     #[arg(long, env = "TESSERA_AGENT_STOP_WORKLOADS_ON_EXIT")]
@@ -505,7 +510,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     .context("resolving the workload root")?;
     let mut executor = LocalExecutor::open(&workload_root, &args.workload_host)
         .with_context(|| format!("opening the workload root {}", workload_root.display()))?
-        .with_log_cap(args.workload_log_cap_mib.saturating_mul(1024 * 1024));
+        .with_log_cap(args.workload_log_cap_mib.saturating_mul(1024 * 1024))
+        .with_workspace_quota(
+            args.workspace_quota_gib
+                .map(|g| g.saturating_mul(1024 * 1024 * 1024)),
+        );
     if let Some(env) = &notebook_env {
         tracing::info!(dir = %env.dir().display(), "notebooks start from this environment");
         executor = executor.with_notebook_env(env.clone());

@@ -126,6 +126,8 @@ pub struct LocalExecutor {
     shares: ShareBoard,
     /// Bytes of a workload's log kept on disk (the newest).
     log_cap: u64,
+    /// Bytes a team's workspace may hold for a workload of that team to start.
+    workspace_quota: Option<u64>,
 }
 
 /// One workload the executor knows.
@@ -222,6 +224,7 @@ impl LocalExecutor {
             notebook_env: None,
             shares: ShareBoard::default(),
             log_cap: LOG_CAP,
+            workspace_quota: None,
         };
         for dir in [ex.root.clone(), ex.root.join("runs")] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -249,6 +252,13 @@ impl LocalExecutor {
         vars: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Self {
         self.inherited = vars.into_iter().collect();
+        self
+    }
+
+    /// Refuses to start a workload while its team's workspace holds `bytes` or more
+    /// (counted in allocated blocks when the workload starts, not while it runs).
+    pub fn with_workspace_quota(mut self, bytes: Option<u64>) -> Self {
+        self.workspace_quota = bytes;
         self
     }
 
@@ -523,6 +533,18 @@ impl LocalExecutor {
         let workspace = self.root.join("workspaces").join(&spec.workspace);
         fs::create_dir_all(&workspace)
             .map_err(|e| format!("cannot create the team workspace: {e}"))?;
+        if let Some(quota) = self.workspace_quota {
+            let used = disk_usage(&workspace)
+                .map_err(|e| format!("cannot measure the team workspace: {e}"))?;
+            if used >= quota {
+                return Err(format!(
+                    "the team's workspace on this node holds {} MiB, at or over its quota of \
+                     {} MiB: delete files from it to start workloads here again",
+                    used / (1024 * 1024),
+                    quota / (1024 * 1024)
+                ));
+            }
+        }
         let uid = match &self.sandbox {
             Some(sb) => {
                 let uid = sb.uid_for(&spec.workspace)?;
@@ -1305,6 +1327,26 @@ pub fn dropped_marker(bytes: u64) -> String {
         "\n[tessera: {bytes} bytes of output dropped here: the workload wrote faster than \
          its log could be shipped, and the node keeps only the newest part]\n"
     )
+}
+
+/// The bytes allocated to `dir`'s tree, symlinks not followed, each inode once.
+pub fn disk_usage(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = HashSet::new();
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(p) = stack.pop() {
+        let meta = fs::symlink_metadata(&p)?;
+        if seen.insert((meta.dev(), meta.ino())) {
+            total = total.saturating_add(meta.blocks() * 512);
+        }
+        if meta.is_dir() {
+            for e in fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// The first offset at or after `from` that holds data (`SEEK_DATA`): past the blocks

@@ -974,3 +974,35 @@ t node_addresses_seen sh -c 'grep -c 192.0.2.10 /proc/net/fib_trie'
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(": tsr"), "{links}");
 }
+
+/// Team A fills its workspace past the node's quota: its next workload is refused with
+/// the reason, while team B's starts and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_over_its_workspace_quota_starts_nothing_more_and_others_run() {
+    let node = Node::new();
+    let mut ex = node.executor().with_workspace_quota(Some(4 * 1024 * 1024));
+    let fill = job(
+        "fill",
+        "team-a",
+        &node.a.0,
+        "dd if=/dev/urandom of=$TESSERA_WORKSPACE/big bs=1M count=5 2>/dev/null; sync; echo filled",
+    );
+    ex.apply(&sync(std::slice::from_ref(&fill)));
+    let (rep, log) = finished(&mut ex, "fill", std::slice::from_ref(&fill)).await;
+    assert_eq!(rep.exit_code, Some(0), "{log}");
+    let more = job("more", "team-a", &node.a.0, "echo started");
+    let b = job("b", "team-b", &node.b.0, "echo b-runs");
+    let all = [fill, more, b];
+    ex.apply(&sync(&all));
+    let (rep, _) = finished(&mut ex, "more", &all).await;
+    assert_eq!(rep.phase, WorkloadPhase::FailedToStart);
+    let message = rep.message.unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "the team's workspace on this node holds 5 MiB, at or over its quota of 4 MiB"
+        ),
+        "{message}"
+    );
+    let (rep, log) = finished(&mut ex, "b", &all).await;
+    assert_eq!((rep.exit_code, log.as_str()), (Some(0), "b-runs\n"));
+}
