@@ -544,11 +544,15 @@ pub async fn decide_allocation(
     id: String,
     approve: bool,
     reason: String,
+    #[server(default)] overrides: bool,
 ) -> Result<AllocationView, UiError> {
     ssr::call([("reason", reason.clone())], async |s, p| {
-        s.allocations
-            .decide(p, ssr::id(&id)?, approve, &reason)
-            .await
+        let decision = tessera_core::services::allocations::Decision {
+            approve,
+            reason: &reason,
+            overrides,
+        };
+        s.allocations.decide(p, ssr::id(&id)?, decision).await
     })
     .await
 }
@@ -582,6 +586,27 @@ pub async fn set_quota(
         let l = number(&limit, "limit")?;
         let u = number(&per_user, "per_user")?;
         s.allocations.set_quota(p, team, &model, g, l, u).await
+    })
+    .await
+}
+
+/// Grants a team `high` priority (`high` = "true", with an optional `cap` in units; empty
+/// for none) or withdraws it (platform admin).
+#[server(prefix = "/fn", endpoint = "set_team_priority")]
+pub async fn set_team_priority(
+    team_id: String,
+    #[server(default)] high: bool,
+    #[server(default)] cap: String,
+) -> Result<TeamView, UiError> {
+    ssr::call([("cap", cap.clone())], async |s, p| {
+        let team = TeamId(id(&team_id)?);
+        let cap = match cap.trim() {
+            "" => None,
+            c => Some(number(c, "cap")?),
+        };
+        let grant = high.then_some(tessera_domain::alloc::HighGrant { cap });
+        s.allocations.set_high_priority(p, team, grant).await?;
+        s.tenancy.team(p, team).await
     })
     .await
 }

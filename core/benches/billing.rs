@@ -166,7 +166,7 @@ async fn seed(
         id,
         ..AllocationRow::queued(team, user, "H100-80GB:whole", (1, 7), from)
     };
-    store.insert_allocation(&row, None, "bench").await?;
+    store.insert_allocation(&row, "bench").await?;
     for (f, t, at) in [
         ("queued", "placing", from),
         ("placing", "active", from),

@@ -97,10 +97,7 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
             start,
         )
     };
-    store
-        .insert_allocation(&row, None, "test")
-        .await
-        .expect("insert");
+    store.insert_allocation(&row, "test").await.expect("insert");
     let mut steps = vec![("queued", "placing", start), ("placing", "active", start)];
     if let Some(end) = s.end {
         let end = origin + Duration::seconds(end);

@@ -196,6 +196,9 @@ pub struct TeamView {
     /// The caller's role in this team, if a member.
     pub my_role: Option<TeamRole>,
     pub created_at: DateTime<Utc>,
+    /// Whether the team may use `high` priority (platform admins grant it), and its cap.
+    #[serde(default)]
+    pub high_priority: Option<crate::alloc::HighGrant>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

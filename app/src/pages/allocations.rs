@@ -114,6 +114,8 @@ struct TeamQuotas {
     id: String,
     name: String,
     quotas: Vec<QuotaView>,
+    /// The team may ask for `high` priority (a platform admin granted it).
+    high: bool,
 }
 
 /// What the request form offers.
@@ -145,6 +147,7 @@ async fn load_options() -> Result<RequestOptions, UiError> {
                 id,
                 name: team.name,
                 quotas,
+                high: team.high_priority.is_some(),
             });
         }
     }
@@ -432,27 +435,33 @@ fn RequestForm(
             })
             .collect_view()
     });
-    let priority_options = PriorityClass::ALL
-        .iter()
-        .map(|p| {
-            let v = p.as_str();
-            let selected = if echo_priority.is_empty() {
-                *p == PriorityClass::Normal
-            } else {
-                echo_priority == v
-            };
-            let label = match p {
-                PriorityClass::High => "high",
-                PriorityClass::Normal => "normal",
-                PriorityClass::Preemptible => "preemptible (spare capacity, stopped first)",
-            };
-            view! {
-                <option value=v selected=selected>
-                    {label}
-                </option>
-            }
-        })
-        .collect_view();
+    let echo_p = echo_priority.clone();
+    let priority_options = move || {
+        // `high` only where the team was granted it (the server refuses it elsewhere).
+        let high = shown_teams().iter().any(|t| t.high);
+        PriorityClass::ALL
+            .iter()
+            .filter(|p| **p != PriorityClass::High || high)
+            .map(|p| {
+                let v = p.as_str();
+                let selected = if echo_p.is_empty() {
+                    *p == PriorityClass::Normal
+                } else {
+                    echo_p == v
+                };
+                let label = match p {
+                    PriorityClass::High => "high (granted to your team)",
+                    PriorityClass::Normal => "normal",
+                    PriorityClass::Preemptible => "preemptible (spare capacity, stopped first)",
+                };
+                view! {
+                    <option value=v selected=selected>
+                        {label}
+                    </option>
+                }
+            })
+            .collect_view()
+    };
     let count = or_default(echoed(value, "count"), "1");
     let hours = echoed(value, "duration_hours");
     // What the cost estimate follows (the inputs stay uncontrolled, so the form still
@@ -1255,6 +1264,20 @@ fn ApprovalBox(
                     on:blur=move |_| typing.set(false)
                 />
                 {field_error(value, "reason")}
+                {(approver == Some(Approver::PlatformAdmin))
+                    .then(|| {
+                        view! {
+                            <label class="check">
+                                <input
+                                    type="checkbox"
+                                    name="overrides"
+                                    value="true"
+                                    data-testid="override"
+                                />
+                                " Approve beyond the team's limit or hard budget if it needs that (an override, recorded and audited)"
+                            </label>
+                        }
+                    })}
                 <div class="buttons">
                     <button
                         type="submit"

@@ -460,6 +460,15 @@ fn QuotaCard(t: TeamQuotas) -> impl IntoView {
                                     <span class="badge warn">{format!("{} borrowed", q.borrowed)}</span>
                                 }
                             })}
+                        {(q.overridden > 0)
+                            .then(|| {
+                                view! {
+                                    " "
+                                    <span class="badge warn">
+                                        {format!("{} beyond the limit by override", q.overridden)}
+                                    </span>
+                                }
+                            })}
                     </li>
                 }
             })

@@ -3,7 +3,7 @@
 
 use crate::api::{
     self, AddMember, ChangeRole, CreateTeam, DeleteNotebookProfile, RemoveMember, RenameTeam,
-    SaveNotebookProfile, SetQuota, SetTeamArchived,
+    SaveNotebookProfile, SetQuota, SetTeamArchived, SetTeamPriority,
 };
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, at, echoed, field_error,
@@ -11,7 +11,7 @@ use crate::components::{
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
-use tessera_domain::alloc::QuotaView;
+use tessera_domain::alloc::{HighGrant, QuotaView};
 use tessera_domain::billing::{BudgetView, format_minor};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
@@ -121,16 +121,18 @@ struct TeamActions {
     add: ServerAction<AddMember>,
     change: ServerAction<ChangeRole>,
     remove: ServerAction<RemoveMember>,
+    priority: ServerAction<SetTeamPriority>,
 }
 
 impl TeamActions {
-    fn version(&self) -> (usize, usize, usize, usize, usize) {
+    fn version(&self) -> (usize, usize, usize, usize, usize, usize) {
         (
             self.rename.version().get(),
             self.archive.version().get(),
             self.add.version().get(),
             self.change.version().get(),
             self.remove.version().get(),
+            self.priority.version().get(),
         )
     }
 }
@@ -171,6 +173,7 @@ impl TeamData {
             add: ServerAction::new(),
             change: ServerAction::new(),
             remove: ServerAction::new(),
+            priority: ServerAction::new(),
         };
         let set_quota = ServerAction::<SetQuota>::new();
         let team = Resource::new(
@@ -327,6 +330,16 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         />
         {platform_admin
             .then(|| view! { <SetQuotaForm team_id=team_id.clone() action=set_quota /> })}
+        {platform_admin
+            .then(|| {
+                view! {
+                    <PriorityGrantForm
+                        team_id=team_id.clone()
+                        grant=team.high_priority
+                        action=actions.priority
+                    />
+                }
+            })}
         <div class="columns">
             {manages
                 .then(|| view! { <AddMemberForm team_id=team_id.clone() action=actions.add /> })}
@@ -724,7 +737,22 @@ fn quota_row(q: QuotaView) -> impl IntoView {
             <td>{q.guaranteed}</td>
             <td>{q.limit}</td>
             <td>{q.per_user}</td>
-            <td data-testid="quota-used">{q.used}</td>
+            <td data-testid="quota-used">
+                {q.used}
+                {(q.overridden > 0)
+                    .then(|| {
+                        view! {
+                            " "
+                            <span
+                                class="badge warn"
+                                data-testid="quota-overridden"
+                                title="A platform admin approved these units beyond the limit"
+                            >
+                                {format!("{} by override", q.overridden)}
+                            </span>
+                        }
+                    })}
+            </td>
             <td>{q.borrowed}</td>
             <td>
                 <span
@@ -740,6 +768,56 @@ fn quota_row(q: QuotaView) -> impl IntoView {
                 </span>
             </td>
         </tr>
+    }
+}
+
+/// Platform admins grant a team `high` priority, with an optional cap, or withdraw it.
+#[component]
+fn PriorityGrantForm(
+    team_id: String,
+    grant: Option<HighGrant>,
+    action: ServerAction<SetTeamPriority>,
+) -> impl IntoView {
+    let value = move || action.value().get();
+    let now = match grant {
+        None => "Members of this team cannot ask for high priority.".to_owned(),
+        Some(HighGrant { cap: None }) => {
+            "Members may ask for high priority, within the team's quota.".to_owned()
+        }
+        Some(HighGrant { cap: Some(c) }) => format!(
+            "Members may ask for high priority, up to {c} units held at high priority per GPU model."
+        ),
+    };
+    let cap = grant
+        .and_then(|g| g.cap)
+        .map(|c| c.to_string())
+        .unwrap_or_default();
+    view! {
+        <section class="card">
+            <h2>"High priority"</h2>
+            <p class="hint" data-testid="priority-grant">{now}</p>
+            <ActionForm action=action attr:data-testid="priority-form" attr:novalidate=true>
+                <input type="hidden" name="team_id" value=team_id />
+                {form_error(value)}
+                <label class="check">
+                    <input type="checkbox" name="high" value="true" checked=grant.is_some() />
+                    " May ask for high priority (queued ahead of normal work)"
+                </label>
+                <label for="priority-cap">"Cap in units (empty: none beyond the quota)"</label>
+                <input
+                    id="priority-cap"
+                    name="cap"
+                    type="number"
+                    min="0"
+                    inputmode="numeric"
+                    value=cap
+                />
+                {field_error(value, "cap")}
+                <button type="submit" class="primary" disabled=move || action.pending().get()>
+                    "Save"
+                </button>
+            </ActionForm>
+        </section>
     }
 }
 

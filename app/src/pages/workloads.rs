@@ -271,6 +271,8 @@ struct LaunchOptions {
     gpus: Vec<(String, String)>,
     /// Teams that may pay for such a request (id, name); a choice only when several.
     teams: Vec<(String, String)>,
+    /// One of those teams may ask for `high` priority (a platform admin granted it).
+    high: bool,
     /// The caller's teams' notebook profiles (value `profile:<id>`).
     profiles: Vec<Choice>,
     /// The form's idempotency key (a double submit launches one workload).
@@ -318,7 +320,7 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
             pending += 1;
         }
     }
-    let (gpus, teams) = requestable().await?;
+    let (gpus, teams, high) = requestable().await?;
     let profiles = api::notebook_profiles(String::new())
         .await?
         .into_iter()
@@ -337,17 +339,20 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         labels,
         gpus,
         teams,
+        high,
         profiles,
         key: crate::components::new_key(),
     })
 }
 
-/// The GPU kinds the caller may request (of the models their teams have a quota on), and
-/// those teams; viewers and archived teams request nothing.
-async fn requestable() -> Result<(Vec<(String, String)>, Vec<(String, String)>), UiError> {
+/// The GPU kinds the caller may request (of the models their teams have a quota on), those
+/// teams, and whether one of them may use `high` priority; viewers and archived teams
+/// request nothing.
+async fn requestable() -> Result<(Vec<(String, String)>, Vec<(String, String)>, bool), UiError> {
     let teams = api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT)).await?;
     let mut models = Vec::new();
     let mut payers = Vec::new();
+    let mut high = false;
     for team in teams.items {
         if team.archived || team.my_role.is_none_or(|r| r == TeamRole::Viewer) {
             continue;
@@ -359,6 +364,7 @@ async fn requestable() -> Result<(Vec<(String, String)>, Vec<(String, String)>),
             any = true;
         }
         if any {
+            high |= team.high_priority.is_some();
             payers.push((team.id.to_string(), team.name));
         }
     }
@@ -369,7 +375,7 @@ async fn requestable() -> Result<(Vec<(String, String)>, Vec<(String, String)>),
         .iter()
         .flat_map(|m| crate::components::kind_options(&catalog, m))
         .collect();
-    Ok((gpus, payers))
+    Ok((gpus, payers, high))
 }
 
 #[derive(Clone, Copy)]
@@ -624,6 +630,7 @@ fn RunOnSelect(
 fn OwnGpuFields(
     gpus: Vec<(String, String)>,
     teams: Vec<(String, String)>,
+    high: bool,
     kind: WorkloadKind,
     new_gpu: RwSignal<bool>,
     errors: Callback<&'static str, AnyView>,
@@ -657,7 +664,7 @@ fn OwnGpuFields(
                 <label for="job-priority">"Priority"</label>
                 <select id="job-priority" name="priority">
                     <option value="normal" selected>"normal"</option>
-                    <option value="high">"high"</option>
+                    {high.then(|| view! { <option value="high">"high (granted to your team)"</option> })}
                     <option value="preemptible">"preemptible (spare capacity, stopped first)"</option>
                 </select>
                 {errors.run("priority")}
@@ -788,6 +795,7 @@ fn LaunchForm(
             <OwnGpuFields
                 gpus=o.gpus
                 teams=o.teams
+                high=o.high
                 kind=WorkloadKind::Notebook
                 new_gpu
                 errors=Callback::new(move |f| field_error(value, f).into_any())
@@ -850,6 +858,7 @@ fn SubmitForm(o: LaunchOptions, chosen: String, action: ServerAction<SubmitJob>)
             <OwnGpuFields
                 gpus=o.gpus
                 teams=o.teams
+                high=o.high
                 kind=WorkloadKind::Job
                 new_gpu
                 errors=Callback::new(move |f| field_error(value, f).into_any())

@@ -10,14 +10,14 @@ use super::authz::{self, Need};
 use super::internal;
 use super::tenancy::paged;
 use crate::store::{
-    AllocationRow, AuditRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, Store,
-    UsageGroupRow,
+    AllocationRow, AuditRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow,
+    Standing, Store, UsageGroupRow,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
-use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PriorityClass};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, Committed, GpuKind, PriorityClass};
 use tessera_domain::billing::{
     self as b, BudgetView, CostEstimate, EstimateQuery, LedgerEntryView, NewRate, Rate, RateCard,
     RateView, SetBudget, Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
@@ -44,6 +44,59 @@ pub struct Billing {
     catalog: Arc<Catalog>,
     currency: Arc<str>,
     busy_pct: u32,
+}
+
+/// The rate card as of one moment, pricing what the admission rule weighs against a hard
+/// budget: at today's rates, whatever rate applies when the hours are metered.
+#[derive(Debug, Clone)]
+pub struct Pricer {
+    card: RateCard,
+    catalog: Arc<Catalog>,
+    currency: Arc<str>,
+    at: DateTime<Utc>,
+}
+
+impl Pricer {
+    /// What `count` × `kind` for `ms` at `priority` costs at most (0 for a kind with no
+    /// rate, which is metered at no cost).
+    pub fn cost(&self, kind: &GpuKind, count: u32, ms: i64, priority: PriorityClass) -> i64 {
+        self.card
+            .price(kind, &self.catalog, self.at)
+            .map_or(0, |p| {
+                b::cost(&p, count, ms.max(0), priority == PriorityClass::Preemptible).1
+            })
+    }
+
+    /// What an open allocation may still cost: its whole time (an active one's, extensions
+    /// included, from activation to its end) less what the ledger holds for it already.
+    pub fn remaining(&self, a: &OpenAllocation) -> i64 {
+        let Ok(kind) = a.kind.parse::<GpuKind>() else {
+            return 0;
+        };
+        let ms = match (a.state, a.active_at, a.ends_at) {
+            (AllocState::Active, Some(from), Some(to)) => (to - from).num_milliseconds(),
+            _ => a.duration_minutes.saturating_mul(60_000),
+        };
+        let count = u32::try_from(a.count).unwrap_or(u32::MAX);
+        (self.cost(&kind, count, ms, a.priority) - a.posted).max(0)
+    }
+
+    /// The team's hard budget with its committed spend (this month's ledger plus what its
+    /// open allocations may still cost), or `None` without a hard budget.
+    pub fn committed(&self, s: &Standing) -> Option<Committed> {
+        let budget = s.budget.as_ref().filter(|b| b.hard)?;
+        let open: i64 = s.open.iter().map(|a| self.remaining(a)).sum();
+        Some(Committed {
+            budget: budget.monthly_minor,
+            committed: s.month_spent.saturating_add(open),
+            currency: self.currency.to_string(),
+        })
+    }
+
+    /// The month whose spend counts against a budget at this moment.
+    pub fn month(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        b::month_bounds(b::month_of(self.at))
+    }
 }
 
 /// What one metering pass wrote.
@@ -470,42 +523,14 @@ impl Billing {
         }))
     }
 
-    /// Why a request must go to a platform admin because of the team's hard budget, or
-    /// `None` when the budget (if any) allows it.
-    pub async fn hard_budget_block(
-        &self,
-        team: Uuid,
-        kind: &GpuKind,
-        count: u32,
-        minutes: u32,
-        preemptible: bool,
-        now: DateTime<Utc>,
-    ) -> Result<Option<String>, AppError> {
-        let Some(budget) = self
-            .store
-            .budget(team)
-            .await
-            .map_err(internal("loading budget"))?
-        else {
-            return Ok(None);
-        };
-        if !budget.hard {
-            return Ok(None);
-        }
-        let spent = self.month_spend(team, now).await?;
-        let estimate = self
-            .estimate(kind, count, minutes, preemptible, now)
-            .await?;
-        if !b::over_hard_budget(budget.monthly_minor, true, spent, estimate) {
-            return Ok(None);
-        }
-        let c = &*self.currency;
-        Ok(Some(format!(
-            "the team's monthly budget is {} {c}, {} {c} is spent and this request may cost up to {} {c}",
-            b::format_minor(budget.monthly_minor, c),
-            b::format_minor(spent, c),
-            b::format_minor(estimate, c)
-        )))
+    /// Today's prices, for the admission rule's committed spend (`Pricer::committed`).
+    pub async fn pricer(&self, now: DateTime<Utc>) -> Result<Pricer, AppError> {
+        Ok(Pricer {
+            card: self.rate_card().await?,
+            catalog: self.catalog.clone(),
+            currency: self.currency.clone(),
+            at: now,
+        })
     }
 
     async fn month_spend(&self, team: Uuid, now: DateTime<Utc>) -> Result<i64, AppError> {

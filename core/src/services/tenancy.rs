@@ -7,6 +7,7 @@ use crate::auth::password::Hasher;
 use crate::store::{ChangeOutcome, MemberRow, Store, TeamListRow, TeamRow, UserRow};
 use chrono::Utc;
 use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::alloc::HighGrant;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
@@ -386,6 +387,9 @@ fn team_view(t: &TeamListRow) -> TeamView {
         member_count: u64::try_from(t.member_count).unwrap_or(0),
         my_role: t.role.as_deref().and_then(|r| TeamRole::parse(r).ok()),
         created_at: t.created_at,
+        high_priority: t.high_priority.then(|| HighGrant {
+            cap: t.high_cap.and_then(|c| u32::try_from(c).ok()),
+        }),
     }
 }
 

@@ -49,6 +49,9 @@ pub struct AllocationRow {
     pub release_cause: Option<String>,
     pub preempt_at: Option<DateTime<Utc>>,
     pub idempotency_key: Option<String>,
+    /// A platform admin approved it beyond the team's limit / hard budget (an override).
+    pub over_limit: bool,
+    pub over_budget: bool,
 }
 
 impl AllocationRow {
@@ -85,6 +88,8 @@ impl AllocationRow {
             release_cause: None,
             preempt_at: None,
             idempotency_key: None,
+            over_limit: false,
+            over_budget: false,
         }
     }
 }
@@ -171,25 +176,20 @@ impl<'a> Transition<'a> {
 pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
                     a.purpose, a.state, a.duration_minutes, a.starts_at, a.created_at, a.active_at, \
                     a.ends_at, a.approver, a.approval_reason, a.pending_reason, a.devices, \
-                    a.release_cause, a.preempt_at, a.idempotency_key";
+                    a.release_cause, a.preempt_at, a.idempotency_key, a.over_limit, a.over_budget";
 
-const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
+pub(super) const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
     priority, purpose, state, duration_minutes, starts_at, created_at, approver, \
     approval_reason, idempotency_key) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)";
 
-const EVENT: &str = "INSERT INTO allocation_events (allocation_id, seq, at, from_state, to_state, actor, note) \
+pub(super) const EVENT: &str = "INSERT INTO allocation_events (allocation_id, seq, at, from_state, to_state, actor, note) \
     VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM allocation_events WHERE allocation_id = $1), \
     $2, $3, $4, $5, $6)";
 
-/// Adds `units` to the team's counter, only while it stays within the limit (`check`).
-const TEAM_ADD_CHECKED: &str = "UPDATE quotas SET used = used + $3 \
-    WHERE team_id = $1 AND model = $2 AND used + $3 <= limit_units";
-const TEAM_ADD: &str = "UPDATE quotas SET used = used + $3 WHERE team_id = $1 AND model = $2";
-/// Adds `units` to the user's counter, only while it stays within `$5` (the per-user cap).
-const USER_ADD_CHECKED: &str = "INSERT INTO user_usage (team_id, model, user_id, used) \
-    VALUES ($1, $2, $3, $4) ON CONFLICT (team_id, model, user_id) DO UPDATE \
-    SET used = user_usage.used + excluded.used WHERE user_usage.used + excluded.used <= $5";
-const USER_ADD: &str = "INSERT INTO user_usage (team_id, model, user_id, used) \
+/// Adds `units` to the team's counter (the admission rule checked it, under the team's lock).
+pub(super) const TEAM_ADD: &str =
+    "UPDATE quotas SET used = used + $3 WHERE team_id = $1 AND model = $2";
+pub(super) const USER_ADD: &str = "INSERT INTO user_usage (team_id, model, user_id, used) \
     VALUES ($1, $2, $3, $4) ON CONFLICT (team_id, model, user_id) DO UPDATE \
     SET used = user_usage.used + excluded.used";
 const TEAM_SUB: &str =
@@ -200,8 +200,6 @@ const USER_SUB: &str = "UPDATE user_usage SET used = used - $4 \
 /// How a new allocation entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inserted {
-    /// Admitted within quota (state `queued`, counters incremented).
-    Admitted,
     /// Stored as given (e.g. `pending_approval`), counters untouched.
     Stored,
     /// The (user, idempotency key) pair exists already: nothing was stored.
@@ -228,8 +226,9 @@ macro_rules! bind_insert {
             .bind(&$r.idempotency_key)
     };
 }
+pub(super) use bind_insert;
 
-fn is_unique_violation(e: &sqlx::Error) -> bool {
+pub(super) fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
 }
 
@@ -247,6 +246,15 @@ impl Store {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE ($1 IS NULL OR team_id = $1) ORDER BY team_id, model";
         db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await)
+    }
+
+    /// Units held on each of `team`'s quota lines by allocations a platform admin approved
+    /// beyond the limit: `(model, units)`.
+    pub async fn overridden_units(&self, team: Uuid) -> Result<Vec<(String, i64)>, StoreError> {
+        let sql = "SELECT model, CAST(COALESCE(SUM(units), 0) AS BIGINT) FROM allocations \
+                   WHERE team_id = $1 AND over_limit \
+                   AND state IN ('queued', 'placing', 'active', 'releasing') GROUP BY model";
+        db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(team).fetch_all(pool).await)
     }
 
     /// Creates or changes a quota (its usage counter is kept).
@@ -273,87 +281,29 @@ impl Store {
 
     // ---- allocations ----
 
-    /// Inserts an allocation. With `admit_within = Some(per_user)` it is admitted only if
-    /// the team's counter stays within its limit and the user's within `per_user`, both
-    /// atomically with the insert; otherwise nothing is stored and `None` is returned so
-    /// the caller can store it for approval instead. With `None` the row is stored as given.
+    /// Stores an allocation exactly as given, quota counters untouched: for history written
+    /// by tests and benchmarks. Requests go through [`Store::admit`], which checks the rules.
     pub async fn insert_allocation(
         &self,
         r: &AllocationRow,
-        admit_within: Option<i64>,
         actor: &str,
-    ) -> Result<Option<Inserted>, StoreError> {
-        let result: Result<Option<Inserted>, sqlx::Error> = on_pool!(self, pool => {
+    ) -> Result<Inserted, StoreError> {
+        let result: Result<Inserted, sqlx::Error> = on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(per_user) = admit_within {
-                // The first statement writes, so SQLite takes its write lock here and
-                // concurrent admissions queue behind it instead of failing.
-                let team = sqlx::query(TEAM_ADD_CHECKED).bind(r.team_id).bind(&r.model)
-                    .bind(r.units).execute(&mut *tx).await?.rows_affected();
-                if team != 1 || r.units > per_user {
-                    tx.rollback().await?;
-                    return Ok(None);
-                }
-                let user = sqlx::query(USER_ADD_CHECKED).bind(r.team_id).bind(&r.model)
-                    .bind(r.user_id).bind(r.units).bind(per_user).execute(&mut *tx).await?
-                    .rows_affected();
-                if user != 1 {
-                    tx.rollback().await?;
-                    return Ok(None);
-                }
-            }
             match bind_insert!(sqlx::query(INSERT), r).execute(&mut *tx).await {
                 Ok(_) => {}
                 Err(e) if is_unique_violation(&e) => {
                     tx.rollback().await?;
-                    return Ok(Some(Inserted::Duplicate));
+                    return Ok(Inserted::Duplicate);
                 }
                 Err(e) => return Err(e.into()),
             }
             sqlx::query(EVENT).bind(r.id).bind(r.created_at).bind(None::<String>).bind(r.state.as_str())
                 .bind(actor).bind(None::<String>).execute(&mut *tx).await?;
             tx.commit().await?;
-            Ok(Some(if admit_within.is_some() { Inserted::Admitted } else { Inserted::Stored }))
+            Ok(Inserted::Stored)
         });
         from_driver(result)
-    }
-
-    /// Moves an allocation waiting in `pending_approval` to `queued` if the team's quota
-    /// and the user's per-user limit (`per_user`) now have room for it, counting its units
-    /// in the same transaction (the same conditional updates as admission at request
-    /// time); `false` when there is no room or it is no longer waiting.
-    pub async fn admit_waiting(
-        &self,
-        id: Uuid,
-        per_user: i64,
-        at: DateTime<Utc>,
-        note: &str,
-    ) -> Result<bool, StoreError> {
-        let sql = "UPDATE allocations SET state = 'queued' \
-                   WHERE id = $1 AND state = 'pending_approval' \
-                   RETURNING team_id, model, user_id, units";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
-            let row: Option<(Uuid, String, Uuid, i64)> =
-                sqlx::query_as(sql).bind(id).fetch_optional(&mut *tx).await?;
-            let Some((team, model, user, units)) = row else {
-                tx.rollback().await?;
-                return Ok(false);
-            };
-            let fits = units <= per_user
-                && sqlx::query(TEAM_ADD_CHECKED).bind(team).bind(&model).bind(units)
-                    .execute(&mut *tx).await?.rows_affected() == 1
-                && sqlx::query(USER_ADD_CHECKED).bind(team).bind(&model).bind(user)
-                    .bind(units).bind(per_user).execute(&mut *tx).await?.rows_affected() == 1;
-            if !fits {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            sqlx::query(EVENT).bind(id).bind(at).bind("pending_approval").bind("queued")
-                .bind(None::<String>).bind(note).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(true)
-        })
     }
 
     /// Applies a state transition if the allocation is still in `t.from`; returns whether
@@ -394,34 +344,6 @@ impl Store {
             }
             sqlx::query(EVENT).bind(t.id).bind(t.at).bind(t.from).bind(t.to).bind(t.actor)
                 .bind(t.note).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(true)
-        })
-    }
-
-    /// Moves an active allocation's end from `old_end` to `new_end` (optimistic: `false`
-    /// if it changed meanwhile), with a history entry.
-    pub async fn extend_allocation(
-        &self,
-        id: Uuid,
-        old_end: DateTime<Utc>,
-        new_end: DateTime<Utc>,
-        at: DateTime<Utc>,
-        actor: &str,
-        note: &str,
-    ) -> Result<bool, StoreError> {
-        let sql = "UPDATE allocations SET ends_at = $2 WHERE id = $1 AND state = 'active' \
-                   AND ends_at = $3 AND preempt_at IS NULL";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
-            let n = sqlx::query(sql).bind(id).bind(new_end).bind(old_end)
-                .execute(&mut *tx).await?.rows_affected();
-            if n != 1 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            sqlx::query(EVENT).bind(id).bind(at).bind("active").bind("active").bind(actor)
-                .bind(note).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(true)
         })
@@ -526,15 +448,23 @@ impl Store {
     }
 
     /// Every allocation in one of `states`, oldest first (the scheduler's working set).
-    /// Open allocations (queued, placing, active) whose owner is no longer a member of
-    /// the allocation's team and is not a platform admin.
-    pub async fn allocations_of_departed(&self) -> Result<Vec<AllocationRow>, StoreError> {
+    /// Open allocations (waiting, queued, placing, active) whose owner is no longer a
+    /// member of the allocation's team and is not a platform admin (`disabled` false), or
+    /// whose owner's account is disabled (`disabled` true).
+    pub async fn allocations_of_departed(
+        &self,
+        disabled: bool,
+    ) -> Result<Vec<AllocationRow>, StoreError> {
+        let who = if disabled {
+            "EXISTS (SELECT 1 FROM users u WHERE u.id = a.user_id AND u.disabled)"
+        } else {
+            "NOT EXISTS (SELECT 1 FROM memberships m WHERE m.team_id = a.team_id \
+             AND m.user_id = a.user_id) \
+             AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = a.user_id AND u.is_admin)"
+        };
         let sql = format!(
             "SELECT {COLS} FROM allocations a WHERE a.state IN \
-             ('pending_approval', 'queued', 'placing', 'active') \
-             AND NOT EXISTS (SELECT 1 FROM memberships m WHERE m.team_id = a.team_id \
-             AND m.user_id = a.user_id) \
-             AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = a.user_id AND u.is_admin) \
+             ('pending_approval', 'queued', 'placing', 'active') AND {who} \
              ORDER BY a.created_at, a.id"
         );
         db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).fetch_all(pool).await)

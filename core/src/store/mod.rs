@@ -5,6 +5,7 @@
 //! `RETURNING`, `ON CONFLICT`), and [`on_pool!`] runs the same code against whichever pool
 //! is configured. A backend-specific branch appears only where the dialects really differ.
 
+mod admission;
 mod allocations;
 mod billing;
 mod changes;
@@ -17,6 +18,7 @@ mod tokens;
 mod users;
 mod workloads;
 
+pub use admission::{Admit, Admitted, Line, OpenAllocation, Standing};
 pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };

@@ -22,6 +22,9 @@ pub struct TeamListRow {
     pub created_at: DateTime<Utc>,
     pub member_count: i64,
     pub role: Option<String>,
+    /// Granted `high` priority, with its cap (`None`: no cap).
+    pub high_priority: bool,
+    pub high_cap: Option<i64>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -34,7 +37,7 @@ pub struct MemberRow {
     pub added_at: DateTime<Utc>,
 }
 
-const TEAM_LIST: &str = "SELECT t.id, t.name, t.archived, t.created_at, \
+const TEAM_LIST: &str = "SELECT t.id, t.name, t.archived, t.created_at, t.high_priority, t.high_cap, \
      (SELECT COUNT(*) FROM memberships c WHERE c.team_id = t.id) AS member_count, \
      m.role AS role \
      FROM teams t LEFT JOIN memberships m ON m.team_id = t.id AND m.user_id = $1";
@@ -47,6 +50,19 @@ impl Store {
         let n = on_pool!(self, pool => sqlx::query(sql)
             .bind(row.id).bind(&row.name).bind(row.archived).bind(row.created_at)
             .execute(pool).await?.rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Grants (`Some(cap)`, `cap` `None` for no cap) or withdraws (`None`) `high` priority;
+    /// `false` if there is no such team.
+    pub async fn set_high_grant(
+        &self,
+        team: Uuid,
+        grant: Option<Option<i64>>,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE teams SET high_priority = $2, high_cap = $3 WHERE id = $1";
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(team).bind(grant.is_some())
+            .bind(grant.flatten()).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 

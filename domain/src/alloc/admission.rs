@@ -125,3 +125,181 @@ pub fn admit(model: &str, quota: Option<&Quota>, used: Usage, ask: u32) -> Admis
         reason,
     }
 }
+
+/// A team's grant of `high` priority (platform admins give it). `cap`: most units the team
+/// may hold at high priority on any one quota line; `None`, no cap beyond its quota.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HighGrant {
+    #[serde(default)]
+    pub cap: Option<u32>,
+}
+
+/// Who wants units held, and with what power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// A member's request, or the system acting for one (a job queued again, a waiting
+    /// request admitted once there is room): every rule applies.
+    Request,
+    /// A team admin approving a waiting request: waives the per-user cap, nothing else.
+    TeamAdmin,
+    /// A platform admin approving a waiting request: waives the per-user cap; goes beyond
+    /// the team's limit or hard budget only when `overrides` (an explicit, audited act).
+    PlatformAdmin { overrides: bool },
+}
+
+/// Units held on one quota line: by the team, by the asking user, at high priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub team: u32,
+    pub user: u32,
+    pub high: u32,
+}
+
+/// A team's hard budget and what it has committed: this month's ledger plus the
+/// remaining cost of every open allocation, at today's rates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub budget: i64,
+    pub committed: i64,
+    /// The currency both are in (for the reason).
+    pub currency: String,
+}
+
+/// Everything an admission is checked against, read under the team's admission lock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standing {
+    pub quota: Option<Quota>,
+    pub held: Held,
+    /// `None`: the team may not use high priority.
+    pub high: Option<HighGrant>,
+    /// `None`: no hard budget.
+    pub budget: Option<Committed>,
+}
+
+/// What is asked: `units` more held on the quota line (0 for an extension, which holds
+/// nothing more), whether at high priority, and what it may cost at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub units: u32,
+    pub high: bool,
+    pub cost: i64,
+}
+
+/// What [`check`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hold the units. `over_limit` / `over_budget`: a platform admin's override made it
+    /// fit; it must be recorded as such.
+    Admit { over_limit: bool, over_budget: bool },
+    /// Wait for approval by `by`, for `reason`.
+    NeedsApproval { by: Approver, reason: String },
+    /// Refused outright, with the reason.
+    Refused(AppError),
+}
+
+/// The one check every path that makes a team hold more (a request, an approval, a job
+/// queued again, a waiting request admitted, an extension) goes through. The invariants it
+/// keeps (docs/allocations.md):
+/// - a team holds at most its limit, unless a platform admin's override says otherwise;
+/// - a member holds at most the per-user cap, unless an admin approved beyond it;
+/// - committed spend stays within a hard budget, unless a platform admin's override;
+/// - only a team granted `high` uses it, within the grant's cap (no override).
+pub fn check(model: &str, s: &Standing, ask: &Ask, by: Authority) -> Verdict {
+    let mut over_limit = false;
+    if ask.units > 0 {
+        if ask.high {
+            let Some(grant) = s.high else {
+                return Verdict::Refused(AppError::invalid(
+                    "priority",
+                    "the team may not use high priority; a platform admin can grant it",
+                ));
+            };
+            if let Some(cap) = grant.cap
+                && u64::from(s.held.high) + u64::from(ask.units) > u64::from(cap)
+            {
+                return Verdict::Refused(AppError::invalid(
+                    "priority",
+                    format!(
+                        "the team may hold at most {cap} units at high priority on {model} and holds {}",
+                        s.held.high
+                    ),
+                ));
+            }
+        }
+        let usage = Usage {
+            team: s.held.team,
+            user: s.held.user,
+        };
+        match admit(model, s.quota.as_ref(), usage, ask.units) {
+            Admission::NotEntitled { reason } => {
+                return Verdict::Refused(AppError::invalid("kind", reason));
+            }
+            Admission::Admit { .. } => {}
+            Admission::NeedsApproval {
+                by: approver,
+                reason,
+            } => {
+                let limit = s.quota.map_or(0, |q| q.limit());
+                let team_after = u64::from(s.held.team) + u64::from(ask.units);
+                let beyond =
+                    format!("the team would hold {team_after} of its limit {limit} on {model}");
+                match by {
+                    Authority::Request => {
+                        return Verdict::NeedsApproval {
+                            by: approver,
+                            reason,
+                        };
+                    }
+                    _ if team_after <= u64::from(limit) => {}
+                    Authority::TeamAdmin => {
+                        return Verdict::NeedsApproval {
+                            by: Approver::PlatformAdmin,
+                            reason: format!("needs a platform admin: {beyond}"),
+                        };
+                    }
+                    Authority::PlatformAdmin { overrides: true } => over_limit = true,
+                    Authority::PlatformAdmin { overrides: false } => {
+                        return Verdict::Refused(AppError::conflict(format!(
+                            "{beyond}; approve it as an override to go beyond the limit"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    let mut over_budget = false;
+    if let Some(b) = &s.budget
+        && b.committed.saturating_add(ask.cost) > b.budget
+    {
+        let c = b.currency.as_str();
+        let reason = format!(
+            "the team's hard monthly budget is {} {c}, {} {c} is spent or committed to open allocations, and this may cost up to {} {c}",
+            crate::billing::format_minor(b.budget, c),
+            crate::billing::format_minor(b.committed, c),
+            crate::billing::format_minor(ask.cost, c)
+        );
+        match by {
+            Authority::Request | Authority::TeamAdmin => {
+                return Verdict::NeedsApproval {
+                    by: Approver::PlatformAdmin,
+                    reason: if by == Authority::TeamAdmin {
+                        format!("needs a platform admin: {reason}")
+                    } else {
+                        reason
+                    },
+                };
+            }
+            Authority::PlatformAdmin { overrides: true } => over_budget = true,
+            Authority::PlatformAdmin { overrides: false } => {
+                return Verdict::Refused(AppError::conflict(format!(
+                    "{reason}; approve it as an override to go beyond the budget"
+                )));
+            }
+        }
+    }
+    Verdict::Admit {
+        over_limit,
+        over_budget,
+    }
+}

@@ -724,3 +724,189 @@ fn views_serialize_round_trip() {
     );
     assert_eq!(q.borrowed, 2);
 }
+
+fn standing(limit: u32, per_user: u32, team: u32, user: u32) -> Standing {
+    Standing {
+        quota: Some(Quota::new(limit, limit, per_user).unwrap()),
+        held: Held {
+            team,
+            user,
+            high: 0,
+        },
+        high: None,
+        budget: None,
+    }
+}
+
+const ASK2: Ask = Ask {
+    units: 2,
+    high: false,
+    cost: 0,
+};
+
+#[test]
+fn a_team_admin_approves_within_the_limit_only() {
+    // Guaranteed 2 / limit 2 / per-user 1: a 2-unit request needs a team admin.
+    let s = standing(2, 1, 0, 0);
+    assert!(matches!(
+        crate::alloc::check("H100-80GB", &s, &ASK2, Authority::Request),
+        Verdict::NeedsApproval {
+            by: Approver::TeamAdmin,
+            ..
+        }
+    ));
+    assert_eq!(
+        crate::alloc::check("H100-80GB", &s, &ASK2, Authority::TeamAdmin),
+        Verdict::Admit {
+            over_limit: false,
+            over_budget: false
+        }
+    );
+    // The second such approval would make the team hold 4 of 2: a platform admin's.
+    let s = standing(2, 1, 2, 0);
+    match crate::alloc::check("H100-80GB", &s, &ASK2, Authority::TeamAdmin) {
+        Verdict::NeedsApproval {
+            by: Approver::PlatformAdmin,
+            reason,
+        } => assert_eq!(
+            reason,
+            "needs a platform admin: the team would hold 4 of its limit 2 on H100-80GB"
+        ),
+        v => panic!("{v:?}"),
+    }
+    // A platform admin must say it is an override; then it is recorded as one.
+    assert!(matches!(
+        crate::alloc::check(
+            "H100-80GB",
+            &s,
+            &ASK2,
+            Authority::PlatformAdmin { overrides: false }
+        ),
+        Verdict::Refused(AppError::Conflict { .. })
+    ));
+    assert_eq!(
+        crate::alloc::check(
+            "H100-80GB",
+            &s,
+            &ASK2,
+            Authority::PlatformAdmin { overrides: true }
+        ),
+        Verdict::Admit {
+            over_limit: true,
+            over_budget: false
+        }
+    );
+}
+
+#[test]
+fn high_priority_is_an_entitlement_with_a_cap() {
+    let mut s = standing(14, 14, 0, 0);
+    let high = Ask {
+        units: 7,
+        high: true,
+        cost: 0,
+    };
+    let refused = |v: Verdict| matches!(v, Verdict::Refused(AppError::Invalid { field, .. }) if field == "priority");
+    assert!(refused(crate::alloc::check(
+        "H100-80GB",
+        &s,
+        &high,
+        Authority::Request
+    )));
+    // Not even a platform admin's approval gives it to a team without the grant.
+    assert!(refused(crate::alloc::check(
+        "H100-80GB",
+        &s,
+        &high,
+        Authority::PlatformAdmin { overrides: true }
+    )));
+    s.high = Some(HighGrant { cap: Some(7) });
+    assert!(matches!(
+        crate::alloc::check("H100-80GB", &s, &high, Authority::Request),
+        Verdict::Admit { .. }
+    ));
+    s.held.high = 1;
+    assert!(refused(crate::alloc::check(
+        "H100-80GB",
+        &s,
+        &high,
+        Authority::Request
+    )));
+    // Normal priority is not capped by the grant.
+    assert!(matches!(
+        crate::alloc::check(
+            "H100-80GB",
+            &s,
+            &Ask {
+                high: false,
+                ..high
+            },
+            Authority::Request
+        ),
+        Verdict::Admit { .. }
+    ));
+    s.high = Some(HighGrant { cap: None });
+    assert!(matches!(
+        crate::alloc::check("H100-80GB", &s, &high, Authority::Request),
+        Verdict::Admit { .. }
+    ));
+}
+
+#[test]
+fn committed_spend_stays_within_a_hard_budget() {
+    let mut s = standing(14, 14, 0, 0);
+    s.budget = Some(Committed {
+        budget: 10_000,
+        committed: 9_000,
+        currency: "USD".into(),
+    });
+    let ask = Ask {
+        units: 1,
+        high: false,
+        cost: 1_000,
+    };
+    assert_eq!(
+        crate::alloc::check("H100-80GB", &s, &ask, Authority::Request),
+        Verdict::Admit {
+            over_limit: false,
+            over_budget: false
+        }
+    );
+    let ask = Ask { cost: 1_001, ..ask };
+    match crate::alloc::check("H100-80GB", &s, &ask, Authority::Request) {
+        Verdict::NeedsApproval {
+            by: Approver::PlatformAdmin,
+            reason,
+        } => assert!(
+            reason.contains("hard monthly budget is 100.00 USD")
+                && reason.contains("90.00 USD is spent or committed"),
+            "{reason}"
+        ),
+        v => panic!("{v:?}"),
+    }
+    // An extension holds no more units but is checked against the budget all the same.
+    let extend = Ask { units: 0, ..ask };
+    assert!(matches!(
+        crate::alloc::check("H100-80GB", &s, &extend, Authority::Request),
+        Verdict::NeedsApproval { .. }
+    ));
+    assert!(matches!(
+        crate::alloc::check("H100-80GB", &s, &ask, Authority::TeamAdmin),
+        Verdict::NeedsApproval {
+            by: Approver::PlatformAdmin,
+            ..
+        }
+    ));
+    assert_eq!(
+        crate::alloc::check(
+            "H100-80GB",
+            &s,
+            &ask,
+            Authority::PlatformAdmin { overrides: true }
+        ),
+        Verdict::Admit {
+            over_limit: false,
+            over_budget: true
+        }
+    );
+}

@@ -110,6 +110,9 @@ pub struct QuotaView {
     pub used: u32,
     /// Units of `used` beyond `guaranteed`.
     pub borrowed: u32,
+    /// Units of `used` that a platform admin approved beyond the limit (an override).
+    #[serde(default)]
+    pub overridden: u32,
 }
 
 impl QuotaView {
@@ -130,6 +133,7 @@ impl QuotaView {
             per_user: quota.per_user(),
             used,
             borrowed: quota.borrowed(used),
+            overridden: 0,
         }
     }
 }

@@ -72,10 +72,7 @@ pub(crate) async fn history(
         duration_minutes: 60 * 24,
         ..AllocationRow::queued(team, user, kind, (count, units), created)
     };
-    store
-        .insert_allocation(&row, None, "test")
-        .await
-        .expect("insert");
+    store.insert_allocation(&row, "test").await.expect("insert");
     let step = |from: &'static str, to: &'static str, at: DateTime<Utc>, change: Change| {
         let store = store.clone();
         async move {

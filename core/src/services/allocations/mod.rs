@@ -7,21 +7,24 @@
 //! calls every few seconds and after every change.
 
 use super::authz::{self, Need};
+use super::billing::Pricer;
 use super::internal;
 use super::tenancy::paged;
 use crate::store::{
-    AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Inserted, NodeRow,
-    QuotaRow, Store, Transition as StoreTransition, decoded,
+    Admit, Admitted, AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Line,
+    NodeRow, QuotaRow, Standing, Store, Transition as StoreTransition, decoded,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
 use tessera_domain::alloc::{
-    self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, FairShare, GpuKind,
-    NewAllocation, PendingInfo, PriorityClass, QueueEntry, Quota, QuotaView, Transition, Usage,
+    self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, Ask, Authority,
+    FairShare, GpuKind, Held, HighGrant, NewAllocation, PendingInfo, PriorityClass, QueueEntry,
+    Quota, QuotaView, Transition,
 };
 use tessera_domain::audit::AuditEntryView;
+use tessera_domain::billing;
 use tessera_domain::cluster;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -195,22 +198,7 @@ impl Allocations {
         }
         // Shares count in milli-GPU on the model's shared quota line (`H100-80GB:shared`).
         let model = valid.kind().quota_key();
-        let quota_row = self
-            .store
-            .quota(access.team.id, &model)
-            .await
-            .map_err(internal("loading quota"))?;
-        let quota = quota_row.as_ref().and_then(quota_of);
-        let user_used = self
-            .store
-            .user_used(access.team.id, &model, p.user_id.0)
-            .await
-            .map_err(internal("loading usage"))?;
-        let usage = Usage {
-            team: quota_row.as_ref().map_or(0, |q| to_u32(q.used)),
-            user: to_u32(user_used),
-        };
-        let mut row = AllocationRow {
+        let row = AllocationRow {
             model: model.clone(),
             priority: valid.priority(),
             purpose: valid.purpose().to_owned(),
@@ -225,64 +213,45 @@ impl Allocations {
                 now,
             )
         };
-        let actor = p.username.as_str();
-        let mut admission = alloc::admit(&model, quota.as_ref(), usage, valid.units());
-        if matches!(admission, alloc::Admission::Admit { .. })
-            && let Some(billing) = &self.billing
-            && let Some(reason) = billing
-                .hard_budget_block(
-                    access.team.id,
+        let pricer = self.pricer(now).await?;
+        let ask = Ask {
+            units: valid.units(),
+            high: valid.priority() == PriorityClass::High,
+            cost: pricer.as_ref().map_or(0, |pr| {
+                pr.cost(
                     valid.kind(),
                     valid.count(),
-                    valid.duration_minutes(),
-                    valid.priority() == PriorityClass::Preemptible,
-                    now,
+                    i64::from(valid.duration_minutes()) * 60_000,
+                    valid.priority(),
                 )
-                .await?
-        {
-            admission = alloc::Admission::NeedsApproval {
-                by: Approver::PlatformAdmin,
-                reason,
-            };
-        }
-        let inserted = match &admission {
-            alloc::Admission::NotEntitled { reason } => {
-                return Err(AppError::invalid("kind", reason.clone()));
-            }
-            alloc::Admission::Admit { .. } => {
-                let per_user = quota.as_ref().map_or(0, |q| i64::from(q.per_user()));
-                self.store
-                    .insert_allocation(&row, Some(per_user), actor)
-                    .await
-                    .map_err(internal("admitting allocation"))?
-            }
-            alloc::Admission::NeedsApproval { .. } => None,
+            }),
         };
-        let inserted = match inserted {
-            Some(i) => i,
-            // Over quota (or another request took the last units first): approval.
-            None => {
-                let (by, reason) = match admission {
-                    alloc::Admission::NeedsApproval { by, reason } => (by, reason),
-                    _ => (
-                        Approver::PlatformAdmin,
-                        format!("the team's {model} quota was used up by other requests"),
-                    ),
-                };
-                row.state = AllocState::PendingApproval;
-                row.approver = Some(approver_str(by).to_owned());
-                row.approval_reason = Some(reason);
-                self.store
-                    .insert_allocation(&row, None, actor)
-                    .await
-                    .map_err(internal("storing allocation"))?
-                    .unwrap_or(Inserted::Stored)
-            }
+        let line = self.line(&row, pricer.as_ref(), now);
+        let what = Admit::Insert {
+            row: &row,
+            actor: p.username.as_str(),
         };
-        if inserted == Inserted::Duplicate {
-            let k = key.unwrap_or_default();
-            let id = self.existing(p, k).await?.ok_or(AppError::Internal)?;
-            return self.get(p, id).await;
+        let outcome = self
+            .store
+            .admit(line, what, |s| {
+                alloc::check(
+                    &model,
+                    &standing(s, pricer.as_ref()),
+                    &ask,
+                    Authority::Request,
+                )
+            })
+            .await
+            .map_err(internal("admitting allocation"))?;
+        match outcome {
+            Admitted::Held { .. } | Admitted::Waits { .. } => {}
+            Admitted::Refused(e) => return Err(e),
+            Admitted::Duplicate => {
+                let k = key.unwrap_or_default();
+                let id = self.existing(p, k).await?.ok_or(AppError::Internal)?;
+                return self.get(p, id).await;
+            }
+            Admitted::Moved => return Err(AppError::Internal),
         }
         self.audit(
             p,
@@ -479,6 +448,7 @@ impl Allocations {
     /// passes cannot over-admit. Returns how many were admitted.
     pub async fn admit_when_room(&self, ids: &[Uuid], now: DateTime<Utc>) -> Result<u32, AppError> {
         let mut admitted = 0;
+        let pricer = self.pricer(now).await?;
         for &id in ids {
             let Some(row) = self
                 .store
@@ -488,55 +458,83 @@ impl Allocations {
             else {
                 continue;
             };
-            let a = &row.a;
-            if a.state != AllocState::PendingApproval {
+            if row.a.state != AllocState::PendingApproval {
                 continue;
             }
-            let Some(quota) = self
-                .store
-                .quota(a.team_id, &a.model)
-                .await
-                .map_err(internal("loading quota"))?
-                .as_ref()
-                .and_then(quota_of)
-            else {
-                continue;
+            let what = Admit::Waiting {
+                id,
+                actor: None,
+                note: Some("admitted: the team's quota has room for it now"),
+                approval_reason: None,
             };
-            if let (Some(billing), Ok(kind)) = (&self.billing, a.kind.parse::<GpuKind>()) {
-                let blocked = billing
-                    .hard_budget_block(
-                        a.team_id,
-                        &kind,
-                        to_u32(a.count),
-                        to_u32(a.duration_minutes),
-                        a.priority == PriorityClass::Preemptible,
-                        now,
-                    )
-                    .await?;
-                if blocked.is_some() {
-                    continue;
-                }
-            }
-            let moved = self
-                .store
-                .admit_waiting(
-                    id,
-                    i64::from(quota.per_user()),
-                    now,
-                    "admitted: the team's quota has room for it now",
-                )
-                .await
-                .map_err(internal("admitting a waiting allocation"))?;
-            if moved {
+            if let Admitted::Held { .. } = self
+                .admit_waiting(&row.a, what, Authority::Request, pricer.as_ref(), now)
+                .await?
+            {
                 admitted += 1;
-                self.audit_as(None, "allocation.admit", id, Some(a.team_id), None, None)
-                    .await;
+                self.audit_as(
+                    None,
+                    "allocation.admit",
+                    id,
+                    Some(row.a.team_id),
+                    None,
+                    None,
+                )
+                .await;
             }
         }
         if admitted > 0 {
             self.wake.notify_one();
         }
         Ok(admitted)
+    }
+
+    /// The quota line and budget month `row` is admitted on.
+    fn line<'a>(
+        &self,
+        row: &'a AllocationRow,
+        pricer: Option<&Pricer>,
+        now: DateTime<Utc>,
+    ) -> Line<'a> {
+        Line {
+            team: row.team_id,
+            model: &row.model,
+            user: row.user_id,
+            month: pricer.map_or_else(
+                || billing::month_bounds(billing::month_of(now)),
+                Pricer::month,
+            ),
+        }
+    }
+
+    /// Today's prices, when budgets are checked.
+    async fn pricer(&self, now: DateTime<Utc>) -> Result<Option<Pricer>, AppError> {
+        match &self.billing {
+            Some(b) => Ok(Some(b.pricer(now).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Admits the waiting allocation `a` (`what` is `Admit::Waiting`) as `by` may: the
+    /// admission rule on the row as it is under the team's lock.
+    async fn admit_waiting(
+        &self,
+        a: &AllocationRow,
+        what: Admit<'_>,
+        by: Authority,
+        pricer: Option<&Pricer>,
+        now: DateTime<Utc>,
+    ) -> Result<Admitted, AppError> {
+        let line = self.line(a, pricer, now);
+        self.store
+            .admit(line, what, |s| {
+                let Some(row) = &s.allocation else {
+                    return alloc::Verdict::Refused(AppError::NotFound);
+                };
+                alloc::check(&row.model, &standing(s, pricer), &ask_of(row, pricer), by)
+            })
+            .await
+            .map_err(internal("admitting a waiting allocation"))
     }
 
     /// Ends an allocation found in `state`: one still waiting is cancelled, an active one
@@ -615,16 +613,33 @@ impl Allocations {
         Ok(())
     }
 
-    /// Ends what people who left a team (or were removed) still hold there: a queued or
-    /// placing request is cancelled, an active allocation released (its workloads stop
-    /// with it, and metering ends). Runs at the start of every scheduler pass.
+    /// Ends what people who left a team (or were removed), or whose account was disabled,
+    /// still hold there: a waiting, queued or placing request is cancelled, an active
+    /// allocation released (its workloads stop with it, and metering ends). Runs at the
+    /// start of every scheduler pass; re-enabling an account brings none of it back.
     async fn end_departed(&self, now: DateTime<Utc>) -> Result<(), AppError> {
-        let rows = self
-            .store
-            .allocations_of_departed()
-            .await
-            .map_err(internal("loading allocations of departed members"))?;
-        let note = "its owner is no longer a member of the team";
+        for disabled in [false, true] {
+            let rows = self
+                .store
+                .allocations_of_departed(disabled)
+                .await
+                .map_err(internal("loading allocations of departed members"))?;
+            let note = if disabled {
+                "its owner's account was disabled"
+            } else {
+                "its owner is no longer a member of the team"
+            };
+            self.end_all(rows, note, now).await?;
+        }
+        Ok(())
+    }
+
+    async fn end_all(
+        &self,
+        rows: Vec<AllocationRow>,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), AppError> {
         for a in rows {
             let state = a.state;
             let done = match state {
@@ -715,15 +730,46 @@ impl Allocations {
             "extended by {minutes} min to {}",
             new_end.format("%Y-%m-%d %H:%M UTC")
         );
-        let done = self
+        let now = Utc::now();
+        let pricer = self.pricer(now).await?;
+        let line = self.line(&row.a, pricer.as_ref(), now);
+        let what = Admit::Extend {
+            id,
+            old_end: end,
+            new_end,
+            actor: p.username.as_str(),
+            note: &note,
+        };
+        let outcome = self
             .store
-            .extend_allocation(id, end, new_end, Utc::now(), p.username.as_str(), &note)
+            .admit(line, what, |s| {
+                let Some(a) = &s.allocation else {
+                    return alloc::Verdict::Refused(AppError::NotFound);
+                };
+                // No more units, but more time: weighed against a hard budget.
+                let ask = Ask {
+                    units: 0,
+                    high: false,
+                    cost: cost_of(a, i64::from(minutes) * 60_000, pricer.as_ref()),
+                };
+                alloc::check(
+                    &a.model,
+                    &standing(s, pricer.as_ref()),
+                    &ask,
+                    Authority::Request,
+                )
+            })
             .await
             .map_err(internal("extending allocation"))?;
-        if !done {
-            return Err(AppError::Conflict {
-                message: "the allocation changed meanwhile; reload and try again".into(),
-            });
+        match outcome {
+            Admitted::Held { .. } => {}
+            Admitted::Waits { reason, .. } => return Err(AppError::invalid("minutes", reason)),
+            Admitted::Refused(e) => return Err(e),
+            Admitted::Duplicate | Admitted::Moved => {
+                return Err(AppError::Conflict {
+                    message: "the allocation changed meanwhile; reload and try again".into(),
+                });
+            }
         }
         self.audit(
             p,
@@ -737,18 +783,19 @@ impl Allocations {
         self.get(p, id).await
     }
 
-    /// Approves (it joins the queue, counted against quota even beyond the limit) or
-    /// denies a request waiting for approval. A team admin may decide what needs a team
-    /// admin; only a platform admin what needs one.
+    /// Approves (it joins the queue) or denies a request waiting for approval. A team admin
+    /// may decide what needs a team admin, and approve only within the team's limit and
+    /// hard budget: beyond them the request goes on to platform admins. A platform admin
+    /// approves beyond the limit or budget only with `overrides` (recorded on the
+    /// allocation and audited as `allocation.override`).
     pub async fn decide(
         &self,
         p: &Principal,
         id: Uuid,
-        approve: bool,
-        reason: &str,
+        decision: Decision<'_>,
     ) -> Result<AllocationView, AppError> {
         let row = self.visible(p, id).await?;
-        let reason = reason.trim();
+        let reason = decision.reason.trim();
         if reason.chars().count() > 500 {
             return Err(AppError::invalid(
                 "reason",
@@ -760,51 +807,111 @@ impl Allocations {
                 message: "only a request waiting for approval can be approved or denied".into(),
             });
         }
-        let allowed = match row.a.approver.as_deref() {
-            Some("team_admin") => {
-                authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
-                    .await
-                    .is_ok()
+        let by = if p.is_admin {
+            Authority::PlatformAdmin {
+                overrides: decision.overrides,
             }
-            _ => p.is_admin,
-        };
-        if !allowed {
-            return Err(AppError::Forbidden);
-        }
-        let to = if approve {
-            AllocState::Queued
+        } else if row.a.approver.as_deref() == Some("team_admin")
+            && !decision.overrides
+            && authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
+                .await
+                .is_ok()
+        {
+            Authority::TeamAdmin
         } else {
-            AllocState::Denied
+            return Err(AppError::Forbidden);
         };
         let note = (!reason.is_empty()).then_some(reason);
-        let change = Change {
-            approval_reason: note.map(str::to_owned),
-            ..Change::default()
-        };
         let now = Utc::now();
-        let done = self
-            .step(
+        let actor = Some(p.username.as_str());
+        if !decision.approve {
+            let change = Change {
+                approval_reason: note.map(str::to_owned),
+                ..Change::default()
+            };
+            if !self
+                .step(
+                    id,
+                    AllocState::PendingApproval,
+                    AllocState::Denied,
+                    now,
+                    actor,
+                    note,
+                    change,
+                )
+                .await?
+            {
+                return Err(AppError::conflict(
+                    "the request changed meanwhile; reload and try again",
+                ));
+            }
+            self.audit(
+                p,
+                "allocation.deny",
                 id,
-                AllocState::PendingApproval,
-                to,
-                now,
-                Some(p.username.as_str()),
-                note,
-                change,
+                Some(row.a.team_id),
+                Some(&row.a),
+                None,
             )
-            .await?;
-        if !done {
-            return Err(AppError::Conflict {
-                message: "the request changed meanwhile; reload and try again".into(),
-            });
-        }
-        let action = if approve {
-            "allocation.approve"
-        } else {
-            "allocation.deny"
-        };
-        self.audit(p, action, id, Some(row.a.team_id), Some(&row.a), None)
             .await;
+            self.wake.notify_one();
+            return self.get(p, id).await;
+        }
+        let pricer = self.pricer(now).await?;
+        let what = Admit::Waiting {
+            id,
+            actor,
+            note,
+            approval_reason: note,
+        };
+        match self
+            .admit_waiting(&row.a, what, by, pricer.as_ref(), now)
+            .await?
+        {
+            Admitted::Held {
+                over_limit,
+                over_budget,
+            } => {
+                self.audit(
+                    p,
+                    "allocation.approve",
+                    id,
+                    Some(row.a.team_id),
+                    Some(&row.a),
+                    None,
+                )
+                .await;
+                if over_limit || over_budget {
+                    let what = match (over_limit, over_budget) {
+                        (true, true) => "limit and hard budget",
+                        (true, false) => "limit",
+                        _ => "hard budget",
+                    };
+                    tracing::warn!(allocation = %id, by = %p.username, "approved beyond the team's {what}");
+                    self.audit(
+                        p,
+                        "allocation.override",
+                        id,
+                        Some(row.a.team_id),
+                        Some(&row.a),
+                        None,
+                    )
+                    .await;
+                }
+            }
+            Admitted::Waits { reason, .. } => {
+                self.wake.notify_one();
+                return Err(AppError::conflict(format!(
+                    "{reason}; the request now waits for a platform admin"
+                )));
+            }
+            Admitted::Refused(e) => return Err(e),
+            Admitted::Duplicate | Admitted::Moved => {
+                return Err(AppError::conflict(
+                    "the request changed meanwhile; reload and try again",
+                ));
+            }
+        }
         self.wake.notify_one();
         self.get(p, id).await
     }
@@ -819,17 +926,26 @@ impl Allocations {
             .quotas(Some(team.0))
             .await
             .map_err(internal("loading quotas"))?;
+        let overridden: HashMap<String, i64> = self
+            .store
+            .overridden_units(team.0)
+            .await
+            .map_err(internal("loading overrides"))?
+            .into_iter()
+            .collect();
         Ok(rows
             .iter()
             .filter_map(|r| {
                 let q = quota_of(r)?;
-                Some(QuotaView::new(
+                let mut v = QuotaView::new(
                     team,
                     access.team.name.clone(),
                     r.model.clone(),
                     &q,
                     to_u32(r.used),
-                ))
+                );
+                v.overridden = to_u32(overridden.get(&r.model).copied().unwrap_or(0));
+                Some(v)
             })
             .collect())
     }
@@ -908,6 +1024,48 @@ impl Allocations {
         }
         self.wake.notify_one();
         self.quotas(p, team).await
+    }
+
+    /// Grants a team `high` priority (`Some`, with an optional cap in units held at high
+    /// priority on any one quota line) or withdraws it (`None`): platform admins, audited.
+    /// Withdrawing ends nothing that runs; new requests and jobs queued again at `high` are
+    /// refused from then on.
+    pub async fn set_high_priority(
+        &self,
+        p: &Principal,
+        team: TeamId,
+        grant: Option<HighGrant>,
+    ) -> Result<(), AppError> {
+        authz::admin(p)?;
+        authz::team(&self.store, p, team, Need::Read).await?;
+        let stored = grant.map(|g| g.cap.map(i64::from));
+        if !self
+            .store
+            .set_high_grant(team.0, stored)
+            .await
+            .map_err(internal("storing the high-priority grant"))?
+        {
+            return Err(AppError::NotFound);
+        }
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: Some(p.username.to_string()),
+            action: if grant.is_some() {
+                "priority.grant".into()
+            } else {
+                "priority.revoke".into()
+            },
+            object_type: "team".into(),
+            object_id: team.0.to_string(),
+            team_id: Some(team.0),
+            before: None,
+            after: grant.map(|g| serde_json::json!({"high": true, "cap": g.cap}).to_string()),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+        Ok(())
     }
 
     /// The audit trail, newest first (platform admin), optionally one action only.
@@ -1103,6 +1261,11 @@ impl Allocations {
         change: Change,
     ) -> Result<bool, AppError> {
         from.check_transition(to)?;
+        if !from.holds_quota() && to.holds_quota() {
+            // Only the admission rule makes a team hold more (`Store::admit`).
+            tracing::error!(allocation = %id, "a plain step may not start holding quota");
+            return Err(AppError::Internal);
+        }
         let quota_delta = match (from.holds_quota(), to.holds_quota()) {
             (false, true) => 1,
             (true, false) => -1,
@@ -1281,13 +1444,6 @@ fn to_u32(v: i64) -> u32 {
     u32::try_from(v.max(0)).unwrap_or(u32::MAX)
 }
 
-fn approver_str(a: Approver) -> &'static str {
-    match a {
-        Approver::TeamAdmin => "team_admin",
-        Approver::PlatformAdmin => "platform_admin",
-    }
-}
-
 /// The states a list filter names.
 fn state_filter(filter: Option<&str>) -> Result<Vec<String>, AppError> {
     let names: Vec<&str> = match filter.map(str::trim).unwrap_or("") {
@@ -1319,6 +1475,48 @@ fn state_filter(filter: Option<&str>) -> Result<Vec<String>, AppError> {
         }
     };
     Ok(names.into_iter().map(str::to_owned).collect())
+}
+
+/// What approving or denying says.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'a> {
+    pub approve: bool,
+    pub reason: &'a str,
+    /// A platform admin approving beyond the team's limit or hard budget, on purpose.
+    pub overrides: bool,
+}
+
+/// Where the team stands, as the admission rule reads it.
+fn standing(s: &Standing, pricer: Option<&Pricer>) -> alloc::Standing {
+    alloc::Standing {
+        quota: s.quota.as_ref().and_then(quota_of),
+        held: Held {
+            team: s.quota.as_ref().map_or(0, |q| to_u32(q.used)),
+            user: to_u32(s.user_used),
+            high: to_u32(s.high_used),
+        },
+        high: s.high_grant.map(|cap| HighGrant {
+            cap: cap.map(to_u32),
+        }),
+        budget: pricer.and_then(|p| p.committed(s)),
+    }
+}
+
+/// What `a` asks for: its units, at its priority, for its whole duration.
+fn ask_of(a: &AllocationRow, pricer: Option<&Pricer>) -> Ask {
+    Ask {
+        units: to_u32(a.units),
+        high: a.priority == PriorityClass::High,
+        cost: cost_of(a, a.duration_minutes.saturating_mul(60_000), pricer),
+    }
+}
+
+/// What `a`'s kind and count cost for `ms` at today's rates (0 without prices).
+fn cost_of(a: &AllocationRow, ms: i64, pricer: Option<&Pricer>) -> i64 {
+    match (pricer, a.kind.parse::<GpuKind>()) {
+        (Some(p), Ok(kind)) => p.cost(&kind, to_u32(a.count), ms, a.priority),
+        _ => 0,
+    }
 }
 
 #[cfg(test)]

@@ -144,6 +144,10 @@ impl Workloads {
         ) else {
             return Ok(false);
         };
+        // A disabled owner's work ends with their allocations; nothing of theirs is queued again.
+        if user.disabled {
+            return Ok(false);
+        }
         let Ok(username) = Username::parse(&user.username) else {
             return Ok(false);
         };

@@ -98,10 +98,25 @@ pub(super) async fn extend_allocation(
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(super) struct Decision {
     /// Shown to the requester; at most 500 characters.
     #[serde(default)]
     reason: String,
+    /// Approving: a platform admin's explicit override to go beyond the team's limit or
+    /// hard budget (recorded on the allocation and audited). Anyone else gets 403.
+    #[serde(default, rename = "override")]
+    overrides: bool,
+}
+
+impl Decision {
+    fn with(&self, approve: bool) -> tessera_core::services::allocations::Decision<'_> {
+        tessera_core::services::allocations::Decision {
+            approve,
+            reason: &self.reason,
+            overrides: self.overrides,
+        }
+    }
 }
 
 #[utoipa::path(post, path = "/api/v1/allocations/{id}/approve", tag = "allocations", request_body = Decision,
@@ -111,7 +126,7 @@ pub(super) async fn approve_allocation(
     Path(id): Path<Uuid>,
     JsonBody(b): JsonBody<Decision>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.decide(&p, id, true, &b.reason).await)
+    ok(s.allocations.decide(&p, id, b.with(true)).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/allocations/{id}/deny", tag = "allocations", request_body = Decision,
@@ -121,7 +136,7 @@ pub(super) async fn deny_allocation(
     Path(id): Path<Uuid>,
     JsonBody(b): JsonBody<Decision>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.decide(&p, id, false, &b.reason).await)
+    ok(s.allocations.decide(&p, id, b.with(false)).await)
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/quotas", tag = "allocations",
@@ -154,6 +169,35 @@ pub(super) async fn set_quota(
     ok(s.allocations
         .set_quota(&p, TeamId(team), &model, b.guaranteed, b.limit, b.per_user)
         .await)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PriorityBody {
+    /// Whether the team may ask for `high` priority.
+    high: bool,
+    /// With `high`: most units the team may hold at high priority on any one quota line
+    /// (absent: no cap beyond its quota).
+    #[serde(default)]
+    cap: Option<u32>,
+}
+
+#[utoipa::path(put, path = "/api/v1/teams/{id}/priority", tag = "allocations", request_body = PriorityBody,
+    description = "Grants or withdraws `high` priority for a team (platform admin, audited). \
+                   Requests at `high` from a team without the grant are refused (422 on `priority`).",
+    responses((status = 200, description = "OK", body = TeamView), Forbidden, NotFound, Invalid))]
+pub(super) async fn set_team_priority(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+    JsonBody(b): JsonBody<PriorityBody>,
+) -> ApiResult<TeamView> {
+    let grant = b
+        .high
+        .then_some(tessera_domain::alloc::HighGrant { cap: b.cap });
+    s.allocations
+        .set_high_priority(&p, TeamId(team), grant)
+        .await?;
+    ok(s.tenancy.team(&p, TeamId(team)).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

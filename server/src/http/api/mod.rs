@@ -133,6 +133,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(deny_allocation))
         .routes(routes!(list_quotas))
         .routes(routes!(set_quota))
+        .routes(routes!(set_team_priority))
         .routes(routes!(audit_log))
         .routes(routes!(list_rates, set_rate))
         .routes(routes!(estimate_cost))

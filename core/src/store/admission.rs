@@ -1,0 +1,335 @@
+//! Admission: the one transaction in which a team comes to hold more — a new request, an
+//! approval, a waiting request admitted once there is room, an extension.
+//!
+//! It starts by bumping the team's `admissions` counter: that write takes the team's row
+//! lock on PostgreSQL (SQLite's writer lock serializes anyway), so one team's admissions
+//! run one at a time and the checks that span rows (units held at high priority, spend
+//! committed to open allocations) see every earlier admission. It then reads where the
+//! team stands ([`Standing`]), asks the caller's rule (pure, `tessera_domain::alloc::check`)
+//! for a verdict, and writes what the verdict says — all in that transaction, so a
+//! concurrent admission waits for it and then sees its result.
+
+use super::allocations::{
+    AllocationRow, COLS, EVENT, INSERT, TEAM_ADD, USER_ADD, bind_insert, is_unique_violation,
+};
+use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, on_pool};
+use chrono::{DateTime, Utc};
+use tessera_domain::alloc::{AllocState, Approver, PriorityClass, Verdict};
+use tessera_domain::error::AppError;
+use uuid::Uuid;
+
+/// What is admitted once the verdict allows it.
+#[derive(Debug, Clone)]
+pub enum Admit<'a> {
+    /// A new request (`row.state` is ignored: it is stored `queued` when admitted, else
+    /// `pending_approval` with the verdict's approver and reason).
+    Insert {
+        row: &'a AllocationRow,
+        actor: &'a str,
+    },
+    /// A request waiting in `pending_approval` joins the queue (an approval, or room that
+    /// freed up). When the verdict says it must wait, it keeps waiting, for the approver
+    /// and reason the verdict names.
+    Waiting {
+        id: Uuid,
+        actor: Option<&'a str>,
+        note: Option<&'a str>,
+        /// Stored as the approval's reason when admitted.
+        approval_reason: Option<&'a str>,
+    },
+    /// An active allocation's end moves from `old_end` to `new_end` (no more units).
+    Extend {
+        id: Uuid,
+        old_end: DateTime<Utc>,
+        new_end: DateTime<Utc>,
+        actor: &'a str,
+        note: &'a str,
+    },
+}
+
+/// Where the team stands on the quota line, read under its admission lock.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    /// The allocation concerned (`Waiting`, `Extend`): as read under the lock.
+    pub allocation: Option<AllocationRow>,
+    pub quota: Option<QuotaRow>,
+    /// Units the asking user holds on the line.
+    pub user_used: i64,
+    /// Units the team holds at high priority on the line.
+    pub high_used: i64,
+    /// The team's grant of `high`: `None` none; `Some(cap)` granted (`cap` `None`: no cap).
+    pub high_grant: Option<Option<i64>>,
+    /// The team's budget, if any.
+    pub budget: Option<BudgetRow>,
+    /// With a hard budget: the team's ledger spend in the month asked about.
+    pub month_spent: i64,
+    /// With a hard budget: the team's open allocations (queued, placing, active: an
+    /// extended one included, at its current end) with what the ledger holds for each.
+    pub open: Vec<OpenAllocation>,
+}
+
+/// An open allocation and what was posted for it, for committed spend.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OpenAllocation {
+    pub kind: String,
+    pub count: i64,
+    #[sqlx(try_from = "String")]
+    pub priority: PriorityClass,
+    #[sqlx(try_from = "String")]
+    pub state: AllocState,
+    pub duration_minutes: i64,
+    pub active_at: Option<DateTime<Utc>>,
+    pub ends_at: Option<DateTime<Utc>>,
+    /// What the ledger holds for it so far (team side), whatever the month.
+    pub posted: i64,
+}
+
+/// What an admission did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admitted {
+    /// The units are held (or the end moved); with the overrides recorded on it.
+    Held { over_limit: bool, over_budget: bool },
+    /// It waits for approval (stored so, or kept so), by `by` for `reason`.
+    Waits { by: Approver, reason: String },
+    /// Refused by the rule: nothing was written.
+    Refused(AppError),
+    /// `Insert`: the (user, idempotency key) pair exists already; nothing was stored.
+    Duplicate,
+    /// `Waiting`/`Extend`: the allocation is no longer where the caller found it.
+    Moved,
+}
+
+/// Who is asking, on which quota line.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    pub team: Uuid,
+    pub model: &'a str,
+    pub user: Uuid,
+    /// `[from, to)` of the month whose spend counts against the budget.
+    pub month: (DateTime<Utc>, DateTime<Utc>),
+}
+
+const LOCK: &str = "UPDATE teams SET admissions = admissions + 1 WHERE id = $1";
+const HIGH_USED: &str = "SELECT CAST(COALESCE(SUM(units), 0) AS BIGINT) FROM allocations \
+    WHERE team_id = $1 AND model = $2 AND priority = 'high' \
+    AND state IN ('queued', 'placing', 'active', 'releasing')";
+const OPEN: &str = "SELECT a.kind, a.count, a.priority, a.state, a.duration_minutes, a.active_at, \
+    a.ends_at, (SELECT CAST(COALESCE(SUM(l.amount_minor), 0) AS BIGINT) FROM ledger_entries l \
+    WHERE l.allocation_id = a.id AND l.account <> 'platform') AS posted \
+    FROM allocations a WHERE a.team_id = $1 AND a.state IN ('queued', 'placing', 'active')";
+const MONTH_SPENT: &str = "SELECT CAST(COALESCE(SUM(amount_minor), 0) AS BIGINT) FROM ledger_entries \
+    WHERE account <> 'platform' AND team_id = $1 AND hour_start >= $2 AND hour_start < $3";
+
+fn approver_str(a: Approver) -> &'static str {
+    match a {
+        Approver::TeamAdmin => "team_admin",
+        Approver::PlatformAdmin => "platform_admin",
+    }
+}
+
+/// Inserts `$row` with its overrides and first history entry, in `$tx`; `false` on a
+/// duplicate idempotency key.
+macro_rules! insert {
+    ($tx:expr, $row:expr, $actor:expr, $over:expr) => {{
+        let row: &AllocationRow = $row;
+        match bind_insert!(sqlx::query(INSERT), row)
+            .execute(&mut *$tx)
+            .await
+        {
+            Ok(_) => {
+                let (over_limit, over_budget): (bool, bool) = $over;
+                sqlx::query(
+                    "UPDATE allocations SET over_limit = $2, over_budget = $3 WHERE id = $1",
+                )
+                .bind(row.id)
+                .bind(over_limit)
+                .bind(over_budget)
+                .execute(&mut *$tx)
+                .await?;
+                sqlx::query(EVENT)
+                    .bind(row.id)
+                    .bind(row.created_at)
+                    .bind(None::<String>)
+                    .bind(row.state.as_str())
+                    .bind($actor)
+                    .bind(None::<String>)
+                    .execute(&mut *$tx)
+                    .await?;
+                true
+            }
+            Err(e) if is_unique_violation(&e) => false,
+            Err(e) => return Err(e.into()),
+        }
+    }};
+}
+
+/// Counts `$row`'s units on the team's and the user's counters, in `$tx` (the rule has
+/// checked them under the lock).
+macro_rules! hold {
+    ($tx:expr, $row:expr) => {{
+        let row: &AllocationRow = $row;
+        sqlx::query(TEAM_ADD)
+            .bind(row.team_id)
+            .bind(&row.model)
+            .bind(row.units)
+            .execute(&mut *$tx)
+            .await?;
+        sqlx::query(USER_ADD)
+            .bind(row.team_id)
+            .bind(&row.model)
+            .bind(row.user_id)
+            .bind(row.units)
+            .execute(&mut *$tx)
+            .await?;
+    }};
+}
+
+impl Store {
+    /// Admits `what` on `line` if `rule` says so, all in one transaction under the team's
+    /// admission lock (module docs).
+    pub async fn admit(
+        &self,
+        line: Line<'_>,
+        what: Admit<'_>,
+        rule: impl FnOnce(&Standing) -> Verdict,
+    ) -> Result<Admitted, StoreError> {
+        let result: Result<Admitted, sqlx::Error> = on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let locked = sqlx::query(LOCK).bind(line.team).execute(&mut *tx).await?.rows_affected();
+            if locked != 1 {
+                tx.rollback().await?;
+                return Ok(Admitted::Refused(AppError::NotFound));
+            }
+            let concerned = match &what {
+                Admit::Insert { .. } => None,
+                Admit::Waiting { id, .. } | Admit::Extend { id, .. } => {
+                    let sql = format!("SELECT {COLS} FROM allocations a WHERE a.id = $1");
+                    let row = sqlx::query_as::<_, AllocationRow>(&sql).bind(*id)
+                        .fetch_optional(&mut *tx).await?;
+                    let expected = match &what {
+                        Admit::Extend { old_end, .. } => row.as_ref().is_some_and(|r| {
+                            r.state == AllocState::Active && r.ends_at == Some(*old_end)
+                                && r.preempt_at.is_none()
+                        }),
+                        _ => row.as_ref().is_some_and(|r| r.state == AllocState::PendingApproval),
+                    };
+                    if !expected {
+                        tx.rollback().await?;
+                        return Ok(Admitted::Moved);
+                    }
+                    row
+                }
+            };
+            let quota = sqlx::query_as::<_, QuotaRow>(
+                "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
+                 WHERE team_id = $1 AND model = $2")
+                .bind(line.team).bind(line.model).fetch_optional(&mut *tx).await?;
+            let user_used = sqlx::query_scalar::<_, i64>(
+                "SELECT used FROM user_usage WHERE team_id = $1 AND model = $2 AND user_id = $3")
+                .bind(line.team).bind(line.model).bind(line.user)
+                .fetch_optional(&mut *tx).await?.unwrap_or(0);
+            let high_used = sqlx::query_scalar::<_, i64>(HIGH_USED).bind(line.team)
+                .bind(line.model).fetch_one(&mut *tx).await?;
+            let (high, cap) = sqlx::query_as::<_, (bool, Option<i64>)>(
+                "SELECT high_priority, high_cap FROM teams WHERE id = $1")
+                .bind(line.team).fetch_one(&mut *tx).await?;
+            let budget = sqlx::query_as::<_, BudgetRow>(
+                "SELECT team_id, monthly_minor, hard FROM budgets WHERE team_id = $1")
+                .bind(line.team).fetch_optional(&mut *tx).await?;
+            let (month_spent, open) = if budget.as_ref().is_some_and(|b| b.hard) {
+                let spent = sqlx::query_scalar::<_, i64>(MONTH_SPENT).bind(line.team)
+                    .bind(line.month.0).bind(line.month.1).fetch_one(&mut *tx).await?;
+                let open = sqlx::query_as::<_, OpenAllocation>(OPEN).bind(line.team)
+                    .fetch_all(&mut *tx).await?;
+                (spent, open)
+            } else {
+                (0, Vec::new())
+            };
+            let standing = Standing {
+                allocation: concerned,
+                quota,
+                user_used,
+                high_used,
+                high_grant: high.then_some(cap),
+                budget,
+                month_spent,
+                open,
+            };
+            let (over_limit, over_budget) = match rule(&standing) {
+                Verdict::Refused(e) => {
+                    tx.rollback().await?;
+                    return Ok(Admitted::Refused(e));
+                }
+                Verdict::NeedsApproval { by, reason } => {
+                    match &what {
+                        Admit::Insert { row, actor } => {
+                            let mut row = (*row).clone();
+                            row.state = AllocState::PendingApproval;
+                            row.approver = Some(approver_str(by).to_owned());
+                            row.approval_reason = Some(reason.clone());
+                            if !insert!(tx, &row, *actor, (false, false)) {
+                                tx.rollback().await?;
+                                return Ok(Admitted::Duplicate);
+                            }
+                        }
+                        Admit::Waiting { id, .. } => {
+                            sqlx::query("UPDATE allocations SET approver = $2, approval_reason = $3 \
+                                         WHERE id = $1 AND state = 'pending_approval'")
+                                .bind(*id).bind(approver_str(by)).bind(&reason)
+                                .execute(&mut *tx).await?;
+                        }
+                        Admit::Extend { .. } => {
+                            tx.rollback().await?;
+                            return Ok(Admitted::Waits { by, reason });
+                        }
+                    }
+                    tx.commit().await?;
+                    return Ok(Admitted::Waits { by, reason });
+                }
+                Verdict::Admit { over_limit, over_budget } => (over_limit, over_budget),
+            };
+            match &what {
+                Admit::Insert { row, actor } => {
+                    let mut row = (*row).clone();
+                    row.state = AllocState::Queued;
+                    if !insert!(tx, &row, *actor, (over_limit, over_budget)) {
+                        tx.rollback().await?;
+                        return Ok(Admitted::Duplicate);
+                    }
+                    hold!(tx, &row);
+                }
+                Admit::Waiting { id, actor, note, approval_reason } => {
+                    let sql = "UPDATE allocations SET state = 'queued', \
+                               approval_reason = COALESCE($2, approval_reason), \
+                               over_limit = $3, over_budget = $4 \
+                               WHERE id = $1 AND state = 'pending_approval'";
+                    let n = sqlx::query(sql).bind(*id).bind(*approval_reason).bind(over_limit)
+                        .bind(over_budget).execute(&mut *tx).await?.rows_affected();
+                    let Some(row) = standing.allocation.as_ref().filter(|_| n == 1) else {
+                        tx.rollback().await?;
+                        return Ok(Admitted::Moved);
+                    };
+                    hold!(tx, row);
+                    sqlx::query(EVENT).bind(*id).bind(Utc::now()).bind("pending_approval")
+                        .bind("queued").bind(*actor).bind(*note).execute(&mut *tx).await?;
+                }
+                Admit::Extend { id, old_end, new_end, actor, note } => {
+                    let sql = "UPDATE allocations SET ends_at = $2, \
+                               over_budget = over_budget OR $4 WHERE id = $1 \
+                               AND state = 'active' AND ends_at = $3 AND preempt_at IS NULL";
+                    let n = sqlx::query(sql).bind(*id).bind(*new_end).bind(*old_end)
+                        .bind(over_budget).execute(&mut *tx).await?.rows_affected();
+                    if n != 1 {
+                        tx.rollback().await?;
+                        return Ok(Admitted::Moved);
+                    }
+                    sqlx::query(EVENT).bind(*id).bind(Utc::now()).bind("active").bind("active")
+                        .bind(*actor).bind(*note).execute(&mut *tx).await?;
+                }
+            }
+            tx.commit().await?;
+            Ok(Admitted::Held { over_limit, over_budget })
+        });
+        from_driver(result)
+    }
+}
