@@ -154,3 +154,130 @@ async fn a_backup_holds_no_session_token_or_secret_in_clear() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["env"][0]["value"], SECRET, "{v}");
 }
+
+/// Writes `sql` (binding `id`) to the SQLite database at `url`.
+async fn execute(url: &str, sql: &str, id: uuid::Uuid) {
+    let store = Store::connect(url).await.expect("store");
+    let Store::Sqlite(pool) = &store else {
+        unreachable!()
+    };
+    sqlx::query(sql)
+        .bind(id)
+        .execute(pool)
+        .await
+        .expect("update");
+    store.close().await;
+}
+
+/// The ids of the keys that sealed a workload's environment and token.
+async fn sealed_with(url: &str, id: uuid::Uuid) -> (Option<String>, Option<String>) {
+    let store = Store::connect(url).await.expect("store");
+    let w = store.workload(id).await.expect("load").expect("row").w;
+    store.close().await;
+    (
+        w.env.key_id().map(str::to_owned),
+        w.token.as_ref().and_then(|t| t.key_id()).map(str::to_owned),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_in_clear_and_under_a_retired_key_are_sealed_under_the_newest_at_start() {
+    let mut a = AdminClient::new(Db::Sqlite).await;
+    let t = team(&a, "rotate").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (s, nb) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"name": "nb-rotate", "gpu": "H100-80GB:1g.10gb",
+                    "env": {"WANDB_API_KEY": SECRET}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{nb}");
+    let id = uuid::Uuid::parse_str(nb["id"].as_str().expect("id")).expect("uuid");
+    let url = a.app.database_url.clone();
+    let old = a.app.data_keys().ids()[0].to_owned();
+    assert_eq!(
+        sealed_with(&url, id).await,
+        (Some(old.clone()), Some(old.clone()))
+    );
+    // A row as an older release wrote it: in clear.
+    let (s, job) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"command": "true", "gpu": "H100-80GB:1g.10gb"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let legacy = uuid::Uuid::parse_str(job["id"].as_str().expect("id")).expect("uuid");
+    a.app.stop().await;
+    execute(
+        &url,
+        "UPDATE workloads SET env = '[{\"name\":\"OLD_KEY\",\"value\":\"legacy-secret-4711\"}]' \
+         WHERE id = $1",
+        legacy,
+    )
+    .await;
+    assert_eq!(sealed_with(&url, legacy).await, (None, None));
+
+    // Rotation: a new key first in the key file, the old one kept to open what it sealed.
+    let db = tessera_core::store::sqlite_file(&url).expect("file");
+    let key_file = tessera_server::data_keys::default_file(&db);
+    let old_key = std::fs::read_to_string(&key_file).expect("key file");
+    let new_key = tessera_core::at_rest::DataKeys::generate();
+    std::fs::write(&key_file, format!("{new_key}\n{old_key}")).expect("rotate");
+    a.app.start_again().await;
+    let new = a.app.data_keys().ids()[0].to_owned();
+    assert_ne!(new, old);
+    assert_eq!(
+        sealed_with(&url, id).await,
+        (Some(new.clone()), Some(new.clone()))
+    );
+    assert_eq!(sealed_with(&url, legacy).await, (Some(new.clone()), None));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("after-rotation.db");
+    tessera_server::backup(&url, &file).await.expect("backup");
+    let backup = std::fs::read(&file).expect("read backup");
+    assert!(
+        !contains(&backup, "legacy-secret-4711"),
+        "the clear row was sealed"
+    );
+
+    // The old key retired: everything still opens.
+    a.app.stop().await;
+    std::fs::write(&key_file, format!("{new_key}\n")).expect("retire");
+    a.app.start_again().await;
+    for (w, name, value) in [
+        (id, "WANDB_API_KEY", SECRET),
+        (legacy, "OLD_KEY", "legacy-secret-4711"),
+    ] {
+        let (s, v) = call_with_token(
+            &a.app,
+            &t.member,
+            Method::GET,
+            &format!("/api/v1/workloads/{w}"),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["env"][0]["name"], name, "{v}");
+        assert_eq!(v["env"][0]["value"], value, "{v}");
+    }
+
+    // A key that opens none of them stops the start, naming the key it needs.
+    a.app.stop().await;
+    let mut config = tessera_server::config::ServeConfig::for_tests(&url);
+    config.data_key = Some(tessera_server::config::Secret::new(
+        tessera_core::at_rest::DataKeys::generate(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let err = tessera_server::run(config, listener, std::future::pending())
+        .await
+        .expect_err("no key opens the rows");
+    assert!(format!("{err:#}").contains(&new), "{err:#}");
+}
