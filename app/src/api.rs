@@ -638,12 +638,14 @@ pub async fn set_rate(
     kind: String,
     price: String,
     preemptible_discount_pct: String,
+    #[server(default)] high_premium_pct: String,
     effective_from: String,
 ) -> Result<RateView, UiError> {
     let echo = [
         ("kind", kind.clone()),
         ("price", price.clone()),
         ("preemptible_discount_pct", preemptible_discount_pct.clone()),
+        ("high_premium_pct", high_premium_pct.clone()),
         ("effective_from", effective_from.clone()),
     ];
     ssr::call(echo, async |s, p| {
@@ -651,6 +653,7 @@ pub async fn set_rate(
             kind,
             &price,
             &preemptible_discount_pct,
+            &high_premium_pct,
             &effective_from,
             s.billing.currency(),
         )?;

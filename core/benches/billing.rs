@@ -49,6 +49,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 model: "H100-80GB".into(),
                 price_minor_per_hour: 700,
                 preemptible_discount_pct: 0,
+                high_premium_pct: 0,
                 effective_from: start - Days::days(1),
                 created_at: now,
                 created_by: None,

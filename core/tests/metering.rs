@@ -32,7 +32,7 @@ impl Lcg {
 struct Spec {
     kind: &'static str,
     count: u32,
-    preemptible: bool,
+    priority: PriorityClass,
     /// Seconds from the origin: `[start, end)`, `end = None` still active.
     start: i64,
     end: Option<i64>,
@@ -84,11 +84,7 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
     let start = origin + Duration::seconds(s.start);
     let row = AllocationRow {
         id,
-        priority: if s.preemptible {
-            PriorityClass::Preemptible
-        } else {
-            PriorityClass::Normal
-        },
+        priority: s.priority,
         ..AllocationRow::queued(
             team,
             user,
@@ -133,7 +129,7 @@ fn ground_truth(specs: &[Spec], origin: DateTime<Utc>, now: i64, card: &RateCard
             }
             let at = origin + Duration::hours(hour);
             if let Some(p) = card.price(&kind, &catalog, at) {
-                total += billing::cost(&p, s.count, ms, s.preemptible).1;
+                total += billing::cost(&p, s.count, ms, s.priority).1;
             }
         }
     }
@@ -167,6 +163,7 @@ async fn run(url: &str, seed: u64) {
             model: kind.split(':').next().expect("model").into(),
             price_minor_per_hour: price,
             preemptible_discount_pct: disc,
+            high_premium_pct: 2 * disc,
             effective_from: origin + Duration::hours(hour),
             created_at: Utc::now(),
             created_by: None,
@@ -177,6 +174,7 @@ async fn run(url: &str, seed: u64) {
             kind: r.kind.clone(),
             price_minor_per_hour: price,
             preemptible_discount_pct: u8::try_from(disc).expect("pct"),
+            high_premium_pct: u16::try_from(2 * disc).expect("pct"),
             effective_from: r.effective_from,
         });
     }
@@ -189,7 +187,7 @@ async fn run(url: &str, seed: u64) {
             Spec {
                 kind: KINDS[rng.next(KINDS.len() as u64) as usize].0,
                 count: 1 + rng.next(3) as u32,
-                preemptible: rng.next(3) == 0,
+                priority: PriorityClass::ALL[rng.next(3) as usize],
                 start,
                 end: (rng.next(4) != 0).then_some(start + len),
             }
@@ -271,7 +269,7 @@ async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
     let spec = Spec {
         kind: "H100-80GB:1g.10gb",
         count: 1,
-        preemptible: false,
+        priority: PriorityClass::Normal,
         start: 0,
         end: None,
     };

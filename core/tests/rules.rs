@@ -94,6 +94,7 @@ async fn world(url: &str, seed: u64) -> World {
         kind: "H100-80GB:whole".into(),
         price_minor_per_hour: PRICE,
         preemptible_discount_pct: 0,
+        high_premium_pct: 50,
         effective_from: Some(hour),
     };
     s.billing.set_rate(&admin, &rate).await.expect("rate");
@@ -156,6 +157,7 @@ async fn world(url: &str, seed: u64) -> World {
         kind: "H100-80GB:whole".into(),
         price_minor_per_hour: PRICE,
         preemptible_discount_pct: 0,
+        high_premium_pct: 50,
         effective_from: hour,
     }]);
     World {
@@ -414,7 +416,7 @@ impl World {
                     };
                     let p = self.card.price(&kind, &catalog, at).expect("priced");
                     let count = u32::try_from(a.count).expect("count");
-                    billing::cost(&p, count, ms, a.priority == PriorityClass::Preemptible).1
+                    billing::cost(&p, count, ms, a.priority).1
                 })
                 .sum();
             if !self.over_budget(*team).await {

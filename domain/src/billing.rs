@@ -164,6 +164,9 @@ pub struct Rate {
     pub kind: String,
     pub price_minor_per_hour: i64,
     pub preemptible_discount_pct: u8,
+    /// What `high` priority costs on top, in percent (0–1000).
+    #[serde(default)]
+    pub high_premium_pct: u16,
     pub effective_from: DateTime<Utc>,
 }
 
@@ -235,22 +238,32 @@ impl RateCard {
     }
 }
 
-/// Cost of one (allocation, hour): `(list, billed)` in minor units (see the module docs).
-pub fn cost(priced: &Priced<'_>, count: u32, wall_ms: i64, preemptible: bool) -> (i64, i64) {
+/// Cost of one (allocation, hour): `(list, billed)` in minor units (see the module docs):
+/// `preemptible` gets the rate's discount, `high` pays its premium.
+pub fn cost(priced: &Priced<'_>, count: u32, wall_ms: i64, priority: PriorityClass) -> (i64, i64) {
     let base = i128::from(priced.rate.price_minor_per_hour)
         * i128::from(count)
         * i128::from(wall_ms)
         * i128::from(priced.num);
     let den = i128::from(HOUR_MS) * i128::from(priced.den.max(1));
     let list = div_round(base, den);
-    let billed = if preemptible {
-        let keep = 100 - i128::from(priced.rate.preemptible_discount_pct.min(100));
-        div_round(base * keep, den * 100)
-    } else {
+    let pct = match priority {
+        PriorityClass::Preemptible => {
+            100 - i128::from(priced.rate.preemptible_discount_pct.min(100))
+        }
+        PriorityClass::Normal => 100,
+        PriorityClass::High => 100 + i128::from(priced.rate.high_premium_pct.min(HIGH_PREMIUM_MAX)),
+    };
+    let billed = if pct == 100 {
         list
+    } else {
+        div_round(base * pct, den * 100)
     };
     (list, billed)
 }
+
+/// The highest premium a rate may put on `high` priority, in percent.
+pub const HIGH_PREMIUM_MAX: u16 = 1000;
 
 /// What an admin asks to set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,6 +276,9 @@ pub struct NewRate {
     /// Discount for preemptible allocations, 0–100 %.
     #[serde(default)]
     pub preemptible_discount_pct: u8,
+    /// Premium for `high` priority (teams granted it), 0–1000 %.
+    #[serde(default)]
+    pub high_premium_pct: u16,
     /// From when it applies: a full hour, not in the past; default the next full hour.
     #[serde(default)]
     pub effective_from: Option<DateTime<Utc>>,
@@ -277,9 +293,19 @@ impl NewRate {
         kind: String,
         price: &str,
         preemptible_discount_pct: &str,
+        high_premium_pct: &str,
         effective_from: &str,
         currency: &str,
     ) -> Result<NewRate, AppError> {
+        let premium = match high_premium_pct.trim() {
+            "" => 0,
+            t => t.parse().map_err(|_| {
+                AppError::invalid(
+                    "high_premium_pct",
+                    "must be a whole number between 0 and 1000",
+                )
+            })?,
+        };
         let discount = match preemptible_discount_pct.trim() {
             "" => 0,
             t => t.parse().map_err(|_| {
@@ -306,6 +332,7 @@ impl NewRate {
             kind,
             price_minor_per_hour: parse_money(price, currency, "price")?,
             preemptible_discount_pct: discount,
+            high_premium_pct: premium,
             effective_from,
         })
     }
@@ -333,6 +360,12 @@ pub fn validate_rate(
         return Err(AppError::invalid(
             "preemptible_discount_pct",
             "must be between 0 and 100",
+        ));
+    }
+    if input.high_premium_pct > HIGH_PREMIUM_MAX {
+        return Err(AppError::invalid(
+            "high_premium_pct",
+            format!("must be between 0 and {HIGH_PREMIUM_MAX}"),
         ));
     }
     let current = hour_floor(now);
@@ -607,6 +640,8 @@ pub struct RateView {
     pub price: String,
     pub currency: String,
     pub preemptible_discount_pct: u8,
+    #[serde(default)]
+    pub high_premium_pct: u16,
     pub effective_from: DateTime<Utc>,
     /// In force now (not superseded, not in the future).
     pub current: bool,
@@ -763,12 +798,12 @@ mod tests {
 
     #[test]
     fn the_rate_form_is_read_into_a_typed_rate_with_field_errors() {
-        let r = NewRate::from_form("H100-80GB:whole".into(), "7.50", "", " ", "EUR").unwrap();
+        let r = NewRate::from_form("H100-80GB:whole".into(), "7.50", "", "", " ", "EUR").unwrap();
         assert_eq!(r.price_minor_per_hour, 750);
         assert_eq!((r.preemptible_discount_pct, r.effective_from), (0, None));
-        let r = NewRate::from_form("k".into(), "1", "40", "2026-12-01T13:00", "JPY").unwrap();
+        let r = NewRate::from_form("k".into(), "1", "40", "50", "2026-12-01T13:00", "JPY").unwrap();
         assert_eq!(r.price_minor_per_hour, 1);
-        assert_eq!(r.preemptible_discount_pct, 40);
+        assert_eq!((r.preemptible_discount_pct, r.high_premium_pct), (40, 50));
         assert_eq!(
             r.effective_from,
             Some(Utc.with_ymd_and_hms(2026, 12, 1, 13, 0, 0).unwrap())
@@ -779,7 +814,7 @@ mod tests {
             ("7", "300", "", "preemptible_discount_pct"),
             ("7", "", "tomorrow", "effective_from"),
         ] {
-            let e = NewRate::from_form("k".into(), price, discount, from, "EUR").unwrap_err();
+            let e = NewRate::from_form("k".into(), price, discount, "", from, "EUR").unwrap_err();
             assert!(
                 matches!(&e, AppError::Invalid { field: f, .. } if f == field),
                 "{price}/{discount}/{from}: {e:?}"
@@ -803,6 +838,7 @@ mod tests {
             kind: kind.into(),
             price_minor_per_hour: price,
             preemptible_discount_pct: disc,
+            high_premium_pct: 50,
             effective_from: from,
         }
     }
@@ -864,15 +900,25 @@ mod tests {
         let slice: GpuKind = "H100-80GB:1g.10gb".parse().unwrap();
         let p = card.price(&slice, &c, t(10)).unwrap();
         assert_eq!((p.num, p.den), (1, 7));
-        assert_eq!(cost(&p, 1, HOUR_MS, false), (100, 100));
-        assert_eq!(cost(&p, 3, HOUR_MS / 2, true), (150, 75));
+        assert_eq!(cost(&p, 1, HOUR_MS, PriorityClass::Normal), (100, 100));
+        assert_eq!(
+            cost(&p, 3, HOUR_MS / 2, PriorityClass::Preemptible),
+            (150, 75)
+        );
+        // `high` pays the rate's premium (50 % here) on top of the list price.
+        assert_eq!(cost(&p, 3, HOUR_MS / 2, PriorityClass::High), (150, 225));
         // Its own rate wins.
         let card = RateCard::new([
             rate("H100-80GB:whole", 700, 0, t(0)),
             rate("H100-80GB:1g.10gb", 130, 0, t(0)),
         ]);
         assert_eq!(
-            cost(&card.price(&slice, &c, t(10)).unwrap(), 1, HOUR_MS, false),
+            cost(
+                &card.price(&slice, &c, t(10)).unwrap(),
+                1,
+                HOUR_MS,
+                PriorityClass::Normal
+            ),
             (130, 130)
         );
         // Nothing set for another model.
@@ -913,6 +959,7 @@ mod tests {
             kind: "h100-80gb:1G.10GB".into(),
             price_minor_per_hour: 100,
             preemptible_discount_pct: 30,
+            high_premium_pct: 25,
             effective_from: None,
         };
         let (kind, from) = validate_rate(&ok, &c, now).unwrap();
@@ -935,6 +982,13 @@ mod tests {
                 ..ok.clone()
             }),
             "preemptible_discount_pct"
+        );
+        assert_eq!(
+            field(NewRate {
+                high_premium_pct: 1001,
+                ..ok.clone()
+            }),
+            "high_premium_pct"
         );
         assert_eq!(
             field(NewRate {
@@ -1045,7 +1099,7 @@ mod tests {
         fn per_hour_rounding_is_bounded(ms in proptest::collection::vec(0i64..=HOUR_MS, 1..50), price in 0i64..100_000, disc in 0u8..=100) {
             let r = rate("H100-80GB:whole", price, disc, t(0));
             let p = Priced { rate: &r, num: 1, den: 7 };
-            let billed: i64 = ms.iter().map(|&m| cost(&p, 3, m, true).1).sum();
+            let billed: i64 = ms.iter().map(|&m| cost(&p, 3, m, PriorityClass::Preemptible).1).sum();
             let exact = i128::from(price) * 3 * i128::from(ms.iter().sum::<i64>()) * i128::from(100 - disc);
             let denom = i128::from(HOUR_MS) * 7 * 100;
             let diff = (i128::from(billed) * denom - exact).abs();

@@ -12,3 +12,6 @@ ALTER TABLE teams ADD COLUMN admissions BIGINT NOT NULL DEFAULT 0;
 -- team's limit, or beyond its hard budget.
 ALTER TABLE allocations ADD COLUMN over_limit BOOLEAN NOT NULL DEFAULT FALSE;
 ALTER TABLE allocations ADD COLUMN over_budget BOOLEAN NOT NULL DEFAULT FALSE;
+-- What `high` priority costs on top of the rate, in percent (0: the same as normal).
+ALTER TABLE rate_cards ADD COLUMN high_premium_pct INTEGER NOT NULL DEFAULT 0
+    CHECK (high_premium_pct BETWEEN 0 AND 1000);

@@ -136,6 +136,7 @@ fn RateTable(list: Vec<RateView>) -> impl IntoView {
                     </td>
                     <td class="num">{format!("{} {}", r.price, r.currency)}</td>
                     <td class="num">{format!("{} %", r.preemptible_discount_pct)}</td>
+                    <td class="num">{format!("+{} %", r.high_premium_pct)}</td>
                     <td>
                         <time datetime=r.effective_from.to_rfc3339()>
                             {timestamp(r.effective_from)}
@@ -156,6 +157,7 @@ fn RateTable(list: Vec<RateView>) -> impl IntoView {
                     <th scope="col">"GPU kind"</th>
                     <th scope="col" class="num">"Price per hour"</th>
                     <th scope="col" class="num">"Preemptible discount"</th>
+                    <th scope="col" class="num">"High priority premium"</th>
                     <th scope="col">"Effective from"</th>
                     <th scope="col">"Status"</th>
                     <th scope="col">"Set by"</th>
@@ -173,6 +175,17 @@ fn RateForm(action: ServerAction<SetRate>) -> impl IntoView {
     let price = echoed(value, "price");
     let discount = {
         let echo = echoed(value, "preemptible_discount_pct");
+        move || {
+            let typed = echo();
+            if typed.is_empty() {
+                "0".to_owned()
+            } else {
+                typed
+            }
+        }
+    };
+    let premium = {
+        let echo = echoed(value, "high_premium_pct");
         move || {
             let typed = echo();
             if typed.is_empty() {
@@ -259,6 +272,20 @@ fn RateForm(action: ServerAction<SetRate>) -> impl IntoView {
                         prop:value=discount
                     />
                     {field_error(value, "preemptible_discount_pct")}
+                </div>
+                <div>
+                    <label for="rate-premium">"High priority premium (%)"</label>
+                    <input
+                        id="rate-premium"
+                        name="high_premium_pct"
+                        type="number"
+                        min="0"
+                        max="1000"
+                        inputmode="numeric"
+                        value=premium
+                        prop:value=premium
+                    />
+                    {field_error(value, "high_premium_pct")}
                 </div>
                 <div>
                     <label for="rate-from">"Effective from (UTC)"</label>

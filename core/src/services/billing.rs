@@ -62,9 +62,7 @@ impl Pricer {
     pub fn cost(&self, kind: &GpuKind, count: u32, ms: i64, priority: PriorityClass) -> i64 {
         self.card
             .price(kind, &self.catalog, self.at)
-            .map_or(0, |p| {
-                b::cost(&p, count, ms.max(0), priority == PriorityClass::Preemptible).1
-            })
+            .map_or(0, |p| b::cost(&p, count, ms.max(0), priority).1)
     }
 
     /// What an open allocation may still cost: its whole time (an active one's, extensions
@@ -256,7 +254,6 @@ impl Billing {
         };
         let units = u32::try_from(a.units).unwrap_or(0);
         let count = u32::try_from(a.count).unwrap_or(0);
-        let preemptible = a.priority == PriorityClass::Preemptible;
         let devices: Vec<AllocatedDevice> = serde_json::from_str(&a.devices).unwrap_or_default();
         let resource_id = devices
             .iter()
@@ -278,7 +275,7 @@ impl Billing {
                 let priced = card.price(&kind, &self.catalog, hour);
                 let (list, billed) = priced
                     .as_ref()
-                    .map_or((0, 0), |p| b::cost(p, count, wall_ms, preemptible));
+                    .map_or((0, 0), |p| b::cost(p, count, wall_ms, a.priority));
                 let gpu_ms = b::gpu_ms(units, wall_ms, slices);
                 let (busy_n, valued) = busy.get(&hour).copied().unwrap_or((0, 0));
                 let active_gpu_ms = if valued == 0 {
@@ -410,6 +407,7 @@ impl Billing {
             model: kind.model().to_owned(),
             price_minor_per_hour: input.price_minor_per_hour,
             preemptible_discount_pct: i64::from(input.preemptible_discount_pct),
+            high_premium_pct: i64::from(input.high_premium_pct),
             effective_from: from,
             created_at: now,
             created_by: Some(admin.0.username.to_string()),
@@ -435,6 +433,7 @@ impl Billing {
         let json = |r: &Rate| {
             serde_json::json!({"kind": r.kind, "price_minor_per_hour": r.price_minor_per_hour,
                 "preemptible_discount_pct": r.preemptible_discount_pct,
+                "high_premium_pct": r.high_premium_pct,
                 "effective_from": r.effective_from, "currency": &*self.currency})
         };
         self.audit(
@@ -464,6 +463,7 @@ impl Billing {
             price: b::format_minor(r.price_minor_per_hour, &self.currency),
             currency: self.currency.to_string(),
             preemptible_discount_pct: u8::try_from(r.preemptible_discount_pct).unwrap_or(0),
+            high_premium_pct: u16::try_from(r.high_premium_pct).unwrap_or(0),
             effective_from: r.effective_from,
             current,
             created_by: r.created_by.clone(),
@@ -488,7 +488,7 @@ impl Billing {
                 &kind,
                 q.count,
                 q.duration_hours.saturating_mul(60),
-                q.priority == PriorityClass::Preemptible,
+                q.priority,
                 now,
             )
             .await?;
@@ -514,12 +514,12 @@ impl Billing {
         kind: &GpuKind,
         count: u32,
         minutes: u32,
-        preemptible: bool,
+        priority: PriorityClass,
         at: DateTime<Utc>,
     ) -> Result<i64, AppError> {
         let card = self.rate_card().await?;
         Ok(card.price(kind, &self.catalog, at).map_or(0, |p| {
-            b::cost(&p, count, i64::from(minutes) * 60_000, preemptible).1
+            b::cost(&p, count, i64::from(minutes) * 60_000, priority).1
         }))
     }
 
@@ -1250,6 +1250,7 @@ fn rate_of(r: &RateRow) -> Rate {
         kind: r.kind.clone(),
         price_minor_per_hour: r.price_minor_per_hour,
         preemptible_discount_pct: u8::try_from(r.preemptible_discount_pct).unwrap_or(0),
+        high_premium_pct: u16::try_from(r.high_premium_pct).unwrap_or(0),
         effective_from: r.effective_from,
     }
 }

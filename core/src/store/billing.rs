@@ -19,6 +19,7 @@ pub struct RateRow {
     pub model: String,
     pub price_minor_per_hour: i64,
     pub preemptible_discount_pct: i64,
+    pub high_premium_pct: i64,
     pub effective_from: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub created_by: Option<String>,
@@ -148,7 +149,7 @@ impl Store {
 
     pub async fn rates(&self) -> Result<Vec<RateRow>, StoreError> {
         let sql = "SELECT r.id, r.kind, r.model, r.price_minor_per_hour, r.preemptible_discount_pct, \
-                   r.effective_from, r.created_at, u.username AS created_by FROM rate_cards r \
+                   r.high_premium_pct, r.effective_from, r.created_at, u.username AS created_by FROM rate_cards r \
                    LEFT JOIN users u ON u.id = r.created_by ORDER BY r.kind, r.effective_from";
         db!(self, pool => sqlx::query_as::<_, RateRow>(sql).fetch_all(pool).await)
     }
@@ -158,13 +159,14 @@ impl Store {
     /// have not begun); without, such a clash stores nothing and returns `false`.
     pub async fn set_rate(&self, r: &RateRow, by: Uuid, replace: bool) -> Result<bool, StoreError> {
         let insert = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
-                   preemptible_discount_pct, effective_from, created_at, created_by) \
-                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8)";
+                   preemptible_discount_pct, effective_from, created_at, created_by, \
+                   high_premium_pct) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
         let sql = if replace {
             format!(
                 "{insert} ON CONFLICT (kind, effective_from) DO UPDATE SET \
                  price_minor_per_hour = excluded.price_minor_per_hour, \
                  preemptible_discount_pct = excluded.preemptible_discount_pct, \
+                 high_premium_pct = excluded.high_premium_pct, \
                  created_at = excluded.created_at, created_by = excluded.created_by"
             )
         } else {
@@ -172,7 +174,7 @@ impl Store {
         };
         let n = on_pool!(self, pool => sqlx::query(&sql).bind(r.id).bind(&r.kind).bind(&r.model)
             .bind(r.price_minor_per_hour).bind(r.preemptible_discount_pct).bind(r.effective_from)
-            .bind(r.created_at).bind(by).execute(pool).await?.rows_affected());
+            .bind(r.created_at).bind(by).bind(r.high_premium_pct).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 

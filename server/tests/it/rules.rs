@@ -200,6 +200,51 @@ async fn high_priority_is_granted_per_team(db: Db) {
         .call(Method::GET, "/api/v1/audit?action=priority.grant", None)
         .await;
     assert_eq!(audit["total"], 1);
+    // `high` has its own price on the rate card: a premium on top of the rate.
+    let now = Utc::now().timestamp();
+    let hour = Utc
+        .timestamp_opt(now - now.rem_euclid(3600), 0)
+        .single()
+        .expect("time");
+    let (s, v) = a
+        .call(
+            Method::POST,
+            "/api/v1/rates",
+            Some(
+                json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
+                "high_premium_pct": 50, "effective_from": hour}),
+            ),
+        )
+        .await;
+    assert_eq!((s, &v["high_premium_pct"]), (201, &json!(50)), "{v}");
+    for (priority, minor) in [("normal", 200), ("high", 300)] {
+        let (s, v) = call_with_token(
+            &a.app,
+            &t.member,
+            Method::GET,
+            &format!(
+                "/api/v1/estimate?kind=H100-80GB:1g.10gb&duration_hours=2&priority={priority}"
+            ),
+            None,
+        )
+        .await;
+        assert_eq!((s, &v["minor"]), (200, &json!(minor)), "{priority}: {v}");
+    }
+    let (s, v) = a
+        .call(
+            Method::POST,
+            "/api/v1/rates",
+            Some(
+                json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
+                "high_premium_pct": 5000}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (s, &v["error"]["field"]),
+        (422, &json!("high_premium_pct")),
+        "{v}"
+    );
 }
 
 /// 7.00 per whole H100-hour (a 1g.10gb slice 1.00/h), a hard budget of 5.00.
