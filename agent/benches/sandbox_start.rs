@@ -4,6 +4,9 @@
 //! starts RUNS (default 20) jobs of `/bin/sh -c true` on a simulated H100 MIG slice each
 //! way, one at a time, and prints the median and max of (a) `apply` alone: the agent's
 //! start work, crun included, and (b) apply until the executor reports the job exited.
+//! In the sandbox twice: on the node's network (`--sandbox-network off`) and in a network
+//! of its own (the default: namespace, veth pair and nftables table made and removed per
+//! job). Both sandboxed ways apply the seccomp filter.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,17 +79,24 @@ async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_device_files(&dir.path().join("dev"), &[0]).expect("device files");
     let mut settings = SandboxSettings::new(PathBuf::from("crun"));
-    settings.dev_root = dir.path().join("dev");
-    settings.mig_minors = dir.path().join("dev/mig-minors");
+    settings.simulated_devices(dir.path().join("dev"));
     let backend: Arc<dyn GpuBackend> = Arc::new(sim);
-    let sandbox =
-        Sandbox::open(settings, backend, &dir.path().join("sandbox")).expect("root and crun");
+    let mut shared_net = settings.clone();
+    shared_net.network = None;
+    let sandbox = Sandbox::open(settings, Arc::clone(&backend), &dir.path().join("sandbox"))
+        .expect("root, crun, ip and nft");
+    let on_node_net =
+        Sandbox::open(shared_net, backend, &dir.path().join("sandbox-2")).expect("root and crun");
 
     let mut plain = LocalExecutor::open(&dir.path().join("plain"), "127.0.0.1").expect("open");
     let mut boxed = LocalExecutor::open(&dir.path().join("boxed"), "127.0.0.1")
         .expect("open")
         .with_sandbox(sandbox);
+    let mut boxed_node_net = LocalExecutor::open(&dir.path().join("boxed-2"), "127.0.0.1")
+        .expect("open")
+        .with_sandbox(on_node_net);
     println!("job `/bin/sh -c true` on a simulated 1g.10gb slice, {runs} runs each, one at a time");
     measure(&mut plain, &device, "unsandboxed", runs).await;
-    measure(&mut boxed, &device, "sandboxed-crun", runs).await;
+    measure(&mut boxed_node_net, &device, "sandboxed-node-network", runs).await;
+    measure(&mut boxed, &device, "sandboxed-own-network", runs).await;
 }

@@ -216,9 +216,10 @@ pub fn create(settings: &NetworkSettings, port: Option<u16>) -> Result<Slot, Str
 
 /// Removes a workload's rules, veth pair and namespace; what is already gone is skipped.
 pub fn remove(slot: &Slot) {
-    let _ = run("ip", &["link", "del", &slot.ifname()], None);
     let _ = run("nft", &["delete", "table", "inet", &slot.name()], None);
-    if let Err(e) = run("ip", &["netns", "del", &slot.name()], None)
+    // `-force`: on past a link already gone.
+    let batch = format!("link del {}\nnetns del {}\n", slot.ifname(), slot.name());
+    if let Err(e) = run("ip", &["-force", "-batch", "-"], Some(&batch))
         && slot.netns_path().exists()
     {
         tracing::warn!(
