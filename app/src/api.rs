@@ -839,6 +839,7 @@ fn allocation_field(raw: &str) -> Result<uuid::Uuid, AppError> {
 fn run_on(
     allocation_id: &str,
     gpu: Option<String>,
+    count: Option<String>,
     hours: Option<String>,
     priority: Option<String>,
     team_id: Option<String>,
@@ -856,6 +857,14 @@ fn run_on(
     if kind.trim().is_empty() {
         return Err(AppError::invalid("gpu", "choose a GPU"));
     }
+    let count = match count.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+        None => 1,
+        Some(c) => c
+            .parse::<u32>()
+            .ok()
+            .filter(|c| *c >= 1)
+            .ok_or_else(|| AppError::invalid("count", "a whole number, 1 or more"))?,
+    };
     let duration_minutes = match hours.as_deref().map(str::trim).filter(|h| !h.is_empty()) {
         None => None,
         Some(h) => Some(
@@ -871,7 +880,7 @@ fn run_on(
         Some(tessera_domain::alloc::NewAllocation {
             team_id: team_id.unwrap_or_default(),
             kind,
-            count: 1,
+            count,
             duration_minutes,
             starts_at: None,
             priority,
@@ -943,6 +952,7 @@ pub async fn launch_notebook(
     name: String,
     env: String,
     #[server(default)] gpu: Option<String>,
+    #[server(default)] count: Option<String>,
     #[server(default)] hours: Option<String>,
     #[server(default)] team_id: Option<String>,
     #[server(default)] idempotency_key: Option<String>,
@@ -963,7 +973,7 @@ pub async fn launch_notebook(
         let (allocation_id, gpu) = if profile_id.is_some() {
             (None, None)
         } else {
-            run_on(&allocation_id, gpu, hours, None, team_id)?
+            run_on(&allocation_id, gpu, count, hours, None, team_id)?
         };
         let req = tessera_core::services::workloads::NewNotebook {
             allocation_id,
@@ -991,6 +1001,7 @@ pub async fn submit_job(
     env: String,
     retries: String,
     #[server(default)] gpu: Option<String>,
+    #[server(default)] count: Option<String>,
     #[server(default)] hours: Option<String>,
     #[server(default)] priority: Option<String>,
     #[server(default)] team_id: Option<String>,
@@ -1004,7 +1015,7 @@ pub async fn submit_job(
         ("retries", retries.clone()),
     ];
     ssr::call(echo, async |s, p| {
-        let (allocation_id, gpu) = run_on(&allocation_id, gpu, hours, priority, team_id)?;
+        let (allocation_id, gpu) = run_on(&allocation_id, gpu, count, hours, priority, team_id)?;
         let req = tessera_core::services::workloads::NewJob {
             allocation_id,
             gpu,

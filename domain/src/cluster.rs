@@ -262,14 +262,22 @@ pub struct ClusterSummary {
     pub mig_enabled_gpus: u32,
     pub mig_disabled_gpus: u32,
     pub instances_total: u32,
+    /// MIG instances held by allocations (placing, active or being released).
     pub instances_in_use: u32,
+    /// Of those held, how many run no process now (held but idle).
+    #[serde(default)]
+    pub instances_held_idle: u32,
+    /// MIG instances no allocation holds.
     pub instances_free: u32,
 }
 
-/// Sums the inventories of non-revoked nodes; `online` says which ones answer.
+/// Sums the inventories of non-revoked nodes; `online` says which ones answer. `held`: the
+/// MIG instances allocations hold, as (GPU UUID, placement start); an instance is in use
+/// when one holds it, whether or not a process runs on it.
 pub fn summarize<'a>(
     nodes: impl IntoIterator<Item = (bool, &'a Inventory)>,
     catalog: &Catalog,
+    held: &std::collections::BTreeSet<(String, u8)>,
 ) -> ClusterSummary {
     let mut s = ClusterSummary::default();
     for (online, inv) in nodes {
@@ -287,8 +295,9 @@ pub fn summarize<'a>(
             }
             for i in &view.instances {
                 s.instances_total += 1;
-                if i.busy {
+                if held.contains(&(gpu.uuid.clone(), i.start)) {
                     s.instances_in_use += 1;
+                    s.instances_held_idle += u32::from(!i.busy);
                 } else {
                     s.instances_free += 1;
                 }
@@ -357,15 +366,26 @@ mod tests {
         let b = Inventory {
             gpus: vec![gpu("Tesla V100-SXM2-32GB", false, &[])],
         };
-        let s = summarize([(true, &a), (false, &b)], &catalog);
+        // The instances at 0 (no process) and 2 (process count unknown) are held, so the
+        // one at 0 is held but idle; the one at 1 runs processes but nobody holds it.
+        let held: std::collections::BTreeSet<(String, u8)> = [0, 2]
+            .iter()
+            .map(|s| (a.gpus[0].uuid.clone(), *s))
+            .collect();
+        let s = summarize([(true, &a), (false, &b)], &catalog, &held);
         assert_eq!((s.nodes_total, s.nodes_online, s.gpus_total), (2, 1, 3));
         assert_eq!(s.gpus_by_model.get("H100-80GB"), Some(&2));
         assert_eq!(s.gpus_by_model.get("Tesla V100-SXM2-32GB"), Some(&1));
         assert_eq!((s.mig_enabled_gpus, s.mig_disabled_gpus), (1, 2));
-        // Unknown process count counts as in use: it is never handed out.
+        // In use means held by an allocation, whatever runs on it.
         assert_eq!(
-            (s.instances_total, s.instances_in_use, s.instances_free),
-            (3, 2, 1)
+            (
+                s.instances_total,
+                s.instances_in_use,
+                s.instances_held_idle,
+                s.instances_free
+            ),
+            (3, 2, 1, 1)
         );
         let v = GpuView::from_wire(&a.gpus[0], &catalog);
         assert_eq!(v.memory_slices, 8);

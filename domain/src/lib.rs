@@ -15,6 +15,7 @@ pub mod mig;
 pub mod planner;
 pub mod sso;
 pub mod tenancy;
+pub mod text;
 pub mod wire;
 pub mod workload;
 

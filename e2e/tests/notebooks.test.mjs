@@ -336,6 +336,35 @@ test('a job prints its log live and fails with its exit code', async () => {
   });
 });
 
+test('a job submitted from Jobs with nothing chosen runs on the slice the member holds', async () => {
+  await withPage(browser, 'nb-job-default', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    await page.goto(`${BASE}/jobs`);
+    await hydrated(page);
+    const form = page.locator('[data-testid=submit-form]');
+    // Her free active slice is what "Run on" offers first; no new GPU is asked for.
+    assert.equal(await form.locator('select[name=allocation_id]').inputValue(), allocationId);
+    assert.equal(await form.locator('[data-testid=own-gpu]').isHidden(), true);
+    await form.getByLabel('Command').fill('echo on-my-slice');
+    await form.getByRole('button', { name: 'Submit job' }).click();
+    await page.waitForURL(/\/workloads\/[0-9a-f-]{36}$/);
+    const id = page.url().split('/').pop();
+    const job = await api(page, 'GET', `/api/v1/workloads/${id}`);
+    assert.equal(job.allocation_id, allocationId);
+    assert.equal(job.owns_allocation, false);
+    await eventually(async () => (await api(page, 'GET', `/api/v1/workloads/${id}`)).state === 'succeeded',
+      { what: 'the job on her slice to succeed', timeoutMs: 60000 });
+    // Choosing "a new GPU" shows what it will ask for: the kind (one free now preselected), how many, how long.
+    await page.goto(`${BASE}/jobs`);
+    await hydrated(page);
+    await form.locator('select[name=allocation_id]').selectOption('new');
+    await form.locator('[data-testid=own-gpu]').waitFor();
+    assert.match(await form.locator('select[name=gpu] option:checked').innerText(), /free now/);
+    assert.equal(await form.getByLabel('How many').inputValue(), '1');
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
 test('one click: a notebook with a GPU of its own reaches JupyterLab, and stopping it gives the GPU back', async () => {
   await withPage(browser, 'nb-one-click', async (page, errors) => {
     await signInAs(page, MEMBER, PASSWORD);

@@ -92,8 +92,8 @@ fn SetupPanel(
                         <h2 id="setup-title">"Set up Tessera"</h2>
                         <p>
                             {format!(
-                                "{left} step{} left before researchers can request GPUs and see them on the bill.",
-                                if left == 1 { "" } else { "s" },
+                                "{} left before researchers can request GPUs and see them on the bill.",
+                                tessera_domain::text::count(left as u64, "step", "steps"),
                             )}
                         </p>
                         <ol class="checklist">{steps}</ol>
@@ -181,7 +181,24 @@ fn ClusterFacts(s: ClusterSummary) -> impl IntoView {
             <dd>{s.mig_enabled_gpus} " on · " {s.mig_disabled_gpus} " off"</dd>
             <dt>"MIG instances"</dt>
             <dd data-testid="instances">
-                {s.instances_in_use} " in use · " {s.instances_free} " free"
+                <span data-testid="instances-in-use" title="Held by allocations">
+                    {s.instances_in_use}
+                    " in use"
+                </span>
+                {(s.instances_held_idle > 0)
+                    .then(|| {
+                        view! {
+                            " "
+                            <span
+                                class="badge warn"
+                                data-testid="instances-idle"
+                                title="Held by an allocation, but no process runs on it"
+                            >
+                                {s.instances_held_idle}
+                                " idle"
+                            </span>
+                        }
+                    })} " · " {s.instances_free} " free"
             </dd>
         </dl>
         <ul class="models" aria-label="GPUs by model">

@@ -273,6 +273,8 @@ struct LaunchOptions {
     teams: Vec<(String, String)>,
     /// One of those teams may ask for `high` priority (a platform admin granted it).
     high: bool,
+    /// Devices free right now per kind (as of the last scheduler pass).
+    free_now: BTreeMap<String, u32>,
     /// The caller's teams' notebook profiles (value `profile:<id>`).
     profiles: Vec<Choice>,
     /// The form's idempotency key (a double submit launches one workload).
@@ -321,6 +323,8 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         }
     }
     let (gpus, teams, high) = requestable().await?;
+    // Not fatal: the form works without the "free now" hints.
+    let free_now = api::free_now().await.unwrap_or_default();
     let profiles = api::notebook_profiles(String::new())
         .await?
         .into_iter()
@@ -340,6 +344,7 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         gpus,
         teams,
         high,
+        free_now,
         profiles,
         key: crate::components::new_key(),
     })
@@ -548,9 +553,12 @@ fn NoFreeAllocation(o: LaunchOptions, kind: WorkloadKind) -> impl IntoView {
         view! {
             <p class="hint">
                 {format!(
-                    "{} of your requests {} still waiting: ",
-                    o.pending,
-                    if o.pending == 1 { "is" } else { "are" },
+                    "{} still waiting: ",
+                    tessera_domain::text::count(
+                        o.pending as u64,
+                        "of your requests is",
+                        "of your requests are",
+                    ),
                 )} <a href="/allocations">"see them"</a> "."
             </p>
         }
@@ -578,10 +586,13 @@ fn RunOnSelect(
     #[prop(optional)]
     profiles: Vec<Choice>,
 ) -> impl IntoView {
-    let chosen = match (chosen.is_empty(), choices.is_empty(), profiles.first()) {
-        (true, true, Some(p)) => p.id.clone(),
-        (true, true, None) => api::NEW_GPU.to_owned(),
-        _ => chosen,
+    // Nothing asked for: the caller's own free allocation first (a GPU they hold and pay
+    // for already), then a team profile, then a new GPU.
+    let chosen = match (chosen.is_empty(), choices.first(), profiles.first()) {
+        (false, ..) => chosen,
+        (true, Some(c), _) => c.id.clone(),
+        (true, None, Some(p)) => p.id.clone(),
+        (true, None, None) => api::NEW_GPU.to_owned(),
     };
     let option_list = |list: Vec<Choice>| {
         list.into_iter()
@@ -617,9 +628,9 @@ fn RunOnSelect(
             required
             on:change=move |ev| new_gpu.set(event_target_value(&ev) == api::NEW_GPU)
         >
+            {options}
             {profile_options}
             {own}
-            {options}
         </select>
     }
 }
@@ -631,6 +642,7 @@ fn OwnGpuFields(
     gpus: Vec<(String, String)>,
     teams: Vec<(String, String)>,
     high: bool,
+    free_now: BTreeMap<String, u32>,
     kind: WorkloadKind,
     new_gpu: RwSignal<bool>,
     errors: Callback<&'static str, AnyView>,
@@ -639,9 +651,27 @@ fn OwnGpuFields(
         WorkloadKind::Notebook => "nb",
         WorkloadKind::Job => "job",
     };
+    // Preselected: the first kind (smallest first) that is free right now.
+    let default_gpu = gpus
+        .iter()
+        .find(|(v, _)| free_now.get(v).copied().unwrap_or(0) > 0)
+        .or(gpus.first())
+        .map(|(v, _)| v.clone())
+        .unwrap_or_default();
     let gpu_options = gpus
         .into_iter()
-        .map(|(v, label)| view! { <option value=v>{label}</option> })
+        .map(|(v, label)| {
+            let label = match free_now.get(&v).copied().unwrap_or(0) {
+                0 => format!("{label} — none free now"),
+                n => format!("{label} — {n} free now"),
+            };
+            let selected = v == default_gpu;
+            view! {
+                <option value=v selected=selected>
+                    {label}
+                </option>
+            }
+        })
         .collect_view();
     let team_field = (teams.len() > 1).then(|| {
         let options = teams
@@ -683,13 +713,26 @@ fn OwnGpuFields(
     };
     view! {
         <fieldset class="own-gpu" data-testid="own-gpu" hidden=move || !new_gpu.get()>
+            <legend>"The GPU it queues for"</legend>
             <div class="field-row three">
                 <div>
                     <label for=format!("{prefix}-gpu")>"GPU or MIG slice"</label>
-                    <select id=format!("{prefix}-gpu") name="gpu">
+                    <select id=format!("{prefix}-gpu") name="gpu" data-testid="own-gpu-kind">
                         {gpu_options}
                     </select>
                     {errors.run("gpu")}
+                </div>
+                <div>
+                    <label for=format!("{prefix}-count")>"How many"</label>
+                    <input
+                        id=format!("{prefix}-count")
+                        name="count"
+                        type="number"
+                        min="1"
+                        inputmode="numeric"
+                        value="1"
+                    />
+                    {errors.run("count")}
                 </div>
                 <div>
                     <label for=format!("{prefix}-hours")>{hours_label}</label>
@@ -733,16 +776,17 @@ fn other_error<T: 'static>(
     }
 }
 
-const NOTEBOOK_FIELDS: [&str; 7] = [
+const NOTEBOOK_FIELDS: [&str; 8] = [
     "allocation_id",
     "name",
     "env",
     "gpu",
+    "count",
     "hours",
     "duration_minutes",
     "team_id",
 ];
-const JOB_FIELDS: [&str; 10] = [
+const JOB_FIELDS: [&str; 11] = [
     "allocation_id",
     "name",
     "command",
@@ -750,6 +794,7 @@ const JOB_FIELDS: [&str; 10] = [
     "env",
     "retries",
     "gpu",
+    "count",
     "hours",
     "duration_minutes",
     "team_id",
@@ -796,6 +841,7 @@ fn LaunchForm(
                 gpus=o.gpus
                 teams=o.teams
                 high=o.high
+                free_now=o.free_now
                 kind=WorkloadKind::Notebook
                 new_gpu
                 errors=Callback::new(move |f| field_error(value, f).into_any())
@@ -859,6 +905,7 @@ fn SubmitForm(o: LaunchOptions, chosen: String, action: ServerAction<SubmitJob>)
                 gpus=o.gpus
                 teams=o.teams
                 high=o.high
+                free_now=o.free_now
                 kind=WorkloadKind::Job
                 new_gpu
                 errors=Callback::new(move |f| field_error(value, f).into_any())

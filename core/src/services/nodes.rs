@@ -380,7 +380,21 @@ impl Nodes {
                 Some((cluster::is_online(r.last_heartbeat_at, now), inv))
             })
             .collect();
-        let summary = cluster::summarize(nodes.iter().map(|(o, i)| (*o, &**i)), &self.catalog);
+        // "In use" is what allocations hold, whether or not a process runs on it.
+        let held: std::collections::BTreeSet<(String, u8)> = self
+            .store
+            .allocations_in(&["placing", "active", "releasing"])
+            .await
+            .map_err(internal("loading held devices"))?
+            .iter()
+            .flat_map(|a| {
+                serde_json::from_str::<Vec<tessera_domain::alloc::AllocatedDevice>>(&a.devices)
+                    .unwrap_or_default()
+            })
+            .filter_map(|d| Some((d.gpu_uuid, d.start?)))
+            .collect();
+        let summary =
+            cluster::summarize(nodes.iter().map(|(o, i)| (*o, &**i)), &self.catalog, &held);
         if let Ok(mut s) = self.summary.lock() {
             *s = Some((started, (summary.clone(), nodes.clone())));
         }

@@ -927,7 +927,8 @@ impl Engine {
             Ask::Whole(n) => {
                 let block = best_allowed(&summary.largest_block, &r.allowed);
                 format!(
-                    "needs {n} GPUs of one model on one node; the largest free block left by this plan is {block}"
+                    "needs {} of one model on one node; the largest free block left by this plan is {block}",
+                    crate::text::count(u64::from(*n), "GPU", "GPUs")
                 )
             }
             Ask::Share(m) => {

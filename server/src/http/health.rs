@@ -116,6 +116,8 @@ async fn record_cluster_gauges(state: &AppState) {
         .set(f64::from(summary.instances_in_use));
     metrics::gauge!("tessera_mig_instances", "state" => "free")
         .set(f64::from(summary.instances_free));
+    metrics::gauge!("tessera_mig_instances", "state" => "held_idle")
+        .set(f64::from(summary.instances_held_idle));
 }
 
 /// Allocations by state and model, and how long the oldest queued one has waited.

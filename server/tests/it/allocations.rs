@@ -390,6 +390,24 @@ async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db)
     let reported = nodes.to_string();
     assert!(reported.contains(mig), "agent reports {mig}");
     assert!(active["ends_at"].is_string());
+    // The cluster summary counts it in use (held), and idle: nothing runs on it yet (the
+    // summary is cached for a second).
+    let mut summary = Value::Null;
+    for _ in 0..20 {
+        summary = a.call(Method::GET, "/api/v1/cluster/summary", None).await.1;
+        if summary["instances_in_use"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        (
+            &summary["instances_in_use"],
+            &summary["instances_held_idle"]
+        ),
+        (&json!(1), &json!(1)),
+        "{summary}"
+    );
     // Extending moves the end time; past the 7-day maximum it is refused, naming the field.
     let extend = format!("/api/v1/allocations/{id}/extend");
     let (s, v) = call_with_token(
