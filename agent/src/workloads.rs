@@ -326,6 +326,11 @@ impl LocalExecutor {
         }
     }
 
+    /// A live workload's own address, when it has a network of its own.
+    pub fn address(&self, id: &str) -> Option<Ipv4Addr> {
+        self.workloads.get(id).filter(|w| w.is_live())?.addr
+    }
+
     /// Whether any workload still has processes.
     pub fn any_running(&self) -> bool {
         self.workloads.values().any(Workload::is_live)

@@ -801,6 +801,9 @@ impl Cloud {
              ip addr add 198.51.100.2/24 dev cloudlink && ip link set cloudlink up && \
              ip -n {ns} link set lo up && ip -n {ns} addr add 169.254.169.254/32 dev lo && \
              ip -n {ns} addr add 198.51.100.1/24 dev eth0 && ip -n {ns} link set eth0 up && \
+             ip -n {ns} addr add 198.51.100.3/24 dev eth0 && \
+             ip -n {ns} route add 192.0.2.0/24 via 198.51.100.2 && \
+             ip -n {ns} route add 10.213.0.0/16 via 198.51.100.2 && \
              ip route add 169.254.169.254/32 via 198.51.100.1"
         ));
         let servers = std::process::Command::new("ip")
@@ -821,6 +824,26 @@ impl Cloud {
             std::thread::sleep(Duration::from_millis(50));
         }
         cloud
+    }
+}
+
+impl Cloud {
+    /// Connects from the cloud, from `from`, to `to`: the banner or the error's text.
+    fn connect(&self, from: &str, to: &str) -> String {
+        let (host, port) = to.rsplit_once(':').unwrap();
+        let py = "import socket, sys\n\
+                  try:\n    \
+                  s = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=2, \
+                  source_address=(sys.argv[1], 0))\n    \
+                  print(s.recv(64).decode().strip())\n\
+                  except OSError as e:\n    print('x: ' + (e.strerror or str(e)))\n";
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &self.ns, "python3", "-c", py, from, host, port,
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 }
 
@@ -873,7 +896,7 @@ async fn networks_in_a_namespace_of_its_own() {
     // addresses (its uplink's and every workload link's node end).
     let node_lo = banner_listener("127.0.0.1:0", "node-loopback-service");
     let node_any = banner_listener("0.0.0.0:0", "node-service");
-    let _cloud = Cloud::new();
+    let cloud = Cloud::new();
 
     let node = Node::new();
     let mut ex = node.executor();
@@ -955,6 +978,53 @@ t node_addresses_seen sh -c 'grep -c 192.0.2.10 /proc/net/fib_trie'
     let (rep, log) = finished(&mut closed, "run-c", std::slice::from_ref(&c)).await;
     assert_eq!(rep.exit_code, Some(0), "{log}");
     assert_eq!(line(&log, "internet"), "No route to host");
+
+    // A portal elsewhere (198.51.100.1, in the cloud) reaches a notebook at the node's
+    // address, which the node forwards to the workload; another host does not, nor does
+    // the portal at the workload's own address.
+    let mut settings = node.settings();
+    settings.network.as_mut().unwrap().proxies = vec!["198.51.100.1".parse().unwrap()];
+    let sb = Sandbox::open(settings, Arc::clone(&node.backend), &node.state("sandbox"))
+        .unwrap_or_else(|e| panic!("the sandbox tests need root and crun: {e}"));
+    let mut remote = LocalExecutor::open(&node.state("workloads-remote"), "192.0.2.10")
+        .unwrap()
+        .with_sandbox(sb);
+    let d = WorkloadSpec {
+        argv: ["python3", "-c", SERVE, "{host}", "{port}", "d-notebook"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        ..b.clone()
+    };
+    let d = WorkloadSpec {
+        id: "nb-d".into(),
+        ..d
+    };
+    remote.apply(&sync(std::slice::from_ref(&d)));
+    let reports = remote.reports().await;
+    let at = reports[0].endpoint.clone().expect("an endpoint");
+    assert!(at.starts_with("192.0.2.10:"), "{at}");
+    let deadline = Instant::now() + WAIT;
+    while cloud.connect("198.51.100.1", &at) != "d-notebook" {
+        assert!(
+            Instant::now() < deadline,
+            "the portal never reached the notebook at {at}: {}",
+            cloud.connect("198.51.100.1", &at)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cloud.connect("198.51.100.3", &at), "x: Connection refused");
+    let own = format!(
+        "{}:{}",
+        remote.address("nb-d").unwrap(),
+        at.rsplit_once(':').unwrap().1
+    );
+    assert_eq!(cloud.connect("198.51.100.1", &own), "x: timed out");
+    let stop_d = [WorkloadSpec { run: false, ..d }];
+    remote.apply(&sync(&stop_d));
+    let (rep, _) = finished(&mut remote, "nb-d", &stop_d).await;
+    assert_eq!(rep.message.as_deref(), Some("stopped"));
+    remote.apply(&sync(&[]));
 
     // Stopped, every workload's namespace, link and rules are gone.
     let stop = [WorkloadSpec { run: false, ..b }, a];
