@@ -164,11 +164,18 @@ pub fn prepare(settings: &NetworkSettings) -> Result<(), String> {
     }
     run("nft", &["list", "tables"], None)
         .map_err(|e| format!("nftables does not work here ({e}); the workload network needs it"))?;
-    if settings.internet || !settings.proxies.is_empty() {
+    if settings.internet || !remote_proxies(settings).is_empty() {
         let path = "/proc/sys/net/ipv4/ip_forward";
         if std::fs::read_to_string(path).map_or(true, |v| v.trim() != "1") {
-            std::fs::write(path, "1")
-                .map_err(|e| format!("cannot turn on IPv4 forwarding ({path}): {e}"))?;
+            std::fs::write(path, "1").map_err(|e| {
+                format!(
+                    "cannot turn on IPv4 forwarding ({path}: {e}), which workloads need to \
+                         reach the internet and a portal elsewhere to reach notebooks: set \
+                         `net.ipv4.ip_forward = 1` in /etc/sysctl.d/ (a systemd unit with \
+                         ProtectKernelTunables= cannot), or --sandbox-internet off with the \
+                         portal on this node"
+                )
+            })?;
             tracing::info!("turned on IPv4 forwarding for the workloads' networks");
         }
     }
@@ -281,6 +288,19 @@ fn run(tool: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
     ))
 }
 
+/// The proxies that reach notebooks from outside the node: IPv4 (workloads have no
+/// IPv6) and not loopback (the node itself reaches them anyway).
+fn remote_proxies(settings: &NetworkSettings) -> Vec<String> {
+    settings
+        .proxies
+        .iter()
+        .filter_map(|p| match p {
+            IpAddr::V4(v4) if !v4.is_loopback() => Some(v4.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The nftables table of one workload (see the module docs).
 pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> String {
     let i = slot.ifname();
@@ -316,14 +336,7 @@ pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> St
         if settings.internet { "accept" } else { refuse }
     );
     let _ = writeln!(t, "    oifname \"{i}\" ct state established,related accept");
-    let proxies: Vec<String> = settings
-        .proxies
-        .iter()
-        .filter_map(|p| match p {
-            IpAddr::V4(v4) if !v4.is_loopback() => Some(v4.to_string()),
-            _ => None,
-        })
-        .collect();
+    let proxies = remote_proxies(settings);
     if let (Some(p), false) = (port, proxies.is_empty()) {
         let _ = writeln!(
             t,
