@@ -47,6 +47,46 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cli::NotebookCommand,
     },
+    /// Checks an API token and stores it with the portal's URL for the commands below
+    /// (in your config dir, readable by you only).
+    Login(crate::cli::LoginArgs),
+    /// GPU allocations: request, list, show, release, extend.
+    Alloc {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::AllocCommand,
+    },
+    /// Team quotas: show, set (platform admins).
+    Quota {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::QuotaCommand,
+    },
+    /// GPU-hours and cost over a period, per team, kind, user and day.
+    Usage {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(flatten)]
+        args: crate::cli::UsageArgs,
+    },
+    /// Exports: `export chargeback --month YYYY-MM` writes the CSV to standard output.
+    Export {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::ExportCommand,
+    },
+    /// GPU nodes: list.
+    Node {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::NodeCommand,
+    },
+    /// Prints a shell completion script: `tessera completions bash`.
+    Completions(crate::cli::CompletionsArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -32,6 +32,23 @@ async fn main() -> anyhow::Result<()> {
         Command::Notebook { remote, command } => {
             exit_with(tessera_server::cli::notebook(&remote, command).await)
         }
+        Command::Login(args) => exit_with(tessera_server::cli::login(args).await),
+        Command::Alloc { remote, command } => {
+            exit_with(tessera_server::cli::alloc(&remote, command).await)
+        }
+        Command::Quota { remote, command } => {
+            exit_with(tessera_server::cli::quota(&remote, command).await)
+        }
+        Command::Usage { remote, args } => {
+            exit_with(tessera_server::cli::usage(&remote, args).await)
+        }
+        Command::Export { remote, command } => {
+            exit_with(tessera_server::cli::export(&remote, command).await)
+        }
+        Command::Node { remote, command } => {
+            exit_with(tessera_server::cli::node(&remote, command).await)
+        }
+        Command::Completions(args) => std::process::exit(tessera_server::cli::completions(&args)),
         Command::Plan(args) => {
             let read = |p: &std::path::Path| {
                 std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))

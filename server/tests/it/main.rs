@@ -7,6 +7,7 @@ mod allocations;
 mod at_rest;
 mod authz;
 mod billing;
+mod cli;
 mod deploy;
 mod events;
 mod kube_fake;

@@ -1,28 +1,12 @@
-//! `tessera job …` and `tessera notebook …`: the REST API from a terminal, with a personal
-//! API token (`TESSERA_TOKEN`, created under My account) against `TESSERA_URL`.
-//!
-//! Exit codes: 0 success; 1 the server refused (its message is printed); 2 the server
-//! could not be reached. `job submit --follow` and `job logs --follow` end with the job:
-//! 0 if it succeeded, 1 otherwise.
+//! `tessera job …` and `tessera notebook …`: jobs and notebooks, decoded into
+//! [`WorkloadView`].
 
+use super::{CliError, Client, Output, R, Remote, Tabular, encode, exit, opt, print, word};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-#[derive(Debug, Clone, Args)]
-pub struct Remote {
-    /// The portal's URL.
-    #[arg(
-        long,
-        env = "TESSERA_URL",
-        default_value = "http://127.0.0.1:3000",
-        global = true
-    )]
-    pub url: String,
-    /// A personal API token (`tsk_…`, from My account).
-    #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
-}
+use tessera_domain::tenancy::Page;
+use tessera_domain::workload::{LogSlice, WorkloadState, WorkloadView};
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
@@ -69,9 +53,10 @@ pub enum JobCommand {
         follow: bool,
     },
     /// Cancels a job (its processes are killed).
-    Cancel { id: String },
+    #[command(alias = "cancel")]
+    Stop { id: String },
     /// Your jobs, newest first.
-    List,
+    List(ListArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,10 +71,23 @@ pub enum NotebookCommand {
         #[arg(long, default_value = "default")]
         name: String,
     },
+    /// Prints the address of a running notebook (through the portal).
+    Open { id: String },
     /// Stops a notebook.
     Stop { id: String },
     /// Your notebooks, newest first.
-    List,
+    List(ListArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Every one you may see (your teams'; platform admins: all), not only your own.
+    #[arg(long)]
+    all: bool,
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    #[arg(long, default_value_t = 0)]
+    offset: u32,
 }
 
 /// A GPU request of the workload's own.
@@ -147,71 +145,11 @@ fn shell_join(args: &[String]) -> String {
         .join(" ")
 }
 
-struct Client {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
-/// A refusal or an unreachable server, already worded for the terminal.
-pub struct CliError {
-    pub code: i32,
-    pub message: String,
-}
-
-type R<T> = Result<T, CliError>;
-
-fn unreachable(e: reqwest::Error) -> CliError {
-    CliError {
-        code: 2,
-        message: format!("cannot reach the server: {e}"),
-    }
-}
-
-impl Client {
-    fn new(remote: &Remote) -> R<Client> {
-        let token = remote.token.clone().ok_or(CliError {
-            code: 1,
-            message: "set TESSERA_TOKEN (or --token) to a personal API token from My account"
-                .into(),
-        })?;
-        Ok(Client {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .map_err(unreachable)?,
-            base: remote.url.trim_end_matches('/').to_owned(),
-            token,
-        })
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> R<Value> {
-        let mut rb = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let resp = rb.send().await.map_err(unreachable)?;
-        let status = resp.status();
-        let v: Value = resp.json().await.unwrap_or(Value::Null);
-        if status.is_success() {
-            return Ok(v);
-        }
-        let message = v["message"]
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| format!("the server answered {status}"));
-        Err(CliError { code: 1, message })
-    }
-}
-
 fn env_map(vars: &[String]) -> R<serde_json::Map<String, Value>> {
     let mut m = serde_json::Map::new();
     for v in vars {
         let (k, val) = v.split_once('=').ok_or(CliError {
-            code: 1,
+            code: exit::REFUSED,
             message: format!("--env {v}: write NAME=value"),
         })?;
         m.insert(k.to_owned(), Value::String(val.to_owned()));
@@ -219,82 +157,68 @@ fn env_map(vars: &[String]) -> R<serde_json::Map<String, Value>> {
     Ok(m)
 }
 
-fn row(v: &Value) -> String {
-    format!(
-        "{}  {:<10} {:<24} {}",
-        v["id"].as_str().unwrap_or(""),
-        v["state"].as_str().unwrap_or(""),
-        v["name"].as_str().unwrap_or(""),
-        v["exit_code"]
-            .as_i64()
-            .map(|c| format!("exit {c}"))
-            .or_else(|| v["url"].as_str().map(str::to_owned))
-            .unwrap_or_default()
-    )
+impl Tabular for WorkloadView {
+    const HEADER: &'static [&'static str] = &["id", "state", "name", "team", "exit", "url"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.id.to_string(),
+            word(&self.state),
+            self.name.clone(),
+            self.team_name.clone(),
+            opt(self.exit_code),
+            self.url.clone().unwrap_or_default(),
+        ]
+    }
 }
 
 async fn follow_logs(c: &Client, id: &str, follow: bool) -> R<i32> {
     use std::io::Write;
-    let mut from: Option<u64> = Some(0);
+    let mut from = 0;
     loop {
-        let q = from.map(|f| format!("?from={f}")).unwrap_or_default();
-        let slice = c
-            .call(
-                reqwest::Method::GET,
-                &format!("/api/v1/workloads/{id}/logs{q}"),
-                None,
-            )
+        let slice: LogSlice = c
+            .get(&format!(
+                "/api/v1/workloads/{}/logs?from={from}",
+                encode(id)
+            ))
             .await?;
-        let text = slice["text"].as_str().unwrap_or("");
         let mut out = std::io::stdout().lock();
-        let _ = out.write_all(text.as_bytes());
+        let _ = out.write_all(slice.text.as_bytes());
         let _ = out.flush();
-        from = slice["next"].as_u64();
+        from = slice.next;
         // `complete`: the job ended and all of its output is here.
-        if !follow || slice["complete"] == true {
+        if !follow || slice.complete {
             break;
         }
-        if text.is_empty() {
+        if slice.text.is_empty() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
     if !follow {
         return Ok(0);
     }
-    let w = c
-        .call(
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads/{id}"),
-            None,
-        )
-        .await?;
-    let state = w["state"].as_str().unwrap_or("");
+    let w: WorkloadView = c.get(&format!("/api/v1/workloads/{}", encode(id))).await?;
     eprintln!(
-        "job {state}{}",
-        w["exit_code"]
-            .as_i64()
+        "job {}{}",
+        word(&w.state),
+        w.exit_code
             .map(|c| format!(" (exit code {c})"))
             .unwrap_or_default()
     );
-    Ok(if state == "succeeded" { 0 } else { 1 })
+    Ok(if w.state == WorkloadState::Succeeded {
+        0
+    } else {
+        exit::REFUSED
+    })
 }
 
-async fn list(c: &Client, kind: &str) -> R<i32> {
-    let page = c
-        .call(
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads?kind={kind}&mine=true&limit=50"),
-            None,
-        )
+async fn list(c: &Client, kind: &str, args: &ListArgs) -> R<i32> {
+    let page: Page<WorkloadView> = c
+        .get(&format!(
+            "/api/v1/workloads?kind={kind}&mine={}&limit={}&offset={}",
+            !args.all, args.limit, args.offset
+        ))
         .await?;
-    let items = page["items"].as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
-        println!("no {kind}s yet");
-    }
-    for v in &items {
-        println!("{}", row(v));
-    }
-    Ok(0)
+    print(c.output, &page, &page.items, &format!("no {kind}s yet"))
 }
 
 /// Most jobs one `--array` submits.
@@ -303,7 +227,7 @@ const ARRAY_MAX: u32 = 1000;
 /// `FIRST-LAST` (or one index) as an inclusive range.
 fn array_range(spec: &str) -> R<std::ops::RangeInclusive<u32>> {
     let bad = || CliError {
-        code: 1,
+        code: exit::REFUSED,
         message: format!("--array {spec}: write FIRST-LAST, e.g. 1-20 (at most {ARRAY_MAX} jobs)"),
     };
     let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
@@ -330,11 +254,12 @@ async fn submit_array(c: &Client, body: Value, spec: &str) -> R<i32> {
             .collect(),
     };
     let total = range.clone().count();
+    let mut submitted = Vec::new();
     for (n, i) in range.enumerate() {
         let mut one = body.clone();
         one["name"] = json!(format!("{base}[{i}]"));
         one["array_index"] = json!(i);
-        let v = c
+        let v: WorkloadView = c
             .call(reqwest::Method::POST, "/api/v1/jobs", Some(one))
             .await
             .map_err(|e| CliError {
@@ -344,7 +269,13 @@ async fn submit_array(c: &Client, body: Value, spec: &str) -> R<i32> {
                     e.message
                 ),
             })?;
-        println!("{}", v["id"].as_str().unwrap_or(""));
+        if c.output != Output::Json {
+            println!("{}", v.id);
+        }
+        submitted.push(v);
+    }
+    if c.output == Output::Json {
+        print::<_, WorkloadView>(Output::Json, &submitted, &[], "")?;
     }
     eprintln!(
         "submitted {total} jobs; each runs when its GPU is free and gives it back at its end"
@@ -354,15 +285,14 @@ async fn submit_array(c: &Client, body: Value, spec: &str) -> R<i32> {
 
 /// Stops a notebook or cancels a job.
 async fn stop(c: &Client, id: &str) -> R<i32> {
-    let v = c
+    let v: WorkloadView = c
         .call(
             reqwest::Method::POST,
-            &format!("/api/v1/workloads/{id}/stop"),
+            &format!("/api/v1/workloads/{}/stop", encode(id)),
             None,
         )
         .await?;
-    println!("{}", row(&v));
-    Ok(0)
+    print(c.output, &v, std::slice::from_ref(&v), "")
 }
 
 pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
@@ -387,23 +317,27 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             if let Some(range) = array {
                 return submit_array(&c, body, &range).await;
             }
-            let v = c
+            let v: WorkloadView = c
                 .call(reqwest::Method::POST, "/api/v1/jobs", Some(body))
                 .await?;
-            let id = v["id"].as_str().unwrap_or("").to_owned();
-            match v["waiting"].as_str() {
-                Some(why) => eprintln!("queued job {id}: {why}"),
-                None => eprintln!("submitted job {id}"),
+            match &v.waiting {
+                Some(why) => eprintln!("queued job {}: {why}", v.id),
+                None => eprintln!("submitted job {}", v.id),
             }
             if follow {
-                return follow_logs(&c, &id, true).await;
+                return follow_logs(&c, &v.id.to_string(), true).await;
             }
-            println!("{id}");
+            match c.output {
+                Output::Table => println!("{}", v.id),
+                output => {
+                    print(output, &v, std::slice::from_ref(&v), "")?;
+                }
+            }
             Ok(0)
         }
         JobCommand::Logs { id, follow } => follow_logs(&c, &id, follow).await,
-        JobCommand::Cancel { id } => stop(&c, &id).await,
-        JobCommand::List => list(&c, "job").await,
+        JobCommand::Stop { id } => stop(&c, &id).await,
+        JobCommand::List(args) => list(&c, "job", &args).await,
     }
 }
 
@@ -417,33 +351,26 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
         } => {
             let mut body = json!({"allocation_id": allocation, "name": name});
             own.fields(&mut body);
-            let v = c
+            let v: WorkloadView = c
                 .call(reqwest::Method::POST, "/api/v1/notebooks", Some(body))
                 .await?;
-            let id = v["id"].as_str().unwrap_or("").to_owned();
+            let id = v.id;
             eprintln!("notebook {id} is starting");
             let mut deadline = std::time::Instant::now() + Duration::from_secs(300);
             let mut told = String::new();
             loop {
-                let w = c
-                    .call(
-                        reqwest::Method::GET,
-                        &format!("/api/v1/workloads/{id}"),
-                        None,
-                    )
-                    .await?;
-                match w["state"].as_str().unwrap_or("") {
-                    "running" => {
-                        println!("{}{}", c.base, w["url"].as_str().unwrap_or(""));
-                        return Ok(0);
-                    }
-                    "pending" | "starting" if std::time::Instant::now() < deadline => {
+                let w: WorkloadView = c.get(&format!("/api/v1/workloads/{id}")).await?;
+                match w.state {
+                    WorkloadState::Running => return opened(&c, &w),
+                    WorkloadState::Pending | WorkloadState::Starting
+                        if std::time::Instant::now() < deadline =>
+                    {
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                     // Waiting for its GPU takes as long as the queue: no deadline (Ctrl-C
                     // leaves it queued; `tessera notebook stop ID` gives the request up).
-                    "queued" => {
-                        let why = w["waiting"].as_str().unwrap_or("waiting for its GPU");
+                    WorkloadState::Queued => {
+                        let why = w.waiting.as_deref().unwrap_or("waiting for its GPU");
                         if why != told {
                             eprintln!("waiting: {why}");
                             told = why.to_owned();
@@ -453,18 +380,40 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
                     }
                     other => {
                         return Err(CliError {
-                            code: 1,
+                            code: exit::REFUSED,
                             message: format!(
-                                "the notebook is {other}: {}",
-                                w["message"].as_str().unwrap_or("see its page for the log")
+                                "the notebook is {}: {}",
+                                word(&other),
+                                w.message.as_deref().unwrap_or("see its page for the log")
                             ),
                         });
                     }
                 }
             }
         }
+        NotebookCommand::Open { id } => {
+            let w: WorkloadView = c.get(&format!("/api/v1/workloads/{}", encode(&id))).await?;
+            if w.state != WorkloadState::Running {
+                return Err(CliError {
+                    code: exit::REFUSED,
+                    message: format!("the notebook is {}, not running", word(&w.state)),
+                });
+            }
+            opened(&c, &w)
+        }
         NotebookCommand::Stop { id } => stop(&c, &id).await,
-        NotebookCommand::List => list(&c, "notebook").await,
+        NotebookCommand::List(args) => list(&c, "notebook", &args).await,
+    }
+}
+
+/// A running notebook: its address (JSON: its view).
+fn opened(c: &Client, w: &WorkloadView) -> R<i32> {
+    match c.output {
+        Output::Json => print(Output::Json, w, std::slice::from_ref(w), ""),
+        _ => {
+            println!("{}{}", c.base, w.url.as_deref().unwrap_or(""));
+            Ok(0)
+        }
     }
 }
 
