@@ -37,9 +37,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
  && PATH=/usr/bin:/bin /opt/tessera/jupyter/bin/jupyter lab --version
 
 FROM debian:bookworm-slim AS agent
-# crun: the workload sandbox (docs/security.md). python3: the interpreter of the notebook
-# environment (its bin/python links to /usr/bin/python3).
+# crun: the workload sandbox; nftables and iproute2: each workload's network of its own
+# (docs/security.md). python3: the interpreter of the notebook environment (its bin/python
+# links to /usr/bin/python3).
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates crun python3 \
+    nftables iproute2 \
  && rm -rf /var/lib/apt/lists/*
 # libnvidia-ml.so.1 comes from the host driver (NVIDIA container toolkit) at run time.
 COPY --from=build /src/target/release/tessera-agent /usr/local/bin/tessera-agent

@@ -109,6 +109,21 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         ))
         .expect("proxy policy");
     assert_eq!(allow["spec"]["ingress"][0]["ports"][0]["port"], 8888);
+    // What these policies let through, as a NetworkPolicy-enforcing CNI reads them: a pod
+    // of another team (every team gets the same objects) reaches neither this team's
+    // notebook nor, from this team's pods, anything at all: not the metadata address,
+    // not another team. Only the server's namespace reaches the notebook's port.
+    let policies = [deny.clone(), allow.clone()];
+    let notebook = json!({"tessera.io/kind": "notebook"});
+    let other_team = "tessera-team-someone-else";
+    let server_ns = "tessera";
+    assert!(!ingress_allowed(&policies, &notebook, other_team, 8888));
+    assert!(!ingress_allowed(&policies, &notebook, &ns, 8888));
+    assert!(ingress_allowed(&policies, &notebook, server_ns, 8888));
+    assert!(!ingress_allowed(&policies, &notebook, server_ns, 22));
+    for dest in ["169.254.169.254", "10.0.0.1"] {
+        assert!(!egress_allowed(&policies, &notebook, dest), "{dest}");
+    }
     let claim = kube
         .get(&format!(
             "/api/v1/namespaces/{ns}/persistentvolumeclaims/tessera-workspace"
@@ -409,4 +424,92 @@ fn assert_restricted(spec: &Value) {
     assert_eq!(c["allowPrivilegeEscalation"], false);
     assert_eq!(c["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(c["seccompProfile"]["type"], "RuntimeDefault");
+}
+
+/// Whether a pod labelled `labels` is selected by a policy's `podSelector` (matchLabels
+/// only, which is all Tessera writes).
+fn selects(policy: &Value, labels: &Value) -> bool {
+    let want = &policy["spec"]["podSelector"]["matchLabels"];
+    want.as_object()
+        .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Whether a connection from a pod in namespace `from_ns` reaches port `port` of a pod
+/// labelled `labels` in the policies' namespace, by NetworkPolicy's rules: once a policy
+/// with `Ingress` selects the pod, only what some ingress rule of such a policy allows.
+fn ingress_allowed(policies: &[Value], labels: &Value, from_ns: &str, port: i64) -> bool {
+    let mine: Vec<&Value> = policies
+        .iter()
+        .filter(|p| selects(p, labels))
+        .filter(|p| {
+            p["spec"]["policyTypes"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t == "Ingress"))
+        })
+        .collect();
+    if mine.is_empty() {
+        return true;
+    }
+    mine.iter().any(|p| {
+        p["spec"]["ingress"].as_array().is_some_and(|rules| {
+            rules.iter().any(|r| {
+                let from_ok = r["from"].as_array().is_none_or(|peers| {
+                    peers.iter().any(|peer| {
+                        peer["namespaceSelector"]["matchLabels"]
+                            .as_object()
+                            .is_some_and(|m| {
+                                m.iter().all(|(k, v)| {
+                                    k == "kubernetes.io/metadata.name" && v == from_ns
+                                })
+                            })
+                            && peer["ipBlock"].is_null()
+                    })
+                });
+                let port_ok = r["ports"]
+                    .as_array()
+                    .is_none_or(|ports| ports.iter().any(|p| p["port"].as_i64() == Some(port)));
+                from_ok && port_ok
+            })
+        })
+    })
+}
+
+/// Whether a pod labelled `labels` in the policies' namespace may send to `ip`: once a
+/// policy with `Egress` selects it, only what some egress rule allows (a rule without `to`
+/// allows every address; an `ipBlock` its CIDR less its exceptions; other peers are pods,
+/// never an outside address).
+fn egress_allowed(policies: &[Value], labels: &Value, ip: &str) -> bool {
+    let ip: std::net::Ipv4Addr = ip.parse().expect("IPv4");
+    let within = |cidr: &str| {
+        let (net, bits) = cidr.split_once('/').expect("CIDR");
+        let net: std::net::Ipv4Addr = net.parse().expect("net");
+        let bits: u32 = bits.parse().expect("bits");
+        let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+        u32::from(ip) & mask == u32::from(net) & mask
+    };
+    let mine: Vec<&Value> = policies
+        .iter()
+        .filter(|p| selects(p, labels))
+        .filter(|p| {
+            p["spec"]["policyTypes"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t == "Egress"))
+        })
+        .collect();
+    if mine.is_empty() {
+        return true;
+    }
+    mine.iter().any(|p| {
+        p["spec"]["egress"].as_array().is_some_and(|rules| {
+            rules.iter().any(|r| match r["to"].as_array() {
+                None => true,
+                Some(peers) => peers.iter().any(|peer| {
+                    peer["ipBlock"]["cidr"].as_str().is_some_and(within)
+                        && !peer["ipBlock"]["except"]
+                            .as_array()
+                            .is_some_and(|ex| ex.iter().filter_map(Value::as_str).any(within))
+                }),
+            })
+        })
+    })
 }

@@ -438,6 +438,9 @@ async fn on_the_server_host(lab: &Lab) {
                     pki.ca_file.display().to_string(),
                     "--workload-host".into(),
                     (*addr).into(),
+                    // Each node's workloads in a range of their own, to tell them apart.
+                    "--sandbox-net".into(),
+                    format!("10.213.{}.0/24", i + 1),
                 ],
             )
         })
@@ -492,14 +495,15 @@ async fn on_the_server_host(lab: &Lab) {
     }
     assert_eq!(on_node.len(), 2, "one slice on each node: {on_node:?}");
 
-    // A job on each node runs there: it sees that node's address, and only that one.
-    for (name, addr) in NODES {
+    // A job on each node runs there, in a network of its own: it sees only its own address
+    // in that node's workload range, nothing of the node's or the other node's.
+    for (i, (name, addr)) in NODES.iter().enumerate() {
         let (s, job) = call(
             &c,
             &member,
             Method::POST,
             "/api/v1/jobs",
-            Some(json!({"allocation_id": on_node[name], "command": "cat /proc/net/fib_trie"})),
+            Some(json!({"allocation_id": on_node[*name], "command": "cat /proc/net/fib_trie"})),
         )
         .await;
         assert_eq!(s, 201, "{job}");
@@ -523,11 +527,20 @@ async fn on_the_server_host(lab: &Lab) {
         assert_eq!(done["state"], "succeeded", "{done}\n{log}");
         let text = log["text"].as_str().unwrap_or("");
         let seen: std::collections::BTreeSet<&str> = text.split_whitespace().collect();
-        assert!(seen.contains(addr), "{name}'s job ran elsewhere: {text}");
-        for (other, other_addr) in NODES {
+        let mine = format!("10.213.{}.", i + 1);
+        assert!(
+            seen.iter().any(|w| w.starts_with(&mine)),
+            "{name}'s job ran elsewhere: {text}"
+        );
+        assert!(
+            !seen.contains(addr),
+            "{name}'s job sees its node's address: {text}"
+        );
+        for (j, (other, other_addr)) in NODES.iter().enumerate() {
             if other != name {
+                let theirs = format!("10.213.{}.", j + 1);
                 assert!(
-                    !seen.contains(other_addr),
+                    !seen.contains(other_addr) && !seen.iter().any(|w| w.starts_with(&theirs)),
                     "{name}'s job saw {other}: {text}"
                 );
             }
@@ -535,7 +548,7 @@ async fn on_the_server_host(lab: &Lab) {
     }
 
     // A notebook on node 2 answers through the server's proxy, over TLS.
-    let (node2, node2_addr) = NODES[1];
+    let (node2, _) = NODES[1];
     let (s, nb) = call(
         &c,
         &member,
@@ -614,7 +627,11 @@ async fn on_the_server_host(lab: &Lab) {
     let seen = execute_on(&mut ws, code, Duration::from_secs(60))
         .await
         .expect("the kernel answers");
-    assert_eq!(seen, format!("'{node2_addr}'"), "the kernel runs on node 2");
+    // Its own address in node 2's workload range (the node routes it).
+    assert!(
+        seen.starts_with("'10.213.2."),
+        "the kernel runs on node 2, in its own network: {seen}"
+    );
 
     for a in agents {
         a.stop().await;
