@@ -233,9 +233,14 @@ impl Client {
             message: String,
         }
         let bytes = resp.bytes().await.unwrap_or_default();
-        let message = serde_json::from_slice::<ErrorBody>(&bytes)
+        let mut message = serde_json::from_slice::<ErrorBody>(&bytes)
             .map(|b| b.message)
             .unwrap_or_else(|_| format!("the server answered {status}"));
+        if status == reqwest::StatusCode::NOT_FOUND {
+            // The server says no more, on purpose (a stranger's object is not found either).
+            let path = path.split('?').next().unwrap_or(path);
+            message = format!("{message}: {path} (no such object, or not one you may see)");
+        }
         Err(CliError {
             code: code_for(status),
             message,
@@ -398,10 +403,24 @@ pub async fn login(args: LoginArgs) -> R<i32> {
         None => {
             eprint!("API token (from My account on {}): ", args.url);
             let _ = std::io::stderr().flush();
+            // Typed at a terminal: not echoed (`stty`, where there is one).
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stdin());
+            let stty = |arg: &str| {
+                let _ = std::process::Command::new("stty")
+                    .arg(arg)
+                    .stdin(std::process::Stdio::inherit())
+                    .status();
+            };
+            if tty {
+                stty("-echo");
+            }
             let mut line = String::new();
-            std::io::stdin()
-                .read_line(&mut line)
-                .map_err(|e| CliError::usage(format!("reading the token: {e}")))?;
+            let read = std::io::stdin().read_line(&mut line);
+            if tty {
+                stty("echo");
+                eprintln!();
+            }
+            read.map_err(|e| CliError::usage(format!("reading the token: {e}")))?;
             line
         }
     };

@@ -195,7 +195,13 @@ async fn allocations_jobs_and_notebooks_on_a_live_node(db: Db) {
     ] {
         let out = cli.run(&stranger.member, args).await;
         assert_eq!(out.code, Some(3), "{args:?}: {}", out.stderr);
-        assert!(out.stderr.starts_with("error: "), "{}", out.stderr);
+        assert!(
+            out.stderr
+                .starts_with("error: not found: /api/v1/allocations/")
+                && out.stderr.contains(&alloc),
+            "{}",
+            out.stderr
+        );
         assert!(out.stdout.is_empty(), "{}", out.stdout);
     }
 
