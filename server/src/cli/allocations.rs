@@ -1,10 +1,10 @@
 //! `tessera alloc …` and `tessera quota …`: allocations and team quotas, decoded into
 //! [`AllocationView`] and [`QuotaView`].
 
-use super::{Client, R, Remote, Tabular, encode, opt, print, word};
+use super::{CliError, Client, R, Remote, Tabular, encode, opt, print, word};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use tessera_domain::alloc::{AllocationView, QuotaView};
+use tessera_domain::alloc::{AllocationView, NewAllocation, QuotaView};
 use tessera_domain::tenancy::Page;
 
 #[derive(Debug, Subcommand)]
@@ -127,9 +127,16 @@ pub async fn alloc(remote: &Remote, cmd: AllocCommand) -> R<i32> {
         AllocCommand::Request(a) => {
             let team = c.team_or_only(a.team).await?;
             let minutes = a.minutes.or(a.hours.map(|h| h.saturating_mul(60)));
-            let body = json!({"team_id": team, "kind": a.kind, "count": a.count,
-                "duration_minutes": minutes, "starts_at": a.starts_at,
-                "priority": a.priority, "purpose": a.purpose});
+            let body = NewAllocation {
+                team_id: team,
+                kind: a.kind,
+                count: a.count,
+                duration_minutes: minutes,
+                starts_at: a.starts_at,
+                priority: a.priority,
+                purpose: a.purpose,
+            };
+            let body = serde_json::to_value(&body).map_err(|e| CliError::usage(e.to_string()))?;
             let v: AllocationView = c
                 .call(reqwest::Method::POST, "/api/v1/allocations", Some(body))
                 .await?;
