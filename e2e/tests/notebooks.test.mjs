@@ -365,6 +365,33 @@ test('a job submitted from Jobs with nothing chosen runs on the slice the member
   });
 });
 
+test('the dashboard says where her work is: her slice, her finished jobs, what is free, the team\'s spend', async () => {
+  await withPage(browser, 'nb-dashboard', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    await page.goto(`${BASE}/`);
+    await hydrated(page);
+    const work = page.locator('[data-testid=my-work]');
+    const row = work.locator('tr[data-testid=my-work-row][data-what=allocation]', {
+      has: page.locator(`a[href="/allocations/${allocationId}"]`),
+    });
+    await row.waitFor();
+    assert.equal(await row.getAttribute('data-state'), 'active');
+    assert.match(await row.innerText(), /min left/);
+    // Her finished jobs, newest first, with how they ended; nobody else's.
+    const recent = page.locator('[data-testid=recent-jobs] [data-testid=recent-job]');
+    await recent.first().waitFor();
+    const names = await recent.locator('a').allInnerTexts();
+    assert.ok(names.includes('e2e-job'), names.join(', '));
+    const mine = await api(page, 'GET', '/api/v1/workloads?kind=job&mine=true&limit=100');
+    const hers = new Set(mine.items.map((w) => w.name));
+    for (const n of names) assert.ok(hers.has(n), `${n} is hers`);
+    assert.match(await page.locator('[data-testid=recent-job]', { hasText: 'e2e-job' }).innerText(), /exit 3/);
+    await page.locator('[data-testid=free-now]').waitFor();
+    await page.locator(`[data-testid=team-quotas][data-team="${teamId}"] [data-testid=team-spend]`).waitFor();
+    assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
 test('one click: a notebook with a GPU of its own reaches JupyterLab, and stopping it gives the GPU back', async () => {
   await withPage(browser, 'nb-one-click', async (page, errors) => {
     await signInAs(page, MEMBER, PASSWORD);

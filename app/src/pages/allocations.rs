@@ -1092,6 +1092,24 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
                     <dt>"Priority"</dt>
                     <dd>{a.priority.as_str()}</dd>
                 </div>
+                {(a.over_limit || a.over_budget)
+                    .then(|| {
+                        let what = match (a.over_limit, a.over_budget) {
+                            (true, true) => "the team's limit and hard budget",
+                            (true, false) => "the team's limit",
+                            _ => "the team's hard budget",
+                        };
+                        view! {
+                            <div>
+                                <dt>"Override"</dt>
+                                <dd data-testid="override-note">
+                                    <span class="badge warn">
+                                        {format!("approved beyond {what} by a platform admin")}
+                                    </span>
+                                </dd>
+                            </div>
+                        }
+                    })}
                 <div>
                     <dt>"Team"</dt>
                     <dd>

@@ -28,6 +28,8 @@ pub fn DashboardPage() -> impl IntoView {
         move || dismiss.version().get(),
         |_| api::get_setup_checklist(),
     );
+    let jobs = my_jobs();
+    let free = Resource::new(|| (), |_| api::free_now());
     let notebooks = Resource::new(
         || (),
         |_| {
@@ -47,9 +49,11 @@ pub fn DashboardPage() -> impl IntoView {
             <SetupPanel setup dismiss />
             <BudgetAlerts quotas />
             <div class="panels">
-                <ClusterPanel />
-                <AllocationsPanel mine />
+                <MyWorkPanel mine jobs />
+                <RecentJobsPanel jobs />
                 <NotebooksPanel notebooks />
+                <FreeNowPanel free />
+                <ClusterPanel />
                 <QuotaPanels quotas />
                 <UsagePanel />
             </div>
@@ -224,43 +228,230 @@ fn my_allocations() -> Resource<Result<Page<AllocationView>, UiError>> {
     )
 }
 
-/// How many of the caller's allocations run and how many wait.
+/// How many finished jobs the dashboard lists.
+const RECENT_JOBS: usize = 10;
+
+/// The caller's jobs, newest first: the live ones and the latest that ended.
+fn my_jobs() -> Resource<Result<Page<WorkloadView>, UiError>> {
+    let tick = refresher(&[Topic::Work], REFRESH, |streaming| !streaming);
+    Resource::new(
+        move || tick.get(),
+        |_| {
+            api::list_workloads(
+                Some("job".to_owned()),
+                None,
+                None,
+                true,
+                false,
+                PageRequest::new(0, 50),
+            )
+        },
+    )
+}
+
+/// "Where is my work": the caller's allocations that hold or wait for a GPU and their
+/// running or queued jobs, with state, node and time left.
 #[component]
-fn AllocationsPanel(mine: Resource<Result<Page<AllocationView>, UiError>>) -> impl IntoView {
+fn MyWorkPanel(
+    mine: Resource<Result<Page<AllocationView>, UiError>>,
+    jobs: Resource<Result<Page<WorkloadView>, UiError>>,
+) -> impl IntoView {
     view! {
-        <section class="panel" aria-label="My allocations" data-testid="my-allocations">
-            <h2>"My allocations"</h2>
+        <section class="panel wide" aria-label="My work" data-testid="my-work">
+            <h2>"My work"</h2>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
-                    match mine.await {
-                        Ok(page) => {
-                            let active = page
-                                .items
-                                .iter()
-                                .filter(|a| a.state == AllocState::Active)
-                                .count();
-                            let pending = page.items.iter().filter(|a| a.state.is_pending()).count();
-                            view! {
-                                <dl class="facts">
-                                    <dt>"Active"</dt>
-                                    <dd data-testid="my-active">
-                                        <strong>{active}</strong>
-                                    </dd>
-                                    <dt>"Pending"</dt>
-                                    <dd data-testid="my-pending">
-                                        <strong>{pending}</strong>
-                                    </dd>
-                                </dl>
-                            }
-                                .into_any()
+                    let (allocations, jobs) = match (mine.await, jobs.await) {
+                        (Ok(a), Ok(j)) => (a.items, j.items),
+                        (Err(e), _) | (_, Err(e)) => return alert(e.error.to_string()),
+                    };
+                    let live_jobs: Vec<WorkloadView> = jobs
+                        .into_iter()
+                        .filter(|j| !j.state.is_terminal())
+                        .collect();
+                    if allocations.is_empty() && live_jobs.is_empty() {
+                        return view! {
+                            <Empty>
+                                <p data-testid="no-work">"Nothing running or waiting."</p>
+                                <a href="/allocations">"Request a GPU →"</a>
+                                " or "
+                                <a href="/jobs">"submit a job →"</a>
+                            </Empty>
                         }
-                        Err(e) => {
-                            alert(e.error.to_string())
-                        }
+                            .into_any();
                     }
+                    let now = crate::components::now();
+                    let rows = allocations
+                        .into_iter()
+                        .map(|a| {
+                            let node = a
+                                .devices
+                                .first()
+                                .map(|d| d.hostname.clone())
+                                .unwrap_or_else(|| "—".to_owned());
+                            let left = match (a.state, a.ends_at) {
+                                (AllocState::Active, Some(end)) => time_left(end - now),
+                                _ => a
+                                    .pending
+                                    .as_ref()
+                                    .and_then(|p| p.position)
+                                    .map(|p| format!("#{p} in the queue"))
+                                    .unwrap_or_default(),
+                            };
+                            view! {
+                                <tr data-testid="my-work-row" data-what="allocation" data-state=a.state.as_str()>
+                                    <td>
+                                        <a href=format!("/allocations/{}", a.id)>{a.kind_label.clone()}</a>
+                                    </td>
+                                    <td>"GPU"</td>
+                                    <td>{a.state.label()}</td>
+                                    <td>{node}</td>
+                                    <td>{left}</td>
+                                </tr>
+                            }
+                        })
+                        .collect_view();
+                    let job_rows = live_jobs
+                        .into_iter()
+                        .map(|j| {
+                            view! {
+                                <tr data-testid="my-work-row" data-what="job" data-state=j.state.as_str()>
+                                    <td>
+                                        <a href=format!("/workloads/{}", j.id)>{j.name.clone()}</a>
+                                    </td>
+                                    <td>"job"</td>
+                                    <td>
+                                        <WorkloadBadge state=j.state />
+                                    </td>
+                                    <td>{j.hostname.clone().unwrap_or_else(|| "—".to_owned())}</td>
+                                    <td>{j.waiting.clone().unwrap_or_default()}</td>
+                                </tr>
+                            }
+                        })
+                        .collect_view();
+                    view! {
+                        <table class="compact">
+                            <thead>
+                                <tr>
+                                    <th scope="col">"What"</th>
+                                    <th scope="col">"Kind"</th>
+                                    <th scope="col">"State"</th>
+                                    <th scope="col">"Node"</th>
+                                    <th scope="col">"Time left / queue"</th>
+                                </tr>
+                            </thead>
+                            <tbody>{rows} {job_rows}</tbody>
+                        </table>
+                    }
+                        .into_any()
                 })}
             </Transition>
             <a href="/allocations">"Request or see GPUs →"</a>
+        </section>
+    }
+}
+
+/// `2 h 5 min left`, `12 min left`, `ending`.
+fn time_left(d: chrono::Duration) -> String {
+    let m = d.num_minutes();
+    match m {
+        ..=0 => "ending".to_owned(),
+        1..=59 => format!("{m} min left"),
+        _ => format!("{} h {} min left", m / 60, m % 60),
+    }
+}
+
+/// The caller's last finished jobs with how they ended.
+#[component]
+fn RecentJobsPanel(jobs: Resource<Result<Page<WorkloadView>, UiError>>) -> impl IntoView {
+    view! {
+        <section class="panel" aria-label="Recent jobs" data-testid="recent-jobs">
+            <h2>"Recent jobs"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    let ended: Vec<WorkloadView> = match jobs.await {
+                        Ok(page) => {
+                            page.items
+                                .into_iter()
+                                .filter(|j| j.state.is_terminal())
+                                .take(RECENT_JOBS)
+                                .collect()
+                        }
+                        Err(e) => return alert(e.error.to_string()),
+                    };
+                    if ended.is_empty() {
+                        return view! { <p class="hint">"No finished job yet."</p> }.into_any();
+                    }
+                    let items = ended
+                        .into_iter()
+                        .map(|j| {
+                            let exit = j
+                                .exit_code
+                                .map(|c| format!(" (exit {c})"))
+                                .unwrap_or_default();
+                            view! {
+                                <li data-testid="recent-job" data-state=j.state.as_str()>
+                                    <a href=format!("/workloads/{}", j.id)>{j.name.clone()}</a>
+                                    " "
+                                    <WorkloadBadge state=j.state />
+                                    {exit}
+                                </li>
+                            }
+                        })
+                        .collect_view();
+                    view! { <ul class="models">{items}</ul> }.into_any()
+                })}
+            </Transition>
+            <a href="/jobs">"Submit or see jobs →"</a>
+        </section>
+    }
+}
+
+/// What the caller could start this minute: devices free now per kind.
+#[component]
+fn FreeNowPanel(
+    free: Resource<Result<std::collections::BTreeMap<String, u32>, UiError>>,
+) -> impl IntoView {
+    view! {
+        <section class="panel" aria-label="Free now" data-testid="free-now">
+            <h2>"Free now"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    match free.await {
+                        Ok(map) => {
+                            let items: Vec<_> = map
+                                .into_iter()
+                                .filter(|(_, n)| *n > 0)
+                                .map(|(kind, n)| {
+                                    let label = kind
+                                        .parse::<tessera_domain::alloc::GpuKind>()
+                                        .map(|k| k.label())
+                                        .unwrap_or_else(|_| kind.clone());
+                                    view! {
+                                        <li data-testid="free-kind" data-kind=kind>
+                                            <span class="count">{n} "×"</span>
+                                            " "
+                                            {label}
+                                        </li>
+                                    }
+                                })
+                                .collect();
+                            if items.is_empty() {
+                                view! {
+                                    <p class="hint">
+                                        "Nothing free right now; requests queue, and idle GPUs may be re-partitioned."
+                                    </p>
+                                }
+                                    .into_any()
+                            } else {
+                                view! { <ul class="models">{items}</ul> }.into_any()
+                            }
+                        }
+                        Err(e) => alert(e.error.to_string()),
+                    }
+                })}
+            </Transition>
+            <a href="/allocations">"Request one →"</a>
         </section>
     }
 }
@@ -502,7 +693,47 @@ fn QuotaCard(t: TeamQuotas) -> impl IntoView {
             <h2>"Team GPU quotas"</h2>
             <p class="hint">{t.name.clone()}</p>
             {body}
+            {t.budget.map(|b| view! { <SpendLine b /> })}
             <a href=format!("/teams/{}", t.id)>"See the team →"</a>
         </section>
+    }
+}
+
+/// The team's spend this month, against its budget when it has one.
+#[component]
+fn SpendLine(b: BudgetView) -> impl IntoView {
+    let spent = tessera_domain::billing::format_minor(b.spent_minor, &b.currency);
+    match b.monthly_minor {
+        None => view! {
+            <p data-testid="team-spend">
+                {format!("Spent this month: {spent} {} (no budget)", b.currency)}
+            </p>
+        }
+        .into_any(),
+        Some(m) => {
+            let budget = tessera_domain::billing::format_minor(m, &b.currency);
+            let pct = b.used_pct.min(100);
+            view! {
+                <p data-testid="team-spend">
+                    {format!(
+                        "Spent this month: {spent} of {budget} {}{}",
+                        b.currency,
+                        if b.hard { " (hard budget)" } else { "" },
+                    )}
+                </p>
+                <span
+                    class="meter"
+                    role="meter"
+                    aria-label="Budget used"
+                    aria-valuemin="0"
+                    aria-valuemax="100"
+                    aria-valuenow=pct.to_string()
+                    title=format!("{} % of the budget used", b.used_pct)
+                >
+                    <span style=format!("width: {pct}%")></span>
+                </span>
+            }
+            .into_any()
+        }
     }
 }

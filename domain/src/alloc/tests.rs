@@ -704,6 +704,8 @@ fn views_serialize_round_trip() {
         approval_reason: None,
         pending: Some(PendingInfo::new(Some(1), "H100-80GB", None, None, t(9, 0))),
         preempt_at: None,
+        over_limit: true,
+        over_budget: false,
         history: vec![Transition {
             at: t(9, 0),
             from: None,

@@ -76,6 +76,12 @@ pub struct AllocationView {
     pub pending: Option<PendingInfo>,
     /// When a preemption warning runs out and the allocation is released.
     pub preempt_at: Option<DateTime<Utc>>,
+    /// A platform admin approved it beyond the team's limit (an audited override).
+    #[serde(default)]
+    pub over_limit: bool,
+    /// A platform admin approved it beyond the team's hard budget (an audited override).
+    #[serde(default)]
+    pub over_budget: bool,
     /// Oldest first.
     pub history: Vec<Transition>,
 }

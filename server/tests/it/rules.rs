@@ -113,6 +113,10 @@ async fn a_team_admin_approves_only_within_the_limit(db: Db) {
         )
         .await;
     assert_eq!((s, &v["state"]), (200, &json!("queued")), "{v}");
+    assert_eq!(
+        (&v["over_limit"], &v["over_budget"]),
+        (&json!(true), &json!(false))
+    );
     let line = quota_line(&a, &t.id, "H100-80GB").await;
     assert_eq!(
         (&line["used"], &line["overridden"]),

@@ -1197,6 +1197,8 @@ impl Allocations {
             approval_reason: a.approval_reason.clone(),
             pending,
             preempt_at: a.preempt_at,
+            over_limit: a.over_limit,
+            over_budget: a.over_budget,
             history: Vec::new(),
         }
     }
