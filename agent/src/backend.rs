@@ -33,6 +33,41 @@ pub enum ModeChange {
     PendingReset,
 }
 
+/// A GPU's compute mode (`nvmlComputeMode_t`): how many CUDA contexts it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeMode {
+    /// Any number of contexts, from any process.
+    Default,
+    /// One process's contexts at a time. A GPU shared with MPS is in this mode: the MPS
+    /// server is that process, and a CUDA program that bypasses MPS gets
+    /// `cudaErrorDevicesUnavailable` ("all CUDA-capable devices are busy or
+    /// unavailable") instead of the whole GPU.
+    ExclusiveProcess,
+    /// No contexts.
+    Prohibited,
+}
+
+impl ComputeMode {
+    /// As `nvidia-smi` writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "DEFAULT",
+            ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+            ComputeMode::Prohibited => "PROHIBITED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ComputeMode> {
+        [
+            ComputeMode::Default,
+            ComputeMode::ExclusiveProcess,
+            ComputeMode::Prohibited,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s.trim())
+    }
+}
+
 /// Driver errors the agent acts on; everything else is [`ErrorKind::Other`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -126,6 +161,12 @@ pub trait GpuBackend: Send + Sync {
     /// Needs an idle GPU (`InUse` otherwise). The caller must re-read handles
     /// and instances afterwards.
     fn set_mig_mode(&self, gpu: &str, mode: MigMode) -> Result<ModeChange, BackendError>;
+
+    /// The GPU's compute mode.
+    fn compute_mode(&self, gpu: &str) -> Result<ComputeMode, BackendError>;
+
+    /// Sets the GPU's compute mode (root; applies to contexts created from then on).
+    fn set_compute_mode(&self, gpu: &str, mode: ComputeMode) -> Result<(), BackendError>;
 
     /// One sample of the GPU and its MIG devices; values the driver cannot
     /// give are `None`.

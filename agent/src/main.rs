@@ -9,7 +9,10 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tessera_agent::backend::{GpuBackend, inventory};
 use tessera_agent::link::{Credentials, HttpLink, Transport, UrlVerdict};
-use tessera_agent::mps::{MpsControl, NvidiaMps, SIM_SUBCOMMAND, SimMps, sim_control_main};
+use tessera_agent::mps::{
+    MpsControl, NvidiaMps, SIM_CONTEXT_SUBCOMMAND, SIM_SUBCOMMAND, SimMps, sim_context_main,
+    sim_control_main,
+};
 use tessera_agent::network::{Ipv4Range, NetworkSettings};
 use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::nvml::NvmlBackend;
@@ -292,11 +295,13 @@ fn server_addresses(server: &str) -> Vec<std::net::SocketAddr> {
     }
 }
 
-fn backend(args: &BackendArgs) -> anyhow::Result<Arc<dyn GpuBackend>> {
+/// The GPUs, and the simulated node when they are simulated.
+fn backend(args: &BackendArgs) -> anyhow::Result<(Arc<dyn GpuBackend>, Option<SimNode>)> {
     if args.simulate {
-        Ok(Arc::new(SimNode::new(&args.gpus, args.sim_seed)?))
+        let node = SimNode::new(&args.gpus, args.sim_seed)?;
+        Ok((Arc::new(node.clone()), Some(node)))
     } else {
-        Ok(Arc::new(NvmlBackend::init()?))
+        Ok((Arc::new(NvmlBackend::init()?), None))
     }
 }
 
@@ -383,7 +388,7 @@ fn print_summary(inv: &tessera_domain::wire::Inventory) {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let backend = backend(&cli.backend)?;
+    let (backend, sim_node) = backend(&cli.backend)?;
     if let Some(Command::Inventory { json, samples }) = cli.command {
         let inv = inventory(backend.as_ref())?;
         let samples = if samples {
@@ -575,9 +580,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // One MPS control daemon per GPU shared with MPS, under <state-dir>/mps. Simulated
     // GPUs get the stand-in: this very program, as `tessera-agent sim-mps-control`.
     let mps_root = state_dir.join("mps");
-    let mps: Arc<dyn MpsControl> = if cli.backend.simulate {
+    let mps: Arc<dyn MpsControl> = if let Some(node) = &sim_node {
+        // What the simulated driver enforces (compute modes), for the stand-in's
+        // processes to read.
+        let sim_driver = state_dir.join("sim-driver");
+        node.publish_driver_state(&sim_driver).with_context(|| {
+            format!(
+                "publishing the simulated driver's state in {}",
+                sim_driver.display()
+            )
+        })?;
         let me = std::env::current_exe().context("finding the agent's own program")?;
-        Arc::new(SimMps::new(&me, &mps_root))
+        Arc::new(SimMps::new(&me, &mps_root).with_driver(&sim_driver))
     } else {
         Arc::new(NvidiaMps::new(&mps_root))
     };
@@ -627,6 +641,10 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == SIM_SUBCOMMAND) {
         std::process::exit(sim_control_main(&args[2..]));
+    }
+    // And for a CUDA program creating a context (what the tests run as a workload).
+    if args.get(1).is_some_and(|a| a == SIM_CONTEXT_SUBCOMMAND) {
+        std::process::exit(sim_context_main(&args[2..]));
     }
     tracing_subscriber::fmt()
         .with_env_filter(

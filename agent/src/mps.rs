@@ -36,22 +36,47 @@
 //! ends when its control socket is removed (a simulated node's state folder deleted),
 //! so that simulated nodes leave no daemon behind.
 //!
-//! **Not modelled**: the MPS server (`nvidia-cuda-mps-server`, started per user by the
-//! daemon when a CUDA client connects; `get_server_list` always answers with no server),
-//! CUDA clients and their limits (no CUDA runs on the simulator: the limits are only
-//! checked as the environment a workload gets), the `control_privileged` socket and the
-//! `log` FIFO of the pipe directory, `server.log`, compute modes, and the real protocol
-//! on the socket (the stand-in's is one command per connection).
+//! **MPS servers and their limits** (the stand-in's model of `nvidia-cuda-mps-server`):
+//! one server per uid, an entry in the daemon rather than a process (its "pid" is a
+//! number the daemon hands out, not a process), started by `start_server -uid <uid>`
+//! or by the first client of that uid, with the daemon's defaults of that moment
+//! (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit`);
+//! `set_active_thread_percentage <pid> <pct>` and `set_device_pinned_mem_limit <pid>
+//! <dev> <limit>` (and their `get_`s) change one server's; `get_server_list` lists them.
+//! With the simulated driver's folder ([`SimMps::with_driver`], published by
+//! [`crate::sim::SimNode::publish_driver_state`]), the servers hold their GPU's context
+//! there: on a GPU in EXCLUSIVE_PROCESS compute mode, an exclusive lock, so no other
+//! process gets a context while a server runs.
+//!
+//! **CUDA clients** (the stand-in's model of what the CUDA driver does at `cuInit`):
+//! `tessera-agent sim-cuda-context <driver folder>` ([`sim_context_main`]) connects to
+//! the daemon on `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) and gets its
+//! uid's server's limits, which its own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` can lower but not raise; with no daemon there it
+//! makes a plain context, which a GPU in EXCLUSIVE_PROCESS mode held by an MPS server
+//! refuses with `cudaErrorDevicesUnavailable` ("all CUDA-capable devices are busy or
+//! unavailable"). It prints what it got; no work runs.
+//!
+//! **Not modelled**: server processes (and the clients' wait when a server of another
+//! uid runs, which a daemon without multi-user mode imposes), `get_client_list`, the
+//! `control_privileged` socket and the `log` FIFO of the pipe directory, `server.log`,
+//! compute actually being limited (the limits are numbers handed to the client), and the
+//! real protocol on the socket (the stand-in's is one command per connection).
 //!
 //! **Supervision.** [`ShareSupervisor::tick`] runs in every reconcile round, after the
 //! MIG reconcile (which disables MIG on a GPU the server wants shared): for each GPU
 //! desired shared it reports [`SharingState`] through the [`ShareBoard`]; with MPS, once
-//! MIG is off, it makes sure the daemon answers, starts it when it does not, and counts
+//! MIG is off, it puts the GPU in EXCLUSIVE_PROCESS compute mode (a GPU that cannot be
+//! put in it is not ready, with the reason, and gets no daemon: a program that left MPS
+//! would get the whole GPU), makes sure the daemon answers, starts it when it does not, and counts
 //! a restart when the daemon had been running (or left a pid file behind: it was
 //! killed) before. A daemon of a GPU no longer desired with MPS is asked to quit once no
-//! workload uses that GPU. The executor reads the board to start MPS clients
-//! ([`ShareBoard::mps_client`]) and to tell workloads that their daemon died while they
-//! ran ([`ShareBoard::died_during`]).
+//! workload uses that GPU, and the GPU goes back to DEFAULT compute mode. The executor
+//! reads the board to start MPS clients ([`ShareBoard::mps_client`]), to get the MPS
+//! server of the client's uid with the share's limits in force ([`mps_server`]: set
+//! through the daemon, so a client that unsets its variables gains nothing; a limit the
+//! daemon refuses or does not apply refuses the share), and to tell workloads that their
+//! daemon died while they ran ([`ShareBoard::died_during`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -69,7 +94,7 @@ use tessera_domain::wire::{
     DesiredState, Inventory, MigMode, MigModeState, ShareMethod, SharingState,
 };
 
-use crate::backend::GpuBackend;
+use crate::backend::{ComputeMode, GpuBackend};
 use crate::workloads::safe_name;
 
 /// NVIDIA's control program.
@@ -88,6 +113,14 @@ pub const CONTROL_LOG: &str = "control.log";
 pub const ALREADY_RUNNING: &str = "An instance of this daemon is already running";
 /// What the control program prints when no daemon listens on the pipe directory.
 pub const NO_DAEMON: &str = "Cannot find MPS control daemon process";
+/// The stand-in daemon's variable naming the simulated driver's folder.
+pub const SIM_DRIVER_ENV: &str = "SIM_GPU_DRIVER_DIR";
+/// The hidden subcommand of `tessera-agent` that stands in for a CUDA program creating
+/// a context ([`sim_context_main`]).
+pub const SIM_CONTEXT_SUBCOMMAND: &str = "sim-cuda-context";
+/// What the CUDA runtime says when a GPU takes no more contexts
+/// (`cudaErrorDevicesUnavailable`).
+pub const DEVICES_UNAVAILABLE: &str = "all CUDA-capable devices are busy or unavailable";
 /// The longest any call of the control program may take.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -136,6 +169,179 @@ pub trait MpsControl: Send + Sync {
     fn check(&self, gpu: &str) -> Result<(), String>;
     /// Asks the daemon to quit.
     fn quit(&self, gpu: &str) -> Result<(), String>;
+    /// Sends one command to `gpu`'s daemon; its answer (empty when it said nothing).
+    fn send(&self, gpu: &str, command: &str) -> Result<String, String>;
+}
+
+/// The limits of one MPS server, set through the control daemon (never through the
+/// client's environment, which the client controls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// `set_active_thread_percentage <server pid> <pct>`.
+    pub active_thread_percentage: u32,
+    /// `set_device_pinned_mem_limit <server pid> 0 <MiB>M` (the server sees one GPU).
+    pub pinned_mem_mib: u64,
+}
+
+impl std::fmt::Display for ServerLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}% of the SMs and {} MiB of pinned device memory",
+            self.active_thread_percentage, self.pinned_mem_mib
+        )
+    }
+}
+
+/// This process's (effective) uid: the owner of `/proc/self`.
+pub fn own_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+}
+
+/// The PIDs `get_server_list` names (one per line).
+fn server_list(c: &dyn MpsControl, gpu: &str) -> Result<BTreeSet<u32>, String> {
+    let out = c.send(gpu, "get_server_list")?;
+    out.split_whitespace()
+        .map(|w| {
+            w.parse::<u32>()
+                .map_err(|_| format!("unexpected answer to `get_server_list`: {out}"))
+        })
+        .collect()
+}
+
+/// A memory size as the control daemon writes one: a number with an optional `K`, `M`,
+/// `G` or `T` (binary units), bytes without; in MiB, rounded down.
+fn parse_mib(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().find(|(_, ch)| ch.is_ascii_alphabetic()) {
+        Some((i, _)) => (&s[..i], s[i..].trim_end_matches(['B', 'b'])),
+        None => (s, ""),
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    let mib = match unit.to_ascii_uppercase().as_str() {
+        "" => v / (1024.0 * 1024.0),
+        "K" => v / 1024.0,
+        "M" => v,
+        "G" => v * 1024.0,
+        "T" => v * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    (mib >= 0.0).then_some(mib as u64)
+}
+
+/// What the daemon says `pid`'s limits are.
+fn read_limits(c: &dyn MpsControl, gpu: &str, pid: u32) -> Result<ServerLimits, String> {
+    let ask = |command: String| -> Result<String, String> {
+        c.send(gpu, &command)
+            .map_err(|e| format!("`{command}` failed: {e}"))
+    };
+    let pct = ask(format!("get_active_thread_percentage {pid}"))?;
+    let mem = ask(format!("get_device_pinned_mem_limit {pid} 0"))?;
+    let active_thread_percentage = pct
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=100.0).contains(p))
+        .map(|p| p.round() as u32)
+        .ok_or_else(|| format!("unexpected answer to `get_active_thread_percentage`: {pct}"))?;
+    let pinned_mem_mib = parse_mib(&mem)
+        .ok_or_else(|| format!("unexpected answer to `get_device_pinned_mem_limit`: {mem}"))?;
+    Ok(ServerLimits {
+        active_thread_percentage,
+        pinned_mem_mib,
+    })
+}
+
+/// The MPS server of `uid` on `gpu`, with `limits`; its pid. One server per (GPU, team
+/// uid): started with `start_server -uid <uid>` when none runs (the agent notes its
+/// pid in `<root>/<gpu>/server-uid-<uid>`), then its limits set with
+/// `set_active_thread_percentage` and `set_device_pinned_mem_limit` and read back. A
+/// limit the daemon refuses or does not apply is an error: the share is refused, never
+/// run with limits that are only advice. `busy`: clients of this server run, whose
+/// limits must not change, so a server with other limits is an error too.
+pub fn mps_server(
+    c: &dyn MpsControl,
+    gpu: &str,
+    uid: u32,
+    limits: ServerLimits,
+    busy: bool,
+) -> Result<u32, String> {
+    let gpu = checked_gpu(gpu)?;
+    let base = c
+        .dirs(gpu)
+        .pipe
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or("the MPS pipe directory has no parent")?;
+    let record = base.join(format!("server-uid-{uid}"));
+    let before = server_list(c, gpu)?;
+    let known = fs::read_to_string(&record)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|p| before.contains(p));
+    let pid = match known {
+        Some(p) => p,
+        None => {
+            let command = format!("start_server -uid {uid}");
+            let out = c
+                .send(gpu, &command)
+                .map_err(|e| format!("`{command}` failed: {e}"))?;
+            if !out.trim().is_empty() {
+                return Err(format!("`{command}` answered: {out}"));
+            }
+            let after = server_list(c, gpu)?;
+            let new: Vec<u32> = after.difference(&before).copied().collect();
+            let [p] = new.as_slice() else {
+                return Err(format!(
+                    "`{command}` started {} servers (get_server_list before: {before:?}, \
+                     after: {after:?}); the agent cannot tell which is the team's",
+                    new.len()
+                ));
+            };
+            fs::write(&record, p.to_string())
+                .map_err(|e| format!("cannot write {}: {e}", record.display()))?;
+            *p
+        }
+    };
+    let current = read_limits(c, gpu, pid)?;
+    if current == limits {
+        return Ok(pid);
+    }
+    if busy {
+        return Err(format!(
+            "the team's MPS server on this GPU serves other shares with {current}, and MPS \
+             limits are per server: a share with {limits} cannot run beside them"
+        ));
+    }
+    for command in [
+        format!(
+            "set_active_thread_percentage {pid} {}",
+            limits.active_thread_percentage
+        ),
+        format!(
+            "set_device_pinned_mem_limit {pid} 0 {}M",
+            limits.pinned_mem_mib
+        ),
+    ] {
+        let out = c
+            .send(gpu, &command)
+            .map_err(|e| format!("`{command}` failed: {e}"))?;
+        if !out.trim().is_empty() {
+            return Err(format!(
+                "the MPS control daemon refused `{command}`: {out} (this driver cannot \
+                 enforce the share's limits)"
+            ));
+        }
+    }
+    let now = read_limits(c, gpu, pid)?;
+    if now != limits {
+        return Err(format!(
+            "the MPS control daemon did not apply the share's limits ({limits} asked, {now} \
+             in force): this driver cannot enforce them"
+        ));
+    }
+    Ok(pid)
 }
 
 /// A control program and how both implementations run it.
@@ -145,6 +351,8 @@ struct ControlProgram {
     /// Arguments before the control program's own (the stand-in's subcommand).
     prefix: Vec<OsString>,
     root: PathBuf,
+    /// More of the daemon's environment (the stand-in's driver folder).
+    env: Vec<(OsString, OsString)>,
 }
 
 impl ControlProgram {
@@ -175,6 +383,7 @@ impl ControlProgram {
         if let Some(v) = std::env::var_os("LD_LIBRARY_PATH") {
             c.env("LD_LIBRARY_PATH", v);
         }
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
@@ -282,6 +491,7 @@ impl NvidiaMps {
             program: program.to_owned(),
             prefix: Vec::new(),
             root: root.to_owned(),
+            env: Vec::new(),
         })
     }
 }
@@ -299,7 +509,17 @@ impl SimMps {
             program: agent.to_owned(),
             prefix: vec![SIM_SUBCOMMAND.into()],
             root: root.to_owned(),
+            env: Vec::new(),
         })
+    }
+
+    /// The simulated driver's folder ([`crate::sim::SimNode::publish_driver_state`]):
+    /// the stand-in's MPS servers then hold their GPU's exclusive context there.
+    pub fn with_driver(mut self, dir: &Path) -> SimMps {
+        self.0
+            .env
+            .push((SIM_DRIVER_ENV.into(), dir.as_os_str().to_owned()));
+        self
     }
 }
 
@@ -317,6 +537,9 @@ macro_rules! control_via_program {
             }
             fn quit(&self, gpu: &str) -> Result<(), String> {
                 self.0.send(gpu, "quit").map(|_| ())
+            }
+            fn send(&self, gpu: &str, command: &str) -> Result<String, String> {
+                self.0.send(gpu, command)
             }
         }
     };
@@ -440,6 +663,22 @@ impl ShareBoard {
         Ok(dirs)
     }
 
+    /// The MPS server for a client of `uid` on `gpu`, with `limits` in force (see
+    /// [`mps_server`]); its pid.
+    pub fn mps_server(
+        &self,
+        gpu: &str,
+        uid: u32,
+        limits: ServerLimits,
+        busy: bool,
+    ) -> Result<u32, String> {
+        let control = self
+            .control
+            .as_ref()
+            .ok_or("this agent runs no MPS daemons")?;
+        mps_server(control.as_ref(), gpu, uid, limits, busy)
+    }
+
     /// Whether `gpu`'s daemon died (and was found dead) while a workload that started at
     /// `started` and ended at `ended` (`None`: still runs) ran.
     pub fn died_during(&self, gpu: &str, started: Instant, ended: Option<Instant>) -> bool {
@@ -510,6 +749,25 @@ fn mig_off(backend: &dyn GpuBackend, gpu: &str) -> Result<(), String> {
     }
 }
 
+/// Puts an MPS GPU in EXCLUSIVE_PROCESS compute mode, or says why it cannot be shared:
+/// in that mode the MPS server is the GPU's one process, so a program that leaves MPS
+/// (unsets `CUDA_MPS_PIPE_DIRECTORY`) gets no context rather than the whole GPU.
+fn exclusive(backend: &dyn GpuBackend, gpu: &str) -> Result<(), String> {
+    let refused = |e: &dyn std::fmt::Display| {
+        format!(
+            "cannot put the GPU in EXCLUSIVE_PROCESS compute mode ({e}): without it a \
+             workload that leaves MPS would get the whole GPU, so it is not shared"
+        )
+    };
+    match backend.compute_mode(gpu) {
+        Ok(ComputeMode::ExclusiveProcess) => Ok(()),
+        Ok(_) => backend
+            .set_compute_mode(gpu, ComputeMode::ExclusiveProcess)
+            .map_err(|e| refused(&e)),
+        Err(e) => Err(refused(&e)),
+    }
+}
+
 impl ShareSupervisor {
     pub fn new(board: ShareBoard) -> ShareSupervisor {
         ShareSupervisor {
@@ -568,11 +826,12 @@ impl ShareSupervisor {
                         daemon_restarts: restarts,
                         mps: None,
                     },
-                    (ShareMethod::Mps, Ok(())) => match &control {
-                        None => {
+                    (ShareMethod::Mps, Ok(())) => match (&control, exclusive(backend, gpu)) {
+                        (None, _) => {
                             GpuShare::not_ready(method, restarts, "this agent runs no MPS daemons")
                         }
-                        Some(c) => self.supervise(c.as_ref(), gpu),
+                        (Some(_), Err(why)) => GpuShare::not_ready(method, restarts, why),
+                        (Some(c), Ok(())) => self.supervise(c.as_ref(), gpu),
                     },
                 }
             };
@@ -593,6 +852,12 @@ impl ShareSupervisor {
                         Ok(()) => tracing::info!(gpu, "MPS control daemon stopped"),
                         Err(e) => tracing::debug!(gpu, error = e, "no MPS control daemon to stop"),
                     }
+                }
+                // Contexts of any process again (a GPU now whole or time-sliced).
+                if backend.compute_mode(&gpu).ok() == Some(ComputeMode::ExclusiveProcess)
+                    && let Err(e) = backend.set_compute_mode(&gpu, ComputeMode::Default)
+                {
+                    tracing::warn!(gpu, error = %e, "cannot set the compute mode back to DEFAULT");
                 }
                 self.tracks.remove(&gpu);
             }
@@ -828,7 +1093,13 @@ fn sim_daemon(pipe: &Path, log_dir: &Path) -> i32 {
     {
         return fail(&format!("cannot write {}", pid_path.display()), &e);
     }
-    let mut defaults = SimDefaults::default();
+    let gpu = std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .filter(|g| safe_name(g));
+    let driver = std::env::var_os(SIM_DRIVER_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from);
+    let mut defaults = SimDefaults::on(gpu.as_deref(), driver.as_deref());
     // Polled, to notice the socket going away (see the module docs).
     if let Err(e) = listener.set_nonblocking(true) {
         return fail("cannot poll the control socket", &e);
@@ -868,37 +1139,154 @@ fn sim_daemon(pipe: &Path, log_dir: &Path) -> i32 {
     }
 }
 
-/// The daemon's settings the stand-in keeps (answered back, enforced nowhere).
+/// One of the stand-in's MPS servers (no process of its own: an entry in the daemon).
+#[derive(Debug, Clone)]
+struct SimServer {
+    uid: u32,
+    active_thread_percentage: f64,
+    pinned_mem_limits: BTreeMap<String, String>,
+}
+
+/// The stand-in daemon's state: its defaults, which apply to servers started from then
+/// on, and its servers, one per uid, with their own limits. What a client gets is its
+/// server's limits, whatever its environment says (the environment can only lower them).
 #[derive(Debug)]
 struct SimDefaults {
-    active_thread_percentage: String,
+    active_thread_percentage: f64,
     pinned_mem_limits: BTreeMap<String, String>,
+    servers: BTreeMap<u32, SimServer>,
+    next_pid: u32,
+    /// `<driver>/<gpu>/context.lock`, when the simulated driver's folder is known: the
+    /// servers' context on the GPU, held (exclusively) while any server runs.
+    gpu_lock_path: Option<PathBuf>,
+    gpu_lock: Option<File>,
 }
 
 impl Default for SimDefaults {
     fn default() -> Self {
         SimDefaults {
-            active_thread_percentage: "100.0".to_owned(),
+            active_thread_percentage: 100.0,
             pinned_mem_limits: BTreeMap::new(),
+            servers: BTreeMap::new(),
+            next_pid: std::process::id().saturating_mul(8).max(100_000),
+            gpu_lock_path: None,
+            gpu_lock: None,
+        }
+    }
+}
+
+/// A context lock on a simulated GPU: `Ok(None)` when the GPU takes any number of
+/// contexts (not EXCLUSIVE_PROCESS), `Ok(Some(lock))` held while the context lives,
+/// `Err` when another process holds the GPU (the CUDA runtime's
+/// `cudaErrorDevicesUnavailable`).
+fn sim_context_lock(driver: &Path, gpu: &str) -> Result<Option<File>, String> {
+    let dir = driver.join(gpu);
+    let mode = fs::read_to_string(dir.join("compute_mode"))
+        .ok()
+        .and_then(|m| ComputeMode::parse(&m))
+        .unwrap_or(ComputeMode::Default);
+    match mode {
+        ComputeMode::Default => Ok(None),
+        ComputeMode::Prohibited => Err(DEVICES_UNAVAILABLE.to_owned()),
+        ComputeMode::ExclusiveProcess => {
+            let lock = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join("context.lock"))
+                .map_err(|e| format!("cannot open the simulated GPU: {e}"))?;
+            match lock.try_lock() {
+                Ok(()) => Ok(Some(lock)),
+                Err(fs::TryLockError::WouldBlock) => Err(DEVICES_UNAVAILABLE.to_owned()),
+                Err(fs::TryLockError::Error(e)) => {
+                    Err(format!("cannot lock the simulated GPU: {e}"))
+                }
+            }
         }
     }
 }
 
 impl SimDefaults {
+    /// A daemon of `gpu` whose servers hold its context in the simulated driver's
+    /// folder `driver`.
+    fn on(gpu: Option<&str>, driver: Option<&Path>) -> SimDefaults {
+        SimDefaults {
+            gpu_lock_path: gpu.zip(driver).map(|(g, d)| d.join(g)),
+            ..SimDefaults::default()
+        }
+    }
+
+    /// The server of `uid`, started when none runs: its pid, or why it cannot start.
+    fn server_for(&mut self, uid: u32) -> Result<u32, String> {
+        if let Some((pid, _)) = self.servers.iter().find(|(_, s)| s.uid == uid) {
+            return Ok(*pid);
+        }
+        if self.gpu_lock.is_none()
+            && let Some(dir) = &self.gpu_lock_path
+            && let (Some(driver), Some(gpu)) = (dir.parent(), dir.file_name())
+        {
+            self.gpu_lock = sim_context_lock(driver, &gpu.to_string_lossy())?;
+        }
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        self.servers.insert(
+            pid,
+            SimServer {
+                uid,
+                active_thread_percentage: self.active_thread_percentage,
+                pinned_mem_limits: self.pinned_mem_limits.clone(),
+            },
+        );
+        Ok(pid)
+    }
+
     /// The answer to one command, and whether the daemon quits.
     fn answer(&mut self, command: &str) -> (String, bool) {
         let words: Vec<&str> = command.split_whitespace().collect();
+        let pct = |p: &str| p.parse::<f64>().ok().filter(|p| (0.0..=100.0).contains(p));
+        let no_server = |pid: &str| (format!("Server {pid} not found\n"), false);
         match words.as_slice() {
             [] => (String::new(), false),
-            // No MPS server runs: no CUDA client ever connects to the simulator.
-            ["get_server_list"] => (String::new(), false),
+            ["get_server_list"] => (
+                self.servers.keys().map(|p| format!("{p}\n")).collect(),
+                false,
+            ),
             ["quit"] => (String::new(), true),
+            ["start_server", "-uid", uid] => match uid.parse::<u32>() {
+                Ok(uid) => match self.server_for(uid) {
+                    Ok(_) => (String::new(), false),
+                    Err(e) => (format!("{e}\n"), false),
+                },
+                Err(_) => (format!("Invalid user id {uid}\n"), false),
+            },
             ["get_default_active_thread_percentage"] => {
-                (format!("{}\n", self.active_thread_percentage), false)
+                (format!("{:.1}\n", self.active_thread_percentage), false)
             }
-            ["set_default_active_thread_percentage", p] => {
-                self.active_thread_percentage = format!("{:.1}", p.parse::<f64>().unwrap_or(100.0));
-                (String::new(), false)
+            ["set_default_active_thread_percentage", p] => match pct(p) {
+                Some(p) => {
+                    self.active_thread_percentage = p;
+                    (String::new(), false)
+                }
+                None => (format!("Invalid percentage {p}\n"), false),
+            },
+            ["get_active_thread_percentage", pid] => {
+                match pid.parse().ok().and_then(|p: u32| self.servers.get(&p)) {
+                    Some(s) => (format!("{:.1}\n", s.active_thread_percentage), false),
+                    None => no_server(pid),
+                }
+            }
+            ["set_active_thread_percentage", pid, p] => {
+                match (
+                    pid.parse().ok().and_then(|q: u32| self.servers.get_mut(&q)),
+                    pct(p),
+                ) {
+                    (None, _) => no_server(pid),
+                    (Some(_), None) => (format!("Invalid percentage {p}\n"), false),
+                    (Some(s), Some(p)) => {
+                        s.active_thread_percentage = p;
+                        (String::new(), false)
+                    }
+                }
             }
             ["get_default_device_pinned_mem_limit", dev] => (
                 format!(
@@ -912,10 +1300,139 @@ impl SimDefaults {
                     .insert((*dev).to_owned(), (*value).to_owned());
                 (String::new(), false)
             }
+            ["get_device_pinned_mem_limit", pid, dev] => {
+                match pid.parse().ok().and_then(|p: u32| self.servers.get(&p)) {
+                    Some(s) => (
+                        format!(
+                            "{}\n",
+                            s.pinned_mem_limits.get(*dev).map_or("0", String::as_str)
+                        ),
+                        false,
+                    ),
+                    None => no_server(pid),
+                }
+            }
+            ["set_device_pinned_mem_limit", pid, dev, value] => {
+                match pid.parse().ok().and_then(|p: u32| self.servers.get_mut(&p)) {
+                    Some(s) => {
+                        s.pinned_mem_limits
+                            .insert((*dev).to_owned(), (*value).to_owned());
+                        (String::new(), false)
+                    }
+                    None => no_server(pid),
+                }
+            }
+            // The stand-in's own: a CUDA client of `uid` connecting (what the driver does
+            // inside cuInit); the daemon starts its uid's server as the real one does.
+            // Answer: `<server pid> <active thread percentage> <pinned limit of device 0>`.
+            ["sim_client", uid] => match uid.parse::<u32>() {
+                Ok(uid) => match self.server_for(uid) {
+                    Ok(pid) => {
+                        let s = &self.servers[&pid];
+                        (
+                            format!(
+                                "{pid} {:.1} {}\n",
+                                s.active_thread_percentage,
+                                s.pinned_mem_limits.get("0").map_or("0", String::as_str)
+                            ),
+                            false,
+                        )
+                    }
+                    Err(e) => (format!("error: {e}\n"), false),
+                },
+                Err(_) => (format!("error: invalid user id {uid}\n"), false),
+            },
             _ => (
                 format!("The simulated MPS control daemon does not support `{command}`\n"),
                 false,
             ),
+        }
+    }
+}
+
+/// `tessera-agent sim-cuda-context <driver folder>`: the simulator's stand-in for a CUDA
+/// program creating a context on its first visible GPU (`CUDA_VISIBLE_DEVICES`), as the
+/// driver does it: with a control daemon on `CUDA_MPS_PIPE_DIRECTORY` (default
+/// `/tmp/nvidia-mps`), an MPS client of its uid's server, with that server's limits
+/// (lowered, never raised, by `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`); without one, a plain context, which a GPU in
+/// EXCLUSIVE_PROCESS mode refuses while another process (the MPS server) holds it.
+/// Prints `context: mps server=<pid> active_thread_percentage=<p>
+/// pinned_mem_limit_mib=<m>` or `context: direct active_thread_percentage=100
+/// pinned_mem_limit_mib=none` and exits 0, or prints `cudaErrorDevicesUnavailable: all
+/// CUDA-capable devices are busy or unavailable` (or another failure) and exits 1.
+pub fn sim_context_main(args: &[OsString]) -> i32 {
+    let Some(driver) = args.first().map(PathBuf::from) else {
+        say_err(&format!("usage: {SIM_CONTEXT_SUBCOMMAND} <driver folder>"));
+        return 2;
+    };
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let Some(gpu) = env("CUDA_VISIBLE_DEVICES").and_then(|v| {
+        v.split(',')
+            .next()
+            .map(str::to_owned)
+            .filter(|g| safe_name(g))
+    }) else {
+        say("cudaErrorNoDevice: no CUDA-capable device is detected");
+        return 1;
+    };
+    let pipe = env("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|| "/tmp/nvidia-mps".into());
+    let uid = own_uid();
+    if let Ok(mut conn) = UnixStream::connect(Path::new(&pipe).join(CONTROL_SOCKET)) {
+        let _ = conn.set_read_timeout(Some(CONTROL_TIMEOUT));
+        let mut answer = String::new();
+        let asked = conn
+            .write_all(format!("sim_client {uid}").as_bytes())
+            .and_then(|()| conn.shutdown(std::net::Shutdown::Write))
+            .and_then(|()| conn.read_to_string(&mut answer));
+        let words: Vec<&str> = answer.split_whitespace().collect();
+        let (pid, server_pct, server_mem) = match (asked, words.as_slice()) {
+            (Ok(_), [pid, pct, mem]) if !pid.starts_with("error") => (
+                (*pid).to_owned(),
+                pct.parse::<f64>().unwrap_or(100.0),
+                parse_mib(mem).filter(|m| *m > 0),
+            ),
+            (Ok(_), _) => {
+                say(&format!(
+                    "cudaErrorMpsConnectionFailed: {}",
+                    answer.trim().trim_start_matches("error: ")
+                ));
+                return 1;
+            }
+            (Err(e), _) => {
+                say(&format!("cudaErrorMpsConnectionFailed: {e}"));
+                return 1;
+            }
+        };
+        // The client's own variables only lower what its server allows.
+        let pct = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            .and_then(|p| p.parse::<f64>().ok())
+            .map_or(server_pct, |p| p.min(server_pct));
+        let mem = env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+            .and_then(|v| {
+                v.split(',')
+                    .find_map(|d| d.strip_prefix("0=").and_then(parse_mib))
+            })
+            .map_or(server_mem, |m| Some(server_mem.map_or(m, |s| s.min(m))));
+        say(&format!(
+            "context: mps server={pid} active_thread_percentage={pct:.1} \
+             pinned_mem_limit_mib={}",
+            mem.map_or("none".to_owned(), |m| m.to_string())
+        ));
+        return 0;
+    }
+    match sim_context_lock(&driver, &gpu) {
+        Ok(_held) => {
+            say("context: direct active_thread_percentage=100.0 pinned_mem_limit_mib=none");
+            0
+        }
+        Err(e) if e == DEVICES_UNAVAILABLE => {
+            say(&format!("cudaErrorDevicesUnavailable: {e}"));
+            1
+        }
+        Err(e) => {
+            say(&e);
+            1
         }
     }
 }
@@ -976,12 +1493,51 @@ mod tests {
             d.answer("get_default_device_pinned_mem_limit 0").0,
             "2048M\n"
         );
-        assert_eq!(d.answer("quit"), (String::new(), true));
-        assert!(
-            d.answer("start_server -uid 0")
-                .0
-                .contains("does not support")
+        // Servers: one per uid, with the defaults of when they started, then their own.
+        assert_eq!(d.answer("start_server -uid 1000").0, "");
+        let list = d.answer("get_server_list").0;
+        let pid: u32 = list.trim().parse().unwrap();
+        assert_eq!(d.answer("start_server -uid 1000").0, "");
+        assert_eq!(d.answer("get_server_list").0, list, "one per uid");
+        assert_eq!(
+            d.answer(&format!("get_active_thread_percentage {pid}")).0,
+            "25.0\n"
         );
+        assert_eq!(
+            d.answer(&format!("set_active_thread_percentage {pid} 10"))
+                .0,
+            ""
+        );
+        assert_eq!(
+            d.answer(&format!("set_device_pinned_mem_limit {pid} 0 512M"))
+                .0,
+            ""
+        );
+        assert_eq!(d.answer("sim_client 1000").0, format!("{pid} 10.0 512M\n"));
+        assert_eq!(d.answer("get_default_active_thread_percentage").0, "25.0\n");
+        assert!(
+            d.answer("set_active_thread_percentage 1 10")
+                .0
+                .contains("not found")
+        );
+        assert!(
+            d.answer(&format!("set_active_thread_percentage {pid} 300"))
+                .0
+                .contains("Invalid")
+        );
+        d.answer("start_server -uid 1001");
+        assert_eq!(d.answer("get_server_list").0.lines().count(), 2);
+        assert_eq!(d.answer("quit"), (String::new(), true));
+        assert!(d.answer("get_client_list 1").0.contains("does not support"));
+    }
+
+    #[test]
+    fn memory_sizes_read_as_the_daemon_writes_them() {
+        assert_eq!(parse_mib("20480M"), Some(20480));
+        assert_eq!(parse_mib("2G"), Some(2048));
+        assert_eq!(parse_mib("1048576"), Some(1));
+        assert_eq!(parse_mib("0"), Some(0));
+        assert_eq!(parse_mib("lots"), None);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::ptr;
 
 use nvml_wrapper::Device as NvDevice;
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enum_wrappers::device::{ComputeMode as NvComputeMode, TemperatureSensor};
 use nvml_wrapper::error::{NvmlError, nvml_try, nvml_try_count};
 use nvml_wrapper_sys::bindings::{
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
@@ -41,7 +41,7 @@ use tessera_domain::wire::{
     PlacementInfo, ProfileInfo,
 };
 
-use crate::backend::{BackendError, Device, ErrorKind, GpuBackend, ModeChange};
+use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
 
 /// Upper bound on profile indices we probe; NVML answers INVALID_ARGUMENT
 /// past the real end long before this.
@@ -607,6 +607,30 @@ impl GpuBackend for NvmlBackend {
         } else {
             ModeChange::PendingReset
         })
+    }
+
+    fn compute_mode(&self, gpu: &str) -> Result<ComputeMode, BackendError> {
+        const CALL: &str = "compute_mode";
+        let dev = self.device(CALL, gpu)?;
+        Ok(match dev.compute_mode().map_err(err(CALL))? {
+            NvComputeMode::Default => ComputeMode::Default,
+            // EXCLUSIVE_THREAD is gone from current drivers; it is as exclusive.
+            NvComputeMode::ExclusiveProcess | NvComputeMode::ExclusiveThread => {
+                ComputeMode::ExclusiveProcess
+            }
+            NvComputeMode::Prohibited => ComputeMode::Prohibited,
+        })
+    }
+
+    fn set_compute_mode(&self, gpu: &str, mode: ComputeMode) -> Result<(), BackendError> {
+        const CALL: &str = "set_compute_mode";
+        let mut dev = self.device(CALL, gpu)?;
+        dev.set_compute_mode(match mode {
+            ComputeMode::Default => NvComputeMode::Default,
+            ComputeMode::ExclusiveProcess => NvComputeMode::ExclusiveProcess,
+            ComputeMode::Prohibited => NvComputeMode::Prohibited,
+        })
+        .map_err(err(CALL))
     }
 
     fn sample(&self, gpu: &str) -> Result<GpuSample, BackendError> {

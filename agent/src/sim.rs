@@ -25,6 +25,7 @@
 //! in the agent depends on GI IDs beyond their identity.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_domain::mig::{Catalog, GpuModel};
@@ -33,7 +34,7 @@ use tessera_domain::wire::{
     PlacementInfo, ProfileInfo,
 };
 
-use crate::backend::{BackendError, Device, ErrorKind, GpuBackend, ModeChange};
+use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
 
 /// Memory of a simulated GPU that is not MIG-capable.
 const NON_MIG_MEMORY_MIB: u64 = 49_152;
@@ -99,6 +100,7 @@ struct Gpu {
     pending: MigMode,
     lost: bool,
     gis: BTreeMap<u32, Gi>,
+    compute_mode: ComputeMode,
 }
 
 #[derive(Debug)]
@@ -115,6 +117,9 @@ struct State {
     /// Destroy calls aimed at an instance with processes (refused, but counted:
     /// a correct agent never makes one).
     busy_destroy_attempts: u64,
+    /// Where the GPUs' compute modes are published for the simulator's processes
+    /// ([`SimNode::publish_driver_state`]).
+    driver_dir: Option<PathBuf>,
 }
 
 /// Handle to a simulated node. Clones share the same GPUs.
@@ -212,6 +217,7 @@ impl SimNode {
                     pending: MigMode::Disabled,
                     lost: false,
                     gis: BTreeMap::new(),
+                    compute_mode: ComputeMode::Default,
                 }
             } else {
                 let model = catalog
@@ -231,6 +237,7 @@ impl SimNode {
                         pending: MigMode::Disabled,
                         lost: false,
                         gis: BTreeMap::new(),
+                        compute_mode: ComputeMode::Default,
                     });
                     continue;
                 }
@@ -256,6 +263,7 @@ impl SimNode {
                     pending: MigMode::Disabled,
                     lost: false,
                     gis: BTreeMap::new(),
+                    compute_mode: ComputeMode::Default,
                 }
             };
             gpus.push(gpu);
@@ -271,6 +279,7 @@ impl SimNode {
                 crash_budget: None,
                 injected: Vec::new(),
                 busy_destroy_attempts: 0,
+                driver_dir: None,
             })),
         })
     }
@@ -303,6 +312,20 @@ impl SimNode {
         st.set_mode(i, mode)
             .map(|_| ())
             .map_err(|_| SimError::Busy(gpu.to_owned()))
+    }
+
+    /// From now on, writes each GPU's compute mode to `<dir>/<GPU UUID>/compute_mode`
+    /// (`DEFAULT`, `EXCLUSIVE_PROCESS`, `PROHIBITED`), where the simulator's processes
+    /// (the stand-in MPS daemon, `tessera-agent sim-cuda-context`) read what a real
+    /// driver would enforce; `<dir>/<GPU UUID>/context.lock` is the lock an exclusive
+    /// context holds. Real GPUs keep this in the driver.
+    pub fn publish_driver_state(&self, dir: &Path) -> std::io::Result<()> {
+        let mut st = self.lock();
+        st.driver_dir = Some(dir.to_owned());
+        for g in &st.gpus {
+            write_compute_mode(dir, &g.uuid, g.compute_mode)?;
+        }
+        Ok(())
     }
 
     /// Starts a process on a MIG device (by `MIG-…` UUID) or, with MIG
@@ -663,7 +686,31 @@ impl State {
     }
 }
 
+fn write_compute_mode(dir: &Path, gpu: &str, mode: ComputeMode) -> std::io::Result<()> {
+    let d = dir.join(gpu);
+    std::fs::create_dir_all(&d)?;
+    let tmp = d.join("compute_mode.tmp");
+    std::fs::write(&tmp, mode.as_str())?;
+    std::fs::rename(&tmp, d.join("compute_mode"))
+}
+
 impl GpuBackend for SimNode {
+    fn compute_mode(&self, gpu: &str) -> Result<ComputeMode, BackendError> {
+        let (st, i) = self.enter("compute_mode", Some(gpu))?;
+        Ok(st.gpus[i].compute_mode)
+    }
+
+    fn set_compute_mode(&self, gpu: &str, mode: ComputeMode) -> Result<(), BackendError> {
+        const CALL: &str = "set_compute_mode";
+        let (mut st, i) = self.enter(CALL, Some(gpu))?;
+        if let Some(dir) = &st.driver_dir {
+            write_compute_mode(dir, gpu, mode)
+                .map_err(|e| BackendError::new(CALL, ErrorKind::Other(e.to_string()), gpu))?;
+        }
+        st.gpus[i].compute_mode = mode;
+        Ok(())
+    }
+
     fn devices(&self) -> Result<Vec<Device>, BackendError> {
         let (st, _) = self.enter("devices", None)?;
         Ok(st

@@ -39,10 +39,15 @@
 //! workload, plus `TESSERA_GPU_SHARE_METHOD`, `TESSERA_GPU_SHARE_MILLI` and
 //! `TESSERA_GPU_MEMORY_MIB`; with MPS it is a client of the GPU's daemon (see
 //! [`crate::mps`]): `CUDA_MPS_PIPE_DIRECTORY`/`CUDA_MPS_LOG_DIRECTORY` of that daemon,
-//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` = ⌈milli / 10⌉ and
-//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` = `0=<memory_mib>M`, and in the sandbox that
-//! daemon's pipe directory (and no other) at the same path. It does not start while the
-//! daemon does not answer, and is told when the daemon died while it ran.
+//! and in the sandbox that daemon's pipe directory (and no other) at the same path. Its
+//! limits, ⌈milli / 10⌉ % of the SMs and `memory_mib` of pinned device memory, are set by
+//! the agent through the daemon on the MPS server of the workload's uid (one per GPU and
+//! team uid, [`crate::mps::mps_server`]) before it starts, so unsetting its variables
+//! gains it nothing; `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (`0=<memory_mib>M`) are still set, and can only
+//! lower them. It does not start while the daemon does not answer, nor when the limits
+//! cannot be set (or the team's server already serves shares with other limits), and is
+//! told when the daemon died while it ran.
 //!
 //! A workload writes its output straight to `output.log` (so it outlives the agent), and
 //! could fill the node's disk with it. Each round, before reading, the agent keeps only
@@ -71,7 +76,7 @@ use tessera_domain::wire::{
 use tessera_domain::workload::WorkloadKind;
 use tokio::task::JoinSet;
 
-use crate::mps::{MpsDirs, ShareBoard};
+use crate::mps::{MpsDirs, ServerLimits, ShareBoard, own_uid};
 use crate::notebook_env::NotebookEnv;
 use crate::sandbox::{Access, CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, read_untrusted};
 
@@ -163,6 +168,9 @@ struct Workload {
 #[derive(Debug, Clone)]
 struct MpsWatch {
     gpu: String,
+    /// Its team (workspace): the sandbox runs it as the team's uid, whose MPS server
+    /// it is a client of.
+    team: String,
     /// When this agent started (or adopted) it.
     since: Instant,
     /// When this agent found it gone.
@@ -558,6 +566,27 @@ impl LocalExecutor {
             }
             None => None,
         };
+        // MPS: the limits are the server's, set through the control daemon, so that a
+        // client that unsets its variables gains nothing.
+        if let Some(share) = spec.share.as_ref().filter(|s| s.method == ShareMethod::Mps) {
+            let team_uid = uid.unwrap_or_else(own_uid);
+            // Clients of the same server (the team's uid; without the sandbox every
+            // workload runs as the agent's) already run on this GPU.
+            let busy = self.workloads.iter().any(|(id, w)| {
+                *id != spec.id
+                    && w.is_live()
+                    && w.mps.as_ref().is_some_and(|m| {
+                        m.gpu == share.gpu_uuid
+                            && (self.sandbox.is_none() || m.team == spec.workspace)
+                            // Not a client of today's server when its daemon died.
+                            && !m.lost
+                            && !self.shares.died_during(&m.gpu, m.since, None)
+                    })
+            });
+            self.shares
+                .mps_server(&share.gpu_uuid, team_uid, server_limits(share), busy)
+                .map_err(|e| format!("the share's MPS limits cannot be enforced: {e}"))?;
+        }
         let cwd = workdir(&workspace, &spec.workdir)?;
         let run = self.root.join("runs").join(&spec.id);
 
@@ -972,6 +1001,14 @@ pub fn active_thread_percentage(milli: u32) -> u32 {
     milli.div_ceil(10).clamp(1, 100)
 }
 
+/// The limits of the MPS server a client on `share` connects to.
+pub fn server_limits(share: &ShareLimits) -> ServerLimits {
+    ServerLimits {
+        active_thread_percentage: active_thread_percentage(share.milli),
+        pinned_mem_mib: share.memory_mib,
+    }
+}
+
 /// The variables of a workload on `share` (`mps`: its daemon's folders).
 pub fn share_env(share: &ShareLimits, mps: Option<&MpsDirs>) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = vec![
@@ -1014,6 +1051,7 @@ fn mps_watch(spec: &WorkloadSpec) -> Option<MpsWatch> {
         .filter(|s| s.method == ShareMethod::Mps)?;
     Some(MpsWatch {
         gpu: share.gpu_uuid.clone(),
+        team: spec.workspace.clone(),
         since: Instant::now(),
         ended: None,
         lost: false,

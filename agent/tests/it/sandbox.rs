@@ -587,7 +587,7 @@ t pipe printenv CUDA_MPS_PIPE_DIRECTORY
 t method printenv TESSERA_GPU_SHARE_METHOD
 t devices printenv CUDA_VISIBLE_DEVICES
 t own_pipe sh -c 'ls "$CUDA_MPS_PIPE_DIRECTORY" | tr "\n" " "'
-t own_daemon sh -c 'echo get_server_list | {control} && echo answers'
+t own_daemon sh -c 'echo get_server_list | {control} >/dev/null && echo answers'
 t other_pipe ls {other}
 t other_daemon sh -c 'echo get_server_list | CUDA_MPS_PIPE_DIRECTORY={other} {control}'
 t mps_root sh -c 'ls {root} | tr "\n" " "'
@@ -634,6 +634,12 @@ t nvidia_nodes sh -c 'ls /dev | grep nvidia | tr "\n" " "'
     let control_log = std::fs::read_to_string(own.log.join("control.log")).unwrap();
     assert!(
         control_log.contains("Cmd: get_server_list"),
+        "{control_log}"
+    );
+    // Its limits were set on the MPS server of its team's uid, through the daemon.
+    assert!(
+        control_log.contains(&format!("Cmd: start_server -uid {FIRST_UID}"))
+            && control_log.contains("Cmd: set_active_thread_percentage"),
         "{control_log}"
     );
     // Both daemons still run, and the pipe directory is still the agent's.

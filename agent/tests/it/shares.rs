@@ -10,8 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_agent::backend::GpuBackend;
-use tessera_agent::mps::{ALREADY_RUNNING, MpsControl, MpsDirs, NO_DAEMON, SimMps};
+use tessera_agent::backend::{ComputeMode, ErrorKind, GpuBackend};
+use tessera_agent::mps::{
+    ALREADY_RUNNING, DEVICES_UNAVAILABLE, MpsControl, MpsDirs, NO_DAEMON, NvidiaMps,
+    SIM_CONTEXT_SUBCOMMAND, ServerLimits, SimMps, mps_server, own_uid,
+};
 use tessera_agent::run::{Agent, RunConfig};
 use tessera_agent::sim::SimNode;
 use tessera_agent::spool::Spool;
@@ -116,6 +119,8 @@ struct Setup {
     gpu: String,
     server: FakeServer,
     mps: Arc<SimMps>,
+    /// The simulated driver's folder (compute modes, context locks).
+    driver: PathBuf,
 }
 
 /// A simulated H100 with MIG enabled, the server wanting it shared with `method`.
@@ -129,8 +134,13 @@ fn setup(method: ShareMethod) -> Setup {
         }
     });
     let root = dir.path().join("mps");
+    let driver = dir.path().join("driver");
+    node.publish_driver_state(&driver).unwrap();
     Setup {
-        mps: sim_mps(&root),
+        mps: Arc::new(
+            SimMps::new(Path::new(env!("CARGO_BIN_EXE_tessera-agent")), &root).with_driver(&driver),
+        ),
+        driver,
         _reaper: Reaper(root),
         dir,
         node,
@@ -189,6 +199,15 @@ impl Setup {
 
     /// The job's variables once it printed them (`NAME=value` lines before `ready`).
     fn job_env(&self, id: &str) -> BTreeMap<String, String> {
+        self.job_output(id)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    /// The job's output once it printed `ready`.
+    fn job_output(&self, id: &str) -> String {
         let log = self
             .dir
             .path()
@@ -199,15 +218,38 @@ impl Setup {
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if text.lines().any(|l| l == "ready") {
-                return text
-                    .lines()
-                    .filter_map(|l| l.split_once('='))
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect();
+                return text;
             }
             assert!(Instant::now() < deadline, "{id} never got ready:\n{text}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// A plain CUDA program's context on the GPU (the simulator's stand-in), from
+    /// outside any workload: no MPS variables at all. Its output and whether it got one.
+    fn plain_context(&self) -> (String, bool) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-agent"))
+            .arg(SIM_CONTEXT_SUBCOMMAND)
+            .arg(&self.driver)
+            .env_clear()
+            .env("CUDA_VISIBLE_DEVICES", &self.gpu)
+            // Not the default /tmp/nvidia-mps of the machine running the tests.
+            .env("CUDA_MPS_PIPE_DIRECTORY", self.dir.path().join("no-daemon"))
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            out.status.success(),
+        )
+    }
+
+    /// The line of the job's output that starts with `label: `, without it.
+    fn job_line(&self, id: &str, label: &str) -> String {
+        let text = self.job_output(id);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{label}: ")))
+            .unwrap_or_else(|| panic!("no `{label}` in {id}'s output:\n{text}"))
+            .to_owned()
     }
 }
 
@@ -602,4 +644,234 @@ fn the_stand_in_ends_with_its_state_folder() {
     let pid = mps.dirs("GPU-1").recorded_pid().unwrap();
     std::fs::remove_dir_all(&root).unwrap();
     wait_gone(pid);
+}
+
+/// A job that creates CUDA contexts (the simulator's stand-in) as given, with its limit
+/// variables raised, with them unset, and with every `CUDA_MPS_*` variable unset (no
+/// pipe directory: it tries a plain context, as CUDA does without a daemon).
+fn context_probe(driver: &Path) -> String {
+    let ctx = format!(
+        "{} {SIM_CONTEXT_SUBCOMMAND} {}",
+        env!("CARGO_BIN_EXE_tessera-agent"),
+        driver.display()
+    );
+    format!(
+        "echo \"given: $({ctx} 2>&1; echo rc=$?)\"; \
+         export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=81920M; \
+         echo \"raised: $({ctx} 2>&1; echo rc=$?)\"; \
+         unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; \
+         echo \"limits unset: $({ctx} 2>&1; echo rc=$?)\"; \
+         for v in $(env | sed -n 's/^\\(CUDA_MPS_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done; \
+         echo \"all unset: $({ctx} 2>&1; echo rc=$?)\"; \
+         echo \"left: $(env | grep -c '^CUDA_MPS_')\"; \
+         echo ready; exec sleep 600"
+    )
+}
+
+/// The fields of a `context: mps …` line: server pid, percentage, pinned MiB.
+fn mps_context(line: &str) -> (u32, String, String) {
+    let rest = line
+        .strip_prefix("context: mps ")
+        .unwrap_or_else(|| panic!("not an MPS context: {line}"));
+    let field = |k: &str| {
+        rest.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+            .to_owned()
+    };
+    (
+        field("server").parse().unwrap(),
+        field("active_thread_percentage"),
+        field("pinned_mem_limit_mib")
+            .trim_end_matches(" rc=0")
+            .to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_limits_are_the_servers_and_a_client_that_unsets_its_variables_gains_nothing() {
+    let s = setup(ShareMethod::Mps);
+    // Before MPS, the GPU takes anyone's contexts.
+    assert_eq!(s.node.compute_mode(&s.gpu).unwrap(), ComputeMode::Default);
+    let (out, ok) = s.plain_context();
+    assert!(ok, "{out}");
+    let mut a = s.agent(true);
+    a.reconcile_round(0).await.unwrap();
+    assert!(s.sharing().unwrap().ready);
+    // Shared with MPS: EXCLUSIVE_PROCESS, so that only the MPS server holds the GPU.
+    assert_eq!(
+        s.node.compute_mode(&s.gpu).unwrap(),
+        ComputeMode::ExclusiveProcess
+    );
+
+    let spec = share_job(
+        "j",
+        &s.gpu,
+        ShareMethod::Mps,
+        250,
+        &context_probe(&s.driver),
+    );
+    s.server.with(|st| st.workloads = vec![spec.clone()]);
+    until(&s, &mut a, "j", "running", |r| {
+        r.phase == WorkloadPhase::Running
+    })
+    .await;
+    // As given: the server's limits (25 % and 20480 MiB, the share's).
+    let given = s.job_line("j", "given");
+    let (server, pct, mib) = mps_context(&given);
+    assert_eq!((pct.as_str(), mib.as_str()), ("25.0", "20480"), "{given}");
+    // Raising its own variables, or unsetting them, gains nothing: the limits are the
+    // server's, set through the control daemon.
+    for label in ["raised", "limits unset"] {
+        let line = s.job_line("j", label);
+        assert_eq!(
+            mps_context(&line),
+            (server, "25.0".to_owned(), "20480".to_owned()),
+            "{label}: {line}"
+        );
+    }
+    // Without any CUDA_MPS_* variable it is not an MPS client, and the GPU, held by the
+    // MPS server in EXCLUSIVE_PROCESS mode, refuses it a context of its own.
+    assert_eq!(s.job_line("j", "left"), "0");
+    assert_eq!(
+        s.job_line("j", "all unset"),
+        format!("cudaErrorDevicesUnavailable: {DEVICES_UNAVAILABLE}"),
+        "{}",
+        s.job_output("j")
+    );
+    // So does any other plain program on the node.
+    let (out, ok) = s.plain_context();
+    assert!(!ok);
+    assert_eq!(
+        out,
+        format!("cudaErrorDevicesUnavailable: {DEVICES_UNAVAILABLE}")
+    );
+    // The limits went through the control daemon, on the server of the job's uid.
+    let log = std::fs::read_to_string(s.dirs().log.join("control.log")).unwrap();
+    let uid = own_uid();
+    for cmd in [
+        format!("Cmd: start_server -uid {uid}"),
+        format!("Cmd: set_active_thread_percentage {server} 25"),
+        format!("Cmd: set_device_pinned_mem_limit {server} 0 20480M"),
+    ] {
+        assert!(log.contains(&cmd), "no `{cmd}` in\n{log}");
+    }
+
+    // Another share of the same server (same uid) with other limits cannot run beside
+    // it: MPS limits are per server. One with the same limits can.
+    let other = share_job("other", &s.gpu, ShareMethod::Mps, 500, PRINT_ENV);
+    let same = share_job("same", &s.gpu, ShareMethod::Mps, 250, PRINT_ENV);
+    s.server
+        .with(|st| st.workloads = vec![spec.clone(), other, same.clone()]);
+    let r = until(&s, &mut a, "other", "refused", |r| {
+        r.phase == WorkloadPhase::FailedToStart
+    })
+    .await;
+    let m = r.message.unwrap();
+    assert!(
+        m.starts_with("the share's MPS limits cannot be enforced:")
+            && m.contains("MPS limits are per server"),
+        "{m}"
+    );
+    until(&s, &mut a, "same", "running", |r| {
+        r.phase == WorkloadPhase::Running
+    })
+    .await;
+
+    // Unshared and idle: the daemon quits and the GPU takes plain contexts again.
+    s.server.with(|st| {
+        st.workloads = vec![];
+        st.desired = DesiredState {
+            gpus: vec![shared(&s.gpu, None, 2)],
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    let ended = |id: &str| {
+        s.report(id)
+            .is_none_or(|r| r.phase == WorkloadPhase::Exited)
+    };
+    while !(ended("j") && ended("same")) {
+        assert!(Instant::now() < deadline, "the jobs never stopped");
+        a.workload_round().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = s.dirs().recorded_pid().unwrap();
+    a.reconcile_round(10_000).await.unwrap();
+    wait_gone(pid);
+    assert_eq!(s.node.compute_mode(&s.gpu).unwrap(), ComputeMode::Default);
+    let (out, ok) = s.plain_context();
+    assert!(ok, "{out}");
+    assert!(out.starts_with("context: direct"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_cannot_be_made_exclusive_is_not_shared_with_mps() {
+    let s = setup(ShareMethod::Mps);
+    let mut a = s.agent(true);
+    s.node
+        .fail_next("set_compute_mode", ErrorKind::NoPermission);
+    a.reconcile_round(0).await.unwrap();
+    let state = s.sharing().unwrap();
+    assert!(!state.ready);
+    let error = state.error.unwrap();
+    assert!(
+        error.starts_with("cannot put the GPU in EXCLUSIVE_PROCESS compute mode"),
+        "{error}"
+    );
+    // No daemon: it would have been advice only.
+    assert_eq!(s.dirs().recorded_pid(), None);
+    assert_eq!(s.node.compute_mode(&s.gpu).unwrap(), ComputeMode::Default);
+    // The next round, with the driver willing, shares it.
+    a.reconcile_round(10_000).await.unwrap();
+    assert!(s.sharing().unwrap().ready);
+    assert_eq!(
+        s.node.compute_mode(&s.gpu).unwrap(),
+        ComputeMode::ExclusiveProcess
+    );
+}
+
+/// A control daemon that runs servers but cannot set per-server limits (an old driver):
+/// `set_*` answers as an unknown command does.
+const OLD_DRIVER: &str = r#"#!/bin/sh
+state="$CUDA_MPS_PIPE_DIRECTORY/servers"
+[ "$1" = "-d" ] && { mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"; exit 0; }
+while read -r cmd a b c; do
+  case "$cmd" in
+    get_server_list) cat "$state" 2>/dev/null || true ;;
+    start_server) echo 4242 > "$state" ;;
+    get_active_thread_percentage) echo 100.0 ;;
+    get_device_pinned_mem_limit) echo 0 ;;
+    *) echo "Unrecognized command $cmd" ;;
+  esac
+done
+exit 0
+"#;
+
+#[test]
+fn a_driver_that_cannot_set_a_servers_limits_refuses_the_share() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("old-mps-control");
+    std::fs::write(&program, OLD_DRIVER).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mps = NvidiaMps::with_program(&program, &dir.path().join("mps"));
+    let gpu = "GPU-01d";
+    mps.start(gpu).unwrap();
+    let limits = ServerLimits {
+        active_thread_percentage: 25,
+        pinned_mem_mib: 20480,
+    };
+    let e = mps_server(&mps, gpu, 1000, limits, false).unwrap_err();
+    assert!(
+        e.starts_with("the MPS control daemon refused `set_active_thread_percentage 4242 25`")
+            && e.contains("Unrecognized command")
+            && e.contains("cannot enforce"),
+        "{e}"
+    );
+    // Limits it already has are not asked again.
+    let unlimited = ServerLimits {
+        active_thread_percentage: 100,
+        pinned_mem_mib: 0,
+    };
+    assert_eq!(mps_server(&mps, gpu, 1000, unlimited, false), Ok(4242));
 }
