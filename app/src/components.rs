@@ -815,6 +815,24 @@ pub fn new_key() -> String {
     }
 }
 
+/// How many devices of `kind` are free now, for its option's label (a share: whether one
+/// shared GPU has that much free).
+pub fn free_text(free: &std::collections::BTreeMap<String, u32>, kind: &str) -> String {
+    if let Ok(tessera_domain::alloc::GpuKind::Share { model, milli }) =
+        kind.parse::<tessera_domain::alloc::GpuKind>()
+    {
+        return match free.get(&format!("{model}:share")).copied() {
+            None => "no shared GPU now (an admin shares GPUs on the Nodes page)".to_owned(),
+            Some(most) if most >= milli => "fits now".to_owned(),
+            Some(most) => format!("waits: at most {most} milli-GPU free on one shared GPU"),
+        };
+    }
+    match free.get(kind).copied().unwrap_or(0) {
+        0 => "none free now (may re-partition)".to_owned(),
+        n => format!("{n} free now"),
+    }
+}
+
 /// `(value, label)` of every kind one may ask for on `model`: the whole GPU, then its MIG
 /// profiles, each with its cost in units.
 pub fn kind_options(catalog: &Catalog, model: &str) -> Vec<(String, String)> {

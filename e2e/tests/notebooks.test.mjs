@@ -360,6 +360,8 @@ test('a job submitted from Jobs with nothing chosen runs on the slice the member
     await form.locator('select[name=allocation_id]').selectOption('new');
     await form.locator('[data-testid=own-gpu]').waitFor();
     assert.match(await form.locator('select[name=gpu] option:checked').innerText(), /free now/);
+    // Below it, what that kind meets right now.
+    assert.match(await form.locator('[data-testid=own-gpu-fits]').innerText(), /^(Fits now|Waits)/);
     assert.equal(await form.getByLabel('How many').inputValue(), '1');
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });

@@ -10,7 +10,7 @@ use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, paged_table, timestamp, use_hydrated,
 };
-use crate::components::{Topic, kind_options, new_key, refresher};
+use crate::components::{Topic, free_text, kind_options, new_key, refresher};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -275,24 +275,6 @@ fn NoQuota() -> impl IntoView {
             </p>
             <a href="/teams">"Your teams →"</a>
         </Empty>
-    }
-}
-
-/// How many devices of `kind` are free now, for its option's label (a share: whether one
-/// shared GPU has that much free).
-fn free_text(free: &BTreeMap<String, u32>, kind: &str) -> String {
-    if let Ok(tessera_domain::alloc::GpuKind::Share { model, milli }) =
-        kind.parse::<tessera_domain::alloc::GpuKind>()
-    {
-        return match free.get(&format!("{model}:share")).copied() {
-            None => "no shared GPU now (an admin shares GPUs on the Nodes page)".to_owned(),
-            Some(most) if most >= milli => "fits now".to_owned(),
-            Some(most) => format!("waits: at most {most} milli-GPU free on one shared GPU"),
-        };
-    }
-    match free.get(kind).copied().unwrap_or(0) {
-        0 => "none free now (may re-partition)".to_owned(),
-        n => format!("{n} free now"),
     }
 }
 

@@ -658,13 +658,24 @@ fn OwnGpuFields(
         .or(gpus.first())
         .map(|(v, _)| v.clone())
         .unwrap_or_default();
+    // What the chosen kind meets right now: it fits, or it waits (and why).
+    let chosen_gpu = RwSignal::new(default_gpu.clone());
+    let fits = {
+        let free_now = free_now.clone();
+        move || {
+            let kind = chosen_gpu.get();
+            let text = crate::components::free_text(&free_now, &kind);
+            match free_now.get(&kind).copied() {
+                Some(n) if n > 0 => format!("Fits now: {text}."),
+                _ if text == "fits now" => "Fits now.".to_owned(),
+                _ => format!("Waits: {text}; it queues until one is free."),
+            }
+        }
+    };
     let gpu_options = gpus
         .into_iter()
         .map(|(v, label)| {
-            let label = match free_now.get(&v).copied().unwrap_or(0) {
-                0 => format!("{label} — none free now"),
-                n => format!("{label} — {n} free now"),
-            };
+            let label = format!("{label} — {}", crate::components::free_text(&free_now, &v));
             let selected = v == default_gpu;
             view! {
                 <option value=v selected=selected>
@@ -717,9 +728,15 @@ fn OwnGpuFields(
             <div class="field-row three">
                 <div>
                     <label for=format!("{prefix}-gpu")>"GPU or MIG slice"</label>
-                    <select id=format!("{prefix}-gpu") name="gpu" data-testid="own-gpu-kind">
+                    <select
+                        id=format!("{prefix}-gpu")
+                        name="gpu"
+                        data-testid="own-gpu-kind"
+                        on:change=move |ev| chosen_gpu.set(event_target_value(&ev))
+                    >
                         {gpu_options}
                     </select>
+                    <p class="hint" data-testid="own-gpu-fits">{fits}</p>
                     {errors.run("gpu")}
                 </div>
                 <div>
