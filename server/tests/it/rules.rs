@@ -4,10 +4,9 @@
 //! and a disabled user's work ends and stays ended.
 
 use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
-use crate::billing::set_rate;
+use crate::billing::{next_hour, set_rate};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, call_with_token};
-use chrono::{TimeZone, Utc};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -205,11 +204,7 @@ async fn high_priority_is_granted_per_team(db: Db) {
         .await;
     assert_eq!(audit["total"], 1);
     // `high` has its own price on the rate card: a premium on top of the rate.
-    let now = Utc::now().timestamp();
-    let hour = Utc
-        .timestamp_opt(now - now.rem_euclid(3600), 0)
-        .single()
-        .expect("time");
+    let hour = next_hour() - chrono::Duration::hours(1);
     let (s, v) = a
         .call(
             Method::POST,
@@ -255,11 +250,7 @@ async fn high_priority_is_granted_per_team(db: Db) {
 async fn priced_team(a: &AdminClient, name: &str) -> crate::allocations::Team {
     let t = team(a, name).await;
     set_quota(a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let now = Utc::now().timestamp();
-    let hour = Utc
-        .timestamp_opt(now - now.rem_euclid(3600), 0)
-        .single()
-        .expect("time");
+    let hour = next_hour() - chrono::Duration::hours(1);
     set_rate(a, "H100-80GB:whole", 700, 0, hour).await;
     let (s, b) = a
         .call(
