@@ -14,6 +14,7 @@ pub mod error;
 pub mod ids;
 pub mod image;
 pub mod mig;
+pub mod notify;
 pub mod planner;
 pub mod sso;
 pub mod tenancy;

@@ -355,6 +355,44 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        19 => {
+            let event = Uuid::from_u128(1900);
+            exec(
+                store,
+                "INSERT INTO outbox_events (id, kind, team_id, subject_kind, subject_id, payload, \
+                 fanned_out, created_at) VALUES ($1, 'workload.failed', $2, 'workload', $3, \
+                 '{\"summary\":\"Your job failed\",\"path\":\"/workloads/x\"}', TRUE, $4)",
+                &[V::U(event), V::U(s.team), V::U(s.workload), V::D(now)],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO notification_deliveries (id, event_id, channel, recipient, state, \
+                 attempts, next_try_at, sent_at, created_at) \
+                 VALUES ($1, $2, 'email', $3, 'sent', 1, $4, $4, $4)",
+                &[
+                    V::U(Uuid::from_u128(1901)),
+                    V::U(event),
+                    V::U(member),
+                    V::D(now),
+                ],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO notification_preferences (user_id, event_kind, mode) \
+                 VALUES ($1, 'workload.succeeded', 'off')",
+                &[V::U(member)],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO team_webhooks (id, team_id, url, secret, created_at) \
+                 VALUES ($1, $2, 'https://hooks.example.org/t', 'clear-secret', $3)",
+                &[V::U(Uuid::from_u128(1902)), V::U(s.team), V::D(now)],
+            )
+            .await;
+        }
         _ => {}
     }
 }
