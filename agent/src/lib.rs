@@ -23,6 +23,7 @@ pub mod mps;
 pub mod network;
 pub mod notebook_env;
 pub mod nvml;
+pub mod oci;
 pub mod reconcile;
 pub mod run;
 pub mod sandbox;
