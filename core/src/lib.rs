@@ -16,7 +16,7 @@ pub mod store;
 
 use services::{
     accounts::Accounts, allocations::Allocations, billing::Billing, changes::Changes, nodes::Nodes,
-    tenancy::Tenancy, tokens::Tokens, workloads::Workloads,
+    notifications::Notifications, tenancy::Tenancy, tokens::Tokens, workloads::Workloads,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +33,7 @@ pub struct Services {
     pub billing: Billing,
     pub workloads: Workloads,
     pub changes: Changes,
+    pub notifications: Notifications,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
 }
@@ -54,6 +55,7 @@ impl Services {
             tokens,
             nodes: Nodes::new(store.clone()),
             changes: Changes::new(store.clone()),
+            notifications: Notifications::new(store.clone()),
             workloads: Workloads::new(store.clone(), allocations.clone()),
             allocations,
             billing,

@@ -172,6 +172,9 @@ pub struct EventPayload {
     /// The team's name, for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team_name: Option<String>,
+    /// Who is told besides `user_id`: `team_admins` or `platform_admins`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
 }
 
 /// The event kind of a workload that ended in `state` (`None`: not an end).
@@ -210,6 +213,41 @@ pub fn workload_end_payload(
         user_id: Some(user),
         detail: message.map(str::to_owned).filter(|m| !m.is_empty()),
         team_name: None,
+        audience: None,
+    }
+}
+
+/// The payload of a request's approval events: `needs_approval` goes to `approver`
+/// (`team_admin` or `platform_admin`), `approved`/`denied` to the requester.
+pub fn request_payload(
+    kind: EventKind,
+    id: Uuid,
+    (user, username, team_name): (Uuid, &str, &str),
+    (gpu_kind, count): (&str, i64),
+    note: Option<&str>,
+    approver: Option<&str>,
+) -> EventPayload {
+    let what = format!("{count}× {gpu_kind}");
+    let summary = match kind {
+        EventKind::RequestNeedsApproval => {
+            format!("{username} asks for {what} in team {team_name}: approval needed")
+        }
+        EventKind::RequestApproved => format!("Your request for {what} was approved"),
+        _ => format!("Your request for {what} was denied"),
+    };
+    EventPayload {
+        summary,
+        path: format!("/allocations/{id}"),
+        user_id: (kind != EventKind::RequestNeedsApproval).then_some(user),
+        detail: note.map(str::to_owned).filter(|n| !n.is_empty()),
+        team_name: Some(team_name.to_owned()),
+        audience: match (kind, approver) {
+            (EventKind::RequestNeedsApproval, Some("platform_admin")) => {
+                Some("platform_admins".into())
+            }
+            (EventKind::RequestNeedsApproval, _) => Some("team_admins".into()),
+            _ => None,
+        },
     }
 }
 

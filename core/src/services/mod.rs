@@ -12,6 +12,7 @@ pub mod authz;
 pub mod billing;
 pub mod changes;
 pub mod nodes;
+pub mod notifications;
 pub mod tenancy;
 pub mod tokens;
 pub mod workloads;

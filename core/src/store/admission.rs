@@ -16,6 +16,7 @@ use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, Approver, PriorityClass, Verdict};
 use tessera_domain::error::AppError;
+use tessera_domain::notify::EventKind;
 use uuid::Uuid;
 
 /// What is admitted once the verdict allows it.
@@ -271,12 +272,22 @@ impl Store {
                                 tx.rollback().await?;
                                 return Ok(Admitted::Duplicate);
                             }
+                            super::outbox::request_event!(tx, row.id,
+                                EventKind::RequestNeedsApproval, Some(reason.as_str()),
+                                Some(approver_str(by)));
                         }
                         Admit::Waiting { id, .. } => {
-                            sqlx::query("UPDATE allocations SET approver = $2, approval_reason = $3 \
+                            let was = standing.allocation.as_ref().and_then(|r| r.approver.clone());
+                            let n = sqlx::query("UPDATE allocations SET approver = $2, approval_reason = $3 \
                                          WHERE id = $1 AND state = 'pending_approval'")
                                 .bind(*id).bind(approver_str(by)).bind(&reason)
-                                .execute(&mut *tx).await?;
+                                .execute(&mut *tx).await?.rows_affected();
+                            if n == 1 && was.as_deref() != Some(approver_str(by)) {
+                                // It goes on to other approvers: tell them.
+                                super::outbox::request_event!(tx, *id,
+                                    EventKind::RequestNeedsApproval, Some(reason.as_str()),
+                                    Some(approver_str(by)));
+                            }
                         }
                         Admit::Extend { .. } => {
                             tx.rollback().await?;
@@ -312,6 +323,7 @@ impl Store {
                     hold!(tx, row);
                     sqlx::query(EVENT).bind(*id).bind(Utc::now()).bind("pending_approval")
                         .bind("queued").bind(*actor).bind(*note).execute(&mut *tx).await?;
+                    super::outbox::request_event!(tx, *id, EventKind::RequestApproved, *note, None);
                 }
                 Admit::Extend { id, old_end, new_end, actor, note } => {
                     let sql = "UPDATE allocations SET ends_at = $2, \

@@ -344,6 +344,10 @@ impl Store {
             }
             sqlx::query(EVENT).bind(t.id).bind(t.at).bind(t.from).bind(t.to).bind(t.actor)
                 .bind(t.note).execute(&mut *tx).await?;
+            if (t.from, t.to) == ("pending_approval", "denied") {
+                super::outbox::request_event!(tx, t.id,
+                    tessera_domain::notify::EventKind::RequestDenied, t.note, None);
+            }
             tx.commit().await?;
             Ok(true)
         })

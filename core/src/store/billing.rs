@@ -319,6 +319,20 @@ impl Store {
                     q.build().execute(&mut *tx).await?;
                 }
             }
+            // Budget thresholds this spend reached are told to team admins, in this
+            // transaction (docs/notifications.md).
+            let mut months: Vec<(Uuid, chrono::NaiveDate)> = rows
+                .iter()
+                .filter(|m| m.billed_minor != 0)
+                .map(|m| (m.team_id, tessera_domain::billing::month_of(m.hour_start)))
+                .collect();
+            months.sort();
+            months.dedup();
+            if written > 0 {
+                for (team, month) in months {
+                    super::outbox::budget_events!(tx, team, month, Utc::now());
+                }
+            }
             if close {
                 sqlx::query("UPDATE allocations SET billing_closed = TRUE WHERE id = $1")
                     .bind(allocation).execute(&mut *tx).await?;

@@ -12,6 +12,7 @@ mod changes;
 mod leader;
 mod node_state;
 mod nodes;
+pub(crate) mod outbox;
 mod sso;
 mod teams;
 mod tokens;
@@ -28,6 +29,7 @@ pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };
 pub use nodes::NodeRow;
+pub use outbox::{DeliveryRow, OutboxRow, NewDelivery, NewEvent, Recipient, WebhookRow};
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};

@@ -128,6 +128,14 @@ pub struct WorkloadListRow {
     pub alloc_state: AllocState,
     /// The allocation's kind (`H100-80GB:share:250` gives the workload its share limits).
     pub alloc_kind: String,
+    /// The allocation's end, and its preemption or drain deadline with the cause (the
+    /// deadline channel).
+    #[sqlx(default)]
+    pub alloc_ends_at: Option<DateTime<Utc>>,
+    #[sqlx(default)]
+    pub alloc_preempt_at: Option<DateTime<Utc>>,
+    #[sqlx(default)]
+    pub alloc_preempt_cause: Option<String>,
 }
 
 /// A team's notebook profile, with the team's name.
@@ -151,7 +159,8 @@ pub struct LogChunkRow {
 fn joined(filter: &str) -> String {
     format!(
         "SELECT {COLS}, t.name AS team_name, u.username AS username, a.state AS alloc_state, \
-         a.kind AS alloc_kind FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
+         a.kind AS alloc_kind, a.ends_at AS alloc_ends_at, a.preempt_at AS alloc_preempt_at, \
+         a.preempt_cause AS alloc_preempt_cause FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
          JOIN allocations a ON a.id = w.allocation_id {filter}"
     )
 }
@@ -440,12 +449,32 @@ impl Store {
                    ended_at = COALESCE($6, ended_at), exit_code = COALESCE($7, exit_code), \
                    message = COALESCE($8, message), stop_state = COALESCE($9, stop_state) \
                    WHERE id = $1 AND state = $2";
+        // An end is told to its owner (docs/notifications.md): the event is written in the
+        // same transaction as the state.
+        let ends = tessera_domain::notify::workload_end_kind(to, None).is_some();
         on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
             let r = sqlx::query(sql)
                 .bind(id).bind(from).bind(to).bind(c.started_at).bind(c.ready_at)
                 .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(&c.stop_state)
-                .execute(pool).await?;
-            Ok(r.rows_affected() == 1)
+                .execute(&mut *tx).await?;
+            let moved = r.rows_affected() == 1;
+            if moved && ends {
+                let (kind, name, team, user, exit_code, message): (String, String, Uuid, Uuid, Option<i64>, Option<String>) =
+                    sqlx::query_as("SELECT kind, name, team_id, user_id, exit_code, message \
+                                    FROM workloads WHERE id = $1")
+                        .bind(id).fetch_one(&mut *tx).await?;
+                if let Some(event_kind) = tessera_domain::notify::workload_end_kind(to, message.as_deref()) {
+                    let payload = tessera_domain::notify::workload_end_payload(
+                        (id, &kind, &name), to, user, exit_code, message.as_deref());
+                    let event = super::outbox::NewEvent::new(
+                        event_kind, Some(team), ("workload", id), payload,
+                        c.ended_at.unwrap_or_else(Utc::now));
+                    super::outbox::record_event!(tx, &event);
+                }
+            }
+            tx.commit().await?;
+            Ok(moved)
         })
     }
 

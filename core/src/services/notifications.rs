@@ -1,0 +1,516 @@
+//! Notifications (docs/notifications.md): a user's address and preferences, a team's
+//! webhooks, and the delivery worker's steps that need rules: who gets an event and how
+//! ([`Notifications::fan_out`]), nodes that stopped reporting, and where a webhook may
+//! go. Sending itself (SMTP, HTTP) is the server's (`server/src/notify/`).
+
+use super::authz::{self, Need};
+use super::internal;
+use crate::at_rest::DataKeys;
+use crate::store::{NewDelivery, NewEvent, OutboxRow, Recipient, Store, WebhookRow};
+use chrono::{DateTime, Duration, Utc};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use tessera_domain::account::Principal;
+use tessera_domain::error::AppError;
+use tessera_domain::ids::TeamId;
+use tessera_domain::notify::{
+    self, DeliveryView, EventKind, EventPayload, NotificationSettings, NotificationSettingsInput,
+    NotifyMode, PreferenceView, WebhookCreated, WebhookInput, WebhookView,
+};
+use uuid::Uuid;
+
+/// How many deliveries a webhook's log shows.
+const LOG_LENGTH: i64 = 50;
+
+#[derive(Clone)]
+pub struct Notifications {
+    store: Store,
+    keys: Arc<DataKeys>,
+    /// Webhooks may go to loopback, link-local and private addresses (tests, labs).
+    allow_private: bool,
+    /// The hour (UTC) digests are sent at.
+    digest_hour: u32,
+}
+
+/// The sealing context of a webhook's secret.
+fn secret_context(id: Uuid) -> String {
+    format!("team_webhooks.secret:{id}")
+}
+
+fn hook_view(w: &WebhookRow) -> WebhookView {
+    WebhookView {
+        id: w.id,
+        team_id: w.team_id,
+        url: w.url.clone(),
+        events: w.event_kinds(),
+        enabled: w.enabled,
+        consecutive_failures: w.consecutive_failures,
+        last_status: w.last_status,
+        last_error: w.last_error.clone(),
+        last_delivery_at: w.last_delivery_at,
+        created_at: w.created_at,
+    }
+}
+
+fn events_json(kinds: &[EventKind]) -> String {
+    let mut names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    serde_json::to_string(&names).unwrap_or_else(|_| "[]".into())
+}
+
+impl Notifications {
+    pub fn new(store: Store) -> Self {
+        Notifications {
+            store,
+            keys: Arc::new(DataKeys::ephemeral()),
+            allow_private: false,
+            digest_hour: 7,
+        }
+    }
+
+    /// The keys webhook secrets are sealed with (the server's data keys).
+    pub fn with_data_keys(mut self, keys: Arc<DataKeys>) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// Lets webhooks reach loopback, link-local and private addresses.
+    pub fn allowing_private_webhooks(mut self, allow: bool) -> Self {
+        self.allow_private = allow;
+        self
+    }
+
+    /// Sends digests at this hour (UTC).
+    pub fn with_digest_hour(mut self, hour: u32) -> Self {
+        self.digest_hour = hour.min(23);
+        self
+    }
+
+    // ---- My account ----
+
+    /// The caller's address and a choice for every event kind.
+    pub async fn settings(&self, p: &Principal) -> Result<NotificationSettings, AppError> {
+        let me = self
+            .store
+            .recipient(p.user_id.0)
+            .await
+            .map_err(internal("loading user"))?
+            .ok_or(AppError::NotFound)?;
+        let chosen = self.modes(p.user_id.0).await?;
+        Ok(NotificationSettings {
+            email: me.email,
+            email_verified: me.email_verified,
+            preferences: EventKind::ALL
+                .into_iter()
+                .filter(|k| *k != EventKind::NodeLost || p.is_admin)
+                .map(|k| PreferenceView {
+                    kind: k,
+                    label: k.label().to_owned(),
+                    mode: chosen.get(&k).copied().unwrap_or(k.default_mode()),
+                    default: !chosen.contains_key(&k),
+                })
+                .collect(),
+        })
+    }
+
+    /// Changes the caller's address (`""` removes it) and choices.
+    pub async fn update_settings(
+        &self,
+        p: &Principal,
+        input: &NotificationSettingsInput,
+    ) -> Result<NotificationSettings, AppError> {
+        let email = match input.email.as_deref().map(str::trim) {
+            None => None,
+            Some("") => Some(None),
+            Some(e) => Some(Some(notify::parse_email(e, "email")?)),
+        };
+        if let Some(email) = email {
+            self.store
+                .set_user_email(p.user_id.0, email.as_deref())
+                .await
+                .map_err(internal("setting email"))?;
+        }
+        for pref in &input.preferences {
+            self.store
+                .set_preference(p.user_id.0, pref.kind, pref.mode)
+                .await
+                .map_err(internal("setting preference"))?;
+        }
+        self.settings(p).await
+    }
+
+    async fn modes(&self, user: Uuid) -> Result<HashMap<EventKind, NotifyMode>, AppError> {
+        Ok(self
+            .store
+            .preferences(user)
+            .await
+            .map_err(internal("loading preferences"))?
+            .into_iter()
+            .filter_map(|(k, m)| Some((EventKind::parse(&k).ok()?, NotifyMode::parse(&m).ok()?)))
+            .collect())
+    }
+
+    // ---- team webhooks (team admins) ----
+
+    pub async fn webhooks(&self, p: &Principal, team: Uuid) -> Result<Vec<WebhookView>, AppError> {
+        authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+        Ok(self
+            .store
+            .team_webhooks(team)
+            .await
+            .map_err(internal("loading webhooks"))?
+            .iter()
+            .map(hook_view)
+            .collect())
+    }
+
+    /// Adds a webhook; its signing secret is in the answer, once.
+    pub async fn create_webhook(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        input: &WebhookInput,
+    ) -> Result<WebhookCreated, AppError> {
+        let access = authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+        if access.team.archived {
+            return Err(AppError::conflict("the team is archived"));
+        }
+        let url = notify::parse_webhook_url(&input.url)?;
+        self.check_destination(&url).await?;
+        let id = Uuid::now_v7();
+        let secret = crate::auth::secret::generate("whsec").0;
+        let sealed = self
+            .keys
+            .seal(&secret_context(id), &secret)
+            .map_err(|_| AppError::Internal)?;
+        let row = WebhookRow {
+            id,
+            team_id: team,
+            url,
+            secret: sealed,
+            events: events_json(&input.events),
+            enabled: input.enabled,
+            consecutive_failures: 0,
+            last_status: None,
+            last_error: None,
+            last_delivery_at: None,
+            created_at: Utc::now(),
+        };
+        self.store
+            .insert_webhook(&row)
+            .await
+            .map_err(internal("adding webhook"))?;
+        Ok(WebhookCreated {
+            webhook: hook_view(&row),
+            secret,
+        })
+    }
+
+    /// A team's hook, for its team admins (another team's is `NotFound`).
+    async fn team_hook(&self, p: &Principal, team: Uuid, id: Uuid) -> Result<WebhookRow, AppError> {
+        authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+        self.store
+            .webhook(id)
+            .await
+            .map_err(internal("loading webhook"))?
+            .filter(|w| w.team_id == team)
+            .ok_or(AppError::NotFound)
+    }
+
+    pub async fn webhook(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        id: Uuid,
+    ) -> Result<WebhookView, AppError> {
+        Ok(hook_view(&self.team_hook(p, team, id).await?))
+    }
+
+    pub async fn update_webhook(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        id: Uuid,
+        input: &WebhookInput,
+    ) -> Result<WebhookView, AppError> {
+        self.team_hook(p, team, id).await?;
+        let url = notify::parse_webhook_url(&input.url)?;
+        self.check_destination(&url).await?;
+        self.store
+            .update_webhook(id, &url, &events_json(&input.events), input.enabled)
+            .await
+            .map_err(internal("changing webhook"))?;
+        self.webhook(p, team, id).await
+    }
+
+    pub async fn delete_webhook(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        id: Uuid,
+    ) -> Result<(), AppError> {
+        self.team_hook(p, team, id).await?;
+        self.store
+            .delete_webhook(id)
+            .await
+            .map_err(internal("removing webhook"))?;
+        Ok(())
+    }
+
+    /// A hook's latest deliveries, newest first.
+    pub async fn webhook_deliveries(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        id: Uuid,
+    ) -> Result<Vec<DeliveryView>, AppError> {
+        self.team_hook(p, team, id).await?;
+        Ok(self
+            .store
+            .webhook_deliveries(id, LOG_LENGTH)
+            .await
+            .map_err(internal("loading deliveries"))?
+            .into_iter()
+            .map(|d| DeliveryView {
+                id: d.id,
+                event_id: d.event.id,
+                kind: d.event.kind,
+                state: d.state,
+                attempts: d.attempts,
+                last_status: d.last_status,
+                last_error: d.last_error,
+                created_at: d.delivery_created_at,
+                sent_at: d.sent_at,
+            })
+            .collect())
+    }
+
+    /// A hook and its secret in clear, for a test delivery its team admin asked for.
+    pub async fn webhook_for_test(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        id: Uuid,
+    ) -> Result<(WebhookRow, String), AppError> {
+        let hook = self.team_hook(p, team, id).await?;
+        self.check_destination(&hook.url).await?;
+        let secret = self.webhook_secret(&hook)?;
+        Ok((hook, secret))
+    }
+
+    /// A hook's signing secret in clear (the delivery worker signs with it).
+    pub fn webhook_secret(&self, hook: &WebhookRow) -> Result<String, AppError> {
+        self.keys
+            .open(&secret_context(hook.id), &hook.secret)
+            .map_err(|e| {
+                tracing::error!(webhook = %hook.id, error = %e, "webhook secret does not open");
+                AppError::Internal
+            })
+    }
+
+    /// Checks that `url`'s host resolves only to addresses a webhook may reach: public
+    /// ones, unless the platform allows private ones. Errors name `url`.
+    pub async fn check_destination(&self, url: &str) -> Result<(), AppError> {
+        let addrs = resolve(url).await?;
+        if self.allow_private {
+            return Ok(());
+        }
+        if let Some(ip) = addrs.iter().find(|ip| !notify::address_is_public(**ip)) {
+            return Err(AppError::invalid(
+                "url",
+                format!(
+                    "resolves to {ip}, a loopback, link-local or private address; webhooks go \
+                     only to public addresses unless a platform admin allows private ones \
+                     (TESSERA_WEBHOOK_ALLOW_PRIVATE)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    // ---- the delivery worker's steps ----
+
+    /// Writes the deliveries of up to `limit` new events: to each person the event is
+    /// for, by their preference (an address is needed; `off` gets nothing), and to the
+    /// team's enabled webhooks that want its kind. Returns how many events it handled.
+    pub async fn fan_out(&self, now: DateTime<Utc>, limit: i64) -> Result<usize, AppError> {
+        let events = self
+            .store
+            .unfanned_events(limit)
+            .await
+            .map_err(internal("loading outbox"))?;
+        for e in &events {
+            let deliveries = self.deliveries_of(e, now).await?;
+            self.store
+                .fan_out(e.id, &deliveries, now)
+                .await
+                .map_err(internal("writing deliveries"))?;
+        }
+        Ok(events.len())
+    }
+
+    async fn deliveries_of(
+        &self,
+        e: &OutboxRow,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewDelivery>, AppError> {
+        let payload = e.payload();
+        let mut people: BTreeMap<Uuid, Recipient> = BTreeMap::new();
+        if let Some(u) = payload.user_id
+            && let Some(r) = self
+                .store
+                .recipient(u)
+                .await
+                .map_err(internal("loading user"))?
+        {
+            people.insert(r.id, r);
+        }
+        let audience = match (e.kind, payload.audience.as_deref()) {
+            (EventKind::NodeLost, _) | (_, Some("platform_admins")) => {
+                self.store.platform_admin_recipients().await
+            }
+            (_, Some("team_admins")) => match e.team_id {
+                Some(t) => self.store.team_admin_recipients(t).await,
+                None => Ok(Vec::new()),
+            },
+            _ => Ok(Vec::new()),
+        }
+        .map_err(internal("loading recipients"))?;
+        people.extend(audience.into_iter().map(|r| (r.id, r)));
+        let mut out = Vec::new();
+        for r in people.values() {
+            if r.email.as_deref().is_none_or(str::is_empty) {
+                continue;
+            }
+            let mode = self
+                .modes(r.id)
+                .await?
+                .get(&e.kind)
+                .copied()
+                .unwrap_or(e.kind.default_mode());
+            match mode {
+                NotifyMode::Off => {}
+                NotifyMode::Immediate => out.push(NewDelivery {
+                    channel: "email",
+                    recipient: r.id,
+                    next_try_at: now,
+                }),
+                NotifyMode::Digest => out.push(NewDelivery {
+                    channel: "digest",
+                    recipient: r.id,
+                    next_try_at: notify::next_digest_at(e.created_at, self.digest_hour),
+                }),
+            }
+        }
+        if let Some(team) = e.team_id {
+            let hooks = self
+                .store
+                .team_webhooks(team)
+                .await
+                .map_err(internal("loading webhooks"))?;
+            out.extend(
+                hooks
+                    .iter()
+                    .filter(|h| h.enabled && h.wants(e.kind))
+                    .map(|h| NewDelivery {
+                        channel: "webhook",
+                        recipient: h.id,
+                        next_try_at: now,
+                    }),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Tells platform admins of nodes silent for longer than `grace`: one event per node
+    /// and last report (a node that comes back and goes silent again is told again).
+    pub async fn find_lost_nodes(
+        &self,
+        now: DateTime<Utc>,
+        grace: Duration,
+    ) -> Result<usize, AppError> {
+        let silent = self
+            .store
+            .silent_nodes(now - grace)
+            .await
+            .map_err(internal("loading nodes"))?;
+        let mut told = 0;
+        for (id, hostname, seen) in silent {
+            let payload = EventPayload {
+                summary: format!("Node {hostname} stopped reporting"),
+                path: "/nodes".into(),
+                user_id: None,
+                detail: Some(format!("last report at {}", seen.to_rfc3339())),
+                team_name: None,
+                audience: Some("platform_admins".into()),
+            };
+            let mut event = NewEvent::new(EventKind::NodeLost, None, ("node", id), payload, now);
+            event.dedupe_key = Some(format!("node.lost:{id}:{}", seen.timestamp_micros()));
+            if self
+                .store
+                .record_event(&event)
+                .await
+                .map_err(internal("recording node lost"))?
+            {
+                told += 1;
+            }
+        }
+        Ok(told)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// The addresses `url`'s host resolves to (an IP literal is itself).
+async fn resolve(url: &str) -> Result<Vec<IpAddr>, AppError> {
+    let rest = url
+        .strip_prefix("https://")
+        .map(|r| (r, 443))
+        .or_else(|| url.strip_prefix("http://").map(|r| (r, 80)));
+    let Some((rest, default_port)) = rest else {
+        return Err(AppError::invalid(
+            "url",
+            "must start with http:// or https://",
+        ));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (h, after) = v6.split_once(']').unwrap_or((v6, ""));
+            (
+                h,
+                after
+                    .strip_prefix(':')
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(default_port),
+            )
+        }
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| AppError::invalid("url", "has a port that is not a number"))?,
+            ),
+            None => (authority, default_port),
+        },
+    };
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![ip]);
+    }
+    let found: Vec<IpAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|_| AppError::invalid("url", format!("the host {host} does not resolve")))?
+        .map(|a| a.ip())
+        .collect();
+    if found.is_empty() {
+        return Err(AppError::invalid(
+            "url",
+            format!("the host {host} does not resolve"),
+        ));
+    }
+    Ok(found)
+}
