@@ -356,6 +356,7 @@ fn parse_tag(tag: &str) -> Result<String, AppError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -222,6 +222,17 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
     if !have("nsenter") {
         packages.push("util-linux");
     }
+    // The image pull tests' registry, the busybox their images carry, and htpasswd
+    // for the registry's basic auth (agent/tests/oci_registry.rs).
+    if !Path::new("/usr/bin/docker-registry").exists() {
+        packages.push("docker-registry");
+    }
+    if !Path::new("/bin/busybox").exists() {
+        packages.push("busybox-static");
+    }
+    if !have("htpasswd") {
+        packages.push("apache2-utils");
+    }
     if !packages.is_empty() {
         apt_install(&packages)?;
     }
@@ -595,6 +606,7 @@ fn test() -> Result<()> {
         .args(["test", "--workspace", "--exclude", "tessera-app"])
         .env("TESSERA_TEST_PG_URL", &url)
         .env("TESSERA_REQUIRE_PG", "1")
+        .env("TESSERA_REQUIRE_REGISTRY", "1")
         // The multi-host test runs here (root: network namespaces) instead of skipping.
         .envs(is_root().then_some(("TESSERA_REQUIRE_NETNS", "1"))),
     )?;

@@ -1,0 +1,626 @@
+//! The agent's image pull against a real registry on loopback: Debian's `docker-registry`
+//! (the CNCF distribution registry), started here with a config of our own. Images are
+//! built here (a layer with an `/etc/os-release` marker and, when `busybox-static` is
+//! installed, `/bin/busybox`), pushed with the distribution push API, then pulled by
+//! `tessera_agent::oci::ImageStore`.
+//!
+//! Skipped (with the reason printed) only when the binary is missing and
+//! `TESSERA_REQUIRE_REGISTRY` is unset; `cargo xtask test` sets it and installs the package.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+use tessera_agent::oci::unpack::Limits;
+use tessera_agent::oci::{Credentials, ImageStore, PullError, StoreLimits};
+use tessera_domain::image::ImageRef;
+
+const REGISTRY: &str = "/usr/bin/docker-registry";
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn registry_available() -> bool {
+    if Path::new(REGISTRY).exists() {
+        return true;
+    }
+    if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() {
+        panic!(
+            "TESSERA_REQUIRE_REGISTRY is set but {REGISTRY} is missing (apt install docker-registry)"
+        );
+    }
+    eprintln!("SKIPPED: {REGISTRY} is not installed (Debian package docker-registry)");
+    false
+}
+
+/// A registry process on 127.0.0.1:<free port>, its storage and log in a temp dir.
+struct Registry {
+    child: Child,
+    dir: tempfile::TempDir,
+    addr: String,
+}
+
+impl Registry {
+    fn start(htpasswd: Option<&Path>) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let auth = htpasswd.map_or(String::new(), |p| {
+            format!(
+                "auth:\n  htpasswd:\n    realm: tessera-test\n    path: {}\n",
+                p.display()
+            )
+        });
+        let config = format!(
+            "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             http:\n  addr: {addr}\n{auth}",
+            dir.path().join("data").display()
+        );
+        std::fs::write(dir.path().join("config.yml"), config).unwrap();
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let child = Command::new(REGISTRY)
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let r = Registry { child, dir, addr };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&r.addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "registry did not start: {}",
+                r.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        r
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// How many GETs of blob `digest` the registry answered (its access log).
+    fn blob_gets(&self, digest: &str) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains(&format!("/blobs/{digest} ")))
+            .count()
+    }
+
+    /// Where the registry keeps blob `digest`'s bytes (filesystem driver layout).
+    fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An image built here: its blobs and manifest, ready to push.
+struct Built {
+    layer: Vec<u8>,
+    config: Vec<u8>,
+    manifest: Vec<u8>,
+}
+
+impl Built {
+    fn layer_digest(&self) -> String {
+        format!("sha256:{}", sha256(&self.layer))
+    }
+    fn config_digest(&self) -> String {
+        format!("sha256:{}", sha256(&self.config))
+    }
+    fn digest(&self) -> String {
+        format!("sha256:{}", sha256(&self.manifest))
+    }
+}
+
+fn file_header(path: &str, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_path(path).unwrap();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_cksum();
+    h
+}
+
+/// A one-layer image: `/etc/os-release` with `marker`, busybox if the host has it, and
+/// `extra` bytes of incompressible filler (for size tests).
+fn build_image(marker: &str, extra: usize) -> Built {
+    build_image_with(marker, extra, false)
+}
+
+/// As [`build_image`], the filler zeros when `zeros` (a layer far smaller than its files).
+fn build_image_with(marker: &str, extra: usize, zeros: bool) -> Built {
+    let mut tar = tar::Builder::new(Vec::new());
+    let os_release = format!("ID={marker}\nPRETTY_NAME=\"Tessera test image {marker}\"\n");
+    tar.append(
+        &file_header("etc/os-release", 0o644, os_release.len() as u64),
+        os_release.as_bytes(),
+    )
+    .unwrap();
+    if let Ok(busybox) = std::fs::read("/bin/busybox") {
+        tar.append(
+            &file_header("bin/busybox", 0o755, busybox.len() as u64),
+            &busybox[..],
+        )
+        .unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_path("bin/sh").unwrap();
+        h.set_link_name("busybox").unwrap();
+        h.set_mode(0o777);
+        h.set_size(0);
+        h.set_cksum();
+        tar.append(&h, std::io::empty()).unwrap();
+    }
+    if extra > 0 {
+        let mut filler = vec![0u8; extra];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for b in filler.iter_mut().filter(|_| !zeros) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        tar.append(&file_header("opt/filler", 0o644, extra as u64), &filler[..])
+            .unwrap();
+    }
+    let raw = tar.into_inner().unwrap();
+    let diff_id = sha256(&raw);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).unwrap();
+    let layer = gz.finish().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": tessera_agent::oci::client::node_architecture(),
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/bin", format!("MARKER={marker}")],
+            "WorkingDir": "/work",
+            "Entrypoint": ["/bin/sh", "-c"],
+            "Cmd": ["cat /etc/os-release"],
+            "User": "0",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{}", sha256(&config)),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": format!("sha256:{}", sha256(&layer)),
+            "size": layer.len(),
+        }],
+    }))
+    .unwrap();
+    Built {
+        layer,
+        config,
+        manifest,
+    }
+}
+
+/// Pushes `image` as `<repo>:<tag>`: each blob by a monolithic POST + PUT upload, then the
+/// manifest.
+async fn push(
+    http: &reqwest::Client,
+    reg: &Registry,
+    repo: &str,
+    tag: &str,
+    image: &Built,
+    auth: Option<&Credentials>,
+) {
+    let with = |r: reqwest::RequestBuilder| match auth {
+        Some(c) => r.basic_auth(&c.username, Some(&c.password)),
+        None => r,
+    };
+    let base = format!("http://{}", reg.addr);
+    for blob in [&image.layer, &image.config] {
+        let resp = with(http.post(format!("{base}/v2/{repo}/blobs/uploads/")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            202,
+            "start upload: {}",
+            resp.text().await.unwrap()
+        );
+        let location = resp.headers()["location"].to_str().unwrap().to_string();
+        let mut url = reqwest::Url::parse(&base).unwrap().join(&location).unwrap();
+        url.query_pairs_mut()
+            .append_pair("digest", &format!("sha256:{}", sha256(blob)));
+        let resp = with(http.put(url))
+            .header("content-type", "application/octet-stream")
+            .body(blob.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201, "upload: {}", resp.text().await.unwrap());
+    }
+    let resp = with(http.put(format!("{base}/v2/{repo}/manifests/{tag}")))
+        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+        .body(image.manifest.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        201,
+        "manifest: {}",
+        resp.text().await.unwrap()
+    );
+    assert_eq!(
+        resp.headers()["docker-content-digest"].to_str().unwrap(),
+        image.digest()
+    );
+}
+
+fn store(dir: &Path, cache_bytes: u64) -> ImageStore {
+    let limits = StoreLimits {
+        image: Limits {
+            max_bytes: 64 << 20,
+            max_entries: 10_000,
+        },
+        cache_bytes,
+    };
+    ImageStore::open(dir, limits, reqwest::Client::new()).unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pull_verify_unpack_single_flight_and_gc() {
+    if !registry_available() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let alpha = build_image("tessera-alpha", 0);
+    let beta = build_image("tessera-beta", 256 << 10);
+    push(&http, &reg, "team/alpha", "v1", &alpha, None).await;
+    push(&http, &reg, "team/beta", "v1", &beta, None).await;
+
+    let work = tempfile::tempdir().unwrap();
+    let store_dir = work.path().join("images");
+    let images = store(&store_dir, 1 << 40);
+
+    // A tag pull: resolved to the manifest's digest, unpacked, config applied.
+    let a_ref = ImageRef::parse(&format!("{}/team/alpha:v1", reg.addr)).unwrap();
+    let a = images.pull(&a_ref, None).await.unwrap();
+    assert_eq!(a.digest().as_str(), alpha.digest());
+    let root = a.rootfs();
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/os-release")).unwrap(),
+        "ID=tessera-alpha\nPRETTY_NAME=\"Tessera test image tessera-alpha\"\n"
+    );
+    if Path::new("/bin/busybox").exists() {
+        let meta = std::fs::metadata(root.join("bin/busybox")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o755);
+        assert_eq!(
+            std::fs::read_link(root.join("bin/sh")).unwrap(),
+            Path::new("busybox")
+        );
+        // The unpacked busybox is the host's, byte for byte.
+        assert_eq!(
+            sha256(&std::fs::read(root.join("bin/busybox")).unwrap()),
+            sha256(&std::fs::read("/bin/busybox").unwrap())
+        );
+    } else {
+        eprintln!("busybox-static not installed: the image carries only the marker");
+    }
+    let c = a.config();
+    assert_eq!(c.env, ["PATH=/bin", "MARKER=tessera-alpha"]);
+    assert_eq!((c.working_dir.as_str(), c.user.as_str()), ("/work", "0"));
+    assert_eq!(c.entrypoint, ["/bin/sh", "-c"]);
+    assert_eq!(c.cmd, ["cat /etc/os-release"]);
+    // The layer blob is gone once unpacked; the store holds only its own folders.
+    assert_eq!(names(&store_dir), ["blobs", "roots", "tmp"]);
+    assert!(
+        !store_dir
+            .join("blobs/sha256")
+            .join(&alpha.layer_digest()[7..])
+            .exists()
+    );
+    assert!(
+        store_dir
+            .join("blobs/sha256")
+            .join(&alpha.config_digest()[7..])
+            .exists()
+    );
+    assert_eq!(names(&store_dir.join("tmp")), Vec::<String>::new());
+    assert_eq!(
+        std::fs::metadata(&store_dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+
+    // By digest, the stored image is held without asking the registry.
+    let gets_before = reg.blob_gets(&alpha.layer_digest());
+    let pinned = ImageRef::parse(&format!("{}/team/alpha@{}", reg.addr, alpha.digest())).unwrap();
+    let again = images.pull(&pinned, None).await.unwrap();
+    assert_eq!(again.rootfs(), a.rootfs());
+    assert_eq!(reg.blob_gets(&alpha.layer_digest()), gets_before);
+    assert_eq!(gets_before, 1);
+
+    // Ten concurrent pulls of one image: each blob is fetched once.
+    let b_ref = ImageRef::parse(&format!("{}/team/beta:v1", reg.addr)).unwrap();
+    let pulls: Vec<_> = (0..10)
+        .map(|_| {
+            let images = images.clone();
+            let r = b_ref.clone();
+            tokio::spawn(async move { images.pull(&r, None).await })
+        })
+        .collect();
+    let mut seen_progress = None;
+    while seen_progress.is_none() && !pulls.iter().all(|p| p.is_finished()) {
+        seen_progress = images.progress(&b_ref).filter(|(_, total)| *total > 0);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut held = Vec::new();
+    for p in pulls {
+        held.push(p.await.unwrap().unwrap());
+    }
+    assert!(held.iter().all(|i| i.digest().as_str() == beta.digest()));
+    assert_eq!(reg.blob_gets(&beta.layer_digest()), 1, "{}", reg.log());
+    assert_eq!(reg.blob_gets(&beta.config_digest()), 1);
+    if let Some((done, total)) = seen_progress {
+        assert_eq!(total, (beta.layer.len() + beta.config.len()) as u64);
+        assert!(done <= total);
+    }
+    assert_eq!(images.progress(&b_ref), None, "no pull in flight any more");
+    assert_eq!(
+        std::fs::read_to_string(held[0].rootfs().join("etc/os-release"))
+            .unwrap()
+            .lines()
+            .next(),
+        Some("ID=tessera-beta")
+    );
+    assert_eq!(
+        std::fs::metadata(held[0].rootfs().join("opt/filler"))
+            .unwrap()
+            .len(),
+        256 << 10
+    );
+    drop(held);
+
+    // GC: a store whose cache fits nothing keeps what is held and drops the rest.
+    let small_dir = work.path().join("small");
+    let small = store(&small_dir, 1);
+    let kept = small.pull(&a_ref, None).await.unwrap();
+    let other = small.pull(&b_ref, None).await.unwrap();
+    assert_eq!(small.collect(), vec![], "both are in use");
+    drop(other);
+    let gone = small.collect();
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].as_str(), beta.digest());
+    assert_eq!(names(&small_dir.join("roots")), [&alpha.digest()[7..]]);
+    assert!(kept.rootfs().join("etc/os-release").exists());
+    // Reopened, the store finds the kept root again.
+    drop(kept);
+    let reopened = store(&small_dir, 1 << 40);
+    assert_eq!(reopened.images().len(), 1);
+    assert!(
+        reopened
+            .hold(&tessera_domain::image::Digest::parse(&alpha.digest()).unwrap())
+            .is_some()
+    );
+    drop(reopened);
+    let gone = small.collect();
+    assert_eq!(gone.len(), 1, "unused now, and past the cache size");
+    assert_eq!(names(&small_dir.join("roots")), Vec::<String>::new());
+    assert_eq!(names(&small_dir.join("tmp")), Vec::<String>::new());
+
+    // A blob whose bytes do not match its digest (corrupted in the registry's storage):
+    // refused, nothing unpacked, no partial file left.
+    let gamma = build_image("tessera-gamma", 0);
+    push(&http, &reg, "team/gamma", "v1", &gamma, None).await;
+    let on_disk = reg.blob_file(&gamma.layer_digest());
+    let mut bytes = std::fs::read(&on_disk).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&on_disk, &bytes).unwrap();
+    let g_ref = ImageRef::parse(&format!("{}/team/gamma:v1", reg.addr)).unwrap();
+    let err = images.pull(&g_ref, None).await.unwrap_err();
+    assert!(matches!(err, PullError::DigestMismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&gamma.layer_digest()), "{err}");
+    assert!(
+        images
+            .images()
+            .iter()
+            .all(|(d, _)| d.as_str() != gamma.digest())
+    );
+    let blob_names = names(&store_dir.join("blobs/sha256"));
+    assert!(
+        blob_names
+            .iter()
+            .all(|n| !n.ends_with(".partial") && n != &gamma.layer_digest()[7..])
+    );
+    assert_eq!(names(&store_dir.join("tmp")), Vec::<String>::new());
+    assert!(!store_dir.join("roots").join(&gamma.digest()[7..]).exists());
+
+    // A pinned reference whose digest the registry does not have: not found, not "latest".
+    let missing = ImageRef::parse(&format!(
+        "{}/team/alpha@sha256:{}",
+        reg.addr,
+        "0".repeat(64)
+    ))
+    .unwrap();
+    let err = images.pull(&missing, None).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_past_the_image_cap_is_refused_and_cleaned_up() {
+    if !registry_available() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let big = build_image("tessera-big", 4 << 20);
+    push(&http, &reg, "team/big", "v1", &big, None).await;
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("images");
+    let limits = StoreLimits {
+        image: Limits {
+            // Past busybox (when present) and a layer's worth of zeros' gzip.
+            max_bytes: 3 << 20,
+            max_entries: 100,
+        },
+        cache_bytes: 1 << 40,
+    };
+    let images = ImageStore::open(&dir, limits, reqwest::Client::new()).unwrap();
+    let r = ImageRef::parse(&format!("{}/team/big:v1", reg.addr)).unwrap();
+    let err = images.pull(&r, None).await.unwrap_err();
+    assert!(err.to_string().contains("cap"), "{err}");
+    assert_eq!(names(&dir.join("roots")), Vec::<String>::new());
+    assert_eq!(names(&dir.join("tmp")), Vec::<String>::new());
+    assert!(images.images().is_empty());
+
+    // A small layer that expands past the cap: downloaded, then the unpack stops at the
+    // cap and the half-built root is removed.
+    let bomb = build_image_with("tessera-bomb", 8 << 20, true);
+    assert!(bomb.layer.len() < 3 << 20, "{}", bomb.layer.len());
+    push(&http, &reg, "team/bomb", "v1", &bomb, None).await;
+    let r = ImageRef::parse(&format!("{}/team/bomb:v1", reg.addr)).unwrap();
+    let err = images.pull(&r, None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PullError::Unpack(tessera_agent::oci::unpack::UnpackError::TooLarge { .. })
+        ),
+        "{err}"
+    );
+    assert_eq!(names(&dir.join("roots")), Vec::<String>::new());
+    assert_eq!(names(&dir.join("tmp")), Vec::<String>::new());
+    assert!(
+        !dir.join("blobs/sha256")
+            .join(&bomb.layer_digest()[7..])
+            .exists()
+    );
+    assert!(images.images().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_credentials_pull_and_wrong_ones_fail() {
+    if !registry_available() {
+        return;
+    }
+    let Some(htpasswd) = which("htpasswd") else {
+        if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() {
+            panic!(
+                "TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apt install apache2-utils)"
+            );
+        }
+        eprintln!("SKIPPED: htpasswd is not installed (Debian package apache2-utils)");
+        return;
+    };
+    let secrets = tempfile::tempdir().unwrap();
+    let file = secrets.path().join("htpasswd");
+    let out = Command::new(htpasswd)
+        .args(["-Bbn", "robot", "s3cret-pull-word"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(&file, &out.stdout).unwrap();
+    let reg = Registry::start(Some(&file));
+    let good = Credentials {
+        username: "robot".into(),
+        password: "s3cret-pull-word".into(),
+    };
+    let http = reqwest::Client::new();
+    let private = build_image("tessera-private", 0);
+    push(&http, &reg, "team/private", "v1", &private, Some(&good)).await;
+
+    let work = tempfile::tempdir().unwrap();
+    let images = store(&work.path().join("images"), 1 << 40);
+    let r = ImageRef::parse(&format!("{}/team/private:v1", reg.addr)).unwrap();
+    for (creds, what) in [
+        (None, "no credentials"),
+        (
+            Some(Credentials {
+                username: "robot".into(),
+                password: "wrong".into(),
+            }),
+            "a wrong password",
+        ),
+    ] {
+        let err = images.pull(&r, creds.as_ref()).await.unwrap_err();
+        assert!(
+            matches!(err, PullError::Unauthorized { .. }),
+            "{what}: {err}"
+        );
+        assert!(!err.to_string().contains("wrong"), "{err}");
+    }
+    assert!(images.images().is_empty());
+    let img = images.pull(&r, Some(&good)).await.unwrap();
+    assert_eq!(img.digest().as_str(), private.digest());
+    assert!(
+        std::fs::read_to_string(img.rootfs().join("etc/os-release"))
+            .unwrap()
+            .starts_with("ID=tessera-private")
+    );
+    // The password is in no log line of the registry and no file of the store.
+    assert!(!reg.log().contains("s3cret-pull-word"));
+    let listing = Command::new("grep")
+        .args(["-r", "-l", "s3cret-pull-word"])
+        .arg(work.path())
+        .output()
+        .unwrap();
+    assert!(
+        listing.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&listing.stdout)
+    );
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(program))
+            .find(|p| p.is_file())
+    })
+}
