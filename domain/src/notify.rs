@@ -44,10 +44,13 @@ pub enum EventKind {
     /// A node stopped reporting (to platform admins).
     #[serde(rename = "node.lost")]
     NodeLost,
+    /// A test delivery a team admin asked for (webhooks only).
+    #[serde(rename = "webhook.test")]
+    WebhookTest,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 10] = [
         EventKind::WorkloadSucceeded,
         EventKind::WorkloadFailed,
         EventKind::WorkloadStopped,
@@ -57,6 +60,7 @@ impl EventKind {
         EventKind::RequestDenied,
         EventKind::BudgetThreshold,
         EventKind::NodeLost,
+        EventKind::WebhookTest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +74,7 @@ impl EventKind {
             EventKind::RequestDenied => "request.denied",
             EventKind::BudgetThreshold => "budget.threshold",
             EventKind::NodeLost => "node.lost",
+            EventKind::WebhookTest => "webhook.test",
         }
     }
 
@@ -85,6 +90,7 @@ impl EventKind {
             EventKind::RequestDenied => "My request was denied",
             EventKind::BudgetThreshold => "My team's budget reached 50/80/100 %",
             EventKind::NodeLost => "A node stopped reporting (platform admins)",
+            EventKind::WebhookTest => "A webhook test",
         }
     }
 
@@ -93,6 +99,7 @@ impl EventKind {
     pub fn default_mode(self) -> NotifyMode {
         match self {
             EventKind::WorkloadSucceeded | EventKind::WorkloadStopped => NotifyMode::Digest,
+            EventKind::WebhookTest => NotifyMode::Off,
             _ => NotifyMode::Immediate,
         }
     }
@@ -283,6 +290,15 @@ pub struct WebhookBody {
     /// The object's page on the portal.
     pub link: String,
     pub payload: EventPayload,
+}
+
+/// The answer to a webhook test: what the receiver said.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WebhookTestResult {
+    pub delivered: bool,
+    pub status: Option<i64>,
+    pub error: Option<String>,
 }
 
 /// A user's notification settings (`GET /api/v1/me/notifications`).

@@ -237,6 +237,9 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub oidc: crate::oidc::OidcSettings,
 
+    #[command(flatten)]
+    pub notify: crate::notify::NotifySettings,
+
     /// Sign a session out after this much inactivity (e.g. `30m`, `8h`).
     #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT", default_value = "8h", value_parser = parse_duration)]
     pub session_idle_timeout: Duration,

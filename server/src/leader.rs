@@ -3,9 +3,9 @@
 //! Every replica runs [`run`]: it tries to take the leader lease (`Store::try_lead`: a
 //! PostgreSQL advisory lock held on a connection of its own; always granted on SQLite,
 //! where the server's file lock keeps to one process). The leader runs the scheduler and
-//! workload passes, metering and the Kubernetes executor, and listens for other replicas'
-//! wake-ups; it checks its lease every [`CHECK_EVERY`] and stops every pass the moment the
-//! check fails. The others retry every [`RETRY_EVERY`] and meanwhile forward local changes
+//! workload passes, metering, notification delivery and the Kubernetes executor, and
+//! listens for other replicas' wake-ups; it checks its lease every [`CHECK_EVERY`] and
+//! stops every pass the moment the check fails. The others retry every [`RETRY_EVERY`] and meanwhile forward local changes
 //! to the leader (`NOTIFY`), so time to placement does not depend on which replica took
 //! the request. Every write a pass makes is conditional on the state it read (see
 //! ARCHITECTURE.md, "One leader"), so a stale leader's last statement landing late
@@ -140,6 +140,7 @@ impl Leader {
                 self.config.metering_interval,
             )),
             tokio::spawn(listen_for_wakes(s.clone())),
+            tokio::spawn(crate::notify::run(s.clone(), self.config.clone())),
         ];
         if let Some(k) = &self.kube {
             tasks.push(tokio::spawn(crate::k8s::run(s.clone(), k.clone())));

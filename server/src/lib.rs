@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod config;
 pub mod data_keys;
+pub mod notify;
 mod http;
 pub mod k8s;
 mod leader;
@@ -114,6 +115,12 @@ pub async fn run(
         .clone()
         .with_config(config.workload_config())
         .with_data_keys(data_keys.clone());
+    services.notifications = services
+        .notifications
+        .clone()
+        .with_data_keys(data_keys.clone())
+        .allowing_private_webhooks(config.notify.webhook_allow_private)
+        .with_digest_hour(config.notify.digest_hour);
     let services = Arc::new(services);
     let sealed = services
         .workloads

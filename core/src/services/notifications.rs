@@ -104,6 +104,7 @@ impl Notifications {
             email_verified: me.email_verified,
             preferences: EventKind::ALL
                 .into_iter()
+                .filter(|k| *k != EventKind::WebhookTest)
                 .filter(|k| *k != EventKind::NodeLost || p.is_admin)
                 .map(|k| PreferenceView {
                     kind: k,

@@ -35,6 +35,7 @@ use uuid::Uuid;
 mod allocations;
 mod billing;
 mod nodes;
+mod notifications;
 mod teams;
 mod tokens;
 mod users;
@@ -43,6 +44,7 @@ mod workloads;
 use allocations::*;
 use billing::*;
 use nodes::*;
+use notifications::*;
 use teams::*;
 use tokens::*;
 use users::*;
@@ -154,6 +156,11 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(stop_workload))
         .routes(routes!(workload_logs))
         .routes(routes!(workload_log_file))
+        .routes(routes!(my_notifications, set_my_notifications))
+        .routes(routes!(list_webhooks, create_webhook))
+        .routes(routes!(get_webhook, update_webhook, delete_webhook))
+        .routes(routes!(webhook_deliveries))
+        .routes(routes!(test_webhook))
         .split_for_parts()
 }
 

@@ -1,0 +1,344 @@
+//! The notification delivery worker (docs/notifications.md), run by the leader only.
+//!
+//! Each pass: write the deliveries of new outbox events (`Notifications::fan_out`), note
+//! nodes that stopped reporting, give back deliveries a dead leader took and never
+//! finished, then send what is due: each delivery is taken with one conditional `UPDATE`
+//! under this worker's claim before it is sent, and its outcome is recorded only under
+//! that claim, so two leaders (an old one not yet stopped, a new one) never both send it.
+//! A failed try is retried with backoff ([`tessera_domain::notify::retry_after`]) up to
+//! [`MAX_ATTEMPTS`]; a webhook that fails [`WEBHOOK_DISABLE_AFTER`] times in a row is
+//! turned off and its team admins are told. Digests: every due `digest` delivery of a
+//! user goes into one mail.
+
+pub mod mail;
+pub mod webhook;
+
+use crate::config::ServeConfig;
+use crate::settings::Secret;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use clap::builder::BoolishValueParser;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_core::Services;
+use tessera_core::store::DeliveryRow;
+use tessera_domain::notify::{MAX_ATTEMPTS, WEBHOOK_DISABLE_AFTER, retry_after};
+use uuid::Uuid;
+
+/// Notification settings (`TESSERA_SMTP_URL`, `TESSERA_MAIL_FROM`, …).
+#[derive(Debug, Clone, Args)]
+pub struct NotifySettings {
+    /// The SMTP server notification mail goes through: `smtp://host:25` (plain, or
+    /// STARTTLS with `?tls=required`), `smtps://host:465` (TLS), with
+    /// `user:password@` when it asks for a login. Without it no mail is sent (webhooks
+    /// still are).
+    #[arg(long, env = "TESSERA_SMTP_URL", hide_env_values = true)]
+    pub smtp_url: Option<Secret>,
+
+    /// The sender of notification mail, e.g. `Tessera <gpu@example.org>`.
+    #[arg(
+        long,
+        env = "TESSERA_MAIL_FROM",
+        default_value = "Tessera <tessera@localhost>"
+    )]
+    pub mail_from: String,
+
+    /// Let team webhooks reach loopback, link-local and private addresses (tests and
+    /// closed labs only: otherwise a team admin could make the server call internal
+    /// services).
+    #[arg(long, env = "TESSERA_WEBHOOK_ALLOW_PRIVATE", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub webhook_allow_private: bool,
+
+    /// How often the delivery worker looks for due notifications (e.g. `2s`).
+    #[arg(long, env = "TESSERA_NOTIFY_INTERVAL", default_value = "2s", value_parser = crate::settings::parse_duration)]
+    pub notify_interval: Duration,
+
+    /// The hour (UTC, 0–23) daily digests are sent at.
+    #[arg(long, env = "TESSERA_DIGEST_HOUR", default_value_t = 7, value_parser = clap::value_parser!(u32).range(0..24))]
+    pub digest_hour: u32,
+}
+
+/// A delivery taken under another claim and not finished after this long is given back
+/// (its worker died between taking and recording it). Longer than any one send.
+pub const STALE_CLAIM: Duration = Duration::from_secs(60);
+
+/// Deliveries one pass sends at most.
+const BATCH: i64 = 200;
+
+/// What sends: the services, the mail transport, the HTTP client, and this worker's claim.
+#[derive(Clone)]
+pub struct Notifier {
+    services: Arc<Services>,
+    mailer: Option<mail::Mailer>,
+    http: reqwest::Client,
+    /// The portal's address, for links.
+    public_url: String,
+    /// This worker's claim on the deliveries it takes (new each start).
+    claim: Uuid,
+    node_grace: chrono::Duration,
+    stale_claim: chrono::Duration,
+}
+
+impl Notifier {
+    pub fn new(services: Arc<Services>, config: &ServeConfig) -> anyhow::Result<Notifier> {
+        let mailer = config
+            .notify
+            .smtp_url
+            .as_ref()
+            .map(|u| mail::Mailer::new(u.expose(), &config.notify.mail_from))
+            .transpose()?;
+        Ok(Notifier {
+            services,
+            mailer,
+            http: webhook::client()?,
+            public_url: config.public_url(),
+            claim: Uuid::new_v4(),
+            node_grace: chrono::Duration::from_std(config.node_grace)
+                .unwrap_or(chrono::Duration::minutes(3)),
+            stale_claim: chrono::Duration::from_std(STALE_CLAIM)
+                .unwrap_or(chrono::Duration::minutes(1)),
+        })
+    }
+
+    /// Gives back deliveries taken under other claims at once (a test that simulates a
+    /// dead leader; the worker waits [`STALE_CLAIM`]).
+    pub fn with_stale_claim(mut self, after: chrono::Duration) -> Self {
+        self.stale_claim = after;
+        self
+    }
+
+    /// One pass at `now` (digests included); returns how many deliveries it finished.
+    pub async fn pass(&self, now: DateTime<Utc>) -> usize {
+        let n = &self.services.notifications;
+        if let Err(e) = n.find_lost_nodes(now, self.node_grace).await {
+            tracing::warn!(error = %e, "notifications: looking for lost nodes failed");
+        }
+        loop {
+            match n.fan_out(now, BATCH).await {
+                Ok(k) if k as i64 == BATCH => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "notifications: writing deliveries failed");
+                    break;
+                }
+            }
+        }
+        let store = n.store();
+        match store
+            .reclaim_stale_deliveries(self.claim, now - self.stale_claim)
+            .await
+        {
+            Ok(0) => {}
+            Ok(k) => tracing::warn!(
+                deliveries = k,
+                "notifications: deliveries a stopped leader took but did not finish are due again"
+            ),
+            Err(e) => tracing::warn!(error = %e, "notifications: reclaiming deliveries failed"),
+        }
+        let due = match store.due_deliveries(now, BATCH).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "notifications: loading due deliveries failed");
+                return 0;
+            }
+        };
+        let mut done = 0;
+        for d in due {
+            match store.claim_delivery(d.id, self.claim, Utc::now()).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "notifications: taking a delivery failed");
+                    continue;
+                }
+            }
+            self.send_one(&d).await;
+            done += 1;
+        }
+        done + self.digests(now).await
+    }
+
+    /// Sends one delivery this worker has taken and records the outcome.
+    async fn send_one(&self, d: &DeliveryRow) {
+        let result = match d.channel.as_str() {
+            "email" => self.mail_one(d).await,
+            "webhook" => self.webhook_one(d).await,
+            other => Err((None, format!("unknown channel {other}"))),
+        };
+        let store = self.services.notifications.store();
+        let now = Utc::now();
+        let recorded = match result {
+            Ok(status) => store.delivery_sent(d.id, self.claim, status, now).await,
+            Err((status, error)) => {
+                let attempts = d.attempts + 1;
+                let retry = (attempts < MAX_ATTEMPTS).then(|| now + retry_after(attempts));
+                tracing::info!(delivery = %d.id, channel = %d.channel, attempts, error = %error, "notification not delivered");
+                store
+                    .delivery_failed(d.id, self.claim, (status, &error), retry)
+                    .await
+            }
+        };
+        match recorded {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(delivery = %d.id, "notification outcome not recorded: the delivery was taken back meanwhile")
+            }
+            Err(e) => tracing::warn!(error = %e, "notifications: recording a delivery failed"),
+        }
+    }
+
+    async fn mail_one(&self, d: &DeliveryRow) -> Result<Option<i64>, (Option<i64>, String)> {
+        let Some(mailer) = &self.mailer else {
+            return Err((None, "no SMTP server configured (TESSERA_SMTP_URL)".into()));
+        };
+        let to = self.address_of(d.recipient).await?;
+        let msg = mail::event_mail(&d.event, &self.public_url);
+        mailer
+            .send(&to, &msg, d.id)
+            .await
+            .map(|()| None)
+            .map_err(|e| (None, e))
+    }
+
+    async fn address_of(&self, user: Uuid) -> Result<String, (Option<i64>, String)> {
+        match self.services.notifications.store().recipient(user).await {
+            Ok(Some(r)) => r
+                .email
+                .filter(|e| !e.is_empty())
+                .ok_or((None, "the user has no email address".into())),
+            Ok(None) => Err((None, "the user is gone or disabled".into())),
+            Err(e) => Err((None, format!("loading the user failed: {e}"))),
+        }
+    }
+
+    async fn webhook_one(&self, d: &DeliveryRow) -> Result<Option<i64>, (Option<i64>, String)> {
+        let n = &self.services.notifications;
+        let hook = match n.store().webhook(d.recipient).await {
+            Ok(Some(h)) if h.enabled => h,
+            Ok(Some(_)) => return Err((None, "the webhook is disabled".into())),
+            Ok(None) => return Err((None, "the webhook was removed".into())),
+            Err(e) => return Err((None, format!("loading the webhook failed: {e}"))),
+        };
+        let result = match (
+            n.check_destination(&hook.url).await,
+            n.webhook_secret(&hook),
+        ) {
+            (Err(e), _) => Err((None, e.to_string())),
+            (_, Err(e)) => Err((None, e.to_string())),
+            (Ok(()), Ok(secret)) => {
+                let body = webhook::body(&d.event, &self.public_url);
+                webhook::send(&self.http, &hook.url, &secret, d.id, &body).await
+            }
+        };
+        let (ok, status, error) = match &result {
+            Ok(s) => (true, *s, None),
+            Err((s, e)) => (false, *s, Some(e.as_str())),
+        };
+        match n
+            .store()
+            .webhook_result(
+                hook.id,
+                ok,
+                (status, error),
+                WEBHOOK_DISABLE_AFTER,
+                Utc::now(),
+            )
+            .await
+        {
+            Ok(true) => {
+                tracing::warn!(webhook = %hook.id, team = %hook.team_id, "webhook disabled after {WEBHOOK_DISABLE_AFTER} failures in a row");
+                self.tell_disabled(&hook).await;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "notifications: recording a webhook's result failed")
+            }
+        }
+        result
+    }
+
+    /// Mails the team admins that a hook was turned off (directly, not through the
+    /// outbox: a note about the notification system itself).
+    async fn tell_disabled(&self, hook: &tessera_core::store::WebhookRow) {
+        let Some(mailer) = &self.mailer else { return };
+        let Ok(admins) = self
+            .services
+            .notifications
+            .store()
+            .team_admin_recipients(hook.team_id)
+            .await
+        else {
+            return;
+        };
+        let msg = mail::hook_disabled_mail(hook, &self.public_url);
+        for a in admins {
+            if let Some(to) = a.email.filter(|e| !e.is_empty())
+                && let Err(e) = mailer.send(&to, &msg, Uuid::new_v4()).await
+            {
+                tracing::warn!(error = %e, "could not tell a team admin that a webhook was disabled");
+            }
+        }
+    }
+
+    /// Sends every due digest: one mail per user with all their collected events.
+    pub async fn digests(&self, now: DateTime<Utc>) -> usize {
+        let store = self.services.notifications.store();
+        let taken = match store.claim_digests(self.claim, now).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "notifications: taking digests failed");
+                return 0;
+            }
+        };
+        let mut by_user: BTreeMap<Uuid, Vec<DeliveryRow>> = BTreeMap::new();
+        for d in taken {
+            by_user.entry(d.recipient).or_default().push(d);
+        }
+        let mut done = 0;
+        for (user, items) in by_user {
+            let result = match (&self.mailer, self.address_of(user).await) {
+                (None, _) => Err("no SMTP server configured (TESSERA_SMTP_URL)".to_owned()),
+                (_, Err((_, e))) => Err(e),
+                (Some(m), Ok(to)) => {
+                    let events: Vec<_> = items.iter().map(|d| d.event.clone()).collect();
+                    let msg = mail::digest_mail(&events, &self.public_url);
+                    m.send(&to, &msg, items[0].id).await
+                }
+            };
+            let now = Utc::now();
+            for d in &items {
+                let r = match &result {
+                    Ok(()) => store.delivery_sent(d.id, self.claim, None, now).await,
+                    Err(e) => {
+                        let attempts = d.attempts + 1;
+                        let retry = (attempts < MAX_ATTEMPTS).then(|| now + retry_after(attempts));
+                        store
+                            .delivery_failed(d.id, self.claim, (None, e), retry)
+                            .await
+                    }
+                };
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "notifications: recording a digest failed");
+                }
+            }
+            done += items.len();
+        }
+        done
+    }
+}
+
+/// The leader's delivery loop.
+pub async fn run(services: Arc<Services>, config: Arc<ServeConfig>) {
+    let notifier = match Notifier::new(services, &config) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!(error = %e, "notifications are off: the SMTP settings do not work");
+            return;
+        }
+    };
+    loop {
+        notifier.pass(Utc::now()).await;
+        tokio::time::sleep(config.notify.notify_interval).await;
+    }
+}
