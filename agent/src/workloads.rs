@@ -70,6 +70,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tessera_domain::drain::Deadline;
 use tessera_domain::wire::{
     LogPiece, ShareLimits, ShareMethod, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync,
 };
@@ -162,6 +163,8 @@ struct Workload {
     devices: Vec<String>,
     /// Set when it is a client of a GPU's MPS daemon.
     mps: Option<MpsWatch>,
+    /// The deadline it was last told (the deadline channel, docs/operations.md).
+    deadline: Option<Deadline>,
 }
 
 /// An MPS client, watched for its daemon dying under it.
@@ -394,13 +397,14 @@ impl LocalExecutor {
             listed.insert(spec.id.as_str());
             match self.workloads.get_mut(&spec.id) {
                 Some(w) if !spec.run => w.request_stop(now + STOP_GRACE),
-                Some(_) => {}
+                Some(w) => w.tell_deadline(&spec.id, spec.deadline.as_ref()),
                 None => {
-                    let w = if spec.run {
+                    let mut w = if spec.run {
                         self.start(spec)
                     } else {
                         Workload::exited(self.run_dir(&spec.id), "stopped before it started")
                     };
+                    w.tell_deadline(&spec.id, spec.deadline.as_ref());
                     self.workloads.insert(spec.id.clone(), w);
                 }
             }
@@ -649,6 +653,8 @@ impl LocalExecutor {
                     binds: &binds,
                     gpu_fraction: spec.share.as_ref().map(|s| f64::from(s.milli) / 1000.0),
                     port,
+                    // Workloads in an OCI image are not wired from the server yet (issue 36).
+                    image: None,
                 };
                 start_sandboxed(sb, spec, &run, &workspace, uid, &argv, &env, &access)
                     .map(|(pid, c)| (None, pid, Some(c)))
@@ -728,6 +734,14 @@ impl LocalExecutor {
         if let Some(token) = &spec.token {
             env.insert("JUPYTER_TOKEN".into(), token.into());
         }
+        env.insert(
+            tessera_domain::drain::DEADLINE_FILE_VAR.into(),
+            if self.sandbox.is_some() {
+                tessera_domain::drain::DEADLINE_FILE.into()
+            } else {
+                deadline_path(run, false).into()
+            },
+        );
         if self.sandbox.is_some() {
             // Paths as the workload sees them; its home is the team workspace.
             env.insert("TESSERA_WORKSPACE".into(), WORKSPACE_MOUNT.into());
@@ -821,7 +835,47 @@ impl Workload {
             addr: None,
             devices: Vec::new(),
             mps: None,
+            deadline: None,
         }
+    }
+
+    /// The deadline channel: once per new deadline, the deadline file is (re)written in
+    /// the workload's control folder and, when the workload asked for one, its warning
+    /// signal is sent to its processes (never to the exit-status wrapper, which would die
+    /// of it). `None` after a deadline: the file goes (a withdrawn warning).
+    fn tell_deadline(&mut self, id: &str, d: Option<&Deadline>) {
+        if self.deadline.as_ref() == d {
+            return;
+        }
+        let Status::Live(live) = &self.status else {
+            return;
+        };
+        let Some(file) = self
+            .dir
+            .as_deref()
+            .map(|dir| deadline_path(dir, self.container.is_some()))
+        else {
+            return;
+        };
+        match d {
+            Some(d) => {
+                if let Err(e) = write_untrusted_dir(&file, d.file_text().as_bytes()) {
+                    tracing::warn!(id, error = %e, "cannot write the deadline file");
+                }
+                let changed = self.deadline.as_ref().is_none_or(|old| old.at != d.at);
+                if changed && !d.signal.is_empty() {
+                    match &self.container {
+                        Some(c) => c.signal(&d.signal),
+                        None => signal_members(live.pid, &d.signal),
+                    }
+                }
+                tracing::info!(id, deadline = %d.at, cause = d.cause.as_str(), "deadline told");
+            }
+            None => {
+                let _ = fs::remove_file(&file);
+            }
+        }
+        self.deadline = d.cloned();
     }
 
     fn exited(dir: Option<PathBuf>, message: &str) -> Workload {
@@ -1536,6 +1590,80 @@ fn live_groups() -> HashSet<u32> {
 
 fn group_alive(pgid: u32) -> bool {
     live_groups().contains(&pgid)
+}
+
+/// Where a workload's deadline file lives on the node: in its control folder (mounted at
+/// `/run/tessera` in the sandbox) or its run folder.
+fn deadline_path(run: &Path, sandboxed: bool) -> PathBuf {
+    if sandboxed {
+        run.join("ctl").join("deadline")
+    } else {
+        run.join("deadline")
+    }
+}
+
+/// Writes `path` in a folder its workload may write to: through a fresh file created
+/// with O_EXCL (never through a link the workload planted) renamed over the name (a
+/// rename replaces a planted link itself, not its target).
+fn write_untrusted_dir(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".tessera-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    drop(f);
+    fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
+}
+
+/// Sends `signal` to every process of the group `pgid` but its leader (the exit-status
+/// wrapper, a shell that a signal it does not trap would end).
+fn signal_members(pgid: u32, signal: &str) {
+    if !tessera_domain::drain::SIGNALS.contains(&signal) {
+        tracing::warn!(signal, "unknown signal");
+        return;
+    }
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return;
+    };
+    let members: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            pid != pgid && read_stat(pid).is_some_and(|s| s.pgrp == pgid && !is_zombie(&s))
+        })
+        .map(|pid| pid.to_string())
+        .collect();
+    if members.is_empty() {
+        return;
+    }
+    let r = Command::new("/bin/sh")
+        .args([
+            "-c",
+            r#"s=$1; shift; kill -s "$s" "$@""#,
+            "tessera-kill",
+            signal,
+        ])
+        .args(&members)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if let Err(e) = r {
+        tracing::warn!(pgid, signal, error = %e, "cannot run kill");
+    }
 }
 
 /// `kill -s <signal> -- -<pgid>` through the shell's built-in. Callers signal a group

@@ -34,6 +34,9 @@ pub struct NodeView {
     /// team's code there can reach other teams' files and every GPU.
     pub workload_sandbox: bool,
     pub gpus: Vec<GpuView>,
+    /// Set while a platform admin drains the whole node.
+    #[serde(default)]
+    pub drain: Option<crate::drain::DrainView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +60,9 @@ pub struct GpuView {
     pub desired: Option<DesiredView>,
     /// Set when an admin shared this GPU (fractional shares).
     pub sharing: Option<SharingView>,
+    /// Set while a platform admin drains this GPU alone.
+    #[serde(default)]
+    pub drain: Option<crate::drain::DrainView>,
 }
 
 /// A shared GPU: how it is shared, whether its node runs it so, and its shares.
@@ -158,6 +164,7 @@ impl GpuView {
                 .collect(),
             desired: None,
             sharing: None,
+            drain: None,
         }
     }
 }

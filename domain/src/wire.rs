@@ -398,6 +398,11 @@ pub struct WorkloadSpec {
     /// limits the agent applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<ShareLimits>,
+    /// Set once the workload must stop early (preemption, drain, its allocation's end):
+    /// the agent signals it once with [`Deadline::signal`](crate::drain::Deadline) and
+    /// writes the deadline file; at the deadline the server stops it (`run: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<crate::drain::Deadline>,
 }
 
 impl WorkloadSpec {
@@ -418,6 +423,7 @@ impl WorkloadSpec {
             allocation_id: String::new(),
             resources: Vec::new(),
             share: None,
+            deadline: None,
         }
     }
 }

@@ -326,7 +326,16 @@ fn push_env(out: &mut Vec<EnvVar>, name: &str, value: &str) -> Result<(), String
             name.escape_debug()
         ));
     }
-    if RESERVED_ENV.contains(&name) || name.starts_with("TESSERA_") {
+    if name == crate::drain::SIGNAL_VAR {
+        // The one variable of Tessera's a job sets: its warning signal (the deadline
+        // channel, docs/operations.md).
+        if crate::drain::signal_of(value).is_none() {
+            return Err(format!(
+                "`{name}` names the signal that warns of an early stop: one of {}",
+                crate::drain::SIGNALS.join(", ")
+            ));
+        }
+    } else if RESERVED_ENV.contains(&name) || name.starts_with("TESSERA_") {
         return Err(format!("`{name}` is set by Tessera"));
     }
     if out.iter().any(|v| v.name == name) {

@@ -5,9 +5,11 @@ use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
 use crate::store::{
-    DesiredRow, DesiredWithStatus, HeldShareRow, JoinTokenRow, NodeRow, ReplicaRow, Store,
+    AuditRow, DesiredRow, DesiredWithStatus, DrainRow, HeldShareRow, JoinTokenRow, NodeRow,
+    ReplicaRow, Store,
 };
 use chrono::{DateTime, Duration, Utc};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tessera_domain::account::Principal;
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
@@ -15,6 +17,7 @@ use tessera_domain::cluster::{
     self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView, ServerReplicaView,
     ShareTenantView, SharingView,
 };
+use tessera_domain::drain::{self, DrainRequest, DrainState, DrainView};
 use tessera_domain::error::AppError;
 use tessera_domain::mig::Catalog;
 use tessera_domain::mig::Instance;
@@ -279,9 +282,10 @@ impl Nodes {
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let desired = self.desired_of(&ids).await?;
         let shares = self.held_shares(&desired).await?;
+        let drains = self.drain_context().await?;
         let views = rows
             .iter()
-            .map(|r| self.view_with(r, &desired, &shares, p.is_admin, now))
+            .map(|r| self.view_with(r, &desired, &shares, &drains, p.is_admin, now))
             .collect();
         Ok(paged(views, total, page))
     }
@@ -312,6 +316,126 @@ impl Nodes {
         tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
         self.forget_summary();
         self.view(&row, true, now).await
+    }
+
+    /// Drains a node, or one GPU of it (platform admins): no new placements there; what
+    /// runs is warned through the deadline channel and released at the deadline (jobs
+    /// are queued again elsewhere). Draining again moves the deadline.
+    pub async fn drain(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        req: &DrainRequest,
+    ) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let now = Utc::now();
+        let valid = drain::validate(req, now)?;
+        let row = self
+            .store
+            .node(id)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)?;
+        if row.revoked_at.is_some() {
+            return Err(AppError::conflict(
+                "the node is revoked: there is nothing to drain",
+            ));
+        }
+        if let Some(g) = &valid.gpu
+            && !inventory(&row).gpus.iter().any(|x| &x.uuid == g)
+        {
+            return Err(AppError::invalid(
+                "gpu",
+                format!("{} reports no GPU {g}", row.hostname),
+            ));
+        }
+        self.store
+            .set_drain(&DrainRow {
+                node_id: id,
+                gpu_uuid: valid.gpu.clone().unwrap_or_default(),
+                deadline: valid.deadline,
+                reason: valid.reason.clone(),
+                created_by: Some(p.user_id.0),
+                created_at: now,
+            })
+            .await
+            .map_err(internal("draining node"))?;
+        tracing::info!(by = %p.username, node = %id, hostname = %row.hostname,
+            gpu = valid.gpu.as_deref().unwrap_or("all"), deadline = %valid.deadline,
+            reason = %valid.reason, "node drained");
+        self.audit_node(p, "node.drain", id, &valid.reason).await;
+        self.forget_summary();
+        self.view(&row, true, now).await
+    }
+
+    /// Ends a drain (platform admins): the whole node's and its GPUs' (`gpu` `None`) or one
+    /// GPU's. Warnings not yet run out are withdrawn by the next pass.
+    pub async fn undrain(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        gpu: Option<&str>,
+    ) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let row = self
+            .store
+            .node(id)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)?;
+        let ended = self
+            .store
+            .clear_drain(id, gpu)
+            .await
+            .map_err(internal("undraining node"))?;
+        if ended > 0 {
+            tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node undrained");
+            self.audit_node(p, "node.undrain", id, gpu.unwrap_or("all"))
+                .await;
+        }
+        self.forget_summary();
+        self.view(&row, true, Utc::now()).await
+    }
+
+    async fn audit_node(&self, p: &Principal, action: &str, id: Uuid, note: &str) {
+        let entry = AuditRow {
+            id: Uuid::new_v4(),
+            at: Utc::now(),
+            actor: Some(p.username.to_string()),
+            action: action.into(),
+            object_type: "node".into(),
+            object_id: id.to_string(),
+            team_id: None,
+            before: None,
+            after: Some(serde_json::json!({ "note": note }).to_string()),
+        };
+        if let Err(e) = self.store.audit(&entry).await {
+            tracing::error!(error = %e, "writing audit entry");
+        }
+    }
+
+    /// The drains with the GPUs where work still holds something (draining, not drained).
+    async fn drain_context(&self) -> Result<DrainContext, AppError> {
+        let drains = self
+            .store
+            .drains()
+            .await
+            .map_err(internal("loading drains"))?;
+        if drains.is_empty() {
+            return Ok(DrainContext::default());
+        }
+        let busy = self
+            .store
+            .allocations_in(&["placing", "active", "releasing"])
+            .await
+            .map_err(internal("loading allocations"))?
+            .iter()
+            .flat_map(|a| {
+                serde_json::from_str::<Vec<AllocatedDevice>>(&a.devices).unwrap_or_default()
+            })
+            .map(|d| (d.node_id, d.gpu_uuid))
+            .collect();
+        Ok(DrainContext { drains, busy })
     }
 
     pub async fn summary(&self, _p: &Principal) -> Result<ClusterSummary, AppError> {
@@ -373,13 +497,33 @@ impl Nodes {
         let started = std::time::Instant::now();
         let (rows, inventories) = super::active_nodes_with_inventories(&self.store).await?;
         let now = Utc::now();
-        let nodes: Vec<(bool, Arc<Inventory>)> = rows
+        // Drained GPUs are left out of what the cluster offers.
+        let drains = self
+            .store
+            .drains()
+            .await
+            .map_err(internal("loading drains"))?;
+        let listed: Vec<(Uuid, bool, Arc<Inventory>)> = rows
             .iter()
             .filter_map(|r| {
                 let inv = inventories.get(&r.id)?.clone();
-                Some((cluster::is_online(r.last_heartbeat_at, now), inv))
+                Some((r.id, cluster::is_online(r.last_heartbeat_at, now), inv))
             })
             .collect();
+        let offered: Vec<(bool, Arc<Inventory>)> = listed
+            .iter()
+            .map(|(id, online, inv)| {
+                if !drains.iter().any(|d| d.node_id == *id) {
+                    return (*online, inv.clone());
+                }
+                let mut left = (**inv).clone();
+                left.gpus
+                    .retain(|g| !drains.iter().any(|d| d.covers(*id, &g.uuid)));
+                (*online, Arc::new(left))
+            })
+            .collect();
+        let nodes: Vec<(bool, Arc<Inventory>)> =
+            listed.into_iter().map(|(_, o, i)| (o, i)).collect();
         // "In use" is what allocations hold, whether or not a process runs on it.
         let held: std::collections::BTreeSet<(String, u8)> = self
             .store
@@ -393,8 +537,11 @@ impl Nodes {
             })
             .filter_map(|d| Some((d.gpu_uuid, d.start?)))
             .collect();
-        let summary =
-            cluster::summarize(nodes.iter().map(|(o, i)| (*o, &**i)), &self.catalog, &held);
+        let summary = cluster::summarize(
+            offered.iter().map(|(o, i)| (*o, &**i)),
+            &self.catalog,
+            &held,
+        );
         if let Ok(mut s) = self.summary.lock() {
             *s = Some((started, (summary.clone(), nodes.clone())));
         }
@@ -453,7 +600,8 @@ impl Nodes {
     ) -> Result<NodeView, AppError> {
         let desired = self.desired_of(&[r.id]).await?;
         let shares = self.held_shares(&desired).await?;
-        Ok(self.view_with(r, &desired, &shares, admin, now))
+        let drains = self.drain_context().await?;
+        Ok(self.view_with(r, &desired, &shares, &drains, admin, now))
     }
 
     /// The shares held on shared GPUs; nothing to load while no GPU in `desired` is shared.
@@ -475,6 +623,7 @@ impl Nodes {
         r: &NodeRow,
         desired: &[DesiredWithStatus],
         shares: &[HeldShareRow],
+        drains: &DrainContext,
         admin: bool,
         now: DateTime<Utc>,
     ) -> NodeView {
@@ -497,6 +646,7 @@ impl Nodes {
                     .and_then(|d| d.desired.sharing.as_deref())
                     .and_then(ShareMethod::parse)
                     .map(|method| sharing_view(method, g, shares, admin));
+                v.drain = drains.view(r.id, Some(&g.uuid));
                 v
             })
             .collect();
@@ -511,6 +661,7 @@ impl Nodes {
             manages_mig: r.manages_mig,
             workload_sandbox: r.workload_sandbox,
             gpus,
+            drain: drains.view(r.id, None),
         }
     }
 
@@ -878,6 +1029,38 @@ impl Nodes {
             .map_err(internal("storing telemetry"))?;
         Ok(TelemetryAck {
             acked_through: batch.samples.iter().map(|s| s.seq).max().unwrap_or(0),
+        })
+    }
+}
+
+/// The drains, and the (node, GPU) pairs allocations still hold.
+#[derive(Default)]
+struct DrainContext {
+    drains: Vec<DrainRow>,
+    busy: BTreeSet<(Uuid, String)>,
+}
+
+impl DrainContext {
+    /// The drain of `gpu` alone (`Some`), or of the whole node (`None`), as the Nodes page
+    /// shows it: draining while something there is still held.
+    fn view(&self, node: Uuid, gpu: Option<&str>) -> Option<DrainView> {
+        let r = self
+            .drains
+            .iter()
+            .find(|r| r.node_id == node && r.gpu_uuid == gpu.unwrap_or(""))?;
+        let busy = self
+            .busy
+            .iter()
+            .any(|(n, g)| *n == node && (gpu.is_none() || Some(g.as_str()) == gpu));
+        Some(DrainView {
+            state: if busy {
+                DrainState::Draining
+            } else {
+                DrainState::Drained
+            },
+            deadline: r.deadline,
+            reason: r.reason.clone(),
+            since: r.created_at,
         })
     }
 }

@@ -48,6 +48,9 @@ pub struct AllocationRow {
     pub devices: String,
     pub release_cause: Option<String>,
     pub preempt_at: Option<DateTime<Utc>>,
+    /// Why `preempt_at` is set: `reclaim` or `drain` (migration 0020).
+    #[sqlx(default)]
+    pub preempt_cause: Option<String>,
     pub idempotency_key: Option<String>,
     /// A platform admin approved it beyond the team's limit / hard budget (an override).
     pub over_limit: bool,
@@ -87,6 +90,7 @@ impl AllocationRow {
             devices: "[]".into(),
             release_cause: None,
             preempt_at: None,
+            preempt_cause: None,
             idempotency_key: None,
             over_limit: false,
             over_budget: false,
@@ -176,7 +180,8 @@ impl<'a> Transition<'a> {
 pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
                     a.purpose, a.state, a.duration_minutes, a.starts_at, a.created_at, a.active_at, \
                     a.ends_at, a.approver, a.approval_reason, a.pending_reason, a.devices, \
-                    a.release_cause, a.preempt_at, a.idempotency_key, a.over_limit, a.over_budget";
+                    a.release_cause, a.preempt_at, a.preempt_cause, a.idempotency_key, a.over_limit, \
+                    a.over_budget";
 
 pub(super) const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
     priority, purpose, state, duration_minutes, starts_at, created_at, approver, \
@@ -315,7 +320,8 @@ impl Store {
                    devices = COALESCE($6, devices), release_cause = COALESCE($7, release_cause), \
                    pending_reason = CASE WHEN $8 THEN $9 ELSE pending_reason END, \
                    approval_reason = COALESCE($10, approval_reason), \
-                   preempt_at = CASE WHEN $3 = 'active' THEN preempt_at ELSE NULL END \
+                   preempt_at = CASE WHEN $3 = 'active' THEN preempt_at ELSE NULL END, \
+                   preempt_cause = CASE WHEN $3 = 'active' THEN preempt_cause ELSE NULL END \
                    WHERE id = $1 AND state = $2 RETURNING team_id, model, user_id, units";
         let (set_pending, pending) = match &c.pending_reason {
             Some(p) => (true, p.clone()),
@@ -364,13 +370,17 @@ impl Store {
     }
 
     /// Warns an active allocation that it will be preempted at `at` (`None` withdraws).
+    /// Sets (with its cause, `reclaim` | `drain`) or withdraws an active allocation's
+    /// preemption deadline.
     pub async fn set_preempt_at(
         &self,
         id: Uuid,
-        at: Option<DateTime<Utc>>,
+        at: Option<(DateTime<Utc>, &str)>,
     ) -> Result<(), StoreError> {
-        let sql = "UPDATE allocations SET preempt_at = $2 WHERE id = $1 AND state = 'active'";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(at).execute(pool).await.map(|_| ()))
+        let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = $3 \
+                   WHERE id = $1 AND state = 'active'";
+        let (at, cause) = at.map_or((None, None), |(t, c)| (Some(t), Some(c)));
+        db!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(cause).execute(pool).await.map(|_| ()))
     }
 
     pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, StoreError> {

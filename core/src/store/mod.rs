@@ -9,6 +9,7 @@ mod admission;
 mod allocations;
 mod billing;
 mod changes;
+mod drains;
 mod leader;
 mod node_state;
 mod nodes;
@@ -24,6 +25,7 @@ pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
+pub use drains::DrainRow;
 pub use leader::{Lease, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,

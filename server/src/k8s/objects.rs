@@ -430,6 +430,7 @@ mod tests {
             allocation_id: "alloc-1".into(),
             resources: resources.iter().map(|r| (*r).to_owned()).collect(),
             share: None,
+            deadline: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! the agents report, placement of the queue with the planner, preemption warnings.
 
 use super::*;
+use crate::store::DrainRow;
 
 impl Allocations {
     /// Why a `placing` allocation gives up: placed longer than the timeout ago, with the
@@ -63,13 +64,27 @@ impl Allocations {
             crate::services::active_nodes_with_inventories(&self.store).await?;
         self.end_departed(now).await?;
         self.finish_half_released(now).await?;
-        self.expire(&nodes, &inventories, now, &mut report).await?;
+        let drains = self
+            .store
+            .drains()
+            .await
+            .map_err(internal("loading drains"))?;
+        self.expire(&nodes, &inventories, &drains, now, &mut report)
+            .await?;
         let desired = self.desired_states().await?;
         let shared = shared_gpus(&desired);
         self.activate(&inventories, &shared, now, &mut report)
             .await?;
-        self.place(&nodes, &inventories, &desired, &shared, now, &mut report)
-            .await?;
+        self.place(
+            &nodes,
+            &inventories,
+            &desired,
+            &shared,
+            &drains,
+            now,
+            &mut report,
+        )
+        .await?;
         Ok(report)
     }
 
@@ -78,6 +93,7 @@ impl Allocations {
         &self,
         nodes: &[NodeRow],
         inventories: &HashMap<Uuid, Arc<Inventory>>,
+        drains: &[DrainRow],
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
@@ -156,6 +172,30 @@ impl Allocations {
             if state != AllocState::Active {
                 continue;
             }
+            // Drained: warned now (the deadline channel), released at the drain's deadline.
+            let drain = devices(a)
+                .iter()
+                .filter_map(|d| drains.iter().find(|r| r.covers(d.node_id, &d.gpu_uuid)))
+                .map(|r| r.deadline)
+                .min();
+            if drain.is_none() && a.preempt_cause.as_deref() == Some("drain") {
+                // Undrained before its deadline: the warning is withdrawn.
+                self.store
+                    .set_preempt_at(a.id, None)
+                    .await
+                    .map_err(internal("withdrawing a drain warning"))?;
+                continue;
+            }
+            if let Some(deadline) = drain
+                && a.preempt_at.is_none_or(|p| p > deadline)
+            {
+                self.store
+                    .set_preempt_at(a.id, Some((deadline, "drain")))
+                    .await
+                    .map_err(internal("warning of a drain"))?;
+                tracing::info!(allocation = %a.id, %deadline, "its node is drained");
+                report.warned += 1;
+            }
             if a.ends_at.is_some_and(|e| e <= now) {
                 if self
                     .finish(
@@ -185,7 +225,11 @@ impl Allocations {
                         alloc::ReleaseCause::Preempted,
                         now,
                         None,
-                        Some("borrowed capacity reclaimed for a team's guaranteed share"),
+                        Some(if a.preempt_cause.as_deref() == Some("drain") {
+                            "its node was drained by a platform admin"
+                        } else {
+                            "borrowed capacity reclaimed for a team's guaranteed share"
+                        }),
                     )
                     .await?
             {
@@ -262,6 +306,7 @@ impl Allocations {
         inventories: &HashMap<Uuid, Arc<Inventory>>,
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
+        drains: &[DrainRow],
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
@@ -285,7 +330,7 @@ impl Allocations {
             .await
             .map_err(internal("loading allocations"))?;
         let mut input = self
-            .planner_input(nodes, inventories, &held, desired, shared, now)
+            .planner_input(nodes, inventories, &held, desired, shared, drains, now)
             .await?;
         // Placement moves nothing to active, so the pass's snapshot reuses these.
         let shares = self.fair_shares(now).await?;
@@ -339,6 +384,17 @@ impl Allocations {
             }
         }
         self.write_layouts(&plan, &input, now, report).await?;
+        // Drained capacity is left out; a request that waits says so when it counts.
+        for a in &queued {
+            if let (Some(n), Some(r)) = (input.drained.get(&a.model), pending_reason.get_mut(&a.id))
+            {
+                r.push_str(&format!(
+                    " ({} of {} drained by a platform admin)",
+                    tessera_domain::text::count(u64::from(*n), "GPU", "GPUs"),
+                    a.model
+                ));
+            }
+        }
         let still_waiting = self
             .settle_queue(&queued, placed, &pending_reason, now, report)
             .await?;
@@ -534,12 +590,16 @@ impl Allocations {
         }
         let mut warned = 0;
         for r in &active {
+            if r.preempt_cause.as_deref() == Some("drain") {
+                // Goes anyway, at the drain's deadline.
+                continue;
+            }
             let wanted = victims.contains(&r.id);
             match (wanted, r.preempt_at) {
                 (true, None) => {
                     let at = now + self.preemption_grace;
                     self.store
-                        .set_preempt_at(r.id, Some(at))
+                        .set_preempt_at(r.id, Some((at, "reclaim")))
                         .await
                         .map_err(internal("warning of preemption"))?;
                     tracing::info!(allocation = %r.id, %at, "borrowed capacity will be reclaimed");
@@ -592,6 +652,7 @@ impl Allocations {
         held: &[AllocationRow],
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
+        drains: &[DrainRow],
         now: DateTime<Utc>,
     ) -> Result<PlannerInput, AppError> {
         let mut busy: BTreeSet<(String, Option<u8>)> = BTreeSet::new();
@@ -628,6 +689,10 @@ impl Allocations {
                 let Some(model) = self.catalog.get(&g.name) else {
                     continue;
                 };
+                if drains.iter().any(|r| r.covers(n.id, &g.uuid)) {
+                    *input.drained.entry(model.name().to_owned()).or_default() += 1;
+                    continue;
+                }
                 if applying.contains(&(n.id, g.uuid.as_str())) {
                     continue;
                 }
@@ -749,4 +814,6 @@ struct PlannerInput {
     gpu_uuid: HashMap<(Uuid, u32), String>,
     /// GPU UUID → its instances now.
     instances: HashMap<String, Vec<DesiredInstance>>,
+    /// Model → GPUs of it left out because they are drained.
+    drained: HashMap<String, u32>,
 }

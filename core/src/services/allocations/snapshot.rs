@@ -108,6 +108,12 @@ impl Allocations {
     ) -> Result<(HashMap<String, u32>, BTreeMap<String, u32>), AppError> {
         let (nodes, inventories) =
             crate::services::active_nodes_with_inventories(&self.store).await?;
+        // Drained capacity is not there for anyone.
+        let drains = self
+            .store
+            .drains()
+            .await
+            .map_err(internal("loading drains"))?;
         let mut cap = HashMap::new();
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for n in nodes
@@ -121,6 +127,9 @@ impl Allocations {
                 let Some(m) = self.catalog.get(&g.name) else {
                     continue;
                 };
+                if drains.iter().any(|r| r.covers(n.id, &g.uuid)) {
+                    continue;
+                }
                 if shared.contains_key(&g.uuid) {
                     *cap.entry(alloc::shared_quota_key(m.name())).or_default() += 1000;
                     let left =

@@ -160,12 +160,25 @@ impl Workloads {
         };
         let devices = devices_of(w);
         let share = is_share(&r.alloc_kind);
+        let mut env = self.env_of(w)?;
+        // The deadline channel: which signal warns it (opt-in, docs/operations.md), and
+        // which attempt this is (a requeued job resumes in the same workspace).
+        let signal = env
+            .iter()
+            .find(|v| v.name == tessera_domain::drain::SIGNAL_VAR)
+            .and_then(|v| tessera_domain::drain::signal_of(&v.value))
+            .unwrap_or_default();
+        env.retain(|v| v.name != tessera_domain::drain::ATTEMPT_VAR);
+        env.push(tessera_domain::workload::EnvVar {
+            name: tessera_domain::drain::ATTEMPT_VAR.to_owned(),
+            value: w.attempt.to_string(),
+        });
         Ok(WorkloadSpec {
             id: run_id(w),
             kind,
             run,
             argv,
-            env: self.env_of(w)?,
+            env,
             devices: devices.iter().map(device_uuid).collect(),
             workspace: w.team_id.to_string(),
             workdir: w.workdir.clone(),
@@ -181,6 +194,7 @@ impl Workloads {
                     .collect()
             },
             share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
+            deadline: run.then(|| deadline_of(r, &signal, Utc::now())).flatten(),
         })
     }
 
@@ -426,4 +440,27 @@ impl Workloads {
     }
 
     // ---- the scheduler pass ----
+}
+
+/// What a running workload is told about its end (docs/operations.md, "The deadline
+/// channel"): a preemption or drain deadline at once, its allocation's end ten minutes
+/// before.
+fn deadline_of(
+    r: &WorkloadListRow,
+    signal: &str,
+    now: DateTime<Utc>,
+) -> Option<tessera_domain::drain::Deadline> {
+    use tessera_domain::drain;
+    let (at, cause) = drain::deadline_for(
+        r.alloc_ends_at,
+        r.alloc_preempt_at,
+        r.alloc_preempt_cause.as_deref(),
+        now,
+    )?;
+    Some(drain::Deadline {
+        cause,
+        at,
+        signal: signal.to_owned(),
+        message: drain::deadline_message(cause, ""),
+    })
 }

@@ -21,6 +21,7 @@ use tessera_domain::billing::{
     Statement, UsageReport,
 };
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView, ServerReplicaView};
+use tessera_domain::drain::DrainRequest;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::{
@@ -121,6 +122,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(list_nodes))
         .routes(routes!(get_node))
         .routes(routes!(revoke_node))
+        .routes(routes!(drain_node, undrain_node))
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(set_gpu_sharing))

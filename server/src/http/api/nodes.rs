@@ -76,6 +76,41 @@ pub(super) async fn revoke_node(Call(s, p): Call, Path(node): Path<Uuid>) -> Api
     ok(s.nodes.revoke(&p, node).await)
 }
 
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes",
+    request_body = DrainRequest,
+    description = "Drains the node, or one GPU of it (`gpu`), by a deadline (`deadline`, \
+        RFC 3339, or `minutes` from now; default 30): nothing new is placed there, running \
+        work is warned at once through the deadline channel (signal, `$TESSERA_DEADLINE_FILE`) \
+        and released at the deadline, jobs queued again elsewhere. Draining again moves the \
+        deadline.",
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid))]
+pub(super) async fn drain_node(
+    Call(s, p): Call,
+    Path(node): Path<Uuid>,
+    JsonBody(b): JsonBody<DrainRequest>,
+) -> ApiResult<NodeView> {
+    ok(s.nodes.drain(&p, node, &b).await)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UndrainQuery {
+    /// End only this GPU's drain (`GPU-…`); without it, every drain of the node ends.
+    gpu: Option<String>,
+}
+
+#[utoipa::path(delete, path = "/api/v1/nodes/{id}/drain", tag = "nodes", params(UndrainQuery),
+    description = "Ends the drain: the node (or GPU) takes work again; warnings not yet run \
+        out are withdrawn.",
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound))]
+pub(super) async fn undrain_node(
+    Call(s, p): Call,
+    Path(node): Path<Uuid>,
+    Query(q): Query<UndrainQuery>,
+) -> ApiResult<NodeView> {
+    ok(s.nodes.undrain(&p, node, q.gpu.as_deref()).await)
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 pub(super) struct TelemetryQuery {
     /// Newest samples to return (1–1000, default 60).

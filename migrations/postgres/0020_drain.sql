@@ -1,0 +1,17 @@
+-- Drain (docs/operations.md): a platform admin takes a node, or one GPU of it, out of
+-- placement with a deadline. No new work is placed there; what runs is warned through the
+-- deadline channel and released (jobs requeued elsewhere) at the deadline. `gpu_uuid` is ''
+-- for the whole node. Undrain deletes the row.
+CREATE TABLE drains (
+    node_id    UUID NOT NULL REFERENCES nodes (id),
+    gpu_uuid   TEXT NOT NULL DEFAULT '',
+    deadline   TIMESTAMPTZ NOT NULL,
+    reason     TEXT NOT NULL,
+    created_by UUID REFERENCES users (id),
+    created_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (node_id, gpu_uuid)
+);
+-- Why an allocation's `preempt_at` was set: 'reclaim' (borrowed capacity a team's guarantee
+-- asks back) or 'drain' (its node or GPU is drained). NULL while no warning stands.
+ALTER TABLE allocations ADD COLUMN preempt_cause TEXT
+    CHECK (preempt_cause IS NULL OR preempt_cause IN ('reclaim', 'drain'));

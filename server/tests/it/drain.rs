@@ -1,0 +1,245 @@
+//! Drain and the deadline channel (docs/operations.md): a drained node takes no new work;
+//! what runs there is warned (its signal, `$TESSERA_DEADLINE_FILE`) and, at the deadline,
+//! released, its job queued again onto another node as its next attempt. Real
+//! `tessera-agent --simulate` nodes run the jobs.
+
+use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::on_both_databases;
+use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::workloads::{WorkloadAgent, wait_workload};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+on_both_databases!(
+    a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline,
+    only_platform_admins_drain_and_bad_drains_name_the_field,
+);
+
+async fn node_id(a: &AdminClient, hostname: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (s, v) = a.call(Method::GET, "/api/v1/nodes?limit=100", None).await;
+        assert_eq!(s, 200, "{v}");
+        if let Some(n) = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["hostname"] == hostname && n["online"] == true)
+        {
+            return n["id"].as_str().expect("id").to_owned();
+        }
+        assert!(Instant::now() < deadline, "{hostname} never came online");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
+    let (s, l) = call_with_token(
+        app,
+        token,
+        Method::GET,
+        &format!("/api/v1/workloads/{id}/logs?from=0"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{l}");
+    l["text"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Files under `dir` whose name starts with `prefix`, with their text.
+fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_named(&p, prefix));
+        } else if e.file_name().to_string_lossy().starts_with(prefix) {
+            out.push((
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap_or_default(),
+            ));
+        }
+    }
+    out
+}
+
+async fn a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline(db: Db) {
+    let name = format!("drain-{}", format!("{db:?}").to_lowercase());
+    let app = TestApp::spawn_with(db, |c| {
+        c.scheduler_interval = Duration::from_millis(500);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let t = team(&a, &name).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let node_a = WorkloadAgent::start(&a, &format!("{name}-a")).await;
+    let a_id = node_id(&a, &format!("{name}-a")).await;
+    let app = &a.app;
+
+    // A job that traps its warning signal, writes a checkpoint with what the deadline file
+    // says, and, as its second attempt, reports the attempt it is.
+    let script = r#"echo "attempt $TESSERA_ATTEMPT"
+trap 'cat "$TESSERA_DEADLINE_FILE" > "$TESSERA_WORKSPACE/ckpt-$TESSERA_ATTEMPT"; echo warned' USR1
+if [ "$TESSERA_ATTEMPT" = 2 ]; then echo resumed; exit 0; fi
+while true; do sleep 0.2; done"#;
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(
+            json!({"command": script, "gpu": "H100-80GB:1g.10gb", "name": "ckpt",
+                    "env": {"TESSERA_DEADLINE_SIGNAL": "SIGUSR1"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
+    let running = wait_workload(app, &t.member, &id, "running", 90).await;
+    assert_eq!(running["hostname"], format!("{name}-a"), "{running}");
+
+    // A second node joins; node A is drained with a 4 s deadline.
+    let node_b = WorkloadAgent::start(&a, &format!("{name}-b")).await;
+    node_id(&a, &format!("{name}-b")).await;
+    let (s, v) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{a_id}/drain"),
+            Some(json!({"minutes": 0, "reason": "new fans"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["drain"]["reason"], "new fans", "{v}");
+    // A zero-minute drain is due at once: no warning window. Drain again with one.
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(6);
+    let (s, v) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{a_id}/drain"),
+            Some(json!({"deadline": deadline, "reason": "new fans"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["drain"]["state"], "draining", "{v}");
+
+    // Nothing new lands on A: a slice asked for now goes to B.
+    let (s, other) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{other}");
+    let other_id = other["id"].as_str().expect("id").to_owned();
+    let placed = wait_for_state(&a, &other_id, "active").await;
+    assert!(
+        placed["devices"]
+            .as_array()
+            .is_some_and(|d| d.iter().all(|d| d["hostname"] == format!("{name}-b"))),
+        "{placed}"
+    );
+
+    // The job is warned before the deadline: its handler wrote the checkpoint on node A
+    // from the deadline file.
+    let until = Instant::now() + Duration::from_secs(30);
+    let ckpt = loop {
+        let found = files_named(&node_a.state_dir(), "ckpt-1");
+        if let Some((_, text)) = found.first()
+            && !text.is_empty()
+        {
+            break text.clone();
+        }
+        assert!(
+            Instant::now() < until,
+            "no checkpoint written: {}",
+            log_of(app, &t.member, &id).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(ckpt.contains("cause=drain"), "{ckpt}");
+    assert!(ckpt.contains("deadline="), "{ckpt}");
+    assert!(
+        chrono::Utc::now() < deadline,
+        "warned only after the deadline"
+    );
+    assert!(log_of(app, &t.member, &id).await.contains("warned"));
+
+    // At the deadline its GPU is released and the job runs again on B, as attempt 2.
+    let first = wait_for_state(&a, &first_alloc, "preempted").await;
+    assert!(first["history"].to_string().contains("drained"), "{first}");
+    let done = wait_workload(app, &t.member, &id, "succeeded", 120).await;
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(done["hostname"], format!("{name}-b"), "{done}");
+    let log = log_of(app, &t.member, &id).await;
+    assert!(
+        log.contains("attempt 2") && log.contains("resumed"),
+        "{log}"
+    );
+
+    // Drained: nothing holds A any more. Undrain gives it back.
+    let (_, v) = a
+        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
+        .await;
+    assert_eq!(v["drain"]["state"], "drained", "{v}");
+    let (s, v) = a
+        .call(Method::DELETE, &format!("/api/v1/nodes/{a_id}/drain"), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["drain"].is_null(), "{v}");
+    for action in ["node.drain", "node.undrain"] {
+        let (_, audit) = a
+            .call(Method::GET, &format!("/api/v1/audit?action={action}"), None)
+            .await;
+        assert!(audit.to_string().contains(&a_id), "{action}: {audit}");
+    }
+    node_b.stop().await;
+    node_a.stop().await;
+}
+
+async fn only_platform_admins_drain_and_bad_drains_name_the_field(db: Db) {
+    let name = format!("drainauth-{}", format!("{db:?}").to_lowercase());
+    let a = AdminClient::new(db).await;
+    let t = team(&a, &name).await;
+    let node = WorkloadAgent::start(&a, &format!("{name}-n")).await;
+    let id = node_id(&a, &format!("{name}-n")).await;
+    let app = &a.app;
+    let path = format!("/api/v1/nodes/{id}/drain");
+    for token in [&t.member, &t.team_admin] {
+        let (s, _) = call_with_token(app, token, Method::POST, &path, Some(json!({}))).await;
+        assert_eq!(s, 403);
+        let (s, _) = call_with_token(app, token, Method::DELETE, &path, None).await;
+        assert_eq!(s, 403);
+    }
+    let bad: [(Value, &str); 5] = [
+        (json!({"minutes": -1}), "minutes"),
+        (json!({"deadline": "2001-01-01T00:00:00Z"}), "deadline"),
+        (
+            json!({"minutes": 5, "deadline": chrono::Utc::now()}),
+            "minutes",
+        ),
+        (json!({"gpu": "GPU-not-here"}), "gpu"),
+        (json!({"minutes": 5, "colour": "red"}), "colour"),
+    ];
+    for (body, field) in bad {
+        let (s, v) = a.call(Method::POST, &path, Some(body.clone())).await;
+        assert_eq!(s, 422, "{body}: {v}");
+        assert!(
+            v["error"]["field"] == field || v.to_string().contains(field),
+            "{body}: {v}"
+        );
+    }
+    let (s, _) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{}/drain", uuid::Uuid::new_v4()),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 404);
+    // Nothing above drained it.
+    let (_, v) = a
+        .call(Method::GET, &format!("/api/v1/nodes/{id}"), None)
+        .await;
+    assert!(v["drain"].is_null(), "{v}");
+    node.stop().await;
+}
