@@ -221,7 +221,51 @@ pub struct Access<'a> {
     pub gpu_fraction: Option<f64>,
     /// The port a notebook listens on: open to the node and the proxies.
     pub port: Option<u16>,
+    /// An OCI image's unpacked root ([`crate::oci::Image::rootfs`]) to run in, read-only,
+    /// instead of the node's system folders (`None`: the node's, as always). Its
+    /// configuration is applied by the caller with [`image_argv`] and [`image_env`].
+    pub image: Option<&'a Path>,
 }
+
+/// What an image runs: its `Entrypoint`, then the workload's command if it has one, else
+/// the image's `Cmd` (docker's rule).
+pub fn image_argv(config: &crate::oci::ImageConfig, command: &[String]) -> Vec<String> {
+    let rest = if command.is_empty() {
+        &config.cmd
+    } else {
+        command
+    };
+    config.entrypoint.iter().chain(rest).cloned().collect()
+}
+
+/// A workload's environment in an image: the image's `Env`, then the workload's own
+/// variables over it, except `PATH` when the image sets one (the node's `PATH` names
+/// folders the image does not have).
+pub fn image_env(
+    config: &crate::oci::ImageConfig,
+    env: &[(OsString, OsString)],
+) -> Vec<(OsString, OsString)> {
+    let mut out: Vec<(OsString, OsString)> = config
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .collect();
+    for (k, v) in env {
+        let image_has = out.iter().position(|(ik, _)| ik == k);
+        match image_has {
+            Some(_) if k == "PATH" => {}
+            Some(i) => out[i].1 = v.clone(),
+            None => out.push((k.clone(), v.clone())),
+        }
+    }
+    out
+}
+
+/// The folders the sandbox mounts over in an image root; the image store makes them
+/// plain directories in every root it unpacks, so the runtime never creates (or
+/// follows) anything in a shared image.
+pub const IMAGE_MOUNT_POINTS: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run/tessera"];
 
 /// What the executor needs to handle one container after it started; kept in the run's
 /// `state.json`, so an agent restarted (even without the sandbox) can still stop it.
@@ -500,8 +544,10 @@ impl Sandbox {
             None => None,
         };
         let netns = net.as_ref().map(Slot::netns_path);
+        let own_root = self.state.join("rootfs");
         let spec = Bundle {
-            rootfs: &self.state.join("rootfs"),
+            rootfs: access.image.unwrap_or(&own_root),
+            system: access.image.is_none(),
             workspace,
             control: &control,
             read_only: &self.settings.read_only,
@@ -648,6 +694,8 @@ impl Container {
 /// The OCI runtime configuration of one workload.
 struct Bundle<'a> {
     rootfs: &'a Path,
+    /// Bind the node's system folders and `read_only` (not in an image's root).
+    system: bool,
     workspace: &'a Path,
     control: &'a Path,
     read_only: &'a [PathBuf],
@@ -695,6 +743,7 @@ impl Bundle<'_> {
             .iter()
             .map(Path::new)
             .chain(self.read_only.iter().map(PathBuf::as_path))
+            .filter(|_| self.system)
         {
             if p.exists()
                 && let Some(dest) = p.to_str()
@@ -1089,6 +1138,7 @@ mod tests {
         let pipe = vec![PathBuf::from("/tmp/state/mps/GPU-1/pipe")];
         let b = Bundle {
             rootfs: Path::new("/state/rootfs"),
+            system: true,
             workspace: Path::new("/state/workspaces/t1"),
             control: Path::new("/state/runs/r1/ctl"),
             read_only: &[],
@@ -1136,6 +1186,97 @@ mod tests {
     }
 
     #[test]
+    fn an_image_is_the_read_only_root_and_no_node_folder_is_bound() {
+        let ro = vec![PathBuf::from("/")];
+        let b = Bundle {
+            rootfs: Path::new("/images/roots/abc/rootfs"),
+            system: false,
+            workspace: Path::new("/state/workspaces/t1"),
+            control: Path::new("/state/runs/r1/ctl"),
+            read_only: &ro,
+            binds: &[],
+            uid: 200_001,
+            cwd: "/work",
+            argv: &[],
+            env: &[],
+            nodes: &[],
+            limits: Limits {
+                memory_mib: 512,
+                cpus: 1.0,
+                pids: 100,
+                tmp_mib: 64,
+                nofile: 1024,
+                nproc: 200,
+            },
+            cgroup: "/tessera/r1",
+            seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
+            netns: None,
+        };
+        let c = b.config();
+        assert_eq!(
+            c["root"],
+            json!({"path": "/images/roots/abc/rootfs", "readonly": true})
+        );
+        assert_eq!(c["process"]["user"]["uid"], 200_001);
+        let binds: Vec<&str> = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["type"] == "bind")
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(binds, ["/sys", WORKSPACE_MOUNT, CONTROL_MOUNT]);
+        for dest in ["/proc", "/dev", "/tmp"] {
+            let bare = dest.trim_start_matches('/');
+            assert!(IMAGE_MOUNT_POINTS.contains(&bare), "{dest}");
+        }
+    }
+
+    #[test]
+    fn an_image_config_gives_the_command_and_environment() {
+        let config = crate::oci::ImageConfig {
+            env: vec![
+                "PATH=/opt/conda/bin:/bin".into(),
+                "LANG=C.UTF-8".into(),
+                "BROKEN".into(),
+            ],
+            entrypoint: vec!["/bin/entry".into()],
+            cmd: vec!["serve".into(), "--port=1".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            image_argv(&config, &[]),
+            ["/bin/entry", "serve", "--port=1"]
+        );
+        assert_eq!(
+            image_argv(&config, &["train.py".into()]),
+            ["/bin/entry", "train.py"]
+        );
+        let plain = crate::oci::ImageConfig {
+            cmd: vec!["/bin/sh".into()],
+            ..Default::default()
+        };
+        assert_eq!(image_argv(&plain, &["python".into()]), ["python"]);
+        let os = |s: &str| OsString::from(s);
+        let env = image_env(
+            &config,
+            &[
+                (os("PATH"), os("/usr/bin")),
+                (os("LANG"), os("de_DE")),
+                (os("TOKEN"), os("t")),
+            ],
+        );
+        assert_eq!(
+            env,
+            [
+                (os("PATH"), os("/opt/conda/bin:/bin")),
+                (os("LANG"), os("de_DE")),
+                (os("TOKEN"), os("t")),
+            ]
+        );
+    }
+
+    #[test]
     fn the_bundle_holds_only_what_the_workload_may_have() {
         let nodes = vec![
             DeviceNode {
@@ -1156,6 +1297,7 @@ mod tests {
         let ro = vec![PathBuf::from("/nonexistent-extra")];
         let b = Bundle {
             rootfs: Path::new("/state/rootfs"),
+            system: true,
             workspace: Path::new("/state/workspaces/t1"),
             control: Path::new("/state/runs/r1/ctl"),
             read_only: &ro,

@@ -624,3 +624,137 @@ fn which(program: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     })
 }
+
+/// A job in an image pulled from the registry runs in the crun sandbox with that image
+/// as its read-only root: it sees the image's `/etc/os-release`, not the node's, gets the
+/// image's environment, runs as the team's uid whatever the image's `User` says, and can
+/// write only its workspace and `/tmp`. Needs root, crun and busybox (CI has all three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_in_its_image_as_the_team_uid() {
+    use std::ffi::OsString;
+    use std::sync::Arc;
+    use tessera_agent::sandbox::{
+        Access, CONTROL_MOUNT, Sandbox, SandboxSettings, WORKSPACE_MOUNT, image_argv, image_env,
+    };
+
+    if !registry_available() {
+        return;
+    }
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == 0
+    });
+    if !root || which("crun").is_none() || !Path::new("/bin/busybox").exists() {
+        assert!(
+            std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_none() || !root,
+            "as root in CI, crun and busybox-static must be installed"
+        );
+        eprintln!("SKIPPED: running a job in an image needs root, crun and busybox-static");
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let image = build_image("tessera-jobimage", 0);
+    push(&http, &reg, "team/job", "v1", &image, None).await;
+    let work = tempfile::tempdir().unwrap();
+    let images = store(&work.path().join("images"), 1 << 40);
+    let r = ImageRef::parse(&format!("{}/team/job:v1", reg.addr)).unwrap();
+    let held = images.pull(&r, None).await.unwrap();
+
+    let sim = tessera_agent::sim::SimNode::new(&["H100-80GB"], 7).unwrap();
+    let dev = work.path().join("dev");
+    tessera_agent::sim::write_device_files(&dev, &[0]).unwrap();
+    let mut settings = SandboxSettings::new(PathBuf::from("crun"));
+    settings.uid_first = 310_000;
+    settings.uid_count = 10;
+    settings.memory_mib = Some(128);
+    settings.pids = 32;
+    settings.tmp_mib = 16;
+    settings.nofile = 1024;
+    settings.nproc = 300;
+    settings.network = None;
+    settings.simulated_devices(dev);
+    let sandbox = Sandbox::open(settings, Arc::new(sim), &work.path().join("sandbox"))
+        .unwrap_or_else(|e| panic!("sandbox: {e}"));
+    let workspace = work.path().join("workspace");
+    std::fs::create_dir(&workspace).unwrap();
+    let uid = sandbox.uid_for("team-a").unwrap();
+    sandbox.own_workspace(&workspace, uid).unwrap();
+    let run = work.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let log_path = run.join("output.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+
+    let script = format!(
+        "cat /etc/os-release; echo \"MARKER=$MARKER PATH=$PATH\"; echo \"uid=$(id -u)\"; \
+         (echo x > /etc/pwn) 2>/dev/null && echo ROOT-WRITABLE || echo root-read-only; \
+         echo ok > {WORKSPACE_MOUNT}/out && echo workspace-writable; \
+         echo ok > /tmp/t && echo tmp-writable; \
+         test -e /usr/lib/os-release && echo HOST-USR || echo no-host-usr; \
+         echo done > {CONTROL_MOUNT}/exit"
+    );
+    let argv = image_argv(held.config(), &[script]);
+    assert_eq!(&argv[..2], ["/bin/sh", "-c"]);
+    let env = image_env(
+        held.config(),
+        &[(
+            OsString::from("PATH"),
+            OsString::from("/usr/bin:/host-only"),
+        )],
+    );
+    let access = Access {
+        devices: &[],
+        binds: &[],
+        gpu_fraction: None,
+        port: None,
+        image: Some(held.rootfs()),
+    };
+    let started = sandbox
+        .start(
+            "oci-job-1",
+            &run,
+            &workspace,
+            uid,
+            WORKSPACE_MOUNT,
+            &argv,
+            &env,
+            &access,
+            &log,
+        )
+        .unwrap_or_else(|e| panic!("start: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{}", started.pid)).exists() {
+        // The container's init is our child's child: reap nothing, wait for it to go.
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", started.pid)).unwrap_or_default();
+        if stat.contains(") Z") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the job did not end");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.container.delete();
+    let out = std::fs::read_to_string(&log_path).unwrap();
+    assert!(out.contains("ID=tessera-jobimage"), "{out}");
+    assert!(
+        out.contains("MARKER=tessera-jobimage PATH=/bin"),
+        "the image's PATH: {out}"
+    );
+    assert!(out.contains(&format!("uid={uid}")), "{out}");
+    assert!(
+        out.contains("root-read-only") && !out.contains("ROOT-WRITABLE"),
+        "{out}"
+    );
+    assert!(
+        out.contains("workspace-writable") && out.contains("tmp-writable"),
+        "{out}"
+    );
+    assert!(out.contains("no-host-usr"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("out")).unwrap(),
+        "ok\n"
+    );
+    // The image root is as pulled: nothing the job did is in it.
+    assert!(!held.rootfs().join("etc/pwn").exists());
+    assert!(!held.rootfs().join("tmp/t").exists());
+}

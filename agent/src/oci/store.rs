@@ -387,6 +387,7 @@ impl ImageStore {
                 for l in &layers {
                     unpack::apply_layer_file(&root, l, limits, &mut tally)?;
                 }
+                unpack::make_mount_points(&root, crate::sandbox::IMAGE_MOUNT_POINTS)?;
                 Ok(tally.bytes)
             })
             .await

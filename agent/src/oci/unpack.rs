@@ -291,6 +291,32 @@ fn walk_parents(root: &Path, rel: &Path) -> Result<PathBuf, UnpackError> {
     Ok(at)
 }
 
+/// Makes each of `dirs` (relative, clean) a plain directory in `root`, whatever the image
+/// put there: a symlink or file on the way is replaced, never followed. The sandbox mounts
+/// over these, so the runtime has nothing to create or resolve in a shared root.
+pub fn make_mount_points(root: &Path, dirs: &[&str]) -> io::Result<()> {
+    for d in dirs {
+        let mut at = root.to_path_buf();
+        for c in Path::new(d).components() {
+            let Component::Normal(c) = c else {
+                return Err(io::Error::other(format!(
+                    "mount point {d} is not a plain path"
+                )));
+            };
+            at.push(c);
+            match fs::symlink_metadata(&at) {
+                Ok(m) if m.is_dir() => continue,
+                Ok(_) => remove_any(&at)?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            fs::create_dir(&at)?;
+            fs::set_permissions(&at, fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    Ok(())
+}
+
 /// Removes whatever is at `path` (a directory with its contents; a symlink itself, never
 /// its target). Missing is fine.
 fn remove_any(path: &Path) -> io::Result<()> {
@@ -616,6 +642,25 @@ mod tests {
         );
         assert!(!root.join("etc/.wh.gone").exists());
         refused(s.apply(Layer::new().file("etc/.wh...", 0o644, b"")));
+        s.assert_untouched();
+    }
+
+    #[test]
+    fn mount_points_become_plain_directories() {
+        let s = Scene::new();
+        let outside = s.dir.path().to_str().unwrap().to_string();
+        s.apply(
+            Layer::new()
+                .link(tar::EntryType::Symlink, "tmp", &outside)
+                .link(tar::EntryType::Symlink, "run", "/")
+                .file("workspace", 0o644, b"x"),
+        )
+        .unwrap();
+        make_mount_points(&s.root(), &["proc", "tmp", "workspace", "run/tessera"]).unwrap();
+        for d in ["proc", "tmp", "workspace", "run", "run/tessera"] {
+            let m = fs::symlink_metadata(s.root().join(d)).unwrap();
+            assert!(m.is_dir() && !m.file_type().is_symlink(), "{d}");
+        }
         s.assert_untouched();
     }
 
