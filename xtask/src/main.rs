@@ -236,6 +236,8 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
     if !packages.is_empty() {
         apt_install(&packages)?;
     }
+    // The notification tests' SMTP server (server/tests/it/notifications.rs).
+    pip_install("aiosmtpd", "aiosmtpd==1.4.6")?;
     Ok(())
 }
 

@@ -211,6 +211,7 @@ pub struct NewDelivery {
 /// A delivery with its event, as a worker sends it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DeliveryRow {
+    #[sqlx(rename = "delivery_id")]
     pub id: Uuid,
     pub channel: String,
     pub recipient: Uuid,
@@ -224,7 +225,7 @@ pub struct DeliveryRow {
     pub event: OutboxRow,
 }
 
-const DELIVERY_COLS: &str = "d.id, d.channel, d.recipient, d.state, d.attempts, d.last_status, \
+const DELIVERY_COLS: &str = "d.id AS delivery_id, d.channel, d.recipient, d.state, d.attempts, d.last_status, \
     d.last_error, d.sent_at, d.created_at AS delivery_created_at";
 
 /// A person who may get mail.
@@ -412,6 +413,22 @@ impl Store {
             sqlx::query(take).bind(claim).bind(now).execute(pool).await?;
             sqlx::query_as::<_, DeliveryRow>(&read).bind(claim).fetch_all(pool).await
         })
+    }
+
+    /// An event's delivery on `channel` to `recipient`.
+    pub async fn delivery_by_event(
+        &self,
+        event: Uuid,
+        channel: &str,
+        recipient: Uuid,
+    ) -> Result<Option<DeliveryRow>, StoreError> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLS}, {EVENT_COLS} FROM notification_deliveries d \
+             JOIN outbox_events e ON e.id = d.event_id \
+             WHERE d.event_id = $1 AND d.channel = $2 AND d.recipient = $3"
+        );
+        db!(self, pool => sqlx::query_as::<_, DeliveryRow>(&sql).bind(event).bind(channel)
+            .bind(recipient).fetch_optional(pool).await)
     }
 
     /// A delivery with its event.

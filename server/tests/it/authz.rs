@@ -45,6 +45,9 @@ pub struct Fixture {
     /// A notebook of the member's on each of `allocs` (stored directly: no allocation in
     /// the matrix becomes active), named `nb{i}`.
     workloads: Vec<String>,
+    /// Webhooks of team A, one per principal (to change or remove); they point at a
+    /// closed loopback port (the fixture's server allows private webhook addresses).
+    webhooks: Vec<String>,
 }
 
 async fn send(
@@ -98,7 +101,7 @@ const PAGE: [(&str, &str); 2] = [("page[offset]", "0"), ("page[limit]", "10")];
 
 impl Fixture {
     pub async fn new(db: Db) -> Fixture {
-        let app = TestApp::spawn(db).await;
+        let app = TestApp::spawn_with(db, |c| c.notify.webhook_allow_private = true).await;
         let admin_cookie = login(&app, "admin", ADMIN_PASSWORD).await;
         let admin_token = create_token(&app, Auth::Cookie(&admin_cookie)).await;
         let admin = Auth::Token(&admin_token);
@@ -241,6 +244,24 @@ impl Fixture {
         }
         let pending = made.split_off(WHO.len());
         let workloads = notebooks(&app, &made, &node_id).await;
+        let mut webhooks = Vec::new();
+        for _ in 0..WHO.len() {
+            let r = send(
+                &app,
+                Method::POST,
+                &format!("/api/v1/teams/{team_a}/webhooks"),
+                admin,
+                Body::Json(json!({"url": "http://127.0.0.1:9/hook"})),
+            )
+            .await;
+            assert_eq!(r.status(), 201, "add webhook");
+            webhooks.push(
+                r.json::<Value>().await.expect("json")["webhook"]["id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned(),
+            );
+        }
         Fixture {
             app,
             tokens,
@@ -257,6 +278,7 @@ impl Fixture {
             allocs: made,
             pending,
             workloads,
+            webhooks,
         }
     }
 }
@@ -460,6 +482,22 @@ fn rest_rows() -> Vec<Row> {
         row!(GET "/api/v1/workloads/{id}/log.txt", |f, _| format!("/api/v1/workloads/{}/log.txt", f.workloads[0]), none, WORKLOAD_ACT),
         // The notebook proxy: the owner and platform admins reach it (the notebook is still
         // pending: 503 "starting"); everyone else gets the 404 of a missing notebook.
+        row!(GET "/api/v1/me/notifications", |_, _| "/api/v1/me/notifications".into(), none, ANY_USER),
+        row!(PUT "/api/v1/me/notifications", |_, _| "/api/v1/me/notifications".into(),
+            |_, i| Body::Json(json!({"email": format!("p{i}@example.org"), "preferences": [{"kind": "workload.succeeded", "mode": "off"}]})), ANY_USER),
+        row!(GET "/api/v1/teams/{id}/webhooks", |f, _| format!("/api/v1/teams/{}/webhooks", f.team_a), none, TEAM_A_MANAGE),
+        row!(POST "/api/v1/teams/{id}/webhooks", |f, _| format!("/api/v1/teams/{}/webhooks", f.team_a),
+            |_, _| Body::Json(json!({"url": "http://127.0.0.1:9/new"})), [401, 403, 403, 201, 404, 201]),
+        row!(GET "/api/v1/teams/{id}/webhooks/{hook}", |f, _| format!("/api/v1/teams/{}/webhooks/{}", f.team_a, f.webhooks[0]), none, TEAM_A_MANAGE),
+        row!(PUT "/api/v1/teams/{id}/webhooks/{hook}", |f, i| format!("/api/v1/teams/{}/webhooks/{}", f.team_a, f.webhooks[i]),
+            |_, _| Body::Json(json!({"url": "http://127.0.0.1:9/changed", "events": ["workload.failed"]})), TEAM_A_MANAGE),
+        row!(DELETE "/api/v1/teams/{id}/webhooks/{hook}", |f, i| format!("/api/v1/teams/{}/webhooks/{}", f.team_a, f.webhooks[i]),
+            none, [401, 403, 403, 204, 404, 204]),
+        row!(GET "/api/v1/teams/{id}/webhooks/{hook}/deliveries", |f, _| format!("/api/v1/teams/{}/webhooks/{}/deliveries", f.team_a, f.webhooks[0]),
+            none, TEAM_A_MANAGE),
+        // The receiver's port is closed: those allowed get 200 saying it was not delivered.
+        row!(POST "/api/v1/teams/{id}/webhooks/{hook}/test", |f, _| format!("/api/v1/teams/{}/webhooks/{}/test", f.team_a, f.webhooks[0]),
+            none, TEAM_A_MANAGE),
         row!(GET "/user/{username}/{server}/{*rest}", |_, _| "/user/member-a/nb0/api/status".into(), none,
             [401, 404, 503, 404, 404, 503]),
     ]

@@ -1,0 +1,913 @@
+//! Notifications end to end (docs/notifications.md): a real SMTP server (aiosmtpd from
+//! PyPI, started here on a free loopback port, writing what it receives to a folder)
+//! and a loopback HTTP receiver that checks webhook signatures and refuses replays.
+//!
+//! Needs `python3 -m aiosmtpd` (`cargo xtask test` installs it).
+
+use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::on_both_databases;
+use crate::support::{AdminClient, Db, TestApp, call_with_token, error_kind};
+use crate::workloads::{WorkloadAgent, wait_workload};
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tessera_server::config::{Secret, ServeConfig};
+use tessera_server::notify::Notifier;
+
+on_both_databases!(
+    a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook,
+    approval_events_reach_approvers_and_the_requester,
+    ten_job_endings_with_digest_make_one_mail,
+    each_delivery_is_sent_once_across_a_leader_change,
+    bad_input_and_authorization,
+);
+
+// ---- the SMTP server ----
+
+const SMTPD: &str = r#"
+import itertools, os, sys, time
+from aiosmtpd.controller import Controller
+port, out = int(sys.argv[1]), sys.argv[2]
+counter = itertools.count()
+class Handler:
+    async def handle_DATA(self, server, session, envelope):
+        n = next(counter)
+        tmp = os.path.join(out, ".%05d.tmp" % n)
+        with open(tmp, "wb") as f:
+            f.write(("X-Envelope-To: " + ",".join(envelope.rcpt_tos) + "\r\n").encode())
+            f.write(envelope.original_content or envelope.content)
+        os.rename(tmp, os.path.join(out, "%05d.eml" % n))
+        return "250 OK"
+c = Controller(Handler(), hostname="127.0.0.1", port=port)
+c.start()
+print("ready", flush=True)
+while True:
+    time.sleep(3600)
+"#;
+
+/// aiosmtpd on a free loopback port; every message lands in `dir` as one file.
+struct Smtpd {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Smtpd {
+    fn start() -> Smtpd {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", SMTPD, &port.to_string()])
+            .arg(dir.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 with aiosmtpd (pip install aiosmtpd; cargo xtask test does)");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read");
+        assert_eq!(line.trim(), "ready", "aiosmtpd did not start");
+        Smtpd { child, dir, port }
+    }
+
+    fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    /// Every message received so far: (envelope recipients, the raw message).
+    fn messages(&self) -> Vec<(String, String)> {
+        messages_in(self.dir.path())
+    }
+
+    /// Waits until at least `n` messages arrived (at most `secs`).
+    async fn wait_for(&self, n: usize, secs: u64) -> Vec<(String, String)> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let m = self.messages();
+            if m.len() >= n || Instant::now() > deadline {
+                return m;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Smtpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn messages_in(dir: &Path) -> Vec<(String, String)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "eml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p).expect("read");
+            let to = text
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix("X-Envelope-To: "))
+                .unwrap_or("")
+                .to_owned();
+            (to, unfold(&text))
+        })
+        .collect()
+}
+
+/// The message with quoted-printable soft line breaks and encodings undone enough to
+/// search its text (`=\r\n` joins, `=3D` is `=`).
+fn unfold(raw: &str) -> String {
+    raw.replace("=\r\n", "")
+        .replace("=\n", "")
+        .replace("=3D", "=")
+}
+
+fn header<'a>(msg: &'a str, name: &str) -> Option<&'a str> {
+    msg.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map(str::trim)
+}
+
+// ---- the webhook receiver ----
+
+/// What the receiver accepted: (delivery id, body) per verified request, and the
+/// signatures it has seen (a second request with one of them is a replay).
+#[derive(Default)]
+struct Received {
+    accepted: Vec<(String, Value)>,
+    seen: HashSet<String>,
+    refused: Vec<String>,
+    /// The last accepted request, to replay: (headers, body).
+    last: Option<(Vec<(String, String)>, Vec<u8>)>,
+}
+
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Received>>,
+    secret: Arc<Mutex<String>>,
+}
+
+/// The check a receiver makes: `t=<unix>,v1=<hex>` over `<t>.<body>` with the secret,
+/// within five minutes, and never twice.
+fn verify(
+    secret: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    got: &mut Received,
+) -> Result<(), String> {
+    let sig = headers
+        .get("x-tessera-signature")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("no signature")?
+        .to_owned();
+    let mut t = None;
+    let mut v1 = None;
+    for part in sig.split(',') {
+        match part.split_once('=') {
+            Some(("t", x)) => t = x.parse::<i64>().ok(),
+            Some(("v1", x)) => v1 = Some(x.to_owned()),
+            _ => {}
+        }
+    }
+    let (t, v1) = (t.ok_or("no timestamp")?, v1.ok_or("no v1")?);
+    if (chrono::Utc::now().timestamp() - t).abs() > 300 {
+        return Err("timestamp outside the window".into());
+    }
+    let tag: Vec<u8> = (0..v1.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(v1.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "signature is not hex")?;
+    let mut signed = format!("{t}.").into_bytes();
+    signed.extend_from_slice(body);
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    ring::hmac::verify(&key, &signed, &tag).map_err(|_| "bad signature")?;
+    if !got.seen.insert(sig) {
+        return Err("replay".into());
+    }
+    Ok(())
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let got: Arc<Mutex<Received>> = Arc::default();
+        let secret: Arc<Mutex<String>> = Arc::default();
+        let (g, s) = (got.clone(), secret.clone());
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                let (g, s) = (g.clone(), s.clone());
+                async move {
+                    let secret = s.lock().expect("lock").clone();
+                    let mut got = g.lock().expect("lock");
+                    match verify(&secret, &headers, &body, &mut got) {
+                        Ok(()) => {
+                            let id = headers
+                                .get("x-tessera-delivery")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_owned();
+                            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            got.accepted.push((id, v));
+                            got.last = Some((
+                                headers
+                                    .iter()
+                                    .filter(|(k, _)| k.as_str().starts_with("x-tessera"))
+                                    .map(|(k, v)| {
+                                        (k.to_string(), v.to_str().unwrap_or("").to_owned())
+                                    })
+                                    .collect(),
+                                body.to_vec(),
+                            ));
+                            StatusCode::NO_CONTENT
+                        }
+                        Err(e) => {
+                            got.refused.push(e);
+                            StatusCode::UNAUTHORIZED
+                        }
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { url, got, secret }
+    }
+
+    fn set_secret(&self, s: &str) {
+        *self.secret.lock().expect("lock") = s.to_owned();
+    }
+
+    fn accepted(&self) -> Vec<(String, Value)> {
+        self.got.lock().expect("lock").accepted.clone()
+    }
+
+    async fn wait_for(
+        &self,
+        pred: impl Fn(&[(String, Value)]) -> bool,
+        secs: u64,
+    ) -> Vec<(String, Value)> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let a = self.accepted();
+            if pred(&a) || Instant::now() > deadline {
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Sends the last accepted request again, as an attacker who recorded it would.
+    async fn replay(&self) -> u16 {
+        let (headers, body) = self
+            .got
+            .lock()
+            .expect("lock")
+            .last
+            .clone()
+            .expect("a request");
+        let mut rb = reqwest::Client::new().post(&self.url).body(body);
+        for (k, v) in headers {
+            rb = rb.header(k, v);
+        }
+        rb.header("content-type", "application/json")
+            .send()
+            .await
+            .expect("replay")
+            .status()
+            .as_u16()
+    }
+}
+
+// ---- helpers ----
+
+async fn app_with_mail(db: Db, smtp: &Smtpd) -> AdminClient {
+    app_polling(db, smtp, Duration::from_millis(300)).await
+}
+
+/// An app whose own delivery worker looks every `interval`.
+async fn app_polling(db: Db, smtp: &Smtpd, interval: Duration) -> AdminClient {
+    let url = smtp.url();
+    let app = TestApp::spawn_with(db, |c| {
+        c.notify.smtp_url = Some(Secret::new(url));
+        c.notify.mail_from = "Tessera <gpu@example.org>".into();
+        c.notify.webhook_allow_private = true;
+        c.notify.notify_interval = interval;
+    })
+    .await;
+    AdminClient::with_app(app).await
+}
+
+async fn set_email(app: &TestApp, token: &str, email: &str) -> Value {
+    let (s, v) = call_with_token(
+        app,
+        token,
+        Method::PUT,
+        "/api/v1/me/notifications",
+        Some(json!({"email": email})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["email"], email, "{v}");
+    v
+}
+
+async fn add_hook(app: &TestApp, token: &str, team: &str, url: &str) -> (String, String) {
+    let (s, v) = call_with_token(
+        app,
+        token,
+        Method::POST,
+        &format!("/api/v1/teams/{team}/webhooks"),
+        Some(json!({"url": url})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    (
+        v["webhook"]["id"].as_str().expect("id").to_owned(),
+        v["secret"].as_str().expect("secret").to_owned(),
+    )
+}
+
+/// A worker of the test's own over `app`'s database (its own claim), like a second
+/// leader would run.
+async fn worker(app: &TestApp, smtp: &Smtpd) -> Notifier {
+    let mut services = app.side_services().await;
+    services.notifications = services
+        .notifications
+        .clone()
+        .with_data_keys(Arc::new(app.data_keys()))
+        .allowing_private_webhooks(true);
+    let mut config = ServeConfig::for_tests(&app.database_url);
+    config.notify.smtp_url = Some(Secret::new(smtp.url()));
+    config.public_url = Some(app.base.clone());
+    Notifier::new(Arc::new(services), &config).expect("notifier")
+}
+
+fn to_of(msgs: &[(String, String)], addr: &str) -> usize {
+    msgs.iter().filter(|(to, _)| to == addr).count()
+}
+
+// ---- tests ----
+
+async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: Db) {
+    let smtp = Smtpd::start();
+    let a = app_with_mail(db, &smtp).await;
+    let app = &a.app;
+    let name = format!("mail-{}", format!("{db:?}").to_lowercase());
+    let t = team(&a, &name).await;
+    let other = team(&a, &format!("{name}-other")).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    set_email(app, &t.member, "ada@example.org").await;
+    set_email(app, &other.member, "eve@example.org").await;
+    set_email(app, &other.team_admin, "mallory@example.org").await;
+    let receiver = Receiver::start().await;
+    let (_, secret) = add_hook(app, &t.team_admin, &t.id, &receiver.url).await;
+    receiver.set_secret(&secret);
+
+    let agent = WorkloadAgent::start(&a, &format!("{name}-node")).await;
+    let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    let alloc = v["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &alloc, "active").await;
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": alloc, "name": "train", "command": "echo hi; exit 3"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let job = v["id"].as_str().expect("id").to_owned();
+    wait_workload(app, &t.member, &job, "failed", 60).await;
+
+    let msgs = smtp.wait_for(1, 30).await;
+    let mine: Vec<&(String, String)> = msgs
+        .iter()
+        .filter(|(to, _)| to == "ada@example.org")
+        .collect();
+    assert_eq!(mine.len(), 1, "one mail to the job's owner: {msgs:#?}");
+    let mail = &mine[0].1;
+    let subject = header(mail, "Subject").expect("subject");
+    assert!(subject.contains("failed"), "{subject}");
+    assert!(mail.contains("train"), "{mail}");
+    assert!(mail.contains("exit code 3"), "{mail}");
+    assert_eq!(header(mail, "To"), Some("ada@example.org"), "{mail}");
+    assert!(
+        header(mail, "From").is_some_and(|f| f.contains("gpu@example.org")),
+        "{mail}"
+    );
+    let link = format!("{}/workloads/{job}", app.base);
+    assert!(
+        mail.contains(&link),
+        "the mail links to the job ({link}): {mail}"
+    );
+    assert!(
+        mail.contains("text/plain") && mail.contains("text/html"),
+        "{mail}"
+    );
+
+    // The team's webhook got the event, signed; a replay is refused.
+    let hooks = receiver
+        .wait_for(
+            |a| a.iter().any(|(_, b)| b["kind"] == "workload.failed"),
+            30,
+        )
+        .await;
+    let (delivery, body) = hooks
+        .iter()
+        .find(|(_, b)| b["kind"] == "workload.failed")
+        .expect("workload.failed posted");
+    assert!(!delivery.is_empty());
+    assert_eq!(body["subject_id"], job.as_str(), "{body}");
+    assert_eq!(body["team_id"], t.id.as_str(), "{body}");
+    assert_eq!(body["link"], link.as_str(), "{body}");
+    assert!(
+        body["text"].as_str().is_some_and(|t| t.contains("failed")),
+        "{body}"
+    );
+    assert_eq!(
+        receiver.replay().await,
+        401,
+        "a replayed delivery is refused"
+    );
+    assert!(
+        receiver
+            .got
+            .lock()
+            .expect("lock")
+            .refused
+            .contains(&"replay".to_owned()),
+        "refused as a replay"
+    );
+
+    // Nothing about this team reaches the other team's people, even after more passes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let msgs = smtp.messages();
+    assert_eq!(to_of(&msgs, "eve@example.org"), 0, "{msgs:#?}");
+    assert_eq!(to_of(&msgs, "mallory@example.org"), 0, "{msgs:#?}");
+    assert_eq!(to_of(&msgs, "ada@example.org"), 1, "sent once: {msgs:#?}");
+
+    // The hook's delivery log shows it.
+    let hook_list = call_with_token(
+        app,
+        &t.team_admin,
+        Method::GET,
+        &format!("/api/v1/teams/{}/webhooks", t.id),
+        None,
+    )
+    .await
+    .1;
+    let hook_id = hook_list[0]["id"].as_str().expect("hook");
+    assert_eq!(hook_list[0]["consecutive_failures"], 0, "{hook_list}");
+    let (s, log) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::GET,
+        &format!("/api/v1/teams/{}/webhooks/{hook_id}/deliveries", t.id),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{log}");
+    assert!(
+        log.as_array()
+            .expect("list")
+            .iter()
+            .any(|d| d["kind"] == "workload.failed" && d["state"] == "sent"),
+        "{log}"
+    );
+    agent.stop().await;
+}
+
+async fn approval_events_reach_approvers_and_the_requester(db: Db) {
+    let smtp = Smtpd::start();
+    let a = app_with_mail(db, &smtp).await;
+    let app = &a.app;
+    let t = team(&a, "approvals").await;
+    let other = team(&a, "approvals-other").await;
+    // One slice per user without approval: the second request waits for a team admin.
+    set_quota(&a, &t.id, "H100-80GB", 14, 14, 1).await;
+    set_email(app, &t.member, "req@example.org").await;
+    set_email(app, &t.team_admin, "lead@example.org").await;
+    set_email(app, &other.team_admin, "other-lead@example.org").await;
+    let receiver = Receiver::start().await;
+    let (_, secret) = add_hook(app, &t.team_admin, &t.id, &receiver.url).await;
+    receiver.set_secret(&secret);
+    let (s, _) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201);
+    let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["state"], "pending_approval", "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    let msgs = smtp.wait_for(1, 20).await;
+    let lead: Vec<_> = msgs
+        .iter()
+        .filter(|(to, _)| to == "lead@example.org")
+        .collect();
+    assert_eq!(lead.len(), 1, "the team admin is asked: {msgs:#?}");
+    assert!(
+        lead[0]
+            .1
+            .contains(&format!("{}/allocations/{id}", app.base)),
+        "{}",
+        lead[0].1
+    );
+    assert!(
+        header(&lead[0].1, "Subject").is_some_and(|s| s.contains("approval")),
+        "{}",
+        lead[0].1
+    );
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::POST,
+        &format!("/api/v1/allocations/{id}/deny"),
+        Some(json!({"reason": "not this week"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let msgs = smtp.wait_for(2, 20).await;
+    let req: Vec<_> = msgs
+        .iter()
+        .filter(|(to, _)| to == "req@example.org")
+        .collect();
+    assert_eq!(req.len(), 1, "the requester hears of the denial: {msgs:#?}");
+    assert!(
+        req[0].1.contains("denied") && req[0].1.contains("not this week"),
+        "{}",
+        req[0].1
+    );
+    assert_eq!(to_of(&msgs, "other-lead@example.org"), 0, "{msgs:#?}");
+    let hooks = receiver
+        .wait_for(|a| a.iter().any(|(_, b)| b["kind"] == "request.denied"), 20)
+        .await;
+    let kinds: Vec<&str> = hooks
+        .iter()
+        .filter_map(|(_, b)| b["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"request.needs_approval") && kinds.contains(&"request.denied"),
+        "{kinds:?}"
+    );
+}
+
+async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
+    let smtp = Smtpd::start();
+    let a = app_with_mail(db, &smtp).await;
+    let app = &a.app;
+    let t = team(&a, "digest").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    set_email(app, &t.member, "dig@example.org").await;
+    // Succeeded jobs go to the digest by default; failed ones too, by choice.
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::PUT,
+        "/api/v1/me/notifications",
+        Some(json!({"preferences": [{"kind": "workload.failed", "mode": "digest"}]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let pref = |k: &str| {
+        v["preferences"]
+            .as_array()
+            .expect("prefs")
+            .iter()
+            .find(|p| p["kind"] == k)
+            .cloned()
+            .expect("kind")
+    };
+    assert_eq!(pref("workload.failed")["mode"], "digest");
+    assert_eq!(pref("workload.failed")["default"], false);
+    assert_eq!(pref("workload.succeeded")["mode"], "digest");
+    assert_eq!(pref("workload.succeeded")["default"], true);
+    let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    let alloc = uuid::Uuid::parse_str(v["id"].as_str().expect("id")).expect("uuid");
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let row = store
+        .allocation(alloc)
+        .await
+        .expect("load")
+        .expect("allocation");
+    // Ten jobs end one after the other, each through the store's own transition.
+    for i in 0..10 {
+        let w = tessera_core::store::WorkloadRow {
+            owns_allocation: true,
+            ..tessera_core::store::WorkloadRow::new(
+                tessera_domain::workload::WorkloadKind::Job,
+                &format!("job{i}"),
+                (alloc, row.a.team_id, row.a.user_id),
+                tessera_domain::workload::WorkloadState::Running,
+                chrono::Utc::now(),
+            )
+        };
+        assert!(store.insert_workload(&w).await.expect("insert"));
+        let end = if i % 2 == 0 { "succeeded" } else { "failed" };
+        let change = tessera_core::store::WorkloadChange {
+            ended_at: Some(chrono::Utc::now()),
+            exit_code: Some(if i % 2 == 0 { 0 } else { 1 }),
+            ..Default::default()
+        };
+        assert!(
+            store
+                .workload_step(w.id, "running", end, &change)
+                .await
+                .expect("step")
+        );
+    }
+    // The server's own worker writes the deliveries but sends nothing before the digest hour.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        smtp.messages().len(),
+        0,
+        "nothing immediate: {:#?}",
+        smtp.messages()
+    );
+    let w = worker(app, &smtp).await;
+    let tomorrow = chrono::Utc::now() + chrono::Duration::days(1) + chrono::Duration::hours(1);
+    let sent = w.pass(tomorrow).await;
+    assert_eq!(sent, 10, "ten digest items");
+    let msgs = smtp.wait_for(1, 10).await;
+    assert_eq!(msgs.len(), 1, "one mail: {msgs:#?}");
+    let (to, mail) = &msgs[0];
+    assert_eq!(to, "dig@example.org");
+    assert!(
+        header(mail, "Subject").is_some_and(|s| s.contains("10 notifications")),
+        "{mail}"
+    );
+    for i in 0..10 {
+        assert!(
+            mail.contains(&format!("`job{i}`")),
+            "job{i} in the digest: {mail}"
+        );
+    }
+    assert_eq!(w.pass(tomorrow).await, 0, "a second pass sends nothing");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(smtp.messages().len(), 1);
+}
+
+async fn each_delivery_is_sent_once_across_a_leader_change(db: Db) {
+    let smtp = Smtpd::start();
+    // The server's own worker made its first pass at start and then waits an hour: the
+    // workers below are the leaders here (an old one that died holding a delivery, a new
+    // one, and a stale one still running).
+    let a = app_polling(db, &smtp, Duration::from_secs(3600)).await;
+    let app = &a.app;
+    let t = team(&a, "once").await;
+    set_quota(&a, &t.id, "H100-80GB", 14, 14, 1).await;
+    set_email(app, &t.team_admin, "once@example.org").await;
+    let receiver = Receiver::start().await;
+    let (hook, secret) = add_hook(app, &t.team_admin, &t.id, &receiver.url).await;
+    receiver.set_secret(&secret);
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let hook = uuid::Uuid::parse_str(&hook).expect("uuid");
+    // A dead leader's claim: it took the webhook delivery of a new event, then died
+    // before sending. Take it first, before the server's worker sees it.
+    let dead = uuid::Uuid::new_v4();
+    let event = tessera_core::store::NewEvent::new(
+        tessera_domain::notify::EventKind::BudgetThreshold,
+        Some(uuid::Uuid::parse_str(&t.id).expect("uuid")),
+        ("team", uuid::Uuid::parse_str(&t.id).expect("uuid")),
+        tessera_domain::notify::EventPayload {
+            summary: "Team once has spent 50 % of its budget".into(),
+            path: format!("/teams/{}", t.id),
+            user_id: None,
+            detail: None,
+            team_name: Some("once".into()),
+            audience: Some("team_admins".into()),
+        },
+        chrono::Utc::now(),
+    );
+    let long_ago = chrono::Utc::now() - chrono::Duration::minutes(10);
+    // The dead leader fanned out and took the webhook delivery long ago.
+    assert!(store.record_event(&event).await.expect("record"));
+    let services = app.side_services().await;
+    let fanned = services
+        .notifications
+        .fan_out(chrono::Utc::now(), 100)
+        .await
+        .expect("fan out");
+    assert_eq!(fanned, 1);
+    let d = store
+        .delivery_by_event(event.id, "webhook", hook)
+        .await
+        .expect("load")
+        .expect("a webhook delivery");
+    assert!(
+        store
+            .claim_delivery(d.id, dead, long_ago)
+            .await
+            .expect("claim"),
+        "the dead leader took it"
+    );
+    let again = store
+        .claim_delivery(d.id, uuid::Uuid::new_v4(), long_ago)
+        .await
+        .expect("claim");
+    assert!(!again, "taken once");
+    // More events, while the new leader and a stale one (not yet stopped) run at once.
+    for i in 0..20 {
+        let mut e = event.clone();
+        e.id = uuid::Uuid::now_v7();
+        e.payload.summary = format!("event {i}");
+        assert!(store.record_event(&e).await.expect("record"));
+    }
+    let w1 = worker(app, &smtp)
+        .await
+        .with_stale_claim(chrono::Duration::seconds(1));
+    let w2 = worker(app, &smtp).await;
+    let now = chrono::Utc::now();
+    let (x, y) = tokio::join!(w1.pass(now), w2.pass(now));
+    assert!(x + y > 0);
+    let got = receiver.wait_for(|a| a.len() >= 21, 30).await;
+    let mails = smtp.wait_for(21, 30).await;
+    // One webhook post and one mail per event, none twice.
+    let mut per_event: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, b) in &got {
+        *per_event
+            .entry(b["id"].as_str().expect("id").to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(per_event.len(), 21, "every event posted: {per_event:?}");
+    assert!(
+        per_event.values().all(|n| *n == 1),
+        "none twice: {per_event:?}"
+    );
+    let ids: HashSet<&str> = mails
+        .iter()
+        .filter_map(|(_, m)| header(m, "Message-ID"))
+        .collect();
+    assert_eq!(mails.len(), 21, "one mail per event");
+    assert_eq!(ids.len(), 21, "no mail twice");
+    // The dead leader's delivery went out once, by the new leader.
+    assert!(per_event.contains_key(&event.id.to_string()));
+    let d = store.delivery(d.id).await.expect("load").expect("delivery");
+    assert_eq!(d.state, "sent");
+    assert_eq!(
+        d.attempts, 2,
+        "taken by the dead leader, then by the new one"
+    );
+    // Later passes send nothing more.
+    w1.pass(chrono::Utc::now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(receiver.accepted().len(), 21);
+    assert_eq!(smtp.messages().len(), 21);
+}
+
+async fn bad_input_and_authorization(db: Db) {
+    // No allow setting here: private addresses are refused.
+    let a = AdminClient::new(db).await;
+    let app = &a.app;
+    let t = team(&a, "hooks").await;
+    let other = team(&a, "hooks-other").await;
+    let path = format!("/api/v1/teams/{}/webhooks", t.id);
+    let post = |token: &str, body: Value| {
+        let (app, token, path) = (app, token.to_owned(), path.clone());
+        async move {
+            reqwest::Client::new()
+                .post(app.url(&path))
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .expect("request")
+        }
+    };
+    for (body, field) in [
+        (json!({"url": "ftp://hooks.example.org/x"}), "url"),
+        (json!({"url": "http://127.0.0.1:8080/x"}), "url"),
+        (json!({"url": "http://169.254.169.254/latest"}), "url"),
+        (json!({"url": "http://[::1]/x"}), "url"),
+        (json!({"url": "http://10.0.0.8/x"}), "url"),
+        (json!({"url": "http://localhost:9/x"}), "url"),
+        (
+            json!({"url": "https://93.184.216.34/x", "colour": "red"}),
+            "colour",
+        ),
+        (
+            json!({"url": "https://93.184.216.34/x", "events": ["job.exploded"]}),
+            "events",
+        ),
+    ] {
+        let (s, e) = error_kind(post(&t.team_admin, body.clone()).await).await;
+        assert_eq!(s, 422, "{body}: {e}");
+        assert!(e.to_string().contains(field), "{body}: names {field}: {e}");
+    }
+    // A member may not add hooks; another team's admin does not see the team.
+    let ok = json!({"url": "https://93.184.216.34/hook"});
+    assert_eq!(post(&t.member, ok.clone()).await.status(), 403);
+    assert_eq!(post(&other.team_admin, ok.clone()).await.status(), 404);
+    let r = post(&t.team_admin, ok.clone()).await;
+    assert_eq!(r.status(), 201);
+    let created: Value = r.json().await.expect("json");
+    let hook = created["webhook"]["id"].as_str().expect("id");
+    assert!(created["secret"].as_str().is_some_and(|s| s.len() > 20));
+    // The secret is stored sealed, never in clear.
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let row = store
+        .webhook(uuid::Uuid::parse_str(hook).expect("uuid"))
+        .await
+        .expect("load")
+        .expect("row");
+    assert!(
+        !row.secret
+            .as_stored()
+            .contains(created["secret"].as_str().expect("secret"))
+    );
+    assert!(row.secret.key_id().is_some(), "sealed");
+    for who in [&t.member, &other.team_admin] {
+        let (s, _) = call_with_token(app, who, Method::GET, &format!("{path}/{hook}"), None).await;
+        assert!(s == 403 || s == 404);
+    }
+    let (s, _) = call_with_token(
+        app,
+        &other.team_admin,
+        Method::GET,
+        &format!("{path}/{hook}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404, "another team's hook is not found");
+    // Another team's hook id under one's own team is not found either.
+    let (s, _) = call_with_token(
+        app,
+        &other.team_admin,
+        Method::DELETE,
+        &format!("/api/v1/teams/{}/webhooks/{hook}", other.id),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    // Malformed email, unknown fields, unknown kinds.
+    for (body, field) in [
+        (json!({"email": "not-an-address"}), "email"),
+        (json!({"email": "a b@example.org"}), "email"),
+        (json!({"mail": "a@example.org"}), "mail"),
+        (
+            json!({"preferences": [{"kind": "nope", "mode": "off"}]}),
+            "preferences",
+        ),
+        (
+            json!({"preferences": [{"kind": "workload.failed", "mode": "sometimes"}]}),
+            "preferences",
+        ),
+    ] {
+        let r = reqwest::Client::new()
+            .put(app.url("/api/v1/me/notifications"))
+            .bearer_auth(&t.member)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let (s, e) = error_kind(r).await;
+        assert_eq!(s, 422, "{body}: {e}");
+        assert!(e.to_string().contains(field), "{body}: names {field}: {e}");
+    }
+    let v = set_email(app, &t.member, "ok@example.org").await;
+    assert_eq!(v["email_verified"], false);
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::PUT,
+        "/api/v1/me/notifications",
+        Some(json!({"email": ""})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["email"], Value::Null, "{v}");
+    assert!(
+        !v["preferences"]
+            .as_array()
+            .expect("prefs")
+            .iter()
+            .any(|p| p["kind"] == "node.lost"),
+        "node.lost is for platform admins: {v}"
+    );
+}
