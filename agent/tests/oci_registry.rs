@@ -427,6 +427,29 @@ async fn pull_verify_unpack_single_flight_and_gc() {
     );
     drop(held);
 
+    // A tag and the digest it names, pulled at once: still one fetch of each blob.
+    let delta = build_image("tessera-delta", 64 << 10);
+    push(&http, &reg, "team/delta", "v1", &delta, None).await;
+    let by_tag = ImageRef::parse(&format!("{}/team/delta:v1", reg.addr)).unwrap();
+    let by_digest =
+        ImageRef::parse(&format!("{}/team/delta@{}", reg.addr, delta.digest())).unwrap();
+    let pulls: Vec<_> = (0..6)
+        .map(|i| {
+            let images = images.clone();
+            let r = if i % 2 == 0 {
+                by_tag.clone()
+            } else {
+                by_digest.clone()
+            };
+            tokio::spawn(async move { images.pull(&r, None).await })
+        })
+        .collect();
+    for p in pulls {
+        assert_eq!(p.await.unwrap().unwrap().digest().as_str(), delta.digest());
+    }
+    assert_eq!(reg.blob_gets(&delta.layer_digest()), 1, "{}", reg.log());
+    assert_eq!(reg.blob_gets(&delta.config_digest()), 1);
+
     // GC: a store whose cache fits nothing keeps what is held and drops the rest.
     let small_dir = work.path().join("small");
     let small = store(&small_dir, 1);

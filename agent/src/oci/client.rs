@@ -385,7 +385,7 @@ impl<'a> Session<'a> {
         Ok((got, doc))
     }
 
-    /// Streams blob `d` into `dest` (through `dest.partial`), hashing as it goes; `dest`
+    /// Streams blob `d` into `dest` (through a `.partial` file beside it), hashing as it goes; `dest`
     /// appears only when the size and digest match. `done` grows by the bytes received.
     pub async fn blob(
         &mut self,
@@ -398,7 +398,13 @@ impl<'a> Session<'a> {
         let url = format!("{}/blobs/{digest}", self.base);
         let what = format!("blob {digest}");
         let mut resp = self.get(&url, "*/*", &what).await?;
-        let partial = dest.with_extension("partial");
+        // Unique per write: two pulls may fetch the same config at once; the rename is atomic.
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let partial = dest.with_extension(format!(
+            "{}.{}.partial",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         let mut file = tokio::fs::File::create(&partial).await?;
         let mut hasher = Sha256::new();
         let mut len = 0u64;

@@ -2,10 +2,14 @@
 //! with least-recently-used collection that never removes an image in use.
 //!
 //! ```text
-//! <dir>/blobs/sha256/<hex>       verified blobs (manifests and configs stay; layers go once unpacked)
+//! <dir>/blobs/sha256/<hex>       verified image configs
 //! <dir>/roots/<hex>/rootfs       an image's unpacked root, per manifest digest
 //! <dir>/roots/<hex>/image.json   its config (Env, WorkingDir, Entrypoint, Cmd) and size
-//! <dir>/tmp/                     roots being built or collected (emptied at open)
+//! <dir>/tmp/<hex>-<n>/           a root being built, its verified layer blobs beside it
+//!                                (removed once unpacked); roots being collected
+//!
+//! Pulls wait for one another per reference and then per manifest digest, so a tag and
+//! a digest naming one image build it once.
 //! ```
 //!
 //! The directory is 0700: workloads see an image only as the root the sandbox mounts.
@@ -277,15 +281,7 @@ impl ImageStore {
             return Ok(img);
         }
         let key = image.to_string();
-        let flight = lock(&self.0.flights)
-            .entry(key.clone())
-            .or_insert_with(|| {
-                Arc::new(Flight {
-                    lock: tokio::sync::Mutex::new(()),
-                    progress: Arc::new(Progress::default()),
-                })
-            })
-            .clone();
+        let flight = self.flight(&key);
         let result = {
             let _turn = flight.lock.lock().await;
             match image.digest().and_then(|d| self.hold(d)) {
@@ -293,16 +289,31 @@ impl ImageStore {
                 None => self.fetch(image, creds, &flight.progress).await,
             }
         };
-        {
-            let mut flights = lock(&self.0.flights);
-            // Last one out removes it (others may still wait on this flight).
-            if Arc::strong_count(&flight) == 2 {
-                flights.remove(&key);
-            }
-        }
+        self.land(&key, flight);
         let img = result?;
         self.collect();
         Ok(img)
+    }
+
+    /// The flight for `key`, joined or started.
+    fn flight(&self, key: &str) -> Arc<Flight> {
+        lock(&self.0.flights)
+            .entry(key.to_string())
+            .or_insert_with(|| {
+                Arc::new(Flight {
+                    lock: tokio::sync::Mutex::new(()),
+                    progress: Arc::new(Progress::default()),
+                })
+            })
+            .clone()
+    }
+
+    /// Leaves a flight; the last one out removes it (others may still wait on it).
+    fn land(&self, key: &str, flight: Arc<Flight>) {
+        let mut flights = lock(&self.0.flights);
+        if Arc::strong_count(&flight) == 2 {
+            flights.remove(key);
+        }
     }
 
     /// Holds a stored image, if it is there.
@@ -329,9 +340,26 @@ impl ImageStore {
     ) -> Result<Image, PullError> {
         let mut session = Session::new(&self.0.http, image, creds);
         let manifest = session.manifest().await?;
-        if let Some(img) = self.hold(&manifest.digest) {
-            return Ok(img);
-        }
+        // Two references (a tag and a digest) naming one image: one builds it, per digest.
+        let key = manifest.digest.to_string();
+        let same = self.flight(&key);
+        let result = {
+            let _turn = same.lock.lock().await;
+            match self.hold(&manifest.digest) {
+                Some(img) => Ok(img),
+                None => self.build(&mut session, manifest, progress).await,
+            }
+        };
+        self.land(&key, same);
+        result
+    }
+
+    async fn build(
+        &self,
+        session: &mut Session<'_>,
+        manifest: super::client::Manifest,
+        progress: &Progress,
+    ) -> Result<Image, PullError> {
         let cap = self.0.limits.image.max_bytes;
         let total: u64 = manifest
             .layers
@@ -344,9 +372,16 @@ impl ImageStore {
             )));
         }
         progress.total.store(total, Ordering::Relaxed);
+        // Layers go to the root's build folder and go with it; configs stay in blobs/.
+        let n = self.0.seq.fetch_add(1, Ordering::Relaxed);
+        let build = self
+            .0
+            .dir
+            .join("tmp")
+            .join(format!("{}-{n}", manifest.digest.hex()));
+        tokio::fs::create_dir_all(build.join("layers")).await?;
         let blobs = self.0.dir.join("blobs/sha256");
-        let blob_path = |digest: &str| blobs.join(digest.trim_start_matches("sha256:"));
-        let config_path = blob_path(&manifest.config.digest);
+        let config_path = blobs.join(manifest.config.digest.trim_start_matches("sha256:"));
         if !config_path.exists() {
             session
                 .blob(&manifest.config, &config_path, &progress.done)
@@ -356,47 +391,10 @@ impl ImageStore {
                 .done
                 .fetch_add(manifest.config.size, Ordering::Relaxed);
         }
-        let config = ImageConfig::from_document(&tokio::fs::read(&config_path).await?)?;
-        let mut layers = Vec::new();
-        for l in &manifest.layers {
-            let p = blob_path(&l.digest);
-            if p.exists() {
-                progress.done.fetch_add(l.size, Ordering::Relaxed);
-            } else {
-                session.blob(l, &p, &progress.done).await?;
-            }
-            layers.push(p);
-        }
-
-        // Build the root in tmp/, then move it into place in one rename.
-        let n = self.0.seq.fetch_add(1, Ordering::Relaxed);
-        let build = self
-            .0
-            .dir
-            .join("tmp")
-            .join(format!("{}-{n}", manifest.digest.hex()));
-        let limits = self.0.limits.image;
-        let built = {
-            let build = build.clone();
-            let layers = layers.clone();
-            tokio::task::spawn_blocking(move || -> Result<u64, PullError> {
-                let root = build.join("rootfs");
-                fs::create_dir_all(&root)?;
-                fs::set_permissions(&root, fs::Permissions::from_mode(0o755))?;
-                let mut tally = Tally::default();
-                for l in &layers {
-                    unpack::apply_layer_file(&root, l, limits, &mut tally)?;
-                }
-                unpack::make_mount_points(&root, crate::sandbox::IMAGE_MOUNT_POINTS)?;
-                Ok(tally.bytes)
-            })
-            .await
-            .map_err(|e| PullError::Io(std::io::Error::other(e)))?
-        };
-        for l in &layers {
-            let _ = fs::remove_file(l);
-        }
-        let bytes = match built {
+        let built = self
+            .fetch_and_unpack(session, &manifest, progress, &config_path, &build)
+            .await;
+        let (config, bytes) = match built {
             Ok(b) => b,
             Err(e) => {
                 let _ = tokio::task::spawn_blocking(move || remove_any(&build)).await;
@@ -411,6 +409,7 @@ impl ImageStore {
             build.join("image.json"),
             serde_json::to_vec(&meta).map_err(|e| PullError::Io(std::io::Error::other(e)))?,
         )?;
+        remove_any(&build.join("layers"))?;
         let root = self.0.dir.join("roots").join(manifest.digest.hex());
         remove_any(&root)?;
         fs::rename(&build, &root)?;
@@ -432,6 +431,49 @@ impl ImageStore {
             root: root.join("rootfs"),
             config,
         })
+    }
+
+    /// Fetches the config (unless stored) and the layers into `build/layers`, and unpacks
+    /// them into `build/rootfs`: the config and the bytes unpacked.
+    async fn fetch_and_unpack(
+        &self,
+        session: &mut Session<'_>,
+        manifest: &super::client::Manifest,
+        progress: &Progress,
+        config_path: &Path,
+        build: &Path,
+    ) -> Result<(ImageConfig, u64), PullError> {
+        if !config_path.exists() {
+            session
+                .blob(&manifest.config, config_path, &progress.done)
+                .await?;
+        } else {
+            progress
+                .done
+                .fetch_add(manifest.config.size, Ordering::Relaxed);
+        }
+        let config = ImageConfig::from_document(&tokio::fs::read(config_path).await?)?;
+        let mut layers = Vec::new();
+        for (i, l) in manifest.layers.iter().enumerate() {
+            let p = build.join("layers").join(i.to_string());
+            session.blob(l, &p, &progress.done).await?;
+            layers.push(p);
+        }
+        let limits = self.0.limits.image;
+        let root = build.join("rootfs");
+        let unpacked = tokio::task::spawn_blocking(move || -> Result<u64, PullError> {
+            fs::create_dir_all(&root)?;
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o755))?;
+            let mut tally = Tally::default();
+            for l in &layers {
+                unpack::apply_layer_file(&root, l, limits, &mut tally)?;
+            }
+            unpack::make_mount_points(&root, crate::sandbox::IMAGE_MOUNT_POINTS)?;
+            Ok(tally.bytes)
+        })
+        .await
+        .map_err(|e| PullError::Io(std::io::Error::other(e)))??;
+        Ok((config, unpacked))
     }
 
     /// Removes least-recently-used images not in use until the roots fit the cache size.
