@@ -149,7 +149,7 @@ pub fn hook_disabled_mail(hook: &WebhookRow, public_url: &str) -> MailContent {
     let link = format!("{public_url}/teams/{}", hook.team_id);
     let summary = format!(
         "A webhook of your team was disabled after {} failed deliveries in a row",
-        hook.consecutive_failures.max(1)
+        tessera_domain::notify::WEBHOOK_DISABLE_AFTER
     );
     let text = format!(
         "{summary}: {}\nLast error: {}\n\nTurn it on again on the team page: {link}\n",
