@@ -4,9 +4,11 @@
 //! `cargo bench -p tessera-agent --bench image_pull [-- RUNS]` (default 3 each way) needs
 //! Debian's `docker-registry`; the comparison runs when `skopeo` and `umoci` are installed
 //! (and as root, umoci's default). The image is generated here: three gzip layers
-//! (level 6, as docker writes them) holding 2,000 files, 40 % random bytes (like shared
+//! (level 6, as docker writes them) holding 2,001 files, 40 % random bytes (like shared
 //! libraries) and 60 % text-like bytes. Every run starts from an empty store / layout;
-//! the registry's files are in the page cache for both.
+//! the registry's files are in the page cache for both. Then, as root with crun and
+//! busybox-static, the warm start of `/bin/sh -c true` in a cached image against the node's
+//! folders, in the sandbox, alternated (4 × RUNS each).
 
 use std::io::Write as _;
 use std::net::TcpListener;
@@ -138,11 +140,10 @@ async fn upload(http: &reqwest::Client, base: &str, blob: &[u8]) {
     assert_eq!(r.status(), 201);
 }
 
-/// Pushes the generated image as `bench/img:v1`; answers (uncompressed, compressed) bytes.
-async fn push(addr: &str) -> (usize, usize) {
+/// Pushes an image of `raw` layers as `<repo>:v1`; answers (uncompressed, compressed) bytes.
+async fn push(addr: &str, repo: &str, raw: Vec<Vec<u8>>) -> (usize, usize) {
     let http = reqwest::Client::new();
-    let base = format!("http://{addr}/v2/bench/img");
-    let raw = layers();
+    let base = format!("http://{addr}/v2/{repo}");
     let mut descs = Vec::new();
     let mut diff_ids = Vec::new();
     let mut compressed = 0;
@@ -193,7 +194,7 @@ fn summary(name: &str, mut v: Vec<Duration>) -> f64 {
     v.sort();
     let med = v[v.len() / 2].as_secs_f64();
     println!(
-        "{name:<28} median {:>7.0} ms   min {:>7.0} ms   max {:>7.0} ms   (n = {})",
+        "{name:<28} median {:>8.1} ms   min {:>8.1} ms   max {:>8.1} ms   (n = {})",
         med * 1000.0,
         v[0].as_secs_f64() * 1000.0,
         v[v.len() - 1].as_secs_f64() * 1000.0,
@@ -214,7 +215,7 @@ async fn main() {
     }
     let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (_registry, addr) = start_registry(work.path());
-    let (raw, gz) = push(&addr).await;
+    let (raw, gz) = push(&addr, "bench/img", layers()).await;
     println!(
         "image: {:.1} MB in 3 layers, {:.1} MB gzip, 2,001 files",
         raw as f64 / 1e6,
@@ -275,4 +276,135 @@ async fn main() {
         let b = summary("skopeo copy + umoci unpack", theirs);
         println!("ratio tessera / skopeo+umoci: {:.2}x", a / b);
     }
+    warm_start(&addr, work.path(), runs * 4).await;
+}
+
+/// A job's start in a cached image against today's start on the node's folders: both in
+/// the crun sandbox (node's network, so only the root differs), `/bin/sh -c true`,
+/// alternated; "started" is `Sandbox::start` returning, "exited" adds the wait until the
+/// container's process is gone.
+async fn warm_start(addr: &str, work: &Path, runs: usize) {
+    use std::sync::Arc;
+    use tessera_agent::sandbox::{Access, Sandbox, SandboxSettings};
+
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == 0
+    });
+    let Ok(busybox) = std::fs::read("/bin/busybox") else {
+        println!("warm start skipped: busybox-static is not installed");
+        return;
+    };
+    if !root || !have("crun") {
+        println!("warm start skipped: needs root and crun");
+        return;
+    }
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_path("bin/busybox").unwrap_or_else(|e| panic!("{e}"));
+    h.set_mode(0o755);
+    h.set_size(busybox.len() as u64);
+    h.set_cksum();
+    tar.append(&h, &busybox[..])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_path("bin/sh").unwrap_or_else(|e| panic!("{e}"));
+    h.set_link_name("busybox").unwrap_or_else(|e| panic!("{e}"));
+    h.set_size(0);
+    h.set_cksum();
+    tar.append(&h, std::io::empty())
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(
+        addr,
+        "bench/busybox",
+        vec![tar.into_inner().unwrap_or_default()],
+    )
+    .await;
+    let store = ImageStore::open(
+        &work.join("warm-store"),
+        StoreLimits::default(),
+        reqwest::Client::new(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let image =
+        ImageRef::parse(&format!("{addr}/bench/busybox:v1")).unwrap_or_else(|e| panic!("{e}"));
+    let held = store
+        .pull(&image, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let sim = tessera_agent::sim::SimNode::new(&["H100-80GB"], 7).unwrap_or_else(|e| panic!("{e}"));
+    let dev = work.join("dev");
+    tessera_agent::sim::write_device_files(&dev, &[0]).unwrap_or_else(|e| panic!("{e}"));
+    let mut settings = SandboxSettings::new(std::path::PathBuf::from("crun"));
+    settings.uid_first = 320_000;
+    settings.uid_count = 4;
+    settings.memory_mib = Some(256);
+    settings.network = None;
+    settings.simulated_devices(dev);
+    let sandbox = Sandbox::open(settings, Arc::new(sim), &work.join("sandbox"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let workspace = work.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap_or_else(|e| panic!("{e}"));
+    let uid = sandbox.uid_for("bench").unwrap_or_else(|e| panic!("{e}"));
+    sandbox
+        .own_workspace(&workspace, uid)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let argv: Vec<String> = ["/bin/sh", "-c", "true"].map(String::from).to_vec();
+    let env = [(
+        std::ffi::OsString::from("PATH"),
+        std::ffi::OsString::from("/bin:/usr/bin"),
+    )];
+    let (mut host, mut img) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    for i in 0..runs * 2 {
+        let in_image = i % 2 == 1;
+        let run = work.join(format!("run-{i}"));
+        std::fs::create_dir_all(&run).unwrap_or_else(|e| panic!("{e}"));
+        let log = std::fs::File::create(run.join("output.log")).unwrap_or_else(|e| panic!("{e}"));
+        let access = Access {
+            devices: &[],
+            binds: &[],
+            gpu_fraction: None,
+            port: None,
+            image: in_image.then(|| held.rootfs()),
+        };
+        let t0 = Instant::now();
+        let started = sandbox
+            .start(
+                &format!("warm-{i}"),
+                &run,
+                &workspace,
+                uid,
+                "/workspace",
+                &argv,
+                &env,
+                &access,
+                &log,
+            )
+            .unwrap_or_else(|e| panic!("start: {e}"));
+        let t_started = t0.elapsed();
+        loop {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", started.pid)).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z") {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let t_exited = t0.elapsed();
+        started.container.delete();
+        let into = if in_image { &mut img } else { &mut host };
+        into.0.push(t_started);
+        into.1.push(t_exited);
+    }
+    let h = summary("host folders: started", host.0);
+    let i = summary("cached image: started", img.0);
+    let he = summary("host folders: exited", host.1);
+    let ie = summary("cached image: exited", img.1);
+    println!(
+        "image - host, medians: started {:+.1} ms, exited {:+.1} ms",
+        (i - h) * 1000.0,
+        (ie - he) * 1000.0
+    );
 }
