@@ -720,6 +720,12 @@ pub async fn usage(team_id: String, from: String, to: String) -> Result<UsageRep
     .await
 }
 
+/// The caller's own usage and cost this month so far, across their teams.
+#[server(prefix = "/fn", endpoint = "own_usage")]
+pub async fn own_usage() -> Result<UsageReport, UiError> {
+    ssr::call([], async |s, p| s.billing.own_usage(p).await).await
+}
+
 /// A team's statement for a month (`YYYY-MM`).
 #[server(prefix = "/fn", endpoint = "team_statement")]
 pub async fn team_statement(team_id: String, month: String) -> Result<Statement, UiError> {

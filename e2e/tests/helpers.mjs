@@ -110,3 +110,28 @@ export async function eventually(check, { timeoutMs = 30000, intervalMs = 1000, 
   }
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${last}` : ''}`);
 }
+
+// Waits (up to 15 s) until no panel or list still shows "Loading…".
+export async function settled(page) {
+  await page.waitForFunction(() => !document.querySelector('.loading'), null, { timeout: 15000 }).catch(() => {});
+}
+
+const AXE = new URL('../node_modules/axe-core/axe.min.js', import.meta.url);
+
+// Runs axe-core (npm) on the page as it is now; returns its serious and critical
+// violations as `rule: selector, …` lines (empty: none). Injected through the DevTools
+// protocol, so the portal's Content-Security-Policy stays as it is.
+export async function axeViolations(page) {
+  const { readFileSync } = await import('node:fs');
+  await page.evaluate(readFileSync(AXE, 'utf8'));
+  const violations = await page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const r = await axe.run(document, { resultTypes: ['violations'] });
+    return r.violations.map((v) => ({
+      id: v.id, impact: v.impact, help: v.help, targets: v.nodes.map((n) => n.target.join(' ')),
+    }));
+  });
+  return violations
+    .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+    .map((v) => `${v.id} (${v.impact}: ${v.help}): ${v.targets.slice(0, 5).join(', ')}`);
+}

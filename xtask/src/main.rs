@@ -778,7 +778,7 @@ fn ensure_e2e_packages() -> Result<()> {
              install Node.js 20 or later"
         );
     }
-    let installed = ["playwright-core", "oidc-provider", "binaryen"]
+    let installed = ["playwright-core", "oidc-provider", "binaryen", "axe-core"]
         .iter()
         .all(|p| e2e_dir.join("node_modules").join(p).exists());
     if installed {

@@ -175,14 +175,16 @@ struct ListData {
 
 /// The request form's fields that set its cost: kind, count, hours, priority.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct EstimateInput {
-    kind: String,
-    count: String,
-    hours: String,
-    priority: String,
+pub(super) struct EstimateInput {
+    pub(super) kind: String,
+    pub(super) count: String,
+    pub(super) hours: String,
+    pub(super) priority: String,
 }
 
-async fn load_estimate(input: Option<EstimateInput>) -> Result<String, UiError> {
+/// The cost of `input` at today's prices (`""`: unpriced, or nothing asked yet). Also the
+/// job and notebook forms' estimate for "a new GPU".
+pub(super) async fn load_estimate(input: Option<EstimateInput>) -> Result<String, UiError> {
     match input {
         Some(i) if !i.kind.is_empty() => {
             api::estimate_cost(i.kind, i.count, i.hours, i.priority).await
@@ -1025,10 +1027,10 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
                     href=format!("/notebooks?allocation={id}")
                     data-testid="launch-notebook"
                 >
-                    "Launch notebook"
+                    "Open a notebook here"
                 </a>
                 <a class="button" href=format!("/jobs?allocation={id}") data-testid="submit-job">
-                    "Submit job"
+                    "Run a job here"
                 </a>
             </div>
         }

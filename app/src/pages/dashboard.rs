@@ -7,8 +7,8 @@ use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tessera_domain::account::SetupChecklist;
-use tessera_domain::alloc::{AllocState, AllocationView, QuotaView};
-use tessera_domain::billing::BudgetView;
+use tessera_domain::alloc::{AllocState, AllocationView, Approver, QuotaView};
+use tessera_domain::billing::{BudgetView, UsageReport};
 use tessera_domain::cluster::ClusterSummary;
 use tessera_domain::tenancy::{Page, PageRequest};
 use tessera_domain::workload::WorkloadView;
@@ -43,6 +43,12 @@ pub fn DashboardPage() -> impl IntoView {
             )
         },
     );
+    let usage_tick = refresher(&[Topic::Work], REFRESH, |streaming| !streaming);
+    let usage = Resource::new(move || usage_tick.get(), |_| api::own_usage());
+    let oversight_tick = refresher(&[Topic::Work, Topic::Nodes], REFRESH, |streaming| {
+        !streaming
+    });
+    let oversight = Resource::new(move || oversight_tick.get(), |_| load_oversight());
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
@@ -50,12 +56,13 @@ pub fn DashboardPage() -> impl IntoView {
             <BudgetAlerts quotas />
             <div class="panels">
                 <MyWorkPanel mine jobs />
+                <OversightPanels oversight />
                 <RecentJobsPanel jobs />
                 <NotebooksPanel notebooks />
                 <FreeNowPanel free />
                 <ClusterPanel />
+                <MyUsagePanel usage />
                 <QuotaPanels quotas />
-                <UsagePanel />
             </div>
         </Authenticated>
     }
@@ -518,16 +525,236 @@ fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> i
     }
 }
 
-/// Where to read usage and spend.
+/// The caller's own GPU-hours and spend this month (every team of theirs; only their own
+/// allocations), with where to read more.
 #[component]
-fn UsagePanel() -> impl IntoView {
+fn MyUsagePanel(usage: Resource<Result<UsageReport, UiError>>) -> impl IntoView {
     view! {
-        <section class="panel" aria-label="Usage and spend" data-testid="usage-panel">
-            <h2>"Usage and spend"</h2>
-            <p class="hint">
-                "GPU-hours, how busy the GPUs were, and what it cost, per day, kind and user."
-            </p>
+        <section class="panel" aria-labelledby="my-usage-title" data-testid="usage-panel">
+            <h2 id="my-usage-title">"My usage this month"</h2>
+            <Transition fallback=Loading>
+                {move || Suspend::new(async move {
+                    let r = match usage.await {
+                        Ok(r) => r,
+                        Err(e) => return alert(e.error.to_string()),
+                    };
+                    let hours = tessera_domain::billing::gpu_hours(r.total.gpu_ms);
+                    let spent = tessera_domain::billing::format_minor(r.total.cost_minor, &r.currency);
+                    // Per team only when there are several to tell apart.
+                    let teams = (r.teams.len() > 1)
+                        .then(|| {
+                            let items = r
+                                .teams
+                                .iter()
+                                .map(|t| {
+                                    view! {
+                                        <li data-testid="my-usage-team" data-team=t.key.clone()>
+                                            {format!(
+                                                "{}: {} GPU-hours, {} {}",
+                                                t.label,
+                                                tessera_domain::billing::gpu_hours(t.totals.gpu_ms),
+                                                tessera_domain::billing::format_minor(t.totals.cost_minor, &r.currency),
+                                                r.currency,
+                                            )}
+                                        </li>
+                                    }
+                                })
+                                .collect_view();
+                            view! { <ul class="models">{items}</ul> }
+                        });
+                    view! {
+                        <dl class="facts" data-testid="my-usage">
+                            <dt>"GPU-hours"</dt>
+                            <dd data-testid="my-gpu-hours">
+                                <strong>{hours}</strong>
+                            </dd>
+                            <dt>"Spent"</dt>
+                            <dd data-testid="my-spend">
+                                <strong>{spent}</strong>
+                                " "
+                                {r.currency.clone()}
+                            </dd>
+                        </dl>
+                        {teams}
+                    }
+                        .into_any()
+                })}
+            </Transition>
+            <p class="hint">"Your own allocations only; your teams' budgets are below."</p>
             <a href="/usage">"See usage →"</a>
+        </section>
+    }
+}
+
+/// What the caller oversees: requests waiting for their approval (team admins: their
+/// teams' within the limit; platform admins: all), and for platform admins the nodes'
+/// health and the queue. `None` where they oversee nothing of the kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Oversight {
+    approvals: Option<Vec<AllocationView>>,
+    nodes: Option<NodeHealth>,
+    /// Allocations waiting (for approval, in the queue or being placed).
+    queue: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct NodeHealth {
+    up: u64,
+    lost: u64,
+    revoked: u64,
+}
+
+/// How many waiting approvals the panel links to.
+const APPROVALS_SHOWN: usize = 5;
+
+async fn load_oversight() -> Result<Oversight, UiError> {
+    let admin = api::current_user().await?.is_some_and(|me| me.is_admin);
+    let teams = api::list_teams(PageRequest::new(0, PageRequest::MAX_LIMIT)).await?;
+    let managed: Vec<_> = teams
+        .items
+        .iter()
+        .filter(|t| t.my_role.is_some_and(|r| r.manages_members()))
+        .map(|t| t.id)
+        .collect();
+    let approvals = if admin || !managed.is_empty() {
+        let waiting = api::list_allocations(
+            String::new(),
+            AllocState::PendingApproval.as_str().to_owned(),
+            false,
+            PageRequest::new(0, PageRequest::MAX_LIMIT),
+        )
+        .await?;
+        Some(
+            waiting
+                .items
+                .into_iter()
+                .filter(|a| {
+                    admin
+                        || (a.approver == Some(Approver::TeamAdmin) && managed.contains(&a.team_id))
+                })
+                .collect(),
+        )
+    } else {
+        None
+    };
+    let (nodes, queue) = if admin {
+        let all = api::list_nodes(PageRequest::new(0, PageRequest::MAX_LIMIT)).await?;
+        let mut health = NodeHealth::default();
+        for n in &all.items {
+            if n.revoked {
+                health.revoked += 1;
+            } else if n.online {
+                health.up += 1;
+            } else {
+                health.lost += 1;
+            }
+        }
+        let waiting = api::list_allocations(
+            String::new(),
+            "pending".to_owned(),
+            false,
+            PageRequest::new(0, 1),
+        )
+        .await?;
+        (Some(health), Some(waiting.total))
+    } else {
+        (None, None)
+    };
+    Ok(Oversight {
+        approvals,
+        nodes,
+        queue,
+    })
+}
+
+/// "Pending approvals" for team and platform admins; "Nodes and queue" for platform admins.
+#[component]
+fn OversightPanels(oversight: Resource<Result<Oversight, UiError>>) -> impl IntoView {
+    view! {
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                let o = match oversight.await {
+                    Ok(o) => o,
+                    Err(e) => return alert(e.error.to_string()),
+                };
+                let approvals = o.approvals.map(|list| view! { <ApprovalsPanel list /> });
+                let health = o
+                    .nodes
+                    .map(|nodes| view! { <HealthPanel nodes queue=o.queue.unwrap_or(0) /> });
+                view! {
+                    {approvals}
+                    {health}
+                }
+                    .into_any()
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn ApprovalsPanel(list: Vec<AllocationView>) -> impl IntoView {
+    let total = list.len();
+    let body = if list.is_empty() {
+        view! { <p class="hint">"Nothing waits for your approval."</p> }.into_any()
+    } else {
+        let items = list
+            .into_iter()
+            .take(APPROVALS_SHOWN)
+            .map(|a| {
+                view! {
+                    <li data-testid="pending-approval" data-team=a.team_id.to_string()>
+                        <a href=format!("/allocations/{}", a.id)>
+                            {format!("{} · {}", a.username, a.kind_label)}
+                        </a>
+                        <span class="hint">{format!(" ({})", a.team_name)}</span>
+                    </li>
+                }
+            })
+            .collect_view();
+        let more = (total > APPROVALS_SHOWN).then(|| {
+            view! { <li class="hint">{format!("and {} more", total - APPROVALS_SHOWN)}</li> }
+        });
+        view! { <ul class="models">{items} {more}</ul> }.into_any()
+    };
+    view! {
+        <section class="panel" aria-labelledby="approvals-title" data-testid="pending-approvals">
+            <h2 id="approvals-title">"Pending approvals"</h2>
+            <p data-testid="pending-approvals-count">
+                <strong>{total}</strong>
+                {format!(" {} for you to approve or deny", tessera_domain::text::noun(total as u64, "request waits", "requests wait"))}
+            </p>
+            {body}
+            <a href="/allocations?state=pending&filtered=1">"See waiting requests →"</a>
+        </section>
+    }
+}
+
+#[component]
+fn HealthPanel(nodes: NodeHealth, queue: u64) -> impl IntoView {
+    view! {
+        <section class="panel" aria-labelledby="health-title" data-testid="node-health">
+            <h2 id="health-title">"Nodes and queue"</h2>
+            <dl class="facts">
+                <dt>"Nodes up"</dt>
+                <dd data-testid="nodes-up">
+                    <strong>{nodes.up}</strong>
+                </dd>
+                <dt>"Lost"</dt>
+                <dd data-testid="nodes-lost">
+                    {nodes.lost}
+                    {(nodes.lost > 0)
+                        .then(|| view! { " " <span class="badge warn">"no heartbeat"</span> })}
+                </dd>
+                <dt>"Revoked"</dt>
+                <dd data-testid="nodes-revoked">{nodes.revoked}</dd>
+                <dt>"Queue"</dt>
+                <dd data-testid="queue-length">
+                    {tessera_domain::text::count(queue, "request waits", "requests wait")}
+                </dd>
+            </dl>
+            <a href="/nodes">"See nodes →"</a>
+            " "
+            <a href="/admin/queue">"See the queue →"</a>
         </section>
     }
 }

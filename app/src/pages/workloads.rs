@@ -9,6 +9,7 @@
 //! from a poll (state every 2 s while not ended, log every second while incomplete), so
 //! a long log keeps its scroll position and nothing flickers.
 
+use super::allocations::{EstimateInput, load_estimate};
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
 use crate::components::alert;
 use crate::components::{
@@ -396,6 +397,11 @@ struct ListData {
     preselect: Memo<String>,
     filter: Memo<Filter>,
     list: Resource<Result<Page<WorkloadView>, UiError>>,
+    /// What "a new GPU" currently asks for; set by the form once hydrated and while that
+    /// choice is made (the server never estimates, so both sides start from nothing).
+    estimate_for: RwSignal<Option<EstimateInput>>,
+    /// Its cost at today's prices (`""`: unpriced or not asked).
+    estimate: Resource<Result<String, UiError>>,
 }
 
 impl ListData {
@@ -459,6 +465,8 @@ impl ListData {
             });
             moving.set(live);
         });
+        let estimate_for = RwSignal::new(None::<EstimateInput>);
+        let estimate = Resource::new(move || estimate_for.get(), load_estimate);
         ListData {
             kind,
             launch,
@@ -469,6 +477,8 @@ impl ListData {
             preselect,
             filter,
             list,
+            estimate_for,
+            estimate,
         }
     }
 }
@@ -481,8 +491,14 @@ fn LaunchSection(data: ListData) -> impl IntoView {
         submit,
         options,
         preselect,
+        estimate_for,
+        estimate,
         ..
     } = data;
+    let estimate = NewGpuEstimate {
+        input: estimate_for,
+        cost: estimate,
+    };
     let title = match kind {
         WorkloadKind::Notebook => "Launch a notebook",
         WorkloadKind::Job => "Submit a job",
@@ -509,10 +525,10 @@ fn LaunchSection(data: ListData) -> impl IntoView {
                                 });
                             let form = match kind {
                                 WorkloadKind::Notebook => {
-                                    view! { <LaunchForm o chosen action=launch /> }.into_any()
+                                    view! { <LaunchForm o chosen action=launch estimate /> }.into_any()
                                 }
                                 WorkloadKind::Job => {
-                                    view! { <SubmitForm o chosen action=submit /> }.into_any()
+                                    view! { <SubmitForm o chosen action=submit estimate /> }.into_any()
                                 }
                             };
                             view! {
@@ -635,8 +651,102 @@ fn RunOnSelect(
     }
 }
 
+/// The price estimate of "a new GPU": what the form asks for, and its cost.
+#[derive(Clone, Copy)]
+struct NewGpuEstimate {
+    input: RwSignal<Option<EstimateInput>>,
+    cost: Resource<Result<String, UiError>>,
+}
+
+/// The kind, count and hours of "a new GPU" as last submitted from a form, kept in the
+/// browser's localStorage (nothing on the server): the next form starts from them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LastGpu {
+    gpu: String,
+    count: String,
+    hours: String,
+}
+
+impl LastGpu {
+    #[cfg(feature = "hydrate")]
+    fn key(kind: WorkloadKind) -> String {
+        format!("tessera.new-gpu.{}", kind.as_str())
+    }
+
+    fn encode(&self) -> String {
+        format!("{}\n{}\n{}", self.gpu, self.count, self.hours)
+    }
+
+    /// `None` for anything but three lines: a kind, and a count and hours that are empty
+    /// or whole numbers of 1 or more.
+    fn decode(text: &str) -> Option<Self> {
+        let mut lines = text.split('\n');
+        let (gpu, count, hours) = (lines.next()?, lines.next()?, lines.next()?);
+        let number = |v: &str| v.is_empty() || v.parse::<u32>().is_ok_and(|n| n >= 1);
+        (lines.next().is_none() && !gpu.is_empty() && number(count) && number(hours)).then(|| {
+            LastGpu {
+                gpu: gpu.to_owned(),
+                count: count.to_owned(),
+                hours: hours.to_owned(),
+            }
+        })
+    }
+
+    /// What a submitted form asked for, when it asked for a new GPU.
+    fn of(
+        allocation_id: &str,
+        gpu: &Option<String>,
+        count: &Option<String>,
+        hours: &Option<String>,
+    ) -> Option<Self> {
+        let trim = |v: &Option<String>| v.as_deref().unwrap_or_default().trim().to_owned();
+        (allocation_id.trim() == api::NEW_GPU).then(|| LastGpu {
+            gpu: trim(gpu),
+            count: trim(count),
+            hours: trim(hours),
+        })
+    }
+
+    fn load(kind: WorkloadKind) -> Option<Self> {
+        Self::read(kind).as_deref().and_then(Self::decode)
+    }
+
+    fn save(&self, kind: WorkloadKind) {
+        Self::write(kind, &self.encode());
+    }
+
+    #[cfg(feature = "hydrate")]
+    fn storage() -> Option<web_sys::Storage> {
+        web_sys::window()?.local_storage().ok()?
+    }
+
+    #[cfg(feature = "hydrate")]
+    fn read(kind: WorkloadKind) -> Option<String> {
+        Self::storage()?.get_item(&Self::key(kind)).ok()?
+    }
+
+    #[cfg(feature = "hydrate")]
+    fn write(kind: WorkloadKind, text: &str) {
+        if let Some(storage) = Self::storage() {
+            // A full or refused storage only loses the convenience.
+            let _ = storage.set_item(&Self::key(kind), text);
+        }
+    }
+
+    /// The server keeps no choice: its forms start from what is free now.
+    #[cfg(not(feature = "hydrate"))]
+    fn read(_: WorkloadKind) -> Option<String> {
+        None
+    }
+
+    #[cfg(not(feature = "hydrate"))]
+    fn write(_: WorkloadKind, _: &str) {}
+}
+
 /// The workload's own GPU request: kind, hours (a job's time limit), priority (jobs) and
-/// the paying team when the caller has several. Shown while "a new GPU" is chosen.
+/// the paying team when the caller has several, with what it would cost. Shown while "a
+/// new GPU" is chosen. Starts from the caller's last submitted choice (this browser's),
+/// else from a kind free right now.
 #[component]
 fn OwnGpuFields(
     gpus: Vec<(String, String)>,
@@ -646,6 +756,7 @@ fn OwnGpuFields(
     kind: WorkloadKind,
     new_gpu: RwSignal<bool>,
     errors: Callback<&'static str, AnyView>,
+    estimate: NewGpuEstimate,
 ) -> impl IntoView {
     let prefix = match kind {
         WorkloadKind::Notebook => "nb",
@@ -658,8 +769,48 @@ fn OwnGpuFields(
         .or(gpus.first())
         .map(|(v, _)| v.clone())
         .unwrap_or_default();
+    let offered: Vec<String> = gpus.iter().map(|(v, _)| v.clone()).collect();
     // What the chosen kind meets right now: it fits, or it waits (and why).
     let chosen_gpu = RwSignal::new(default_gpu.clone());
+    let chosen_count = RwSignal::new("1".to_owned());
+    let chosen_hours = RwSignal::new(String::new());
+    let chosen_priority = RwSignal::new("normal".to_owned());
+    // Once hydrated (effects run only in the browser): the last choice, where still offered.
+    Effect::new(move |_| {
+        if let Some(last) = LastGpu::load(kind).filter(|l| offered.contains(&l.gpu)) {
+            chosen_gpu.set(last.gpu);
+            chosen_count.set(if last.count.is_empty() {
+                "1".to_owned()
+            } else {
+                last.count
+            });
+            chosen_hours.set(last.hours);
+        }
+    });
+    Effect::new(move |_| {
+        let input = new_gpu.get().then(|| {
+            let hours = chosen_hours.get();
+            EstimateInput {
+                kind: chosen_gpu.get(),
+                count: chosen_count.get(),
+                // Empty: 8 hours, like the request.
+                hours: if hours.trim().is_empty() {
+                    "8".to_owned()
+                } else {
+                    hours
+                },
+                priority: chosen_priority.get(),
+            }
+        });
+        estimate.input.set(input);
+    });
+    let estimate_text = move || {
+        estimate
+            .cost
+            .get()
+            .and_then(Result::ok)
+            .filter(|s| !s.is_empty())
+    };
     let fits = {
         let free_now = free_now.clone();
         move || {
@@ -677,8 +828,13 @@ fn OwnGpuFields(
         .map(|(v, label)| {
             let label = format!("{label} — {}", crate::components::free_text(&free_now, &v));
             let selected = v == default_gpu;
+            let value = v.clone();
             view! {
-                <option value=v selected=selected>
+                <option
+                    value=v
+                    selected=selected
+                    prop:selected=move || chosen_gpu.with(|c| *c == value)
+                >
                     {label}
                 </option>
             }
@@ -703,7 +859,11 @@ fn OwnGpuFields(
         view! {
             <div>
                 <label for="job-priority">"Priority"</label>
-                <select id="job-priority" name="priority">
+                <select
+                    id="job-priority"
+                    name="priority"
+                    on:change=move |ev| chosen_priority.set(event_target_value(&ev))
+                >
                     <option value="normal" selected>"normal"</option>
                     {high.then(|| view! { <option value="high">"high (granted to your team)"</option> })}
                     <option value="preemptible">"preemptible (spare capacity, stopped first)"</option>
@@ -748,6 +908,8 @@ fn OwnGpuFields(
                         min="1"
                         inputmode="numeric"
                         value="1"
+                        prop:value=move || chosen_count.get()
+                        on:input=move |ev| chosen_count.set(event_target_value(&ev))
                     />
                     {errors.run("count")}
                 </div>
@@ -760,6 +922,8 @@ fn OwnGpuFields(
                         min="1"
                         inputmode="numeric"
                         placeholder="8"
+                        prop:value=move || chosen_hours.get()
+                        on:input=move |ev| chosen_hours.set(event_target_value(&ev))
                     />
                     {errors.run("hours")}
                     {errors.run("duration_minutes")}
@@ -767,6 +931,23 @@ fn OwnGpuFields(
                 {priority_field}
                 {team_field}
             </div>
+            <p
+                class="estimate"
+                data-testid="own-gpu-estimate"
+                aria-live="polite"
+                hidden=move || estimate_text().is_none()
+            >
+                {move || {
+                    estimate_text()
+                        .map(|cost| {
+                            view! {
+                                "Estimated cost: "
+                                <strong>{cost}</strong>
+                                " at today's prices, if it runs the whole time"
+                            }
+                        })
+                }}
+            </p>
             <p class="hint">
                 {hours_hint}
                 " It waits in your team's queue like any request; its page says why while it waits."
@@ -825,8 +1006,20 @@ fn LaunchForm(
     o: LaunchOptions,
     chosen: String,
     action: ServerAction<LaunchNotebook>,
+    estimate: NewGpuEstimate,
 ) -> impl IntoView {
     let value = move || action.value().get();
+    // What a submitted "new GPU" asked for is the next form's start.
+    Effect::new(move |_| {
+        action.input().with(|i| {
+            if let Some(last) = i
+                .as_ref()
+                .and_then(|i| LastGpu::of(&i.allocation_id, &i.gpu, &i.count, &i.hours))
+            {
+                last.save(WorkloadKind::Notebook);
+            }
+        });
+    });
     let echo_alloc = untrack(echoed(value, "allocation_id"));
     let chosen = if echo_alloc.is_empty() {
         chosen
@@ -862,6 +1055,7 @@ fn LaunchForm(
                 kind=WorkloadKind::Notebook
                 new_gpu
                 errors=Callback::new(move |f| field_error(value, f).into_any())
+                estimate
             />
             <label for="nb-name">"Name"</label>
             <input
@@ -887,8 +1081,24 @@ fn LaunchForm(
 }
 
 #[component]
-fn SubmitForm(o: LaunchOptions, chosen: String, action: ServerAction<SubmitJob>) -> impl IntoView {
+fn SubmitForm(
+    o: LaunchOptions,
+    chosen: String,
+    action: ServerAction<SubmitJob>,
+    estimate: NewGpuEstimate,
+) -> impl IntoView {
     let value = move || action.value().get();
+    // What a submitted "new GPU" asked for is the next form's start.
+    Effect::new(move |_| {
+        action.input().with(|i| {
+            if let Some(last) = i
+                .as_ref()
+                .and_then(|i| LastGpu::of(&i.allocation_id, &i.gpu, &i.count, &i.hours))
+            {
+                last.save(WorkloadKind::Job);
+            }
+        });
+    });
     let echo_alloc = untrack(echoed(value, "allocation_id"));
     let chosen = if echo_alloc.is_empty() {
         chosen
@@ -926,6 +1136,7 @@ fn SubmitForm(o: LaunchOptions, chosen: String, action: ServerAction<SubmitJob>)
                 kind=WorkloadKind::Job
                 new_gpu
                 errors=Callback::new(move |f| field_error(value, f).into_any())
+                estimate
             />
             <label for="job-command">"Command"</label>
             <textarea
@@ -1920,5 +2131,53 @@ fn LogView(head: Result<LogSlice, UiError>, log: LogState, id: String) -> impl I
             };
             view! { <p class="hint" data-testid="log-unavailable">{text}</p> }.into_any()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_new_gpu_choice_reads_back_as_written() {
+        let last = LastGpu {
+            gpu: "H100-80GB:1g.10gb".to_owned(),
+            count: "2".to_owned(),
+            hours: String::new(),
+        };
+        assert_eq!(LastGpu::decode(&last.encode()), Some(last));
+    }
+
+    #[test]
+    fn a_damaged_last_choice_is_ignored() {
+        for text in [
+            "",
+            "H100-80GB",
+            "H100-80GB\n1",
+            "\n1\n2",
+            "H100-80GB\n0\n2",
+            "H100-80GB\n1\nlots",
+            "H100-80GB\n1\n2\nmore",
+        ] {
+            assert_eq!(LastGpu::decode(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_new_gpu_is_remembered() {
+        let some = |v: &str| Some(v.to_owned());
+        assert_eq!(
+            LastGpu::of(api::NEW_GPU, &some("A100-40GB"), &some(" 2 "), &None),
+            Some(LastGpu {
+                gpu: "A100-40GB".to_owned(),
+                count: "2".to_owned(),
+                hours: String::new(),
+            })
+        );
+        let allocation = "0b0e4c7e-0000-4000-8000-000000000000";
+        assert_eq!(
+            LastGpu::of(allocation, &some("A100-40GB"), &None, &None),
+            None
+        );
     }
 }

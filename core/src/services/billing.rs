@@ -759,6 +759,19 @@ impl Billing {
         Ok(self.report(groups, from, to, team, own_only))
     }
 
+    /// The caller's own usage this month so far, in every team they used GPUs for (the
+    /// dashboard's "my GPU-hours and spend"): anyone signed in, only their own rows,
+    /// whatever their roles.
+    pub async fn own_usage(&self, p: &Principal) -> Result<UsageReport, AppError> {
+        let (from, to) = b::parse_period(None, None, Utc::now())?;
+        let groups = self
+            .store
+            .usage_groups(None, Some(p.user_id.0), from, to, true)
+            .await
+            .map_err(internal("loading usage"))?;
+        Ok(self.report(groups, from, to, None, true))
+    }
+
     fn report(
         &self,
         groups: Vec<UsageGroupRow>,
