@@ -723,7 +723,10 @@ pub async fn usage(team_id: String, from: String, to: String) -> Result<UsageRep
 /// The caller's own usage and cost this month so far, across their teams.
 #[server(prefix = "/fn", endpoint = "own_usage")]
 pub async fn own_usage() -> Result<UsageReport, UiError> {
-    ssr::call([], async |s, p| s.billing.own_usage(p).await).await
+    ssr::call([], async |s, p| {
+        s.billing.own_usage(p, chrono::Utc::now()).await
+    })
+    .await
 }
 
 /// A team's statement for a month (`YYYY-MM`).

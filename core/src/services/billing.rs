@@ -762,8 +762,13 @@ impl Billing {
     /// The caller's own usage this month so far, in every team they used GPUs for (the
     /// dashboard's "my GPU-hours and spend"): anyone signed in, only their own rows,
     /// whatever their roles.
-    pub async fn own_usage(&self, p: &Principal) -> Result<UsageReport, AppError> {
-        let (from, to) = b::parse_period(None, None, Utc::now())?;
+    /// `now`: the clock (the month of `now`, up to the end of its day).
+    pub async fn own_usage(
+        &self,
+        p: &Principal,
+        now: DateTime<Utc>,
+    ) -> Result<UsageReport, AppError> {
+        let (from, to) = b::parse_period(None, None, now)?;
         let groups = self
             .store
             .usage_groups(None, Some(p.user_id.0), from, to, true)

@@ -663,7 +663,115 @@ async fn an_estimate_prices_a_request_at_todays_rate(db: Db) {
     }
 }
 
+/// The id of the member of `team` with `role`.
+async fn user_with_role(a: &AdminClient, team: &str, role: &str) -> Uuid {
+    let (_, v) = a
+        .call(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
+        .await;
+    let id = v["items"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["role"] == role)
+        .and_then(|m| m["user_id"].as_str())
+        .expect("member");
+    Uuid::parse_str(id).expect("uuid")
+}
+
+/// The dashboard's "my usage this month": the caller's own allocations in every team of
+/// theirs, never a teammate's (not even for a team admin) nor another team's.
+async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
+    use tessera_domain::account::{Principal, Username};
+    use tessera_domain::ids::UserId;
+    let a = AdminClient::new(db).await;
+    let mine = team(&a, "own-a").await;
+    let other = team(&a, "own-b").await;
+    let member = user_with_role(&a, &mine.id, "member").await;
+    let lead = user_with_role(&a, &mine.id, "team_admin").await;
+    let stranger = user_with_role(&a, &other.id, "member").await;
+    // The member is in the other team too, and uses GPUs there as well.
+    let (st, v) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/teams/{}/members", other.id),
+            Some(json!({"username": "own-a-member", "role": "member"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let s = services(&a.app).await;
+    // One day wholly in one month, in the future (the pass is given its clock).
+    let day = next_hour() + Duration::days(2);
+    let day = day - Duration::hours(i64::from(chrono::Timelike::hour(&day)));
+    set_rate(&a, "H100-80GB:whole", 700, 0, day).await;
+    let id = |t: &Team| Uuid::parse_str(&t.id).expect("team");
+    let at = |h: i64| day + Duration::hours(h);
+    // member: 2 h in her team, 1 h in the other (21.00); lead 3 h; stranger 4 h.
+    for (team, user, from, to) in [
+        (id(&mine), member, 1, 3),
+        (id(&other), member, 3, 4),
+        (id(&mine), lead, 1, 4),
+        (id(&other), stranger, 1, 5),
+    ] {
+        history(
+            &s.store,
+            team,
+            user,
+            "H100-80GB:whole",
+            1,
+            7,
+            "normal",
+            at(from),
+            Some(at(to)),
+        )
+        .await;
+    }
+    let now = at(6);
+    s.billing.meter(now, None).await.expect("meter");
+    let principal = |user: Uuid, name: &str| Principal {
+        user_id: UserId(user),
+        username: Username::parse(name).expect("name"),
+        is_admin: false,
+    };
+    let r = s
+        .billing
+        .own_usage(&principal(member, "own-a-member"), now)
+        .await
+        .expect("own usage");
+    assert!(r.own_only);
+    assert_eq!(r.total.cost_minor, 2100, "{r:?}");
+    assert_eq!(r.total.gpu_ms, 3 * 3_600_000);
+    let users: Vec<&str> = r.users.iter().map(|u| u.label.as_str()).collect();
+    assert_eq!(users, ["own-a-member"]);
+    let teams: BTreeSet<&str> = r.teams.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(teams, BTreeSet::from([mine.id.as_str(), other.id.as_str()]));
+    // A team admin's own usage is theirs alone, not the team's.
+    let r = s
+        .billing
+        .own_usage(&principal(lead, "own-a-lead"), now)
+        .await
+        .expect("own usage");
+    assert_eq!(r.total.cost_minor, 2100);
+    assert_eq!(r.users.len(), 1);
+    assert_eq!(r.teams.len(), 1);
+    // The other team's member: theirs only (4 h).
+    let r = s
+        .billing
+        .own_usage(&principal(stranger, "own-b-member"), now)
+        .await
+        .expect("own usage");
+    assert_eq!(r.total.cost_minor, 2800, "{r:?}");
+    assert_eq!(r.teams.len(), 1);
+    // A platform admin who used nothing has nothing of their own, not every team's.
+    let admin = Principal {
+        is_admin: true,
+        ..principal(Uuid::new_v4(), "admin")
+    };
+    let r = s.billing.own_usage(&admin, now).await.expect("own usage");
+    assert_eq!((r.total.cost_minor, r.users.len()), (0, 0), "{r:?}");
+}
+
 on_both_databases!(
+    own_usage_is_the_callers_own_and_nobody_elses,
     metering_bills_each_hour_once_at_its_rate,
     an_estimate_prices_a_request_at_todays_rate,
     rates_and_exports_reject_bad_input_and_other_teams,
