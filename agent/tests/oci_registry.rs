@@ -565,6 +565,23 @@ async fn a_layer_past_the_image_cap_is_refused_and_cleaned_up() {
             .exists()
     );
     assert!(images.images().is_empty());
+
+    // A config whose diff_id does not match the layer's uncompressed content: refused.
+    let mut lying = build_image("tessera-lying", 0);
+    let mut config: serde_json::Value = serde_json::from_slice(&lying.config).unwrap();
+    config["rootfs"]["diff_ids"][0] = format!("sha256:{}", sha256(b"another layer")).into();
+    lying.config = serde_json::to_vec(&config).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&lying.manifest).unwrap();
+    manifest["config"]["digest"] = lying.config_digest().into();
+    manifest["config"]["size"] = lying.config.len().into();
+    lying.manifest = serde_json::to_vec(&manifest).unwrap();
+    push(&http, &reg, "team/lying", "v1", &lying, None).await;
+    let r = ImageRef::parse(&format!("{}/team/lying:v1", reg.addr)).unwrap();
+    let err = images.pull(&r, None).await.unwrap_err();
+    assert!(matches!(err, PullError::DigestMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("uncompressed"), "{err}");
+    assert_eq!(names(&dir.join("roots")), Vec::<String>::new());
+    assert_eq!(names(&dir.join("tmp")), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,6 +77,22 @@ impl ImageConfig {
     }
 }
 
+/// The config's `rootfs.diff_ids`: the digests of the layers' uncompressed tar streams.
+fn diff_ids(json: &[u8]) -> Result<Vec<String>, PullError> {
+    #[derive(Deserialize)]
+    struct Doc {
+        rootfs: Rootfs,
+    }
+    #[derive(Deserialize)]
+    struct Rootfs {
+        #[serde(default)]
+        diff_ids: Vec<String>,
+    }
+    serde_json::from_slice::<Doc>(json)
+        .map(|d| d.rootfs.diff_ids)
+        .map_err(|e| PullError::Refused(format!("the image config has no rootfs: {e}")))
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Meta {
     config: ImageConfig,
@@ -452,7 +468,16 @@ impl ImageStore {
                 .done
                 .fetch_add(manifest.config.size, Ordering::Relaxed);
         }
-        let config = ImageConfig::from_document(&tokio::fs::read(config_path).await?)?;
+        let document = tokio::fs::read(config_path).await?;
+        let config = ImageConfig::from_document(&document)?;
+        let diff_ids = diff_ids(&document)?;
+        if diff_ids.len() != manifest.layers.len() {
+            return Err(PullError::Refused(format!(
+                "the config names {} layers, the manifest {}",
+                diff_ids.len(),
+                manifest.layers.len()
+            )));
+        }
         let mut layers = Vec::new();
         for (i, l) in manifest.layers.iter().enumerate() {
             let p = build.join("layers").join(i.to_string());
@@ -465,8 +490,15 @@ impl ImageStore {
             fs::create_dir_all(&root)?;
             fs::set_permissions(&root, fs::Permissions::from_mode(0o755))?;
             let mut tally = Tally::default();
-            for l in &layers {
-                unpack::apply_layer_file(&root, l, limits, &mut tally)?;
+            for (i, (l, want)) in layers.iter().zip(&diff_ids).enumerate() {
+                let got = unpack::apply_layer_file(&root, l, limits, &mut tally)?;
+                if want.strip_prefix("sha256:") != Some(got.as_str()) {
+                    return Err(PullError::DigestMismatch {
+                        what: format!("layer {i}'s uncompressed content"),
+                        expected: want.clone(),
+                        got: format!("sha256:{got}"),
+                    });
+                }
             }
             unpack::make_mount_points(&root, crate::sandbox::IMAGE_MOUNT_POINTS)?;
             Ok(tally.bytes)

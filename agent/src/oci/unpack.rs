@@ -65,7 +65,7 @@ impl Default for Limits {
 /// What unpacking an image's layers did so far (carried from layer to layer).
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
-    /// Bytes of regular files written.
+    /// Bytes of entry data read (regular files written, and what skipped entries carried).
     pub bytes: u64,
     pub entries: u64,
     /// Special files (devices, FIFOs, …) that were skipped.
@@ -74,22 +74,59 @@ pub struct Tally {
     pub stripped_modes: u64,
 }
 
-/// Applies one layer file (gzip or plain tar, told by its first bytes) to `root`.
+/// Applies one layer file (gzip or plain tar, told by its first bytes) to `root`; answers
+/// the sha256 (hex) of the uncompressed tar stream, the layer's `diff_id`.
 pub fn apply_layer_file(
     root: &Path,
     layer: &Path,
     limits: Limits,
     tally: &mut Tally,
-) -> Result<(), UnpackError> {
+) -> Result<String, UnpackError> {
     let mut file = BufReader::with_capacity(1 << 20, File::open(layer)?);
     let mut magic = [0u8; 4];
     let n = read_up_to(&mut file, &mut magic)?;
     let head = io::Cursor::new(magic[..n].to_vec());
     let reader = head.chain(file);
-    match magic[..n] {
-        [0x1f, 0x8b, ..] => apply_layer(root, flate2::read::GzDecoder::new(reader), limits, tally),
-        [0x28, 0xb5, 0x2f, 0xfd] => Err(UnpackError::Unsupported("zstd".into())),
-        _ => apply_layer(root, reader, limits, tally),
+    let hashed = match magic[..n] {
+        [0x1f, 0x8b, ..] => apply_tar(
+            root,
+            Hashing::new(flate2::read::GzDecoder::new(reader)),
+            limits,
+            tally,
+        )?
+        .finish()?,
+        [0x28, 0xb5, 0x2f, 0xfd] => return Err(UnpackError::Unsupported("zstd".into())),
+        _ => apply_tar(root, Hashing::new(reader), limits, tally)?.finish()?,
+    };
+    Ok(hashed)
+}
+
+/// A reader that hashes what passes through it.
+struct Hashing<R> {
+    inner: R,
+    hasher: sha2::Sha256,
+}
+
+impl<R: Read> Hashing<R> {
+    fn new(inner: R) -> Self {
+        Hashing {
+            inner,
+            hasher: sha2::Digest::new(),
+        }
+    }
+
+    /// Reads the rest (the archive's end blocks and any padding) and answers the hex digest.
+    fn finish(mut self) -> io::Result<String> {
+        io::copy(&mut self, &mut io::sink())?;
+        Ok(super::client::hex(&sha2::Digest::finalize(self.hasher)))
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        sha2::Digest::update(&mut self.hasher, &buf[..n]);
+        Ok(n)
     }
 }
 
@@ -111,6 +148,16 @@ pub fn apply_layer(
     limits: Limits,
     tally: &mut Tally,
 ) -> Result<(), UnpackError> {
+    apply_tar(root, reader, limits, tally).map(drop)
+}
+
+/// [`apply_layer`], giving the reader back (positioned after the last entry).
+fn apply_tar<R: Read>(
+    root: &Path,
+    reader: R,
+    limits: Limits,
+    tally: &mut Tally,
+) -> Result<R, UnpackError> {
     let mut archive = tar::Archive::new(reader);
     // Paths this layer wrote: an opaque marker or whiteout only hides lower layers.
     let mut this_layer: HashSet<PathBuf> = HashSet::new();
@@ -129,6 +176,14 @@ pub fn apply_layer(
                 cap: limits.max_entries,
             });
         }
+        // Every entry's data counts, a skipped one's too (it is still decompressed and read).
+        let size = entry.size();
+        if tally.bytes.saturating_add(size) > limits.max_bytes {
+            return Err(UnpackError::TooLarge {
+                cap: limits.max_bytes,
+            });
+        }
+        tally.bytes += size;
         let raw = entry.path()?.into_owned();
         let rel = clean(&raw)?;
         let Some(name) = rel.file_name().map(|n| n.to_string_lossy().into_owned()) else {
@@ -179,12 +234,6 @@ pub fn apply_layer(
                 fs::set_permissions(&dest, fs::Permissions::from_mode(mode | 0o700))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let size = entry.header().size()?;
-                if tally.bytes.saturating_add(size) > limits.max_bytes {
-                    return Err(UnpackError::TooLarge {
-                        cap: limits.max_bytes,
-                    });
-                }
                 remove_any(&dest)?;
                 let mut out = OpenOptions::new()
                     .write(true)
@@ -192,8 +241,7 @@ pub fn apply_layer(
                     .custom_flags(libc::O_NOFOLLOW)
                     .mode(0o600)
                     .open(&dest)?;
-                let copied = io::copy(&mut (&mut entry).take(size), &mut out)?;
-                tally.bytes += copied;
+                io::copy(&mut (&mut entry).take(size), &mut out)?;
                 out.set_permissions(fs::Permissions::from_mode(mode))?;
             }
             tar::EntryType::Symlink => {
@@ -242,7 +290,7 @@ pub fn apply_layer(
         }
         this_layer.insert(rel);
     }
-    Ok(())
+    Ok(archive.into_inner())
 }
 
 /// The archive path as components under the root: `.` dropped, `..` or an absolute path
@@ -600,6 +648,16 @@ mod tests {
         );
         // The second file was never written.
         assert!(fs::symlink_metadata(s.root().join("b")).is_err());
+        // Data carried by an entry that is skipped counts too.
+        let mut h = Layer::header(tar::EntryType::Char, "dev/big", 0o666, 1200);
+        h.set_cksum();
+        let mut l = Layer::new();
+        l.0.append(&h, &vec![0u8; 1200][..]).unwrap();
+        let r = s.apply_with(l, limits);
+        assert!(
+            matches!(r, Err(UnpackError::TooLarge { cap: 1000 })),
+            "{r:?}"
+        );
         let mut many = Layer::new();
         for i in 0..101 {
             many = many.file(&format!("f{i}"), 0o644, b"");
@@ -672,7 +730,15 @@ mod tests {
         io::Write::write_all(&mut gz, &tar).unwrap();
         let path = s.dir.path().join("layer.gz");
         fs::write(&path, gz.finish().unwrap()).unwrap();
-        apply_layer_file(&s.root(), &path, Limits::default(), &mut Tally::default()).unwrap();
+        let diff_id =
+            apply_layer_file(&s.root(), &path, Limits::default(), &mut Tally::default()).unwrap();
+        // The diff_id is the digest of the whole uncompressed stream, end blocks included.
+        assert_eq!(
+            diff_id,
+            crate::oci::client::hex(&sha2::Digest::finalize(
+                <sha2::Sha256 as sha2::Digest>::new_with_prefix(&tar)
+            ))
+        );
         assert_eq!(fs::read_to_string(s.root().join("z")).unwrap(), "zipped");
         fs::write(&path, [0x28, 0xb5, 0x2f, 0xfd, 0, 0]).unwrap();
         let r = apply_layer_file(&s.root(), &path, Limits::default(), &mut Tally::default());
