@@ -815,6 +815,26 @@ pub fn new_key() -> String {
     }
 }
 
+/// What sets a GPU request's cost: kind, count, hours, priority (as typed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EstimateInput {
+    pub kind: String,
+    pub count: String,
+    pub hours: String,
+    pub priority: String,
+}
+
+/// The cost of `input` at today's prices (`""`: unpriced, or nothing asked yet): the
+/// allocation request form's estimate, and the job and notebook forms' for "a new GPU".
+pub async fn load_estimate(input: Option<EstimateInput>) -> Result<String, UiError> {
+    match input {
+        Some(i) if !i.kind.is_empty() => {
+            api::estimate_cost(i.kind, i.count, i.hours, i.priority).await
+        }
+        _ => Ok(String::new()),
+    }
+}
+
 /// How many devices of `kind` are free now, for its option's label (a share: whether one
 /// shared GPU has that much free).
 pub fn free_text(free: &std::collections::BTreeMap<String, u32>, kind: &str) -> String {

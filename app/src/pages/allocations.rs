@@ -10,7 +10,9 @@ use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, paged_table, timestamp, use_hydrated,
 };
-use crate::components::{Topic, free_text, kind_options, new_key, refresher};
+use crate::components::{
+    EstimateInput, Topic, free_text, kind_options, load_estimate, new_key, refresher,
+};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -171,26 +173,6 @@ struct ListData {
     estimate_for: RwSignal<Option<EstimateInput>>,
     /// The cost of `estimate_for` at today's prices (`""`: unpriced or not asked yet).
     estimate: Resource<Result<String, UiError>>,
-}
-
-/// The request form's fields that set its cost: kind, count, hours, priority.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct EstimateInput {
-    pub(super) kind: String,
-    pub(super) count: String,
-    pub(super) hours: String,
-    pub(super) priority: String,
-}
-
-/// The cost of `input` at today's prices (`""`: unpriced, or nothing asked yet). Also the
-/// job and notebook forms' estimate for "a new GPU".
-pub(super) async fn load_estimate(input: Option<EstimateInput>) -> Result<String, UiError> {
-    match input {
-        Some(i) if !i.kind.is_empty() => {
-            api::estimate_cost(i.kind, i.count, i.hours, i.priority).await
-        }
-        _ => Ok(String::new()),
-    }
 }
 
 impl ListData {

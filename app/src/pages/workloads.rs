@@ -9,14 +9,13 @@
 //! from a poll (state every 2 s while not ended, log every second while incomplete), so
 //! a long log keeps its scroll position and nothing flickers.
 
-use super::allocations::{EstimateInput, load_estimate};
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
 use crate::components::alert;
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, list_table, now, pager_with, relative, timestamp,
 };
-use crate::components::{Topic, refresher};
+use crate::components::{EstimateInput, Topic, load_estimate, refresher};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::Form;
