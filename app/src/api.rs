@@ -1066,6 +1066,92 @@ pub async fn workload_logs(
     .await
 }
 
+// ---- notifications (docs/notifications.md) ----
+
+/// The caller's notification address and preferences.
+#[server(prefix = "/fn", endpoint = "my_notifications")]
+pub async fn my_notifications() -> Result<tessera_domain::notify::NotificationSettings, UiError> {
+    ssr::call([], async |s, p| s.notifications.settings(p).await).await
+}
+
+/// Sets (or, empty, removes) the caller's notification address.
+#[server(prefix = "/fn", endpoint = "set_notification_email")]
+pub async fn set_notification_email(
+    email: String,
+) -> Result<tessera_domain::notify::NotificationSettings, UiError> {
+    let echo = [("email", email.clone())];
+    ssr::call(echo, async |s, p| {
+        let input = tessera_domain::notify::NotificationSettingsInput {
+            email: Some(email),
+            preferences: Vec::new(),
+        };
+        s.notifications.update_settings(p, &input).await
+    })
+    .await
+}
+
+/// Sets how the caller gets one kind of event.
+#[server(prefix = "/fn", endpoint = "set_notification_preference")]
+pub async fn set_notification_preference(
+    kind: String,
+    mode: String,
+) -> Result<tessera_domain::notify::NotificationSettings, UiError> {
+    ssr::call([], async |s, p| {
+        use tessera_domain::notify::{EventKind, NotifyMode, PreferenceInput};
+        let input = tessera_domain::notify::NotificationSettingsInput {
+            email: None,
+            preferences: vec![PreferenceInput {
+                kind: EventKind::parse(&kind)?,
+                mode: NotifyMode::parse(&mode)?,
+            }],
+        };
+        s.notifications.update_settings(p, &input).await
+    })
+    .await
+}
+
+/// A team's webhooks (team admins).
+#[server(prefix = "/fn", endpoint = "team_webhooks")]
+pub async fn team_webhooks(
+    team_id: String,
+) -> Result<Vec<tessera_domain::notify::WebhookView>, UiError> {
+    ssr::call([], async |s, p| {
+        s.notifications.webhooks(p, ssr::id(&team_id)?).await
+    })
+    .await
+}
+
+/// Adds a team webhook for every event of the team; answers its secret once.
+#[server(prefix = "/fn", endpoint = "add_team_webhook")]
+pub async fn add_team_webhook(
+    team_id: String,
+    url: String,
+) -> Result<tessera_domain::notify::WebhookCreated, UiError> {
+    let echo = [("url", url.clone())];
+    ssr::call(echo, async |s, p| {
+        let input = tessera_domain::notify::WebhookInput {
+            url,
+            events: Vec::new(),
+            enabled: true,
+        };
+        s.notifications
+            .create_webhook(p, ssr::id(&team_id)?, &input)
+            .await
+    })
+    .await
+}
+
+/// Removes a team webhook.
+#[server(prefix = "/fn", endpoint = "delete_team_webhook")]
+pub async fn delete_team_webhook(team_id: String, id: String) -> Result<(), UiError> {
+    ssr::call([], async |s, p| {
+        s.notifications
+            .delete_webhook(p, ssr::id(&team_id)?, ssr::id(&id)?)
+            .await
+    })
+    .await
+}
+
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::UiError;

@@ -1,10 +1,14 @@
-use crate::api::{self, ChangePassword, CreateToken, RevokeToken, UiError};
+use crate::api::{
+    self, ChangePassword, CreateToken, RevokeToken, SetNotificationEmail,
+    SetNotificationPreference, UiError,
+};
 use crate::components::{
-    Authenticated, Columns, PAGE_SIZE, PasswordInput, SecretBox, SecretSubmit, When, at, echoed,
-    field_error, form_error, paged_table, use_offset,
+    Authenticated, Columns, Loading, PAGE_SIZE, PasswordInput, Problem, SecretBox, SecretSubmit,
+    When, at, echoed, field_error, form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
+use tessera_domain::notify::{NotificationSettings, NotifyMode};
 use tessera_domain::tenancy::{ApiTokenView, Page, PageRequest};
 
 #[component]
@@ -17,6 +21,12 @@ pub fn AccountPage() -> impl IntoView {
         move || (offset.get(), create.version().get(), revoke.version().get()),
         |(offset, ..)| api::list_tokens(PageRequest::new(offset, PAGE_SIZE)),
     );
+    let set_email = ServerAction::<SetNotificationEmail>::new();
+    let set_pref = ServerAction::<SetNotificationPreference>::new();
+    let notifications = Resource::new(
+        move || (set_email.version().get(), set_pref.version().get()),
+        |_| api::my_notifications(),
+    );
     view! {
         <Authenticated>
             <h1>"My account"</h1>
@@ -25,6 +35,7 @@ pub fn AccountPage() -> impl IntoView {
                 <CreateTokenForm action=create />
             </div>
             <TokenList tokens revoke />
+            <Notifications settings=notifications set_email set_pref />
         </Authenticated>
     }
 }
@@ -180,5 +191,103 @@ fn TokenRow(token: ApiTokenView, revoke: ServerAction<RevokeToken>) -> impl Into
                 </ActionForm>
             </td>
         </tr>
+    }
+}
+
+/// My account → Notifications: the address mail goes to and, per kind of event, whether it
+/// comes at once, in the daily digest or not at all (docs/notifications.md).
+#[component]
+fn Notifications(
+    settings: Resource<Result<NotificationSettings, UiError>>,
+    set_email: ServerAction<SetNotificationEmail>,
+    set_pref: ServerAction<SetNotificationPreference>,
+) -> impl IntoView {
+    let value = move || set_email.value().get();
+    let body = move || {
+        Suspend::new(async move {
+            match settings.await {
+                Ok(s) => {
+                    let email = s.email.clone().unwrap_or_default();
+                    let rows = s
+                        .preferences
+                        .into_iter()
+                        .map(|p| {
+                            let kind = p.kind.as_str();
+                            let options = [
+                                (NotifyMode::Immediate, "Immediately"),
+                                (NotifyMode::Digest, "Daily digest"),
+                                (NotifyMode::Off, "Off"),
+                            ]
+                            .into_iter()
+                            .map(|(m, label)| {
+                                view! {
+                                    <option value=m.as_str() selected=m == p.mode>
+                                        {label}
+                                    </option>
+                                }
+                            })
+                            .collect_view();
+                            view! {
+                                <tr data-testid="notification-pref" data-kind=kind>
+                                    <td>{p.label}</td>
+                                    <td>
+                                        <ActionForm action=set_pref attr:class="row-form">
+                                            <input type="hidden" name="kind" value=kind />
+                                            <select name="mode" aria-label="How">
+                                                {options}
+                                            </select>
+                                            " "
+                                            <button type="submit" class="link">
+                                                "Save"
+                                            </button>
+                                        </ActionForm>
+                                    </td>
+                                </tr>
+                            }
+                        })
+                        .collect_view();
+                    view! {
+                        <ActionForm action=set_email attr:id="notification-email" attr:novalidate=true>
+                            {form_error(value)}
+                            <label for="notify-email">"Email address"</label>
+                            <input
+                                id="notify-email"
+                                name="email"
+                                type="email"
+                                autocomplete="email"
+                                placeholder="you@example.org"
+                                value=email.clone()
+                                prop:value=email
+                            />
+                            {field_error(value, "email")}
+                            <button type="submit" disabled=move || set_email.pending().get()>
+                                "Save address"
+                            </button>
+                        </ActionForm>
+                        <table class="list" data-testid="notification-prefs">
+                            <thead>
+                                <tr>
+                                    <th>"Event"</th>
+                                    <th>"How"</th>
+                                </tr>
+                            </thead>
+                            <tbody>{rows}</tbody>
+                        </table>
+                    }
+                    .into_any()
+                }
+                Err(e) => view! { <Problem error=e.error /> }.into_any(),
+            }
+        })
+    };
+    view! {
+        <section class="card wide" aria-labelledby="notifications-title">
+            <h2 id="notifications-title">"Notifications"</h2>
+            <p class="hint">
+                "Mail about your work and your teams. Without an address you get none."
+            </p>
+            {form_error(move || set_pref.value().get())}
+            <Transition fallback=Loading>{body}</Transition>
+        </section>
     }
 }

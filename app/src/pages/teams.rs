@@ -2,18 +2,20 @@
 //! members. Another team's page answers exactly like a missing one: "Not found".
 
 use crate::api::{
-    self, AddMember, ChangeRole, CreateTeam, DeleteNotebookProfile, RemoveMember, RenameTeam,
-    SaveNotebookProfile, SetQuota, SetTeamArchived, SetTeamPriority,
+    self, AddMember, AddTeamWebhook, ChangeRole, CreateTeam, DeleteNotebookProfile,
+    DeleteTeamWebhook, RemoveMember, RenameTeam, SaveNotebookProfile, SetQuota, SetTeamArchived,
+    SetTeamPriority,
 };
 use crate::components::{
-    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, at, echoed, field_error,
-    form_error, is_admin, paged_table, unpaged_table, use_offset,
+    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, at, echoed,
+    field_error, form_error, is_admin, paged_table, unpaged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 use tessera_domain::alloc::{HighGrant, QuotaView};
 use tessera_domain::billing::{BudgetView, format_minor};
 use tessera_domain::mig::Catalog;
+use tessera_domain::notify::WebhookView;
 use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
 use tessera_domain::workload::NotebookProfile;
 
@@ -160,6 +162,9 @@ struct TeamData {
     profiles: Resource<Result<Vec<NotebookProfile>, api::UiError>>,
     save_profile: ServerAction<SaveNotebookProfile>,
     delete_profile: ServerAction<DeleteNotebookProfile>,
+    webhooks: Resource<Result<Vec<WebhookView>, api::UiError>>,
+    add_hook: ServerAction<AddTeamWebhook>,
+    delete_hook: ServerAction<DeleteTeamWebhook>,
 }
 
 impl TeamData {
@@ -201,6 +206,18 @@ impl TeamData {
             },
             |(id, ..)| api::notebook_profiles(id),
         );
+        let add_hook = ServerAction::<AddTeamWebhook>::new();
+        let delete_hook = ServerAction::<DeleteTeamWebhook>::new();
+        let webhooks = Resource::new(
+            move || {
+                (
+                    id.get(),
+                    add_hook.version().get(),
+                    delete_hook.version().get(),
+                )
+            },
+            |(id, ..)| api::team_webhooks(id),
+        );
         TeamData {
             actions,
             team,
@@ -211,6 +228,9 @@ impl TeamData {
             profiles,
             save_profile,
             delete_profile,
+            webhooks,
+            add_hook,
+            delete_hook,
         }
     }
 }
@@ -250,6 +270,9 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         profiles,
         save_profile,
         delete_profile,
+        webhooks,
+        add_hook,
+        delete_hook,
         ..
     } = data;
     let platform_admin = is_admin();
@@ -323,6 +346,17 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
             save=save_profile
             delete=delete_profile
         />
+        {manages
+            .then(|| {
+                view! {
+                    <TeamWebhooks
+                        team_id=team_id.clone()
+                        webhooks
+                        add=add_hook
+                        delete=delete_hook
+                    />
+                }
+            })}
         <TeamSpend
             team_id=team_id.clone()
             budget
@@ -1005,5 +1039,124 @@ fn budget_text(b: &BudgetView) -> String {
             "No budget set · {} {c} spent this month",
             format_minor(b.spent_minor, c)
         ),
+    }
+}
+
+/// The team's webhooks (team admins): each event of the team is posted there, signed
+/// (docs/notifications.md); the secret is shown once, when a hook is added.
+#[component]
+fn TeamWebhooks(
+    team_id: String,
+    webhooks: Resource<Result<Vec<WebhookView>, api::UiError>>,
+    add: ServerAction<AddTeamWebhook>,
+    delete: ServerAction<DeleteTeamWebhook>,
+) -> impl IntoView {
+    let value = move || add.value().get();
+    let url = echoed(value, "url");
+    let secret = move || {
+        add.value().get().and_then(Result::ok).map(|created| {
+            view! {
+                <SecretBox
+                    title=format!("Signing secret of {}", created.webhook.url)
+                    secret=created.secret
+                />
+            }
+        })
+    };
+    let list = {
+        let team_id = team_id.clone();
+        move || {
+            let team_id = team_id.clone();
+            Suspend::new(async move {
+                match webhooks.await {
+                    Ok(list) if list.is_empty() => view! {
+                        <Empty>
+                            <p data-testid="no-webhooks">"No webhooks."</p>
+                        </Empty>
+                    }
+                    .into_any(),
+                    Ok(list) => {
+                        let rows = list
+                            .into_iter()
+                            .map(|h| {
+                                let (team_id, hook_id) = (team_id.clone(), h.id.to_string());
+                                let status = match (h.enabled, h.last_status, &h.last_error) {
+                                    (false, ..) => format!(
+                                        "disabled after {} failures",
+                                        h.consecutive_failures
+                                    ),
+                                    (true, _, Some(e)) => e.clone(),
+                                    (true, Some(s), None) => format!("last answer {s}"),
+                                    (true, None, None) => "nothing sent yet".to_owned(),
+                                };
+                                view! {
+                                    <tr data-testid="webhook-row">
+                                        <td>
+                                            <code>{h.url}</code>
+                                        </td>
+                                        <td>{status}</td>
+                                        <td>
+                                            <ActionForm action=delete>
+                                                <input type="hidden" name="team_id" value=team_id />
+                                                <input type="hidden" name="id" value=hook_id />
+                                                <button type="submit" class="link danger">
+                                                    "Delete"
+                                                </button>
+                                            </ActionForm>
+                                        </td>
+                                    </tr>
+                                }
+                            })
+                            .collect_view();
+                        view! {
+                            <table class="list" data-testid="webhooks">
+                                <thead>
+                                    <tr>
+                                        <th>"URL"</th>
+                                        <th>"Status"</th>
+                                        <th>"Manage"</th>
+                                    </tr>
+                                </thead>
+                                <tbody>{rows}</tbody>
+                            </table>
+                        }
+                        .into_any()
+                    }
+                    Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                }
+            })
+        }
+    };
+    view! {
+        <section class="card wide" aria-labelledby="webhooks-title">
+            <h2 id="webhooks-title">"Webhooks"</h2>
+            <p class="hint">
+                "Every event of this team (jobs ending, requests, budget) is posted to these URLs "
+                "as signed JSON with a Slack-compatible "
+                <code>"text"</code>
+                ". Test a hook and read its deliveries through the REST API."
+            </p>
+            {form_error(move || delete.value().get())}
+            <Transition fallback=Loading>{list}</Transition>
+            {secret}
+            <ActionForm action=add attr:data-testid="webhook-form" attr:novalidate=true>
+                {form_error(value)}
+                <input type="hidden" name="team_id" value=team_id.clone() />
+                <label for="webhook-url">"URL"</label>
+                <input
+                    id="webhook-url"
+                    name="url"
+                    type="url"
+                    placeholder="https://hooks.slack.com/services/…"
+                    required
+                    value=url
+                    prop:value=url
+                />
+                {field_error(value, "url")}
+                <button type="submit" disabled=move || add.pending().get()>
+                    "Add webhook"
+                </button>
+            </ActionForm>
+        </section>
     }
 }

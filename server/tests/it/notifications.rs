@@ -25,6 +25,7 @@ on_both_databases!(
     ten_job_endings_with_digest_make_one_mail,
     each_delivery_is_sent_once_across_a_leader_change,
     bad_input_and_authorization,
+    the_pages_show_notifications_and_webhooks,
 );
 
 // ---- the SMTP server ----
@@ -910,4 +911,93 @@ async fn bad_input_and_authorization(db: Db) {
             .any(|p| p["kind"] == "node.lost"),
         "node.lost is for platform admins: {v}"
     );
+}
+
+/// My account shows the address and a choice per event kind; the team page shows a team
+/// admin the team's webhooks (server-rendered; a member sees no webhooks section). The
+/// forms post to the server functions, which change what the REST API reads.
+async fn the_pages_show_notifications_and_webhooks(db: Db) {
+    let a = AdminClient::with_app(
+        TestApp::spawn_with(db, |c| c.notify.webhook_allow_private = true).await,
+    )
+    .await;
+    let app = &a.app;
+    let t = team(&a, "pages").await;
+    let lead = app.browser();
+    assert!(
+        lead.login("pages-lead", crate::allocations::PW)
+            .await
+            .status()
+            .is_success()
+    );
+    let r = lead
+        .call("set_notification_email", &[("email", "lead@example.org")])
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = lead
+        .call(
+            "set_notification_preference",
+            &[("kind", "workload.succeeded"), ("mode", "off")],
+        )
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = lead
+        .call(
+            "add_team_webhook",
+            &[("team_id", &t.id), ("url", "http://127.0.0.1:9/ui")],
+        )
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let created: Value = r.json().await.expect("json");
+    assert!(
+        created["secret"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("whsec")),
+        "{created}"
+    );
+    let html = lead.page("/account").await;
+    assert!(html.contains("Notifications"), "{html}");
+    assert!(html.contains("lead@example.org"), "the address is shown");
+    assert!(
+        html.contains("My job or notebook failed"),
+        "a choice per kind"
+    );
+    let html = lead.page(&format!("/teams/{}", t.id)).await;
+    assert!(
+        html.contains("Webhooks") && html.contains("http://127.0.0.1:9/ui"),
+        "{html}"
+    );
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::GET,
+        "/api/v1/me/notifications",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["email"], "lead@example.org");
+    let off = v["preferences"]
+        .as_array()
+        .expect("prefs")
+        .iter()
+        .find(|p| p["kind"] == "workload.succeeded")
+        .cloned()
+        .expect("kind");
+    assert_eq!(off["mode"], "off", "{v}");
+    let member = app.browser();
+    assert!(
+        member
+            .login("pages-member", crate::allocations::PW)
+            .await
+            .status()
+            .is_success()
+    );
+    let html = member.page(&format!("/teams/{}", t.id)).await;
+    assert!(
+        !html.contains("webhooks-title"),
+        "a member sees no webhooks section"
+    );
+    let r = member.call("team_webhooks", &[("team_id", &t.id)]).await;
+    assert_eq!(r.status(), 403);
 }
