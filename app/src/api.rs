@@ -337,6 +337,37 @@ pub async fn revoke_node(node_id: String) -> Result<NodeView, UiError> {
     ssr::call([], async |s, p| s.nodes.revoke(p, id(&node_id)?).await).await
 }
 
+/// Drains a node (or one GPU, `gpu` non-empty) within `minutes` (platform admins).
+#[server(prefix = "/fn", endpoint = "drain_node")]
+pub async fn drain_node(
+    node_id: String,
+    minutes: String,
+    reason: String,
+    #[server(default)] gpu: String,
+) -> Result<NodeView, UiError> {
+    let echo = [("minutes", minutes.clone()), ("reason", reason.clone())];
+    ssr::call(echo, async |s, p| {
+        let minutes = optional_number(Some(&minutes), "minutes")?.map(i64::from);
+        let req = tessera_domain::drain::DrainRequest {
+            gpu: (!gpu.is_empty()).then_some(gpu),
+            deadline: None,
+            minutes,
+            reason,
+        };
+        s.nodes.drain(p, id(&node_id)?, &req).await
+    })
+    .await
+}
+
+/// Ends a node's drain (platform admins).
+#[server(prefix = "/fn", endpoint = "undrain_node")]
+pub async fn undrain_node(node_id: String) -> Result<NodeView, UiError> {
+    ssr::call([], async |s, p| {
+        s.nodes.undrain(p, id(&node_id)?, None).await
+    })
+    .await
+}
+
 /// Recent telemetry of a node (newest `limit` samples, oldest first).
 #[server(prefix = "/fn", endpoint = "node_telemetry")]
 pub async fn get_node_telemetry(node_id: String, limit: u32) -> Result<NodeTelemetry, UiError> {

@@ -3,7 +3,7 @@
 
 mod chart;
 
-use crate::api::{self, RevokeNode, SetGpuLayout, SetGpuSharing, UiError};
+use crate::api::{self, DrainNode, RevokeNode, SetGpuLayout, SetGpuSharing, UiError, UndrainNode};
 use crate::components::alert;
 use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
@@ -19,6 +19,7 @@ use tessera_domain::cluster::{
     DesiredView, GpuPoint, GpuView, InstanceView, NodeTelemetry, NodeView, ServerReplicaView,
     SharingView,
 };
+use tessera_domain::drain::{DrainState, DrainView};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest};
 
@@ -74,6 +75,8 @@ impl<'de> Deserialize<'de> for Telemetry {
 struct NodeActions {
     admin: bool,
     revoke: ServerAction<RevokeNode>,
+    drain: ServerAction<DrainNode>,
+    undrain: ServerAction<UndrainNode>,
     layout: ServerAction<SetGpuLayout>,
     sharing: ServerAction<SetGpuSharing>,
     /// The GPU whose layout or sharing form was submitted last.
@@ -97,6 +100,8 @@ impl NodesData {
         let actions = NodeActions {
             admin: false,
             revoke: ServerAction::new(),
+            drain: ServerAction::new(),
+            undrain: ServerAction::new(),
             layout: ServerAction::new(),
             sharing: ServerAction::new(),
             layout_target: RwSignal::new(None),
@@ -117,6 +122,8 @@ impl NodesData {
             (
                 offset.get(),
                 actions.revoke.version().get(),
+                actions.drain.version().get(),
+                actions.undrain.version().get(),
                 actions.layout.version().get(),
                 actions.sharing.version().get(),
                 refresh.get(),
@@ -181,6 +188,8 @@ fn NodeList(page: NodesData) -> impl IntoView {
     };
     view! {
         {form_error(move || actions.revoke.value().get())}
+        {form_error(move || actions.drain.value().get())}
+        {form_error(move || actions.undrain.value().get())}
         {revoked}
         {layout_error}
         <Transition fallback=Loading>
@@ -344,6 +353,7 @@ fn NodeCard(node: NodeView, actions: NodeActions, telemetry: Resource<Telemetry>
                 <span class=class data-testid="node-status">
                     {status}
                 </span>
+                {node.drain.clone().map(|d| view! { <DrainBadge d /> })}
             </header>
             <dl class="facts row">
                 <div>
@@ -393,7 +403,14 @@ fn NodeCard(node: NodeView, actions: NodeActions, telemetry: Resource<Telemetry>
             <div class="gpus">{gpus}</div>
             {editable
                 .then(|| {
-                    view! { <RevokeNodeForm node_id=node_id.clone() action=actions.revoke /> }
+                    view! {
+                        <DrainNodeForm
+                            node_id=node_id.clone()
+                            drained=node.drain.is_some()
+                            actions
+                        />
+                        <RevokeNodeForm node_id=node_id.clone() action=actions.revoke />
+                    }
                 })}
         </article>
     }
@@ -1041,6 +1058,63 @@ fn DesiredStatus(desired: DesiredView) -> impl IntoView {
             {desired.detail.map(|d| view! { <span class="hint">" — " {d}</span> })}
         </p>
     }
+}
+
+/// "draining until …" while work still runs there, then "drained".
+#[component]
+fn DrainBadge(d: DrainView) -> impl IntoView {
+    let title = format!("Drained by a platform admin: {}", d.reason);
+    match d.state {
+        DrainState::Draining => view! {
+            <span class="badge warn" data-testid="node-drain" title=title>
+                "draining, work moves off " <When t=d.deadline />
+            </span>
+        }
+        .into_any(),
+        DrainState::Drained => view! {
+            <span class="badge muted" data-testid="node-drain" title=title>
+                "drained"
+            </span>
+        }
+        .into_any(),
+    }
+}
+
+/// Drain (no new work; running work warned and moved off at the deadline) or undrain.
+#[component]
+fn DrainNodeForm(node_id: String, drained: bool, actions: NodeActions) -> impl IntoView {
+    if drained {
+        return view! {
+            <ActionForm action=actions.undrain>
+                <input type="hidden" name="node_id" value=node_id />
+                <button type="submit" disabled=move || actions.undrain.pending().get()>
+                    "Undrain: take work again"
+                </button>
+            </ActionForm>
+        }
+        .into_any();
+    }
+    let minutes_id = format!("drain-minutes-{node_id}");
+    let reason_id = format!("drain-reason-{node_id}");
+    view! {
+        <details class="drain-zone">
+            <summary>"Drain node…"</summary>
+            <p class="hint">
+                "Nothing new is placed here. Running work is warned now (its deadline file and,                  if it asked, a signal) and moved off at the deadline: jobs are queued again                  on other nodes."
+            </p>
+            <ActionForm action=actions.drain>
+                <input type="hidden" name="node_id" value=node_id />
+                <label for=minutes_id.clone()>"Move work off within (minutes)"</label>
+                <input id=minutes_id type="number" name="minutes" min="0" value="30" required />
+                <label for=reason_id.clone()>"Reason (shown to the owners)"</label>
+                <input id=reason_id type="text" name="reason" maxlength="200" placeholder="maintenance" />
+                <button type="submit" disabled=move || actions.drain.pending().get()>
+                    "Drain node"
+                </button>
+            </ActionForm>
+        </details>
+    }
+    .into_any()
 }
 
 #[component]

@@ -1,7 +1,7 @@
-//! `tessera node list`: the GPU nodes, decoded into [`NodeView`]. Draining a node is not
-//! in the REST API yet (issue 37), so neither is `node drain`.
+//! `tessera node list|drain|undrain`: the GPU nodes, decoded into [`NodeView`]; draining
+//! (platform admins) takes a node or one GPU out of placement by a deadline.
 
-use super::{Client, R, Remote, Tabular, opt, print};
+use super::{CliError, Client, R, Remote, Tabular, encode, opt, print};
 use clap::Subcommand;
 use tessera_domain::cluster::NodeView;
 use tessera_domain::tenancy::Page;
@@ -15,6 +15,29 @@ pub enum NodeCommand {
         #[arg(long, default_value_t = 0)]
         offset: u32,
     },
+    /// Drain a node (platform admins): nothing new is placed there; running work is warned
+    /// now and moved off at the deadline (jobs are queued again elsewhere).
+    Drain {
+        /// The node's id or hostname.
+        node: String,
+        /// Minutes until work is moved off (default 30).
+        #[arg(long = "in", value_name = "MINUTES")]
+        minutes: Option<i64>,
+        /// Shown to the owners of the work it moves.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Drain only this GPU (`GPU-…`).
+        #[arg(long)]
+        gpu: Option<String>,
+    },
+    /// End a node's drain (platform admins).
+    Undrain {
+        /// The node's id or hostname.
+        node: String,
+        /// End only this GPU's drain.
+        #[arg(long)]
+        gpu: Option<String>,
+    },
 }
 
 impl Tabular for NodeView {
@@ -23,6 +46,7 @@ impl Tabular for NodeView {
         "hostname",
         "online",
         "revoked",
+        "drain",
         "gpus",
         "agent_version",
         "last_heartbeat_at",
@@ -38,6 +62,13 @@ impl Tabular for NodeView {
             self.hostname.clone(),
             self.online.to_string(),
             self.revoked.to_string(),
+            opt(self.drain.as_ref().map(|d| {
+                let state = serde_json::to_value(d.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                format!("{state} until {}", d.deadline.to_rfc3339())
+            })),
             models.join(" "),
             self.agent_version.clone(),
             opt(self.last_heartbeat_at.map(|t| t.to_rfc3339())),
@@ -47,9 +78,66 @@ impl Tabular for NodeView {
 
 pub async fn node(remote: &Remote, cmd: NodeCommand) -> R<i32> {
     let c = Client::new(remote)?;
-    let NodeCommand::List { limit, offset } = cmd;
-    let page: Page<NodeView> = c
-        .get(&format!("/api/v1/nodes?limit={limit}&offset={offset}"))
-        .await?;
-    print(c.output, &page, &page.items, "no nodes yet")
+    match cmd {
+        NodeCommand::List { limit, offset } => {
+            let page: Page<NodeView> = c
+                .get(&format!("/api/v1/nodes?limit={limit}&offset={offset}"))
+                .await?;
+            print(c.output, &page, &page.items, "no nodes yet")
+        }
+        NodeCommand::Drain {
+            node,
+            minutes,
+            reason,
+            gpu,
+        } => {
+            let id = node_id(&c, &node).await?;
+            let body = serde_json::json!({"minutes": minutes, "reason": reason, "gpu": gpu});
+            let v: NodeView = c
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/api/v1/nodes/{}/drain", encode(&id)),
+                    Some(body),
+                )
+                .await?;
+            print(c.output, &v, std::slice::from_ref(&v), "")
+        }
+        NodeCommand::Undrain { node, gpu } => {
+            let id = node_id(&c, &node).await?;
+            let query = gpu
+                .map(|g| format!("?gpu={}", encode(&g)))
+                .unwrap_or_default();
+            let v: NodeView = c
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/nodes/{}/drain{query}", encode(&id)),
+                    None,
+                )
+                .await?;
+            print(c.output, &v, std::slice::from_ref(&v), "")
+        }
+    }
+}
+
+/// A node's id from its id or hostname.
+async fn node_id(c: &Client, node: &str) -> R<String> {
+    if uuid::Uuid::parse_str(node).is_ok() {
+        return Ok(node.to_owned());
+    }
+    let mut offset: u32 = 0;
+    loop {
+        let page: Page<NodeView> = c
+            .get(&format!("/api/v1/nodes?limit=200&offset={offset}"))
+            .await?;
+        if let Some(n) = page.items.iter().find(|n| n.hostname == node) {
+            return Ok(n.id.to_string());
+        }
+        offset += 200;
+        if page.items.is_empty() || u64::from(offset) >= page.total {
+            return Err(CliError {
+                code: super::exit::NOT_FOUND,
+                message: format!("no node named {node}"),
+            });
+        }
+    }
 }

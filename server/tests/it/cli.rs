@@ -317,6 +317,37 @@ async fn allocations_jobs_and_notebooks_on_a_live_node(db: Db) {
     );
     let table = cli.run(&admin, &["node", "list"]).await;
     assert!(table.ok().contains("cli-node"), "{}", table.stdout);
+    // Drain by hostname (platform admins; a member gets exit 4, an unknown node exit 3),
+    // then undrain.
+    let out = cli
+        .run(&t.member, &["node", "drain", "cli-node", "--in", "60"])
+        .await;
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    let out = cli.run(&admin, &["node", "drain", "no-such-node"]).await;
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    let out = cli
+        .run(&admin, &["node", "drain", "cli-node", "--in=-3"])
+        .await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("minutes"), "{}", out.stderr);
+    let drained: NodeView = cli
+        .run(
+            &admin,
+            &[
+                "node", "drain", "cli-node", "--in", "60", "--reason", "firmware", "-o", "json",
+            ],
+        )
+        .await
+        .json();
+    let d = drained.drain.expect("drained");
+    assert_eq!(d.reason, "firmware");
+    let table = cli.run(&admin, &["node", "list"]).await;
+    assert!(table.ok().contains("until"), "{}", table.stdout);
+    let back: NodeView = cli
+        .run(&admin, &["node", "undrain", "cli-node", "-o", "json"])
+        .await
+        .json();
+    assert!(back.drain.is_none(), "{back:?}");
 
     // Release ends it.
     let released: AllocationView = cli
