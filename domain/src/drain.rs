@@ -148,6 +148,8 @@ pub enum DeadlineCause {
     Drain,
     /// Its allocation's time runs out.
     TimeLimit,
+    /// Its GPU turned unhealthy (a critical Xid, an uncorrectable ECC error).
+    Health,
 }
 
 impl DeadlineCause {
@@ -156,6 +158,7 @@ impl DeadlineCause {
             DeadlineCause::Preempted => "preempted",
             DeadlineCause::Drain => "drain",
             DeadlineCause::TimeLimit => "time_limit",
+            DeadlineCause::Health => "health",
         }
     }
 
@@ -163,6 +166,7 @@ impl DeadlineCause {
     pub fn of_preemption(stored: Option<&str>) -> DeadlineCause {
         match stored {
             Some("drain") => DeadlineCause::Drain,
+            Some("health") => DeadlineCause::Health,
             _ => DeadlineCause::Preempted,
         }
     }
@@ -221,6 +225,7 @@ pub fn deadline_message(cause: DeadlineCause, detail: &str) -> String {
         }
         DeadlineCause::Drain => "its node is drained by a platform admin",
         DeadlineCause::TimeLimit => "its allocation's time runs out",
+        DeadlineCause::Health => "its GPU turned unhealthy and is taken out of service",
     };
     if detail.is_empty() {
         base.to_owned()
@@ -235,12 +240,15 @@ mod tests {
     use chrono::TimeZone;
 
     fn t(min: i64) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2026, 11, 26, 12, 0, 0).unwrap() + Duration::minutes(min)
+        Utc.with_ymd_and_hms(2026, 11, 26, 12, 0, 0)
+            .single()
+            .expect("valid")
+            + Duration::minutes(min)
     }
 
     #[test]
     fn drain_deadline_from_minutes_or_time() {
-        let v = validate(&DrainRequest::default(), t(0)).unwrap();
+        let v = validate(&DrainRequest::default(), t(0)).expect("valid");
         assert_eq!(v.deadline, t(30));
         assert_eq!(v.reason, "maintenance");
         let v = validate(
@@ -252,7 +260,7 @@ mod tests {
             },
             t(0),
         )
-        .unwrap();
+        .expect("valid");
         assert_eq!((v.deadline, v.reason.as_str()), (t(0), "new PSU"));
         assert_eq!(v.gpu.as_deref(), Some("GPU-1"));
         let v = validate(
@@ -262,13 +270,18 @@ mod tests {
             },
             t(0),
         )
-        .unwrap();
+        .expect("valid");
         assert_eq!(v.deadline, t(90));
     }
 
     #[test]
     fn bad_drains_name_their_field() {
-        let field = |r: DrainRequest| validate(&r, t(0)).unwrap_err().field().map(str::to_owned);
+        let field = |r: DrainRequest| {
+            validate(&r, t(0))
+                .expect_err("refused")
+                .field()
+                .map(str::to_owned)
+        };
         let past = DrainRequest {
             deadline: Some(t(-1)),
             ..DrainRequest::default()
