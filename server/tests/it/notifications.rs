@@ -146,6 +146,9 @@ fn header<'a>(msg: &'a str, name: &str) -> Option<&'a str> {
 
 // ---- the webhook receiver ----
 
+/// A request as received: its `x-tessera-*` headers and its body.
+type Recorded = (Vec<(String, String)>, Vec<u8>);
+
 /// What the receiver accepted: (delivery id, body) per verified request, and the
 /// signatures it has seen (a second request with one of them is a replay).
 #[derive(Default)]
@@ -154,7 +157,7 @@ struct Received {
     seen: HashSet<String>,
     refused: Vec<String>,
     /// The last accepted request, to replay: (headers, body).
-    last: Option<(Vec<(String, String)>, Vec<u8>)>,
+    last: Option<Recorded>,
 }
 
 struct Receiver {
