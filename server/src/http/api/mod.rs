@@ -81,7 +81,7 @@ fn created<T>(result: Result<T, AppError>) -> Created<T> {
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody, tessera_domain::notify::WebhookBody))
 )]
 struct ApiDoc;
 
