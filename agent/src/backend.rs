@@ -10,7 +10,7 @@
 use std::fmt;
 
 use tessera_domain::wire::{
-    GpuInfo, GpuSample, Inventory, MigInstance, MigMode, MigModeState, ProfileInfo,
+    GpuHealth, GpuInfo, GpuSample, Inventory, MigInstance, MigMode, MigModeState, ProfileInfo,
 };
 
 /// A physical GPU as enumeration reports it.
@@ -171,6 +171,12 @@ pub trait GpuBackend: Send + Sync {
     /// One sample of the GPU and its MIG devices; values the driver cannot
     /// give are `None`.
     fn sample(&self, gpu: &str) -> Result<GpuSample, BackendError>;
+
+    /// The GPU's error counters (docs/operations.md, "GPU health"); `None` where the
+    /// driver cannot say.
+    fn health(&self, _gpu: &str) -> Option<GpuHealth> {
+        None
+    }
 }
 
 /// Reads everything the server needs to know about the node. Per-GPU read
@@ -195,6 +201,7 @@ pub fn inventory(backend: &dyn GpuBackend) -> Result<Inventory, BackendError> {
             }) => backend.instances(&d.uuid)?,
             _ => Vec::new(),
         };
+        let health = backend.health(&d.uuid);
         gpus.push(GpuInfo {
             index: d.index,
             uuid: d.uuid,
@@ -205,6 +212,7 @@ pub fn inventory(backend: &dyn GpuBackend) -> Result<Inventory, BackendError> {
             profiles_error,
             instances,
             sharing: None,
+            health,
         });
     }
     Ok(Inventory { gpus })

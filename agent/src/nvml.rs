@@ -29,7 +29,9 @@ use std::ptr;
 
 use nvml_wrapper::Device as NvDevice;
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{ComputeMode as NvComputeMode, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{
+    ComputeMode as NvComputeMode, EccCounter, MemoryError, TemperatureSensor,
+};
 use nvml_wrapper::error::{NvmlError, nvml_try, nvml_try_count};
 use nvml_wrapper_sys::bindings::{
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
@@ -37,7 +39,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
 };
 use tessera_domain::wire::{
-    ComputeInstanceInfo, GpuSample, MigDeviceSample, MigInstance, MigMode, MigModeState,
+    ComputeInstanceInfo, GpuHealth, GpuSample, MigDeviceSample, MigInstance, MigMode, MigModeState,
     PlacementInfo, ProfileInfo,
 };
 
@@ -631,6 +633,25 @@ impl GpuBackend for NvmlBackend {
             ComputeMode::Prohibited => NvComputeMode::Prohibited,
         })
         .map_err(err(CALL))
+    }
+
+    /// Volatile uncorrectable ECC errors and pages waiting for retirement. Critical Xid
+    /// events need an NVML event set watched by a thread: not read yet (docs/operations.md).
+    fn health(&self, gpu: &str) -> Option<GpuHealth> {
+        let dev = self.device("health", gpu).ok()?;
+        let ecc = dev
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .ok();
+        let pending = dev.are_pages_pending_retired().ok();
+        if ecc.is_none() && pending.is_none() {
+            return None;
+        }
+        Some(GpuHealth {
+            xid_count: 0,
+            last_xid: None,
+            ecc_uncorrected: ecc.unwrap_or(0),
+            retirement_pending: pending.unwrap_or(false),
+        })
     }
 
     fn sample(&self, gpu: &str) -> Result<GpuSample, BackendError> {

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_domain::mig::{Catalog, GpuModel};
 use tessera_domain::wire::{
-    ComputeInstanceInfo, GpuSample, MigDeviceSample, MigInstance, MigMode, MigModeState,
+    ComputeInstanceInfo, GpuHealth, GpuSample, MigDeviceSample, MigInstance, MigMode, MigModeState,
     PlacementInfo, ProfileInfo,
 };
 
@@ -694,7 +694,24 @@ fn write_compute_mode(dir: &Path, gpu: &str, mode: ComputeMode) -> std::io::Resu
     std::fs::rename(&tmp, d.join("compute_mode"))
 }
 
+/// The simulator's fault injection for GPU health, a documented `sim` control
+/// (docs/operations.md): `<state-dir>/sim-driver/<GPU UUID>/faults.json` holds the
+/// counters the simulated driver reports (`{"xid_count": 1, "last_xid": 79}`,
+/// `{"ecc_uncorrected": 2}`, `{"retirement_pending": true}`); absent: no errors.
+pub const FAULTS_FILE: &str = "faults.json";
+
 impl GpuBackend for SimNode {
+    fn health(&self, gpu: &str) -> Option<GpuHealth> {
+        let dir = self.lock().driver_dir.clone();
+        let Some(dir) = dir else {
+            return Some(GpuHealth::default());
+        };
+        match std::fs::read(dir.join(gpu).join(FAULTS_FILE)) {
+            Ok(b) => serde_json::from_slice(&b).ok(),
+            Err(_) => Some(GpuHealth::default()),
+        }
+    }
+
     fn compute_mode(&self, gpu: &str) -> Result<ComputeMode, BackendError> {
         let (st, i) = self.enter("compute_mode", Some(gpu))?;
         Ok(st.gpus[i].compute_mode)

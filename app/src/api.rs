@@ -359,6 +359,15 @@ pub async fn drain_node(
     .await
 }
 
+/// Marks a repaired GPU healthy again (platform admins).
+#[server(prefix = "/fn", endpoint = "clear_gpu_health")]
+pub async fn clear_gpu_health(node_id: String, gpu_uuid: String) -> Result<NodeView, UiError> {
+    ssr::call([], async |s, p| {
+        s.nodes.clear_health(p, id(&node_id)?, &gpu_uuid).await
+    })
+    .await
+}
+
 /// Ends a node's drain (platform admins).
 #[server(prefix = "/fn", endpoint = "undrain_node")]
 pub async fn undrain_node(node_id: String) -> Result<NodeView, UiError> {

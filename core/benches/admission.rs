@@ -58,6 +58,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 }),
                 profiles: vec![],
                 profiles_error: None,
+                health: None,
                 sharing: None,
                 instances: vec![],
             })

@@ -147,6 +147,7 @@ async fn through_server(
                 profiles_error: None,
                 // As the agent reports a GPU it shares: shares placed on it become active
                 // at the next pass.
+                health: None,
                 sharing: Some(SharingState {
                     method: ShareMethod::TimeSlice,
                     ready: true,

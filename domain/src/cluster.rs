@@ -63,6 +63,9 @@ pub struct GpuView {
     /// Set while a platform admin drains this GPU alone.
     #[serde(default)]
     pub drain: Option<crate::drain::DrainView>,
+    /// Set while the GPU is unhealthy (no new work; its work was moved off).
+    #[serde(default)]
+    pub unhealthy: Option<crate::health::HealthView>,
 }
 
 /// A shared GPU: how it is shared, whether its node runs it so, and its shares.
@@ -165,6 +168,7 @@ impl GpuView {
             desired: None,
             sharing: None,
             drain: None,
+            unhealthy: None,
         }
     }
 }
@@ -340,6 +344,7 @@ mod tests {
             profiles: vec![],
             profiles_error: None,
             sharing: None,
+            health: None,
             instances: busy
                 .iter()
                 .enumerate()

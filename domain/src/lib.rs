@@ -11,6 +11,7 @@ pub mod billing;
 pub mod cluster;
 pub mod drain;
 pub mod error;
+pub mod health;
 pub mod ids;
 pub mod image;
 pub mod mig;

@@ -84,6 +84,26 @@ pub struct GpuInfo {
     /// ([`DesiredGpuState::sharing`]). Absent from older agents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingState>,
+    /// Error counters the agent read (absent from older agents, and where the driver
+    /// cannot say). The server decides health from how they move ([`crate::health`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<GpuHealth>,
+}
+
+/// A GPU's error counters as the node reads them: NVML's critical Xid events (counted
+/// since the agent started watching), volatile uncorrectable ECC errors, and pages or
+/// rows waiting for retirement / remapping (a reset is due).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    #[serde(default)]
+    pub xid_count: u64,
+    /// The last critical Xid's code (79: fallen off the bus, 48: double-bit ECC, …).
+    #[serde(default)]
+    pub last_xid: Option<u64>,
+    #[serde(default)]
+    pub ecc_uncorrected: u64,
+    #[serde(default)]
+    pub retirement_pending: bool,
 }
 
 /// How a GPU in shared mode is divided among its tenants (an admin's choice per GPU).

@@ -72,6 +72,10 @@ fn describe_node_gauges() {
         TELEMETRY_DROPPED,
         "Telemetry samples the node's agent had to drop, ever"
     );
+    describe_gauge!(
+        "tessera_gpus_unhealthy",
+        "GPUs taken out of service for a critical Xid or an uncorrectable ECC error, until an admin clears them"
+    );
     describe_gauge!(dcgm::GPU_UTIL, "GPU utilization (in %)");
     describe_gauge!(dcgm::GPU_TEMP, "GPU temperature (in C)");
     describe_gauge!(dcgm::FB_USED, "Framebuffer memory used (in MiB)");

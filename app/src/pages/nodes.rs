@@ -3,7 +3,9 @@
 
 mod chart;
 
-use crate::api::{self, DrainNode, RevokeNode, SetGpuLayout, SetGpuSharing, UiError, UndrainNode};
+use crate::api::{
+    self, ClearGpuHealth, DrainNode, RevokeNode, SetGpuLayout, SetGpuSharing, UiError, UndrainNode,
+};
 use crate::components::alert;
 use crate::components::{
     AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
@@ -77,6 +79,7 @@ struct NodeActions {
     revoke: ServerAction<RevokeNode>,
     drain: ServerAction<DrainNode>,
     undrain: ServerAction<UndrainNode>,
+    clear_health: ServerAction<ClearGpuHealth>,
     layout: ServerAction<SetGpuLayout>,
     sharing: ServerAction<SetGpuSharing>,
     /// The GPU whose layout or sharing form was submitted last.
@@ -102,6 +105,7 @@ impl NodesData {
             revoke: ServerAction::new(),
             drain: ServerAction::new(),
             undrain: ServerAction::new(),
+            clear_health: ServerAction::new(),
             layout: ServerAction::new(),
             sharing: ServerAction::new(),
             layout_target: RwSignal::new(None),
@@ -124,6 +128,7 @@ impl NodesData {
                 actions.revoke.version().get(),
                 actions.drain.version().get(),
                 actions.undrain.version().get(),
+                actions.clear_health.version().get(),
                 actions.layout.version().get(),
                 actions.sharing.version().get(),
                 refresh.get(),
@@ -190,6 +195,7 @@ fn NodeList(page: NodesData) -> impl IntoView {
         {form_error(move || actions.revoke.value().get())}
         {form_error(move || actions.drain.value().get())}
         {form_error(move || actions.undrain.value().get())}
+        {form_error(move || actions.clear_health.value().get())}
         {revoked}
         {layout_error}
         <Transition fallback=Loading>
@@ -453,7 +459,31 @@ fn GpuBlock(
                             </span>
                         }
                     })}
+                {gpu
+                    .unhealthy
+                    .clone()
+                    .map(|h| {
+                        view! {
+                            <span class="badge danger" data-testid="gpu-unhealthy" title=h.reason.clone()>
+                                "unhealthy: " {h.reason.clone()}
+                            </span>
+                        }
+                    })}
+                {gpu.drain.clone().map(|d| view! { <DrainBadge d /> })}
             </header>
+            {(editable && gpu.unhealthy.is_some())
+                .then(|| {
+                    let (node, uuid) = (node_id.clone(), gpu.uuid.clone());
+                    view! {
+                        <ActionForm action=actions.clear_health>
+                            <input type="hidden" name="node_id" value=node />
+                            <input type="hidden" name="gpu_uuid" value=uuid />
+                            <button type="submit" disabled=move || actions.clear_health.pending().get()>
+                                "Repaired: clear and take work again"
+                            </button>
+                        </ActionForm>
+                    }
+                })}
             {match gpu.sharing.clone() {
                 Some(sharing) => view! { <SharedGpu sharing /> }.into_any(),
                 None => view! { <MigLayout gpu=gpu.clone() /> }.into_any(),

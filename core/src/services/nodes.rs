@@ -5,8 +5,8 @@ use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
 use crate::store::{
-    AuditRow, DesiredRow, DesiredWithStatus, DrainRow, HeldShareRow, JoinTokenRow, NodeRow,
-    ReplicaRow, Store,
+    AuditRow, DesiredRow, DesiredWithStatus, DrainRow, HealthRow, HeldShareRow, JoinTokenRow,
+    NodeRow, ReplicaRow, Store,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::BTreeSet;
@@ -19,12 +19,13 @@ use tessera_domain::cluster::{
 };
 use tessera_domain::drain::{self, DrainRequest, DrainState, DrainView};
 use tessera_domain::error::AppError;
+use tessera_domain::health::{self, HealthView};
 use tessera_domain::mig::Catalog;
 use tessera_domain::mig::Instance;
 use tessera_domain::tenancy::{CreatedSecret, JoinTokenView, Page, PageRequest};
 use tessera_domain::wire::{
-    ApplyState, ApplyStatus, DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, Inventory,
-    MigMode, RegisterRequest, RegisterResponse, ShareMethod, StatusReport, TelemetryAck,
+    ApplyState, ApplyStatus, DesiredGpuState, DesiredInstance, DesiredState, GpuHealth, Heartbeat,
+    Inventory, MigMode, RegisterRequest, RegisterResponse, ShareMethod, StatusReport, TelemetryAck,
     TelemetryBatch, TelemetrySample,
 };
 use uuid::Uuid;
@@ -265,7 +266,114 @@ impl Nodes {
                 &inventory,
             )
             .await
-            .map_err(internal("recording heartbeat"))
+            .map_err(internal("recording heartbeat"))?;
+        self.judge_health(node, &hb.inventory).await
+    }
+
+    /// GPU health from the reported counters (docs/operations.md): a GPU whose counters
+    /// moved past what an admin last cleared turns unhealthy. Nothing is read or written
+    /// while every counter is zero and nothing is stored for the node.
+    async fn judge_health(&self, node: &NodeIdentity, inv: &Inventory) -> Result<(), AppError> {
+        let reported: Vec<(&str, &GpuHealth)> = inv
+            .gpus
+            .iter()
+            .filter_map(|g| Some((g.uuid.as_str(), g.health.as_ref()?)))
+            .collect();
+        let any = reported
+            .iter()
+            .any(|(_, h)| h.xid_count > 0 || h.ecc_uncorrected > 0 || h.retirement_pending);
+        if !any {
+            return Ok(());
+        }
+        let stored = self
+            .store
+            .gpu_health_of(node.id)
+            .await
+            .map_err(internal("loading GPU health"))?;
+        let now = Utc::now();
+        for (gpu, h) in reported {
+            let row = stored.iter().find(|r| r.gpu_uuid == gpu);
+            let base = health::Baseline {
+                xid_count: row.map_or(0, |r| u64::try_from(r.xid_base).unwrap_or(0)),
+                ecc_uncorrected: row.map_or(0, |r| u64::try_from(r.ecc_base).unwrap_or(0)),
+            };
+            let (fault, kept) = health::judge(h, base);
+            let already = row.is_some_and(|r| r.unhealthy_since.is_some());
+            if (fault.is_none() || already) && kept == base {
+                continue;
+            }
+            let turned = self
+                .store
+                .record_gpu_health(
+                    &HealthRow {
+                        node_id: node.id,
+                        gpu_uuid: gpu.to_owned(),
+                        xid_base: i64::try_from(kept.xid_count).unwrap_or(i64::MAX),
+                        ecc_base: i64::try_from(kept.ecc_uncorrected).unwrap_or(i64::MAX),
+                        unhealthy_since: None,
+                        reason: None,
+                    },
+                    fault.as_deref().map(|f| (f, now)),
+                )
+                .await
+                .map_err(internal("recording GPU health"))?;
+            if turned {
+                tracing::warn!(node = %node.id, hostname = %node.hostname, gpu,
+                    reason = fault.as_deref().unwrap_or_default(),
+                    "GPU unhealthy: no new work, its work is moved off");
+                self.forget_summary();
+            }
+        }
+        Ok(())
+    }
+
+    /// How many GPUs are unhealthy now (for `/metrics`).
+    pub async fn unhealthy_count(&self) -> Result<usize, AppError> {
+        Ok(self
+            .store
+            .unhealthy_gpus()
+            .await
+            .map_err(internal("loading GPU health"))?
+            .len())
+    }
+
+    /// A platform admin marks a repaired GPU healthy again: the counters it reports now
+    /// become its baseline. 409 when it is not unhealthy.
+    pub async fn clear_health(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        gpu: &str,
+    ) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let row = self
+            .store
+            .node(id)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)?;
+        let inv = inventory(&row);
+        let Some(g) = inv.gpus.iter().find(|g| g.uuid == gpu) else {
+            return Err(AppError::NotFound);
+        };
+        let h = g.health.clone().unwrap_or_default();
+        let cleared = self
+            .store
+            .clear_gpu_health(
+                id,
+                gpu,
+                i64::try_from(h.xid_count).unwrap_or(i64::MAX),
+                i64::try_from(h.ecc_uncorrected).unwrap_or(i64::MAX),
+            )
+            .await
+            .map_err(internal("clearing GPU health"))?;
+        if !cleared {
+            return Err(AppError::conflict("this GPU is not marked unhealthy"));
+        }
+        tracing::info!(by = %p.username, node = %id, gpu, "GPU health cleared");
+        self.audit_node(p, "node.health_clear", id, gpu).await;
+        self.forget_summary();
+        self.view(&row, true, Utc::now()).await
     }
 
     // ---- the user side ----
@@ -357,6 +465,7 @@ impl Nodes {
                 reason: valid.reason.clone(),
                 created_by: Some(p.user_id.0),
                 created_at: now,
+                health: false,
             })
             .await
             .map_err(internal("draining node"))?;
@@ -421,8 +530,16 @@ impl Nodes {
             .drains()
             .await
             .map_err(internal("loading drains"))?;
+        let unhealthy = self
+            .store
+            .unhealthy_gpus()
+            .await
+            .map_err(internal("loading GPU health"))?;
         if drains.is_empty() {
-            return Ok(DrainContext::default());
+            return Ok(DrainContext {
+                unhealthy,
+                ..DrainContext::default()
+            });
         }
         let busy = self
             .store
@@ -435,7 +552,11 @@ impl Nodes {
             })
             .map(|d| (d.node_id, d.gpu_uuid))
             .collect();
-        Ok(DrainContext { drains, busy })
+        Ok(DrainContext {
+            drains,
+            busy,
+            unhealthy,
+        })
     }
 
     pub async fn summary(&self, _p: &Principal) -> Result<ClusterSummary, AppError> {
@@ -497,10 +618,10 @@ impl Nodes {
         let started = std::time::Instant::now();
         let (rows, inventories) = super::active_nodes_with_inventories(&self.store).await?;
         let now = Utc::now();
-        // Drained GPUs are left out of what the cluster offers.
+        // Drained and unhealthy GPUs are left out of what the cluster offers.
         let drains = self
             .store
-            .drains()
+            .out_of_service(Duration::seconds(health::GRACE_SECS))
             .await
             .map_err(internal("loading drains"))?;
         let listed: Vec<(Uuid, bool, Arc<Inventory>)> = rows
@@ -647,6 +768,7 @@ impl Nodes {
                     .and_then(ShareMethod::parse)
                     .map(|method| sharing_view(method, g, shares, admin));
                 v.drain = drains.view(r.id, Some(&g.uuid));
+                v.unhealthy = drains.health(r.id, &g.uuid);
                 v
             })
             .collect();
@@ -1038,9 +1160,21 @@ impl Nodes {
 struct DrainContext {
     drains: Vec<DrainRow>,
     busy: BTreeSet<(Uuid, String)>,
+    unhealthy: Vec<HealthRow>,
 }
 
 impl DrainContext {
+    fn health(&self, node: Uuid, gpu: &str) -> Option<HealthView> {
+        let r = self
+            .unhealthy
+            .iter()
+            .find(|r| r.node_id == node && r.gpu_uuid == gpu)?;
+        Some(HealthView {
+            reason: r.reason.clone().unwrap_or_default(),
+            since: r.unhealthy_since?,
+        })
+    }
+
     /// The drain of `gpu` alone (`Some`), or of the whole node (`None`), as the Nodes page
     /// shows it: draining while something there is still held.
     fn view(&self, node: Uuid, gpu: Option<&str>) -> Option<DrainView> {

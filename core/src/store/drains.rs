@@ -13,6 +13,9 @@ pub struct DrainRow {
     pub reason: String,
     pub created_by: Option<Uuid>,
     pub created_at: DateTime<Utc>,
+    /// Not an admin's drain: the GPU turned unhealthy ([`Store::out_of_service`]).
+    #[sqlx(skip)]
+    pub health: bool,
 }
 
 impl DrainRow {
@@ -48,6 +51,28 @@ impl Store {
                 "DELETE FROM drains WHERE node_id = $1 AND gpu_uuid = $2")
                 .bind(node).bind(g).execute(pool).await.map(|r| r.rows_affected())),
         }
+    }
+
+    /// What is out of service: every drain, and every unhealthy GPU as a drain of that
+    /// GPU due `grace` after it turned unhealthy (`health` set, `reason` the fault).
+    pub async fn out_of_service(
+        &self,
+        grace: chrono::Duration,
+    ) -> Result<Vec<DrainRow>, StoreError> {
+        let mut out = self.drains().await?;
+        out.extend(self.unhealthy_gpus().await?.into_iter().filter_map(|h| {
+            let since = h.unhealthy_since?;
+            Some(DrainRow {
+                node_id: h.node_id,
+                gpu_uuid: h.gpu_uuid,
+                deadline: since + grace,
+                reason: h.reason.unwrap_or_default(),
+                created_by: None,
+                created_at: since,
+                health: true,
+            })
+        }));
+        Ok(out)
     }
 
     /// Every drain (few: one per drained node or GPU).

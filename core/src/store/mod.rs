@@ -10,6 +10,7 @@ mod allocations;
 mod billing;
 mod changes;
 mod drains;
+mod health;
 mod leader;
 mod node_state;
 mod nodes;
@@ -26,6 +27,7 @@ pub use allocations::{
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
 pub use drains::DrainRow;
+pub use health::HealthRow;
 pub use leader::{Lease, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,

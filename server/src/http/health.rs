@@ -118,6 +118,9 @@ async fn record_cluster_gauges(state: &AppState) {
         .set(f64::from(summary.instances_free));
     metrics::gauge!("tessera_mig_instances", "state" => "held_idle")
         .set(f64::from(summary.instances_held_idle));
+    if let Ok(n) = state.services.nodes.unhealthy_count().await {
+        metrics::gauge!("tessera_gpus_unhealthy").set(n as f64);
+    }
 }
 
 /// Allocations by state and model, and how long the oldest queued one has waited.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 on_both_databases!(
     a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline,
+    a_gpu_fault_takes_the_gpu_out_and_moves_its_job_until_an_admin_clears_it,
     only_platform_admins_drain_and_bad_drains_name_the_field,
 );
 
@@ -242,4 +243,139 @@ async fn only_platform_admins_drain_and_bad_drains_name_the_field(db: Db) {
         .await;
     assert!(v["drain"].is_null(), "{v}");
     node.stop().await;
+}
+
+async fn a_gpu_fault_takes_the_gpu_out_and_moves_its_job_until_an_admin_clears_it(db: Db) {
+    let name = format!("health-{}", format!("{db:?}").to_lowercase());
+    let app = TestApp::spawn_with(db, |c| {
+        c.scheduler_interval = Duration::from_millis(500);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
+    let t = team(&a, &name).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let node_a = WorkloadAgent::start(&a, &format!("{name}-a")).await;
+    let a_id = node_id(&a, &format!("{name}-a")).await;
+    let app = &a.app;
+    let script = r#"trap 'cat "$TESSERA_DEADLINE_FILE"; echo warned' USR1
+echo "attempt $TESSERA_ATTEMPT"
+if [ "$TESSERA_ATTEMPT" = 2 ]; then exit 0; fi
+while true; do sleep 0.2; done"#;
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(
+            json!({"command": script, "gpu": "H100-80GB:1g.10gb", "name": "faulty",
+                    "env": {"TESSERA_DEADLINE_SIGNAL": "USR1"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
+    wait_workload(app, &t.member, &id, "running", 90).await;
+    let node_b = WorkloadAgent::start(&a, &format!("{name}-b")).await;
+    node_id(&a, &format!("{name}-b")).await;
+
+    // The simulated driver reports a fallen-off-the-bus Xid on A's GPU (the `sim` control).
+    let (_, node) = a
+        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
+        .await;
+    let gpu = node["gpus"][0]["uuid"].as_str().expect("gpu").to_owned();
+    let faults = node_a.state_dir().join("sim-driver").join(&gpu);
+    std::fs::create_dir_all(&faults).expect("faults dir");
+    std::fs::write(
+        faults.join("faults.json"),
+        r#"{"xid_count": 1, "last_xid": 79}"#,
+    )
+    .expect("inject");
+    let until = Instant::now() + Duration::from_secs(20);
+    let unhealthy = loop {
+        let (_, n) = a
+            .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
+            .await;
+        if n["gpus"][0]["unhealthy"].is_object() {
+            break n["gpus"][0]["unhealthy"].clone();
+        }
+        assert!(Instant::now() < until, "never unhealthy: {n}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        unhealthy["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Xid 79"),
+        "{unhealthy}"
+    );
+    let metrics = reqwest::get(app.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tessera_gpus_unhealthy ") && l.ends_with(" 1")),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("unhealthy"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // Its job is warned (cause=health), moved off at the grace's end, and runs on B.
+    let first = wait_for_state(&a, &first_alloc, "preempted").await;
+    assert!(
+        first["history"].to_string().contains("unhealthy"),
+        "{first}"
+    );
+    let done = wait_workload(app, &t.member, &id, "succeeded", 120).await;
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(done["hostname"], format!("{name}-b"), "{done}");
+    // The first attempt's log has the warning it got before it was stopped.
+    let log = log_of(app, &t.member, &id).await;
+    assert!(
+        log.contains("cause=health") && log.contains("warned"),
+        "{log}"
+    );
+
+    // Only platform admins clear it; clearing twice is a conflict; the same counters after
+    // the clear keep it healthy.
+    let path = format!("/api/v1/nodes/{a_id}/gpus/{gpu}/health/clear");
+    let (s, _) = call_with_token(app, &t.team_admin, Method::POST, &path, None).await;
+    assert_eq!(s, 403);
+    let (s, v) = a.call(Method::POST, &path, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["gpus"][0]["unhealthy"].is_null(), "{v}");
+    let (s, _) = a.call(Method::POST, &path, None).await;
+    assert_eq!(s, 409);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, n) = a
+        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
+        .await;
+    assert!(n["gpus"][0]["unhealthy"].is_null(), "{n}");
+    // A new uncorrectable ECC error takes it out again.
+    std::fs::write(
+        faults.join("faults.json"),
+        r#"{"xid_count": 1, "last_xid": 79, "ecc_uncorrected": 1}"#,
+    )
+    .expect("inject");
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, n) = a
+            .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
+            .await;
+        if let Some(r) = n["gpus"][0]["unhealthy"]["reason"].as_str() {
+            assert!(r.contains("uncorrectable ECC"), "{n}");
+            break;
+        }
+        assert!(Instant::now() < until, "never unhealthy again: {n}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node_b.stop().await;
+    node_a.stop().await;
 }

@@ -46,6 +46,7 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
                 }),
                 profiles: vec![],
                 profiles_error: None,
+                health: None,
                 sharing: None,
                 instances: vec![],
             }],

@@ -393,6 +393,22 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        20 => {
+            exec(
+                store,
+                "INSERT INTO drains (node_id, gpu_uuid, deadline, reason, created_at) \
+                 VALUES ($1, 'GPU-upgrade-0', $2, 'firmware', $3)",
+                &[V::U(s.node), V::D(now + Duration::hours(1)), V::D(now)],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO gpu_health (node_id, gpu_uuid, xid_base, ecc_base) \
+                 VALUES ($1, 'GPU-upgrade-0', 0, 0)",
+                &[V::U(s.node)],
+            )
+            .await;
+        }
         _ => {}
     }
 }

@@ -66,7 +66,7 @@ impl Allocations {
         self.finish_half_released(now).await?;
         let drains = self
             .store
-            .drains()
+            .out_of_service(Duration::seconds(tessera_domain::health::GRACE_SECS))
             .await
             .map_err(internal("loading drains"))?;
         self.expire(&nodes, &inventories, &drains, now, &mut report)
@@ -176,9 +176,10 @@ impl Allocations {
             let drain = devices(a)
                 .iter()
                 .filter_map(|d| drains.iter().find(|r| r.covers(d.node_id, &d.gpu_uuid)))
-                .map(|r| r.deadline)
+                .map(|r| (r.deadline, if r.health { "health" } else { "drain" }))
                 .min();
-            if drain.is_none() && a.preempt_cause.as_deref() == Some("drain") {
+            let out_of_service = matches!(a.preempt_cause.as_deref(), Some("drain" | "health"));
+            if drain.is_none() && out_of_service {
                 // Undrained before its deadline: the warning is withdrawn.
                 self.store
                     .set_preempt_at(a.id, None)
@@ -186,11 +187,11 @@ impl Allocations {
                     .map_err(internal("withdrawing a drain warning"))?;
                 continue;
             }
-            if let Some(deadline) = drain
+            if let Some((deadline, cause)) = drain
                 && a.preempt_at.is_none_or(|p| p > deadline)
             {
                 self.store
-                    .set_preempt_at(a.id, Some((deadline, "drain")))
+                    .set_preempt_at(a.id, Some((deadline, cause)))
                     .await
                     .map_err(internal("warning of a drain"))?;
                 tracing::info!(allocation = %a.id, %deadline, "its node is drained");
@@ -225,10 +226,13 @@ impl Allocations {
                         alloc::ReleaseCause::Preempted,
                         now,
                         None,
-                        Some(if a.preempt_cause.as_deref() == Some("drain") {
-                            "its node was drained by a platform admin"
-                        } else {
-                            "borrowed capacity reclaimed for a team's guaranteed share"
+                        Some(match a.preempt_cause.as_deref() {
+                            Some("drain") => "its node was drained by a platform admin",
+                            Some("health") => {
+                                "its GPU turned unhealthy (a critical Xid or an uncorrectable \
+                                 ECC error) and was taken out of service"
+                            }
+                            _ => "borrowed capacity reclaimed for a team's guaranteed share",
                         }),
                     )
                     .await?
@@ -386,13 +390,18 @@ impl Allocations {
         self.write_layouts(&plan, &input, now, report).await?;
         // Drained capacity is left out; a request that waits says so when it counts.
         for a in &queued {
-            if let (Some(n), Some(r)) = (input.drained.get(&a.model), pending_reason.get_mut(&a.id))
+            if let (Some((drained, unhealthy)), Some(r)) =
+                (input.drained.get(&a.model), pending_reason.get_mut(&a.id))
             {
-                r.push_str(&format!(
-                    " ({} of {} drained by a platform admin)",
-                    tessera_domain::text::count(u64::from(*n), "GPU", "GPUs"),
-                    a.model
-                ));
+                let count = |n: u32| tessera_domain::text::count(u64::from(n), "GPU", "GPUs");
+                let mut out = Vec::new();
+                if *drained > 0 {
+                    out.push(format!("{} drained by a platform admin", count(*drained)));
+                }
+                if *unhealthy > 0 {
+                    out.push(format!("{} unhealthy", count(*unhealthy)));
+                }
+                r.push_str(&format!(" ({}: {})", a.model, out.join(", ")));
             }
         }
         let still_waiting = self
@@ -590,7 +599,7 @@ impl Allocations {
         }
         let mut warned = 0;
         for r in &active {
-            if r.preempt_cause.as_deref() == Some("drain") {
+            if matches!(r.preempt_cause.as_deref(), Some("drain" | "health")) {
                 // Goes anyway, at the drain's deadline.
                 continue;
             }
@@ -689,8 +698,10 @@ impl Allocations {
                 let Some(model) = self.catalog.get(&g.name) else {
                     continue;
                 };
-                if drains.iter().any(|r| r.covers(n.id, &g.uuid)) {
-                    *input.drained.entry(model.name().to_owned()).or_default() += 1;
+                if let Some(r) = drains.iter().find(|r| r.covers(n.id, &g.uuid)) {
+                    let (ref mut drained, ref mut unhealthy) =
+                        *input.drained.entry(model.name().to_owned()).or_default();
+                    *if r.health { unhealthy } else { drained } += 1;
                     continue;
                 }
                 if applying.contains(&(n.id, g.uuid.as_str())) {
@@ -814,6 +825,6 @@ struct PlannerInput {
     gpu_uuid: HashMap<(Uuid, u32), String>,
     /// GPU UUID → its instances now.
     instances: HashMap<String, Vec<DesiredInstance>>,
-    /// Model → GPUs of it left out because they are drained.
-    drained: HashMap<String, u32>,
+    /// Model → GPUs of it left out: (drained by an admin, unhealthy).
+    drained: HashMap<String, (u32, u32)>,
 }

@@ -108,10 +108,10 @@ impl Allocations {
     ) -> Result<(HashMap<String, u32>, BTreeMap<String, u32>), AppError> {
         let (nodes, inventories) =
             crate::services::active_nodes_with_inventories(&self.store).await?;
-        // Drained capacity is not there for anyone.
+        // Drained capacity, and unhealthy GPUs, are not there for anyone.
         let drains = self
             .store
-            .drains()
+            .out_of_service(Duration::seconds(tessera_domain::health::GRACE_SECS))
             .await
             .map_err(internal("loading drains"))?;
         let mut cap = HashMap::new();

@@ -126,6 +126,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(set_gpu_sharing))
+        .routes(routes!(clear_gpu_health))
         .routes(routes!(cluster_summary))
         .routes(routes!(list_servers))
         .routes(routes!(free_now))

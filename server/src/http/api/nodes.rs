@@ -189,3 +189,14 @@ pub(super) async fn cluster_summary(Call(s, p): Call) -> ApiResult<ClusterSummar
 pub(super) async fn list_servers(Call(s, p): Call) -> ApiResult<Vec<ServerReplicaView>> {
     ok(s.nodes.replicas(&p).await)
 }
+
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/gpus/{gpu_uuid}/health/clear", tag = "nodes",
+    description = "Marks a repaired GPU healthy again (platform admins): it takes work again, and the \
+        error counters it reports now become its baseline. 409 when it is not unhealthy.",
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Conflict))]
+pub(super) async fn clear_gpu_health(
+    Call(s, p): Call,
+    Path((node, gpu)): Path<(Uuid, String)>,
+) -> ApiResult<NodeView> {
+    ok(s.nodes.clear_health(&p, node, &gpu).await)
+}
