@@ -75,16 +75,13 @@ impl Allocations {
         let shared = shared_gpus(&desired);
         self.activate(&inventories, &shared, now, &mut report)
             .await?;
-        self.place(
-            &nodes,
-            &inventories,
-            &desired,
-            &shared,
-            &drains,
-            now,
-            &mut report,
-        )
-        .await?;
+        let seen = Seen {
+            nodes: &nodes,
+            inventories: &inventories,
+            drains: &drains,
+        };
+        self.place(&seen, &desired, &shared, now, &mut report)
+            .await?;
         Ok(report)
     }
 
@@ -306,15 +303,13 @@ impl Allocations {
     /// written before an allocation becomes `placing`, and what waits gets its reason.
     async fn place(
         &self,
-        nodes: &[NodeRow],
-        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        seen: &Seen<'_>,
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
-        drains: &[DrainRow],
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
-        let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
+        let by_id: HashMap<Uuid, &NodeRow> = seen.nodes.iter().map(|n| (n.id, n)).collect();
         let queued: Vec<AllocationRow> = self
             .store
             .allocations_in(&["queued"])
@@ -334,7 +329,7 @@ impl Allocations {
             .await
             .map_err(internal("loading allocations"))?;
         let mut input = self
-            .planner_input(nodes, inventories, &held, desired, shared, drains, now)
+            .planner_input(seen, &held, desired, shared, now)
             .await?;
         // Placement moves nothing to active, so the pass's snapshot reuses these.
         let shares = self.fair_shares(now).await?;
@@ -656,14 +651,17 @@ impl Allocations {
     /// running processes) are busy and never destroyed; a GPU handed out whole is never changed.
     async fn planner_input(
         &self,
-        nodes: &[NodeRow],
-        inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
+        seen: &Seen<'_>,
         held: &[AllocationRow],
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
-        drains: &[DrainRow],
         now: DateTime<Utc>,
     ) -> Result<PlannerInput, AppError> {
+        let Seen {
+            nodes,
+            inventories,
+            drains,
+        } = *seen;
         let mut busy: BTreeSet<(String, Option<u8>)> = BTreeSet::new();
         for a in held {
             for d in devices(a) {
@@ -816,6 +814,14 @@ fn planner_requests(
         }
     }
     requests
+}
+
+/// The nodes as the pass read them: their inventories, and what is out of service.
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    nodes: &'a [NodeRow],
+    inventories: &'a HashMap<Uuid, Arc<Inventory>>,
+    drains: &'a [DrainRow],
 }
 
 #[derive(Default)]

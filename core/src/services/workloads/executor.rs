@@ -194,7 +194,7 @@ impl Workloads {
                     .collect()
             },
             share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
-            deadline: run.then(|| deadline_of(r, &signal, Utc::now())).flatten(),
+            deadline: run.then(|| deadline_of(r, signal, Utc::now())).flatten(),
         })
     }
 
