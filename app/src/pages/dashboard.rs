@@ -337,7 +337,7 @@ fn MyWorkPanel(
                         })
                         .collect_view();
                     view! {
-                        <table class="compact">
+                        <table class="list compact" aria-label="My running and waiting work">
                             <thead>
                                 <tr>
                                     <th scope="col">"What"</th>
