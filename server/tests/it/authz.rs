@@ -556,6 +556,8 @@ fn fn_rows() -> Vec<Row> {
             |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("user_id".into(), f.a_extra[i].clone())]),
             TEAM_A_MANAGE),
         row!(POST "/fn/cluster_summary", |_, _| "/fn/cluster_summary".into(), none, ANY_USER),
+        // The caller's own GPU-hours and spend (the dashboard): anyone signed in, for themselves.
+        row!(POST "/fn/own_usage", |_, _| "/fn/own_usage".into(), none, ANY_USER),
         row!(POST "/fn/list_servers", |_, _| "/fn/list_servers".into(), none, ADMIN_ONLY),
         row!(POST "/fn/list_nodes", |_, _| "/fn/list_nodes".into(), page, ANY_USER),
         row!(POST "/fn/node_telemetry", |_, _| "/fn/node_telemetry".into(),
