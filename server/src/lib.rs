@@ -8,10 +8,10 @@
 pub mod cli;
 pub mod config;
 pub mod data_keys;
-pub mod notify;
 mod http;
 pub mod k8s;
 mod leader;
+pub mod notify;
 pub mod observability;
 pub mod oidc;
 mod scheduler;
