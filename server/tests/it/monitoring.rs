@@ -223,7 +223,7 @@ async fn dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported(d
             queried.extend(metric_names(expr));
         }
     }
-    assert_eq!(exprs, 6, "one expr per alert");
+    assert_eq!(exprs, 7, "one expr per alert");
     let dash: Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("grafana-dashboard.json")).expect("dashboard"),
     )

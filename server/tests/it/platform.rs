@@ -107,7 +107,9 @@ async fn pages_render_and_protect_themselves(db: Db) {
     assert_eq!(dash.status(), 200);
     let html = dash.text().await.expect("body");
     assert!(
-        html.contains("Dashboard") && html.contains("Usage and spend") && html.contains("/usage"),
+        html.contains("Dashboard")
+            && html.contains("My usage this month")
+            && html.contains("/usage"),
         "{html}"
     );
     let missing = page("/no/such/page").await.expect("req");
