@@ -83,7 +83,7 @@ pub(super) async fn revoke_node(Call(s, p): Call, Path(node): Path<Uuid>) -> Api
         work is warned at once through the deadline channel (signal, `$TESSERA_DEADLINE_FILE`) \
         and released at the deadline, jobs queued again elsewhere. Draining again moves the \
         deadline.",
-    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid))]
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid, Conflict))]
 pub(super) async fn drain_node(
     Call(s, p): Call,
     Path(node): Path<Uuid>,
