@@ -346,12 +346,7 @@ impl Nodes {
         gpu: &str,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
-        let row = self
-            .store
-            .node(id)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)?;
+        let row = self.node_row(id).await?;
         let inv = inventory(&row);
         let Some(g) = inv.gpus.iter().find(|g| g.uuid == gpu) else {
             return Err(AppError::NotFound);
@@ -399,12 +394,7 @@ impl Nodes {
     }
 
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
-        let row = self
-            .store
-            .node(id)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)?;
+        let row = self.node_row(id).await?;
         self.view(&row, p.is_admin, Utc::now()).await
     }
 
@@ -415,12 +405,7 @@ impl Nodes {
             .revoke_node(id, now)
             .await
             .map_err(internal("revoking node"))?;
-        let row = self
-            .store
-            .node(id)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)?;
+        let row = self.node_row(id).await?;
         tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
         self.forget_summary();
         self.view(&row, true, now).await
@@ -438,12 +423,7 @@ impl Nodes {
         authz::admin(p)?;
         let now = Utc::now();
         let valid = drain::validate(req, now)?;
-        let row = self
-            .store
-            .node(id)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)?;
+        let row = self.node_row(id).await?;
         if row.revoked_at.is_some() {
             return Err(AppError::conflict(
                 "the node is revoked: there is nothing to drain",
@@ -486,12 +466,7 @@ impl Nodes {
         gpu: Option<&str>,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
-        let row = self
-            .store
-            .node(id)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)?;
+        let row = self.node_row(id).await?;
         let ended = self
             .store
             .clear_drain(id, gpu)
@@ -504,6 +479,15 @@ impl Nodes {
         }
         self.forget_summary();
         self.view(&row, true, Utc::now()).await
+    }
+
+    /// A registered node's row (revoked ones too); 404 when there is none.
+    async fn node_row(&self, id: Uuid) -> Result<NodeRow, AppError> {
+        self.store
+            .node(id)
+            .await
+            .map_err(internal("loading node"))?
+            .ok_or(AppError::NotFound)
     }
 
     async fn audit_node(&self, p: &Principal, action: &str, id: Uuid, note: &str) {

@@ -3,7 +3,7 @@
 //! released, its job queued again onto another node as its next attempt. Real
 //! `tessera-agent --simulate` nodes run the jobs.
 
-use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::allocations::{Team, request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use crate::workloads::{WorkloadAgent, wait_workload};
@@ -68,8 +68,21 @@ fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
     out
 }
 
-async fn a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline(db: Db) {
-    let name = format!("drain-{}", format!("{db:?}").to_lowercase());
+/// Two simulated nodes, A and B, and a job of team `t`'s member that runs `script` on A
+/// (asking to be warned with `signal`) before B joins.
+struct TwoNodes {
+    name: String,
+    a: AdminClient,
+    t: Team,
+    node_a: WorkloadAgent,
+    node_b: WorkloadAgent,
+    a_id: String,
+    job: String,
+    first_alloc: String,
+}
+
+async fn job_on_a_then_b(db: Db, prefix: &str, script: &str, signal: &str) -> TwoNodes {
+    let name = format!("{prefix}-{}", format!("{db:?}").to_lowercase());
     let app = TestApp::spawn_with(db, |c| {
         c.scheduler_interval = Duration::from_millis(500);
     })
@@ -79,34 +92,56 @@ async fn a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline(
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     let node_a = WorkloadAgent::start(&a, &format!("{name}-a")).await;
     let a_id = node_id(&a, &format!("{name}-a")).await;
-    let app = &a.app;
+    let (s, v) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(
+            json!({"command": script, "gpu": "H100-80GB:1g.10gb", "name": prefix,
+                    "env": {"TESSERA_DEADLINE_SIGNAL": signal}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let job = v["id"].as_str().expect("id").to_owned();
+    let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
+    let running = wait_workload(&a.app, &t.member, &job, "running", 90).await;
+    assert_eq!(running["hostname"], format!("{name}-a"), "{running}");
+    let node_b = WorkloadAgent::start(&a, &format!("{name}-b")).await;
+    node_id(&a, &format!("{name}-b")).await;
+    TwoNodes {
+        name,
+        a,
+        t,
+        node_a,
+        node_b,
+        a_id,
+        job,
+        first_alloc,
+    }
+}
 
+async fn a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline(db: Db) {
     // A job that traps its warning signal, writes a checkpoint with what the deadline file
     // says, and, as its second attempt, reports the attempt it is.
     let script = r#"echo "attempt $TESSERA_ATTEMPT"
 trap 'cat "$TESSERA_DEADLINE_FILE" > "$TESSERA_WORKSPACE/ckpt-$TESSERA_ATTEMPT"; echo warned' USR1
 if [ "$TESSERA_ATTEMPT" = 2 ]; then echo resumed; exit 0; fi
 while true; do sleep 0.2; done"#;
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(
-            json!({"command": script, "gpu": "H100-80GB:1g.10gb", "name": "ckpt",
-                    "env": {"TESSERA_DEADLINE_SIGNAL": "SIGUSR1"}}),
-        ),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    let id = v["id"].as_str().expect("id").to_owned();
-    let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
-    let running = wait_workload(app, &t.member, &id, "running", 90).await;
-    assert_eq!(running["hostname"], format!("{name}-a"), "{running}");
+    let TwoNodes {
+        name,
+        a,
+        t,
+        node_a,
+        node_b,
+        a_id,
+        job: id,
+        first_alloc,
+    } = job_on_a_then_b(db, "drain", script, "SIGUSR1").await;
+    let app = &a.app;
 
-    // A second node joins; node A is drained with a 4 s deadline.
-    let node_b = WorkloadAgent::start(&a, &format!("{name}-b")).await;
-    node_id(&a, &format!("{name}-b")).await;
+    // Node A is drained, now and then with a 6 s deadline.
     let (s, v) = a
         .call(
             Method::POST,
@@ -246,38 +281,21 @@ async fn only_platform_admins_drain_and_bad_drains_name_the_field(db: Db) {
 }
 
 async fn a_gpu_fault_takes_the_gpu_out_and_moves_its_job_until_an_admin_clears_it(db: Db) {
-    let name = format!("health-{}", format!("{db:?}").to_lowercase());
-    let app = TestApp::spawn_with(db, |c| {
-        c.scheduler_interval = Duration::from_millis(500);
-    })
-    .await;
-    let a = AdminClient::with_app(app).await;
-    let t = team(&a, &name).await;
-    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let node_a = WorkloadAgent::start(&a, &format!("{name}-a")).await;
-    let a_id = node_id(&a, &format!("{name}-a")).await;
-    let app = &a.app;
     let script = r#"trap 'cat "$TESSERA_DEADLINE_FILE"; echo warned' USR1
 echo "attempt $TESSERA_ATTEMPT"
 if [ "$TESSERA_ATTEMPT" = 2 ]; then exit 0; fi
 while true; do sleep 0.2; done"#;
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(
-            json!({"command": script, "gpu": "H100-80GB:1g.10gb", "name": "faulty",
-                    "env": {"TESSERA_DEADLINE_SIGNAL": "USR1"}}),
-        ),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    let id = v["id"].as_str().expect("id").to_owned();
-    let first_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
-    wait_workload(app, &t.member, &id, "running", 90).await;
-    let node_b = WorkloadAgent::start(&a, &format!("{name}-b")).await;
-    node_id(&a, &format!("{name}-b")).await;
+    let TwoNodes {
+        name,
+        a,
+        t,
+        node_a,
+        node_b,
+        a_id,
+        job: id,
+        first_alloc,
+    } = job_on_a_then_b(db, "health", script, "USR1").await;
+    let app = &a.app;
 
     // The simulated driver reports a fallen-off-the-bus Xid on A's GPU (the `sim` control).
     let (_, node) = a
