@@ -125,10 +125,18 @@ async fn job_on_a_then_b(db: Db, prefix: &str, script: &str, signal: &str) -> Tw
 async fn a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline(db: Db) {
     // A job that traps its warning signal, writes a checkpoint with what the deadline file
     // says, and, as its second attempt, reports the attempt it is.
-    let script = r#"echo "attempt $TESSERA_ATTEMPT"
+    // Hostile too: it first plants a link where its deadline file goes, to a file of the
+    // node's (outside its sandbox) that the agent, as root, must not write through.
+    let victim = tempfile::NamedTempFile::new().expect("victim");
+    std::fs::write(victim.path(), "the node's own file\n").expect("victim");
+    let script = format!(
+        r#"ln -sf {victim} "$TESSERA_DEADLINE_FILE"
+echo "attempt $TESSERA_ATTEMPT"
 trap 'cat "$TESSERA_DEADLINE_FILE" > "$TESSERA_WORKSPACE/ckpt-$TESSERA_ATTEMPT"; echo warned' USR1
 if [ "$TESSERA_ATTEMPT" = 2 ]; then echo resumed; exit 0; fi
-while true; do sleep 0.2; done"#;
+while true; do sleep 0.2; done"#,
+        victim = victim.path().display()
+    );
     let TwoNodes {
         name,
         a,
@@ -138,7 +146,7 @@ while true; do sleep 0.2; done"#;
         a_id,
         job: id,
         first_alloc,
-    } = job_on_a_then_b(db, "drain", script, "SIGUSR1").await;
+    } = job_on_a_then_b(db, "drain", &script, "SIGUSR1").await;
     let app = &a.app;
 
     // Node A is drained, now and then with a 6 s deadline.
@@ -194,6 +202,11 @@ while true; do sleep 0.2; done"#;
     };
     assert!(ckpt.contains("cause=drain"), "{ckpt}");
     assert!(ckpt.contains("deadline="), "{ckpt}");
+    assert_eq!(
+        std::fs::read_to_string(victim.path()).expect("victim"),
+        "the node's own file\n",
+        "the agent wrote through the workload's link"
+    );
     assert!(
         chrono::Utc::now() < deadline,
         "warned only after the deadline"
