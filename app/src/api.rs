@@ -1192,6 +1192,62 @@ pub async fn delete_team_webhook(team_id: String, id: String) -> Result<(), UiEr
     .await
 }
 
+/// A team webhook's latest deliveries, newest first (team admins).
+#[server(prefix = "/fn", endpoint = "team_webhook_deliveries")]
+pub async fn team_webhook_deliveries(
+    team_id: String,
+    id: String,
+) -> Result<Vec<tessera_domain::notify::DeliveryView>, UiError> {
+    ssr::call([], async |s, p| {
+        s.notifications
+            .webhook_deliveries(p, ssr::id(&team_id)?, ssr::id(&id)?)
+            .await
+    })
+    .await
+}
+
+/// Turns a team webhook off or on again (on again clears its failures); its URL and
+/// events stay.
+#[server(prefix = "/fn", endpoint = "set_team_webhook_enabled")]
+pub async fn set_team_webhook_enabled(
+    team_id: String,
+    id: String,
+    enabled: bool,
+) -> Result<tessera_domain::notify::WebhookView, UiError> {
+    ssr::call([], async |s, p| {
+        let (team, id) = (ssr::id(&team_id)?, ssr::id(&id)?);
+        let hook = s.notifications.webhook(p, team, id).await?;
+        let input = tessera_domain::notify::WebhookInput {
+            url: hook.url,
+            events: hook.events,
+            enabled,
+        };
+        s.notifications.update_webhook(p, team, id, &input).await
+    })
+    .await
+}
+
+/// Posts a test event to a team webhook now and answers what its receiver said, as
+/// `POST /api/v1/teams/{id}/webhooks/{hook}/test` does (the server's sender, from
+/// context).
+#[server(prefix = "/fn", endpoint = "test_team_webhook")]
+pub async fn test_team_webhook(
+    team_id: String,
+    id: String,
+) -> Result<tessera_domain::notify::WebhookTestResult, UiError> {
+    use tessera_core::services::notifications::WebhookTestSender;
+    ssr::call([], async |s, p| {
+        let sender = use_context::<std::sync::Arc<dyn WebhookTestSender>>().ok_or_else(|| {
+            leptos::logging::error!("no webhook test sender in context");
+            AppError::Internal
+        })?;
+        s.notifications
+            .test_webhook(p, ssr::id(&team_id)?, ssr::id(&id)?, sender.as_ref())
+            .await
+    })
+    .await
+}
+
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::UiError;

@@ -4,7 +4,7 @@
 use crate::api::{
     self, AddMember, AddTeamWebhook, ChangeRole, CreateTeam, DeleteNotebookProfile,
     DeleteTeamWebhook, RemoveMember, RenameTeam, SaveNotebookProfile, SetQuota, SetTeamArchived,
-    SetTeamPriority,
+    SetTeamPriority, SetTeamWebhookEnabled, TeamWebhookDeliveries, TestTeamWebhook,
 };
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, at, echoed,
@@ -15,7 +15,7 @@ use leptos_router::hooks::use_params_map;
 use tessera_domain::alloc::{HighGrant, QuotaView};
 use tessera_domain::billing::{BudgetView, format_minor};
 use tessera_domain::mig::Catalog;
-use tessera_domain::notify::WebhookView;
+use tessera_domain::notify::{DeliveryView, WebhookTestResult, WebhookView};
 use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
 use tessera_domain::workload::NotebookProfile;
 
@@ -165,6 +165,7 @@ struct TeamData {
     webhooks: Resource<Result<Vec<WebhookView>, api::UiError>>,
     add_hook: ServerAction<AddTeamWebhook>,
     delete_hook: ServerAction<DeleteTeamWebhook>,
+    toggle_hook: ServerAction<SetTeamWebhookEnabled>,
 }
 
 impl TeamData {
@@ -208,12 +209,14 @@ impl TeamData {
         );
         let add_hook = ServerAction::<AddTeamWebhook>::new();
         let delete_hook = ServerAction::<DeleteTeamWebhook>::new();
+        let toggle_hook = ServerAction::<SetTeamWebhookEnabled>::new();
         let webhooks = Resource::new(
             move || {
                 (
                     id.get(),
                     add_hook.version().get(),
                     delete_hook.version().get(),
+                    toggle_hook.version().get(),
                 )
             },
             |(id, ..)| api::team_webhooks(id),
@@ -231,6 +234,7 @@ impl TeamData {
             webhooks,
             add_hook,
             delete_hook,
+            toggle_hook,
         }
     }
 }
@@ -273,6 +277,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         webhooks,
         add_hook,
         delete_hook,
+        toggle_hook,
         ..
     } = data;
     let platform_admin = is_admin();
@@ -354,6 +359,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
                         webhooks
                         add=add_hook
                         delete=delete_hook
+                        toggle=toggle_hook
                     />
                 }
             })}
@@ -1050,6 +1056,7 @@ fn TeamWebhooks(
     webhooks: Resource<Result<Vec<WebhookView>, api::UiError>>,
     add: ServerAction<AddTeamWebhook>,
     delete: ServerAction<DeleteTeamWebhook>,
+    toggle: ServerAction<SetTeamWebhookEnabled>,
 ) -> impl IntoView {
     let value = move || add.value().get();
     let url = echoed(value, "url");
@@ -1078,33 +1085,9 @@ fn TeamWebhooks(
                     Ok(list) => {
                         let rows = list
                             .into_iter()
-                            .map(|h| {
-                                let (team_id, hook_id) = (team_id.clone(), h.id.to_string());
-                                let status = match (h.enabled, h.last_status, &h.last_error) {
-                                    (false, ..) => format!(
-                                        "disabled after {} failures",
-                                        h.consecutive_failures
-                                    ),
-                                    (true, _, Some(e)) => e.clone(),
-                                    (true, Some(s), None) => format!("last answer {s}"),
-                                    (true, None, None) => "nothing sent yet".to_owned(),
-                                };
+                            .map(|hook| {
                                 view! {
-                                    <tr data-testid="webhook-row">
-                                        <td>
-                                            <code>{h.url}</code>
-                                        </td>
-                                        <td>{status}</td>
-                                        <td>
-                                            <ActionForm action=delete>
-                                                <input type="hidden" name="team_id" value=team_id />
-                                                <input type="hidden" name="id" value=hook_id />
-                                                <button type="submit" class="link danger">
-                                                    "Delete"
-                                                </button>
-                                            </ActionForm>
-                                        </td>
-                                    </tr>
+                                    <WebhookItem team_id=team_id.clone() hook delete toggle />
                                 }
                             })
                             .collect_view();
@@ -1134,9 +1117,11 @@ fn TeamWebhooks(
                 "Every event of this team (jobs ending, requests, budget) is posted to these URLs "
                 "as signed JSON with a Slack-compatible "
                 <code>"text"</code>
-                ". Test a hook and read its deliveries through the REST API."
+                ". A hook that fails 10 times in a row is turned off; turning it on again "
+                "starts its count afresh."
             </p>
             {form_error(move || delete.value().get())}
+            {form_error(move || toggle.value().get())}
             <Transition fallback=Loading>{list}</Transition>
             {secret}
             <ActionForm action=add attr:data-testid="webhook-form" attr:novalidate=true>
@@ -1158,5 +1143,199 @@ fn TeamWebhooks(
                 </button>
             </ActionForm>
         </section>
+    }
+}
+
+/// One webhook's rows: where it posts and how it is doing, its buttons (send a test,
+/// turn off or on, delete) and, under a disclosure, its latest deliveries (loaded when
+/// opened).
+#[component]
+fn WebhookItem(
+    team_id: String,
+    hook: WebhookView,
+    delete: ServerAction<DeleteTeamWebhook>,
+    toggle: ServerAction<SetTeamWebhookEnabled>,
+) -> impl IntoView {
+    let test = ServerAction::<TestTeamWebhook>::new();
+    let log = ServerAction::<TeamWebhookDeliveries>::new();
+    let hook_id = hook.id.to_string();
+    let url = hook.url.clone();
+    let (status, why) = hook_status(&hook);
+    let test_result = move || {
+        let text = match test.value().get()? {
+            Ok(r) => test_text(&r),
+            Err(e) => format!("Test not sent: {}", e.error),
+        };
+        Some(view! {
+            <p class="hint" role="status" data-testid="webhook-test-result">
+                {text}
+            </p>
+        })
+    };
+    let open_log = {
+        let (team_id, id) = (team_id.clone(), hook_id.clone());
+        // `toggle` fires on opening and on closing; a log is loaded on each opening.
+        let open = RwSignal::new(false);
+        move |_| {
+            open.update(|o| *o = !*o);
+            if open.get_untracked() {
+                log.dispatch(TeamWebhookDeliveries {
+                    team_id: team_id.clone(),
+                    id: id.clone(),
+                });
+            }
+        }
+    };
+    let deliveries = {
+        let url = url.clone();
+        move || match log.value().get() {
+            None if log.pending().get() => view! { <Loading /> }.into_any(),
+            None => ().into_any(),
+            Some(Ok(list)) if list.is_empty() => view! {
+                <Empty>
+                    <p data-testid="no-deliveries">"No deliveries yet."</p>
+                </Empty>
+            }
+            .into_any(),
+            Some(Ok(list)) => view! { <DeliveryLog url=url.clone() list /> }.into_any(),
+            Some(Err(e)) => view! { <Problem error=e.error /> }.into_any(),
+        }
+    };
+    let (switch, switch_label) = if hook.enabled {
+        ("false", "Turn off")
+    } else {
+        ("true", "Turn on")
+    };
+    let test_form = {
+        let (team_id, hook_id, url) = (team_id.clone(), hook_id.clone(), url.clone());
+        view! {
+            <ActionForm action=test attr:data-testid="webhook-test-form">
+                <input type="hidden" name="team_id" value=team_id />
+                <input type="hidden" name="id" value=hook_id />
+                <button
+                    type="submit"
+                    class="link"
+                    aria-label=format!("Send test to {url}")
+                    disabled=move || test.pending().get()
+                >
+                    "Send test"
+                </button>
+            </ActionForm>
+        }
+    };
+    let toggle_form = {
+        let (team_id, hook_id, url) = (team_id.clone(), hook_id.clone(), url.clone());
+        view! {
+            <ActionForm action=toggle attr:data-testid="webhook-toggle-form">
+                <input type="hidden" name="team_id" value=team_id />
+                <input type="hidden" name="id" value=hook_id />
+                <input type="hidden" name="enabled" value=switch />
+                <button
+                    type="submit"
+                    class="link"
+                    aria-label=format!("{switch_label} {url}")
+                    disabled=move || toggle.pending().get()
+                >
+                    {switch_label}
+                </button>
+            </ActionForm>
+        }
+    };
+    let delete_form = view! {
+        <ActionForm action=delete>
+            <input type="hidden" name="team_id" value=team_id />
+            <input type="hidden" name="id" value=hook_id />
+            <button type="submit" class="link danger" aria-label=format!("Delete {url}")>
+                "Delete"
+            </button>
+        </ActionForm>
+    };
+    view! {
+        <tr data-testid="webhook-row" data-enabled=hook.enabled.to_string()>
+            <td>
+                <code>{hook.url}</code>
+            </td>
+            <td data-testid="webhook-status">
+                {status}
+                {why.map(|e| view! { <br /><span class="hint">{e}</span> })}
+                {test_result}
+            </td>
+            <td class="actions">{test_form} {toggle_form} {delete_form}</td>
+        </tr>
+        <tr class="webhook-log">
+            <td colspan="3">
+                <details data-testid="webhook-deliveries" on:toggle=open_log>
+                    <summary>"Deliveries"</summary>
+                    {deliveries}
+                </details>
+            </td>
+        </tr>
+    }
+}
+
+/// A hook's state in words, and why it is off or what went wrong last.
+fn hook_status(h: &WebhookView) -> (String, Option<String>) {
+    let last_error = h.last_error.clone();
+    match (h.enabled, h.consecutive_failures) {
+        (false, 0) => ("Off".to_owned(), last_error),
+        (false, n) => (
+            format!("Off after {n} failures in a row"),
+            last_error.map(|e| format!("Last error: {e}")),
+        ),
+        (true, _) => match (h.last_status, last_error) {
+            (_, Some(e)) => (format!("On · {e}"), None),
+            (Some(s), None) => (format!("On · last answer {s}"), None),
+            (None, None) => ("On · nothing sent yet".to_owned(), None),
+        },
+    }
+}
+
+/// What a test delivery came to: delivered with the receiver's status, or why not.
+fn test_text(r: &WebhookTestResult) -> String {
+    let status = r.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default();
+    if r.delivered {
+        format!("Test delivered{status}.")
+    } else {
+        format!(
+            "Test failed{status}: {}",
+            r.error.as_deref().unwrap_or("no answer")
+        )
+    }
+}
+
+/// A hook's latest deliveries, newest first.
+#[component]
+fn DeliveryLog(url: String, list: Vec<DeliveryView>) -> impl IntoView {
+    let rows = list
+        .into_iter()
+        .map(|d| {
+            view! {
+                <tr data-testid="delivery-row">
+                    <td>
+                        <When t=d.created_at />
+                    </td>
+                    <td>{d.kind.as_str()}</td>
+                    <td data-testid="delivery-state">{d.state}</td>
+                    <td>{d.attempts}</td>
+                    <td>{d.last_status.map(|s| s.to_string()).unwrap_or_else(|| "–".into())}</td>
+                    <td>{d.last_error.unwrap_or_default()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <table class="list" aria-label=format!("Deliveries to {url}") data-testid="delivery-log">
+            <thead>
+                <tr>
+                    <th>"Time"</th>
+                    <th>"Event"</th>
+                    <th>"State"</th>
+                    <th>"Attempts"</th>
+                    <th>"Last status"</th>
+                    <th>"Last error"</th>
+                </tr>
+            </thead>
+            <tbody>{rows}</tbody>
+        </table>
     }
 }

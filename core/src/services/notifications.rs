@@ -464,6 +464,33 @@ impl Notifications {
     pub fn store(&self) -> &Store {
         &self.store
     }
+
+    /// Posts a `webhook.test` event to a team's hook now, with `sender` (the server's
+    /// HTTP), and answers what its receiver said: not counted as a failure, not logged.
+    /// The REST API and the team page's button both come here.
+    pub async fn test_webhook(
+        &self,
+        p: &Principal,
+        team: Uuid,
+        id: Uuid,
+        sender: &dyn WebhookTestSender,
+    ) -> Result<notify::WebhookTestResult, AppError> {
+        let (hook, secret) = self.webhook_for_test(p, team, id).await?;
+        Ok(sender.send_test(team, &hook.url, &secret).await)
+    }
+}
+
+/// Sends a webhook's test delivery. Sending is the server's (it owns the HTTP client
+/// and the public URL); it hands the REST handler one, and the UI's server functions
+/// find the same in context as an `Arc<dyn WebhookTestSender>`.
+pub trait WebhookTestSender: Send + Sync {
+    /// Posts a signed `webhook.test` event of `team` to `url`.
+    fn send_test<'a>(
+        &'a self,
+        team: Uuid,
+        url: &'a str,
+        secret: &'a str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = notify::WebhookTestResult> + Send + 'a>>;
 }
 
 /// The addresses `url`'s host resolves to (an IP literal is itself).

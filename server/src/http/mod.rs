@@ -46,6 +46,10 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
     let pkg_dir = state.config.site_root.join("pkg");
     let split = bundle::split_manifest(&pkg_dir, &leptos_options.output_name);
     let sessions_for_api = sessions.clone();
+    // The team page's "Send test" button sends as the REST API does.
+    let test_sender: Arc<dyn tessera_core::services::notifications::WebhookTestSender> = Arc::new(
+        crate::notify::webhook::TestSender::new(state.config.public_url()),
+    );
 
     let app = Router::new()
         .leptos_routes_with_context(
@@ -53,6 +57,7 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
             routes,
             move || {
                 provide_context(services.clone());
+                provide_context(test_sender.clone());
                 if let Some(split) = &split {
                     provide_context(split.clone());
                 }

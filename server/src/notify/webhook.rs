@@ -5,7 +5,7 @@
 use ring::hmac;
 use std::time::Duration;
 use tessera_core::store::OutboxRow;
-use tessera_domain::notify::WebhookBody;
+use tessera_domain::notify::{EventKind, EventPayload, WebhookBody, WebhookTestResult};
 use uuid::Uuid;
 
 /// The signature header: `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
@@ -82,6 +82,67 @@ pub async fn send(
             Some(status),
             format!("the receiver answered {}", r.status()),
         ))
+    }
+}
+
+/// Test deliveries (`Notifications::test_webhook`): a `webhook.test` event of the team,
+/// posted as any event is. The REST handler and the team page's button share it.
+pub struct TestSender {
+    public_url: String,
+}
+
+impl TestSender {
+    pub fn new(public_url: String) -> Self {
+        TestSender { public_url }
+    }
+
+    async fn post_test(&self, team: Uuid, url: &str, secret: &str) -> WebhookTestResult {
+        let public_url = &self.public_url;
+        let body = WebhookBody {
+            id: Uuid::now_v7(),
+            kind: EventKind::WebhookTest,
+            team_id: Some(team),
+            subject_kind: "team".into(),
+            subject_id: team,
+            created_at: chrono::Utc::now(),
+            text: format!("Test delivery from Tessera to {url}"),
+            link: format!("{public_url}/teams/{team}"),
+            payload: EventPayload {
+                summary: "Test delivery".into(),
+                path: format!("/teams/{team}"),
+                user_id: None,
+                detail: None,
+                team_name: None,
+                audience: None,
+            },
+        };
+        let sent = match client() {
+            Ok(http) => send(&http, url, secret, body.id, &body).await,
+            Err(e) => Err((None, format!("no HTTP client: {e}"))),
+        };
+        match sent {
+            Ok(status) => WebhookTestResult {
+                delivered: true,
+                status,
+                error: None,
+            },
+            Err((status, error)) => WebhookTestResult {
+                delivered: false,
+                status,
+                error: Some(error),
+            },
+        }
+    }
+}
+
+impl tessera_core::services::notifications::WebhookTestSender for TestSender {
+    fn send_test<'a>(
+        &'a self,
+        team: Uuid,
+        url: &'a str,
+        secret: &'a str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = WebhookTestResult> + Send + 'a>> {
+        Box::pin(self.post_test(team, url, secret))
     }
 }
 

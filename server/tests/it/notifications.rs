@@ -26,6 +26,7 @@ on_both_databases!(
     each_delivery_is_sent_once_across_a_leader_change,
     bad_input_and_authorization,
     the_pages_show_notifications_and_webhooks,
+    the_team_page_tests_switches_and_logs_a_webhook,
 );
 
 // ---- the SMTP server ----
@@ -1003,4 +1004,221 @@ async fn the_pages_show_notifications_and_webhooks(db: Db) {
     );
     let r = member.call("team_webhooks", &[("team_id", &t.id)]).await;
     assert_eq!(r.status(), 403);
+}
+
+/// The team page's webhook tools, through the server functions its buttons post to: a
+/// test delivery answers what the receiver said, exactly as the REST API's test does; the
+/// delivery log shows what the worker sent; a hook turned off (by hand, or after 10
+/// failures in a row, which the page explains) is turned on again with its failures
+/// cleared, its URL and events kept.
+async fn the_team_page_tests_switches_and_logs_a_webhook(db: Db) {
+    let a = AdminClient::with_app(
+        TestApp::spawn_with(db, |c| {
+            c.notify.webhook_allow_private = true;
+            c.notify.notify_interval = Duration::from_millis(300);
+        })
+        .await,
+    )
+    .await;
+    let app = &a.app;
+    let t = team(&a, "uihooks").await;
+    let receiver = Receiver::start().await;
+    let lead = app.browser();
+    assert!(
+        lead.login("uihooks-lead", crate::allocations::PW)
+            .await
+            .status()
+            .is_success()
+    );
+    let r = lead
+        .call(
+            "add_team_webhook",
+            &[("team_id", &t.id), ("url", &receiver.url)],
+        )
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let created: Value = r.json().await.expect("json");
+    receiver.set_secret(created["secret"].as_str().expect("secret"));
+    let hook = created["webhook"]["id"].as_str().expect("id").to_owned();
+    let hook_path = format!("/api/v1/teams/{}/webhooks/{hook}", t.id);
+    let fn_call = |name: &'static str, extra: &[(&'static str, &'static str)]| {
+        let mut form = vec![("team_id", t.id.clone()), ("id", hook.clone())];
+        form.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        let lead = &lead;
+        async move {
+            let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let r = lead.call(name, &form).await;
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let rest_test = || async {
+        call_with_token(
+            app,
+            &t.team_admin,
+            Method::POST,
+            &format!("{hook_path}/test"),
+            None,
+        )
+        .await
+    };
+
+    // A test delivery reaches the receiver, signed, and both ways answer alike.
+    let (s, ui) = fn_call("test_team_webhook", &[]).await;
+    assert_eq!(s, 200, "{ui}");
+    assert_eq!(ui, json!({"delivered": true, "status": 204, "error": null}));
+    let (s, rest) = rest_test().await;
+    assert_eq!((s, &rest), (200, &ui));
+    let got = receiver.wait_for(|a| a.len() >= 2, 10).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (_, body) in &got {
+        assert_eq!(body["kind"], "webhook.test", "{body}");
+        assert_eq!(body["team_id"], t.id.as_str(), "{body}");
+    }
+    // Tests are not in the log: it is empty until an event is delivered.
+    let (s, log) = fn_call("team_webhook_deliveries", &[]).await;
+    assert_eq!((s, log), (200, json!([])));
+
+    // A receiver that refuses: the test says so, with its status, both ways.
+    receiver.set_secret("not-the-secret");
+    let (s, ui) = fn_call("test_team_webhook", &[]).await;
+    assert_eq!(s, 200, "{ui}");
+    assert_eq!(ui["delivered"], false, "{ui}");
+    assert_eq!(ui["status"], 401, "{ui}");
+    assert!(
+        ui["error"].as_str().is_some_and(|e| e.contains("401")),
+        "{ui}"
+    );
+    let (_, rest) = rest_test().await;
+    assert_eq!(rest, ui);
+    receiver.set_secret(created["secret"].as_str().expect("secret"));
+
+    // An event of the team is delivered by the worker and shows in the log.
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let team_id = uuid::Uuid::parse_str(&t.id).expect("uuid");
+    let event = tessera_core::store::NewEvent::new(
+        tessera_domain::notify::EventKind::WorkloadFailed,
+        Some(team_id),
+        ("workload", uuid::Uuid::now_v7()),
+        tessera_domain::notify::EventPayload {
+            summary: "Job train failed".into(),
+            path: "/workloads".into(),
+            user_id: None,
+            detail: Some("exit code 1".into()),
+            team_name: None,
+            audience: None,
+        },
+        chrono::Utc::now(),
+    );
+    assert!(store.record_event(&event).await.expect("record"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let (s, log) = fn_call("team_webhook_deliveries", &[]).await;
+        assert_eq!(s, 200, "{log}");
+        if log[0]["state"] == "sent" || Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let rows = log.as_array().expect("list");
+    assert_eq!(rows.len(), 1, "{log}");
+    assert_eq!(rows[0]["kind"], "workload.failed", "{log}");
+    assert_eq!(rows[0]["state"], "sent", "{log}");
+    assert_eq!(rows[0]["attempts"], 1, "{log}");
+    assert_eq!(rows[0]["last_status"], 204, "{log}");
+    assert_eq!(rows[0]["event_id"], event.id.to_string(), "{log}");
+    let (s, rest) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::GET,
+        &format!("{hook_path}/deliveries"),
+        None,
+    )
+    .await;
+    assert_eq!((s, rest), (200, log));
+
+    // Turned off by hand: URL and events stay; the page offers to turn it on.
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::PUT,
+        &hook_path,
+        Some(json!({"url": receiver.url, "events": ["workload.failed"]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = fn_call("set_team_webhook_enabled", &[("enabled", "false")]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["enabled"], false, "{v}");
+    let (_, v) = call_with_token(app, &t.team_admin, Method::GET, &hook_path, None).await;
+    assert_eq!(v["enabled"], false, "{v}");
+    assert_eq!(v["url"], receiver.url.as_str(), "{v}");
+    assert_eq!(v["events"], json!(["workload.failed"]), "{v}");
+    let page = lead.page(&format!("/teams/{}", t.id)).await;
+    assert!(page.contains(r#"data-enabled="false""#), "{page}");
+    assert!(
+        page.contains("Turn on") && page.contains("Send test"),
+        "{page}"
+    );
+    assert!(page.contains(">Deliveries</summary>"), "{page}");
+
+    // On again, then 10 failures in a row turn it off: the page says why.
+    let (s, v) = fn_call("set_team_webhook_enabled", &[("enabled", "true")]).await;
+    assert_eq!((s, &v["enabled"]), (200, &json!(true)), "{v}");
+    for _ in 0..10 {
+        store
+            .webhook_result(
+                uuid::Uuid::parse_str(&hook).expect("uuid"),
+                false,
+                (
+                    Some(500),
+                    Some("the receiver answered 500 Internal Server Error"),
+                ),
+                10,
+                chrono::Utc::now(),
+            )
+            .await
+            .expect("result");
+    }
+    let (_, v) = call_with_token(app, &t.team_admin, Method::GET, &hook_path, None).await;
+    assert_eq!(
+        (&v["enabled"], &v["consecutive_failures"]),
+        (&json!(false), &json!(10))
+    );
+    let page = lead.page(&format!("/teams/{}", t.id)).await;
+    assert!(page.contains("Off after 10 failures in a row"), "{page}");
+    assert!(
+        page.contains("Last error: the receiver answered 500 Internal Server Error"),
+        "{page}"
+    );
+    let (s, v) = fn_call("set_team_webhook_enabled", &[("enabled", "true")]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (&v["enabled"], &v["consecutive_failures"]),
+        (&json!(true), &json!(0))
+    );
+    assert_eq!(v["events"], json!(["workload.failed"]), "{v}");
+
+    // Only the team's admins: a member is refused, a bad id names nothing.
+    let member = app.browser();
+    assert!(
+        member
+            .login("uihooks-member", crate::allocations::PW)
+            .await
+            .status()
+            .is_success()
+    );
+    for name in ["test_team_webhook", "team_webhook_deliveries"] {
+        let r = member
+            .call(name, &[("team_id", &t.id), ("id", &hook)])
+            .await;
+        assert_eq!(r.status(), 403, "{name}");
+    }
+    let r = lead
+        .call("test_team_webhook", &[("team_id", &t.id), ("id", "nope")])
+        .await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(receiver.accepted().len(), 3, "no more than asked for");
 }

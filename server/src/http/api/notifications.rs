@@ -4,8 +4,8 @@
 use super::*;
 use axum::extract::State;
 use tessera_domain::notify::{
-    DeliveryView, EventKind, EventPayload, NotificationSettings, NotificationSettingsInput,
-    WebhookBody, WebhookCreated, WebhookInput, WebhookTestResult, WebhookView,
+    DeliveryView, NotificationSettings, NotificationSettingsInput, WebhookCreated, WebhookInput,
+    WebhookTestResult, WebhookView,
 };
 
 #[utoipa::path(get, path = "/api/v1/me/notifications", tag = "notifications",
@@ -103,38 +103,6 @@ pub(super) async fn test_webhook(
     Call(s, p): Call,
     Path((team, hook)): Path<(Uuid, Uuid)>,
 ) -> ApiResult<WebhookTestResult> {
-    let (row, secret) = s.notifications.webhook_for_test(&p, team, hook).await?;
-    let public_url = state.config.public_url();
-    let body = WebhookBody {
-        id: Uuid::now_v7(),
-        kind: EventKind::WebhookTest,
-        team_id: Some(team),
-        subject_kind: "team".into(),
-        subject_id: team,
-        created_at: chrono::Utc::now(),
-        text: format!("Test delivery from Tessera to {}", row.url),
-        link: format!("{public_url}/teams/{team}"),
-        payload: EventPayload {
-            summary: "Test delivery".into(),
-            path: format!("/teams/{team}"),
-            user_id: None,
-            detail: None,
-            team_name: None,
-            audience: None,
-        },
-    };
-    let http = crate::notify::webhook::client().map_err(|_| AppError::Internal)?;
-    let r = crate::notify::webhook::send(&http, &row.url, &secret, body.id, &body).await;
-    Ok(Json(match r {
-        Ok(status) => WebhookTestResult {
-            delivered: true,
-            status,
-            error: None,
-        },
-        Err((status, error)) => WebhookTestResult {
-            delivered: false,
-            status,
-            error: Some(error),
-        },
-    }))
+    let sender = crate::notify::webhook::TestSender::new(state.config.public_url());
+    ok(s.notifications.test_webhook(&p, team, hook, &sender).await)
 }
