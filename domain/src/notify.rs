@@ -47,10 +47,33 @@ pub enum EventKind {
     /// A test delivery a team admin asked for (webhooks only).
     #[serde(rename = "webhook.test")]
     WebhookTest,
+    /// A job that waited in the queue for its own GPU left it and is starting.
+    #[serde(rename = "workload.started")]
+    WorkloadStarted,
+    /// A notebook is idle and will be stopped at a stated time unless it is used.
+    #[serde(rename = "workload.idle_warning")]
+    IdleWarning,
+    /// An allocation will be preempted (capacity reclaimed, node drained, GPU unhealthy)
+    /// at a stated deadline.
+    #[serde(rename = "allocation.preemption_warning")]
+    PreemptionWarning,
+    /// An allocation was preempted.
+    #[serde(rename = "allocation.preempted")]
+    Preempted,
+    /// An allocation ends soon (with a link to extend it).
+    #[serde(rename = "allocation.expiring")]
+    Expiring,
+    /// A platform admin changed a team's quota (to the team's admins).
+    #[serde(rename = "quota.changed")]
+    QuotaChanged,
+    /// A link that proves a user owns the address they gave (to that address only,
+    /// whatever their preferences).
+    #[serde(rename = "account.verify_email")]
+    VerifyEmail,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::WorkloadSucceeded,
         EventKind::WorkloadFailed,
         EventKind::WorkloadStopped,
@@ -61,6 +84,13 @@ impl EventKind {
         EventKind::BudgetThreshold,
         EventKind::NodeLost,
         EventKind::WebhookTest,
+        EventKind::WorkloadStarted,
+        EventKind::IdleWarning,
+        EventKind::PreemptionWarning,
+        EventKind::Preempted,
+        EventKind::Expiring,
+        EventKind::QuotaChanged,
+        EventKind::VerifyEmail,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +105,13 @@ impl EventKind {
             EventKind::BudgetThreshold => "budget.threshold",
             EventKind::NodeLost => "node.lost",
             EventKind::WebhookTest => "webhook.test",
+            EventKind::WorkloadStarted => "workload.started",
+            EventKind::IdleWarning => "workload.idle_warning",
+            EventKind::PreemptionWarning => "allocation.preemption_warning",
+            EventKind::Preempted => "allocation.preempted",
+            EventKind::Expiring => "allocation.expiring",
+            EventKind::QuotaChanged => "quota.changed",
+            EventKind::VerifyEmail => "account.verify_email",
         }
     }
 
@@ -91,6 +128,13 @@ impl EventKind {
             EventKind::BudgetThreshold => "My team's budget reached 50/80/100 %",
             EventKind::NodeLost => "A node stopped reporting (platform admins)",
             EventKind::WebhookTest => "A webhook test",
+            EventKind::WorkloadStarted => "My queued job left the queue and is starting",
+            EventKind::IdleWarning => "My notebook is idle and will be stopped",
+            EventKind::PreemptionWarning => "My allocation will be preempted",
+            EventKind::Preempted => "My allocation was preempted",
+            EventKind::Expiring => "My allocation ends soon",
+            EventKind::QuotaChanged => "My team's quota changed",
+            EventKind::VerifyEmail => "The link that verifies my address",
         }
     }
 
@@ -98,10 +142,24 @@ impl EventKind {
     /// the daily digest.
     pub fn default_mode(self) -> NotifyMode {
         match self {
-            EventKind::WorkloadSucceeded | EventKind::WorkloadStopped => NotifyMode::Digest,
-            EventKind::WebhookTest => NotifyMode::Off,
+            EventKind::WorkloadSucceeded | EventKind::WorkloadStopped | EventKind::QuotaChanged => {
+                NotifyMode::Digest
+            }
+            // Starting is good news nobody waits on by mail (Slurm's `BEGIN` is opt-in too).
+            EventKind::WorkloadStarted | EventKind::WebhookTest => NotifyMode::Off,
             _ => NotifyMode::Immediate,
         }
+    }
+
+    /// Whether people choose how they get it (the preferences page lists it). A webhook
+    /// test goes to webhooks only; an address check to the address, always at once.
+    pub fn has_preference(self) -> bool {
+        !matches!(self, EventKind::WebhookTest | EventKind::VerifyEmail)
+    }
+
+    /// Whether team and platform webhooks may get it (never an address check's link).
+    pub fn goes_to_webhooks(self) -> bool {
+        self != EventKind::VerifyEmail
     }
 
     pub fn parse(s: &str) -> Result<EventKind, AppError> {
@@ -196,8 +254,8 @@ pub fn workload_end_kind(state: &str, message: Option<&str>) -> Option<EventKind
     }
 }
 
-/// The payload of a workload's end.
-pub fn workload_end_payload(
+/// The payload of a workload's step to `state`: its end, or `pending` (it left the queue).
+pub fn workload_payload(
     (id, kind, name): (Uuid, &str, &str),
     state: &str,
     user: Uuid,
@@ -212,13 +270,17 @@ pub fn workload_end_payload(
         "failed" => format!("Your {kind} `{name}` failed{code}"),
         "lost" => format!("Your {kind} `{name}` was lost"),
         "cancelled" => format!("Your {kind} `{name}` was cancelled"),
+        "pending" => format!("Your {kind} `{name}` left the queue and is starting"),
         _ => format!("Your {kind} `{name}` was stopped"),
     };
     EventPayload {
         summary,
         path: format!("/workloads/{id}"),
         user_id: Some(user),
-        detail: message.map(str::to_owned).filter(|m| !m.is_empty()),
+        // A queued workload's message is why it waited: over now.
+        detail: message
+            .map(str::to_owned)
+            .filter(|m| !m.is_empty() && state != "pending"),
         team_name: None,
         audience: None,
     }
@@ -255,6 +317,113 @@ pub fn request_payload(
             (EventKind::RequestNeedsApproval, _) => Some("team_admins".into()),
             _ => None,
         },
+    }
+}
+
+fn utc_minute(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// Why an allocation is preempted, for people (`preempt_cause`: `reclaim`, `drain`,
+/// `health`).
+pub fn preempt_cause_words(cause: Option<&str>) -> &'static str {
+    match cause {
+        Some("drain") => "its node is drained by a platform admin",
+        Some("health") => "its GPU turned unhealthy and is taken out of service",
+        _ => "borrowed capacity is reclaimed for a team's guaranteed share",
+    }
+}
+
+/// The payload of an event about an allocation, told to its owner `user`: a preemption
+/// warning (deadline `at`, `detail` the cause), a preemption (`detail` the reason), or
+/// an expiry warning (end `at`; the page has the extend form).
+pub fn allocation_payload(
+    kind: EventKind,
+    id: Uuid,
+    user: Uuid,
+    (gpu_kind, count): (&str, i64),
+    at: Option<DateTime<Utc>>,
+    detail: Option<&str>,
+) -> EventPayload {
+    let what = format!("{count}× {gpu_kind}");
+    let when = at.map(utc_minute).unwrap_or_default();
+    let summary = match kind {
+        EventKind::PreemptionWarning => {
+            format!("Your allocation of {what} will be preempted at {when}")
+        }
+        EventKind::Expiring => {
+            format!(
+                "Your allocation of {what} ends at {when}: extend it on its page if you need more time"
+            )
+        }
+        _ => format!("Your allocation of {what} was preempted"),
+    };
+    EventPayload {
+        summary,
+        path: format!("/allocations/{id}"),
+        user_id: Some(user),
+        detail: detail.map(str::to_owned).filter(|d| !d.is_empty()),
+        team_name: None,
+        audience: None,
+    }
+}
+
+/// When an allocation running from `active_at` to `ends_at` is warned of its end: `lead`
+/// before it, or a quarter of its length before it when that is shorter (a 30-minute
+/// allocation is warned after 22½ minutes, not as it starts).
+pub fn expiry_warning_at(
+    active_at: DateTime<Utc>,
+    ends_at: DateTime<Utc>,
+    lead: Duration,
+) -> DateTime<Utc> {
+    let quarter = (ends_at - active_at) / 4;
+    ends_at - lead.min(quarter).max(Duration::zero())
+}
+
+/// The payload of a notebook's idle warning: stopped at `stop_at` unless used.
+pub fn idle_warning_payload(
+    (id, name): (Uuid, &str),
+    user: Uuid,
+    idle_since: DateTime<Utc>,
+    stop_at: DateTime<Utc>,
+) -> EventPayload {
+    EventPayload {
+        summary: format!(
+            "Your notebook `{name}` is idle and will be stopped at {}",
+            utc_minute(stop_at)
+        ),
+        path: format!("/workloads/{id}"),
+        user_id: Some(user),
+        detail: Some(format!(
+            "No kernel or GPU activity since {}. Use it (run a cell) to keep it.",
+            utc_minute(idle_since)
+        )),
+        team_name: None,
+        audience: None,
+    }
+}
+
+/// A quota line's numbers: guaranteed, limit, per user.
+pub type QuotaNumbers = (i64, i64, i64);
+
+/// The payload of a quota change on team `team`'s line `model` (to its admins).
+pub fn quota_payload(
+    (team, team_name): (Uuid, &str),
+    model: &str,
+    before: Option<QuotaNumbers>,
+    after: QuotaNumbers,
+) -> EventPayload {
+    let show = |(g, l, u): QuotaNumbers| format!("guaranteed {g}, limit {l}, per user {u}");
+    EventPayload {
+        summary: format!("Team {team_name}'s quota on {model} changed"),
+        path: format!("/teams/{team}"),
+        user_id: None,
+        detail: Some(match before {
+            Some(b) => format!("{} → {}", show(b), show(after)),
+            None => format!("new line: {}", show(after)),
+        }),
+        team_name: Some(team_name.to_owned()),
+        audience: Some("team_admins".into()),
     }
 }
 
@@ -345,7 +514,8 @@ pub struct PreferenceInput {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WebhookView {
     pub id: Uuid,
-    pub team_id: Uuid,
+    /// `None`: a platform-wide hook.
+    pub team_id: Option<Uuid>,
     pub url: String,
     /// The event kinds it gets; empty: all of the team's.
     pub events: Vec<EventKind>,
@@ -355,6 +525,17 @@ pub struct WebhookView {
     pub last_error: Option<String>,
     pub last_delivery_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
+}
+
+/// The token from a verification link (`POST /api/v1/email-verifications`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EmailVerificationInput {
+    /// The `user` of the link.
+    pub user_id: Uuid,
+    /// The `token` of the link.
+    pub token: String,
 }
 
 /// A new webhook, or a change to one (`PUT`: the whole hook; the secret stays).
@@ -552,7 +733,7 @@ mod tests {
             Some(EventKind::WorkloadStopped)
         );
         assert_eq!(workload_end_kind("running", None), None);
-        let p = workload_end_payload(
+        let p = workload_payload(
             (Uuid::nil(), "job", "train"),
             "failed",
             Uuid::nil(),
@@ -633,5 +814,79 @@ mod tests {
         assert_eq!(retry_after(1), Duration::seconds(30));
         assert_eq!(retry_after(2), Duration::seconds(60));
         assert_eq!(retry_after(20), Duration::seconds(3600));
+    }
+
+    #[test]
+    fn leaving_the_queue_reads_as_starting_without_the_queue_reason() {
+        assert_eq!(workload_end_kind("pending", None), None);
+        assert_eq!(workload_end_kind("running", None), None);
+        let id = Uuid::from_u128(7);
+        let p = workload_payload(
+            (id, "job", "train"),
+            "pending",
+            id,
+            None,
+            Some("waiting for 1× H100-80GB"),
+        );
+        assert_eq!(p.summary, "Your job `train` left the queue and is starting");
+        assert_eq!(p.detail, None, "why it waited is over");
+    }
+
+    #[test]
+    fn an_expiry_warning_comes_at_the_lead_or_a_quarter_before_the_end() {
+        let start = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let lead = Duration::hours(1);
+        // Eight hours: warned an hour before.
+        assert_eq!(
+            expiry_warning_at(start, start + Duration::hours(8), lead),
+            start + Duration::hours(7)
+        );
+        // Thirty minutes: warned after 22½ minutes, not as it starts.
+        assert_eq!(
+            expiry_warning_at(start, start + Duration::minutes(30), lead),
+            start + Duration::seconds(22 * 60 + 30)
+        );
+        // An end before the start (bad data) is warned at the end, not before it.
+        assert_eq!(expiry_warning_at(start, start - lead, lead), start - lead);
+    }
+
+    #[test]
+    fn the_new_kinds_have_their_audiences_and_choices() {
+        assert_eq!(EventKind::WorkloadStarted.default_mode(), NotifyMode::Off);
+        assert_eq!(EventKind::QuotaChanged.default_mode(), NotifyMode::Digest);
+        assert_eq!(
+            EventKind::PreemptionWarning.default_mode(),
+            NotifyMode::Immediate
+        );
+        assert!(!EventKind::VerifyEmail.has_preference());
+        assert!(!EventKind::VerifyEmail.goes_to_webhooks());
+        assert!(!EventKind::WebhookTest.has_preference());
+        assert!(EventKind::Expiring.has_preference());
+        let id = Uuid::from_u128(7);
+        let at = DateTime::parse_from_rfc3339("2026-01-01T10:30:00Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let p = allocation_payload(
+            EventKind::PreemptionWarning,
+            id,
+            id,
+            ("H100-80GB", 2),
+            Some(at),
+            Some(preempt_cause_words(Some("drain"))),
+        );
+        assert_eq!(
+            p.summary,
+            "Your allocation of 2× H100-80GB will be preempted at 2026-01-01 10:30 UTC"
+        );
+        assert_eq!(p.path, format!("/allocations/{id}"));
+        assert_eq!(p.user_id, Some(id));
+        let q = quota_payload((id, "vision"), "H100-80GB", Some((1, 2, 1)), (1, 4, 2));
+        assert_eq!(q.audience.as_deref(), Some("team_admins"));
+        assert_eq!(
+            q.detail.as_deref(),
+            Some("guaranteed 1, limit 2, per user 1 → guaranteed 1, limit 4, per user 2")
+        );
     }
 }

@@ -392,6 +392,7 @@ impl Oidc {
             subject: claims.subject().as_str().to_owned(),
             preferred_username: claims.preferred_username().map(|u| u.as_str().to_owned()),
             email: claims.email().map(|e| e.as_str().to_owned()),
+            email_verified: claims.email_verified().unwrap_or(false),
             groups: Vec::new(),
         };
         let mut groups = claims
@@ -420,9 +421,10 @@ impl Oidc {
             who.preferred_username = who
                 .preferred_username
                 .or_else(|| info.preferred_username().map(|u| u.as_str().to_owned()));
-            who.email = who
-                .email
-                .or_else(|| info.email().map(|e| e.as_str().to_owned()));
+            if who.email.is_none() {
+                who.email = info.email().map(|e| e.as_str().to_owned());
+                who.email_verified = info.email_verified().unwrap_or(false);
+            }
         }
         who.groups = self.group_list(groups);
         Ok(who)

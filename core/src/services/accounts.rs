@@ -44,6 +44,8 @@ pub struct ExternalIdentity {
     pub subject: String,
     pub preferred_username: Option<String>,
     pub email: Option<String>,
+    /// The provider vouches for `email` (its `email_verified` claim).
+    pub email_verified: bool,
     pub groups: Vec<String>,
 }
 
@@ -154,6 +156,16 @@ impl Accounts {
                 return Err(AppError::Forbidden);
             }
         };
+        // An address the provider vouches for is the user's verified notification address,
+        // unless they gave one of their own.
+        if let (Some(email), true) = (who.email.as_deref(), who.email_verified)
+            && let Ok(email) = tessera_domain::notify::parse_email(email, "email")
+        {
+            self.store
+                .adopt_idp_email(user.id, &email)
+                .await
+                .map_err(internal("taking the provider's address"))?;
+        }
         if !grants.unknown_groups.is_empty() {
             tracing::debug!(user = %user.username, groups = ?grants.unknown_groups, "groups the map does not name");
         }

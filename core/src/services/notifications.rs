@@ -33,6 +33,38 @@ pub struct Notifications {
     digest_hour: u32,
 }
 
+/// Whose webhooks: a team's (its team admins manage them) or the platform's (platform
+/// admins; they get every team's events and the platform's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookScope {
+    Team(Uuid),
+    Platform,
+}
+
+impl HookScope {
+    /// The team, `None` for the platform's.
+    pub fn team(self) -> Option<Uuid> {
+        match self {
+            HookScope::Team(t) => Some(t),
+            HookScope::Platform => None,
+        }
+    }
+}
+
+impl From<Uuid> for HookScope {
+    fn from(team: Uuid) -> Self {
+        HookScope::Team(team)
+    }
+}
+
+/// How long a verification link works.
+const VERIFICATION_VALID: Duration = Duration::hours(24);
+
+/// The sealing context of a verification token.
+fn verification_context(user: Uuid) -> String {
+    format!("email_verifications.token:{user}")
+}
+
 /// The sealing context of a webhook's secret.
 fn secret_context(id: Uuid) -> String {
     format!("team_webhooks.secret:{id}")
@@ -104,7 +136,7 @@ impl Notifications {
             email_verified: me.email_verified,
             preferences: EventKind::ALL
                 .into_iter()
-                .filter(|k| *k != EventKind::WebhookTest)
+                .filter(|k| k.has_preference())
                 .filter(|k| *k != EventKind::NodeLost || p.is_admin)
                 .map(|k| PreferenceView {
                     kind: k,
@@ -127,11 +159,27 @@ impl Notifications {
             Some("") => Some(None),
             Some(e) => Some(Some(notify::parse_email(e, "email")?)),
         };
+        if let Some(pref) = input.preferences.iter().find(|p| !p.kind.has_preference()) {
+            return Err(AppError::invalid(
+                "preferences",
+                format!("{} is not a choice people make", pref.kind.as_str()),
+            ));
+        }
         if let Some(email) = email {
+            let before = self
+                .store
+                .recipient(p.user_id.0)
+                .await
+                .map_err(internal("loading user"))?
+                .and_then(|r| r.email);
             self.store
                 .set_user_email(p.user_id.0, email.as_deref())
                 .await
                 .map_err(internal("setting email"))?;
+            if let Some(new) = email.filter(|e| before.as_deref() != Some(e.as_str())) {
+                self.send_verification(p.user_id.0, &new, Utc::now())
+                    .await?;
+            }
         }
         for pref in &input.preferences {
             self.store
@@ -140,6 +188,121 @@ impl Notifications {
                 .map_err(internal("setting preference"))?;
         }
         self.settings(p).await
+    }
+
+    /// Mails a new link to the caller's unverified address (the last one stops working).
+    /// At most one a minute.
+    pub async fn resend_verification(&self, p: &Principal) -> Result<(), AppError> {
+        let me = self
+            .store
+            .recipient(p.user_id.0)
+            .await
+            .map_err(internal("loading user"))?
+            .ok_or(AppError::NotFound)?;
+        let Some(email) = me.email.filter(|e| !e.is_empty()) else {
+            return Err(AppError::invalid("email", "set an address first"));
+        };
+        if me.email_verified {
+            return Err(AppError::conflict("the address is already verified"));
+        }
+        let now = Utc::now();
+        let open = self
+            .store
+            .email_verification(me.id)
+            .await
+            .map_err(internal("loading verification"))?;
+        if open.is_some_and(|v| v.email == email && now - v.created_at < Duration::minutes(1)) {
+            return Err(AppError::conflict(
+                "a link was sent less than a minute ago; look for it, or ask again in a minute",
+            ));
+        }
+        self.send_verification(me.id, &email, now).await
+    }
+
+    async fn send_verification(
+        &self,
+        user: Uuid,
+        email: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), AppError> {
+        let token = crate::auth::secret::generate("tev").0;
+        let sealed = self
+            .keys
+            .seal(&verification_context(user), &token)
+            .map_err(|_| AppError::Internal)?;
+        let payload = EventPayload {
+            summary: "Verify your email address for Tessera".into(),
+            path: "/account".into(),
+            user_id: Some(user),
+            detail: Some(format!(
+                "Someone (we hope you) gave {email} as their address on Tessera. Open the link \
+                 within {} hours to receive notifications there; ignore this mail otherwise.",
+                VERIFICATION_VALID.num_hours()
+            )),
+            team_name: None,
+            audience: None,
+        };
+        let event = NewEvent::new(EventKind::VerifyEmail, None, ("user", user), payload, now);
+        self.store
+            .start_email_verification(user, email, &sealed, now + VERIFICATION_VALID, &event)
+            .await
+            .map_err(internal("starting verification"))
+    }
+
+    /// Where the verification mail of `user` goes and the token its link carries, while
+    /// the verification is open (the delivery worker writes the mail).
+    pub async fn verification_mail(
+        &self,
+        user: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(String, String)>, AppError> {
+        let Some(v) = self
+            .store
+            .email_verification(user)
+            .await
+            .map_err(internal("loading verification"))?
+            .filter(|v| v.expires_at > now)
+        else {
+            return Ok(None);
+        };
+        let token = self
+            .keys
+            .open(&verification_context(user), &v.token)
+            .map_err(|e| {
+                tracing::error!(user = %user, error = %e, "verification token does not open");
+                AppError::Internal
+            })?;
+        Ok(Some((v.email, token)))
+    }
+
+    /// Verifies `user`'s address with the token from the mailed link (no sign-in: the
+    /// token proves the mailbox). Errors name `token`.
+    pub async fn verify_email(&self, user: Uuid, token: &str) -> Result<(), AppError> {
+        let invalid = || {
+            AppError::invalid(
+                "token",
+                "this link is not valid: it expired, was used, or a newer one was sent \
+                 (ask for a new one under My account → Notifications)",
+            )
+        };
+        let (email, expected) = self
+            .verification_mail(user, Utc::now())
+            .await?
+            .ok_or_else(invalid)?;
+        // Hashes compared: the time taken says nothing about the token.
+        if crate::auth::secret::hash(token) != crate::auth::secret::hash(&expected) {
+            return Err(invalid());
+        }
+        if !self
+            .store
+            .confirm_email(user, &email)
+            .await
+            .map_err(internal("verifying email"))?
+        {
+            return Err(invalid());
+        }
+        tracing::info!(user = %user, "email address verified");
+        Ok(())
     }
 
     async fn modes(&self, user: Uuid) -> Result<HashMap<EventKind, NotifyMode>, AppError> {
@@ -155,11 +318,17 @@ impl Notifications {
 
     // ---- team webhooks (team admins) ----
 
-    pub async fn webhooks(&self, p: &Principal, team: Uuid) -> Result<Vec<WebhookView>, AppError> {
-        authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+    /// A scope's webhooks: a team's (its team admins) or the platform's (platform admins).
+    pub async fn webhooks(
+        &self,
+        p: &Principal,
+        scope: impl Into<HookScope>,
+    ) -> Result<Vec<WebhookView>, AppError> {
+        let scope = scope.into();
+        self.authorize(p, scope).await?;
         Ok(self
             .store
-            .team_webhooks(team)
+            .scope_webhooks(scope.team())
             .await
             .map_err(internal("loading webhooks"))?
             .iter()
@@ -171,11 +340,13 @@ impl Notifications {
     pub async fn create_webhook(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope>,
         input: &WebhookInput,
     ) -> Result<WebhookCreated, AppError> {
-        let access = authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
-        if access.team.archived {
+        let scope = scope.into();
+        if let Some(archived) = self.authorize(p, scope).await?
+            && archived
+        {
             return Err(AppError::conflict("the team is archived"));
         }
         let url = notify::parse_webhook_url(&input.url)?;
@@ -188,7 +359,7 @@ impl Notifications {
             .map_err(|_| AppError::Internal)?;
         let row = WebhookRow {
             id,
-            team_id: team,
+            team_id: scope.team(),
             url,
             secret: sealed,
             events: events_json(&input.events),
@@ -209,50 +380,68 @@ impl Notifications {
         })
     }
 
-    /// A team's hook, for its team admins (another team's is `NotFound`).
-    async fn team_hook(&self, p: &Principal, team: Uuid, id: Uuid) -> Result<WebhookRow, AppError> {
-        authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+    /// Whether `p` manages `scope`'s webhooks; for a team, whether it is archived.
+    async fn authorize(&self, p: &Principal, scope: HookScope) -> Result<Option<bool>, AppError> {
+        match scope {
+            HookScope::Team(team) => {
+                let access = authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+                Ok(Some(access.team.archived))
+            }
+            HookScope::Platform => authz::admin(p).map(|_| None),
+        }
+    }
+
+    /// A scope's hook, for those who manage the scope (another team's, or a team's asked
+    /// for as the platform's, is `NotFound`).
+    async fn team_hook(
+        &self,
+        p: &Principal,
+        scope: impl Into<HookScope>,
+        id: Uuid,
+    ) -> Result<WebhookRow, AppError> {
+        let scope = scope.into();
+        self.authorize(p, scope).await?;
         self.store
             .webhook(id)
             .await
             .map_err(internal("loading webhook"))?
-            .filter(|w| w.team_id == team)
+            .filter(|w| w.team_id == scope.team())
             .ok_or(AppError::NotFound)
     }
 
     pub async fn webhook(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope> + Copy,
         id: Uuid,
     ) -> Result<WebhookView, AppError> {
-        Ok(hook_view(&self.team_hook(p, team, id).await?))
+        Ok(hook_view(&self.team_hook(p, scope, id).await?))
     }
 
     pub async fn update_webhook(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope> + Copy,
         id: Uuid,
         input: &WebhookInput,
     ) -> Result<WebhookView, AppError> {
-        self.team_hook(p, team, id).await?;
+        self.team_hook(p, scope, id).await?;
         let url = notify::parse_webhook_url(&input.url)?;
         self.check_destination(&url).await?;
         self.store
             .update_webhook(id, &url, &events_json(&input.events), input.enabled)
             .await
             .map_err(internal("changing webhook"))?;
-        self.webhook(p, team, id).await
+        self.webhook(p, scope, id).await
     }
 
     pub async fn delete_webhook(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope> + Copy,
         id: Uuid,
     ) -> Result<(), AppError> {
-        self.team_hook(p, team, id).await?;
+        self.team_hook(p, scope, id).await?;
         self.store
             .delete_webhook(id)
             .await
@@ -264,10 +453,10 @@ impl Notifications {
     pub async fn webhook_deliveries(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope> + Copy,
         id: Uuid,
     ) -> Result<Vec<DeliveryView>, AppError> {
-        self.team_hook(p, team, id).await?;
+        self.team_hook(p, scope, id).await?;
         Ok(self
             .store
             .webhook_deliveries(id, LOG_LENGTH)
@@ -292,10 +481,10 @@ impl Notifications {
     pub async fn webhook_for_test(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope> + Copy,
         id: Uuid,
     ) -> Result<(WebhookRow, String), AppError> {
-        let hook = self.team_hook(p, team, id).await?;
+        let hook = self.team_hook(p, scope, id).await?;
         self.check_destination(&hook.url).await?;
         let secret = self.webhook_secret(&hook)?;
         Ok((hook, secret))
@@ -382,7 +571,17 @@ impl Notifications {
         people.extend(audience.into_iter().map(|r| (r.id, r)));
         let mut out = Vec::new();
         for r in people.values() {
-            if r.email.as_deref().is_none_or(str::is_empty) {
+            if e.kind == EventKind::VerifyEmail {
+                // To the address being verified, whatever the preferences.
+                out.push(NewDelivery {
+                    channel: "email",
+                    recipient: r.id,
+                    next_try_at: now,
+                });
+                continue;
+            }
+            // Mail goes only to an address its owner proved.
+            if r.email.as_deref().is_none_or(str::is_empty) || !r.email_verified {
                 continue;
             }
             let mode = self
@@ -405,10 +604,11 @@ impl Notifications {
                 }),
             }
         }
-        if let Some(team) = e.team_id {
+        if e.kind.goes_to_webhooks() {
+            // The team's hooks and the platform's (which get every team's events).
             let hooks = self
                 .store
-                .team_webhooks(team)
+                .hooks_for_event(e.team_id)
                 .await
                 .map_err(internal("loading webhooks"))?;
             out.extend(
@@ -461,6 +661,55 @@ impl Notifications {
         Ok(told)
     }
 
+    /// Tells owners of allocations that end soon: once per allocation and end (extended,
+    /// it is told again before its new end), at [`notify::expiry_warning_at`].
+    pub async fn find_expiring(
+        &self,
+        now: DateTime<Utc>,
+        lead: Duration,
+    ) -> Result<usize, AppError> {
+        let ending = self
+            .store
+            .ending_allocations(now, now + lead)
+            .await
+            .map_err(internal("loading allocations"))?;
+        let mut told = 0;
+        for a in ending
+            .iter()
+            .filter(|a| notify::expiry_warning_at(a.active_at, a.ends_at, lead) <= now)
+        {
+            let payload = notify::allocation_payload(
+                EventKind::Expiring,
+                a.id,
+                a.user_id,
+                (&a.kind, a.count),
+                Some(a.ends_at),
+                None,
+            );
+            let mut event = NewEvent::new(
+                EventKind::Expiring,
+                Some(a.team_id),
+                ("allocation", a.id),
+                payload,
+                now,
+            );
+            event.dedupe_key = Some(format!(
+                "expiring:{}:{}",
+                a.id,
+                a.ends_at.timestamp_micros()
+            ));
+            if self
+                .store
+                .record_event(&event)
+                .await
+                .map_err(internal("recording an expiry warning"))?
+            {
+                told += 1;
+            }
+        }
+        Ok(told)
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -471,12 +720,12 @@ impl Notifications {
     pub async fn test_webhook(
         &self,
         p: &Principal,
-        team: Uuid,
+        scope: impl Into<HookScope> + Copy,
         id: Uuid,
         sender: &dyn WebhookTestSender,
     ) -> Result<notify::WebhookTestResult, AppError> {
-        let (hook, secret) = self.webhook_for_test(p, team, id).await?;
-        Ok(sender.send_test(team, &hook.url, &secret).await)
+        let (hook, secret) = self.webhook_for_test(p, scope, id).await?;
+        Ok(sender.send_test(hook.team_id, &hook.url, &secret).await)
     }
 }
 
@@ -484,10 +733,10 @@ impl Notifications {
 /// and the public URL); it hands the REST handler one, and the UI's server functions
 /// find the same in context as an `Arc<dyn WebhookTestSender>`.
 pub trait WebhookTestSender: Send + Sync {
-    /// Posts a signed `webhook.test` event of `team` to `url`.
+    /// Posts a signed `webhook.test` event of `team` (`None`: the platform's) to `url`.
     fn send_test<'a>(
         &'a self,
-        team: Uuid,
+        team: Option<Uuid>,
         url: &'a str,
         secret: &'a str,
     ) -> std::pin::Pin<Box<dyn Future<Output = notify::WebhookTestResult> + Send + 'a>>;

@@ -262,7 +262,9 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(team).fetch_all(pool).await)
     }
 
-    /// Creates or changes a quota (its usage counter is kept).
+    /// Creates or changes a quota (its usage counter is kept). A change is told to the
+    /// team's admins in the same transaction (`quota.changed`); setting the same numbers
+    /// again tells nobody.
     pub async fn set_quota(
         &self,
         q: &QuotaRow,
@@ -273,8 +275,27 @@ impl Store {
                    VALUES ($1, $2, $3, $4, $5, 0, $6, $7) ON CONFLICT (team_id, model) DO UPDATE SET \
                    guaranteed = excluded.guaranteed, limit_units = excluded.limit_units, \
                    per_user = excluded.per_user, updated_at = excluded.updated_at, updated_by = excluded.updated_by";
-        db!(self, pool => sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
-            .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(pool).await.map(|_| ()))
+        let after = (q.guaranteed, q.limit_units, q.per_user);
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let before: Option<(i64, i64, i64)> = sqlx::query_as(
+                "SELECT guaranteed, limit_units, per_user FROM quotas WHERE team_id = $1 AND model = $2")
+                .bind(q.team_id).bind(&q.model).fetch_optional(&mut *tx).await?;
+            sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
+                .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(&mut *tx).await?;
+            if before != Some(after) {
+                let team_name: String = sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
+                    .bind(q.team_id).fetch_one(&mut *tx).await?;
+                let payload = tessera_domain::notify::quota_payload(
+                    (q.team_id, &team_name), &q.model, before, after);
+                let event = super::outbox::NewEvent::new(
+                    tessera_domain::notify::EventKind::QuotaChanged, Some(q.team_id),
+                    ("team", q.team_id), payload, at);
+                super::outbox::record_event!(tx, &event);
+            }
+            tx.commit().await?;
+            Ok(())
+        })
     }
 
     pub async fn user_used(&self, team: Uuid, model: &str, user: Uuid) -> Result<i64, StoreError> {
@@ -354,6 +375,10 @@ impl Store {
                 super::outbox::request_event!(tx, t.id,
                     tessera_domain::notify::EventKind::RequestDenied, t.note, None);
             }
+            if t.to == "releasing" && c.release_cause.as_deref() == Some("preempted") {
+                super::outbox::allocation_event!(tx, t.id,
+                    tessera_domain::notify::EventKind::Preempted, None, t.note, None, t.at);
+            }
             tx.commit().await?;
             Ok(true)
         })
@@ -372,6 +397,9 @@ impl Store {
     /// Warns an active allocation that it will be preempted at `at` (`None` withdraws).
     /// Sets (with its cause, `reclaim` | `drain`) or withdraws an active allocation's
     /// preemption deadline.
+    ///
+    /// A deadline set is told to the owner in the same transaction (one event per
+    /// allocation and deadline: setting the same one again tells nobody).
     pub async fn set_preempt_at(
         &self,
         id: Uuid,
@@ -379,8 +407,20 @@ impl Store {
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = $3 \
                    WHERE id = $1 AND state = 'active'";
-        let (at, cause) = at.map_or((None, None), |(t, c)| (Some(t), Some(c)));
-        db!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(cause).execute(pool).await.map(|_| ()))
+        let (deadline, cause) = at.map_or((None, None), |(t, c)| (Some(t), Some(c)));
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let moved = sqlx::query(sql).bind(id).bind(deadline).bind(cause)
+                .execute(&mut *tx).await?.rows_affected() == 1;
+            if let (true, Some(t)) = (moved, deadline) {
+                super::outbox::allocation_event!(tx, id,
+                    tessera_domain::notify::EventKind::PreemptionWarning, Some(t),
+                    Some(tessera_domain::notify::preempt_cause_words(cause)),
+                    Some(format!("preempt:{id}:{}", t.timestamp_micros())), Utc::now());
+            }
+            tx.commit().await?;
+            Ok(())
+        })
     }
 
     pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, StoreError> {

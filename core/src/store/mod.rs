@@ -33,7 +33,7 @@ pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };
 pub use nodes::NodeRow;
-pub use outbox::{DeliveryRow, NewDelivery, NewEvent, OutboxRow, Recipient, WebhookRow};
+pub use outbox::{DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow, Recipient, WebhookRow};
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};

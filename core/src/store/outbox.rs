@@ -117,6 +117,38 @@ macro_rules! request_event {
 }
 pub(crate) use request_event;
 
+/// Records event `$kind` about allocation `$id` for its owner in `$tx` ([`tessera_domain::notify::allocation_payload`]:
+/// a preemption warning with its deadline, a preemption, an expiry warning), keyed by
+/// `$key` when one is given (a pass that finds it twice writes one row).
+macro_rules! allocation_event {
+    ($tx:expr, $id:expr, $kind:expr, $at:expr, $detail:expr, $key:expr, $now:expr) => {{
+        let id: uuid::Uuid = $id;
+        let (team, user, gpu_kind, count): (uuid::Uuid, uuid::Uuid, String, i64) =
+            sqlx::query_as("SELECT team_id, user_id, kind, count FROM allocations WHERE id = $1")
+                .bind(id)
+                .fetch_one(&mut *$tx)
+                .await?;
+        let payload = tessera_domain::notify::allocation_payload(
+            $kind,
+            id,
+            user,
+            (&gpu_kind, count),
+            $at,
+            $detail,
+        );
+        let mut event = $crate::store::outbox::NewEvent::new(
+            $kind,
+            Some(team),
+            ("allocation", id),
+            payload,
+            $now,
+        );
+        event.dedupe_key = $key;
+        $crate::store::outbox::record_event!($tx, &event);
+    }};
+}
+pub(crate) use allocation_event;
+
 /// Records the budget thresholds team `$team` reached in the month starting `$month`
 /// (a `NaiveDate`), once each (keyed by team, month and threshold), in `$tx`.
 macro_rules! budget_events {
@@ -237,11 +269,22 @@ pub struct Recipient {
     pub email_verified: bool,
 }
 
+/// An open email verification.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EmailVerification {
+    pub user_id: Uuid,
+    pub email: String,
+    pub token: Sealed,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
 /// A team webhook as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WebhookRow {
     pub id: Uuid,
-    pub team_id: Uuid,
+    /// `None`: a platform-wide hook.
+    pub team_id: Option<Uuid>,
     pub url: String,
     pub secret: Sealed,
     /// JSON list of event kinds; empty: all.
@@ -478,6 +521,62 @@ impl Store {
         db!(self, pool => sqlx::query(sql).bind(user).bind(email).execute(pool).await.map(|_| ()))
     }
 
+    /// Opens (or replaces) `user`'s verification of `email` with the sealed `token`, and
+    /// writes the event that mails the link, in one transaction.
+    pub async fn start_email_verification(
+        &self,
+        user: Uuid,
+        email: &str,
+        token: &Sealed,
+        expires_at: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<(), StoreError> {
+        let sql = "INSERT INTO email_verifications (user_id, email, token, expires_at, created_at) \
+                   VALUES ($1, $2, $3, $4, $5) ON CONFLICT (user_id) DO UPDATE SET \
+                   email = excluded.email, token = excluded.token, \
+                   expires_at = excluded.expires_at, created_at = excluded.created_at";
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(sql).bind(user).bind(email).bind(token).bind(expires_at)
+                .bind(event.created_at).execute(&mut *tx).await?;
+            record_event!(tx, event);
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    /// `user`'s open verification.
+    pub async fn email_verification(
+        &self,
+        user: Uuid,
+    ) -> Result<Option<EmailVerification>, StoreError> {
+        let sql = "SELECT user_id, email, token, expires_at, created_at FROM email_verifications \
+                   WHERE user_id = $1";
+        db!(self, pool => sqlx::query_as::<_, EmailVerification>(sql).bind(user).fetch_optional(pool).await)
+    }
+
+    /// Marks `user`'s address verified if it is still `email`, and closes the
+    /// verification; `false` if the address changed meanwhile.
+    pub async fn confirm_email(&self, user: Uuid, email: &str) -> Result<bool, StoreError> {
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let done = sqlx::query("UPDATE users SET email_verified = TRUE WHERE id = $1 AND email = $2")
+                .bind(user).bind(email).execute(&mut *tx).await?.rows_affected() == 1;
+            sqlx::query("DELETE FROM email_verifications WHERE user_id = $1")
+                .bind(user).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(done)
+        })
+    }
+
+    /// Takes an address the identity provider vouches for (`email_verified` claim) as
+    /// `user`'s verified address, unless they set another one themselves.
+    pub async fn adopt_idp_email(&self, user: Uuid, email: &str) -> Result<(), StoreError> {
+        let sql = "UPDATE users SET email = $2, email_verified = TRUE \
+                   WHERE id = $1 AND (email IS NULL OR email = '' OR email = $2)";
+        db!(self, pool => sqlx::query(sql).bind(user).bind(email).execute(pool).await.map(|_| ()))
+    }
+
     /// Stores a user's choice for `kind`.
     pub async fn set_preference(
         &self,
@@ -526,9 +625,21 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(id).fetch_optional(pool).await)
     }
 
-    pub async fn team_webhooks(&self, team: Uuid) -> Result<Vec<WebhookRow>, StoreError> {
+    /// A team's hooks, or (`None`) the platform's.
+    pub async fn scope_webhooks(&self, team: Option<Uuid>) -> Result<Vec<WebhookRow>, StoreError> {
         let sql = format!(
-            "SELECT {HOOK_COLS} FROM team_webhooks WHERE team_id = $1 ORDER BY created_at, id"
+            "SELECT {HOOK_COLS} FROM team_webhooks WHERE team_id = $1 OR ($1 IS NULL AND team_id IS NULL) \
+             ORDER BY created_at, id"
+        );
+        db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team).fetch_all(pool).await)
+    }
+
+    /// The hooks an event of `team` (`None`: a platform event) goes to: the team's and
+    /// the platform's.
+    pub async fn hooks_for_event(&self, team: Option<Uuid>) -> Result<Vec<WebhookRow>, StoreError> {
+        let sql = format!(
+            "SELECT {HOOK_COLS} FROM team_webhooks WHERE team_id IS NULL OR team_id = $1 \
+             ORDER BY created_at, id"
         );
         db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team).fetch_all(pool).await)
     }
@@ -581,4 +692,28 @@ impl Store {
                    AND last_heartbeat_at < $1";
         db!(self, pool => sqlx::query_as::<_, (Uuid, String, DateTime<Utc>)>(sql).bind(before).fetch_all(pool).await)
     }
+
+    /// Active allocations that end after `now` and by `until`.
+    pub async fn ending_allocations(
+        &self,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<Vec<EndingAllocation>, StoreError> {
+        let sql = "SELECT id, team_id, user_id, kind, count, active_at, ends_at FROM allocations \
+                   WHERE state = 'active' AND active_at IS NOT NULL AND ends_at > $1 \
+                   AND ends_at <= $2";
+        db!(self, pool => sqlx::query_as::<_, EndingAllocation>(sql).bind(now).bind(until).fetch_all(pool).await)
+    }
+}
+
+/// An allocation that ends soon ([`Store::ending_allocations`]).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EndingAllocation {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub user_id: Uuid,
+    pub kind: String,
+    pub count: i64,
+    pub active_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
 }

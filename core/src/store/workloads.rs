@@ -358,10 +358,25 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
                    devices = $4 WHERE id = $1 AND state = 'queued'";
+        // Leaving the queue is told to its owner (`workload.started`), in the same
+        // transaction.
         on_pool!(self, pool => {
-            let r = sqlx::query(sql).bind(id).bind(node).bind(hostname).bind(devices)
-                .execute(pool).await?;
-            Ok(r.rows_affected() == 1)
+            let mut tx = pool.begin().await?;
+            let moved = sqlx::query(sql).bind(id).bind(node).bind(hostname).bind(devices)
+                .execute(&mut *tx).await?.rows_affected() == 1;
+            if moved {
+                let (kind, name, team, user): (String, String, Uuid, Uuid) =
+                    sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
+                        .bind(id).fetch_one(&mut *tx).await?;
+                let payload = tessera_domain::notify::workload_payload(
+                    (id, &kind, &name), "pending", user, None, None);
+                let event = super::outbox::NewEvent::new(
+                    tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
+                    ("workload", id), payload, Utc::now());
+                super::outbox::record_event!(tx, &event);
+            }
+            tx.commit().await?;
+            Ok(moved)
         })
     }
 
@@ -451,7 +466,7 @@ impl Store {
                    WHERE id = $1 AND state = $2";
         // An end is told to its owner (docs/notifications.md): the event is written in the
         // same transaction as the state.
-        let ends = tessera_domain::notify::workload_end_kind(to, None).is_some();
+        let told = tessera_domain::notify::workload_end_kind(to, None).is_some();
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let r = sqlx::query(sql)
@@ -459,13 +474,13 @@ impl Store {
                 .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(&c.stop_state)
                 .execute(&mut *tx).await?;
             let moved = r.rows_affected() == 1;
-            if moved && ends {
+            if moved && told {
                 let (kind, name, team, user, exit_code, message): (String, String, Uuid, Uuid, Option<i64>, Option<String>) =
                     sqlx::query_as("SELECT kind, name, team_id, user_id, exit_code, message \
                                     FROM workloads WHERE id = $1")
                         .bind(id).fetch_one(&mut *tx).await?;
                 if let Some(event_kind) = tessera_domain::notify::workload_end_kind(to, message.as_deref()) {
-                    let payload = tessera_domain::notify::workload_end_payload(
+                    let payload = tessera_domain::notify::workload_payload(
                         (id, &kind, &name), to, user, exit_code, message.as_deref());
                     let event = super::outbox::NewEvent::new(
                         event_kind, Some(team), ("workload", id), payload,

@@ -17,6 +17,7 @@ mod metrics;
 mod notebook_origin;
 mod proxy;
 mod sso;
+mod verify_email;
 
 use crate::AppState;
 use crate::config::ServeConfig;
@@ -48,7 +49,8 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
     let sessions_for_api = sessions.clone();
     // The team page's "Send test" button sends as the REST API does.
     let test_sender: Arc<dyn tessera_core::services::notifications::WebhookTestSender> = Arc::new(
-        crate::notify::webhook::TestSender::new(state.config.public_url()),
+        crate::notify::webhook::TestSender::new(state.config.public_url())
+            .allowing_private(state.config.notify.webhook_allow_private),
     );
 
     let app = Router::new()
@@ -94,6 +96,7 @@ pub fn router(state: AppState, sessions: Sessions) -> Router {
         .merge(agent_api::router())
         .merge(proxy::router())
         .merge(sso::router())
+        .merge(verify_email::router())
         .with_state(state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -111,6 +111,25 @@ pub fn event_mail(e: &OutboxRow, public_url: &str) -> MailContent {
     }
 }
 
+/// The mail with the link that verifies `user`'s address (the link carries `token`).
+pub fn verification_mail(e: &OutboxRow, user: Uuid, token: &str, public_url: &str) -> MailContent {
+    let p = e.payload();
+    let link = format!("{public_url}/verify-email?user={user}&token={token}");
+    let detail = p.detail.unwrap_or_default();
+    MailContent {
+        subject: format!("[Tessera] {}", p.summary),
+        text: format!("{detail}\n\nVerify: {link}\n"),
+        html: html_page(
+            &p.summary,
+            &format!(
+                "<p>{}</p><p><a href=\"{}\">Verify this address</a></p>",
+                escape(&detail),
+                escape(&link)
+            ),
+        ),
+    }
+}
+
 /// One mail with a day's events.
 pub fn digest_mail(events: &[OutboxRow], public_url: &str) -> MailContent {
     let subject = format!(
@@ -146,7 +165,11 @@ pub fn digest_mail(events: &[OutboxRow], public_url: &str) -> MailContent {
 
 /// The note to team admins that a webhook was turned off.
 pub fn hook_disabled_mail(hook: &WebhookRow, public_url: &str) -> MailContent {
-    let link = format!("{public_url}/teams/{}", hook.team_id);
+    // A platform hook is managed where platform admins manage webhooks.
+    let link = match hook.team_id {
+        Some(team) => format!("{public_url}/teams/{team}"),
+        None => format!("{public_url}/webhooks"),
+    };
     let summary = format!(
         "A webhook of your team was disabled after {} failed deliveries in a row",
         tessera_domain::notify::WEBHOOK_DISABLE_AFTER

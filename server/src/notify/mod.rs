@@ -54,6 +54,11 @@ pub struct NotifySettings {
     #[arg(long, env = "TESSERA_NOTIFY_INTERVAL", default_value = "2s", value_parser = crate::settings::parse_duration)]
     pub notify_interval: Duration,
 
+    /// How long before its end an allocation's owner is warned (with a link to extend
+    /// it); a short allocation is warned a quarter of its length before its end instead.
+    #[arg(long, env = "TESSERA_EXPIRY_WARNING", default_value = "1h", value_parser = crate::settings::parse_duration)]
+    pub expiry_warning: Duration,
+
     /// The hour (UTC, 0–23) daily digests are sent at.
     #[arg(long, env = "TESSERA_DIGEST_HOUR", default_value_t = 7, value_parser = clap::value_parser!(u32).range(0..24))]
     pub digest_hour: u32,
@@ -78,6 +83,7 @@ pub struct Notifier {
     claim: Uuid,
     node_grace: chrono::Duration,
     stale_claim: chrono::Duration,
+    expiry_warning: chrono::Duration,
 }
 
 impl Notifier {
@@ -91,13 +97,15 @@ impl Notifier {
         Ok(Notifier {
             services,
             mailer,
-            http: webhook::client()?,
+            http: webhook::client(config.notify.webhook_allow_private)?,
             public_url: config.public_url(),
             claim: Uuid::new_v4(),
             node_grace: chrono::Duration::from_std(config.node_grace)
                 .unwrap_or(chrono::Duration::minutes(3)),
             stale_claim: chrono::Duration::from_std(STALE_CLAIM)
                 .unwrap_or(chrono::Duration::minutes(1)),
+            expiry_warning: chrono::Duration::from_std(config.notify.expiry_warning)
+                .unwrap_or(chrono::Duration::hours(1)),
         })
     }
 
@@ -113,6 +121,9 @@ impl Notifier {
         let n = &self.services.notifications;
         if let Err(e) = n.find_lost_nodes(now, self.node_grace).await {
             tracing::warn!(error = %e, "notifications: looking for lost nodes failed");
+        }
+        if let Err(e) = n.find_expiring(now, self.expiry_warning).await {
+            tracing::warn!(error = %e, "notifications: looking for ending allocations failed");
         }
         loop {
             match n.fan_out(now, BATCH).await {
@@ -192,6 +203,26 @@ impl Notifier {
         let Some(mailer) = &self.mailer else {
             return Err((None, "no SMTP server configured (TESSERA_SMTP_URL)".into()));
         };
+        if d.event.kind == tessera_domain::notify::EventKind::VerifyEmail {
+            let open = self
+                .services
+                .notifications
+                .verification_mail(d.recipient, Utc::now())
+                .await
+                .map_err(|e| (None, e.to_string()))?;
+            let Some((to, token)) = open else {
+                return Err((
+                    None,
+                    "no open verification (verified, expired or replaced)".into(),
+                ));
+            };
+            let msg = mail::verification_mail(&d.event, d.recipient, &token, &self.public_url);
+            return mailer
+                .send(&to, &msg, d.id)
+                .await
+                .map(|()| None)
+                .map_err(|e| (None, e));
+        }
         let to = self.address_of(d.recipient).await?;
         let msg = mail::event_mail(&d.event, &self.public_url);
         mailer
@@ -203,6 +234,9 @@ impl Notifier {
 
     async fn address_of(&self, user: Uuid) -> Result<String, (Option<i64>, String)> {
         match self.services.notifications.store().recipient(user).await {
+            Ok(Some(r)) if !r.email_verified => {
+                Err((None, "the user's address is not verified".into()))
+            }
             Ok(Some(r)) => r
                 .email
                 .filter(|e| !e.is_empty())
@@ -247,7 +281,7 @@ impl Notifier {
             .await
         {
             Ok(true) => {
-                tracing::warn!(webhook = %hook.id, team = %hook.team_id, "webhook disabled after {WEBHOOK_DISABLE_AFTER} failures in a row");
+                tracing::warn!(webhook = %hook.id, team = ?hook.team_id, "webhook disabled after {WEBHOOK_DISABLE_AFTER} failures in a row");
                 self.tell_disabled(&hook).await;
             }
             Ok(false) => {}
@@ -258,17 +292,16 @@ impl Notifier {
         result
     }
 
-    /// Mails the team admins that a hook was turned off (directly, not through the
+    /// Mails the team admins (a platform hook: the platform admins) that a hook was turned off (directly, not through the
     /// outbox: a note about the notification system itself).
     async fn tell_disabled(&self, hook: &tessera_core::store::WebhookRow) {
         let Some(mailer) = &self.mailer else { return };
-        let Ok(admins) = self
-            .services
-            .notifications
-            .store()
-            .team_admin_recipients(hook.team_id)
-            .await
-        else {
+        let store = self.services.notifications.store();
+        let admins = match hook.team_id {
+            Some(team) => store.team_admin_recipients(team).await,
+            None => store.platform_admin_recipients().await,
+        };
+        let Ok(admins) = admins else {
             return;
         };
         let msg = mail::hook_disabled_mail(hook, &self.public_url);

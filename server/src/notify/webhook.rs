@@ -2,9 +2,13 @@
 //! the hook's secret (HMAC-SHA256 over `<timestamp>.<body>`), posted with a timeout and
 //! without following redirects (a redirect could lead to an address the check refused).
 
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use ring::hmac;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::store::OutboxRow;
+use tessera_domain::notify::address_is_public;
 use tessera_domain::notify::{EventKind, EventPayload, WebhookBody, WebhookTestResult};
 use uuid::Uuid;
 
@@ -17,13 +21,49 @@ pub const DELIVERY_HEADER: &str = "X-Tessera-Delivery";
 /// How long a receiver has to answer.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The HTTP client webhooks are posted with.
-pub fn client() -> anyhow::Result<reqwest::Client> {
+/// The HTTP client webhooks are posted with. Its resolver is [`PublicOnly`]: the address
+/// a hook's host names is checked when the connection is made, so a host that resolved
+/// to a public address when it was checked and to an internal one a moment later (DNS
+/// rebinding) is not reached.
+pub fn client(allow_private: bool) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
         .timeout(TIMEOUT)
+        .dns_resolver(Arc::new(PublicOnly { allow_private }))
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("Tessera-Webhook/", env!("CARGO_PKG_VERSION")))
         .build()?)
+}
+
+/// Resolves a webhook's host to the addresses a webhook may reach: public ones, unless
+/// the platform allows private ones (`TESSERA_WEBHOOK_ALLOW_PRIVATE`). An IP literal in
+/// the URL is not resolved; it is checked when the hook is saved and before each send.
+pub struct PublicOnly {
+    pub allow_private: bool,
+}
+
+impl Resolve for PublicOnly {
+    fn resolve(&self, name: Name) -> Resolving {
+        let allow = self.allow_private;
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let usable: Vec<SocketAddr> = found
+                .iter()
+                .copied()
+                .filter(|a| allow || address_is_public(a.ip()))
+                .collect();
+            if usable.is_empty() {
+                return Err(format!(
+                    "{host} resolves to no public address ({} found); webhooks go only to public \
+                     addresses",
+                    found.len()
+                )
+                .into());
+            }
+            Ok(Box::new(usable.into_iter()) as Addrs)
+        })
+    }
 }
 
 /// The body an event is posted as.
@@ -89,34 +129,48 @@ pub async fn send(
 /// posted as any event is. The REST handler and the team page's button share it.
 pub struct TestSender {
     public_url: String,
+    allow_private: bool,
 }
 
 impl TestSender {
     pub fn new(public_url: String) -> Self {
-        TestSender { public_url }
+        TestSender {
+            public_url,
+            allow_private: false,
+        }
     }
 
-    async fn post_test(&self, team: Uuid, url: &str, secret: &str) -> WebhookTestResult {
+    /// Lets test deliveries reach private addresses (`TESSERA_WEBHOOK_ALLOW_PRIVATE`).
+    pub fn allowing_private(mut self, allow: bool) -> Self {
+        self.allow_private = allow;
+        self
+    }
+
+    async fn post_test(&self, team: Option<Uuid>, url: &str, secret: &str) -> WebhookTestResult {
         let public_url = &self.public_url;
+        let (subject_kind, subject_id, path) = match team {
+            Some(t) => ("team", t, format!("/teams/{t}")),
+            None => ("platform", Uuid::nil(), "/webhooks".to_owned()),
+        };
         let body = WebhookBody {
             id: Uuid::now_v7(),
             kind: EventKind::WebhookTest,
-            team_id: Some(team),
-            subject_kind: "team".into(),
-            subject_id: team,
+            team_id: team,
+            subject_kind: subject_kind.into(),
+            subject_id,
             created_at: chrono::Utc::now(),
             text: format!("Test delivery from Tessera to {url}"),
-            link: format!("{public_url}/teams/{team}"),
+            link: format!("{public_url}{path}"),
             payload: EventPayload {
                 summary: "Test delivery".into(),
-                path: format!("/teams/{team}"),
+                path,
                 user_id: None,
                 detail: None,
                 team_name: None,
                 audience: None,
             },
         };
-        let sent = match client() {
+        let sent = match client(self.allow_private) {
             Ok(http) => send(&http, url, secret, body.id, &body).await,
             Err(e) => Err((None, format!("no HTTP client: {e}"))),
         };
@@ -138,7 +192,7 @@ impl TestSender {
 impl tessera_core::services::notifications::WebhookTestSender for TestSender {
     fn send_test<'a>(
         &'a self,
-        team: Uuid,
+        team: Option<Uuid>,
         url: &'a str,
         secret: &'a str,
     ) -> std::pin::Pin<Box<dyn Future<Output = WebhookTestResult> + Send + 'a>> {
@@ -149,6 +203,41 @@ impl tessera_core::services::notifications::WebhookTestSender for TestSender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check happens at connect time: a host that resolves to loopback is not
+    /// reached by the webhook client, whatever was checked before (DNS rebinding), and is
+    /// reached when private addresses are allowed.
+    #[tokio::test]
+    async fn the_client_connects_only_to_public_addresses() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                use tokio::io::AsyncWriteExt;
+                let _ = s
+                    .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let url = format!("http://localhost:{port}/hook");
+        let refused = client(false)
+            .expect("client")
+            .post(&url)
+            .send()
+            .await
+            .expect_err("loopback refused");
+        let chain = format!("{:?}", refused);
+        assert!(chain.contains("no public address"), "{chain}");
+        let ok = client(true)
+            .expect("client")
+            .post(&url)
+            .send()
+            .await
+            .expect("allowed");
+        assert_eq!(ok.status().as_u16(), 204);
+    }
 
     #[test]
     fn signature_matches_a_known_hmac() {

@@ -48,6 +48,8 @@ pub struct Fixture {
     /// Webhooks of team A, one per principal (to change or remove); they point at a
     /// closed loopback port (the fixture's server allows private webhook addresses).
     webhooks: Vec<String>,
+    /// Platform-wide webhooks, one per principal (to change or remove).
+    platform_hooks: Vec<String>,
 }
 
 async fn send(
@@ -262,7 +264,26 @@ impl Fixture {
                     .to_owned(),
             );
         }
+        let mut platform_hooks = Vec::new();
+        for _ in 0..WHO.len() {
+            let r = send(
+                &app,
+                Method::POST,
+                "/api/v1/webhooks",
+                admin,
+                Body::Json(json!({"url": "http://127.0.0.1:9/platform"})),
+            )
+            .await;
+            assert_eq!(r.status(), 201, "add platform webhook");
+            platform_hooks.push(
+                r.json::<Value>().await.expect("json")["webhook"]["id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned(),
+            );
+        }
         Fixture {
+            platform_hooks,
             app,
             tokens,
             cookies,
@@ -504,6 +525,30 @@ fn rest_rows() -> Vec<Row> {
         // The receiver's port is closed: those allowed get 200 saying it was not delivered.
         row!(POST "/api/v1/teams/{id}/webhooks/{hook}/test", |f, _| format!("/api/v1/teams/{}/webhooks/{}/test", f.team_a, f.webhooks[0]),
             none, TEAM_A_MANAGE),
+        // Each row has a fresh fixture, whose users have no address: a link to what?
+        row!(POST "/api/v1/me/email/verification", |_, _| "/api/v1/me/email/verification".into(), none,
+            [401, 422, 422, 422, 422, 422]),
+        // No sign-in needed (the token is the proof); a wrong one names `token`.
+        row!(POST "/api/v1/email-verifications", |_, _| "/api/v1/email-verifications".into(),
+            |f, _| Body::Json(json!({"user_id": f.team_a, "token": "tev_wrong"})), [422; 6]),
+        row!(GET "/api/v1/webhooks", |_, _| "/api/v1/webhooks".into(), none, ADMIN_ONLY),
+        row!(POST "/api/v1/webhooks", |_, _| "/api/v1/webhooks".into(),
+            |_, _| Body::Json(json!({"url": "http://127.0.0.1:9/p-new"})), [401, 403, 403, 403, 403, 201]),
+        row!(GET "/api/v1/webhooks/{hook}", |f, _| format!("/api/v1/webhooks/{}", f.platform_hooks[0]), none, ADMIN_ONLY),
+        // A team's hook is not a platform hook: 404 even for a platform admin.
+        row!(GET "/api/v1/webhooks/{hook}", |f, _| format!("/api/v1/webhooks/{}", f.webhooks[0]), none,
+            [401, 403, 403, 403, 403, 404]),
+        row!(PUT "/api/v1/webhooks/{hook}", |f, i| format!("/api/v1/webhooks/{}", f.platform_hooks[i]),
+            |_, _| Body::Json(json!({"url": "http://127.0.0.1:9/p-changed"})), ADMIN_ONLY),
+        row!(DELETE "/api/v1/webhooks/{hook}", |f, i| format!("/api/v1/webhooks/{}", f.platform_hooks[i]),
+            none, [401, 403, 403, 403, 403, 204]),
+        row!(GET "/api/v1/webhooks/{hook}/deliveries", |f, _| format!("/api/v1/webhooks/{}/deliveries", f.platform_hooks[0]),
+            none, ADMIN_ONLY),
+        row!(POST "/api/v1/webhooks/{hook}/test", |f, _| format!("/api/v1/webhooks/{}/test", f.platform_hooks[0]),
+            none, ADMIN_ONLY),
+        // A platform hook is nobody's team hook.
+        row!(GET "/api/v1/teams/{id}/webhooks/{hook}", |f, _| format!("/api/v1/teams/{}/webhooks/{}", f.team_a, f.platform_hooks[0]),
+            none, [401, 403, 403, 404, 404, 404]),
         row!(GET "/user/{username}/{server}/{*rest}", |_, _| "/user/member-a/nb0/api/status".into(), none,
             [401, 404, 503, 404, 404, 503]),
     ]

@@ -17,7 +17,7 @@ on_both_databases!(
     only_platform_admins_drain_and_bad_drains_name_the_field,
 );
 
-async fn node_id(a: &AdminClient, hostname: &str) -> String {
+pub(crate) async fn node_id(a: &AdminClient, hostname: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (s, v) = a.call(Method::GET, "/api/v1/nodes?limit=100", None).await;

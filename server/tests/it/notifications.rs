@@ -27,6 +27,8 @@ on_both_databases!(
     bad_input_and_authorization,
     the_pages_show_notifications_and_webhooks,
     the_team_page_tests_switches_and_logs_a_webhook,
+    only_an_address_proved_by_its_link_gets_mail,
+    the_new_events_reach_their_people_and_the_platform_hook,
 );
 
 // ---- the SMTP server ----
@@ -102,6 +104,32 @@ impl Smtpd {
     }
 }
 
+impl Smtpd {
+    /// Waits for the verification mail to `to`, takes it out of the mailbox, and returns
+    /// its link.
+    async fn take_verification_link(&self, to: &str, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            for p in eml_files(self.dir.path()) {
+                let text = unfold(&std::fs::read_to_string(&p).expect("read"));
+                if text.starts_with(&format!("X-Envelope-To: {to}\r\n"))
+                    && text.contains("Verify your email address")
+                {
+                    std::fs::remove_file(&p).expect("take the mail");
+                    let at = text.find("/verify-email?").expect("a link");
+                    let start = text[..at].rfind("http").expect("link start");
+                    let end = text[at..]
+                        .find(|c: char| c.is_whitespace() || c == '"' || c == '<')
+                        .map_or(text.len(), |e| at + e);
+                    return text[start..end].replace("&amp;", "&");
+                }
+            }
+            assert!(Instant::now() < deadline, "no verification mail to {to}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 impl Drop for Smtpd {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -109,7 +137,7 @@ impl Drop for Smtpd {
     }
 }
 
-fn messages_in(dir: &Path) -> Vec<(String, String)> {
+fn eml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -117,6 +145,10 @@ fn messages_in(dir: &Path) -> Vec<(String, String)> {
         .collect();
     files.sort();
     files
+}
+
+fn messages_in(dir: &Path) -> Vec<(String, String)> {
+    eml_files(dir)
         .iter()
         .map(|p| {
             let text = std::fs::read_to_string(p).expect("read");
@@ -323,7 +355,40 @@ async fn app_polling(db: Db, smtp: &Smtpd, interval: Duration) -> AdminClient {
     AdminClient::with_app(app).await
 }
 
-async fn set_email(app: &TestApp, token: &str, email: &str) -> Value {
+/// Sets the caller's address and verifies it the way its owner would: the verification
+/// mail arrives, its link's page posts the token, and the address is verified. The mail
+/// is taken out of the mailbox so the tests count only what the event made.
+async fn set_email(app: &TestApp, smtp: &Smtpd, token: &str, email: &str) -> Value {
+    put_email(app, token, email).await;
+    verify_from_mail(app, smtp, token, email).await
+}
+
+/// Verifies `email` with the link of its verification mail, as above.
+async fn verify_from_mail(app: &TestApp, smtp: &Smtpd, token: &str, email: &str) -> Value {
+    let link = smtp.take_verification_link(email, 20).await;
+    // The page the link opens has one button that posts the token back.
+    verify_link(app, &link).await;
+    let (s, v) = call_with_token(app, token, Method::GET, "/api/v1/me/notifications", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["email_verified"], true, "{v}");
+    v
+}
+
+/// The `user` and `token` of a verification link.
+fn link_params(link: &str) -> (String, String) {
+    let query = link.split_once('?').expect("query").1;
+    let get = |k: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} in {link}"))
+            .to_owned()
+    };
+    (get("user"), get("token"))
+}
+
+/// Sets the caller's address (not verified).
+async fn put_email(app: &TestApp, token: &str, email: &str) -> Value {
     let (s, v) = call_with_token(
         app,
         token,
@@ -382,9 +447,9 @@ async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: 
     let t = team(&a, &name).await;
     let other = team(&a, &format!("{name}-other")).await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    set_email(app, &t.member, "ada@example.org").await;
-    set_email(app, &other.member, "eve@example.org").await;
-    set_email(app, &other.team_admin, "mallory@example.org").await;
+    set_email(app, &smtp, &t.member, "ada@example.org").await;
+    set_email(app, &smtp, &other.member, "eve@example.org").await;
+    set_email(app, &smtp, &other.team_admin, "mallory@example.org").await;
     let receiver = Receiver::start().await;
     let (_, secret) = add_hook(app, &t.team_admin, &t.id, &receiver.url).await;
     receiver.set_secret(&secret);
@@ -512,9 +577,9 @@ async fn approval_events_reach_approvers_and_the_requester(db: Db) {
     let other = team(&a, "approvals-other").await;
     // One slice per user without approval: the second request waits for a team admin.
     set_quota(&a, &t.id, "H100-80GB", 14, 14, 1).await;
-    set_email(app, &t.member, "req@example.org").await;
-    set_email(app, &t.team_admin, "lead@example.org").await;
-    set_email(app, &other.team_admin, "other-lead@example.org").await;
+    set_email(app, &smtp, &t.member, "req@example.org").await;
+    set_email(app, &smtp, &t.team_admin, "lead@example.org").await;
+    set_email(app, &smtp, &other.team_admin, "other-lead@example.org").await;
     let receiver = Receiver::start().await;
     let (_, secret) = add_hook(app, &t.team_admin, &t.id, &receiver.url).await;
     receiver.set_secret(&secret);
@@ -582,7 +647,7 @@ async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
     let app = &a.app;
     let t = team(&a, "digest").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    set_email(app, &t.member, "dig@example.org").await;
+    set_email(app, &smtp, &t.member, "dig@example.org").await;
     // Succeeded jobs go to the digest by default; failed ones too, by choice.
     let (s, v) = call_with_token(
         app,
@@ -683,7 +748,10 @@ async fn each_delivery_is_sent_once_across_a_leader_change(db: Db) {
     let app = &a.app;
     let t = team(&a, "once").await;
     set_quota(&a, &t.id, "H100-80GB", 14, 14, 1).await;
-    set_email(app, &t.team_admin, "once@example.org").await;
+    // The server's worker sleeps: a pass of the test's own mails the verification link.
+    put_email(app, &t.team_admin, "once@example.org").await;
+    worker(app, &smtp).await.pass(chrono::Utc::now()).await;
+    verify_from_mail(app, &smtp, &t.team_admin, "once@example.org").await;
     let receiver = Receiver::start().await;
     let (hook, secret) = add_hook(app, &t.team_admin, &t.id, &receiver.url).await;
     receiver.set_secret(&secret);
@@ -895,7 +963,7 @@ async fn bad_input_and_authorization(db: Db) {
         assert_eq!(s, 422, "{body}: {e}");
         assert!(e.to_string().contains(field), "{body}: names {field}: {e}");
     }
-    let v = set_email(app, &t.member, "ok@example.org").await;
+    let v = put_email(app, &t.member, "ok@example.org").await;
     assert_eq!(v["email_verified"], false);
     let (s, v) = call_with_token(
         app,
@@ -1221,4 +1289,328 @@ async fn the_team_page_tests_switches_and_logs_a_webhook(db: Db) {
         .await;
     assert_eq!(r.status(), 404);
     assert_eq!(receiver.accepted().len(), 3, "no more than asked for");
+}
+
+/// Mail goes only to an address its owner proved: the mailed link's page posts the token;
+/// a wrong token, another user's link, a used link and a replaced link are refused; a
+/// new address needs a new proof.
+async fn only_an_address_proved_by_its_link_gets_mail(db: Db) {
+    let smtp = Smtpd::start();
+    let a = app_with_mail(db, &smtp).await;
+    let app = &a.app;
+    let t = team(&a, "proof").await;
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    put_email(app, &t.member, "proof@example.org").await;
+    let link = smtp.take_verification_link("proof@example.org", 20).await;
+    let (user, tok) = link_params(&link);
+    let user_id = uuid::Uuid::parse_str(&user).expect("uuid");
+    let tell = |summary: &str| {
+        tessera_core::store::NewEvent::new(
+            tessera_domain::notify::EventKind::WorkloadFailed,
+            Some(uuid::Uuid::parse_str(&t.id).expect("uuid")),
+            ("workload", uuid::Uuid::now_v7()),
+            tessera_domain::notify::EventPayload {
+                summary: summary.into(),
+                path: "/workloads".into(),
+                user_id: Some(user_id),
+                detail: None,
+                team_name: None,
+                audience: None,
+            },
+            chrono::Utc::now(),
+        )
+    };
+    // Not proved yet: nothing is mailed.
+    assert!(
+        store
+            .record_event(&tell("before the proof"))
+            .await
+            .expect("record")
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        to_of(&smtp.messages(), "proof@example.org"),
+        0,
+        "{:#?}",
+        smtp.messages()
+    );
+
+    // A wrong token, and the right token for another user, are refused naming `token`.
+    let admin_id = {
+        put_email(app, &t.team_admin, "lead-proof@example.org").await;
+        let l = smtp
+            .take_verification_link("lead-proof@example.org", 20)
+            .await;
+        link_params(&l).0
+    };
+    for (u, k) in [
+        (user.as_str(), "tev_0000"),
+        (admin_id.as_str(), tok.as_str()),
+    ] {
+        let r = reqwest::Client::new()
+            .post(app.url("/api/v1/email-verifications"))
+            .json(&json!({"user_id": u, "token": k}))
+            .send()
+            .await
+            .expect("post");
+        let (s, e) = error_kind(r).await;
+        assert_eq!(s, 422, "{e}");
+        assert!(e.to_string().contains("token"), "{e}");
+    }
+    let r = reqwest::Client::new()
+        .post(app.url("/api/v1/email-verifications"))
+        .json(&json!({"user_id": user, "token": tok, "extra": 1}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 422, "unknown fields are refused");
+
+    // The right one works once.
+    let ok = reqwest::Client::new()
+        .post(app.url("/api/v1/email-verifications"))
+        .json(&json!({"user_id": user, "token": tok}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(ok.status(), 204);
+    let again = reqwest::Client::new()
+        .post(app.url("/verify-email"))
+        .header("origin", app.base.clone())
+        .form(&[("user", user.as_str()), ("token", tok.as_str())])
+        .send()
+        .await
+        .expect("post")
+        .text()
+        .await
+        .expect("text");
+    assert!(again.contains("This link does not work"), "{again}");
+
+    // Proved: the next event is mailed (the one before is not, afterwards either).
+    assert!(
+        store
+            .record_event(&tell("after the proof"))
+            .await
+            .expect("record")
+    );
+    let msgs = smtp.wait_for(1, 20).await;
+    let mine: Vec<_> = msgs
+        .iter()
+        .filter(|(to, _)| to == "proof@example.org")
+        .collect();
+    assert_eq!(mine.len(), 1, "{msgs:#?}");
+    assert!(mine[0].1.contains("after the proof"), "{}", mine[0].1);
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/me/email/verification",
+        None,
+    )
+    .await;
+    assert_eq!(s, 409, "already verified: {v}");
+
+    // A new address is not proved: asking again within a minute is refused, and only
+    // the newest link works.
+    put_email(app, &t.member, "proof2@example.org").await;
+    let first = smtp.take_verification_link("proof2@example.org", 20).await;
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/me/email/verification",
+        None,
+    )
+    .await;
+    assert_eq!(s, 409, "at most one a minute: {v}");
+    let (_, first_tok) = link_params(&first);
+    assert_ne!(first_tok, tok);
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::GET,
+        "/api/v1/me/notifications",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["email_verified"], false, "{v}");
+    verify_link(app, &first).await;
+    let (_, v) = call_with_token(
+        app,
+        &t.member,
+        Method::GET,
+        "/api/v1/me/notifications",
+        None,
+    )
+    .await;
+    assert_eq!(v["email_verified"], true, "{v}");
+}
+
+/// Opens a verification link's page and presses its button.
+async fn verify_link(app: &TestApp, link: &str) {
+    let (user, tok) = link_params(link);
+    let page = reqwest::get(link)
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        page.contains("Verify this address") && page.contains(&tok),
+        "{page}"
+    );
+    let r = reqwest::Client::new()
+        .post(app.url("/verify-email"))
+        .header("origin", app.base.clone())
+        .form(&[("user", user.as_str()), ("token", tok.as_str())])
+        .send()
+        .await
+        .expect("verify");
+    let page = r.text().await.expect("text");
+    assert!(page.contains("Address verified"), "{page}");
+}
+
+/// Waits for a mail to `to` whose text contains `text`; returns it.
+async fn wait_mail(smtp: &Smtpd, to: &str, text: &str, secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let msgs = smtp.messages();
+        if let Some((_, m)) = msgs.iter().find(|(t, m)| t == to && m.contains(text)) {
+            return m.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no mail to {to} saying {text:?}: {msgs:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A queued job starting, a quota change, an allocation's end near (with its page, where
+/// it is extended), a drain's warning and the preemption at its deadline: each reaches
+/// the person it is for, by mail, and the team's events reach a platform-wide webhook
+/// too. Nothing reaches the other team's admin.
+async fn the_new_events_reach_their_people_and_the_platform_hook(db: Db) {
+    let smtp = Smtpd::start();
+    let a = app_with_mail(db, &smtp).await;
+    let app = &a.app;
+    let t = team(&a, "events").await;
+    let other = team(&a, "events-other").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    set_email(app, &smtp, &t.member, "ev@example.org").await;
+    set_email(app, &smtp, &t.team_admin, "ev-lead@example.org").await;
+    set_email(app, &smtp, &other.team_admin, "ev-other@example.org").await;
+    // A queued job's start is off by default, and a quota change goes to the digest:
+    // these two ask for them at once.
+    for (token, kind) in [
+        (&t.member, "workload.started"),
+        (&t.team_admin, "quota.changed"),
+    ] {
+        let (s, v) = call_with_token(
+            app,
+            token,
+            Method::PUT,
+            "/api/v1/me/notifications",
+            Some(json!({"preferences": [{"kind": kind, "mode": "immediate"}]})),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let platform = Receiver::start().await;
+    let (s, v) = a
+        .call(
+            Method::POST,
+            "/api/v1/webhooks",
+            Some(json!({"url": platform.url})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["webhook"]["team_id"], Value::Null, "{v}");
+    platform.set_secret(v["secret"].as_str().expect("secret"));
+
+    // The quota changes: the team's admin hears of it.
+    set_quota(&a, &t.id, "H100-80GB", 7, 14, 7).await;
+    let m = wait_mail(
+        &smtp,
+        "ev-lead@example.org",
+        "quota on H100-80GB changed",
+        20,
+    )
+    .await;
+    assert!(m.contains("limit 7") && m.contains("limit 14"), "{m}");
+
+    // A job with its own GPU waits for it, then starts.
+    let node = WorkloadAgent::start(&a, "events-node").await;
+    let (s, v) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"command": "sleep 600", "gpu": "H100-80GB:1g.10gb", "name": "ev-job"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["state"], "queued", "{v}");
+    let job = v["id"].as_str().expect("id").to_owned();
+    let alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
+    wait_workload(app, &t.member, &job, "running", 90).await;
+    let m = wait_mail(&smtp, "ev@example.org", "left the queue", 20).await;
+    assert!(m.contains(&format!("/workloads/{job}")), "{m}");
+
+    // Its end is near (the pass run at a chosen time, a minute before it): told once,
+    // with the page that extends it.
+    let v = wait_for_state(&a, &alloc, "active").await;
+    let ends: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(v["ends_at"].clone()).expect("ends_at");
+    let services = app.side_services().await;
+    let at = ends - chrono::Duration::minutes(1);
+    let lead = chrono::Duration::hours(1);
+    let told = services.notifications.find_expiring(at, lead).await;
+    assert_eq!(told.expect("pass"), 1);
+    let again = services.notifications.find_expiring(at, lead).await;
+    assert_eq!(again.expect("pass"), 0, "told once per end");
+    let m = wait_mail(&smtp, "ev@example.org", "ends at", 20).await;
+    assert!(m.contains(&format!("/allocations/{alloc}")), "{m}");
+
+    // Its node is drained with a deadline: warned, then preempted.
+    let node_id = crate::drain::node_id(&a, "events-node").await;
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(4);
+    let (s, v) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{node_id}/drain"),
+            Some(json!({"deadline": deadline, "reason": "new fans"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let m = wait_mail(&smtp, "ev@example.org", "will be preempted", 30).await;
+    assert!(m.contains("drained by a platform admin"), "{m}");
+    let m = wait_mail(&smtp, "ev@example.org", "was preempted", 60).await;
+    assert!(m.contains(&format!("/allocations/{alloc}")), "{m}");
+
+    // The platform hook got the team's events; the other team's admin got nothing.
+    let want = [
+        "quota.changed",
+        "workload.started",
+        "allocation.expiring",
+        "allocation.preemption_warning",
+        "allocation.preempted",
+    ];
+    let got = platform
+        .wait_for(
+            |a| want.iter().all(|k| a.iter().any(|(_, b)| b["kind"] == *k)),
+            30,
+        )
+        .await;
+    for k in want {
+        assert!(
+            got.iter()
+                .any(|(_, b)| b["kind"] == k && b["team_id"] == t.id.as_str()),
+            "{k}: {got:?}"
+        );
+    }
+    assert_eq!(to_of(&smtp.messages(), "ev-other@example.org"), 0);
+    drop(node);
 }

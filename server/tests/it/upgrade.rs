@@ -409,6 +409,23 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        21 => {
+            // A sealed token's text is opaque here: the row must survive, not open.
+            exec(
+                store,
+                "INSERT INTO email_verifications (user_id, email, token, expires_at, created_at) \
+                 VALUES ($1, 'member@example.org', 'sealed', $2, $3)",
+                &[V::U(member), V::D(now + Duration::hours(24)), V::D(now)],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO team_webhooks (id, team_id, url, secret, events, created_at) \
+                 VALUES ($1, NULL, 'https://hooks.example.org/platform', 'sealed', '[]', $2)",
+                &[V::U(Uuid::from_u128(2101)), V::D(now)],
+            )
+            .await;
+        }
         _ => {}
     }
 }

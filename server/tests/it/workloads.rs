@@ -974,6 +974,22 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
         assert!(Instant::now() < deadline, "kernel stayed busy: {v}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Within the warning window (stopped 60 min after it went idle, warned from 50):
+    // its owner is told when it will stop, once however often the pass looks.
+    let warn_at = chrono::Utc::now() + chrono::Duration::minutes(55);
+    for _ in 0..2 {
+        let r = services.workloads.tick(warn_at).await.expect("tick");
+        assert_eq!(r.reclaimed_idle, 0, "warned, not stopped");
+    }
+    let kinds = outbox_kinds_about(app, &id).await;
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| *k == "workload.idle_warning")
+            .count(),
+        1,
+        "{kinds:?}"
+    );
     let r = services.workloads.tick(later).await.expect("tick");
     assert_eq!(r.reclaimed_idle, 1);
     let stopped = wait_workload(app, &s.member, &id, "stopped", 30).await;
@@ -1115,3 +1131,21 @@ on_both_databases!(
     a_job_streams_its_output_and_ends_with_its_exit_code,
     an_idle_notebook_is_reclaimed_but_a_busy_kernel_never,
 );
+
+/// The kinds of the outbox events about `subject` (docs/notifications.md), oldest first.
+pub(crate) async fn outbox_kinds_about(app: &TestApp, subject: &str) -> Vec<String> {
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let id = uuid::Uuid::parse_str(subject).expect("uuid");
+    let sql = "SELECT kind FROM outbox_events WHERE subject_id = $1 ORDER BY created_at, id";
+    match &store {
+        tessera_core::store::Store::Sqlite(p) => {
+            sqlx::query_scalar(sql).bind(id).fetch_all(p).await
+        }
+        tessera_core::store::Store::Postgres(p) => {
+            sqlx::query_scalar(sql).bind(id).fetch_all(p).await
+        }
+    }
+    .expect("outbox")
+}

@@ -1,6 +1,8 @@
 //! The workload pass: starting queued workloads, stopping ones whose allocation ended, reclaiming idle notebooks, giving up on silent nodes.
 
 use super::*;
+use crate::store::NewEvent;
+use tessera_domain::notify::EventKind;
 
 impl Workloads {
     /// Moves a live workload to `stopping`; one the executor never started ends at once.
@@ -310,7 +312,15 @@ impl Workloads {
             }
             if w.kind == WorkloadKind::Notebook && state == WorkloadState::Running {
                 let s = self.signals(w, now).await?;
-                if let IdleDecision::Reclaim { idle_since } = self.decide(w, &s, now) {
+                let decision = self.decide(w, &s, now);
+                if let IdleDecision::Warn {
+                    idle_since,
+                    stop_at,
+                } = decision
+                {
+                    self.warn_idle(w, idle_since, stop_at, now).await?;
+                }
+                if let IdleDecision::Reclaim { idle_since } = decision {
                     let m = format!(
                         "stopped after {} min without kernel or GPU activity (idle since {} UTC)",
                         self.cfg.idle.idle_after.num_minutes(),
@@ -334,6 +344,36 @@ impl Workloads {
         }
         report.released_allocations = self.release_ended_owners().await?;
         Ok(report)
+    }
+
+    /// Tells a notebook's owner it will be stopped for idleness: once per idle stretch
+    /// (keyed by when it went idle; used again and idle again, told again).
+    async fn warn_idle(
+        &self,
+        w: &WorkloadRow,
+        idle_since: DateTime<Utc>,
+        stop_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), AppError> {
+        let payload = tessera_domain::notify::idle_warning_payload(
+            (w.id, &w.name),
+            w.user_id,
+            idle_since,
+            stop_at,
+        );
+        let mut event = NewEvent::new(
+            EventKind::IdleWarning,
+            Some(w.team_id),
+            ("workload", w.id),
+            payload,
+            now,
+        );
+        event.dedupe_key = Some(format!("idle:{}:{}", w.id, idle_since.timestamp()));
+        self.store
+            .record_event(&event)
+            .await
+            .map_err(internal("recording an idle warning"))?;
+        Ok(())
     }
 
     pub(super) fn decide(

@@ -160,10 +160,20 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(workload_logs))
         .routes(routes!(workload_log_file))
         .routes(routes!(my_notifications, set_my_notifications))
+        .routes(routes!(resend_email_verification))
+        .routes(routes!(verify_email))
         .routes(routes!(list_webhooks, create_webhook))
         .routes(routes!(get_webhook, update_webhook, delete_webhook))
         .routes(routes!(webhook_deliveries))
         .routes(routes!(test_webhook))
+        .routes(routes!(list_platform_webhooks, create_platform_webhook))
+        .routes(routes!(
+            get_platform_webhook,
+            update_platform_webhook,
+            delete_platform_webhook
+        ))
+        .routes(routes!(platform_webhook_deliveries))
+        .routes(routes!(test_platform_webhook))
         .split_for_parts()
 }
 

@@ -3,9 +3,10 @@
 
 use super::*;
 use axum::extract::State;
+use tessera_core::services::notifications::HookScope;
 use tessera_domain::notify::{
-    DeliveryView, NotificationSettings, NotificationSettingsInput, WebhookCreated, WebhookInput,
-    WebhookTestResult, WebhookView,
+    DeliveryView, EmailVerificationInput, NotificationSettings, NotificationSettingsInput,
+    WebhookCreated, WebhookInput, WebhookTestResult, WebhookView,
 };
 
 #[utoipa::path(get, path = "/api/v1/me/notifications", tag = "notifications",
@@ -25,6 +26,35 @@ pub(super) async fn set_my_notifications(
     JsonBody(b): JsonBody<NotificationSettingsInput>,
 ) -> ApiResult<NotificationSettings> {
     ok(s.notifications.update_settings(&p, &b).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/me/email/verification", tag = "notifications",
+    description = "Mails a new verification link to the caller's unverified address (the \
+                   previous link stops working). Mail goes only to verified addresses. At most \
+                   one a minute.",
+    responses((status = 204, description = "Sent (queued)"), Invalid, Conflict, Unauthorized))]
+pub(super) async fn resend_email_verification(Call(s, p): Call) -> Result<StatusCode, ApiError> {
+    s.notifications.resend_verification(&p).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/api/v1/email-verifications", tag = "notifications",
+    request_body = EmailVerificationInput,
+    description = "Verifies an address with the `user` and `token` of the mailed link. Needs no \
+                   sign-in: the token proves the mailbox. The browser link opens `/verify-email`, \
+                   which posts here.",
+    security(()),
+    responses((status = 204, description = "Verified"), Invalid))]
+pub(super) async fn verify_email(
+    State(state): State<AppState>,
+    JsonBody(b): JsonBody<EmailVerificationInput>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .services
+        .notifications
+        .verify_email(b.user_id, &b.token)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/webhooks", tag = "notifications",
@@ -103,6 +133,94 @@ pub(super) async fn test_webhook(
     Call(s, p): Call,
     Path((team, hook)): Path<(Uuid, Uuid)>,
 ) -> ApiResult<WebhookTestResult> {
-    let sender = crate::notify::webhook::TestSender::new(state.config.public_url());
+    let sender = crate::notify::webhook::TestSender::new(state.config.public_url())
+        .allowing_private(state.config.notify.webhook_allow_private);
     ok(s.notifications.test_webhook(&p, team, hook, &sender).await)
+}
+
+// ---- platform-wide webhooks (platform admins) ----
+
+#[utoipa::path(get, path = "/api/v1/webhooks", tag = "notifications",
+    description = "The platform-wide webhooks (platform admins): they get every team's events \
+                   and the platform's own (a node lost).",
+    responses((status = 200, description = "OK", body = Vec<WebhookView>), Forbidden))]
+pub(super) async fn list_platform_webhooks(Call(s, p): Call) -> ApiResult<Vec<WebhookView>> {
+    ok(s.notifications.webhooks(&p, HookScope::Platform).await)
+}
+
+#[utoipa::path(post, path = "/api/v1/webhooks", tag = "notifications",
+    request_body = WebhookInput,
+    description = "Adds a platform-wide webhook (platform admins); signed and checked as a \
+                   team's webhook is. The secret is in this response only.",
+    responses((status = 201, description = "Created", body = WebhookCreated), Invalid, Forbidden))]
+pub(super) async fn create_platform_webhook(
+    Call(s, p): Call,
+    JsonBody(b): JsonBody<WebhookInput>,
+) -> Created<WebhookCreated> {
+    created(
+        s.notifications
+            .create_webhook(&p, HookScope::Platform, &b)
+            .await,
+    )
+}
+
+#[utoipa::path(get, path = "/api/v1/webhooks/{hook}", tag = "notifications",
+    responses((status = 200, description = "OK", body = WebhookView), Forbidden, NotFound))]
+pub(super) async fn get_platform_webhook(
+    Call(s, p): Call,
+    Path(hook): Path<Uuid>,
+) -> ApiResult<WebhookView> {
+    ok(s.notifications.webhook(&p, HookScope::Platform, hook).await)
+}
+
+#[utoipa::path(put, path = "/api/v1/webhooks/{hook}", tag = "notifications",
+    request_body = WebhookInput,
+    responses((status = 200, description = "OK", body = WebhookView), Invalid, Forbidden, NotFound))]
+pub(super) async fn update_platform_webhook(
+    Call(s, p): Call,
+    Path(hook): Path<Uuid>,
+    JsonBody(b): JsonBody<WebhookInput>,
+) -> ApiResult<WebhookView> {
+    ok(s.notifications
+        .update_webhook(&p, HookScope::Platform, hook, &b)
+        .await)
+}
+
+#[utoipa::path(delete, path = "/api/v1/webhooks/{hook}", tag = "notifications",
+    responses((status = 204, description = "Done"), Forbidden, NotFound))]
+pub(super) async fn delete_platform_webhook(
+    Call(s, p): Call,
+    Path(hook): Path<Uuid>,
+) -> Result<StatusCode, ApiError> {
+    s.notifications
+        .delete_webhook(&p, HookScope::Platform, hook)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/api/v1/webhooks/{hook}/deliveries", tag = "notifications",
+    description = "The platform webhook's latest 50 deliveries, newest first.",
+    responses((status = 200, description = "OK", body = Vec<DeliveryView>), Forbidden, NotFound))]
+pub(super) async fn platform_webhook_deliveries(
+    Call(s, p): Call,
+    Path(hook): Path<Uuid>,
+) -> ApiResult<Vec<DeliveryView>> {
+    ok(s.notifications
+        .webhook_deliveries(&p, HookScope::Platform, hook)
+        .await)
+}
+
+#[utoipa::path(post, path = "/api/v1/webhooks/{hook}/test", tag = "notifications",
+    description = "Posts a `webhook.test` event to the platform webhook now and answers what it said.",
+    responses((status = 200, description = "OK", body = WebhookTestResult), Invalid, Forbidden, NotFound))]
+pub(super) async fn test_platform_webhook(
+    State(state): State<AppState>,
+    Call(s, p): Call,
+    Path(hook): Path<Uuid>,
+) -> ApiResult<WebhookTestResult> {
+    let sender = crate::notify::webhook::TestSender::new(state.config.public_url())
+        .allowing_private(state.config.notify.webhook_allow_private);
+    ok(s.notifications
+        .test_webhook(&p, HookScope::Platform, hook, &sender)
+        .await)
 }
