@@ -10,7 +10,8 @@
 //! fresh server and database), `NOTIFY_PRODUCERS` (8 concurrent requesters making the
 //! events), `NOTIFY_ADMIT_SECONDS` (20), `NOTIFY_ADMIT_CLIENTS` (4), `NOTIFY_RATE` (20
 //! events/s) and `NOTIFY_PACED_SECONDS` (30), `NOTIFY_TIMEOUT` (1200 s to wait for
-//! delivery). Needs `python3 -m aiosmtpd` (`cargo xtask test` installs it).
+//! delivery), `NOTIFY_SERVER_BIN` (a `tessera` binary to run instead of this build's).
+//! Needs `python3 -m aiosmtpd` (`cargo xtask test` installs it).
 //!
 //! The events are `request.needs_approval`: a member of a team whose quota gives each user
 //! nothing without approval asks for a 1g.10gb slice (`POST /api/v1/allocations`); the
@@ -428,6 +429,30 @@ async fn ask(c: &reqwest::Client, base: &str, token: &str, team: &str) -> Option
 
 // ---- one run ----
 
+/// What [`support::serve`] does, with another `tessera` binary (`NOTIFY_SERVER_BIN`).
+fn serve_bin(bin: &str, database_url: &str, extra: &[&str]) -> (u16, tokio::process::Child) {
+    let port = free_port();
+    let child = tokio::process::Command::new(bin)
+        .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
+        .args([
+            "--database-url",
+            database_url,
+            "--site-root",
+            "/nonexistent",
+        ])
+        .args(extra)
+        .env("TESSERA_ADMIN_PASSWORD", PW)
+        .env(
+            "TESSERA_DATA_KEY",
+            "HcROzxrmpf2OqVvT6xHCt3zygxviuKsr5vruiDhAvRg=",
+        )
+        .env("RUST_LOG", "error")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start tessera serve");
+    (port, child)
+}
+
 struct Config {
     db: String,
     events: usize,
@@ -513,17 +538,17 @@ async fn run(cfg: &Config, interval: &str) {
     let smtp = Smtpd::start(dir.path());
     let (hook_url, hooks) = start_receiver().await;
     let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
-    let (port, mut server) = support::serve(
-        &url,
-        PW,
-        &[
-            "--smtp-url",
-            &smtp_url,
-            "--webhook-allow-private",
-            "--notify-interval",
-            interval,
-        ],
-    );
+    let args = [
+        "--smtp-url",
+        &smtp_url,
+        "--webhook-allow-private",
+        "--notify-interval",
+        interval,
+    ];
+    let (port, mut server) = match std::env::var("NOTIFY_SERVER_BIN") {
+        Ok(bin) => serve_bin(&bin, &url, &args),
+        Err(_) => support::serve(&url, PW, &args),
+    };
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
     while !reqwest::get(format!("{base}/readyz"))
