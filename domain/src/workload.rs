@@ -524,6 +524,28 @@ pub struct WorkloadView {
     /// While `queued`: why its allocation is not active yet, in plain words.
     #[serde(default)]
     pub waiting: Option<String>,
+    /// Jobs, one workload's page: each earlier attempt and how it ended (a retry after a
+    /// failure, a requeue after a preemption); the current one is the workload itself.
+    #[serde(default)]
+    pub attempts: Vec<AttemptView>,
+}
+
+/// An ended attempt of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptView {
+    pub attempt: u32,
+    pub hostname: String,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: DateTime<Utc>,
+    pub exit_code: Option<i64>,
+    /// Why it ended.
+    pub reason: String,
+    /// Ended by a preemption (capacity reclaimed, a drain, an unhealthy GPU).
+    pub preempted: bool,
+    /// GPU-milliseconds its allocation held during the attempt (for a preempted one, what
+    /// the preemption cost).
+    pub gpu_ms: i64,
 }
 
 /// A team's named notebook profile: the GPU and hours a member starts a notebook with in

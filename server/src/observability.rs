@@ -76,6 +76,10 @@ fn describe_node_gauges() {
         "tessera_gpus_unhealthy",
         "GPUs taken out of service for a critical Xid or an uncorrectable ECC error, until an admin clears them"
     );
+    describe_gauge!(
+        "tessera_preempted_gpu_minutes",
+        "GPU-minutes of job attempts ended by a preemption (reclaim, drain, unhealthy GPU), ever"
+    );
     describe_gauge!(dcgm::GPU_UTIL, "GPU utilization (in %)");
     describe_gauge!(dcgm::GPU_TEMP, "GPU temperature (in C)");
     describe_gauge!(dcgm::FB_USED, "Framebuffer memory used (in MiB)");

@@ -2062,9 +2062,56 @@ fn WorkloadOverview(
             {env}
             {idle}
             {command}
+            <Attempts attempts=first.attempts.clone() />
             {log_section}
         </section>
     }
+}
+
+/// A job's earlier attempts and how each ended (a retry after a failure, a requeue after a
+/// preemption, with the GPU time the preemption cost); nothing for a first attempt.
+#[component]
+fn Attempts(attempts: Vec<tessera_domain::workload::AttemptView>) -> impl IntoView {
+    (!attempts.is_empty()).then(|| {
+        let rows = attempts
+            .into_iter()
+            .map(|a| {
+                let how = if a.preempted {
+                    format!("Preempted: {}", a.reason)
+                } else {
+                    a.reason.clone()
+                };
+                view! {
+                    <tr data-testid="attempt-row">
+                        <td>{a.attempt}</td>
+                        <td>{a.hostname.clone()}</td>
+                        <td>{time_or_dash(a.started_at)}</td>
+                        <td>{time_or_dash(Some(a.ended_at))}</td>
+                        <td>{how}</td>
+                        <td>{format!("{} GPU-h", tessera_domain::billing::gpu_hours(a.gpu_ms))}</td>
+                    </tr>
+                }
+            })
+            .collect_view();
+        view! {
+            <section aria-labelledby="attempts-title">
+                <h2 id="attempts-title">"Earlier attempts"</h2>
+                <table class="list" data-testid="attempts">
+                    <thead>
+                        <tr>
+                            <th scope="col">"Attempt"</th>
+                            <th scope="col">"Node"</th>
+                            <th scope="col">"Started"</th>
+                            <th scope="col">"Ended"</th>
+                            <th scope="col">"How it ended"</th>
+                            <th scope="col">"GPU time"</th>
+                        </tr>
+                    </thead>
+                    <tbody>{rows}</tbody>
+                </table>
+            </section>
+        }
+    })
 }
 
 /// The log: the tail loaded with the page, then whatever the poll appends.

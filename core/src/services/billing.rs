@@ -243,15 +243,7 @@ impl Billing {
             return Ok((Vec::new(), done));
         }
         let kind: GpuKind = a.kind.parse().map_err(|_| AppError::Internal)?;
-        // Units per GPU: a share's units are milli-GPU; otherwise the model's slices.
-        let slices = match &kind {
-            GpuKind::Share { .. } => 1000,
-            _ => GpuKind::Whole {
-                model: kind.model().to_owned(),
-            }
-            .unit_cost(&self.catalog)
-            .unwrap_or(1),
-        };
+        let slices = kind.units_per_gpu(&self.catalog);
         let units = u32::try_from(a.units).unwrap_or(0);
         let count = u32::try_from(a.count).unwrap_or(0);
         let devices: Vec<AllocatedDevice> = serde_json::from_str(&a.devices).unwrap_or_default();

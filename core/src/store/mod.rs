@@ -33,12 +33,17 @@ pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };
 pub use nodes::NodeRow;
-pub use outbox::{DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow, Recipient, WebhookRow};
+pub use outbox::{
+    DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow, Recipient,
+    WebhookRow,
+};
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};
 pub use users::UserRow;
-pub use workloads::{LogChunkRow, ProfileRow, WorkloadChange, WorkloadListRow, WorkloadRow};
+pub use workloads::{
+    AttemptEnd, AttemptRow, LogChunkRow, ProfileRow, WorkloadChange, WorkloadListRow, WorkloadRow,
+};
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

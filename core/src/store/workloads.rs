@@ -65,6 +65,56 @@ pub struct WorkloadRow {
     pub owns_allocation: bool,
 }
 
+/// How an attempt of a job ended, as recorded when the next one begins.
+#[derive(Debug, Clone)]
+pub struct AttemptEnd {
+    pub hostname: String,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: DateTime<Utc>,
+    pub exit_code: Option<i64>,
+    pub reason: String,
+    pub preempted: bool,
+    /// GPU-milliseconds the attempt held.
+    pub gpu_ms: i64,
+}
+
+/// An ended attempt as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub attempt: i64,
+    pub hostname: String,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: DateTime<Utc>,
+    pub exit_code: Option<i64>,
+    pub reason: String,
+    pub preempted: bool,
+    pub gpu_ms: i64,
+}
+
+/// Records attempt `$attempt` of workload `$id` as `$ended` ([`AttemptEnd`]) in `$tx`
+/// (once: a second record of the same attempt is dropped).
+macro_rules! record_attempt {
+    ($tx:expr, $id:expr, $attempt:expr, $ended:expr) => {{
+        let e: &AttemptEnd = $ended;
+        sqlx::query(
+            "INSERT INTO workload_attempts (workload_id, attempt, hostname, started_at, ended_at, \
+             exit_code, reason, preempted, gpu_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (workload_id, attempt) DO NOTHING",
+        )
+        .bind($id)
+        .bind($attempt)
+        .bind(&e.hostname)
+        .bind(e.started_at)
+        .bind(e.ended_at)
+        .bind(e.exit_code)
+        .bind(&e.reason)
+        .bind(e.preempted)
+        .bind(e.gpu_ms)
+        .execute(&mut *$tx)
+        .await?;
+    }};
+}
+
 impl WorkloadRow {
     /// A new workload as first written: in `state`, first attempt, no command, place,
     /// token or report yet.
@@ -495,19 +545,57 @@ impl Store {
 
     /// Starts the next attempt of a failed job: back to `pending`, the log continues
     /// where the last attempt's ended.
+    /// The attempt that ended is recorded (`ended`) in the same transaction.
     pub async fn workload_retry(
         &self,
         id: Uuid,
         from: &str,
         attempt: i64,
         note: &str,
+        ended: &AttemptEnd,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'pending', attempt = $3, log_base = log_stored, \
                    endpoint = NULL, exit_code = NULL, message = $4 \
                    WHERE id = $1 AND state = $2 AND attempt = $3 - 1";
         on_pool!(self, pool => {
-            let r = sqlx::query(sql).bind(id).bind(from).bind(attempt).bind(note).execute(pool).await?;
-            Ok(r.rows_affected() == 1)
+            let mut tx = pool.begin().await?;
+            let moved = sqlx::query(sql).bind(id).bind(from).bind(attempt).bind(note)
+                .execute(&mut *tx).await?.rows_affected() == 1;
+            if moved {
+                record_attempt!(tx, id, attempt - 1, ended);
+            }
+            tx.commit().await?;
+            Ok(moved)
+        })
+    }
+
+    /// GPU-milliseconds of attempts ended by preemption, ever.
+    pub async fn preempted_gpu_ms(&self) -> Result<i64, StoreError> {
+        let sql = "SELECT CAST(COALESCE(SUM(gpu_ms), 0) AS BIGINT) FROM workload_attempts \
+                   WHERE preempted";
+        db!(self, pool => sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await)
+    }
+
+    /// A job's ended attempts, oldest first.
+    pub async fn workload_attempts(&self, id: Uuid) -> Result<Vec<AttemptRow>, StoreError> {
+        let sql = "SELECT attempt, hostname, started_at, ended_at, exit_code, reason, preempted, \
+                   gpu_ms FROM workload_attempts WHERE workload_id = $1 ORDER BY attempt";
+        db!(self, pool => sqlx::query_as::<_, AttemptRow>(sql).bind(id).fetch_all(pool).await)
+    }
+
+    /// When a job's current attempt began: the later of its first start and its previous
+    /// attempt's end (a workload's `started_at` is its first attempt's).
+    pub async fn attempt_began(
+        &self,
+        id: Uuid,
+        started_at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let sql = "SELECT MAX(ended_at) FROM workload_attempts WHERE workload_id = $1";
+        let last: Option<DateTime<Utc>> =
+            db!(self, pool => sqlx::query_scalar(sql).bind(id).fetch_one(pool).await)?;
+        Ok(match (started_at, last) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
         })
     }
 
@@ -523,6 +611,7 @@ impl Store {
         new_allocation: Uuid,
         attempt: i64,
         note: &str,
+        ended: &AttemptEnd,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'queued', allocation_id = $4, node_id = NULL, \
                    hostname = '', devices = '[]', attempt = $5, log_base = log_stored, \
@@ -531,9 +620,15 @@ impl Store {
                    WHERE id = $1 AND state = $2 AND allocation_id = $3 AND attempt = $5 - 1 \
                      AND owns_allocation";
         on_pool!(self, pool => {
-            let r = sqlx::query(sql).bind(id).bind(from).bind(old_allocation)
-                .bind(new_allocation).bind(attempt).bind(note).execute(pool).await?;
-            Ok(r.rows_affected() == 1)
+            let mut tx = pool.begin().await?;
+            let moved = sqlx::query(sql).bind(id).bind(from).bind(old_allocation)
+                .bind(new_allocation).bind(attempt).bind(note)
+                .execute(&mut *tx).await?.rows_affected() == 1;
+            if moved {
+                record_attempt!(tx, id, attempt - 1, ended);
+            }
+            tx.commit().await?;
+            Ok(moved)
         })
     }
 

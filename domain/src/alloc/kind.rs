@@ -167,6 +167,17 @@ impl GpuKind {
         }
     }
 
+    /// Units one whole GPU of this kind's model counts on its quota line: milli-GPU
+    /// (1000) for a share, the model's compute slices otherwise (1 for an unknown model),
+    /// so `units / units_per_gpu` is the GPUs an allocation holds.
+    pub fn units_per_gpu(&self, catalog: &Catalog) -> u32 {
+        match self {
+            GpuKind::Share { .. } => 1000,
+            _ => find_model(catalog, self.model())
+                .map_or(1, |m| u32::from(m.compute_slices()).max(1)),
+        }
+    }
+
     /// Units `count` of this kind cost against quota.
     pub fn units(&self, count: u32, catalog: &Catalog) -> Result<u32, AppError> {
         self.unit_cost(catalog)?

@@ -121,6 +121,9 @@ async fn record_cluster_gauges(state: &AppState) {
     if let Ok(n) = state.services.nodes.unhealthy_count().await {
         metrics::gauge!("tessera_gpus_unhealthy").set(n as f64);
     }
+    if let Ok(m) = state.services.workloads.preempted_gpu_minutes().await {
+        metrics::gauge!("tessera_preempted_gpu_minutes").set(m);
+    }
 }
 
 /// Allocations by state and model, and how long the oldest queued one has waited.

@@ -213,13 +213,12 @@ mod tests {
             .await
             .expect("bind");
         let port = listener.local_addr().expect("addr").port();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(|| async { axum::http::StatusCode::NO_CONTENT }),
+        );
         tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                use tokio::io::AsyncWriteExt;
-                let _ = s
-                    .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
-                    .await;
-            }
+            let _ = axum::serve(listener, app).await;
         });
         let url = format!("http://localhost:{port}/hook");
         let refused = client(false)

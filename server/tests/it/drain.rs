@@ -225,6 +225,37 @@ while true; do sleep 0.2; done"#,
         "{log}"
     );
 
+    // The job's page lists attempt 1: where it ran, that a preemption ended it, and the
+    // GPU time that cost (a 1g.10gb slice of an H100: a seventh of a GPU for its run).
+    let attempts = done["attempts"].as_array().expect("attempts").clone();
+    assert_eq!(attempts.len(), 1, "{done}");
+    let first_try = &attempts[0];
+    assert_eq!(first_try["attempt"], 1, "{first_try}");
+    assert_eq!(first_try["hostname"], format!("{name}-a"), "{first_try}");
+    assert_eq!(first_try["preempted"], true, "{first_try}");
+    let began: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(first_try["started_at"].clone()).expect("started_at");
+    let ended: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(first_try["ended_at"].clone()).expect("ended_at");
+    let ran_ms = (ended - began).num_milliseconds();
+    let gpu_ms = first_try["gpu_ms"].as_i64().expect("gpu_ms");
+    assert!(
+        ran_ms > 0 && (gpu_ms - ran_ms / 7).abs() <= 1,
+        "{first_try}"
+    );
+    let metrics = reqwest::get(app.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let cost: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tessera_preempted_gpu_minutes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no preemption cost metric: {metrics}"));
+    assert!(cost >= gpu_ms as f64 / 60_000.0 - 1e-9, "{cost}");
+
     // Drained: nothing holds A any more. Undrain gives it back.
     let (_, v) = a
         .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)

@@ -426,6 +426,16 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        22 => {
+            exec(
+                store,
+                "INSERT INTO workload_attempts (workload_id, attempt, hostname, started_at, \
+                 ended_at, exit_code, reason, preempted, gpu_ms) \
+                 VALUES ($1, 1, 'gpu-upgrade', $2, $3, NULL, 'its allocation was preempted', TRUE, 60000)",
+                &[V::U(s.workload), V::D(now - Duration::minutes(5)), V::D(now)],
+            )
+            .await;
+        }
         _ => {}
     }
 }

@@ -383,8 +383,17 @@ impl Workloads {
                     "attempt {} {how}; retrying ({} of {} retries)",
                     w.attempt, w.attempt, w.retries
                 );
+                let ended = self
+                    .attempt_end(
+                        w,
+                        rep.exit_code.map(i64::from),
+                        &format!("it {how}"),
+                        false,
+                        Utc::now(),
+                    )
+                    .await?;
                 self.store
-                    .workload_retry(w.id, state.as_str(), w.attempt + 1, &note)
+                    .workload_retry(w.id, state.as_str(), w.attempt + 1, &note, &ended)
                     .await
                     .map_err(internal("retrying job"))?;
             }

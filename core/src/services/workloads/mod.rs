@@ -30,8 +30,8 @@ use tessera_domain::wire::{
     WorkloadReports, WorkloadSpec, WorkloadSync,
 };
 use tessera_domain::workload::{
-    self as wl, ActivitySignals, EnvVar, IdleDecision, IdlePolicy, JobCommand, LogSlice,
-    NotebookProfile, ServerName, WorkloadKind, WorkloadState, WorkloadView,
+    self as wl, ActivitySignals, AttemptView, EnvVar, IdleDecision, IdlePolicy, JobCommand,
+    LogSlice, NotebookProfile, ServerName, WorkloadKind, WorkloadState, WorkloadView,
 };
 use uuid::Uuid;
 
@@ -670,6 +670,17 @@ impl Workloads {
             .map_err(internal("loading workload by key"))
     }
 
+    /// GPU-minutes of jobs' attempts ended by a preemption, ever (a metric: what
+    /// preemption costs the platform).
+    pub async fn preempted_gpu_minutes(&self) -> Result<f64, AppError> {
+        let ms = self
+            .store
+            .preempted_gpu_ms()
+            .await
+            .map_err(internal("loading attempts"))?;
+        Ok(ms as f64 / 60_000.0)
+    }
+
     /// One workload; another team's is `NotFound`.
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
         let row = self.visible(p, id).await?;
@@ -682,6 +693,25 @@ impl Workloads {
         }
         if row.w.state == WorkloadState::Queued {
             v.waiting = self.waiting(p, &row).await;
+        }
+        if row.w.attempt > 1 {
+            v.attempts = self
+                .store
+                .workload_attempts(row.w.id)
+                .await
+                .map_err(internal("loading attempts"))?
+                .into_iter()
+                .map(|a| AttemptView {
+                    attempt: u32::try_from(a.attempt).unwrap_or(0),
+                    hostname: a.hostname,
+                    started_at: a.started_at,
+                    ended_at: a.ended_at,
+                    exit_code: a.exit_code,
+                    reason: a.reason,
+                    preempted: a.preempted,
+                    gpu_ms: a.gpu_ms,
+                })
+                .collect();
         }
         Ok(v)
     }
@@ -890,6 +920,7 @@ impl Workloads {
             idle: None,
             owns_allocation: w.owns_allocation,
             waiting: None,
+            attempts: Vec::new(),
         }
     }
 

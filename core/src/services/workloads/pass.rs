@@ -1,7 +1,7 @@
 //! The workload pass: starting queued workloads, stopping ones whose allocation ended, reclaiming idle notebooks, giving up on silent nodes.
 
 use super::*;
-use crate::store::NewEvent;
+use crate::store::{AttemptEnd, NewEvent};
 use tessera_domain::notify::EventKind;
 
 impl Workloads {
@@ -178,6 +178,14 @@ impl Workloads {
             }
         };
         let note = format!("its GPU was preempted; queued again for a new one (attempt {attempt})");
+        let why = old
+            .a
+            .release_cause
+            .as_deref()
+            .map_or("its allocation was preempted".to_owned(), |c| {
+                format!("its allocation was {c}")
+            });
+        let ended = self.attempt_end(w, None, &why, true, Utc::now()).await?;
         let moved = self
             .store
             .requeue_workload(
@@ -187,6 +195,7 @@ impl Workloads {
                 fresh.id,
                 attempt,
                 &note,
+                &ended,
             )
             .await
             .map_err(internal("requeueing workload"))?;
@@ -374,6 +383,48 @@ impl Workloads {
             .await
             .map_err(internal("recording an idle warning"))?;
         Ok(())
+    }
+
+    /// How `w`'s current attempt ended at `now`: where it ran, from when, and the GPU
+    /// time its allocation held meanwhile (what a preemption cost).
+    pub(super) async fn attempt_end(
+        &self,
+        w: &WorkloadRow,
+        exit_code: Option<i64>,
+        reason: &str,
+        preempted: bool,
+        now: DateTime<Utc>,
+    ) -> Result<AttemptEnd, AppError> {
+        let began = self
+            .store
+            .attempt_began(w.id, w.started_at)
+            .await
+            .map_err(internal("loading attempts"))?;
+        let alloc = self
+            .store
+            .allocation(w.allocation_id)
+            .await
+            .map_err(internal("loading allocation"))?;
+        let gpu_ms = match (began, alloc) {
+            (Some(b), Some(a)) => match a.a.kind.parse::<GpuKind>() {
+                Ok(kind) => tessera_domain::billing::gpu_ms(
+                    u32::try_from(a.a.units).unwrap_or(0),
+                    (now - b).num_milliseconds().max(0),
+                    kind.units_per_gpu(self.allocations.catalog()),
+                ),
+                Err(_) => 0,
+            },
+            _ => 0,
+        };
+        Ok(AttemptEnd {
+            hostname: w.hostname.clone(),
+            started_at: began,
+            ended_at: now,
+            exit_code,
+            reason: reason.to_owned(),
+            preempted,
+            gpu_ms,
+        })
     }
 
     pub(super) fn decide(
