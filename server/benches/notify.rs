@@ -663,7 +663,7 @@ async fn run(cfg: &Config, interval: &str) {
 
     // 5. Admission with the worker idle again.
     let after = admissions(
-        "worker idle again",
+        "after waiting for delivery (idle if all arrived)",
         &base,
         &admit_clients,
         cfg.admit_seconds,
