@@ -23,7 +23,7 @@ use clap::Args;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 pub use objects::*;
@@ -465,6 +465,22 @@ impl KubeExecutor {
                 }
             } else if !w.run && exists {
                 round.deleted += self.delete_run(o).await;
+            } else if let Some(pod) = o.and_then(|o| o.pod)
+                && w.run
+            {
+                // The deadline channel: a deadline set, moved or withdrawn since the pod
+                // was made reaches it as its annotation (and so its deadline file).
+                let want = deadline_annotation(w);
+                let has = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEADLINE_ANNOTATION));
+                if want.as_ref() != has
+                    && let Err(e) = self.annotate_deadline(pod, want.as_deref()).await
+                {
+                    tracing::warn!(run = w.id, "telling the pod its deadline: {e:#}");
+                }
             }
         }
         for (run, o) in seen {
@@ -539,6 +555,20 @@ impl KubeExecutor {
                 create(&Api::<Job>::namespaced(self.client.clone(), &ns), &job).await
             }
         }
+    }
+
+    /// Sets a pod's deadline annotation (a JSON merge patch of its metadata only).
+    async fn annotate_deadline(&self, pod: &Pod, text: Option<&str>) -> anyhow::Result<()> {
+        let (Some(name), Some(ns)) = (&pod.metadata.name, &pod.metadata.namespace) else {
+            return Ok(());
+        };
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {DEADLINE_ANNOTATION: text}}
+        });
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
     }
 
     /// Deletes a run's Job (its pods go with it) or Pod; 1 if something was deleted.

@@ -5,10 +5,11 @@
 use super::KubeSettings;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, Namespace, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile,
-    SecurityContext, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
+    Namespace, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile, SecurityContext,
+    TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -86,6 +87,20 @@ pub fn workload_labels(spec: &WorkloadSpec, team: &str, node: &str) -> BTreeMap<
 
 /// The uid and gid workload containers run as (the Jupyter Docker Stacks' `jovyan`:
 /// uid 1000, group `users` 100), whatever the image says.
+/// The annotation that carries a workload's deadline (the deadline file's text,
+/// docs/operations.md); the pod sees it as the file [`DEADLINE_FILE`] through a downward
+/// API volume, which the kubelet refreshes when the annotation changes.
+pub const DEADLINE_ANNOTATION: &str = "tessera.io/deadline";
+/// Where the deadline file is inside the pod (the local executor's path too).
+pub const DEADLINE_FILE: &str = tessera_domain::drain::DEADLINE_FILE;
+/// How long a stopped pod has between SIGTERM and SIGKILL (`terminationGracePeriodSeconds`).
+pub const STOP_GRACE_SECONDS: i64 = 30;
+
+/// The deadline annotation a workload's pod should carry (`None`: none).
+pub fn deadline_annotation(spec: &WorkloadSpec) -> Option<String> {
+    spec.deadline.as_ref().map(|d| d.file_text())
+}
+
 pub const WORKLOAD_UID: i64 = 1000;
 pub const WORKLOAD_GID: i64 = 100;
 
@@ -270,6 +285,7 @@ fn env(spec: &WorkloadSpec) -> Vec<EnvVar> {
     };
     let mut out: Vec<EnvVar> = spec.env.iter().map(|e| var(&e.name, &e.value)).collect();
     out.push(var("TESSERA_WORKSPACE", WORKSPACE_MOUNT));
+    out.push(var(tessera_domain::drain::DEADLINE_FILE_VAR, DEADLINE_FILE));
     out.push(var("TESSERA_WORKLOAD_ID", &spec.id));
     if let Some(t) = &spec.token {
         out.push(var("JUPYTER_TOKEN", t));
@@ -291,8 +307,12 @@ fn pod_spec(s: &KubeSettings, spec: &WorkloadSpec, hostname: &str) -> PodSpec {
         format!("{WORKSPACE_MOUNT}/{}", spec.workdir)
     };
     let notebook = spec.kind == WorkloadKind::Notebook;
+    let deadline_dir = DEADLINE_FILE
+        .rsplit_once('/')
+        .map_or("/run/tessera", |(d, _)| d);
     PodSpec {
         restart_policy: Some("Never".into()),
+        termination_grace_period_seconds: Some(STOP_GRACE_SECONDS),
         // The allocation's node: the planner chose it and its agent set up the slice.
         node_selector: Some(BTreeMap::from([(
             "kubernetes.io/hostname".to_owned(),
@@ -338,34 +358,67 @@ fn pod_spec(s: &KubeSettings, spec: &WorkloadSpec, hostname: &str) -> PodSpec {
                 limits: Some(gpus),
                 ..ResourceRequirements::default()
             }),
-            volume_mounts: Some(vec![VolumeMount {
-                name: "workspace".into(),
-                mount_path: WORKSPACE_MOUNT.into(),
-                ..VolumeMount::default()
-            }]),
+            volume_mounts: Some(vec![
+                VolumeMount {
+                    name: "workspace".into(),
+                    mount_path: WORKSPACE_MOUNT.into(),
+                    ..VolumeMount::default()
+                },
+                VolumeMount {
+                    name: "deadline".into(),
+                    mount_path: deadline_dir.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+            ]),
             ..Container::default()
         }],
-        volumes: Some(vec![Volume {
-            name: "workspace".into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: WORKSPACE_CLAIM.into(),
-                ..PersistentVolumeClaimVolumeSource::default()
-            }),
-            ..Volume::default()
-        }]),
+        volumes: Some(vec![
+            Volume {
+                name: "workspace".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: WORKSPACE_CLAIM.into(),
+                    ..PersistentVolumeClaimVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            // The deadline channel: the annotation as a file (empty while there is none).
+            Volume {
+                name: "deadline".into(),
+                downward_api: Some(DownwardAPIVolumeSource {
+                    items: Some(vec![DownwardAPIVolumeFile {
+                        path: "deadline".into(),
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: format!("metadata.annotations['{DEADLINE_ANNOTATION}']"),
+                            ..ObjectFieldSelector::default()
+                        }),
+                        ..DownwardAPIVolumeFile::default()
+                    }]),
+                    ..DownwardAPIVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        ]),
         ..PodSpec::default()
     }
+}
+
+fn annotations(spec: &WorkloadSpec) -> Option<BTreeMap<String, String>> {
+    deadline_annotation(spec).map(|t| BTreeMap::from([(DEADLINE_ANNOTATION.to_owned(), t)]))
 }
 
 /// A notebook: a bare Pod (never restarted: a stop is a stop).
 pub fn notebook_pod(s: &KubeSettings, spec: &WorkloadSpec, node: &str, hostname: &str) -> Pod {
     let ns = namespace_name(s, &spec.workspace);
     Pod {
-        metadata: meta(
-            &object_name(spec),
-            Some(&ns),
-            workload_labels(spec, &spec.workspace, node),
-        ),
+        metadata: ObjectMeta {
+            annotations: annotations(spec),
+            ..meta(
+                &object_name(spec),
+                Some(&ns),
+                workload_labels(spec, &spec.workspace, node),
+            )
+        },
         spec: Some(pod_spec(s, spec, hostname)),
         ..Pod::default()
     }
@@ -385,6 +438,7 @@ pub fn job(s: &KubeSettings, spec: &WorkloadSpec, node: &str, hostname: &str) ->
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
+                    annotations: annotations(spec),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod_spec(s, spec, hostname)),

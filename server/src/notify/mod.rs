@@ -18,6 +18,7 @@ use crate::settings::Secret;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use clap::builder::BoolishValueParser;
+use futures_util::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,8 +69,11 @@ pub struct NotifySettings {
 /// (its worker died between taking and recording it). Longer than any one send.
 pub const STALE_CLAIM: Duration = Duration::from_secs(60);
 
-/// Deliveries one pass sends at most.
+/// Deliveries one pass sends at most (and new events it fans out).
 const BATCH: i64 = 200;
+
+/// Deliveries sent at once.
+const SENDERS: usize = 16;
 
 /// What sends: the services, the mail transport, the HTTP client, and this worker's claim.
 #[derive(Clone)]
@@ -118,6 +122,11 @@ impl Notifier {
 
     /// One pass at `now` (digests included); returns how many deliveries it finished.
     pub async fn pass(&self, now: DateTime<Utc>) -> usize {
+        self.pass_and_more(now).await.0
+    }
+
+    /// One pass; also whether it left work behind (a full batch of events or sends).
+    async fn pass_and_more(&self, now: DateTime<Utc>) -> (usize, bool) {
         let n = &self.services.notifications;
         if let Err(e) = n.find_lost_nodes(now, self.node_grace).await {
             tracing::warn!(error = %e, "notifications: looking for lost nodes failed");
@@ -125,16 +134,15 @@ impl Notifier {
         if let Err(e) = n.find_expiring(now, self.expiry_warning).await {
             tracing::warn!(error = %e, "notifications: looking for ending allocations failed");
         }
-        loop {
-            match n.fan_out(now, BATCH).await {
-                Ok(k) if k as i64 == BATCH => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "notifications: writing deliveries failed");
-                    break;
-                }
+        // One batch of new events per pass, then sending: under a burst, fan-out and
+        // sending take turns (the loop runs the next pass at once while work is left).
+        let fanned = match n.fan_out(now, BATCH).await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "notifications: writing deliveries failed");
+                0
             }
-        }
+        };
         let store = n.store();
         match store
             .reclaim_stale_deliveries(self.claim, now - self.stale_claim)
@@ -151,23 +159,30 @@ impl Notifier {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "notifications: loading due deliveries failed");
-                return 0;
+                return (0, false);
             }
         };
-        let mut done = 0;
-        for d in due {
-            match store.claim_delivery(d.id, self.claim, Utc::now()).await {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "notifications: taking a delivery failed");
-                    continue;
+        // Up to SENDERS at once: a send waits on a remote server far longer than on the
+        // database.
+        let done: usize = futures_util::stream::iter(due)
+            .map(|d| async move {
+                match store.claim_delivery(d.id, self.claim, Utc::now()).await {
+                    Ok(true) => {
+                        self.send_one(&d).await;
+                        1
+                    }
+                    Ok(false) => 0,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "notifications: taking a delivery failed");
+                        0
+                    }
                 }
-            }
-            self.send_one(&d).await;
-            done += 1;
-        }
-        done + self.digests(now).await
+            })
+            .buffer_unordered(SENDERS)
+            .fold(0, |sum, k| async move { sum + k })
+            .await;
+        let more = fanned as i64 == BATCH || done as i64 == BATCH;
+        (done + self.digests(now).await, more)
     }
 
     /// Sends one delivery this worker has taken and records the outcome.
@@ -371,7 +386,9 @@ pub async fn run(services: Arc<Services>, config: Arc<ServeConfig>) {
         }
     };
     loop {
-        notifier.pass(Utc::now()).await;
-        tokio::time::sleep(config.notify.notify_interval).await;
+        // A pass that filled a batch left work behind: the next one starts at once.
+        if !notifier.pass_and_more(Utc::now()).await.1 {
+            tokio::time::sleep(config.notify.notify_interval).await;
+        }
     }
 }

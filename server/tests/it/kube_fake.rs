@@ -273,6 +273,27 @@ async fn handle(State(store): State<Arc<Mutex<Store>>>, req: Request) -> Respons
             s.objects.insert(k, obj.clone());
             axum::Json(obj).into_response()
         }
+        // A JSON merge patch (RFC 7386), what `kubectl annotate` and kube-rs's
+        // `Patch::Merge` send.
+        (&Method::PATCH, Some(name), None) => {
+            let k = key(&t.gv, t.namespace.as_deref(), &t.plural, name);
+            let Some(mut obj) = s.objects.get(&k).cloned() else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} \"{name}\" not found", t.plural),
+                );
+            };
+            let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+            };
+            merge_patch(&mut obj, &patch);
+            // Same object: its uid and creation time stay; only its version moves.
+            s.serial += 1;
+            obj["metadata"]["resourceVersion"] = json!(s.serial.to_string());
+            s.objects.insert(k, obj.clone());
+            axum::Json(obj).into_response()
+        }
         (&Method::DELETE, Some(name), None) => {
             let k = key(&t.gv, t.namespace.as_deref(), &t.plural, name);
             let Some(old) = s.objects.remove(&k) else {
@@ -401,5 +422,25 @@ impl FakeKube {
     pub fn set_log(&self, pod: &Value, text: &str) {
         let k = Self::pod_key(pod);
         self.lock().logs.insert(k, text.to_owned());
+    }
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
     }
 }

@@ -191,6 +191,63 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         "conditions": [{"type": "Ready", "status": "True"}]}),
     );
     wait_workload(app, &t.member, &nb_id, "running", 30).await;
+
+    // The deadline channel on Kubernetes: the pod reads its deadline from a file the
+    // kubelet fills from an annotation. Draining the node sets it (the executor patches
+    // the pod); undraining takes it back.
+    assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    assert_eq!(
+        var("TESSERA_DEADLINE_FILE"),
+        Some(json!("/run/tessera/deadline"))
+    );
+    assert_eq!(c["volumeMounts"][1]["mountPath"], "/run/tessera");
+    assert_eq!(
+        spec["volumes"][1]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+        "metadata.annotations['tessera.io/deadline']"
+    );
+    let pod_path = format!(
+        "/api/v1/namespaces/{}/pods/{}",
+        pod["metadata"]["namespace"].as_str().expect("ns"),
+        pod["metadata"]["name"].as_str().expect("name")
+    );
+    let (s, v) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{node_id}/drain"),
+            Some(json!({"minutes": 60, "reason": "new fans"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let told = wait_for("the deadline annotation", || {
+        kube.get(&pod_path).and_then(|p| {
+            p["metadata"]["annotations"]["tessera.io/deadline"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    })
+    .await;
+    assert!(
+        told.contains("cause=drain") && told.contains("deadline="),
+        "{told}"
+    );
+    let patched = kube.get(&pod_path).expect("pod");
+    assert_eq!(
+        patched["metadata"]["uid"], pod["metadata"]["uid"],
+        "the same pod"
+    );
+    let (s, v) = a
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/nodes/{node_id}/drain"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    wait_for("the deadline withdrawn", || {
+        kube.get(&pod_path)
+            .filter(|p| p["metadata"]["annotations"]["tessera.io/deadline"].is_null())
+    })
+    .await;
     kube.set_log(&pod, "[I] Jupyter Server is running\n");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -316,6 +373,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         let verb = match (method, named) {
             ("POST", _) => "create",
             ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
             ("DELETE", _) => "delete",
             ("GET", true) => "get",
             ("GET", false) => "list",
