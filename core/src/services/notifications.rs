@@ -647,18 +647,21 @@ impl Notifications {
                 team_name: None,
                 audience: Some("platform_admins".into()),
             };
-            let mut event = NewEvent::new(EventKind::NodeLost, None, ("node", id), payload, now);
-            event.dedupe_key = Some(format!("node.lost:{id}:{}", seen.timestamp_micros()));
-            if self
-                .store
-                .record_event(&event)
-                .await
-                .map_err(internal("recording node lost"))?
-            {
-                told += 1;
-            }
+            let event = NewEvent::new(EventKind::NodeLost, None, ("node", id), payload, now);
+            let key = format!("node.lost:{id}:{}", seen.timestamp_micros());
+            told += usize::from(self.record_finding(event, key).await?);
         }
         Ok(told)
+    }
+
+    /// Writes an event a pass found, keyed by `key` so finding it again writes nothing;
+    /// `true` if it was new.
+    async fn record_finding(&self, mut event: NewEvent, key: String) -> Result<bool, AppError> {
+        event.dedupe_key = Some(key);
+        self.store
+            .record_event(&event)
+            .await
+            .map_err(internal("recording an event"))
     }
 
     /// Tells owners of allocations that end soon: once per allocation and end (extended,
@@ -686,26 +689,15 @@ impl Notifications {
                 Some(a.ends_at),
                 None,
             );
-            let mut event = NewEvent::new(
+            let event = NewEvent::new(
                 EventKind::Expiring,
                 Some(a.team_id),
                 ("allocation", a.id),
                 payload,
                 now,
             );
-            event.dedupe_key = Some(format!(
-                "expiring:{}:{}",
-                a.id,
-                a.ends_at.timestamp_micros()
-            ));
-            if self
-                .store
-                .record_event(&event)
-                .await
-                .map_err(internal("recording an expiry warning"))?
-            {
-                told += 1;
-            }
+            let key = format!("expiring:{}:{}", a.id, a.ends_at.timestamp_micros());
+            told += usize::from(self.record_finding(event, key).await?);
         }
         Ok(told)
     }

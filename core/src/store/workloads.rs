@@ -66,7 +66,7 @@ pub struct WorkloadRow {
 }
 
 /// How an attempt of a job ended, as recorded when the next one begins.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AttemptEnd {
     pub hostname: String,
     pub started_at: Option<DateTime<Utc>>,
@@ -82,13 +82,8 @@ pub struct AttemptEnd {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AttemptRow {
     pub attempt: i64,
-    pub hostname: String,
-    pub started_at: Option<DateTime<Utc>>,
-    pub ended_at: DateTime<Utc>,
-    pub exit_code: Option<i64>,
-    pub reason: String,
-    pub preempted: bool,
-    pub gpu_ms: i64,
+    #[sqlx(flatten)]
+    pub end: AttemptEnd,
 }
 
 /// Records attempt `$attempt` of workload `$id` as `$ended` ([`AttemptEnd`]) in `$tx`

@@ -243,17 +243,7 @@ while true; do sleep 0.2; done"#,
         ran_ms > 0 && (gpu_ms - ran_ms / 7).abs() <= 1,
         "{first_try}"
     );
-    let metrics = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let cost: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("tessera_preempted_gpu_minutes "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no preemption cost metric: {metrics}"));
+    let cost = metric(app, "tessera_preempted_gpu_minutes").await;
     assert!(cost >= gpu_ms as f64 / 60_000.0 - 1e-9, "{cost}");
 
     // Drained: nothing holds A any more. Undrain gives it back.
@@ -371,23 +361,7 @@ while true; do sleep 0.2; done"#;
             .contains("Xid 79"),
         "{unhealthy}"
     );
-    let metrics = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("tessera_gpus_unhealthy ") && l.ends_with(" 1")),
-        "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("unhealthy"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_eq!(metric(app, "tessera_gpus_unhealthy").await, 1.0);
 
     // Its job is warned (cause=health), moved off at the grace's end, and runs on B.
     let first = wait_for_state(&a, &first_alloc, "preempted").await;
@@ -440,4 +414,19 @@ while true; do sleep 0.2; done"#;
     }
     node_b.stop().await;
     node_a.stop().await;
+}
+
+/// The value of the unlabelled series `name` on the server's `/metrics`.
+async fn metric(app: &TestApp, name: &str) -> f64 {
+    let metrics = reqwest::get(app.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} on /metrics: {metrics}"))
 }

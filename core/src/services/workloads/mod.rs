@@ -703,13 +703,13 @@ impl Workloads {
                 .into_iter()
                 .map(|a| AttemptView {
                     attempt: u32::try_from(a.attempt).unwrap_or(0),
-                    hostname: a.hostname,
-                    started_at: a.started_at,
-                    ended_at: a.ended_at,
-                    exit_code: a.exit_code,
-                    reason: a.reason,
-                    preempted: a.preempted,
-                    gpu_ms: a.gpu_ms,
+                    hostname: a.end.hostname,
+                    started_at: a.end.started_at,
+                    ended_at: a.end.ended_at,
+                    exit_code: a.end.exit_code,
+                    reason: a.end.reason,
+                    preempted: a.end.preempted,
+                    gpu_ms: a.end.gpu_ms,
                 })
                 .collect();
         }
