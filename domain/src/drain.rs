@@ -150,6 +150,12 @@ pub enum DeadlineCause {
     TimeLimit,
     /// Its GPU turned unhealthy (a critical Xid, an uncorrectable ECC error).
     Health,
+    /// Its capacity is booked by a team from this time on.
+    Booking,
+    /// An idle notebook is stopped by the platform's idle rule.
+    Idle,
+    /// Its owner, a team admin or a platform admin stopped it.
+    Stop,
 }
 
 impl DeadlineCause {
@@ -159,14 +165,18 @@ impl DeadlineCause {
             DeadlineCause::Drain => "drain",
             DeadlineCause::TimeLimit => "time_limit",
             DeadlineCause::Health => "health",
+            DeadlineCause::Booking => "booking",
+            DeadlineCause::Idle => "idle",
+            DeadlineCause::Stop => "stop",
         }
     }
 
-    /// The cause behind a stored `preempt_cause` (`reclaim` | `drain`).
+    /// The cause behind a stored `preempt_cause` (`reclaim` | `drain` | `health` | `booking`).
     pub fn of_preemption(stored: Option<&str>) -> DeadlineCause {
         match stored {
             Some("drain") => DeadlineCause::Drain,
             Some("health") => DeadlineCause::Health,
+            Some("booking") => DeadlineCause::Booking,
             _ => DeadlineCause::Preempted,
         }
     }
@@ -226,6 +236,9 @@ pub fn deadline_message(cause: DeadlineCause, detail: &str) -> String {
         DeadlineCause::Drain => "its node is drained by a platform admin",
         DeadlineCause::TimeLimit => "its allocation's time runs out",
         DeadlineCause::Health => "its GPU turned unhealthy and is taken out of service",
+        DeadlineCause::Booking => "its capacity is booked by a team from this time on",
+        DeadlineCause::Idle => "the notebook has been idle and is stopped by the idle rule",
+        DeadlineCause::Stop => "it was stopped by its owner or an admin",
     };
     if detail.is_empty() {
         base.to_owned()
