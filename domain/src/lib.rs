@@ -8,6 +8,7 @@ pub mod account;
 pub mod alloc;
 pub mod audit;
 pub mod billing;
+pub mod booking;
 pub mod cluster;
 pub mod drain;
 pub mod error;
