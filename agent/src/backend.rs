@@ -177,6 +177,12 @@ pub trait GpuBackend: Send + Sync {
     fn health(&self, _gpu: &str) -> Option<GpuHealth> {
         None
     }
+
+    /// How the driver's critical Xid events are watched for this GPU, in words (the
+    /// registration result `tessera-agent inventory` prints); `None` without a watcher.
+    fn xid_watch(&self, _gpu: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Reads everything the server needs to know about the node. Per-GPU read

@@ -14,6 +14,7 @@
 //!   [`seccomp`]: its syscall filter, [`network`]: its network namespace and policy.
 //! - [`mps`]: shared GPUs: the MPS control daemon per GPU (real and simulated), its
 //!   supervision, and what the heartbeat reports of every shared GPU.
+//! - [`xid`]: critical Xid events per GPU, counted by [`nvml`]'s event thread for health.
 //! - [`run`]: the process loop tying these together.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,3 +33,4 @@ pub mod sim;
 pub mod spool;
 pub mod telemetry;
 pub mod workloads;
+pub mod xid;

@@ -336,7 +336,7 @@ fn print_catalog_check(catalog: &tessera_domain::mig::Catalog, g: &tessera_domai
     }
 }
 
-fn print_summary(inv: &tessera_domain::wire::Inventory) {
+fn print_summary(inv: &tessera_domain::wire::Inventory, backend: &dyn GpuBackend) {
     let catalog = tessera_domain::mig::Catalog::builtin();
     for g in &inv.gpus {
         let mode = g
@@ -365,6 +365,20 @@ fn print_summary(inv: &tessera_domain::wire::Inventory) {
             println!("  profiles: {e}");
         }
         print_catalog_check(&catalog, g);
+        match &g.health {
+            Some(h) => println!(
+                "  health: {} critical Xid(s) (last {}), {} uncorrectable ECC error(s), \
+                 retirement pending {}",
+                h.xid_count,
+                h.last_xid.map_or_else(|| "-".to_owned(), |x| x.to_string()),
+                h.ecc_uncorrected,
+                h.retirement_pending
+            ),
+            None => println!("  health: not readable"),
+        }
+        if let Some(w) = backend.xid_watch(&g.uuid) {
+            println!("  xid events: {w}");
+        }
         for i in &g.instances {
             for ci in &i.compute_instances {
                 println!(
@@ -410,7 +424,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             std::io::Write::write_all(&mut out, b"\n")?;
         } else {
-            print_summary(&inv);
+            print_summary(&inv, backend.as_ref());
             for s in &samples {
                 println!("sample {s:?}");
             }

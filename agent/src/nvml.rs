@@ -17,6 +17,17 @@
 //! NVML cannot give (GPU utilization with MIG on; per-GI SM utilization is
 //! not sampled yet, which would need GPM on Hopper).
 //!
+//! Critical Xid events: a thread of their own ([`XidWatcher`]) holds an NVML event set
+//! (not `Sync`), registers every GPU for `nvmlEventTypeXidCriticalError` and waits on it,
+//! counting per GPU UUID into an [`XidLog`] that `health()` reads. Traps handled:
+//! - `Device::register_events` frees the whole set on *any* error, dropping the GPUs
+//!   already registered, while NVML keeps the set usable after NOT_SUPPORTED: we check
+//!   `supported_event_types` first and register through the raw call; only on UNKNOWN
+//!   (set undefined, per NVML) is the set rebuilt and the earlier GPUs registered again;
+//! - with MIG on, events are registered on the parent GPU (the one enumeration returns):
+//!   NVML delivers a MIG instance's Xids there, with the GI/CI IDs in the event;
+//! - `EventSet::wait` answers TIMEOUT when nothing came (or on an interrupt): normal.
+//!
 //! Not yet run on hardware: compile-checked only.
 
 // NVML's MIG management API is only reachable through raw FFI calls (see the
@@ -26,16 +37,23 @@
 use std::collections::BTreeMap;
 use std::mem;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use nvml_wrapper::Device as NvDevice;
 use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     ComputeMode as NvComputeMode, EccCounter, MemoryError, TemperatureSensor,
 };
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_try, nvml_try_count};
+use nvml_wrapper::event::EventSet;
 use nvml_wrapper_sys::bindings::{
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
     nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
 };
 use tessera_domain::wire::{
@@ -44,6 +62,7 @@ use tessera_domain::wire::{
 };
 
 use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
+use crate::xid::{Registration, XidLog, gpu_health};
 
 /// Upper bound on profile indices we probe; NVML answers INVALID_ARGUMENT
 /// past the real end long before this.
@@ -53,6 +72,7 @@ const SUCCESS: u32 = nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS;
 const NOT_SUPPORTED: u32 = nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 const INVALID_ARGUMENT: u32 =
     nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+const UNKNOWN: u32 = nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 const MIB: u64 = 1024 * 1024;
 
 fn kind_of(e: &NvmlError) -> ErrorKind {
@@ -116,15 +136,28 @@ struct MigHandleInfo {
 }
 
 pub struct NvmlBackend {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
+    xids: Arc<XidLog>,
+    /// Stops and joins the event thread when the backend is dropped.
+    _xid_watcher: Option<XidWatcher>,
 }
 
 impl NvmlBackend {
-    /// Loads `libnvidia-ml.so.1`. Fails with a readable message where there
-    /// is no NVIDIA driver.
+    /// Loads `libnvidia-ml.so.1` and starts the critical-Xid watcher (its GPU
+    /// registrations are done when this returns). Fails with a readable message where
+    /// there is no NVIDIA driver.
     pub fn init() -> anyhow::Result<NvmlBackend> {
         match Nvml::init() {
-            Ok(nvml) => Ok(NvmlBackend { nvml }),
+            Ok(nvml) => {
+                let nvml = Arc::new(nvml);
+                let xids = Arc::new(XidLog::new());
+                let watcher = XidWatcher::start(Arc::clone(&nvml), Arc::clone(&xids));
+                Ok(NvmlBackend {
+                    nvml,
+                    xids,
+                    _xid_watcher: watcher,
+                })
+            }
             Err(e) => Err(anyhow::anyhow!(
                 "cannot load NVML (libnvidia-ml.so.1): {e}. Is the NVIDIA driver installed? \
                  Use --simulate to run against simulated GPUs."
@@ -635,22 +668,26 @@ impl GpuBackend for NvmlBackend {
         .map_err(err(CALL))
     }
 
-    /// Volatile uncorrectable ECC errors and pages waiting for retirement. Critical Xid
-    /// events need an NVML event set watched by a thread: not read yet (docs/operations.md).
+    /// Critical Xids since the agent started (the event thread's count, where the GPU
+    /// could be registered), volatile uncorrectable ECC errors and pages waiting for
+    /// retirement (docs/operations.md, "GPU health").
     fn health(&self, gpu: &str) -> Option<GpuHealth> {
-        let dev = self.device("health", gpu).ok()?;
-        let ecc = dev
-            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-            .ok();
-        let pending = dev.are_pages_pending_retired().ok();
-        if ecc.is_none() && pending.is_none() {
-            return None;
-        }
-        Some(GpuHealth {
-            xid_count: 0,
-            last_xid: None,
-            ecc_uncorrected: ecc.unwrap_or(0),
-            retirement_pending: pending.unwrap_or(false),
+        let xid = self.xids.counts(gpu);
+        let dev = self.device("health", gpu).ok();
+        let ecc = dev.as_ref().and_then(|d| {
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok()
+        });
+        let pending = dev
+            .as_ref()
+            .and_then(|d| d.are_pages_pending_retired().ok());
+        gpu_health(xid, ecc, pending)
+    }
+
+    fn xid_watch(&self, gpu: &str) -> Option<String> {
+        Some(match self.xids.registration(gpu) {
+            Some(r) => r.to_string(),
+            None => "not registered (the watcher did not reach this GPU)".to_owned(),
         })
     }
 
@@ -687,5 +724,252 @@ impl GpuBackend for NvmlBackend {
             },
             mig_devices,
         })
+    }
+}
+
+/// How long one `EventSet::wait` blocks: the longest a dropped backend waits for the
+/// event thread to stop.
+const XID_WAIT_MS: u32 = 500;
+/// How long `init` waits for the GPUs' registrations.
+const XID_REGISTER_WAIT: Duration = Duration::from_secs(10);
+
+/// The critical-Xid event thread; dropping it stops and joins the thread.
+struct XidWatcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl XidWatcher {
+    /// Spawns the thread and waits until it has registered the GPUs (or given up), so
+    /// that `health()` and `inventory` see every registration result.
+    fn start(nvml: Arc<Nvml>, xids: Arc<XidLog>) -> Option<XidWatcher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("nvml-xid".to_owned())
+                .spawn(move || watch_xids(&nvml, &xids, &stop, &ready_tx))
+        };
+        match thread {
+            Ok(thread) => {
+                if ready_rx.recv_timeout(XID_REGISTER_WAIT).is_err() {
+                    tracing::warn!("critical Xid watcher: registration still running");
+                }
+                Some(XidWatcher {
+                    stop,
+                    thread: Some(thread),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the critical Xid watcher; \
+                    Xids are not counted");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for XidWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::warn!("the critical Xid watcher panicked");
+        }
+    }
+}
+
+/// What the raw `nvmlDeviceRegisterEvents` return code means for that GPU, and whether
+/// the set must be rebuilt (UNKNOWN: NVML says the set is then undefined).
+fn registration_of(rc: u32) -> (Registration, bool) {
+    match rc {
+        SUCCESS => (Registration::Watching, false),
+        NOT_SUPPORTED => (Registration::NotSupported, false),
+        UNKNOWN => (Registration::Failed(NvmlError::from(rc).to_string()), true),
+        other => (
+            Registration::Failed(NvmlError::from(other).to_string()),
+            false,
+        ),
+    }
+}
+
+/// The event thread: registers every GPU, then waits for events until `stop`.
+fn watch_xids(nvml: &Nvml, xids: &XidLog, stop: &AtomicBool, ready: &mpsc::Sender<()>) {
+    let registered = register_xids(nvml, xids);
+    // The receiver may have stopped waiting: nothing to tell then.
+    let _ = ready.send(());
+    let Some((set, watched)) = registered else {
+        return;
+    };
+    let mut last_error: Option<String> = None;
+    while !stop.load(Ordering::Relaxed) {
+        match set.wait(XID_WAIT_MS) {
+            Ok(ev) => {
+                last_error = None;
+                if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                    continue;
+                }
+                let code = match ev.event_data {
+                    Some(XidError::Value(v)) => Some(v),
+                    Some(XidError::Unknown) | None => None,
+                };
+                match event_gpu(&ev.device, &watched) {
+                    Some(gpu) => {
+                        tracing::warn!(gpu, xid = ?code, "critical Xid event");
+                        xids.record(&gpu, code);
+                    }
+                    None => tracing::warn!(xid = ?code, "critical Xid event on a GPU \
+                        the agent cannot name"),
+                }
+            }
+            // Nothing within the timeout, or an interrupt.
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                // E.g. GPU_IS_LOST. Log each new error once, and do not spin on it.
+                let text = e.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(error = %text, "waiting for critical Xid events failed");
+                    last_error = Some(text);
+                }
+                std::thread::sleep(Duration::from_millis(u64::from(XID_WAIT_MS)));
+            }
+        }
+    }
+}
+
+/// The GPU UUID of an event's device: the registered handle it is (with MIG on, NVML
+/// reports the parent GPU), else asked from the device, going up from a MIG device.
+fn event_gpu(dev: &NvDevice<'_>, watched: &[(nvmlDevice_t, String)]) -> Option<String> {
+    // SAFETY: the handle is only compared, never dereferenced.
+    let handle = unsafe { dev.handle() };
+    if let Some((_, uuid)) = watched.iter().find(|(h, _)| *h == handle) {
+        return Some(uuid.clone());
+    }
+    if matches!(dev.mig_is_mig_device_handle(), Ok(true)) {
+        return dev.mig_parent_device().and_then(|p| p.uuid()).ok();
+    }
+    dev.uuid().ok()
+}
+
+/// Creates the event set and registers every GPU for critical Xid events, noting each
+/// result in `xids`. `None` when no GPU could be registered (the thread then ends).
+fn register_xids<'n>(
+    nvml: &'n Nvml,
+    xids: &XidLog,
+) -> Option<(EventSet<'n>, Vec<(nvmlDevice_t, String)>)> {
+    let mut gpus = Vec::new();
+    match nvml.device_count() {
+        Ok(n) => {
+            for index in 0..n {
+                match nvml.device_by_index(index).and_then(|d| Ok((d.uuid()?, d))) {
+                    Ok(g) => gpus.push(g),
+                    Err(e) => tracing::warn!(index, error = %e, "critical Xid watcher: \
+                        GPU unreachable"),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "critical Xid watcher: cannot count the GPUs");
+            return None;
+        }
+    }
+    let fail_all = |why: String| {
+        for (uuid, _) in &gpus {
+            xids.registered(uuid, Registration::Failed(why.clone()));
+        }
+    };
+    let mut set = match nvml.create_event_set() {
+        Ok(s) => s,
+        Err(e) => {
+            fail_all(format!("cannot create an NVML event set: {e}"));
+            return None;
+        }
+    };
+    let register = match nvml.lib().nvmlDeviceRegisterEvents.as_ref() {
+        Ok(f) => f,
+        Err(e) => {
+            fail_all(format!("nvmlDeviceRegisterEvents: {e}"));
+            return None;
+        }
+    };
+    let bits = EventTypes::CRITICAL_XID_ERROR.bits();
+    let mut watched: Vec<(nvmlDevice_t, String)> = Vec::new();
+    for (uuid, dev) in &gpus {
+        let supported = match dev.supported_event_types() {
+            Ok(t) => t.contains(EventTypes::CRITICAL_XID_ERROR),
+            Err(NvmlError::NotSupported) => false,
+            Err(e) => {
+                xids.registered(uuid, Registration::Failed(e.to_string()));
+                continue;
+            }
+        };
+        if !supported {
+            xids.registered(uuid, Registration::NotSupported);
+            continue;
+        }
+        // SAFETY: a live device handle and the live set, both from this `Nvml`; the raw
+        // call leaves the set usable after NOT_SUPPORTED, unlike `register_events`.
+        let handle = unsafe { dev.handle() };
+        let rc = unsafe { register(handle, bits, set.handle()) };
+        let (r, rebuild) = registration_of(rc);
+        if r == Registration::Watching {
+            watched.push((handle, uuid.clone()));
+        }
+        tracing::info!(gpu = %uuid, registration = %r, "critical Xid watcher");
+        xids.registered(uuid, r);
+        if rebuild {
+            // The set is undefined now: a new one, with the GPUs registered so far.
+            drop(set);
+            set = match nvml.create_event_set() {
+                Ok(s) => s,
+                Err(e) => {
+                    for (_, uuid) in &watched {
+                        xids.registered(
+                            uuid,
+                            Registration::Failed(format!("cannot rebuild the event set: {e}")),
+                        );
+                    }
+                    return None;
+                }
+            };
+            watched.retain(|(h, uuid)| {
+                // SAFETY: as above; the handles are still live.
+                let rc = unsafe { register(*h, bits, set.handle()) };
+                let (r, _) = registration_of(rc);
+                let ok = r == Registration::Watching;
+                xids.registered(uuid, r);
+                ok
+            });
+        }
+    }
+    if watched.is_empty() {
+        None
+    } else {
+        Some((set, watched))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registration_results_from_nvml_return_codes() {
+        assert_eq!(registration_of(SUCCESS), (Registration::Watching, false));
+        // NOT_SUPPORTED leaves the set usable: nothing to rebuild.
+        assert_eq!(
+            registration_of(NOT_SUPPORTED),
+            (Registration::NotSupported, false)
+        );
+        // UNKNOWN leaves it undefined: rebuild.
+        let (r, rebuild) = registration_of(UNKNOWN);
+        assert!(matches!(r, Registration::Failed(_)));
+        assert!(rebuild);
+        let gpu_lost = nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+        let (r, rebuild) = registration_of(gpu_lost);
+        assert_eq!(r, Registration::Failed(NvmlError::GpuLost.to_string()));
+        assert!(!rebuild);
     }
 }
