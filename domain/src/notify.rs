@@ -330,6 +330,7 @@ pub fn preempt_cause_words(cause: Option<&str>) -> &'static str {
     match cause {
         Some("drain") => "its node is drained by a platform admin",
         Some("health") => "its GPU turned unhealthy and is taken out of service",
+        Some("booking") => "its capacity is booked by a team from this time on",
         _ => "borrowed capacity is reclaimed for a team's guaranteed share",
     }
 }

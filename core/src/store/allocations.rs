@@ -180,7 +180,9 @@ impl<'a> Transition<'a> {
 pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.count, a.units, a.priority, \
                     a.purpose, a.state, a.duration_minutes, a.starts_at, a.created_at, a.active_at, \
                     a.ends_at, a.approver, a.approval_reason, a.pending_reason, a.devices, \
-                    a.release_cause, a.preempt_at, a.preempt_cause, a.idempotency_key, a.over_limit, \
+                    a.release_cause, a.preempt_at, \
+                    CASE WHEN a.preempt_booking IS NOT NULL THEN 'booking' ELSE a.preempt_cause END \
+                    AS preempt_cause, a.idempotency_key, a.over_limit, \
                     a.over_budget";
 
 pub(super) const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
@@ -342,7 +344,8 @@ impl Store {
                    pending_reason = CASE WHEN $8 THEN $9 ELSE pending_reason END, \
                    approval_reason = COALESCE($10, approval_reason), \
                    preempt_at = CASE WHEN $3 = 'active' THEN preempt_at ELSE NULL END, \
-                   preempt_cause = CASE WHEN $3 = 'active' THEN preempt_cause ELSE NULL END \
+                   preempt_cause = CASE WHEN $3 = 'active' THEN preempt_cause ELSE NULL END, \
+                   preempt_booking = CASE WHEN $3 = 'active' THEN preempt_booking ELSE NULL END \
                    WHERE id = $1 AND state = $2 RETURNING team_id, model, user_id, units";
         let (set_pending, pending) = match &c.pending_reason {
             Some(p) => (true, p.clone()),
@@ -405,8 +408,8 @@ impl Store {
         id: Uuid,
         at: Option<(DateTime<Utc>, &str)>,
     ) -> Result<(), StoreError> {
-        let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = $3 \
-                   WHERE id = $1 AND state = 'active'";
+        let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = $3, \
+                   preempt_booking = NULL WHERE id = $1 AND state = 'active'";
         let (deadline, cause) = at.map_or((None, None), |(t, c)| (Some(t), Some(c)));
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;

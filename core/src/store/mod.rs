@@ -8,6 +8,7 @@
 mod admission;
 mod allocations;
 mod billing;
+mod bookings;
 mod changes;
 mod drains;
 mod health;
@@ -15,6 +16,7 @@ mod leader;
 mod node_state;
 mod nodes;
 pub(crate) mod outbox;
+mod spares;
 mod sso;
 mod teams;
 mod tokens;
@@ -26,6 +28,7 @@ pub use allocations::{
     AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
+pub use bookings::{BookingListRow, BookingRow, BookingStanding};
 pub use drains::DrainRow;
 pub use health::HealthRow;
 pub use leader::{Lease, ReplicaRow, WakeListener, sqlite_file};
@@ -37,6 +40,7 @@ pub use outbox::{
     DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow, Recipient,
     WebhookRow,
 };
+pub use spares::SpareRow;
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};

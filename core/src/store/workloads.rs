@@ -181,6 +181,14 @@ pub struct WorkloadListRow {
     pub alloc_preempt_at: Option<DateTime<Utc>>,
     #[sqlx(default)]
     pub alloc_preempt_cause: Option<String>,
+    /// A deadline the workload service told this workload (`idle`, `stop`), and when.
+    #[sqlx(default)]
+    pub deadline_at: Option<DateTime<Utc>>,
+    #[sqlx(default)]
+    pub deadline_cause: Option<String>,
+    /// Its team's own grace in seconds (`None`: the platform maximum).
+    #[sqlx(default)]
+    pub team_grace_secs: Option<i64>,
 }
 
 /// A team's notebook profile, with the team's name.
@@ -205,7 +213,9 @@ fn joined(filter: &str) -> String {
     format!(
         "SELECT {COLS}, t.name AS team_name, u.username AS username, a.state AS alloc_state, \
          a.kind AS alloc_kind, a.ends_at AS alloc_ends_at, a.preempt_at AS alloc_preempt_at, \
-         a.preempt_cause AS alloc_preempt_cause FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
+         CASE WHEN a.preempt_booking IS NOT NULL THEN 'booking' ELSE a.preempt_cause END AS alloc_preempt_cause, w.deadline_at AS deadline_at, \
+         w.deadline_cause AS deadline_cause, t.preemption_grace_secs AS team_grace_secs \
+         FROM workloads w JOIN teams t ON t.id = w.team_id JOIN users u ON u.id = w.user_id \
          JOIN allocations a ON a.id = w.allocation_id {filter}"
     )
 }
@@ -222,6 +232,31 @@ pub struct WorkloadChange {
 }
 
 impl Store {
+    /// Tells workload `id` a deadline (`idle`, `stop`) while it is in `state`; `false`
+    /// when it moved on.
+    pub async fn set_workload_deadline(
+        &self,
+        id: Uuid,
+        state: &str,
+        at: DateTime<Utc>,
+        cause: &str,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE workloads SET deadline_at = $3, deadline_cause = $4 \
+                   WHERE id = $1 AND state = $2";
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(state).bind(at).bind(cause)
+            .execute(pool).await?.rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Withdraws workload `id`'s deadline if it is still the `cause` one.
+    pub async fn clear_workload_deadline(&self, id: Uuid, cause: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE workloads SET deadline_at = NULL, deadline_cause = NULL \
+                   WHERE id = $1 AND deadline_cause = $2";
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(cause)
+            .execute(pool).await?.rows_affected());
+        Ok(n == 1)
+    }
+
     /// Inserts a workload; `false` when a live notebook of the same user already has its
     /// name, or the idempotency key was used.
     pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, StoreError> {

@@ -37,8 +37,11 @@ use tessera_domain::wire::{
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+mod grace;
+mod bookings;
 mod scheduler;
 mod snapshot;
+mod spares;
 
 use snapshot::PendingContext;
 
@@ -66,6 +69,8 @@ pub struct Allocations {
     /// How long an allocation may stay `placing` (its node not reporting the device)
     /// before it fails with the node's last apply error.
     placing_timeout: Duration,
+    /// The hot spares as of the last scheduler pass.
+    spares: Arc<std::sync::RwLock<spares::SparePool>>,
 }
 
 /// Default limit on `placing`: creating a MIG instance takes seconds; a node that has not
@@ -130,6 +135,7 @@ impl Allocations {
             billing: None,
             node_grace: NODE_GRACE,
             placing_timeout: DEFAULT_PLACING_TIMEOUT,
+            spares: Arc::default(),
         }
     }
 

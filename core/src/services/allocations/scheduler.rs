@@ -69,18 +69,27 @@ impl Allocations {
             .out_of_service(Duration::seconds(tessera_domain::health::GRACE_SECS))
             .await
             .map_err(internal("loading drains"))?;
-        self.expire(&nodes, &inventories, &drains, now, &mut report)
-            .await?;
         let desired = self.desired_states().await?;
         let shared = shared_gpus(&desired);
+        // Hot spares, chosen before anything moves: the pool refills as work ends.
+        let spare_pool = self
+            .choose_spares(&nodes, &inventories, &drains, &shared, now)
+            .await?;
+        let mut spare_room = spare_pool.room();
+        self.expire(&nodes, &inventories, &drains, &mut spare_room, now, &mut report)
+            .await?;
         self.activate(&inventories, &shared, now, &mut report)
             .await?;
         let seen = Seen {
             nodes: &nodes,
             inventories: &inventories,
             drains: &drains,
+            spares: &spare_pool.gpus,
         };
-        self.place(&seen, &desired, &shared, now, &mut report)
+        // Bookings about to start: their allocations queued, borrowers warned.
+        let (booked, warned) = self.bookings_pass(now).await?;
+        report.warned += warned;
+        self.place(&seen, &desired, &shared, &booked, now, &mut report)
             .await?;
         Ok(report)
     }
@@ -91,6 +100,7 @@ impl Allocations {
         nodes: &[NodeRow],
         inventories: &HashMap<Uuid, Arc<Inventory>>,
         drains: &[DrainRow],
+        spare_room: &mut BTreeMap<String, u32>,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
@@ -140,6 +150,13 @@ impl Allocations {
             // An allocation past its end expires, whatever became of its node.
             let ended = state == AllocState::Active && a.ends_at.is_some_and(|e| e <= now);
             if let (Some(why), false) = (lost, ended) {
+                // A high-priority allocation whose node was lost moves to a hot spare.
+                if self.lost_node(a, nodes, now)
+                    && self.displace_to_spare(a, &why, spare_room, now).await?
+                {
+                    report.preempted += 1;
+                    continue;
+                }
                 if self
                     .step(
                         a.id,
@@ -167,6 +184,13 @@ impl Allocations {
                 continue;
             }
             if state != AllocState::Active {
+                continue;
+            }
+            // On a GPU that turned unhealthy, with a hot spare free: moved at once.
+            if let Some(why) = spares::unhealthy_under(a, drains)
+                && self.displace_to_spare(a, &why, spare_room, now).await?
+            {
+                report.preempted += 1;
                 continue;
             }
             // Drained: warned now (the deadline channel), released at the drain's deadline.
@@ -228,6 +252,9 @@ impl Allocations {
                             Some("health") => {
                                 "its GPU turned unhealthy (a critical Xid or an uncorrectable \
                                  ECC error) and was taken out of service"
+                            }
+                            Some("booking") => {
+                                "its capacity is booked by a team from this time on"
                             }
                             _ => "borrowed capacity reclaimed for a team's guaranteed share",
                         }),
@@ -306,6 +333,7 @@ impl Allocations {
         seen: &Seen<'_>,
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
+        booked: &BTreeSet<Uuid>,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
@@ -333,16 +361,21 @@ impl Allocations {
             .await?;
         // Placement moves nothing to active, so the pass's snapshot reuses these.
         let shares = self.fair_shares(now).await?;
-        let requests = planner_requests(&queued, &shares);
+        let requests = planner_requests(&queued, &shares, booked);
         let mut cluster = std::mem::take(&mut input.cluster);
         cluster.demand = self.recent_share_demand().await?;
-        let plan = match planner::plan(&cluster, &requests, &self.catalog) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "planner input rejected");
-                return Err(AppError::Internal);
-            }
+        // Allocations displaced from an unhealthy GPU or a lost node go to spares first.
+        let spare_ids = if input.spare_cluster.nodes.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.store
+                .displaced_queued()
+                .await
+                .map_err(internal("loading displaced allocations"))?
+                .into_iter()
+                .collect()
         };
+        let plan = self.plan_with_spares(&cluster, &input.spare_cluster, &requests, &spare_ids)?;
         let mut placed: HashMap<Uuid, Vec<AllocatedDevice>> = HashMap::new();
         for asg in &plan.assignments {
             let id_s = asg.request.split('#').next().unwrap_or_default();
@@ -398,11 +431,14 @@ impl Allocations {
                 }
                 r.push_str(&format!(" ({}: {})", a.model, out.join(", ")));
             }
+            if let (Some(n), Some(r)) = (input.spared.get(&a.model), pending_reason.get_mut(&a.id)) {
+                r.push_str(&spares::spare_note(&a.model, *n));
+            }
         }
         let still_waiting = self
             .settle_queue(&queued, placed, &pending_reason, now, report)
             .await?;
-        report.warned = self.preempt_for(&still_waiting, now).await?;
+        report.warned += self.preempt_for(&still_waiting, booked, now).await?;
         self.refresh_snapshot(now, shared, Some(shares)).await?;
         Ok(())
     }
@@ -540,6 +576,7 @@ impl Allocations {
     async fn preempt_for(
         &self,
         waiting: &[&AllocationRow],
+        booked: &BTreeSet<Uuid>,
         now: DateTime<Utc>,
     ) -> Result<u32, AppError> {
         let active = self
@@ -574,7 +611,7 @@ impl Allocations {
             let running: Vec<alloc::Running> = active
                 .iter()
                 .filter(|r| r.model == a.model && r.team_id != a.team_id)
-                .filter(|r| !victims.contains(&r.id))
+                .filter(|r| !victims.contains(&r.id) && !booked.contains(&r.id))
                 .filter_map(|r| {
                     let (team_used, team_guaranteed) = quota_of_team(r.team_id, &r.model);
                     Some(alloc::Running {
@@ -594,14 +631,17 @@ impl Allocations {
         }
         let mut warned = 0;
         for r in &active {
-            if matches!(r.preempt_cause.as_deref(), Some("drain" | "health")) {
+            if matches!(
+                r.preempt_cause.as_deref(),
+                Some("drain" | "health" | "booking")
+            ) {
                 // Goes anyway, at the drain's deadline.
                 continue;
             }
             let wanted = victims.contains(&r.id);
             match (wanted, r.preempt_at) {
                 (true, None) => {
-                    let at = now + self.preemption_grace;
+                    let at = now + self.grace_for(r.team_id).await?;
                     self.store
                         .set_preempt_at(r.id, Some((at, "reclaim")))
                         .await
@@ -661,6 +701,7 @@ impl Allocations {
             nodes,
             inventories,
             drains,
+            spares,
         } = *seen;
         let mut busy: BTreeSet<(String, Option<u8>)> = BTreeSet::new();
         for a in held {
@@ -672,6 +713,7 @@ impl Allocations {
         let mut input = PlannerInput::default();
         // Admins choose the shared GPUs; the planner never makes one.
         input.cluster.fixed_sharing = true;
+        input.spare_cluster.fixed_sharing = true;
         // A GPU whose desired layout is not applied yet is left out: its instances are
         // about to change.
         let applying: BTreeSet<(Uuid, &str)> = desired
@@ -689,6 +731,7 @@ impl Allocations {
             .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
         {
             let mut gpus = Vec::new();
+            let mut spare_gpus = Vec::new();
             let Some(inv) = inventories.get(&n.id) else {
                 continue;
             };
@@ -744,7 +787,7 @@ impl Allocations {
                     continue;
                 }
                 let whole_busy = busy.contains(&(g.uuid.clone(), None));
-                gpus.push(planner::Gpu {
+                let gpu = planner::Gpu {
                     index: g.index,
                     model: model.name().to_owned(),
                     mode: if mig_on {
@@ -759,12 +802,25 @@ impl Allocations {
                     instances: if mig_on { instances } else { Vec::new() },
                     busy: !mig_on && whole_busy,
                     used_milli: 0,
-                });
+                };
+                // A hot spare is planned only for displaced allocations.
+                if spares.contains(&g.uuid) {
+                    *input.spared.entry(model.name().to_owned()).or_default() += 1;
+                    spare_gpus.push(gpu);
+                } else {
+                    gpus.push(gpu);
+                }
             }
             input
                 .cluster
                 .nodes
                 .push(planner::Node::gpus_only(n.id.to_string(), gpus));
+            if !spare_gpus.is_empty() {
+                input
+                    .spare_cluster
+                    .nodes
+                    .push(planner::Node::gpus_only(n.id.to_string(), spare_gpus));
+            }
         }
         Ok(input)
     }
@@ -775,6 +831,7 @@ impl Allocations {
 fn planner_requests(
     queued: &[AllocationRow],
     shares: &BTreeMap<TeamId, FairShare>,
+    booked: &BTreeSet<Uuid>,
 ) -> Vec<planner::Request> {
     let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
     let order = alloc::order_queue(&entries, shares);
@@ -785,7 +842,12 @@ fn planner_requests(
         let Ok(kind) = a.kind.parse::<GpuKind>() else {
             continue;
         };
-        let priority = total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0);
+        // A booking's allocation goes before the whole queue: its capacity was promised.
+        let priority = if booked.contains(&a.id) {
+            total.saturating_add(1)
+        } else {
+            total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0)
+        };
         let base = planner::Request {
             team: Some(a.team_id.to_string()),
             priority,
@@ -822,6 +884,8 @@ struct Seen<'a> {
     nodes: &'a [NodeRow],
     inventories: &'a HashMap<Uuid, Arc<Inventory>>,
     drains: &'a [DrainRow],
+    /// This pass's hot spares (GPU UUIDs).
+    spares: &'a BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -833,4 +897,8 @@ struct PlannerInput {
     instances: HashMap<String, Vec<DesiredInstance>>,
     /// Model → GPUs of it left out: (drained by an admin, unhealthy).
     drained: HashMap<String, (u32, u32)>,
+    /// The hot spares: only they, for displaced allocations.
+    spare_cluster: planner::Cluster,
+    /// Model → spare GPUs left out of ordinary placement.
+    spared: HashMap<String, u32>,
 }

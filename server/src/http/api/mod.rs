@@ -35,6 +35,7 @@ use uuid::Uuid;
 
 mod allocations;
 mod billing;
+mod bookings;
 mod nodes;
 mod notifications;
 mod teams;
@@ -44,6 +45,7 @@ mod workloads;
 
 use allocations::*;
 use billing::*;
+use bookings::*;
 use nodes::*;
 use notifications::*;
 use teams::*;
@@ -111,6 +113,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(reset_password))
         .routes(routes!(list_teams, create_team))
         .routes(routes!(get_team, rename_team))
+        .routes(routes!(get_team_grace, set_team_grace))
         .routes(routes!(archive_team))
         .routes(routes!(unarchive_team))
         .routes(routes!(list_members, add_member))
@@ -136,6 +139,9 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(extend_allocation))
         .routes(routes!(approve_allocation))
         .routes(routes!(deny_allocation))
+        .routes(routes!(list_bookings, create_booking))
+        .routes(routes!(get_booking))
+        .routes(routes!(cancel_booking))
         .routes(routes!(list_quotas))
         .routes(routes!(set_quota))
         .routes(routes!(set_team_priority))
