@@ -247,6 +247,78 @@ pub fn deadline_message(cause: DeadlineCause, detail: &str) -> String {
     }
 }
 
+/// The longest warning a user's or admin's stop gives (docs/operations.md): a stop is
+/// meant to be quick; preemptions and bookings use the team's whole grace.
+pub const MAX_STOP_GRACE: Duration = Duration::seconds(30);
+
+/// What a team admin sets (`PUT /api/v1/teams/{id}/grace`): the team's own warning before
+/// an early stop, in seconds, within the platform maximum. `null` (or absent) goes back to
+/// the platform maximum.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GraceRequest {
+    #[serde(default)]
+    pub preemption_grace_secs: Option<i64>,
+}
+
+/// A team's grace as its page and the API show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TeamGrace {
+    /// What the team set (`None`: the platform maximum applies).
+    pub preemption_grace_secs: Option<i64>,
+    /// What applies: the team's grace, or the platform maximum.
+    pub effective_secs: i64,
+    /// The platform maximum (`TESSERA_PREEMPTION_GRACE`).
+    pub max_secs: i64,
+}
+
+/// Checks a team's grace against the platform maximum; the error names the field.
+pub fn validate_grace(req: &GraceRequest, max: Duration) -> Result<Option<i64>, AppError> {
+    let Some(secs) = req.preemption_grace_secs else {
+        return Ok(None);
+    };
+    if secs < 0 {
+        return Err(AppError::invalid(
+            "preemption_grace_secs",
+            "the grace cannot be negative",
+        ));
+    }
+    if secs > max.num_seconds() {
+        return Err(AppError::invalid(
+            "preemption_grace_secs",
+            format!(
+                "at most the platform maximum, {} s (TESSERA_PREEMPTION_GRACE)",
+                max.num_seconds()
+            ),
+        ));
+    }
+    Ok(Some(secs))
+}
+
+/// The grace that applies to a team: its own (never above the maximum), else the maximum.
+pub fn effective_grace(team_secs: Option<i64>, max: Duration) -> Duration {
+    team_secs.map_or(max, |s| Duration::seconds(s.max(0)).min(max))
+}
+
+/// How long a user's or admin's stop warns a running workload before SIGTERM: only when
+/// the workload asked for the warning signal or its team set a grace, at most
+/// [`MAX_STOP_GRACE`] and never above the team's grace; `None`: it stops at once (also
+/// when the request asks for an immediate stop).
+pub fn stop_grace(
+    team_secs: Option<i64>,
+    max: Duration,
+    asked_signal: bool,
+    immediate: bool,
+) -> Option<Duration> {
+    if immediate || (!asked_signal && team_secs.is_none()) {
+        return None;
+    }
+    let g = effective_grace(team_secs, max).min(MAX_STOP_GRACE);
+    (g > Duration::zero()).then_some(g)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,5 +438,40 @@ mod tests {
             d.file_text(),
             "cause=drain\ndeadline=2026-11-26T12:00:00Z\nmessage=two lines\n"
         );
+    }
+    #[test]
+    fn team_grace_within_the_maximum() {
+        let max = Duration::minutes(10);
+        let req = |s: Option<i64>| GraceRequest {
+            preemption_grace_secs: s,
+        };
+        assert_eq!(validate_grace(&req(Some(120)), max), Ok(Some(120)));
+        assert_eq!(validate_grace(&req(Some(600)), max), Ok(Some(600)));
+        assert_eq!(validate_grace(&req(None), max), Ok(None));
+        for bad in [601, -1] {
+            let e = validate_grace(&req(Some(bad)), max).expect_err("refused");
+            assert_eq!(e.field(), Some("preemption_grace_secs"));
+        }
+        assert_eq!(effective_grace(None, max), max);
+        assert_eq!(effective_grace(Some(90), max), Duration::seconds(90));
+        // A maximum lowered after the team set its grace caps it.
+        assert_eq!(effective_grace(Some(900), max), max);
+    }
+
+    #[test]
+    fn a_stop_warns_only_who_listens() {
+        let max = Duration::minutes(10);
+        // No signal asked, no team grace: at once, as before.
+        assert_eq!(stop_grace(None, max, false, false), None);
+        // Asked for the signal: the short stop grace.
+        assert_eq!(stop_grace(None, max, true, false), Some(MAX_STOP_GRACE));
+        // A team grace below it wins; zero means at once.
+        assert_eq!(
+            stop_grace(Some(5), max, false, false),
+            Some(Duration::seconds(5))
+        );
+        assert_eq!(stop_grace(Some(0), max, true, false), None);
+        // `now=true` always stops at once.
+        assert_eq!(stop_grace(Some(60), max, true, true), None);
     }
 }

@@ -66,6 +66,27 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// A team's own grace in seconds (the deadline channel); `None`: the platform maximum
+    /// (or no such team).
+    pub async fn team_grace_secs(&self, team: Uuid) -> Result<Option<i64>, StoreError> {
+        let sql = "SELECT preemption_grace_secs FROM teams WHERE id = $1";
+        let row: Option<(Option<i64>,)> = db!(self, pool => sqlx::query_as(sql).bind(team)
+            .fetch_optional(pool).await)?;
+        Ok(row.and_then(|r| r.0))
+    }
+
+    /// Sets (or, `None`, clears) a team's own grace; `false` if there is no such team.
+    pub async fn set_team_grace_secs(
+        &self,
+        team: Uuid,
+        secs: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE teams SET preemption_grace_secs = $2 WHERE id = $1";
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(team).bind(secs)
+            .execute(pool).await?.rows_affected());
+        Ok(n == 1)
+    }
+
     pub async fn team(&self, id: Uuid) -> Result<Option<TeamRow>, StoreError> {
         let sql = "SELECT id, name, archived, created_at FROM teams WHERE id = $1";
         db!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id).fetch_optional(pool).await)

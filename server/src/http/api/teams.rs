@@ -1,6 +1,7 @@
 //! Teams and their members.
 
 use super::*;
+use tessera_domain::drain::{GraceRequest, TeamGrace};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 pub(super) struct TeamBody {
@@ -55,6 +56,31 @@ pub(super) async fn unarchive_team(
     Path(team): Path<Uuid>,
 ) -> ApiResult<TeamView> {
     ok(s.tenancy.set_team_archived(&p, TeamId(team), false).await)
+}
+
+#[utoipa::path(get, path = "/api/v1/teams/{id}/grace", tag = "teams",
+    description = "The team's own grace before an early stop of its work (the deadline channel): \
+                   what it set, what applies, and the platform maximum (`TESSERA_PREEMPTION_GRACE`).",
+    responses((status = 200, description = "OK", body = TeamGrace), NotFound))]
+pub(super) async fn get_team_grace(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+) -> ApiResult<TeamGrace> {
+    ok(s.allocations.team_grace(&p, TeamId(team)).await)
+}
+
+#[utoipa::path(put, path = "/api/v1/teams/{id}/grace", tag = "teams", request_body = GraceRequest,
+    description = "Sets the team's grace in seconds (team admin or platform admin, audited): how \
+                   long its work is warned (signal, deadline file) before a reclaim preemption or \
+                   a booking stops it; a user's stop warns at most 30 s of it. `null` goes back to \
+                   the platform maximum; above it or negative: 422 on `preemption_grace_secs`.",
+    responses((status = 200, description = "OK", body = TeamGrace), Forbidden, NotFound, Invalid, Conflict))]
+pub(super) async fn set_team_grace(
+    Call(s, p): Call,
+    Path(team): Path<Uuid>,
+    JsonBody(b): JsonBody<GraceRequest>,
+) -> ApiResult<TeamGrace> {
+    ok(s.allocations.set_team_grace(&p, TeamId(team), &b).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
