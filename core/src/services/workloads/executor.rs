@@ -143,11 +143,17 @@ impl Workloads {
         let kind = w.kind;
         let state = w.state;
         let alloc_active = r.alloc_state == AllocState::Active;
+        let now = Utc::now();
+        // A stop that warns first keeps it running, told, until its deadline.
+        let warned_stop = state == WorkloadState::Stopping
+            && r.deadline_cause.as_deref() == Some(DeadlineCause::Stop.as_str())
+            && r.deadline_at.is_some_and(|d| d > now);
         let run = alloc_active
-            && matches!(
-                state,
-                WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Running
-            );
+            && (warned_stop
+                || matches!(
+                    state,
+                    WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Running
+                ));
         let base = wl::notebook_base_path(&r.username, &w.name);
         let argv = match kind {
             WorkloadKind::Notebook => self
@@ -194,7 +200,7 @@ impl Workloads {
                     .collect()
             },
             share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
-            deadline: run.then(|| deadline_of(r, signal, Utc::now())).flatten(),
+            deadline: run.then(|| deadline_of(r, signal, now)).flatten(),
         })
     }
 
@@ -453,19 +459,29 @@ impl Workloads {
 
 /// What a running workload is told about its end (docs/operations.md, "The deadline
 /// channel"): a preemption or drain deadline at once, its allocation's end ten minutes
-/// before.
+/// before, an idle notebook's stop in its warning window, a user's stop for its grace.
+/// The earliest wins.
 fn deadline_of(
     r: &WorkloadListRow,
     signal: &str,
     now: DateTime<Utc>,
 ) -> Option<tessera_domain::drain::Deadline> {
     use tessera_domain::drain;
-    let (at, cause) = drain::deadline_for(
+    let alloc = drain::deadline_for(
         r.alloc_ends_at,
         r.alloc_preempt_at,
         r.alloc_preempt_cause.as_deref(),
         now,
-    )?;
+    );
+    let own = match (r.deadline_at, r.deadline_cause.as_deref()) {
+        (Some(at), Some("idle")) => Some((at, DeadlineCause::Idle)),
+        (Some(at), Some("stop")) => Some((at, DeadlineCause::Stop)),
+        _ => None,
+    };
+    let (at, cause) = match (alloc, own) {
+        (Some(a), Some(o)) => Some(if o.0 < a.0 { o } else { a }),
+        (a, o) => a.or(o),
+    }?;
     Some(drain::Deadline {
         cause,
         at,

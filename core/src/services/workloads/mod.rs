@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tessera_domain::account::{Principal, Username};
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};
+use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::mig::Catalog;
@@ -789,8 +790,25 @@ impl Workloads {
         ))
     }
 
-    /// Stops a notebook or cancels a job (owner, team admin, platform admin).
+    /// Stops a notebook or cancels a job (owner, team admin, platform admin), warning it
+    /// first where it listens ([`Workloads::stop_with`]).
     pub async fn stop(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+        self.stop_with(p, id, false).await
+    }
+
+    /// Stops a notebook or cancels a job (owner, team admin, platform admin). A running
+    /// workload that asked for the warning signal (`TESSERA_DEADLINE_SIGNAL`), or whose
+    /// team set a grace, is first warned through the deadline channel (cause `stop`: the
+    /// deadline file and the signal) and stays `stopping` for the stop grace
+    /// ([`drain::stop_grace`]: at most 30 s), then gets SIGTERM and SIGKILL. `immediate`,
+    /// or a second stop during that grace, stops it at once; so does a stop of work that
+    /// has not started.
+    pub async fn stop_with(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        immediate: bool,
+    ) -> Result<WorkloadView, AppError> {
         let row = self.actionable(p, id).await?;
         let state = row.w.state;
         if !state.is_live() {
@@ -800,19 +818,73 @@ impl Workloads {
                 state.label().to_lowercase()
             )));
         }
-        if state != WorkloadState::Stopping {
-            let msg = format!("stopped by {}", p.username);
-            self.request_stop(&row.w, &msg).await?;
-            self.audit(
-                Some(p.username.as_str()),
-                &format!("{}.stop", row.w.kind.as_str()),
-                id,
-                row.w.team_id,
-                &msg,
-            )
-            .await;
+        let action = format!("{}.stop", row.w.kind.as_str());
+        let now = Utc::now();
+        if state == WorkloadState::Stopping {
+            // A second stop during the stop grace: at once.
+            if row.deadline_cause.as_deref() == Some(DeadlineCause::Stop.as_str())
+                && row.deadline_at.is_some_and(|d| d > now)
+                && self
+                    .store
+                    .clear_workload_deadline(id, DeadlineCause::Stop.as_str())
+                    .await
+                    .map_err(internal("stopping workload"))?
+            {
+                let msg = format!("stopped at once by {}", p.username);
+                self.audit(Some(p.username.as_str()), &action, id, row.w.team_id, &msg)
+                    .await;
+            }
+            return self.get(p, id).await;
         }
+        let mut msg = format!("stopped by {}", p.username);
+        let grace = if state == WorkloadState::Running && row.alloc_state == AllocState::Active {
+            drain::stop_grace(
+                row.team_grace_secs,
+                self.allocations.max_grace(),
+                !self.warning_signal(&row.w).is_empty(),
+                immediate,
+            )
+        } else {
+            None
+        };
+        let mut warned = false;
+        if let Some(g) = grace {
+            // Told before it is `stopping`: the node never sees it stopping untold.
+            let at = now + g;
+            warned = self
+                .store
+                .set_workload_deadline(id, state.as_str(), at, DeadlineCause::Stop.as_str())
+                .await
+                .map_err(internal("warning workload"))?;
+            if warned {
+                msg = format!(
+                    "{msg}; warned, it gets SIGTERM at {} UTC",
+                    at.format("%H:%M:%S")
+                );
+            }
+        }
+        if let Err(e) = self.request_stop(&row.w, &msg).await {
+            if warned {
+                let _ = self
+                    .store
+                    .clear_workload_deadline(id, DeadlineCause::Stop.as_str())
+                    .await;
+            }
+            return Err(e);
+        }
+        self.audit(Some(p.username.as_str()), &action, id, row.w.team_id, &msg)
+            .await;
         self.get(p, id).await
+    }
+
+    /// The signal `w` asked to be warned with (`TESSERA_DEADLINE_SIGNAL`), or `""`.
+    fn warning_signal(&self, w: &WorkloadRow) -> &'static str {
+        self.env_of(w)
+            .unwrap_or_default()
+            .iter()
+            .find(|v| v.name == drain::SIGNAL_VAR)
+            .and_then(|v| drain::signal_of(&v.value))
+            .unwrap_or_default()
     }
 
     /// Part of a workload's log from byte `from` (default: the last `max` bytes kept).

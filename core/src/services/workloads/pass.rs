@@ -170,12 +170,21 @@ impl Workloads {
         let attempt = w.attempt + 1;
         // One key per attempt: a report and a pass requeueing at once share one request.
         let key = format!("requeue:{}:{attempt}", w.id);
-        let fresh = match self.allocations.request(&owner, &req, Some(&key)).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(workload = %w.id, error = %e, "a preempted job could not be queued again");
-                return Ok(false);
-            }
+        // Moved to a hot spare: the job follows its allocation's replacement.
+        let spare = self
+            .store
+            .replacement_of(w.allocation_id)
+            .await
+            .map_err(internal("loading replacement"))?;
+        let fresh = match spare {
+            Some(id) => id,
+            None => match self.allocations.request(&owner, &req, Some(&key)).await {
+                Ok(a) => a.id,
+                Err(e) => {
+                    tracing::warn!(workload = %w.id, error = %e, "a preempted job could not be queued again");
+                    return Ok(false);
+                }
+            },
         };
         let note = format!("its GPU was preempted; queued again for a new one (attempt {attempt})");
         let why = old
@@ -192,7 +201,7 @@ impl Workloads {
                 w.id,
                 state.as_str(),
                 w.allocation_id,
-                fresh.id,
+                fresh,
                 attempt,
                 &note,
                 &ended,
@@ -211,12 +220,12 @@ impl Workloads {
             .await
             .map_err(internal("loading workload"))?
             .map(|r| r.w.allocation_id);
-        if now_on != Some(fresh.id) {
+        if now_on != Some(fresh) {
             self.allocations
-                .release_for_system(fresh.id, "its job had moved on")
+                .release_for_system(fresh, "its job had moved on")
                 .await?;
         }
-        Ok(now_on == Some(fresh.id))
+        Ok(now_on == Some(fresh))
     }
 
     /// Gives back the allocations of workloads that owned them and have ended (the job
@@ -328,6 +337,10 @@ impl Workloads {
                 } = decision
                 {
                     self.warn_idle(w, idle_since, stop_at, now).await?;
+                    self.tell_idle(r, Some(stop_at)).await?;
+                } else if !matches!(decision, IdleDecision::Reclaim { .. }) {
+                    // Used again: the warning is withdrawn (the node removes the file).
+                    self.tell_idle(r, None).await?;
                 }
                 if let IdleDecision::Reclaim { idle_since } = decision {
                     let m = format!(
@@ -353,6 +366,39 @@ impl Workloads {
         }
         report.released_allocations = self.release_ended_owners().await?;
         Ok(report)
+    }
+
+    /// The deadline channel for an idle notebook: in its warning window its processes are
+    /// told the stop (cause `idle`, at the time the idle rule stops it: the deadline file,
+    /// and the signal if it asked for one); `None` withdraws it once it is used again.
+    async fn tell_idle(
+        &self,
+        r: &WorkloadListRow,
+        stop_at: Option<DateTime<Utc>>,
+    ) -> Result<(), AppError> {
+        let idle = DeadlineCause::Idle.as_str();
+        let told = r.deadline_cause.as_deref() == Some(idle);
+        match stop_at {
+            Some(at) => {
+                let same = told
+                    && r.deadline_at
+                        .is_some_and(|d| (d - at).num_milliseconds().abs() < 1000);
+                if !same {
+                    self.store
+                        .set_workload_deadline(r.w.id, WorkloadState::Running.as_str(), at, idle)
+                        .await
+                        .map_err(internal("telling the idle deadline"))?;
+                }
+            }
+            None if told => {
+                self.store
+                    .clear_workload_deadline(r.w.id, idle)
+                    .await
+                    .map_err(internal("withdrawing the idle deadline"))?;
+            }
+            None => {}
+        }
+        Ok(())
     }
 
     /// Tells a notebook's owner it will be stopped for idleness: once per idle stretch

@@ -239,15 +239,28 @@ pub(super) async fn get_workload(
     ok(s.workloads.get(&p, id).await)
 }
 
-#[utoipa::path(post, path = "/api/v1/workloads/{id}/stop", tag = "workloads",
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StopQuery {
+    /// Stop at once, without the warning (also what a second stop during the warning does).
+    #[serde(default)]
+    now: bool,
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/stop", tag = "workloads", params(StopQuery),
     description = "Stops a notebook or cancels a job (owner, team admin, platform admin); its \
-                   process group is killed on the node.",
+                   process group is killed on the node. A running workload that asked for the \
+                   warning signal (`TESSERA_DEADLINE_SIGNAL`), or whose team set a grace, is \
+                   warned first (deadline file with cause `stop`, the signal) and stays \
+                   `stopping` for up to 30 s (never more than the team's grace) before SIGTERM; \
+                   `?now=true`, or a second stop meanwhile, stops it at once.",
     responses((status = 200, description = "OK", body = WorkloadView), Forbidden, NotFound, Conflict))]
 pub(super) async fn stop_workload(
     Call(s, p): Call,
     Path(id): Path<Uuid>,
+    Query(q): Query<StopQuery>,
 ) -> ApiResult<WorkloadView> {
-    ok(s.workloads.stop(&p, id).await)
+    ok(s.workloads.stop_with(&p, id, q.now).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
