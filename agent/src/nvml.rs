@@ -743,18 +743,30 @@ impl XidWatcher {
     /// Spawns the thread and waits until it has registered the GPUs (or given up), so
     /// that `health()` and `inventory` see every registration result.
     fn start(nvml: Arc<Nvml>, xids: Arc<XidLog>) -> Option<XidWatcher> {
+        XidWatcher::spawn(move |stop, ready| watch_xids(&nvml, &xids, stop, ready))
+    }
+
+    /// Runs `body` on the thread: it must send on `ready` once registered and return soon
+    /// after `stop` is set.
+    fn spawn<F>(body: F) -> Option<XidWatcher>
+    where
+        F: FnOnce(&AtomicBool, &mpsc::Sender<()>) + Send + 'static,
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
                 .name("nvml-xid".to_owned())
-                .spawn(move || watch_xids(&nvml, &xids, &stop, &ready_tx))
+                .spawn(move || body(&stop, &ready_tx))
         };
         match thread {
             Ok(thread) => {
                 if ready_rx.recv_timeout(XID_REGISTER_WAIT).is_err() {
-                    tracing::warn!("critical Xid watcher: registration still running");
+                    tracing::warn!(
+                        "critical Xid watcher: no registration result within 10 s \
+                         (still registering, or the thread ended)"
+                    );
                 }
                 Some(XidWatcher {
                     stop,
@@ -952,8 +964,34 @@ fn register_xids<'n>(
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watcher_is_registered_when_started_and_joined_when_dropped() {
+        let log = Arc::new(XidLog::new());
+        let ended = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (log, ended) = (Arc::clone(&log), Arc::clone(&ended));
+            XidWatcher::spawn(move |stop, ready| {
+                std::thread::sleep(Duration::from_millis(50));
+                log.registered("GPU-a", Registration::Watching);
+                ready.send(()).expect("ready");
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                ended.store(true, Ordering::Relaxed);
+            })
+        }
+        .expect("spawned");
+        // `spawn` returned after the registrations, not before.
+        assert_eq!(log.registration("GPU-a"), Some(Registration::Watching));
+        assert!(!ended.load(Ordering::Relaxed));
+        drop(watcher);
+        // Dropping stopped the loop and joined the thread.
+        assert!(ended.load(Ordering::Relaxed));
+    }
 
     #[test]
     fn registration_results_from_nvml_return_codes() {
