@@ -18,6 +18,7 @@ pub mod image;
 pub mod mig;
 pub mod notify;
 pub mod planner;
+pub mod spares;
 pub mod sso;
 pub mod tenancy;
 pub mod text;

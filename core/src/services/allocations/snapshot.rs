@@ -114,6 +114,8 @@ impl Allocations {
             .out_of_service(Duration::seconds(tessera_domain::health::GRACE_SECS))
             .await
             .map_err(internal("loading drains"))?;
+        // Hot spares are kept for displaced high-priority work: not capacity for teams.
+        let spare = self.spare_pool().gpus;
         let mut cap = HashMap::new();
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for n in nodes
@@ -127,7 +129,7 @@ impl Allocations {
                 let Some(m) = self.catalog.get(&g.name) else {
                     continue;
                 };
-                if drains.iter().any(|r| r.covers(n.id, &g.uuid)) {
+                if drains.iter().any(|r| r.covers(n.id, &g.uuid)) || spare.contains(&g.uuid) {
                     continue;
                 }
                 if shared.contains_key(&g.uuid) {

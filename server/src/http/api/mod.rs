@@ -38,6 +38,7 @@ mod billing;
 mod bookings;
 mod nodes;
 mod notifications;
+mod spares;
 mod teams;
 mod tokens;
 mod users;
@@ -48,6 +49,7 @@ use billing::*;
 use bookings::*;
 use nodes::*;
 use notifications::*;
+use spares::*;
 use teams::*;
 use tokens::*;
 use users::*;
@@ -130,6 +132,8 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(set_gpu_layout))
         .routes(routes!(set_gpu_sharing))
         .routes(routes!(clear_gpu_health))
+        .routes(routes!(list_spares))
+        .routes(routes!(set_spares, clear_spares))
         .routes(routes!(cluster_summary))
         .routes(routes!(list_servers))
         .routes(routes!(free_now))
