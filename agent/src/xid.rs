@@ -74,8 +74,14 @@ impl XidLog {
         self.lock().entry(gpu.to_owned()).or_default().registration = Some(r);
     }
 
-    /// One critical Xid on `gpu`; `code` is `None` when NVML reported it as unknown.
+    /// One critical Xid on `gpu`; `code` is `None` when NVML reported it as unknown. Xids
+    /// that user code causes (`tessera_domain::health::APPLICATION_XIDS`) are not counted:
+    /// one tenant's faulting kernel must not take the GPU away from everyone.
     pub fn record(&self, gpu: &str, code: Option<u64>) {
+        if !tessera_domain::health::is_fault_xid(code) {
+            tracing::info!(gpu, code, "application Xid (not a GPU fault)");
+            return;
+        }
         let mut gpus = self.lock();
         let c = &mut gpus.entry(gpu.to_owned()).or_default().counts;
         c.count = c.count.saturating_add(1);
@@ -122,6 +128,20 @@ mod tests {
     use std::sync::Arc;
     use tessera_domain::health::{Baseline, judge};
 
+    #[test]
+    fn application_xids_do_not_count_against_the_gpu() {
+        let log = XidLog::new();
+        log.registered("GPU-a", Registration::Watching);
+        for code in [13, 31, 43, 45, 68, 109] {
+            log.record("GPU-a", Some(code));
+        }
+        assert_eq!(log.counts("GPU-a").map(|c| c.count), Some(0));
+        log.record("GPU-a", Some(79));
+        log.record("GPU-a", Some(43));
+        let c = log.counts("GPU-a").expect("watched");
+        assert_eq!((c.count, c.last), (1, Some(79)));
+    }
+
     const A: &str = "GPU-aaaa";
     const B: &str = "GPU-bbbb";
 
@@ -164,12 +184,12 @@ mod tests {
         assert_eq!(log.counts(B), None);
         // An event for it all the same (e.g. its registration failed after a rebuild
         // while the old one still delivered) is not thrown away.
-        log.record(B, Some(31));
+        log.record(B, Some(48));
         assert_eq!(
             log.counts(B),
             Some(XidCounts {
                 count: 1,
-                last: Some(31)
+                last: Some(48)
             })
         );
     }
@@ -234,7 +254,7 @@ mod tests {
             let log = Arc::clone(&log);
             std::thread::spawn(move || {
                 for _ in 0..1000 {
-                    log.record(A, Some(13));
+                    log.record(A, Some(94));
                 }
             })
         };

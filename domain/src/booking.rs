@@ -308,7 +308,9 @@ mod tests {
         Utc.with_ymd_and_hms(2026, 12, 1, h, 0, 0).single().unwrap()
     }
     fn now() -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().unwrap()
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
+            .single()
+            .unwrap()
     }
     fn team(n: u128) -> Uuid {
         Uuid::from_u128(n)
@@ -340,8 +342,13 @@ mod tests {
 
     #[test]
     fn a_window_ahead_is_valid_and_counts_units() {
-        let b = check(&input("H100-80GB:whole", 2, "2026-12-01T09:00", "2026-12-01T17:00"))
-            .unwrap();
+        let b = check(&input(
+            "H100-80GB:whole",
+            2,
+            "2026-12-01T09:00",
+            "2026-12-01T17:00",
+        ))
+        .unwrap();
         assert_eq!(b.starts_at, t(9));
         assert_eq!(b.ends_at, t(17));
         assert_eq!(b.units(), 14);
@@ -363,7 +370,12 @@ mod tests {
         assert_eq!(field(&long), "ends_at");
         let far = input("H100-80GB:whole", 1, "2027-03-01T09:00", "2027-03-01T10:00");
         assert_eq!(field(&far), "starts_at");
-        let share = input("H100-80GB:share:250", 1, "2026-12-01T09:00", "2026-12-01T10:00");
+        let share = input(
+            "H100-80GB:share:250",
+            1,
+            "2026-12-01T09:00",
+            "2026-12-01T10:00",
+        );
         assert_eq!(field(&share), "kind");
         let none = input("H100-80GB:whole", 0, "2026-12-01T09:00", "2026-12-01T10:00");
         assert_eq!(field(&none), "count");
@@ -384,8 +396,13 @@ mod tests {
 
     #[test]
     fn admission_checks_cluster_team_limit_and_other_bookings() {
-        let b = check(&input("H100-80GB:whole", 1, "2026-12-01T10:00", "2026-12-01T12:00"))
-            .unwrap();
+        let b = check(&input(
+            "H100-80GB:whole",
+            1,
+            "2026-12-01T10:00",
+            "2026-12-01T12:00",
+        ))
+        .unwrap();
         let others = [held(2, 9, 11, 14)];
         let s = |capacity, limit, held| Standing {
             capacity,
@@ -403,7 +420,9 @@ mod tests {
         // The team's own bookings in the window count against its limit; others' do not.
         let mine = [held(1, 11, 13, 7)];
         assert_eq!(
-            admit(&b, team(1), &s(28, Some(13), &mine)).unwrap_err().field(),
+            admit(&b, team(1), &s(28, Some(13), &mine))
+                .unwrap_err()
+                .field(),
             Some("count")
         );
         assert!(admit(&b, team(1), &s(28, Some(14), &mine)).is_ok());

@@ -11,6 +11,16 @@ use crate::wire::GpuHealth;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+/// Xids that user code causes on a healthy GPU (a bad kernel's exception or page fault,
+/// a stopped or cleaned-up context, …): not GPU faults. NVIDIA's Kubernetes device plugin
+/// skips the same ones by default. A node does not count them against the GPU's health.
+pub const APPLICATION_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
+
+/// Whether an Xid (`None`: NVML's "unknown") counts against the GPU's health.
+pub fn is_fault_xid(code: Option<u64>) -> bool {
+    code.is_none_or(|c| !APPLICATION_XIDS.contains(&c))
+}
+
 /// How long the work on a GPU that turned unhealthy has to stop (its deadline, told
 /// through the deadline channel) before it is moved off.
 pub const GRACE_SECS: i64 = 30;
@@ -56,6 +66,8 @@ pub fn judge(h: &GpuHealth, base: Baseline) -> (Option<String>, Baseline) {
 pub fn xid_meaning(code: u64) -> &'static str {
     match code {
         13 => "graphics engine exception",
+        68 => "video processor exception",
+        109 => "context switch timeout",
         31 => "GPU memory page fault",
         43 => "GPU stopped processing",
         45 => "preemptive cleanup",

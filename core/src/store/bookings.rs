@@ -148,7 +148,10 @@ impl Store {
     }
 
     /// Live bookings that have their allocation (started, or about to), by model.
-    pub async fn bookings_started(&self, now: DateTime<Utc>) -> Result<Vec<BookingRow>, StoreError> {
+    pub async fn bookings_started(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<BookingRow>, StoreError> {
         let sql = format!(
             "SELECT {COLS} FROM bookings b WHERE b.allocation_id IS NOT NULL \
              AND b.cancelled_at IS NULL AND b.ends_at > $1 ORDER BY b.starts_at, b.id"

@@ -8,7 +8,7 @@
 
 use super::*;
 use crate::store::{BookingListRow, BookingRow};
-use tessera_domain::booking::{self, Borrower, BookingView, NewBooking, READY_LEAD};
+use tessera_domain::booking::{self, BookingView, Borrower, NewBooking, READY_LEAD};
 
 /// Most bookings one calendar read returns.
 const CALENDAR_LIMIT: i64 = 2000;
@@ -20,13 +20,8 @@ impl Allocations {
     pub async fn book(&self, p: &Principal, input: &NewBooking) -> Result<BookingView, AppError> {
         let now = Utc::now();
         let valid = booking::validate(input, &self.policy, &self.catalog, now)?;
-        let access = authz::team(
-            &self.store,
-            p,
-            valid.alloc.team_id(),
-            Need::ManageMembers,
-        )
-        .await?;
+        let access =
+            authz::team(&self.store, p, valid.alloc.team_id(), Need::ManageMembers).await?;
         if access.team.archived {
             return Err(AppError::conflict("the team is archived"));
         }
@@ -186,7 +181,9 @@ impl Allocations {
     async fn start_booking(&self, b: &BookingRow, now: DateTime<Utc>) -> Result<(), AppError> {
         let key = format!("booking:{}", b.id);
         let start = b.starts_at.max(now);
-        let minutes = ((b.ends_at - start).num_seconds() + 59).div_euclid(60).max(1);
+        let minutes = ((b.ends_at - start).num_seconds() + 59)
+            .div_euclid(60)
+            .max(1);
         let row = AllocationRow {
             purpose: if b.purpose.is_empty() {
                 "booking".to_owned()
@@ -252,7 +249,11 @@ impl Allocations {
     /// the units its model lacks are taken from borrowers (not other bookings), which are
     /// warned to be gone [`READY_LEAD`] before the start. Counted in units: a MIG layout
     /// may still need the planner to re-partition (docs/operations.md).
-    async fn clear_the_way(&self, started: &[BookingRow], now: DateTime<Utc>) -> Result<u32, AppError> {
+    async fn clear_the_way(
+        &self,
+        started: &[BookingRow],
+        now: DateTime<Utc>,
+    ) -> Result<u32, AppError> {
         let waiting: Vec<&BookingRow> = started
             .iter()
             .filter(|b| b.starts_at - READY_LEAD - self.preemption_grace <= now)
@@ -350,7 +351,11 @@ fn view(r: &BookingListRow, visible: bool, now: DateTime<Utc>) -> BookingView {
         units: to_u32(b.units),
         starts_at: b.starts_at,
         ends_at: b.ends_at,
-        purpose: if visible { b.purpose.clone() } else { String::new() },
+        purpose: if visible {
+            b.purpose.clone()
+        } else {
+            String::new()
+        },
         state: booking::state_label(b.cancelled_at.is_some(), b.allocation_id, b.ends_at, now)
             .to_owned(),
         booked_by: visible.then(|| r.username.clone()),

@@ -49,10 +49,7 @@ pub(super) async fn create_booking(
 #[utoipa::path(get, path = "/api/v1/bookings/{id}", tag = "bookings",
     description = "One booking of the caller's team; another team's is 404.",
     responses((status = 200, description = "OK", body = BookingView), NotFound))]
-pub(super) async fn get_booking(
-    Call(s, p): Call,
-    Path(id): Path<Uuid>,
-) -> ApiResult<BookingView> {
+pub(super) async fn get_booking(Call(s, p): Call, Path(id): Path<Uuid>) -> ApiResult<BookingView> {
     ok(s.allocations.booking(&p, id).await)
 }
 
