@@ -17,7 +17,7 @@ CREATE TABLE bookings (
     cancelled_at  TEXT,
     allocation_id BLOB REFERENCES allocations (id)
 );
-CREATE INDEX bookings_model_window ON bookings (model, ends_at);
+CREATE INDEX bookings_model_window ON bookings (model, starts_at);
 CREATE INDEX bookings_team ON bookings (team_id, ends_at);
 -- One row per model: a booking's admission bumps it first, so bookings of one model are
 -- admitted one at a time (PostgreSQL row lock; SQLite's writer lock does it anyway).

@@ -36,8 +36,12 @@ const COLS: &str = "b.id, b.team_id, b.user_id, b.kind, b.model, b.count, b.unit
     b.ends_at, b.purpose, b.created_at, b.cancelled_at, b.allocation_id";
 const LOCK: &str = "INSERT INTO booking_locks (model, n) VALUES ($1, 1) \
     ON CONFLICT (model) DO UPDATE SET n = booking_locks.n + 1";
+/// Bookings that overlap `[$2, $3)`; `$4` (the start less the longest a booking may be)
+/// bounds the index scan on `(model, starts_at)`.
 const OVERLAPPING: &str = "SELECT team_id, starts_at, ends_at, units FROM bookings \
-    WHERE model = $1 AND cancelled_at IS NULL AND ends_at > $2 AND starts_at < $3";
+    WHERE model = $1 AND starts_at >= $4 AND starts_at < $3 AND ends_at > $2 \
+    AND cancelled_at IS NULL";
+
 
 /// Where a new booking's team stands, read under the model's booking lock.
 #[derive(Debug, Clone)]
@@ -51,10 +55,11 @@ pub struct BookingStanding {
 impl Store {
     /// Admits `row` in one transaction: bookings of its model are admitted one at a time
     /// (the lock row), the overlapping ones and the team's limit are read, `rule` decides,
-    /// and the booking is stored only when it allows.
+    /// and the booking is stored only when it allows. `longest`: no booking is longer.
     pub async fn book(
         &self,
         row: &BookingRow,
+        longest: chrono::Duration,
         rule: impl FnOnce(&BookingStanding) -> Result<(), AppError>,
     ) -> Result<Result<(), AppError>, StoreError> {
         on_pool!(self, pool => {
@@ -62,6 +67,7 @@ impl Store {
             sqlx::query(LOCK).bind(&row.model).execute(&mut *tx).await?;
             let held: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>, i64)> = sqlx::query_as(OVERLAPPING)
                 .bind(&row.model).bind(row.starts_at).bind(row.ends_at)
+                .bind(row.starts_at - longest)
                 .fetch_all(&mut *tx).await?;
             let team_limit: Option<i64> = sqlx::query_scalar(
                 "SELECT limit_units FROM quotas WHERE team_id = $1 AND model = $2")

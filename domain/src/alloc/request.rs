@@ -33,6 +33,13 @@ impl Default for AllocPolicy {
     }
 }
 
+impl AllocPolicy {
+    /// The longest an allocation (or a booking) may last.
+    pub fn duration_bound(&self) -> TimeDelta {
+        TimeDelta::minutes(i64::from(self.max_duration_minutes))
+    }
+}
+
 /// Most characters in an allocation's purpose.
 pub const PURPOSE_MAX_CHARS: usize = 500;
 

@@ -50,6 +50,9 @@ pub struct Fixture {
     webhooks: Vec<String>,
     /// Platform-wide webhooks, one per principal (to change or remove).
     platform_hooks: Vec<String>,
+    /// Bookings of team A, one per principal (to read, cancel), stored directly: the
+    /// matrix's node may be offline by the time a row runs, leaving no capacity to book.
+    bookings: Vec<String>,
 }
 
 async fn send(
@@ -246,6 +249,7 @@ impl Fixture {
         }
         let pending = made.split_off(WHO.len());
         let workloads = notebooks(&app, &made, &node_id).await;
+        let bookings = bookings(&app, &team_a).await;
         let mut webhooks = Vec::new();
         for _ in 0..WHO.len() {
             let r = send(
@@ -283,6 +287,7 @@ impl Fixture {
             );
         }
         Fixture {
+            bookings,
             platform_hooks,
             app,
             tokens,
@@ -333,6 +338,45 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
         let id = w.id;
         assert!(store.insert_workload(&w).await.expect("insert"));
         out.push(id.to_string());
+    }
+    out
+}
+
+/// A booking of team A per principal, tomorrow, straight into the store.
+async fn bookings(app: &TestApp, team_a: &str) -> Vec<String> {
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let team = uuid::Uuid::parse_str(team_a).expect("uuid");
+    let admin = store
+        .user_by_username("admin")
+        .await
+        .expect("load")
+        .expect("admin");
+    let start = chrono::Utc::now() + chrono::Duration::days(1);
+    let mut out = Vec::new();
+    for i in 0..WHO.len() {
+        let row = tessera_core::store::BookingRow {
+            id: uuid::Uuid::new_v4(),
+            team_id: team,
+            user_id: admin.id,
+            kind: "H100-80GB:1g.10gb".into(),
+            model: "H100-80GB".into(),
+            count: 1,
+            units: 1,
+            starts_at: start,
+            ends_at: start + chrono::Duration::hours(1),
+            purpose: format!("matrix {i}"),
+            created_at: chrono::Utc::now(),
+            cancelled_at: None,
+            allocation_id: None,
+        };
+        store
+            .book(&row, chrono::Duration::days(7), |_| Ok(()))
+            .await
+            .expect("book")
+            .expect("admitted");
+        out.push(row.id.to_string());
     }
     out
 }
@@ -417,6 +461,9 @@ fn rest_rows() -> Vec<Row> {
         row!(GET "/api/v1/teams/{id}", |f, _| format!("/api/v1/teams/{}", f.team_a), none, TEAM_A_READ),
         row!(PATCH "/api/v1/teams/{id}", |f, _| format!("/api/v1/teams/{}", f.team_a),
             |_, i| Body::Json(json!({"name": format!("Team A {i}")})), TEAM_A_MANAGE),
+        row!(GET "/api/v1/teams/{id}/grace", |f, _| format!("/api/v1/teams/{}/grace", f.team_a), none, TEAM_A_READ),
+        row!(PUT "/api/v1/teams/{id}/grace", |f, _| format!("/api/v1/teams/{}/grace", f.team_a),
+            |_, i| Body::Json(json!({"preemption_grace_secs": 60 + i})), TEAM_A_MANAGE),
         row!(POST "/api/v1/teams/{id}/archive", |f, _| format!("/api/v1/teams/{}/archive", f.team_a), none, ADMIN_ONLY),
         row!(POST "/api/v1/teams/{id}/unarchive", |f, _| format!("/api/v1/teams/{}/unarchive", f.team_b), none, ADMIN_ONLY),
         row!(GET "/api/v1/teams/{id}/members", |f, _| format!("/api/v1/teams/{}/members", f.team_a), none, TEAM_A_READ),
@@ -445,6 +492,12 @@ fn rest_rows() -> Vec<Row> {
         // The matrix's GPU is healthy: those who may clear get 409.
         row!(POST "/api/v1/nodes/{id}/gpus/{gpu_uuid}/health/clear", |f, _| format!("/api/v1/nodes/{}/gpus/{}/health/clear", f.node_id, f.gpu_uuid),
             none, [401, 403, 403, 403, 403, 409]),
+        row!(GET "/api/v1/spares", |_, _| "/api/v1/spares".into(), none, ANY_USER),
+        row!(PUT "/api/v1/spares/{model}", |_, _| "/api/v1/spares/H100-80GB".into(),
+            |_, _| Body::Json(json!({"gpus": 0})), ADMIN_ONLY),
+        // The admin's PUT above made the rule that the admin's DELETE ends.
+        row!(DELETE "/api/v1/spares/{model}", |_, _| "/api/v1/spares/H100-80GB".into(), none,
+            [401, 403, 403, 403, 403, 204]),
         row!(POST "/api/v1/nodes/{id}/revoke", |f, _| format!("/api/v1/nodes/{}/revoke", f.node_id), none, ADMIN_ONLY),
         row!(PUT "/api/v1/nodes/{id}/gpus/{gpu_uuid}/layout", |f, _| format!("/api/v1/nodes/{}/gpus/{}/layout", f.node_id, f.gpu_uuid),
             |_, _| Body::Json(json!({"mode": "enabled", "layout": [{"profile": "1g.10gb", "start": 0}]})), ADMIN_ONLY),
@@ -466,6 +519,17 @@ fn rest_rows() -> Vec<Row> {
             |_, _| Body::Json(json!({"reason": "ok"})), TEAM_A_MANAGE),
         row!(POST "/api/v1/allocations/{id}/deny", |f, i| format!("/api/v1/allocations/{}/deny", f.pending[i]),
             |_, _| Body::Json(json!({"reason": "no"})), TEAM_A_MANAGE),
+        row!(GET "/api/v1/bookings", |_, _| "/api/v1/bookings".into(), none, ANY_USER),
+        // Two whole GPUs are more than the matrix's one H100: those who may book get 422
+        // (after the check of who they are), whether or not its node still reports.
+        row!(POST "/api/v1/bookings", |_, _| "/api/v1/bookings".into(),
+            |f, _| Body::Json(json!({"team_id": f.team_a, "kind": "H100-80GB:whole", "count": 2,
+                "starts_at": (chrono::Utc::now() + chrono::Duration::days(2)).to_rfc3339(),
+                "ends_at": (chrono::Utc::now() + chrono::Duration::days(2) + chrono::Duration::hours(1)).to_rfc3339()})),
+            [401, 403, 403, 422, 404, 422]),
+        row!(GET "/api/v1/bookings/{id}", |f, _| format!("/api/v1/bookings/{}", f.bookings[0]), none, TEAM_A_READ),
+        row!(POST "/api/v1/bookings/{id}/cancel", |f, i| format!("/api/v1/bookings/{}/cancel", f.bookings[i]), none,
+            TEAM_A_MANAGE),
         row!(GET "/api/v1/teams/{id}/quotas", |f, _| format!("/api/v1/teams/{}/quotas", f.team_a), none, TEAM_A_READ),
         row!(PUT "/api/v1/teams/{id}/quotas/{model}", |f, _| format!("/api/v1/teams/{}/quotas/A100-SXM4-40GB", f.team_a),
             |_, _| Body::Json(json!({"guaranteed": 7, "limit": 14, "per_user": 7})), ADMIN_ONLY),
@@ -661,6 +725,10 @@ fn fn_rows() -> Vec<Row> {
         row!(POST "/fn/team_budget", |_, _| "/fn/team_budget".into(),
             |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone())]), TEAM_A_READ),
         row!(POST "/fn/list_budgets", |_, _| "/fn/list_budgets".into(), none, ADMIN_ONLY),
+        row!(POST "/fn/team_grace", |_, _| "/fn/team_grace".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone())]), TEAM_A_READ),
+        row!(POST "/fn/set_team_grace", |_, _| "/fn/set_team_grace".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("secs".into(), "30".into())]), TEAM_A_MANAGE),
         row!(POST "/fn/save_budget", |_, _| "/fn/save_budget".into(),
             |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("amount".into(), "100.00".into()), ("hard".into(), "on".into())]),
             ADMIN_ONLY),

@@ -436,6 +436,40 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        23 => {
+            exec(
+                store,
+                "INSERT INTO spares (model, gpus, percent, updated_by, updated_at) \
+                 VALUES ('H100-80GB', 1, NULL, $1, $2)",
+                &[V::U(member), V::D(now)],
+            )
+            .await;
+        }
+        24 => {
+            exec(
+                store,
+                "INSERT INTO bookings (id, team_id, user_id, kind, model, count, units, \
+                 starts_at, ends_at, purpose, created_at, cancelled_at, allocation_id) \
+                 VALUES ($1, $2, $3, 'H100-80GB:whole', 'H100-80GB', 1, 7, $4, $5, 'upgrade', \
+                 $6, NULL, $7)",
+                &[
+                    V::U(Uuid::from_u128(2401)),
+                    V::U(s.team),
+                    V::U(member),
+                    V::D(now + Duration::days(1)),
+                    V::D(now + Duration::days(1) + Duration::hours(2)),
+                    V::D(now),
+                    V::U(s.allocation),
+                ],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO booking_locks (model, n) VALUES ('H100-80GB', 1)",
+                &[],
+            )
+            .await;
+        }
         _ => {}
     }
 }

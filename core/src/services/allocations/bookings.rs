@@ -50,7 +50,7 @@ impl Allocations {
         let team = access.team.id;
         let verdict = self
             .store
-            .book(&row, |s| {
+            .book(&row, self.policy.duration_bound(), |s| {
                 booking::admit(
                     &valid,
                     team,
