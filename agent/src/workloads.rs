@@ -1203,7 +1203,9 @@ async fn probe(client: &reqwest::Client, p: &Probe) -> Option<ProbeAnswer> {
         return None;
     }
     let status: serde_json::Value = status.json().await.unwrap_or_default();
-    let kernels: serde_json::Value = match get("api/kernels").await {
+    // `no_track_activity`: listing the kernels is not use of the notebook (without it
+    // Jupyter counts every probe as activity, and no notebook would ever go idle).
+    let kernels: serde_json::Value = match get("api/kernels?no_track_activity=1").await {
         Ok(r) if r.status().is_success() => r.json().await.unwrap_or_default(),
         _ => serde_json::Value::Null,
     };

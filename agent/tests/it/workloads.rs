@@ -429,7 +429,7 @@ class H(http.server.BaseHTTPRequestHandler):
             body = {"started": "2026-11-23T17:00:00.000000Z",
                     "last_activity": "2026-11-23T18:00:00.123456Z",
                     "connections": 0, "kernels": 1}
-        elif self.path == base + "api/kernels":
+        elif self.path == base + "api/kernels?no_track_activity=1":
             body = [{"id": "k1", "execution_state": "idle"},
                     {"id": "k2", "execution_state": "busy"}]
         else:
