@@ -1,6 +1,6 @@
 //! Booking admission at scale, through the service layer, on SQLite and (with
 //! `TESSERA_BENCH_PG_URL`) PostgreSQL: a 6,212-GPU cluster (777 nodes × 8 H100), 50 teams,
-//! 10,000 bookings of 1–8 whole GPUs for 1–8 h spread over the next 30 days, then 1,000
+//! 10,000 bookings of 1–8 whole GPUs for 1–8 h spread over the next 29 days, then 1,000
 //! more admitted one after another at 10,000 existing (bookings/s, p50/p99 latency).
 //! Run: `cargo bench -p tessera-core --bench bookings` (`TESSERA_BENCH_BOOKINGS` sets the
 //! number that exist first).
@@ -96,7 +96,7 @@ async fn run(name: &str, url: &str, existing: usize) -> anyhow::Result<()> {
     let mut one = |i: usize| {
         let start = now
             + Duration::hours(1)
-            + Duration::minutes(i64::try_from(spread.next(30 * 24 * 60)).unwrap_or(0));
+            + Duration::minutes(i64::try_from(spread.next(29 * 24 * 60)).unwrap_or(0));
         let hours = 1 + i64::try_from(spread.next(8)).unwrap_or(0);
         NewBooking {
             team_id: teams[i % TEAMS].to_string(),

@@ -254,10 +254,34 @@ impl Allocations {
         started: &[BookingRow],
         now: DateTime<Utc>,
     ) -> Result<u32, AppError> {
-        let waiting: Vec<&BookingRow> = started
+        // Only bookings in their lead (warnings are given from a grace before the start)
+        // whose allocation still waits need anything; that is rare, so the pass reads the
+        // live allocations only then.
+        let in_lead: Vec<&BookingRow> = started
             .iter()
             .filter(|b| b.starts_at - READY_LEAD - self.preemption_grace <= now)
             .collect();
+        if in_lead.is_empty() {
+            return Ok(0);
+        }
+        let queue: BTreeSet<Uuid> = self
+            .store
+            .allocations_in(&["queued"])
+            .await
+            .map_err(internal("loading queue"))?
+            .iter()
+            .map(|a| a.id)
+            .collect();
+        let (waiting, placed): (Vec<&BookingRow>, Vec<&BookingRow>) = in_lead
+            .into_iter()
+            .partition(|b| b.allocation_id.is_some_and(|id| queue.contains(&id)));
+        // A booking placed before its start no longer needs its borrowers gone.
+        for b in placed.iter().filter(|b| b.starts_at > now) {
+            self.store
+                .withdraw_booking_warnings(b.id)
+                .await
+                .map_err(internal("withdrawing booking warnings"))?;
+        }
         if waiting.is_empty() {
             return Ok(0);
         }
