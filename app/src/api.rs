@@ -1106,6 +1106,71 @@ pub async fn workload_logs(
     .await
 }
 
+// ---- bookings (docs/operations.md) ----
+
+/// The booking calendar from `from` to `to` (RFC 3339; at most 62 days), every team's;
+/// `model` empty for every model. Another team's booking shows only that it is taken.
+#[server(prefix = "/fn", endpoint = "list_bookings")]
+pub async fn list_bookings(
+    from: String,
+    to: String,
+    #[server(default)] model: String,
+) -> Result<Vec<tessera_domain::booking::BookingView>, UiError> {
+    ssr::call([], async |s, p| {
+        let time = |field: &str, raw: &str| {
+            chrono::DateTime::parse_from_rfc3339(raw.trim())
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .map_err(|_| AppError::invalid(field, "must be an RFC 3339 time"))
+        };
+        let (from, to) = (time("from", &from)?, time("to", &to)?);
+        let model = Some(model.trim()).filter(|m| !m.is_empty());
+        s.allocations.bookings(p, from, to, model).await
+    })
+    .await
+}
+
+/// Books capacity for a team (the booking form; team admins and platform admins).
+/// `count` empty: 1. Times are UTC (`YYYY-MM-DDTHH:MM`, as a datetime-local input sends).
+#[server(prefix = "/fn", endpoint = "book_capacity")]
+pub async fn book_capacity(
+    team_id: String,
+    kind: String,
+    #[server(default)] count: String,
+    starts_at: String,
+    ends_at: String,
+    #[server(default)] purpose: String,
+) -> Result<tessera_domain::booking::BookingView, UiError> {
+    let echo = [
+        ("team_id", team_id.clone()),
+        ("kind", kind.clone()),
+        ("count", count.clone()),
+        ("starts_at", starts_at.clone()),
+        ("ends_at", ends_at.clone()),
+        ("purpose", purpose.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let input = tessera_domain::booking::NewBooking {
+            team_id,
+            kind,
+            count: optional_number(Some(&count), "count")?.unwrap_or(1),
+            starts_at,
+            ends_at,
+            purpose,
+        };
+        s.allocations.book(p, &input).await
+    })
+    .await
+}
+
+/// Cancels a booking (team admins of its team, platform admins): the capacity is free again.
+#[server(prefix = "/fn", endpoint = "cancel_booking")]
+pub async fn cancel_booking(id: String) -> Result<tessera_domain::booking::BookingView, UiError> {
+    ssr::call([], async |s, p| {
+        s.allocations.cancel_booking(p, ssr::id(&id)?).await
+    })
+    .await
+}
+
 // ---- notifications (docs/notifications.md) ----
 
 /// The caller's notification address and preferences.

@@ -342,6 +342,7 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                     "Dashboard"
                 </A>
                 <A href="/allocations">"GPUs"</A>
+                <A href="/bookings">"Bookings"</A>
                 <A href="/notebooks">"Notebooks"</A>
                 <A href="/jobs">"Jobs"</A>
                 <A href="/usage">"Usage"</A>

@@ -187,6 +187,11 @@ pub fn App() -> impl IntoView {
                     ssr=SsrMode::Async
                 />
                 <Route
+                    path=path!("/bookings")
+                    view={Lazy::<pages::Bookings>::new()}
+                    ssr=SsrMode::Async
+                />
+                <Route
                     path=path!("/notebooks")
                     view={Lazy::<pages::Notebooks>::new()}
                     ssr=SsrMode::Async

@@ -4,6 +4,7 @@ mod account;
 mod allocations;
 mod audit;
 mod billing;
+mod bookings;
 mod dashboard;
 mod join_tokens;
 mod login;
@@ -19,6 +20,7 @@ pub use account::AccountPage;
 pub use allocations::{AllocationPage, AllocationsPage};
 pub use audit::AuditPage;
 pub use billing::BillingPage;
+pub use bookings::BookingsPage;
 pub use dashboard::DashboardPage;
 pub use join_tokens::JoinTokensPage;
 pub use login::LoginPage;
@@ -95,6 +97,7 @@ lazy_pages! {
     work / __preload_work {
         Allocations => AllocationsPage,
         Allocation => AllocationPage,
+        Bookings => BookingsPage,
         Notebooks => NotebooksPage,
         Jobs => JobsPage,
         Workload => WorkloadPage,
@@ -124,7 +127,7 @@ lazy_pages! {
 fn group_of(path: &str) -> Option<&'static str> {
     let first = path.trim_start_matches('/').split(['/', '?', '#']).next()?;
     Some(match first {
-        "allocations" | "notebooks" | "jobs" | "workloads" => "work",
+        "allocations" | "bookings" | "notebooks" | "jobs" | "workloads" => "work",
         "nodes" | "teams" | "usage" | "account" => "teams",
         "admin" => "admin",
         _ => return None,
@@ -153,6 +156,7 @@ mod tests {
             ("/allocations", Some("work")),
             ("/allocations/5f0c?x=1", Some("work")),
             ("/workloads/7", Some("work")),
+            ("/bookings?week=2026-11-23", Some("work")),
             ("/jobs", Some("work")),
             ("/nodes", Some("teams")),
             ("/teams/3/statement", Some("teams")),

@@ -119,7 +119,7 @@ test('every page has no serious or critical accessibility violation, as a platfo
     const paths = [
       '/', '/account', '/nodes', '/allocations', `/allocations/${allocationId}`, `/allocations/${waitingId}`,
       '/notebooks', '/jobs', `/workloads/${jobId}`, '/teams', `/teams/${teamId}`, `/teams/${teamId}/statement`,
-      '/usage', '/admin/users', '/admin/join-tokens', '/admin/audit', '/admin/queue', '/admin/billing',
+      '/usage', '/bookings', '/admin/users', '/admin/join-tokens', '/admin/audit', '/admin/queue', '/admin/billing',
     ];
     for (const path of paths) await assertAccessible(page, path);
     assert.deepEqual(errors, [], 'no uncaught page errors');
@@ -135,7 +135,7 @@ test("the member's pages have no serious or critical accessibility violation", a
     await signInAs(page, MEMBER, PASSWORD);
     for (const path of [
       '/', '/account', '/nodes', '/allocations', `/allocations/${allocationId}`, '/notebooks', '/jobs',
-      `/workloads/${jobId}`, '/teams', `/teams/${teamId}`, '/usage',
+      `/workloads/${jobId}`, '/teams', `/teams/${teamId}`, '/usage', '/bookings',
     ]) {
       await assertAccessible(page, path);
     }

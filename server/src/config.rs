@@ -85,6 +85,13 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cli::NodeCommand,
     },
+    /// Bookings of capacity for a future window: create, list (the calendar), cancel.
+    Booking {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::BookingCommand,
+    },
     /// Prints a shell completion script: `tessera completions bash`.
     Completions(crate::cli::CompletionsArgs),
 }

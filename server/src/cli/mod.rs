@@ -1,9 +1,9 @@
 //! The REST API from a terminal: `tessera login`, `alloc`, `job`, `notebook`, `quota`,
-//! `usage`, `export`, `node` and `completions`. It is a client like any other: it calls
+//! `usage`, `export`, `node`, `booking` and `completions`. It is a client like any other: it calls
 //! `/api/v1` with a personal API token (created under My account), so the server applies
 //! the same authorization as to any REST call. Responses are decoded into the domain's
 //! views (`AllocationView`, `WorkloadView`, `QuotaView`, `UsageReport`, `NodeView`,
-//! `Page<…>`), which `--output json` prints as they are.
+//! `BookingView`, `Page<…>`), which `--output json` prints as they are.
 //!
 //! Where to: `--url`/`TESSERA_URL` and `--token`/`TESSERA_TOKEN`; absent those, what
 //! `tessera login` stored in `$XDG_CONFIG_HOME/tessera/config.json` (or
@@ -26,11 +26,13 @@
 
 mod allocations;
 mod billing;
+mod bookings;
 mod nodes;
 mod workloads;
 
 pub use allocations::{AllocCommand, QuotaCommand};
 pub use billing::{ExportCommand, UsageArgs};
+pub use bookings::{BookingCommand, booking};
 pub use nodes::NodeCommand;
 pub use workloads::{JobCommand, NotebookCommand, job, notebook};
 

@@ -3,7 +3,7 @@
 //! message), the exit codes scripts rely on, `login`'s 0600 file, and `export chargeback`
 //! byte for byte as the REST CSV.
 
-use crate::allocations::{set_quota, team, wait_for_state};
+use crate::allocations::{SimAgent, set_quota, team, wait_for_state};
 use crate::billing::{history, member_id, next_hour, services, set_rate};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db};
@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use std::process::Stdio;
 use tessera_domain::alloc::{AllocationView, QuotaView};
 use tessera_domain::billing::UsageReport;
+use tessera_domain::booking::BookingView;
 use tessera_domain::cluster::NodeView;
 use tessera_domain::tenancy::Page;
 use tessera_domain::workload::{WorkloadState, WorkloadView};
@@ -539,6 +540,122 @@ async fn quotas_usage_export_and_exit_codes(db: Db) {
     assert_eq!(out.code, Some(2), "clap's usage errors: {}", out.stderr);
 }
 
+/// `booking create|list|cancel`: a team admin books by team name; a member is refused
+/// (exit 4); a window in the past is refused naming the field and a fully booked one with
+/// the reason (exit 1); the calendar lists it, to another team without its id or team;
+/// another team's admin cannot cancel it (exit 3), its own can, and it leaves the calendar.
+async fn bookings_from_the_terminal(db: Db) {
+    let a = AdminClient::new(db).await;
+    let t = team(&a, "clibk").await;
+    let other = team(&a, "clibk-other").await;
+    for id in [&t.id, &other.id] {
+        set_quota(&a, id, "H100-80GB", 0, 7, 7).await;
+    }
+    let _node = SimAgent::start(&a, "clibk-node").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (s, v) = a
+            .call(reqwest::Method::GET, "/api/v1/cluster/free", None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        if v.as_object().is_some_and(|m| !m.is_empty()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no capacity: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let cli = Cli::new(&a.app.base);
+    let day = (chrono::Utc::now() + Duration::days(2)).date_naive();
+    let from = format!("{day}T10:00");
+    let to = format!("{day}T12:00");
+    let create = |from: String, to: String| {
+        vec![
+            "booking".to_owned(),
+            "create".into(),
+            "--team".into(),
+            "clibk".into(),
+            "--kind".into(),
+            "H100-80GB:whole".into(),
+            "--from".into(),
+            from,
+            "--to".into(),
+            to,
+            "--purpose".into(),
+            "workshop".into(),
+            "-o".into(),
+            "json".into(),
+        ]
+    };
+    let run = async |token: &str, v: Vec<String>| {
+        cli.run(token, &v.iter().map(String::as_str).collect::<Vec<_>>())
+            .await
+    };
+
+    let out = run(&t.member, create(from.clone(), to.clone())).await;
+    assert_eq!(out.code, Some(4), "a member may not book: {}", out.stderr);
+    let yesterday = (chrono::Utc::now() - Duration::days(1)).date_naive();
+    let out = run(
+        &t.team_admin,
+        create(format!("{yesterday}T10:00"), format!("{yesterday}T11:00")),
+    )
+    .await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("starts_at"), "{}", out.stderr);
+
+    let booked: BookingView = run(&t.team_admin, create(from.clone(), to.clone()))
+        .await
+        .json();
+    assert_eq!(booked.state, "booked");
+    assert_eq!(booked.team_name.as_deref(), Some("clibk"));
+    assert_eq!((booked.kind.as_str(), booked.count), ("H100-80GB:whole", 1));
+    assert_eq!(booked.purpose, "workshop");
+    let id = booked.id.expect("own booking has its id").to_string();
+    // The one H100 is booked for that window: a second booking is refused with the reason.
+    let out = run(&t.team_admin, create(from.clone(), to.clone())).await;
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    assert!(!out.stderr.trim().is_empty(), "a reason is printed");
+
+    let range = [
+        "booking",
+        "list",
+        "--from",
+        &day.to_string(),
+        "--to",
+        &(day + Duration::days(1)).to_string(),
+        "--model",
+        "H100-80GB",
+    ];
+    let theirs: Vec<BookingView> = cli
+        .run(&other.member, &[&range[..], &["-o", "json"]].concat())
+        .await
+        .json();
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert_eq!((theirs[0].id, theirs[0].team_name.as_deref()), (None, None));
+    let table = cli.run(&t.member, &range).await;
+    let text = table.ok();
+    assert!(text.contains(&id) && text.contains("clibk"), "{text}");
+    let none = cli
+        .run(&t.member, &["booking", "list", "--model", "A100-80GB"])
+        .await;
+    assert!(none.ok().contains("nothing booked"), "{}", none.stdout);
+    let out = cli
+        .run(&t.member, &["booking", "list", "--from", "soon"])
+        .await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+
+    let out = cli
+        .run(&other.team_admin, &["booking", "cancel", &id])
+        .await;
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    let cancelled: BookingView = cli
+        .run(&t.team_admin, &["booking", "cancel", &id, "-o", "json"])
+        .await
+        .json();
+    assert_eq!(cancelled.state, "cancelled");
+    let after = cli.run(&t.member, &range).await;
+    assert!(after.ok().contains("nothing booked"), "{}", after.stdout);
+}
+
 #[tokio::test]
 async fn completions_are_generated_for_each_shell() {
     let cli = Cli::new("http://127.0.0.1:9");
@@ -560,4 +677,5 @@ async fn completions_are_generated_for_each_shell() {
 on_both_databases!(
     allocations_jobs_and_notebooks_on_a_live_node,
     quotas_usage_export_and_exit_codes,
+    bookings_from_the_terminal,
 );
