@@ -2,8 +2,8 @@
 -- `percent` of the model's in-service GPUs) idle as spares. Exactly one of the two is set.
 CREATE TABLE spares (
     model      TEXT PRIMARY KEY,
-    gpus       INTEGER CHECK (gpus IS NULL OR gpus >= 0),
-    percent    INTEGER CHECK (percent IS NULL OR (percent >= 0 AND percent <= 50)),
+    gpus       BIGINT CHECK (gpus IS NULL OR gpus >= 0),
+    percent    BIGINT CHECK (percent IS NULL OR (percent >= 0 AND percent <= 50)),
     updated_by UUID REFERENCES users (id),
     updated_at TIMESTAMPTZ NOT NULL,
     CHECK ((gpus IS NULL) <> (percent IS NULL))

@@ -786,7 +786,11 @@ impl Allocations {
                     });
                     continue;
                 }
-                let whole_busy = busy.contains(&(g.uuid.clone(), None));
+                // Held whole, or held at all while the node still reports MIG off (a slice
+                // placed on it, e.g. on a hot spare, whose layout the inventory does not
+                // show yet): never handed out whole.
+                let whole_busy = busy.contains(&(g.uuid.clone(), None))
+                    || (!mig_on && busy.iter().any(|(u, _)| u == &g.uuid));
                 let gpu = planner::Gpu {
                     index: g.index,
                     model: model.name().to_owned(),
