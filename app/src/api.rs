@@ -711,6 +711,39 @@ pub async fn team_budget(team_id: String) -> Result<BudgetView, UiError> {
     .await
 }
 
+/// A team's grace before an early stop of its work (the deadline channel), with the
+/// platform maximum (any member).
+#[server(prefix = "/fn", endpoint = "team_grace")]
+pub async fn team_grace(team_id: String) -> Result<tessera_domain::drain::TeamGrace, UiError> {
+    ssr::call([], async |s, p| {
+        s.allocations.team_grace(p, TeamId(id(&team_id)?)).await
+    })
+    .await
+}
+
+/// Sets a team's grace in seconds (team admin or platform admin); empty goes back to the
+/// platform maximum.
+#[server(prefix = "/fn", endpoint = "set_team_grace")]
+pub async fn set_team_grace(
+    team_id: String,
+    #[server(default)] secs: String,
+) -> Result<tessera_domain::drain::TeamGrace, UiError> {
+    ssr::call([("secs", secs.clone())], async |s, p| {
+        let team = TeamId(id(&team_id)?);
+        let secs = match secs.trim() {
+            "" => None,
+            v => Some(v.parse::<i64>().map_err(|_| {
+                AppError::invalid("preemption_grace_secs", "must be a whole number of seconds")
+            })?),
+        };
+        let req = tessera_domain::drain::GraceRequest {
+            preemption_grace_secs: secs,
+        };
+        s.allocations.set_team_grace(p, team, &req).await
+    })
+    .await
+}
+
 /// Every team's budget and spend this month (platform admin).
 #[server(prefix = "/fn", endpoint = "list_budgets")]
 pub async fn list_budgets() -> Result<Vec<BudgetView>, UiError> {

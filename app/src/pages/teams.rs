@@ -4,7 +4,7 @@
 use crate::api::{
     self, AddMember, AddTeamWebhook, ChangeRole, CreateTeam, DeleteNotebookProfile,
     DeleteTeamWebhook, RemoveMember, RenameTeam, SaveNotebookProfile, SetQuota, SetTeamArchived,
-    SetTeamPriority, SetTeamWebhookEnabled, TeamWebhookDeliveries, TestTeamWebhook,
+    SetTeamGrace, SetTeamPriority, SetTeamWebhookEnabled, TeamWebhookDeliveries, TestTeamWebhook,
 };
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, at, echoed,
@@ -363,6 +363,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
                     />
                 }
             })}
+        <TeamGraceCard team_id=team_id.clone() manages />
         <TeamSpend
             team_id=team_id.clone()
             budget
@@ -808,6 +809,69 @@ fn quota_row(q: QuotaView) -> impl IntoView {
                 </span>
             </td>
         </tr>
+    }
+}
+
+/// The team's grace before an early stop of its work (the deadline channel): what applies
+/// and the platform maximum; team admins and platform admins change it.
+#[component]
+fn TeamGraceCard(team_id: String, manages: bool) -> impl IntoView {
+    let action = ServerAction::<SetTeamGrace>::new();
+    let grace = {
+        let team_id = team_id.clone();
+        Resource::new(
+            move || action.version().get(),
+            move |_| api::team_grace(team_id.clone()),
+        )
+    };
+    let value = move || action.value().get();
+    view! {
+        <section class="card" aria-labelledby="grace-title">
+            <h2 id="grace-title">"Warning before an early stop"</h2>
+            <Transition fallback=Loading>
+                {move || {
+                    let team_id = team_id.clone();
+                    Suspend::new(async move {
+                    match grace.await {
+                        Ok(g) => {
+                            let own = g.preemption_grace_secs.map(|s| s.to_string()).unwrap_or_default();
+                            let text = format!(
+                                "Work of this team is warned {} s before a preemption or a booking stops it ({}; platform maximum {} s). A stop by a user warns at most 30 s of it.",
+                                g.effective_secs,
+                                if g.preemption_grace_secs.is_some() { "the team's grace" } else { "the platform maximum" },
+                                g.max_secs,
+                            );
+                            view! {
+                                <p class="hint" data-testid="team-grace">{text}</p>
+                                {manages.then(|| view! {
+                                    <ActionForm action=action attr:data-testid="grace-form" attr:novalidate=true>
+                                        <input type="hidden" name="team_id" value=team_id.clone() />
+                                        {form_error(value)}
+                                        <label for="grace-secs">"Grace in seconds (empty: the platform maximum)"</label>
+                                        <input
+                                            id="grace-secs"
+                                            name="secs"
+                                            type="number"
+                                            min="0"
+                                            max=g.max_secs.to_string()
+                                            inputmode="numeric"
+                                            value=own
+                                        />
+                                        {field_error(value, "preemption_grace_secs")}
+                                        <button type="submit" class="primary" disabled=move || action.pending().get()>
+                                            "Save"
+                                        </button>
+                                    </ActionForm>
+                                })}
+                            }
+                                .into_any()
+                        }
+                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    }
+                    })
+                }}
+            </Transition>
+        </section>
     }
 }
 
