@@ -530,6 +530,18 @@ pub struct WorkloadView {
     pub attempts: Vec<AttemptView>,
 }
 
+/// A job's attempt for people: `2 of 3` while within the retries a failure may spend;
+/// just `3 (requeued)` once requeues after preemptions (which spend no retry) took it past
+/// them, instead of an impossible "3 of 2".
+pub fn attempt_label(attempt: u32, retries: u32) -> String {
+    let allowed = retries.saturating_add(1);
+    if attempt > allowed {
+        format!("{attempt} (requeued)")
+    } else {
+        format!("{attempt} of {allowed}")
+    }
+}
+
 /// An ended attempt of a job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -739,6 +751,13 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn attempts_past_the_retries_read_as_requeued() {
+        assert_eq!(attempt_label(1, 0), "1 of 1");
+        assert_eq!(attempt_label(2, 2), "2 of 3");
+        assert_eq!(attempt_label(2, 0), "2 (requeued)");
+    }
     use chrono::TimeZone;
 
     #[test]

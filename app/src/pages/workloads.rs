@@ -1372,7 +1372,7 @@ fn ListRow(
         WorkloadKind::Job => view! {
             {common_start}
             <td data-testid="exit-code">{w.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "—".to_owned())}</td>
-            <td>{format!("{} of {}", w.attempt, w.retries + 1)}</td>
+            <td>{tessera_domain::workload::attempt_label(w.attempt, w.retries)}</td>
             <td>
                 <a href=alloc_href>{alloc_label}</a>
             </td>
@@ -1934,7 +1934,9 @@ fn WorkloadOverview(
             <div>
                 <dt>"Attempt"</dt>
                 <dd data-testid="attempt">
-                    {move || cur.with(|v| format!("{} of {}", v.attempt, v.retries + 1))}
+                    {move || {
+                        cur.with(|v| tessera_domain::workload::attempt_label(v.attempt, v.retries))
+                    }}
                 </dd>
             </div>
             <div>
