@@ -583,12 +583,14 @@ mod tests {
     use super::*;
 
     fn t(s: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+        DateTime::parse_from_rfc3339(s)
+            .expect("a date")
+            .with_timezone(&Utc)
     }
 
     #[test]
     fn a_day_in_the_week_moves_to_its_monday() {
-        let d = |s| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        let d = |s| NaiveDate::parse_from_str(s, "%Y-%m-%d").expect("a date");
         assert_eq!(monday_of(d("2026-11-27")), d("2026-11-23"));
         assert_eq!(monday_of(d("2026-11-23")), d("2026-11-23"));
         assert_eq!(monday_of(d("2026-11-29")), d("2026-11-23"));
@@ -596,7 +598,7 @@ mod tests {
 
     #[test]
     fn a_multi_day_booking_shows_its_part_on_each_day() {
-        let d = |s| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        let d = |s| NaiveDate::parse_from_str(s, "%Y-%m-%d").expect("a date");
         let (from, to) = (t("2026-11-23T22:30:00Z"), t("2026-11-25T01:15:00Z"));
         assert_eq!(range_on(d("2026-11-22"), from, to), None);
         assert_eq!(
@@ -619,7 +621,7 @@ mod tests {
     #[test]
     fn week_links_keep_the_model() {
         let s = Shown {
-            monday: NaiveDate::parse_from_str("2026-11-23", "%Y-%m-%d").unwrap(),
+            monday: NaiveDate::parse_from_str("2026-11-23", "%Y-%m-%d").expect("a date"),
             model: "H100-80GB".into(),
         };
         assert_eq!(

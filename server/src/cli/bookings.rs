@@ -183,7 +183,7 @@ mod tests {
     fn times_are_read_in_utc_in_the_forms_the_server_takes() {
         let want = |s: &str| {
             chrono::DateTime::parse_from_rfc3339(s)
-                .unwrap()
+                .expect("a time")
                 .with_timezone(&chrono::Utc)
         };
         let ok = |raw: &str| parse_time("from", raw).ok();
@@ -193,7 +193,7 @@ mod tests {
             Some(want("2026-05-01T14:00:00Z"))
         );
         assert_eq!(ok("2026-05-01"), Some(want("2026-05-01T00:00:00Z")));
-        let err = parse_time("to", "tomorrow").err().expect("refused");
+        let err = parse_time("to", "tomorrow").expect_err("refused");
         assert!(err.message.starts_with("--to: "), "{}", err.message);
     }
 }
