@@ -377,6 +377,41 @@ pub async fn undrain_node(node_id: String) -> Result<NodeView, UiError> {
     .await
 }
 
+/// Each GPU model's hot spares (anyone signed in).
+#[server(prefix = "/fn", endpoint = "list_spares")]
+pub async fn list_spares() -> Result<Vec<tessera_domain::spares::SpareView>, UiError> {
+    ssr::call([], async |s, p| s.allocations.spares(p).await).await
+}
+
+/// Keeps `gpus` GPUs, or `percent` of them, of `model` as hot spares (platform admins);
+/// one of the two filled in.
+#[server(prefix = "/fn", endpoint = "set_spares")]
+pub async fn set_spares(
+    model: String,
+    #[server(default)] gpus: String,
+    #[server(default)] percent: String,
+) -> Result<Vec<tessera_domain::spares::SpareView>, UiError> {
+    let echo = [
+        ("model", model.clone()),
+        ("gpus", gpus.clone()),
+        ("percent", percent.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        let req = tessera_domain::spares::SpareRequest {
+            gpus: optional_number(Some(&gpus), "gpus")?.map(i64::from),
+            percent: optional_number(Some(&percent), "percent")?.map(i64::from),
+        };
+        s.allocations.set_spares(p, &model, &req).await
+    })
+    .await
+}
+
+/// Keeps no spares of `model` any more (platform admins).
+#[server(prefix = "/fn", endpoint = "clear_spares")]
+pub async fn clear_spares(model: String) -> Result<(), UiError> {
+    ssr::call([], async |s, p| s.allocations.clear_spares(p, &model).await).await
+}
+
 /// Recent telemetry of a node (newest `limit` samples, oldest first).
 #[server(prefix = "/fn", endpoint = "node_telemetry")]
 pub async fn get_node_telemetry(node_id: String, limit: u32) -> Result<NodeTelemetry, UiError> {

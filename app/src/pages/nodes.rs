@@ -4,7 +4,8 @@
 mod chart;
 
 use crate::api::{
-    self, ClearGpuHealth, DrainNode, RevokeNode, SetGpuLayout, SetGpuSharing, UiError, UndrainNode,
+    self, ClearGpuHealth, ClearSpares, DrainNode, RevokeNode, SetGpuLayout, SetGpuSharing,
+    SetSpares, UiError, UndrainNode,
 };
 use crate::components::alert;
 use crate::components::{
@@ -23,6 +24,7 @@ use tessera_domain::cluster::{
 };
 use tessera_domain::drain::{DrainState, DrainView};
 use tessera_domain::mig::Catalog;
+use tessera_domain::spares::SpareView;
 use tessera_domain::tenancy::{Page, PageRequest};
 
 #[component]
@@ -82,6 +84,8 @@ struct NodeActions {
     clear_health: ServerAction<ClearGpuHealth>,
     layout: ServerAction<SetGpuLayout>,
     sharing: ServerAction<SetGpuSharing>,
+    set_spares: ServerAction<SetSpares>,
+    clear_spares: ServerAction<ClearSpares>,
     /// The GPU whose layout or sharing form was submitted last.
     layout_target: RwSignal<Option<String>>,
 }
@@ -95,6 +99,8 @@ struct NodesData {
     nodes: Resource<Result<Page<NodeView>, UiError>>,
     /// One request per listed node (not per GPU), after the list.
     telemetry: Resource<Telemetry>,
+    /// Hot spares per model (GPUs kept idle for displaced high-priority work).
+    spares: Resource<Result<Vec<SpareView>, UiError>>,
 }
 
 impl NodesData {
@@ -108,6 +114,8 @@ impl NodesData {
             clear_health: ServerAction::new(),
             layout: ServerAction::new(),
             sharing: ServerAction::new(),
+            set_spares: ServerAction::new(),
+            clear_spares: ServerAction::new(),
             layout_target: RwSignal::new(None),
         };
         // Layout changes (and apply progress) as the live stream reports them.
@@ -132,8 +140,11 @@ impl NodesData {
                 actions.layout.version().get(),
                 actions.sharing.version().get(),
                 refresh.get(),
+                actions.set_spares.version().get(),
+                actions.clear_spares.version().get(),
             )
         };
+        let spares = Resource::new(reload, |_| api::list_spares());
         let nodes = Resource::new(reload, |(offset, ..)| {
             api::list_nodes(PageRequest::new(offset, PAGE_SIZE))
         });
@@ -156,6 +167,7 @@ impl NodesData {
             refresh,
             nodes,
             telemetry,
+            spares,
         }
     }
 }
@@ -167,6 +179,7 @@ fn NodeList(page: NodesData) -> impl IntoView {
         refresh,
         nodes,
         telemetry,
+        spares,
     } = page;
     let actions = NodeActions {
         admin: is_admin(),
@@ -200,6 +213,10 @@ fn NodeList(page: NodesData) -> impl IntoView {
         {layout_error}
         <Transition fallback=Loading>
             {move || Suspend::new(async move {
+                let spare_list = spares.await.unwrap_or_default();
+                let spare_gpus: Arc<std::collections::BTreeSet<String>> = Arc::new(
+                    spare_list.iter().flat_map(|s| s.spare_gpus.iter().cloned()).collect(),
+                );
                 match nodes.await {
                     Ok(page) if page.total == 0 => view! { <NoNodes admin=actions.admin /> }.into_any(),
                     Ok(page) => {
@@ -207,7 +224,10 @@ fn NodeList(page: NodesData) -> impl IntoView {
                         let cards = page
                             .items
                             .into_iter()
-                            .map(|node| view! { <NodeCard node actions telemetry /> })
+                            .map(|node| {
+                                let spares = spare_gpus.clone();
+                                view! { <NodeCard node actions telemetry spares /> }
+                            })
                             .collect_view();
                         view! {
                             <div class="toolbar">
@@ -220,6 +240,7 @@ fn NodeList(page: NodesData) -> impl IntoView {
                                     "Refresh"
                                 </button>
                             </div>
+                            <SparesCard spares=spare_list actions />
                             <div class="node-list">{cards}</div>
                             {pager}
                         }
@@ -328,7 +349,12 @@ fn SliceLegend() -> impl IntoView {
 }
 
 #[component]
-fn NodeCard(node: NodeView, actions: NodeActions, telemetry: Resource<Telemetry>) -> impl IntoView {
+fn NodeCard(
+    node: NodeView,
+    actions: NodeActions,
+    telemetry: Resource<Telemetry>,
+    spares: Arc<std::collections::BTreeSet<String>>,
+) -> impl IntoView {
     let (status, class) = if node.revoked {
         ("revoked", "badge danger")
     } else if node.online {
@@ -347,8 +373,9 @@ fn NodeCard(node: NodeView, actions: NodeActions, telemetry: Resource<Telemetry>
         .gpus
         .iter()
         .map(|gpu| {
+            let spare = spares.contains(&gpu.uuid);
             view! {
-                <GpuBlock gpu=gpu.clone() node_id=node_id.clone() editable actions telemetry />
+                <GpuBlock gpu=gpu.clone() node_id=node_id.clone() editable actions telemetry spare />
             }
         })
         .collect_view();
@@ -430,6 +457,8 @@ fn GpuBlock(
     editable: bool,
     actions: NodeActions,
     telemetry: Resource<Telemetry>,
+    /// Kept idle as a hot spare.
+    spare: bool,
 ) -> impl IntoView {
     let title = gpu.model.clone().unwrap_or_else(|| gpu.name.clone());
     let driver_name = gpu.model.is_some().then(|| gpu.name.clone());
@@ -470,6 +499,18 @@ fn GpuBlock(
                         }
                     })}
                 {gpu.drain.clone().map(|d| view! { <DrainBadge d /> })}
+                {spare
+                    .then(|| {
+                        view! {
+                            <span
+                                class="badge"
+                                data-testid="gpu-spare"
+                                title="Kept idle for high-priority work moved off a faulty GPU or a lost node"
+                            >
+                                "hot spare"
+                            </span>
+                        }
+                    })}
             </header>
             {(editable && gpu.unhealthy.is_some())
                 .then(|| {
@@ -1164,4 +1205,94 @@ fn RevokeNodeForm(node_id: String, action: ServerAction<RevokeNode>) -> impl Int
             </ActionForm>
         </details>
     }
+}
+
+/// Hot spares per model: the rule, how many it asks for now and how many are kept; a
+/// platform admin sets or clears a model's rule.
+#[component]
+fn SparesCard(spares: Vec<SpareView>, actions: NodeActions) -> impl IntoView {
+    if spares.is_empty() && !actions.admin {
+        return ().into_any();
+    }
+    let rows = spares
+        .into_iter()
+        .map(|s| {
+            let rule = match (s.gpus, s.percent) {
+                (Some(n), _) => format!("{n} GPU{}", if n == 1 { "" } else { "s" }),
+                (_, Some(p)) => format!("{p} %"),
+                _ => String::new(),
+            };
+            let kept = s.spare_gpus.len();
+            let short = (kept < s.wanted as usize)
+                .then(|| view! { <span class="badge warn">"short: refills as GPUs free"</span> });
+            let model = s.model.clone();
+            view! {
+                <tr data-testid="spare-row" data-model=s.model.clone()>
+                    <th scope="row">{s.model.clone()}</th>
+                    <td>{rule}</td>
+                    <td>{format!("{kept} of {}", s.wanted)} " " {short}</td>
+                    <td>
+                        {actions
+                            .admin
+                            .then(|| {
+                                view! {
+                                    <ActionForm action=actions.clear_spares>
+                                        <input type="hidden" name="model" value=model />
+                                        <button type="submit" class="secondary">
+                                            "Keep none"
+                                        </button>
+                                    </ActionForm>
+                                }
+                            })}
+                    </td>
+                </tr>
+            }
+        })
+        .collect_view();
+    let value = move || actions.set_spares.value().get();
+    view! {
+        <section class="card wide" data-testid="spares">
+            <h2>"Hot spares"</h2>
+            <p class="hint">
+                "GPUs kept idle: ordinary work is not placed on them, and high-priority work on a GPU that turns unhealthy (or a node that is lost) moves onto one at once."
+            </p>
+            <table>
+                <thead>
+                    <tr>
+                        <th scope="col">"Model"</th>
+                        <th scope="col">"Rule"</th>
+                        <th scope="col">"Kept now"</th>
+                        <th scope="col"></th>
+                    </tr>
+                </thead>
+                <tbody>{rows}</tbody>
+            </table>
+            {actions
+                .admin
+                .then(|| {
+                    view! {
+                        {form_error(value)}
+                        {form_error(move || actions.clear_spares.value().get())}
+                        <ActionForm action=actions.set_spares>
+                            <div class="row">
+                                <label>
+                                    "Model" <input name="model" required placeholder="H100-80GB" />
+                                </label>
+                                {field_error(value, "model")}
+                                <label>
+                                    "GPUs" <input name="gpus" type="number" min="0" />
+                                </label>
+                                {field_error(value, "gpus")}
+                                <label>
+                                    "or percent" <input name="percent" type="number" min="0" max="50" />
+                                </label>
+                                {field_error(value, "percent")}
+                                <button type="submit">"Keep as spares"</button>
+                            </div>
+                        </ActionForm>
+                    }
+                })}
+        </section>
+    }
+    .into_any()
 }

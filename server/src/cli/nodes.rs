@@ -1,9 +1,11 @@
 //! `tessera node list|drain|undrain`: the GPU nodes, decoded into [`NodeView`]; draining
-//! (platform admins) takes a node or one GPU out of placement by a deadline.
+//! (platform admins) takes a node or one GPU out of placement by a deadline; `node spares`
+//! lists and (platform admins) sets the hot spares kept per GPU model.
 
 use super::{CliError, Client, R, Remote, Tabular, encode, opt, print};
 use clap::Subcommand;
 use tessera_domain::cluster::NodeView;
+use tessera_domain::spares::SpareView;
 use tessera_domain::tenancy::Page;
 
 #[derive(Debug, Subcommand)]
@@ -38,6 +40,46 @@ pub enum NodeCommand {
         #[arg(long)]
         gpu: Option<String>,
     },
+    /// Hot spares per GPU model: `list` (default), `set`, `clear` (platform admins).
+    Spares {
+        #[command(subcommand)]
+        command: Option<SpareCommand>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SpareCommand {
+    /// Each model's rule and the GPUs kept idle as spares now.
+    List,
+    /// Keep `--gpus N` GPUs, or `--percent P` (0–50) of the model's in-service GPUs, idle
+    /// as hot spares (platform admins).
+    Set {
+        /// A GPU model of the catalog (`H100-80GB`).
+        model: String,
+        #[arg(long, conflicts_with = "percent")]
+        gpus: Option<i64>,
+        #[arg(long)]
+        percent: Option<i64>,
+    },
+    /// Keep no spares of the model any more (platform admins).
+    Clear { model: String },
+}
+
+impl Tabular for SpareView {
+    const HEADER: &'static [&'static str] = &["model", "rule", "wanted", "spare_gpus"];
+    fn cells(&self) -> Vec<String> {
+        let rule = match (self.gpus, self.percent) {
+            (Some(n), _) => format!("{n} GPUs"),
+            (_, Some(p)) => format!("{p} %"),
+            _ => String::new(),
+        };
+        vec![
+            self.model.clone(),
+            rule,
+            self.wanted.to_string(),
+            self.spare_gpus.join(" "),
+        ]
+    }
 }
 
 impl Tabular for NodeView {
@@ -115,6 +157,34 @@ pub async fn node(remote: &Remote, cmd: NodeCommand) -> R<i32> {
                 )
                 .await?;
             print(c.output, &v, std::slice::from_ref(&v), "")
+        }
+        NodeCommand::Spares { command } => {
+            let spares: Vec<SpareView> = match command.unwrap_or(SpareCommand::List) {
+                SpareCommand::List => c.get("/api/v1/spares").await?,
+                SpareCommand::Set {
+                    model,
+                    gpus,
+                    percent,
+                } => {
+                    let body = serde_json::json!({"gpus": gpus, "percent": percent});
+                    c.call(
+                        reqwest::Method::PUT,
+                        &format!("/api/v1/spares/{}", encode(&model)),
+                        Some(body),
+                    )
+                    .await?
+                }
+                SpareCommand::Clear { model } => {
+                    c.send(
+                        reqwest::Method::DELETE,
+                        &format!("/api/v1/spares/{}", encode(&model)),
+                        None,
+                    )
+                    .await?;
+                    c.get("/api/v1/spares").await?
+                }
+            };
+            print(c.output, &spares, &spares, "no hot spares kept")
         }
     }
 }

@@ -681,6 +681,12 @@ fn fn_rows() -> Vec<Row> {
             [401, 403, 403, 403, 403, 409]),
         row!(POST "/fn/undrain_node", |_, _| "/fn/undrain_node".into(),
             |f, _| Body::Form(vec![("node_id".into(), f.node_id.clone())]), ADMIN_ONLY),
+        row!(POST "/fn/list_spares", |_, _| "/fn/list_spares".into(), none, ANY_USER),
+        row!(POST "/fn/set_spares", |_, _| "/fn/set_spares".into(),
+            |_, _| Body::Form(vec![("model".into(), "H100-80GB".into()), ("gpus".into(), "0".into())]), ADMIN_ONLY),
+        // The admin's set above made the rule that the admin's clear ends.
+        row!(POST "/fn/clear_spares", |_, _| "/fn/clear_spares".into(),
+            |_, _| Body::Form(vec![("model".into(), "H100-80GB".into())]), ADMIN_ONLY),
         row!(POST "/fn/set_gpu_layout", |_, _| "/fn/set_gpu_layout".into(),
             |f, _| Body::Form(vec![("node_id".into(), f.node_id.clone()), ("gpu_uuid".into(), f.gpu_uuid.clone()),
                 ("mode".into(), "enabled".into()), ("layout".into(), "3g.40gb@0, 1g.10gb@6".into())]), ADMIN_ONLY),
