@@ -77,6 +77,10 @@ fn describe_node_gauges() {
         "GPUs taken out of service for a critical Xid or an uncorrectable ECC error, until an admin clears them"
     );
     describe_gauge!(
+        "tessera_spare_gpus",
+        "GPUs kept idle as hot spares now, per model (as of the last scheduler pass)"
+    );
+    describe_gauge!(
         "tessera_preempted_gpu_minutes",
         "GPU-minutes of job attempts ended by a preemption (reclaim, drain, unhealthy GPU), ever"
     );

@@ -121,6 +121,9 @@ async fn record_cluster_gauges(state: &AppState) {
     if let Ok(n) = state.services.nodes.unhealthy_count().await {
         metrics::gauge!("tessera_gpus_unhealthy").set(n as f64);
     }
+    for (model, n) in state.services.allocations.spare_gpus() {
+        metrics::gauge!("tessera_spare_gpus", "model" => model).set(f64::from(n));
+    }
     if let Ok(m) = state.services.workloads.preempted_gpu_minutes().await {
         metrics::gauge!("tessera_preempted_gpu_minutes").set(m);
     }

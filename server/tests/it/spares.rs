@@ -176,6 +176,17 @@ while true; do sleep 0.2; done"#;
         "{row}"
     );
 
+    let metrics = reqwest::get(app.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("tessera_spare_gpus{model=\"H100-80GB\"} 1"),
+        "{metrics}"
+    );
+
     // Ordinary work is not placed on it: a whole GPU, which only B could give, waits and
     // says why; teams are not shown B as free.
     let (s, v) = request(app, &t.member, &t.id, "H100-80GB:whole").await;

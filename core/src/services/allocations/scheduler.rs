@@ -710,6 +710,12 @@ impl Allocations {
             }
         }
         let share_used = share_usage(held);
+        let held_devices: Vec<AllocatedDevice> = held.iter().flat_map(devices).collect();
+        // (node, GPU) pairs anything is held on.
+        let held_on: BTreeSet<(Uuid, &str)> = held_devices
+            .iter()
+            .map(|d| (d.node_id, d.gpu_uuid.as_str()))
+            .collect();
         let mut input = PlannerInput::default();
         // Admins choose the shared GPUs; the planner never makes one.
         input.cluster.fixed_sharing = true;
@@ -790,7 +796,7 @@ impl Allocations {
                 // placed on it, e.g. on a hot spare, whose layout the inventory does not
                 // show yet): never handed out whole.
                 let whole_busy = busy.contains(&(g.uuid.clone(), None))
-                    || (!mig_on && busy.iter().any(|(u, _)| u == &g.uuid));
+                    || (!mig_on && held_on.contains(&(n.id, g.uuid.as_str())));
                 let gpu = planner::Gpu {
                     index: g.index,
                     model: model.name().to_owned(),

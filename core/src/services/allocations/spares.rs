@@ -188,7 +188,13 @@ impl Allocations {
             .allocations_in(&["placing", "active", "releasing"])
             .await
             .map_err(internal("loading allocations"))?;
-        let busy: BTreeSet<String> = held.iter().flat_map(devices).map(|d| d.gpu_uuid).collect();
+        // Held on that node (keyed by node too: GPU UUIDs are unique on real hardware, not
+        // necessarily among simulated nodes).
+        let busy: BTreeSet<(Uuid, String)> = held
+            .iter()
+            .flat_map(devices)
+            .map(|d| (d.node_id, d.gpu_uuid))
+            .collect();
         let last = self.spare_pool().gpus;
         let mut candidates = Vec::new();
         for n in nodes
@@ -215,7 +221,7 @@ impl Allocations {
                     model: model.name().to_owned(),
                     hostname: n.hostname.clone(),
                     index: g.index,
-                    idle: !busy.contains(&g.uuid) && !processes,
+                    idle: !busy.contains(&(n.id, g.uuid.clone())) && !processes,
                     was_spare: last.contains(&g.uuid),
                 });
             }
