@@ -349,6 +349,46 @@ async fn allocations_jobs_and_notebooks_on_a_live_node(db: Db) {
         .await
         .json();
     assert!(back.drain.is_none(), "{back:?}");
+    // Hot spares: a member may list but not set them (exit 4); bad input names the field
+    // (exit 1); an admin sets one, lists it, and clears it.
+    let out = cli
+        .run(
+            &t.member,
+            &["node", "spares", "set", "H100-80GB", "--gpus", "1"],
+        )
+        .await;
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    let out = cli
+        .run(
+            &admin,
+            &["node", "spares", "set", "H100-80GB", "--percent", "60"],
+        )
+        .await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("percent"), "{}", out.stderr);
+    let set: Vec<tessera_domain::spares::SpareView> = cli
+        .run(
+            &admin,
+            &[
+                "node",
+                "spares",
+                "set",
+                "H100-80GB",
+                "--gpus",
+                "1",
+                "-o",
+                "json",
+            ],
+        )
+        .await
+        .json();
+    assert_eq!(set[0].gpus, Some(1), "{set:?}");
+    let table = cli.run(&t.member, &["node", "spares"]).await;
+    assert!(table.ok().contains("H100-80GB"), "{}", table.stdout);
+    let cleared = cli
+        .run(&admin, &["node", "spares", "clear", "H100-80GB"])
+        .await;
+    assert!(cleared.ok().contains("no hot spares"), "{}", cleared.stdout);
 
     // Release ends it.
     let released: AllocationView = cli
