@@ -197,23 +197,23 @@ mod tests {
             Ok(SpareRule::Percent(10))
         );
         assert_eq!(
-            field(SpareRule::validate(&req(Some(-1), None)).unwrap_err()),
+            field(SpareRule::validate(&req(Some(-1), None)).expect_err("refused")),
             "gpus"
         );
         assert_eq!(
-            field(SpareRule::validate(&req(None, Some(51))).unwrap_err()),
+            field(SpareRule::validate(&req(None, Some(51))).expect_err("refused")),
             "percent"
         );
         assert_eq!(
-            field(SpareRule::validate(&req(None, Some(-5))).unwrap_err()),
+            field(SpareRule::validate(&req(None, Some(-5))).expect_err("refused")),
             "percent"
         );
         assert_eq!(
-            field(SpareRule::validate(&req(Some(1), Some(1))).unwrap_err()),
+            field(SpareRule::validate(&req(Some(1), Some(1))).expect_err("refused")),
             "percent"
         );
         assert_eq!(
-            field(SpareRule::validate(&req(None, None)).unwrap_err()),
+            field(SpareRule::validate(&req(None, None)).expect_err("refused")),
             "gpus"
         );
     }
