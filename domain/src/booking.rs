@@ -305,12 +305,14 @@ mod tests {
     use chrono::TimeZone;
 
     fn t(h: u32) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2026, 12, 1, h, 0, 0).single().unwrap()
+        Utc.with_ymd_and_hms(2026, 12, 1, h, 0, 0)
+            .single()
+            .expect("valid")
     }
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
             .single()
-            .unwrap()
+            .expect("valid")
     }
     fn team(n: u128) -> Uuid {
         Uuid::from_u128(n)
@@ -329,7 +331,11 @@ mod tests {
         validate(i, &AllocPolicy::default(), &Catalog::builtin(), now())
     }
     fn field(i: &NewBooking) -> String {
-        check(i).unwrap_err().field().unwrap_or("").to_owned()
+        check(i)
+            .expect_err("refused")
+            .field()
+            .unwrap_or("")
+            .to_owned()
     }
     fn held(team_n: u128, from: u32, to: u32, units: u32) -> Held {
         Held {
@@ -348,7 +354,7 @@ mod tests {
             "2026-12-01T09:00",
             "2026-12-01T17:00",
         ))
-        .unwrap();
+        .expect("valid");
         assert_eq!(b.starts_at, t(9));
         assert_eq!(b.ends_at, t(17));
         assert_eq!(b.units(), 14);
@@ -402,7 +408,7 @@ mod tests {
             "2026-12-01T10:00",
             "2026-12-01T12:00",
         ))
-        .unwrap();
+        .expect("valid");
         let others = [held(2, 9, 11, 14)];
         let s = |capacity, limit, held| Standing {
             capacity,
@@ -411,17 +417,17 @@ mod tests {
         };
         assert!(admit(&b, team(1), &s(28, Some(14), &others)).is_ok());
         // Fully booked: a conflict that says how much is left.
-        let e = admit(&b, team(1), &s(14, Some(14), &others)).unwrap_err();
+        let e = admit(&b, team(1), &s(14, Some(14), &others)).expect_err("refused");
         assert!(matches!(e, AppError::Conflict { .. }), "{e:?}");
         assert!(e.to_string().contains("fully booked"), "{e}");
         // More than the cluster has at all.
-        let e = admit(&b, team(1), &s(6, Some(14), &[])).unwrap_err();
+        let e = admit(&b, team(1), &s(6, Some(14), &[])).expect_err("refused");
         assert_eq!(e.field(), Some("count"));
         // The team's own bookings in the window count against its limit; others' do not.
         let mine = [held(1, 11, 13, 7)];
         assert_eq!(
             admit(&b, team(1), &s(28, Some(13), &mine))
-                .unwrap_err()
+                .expect_err("refused")
                 .field(),
             Some("count")
         );
@@ -429,7 +435,9 @@ mod tests {
         assert!(admit(&b, team(3), &s(28, Some(7), &mine)).is_ok());
         // No quota line: nothing to book.
         assert_eq!(
-            admit(&b, team(1), &s(28, None, &[])).unwrap_err().field(),
+            admit(&b, team(1), &s(28, None, &[]))
+                .expect_err("refused")
+                .field(),
             Some("kind")
         );
     }
