@@ -84,21 +84,21 @@ impl Allocations {
         self.spares(p).await
     }
 
-    /// Keeps no spares of `model` any more (platform admins); 404 when it kept none.
+    /// Keeps no spares of `model` any more (platform admins). Idempotent: a model that
+    /// kept none is fine (nothing is audited then).
     pub async fn clear_spares(&self, p: &Principal, model: &str) -> Result<(), AppError> {
         authz::admin(p)?;
         let model = self.spare_model(model)?;
-        if !self
+        if self
             .store
             .clear_spares(&model)
             .await
             .map_err(internal("clearing spares"))?
         {
-            return Err(AppError::NotFound);
+            self.audit_spares(p, "spares.clear", &model, None).await;
+            tracing::info!(by = %p.username, %model, "hot spares cleared");
+            self.wake.notify_one();
         }
-        self.audit_spares(p, "spares.clear", &model, None).await;
-        tracing::info!(by = %p.username, %model, "hot spares cleared");
-        self.wake.notify_one();
         Ok(())
     }
 

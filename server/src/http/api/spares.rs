@@ -31,8 +31,9 @@ pub(super) async fn set_spares(
 
 #[utoipa::path(delete, path = "/api/v1/spares/{model}", tag = "nodes",
     params(("model" = String, Path, description = "A GPU model of the catalog")),
-    description = "Keeps no spares of the model any more (platform admins).",
-    responses((status = 204, description = "Done"), Forbidden, NotFound, Invalid))]
+    description = "Keeps no spares of the model any more (platform admins); also 204 when it \
+        kept none.",
+    responses((status = 204, description = "Done"), Forbidden, Invalid))]
 pub(super) async fn clear_spares(
     Call(s, p): Call,
     Path(model): Path<String>,
