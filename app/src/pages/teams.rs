@@ -166,6 +166,8 @@ struct TeamData {
     add_hook: ServerAction<AddTeamWebhook>,
     delete_hook: ServerAction<DeleteTeamWebhook>,
     toggle_hook: ServerAction<SetTeamWebhookEnabled>,
+    grace: Resource<Result<tessera_domain::drain::TeamGrace, api::UiError>>,
+    set_grace: ServerAction<SetTeamGrace>,
 }
 
 impl TeamData {
@@ -221,7 +223,16 @@ impl TeamData {
             },
             |(id, ..)| api::team_webhooks(id),
         );
+        // Made with the page's other resources (not inside the resolved team view), so the
+        // server and the hydrating browser create resources in the same order.
+        let set_grace = ServerAction::<SetTeamGrace>::new();
+        let grace = Resource::new(
+            move || (id.get(), set_grace.version().get()),
+            |(id, _)| api::team_grace(id),
+        );
         TeamData {
+            grace,
+            set_grace,
             actions,
             team,
             members,
@@ -278,6 +289,8 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         add_hook,
         delete_hook,
         toggle_hook,
+        grace,
+        set_grace,
         ..
     } = data;
     let platform_admin = is_admin();
@@ -363,7 +376,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
                     />
                 }
             })}
-        <TeamGraceCard team_id=team_id.clone() manages />
+        <TeamGraceCard team_id=team_id.clone() manages grace action=set_grace />
         <TeamSpend
             team_id=team_id.clone()
             budget
@@ -815,15 +828,12 @@ fn quota_row(q: QuotaView) -> impl IntoView {
 /// The team's grace before an early stop of its work (the deadline channel): what applies
 /// and the platform maximum; team admins and platform admins change it.
 #[component]
-fn TeamGraceCard(team_id: String, manages: bool) -> impl IntoView {
-    let action = ServerAction::<SetTeamGrace>::new();
-    let grace = {
-        let team_id = team_id.clone();
-        Resource::new(
-            move || action.version().get(),
-            move |_| api::team_grace(team_id.clone()),
-        )
-    };
+fn TeamGraceCard(
+    team_id: String,
+    manages: bool,
+    grace: Resource<Result<tessera_domain::drain::TeamGrace, api::UiError>>,
+    action: ServerAction<SetTeamGrace>,
+) -> impl IntoView {
     let value = move || action.value().get();
     view! {
         <section class="card" aria-labelledby="grace-title">

@@ -42,7 +42,6 @@ const OVERLAPPING: &str = "SELECT team_id, starts_at, ends_at, units FROM bookin
     WHERE model = $1 AND starts_at >= $4 AND starts_at < $3 AND ends_at > $2 \
     AND cancelled_at IS NULL";
 
-
 /// Where a new booking's team stands, read under the model's booking lock.
 #[derive(Debug, Clone)]
 pub struct BookingStanding {

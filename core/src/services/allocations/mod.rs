@@ -37,8 +37,8 @@ use tessera_domain::wire::{
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-mod grace;
 mod bookings;
+mod grace;
 mod scheduler;
 mod snapshot;
 mod spares;

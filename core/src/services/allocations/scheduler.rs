@@ -76,8 +76,15 @@ impl Allocations {
             .choose_spares(&nodes, &inventories, &drains, &shared, now)
             .await?;
         let mut spare_room = spare_pool.room();
-        self.expire(&nodes, &inventories, &drains, &mut spare_room, now, &mut report)
-            .await?;
+        self.expire(
+            &nodes,
+            &inventories,
+            &drains,
+            &mut spare_room,
+            now,
+            &mut report,
+        )
+        .await?;
         self.activate(&inventories, &shared, now, &mut report)
             .await?;
         let seen = Seen {
@@ -253,9 +260,7 @@ impl Allocations {
                                 "its GPU turned unhealthy (a critical Xid or an uncorrectable \
                                  ECC error) and was taken out of service"
                             }
-                            Some("booking") => {
-                                "its capacity is booked by a team from this time on"
-                            }
+                            Some("booking") => "its capacity is booked by a team from this time on",
                             _ => "borrowed capacity reclaimed for a team's guaranteed share",
                         }),
                     )
@@ -431,7 +436,8 @@ impl Allocations {
                 }
                 r.push_str(&format!(" ({}: {})", a.model, out.join(", ")));
             }
-            if let (Some(n), Some(r)) = (input.spared.get(&a.model), pending_reason.get_mut(&a.id)) {
+            if let (Some(n), Some(r)) = (input.spared.get(&a.model), pending_reason.get_mut(&a.id))
+            {
                 r.push_str(&spares::spare_note(&a.model, *n));
             }
         }
