@@ -643,7 +643,18 @@ async fn approval_events_reach_approvers_and_the_requester(db: Db) {
 
 async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
     let smtp = Smtpd::start();
-    let a = app_with_mail(db, &smtp).await;
+    // The jobs below are stored `running` on an allocation no node will set up: the
+    // server's workload pass would stop them (their allocation is not active) between
+    // their insert and their end. It runs only when woken here.
+    let url = smtp.url();
+    let app = TestApp::spawn_with(db, |c| {
+        c.notify.smtp_url = Some(Secret::new(url));
+        c.notify.mail_from = "Tessera <gpu@example.org>".into();
+        c.notify.notify_interval = Duration::from_millis(300);
+        c.scheduler_interval = Duration::from_secs(3600);
+    })
+    .await;
+    let a = AdminClient::with_app(app).await;
     let app = &a.app;
     let t = team(&a, "digest").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
@@ -674,6 +685,8 @@ async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
     let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
     let alloc = uuid::Uuid::parse_str(v["id"].as_str().expect("id")).expect("uuid");
+    // The pass the request woke is over before the jobs appear.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let store = tessera_core::store::Store::connect(&app.database_url)
         .await
         .expect("store");
