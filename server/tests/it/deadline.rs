@@ -5,6 +5,7 @@
 //! and a second stop ends the warning at once. Real `tessera-agent --simulate` nodes.
 
 use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
+use crate::drain::{files_named, log_of};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use crate::workloads::{WorkloadAgent, get, wait_workload};
@@ -17,39 +18,6 @@ on_both_databases!(
     a_user_stop_warns_a_job_that_listens_and_a_second_stop_is_at_once,
     an_idle_notebook_is_told_its_stop_and_untold_when_used,
 );
-
-/// Files under `dir` whose name starts with `prefix`, with their text.
-fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(files_named(&p, prefix));
-        } else if e.file_name().to_string_lossy().starts_with(prefix) {
-            out.push((
-                p.display().to_string(),
-                std::fs::read_to_string(&p).unwrap_or_default(),
-            ));
-        }
-    }
-    out
-}
-
-async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
-    let (s, l) = call_with_token(
-        app,
-        token,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}/logs?from=0"),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200, "{l}");
-    l["text"].as_str().unwrap_or_default().to_owned()
-}
 
 /// The workload's log once it contains `needle` (logs reach the server in rounds).
 async fn log_has(app: &TestApp, token: &str, id: &str, needle: &str) -> String {

@@ -35,7 +35,7 @@ pub(crate) async fn node_id(a: &AdminClient, hostname: &str) -> String {
     }
 }
 
-async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
+pub(crate) async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
     let (s, l) = call_with_token(
         app,
         token,
@@ -49,7 +49,7 @@ async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
 }
 
 /// Files under `dir` whose name starts with `prefix`, with their text.
-fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
+pub(crate) fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return out;

@@ -122,7 +122,7 @@ impl Allocations {
             .await
             .map_err(internal("loading booking"))?
             .ok_or(AppError::NotFound)?;
-        authz::team(&self.store, p, TeamId(row.b.team_id), Need::Read).await?;
+        // Another team's booking is NotFound, its own members are Forbidden (one check).
         authz::team(&self.store, p, TeamId(row.b.team_id), Need::ManageMembers).await?;
         let now = Utc::now();
         let Some(allocation) = self
