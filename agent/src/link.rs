@@ -9,6 +9,7 @@
 //! | `POST /agent/v1/register` | `RegisterRequest` | `RegisterResponse` |
 //! | `POST /agent/v1/heartbeat` | `Heartbeat` | any 2xx |
 //! | `GET /agent/v1/desired` | — | `DesiredState` |
+//! | `GET /agent/v1/wait?epoch=&generation=&timeout_s=` | — | `ChangeMark` (a long poll) |
 //! | `POST /agent/v1/status` | `StatusReport` | any 2xx |
 //! | `POST /agent/v1/telemetry` | `TelemetryBatch` | `TelemetryAck` |
 //! | `POST /agent/v1/workloads` | `WorkloadReports` | `WorkloadSync` |
@@ -20,8 +21,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tessera_domain::wire::{
-    DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck,
-    TelemetryBatch, WorkloadReports, WorkloadSync,
+    ChangeMark, DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport,
+    TelemetryAck, TelemetryBatch, WorkloadReports, WorkloadSync,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +54,14 @@ pub trait ServerLink: Send + Sync {
         &self,
         batch: &TelemetryBatch,
     ) -> impl Future<Output = Result<TelemetryAck, LinkError>> + Send;
+
+    /// Holds a long poll until something changed for this node since `since` (the last
+    /// answer; `None` at first) or `timeout_s` passes.
+    fn wait_for_change(
+        &self,
+        since: Option<&ChangeMark>,
+        timeout_s: u64,
+    ) -> impl Future<Output = Result<ChangeMark, LinkError>> + Send;
 
     /// Reports every workload the agent knows; the server answers with the complete
     /// desired set and how much of each log it holds.
@@ -256,6 +265,31 @@ impl ServerLink for HttpLink {
         let resp = self
             .client
             .get(format!("{}/agent/v1/desired", self.base))
+            .bearer_auth(&self.credential)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        check(resp)
+            .await?
+            .json()
+            .await
+            .map_err(|e| LinkError::Decode(e.to_string()))
+    }
+
+    async fn wait_for_change(
+        &self,
+        since: Option<&ChangeMark>,
+        timeout_s: u64,
+    ) -> Result<ChangeMark, LinkError> {
+        let mut query = vec![("timeout_s", timeout_s.to_string())];
+        if let Some(m) = since {
+            query.push(("epoch", m.epoch.clone()));
+            query.push(("generation", m.generation.to_string()));
+        }
+        let resp = self
+            .client
+            .get(format!("{}/agent/v1/wait", self.base))
+            .query(&query)
             .bearer_auth(&self.credential)
             .send()
             .await

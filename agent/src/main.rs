@@ -25,7 +25,12 @@ use tessera_agent::workloads::LocalExecutor;
 use tessera_domain::wire::RegisterRequest;
 
 #[derive(Parser, Debug)]
-#[command(name = "tessera-agent", version, about = "Tessera node agent")]
+#[command(
+    name = "tessera-agent",
+    version,
+    about = "Tessera node agent",
+    args_override_self = true
+)]
 struct Cli {
     #[command(flatten)]
     backend: BackendArgs,

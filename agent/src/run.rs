@@ -9,7 +9,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tessera_domain::wire::{ApplyStatus, DesiredState, Heartbeat, StatusReport, WorkloadReports};
+use tessera_domain::wire::{
+    ApplyState, ApplyStatus, ChangeMark, DesiredState, Heartbeat, MAX_WAIT_S, StatusReport,
+    WorkloadReports,
+};
 use tokio::sync::mpsc;
 
 use crate::backend::{GpuBackend, inventory};
@@ -157,12 +160,19 @@ impl<L: ServerLink> Agent<L> {
             });
             controller
         });
+        let mut applied = false;
         while let Some(status) = rx.recv().await {
+            applied |= status.state == ApplyState::Success;
             self.unsent.insert(status.gpu_uuid.clone(), status);
             self.send_statuses().await;
         }
         self.controller = work.await?;
         self.send_statuses().await;
+        // A layout was just applied: the inventory shows the new instances now, not at
+        // the next heartbeat (the server activates allocations from it).
+        if applied && let Err(e) = self.heartbeat().await {
+            tracing::warn!(error = %e, "heartbeat after applying a layout failed");
+        }
 
         let in_use = self
             .workloads
@@ -227,13 +237,31 @@ impl<L: ServerLink> Agent<L> {
             workloads: executor.reports().await,
         };
         let sync = self.link.sync_workloads(&reports).await?;
-        executor.apply(&sync);
+        if executor.apply(&sync) > 0 {
+            // Started: say so now rather than at the next round.
+            let reports = WorkloadReports {
+                at_unix_ms: unix_ms(),
+                workloads: executor.reports().await,
+            };
+            let sync = self.link.sync_workloads(&reports).await?;
+            executor.apply(&sync);
+        }
         Ok(())
     }
 
     /// Runs until `shutdown` resolves. Errors in a round are logged, never
     /// fatal: the next round starts from the driver's state again.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    ///
+    /// Besides the timers, a long poll (`ServerLink::wait_for_change`) is held open: when
+    /// the server says something changed for this node, the desired state is fetched and
+    /// applied and the workloads synced at once. The timers stay as the safety net (a
+    /// server without the long poll, a lost wake-up).
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()>
+    where
+        L: Clone,
+    {
+        let mut mark: Option<ChangeMark> = None;
+        let mut change = Box::pin(wait_change(self.link.clone(), None, Duration::ZERO));
         let mut heartbeat = tokio::time::interval(self.cfg.heartbeat_every);
         let mut reconcile = tokio::time::interval(self.cfg.reconcile_every);
         let mut telemetry = tokio::time::interval(self.cfg.telemetry_every);
@@ -298,6 +326,32 @@ impl<L: ServerLink> Agent<L> {
                         tracing::warn!(error = %e, "telemetry round failed");
                     }
                 }
+                (answer, took) = &mut change => {
+                    let mut delay = Duration::ZERO;
+                    match answer {
+                        Ok(m) => {
+                            if m.changed {
+                                let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                                if let Err(e) = self.reconcile_round(now).await {
+                                    tracing::warn!(error = %e, "reconcile round failed");
+                                }
+                                if let Err(e) = self.workload_round().await {
+                                    tracing::warn!(error = %e, "workload sync failed; keeping the last desired set");
+                                }
+                            } else if took < Duration::from_secs(1) {
+                                // Nothing changed, yet answered at once (a server shutting
+                                // down): not in a tight loop.
+                                delay = Duration::from_secs(1);
+                            }
+                            mark = Some(m);
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "long poll failed; the timers carry on");
+                            delay = WAIT_RETRY;
+                        }
+                    }
+                    change = Box::pin(wait_change(self.link.clone(), mark.clone(), delay));
+                }
                 _ = workloads.tick(), if self.workloads.is_some() => {
                     if let Err(e) = self.workload_round().await {
                         tracing::warn!(error = %e, "workload sync failed; keeping the last desired set");
@@ -306,6 +360,22 @@ impl<L: ServerLink> Agent<L> {
             }
         }
     }
+}
+
+/// After a failed long poll (an older server without it, the server unreachable), the
+/// next one waits this long; the timers carry on meanwhile.
+pub const WAIT_RETRY: Duration = Duration::from_secs(10);
+
+/// One long poll, after `delay`; with how long the server held it.
+async fn wait_change<L: ServerLink>(
+    link: L,
+    since: Option<ChangeMark>,
+    delay: Duration,
+) -> (Result<ChangeMark, crate::link::LinkError>, Duration) {
+    tokio::time::sleep(delay).await;
+    let asked = Instant::now();
+    let answer = link.wait_for_change(since.as_ref(), MAX_WAIT_S).await;
+    (answer, asked.elapsed())
 }
 
 /// Heartbeats sent while the credential is rejected are at most this far apart.

@@ -385,7 +385,9 @@ impl LocalExecutor {
     /// listed with `run: true` that are not known yet, stops those listed with
     /// `run: false` or not listed, and forgets (deletes the run folder of) those not
     /// listed that no longer run.
-    pub fn apply(&mut self, sync: &WorkloadSync) {
+    /// Returns how many workloads it started.
+    pub fn apply(&mut self, sync: &WorkloadSync) -> usize {
+        let mut started = 0;
         for ack in &sync.log_acks {
             if let Some(w) = self.workloads.get_mut(&ack.id) {
                 w.acked = ack.stored_through;
@@ -400,6 +402,7 @@ impl LocalExecutor {
                 Some(w) => w.tell_deadline(&spec.id, spec.deadline.as_ref()),
                 None => {
                     let mut w = if spec.run {
+                        started += 1;
                         self.start(spec)
                     } else {
                         Workload::exited(self.run_dir(&spec.id), "stopped before it started")
@@ -426,6 +429,7 @@ impl LocalExecutor {
             tracing::info!(id, "workload forgotten");
             false
         });
+        started
     }
 
     /// Stops every running workload (SIGTERM, SIGKILL after `grace`) and waits until

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod request;
 pub mod services;
 pub mod sessions;
+pub mod signals;
 pub mod store;
 
 use services::{
@@ -34,6 +35,8 @@ pub struct Services {
     pub workloads: Workloads,
     pub changes: Changes,
     pub notifications: Notifications,
+    /// Wake-ups for the agents' long polls (`signals`).
+    pub signals: Arc<signals::NodeSignals>,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
 }
@@ -47,19 +50,23 @@ impl Services {
     ) -> Self {
         let catalog = Arc::new(tessera_domain::mig::Catalog::builtin());
         let billing = Billing::new(store.clone(), catalog.clone());
-        let allocations = Allocations::new(store.clone(), catalog).with_budgets(billing.clone());
+        let signals = Arc::new(signals::NodeSignals::new());
+        let allocations = Allocations::new(store.clone(), catalog)
+            .with_budgets(billing.clone())
+            .with_signals(signals.clone());
         let tokens = Tokens::new(store.clone());
         Services {
             accounts: Accounts::new(store.clone(), hasher.clone(), limiter),
             tenancy: Tenancy::new(store.clone(), hasher).forgetting(tokens.verified()),
             tokens,
-            nodes: Nodes::new(store.clone()),
+            nodes: Nodes::new(store.clone()).with_signals(signals.clone(), allocations.changed()),
             changes: Changes::new(store.clone()),
             notifications: Notifications::new(store.clone()),
             workloads: Workloads::new(store.clone(), allocations.clone()),
             allocations,
             billing,
             store,
+            signals,
             session_absolute_timeout,
         }
     }

@@ -519,6 +519,23 @@ pub struct LogAck {
     pub stored_through: u64,
 }
 
+/// `GET /agent/v1/wait?epoch=…&generation=…&timeout_s=…`: a long poll that answers
+/// when something changed for the node (its desired state, a workload to start or stop)
+/// since the mark it sends (the last answer's `epoch` and `generation`; none on the
+/// first call), or when `timeout_s` (at most [`MAX_WAIT_S`]) runs out. After an answer
+/// with `changed`, the agent fetches its desired state and syncs its workloads at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeMark {
+    /// The answering server process (marks from another process never answer at once).
+    pub epoch: String,
+    pub generation: u64,
+    pub changed: bool,
+}
+
+/// The longest a wait is held.
+pub const MAX_WAIT_S: u64 = 25;
+
 /// The server's answer to [`WorkloadReports`]: the full desired set (a workload not
 /// listed is not wanted: the agent stops it and forgets it) and the log positions.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

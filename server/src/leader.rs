@@ -201,3 +201,45 @@ async fn listen_for_wakes(services: Arc<Services>) {
         tokio::time::sleep(RETRY_EVERY).await;
     }
 }
+
+/// Every replica on PostgreSQL: node wake-ups made here go to the other replicas
+/// (`NOTIFY tessera_node`), and theirs wake the agents' long polls held here. Returns at
+/// once on SQLite (one process).
+pub async fn relay_node_signals(services: Arc<Services>) {
+    if services.store.backend_name() != "postgres" {
+        return;
+    }
+    let epoch = services.signals.epoch();
+    let mut outgoing = services.signals.forwarded();
+    let sender = {
+        let services = services.clone();
+        tokio::spawn(async move {
+            while let Some(node) = outgoing.recv().await {
+                if let Err(e) = services.store.notify_node(&format!("{epoch} {node}")).await {
+                    tracing::warn!(error = %e, "could not tell other replicas of a node change");
+                }
+            }
+        })
+    };
+    loop {
+        match services.store.node_listener().await {
+            Ok(None) => break,
+            Ok(Some(mut l)) => {
+                while let Ok(payload) = l.next().await {
+                    let Some((from, node)) = payload.split_once(' ') else {
+                        continue;
+                    };
+                    if from == epoch.to_string() {
+                        continue;
+                    }
+                    if let Ok(node) = node.parse() {
+                        services.signals.bump_local(node);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for other replicas' node changes"),
+        }
+        tokio::time::sleep(RETRY_EVERY).await;
+    }
+    sender.abort();
+}

@@ -225,6 +225,7 @@ pub async fn run(
                 .context("TESSERA_EXECUTOR=kubernetes")?,
         )),
     };
+    let relay = tokio::spawn(leader::relay_node_signals(state.services.clone()));
     let (stop_leading, stop_rx) = tokio::sync::watch::channel(false);
     let leader = tokio::spawn(
         leader::Leader {
@@ -263,9 +264,12 @@ pub async fn run(
     // finish; proxied WebSockets get the grace period to end.
     let drain = Duration::from_secs(config.drain_seconds);
     let draining = state.draining.clone();
+    let signals = state.services.signals.clone();
     let graceful = async move {
         shutdown.await;
         draining.store(true, Ordering::SeqCst);
+        // Agents' held long polls answer now (they retry elsewhere or after the restart).
+        signals.close();
         let _ = stop_leading.send(true);
         if !drain.is_zero() {
             tracing::info!("shutting down: not ready any more; draining for {drain:?}");
@@ -292,6 +296,7 @@ pub async fn run(
     };
     http::wait_for_sockets(Duration::from_secs(config.shutdown_grace_seconds)).await;
     cleanup.abort();
+    relay.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), leader).await;
     if let Some(task) = sim_nodes
         && let Ok(Some(mut children)) = task.await

@@ -147,6 +147,16 @@ impl ServerLink for &FakeServer {
         Ok(self.with(|s| s.desired.clone()))
     }
 
+    /// The fake has no change feed: a poll stays open (the agent's timers drive it).
+    async fn wait_for_change(
+        &self,
+        _since: Option<&ChangeMark>,
+        _timeout_s: u64,
+    ) -> Result<ChangeMark, LinkError> {
+        self.gate()?;
+        std::future::pending().await
+    }
+
     async fn post_status(&self, report: &StatusReport) -> Result<(), LinkError> {
         self.gate()?;
         self.with(|s| s.statuses.push(report.clone()));

@@ -9,7 +9,7 @@ use crate::store::{
     NodeRow, ReplicaRow, Store,
 };
 use chrono::{DateTime, Duration, Utc};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
@@ -66,6 +66,14 @@ pub struct Nodes {
     store: Store,
     catalog: Arc<Catalog>,
     summary: Arc<std::sync::Mutex<Option<(std::time::Instant, Summary)>>>,
+    /// Wakes a node's agent after a change of its desired state.
+    signals: Arc<crate::signals::NodeSignals>,
+    /// Wakes the scheduler when a node reports a new inventory (an instance it created
+    /// can be activated now).
+    scheduler: Arc<tokio::sync::Notify>,
+    /// Per node: the hash of the inventory last stored by this process and the
+    /// `inventory_version` it got, so an unchanged inventory is not written again.
+    stored_inventory: Arc<std::sync::Mutex<HashMap<Uuid, (u64, i64)>>>,
 }
 
 impl Nodes {
@@ -74,7 +82,21 @@ impl Nodes {
             store,
             catalog: Arc::new(Catalog::builtin()),
             summary: Arc::default(),
+            signals: Arc::default(),
+            scheduler: Arc::default(),
+            stored_inventory: Arc::default(),
         }
+    }
+
+    /// Wakes agents through `signals` and the scheduler through `scheduler`.
+    pub fn with_signals(
+        mut self,
+        signals: Arc<crate::signals::NodeSignals>,
+        scheduler: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        self.signals = signals;
+        self.scheduler = scheduler;
+        self
     }
 
     /// Drops the reused summary (a node joined or was revoked here).
@@ -256,17 +278,66 @@ impl Nodes {
             ));
         }
         let inventory = serde_json::to_string(&hb.inventory).map_err(|_| AppError::Internal)?;
-        self.store
-            .record_heartbeat(
-                node.id,
-                Utc::now(),
-                &hb.agent_version,
-                hb.manages_mig,
-                hb.workload_sandbox,
-                &inventory,
-            )
-            .await
-            .map_err(internal("recording heartbeat"))?;
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            inventory.hash(&mut h);
+            h.finish()
+        };
+        let now = Utc::now();
+        let known = self
+            .stored_inventory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&node.id)
+            .copied();
+        // The same inventory as this process last stored: only the beat is written, and
+        // only while the stored version is still the one that inventory got.
+        let unchanged = match known {
+            Some((h, version)) if h == hash => self
+                .store
+                .record_heartbeat_unchanged(
+                    node.id,
+                    now,
+                    &hb.agent_version,
+                    hb.manages_mig,
+                    hb.workload_sandbox,
+                    version,
+                )
+                .await
+                .map_err(internal("recording heartbeat"))?,
+            _ => false,
+        };
+        if !unchanged {
+            let version = self
+                .store
+                .record_heartbeat(
+                    node.id,
+                    now,
+                    &hb.agent_version,
+                    hb.manages_mig,
+                    hb.workload_sandbox,
+                    &inventory,
+                )
+                .await
+                .map_err(internal("recording heartbeat"))?;
+            let mut stored = self
+                .stored_inventory
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match version {
+                Some(v) => {
+                    stored.insert(node.id, (hash, v));
+                }
+                None => {
+                    stored.remove(&node.id);
+                }
+            }
+            drop(stored);
+            // A new inventory may show an instance the scheduler waits for (activation)
+            // or capacity it can place on: it looks at once.
+            self.scheduler.notify_one();
+        }
         self.judge_health(node, &hb.inventory).await
     }
 
@@ -950,6 +1021,7 @@ impl Nodes {
             )
             .await
             .map_err(internal("storing desired layout"))?;
+        self.signals.bump(node);
         tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version, "desired MIG layout set");
         self.get(p, node).await
     }
@@ -1001,6 +1073,7 @@ impl Nodes {
                           meanwhile; its mode changes only while it is idle"
                     .into(),
             })?;
+        self.signals.bump(node);
         tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version,
             sharing = sharing.map_or("off", ShareMethod::as_str), "GPU sharing set");
         self.get(p, node).await

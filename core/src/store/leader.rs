@@ -20,6 +20,9 @@ use std::time::Duration;
 /// The advisory lock's key: "tessera" in ASCII.
 const LEADER_KEY: i64 = 0x0074_6573_7365_7261;
 const WAKE_CHANNEL: &str = "tessera_wake";
+/// "Something changed for node N" between replicas (payload `<epoch> <node id>`), for the
+/// agents' long polls (`crate::signals`).
+const NODE_CHANNEL: &str = "tessera_node";
 
 /// Proof of leadership, valid while [`Lease::holds`] says so.
 pub enum Lease {
@@ -113,6 +116,45 @@ impl Store {
                 let mut l = PgListener::connect_with(pool).await?;
                 l.listen(WAKE_CHANNEL).await?;
                 Ok(Some(WakeListener(l)))
+            }
+        }
+    }
+}
+
+/// Other replicas' node wake-ups (PostgreSQL only).
+pub struct NodeListener(PgListener);
+
+impl NodeListener {
+    /// The next payload (`<epoch> <node id>`).
+    pub async fn next(&mut self) -> Result<String, StoreError> {
+        from_driver(self.0.recv().await.map(|n| n.payload().to_owned()))
+    }
+}
+
+impl Store {
+    /// Tells the other replicas that something changed for a node (no-op on SQLite).
+    pub async fn notify_node(&self, payload: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Sqlite(_) => Ok(()),
+            Store::Postgres(pool) => from_driver(
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(NODE_CHANNEL)
+                    .bind(payload)
+                    .execute(pool)
+                    .await
+                    .map(|_| ()),
+            ),
+        }
+    }
+
+    /// Listens for other replicas' node wake-ups; `None` on SQLite (one process).
+    pub async fn node_listener(&self) -> Result<Option<NodeListener>, StoreError> {
+        match self {
+            Store::Sqlite(_) => Ok(None),
+            Store::Postgres(pool) => {
+                let mut l = PgListener::connect_with(pool).await?;
+                l.listen(NODE_CHANNEL).await?;
+                Ok(Some(NodeListener(l)))
             }
         }
     }

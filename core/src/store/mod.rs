@@ -31,7 +31,7 @@ pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroup
 pub use bookings::{BookingListRow, BookingRow, BookingStanding};
 pub use drains::DrainRow;
 pub use health::HealthRow;
-pub use leader::{Lease, ReplicaRow, WakeListener, sqlite_file};
+pub use leader::{Lease, NodeListener, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };

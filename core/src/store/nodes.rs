@@ -109,6 +109,9 @@ impl Store {
         Ok(out)
     }
 
+    /// Records a heartbeat with its inventory; `inventory_version` moves only when the
+    /// inventory's text differs from what is stored. The version after, `None` when the
+    /// node is unknown or revoked.
     pub async fn record_heartbeat(
         &self,
         id: Uuid,
@@ -117,16 +120,38 @@ impl Store {
         manages_mig: bool,
         workload_sandbox: bool,
         inventory: &str,
-    ) -> Result<(), StoreError> {
-        on_pool!(self, pool => sqlx::query(
+    ) -> Result<Option<i64>, StoreError> {
+        db!(self, pool => sqlx::query_scalar::<_, i64>(
             "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
              inventory = $4, workload_sandbox = $6, \
              inventory_version = inventory_version + CASE WHEN inventory = $4 THEN 0 ELSE 1 END \
-             WHERE id = $5 AND revoked_at IS NULL")
+             WHERE id = $5 AND revoked_at IS NULL RETURNING inventory_version")
             .bind(at).bind(agent_version).bind(manages_mig).bind(inventory).bind(id)
             .bind(workload_sandbox)
-            .execute(pool).await.map(|_| ()))?;
-        Ok(())
+            .fetch_optional(pool).await)
+    }
+
+    /// Records a heartbeat whose inventory is the one stored at `inventory_version`,
+    /// without sending or rewriting the inventory (tens of kilobytes on a big node).
+    /// `false` when the stored version moved meanwhile (another replica, a revocation):
+    /// the caller then records it with [`Store::record_heartbeat`].
+    pub async fn record_heartbeat_unchanged(
+        &self,
+        id: Uuid,
+        at: DateTime<Utc>,
+        agent_version: &str,
+        manages_mig: bool,
+        workload_sandbox: bool,
+        inventory_version: i64,
+    ) -> Result<bool, StoreError> {
+        let n = on_pool!(self, pool => sqlx::query(
+            "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
+             workload_sandbox = $4 \
+             WHERE id = $5 AND revoked_at IS NULL AND inventory_version = $6")
+            .bind(at).bind(agent_version).bind(manages_mig).bind(workload_sandbox).bind(id)
+            .bind(inventory_version)
+            .execute(pool).await?.rows_affected());
+        Ok(n == 1)
     }
 
     pub async fn revoke_node(&self, id: Uuid, at: DateTime<Utc>) -> Result<bool, StoreError> {

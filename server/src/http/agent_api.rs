@@ -3,15 +3,15 @@
 //! trades a join token for one.
 
 use super::auth::NodeCaller;
-use super::error::{ApiError, JsonBody};
+use super::error::{ApiError, JsonBody, Query};
 use crate::AppState;
 use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 use tessera_domain::wire::{
-    DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport, TelemetryAck,
-    TelemetryBatch, WorkloadReports, WorkloadSync,
+    ChangeMark, DesiredState, Heartbeat, MAX_WAIT_S, RegisterRequest, RegisterResponse,
+    StatusReport, TelemetryAck, TelemetryBatch, WorkloadReports, WorkloadSync,
 };
 
 pub fn router() -> Router<AppState> {
@@ -19,6 +19,7 @@ pub fn router() -> Router<AppState> {
         .route("/agent/v1/register", post(register))
         .route("/agent/v1/heartbeat", post(heartbeat))
         .route("/agent/v1/desired", get(desired))
+        .route("/agent/v1/wait", get(wait))
         .route("/agent/v1/status", post(status))
         .route("/agent/v1/telemetry", post(telemetry))
         .route("/agent/v1/workloads", post(workloads))
@@ -45,6 +46,39 @@ async fn desired(
     NodeCaller(node): NodeCaller,
 ) -> Result<Json<DesiredState>, ApiError> {
     Ok(Json(s.services.nodes.desired(&node).await?))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitQuery {
+    epoch: Option<String>,
+    generation: Option<u64>,
+    timeout_s: Option<u64>,
+}
+
+/// The long poll (`tessera_domain::wire::ChangeMark`): answers when something changed for
+/// this node since the mark sent, or when the wait runs out.
+async fn wait(
+    State(s): State<AppState>,
+    NodeCaller(node): NodeCaller,
+    Query(q): Query<WaitQuery>,
+) -> Result<Json<ChangeMark>, ApiError> {
+    let since = match (q.epoch.as_deref(), q.generation) {
+        (Some(e), Some(generation)) => Some(tessera_core::signals::Mark {
+            // A mark this process never gave out (another replica's, or garbage) is as
+            // good as none.
+            epoch: e.parse().unwrap_or_default(),
+            generation,
+        }),
+        _ => None,
+    };
+    let timeout = std::time::Duration::from_secs(q.timeout_s.unwrap_or(MAX_WAIT_S).min(MAX_WAIT_S));
+    let (mark, changed) = s.services.signals.wait(node.id, since, timeout).await;
+    Ok(Json(ChangeMark {
+        epoch: mark.epoch.to_string(),
+        generation: mark.generation,
+        changed,
+    }))
 }
 
 async fn status(

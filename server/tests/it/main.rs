@@ -13,6 +13,7 @@ mod deadline;
 mod deploy;
 mod drain;
 mod events;
+mod hops;
 mod kube_fake;
 mod kubernetes;
 mod monitoring;

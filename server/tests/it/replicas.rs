@@ -55,12 +55,16 @@ async fn leads_at(base: &str, replica: &str) -> Option<bool> {
         .map(|v| v.trim() == "1")
 }
 
-async fn leads(app: &TestApp, replica: &str) -> Option<bool> {
+pub(crate) async fn leads(app: &TestApp, replica: &str) -> Option<bool> {
     leads_at(&app.base, replica).await
 }
 
 /// Waits until exactly one of `replicas` leads; returns it and how long that took.
-async fn one_leader(app: &TestApp, replicas: &[&str], within: Duration) -> (String, Duration) {
+pub(crate) async fn one_leader(
+    app: &TestApp,
+    replicas: &[&str],
+    within: Duration,
+) -> (String, Duration) {
     let start = Instant::now();
     loop {
         let mut leading = Vec::new();
@@ -82,7 +86,7 @@ async fn one_leader(app: &TestApp, replicas: &[&str], within: Duration) -> (Stri
 }
 
 /// Waits until the node `host` is listed with its GPU (the scheduler can place on it).
-async fn node_reports_gpu(a: &AdminClient, host: &str) {
+pub(crate) async fn node_reports_gpu(a: &AdminClient, host: &str) {
     let start = Instant::now();
     loop {
         let (_, nodes) = a.call(Method::GET, "/api/v1/nodes", None).await;

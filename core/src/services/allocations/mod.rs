@@ -56,6 +56,8 @@ pub struct Allocations {
     policy: AllocPolicy,
     /// Wakes the scheduler after a change (request, release, approval).
     wake: Arc<Notify>,
+    /// Wakes a node's agent after a change of its desired state.
+    signals: Arc<crate::signals::NodeSignals>,
     /// Allocations seen `releasing`, and since when (see `finish_half_released`).
     releasing_seen: Arc<std::sync::Mutex<HashMap<Uuid, DateTime<Utc>>>>,
     /// How long a borrower is warned before its allocation is preempted.
@@ -129,6 +131,7 @@ impl Allocations {
             catalog,
             policy: AllocPolicy::default(),
             wake: Arc::new(Notify::new()),
+            signals: Arc::default(),
             releasing_seen: Arc::default(),
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             snapshot: Arc::default(),
@@ -161,6 +164,17 @@ impl Allocations {
     pub fn with_preemption_grace(mut self, grace: std::time::Duration) -> Self {
         self.preemption_grace = Duration::from_std(grace).unwrap_or(DEFAULT_PREEMPTION_GRACE);
         self
+    }
+
+    /// Wakes nodes' agents through `signals` (shared with the agent API's long poll).
+    pub fn with_signals(mut self, signals: Arc<crate::signals::NodeSignals>) -> Self {
+        self.signals = signals;
+        self
+    }
+
+    /// The agents' wake-ups.
+    pub fn signals(&self) -> &Arc<crate::signals::NodeSignals> {
+        &self.signals
     }
 
     /// Resolves when something changed that the scheduler should look at.
@@ -1354,7 +1368,7 @@ fn shared_gpus(desired: &[DesiredWithStatus]) -> HashMap<String, ShareMethod> {
 }
 
 /// Milli-GPU held by shares per GPU UUID, among `held`.
-fn share_usage(held: &[AllocationRow]) -> HashMap<String, u32> {
+fn share_usage<'a>(held: impl IntoIterator<Item = &'a AllocationRow>) -> HashMap<String, u32> {
     let mut used: HashMap<String, u32> = HashMap::new();
     for a in held {
         if let Ok(GpuKind::Share { milli, .. }) = a.kind.parse::<GpuKind>() {

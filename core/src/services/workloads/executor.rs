@@ -214,10 +214,17 @@ impl Workloads {
         if !from.can_transition(to) {
             return Ok(false);
         }
-        self.store
+        let moved = self
+            .store
             .workload_step(w.id, from.as_str(), to.as_str(), &change)
             .await
-            .map_err(internal("updating workload"))
+            .map_err(internal("updating workload"))?;
+        if moved && to.is_terminal() {
+            // Its allocation may be freed (a job that owned it), and queued work may
+            // start: the scheduler looks at once.
+            self.allocations.changed().notify_one();
+        }
+        Ok(moved)
     }
 
     async fn apply_report(

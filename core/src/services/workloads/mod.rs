@@ -505,6 +505,9 @@ impl Workloads {
             .insert_workload(&row)
             .await
             .map_err(internal("storing workload"))?;
+        if inserted {
+            self.tell_node(row.node_id);
+        }
         if !inserted {
             // A concurrent request with the same key made it (and owns the same allocation).
             if let Some(k) = key

@@ -65,7 +65,15 @@ impl Workloads {
                 "the workload changed meanwhile; reload and try again",
             ));
         }
+        self.tell_node(w.node_id);
         Ok(moved)
+    }
+
+    /// Wakes the agent of `node` (if any): what it should run changed.
+    pub(super) fn tell_node(&self, node: Option<Uuid>) {
+        if let Some(n) = node {
+            self.allocations.signals().bump(n);
+        }
     }
 
     /// Ends a workload still waiting for its own allocation, and that allocation's request.
@@ -119,10 +127,15 @@ impl Workloads {
         let Some((node, hostname, devices)) = node_devices(&alloc.a.devices) else {
             return Ok(false);
         };
-        self.store
+        let placed = self
+            .store
             .place_queued_workload(w.id, node, &hostname, &devices)
             .await
-            .map_err(internal("placing workload"))
+            .map_err(internal("placing workload"))?;
+        if placed {
+            self.tell_node(Some(node));
+        }
+        Ok(placed)
     }
 
     /// A job whose own allocation was preempted is queued again for a new one (same kind,
@@ -209,6 +222,8 @@ impl Workloads {
             .await
             .map_err(internal("requeueing workload"))?;
         if moved {
+            // Its old node stops the run it no longer wants.
+            self.tell_node(w.node_id);
             self.audit(None, "job.requeue", w.id, w.team_id, &note)
                 .await;
             return Ok(true);
