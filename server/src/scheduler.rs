@@ -32,6 +32,11 @@ pub async fn run(services: Arc<Services>, every: Duration) {
                         "scheduler pass"
                     );
                 }
+                // Placed on instances that already exist: the next pass activates them
+                // (and starts their queued jobs) at once, not at the next interval.
+                if r.placed > 0 {
+                    changed.notify_one();
+                }
                 for w in &r.placement_waits {
                     metrics::histogram!(crate::observability::PLACEMENT_WAIT).record(*w);
                 }

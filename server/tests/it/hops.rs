@@ -9,6 +9,7 @@
 //! nothing would happen for an hour.
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::nodes::{heartbeat, register};
 use crate::on_both_databases;
 use crate::replicas::{leads, node_reports_gpu, one_leader};
 use crate::support::{AdminClient, Db, TestApp, call_with_token, postgres_url};
@@ -19,7 +20,11 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tessera_server::config::ServeConfig;
 
-on_both_databases!(a_slice_and_its_job_start_with_every_timer_at_an_hour);
+on_both_databases!(
+    a_slice_and_its_job_start_with_every_timer_at_an_hour,
+    the_long_poll_answers_a_change_for_its_node_only,
+    heartbeats_rewrite_the_inventory_only_when_it_changed,
+);
 
 /// Agent timers that never fire during a test (each round happens once at start).
 fn hour_timers() -> Vec<String> {
@@ -175,4 +180,181 @@ async fn a_node_polling_a_standby_replica_is_woken_by_the_leaders_changes() {
     );
     agent.stop().await;
     drop(standby);
+}
+
+/// `GET /agent/v1/wait` as a node with `credential`: `(status, body, seconds held)`.
+async fn wait(app: &TestApp, credential: &str, query: &str) -> (u16, Value, f64) {
+    let started = Instant::now();
+    let r = reqwest::Client::new()
+        .get(app.url(&format!("/agent/v1/wait?{query}")))
+        .bearer_auth(credential)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, body, started.elapsed().as_secs_f64())
+}
+
+fn mark_of(v: &Value) -> String {
+    format!(
+        "epoch={}&generation={}",
+        v["epoch"].as_str().expect("epoch"),
+        v["generation"]
+    )
+}
+
+async fn the_long_poll_answers_a_change_for_its_node_only(db: Db) {
+    let a = AdminClient::new(db).await;
+    let app = &a.app;
+    let (_, jt) = crate::nodes::join_token(&a, 2).await;
+    let (node, cred) = register(app, &jt, "poll-1").await;
+    let (_, other_cred) = register(app, &jt, "poll-2").await;
+    assert_eq!(heartbeat(app, &cred, "GPU-p1").await.status(), 204);
+    assert_eq!(heartbeat(app, &other_cred, "GPU-p2").await.status(), 204);
+
+    // Without a credential, or with a field the server does not know: refused.
+    let r = reqwest::get(app.url("/agent/v1/wait?timeout_s=1"))
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 401);
+    let (s, v, _) = wait(app, &cred, "timeout_s=1&since=3").await;
+    assert_eq!(s, 422, "{v}");
+    let (s, v, _) = wait(app, &cred, "timeout_s=soon").await;
+    assert_eq!(s, 422, "{v}");
+
+    // Nothing changed: held for the timeout, then answered without a change.
+    let (s, first, held) = wait(app, &cred, "timeout_s=1").await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["changed"], false, "{first}");
+    assert!(held >= 0.9, "answered after {held} s without a change");
+
+    // A held poll of each node; a layout set for node 1 answers its poll only.
+    let mark = mark_of(&first);
+    let (_, second, _) = wait(app, &other_cred, "timeout_s=1").await;
+    let other_mark = mark_of(&second);
+    let poll = {
+        let (app_url, cred, mark) = (app.base.clone(), cred.clone(), mark.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let v: Value = reqwest::Client::new()
+                .get(format!("{app_url}/agent/v1/wait?{mark}&timeout_s=20"))
+                .bearer_auth(cred)
+                .send()
+                .await
+                .expect("request")
+                .json()
+                .await
+                .expect("json");
+            (v, started.elapsed().as_secs_f64())
+        })
+    };
+    let other_poll = {
+        let (app_url, cred, mark) = (app.base.clone(), other_cred.clone(), other_mark.clone());
+        tokio::spawn(async move {
+            let v: Value = reqwest::Client::new()
+                .get(format!("{app_url}/agent/v1/wait?{mark}&timeout_s=3"))
+                .bearer_auth(cred)
+                .send()
+                .await
+                .expect("request")
+                .json()
+                .await
+                .expect("json");
+            v
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, v) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/nodes/{node}/gpus/GPU-p1/layout"),
+            Some(json!({"mode": "enabled", "layout": [{"profile": "1g.10gb", "start": 0}]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (answer, held) = poll.await.expect("poll");
+    assert_eq!(answer["changed"], true, "{answer}");
+    assert!(held < 10.0, "the change was answered after {held} s");
+    assert_eq!(
+        answer["generation"].as_u64(),
+        first["generation"].as_u64().map(|g| g + 1),
+        "{answer} after {first}"
+    );
+    let other = other_poll.await.expect("poll");
+    assert_eq!(
+        other["changed"], false,
+        "another node's change woke it: {other}"
+    );
+
+    // A change made while no poll was held is answered at once by the next one.
+    let (s, _) = a
+        .call(
+            Method::PUT,
+            &format!("/api/v1/nodes/{node}/gpus/GPU-p1/layout"),
+            Some(json!({"mode": "enabled", "layout": []})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (_, again, held) = wait(app, &cred, &format!("{}&timeout_s=20", mark_of(&answer))).await;
+    assert_eq!(again["changed"], true, "{again}");
+    assert!(held < 5.0, "held {held} s though the change came before");
+    // A mark from another process (or made up) waits for a change here.
+    let foreign = format!("epoch={}&generation=0&timeout_s=1", uuid::Uuid::new_v4());
+    let (s, v, held) = wait(app, &cred, &foreign).await;
+    assert_eq!((s, v["changed"].as_bool()), (200, Some(false)), "{v}");
+    assert!(held >= 0.9, "a foreign mark answered at once");
+}
+
+async fn heartbeats_rewrite_the_inventory_only_when_it_changed(db: Db) {
+    let a = AdminClient::new(db).await;
+    let app = &a.app;
+    let (_, jt) = crate::nodes::join_token(&a, 1).await;
+    let (node, cred) = register(app, &jt, "beats").await;
+    let node: uuid::Uuid = node.parse().expect("uuid");
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    // (inventory version, inventory, last heartbeat)
+    let row = || async {
+        let (_, version, inventory) = store
+            .node_inventories(&[node])
+            .await
+            .expect("inventory")
+            .pop()
+            .expect("the node");
+        let beat = store
+            .node(node)
+            .await
+            .expect("node")
+            .expect("node")
+            .last_heartbeat_at;
+        (version, inventory, beat)
+    };
+
+    assert_eq!(heartbeat(app, &cred, "GPU-b1").await.status(), 204);
+    let first = row().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(heartbeat(app, &cred, "GPU-b1").await.status(), 204);
+    let same = row().await;
+    assert_eq!(same.0, first.0);
+    assert_eq!(same.1, first.1);
+    assert!(same.2 > first.2, "the beat itself is recorded");
+
+    // Someone else changed the stored inventory (another replica took a heartbeat of
+    // another state): the same inventory as before is written again, not skipped.
+    store
+        .record_heartbeat(node, Utc::now(), "test", true, true, r#"{"gpus":[]}"#)
+        .await
+        .expect("write");
+    assert_eq!(heartbeat(app, &cred, "GPU-b1").await.status(), 204);
+    let restored = row().await;
+    assert_eq!(restored.1, first.1);
+    assert_eq!(restored.0, first.0 + 2);
+
+    // A new inventory is written and moves the version.
+    assert_eq!(heartbeat(app, &cred, "GPU-b2").await.status(), 204);
+    let changed = row().await;
+    assert!(changed.1.contains("GPU-b2"), "{}", changed.1);
+    assert_eq!(changed.0, restored.0 + 1);
 }

@@ -61,7 +61,7 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
         .expect("request")
 }
 
-async fn join_token(a: &AdminClient, max_uses: u32) -> (String, String) {
+pub(crate) async fn join_token(a: &AdminClient, max_uses: u32) -> (String, String) {
     let (s, v) = a
         .call(
             reqwest::Method::POST,
