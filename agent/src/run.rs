@@ -136,8 +136,9 @@ impl<L: ServerLink> Agent<L> {
 
     /// Fetches the desired state (keeping the last one if the server is
     /// unreachable), reconciles, and reports status changes as they happen. Then keeps
-    /// the shared GPUs' MPS daemons running; when what the heartbeat says of shared GPUs
-    /// changed (one became ready, a daemon was restarted), a heartbeat goes out at once.
+    /// the shared GPUs' MPS daemons running. When a layout was applied, or what the
+    /// heartbeat says of shared GPUs changed (one became ready, a daemon was restarted),
+    /// one heartbeat goes out at once.
     pub async fn reconcile_round(&mut self, now_ms: u64) -> anyhow::Result<()> {
         match self.link.desired_state().await {
             Ok(d) => {
@@ -168,11 +169,6 @@ impl<L: ServerLink> Agent<L> {
         }
         self.controller = work.await?;
         self.send_statuses().await;
-        // A layout was just applied: the inventory shows the new instances now, not at
-        // the next heartbeat (the server activates allocations from it).
-        if applied && let Err(e) = self.heartbeat().await {
-            tracing::warn!(error = %e, "heartbeat after applying a layout failed");
-        }
 
         let in_use = self
             .workloads
@@ -190,8 +186,12 @@ impl<L: ServerLink> Agent<L> {
         })
         .await?;
         self.shares = shares;
-        if changed && let Err(e) = self.heartbeat().await {
-            tracing::warn!(error = %e, "heartbeat after a change of shared GPUs failed");
+        // A layout was just applied, or a shared GPU changed: the server hears it now,
+        // not at the next heartbeat (it activates allocations from the inventory).
+        if (applied || changed)
+            && let Err(e) = self.heartbeat().await
+        {
+            tracing::warn!(error = %e, "heartbeat after a change failed");
         }
         Ok(())
     }

@@ -161,3 +161,62 @@ async fn a_rejected_credential_backs_off_and_recovers() {
         assert!(s.heartbeats.len() <= 10, "{}", s.heartbeats.len());
     });
 }
+
+/// With every timer at an hour, a change the server announces on the long poll is
+/// fetched and applied at once, and the heartbeat that follows shows the new instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_announced_on_the_long_poll_is_applied_without_the_timers() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = SimNode::new(&[H100], 4).unwrap();
+    let gpu = node.gpu_uuids()[0].clone();
+    let server = FakeServer::default();
+    let hour = Duration::from_secs(3600);
+    let a = Agent::new(
+        Arc::new(node.clone()),
+        &server,
+        RunConfig {
+            manage_mig: true,
+            reconcile_every: hour,
+            telemetry_every: hour,
+            heartbeat_every: hour,
+            workload_every: hour,
+            ..run_config()
+        },
+        Telemetry::new(Spool::open(dir.path(), 60, 10).unwrap()),
+    );
+    let want = [("3g.40gb", 0), ("1g.10gb", 6)];
+    let run = a.run(async {
+        // The start-up rounds (every timer fires once at start) are over.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let beats = server.with(|s| s.heartbeats.len());
+        assert!(node.layout(&gpu).is_empty());
+        server.with(|s| {
+            s.desired = DesiredState {
+                gpus: vec![desired(&gpu, &want, 1)],
+            }
+        });
+        server.changes.notify_one();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.with(|s| s.heartbeats.len()) == beats {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no heartbeat after the change was applied"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    run.await.unwrap();
+    let mut got = node.layout(&gpu);
+    got.sort();
+    assert_eq!(got, crate::support::sorted(&want));
+    server.with(|s| {
+        let last = s.heartbeats.last().expect("a heartbeat");
+        assert_eq!(last.inventory.gpus[0].instances.len(), 2, "{last:?}");
+        let states: Vec<ApplyState> = s
+            .statuses
+            .iter()
+            .flat_map(|r| r.statuses.iter().map(|x| x.state))
+            .collect();
+        assert_eq!(states.last(), Some(&ApplyState::Success), "{states:?}");
+    });
+}

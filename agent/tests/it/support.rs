@@ -8,8 +8,9 @@ use tessera_agent::reconcile::{Outcome, reconcile_gpu};
 use tessera_agent::run::RunConfig;
 use tessera_agent::sim::{Arch, SimNode};
 use tessera_domain::wire::{
-    DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, LogAck, MigMode, StatusReport,
-    TelemetryAck, TelemetryBatch, TelemetrySample, WorkloadReports, WorkloadSpec, WorkloadSync,
+    ChangeMark, DesiredGpuState, DesiredInstance, DesiredState, Heartbeat, LogAck, MigMode,
+    StatusReport, TelemetryAck, TelemetryBatch, TelemetrySample, WorkloadReports, WorkloadSpec,
+    WorkloadSync,
 };
 
 pub const A100: &str = "A100-SXM4-40GB";
@@ -84,6 +85,8 @@ pub fn mig_uuids(node: &SimNode, gpu: &str) -> BTreeMap<String, String> {
 #[derive(Default)]
 pub struct FakeServer {
     pub inner: Mutex<FakeState>,
+    /// Answers a held long poll with "changed" (`notify_one`).
+    pub changes: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -147,14 +150,19 @@ impl ServerLink for &FakeServer {
         Ok(self.with(|s| s.desired.clone()))
     }
 
-    /// The fake has no change feed: a poll stays open (the agent's timers drive it).
+    /// Held until a test calls `changes.notify_one()`.
     async fn wait_for_change(
         &self,
-        _since: Option<&ChangeMark>,
+        since: Option<&ChangeMark>,
         _timeout_s: u64,
     ) -> Result<ChangeMark, LinkError> {
         self.gate()?;
-        std::future::pending().await
+        self.changes.notified().await;
+        Ok(ChangeMark {
+            epoch: "fake".into(),
+            generation: since.map_or(1, |m| m.generation + 1),
+            changed: true,
+        })
     }
 
     async fn post_status(&self, report: &StatusReport) -> Result<(), LinkError> {
