@@ -8,7 +8,8 @@
 //!
 //! 1. **Steady state** for `LOAD_SECONDS`: every node does what `tessera-agent` does at its
 //!    defaults (workload sync every 1 s, desired state and telemetry every 10 s, heartbeat
-//!    every 30 s, each node at its own phase); every user thinks 0.5–1.5 s between calls:
+//!    every 30 s, each node at its own phase) and holds its long poll open (`GET
+//!    /agent/v1/wait`; on a change it fetches its desired state and syncs at once); every user thinks 0.5–1.5 s between calls:
 //!    list the team's allocations, the cluster summary, the node list, request a slice and
 //!    release it later. Nodes and users are spread over the replicas round-robin (what a
 //!    Service does). Prints requests/s, p50/p99/max per route, errors, and the leader's
@@ -218,6 +219,75 @@ async fn run_node(node: Arc<Node>, c: reqwest::Client, stats: Arc<Stats>, stop: 
         }
         tick += 1;
         tokio::time::sleep(Duration::from_secs(1).saturating_sub(t0.elapsed())).await;
+    }
+}
+
+/// What `tessera-agent` holds open besides its timers: the long poll
+/// (`GET /agent/v1/wait`). When it answers "changed", the node fetches its desired state
+/// and syncs its workloads at once (timed like the timers' calls); the holds themselves
+/// are counted, not timed (each lasts until a change or 25 s).
+async fn hold_poll(node: Arc<Node>, c: reqwest::Client, stats: Arc<Stats>) {
+    let url = |p: &str| format!("{}{p}", node.base);
+    let mut mark: Option<(String, u64)> = None;
+    loop {
+        let mut rb = c
+            .get(url("/agent/v1/wait"))
+            .bearer_auth(&node.credential)
+            .query(&[("timeout_s", "25")]);
+        if let Some((epoch, generation)) = &mark {
+            rb = rb.query(&[
+                ("epoch", epoch.clone()),
+                ("generation", generation.to_string()),
+            ]);
+        }
+        let answer = match rb.send().await {
+            Ok(r) if r.status().is_success() => r.json::<Value>().await.unwrap_or(Value::Null),
+            Ok(r) => {
+                stats.record(
+                    "GET /agent/v1/wait (answers)",
+                    Duration::ZERO,
+                    Ok(r.status().as_u16()),
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => {
+                stats.record(
+                    "GET /agent/v1/wait (answers)",
+                    Duration::ZERO,
+                    Err(e.to_string()),
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        stats.record("GET /agent/v1/wait (answers)", Duration::ZERO, Ok(200));
+        if let (Some(epoch), Some(generation)) =
+            (answer["epoch"].as_str(), answer["generation"].as_u64())
+        {
+            mark = Some((epoch.to_owned(), generation));
+        }
+        if answer["changed"] == true {
+            timed(
+                &stats,
+                "GET /agent/v1/desired",
+                c.get(url("/agent/v1/desired"))
+                    .bearer_auth(&node.credential),
+            )
+            .await;
+            let reports = WorkloadReports {
+                at_unix_ms: chrono::Utc::now().timestamp_millis(),
+                workloads: Vec::new(),
+            };
+            timed(
+                &stats,
+                "POST /agent/v1/workloads",
+                c.post(url("/agent/v1/workloads"))
+                    .bearer_auth(&node.credential)
+                    .json(&reports),
+            )
+            .await;
+        }
     }
 }
 
@@ -501,6 +571,10 @@ async fn main() {
     let stop = Arc::new(AtomicBool::new(false));
     let (sum0, count0) = leader_pass(&bases).await;
     let mut tasks = Vec::new();
+    let polls: Vec<_> = nodes
+        .iter()
+        .map(|n| tokio::spawn(hold_poll(n.clone(), client.clone(), stats.clone())))
+        .collect();
     for n in &nodes {
         tasks.push(tokio::spawn(run_node(
             n.clone(),
@@ -524,6 +598,9 @@ async fn main() {
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         let _ = t.await;
+    }
+    for p in polls {
+        p.abort();
     }
     let steady = t0.elapsed().as_secs_f64();
     let (sum1, count1) = leader_pass(&bases).await;
