@@ -196,16 +196,23 @@ impl Store {
         dropped_total: i64,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        // One multi-row statement per 500 samples (a round trip each, not one per sample).
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            for (seq, sampled_at, payload) in samples {
-                sqlx::query("INSERT INTO telemetry_samples (node_id, seq, at, payload, received_at) \
-                             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node_id, seq) DO NOTHING")
-                    .bind(node).bind(*seq).bind(*sampled_at).bind(payload).bind(at)
-                    .execute(&mut *tx).await?;
+            for chunk in samples.chunks(500) {
+                let mut q = sqlx::QueryBuilder::new(
+                    "INSERT INTO telemetry_samples (node_id, seq, at, payload, received_at) ");
+                q.push_values(chunk, |mut row, (seq, sampled_at, payload)| {
+                    row.push_bind(node).push_bind(*seq).push_bind(*sampled_at)
+                        .push_bind(payload.as_str()).push_bind(at);
+                });
+                q.push(" ON CONFLICT (node_id, seq) DO NOTHING");
+                q.build().execute(&mut *tx).await?;
             }
-            sqlx::query("UPDATE nodes SET telemetry_dropped = $1 WHERE id = $2 AND telemetry_dropped < $1")
-                .bind(dropped_total).bind(node).execute(&mut *tx).await?;
+            if dropped_total > 0 {
+                sqlx::query("UPDATE nodes SET telemetry_dropped = $1 WHERE id = $2 AND telemetry_dropped < $1")
+                    .bind(dropped_total).bind(node).execute(&mut *tx).await?;
+            }
             Ok(tx.commit().await?)
         })
     }
