@@ -256,15 +256,16 @@ impl HttpLink {
     }
 }
 
-impl ServerLink for HttpLink {
-    async fn heartbeat(&self, hb: &Heartbeat) -> Result<(), LinkError> {
-        self.post("/agent/v1/heartbeat", hb).await.map(|_| ())
-    }
-
-    async fn desired_state(&self) -> Result<DesiredState, LinkError> {
+impl HttpLink {
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, LinkError> {
         let resp = self
             .client
-            .get(format!("{}/agent/v1/desired", self.base))
+            .get(format!("{}{path}", self.base))
+            .query(query)
             .bearer_auth(&self.credential)
             .send()
             .await
@@ -274,6 +275,16 @@ impl ServerLink for HttpLink {
             .json()
             .await
             .map_err(|e| LinkError::Decode(e.to_string()))
+    }
+}
+
+impl ServerLink for HttpLink {
+    async fn heartbeat(&self, hb: &Heartbeat) -> Result<(), LinkError> {
+        self.post("/agent/v1/heartbeat", hb).await.map(|_| ())
+    }
+
+    async fn desired_state(&self) -> Result<DesiredState, LinkError> {
+        self.get("/agent/v1/desired", &[]).await
     }
 
     async fn wait_for_change(
@@ -286,19 +297,7 @@ impl ServerLink for HttpLink {
             query.push(("epoch", m.epoch.clone()));
             query.push(("generation", m.generation.to_string()));
         }
-        let resp = self
-            .client
-            .get(format!("{}/agent/v1/wait", self.base))
-            .query(&query)
-            .bearer_auth(&self.credential)
-            .send()
-            .await
-            .map_err(unreachable)?;
-        check(resp)
-            .await?
-            .json()
-            .await
-            .map_err(|e| LinkError::Decode(e.to_string()))
+        self.get("/agent/v1/wait", &query).await
     }
 
     async fn post_status(&self, report: &StatusReport) -> Result<(), LinkError> {

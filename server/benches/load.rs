@@ -178,26 +178,9 @@ async fn run_node(node: Arc<Node>, c: reqwest::Client, stats: Arc<Stats>, stop: 
     let url = |p: &str| format!("{}{p}", node.base);
     while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
-        let reports = WorkloadReports {
-            at_unix_ms: chrono::Utc::now().timestamp_millis(),
-            workloads: Vec::new(),
-        };
-        timed(
-            &stats,
-            "POST /agent/v1/workloads",
-            c.post(url("/agent/v1/workloads"))
-                .bearer_auth(&node.credential)
-                .json(&reports),
-        )
-        .await;
+        sync_workloads(&node, &c, &stats).await;
         if tick.is_multiple_of(10) {
-            timed(
-                &stats,
-                "GET /agent/v1/desired",
-                c.get(url("/agent/v1/desired"))
-                    .bearer_auth(&node.credential),
-            )
-            .await;
+            fetch_desired(&node, &c, &stats).await;
             timed(
                 &stats,
                 "POST /agent/v1/telemetry",
@@ -268,27 +251,36 @@ async fn hold_poll(node: Arc<Node>, c: reqwest::Client, stats: Arc<Stats>) {
             mark = Some((epoch.to_owned(), generation));
         }
         if answer["changed"] == true {
-            timed(
-                &stats,
-                "GET /agent/v1/desired",
-                c.get(url("/agent/v1/desired"))
-                    .bearer_auth(&node.credential),
-            )
-            .await;
-            let reports = WorkloadReports {
-                at_unix_ms: chrono::Utc::now().timestamp_millis(),
-                workloads: Vec::new(),
-            };
-            timed(
-                &stats,
-                "POST /agent/v1/workloads",
-                c.post(url("/agent/v1/workloads"))
-                    .bearer_auth(&node.credential)
-                    .json(&reports),
-            )
-            .await;
+            fetch_desired(&node, &c, &stats).await;
+            sync_workloads(&node, &c, &stats).await;
         }
     }
+}
+
+/// One workload sync of a node that runs nothing.
+async fn sync_workloads(node: &Node, c: &reqwest::Client, stats: &Stats) {
+    let reports = WorkloadReports {
+        at_unix_ms: chrono::Utc::now().timestamp_millis(),
+        workloads: Vec::new(),
+    };
+    timed(
+        stats,
+        "POST /agent/v1/workloads",
+        c.post(format!("{}/agent/v1/workloads", node.base))
+            .bearer_auth(&node.credential)
+            .json(&reports),
+    )
+    .await;
+}
+
+async fn fetch_desired(node: &Node, c: &reqwest::Client, stats: &Stats) {
+    timed(
+        stats,
+        "GET /agent/v1/desired",
+        c.get(format!("{}/agent/v1/desired", node.base))
+            .bearer_auth(&node.credential),
+    )
+    .await;
 }
 
 /// One portal user with think time until `stop`.

@@ -184,9 +184,14 @@ async fn a_node_polling_a_standby_replica_is_woken_by_the_leaders_changes() {
 
 /// `GET /agent/v1/wait` as a node with `credential`: `(status, body, seconds held)`.
 async fn wait(app: &TestApp, credential: &str, query: &str) -> (u16, Value, f64) {
+    wait_at(app.base.clone(), credential.to_owned(), query.to_owned()).await
+}
+
+/// The same with owned arguments, to hold in a task of its own.
+async fn wait_at(base: String, credential: String, query: String) -> (u16, Value, f64) {
     let started = Instant::now();
     let r = reqwest::Client::new()
-        .get(app.url(&format!("/agent/v1/wait?{query}")))
+        .get(format!("{base}/agent/v1/wait?{query}"))
         .bearer_auth(credential)
         .send()
         .await
@@ -233,37 +238,16 @@ async fn the_long_poll_answers_a_change_for_its_node_only(db: Db) {
     let mark = mark_of(&first);
     let (_, second, _) = wait(app, &other_cred, "timeout_s=1").await;
     let other_mark = mark_of(&second);
-    let poll = {
-        let (app_url, cred, mark) = (app.base.clone(), cred.clone(), mark.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let v: Value = reqwest::Client::new()
-                .get(format!("{app_url}/agent/v1/wait?{mark}&timeout_s=20"))
-                .bearer_auth(cred)
-                .send()
-                .await
-                .expect("request")
-                .json()
-                .await
-                .expect("json");
-            (v, started.elapsed().as_secs_f64())
-        })
-    };
-    let other_poll = {
-        let (app_url, cred, mark) = (app.base.clone(), other_cred.clone(), other_mark.clone());
-        tokio::spawn(async move {
-            let v: Value = reqwest::Client::new()
-                .get(format!("{app_url}/agent/v1/wait?{mark}&timeout_s=3"))
-                .bearer_auth(cred)
-                .send()
-                .await
-                .expect("request")
-                .json()
-                .await
-                .expect("json");
-            v
-        })
-    };
+    let poll = tokio::spawn(wait_at(
+        app.base.clone(),
+        cred.clone(),
+        format!("{mark}&timeout_s=20"),
+    ));
+    let other_poll = tokio::spawn(wait_at(
+        app.base.clone(),
+        other_cred.clone(),
+        format!("{other_mark}&timeout_s=3"),
+    ));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (s, v) = a
         .call(
@@ -273,7 +257,7 @@ async fn the_long_poll_answers_a_change_for_its_node_only(db: Db) {
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let (answer, held) = poll.await.expect("poll");
+    let (_, answer, held) = poll.await.expect("poll");
     assert_eq!(answer["changed"], true, "{answer}");
     assert!(held < 10.0, "the change was answered after {held} s");
     assert_eq!(
@@ -281,7 +265,7 @@ async fn the_long_poll_answers_a_change_for_its_node_only(db: Db) {
         first["generation"].as_u64().map(|g| g + 1),
         "{answer} after {first}"
     );
-    let other = other_poll.await.expect("poll");
+    let (_, other, _) = other_poll.await.expect("poll");
     assert_eq!(
         other["changed"], false,
         "another node's change woke it: {other}"
