@@ -351,6 +351,18 @@ impl World {
     }
 
     async fn check(&self, seed: u64, step: usize) {
+        // The scheduler's copy of the live allocations (kept across passes, issue 41)
+        // agrees with a fresh load.
+        let differences = self
+            .s
+            .allocations
+            .live_cache_differences(Utc::now())
+            .await
+            .expect("live cache");
+        assert!(
+            differences.is_empty(),
+            "seed {seed}, step {step}: {differences:?}"
+        );
         let holding = self
             .open(&["queued", "placing", "active", "releasing"])
             .await;

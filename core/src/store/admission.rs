@@ -111,9 +111,35 @@ pub struct Line<'a> {
 }
 
 const LOCK: &str = "UPDATE teams SET admissions = admissions + 1 WHERE id = $1";
-const HIGH_USED: &str = "SELECT CAST(COALESCE(SUM(units), 0) AS BIGINT) FROM allocations \
-    WHERE team_id = $1 AND model = $2 AND priority = 'high' \
-    AND state IN ('queued', 'placing', 'active', 'releasing')";
+/// Where the team stands, in one statement (one round trip) after the lock: its grant, the
+/// quota line, the user's units on it, the team's units at high priority on it, and its
+/// budget. A statement of its own, not the lock's `RETURNING`: on PostgreSQL (read
+/// committed) a statement that waited for the lock reads with the snapshot it started
+/// with, which would miss the admission it waited for; this one starts after.
+const STANDING: &str = "SELECT t.high_priority, t.high_cap, q.model, q.guaranteed, q.limit_units, \
+    q.per_user, q.used, \
+    (SELECT u.used FROM user_usage u WHERE u.team_id = $1 AND u.model = $2 AND u.user_id = $3), \
+    (SELECT CAST(COALESCE(SUM(a.units), 0) AS BIGINT) FROM allocations a \
+     WHERE a.team_id = $1 AND a.model = $2 AND a.priority = 'high' \
+     AND a.state IN ('queued', 'placing', 'active', 'releasing')), \
+    b.monthly_minor, b.hard \
+    FROM teams t LEFT JOIN quotas q ON q.team_id = t.id AND q.model = $2 \
+    LEFT JOIN budgets b ON b.team_id = t.id WHERE t.id = $1";
+
+/// [`STANDING`]'s columns.
+type StandingCols = (
+    bool,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    Option<i64>,
+    Option<bool>,
+);
 const OPEN: &str = "SELECT a.kind, a.count, a.priority, a.state, a.duration_minutes, a.active_at, \
     a.ends_at, (SELECT CAST(COALESCE(SUM(l.amount_minor), 0) AS BIGINT) FROM ledger_entries l \
     WHERE l.allocation_id = a.id AND l.account <> 'platform') AS posted \
@@ -139,14 +165,17 @@ macro_rules! insert {
         {
             Ok(_) => {
                 let (over_limit, over_budget): (bool, bool) = $over;
-                sqlx::query(
-                    "UPDATE allocations SET over_limit = $2, over_budget = $3 WHERE id = $1",
-                )
-                .bind(row.id)
-                .bind(over_limit)
-                .bind(over_budget)
-                .execute(&mut *$tx)
-                .await?;
+                // Both columns default to false: written only for an override.
+                if over_limit || over_budget {
+                    sqlx::query(
+                        "UPDATE allocations SET over_limit = $2, over_budget = $3 WHERE id = $1",
+                    )
+                    .bind(row.id)
+                    .bind(over_limit)
+                    .bind(over_budget)
+                    .execute(&mut *$tx)
+                    .await?;
+                }
                 sqlx::query(EVENT)
                     .bind(row.id)
                     .bind(row.created_at)
@@ -221,22 +250,24 @@ impl Store {
                     row
                 }
             };
-            let quota = sqlx::query_as::<_, QuotaRow>(
-                "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
-                 WHERE team_id = $1 AND model = $2")
-                .bind(line.team).bind(line.model).fetch_optional(&mut *tx).await?;
-            let user_used = sqlx::query_scalar::<_, i64>(
-                "SELECT used FROM user_usage WHERE team_id = $1 AND model = $2 AND user_id = $3")
+            let (high, cap, q_model, guaranteed, limit_units, per_user, used, user_used,
+                 high_used, monthly_minor, hard) = sqlx::query_as::<_, StandingCols>(STANDING)
                 .bind(line.team).bind(line.model).bind(line.user)
-                .fetch_optional(&mut *tx).await?.unwrap_or(0);
-            let high_used = sqlx::query_scalar::<_, i64>(HIGH_USED).bind(line.team)
-                .bind(line.model).fetch_one(&mut *tx).await?;
-            let (high, cap) = sqlx::query_as::<_, (bool, Option<i64>)>(
-                "SELECT high_priority, high_cap FROM teams WHERE id = $1")
-                .bind(line.team).fetch_one(&mut *tx).await?;
-            let budget = sqlx::query_as::<_, BudgetRow>(
-                "SELECT team_id, monthly_minor, hard FROM budgets WHERE team_id = $1")
-                .bind(line.team).fetch_optional(&mut *tx).await?;
+                .fetch_one(&mut *tx).await?;
+            let quota = q_model.map(|model| QuotaRow {
+                team_id: line.team,
+                model,
+                guaranteed: guaranteed.unwrap_or(0),
+                limit_units: limit_units.unwrap_or(0),
+                per_user: per_user.unwrap_or(0),
+                used: used.unwrap_or(0),
+            });
+            let user_used = user_used.unwrap_or(0);
+            let budget = monthly_minor.zip(hard).map(|(monthly_minor, hard)| BudgetRow {
+                team_id: line.team,
+                monthly_minor,
+                hard,
+            });
             let (month_spent, open) = if budget.as_ref().is_some_and(|b| b.hard) {
                 let spent = sqlx::query_scalar::<_, i64>(MONTH_SPENT).bind(line.team)
                     .bind(line.month.0).bind(line.month.1).fetch_one(&mut *tx).await?;

@@ -107,6 +107,9 @@ pub struct AllocationListRow {
     pub username: String,
 }
 
+/// (id, team, units, running, active_at, ends_at): [`Store::usage_since`].
+pub type Usage = (Uuid, Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>);
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EventRow {
     pub at: DateTime<Utc>,
@@ -548,6 +551,139 @@ impl Store {
             }
             q.fetch_all(pool).await
         })
+    }
+
+    /// Every live allocation (queued, placing, active, releasing), in queue order: the
+    /// scheduler pass reads them once and filters by state.
+    pub async fn live_allocations(&self) -> Result<Vec<AllocationRow>, StoreError> {
+        self.allocations_in(&["queued", "placing", "active", "releasing"])
+            .await
+    }
+
+    /// The live allocations of `ids` (any state: the caller sorts them), in chunks.
+    pub async fn allocations_by_ids(&self, ids: &[Uuid]) -> Result<Vec<AllocationRow>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let ps: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT {COLS} FROM allocations a WHERE a.id IN ({})",
+                ps.join(",")
+            );
+            let rows = db!(self, pool => {
+                let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
+                for id in chunk {
+                    q = q.bind(*id);
+                }
+                q.fetch_all(pool).await
+            })?;
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+
+    /// Where the allocation change feed (`allocation_changes`, migration 0026) stands now:
+    /// on SQLite the last entry's `seq` (writers are serialized, so entries become visible
+    /// in `seq` order); on PostgreSQL the oldest transaction still running
+    /// (`pg_snapshot_xmin`): every change not yet visible belongs to it or a later one.
+    /// Read it before what it is the horizon of.
+    pub async fn allocation_change_horizon(&self) -> Result<i64, StoreError> {
+        let r = match self {
+            Store::Sqlite(pool) => {
+                sqlx::query_scalar::<_, i64>("SELECT COALESCE(MAX(seq), 0) FROM allocation_changes")
+                    .fetch_one(pool)
+                    .await
+            }
+            Store::Postgres(pool) => {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT)",
+                )
+                .fetch_one(pool)
+                .await
+            }
+        };
+        from_driver(r)
+    }
+
+    /// The allocations changed (inserted, updated, deleted) since `horizon` (from
+    /// [`allocation_change_horizon`](Self::allocation_change_horizon) or this), and the
+    /// horizon to ask from next time. May name an allocation again (harmless).
+    pub async fn allocation_changes_since(
+        &self,
+        horizon: i64,
+    ) -> Result<(i64, Vec<Uuid>), StoreError> {
+        match self {
+            Store::Sqlite(pool) => {
+                let rows = from_driver(
+                    sqlx::query_as::<_, (i64, Uuid)>(
+                        "SELECT seq, allocation_id FROM allocation_changes WHERE seq > $1",
+                    )
+                    .bind(horizon)
+                    .fetch_all(pool)
+                    .await,
+                )?;
+                let next = rows
+                    .iter()
+                    .map(|r| r.0)
+                    .max()
+                    .unwrap_or(horizon)
+                    .max(horizon);
+                Ok((next, rows.into_iter().map(|r| r.1).collect()))
+            }
+            Store::Postgres(pool) => {
+                // The next horizon first: what commits after it is read next time.
+                let next = self.allocation_change_horizon().await?;
+                let ids = from_driver(
+                    sqlx::query_scalar::<_, Uuid>(
+                        "SELECT DISTINCT allocation_id FROM allocation_changes \
+                         WHERE txid >= CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8)",
+                    )
+                    .bind(horizon)
+                    .fetch_all(pool)
+                    .await,
+                )?;
+                Ok((next, ids))
+            }
+        }
+    }
+
+    /// Drops change-feed entries older than ten minutes (readers that fell further behind
+    /// load everything again).
+    pub async fn prune_allocation_changes(&self) -> Result<u64, StoreError> {
+        let r = match self {
+            Store::Sqlite(pool) => sqlx::query(
+                "DELETE FROM allocation_changes \
+                 WHERE at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-10 minutes')",
+            )
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+            Store::Postgres(pool) => sqlx::query(
+                "DELETE FROM allocation_changes WHERE at < now() - INTERVAL '10 minutes'",
+            )
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+        };
+        from_driver(r)
+    }
+
+    /// When each `placing` allocation last became `placing` (one query for all of them,
+    /// instead of each one's history).
+    pub async fn placing_since(&self) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+        let sql = "SELECT e.allocation_id, e.at FROM allocation_events e \
+                   JOIN allocations a ON a.id = e.allocation_id \
+                   WHERE a.state = 'placing' AND e.to_state = 'placing'";
+        db!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(sql).fetch_all(pool).await)
+    }
+
+    /// What fair share needs of the allocations active at some point since `since`: (id,
+    /// team, units, still running — active or releasing —, start, end); the lean form of
+    /// [`allocations_active_since`](Self::allocations_active_since).
+    pub async fn usage_since(&self, since: DateTime<Utc>) -> Result<Vec<Usage>, StoreError> {
+        let sql = "SELECT a.id, a.team_id, a.units, a.state IN ('active', 'releasing'), a.active_at, \
+                   a.ends_at FROM allocations a \
+                   WHERE a.active_at IS NOT NULL AND (a.ends_at IS NULL OR a.ends_at >= $1)";
+        db!(self, pool => sqlx::query_as::<_, Usage>(sql).bind(since).fetch_all(pool).await)
     }
 
     /// Allocations that were active at some point since `since` (for fair share).

@@ -155,6 +155,7 @@ impl Allocations {
     /// the pass places first, and how many borrowers it warned.
     pub(super) async fn bookings_pass(
         &self,
+        live: &mut scheduler::Live,
         now: DateTime<Utc>,
     ) -> Result<(BTreeSet<Uuid>, u32), AppError> {
         let lead = self.preemption_grace + READY_LEAD;
@@ -164,6 +165,7 @@ impl Allocations {
             .await
             .map_err(internal("loading due bookings"))?
         {
+            live.changed();
             self.start_booking(&b, now).await?;
         }
         let started = self
@@ -172,7 +174,7 @@ impl Allocations {
             .await
             .map_err(internal("loading started bookings"))?;
         let first: BTreeSet<Uuid> = started.iter().filter_map(|b| b.allocation_id).collect();
-        let warned = self.clear_the_way(&started, now).await?;
+        let warned = self.clear_the_way(&started, live, now).await?;
         Ok((first, warned))
     }
 
@@ -252,6 +254,7 @@ impl Allocations {
     async fn clear_the_way(
         &self,
         started: &[BookingRow],
+        live: &mut scheduler::Live,
         now: DateTime<Utc>,
     ) -> Result<u32, AppError> {
         // Only bookings in their lead (warnings are given from a grace before the start)
@@ -264,12 +267,10 @@ impl Allocations {
         if in_lead.is_empty() {
             return Ok(0);
         }
-        let queue: BTreeSet<Uuid> = self
-            .store
-            .allocations_in(&["queued"])
-            .await
-            .map_err(internal("loading queue"))?
-            .iter()
+        live.refresh(&self.store).await?;
+        let queue: BTreeSet<Uuid> = live
+            .rows()
+            .filter(|a| a.state == AllocState::Queued)
             .map(|a| a.id)
             .collect();
         let (waiting, placed): (Vec<&BookingRow>, Vec<&BookingRow>) = in_lead
@@ -277,6 +278,7 @@ impl Allocations {
             .partition(|b| b.allocation_id.is_some_and(|id| queue.contains(&id)));
         // A booking placed before its start no longer needs its borrowers gone.
         for b in placed.iter().filter(|b| b.starts_at > now) {
+            live.changed();
             self.store
                 .withdraw_booking_warnings(b.id)
                 .await
@@ -286,12 +288,12 @@ impl Allocations {
             return Ok(0);
         }
         let booked: BTreeSet<Uuid> = started.iter().filter_map(|b| b.allocation_id).collect();
-        let live = self
-            .store
-            .allocations_in(&["queued", "placing", "active"])
-            .await
-            .map_err(internal("loading allocations"))?;
-        let by_id: HashMap<Uuid, &AllocationRow> = live.iter().map(|a| (a.id, a)).collect();
+        live.refresh(&self.store).await?;
+        let rows: Vec<&AllocationRow> = live
+            .rows()
+            .filter(|a| a.state != AllocState::Releasing)
+            .collect();
+        let by_id: HashMap<Uuid, &AllocationRow> = rows.iter().map(|a| (a.id, *a)).collect();
         let capacity = self.pending_context(now).capacity;
         let mut warned = 0;
         let mut taken: BTreeSet<Uuid> = BTreeSet::new();
@@ -304,7 +306,7 @@ impl Allocations {
             }
             let cap = capacity.get(&b.model).copied().unwrap_or(0);
             // Held now on the model by what stays: placed work not already on its way out.
-            let staying: u32 = live
+            let staying: u32 = rows
                 .iter()
                 .filter(|a| a.model == b.model && a.state != AllocState::Queued)
                 .filter(|a| !taken.contains(&a.id))
@@ -312,7 +314,7 @@ impl Allocations {
                 .map(|a| to_u32(a.units))
                 .sum();
             let short = to_u32(b.units).saturating_sub(cap.saturating_sub(staying));
-            let borrowers: Vec<Borrower> = live
+            let borrowers: Vec<Borrower> = rows
                 .iter()
                 .filter(|a| a.model == b.model && a.state == AllocState::Active)
                 .filter(|a| !booked.contains(&a.id) && !taken.contains(&a.id))
@@ -328,6 +330,7 @@ impl Allocations {
                 .collect();
             let at = (b.starts_at - READY_LEAD).max(now);
             for v in booking::victims(short, &borrowers) {
+                live.changed();
                 taken.insert(v);
                 self.store
                     .set_preempt_for_booking(v, at, b.id)

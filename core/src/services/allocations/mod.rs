@@ -64,6 +64,8 @@ pub struct Allocations {
     preemption_grace: Duration,
     /// Queue positions, capacity and end times as of the last scheduler pass.
     snapshot: Arc<std::sync::RwLock<PendingContext>>,
+    /// The scheduler's copy of the live allocations, kept across passes (`scheduler.rs`).
+    live: Arc<tokio::sync::Mutex<scheduler::LiveCache>>,
     /// For hard budgets: a request that would exceed one needs a platform admin.
     billing: Option<super::billing::Billing>,
     /// How long a silent node keeps its allocations before they fail.
@@ -135,6 +137,7 @@ impl Allocations {
             releasing_seen: Arc::default(),
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             snapshot: Arc::default(),
+            live: Arc::default(),
             billing: None,
             node_grace: NODE_GRACE,
             placing_timeout: DEFAULT_PLACING_TIMEOUT,

@@ -3,26 +3,19 @@
 
 use super::*;
 use crate::store::DrainRow;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 impl Allocations {
-    /// Why a `placing` allocation gives up: placed longer than the timeout ago, with the
-    /// node's last apply error for its GPU when there is one.
+    /// Why a `placing` allocation gives up: placed (`since`, when it last became `placing`)
+    /// longer than the timeout ago, with the node's last apply error for its GPU when there
+    /// is one.
     async fn placing_too_long(
         &self,
         a: &AllocationRow,
+        since: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<Option<String>, AppError> {
-        let events = self
-            .store
-            .allocation_events(a.id)
-            .await
-            .map_err(internal("loading history"))?;
-        let Some(since) = events
-            .iter()
-            .filter(|e| e.to_state == AllocState::Placing)
-            .map(|e| e.at)
-            .max()
-        else {
+        let Some(since) = since else {
             return Ok(None);
         };
         if now - since <= self.placing_timeout {
@@ -60,6 +53,8 @@ impl Allocations {
     /// picks up from the stored states.
     pub async fn tick(&self, now: DateTime<Utc>) -> Result<TickReport, AppError> {
         let mut report = TickReport::default();
+        // The leader's live allocations, held for the pass (passes run one at a time).
+        let mut live = Live::new(&self.live, now).await;
         let (nodes, inventories) =
             crate::services::active_nodes_with_inventories(&self.store).await?;
         self.end_departed(now).await?;
@@ -73,7 +68,7 @@ impl Allocations {
         let shared = shared_gpus(&desired);
         // Hot spares, chosen before anything moves: the pool refills as work ends.
         let spare_pool = self
-            .choose_spares(&nodes, &inventories, &drains, &shared, now)
+            .choose_spares(&nodes, &inventories, &drains, &shared, &mut live, now)
             .await?;
         let mut spare_room = spare_pool.room();
         self.expire(
@@ -81,11 +76,12 @@ impl Allocations {
             &inventories,
             &drains,
             &mut spare_room,
+            &mut live,
             now,
             &mut report,
         )
         .await?;
-        self.activate(&inventories, &shared, now, &mut report)
+        self.activate(&inventories, &shared, &mut live, now, &mut report)
             .await?;
         let seen = Seen {
             nodes: &nodes,
@@ -94,11 +90,60 @@ impl Allocations {
             spares: &spare_pool.gpus,
         };
         // Bookings about to start: their allocations queued, borrowers warned.
-        let (booked, warned) = self.bookings_pass(now).await?;
+        let (booked, warned) = self.bookings_pass(&mut live, now).await?;
         report.warned += warned;
-        self.place(&seen, &desired, &shared, &booked, now, &mut report)
-            .await?;
+        self.place(
+            &seen,
+            &desired,
+            &shared,
+            &booked,
+            &mut live,
+            now,
+            &mut report,
+        )
+        .await?;
+        tracing::debug!(reads = live.loads, "scheduler pass: live allocations read");
         Ok(report)
+    }
+
+    /// Brings the scheduler's copy of the live allocations up to date as a pass would (from
+    /// the change feed, or whole when due) and returns how it differs from a fresh load of
+    /// the store at `now` (live rows in queue order, and fair share's usage): empty when
+    /// they agree. For tests (issue 41: the leader's state against a fresh load).
+    #[doc(hidden)]
+    pub async fn live_cache_differences(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, AppError> {
+        let mut live = Live::new(&self.live, now).await;
+        live.refresh(&self.store).await?;
+        let fresh = self
+            .store
+            .live_allocations()
+            .await
+            .map_err(internal("loading allocations"))?;
+        let mut out = Vec::new();
+        let kept: Vec<String> = live.rows().map(|r| format!("{r:?}")).collect();
+        let read: Vec<String> = fresh.iter().map(|r| format!("{r:?}")).collect();
+        if kept != read {
+            out.push(format!("live allocations: kept {kept:#?}, read {read:#?}"));
+        }
+        let since = now - alloc::FAIR_SHARE_WINDOW;
+        let mut kept = live.usage_since(since);
+        let mut read: Vec<_> = self
+            .store
+            .usage_since(since)
+            .await
+            .map_err(internal("loading usage"))?
+            .into_iter()
+            .map(|(_, team, units, running, start, end)| (team, units, running, start, end))
+            .collect();
+        kept.sort();
+        read.sort();
+        if kept != read {
+            out.push(format!("fair-share usage: kept {kept:?}, read {read:?}"));
+        }
+        Ok(out)
     }
 
     /// Expiry, preemption deadlines, lost nodes: what is held and should no longer be.
@@ -108,18 +153,37 @@ impl Allocations {
         inventories: &HashMap<Uuid, Arc<Inventory>>,
         drains: &[DrainRow],
         spare_room: &mut BTreeMap<String, u32>,
+        live: &mut Live,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
         let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
-        let held = self
-            .store
-            .allocations_in(&["placing", "active"])
-            .await
-            .map_err(internal("loading allocations"))?;
-        for a in &held {
+        live.refresh(&self.store).await?;
+        let held: Vec<&AllocationRow> = live
+            .rows()
+            .filter(|a| matches!(a.state, AllocState::Placing | AllocState::Active))
+            .collect();
+        // When each placing allocation was placed: one query, and only when some are.
+        let placing_since: HashMap<Uuid, DateTime<Utc>> =
+            if held.iter().any(|a| a.state == AllocState::Placing) {
+                let mut since: HashMap<Uuid, DateTime<Utc>> = HashMap::new();
+                for (id, at) in self
+                    .store
+                    .placing_since()
+                    .await
+                    .map_err(internal("loading history"))?
+                {
+                    let t = since.entry(id).or_insert(at);
+                    *t = (*t).max(at);
+                }
+                since
+            } else {
+                HashMap::new()
+            };
+        for &a in &held {
             let state = a.state;
-            let lost = devices(a).iter().find_map(|d| {
+            let devs = devices(a);
+            let lost = devs.iter().find_map(|d| {
                 let Some(node) = by_id.get(&d.node_id) else {
                     return Some(format!("node {} was removed", d.hostname));
                 };
@@ -151,12 +215,16 @@ impl Allocations {
             });
             let lost = match lost {
                 Some(why) => Some(why),
-                None if state == AllocState::Placing => self.placing_too_long(a, now).await?,
+                None if state == AllocState::Placing => {
+                    self.placing_too_long(a, placing_since.get(&a.id).copied(), now)
+                        .await?
+                }
                 None => None,
             };
             // An allocation past its end expires, whatever became of its node.
             let ended = state == AllocState::Active && a.ends_at.is_some_and(|e| e <= now);
             if let (Some(why), false) = (lost, ended) {
+                live.changed();
                 // A high-priority allocation whose node was lost moves to a hot spare.
                 if self.lost_node(a, nodes, now)
                     && self.displace_to_spare(a, &why, spare_room, now).await?
@@ -197,11 +265,12 @@ impl Allocations {
             if let Some(why) = spares::unhealthy_under(a, drains)
                 && self.displace_to_spare(a, &why, spare_room, now).await?
             {
+                live.changed();
                 report.preempted += 1;
                 continue;
             }
             // Drained: warned now (the deadline channel), released at the drain's deadline.
-            let drain = devices(a)
+            let drain = devs
                 .iter()
                 .filter_map(|d| drains.iter().find(|r| r.covers(d.node_id, &d.gpu_uuid)))
                 .map(|r| (r.deadline, if r.health { "health" } else { "drain" }))
@@ -209,6 +278,7 @@ impl Allocations {
             let out_of_service = matches!(a.preempt_cause.as_deref(), Some("drain" | "health"));
             if drain.is_none() && out_of_service {
                 // Undrained before its deadline: the warning is withdrawn.
+                live.changed();
                 self.store
                     .set_preempt_at(a.id, None)
                     .await
@@ -218,6 +288,7 @@ impl Allocations {
             if let Some((deadline, cause)) = drain
                 && a.preempt_at.is_none_or(|p| p > deadline)
             {
+                live.changed();
                 self.store
                     .set_preempt_at(a.id, Some((deadline, cause)))
                     .await
@@ -226,6 +297,7 @@ impl Allocations {
                 report.warned += 1;
             }
             if a.ends_at.is_some_and(|e| e <= now) {
+                live.changed();
                 if self
                     .finish(
                         a.id,
@@ -248,6 +320,7 @@ impl Allocations {
                     .await;
                 }
             } else if a.preempt_at.is_some_and(|e| e <= now)
+                && live.changed()
                 && self
                     .finish(
                         a.id,
@@ -287,16 +360,13 @@ impl Allocations {
         &self,
         inventories: &HashMap<Uuid, Arc<Inventory>>,
         shared: &HashMap<String, ShareMethod>,
+        live: &mut Live,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
-        for a in self
-            .store
-            .allocations_in(&["placing"])
-            .await
-            .map_err(internal("loading allocations"))?
-        {
-            let mut devs = devices(&a);
+        live.refresh(&self.store).await?;
+        for a in live.rows().filter(|a| a.state == AllocState::Placing) {
+            let mut devs = devices(a);
             let is_share = matches!(a.kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }));
             let all_present = devs.iter_mut().all(|d| {
                 if is_share {
@@ -312,6 +382,7 @@ impl Allocations {
                     devices: serde_json::to_string(&devs).ok(),
                     ..Change::default()
                 };
+                live.changed();
                 if self
                     .step(
                         a.id,
@@ -339,33 +410,32 @@ impl Allocations {
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
         booked: &BTreeSet<Uuid>,
+        live: &mut Live,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
         let by_id: HashMap<Uuid, &NodeRow> = seen.nodes.iter().map(|n| (n.id, n)).collect();
-        let queued: Vec<AllocationRow> = self
-            .store
-            .allocations_in(&["queued"])
-            .await
-            .map_err(internal("loading queue"))?
-            .into_iter()
+        live.refresh(&self.store).await?;
+        let queued: Vec<AllocationRow> = live
+            .rows()
+            .filter(|a| a.state == AllocState::Queued)
             .filter(|a| a.starts_at.is_none_or(|s| s <= now))
+            .cloned()
             .collect();
         report.queued = u32::try_from(queued.len()).unwrap_or(u32::MAX);
         if queued.is_empty() {
-            self.refresh_snapshot(now, shared, None).await?;
+            self.refresh_snapshot(now, seen, shared, None, live).await?;
             return Ok(());
         }
-        let held = self
-            .store
-            .allocations_in(&["placing", "active", "releasing"])
-            .await
-            .map_err(internal("loading allocations"))?;
+        let held: Vec<&AllocationRow> = live
+            .rows()
+            .filter(|a| a.state != AllocState::Queued)
+            .collect();
         let mut input = self
             .planner_input(seen, &held, desired, shared, now)
             .await?;
         // Placement moves nothing to active, so the pass's snapshot reuses these.
-        let shares = self.fair_shares(now).await?;
+        let shares = self.fair_shares(now, live).await?;
         let requests = planner_requests(&queued, &shares, booked);
         let mut cluster = std::mem::take(&mut input.cluster);
         cluster.demand = self.recent_share_demand().await?;
@@ -421,6 +491,7 @@ impl Allocations {
             }
         }
         self.write_layouts(&plan, &input, now, report).await?;
+        live.changed();
         // Drained capacity is left out; a request that waits says so when it counts.
         for a in &queued {
             if let (Some((drained, unhealthy)), Some(r)) =
@@ -444,8 +515,9 @@ impl Allocations {
         let still_waiting = self
             .settle_queue(&queued, placed, &pending_reason, now, report)
             .await?;
-        report.warned += self.preempt_for(&still_waiting, booked, now).await?;
-        self.refresh_snapshot(now, shared, Some(shares)).await?;
+        report.warned += self.preempt_for(&still_waiting, booked, live, now).await?;
+        self.refresh_snapshot(now, seen, shared, Some(shares), live)
+            .await?;
         Ok(())
     }
 
@@ -490,6 +562,7 @@ impl Allocations {
                 .set_desired(node_id, uuid, mode, &json, None, now)
                 .await
                 .map_err(internal("writing desired layout"))?;
+            self.signals.bump(node_id);
             report.reconfigured += 1;
         }
         Ok(())
@@ -583,13 +656,14 @@ impl Allocations {
         &self,
         waiting: &[&AllocationRow],
         booked: &BTreeSet<Uuid>,
+        live: &mut Live,
         now: DateTime<Utc>,
     ) -> Result<u32, AppError> {
-        let active = self
-            .store
-            .allocations_in(&["active"])
-            .await
-            .map_err(internal("loading allocations"))?;
+        live.refresh(&self.store).await?;
+        let active: Vec<&AllocationRow> = live
+            .rows()
+            .filter(|a| a.state == AllocState::Active)
+            .collect();
         let quotas: HashMap<(Uuid, String), QuotaRow> = self
             .store
             .quotas(None)
@@ -636,7 +710,7 @@ impl Allocations {
             }
         }
         let mut warned = 0;
-        for r in &active {
+        for &r in &active {
             if matches!(
                 r.preempt_cause.as_deref(),
                 Some("drain" | "health" | "booking")
@@ -647,6 +721,7 @@ impl Allocations {
             let wanted = victims.contains(&r.id);
             match (wanted, r.preempt_at) {
                 (true, None) => {
+                    live.changed();
                     let at = now + self.grace_for(r.team_id).await?;
                     self.store
                         .set_preempt_at(r.id, Some((at, "reclaim")))
@@ -656,6 +731,7 @@ impl Allocations {
                     warned += 1;
                 }
                 (false, Some(_)) => {
+                    live.changed();
                     self.store
                         .set_preempt_at(r.id, None)
                         .await
@@ -698,7 +774,7 @@ impl Allocations {
     async fn planner_input(
         &self,
         seen: &Seen<'_>,
-        held: &[AllocationRow],
+        held: &[&AllocationRow],
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
         now: DateTime<Utc>,
@@ -715,8 +791,8 @@ impl Allocations {
                 busy.insert((d.gpu_uuid.clone(), d.start));
             }
         }
-        let share_used = share_usage(held);
-        let held_devices: Vec<AllocatedDevice> = held.iter().flat_map(devices).collect();
+        let share_used = share_usage(held.iter().copied());
+        let held_devices: Vec<AllocatedDevice> = held.iter().flat_map(|a| devices(a)).collect();
         // (node, GPU) pairs anything is held on.
         let held_on: BTreeSet<(Uuid, &str)> = held_devices
             .iter()
@@ -896,12 +972,12 @@ fn planner_requests(
 
 /// The nodes as the pass read them: their inventories, and what is out of service.
 #[derive(Clone, Copy)]
-struct Seen<'a> {
-    nodes: &'a [NodeRow],
-    inventories: &'a HashMap<Uuid, Arc<Inventory>>,
-    drains: &'a [DrainRow],
+pub(super) struct Seen<'a> {
+    pub(super) nodes: &'a [NodeRow],
+    pub(super) inventories: &'a HashMap<Uuid, Arc<Inventory>>,
+    pub(super) drains: &'a [DrainRow],
     /// This pass's hot spares (GPU UUIDs).
-    spares: &'a BTreeSet<String>,
+    pub(super) spares: &'a BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -917,4 +993,184 @@ struct PlannerInput {
     spare_cluster: planner::Cluster,
     /// Model → spare GPUs left out of ordinary placement.
     spared: HashMap<String, u32>,
+}
+
+/// How long the leader's copy of the live allocations goes on changes alone before it is
+/// loaded whole again (the safety net; change-feed entries are kept ten minutes).
+const FULL_RELOAD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The leader's copy of the live allocations (queued, placing, active, releasing), kept
+/// across passes: loaded whole once (and every [`FULL_RELOAD`]), then kept current from the
+/// change feed (`allocation_changes`, filled by triggers on every write, whoever writes):
+/// a pass reads only the allocations that changed since the last one. With them, what
+/// fair share needs of the allocations that ended within its window.
+#[derive(Default)]
+pub(super) struct LiveCache {
+    /// In queue order: (created_at, id).
+    rows: BTreeMap<(DateTime<Utc>, Uuid), AllocationRow>,
+    /// id → created_at (the key in `rows`).
+    keys: HashMap<Uuid, DateTime<Utc>>,
+    /// Ended allocations that were active once: (team, units, active_at, ends_at).
+    ended: HashMap<Uuid, (Uuid, i64, DateTime<Utc>, Option<DateTime<Utc>>)>,
+    /// The change feed's position and when everything was last loaded.
+    horizon: i64,
+    loaded_at: Option<std::time::Instant>,
+}
+
+impl LiveCache {
+    /// Brings the copy up to date: everything when due, else what changed.
+    async fn sync(&mut self, store: &Store, now: DateTime<Utc>) -> Result<(), AppError> {
+        let due = self.loaded_at.is_none_or(|t| t.elapsed() > FULL_RELOAD);
+        if due {
+            // The horizon before the load: what changes after it is read again next time.
+            let horizon = store
+                .allocation_change_horizon()
+                .await
+                .map_err(internal("reading the allocation change feed"))?;
+            let rows = store
+                .live_allocations()
+                .await
+                .map_err(internal("loading allocations"))?;
+            let usage = store
+                .usage_since(now - alloc::FAIR_SHARE_WINDOW)
+                .await
+                .map_err(internal("loading usage"))?;
+            self.rows.clear();
+            self.keys.clear();
+            self.ended.clear();
+            for r in rows {
+                self.put(r);
+            }
+            // Ended ones only (a row that became live since is in `rows`, and a change
+            // after the horizon is read next time).
+            for (id, team, units, running, start, end) in usage {
+                if !running && !self.keys.contains_key(&id) {
+                    self.ended.insert(id, (team, units, start, end));
+                }
+            }
+            self.horizon = horizon;
+            self.loaded_at = Some(std::time::Instant::now());
+            if let Err(e) = store.prune_allocation_changes().await {
+                tracing::warn!(error = %e, "pruning the allocation change feed");
+            }
+            return Ok(());
+        }
+        let (next, ids) = store
+            .allocation_changes_since(self.horizon)
+            .await
+            .map_err(internal("reading the allocation change feed"))?;
+        if !ids.is_empty() {
+            let ids: Vec<Uuid> = ids
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let fresh = store
+                .allocations_by_ids(&ids)
+                .await
+                .map_err(internal("loading changed allocations"))?;
+            for id in &ids {
+                self.remove(*id);
+            }
+            for r in fresh {
+                self.put(r);
+            }
+        }
+        self.horizon = next;
+        Ok(())
+    }
+
+    fn remove(&mut self, id: Uuid) {
+        if let Some(created) = self.keys.remove(&id) {
+            self.rows.remove(&(created, id));
+        }
+        self.ended.remove(&id);
+    }
+
+    /// Files `r` as live, as ended usage, or not at all.
+    fn put(&mut self, r: AllocationRow) {
+        if matches!(
+            r.state,
+            AllocState::Queued | AllocState::Placing | AllocState::Active | AllocState::Releasing
+        ) {
+            self.keys.insert(r.id, r.created_at);
+            self.rows.insert((r.created_at, r.id), r);
+        } else if let Some(start) = r.active_at {
+            self.ended
+                .insert(r.id, (r.team_id, r.units, start, r.ends_at));
+        }
+    }
+}
+
+/// One pass's view of the leader's [`LiveCache`] (held for the pass): brought up to date
+/// before each step that reads it after a step that wrote, so each step sees what the
+/// earlier ones did, as when each read the store itself.
+pub(super) struct Live {
+    cache: tokio::sync::OwnedMutexGuard<LiveCache>,
+    now: DateTime<Utc>,
+    synced: bool,
+    /// Set by a write (through `&self`, while the rows are borrowed).
+    stale: AtomicBool,
+    /// How many times the pass synced (logged at debug level).
+    loads: u32,
+}
+
+impl Live {
+    pub(super) async fn new(
+        cache: &Arc<tokio::sync::Mutex<LiveCache>>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Live {
+            cache: cache.clone().lock_owned().await,
+            now,
+            synced: false,
+            stale: AtomicBool::new(false),
+            loads: 0,
+        }
+    }
+
+    /// Brings the copy up to date unless nothing was written since it was.
+    pub(super) async fn refresh(&mut self, store: &Store) -> Result<(), AppError> {
+        if !self.synced || *self.stale.get_mut() {
+            self.cache.sync(store, self.now).await?;
+            self.synced = true;
+            *self.stale.get_mut() = false;
+            self.loads += 1;
+        }
+        Ok(())
+    }
+
+    /// The live allocations in queue order (call [`refresh`](Self::refresh) first).
+    pub(super) fn rows(&self) -> impl Iterator<Item = &AllocationRow> + Clone {
+        self.cache.rows.values()
+    }
+
+    /// Fair share's usage: (team, units, running, active_at, ends_at) of the allocations
+    /// active at some point since `since` (as [`Store::usage_since`]).
+    pub(super) fn usage_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Vec<(Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>)> {
+        // As `Store::usage_since`: a row is counted from when it was first active.
+        let live = self.rows().filter_map(|a| {
+            let start = a.active_at?;
+            let running = matches!(a.state, AllocState::Active | AllocState::Releasing);
+            Some((a.team_id, a.units, running, start, a.ends_at))
+        });
+        let ended = self
+            .cache
+            .ended
+            .values()
+            .map(|&(team, units, start, end)| (team, units, false, start, end));
+        live.chain(ended)
+            .filter(|u| u.4.is_none_or(|e| e >= since))
+            .collect()
+    }
+
+    /// Marks the copy out of date: the caller is about to write. Always `true` (for use
+    /// inside conditions).
+    pub(super) fn changed(&self) -> bool {
+        self.stale.store(true, Ordering::Relaxed);
+        true
+    }
 }

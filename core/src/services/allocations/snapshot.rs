@@ -19,43 +19,42 @@ impl Allocations {
             .map_err(internal("loading desired state"))
     }
 
-    /// Recomputes queue positions, capacity and known end times (end of each pass);
-    /// `shared` is the pass's map of shared GPUs (a pass does not change it).
+    /// Recomputes queue positions, capacity and known end times (end of each pass), from
+    /// the nodes the pass read (`seen`) and its live allocations; `shared` is the pass's
+    /// map of shared GPUs (a pass does not change it).
     pub(super) async fn refresh_snapshot(
         &self,
         now: DateTime<Utc>,
+        seen: &scheduler::Seen<'_>,
         shared: &HashMap<String, ShareMethod>,
         shares: Option<BTreeMap<TeamId, FairShare>>,
+        live: &mut scheduler::Live,
     ) -> Result<(), AppError> {
         let shares = match shares {
             Some(s) => s,
-            None => self.fair_shares(now).await?,
+            None => self.fair_shares(now, live).await?,
         };
-        let ctx = self.build_pending_context(now, shared, &shares).await?;
+        live.refresh(&self.store).await?;
+        let rows: Vec<&AllocationRow> = live.rows().collect();
+        let ctx = self.build_pending_context(now, seen, shared, &shares, &rows);
         if let Ok(mut s) = self.snapshot.write() {
             *s = ctx;
         }
         Ok(())
     }
 
-    async fn build_pending_context(
+    fn build_pending_context(
         &self,
         now: DateTime<Utc>,
+        seen: &scheduler::Seen<'_>,
         shared: &HashMap<String, ShareMethod>,
         shares: &BTreeMap<TeamId, FairShare>,
-    ) -> Result<PendingContext, AppError> {
-        let queued = self
-            .store
-            .allocations_in(&["queued"])
-            .await
-            .map_err(internal("loading queue"))?;
-        let holding = self
-            .store
-            .allocations_in(&["placing", "active", "releasing"])
-            .await
-            .map_err(internal("loading allocations"))?;
+        live: &[&AllocationRow],
+    ) -> PendingContext {
+        let (queued, holding): (Vec<&AllocationRow>, Vec<&AllocationRow>) =
+            live.iter().partition(|a| a.state == AllocState::Queued);
         let held = holding.iter().filter(|a| a.state != AllocState::Releasing);
-        let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
+        let entries: Vec<QueueEntry> = queued.iter().filter_map(|a| queue_entry(a)).collect();
         let mut position = HashMap::new();
         let order = alloc::order_queue(&entries, shares);
         let model_of: HashMap<Uuid, &str> =
@@ -77,43 +76,42 @@ impl Allocations {
                     .push((e, to_u32(a.units)));
             }
         }
-        let busy: BTreeSet<(String, Option<u8>)> = holding
+        let held_devices: Vec<AllocatedDevice> = holding.iter().flat_map(|a| devices(a)).collect();
+        let busy: std::collections::HashSet<(&str, Option<u8>)> = held_devices
             .iter()
-            .flat_map(devices)
-            .map(|d| (d.gpu_uuid, d.start))
+            .map(|d| (d.gpu_uuid.as_str(), d.start))
             .collect();
-        let (capacity, free_now) = self
-            .capacity(now, &busy, shared, &share_usage(&holding))
-            .await?;
-        Ok(PendingContext {
+        let (capacity, free_now) = self.capacity(
+            now,
+            seen,
+            &busy,
+            shared,
+            &share_usage(holding.iter().copied()),
+        );
+        PendingContext {
             now,
             position,
             ends,
             held_units,
             capacity,
             free_now,
-        })
+        }
     }
 
     /// Units each quota line has on online nodes (a shared GPU: 1000 milli-GPU on its
     /// model's shared line), and what is free right now per kind (existing free MIG
     /// instances, idle whole GPUs without MIG; `MODEL:share`: the most milli-GPU free on
     /// one shared GPU), without re-partitioning.
-    async fn capacity(
+    fn capacity(
         &self,
         now: DateTime<Utc>,
-        busy: &BTreeSet<(String, Option<u8>)>,
+        seen: &scheduler::Seen<'_>,
+        busy: &std::collections::HashSet<(&str, Option<u8>)>,
         shared: &HashMap<String, ShareMethod>,
         share_used: &HashMap<String, u32>,
-    ) -> Result<(HashMap<String, u32>, BTreeMap<String, u32>), AppError> {
-        let (nodes, inventories) =
-            crate::services::active_nodes_with_inventories(&self.store).await?;
-        // Drained capacity, and unhealthy GPUs, are not there for anyone.
-        let drains = self
-            .store
-            .out_of_service(Duration::seconds(tessera_domain::health::GRACE_SECS))
-            .await
-            .map_err(internal("loading drains"))?;
+    ) -> (HashMap<String, u32>, BTreeMap<String, u32>) {
+        // The pass's nodes; drained capacity, and unhealthy GPUs, are not there for anyone.
+        let (nodes, inventories, drains) = (seen.nodes, seen.inventories, seen.drains);
         // Hot spares are kept for displaced high-priority work: not capacity for teams.
         let spare = self.spare_pool().gpus;
         let mut cap = HashMap::new();
@@ -148,18 +146,18 @@ impl Allocations {
                             .compute_instances
                             .iter()
                             .all(|c| c.process_count == Some(0));
-                        if idle && !busy.contains(&(g.uuid.clone(), Some(i.start))) {
+                        if idle && !busy.contains(&(g.uuid.as_str(), Some(i.start))) {
                             *free
                                 .entry(format!("{}:{}", m.name(), i.profile))
                                 .or_default() += 1;
                         }
                     }
-                } else if !busy.contains(&(g.uuid.clone(), None)) {
+                } else if !busy.contains(&(g.uuid.as_str(), None)) {
                     *free.entry(format!("{}:whole", m.name())).or_default() += 1;
                 }
             }
         }
-        Ok((cap, free))
+        (cap, free)
     }
 
     /// Devices free right now per kind string (`H100-80GB:1g.10gb`, `A100-SXM4-40GB:whole`),
@@ -172,13 +170,11 @@ impl Allocations {
     pub(super) async fn fair_shares(
         &self,
         now: DateTime<Utc>,
+        live: &mut scheduler::Live,
     ) -> Result<BTreeMap<TeamId, FairShare>, AppError> {
         let since = now - alloc::FAIR_SHARE_WINDOW;
-        let recent = self
-            .store
-            .allocations_active_since(since)
-            .await
-            .map_err(internal("loading usage"))?;
+        live.refresh(&self.store).await?;
+        let recent = live.usage_since(since);
         let quotas = self
             .store
             .quotas(None)
@@ -192,15 +188,14 @@ impl Allocations {
             });
             s.guaranteed = s.guaranteed.saturating_add(to_u32(q.guaranteed));
         }
-        for a in &recent {
-            let Some(start) = a.active_at else { continue };
-            let end = if matches!(a.state, AllocState::Active | AllocState::Releasing) {
+        for &(team, units, running, start, ends_at) in &recent {
+            let end = if running {
                 None
             } else {
-                a.ends_at.map(|e| e.min(now))
+                ends_at.map(|e| e.min(now))
             };
-            let used = alloc::unit_seconds_in_window(to_u32(a.units), start, end, now);
-            let s = shares.entry(TeamId(a.team_id)).or_insert(FairShare {
+            let used = alloc::unit_seconds_in_window(to_u32(units), start, end, now);
+            let s = shares.entry(TeamId(team)).or_insert(FairShare {
                 recent_unit_seconds: 0,
                 guaranteed: 0,
             });

@@ -160,6 +160,7 @@ impl Allocations {
         inventories: &HashMap<Uuid, Arc<Inventory>>,
         drains: &[DrainRow],
         shared: &HashMap<String, ShareMethod>,
+        live: &mut scheduler::Live,
         now: DateTime<Utc>,
     ) -> Result<SparePool, AppError> {
         let rows = self
@@ -183,15 +184,12 @@ impl Allocations {
             }
             return Ok(SparePool::default());
         }
-        let held = self
-            .store
-            .allocations_in(&["placing", "active", "releasing"])
-            .await
-            .map_err(internal("loading allocations"))?;
+        live.refresh(&self.store).await?;
         // Held on that node (keyed by node too: GPU UUIDs are unique on real hardware, not
         // necessarily among simulated nodes).
-        let busy: BTreeSet<(Uuid, String)> = held
-            .iter()
+        let busy: BTreeSet<(Uuid, String)> = live
+            .rows()
+            .filter(|a| a.state != AllocState::Queued)
             .flat_map(devices)
             .map(|d| (d.node_id, d.gpu_uuid))
             .collect();
@@ -393,6 +391,9 @@ impl SparePool {
 
 /// Why `a` must move, when one of its GPUs turned unhealthy.
 pub(super) fn unhealthy_under(a: &AllocationRow, drains: &[DrainRow]) -> Option<String> {
+    if !drains.iter().any(|r| r.health) {
+        return None;
+    }
     devices(a).iter().find_map(|d| {
         drains
             .iter()
