@@ -260,6 +260,10 @@ impl<L: ServerLink> Agent<L> {
     where
         L: Clone,
     {
+        // A workload's process ending is reported within `EXIT_CHECK` (a local check),
+        // not at the next workload round.
+        let mut exits = tokio::time::interval(EXIT_CHECK);
+        exits.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut mark: Option<ChangeMark> = None;
         let mut change = Box::pin(wait_change(self.link.clone(), None, Duration::ZERO));
         let mut heartbeat = tokio::time::interval(self.cfg.heartbeat_every);
@@ -352,6 +356,12 @@ impl<L: ServerLink> Agent<L> {
                     }
                     change = Box::pin(wait_change(self.link.clone(), mark.clone(), delay));
                 }
+                _ = exits.tick(), if self.workloads.is_some() => {
+                    let exited = self.workloads.as_mut().is_some_and(LocalExecutor::any_exited);
+                    if exited && let Err(e) = self.workload_round().await {
+                        tracing::warn!(error = %e, "workload sync failed; keeping the last desired set");
+                    }
+                }
                 _ = workloads.tick(), if self.workloads.is_some() => {
                     if let Err(e) = self.workload_round().await {
                         tracing::warn!(error = %e, "workload sync failed; keeping the last desired set");
@@ -361,6 +371,10 @@ impl<L: ServerLink> Agent<L> {
         }
     }
 }
+
+/// How often live workloads are checked for an exit between workload rounds (locally: no
+/// request unless one exited).
+pub const EXIT_CHECK: Duration = Duration::from_millis(200);
 
 /// After a failed long poll (an older server without it, the server unreachable), the
 /// next one waits this long; the timers carry on meanwhile.

@@ -472,6 +472,20 @@ impl LocalExecutor {
         safe_name(id).then(|| self.root.join("runs").join(id))
     }
 
+    /// Whether the first process of a live workload has exited since the last report
+    /// (cheap: a `waitpid` for a process this agent started, one `/proc` read for a
+    /// container's or an adopted one; no scan). Checked often between workload rounds, so
+    /// an exit is reported at once rather than at the next round.
+    pub fn any_exited(&mut self) -> bool {
+        self.workloads.values_mut().any(|w| match &mut w.status {
+            Status::Live(l) if l.wrapper_exited.is_none() => match l.child.as_mut() {
+                Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+                None => !is_alive(l.pid, l.start_time),
+            },
+            _ => false,
+        })
+    }
+
     /// Reaps and polls every process, and sends SIGKILL where a deadline passed.
     fn poll(&mut self) {
         let now = Instant::now();

@@ -127,9 +127,36 @@ async fn a_slice_and_its_job_start_with_every_timer_at_an_hour(db: Db) {
     let to_start = (time(&started["started_at"]) - time(&job["created_at"])).num_milliseconds()
         as f64
         / 1000.0;
+    // A job that ends at once, on the second slice: its exit reaches the server without
+    // the workload timer (the agent wakes on SIGCHLD).
+    let (s, quick) = call_with_token(
+        &a.app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": latencies[1].0, "command": "true", "name": "quick"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{quick}");
+    let quick_id = quick["id"].as_str().expect("id").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = loop {
+        let v = get(&a.app, &t.member, &quick_id).await;
+        if v["state"] == "succeeded" {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job's end never reached the server without the timers: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let to_end =
+        (time(&ended["ended_at"]) - time(&quick["created_at"])).num_milliseconds() as f64 / 1000.0;
     eprintln!(
         "event-driven hops ({db:?}): request → active {:.3} s and {:.3} s (the first enables \
-         MIG on the simulated H100); job submitted → started on its node {to_start:.3} s",
+         MIG on the simulated H100); job submitted → started on its node {to_start:.3} s; \
+         `true` submitted → succeeded {to_end:.3} s",
         latencies[0].1, latencies[1].1
     );
     agent.stop().await;
