@@ -5,7 +5,7 @@
 //! and a second stop ends the warning at once. Real `tessera-agent --simulate` nodes.
 
 use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
-use crate::drain::{files_named, log_of};
+use crate::drain::{files_named, log_has, log_of};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
 use crate::workloads::{WorkloadAgent, get, wait_workload};
@@ -18,19 +18,6 @@ on_both_databases!(
     a_user_stop_warns_a_job_that_listens_and_a_second_stop_is_at_once,
     an_idle_notebook_is_told_its_stop_and_untold_when_used,
 );
-
-/// The workload's log once it contains `needle` (logs reach the server in rounds).
-async fn log_has(app: &TestApp, token: &str, id: &str, needle: &str) -> String {
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let log = log_of(app, token, id).await;
-        if log.contains(needle) {
-            return log;
-        }
-        assert!(Instant::now() < until, "no {needle:?} in the log: {log}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 async fn a_team_admin_sets_the_grace_within_the_maximum_and_a_reclaim_uses_it(db: Db) {
     // The platform maximum is ten minutes; the lender's admin asks for 4 s.

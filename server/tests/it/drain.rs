@@ -48,6 +48,19 @@ pub(crate) async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
     l["text"].as_str().unwrap_or_default().to_owned()
 }
 
+/// The workload's log once it contains `needle` (logs reach the server in rounds).
+pub(crate) async fn log_has(app: &TestApp, token: &str, id: &str, needle: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = log_of(app, token, id).await;
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(Instant::now() < until, "no {needle:?} in the log: {log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Files under `dir` whose name starts with `prefix`, with their text.
 pub(crate) fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -211,7 +224,7 @@ while true; do sleep 0.2; done"#,
         chrono::Utc::now() < deadline,
         "warned only after the deadline"
     );
-    assert!(log_of(app, &t.member, &id).await.contains("warned"));
+    log_has(app, &t.member, &id, "warned").await;
 
     // At the deadline its GPU is released and the job runs again on B, as attempt 2.
     let first = wait_for_state(&a, &first_alloc, "preempted").await;
