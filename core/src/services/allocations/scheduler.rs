@@ -147,6 +147,7 @@ impl Allocations {
     }
 
     /// Expiry, preemption deadlines, lost nodes: what is held and should no longer be.
+    #[allow(clippy::too_many_arguments)]
     async fn expire(
         &self,
         nodes: &[NodeRow],
@@ -182,7 +183,7 @@ impl Allocations {
             };
         for &a in &held {
             let state = a.state;
-            let devs = devices(a);
+            let devs = live.devices(a);
             let lost = devs.iter().find_map(|d| {
                 let Some(node) = by_id.get(&d.node_id) else {
                     return Some(format!("node {} was removed", d.hostname));
@@ -404,6 +405,7 @@ impl Allocations {
 
     /// Placement: the queue in fair-share order through the planner; desired layouts are
     /// written before an allocation becomes `placing`, and what waits gets its reason.
+    #[allow(clippy::too_many_arguments)]
     async fn place(
         &self,
         seen: &Seen<'_>,
@@ -995,6 +997,12 @@ struct PlannerInput {
     spared: HashMap<String, u32>,
 }
 
+/// An ended allocation that was active once: (team, units, active_at, ends_at).
+type Ended = (Uuid, i64, DateTime<Utc>, Option<DateTime<Utc>>);
+
+/// Fair share's usage of one allocation: (team, units, running, active_at, ends_at).
+pub(super) type Usage = (Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>);
+
 /// How long the leader's copy of the live allocations goes on changes alone before it is
 /// loaded whole again (the safety net; change-feed entries are kept ten minutes).
 const FULL_RELOAD: std::time::Duration = std::time::Duration::from_secs(60);
@@ -1010,8 +1018,10 @@ pub(super) struct LiveCache {
     rows: BTreeMap<(DateTime<Utc>, Uuid), AllocationRow>,
     /// id → created_at (the key in `rows`).
     keys: HashMap<Uuid, DateTime<Utc>>,
+    /// id → its devices, parsed once per change of the row.
+    devices: HashMap<Uuid, Vec<AllocatedDevice>>,
     /// Ended allocations that were active once: (team, units, active_at, ends_at).
-    ended: HashMap<Uuid, (Uuid, i64, DateTime<Utc>, Option<DateTime<Utc>>)>,
+    ended: HashMap<Uuid, Ended>,
     /// The change feed's position and when everything was last loaded.
     horizon: i64,
     loaded_at: Option<std::time::Instant>,
@@ -1037,6 +1047,7 @@ impl LiveCache {
                 .map_err(internal("loading usage"))?;
             self.rows.clear();
             self.keys.clear();
+            self.devices.clear();
             self.ended.clear();
             for r in rows {
                 self.put(r);
@@ -1084,6 +1095,7 @@ impl LiveCache {
         if let Some(created) = self.keys.remove(&id) {
             self.rows.remove(&(created, id));
         }
+        self.devices.remove(&id);
         self.ended.remove(&id);
     }
 
@@ -1094,6 +1106,7 @@ impl LiveCache {
             AllocState::Queued | AllocState::Placing | AllocState::Active | AllocState::Releasing
         ) {
             self.keys.insert(r.id, r.created_at);
+            self.devices.insert(r.id, devices(&r));
             self.rows.insert((r.created_at, r.id), r);
         } else if let Some(start) = r.active_at {
             self.ended
@@ -1145,12 +1158,14 @@ impl Live {
         self.cache.rows.values()
     }
 
+    /// The devices of `a`, one of [`rows`](Self::rows), as parsed when it was read.
+    pub(super) fn devices(&self, a: &AllocationRow) -> &[AllocatedDevice] {
+        self.cache.devices.get(&a.id).map_or(&[], Vec::as_slice)
+    }
+
     /// Fair share's usage: (team, units, running, active_at, ends_at) of the allocations
     /// active at some point since `since` (as [`Store::usage_since`]).
-    pub(super) fn usage_since(
-        &self,
-        since: DateTime<Utc>,
-    ) -> Vec<(Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>)> {
+    pub(super) fn usage_since(&self, since: DateTime<Utc>) -> Vec<Usage> {
         // As `Store::usage_since`: a row is counted from when it was first active.
         let live = self.rows().filter_map(|a| {
             let start = a.active_at?;

@@ -35,8 +35,7 @@ impl Allocations {
             None => self.fair_shares(now, live).await?,
         };
         live.refresh(&self.store).await?;
-        let rows: Vec<&AllocationRow> = live.rows().collect();
-        let ctx = self.build_pending_context(now, seen, shared, &shares, &rows);
+        let ctx = self.build_pending_context(now, seen, shared, &shares, live);
         if let Ok(mut s) = self.snapshot.write() {
             *s = ctx;
         }
@@ -49,10 +48,10 @@ impl Allocations {
         seen: &scheduler::Seen<'_>,
         shared: &HashMap<String, ShareMethod>,
         shares: &BTreeMap<TeamId, FairShare>,
-        live: &[&AllocationRow],
+        live: &scheduler::Live,
     ) -> PendingContext {
         let (queued, holding): (Vec<&AllocationRow>, Vec<&AllocationRow>) =
-            live.iter().partition(|a| a.state == AllocState::Queued);
+            live.rows().partition(|a| a.state == AllocState::Queued);
         let held = holding.iter().filter(|a| a.state != AllocState::Releasing);
         let entries: Vec<QueueEntry> = queued.iter().filter_map(|a| queue_entry(a)).collect();
         let mut position = HashMap::new();
@@ -76,7 +75,8 @@ impl Allocations {
                     .push((e, to_u32(a.units)));
             }
         }
-        let held_devices: Vec<AllocatedDevice> = holding.iter().flat_map(|a| devices(a)).collect();
+        let held_devices: Vec<&AllocatedDevice> =
+            holding.iter().flat_map(|a| live.devices(a)).collect();
         let busy: std::collections::HashSet<(&str, Option<u8>)> = held_devices
             .iter()
             .map(|d| (d.gpu_uuid.as_str(), d.start))
