@@ -522,7 +522,8 @@ pub struct LogAck {
 /// `GET /agent/v1/wait?epoch=…&generation=…&timeout_s=…`: a long poll that answers
 /// when something changed for the node (its desired state, a workload to start or stop)
 /// since the mark it sends (the last answer's `epoch` and `generation`; none on the
-/// first call), or when `timeout_s` (at most [`MAX_WAIT_S`]) runs out. After an answer
+/// first call), or when `timeout_s` (at most [`MAX_WAIT_S`]; the server holds up to a fifth
+/// less, at random, so polls begun together drift apart) runs out. After an answer
 /// with `changed`, the agent fetches its desired state and syncs its workloads at once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

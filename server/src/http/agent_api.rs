@@ -72,7 +72,11 @@ async fn wait(
         }),
         _ => None,
     };
-    let timeout = std::time::Duration::from_secs(q.timeout_s.unwrap_or(MAX_WAIT_S).min(MAX_WAIT_S));
+    // Up to a fifth shorter at random: polls that began together (every agent after a
+    // server restart) drift apart instead of all coming back at the same moment.
+    let asked = std::time::Duration::from_secs(q.timeout_s.unwrap_or(MAX_WAIT_S).min(MAX_WAIT_S));
+    let jitter = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 255.0 * 0.2;
+    let timeout = asked.mul_f64(1.0 - jitter);
     let (mark, changed) = s.services.signals.wait(node.id, since, timeout).await;
     Ok(Json(ChangeMark {
         epoch: mark.epoch.to_string(),

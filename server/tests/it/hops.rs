@@ -259,7 +259,7 @@ async fn the_long_poll_answers_a_change_for_its_node_only(db: Db) {
     let (s, first, held) = wait(app, &cred, "timeout_s=1").await;
     assert_eq!(s, 200, "{first}");
     assert_eq!(first["changed"], false, "{first}");
-    assert!(held >= 0.9, "answered after {held} s without a change");
+    assert!(held >= 0.7, "answered after {held} s without a change");
 
     // A held poll of each node; a layout set for node 1 answers its poll only.
     let mark = mark_of(&first);
@@ -314,7 +314,7 @@ async fn the_long_poll_answers_a_change_for_its_node_only(db: Db) {
     let foreign = format!("epoch={}&generation=0&timeout_s=1", uuid::Uuid::new_v4());
     let (s, v, held) = wait(app, &cred, &foreign).await;
     assert_eq!((s, v["changed"].as_bool()), (200, Some(false)), "{v}");
-    assert!(held >= 0.9, "a foreign mark answered at once");
+    assert!(held >= 0.7, "a foreign mark answered at once");
 }
 
 async fn heartbeats_rewrite_the_inventory_only_when_it_changed(db: Db) {
