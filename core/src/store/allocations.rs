@@ -283,6 +283,10 @@ impl Store {
         let after = (q.guaranteed, q.limit_units, q.per_user);
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            // Write first: on SQLite a transaction that read and then writes fails at once
+            // (busy) if another writer committed in between; a first write takes the lock.
+            sqlx::query("UPDATE quotas SET updated_at = updated_at WHERE team_id = $1 AND model = $2")
+                .bind(q.team_id).bind(&q.model).execute(&mut *tx).await?;
             let before: Option<(i64, i64, i64)> = sqlx::query_as(
                 "SELECT guaranteed, limit_units, per_user FROM quotas WHERE team_id = $1 AND model = $2")
                 .bind(q.team_id).bind(&q.model).fetch_optional(&mut *tx).await?;

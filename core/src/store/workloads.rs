@@ -693,6 +693,9 @@ impl Store {
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            // Write first (see `set_quota`): the read below then cannot go stale on SQLite.
+            sqlx::query("UPDATE workloads SET log_stored = log_stored WHERE id = $1")
+                .bind(id).execute(&mut *tx).await?;
             let Some((base, stored)) = sqlx::query_as::<_, (i64, i64)>(
                 "SELECT log_base, log_stored FROM workloads WHERE id = $1",
             )
