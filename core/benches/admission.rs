@@ -33,17 +33,8 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let b = Bench::open(url).await?;
-    let (services, p) = (&b.services, &b.admin);
-    let team = services
-        .tenancy
-        .create_team(p, &format!("bench-{}", Uuid::new_v4().simple()))
-        .await
-        .map_err(anyhow_err)?;
-    services
-        .allocations
-        .set_quota(p, team.id, "H100-80GB", 100_000, 100_000, 100_000)
-        .await
-        .map_err(anyhow_err)?;
+    let services = &b.services;
+    let team = b.team(100_000, 100_000, 100_000).await?;
     let now = Utc::now();
     for n in 0..NODES {
         let gpus = (0..GPUS_PER_NODE)
@@ -70,7 +61,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let started = Instant::now();
     for _ in 0..REQUESTS {
         let t = Instant::now();
-        b.request(team.id, "H100-80GB:1g.10gb").await?;
+        b.request(team, "H100-80GB:1g.10gb").await?;
         latencies.push(t.elapsed());
     }
     let admit_total = started.elapsed();

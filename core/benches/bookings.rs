@@ -53,17 +53,7 @@ async fn run(name: &str, url: &str, existing: usize) -> anyhow::Result<()> {
     let (services, p) = (&b.services, &b.admin);
     let mut teams = Vec::new();
     for _ in 0..TEAMS {
-        let team = services
-            .tenancy
-            .create_team(p, &format!("bench-{}", Uuid::new_v4().simple()))
-            .await
-            .map_err(anyhow_err)?;
-        services
-            .allocations
-            .set_quota(p, team.id, "H100-80GB", 0, 1_000_000, 1_000_000)
-            .await
-            .map_err(anyhow_err)?;
-        teams.push(team.id);
+        teams.push(b.team(0, 1_000_000, 1_000_000).await?);
     }
     let now = Utc::now();
     for n in 0..NODES {

@@ -77,17 +77,8 @@ fn gpu(n: usize, i: usize) -> GpuInfo {
 
 async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Result<()> {
     let b = Bench::open(url).await?;
-    let (services, p) = (&b.services, &b.admin);
-    let team = services
-        .tenancy
-        .create_team(p, &format!("bench-{}", Uuid::new_v4().simple()))
-        .await
-        .map_err(anyhow_err)?;
-    services
-        .allocations
-        .set_quota(p, team.id, "H100-80GB", 100_000, 100_000, 100_000)
-        .await
-        .map_err(anyhow_err)?;
+    let services = &b.services;
+    let team = b.team(100_000, 100_000, 100_000).await?;
     let now = Utc::now();
     for n in 0..NODES {
         let gpus = (0..GPUS_PER_NODE).map(|i| gpu(n, i)).collect();
@@ -95,7 +86,7 @@ async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Resul
     }
     let setup = Instant::now();
     for _ in 0..live {
-        b.request(team.id, "H100-80GB:1g.10gb").await?;
+        b.request(team, "H100-80GB:1g.10gb").await?;
     }
     // Placed on the existing instances, then activated: the agents report them.
     let placed = services

@@ -88,6 +88,30 @@ impl Bench {
         })
     }
 
+    /// A new team (a random name) with an H100-80GB quota line of `guaranteed`, `limit`
+    /// and `per_user` units.
+    pub async fn team(&self, guaranteed: u32, limit: u32, per_user: u32) -> anyhow::Result<TeamId> {
+        let team = self
+            .services
+            .tenancy
+            .create_team(&self.admin, &format!("bench-{}", Uuid::new_v4().simple()))
+            .await
+            .map_err(err)?;
+        self.services
+            .allocations
+            .set_quota(
+                &self.admin,
+                team.id,
+                "H100-80GB",
+                guaranteed,
+                limit,
+                per_user,
+            )
+            .await
+            .map_err(err)?;
+        Ok(team.id)
+    }
+
     /// A node named `hostname` that reports `gpus` and last beat at `now`.
     pub async fn add_node(
         &self,
