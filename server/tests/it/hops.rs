@@ -11,14 +11,13 @@
 use crate::allocations::{request, set_quota, team, wait_for_state};
 use crate::nodes::{heartbeat, register};
 use crate::on_both_databases;
-use crate::replicas::{leads, node_reports_gpu, one_leader};
+use crate::replicas::{leader_and_standby, node_reports_gpu};
 use crate::support::{AdminClient, Db, TestApp, call_with_token, postgres_url};
-use crate::workloads::{WorkloadAgent, get};
+use crate::workloads::{WorkloadAgent, wait_workload};
 use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use tessera_server::config::ServeConfig;
 
 on_both_databases!(
     a_slice_and_its_job_start_with_every_timer_at_an_hour,
@@ -112,23 +111,12 @@ async fn a_slice_and_its_job_start_with_every_timer_at_an_hour(db: Db) {
     .await;
     assert_eq!(s, 201, "{job}");
     let job_id = job["id"].as_str().expect("id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let started = loop {
-        let v = get(&a.app, &t.member, &job_id).await;
-        if matches!(v["state"].as_str(), Some("starting" | "running")) {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the node never took the job without its timers: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let started = wait_workload(&a.app, &t.member, &job_id, "running", 30).await;
     let to_start = (time(&started["started_at"]) - time(&job["created_at"])).num_milliseconds()
         as f64
         / 1000.0;
     // A job that ends at once, on the second slice: its exit reaches the server without
-    // the workload timer (the agent wakes on SIGCHLD).
+    // the workload timer (the agent checks its live workloads for an exit every 200 ms).
     let (s, quick) = call_with_token(
         &a.app,
         &t.member,
@@ -139,18 +127,7 @@ async fn a_slice_and_its_job_start_with_every_timer_at_an_hour(db: Db) {
     .await;
     assert_eq!(s, 201, "{quick}");
     let quick_id = quick["id"].as_str().expect("id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let ended = loop {
-        let v = get(&a.app, &t.member, &quick_id).await;
-        if v["state"] == "succeeded" {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the job's end never reached the server without the timers: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let ended = wait_workload(&a.app, &t.member, &quick_id, "succeeded", 30).await;
     let to_end =
         (time(&ended["ended_at"]) - time(&quick["created_at"])).num_milliseconds() as f64 / 1000.0;
     eprintln!(
@@ -169,21 +146,8 @@ async fn a_node_polling_a_standby_replica_is_woken_by_the_leaders_changes() {
     if postgres_url().is_none() {
         return;
     }
+    let (leader, standby, _, _) = leader_and_standby(Duration::from_secs(3600)).await;
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let (ra, rb) = (format!("a-{tag}"), format!("b-{tag}"));
-    let slow = |name: String| {
-        move |c: &mut ServeConfig| {
-            c.replica_name = Some(name);
-            c.scheduler_interval = Duration::from_secs(3600);
-        }
-    };
-    let leader = TestApp::spawn_with(Db::Postgres, slow(ra.clone())).await;
-    let (first, _) = one_leader(&leader, &[&ra, &rb], Duration::from_secs(10)).await;
-    assert_eq!(first, ra, "the first replica leads");
-    let standby = TestApp::replica_of(&leader, slow(rb.clone())).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(leads(&leader, &rb).await, Some(false), "B stands by");
-
     let a = AdminClient::with_app(leader).await;
     let t = team(&a, &format!("relay-{tag}")).await;
     set_quota(&a, &t.id, "H100-80GB", 1, 1, 1).await;

@@ -126,30 +126,38 @@ async fn placed_within(a: &AdminClient, id: &str, within: Duration) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
-    if postgres_url().is_none() {
-        return;
-    }
+/// Two replicas on one fresh PostgreSQL database, each with the scheduler interval
+/// `every`: A, which leads, and B, which stands by. Returns `(A, B, A's name, B's name)`.
+pub(crate) async fn leader_and_standby(every: Duration) -> (TestApp, TestApp, String, String) {
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let (ra, rb) = (format!("a-{tag}"), format!("b-{tag}"));
-    // A long scheduler interval: only a wake-up places within seconds.
-    let slow = |name: String| {
+    let config = |name: String| {
         move |c: &mut ServeConfig| {
             c.replica_name = Some(name);
-            c.scheduler_interval = Duration::from_secs(20);
+            c.scheduler_interval = every;
         }
     };
-    let a = TestApp::spawn_with(Db::Postgres, slow(ra.clone())).await;
+    let a = TestApp::spawn_with(Db::Postgres, config(ra.clone())).await;
     let (first, _) = one_leader(&a, &[&ra, &rb], Duration::from_secs(10)).await;
     assert_eq!(first, ra, "the first replica leads");
-    let b = TestApp::replica_of(&a, slow(rb.clone())).await;
+    let b = TestApp::replica_of(&a, config(rb.clone())).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         leads(&a, &rb).await,
         Some(false),
         "the second replica stands by"
     );
+    (a, b, ra, rb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
+    if postgres_url().is_none() {
+        return;
+    }
+    // A long scheduler interval: only a wake-up places within seconds.
+    let (a, b, ra, rb) = leader_and_standby(Duration::from_secs(20)).await;
+    let tag = ra.trim_start_matches("a-").to_owned();
     assert_eq!(leads(&a, &ra).await, Some(true));
 
     // Everything goes through B, which does not lead: the leader's scheduler must be
