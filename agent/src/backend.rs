@@ -221,5 +221,5 @@ pub fn inventory(backend: &dyn GpuBackend) -> Result<Inventory, BackendError> {
             health,
         });
     }
-    Ok(Inventory { gpus })
+    Ok(Inventory { gpus, driver: None })
 }

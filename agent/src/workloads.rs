@@ -1024,6 +1024,7 @@ impl Workload {
             kernel_busy: live && self.busy,
             log_complete,
             log,
+            pull: None,
         }
     }
 }

@@ -370,12 +370,14 @@ mod tests {
     fn summary_counts_models_modes_and_busy_instances() {
         let catalog = Catalog::builtin();
         let a = Inventory {
+            driver: None,
             gpus: vec![
                 gpu("NVIDIA H100 80GB HBM3", true, &[Some(0), Some(2), None]),
                 gpu("NVIDIA H100 80GB HBM3", false, &[]),
             ],
         };
         let b = Inventory {
+            driver: None,
             gpus: vec![gpu("Tesla V100-SXM2-32GB", false, &[])],
         };
         // The instances at 0 (no process) and 2 (process count unknown) are held, so the

@@ -355,6 +355,184 @@ fn parse_tag(tag: &str) -> Result<String, AppError> {
     Ok(tag.to_string())
 }
 
+/// A CUDA version as the driver reports what it supports (`nvidia-smi`'s "CUDA Version",
+/// NVML's `sys_cuda_driver_version`) and as an image says what it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CudaVersion {
+    pub major: u16,
+    pub minor: u16,
+}
+
+impl CudaVersion {
+    /// `12.4` or `12.4.1` (the patch is ignored: drivers support whole minor versions).
+    pub fn parse(text: &str) -> Result<Self, AppError> {
+        let bad = || AppError::invalid("cuda", format!("{text:?} is not a CUDA version like 12.4"));
+        let mut parts = text.trim().split('.');
+        let num = |p: Option<&str>| -> Result<u16, AppError> {
+            let p = p.ok_or_else(bad)?;
+            if p.is_empty() || p.len() > 4 || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            p.parse().map_err(|_| bad())
+        };
+        let major = num(parts.next())?;
+        let minor = num(parts.next())?;
+        if let Some(patch) = parts.next() {
+            num(Some(patch))?;
+        }
+        if parts.next().is_some() || major == 0 {
+            return Err(bad());
+        }
+        Ok(CudaVersion { major, minor })
+    }
+
+    /// From NVML's integer form (`12040` = 12.4).
+    pub fn from_nvml(v: i32) -> Option<Self> {
+        (v > 0).then(|| CudaVersion {
+            major: u16::try_from(v / 1000).unwrap_or(u16::MAX),
+            minor: u16::try_from((v % 1000) / 10).unwrap_or(0),
+        })
+    }
+
+    /// What an image needs, from its config's `Env`: NVIDIA's images say it in
+    /// `NVIDIA_REQUIRE_CUDA` (`cuda>=12.4 brand=tesla,driver>=470,…`; the first `cuda>=`
+    /// term counts), older ones only in `CUDA_VERSION` (`12.4.1`). `None`: the image says
+    /// nothing (it runs on any driver, or has no CUDA).
+    pub fn required_by(env: &[String]) -> Option<Self> {
+        let get = |key: &str| {
+            env.iter()
+                .find_map(|e| e.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        };
+        if let Some(req) = get("NVIDIA_REQUIRE_CUDA")
+            && let Some(v) = req
+                .split([' ', ','])
+                .find_map(|t| t.strip_prefix("cuda>="))
+                .and_then(|v| CudaVersion::parse(v).ok())
+        {
+            return Some(v);
+        }
+        get("CUDA_VERSION").and_then(|v| CudaVersion::parse(v).ok())
+    }
+}
+
+impl fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl TryFrom<String> for CudaVersion {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        CudaVersion::parse(&s).map_err(|e| e.to_string())
+    }
+}
+
+impl From<CudaVersion> for String {
+    fn from(v: CudaVersion) -> String {
+        v.to_string()
+    }
+}
+
+/// Where images may come from: platform admins list `registry` or `registry/repository
+/// prefix` entries (`ghcr.io/acme`, `nvcr.io/nvidia`); an image is allowed when one entry
+/// is its registry and a whole-part prefix of its repository (`ghcr.io/acme` allows
+/// `ghcr.io/acme/torch`, not `ghcr.io/acme-evil/x`). An empty list allows nothing.
+pub fn allowed_by(entries: &[String], image: &ImageRef) -> Result<(), AppError> {
+    let ok = entries.iter().any(|e| {
+        let (registry, prefix) = e.split_once('/').unwrap_or((e.as_str(), ""));
+        registry.eq_ignore_ascii_case(image.registry())
+            && (prefix.is_empty()
+                || image.repository() == prefix
+                || image
+                    .repository()
+                    .strip_prefix(prefix)
+                    .is_some_and(|rest| rest.starts_with('/')))
+    });
+    if ok {
+        return Ok(());
+    }
+    let allowed = if entries.is_empty() {
+        "no registry is allowed yet (a platform admin adds them under Admin → Images)".to_owned()
+    } else {
+        format!("allowed: {}", entries.join(", "))
+    };
+    Err(bad(format!(
+        "{}/{} is not from an allowed registry; {allowed}",
+        image.registry(),
+        image.repository()
+    )))
+}
+
+/// One allow-list entry, as a platform admin types it: a registry host (with an optional
+/// port) and optionally a repository prefix, e.g. `ghcr.io/acme` or `127.0.0.1:5000`.
+pub fn parse_allowed_entry(text: &str) -> Result<String, AppError> {
+    let t = text.trim().trim_end_matches('/');
+    let bad = |m: &str| AppError::invalid("registry", format!("{t:?}: {m}"));
+    if t.is_empty() || t.len() > 255 {
+        return Err(bad("1 to 255 characters"));
+    }
+    // Parsed as an image under it, so the registry and repository rules are docker's.
+    let probe = if t.contains('/') {
+        format!("{t}/x")
+    } else {
+        format!("{t}/x/y")
+    };
+    let r = ImageRef::parse(&probe).map_err(|_| bad("not a registry host or repository prefix"))?;
+    if !t.starts_with(r.registry()) || r.registry() == DOCKER_HUB && !t.starts_with(DOCKER_HUB) {
+        return Err(bad(
+            "name the registry host first, e.g. docker.io/library or ghcr.io/acme",
+        ));
+    }
+    Ok(t.to_owned())
+}
+
+/// A catalog entry's display name: 1–60 characters, no control characters.
+pub fn parse_catalog_name(raw: &str) -> Result<String, AppError> {
+    let name = raw.trim();
+    if name.is_empty() || name.chars().count() > 60 {
+        return Err(AppError::invalid("name", "1 to 60 characters"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(AppError::invalid(
+            "name",
+            "no line breaks or control characters",
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+/// An image in a team's catalog: a platform-wide entry (`team_id` none, added by platform
+/// admins) or a team's own (added by its admins). Pinned when added: `pinned` is
+/// `registry/repository@sha256:…` and is what runs; `reference` is what was typed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CatalogImage {
+    pub id: uuid::Uuid,
+    /// `None`: a platform-wide entry every team sees.
+    pub team_id: Option<uuid::Uuid>,
+    pub team_name: Option<String>,
+    pub name: String,
+    pub reference: String,
+    pub pinned: String,
+    /// The CUDA version the image needs (from its config), when it says.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub requires_cuda: Option<CudaVersion>,
+    pub added_by: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A team's login to one registry, as shown back: never the password.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RegistryLoginView {
+    pub team_id: uuid::Uuid,
+    pub registry: String,
+    pub username: String,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -509,6 +687,105 @@ mod tests {
             &format!("sha256:{}../", &HEX[3..]),
         ] {
             assert_eq!(Digest::parse(bad).unwrap_err().field(), Some("image"));
+        }
+    }
+
+    #[test]
+    fn cuda_versions_parse_compare_and_come_from_an_image_env() {
+        let v = |t: &str| CudaVersion::parse(t).unwrap();
+        assert_eq!(
+            v("12.4"),
+            CudaVersion {
+                major: 12,
+                minor: 4
+            }
+        );
+        assert_eq!(v("12.4.1").to_string(), "12.4");
+        assert!(v("12.10") > v("12.4"));
+        assert!(v("11.8") < v("12.0"));
+        for bad in [
+            "", "12", "12.", ".4", "12.4.1.0", "0.1", "12.x", "-1.2", "12.4 ", "99999.1",
+        ] {
+            assert!(
+                CudaVersion::parse(bad).is_err() || bad.trim() != bad,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(CudaVersion::from_nvml(12040), Some(v("12.4")));
+        assert_eq!(CudaVersion::from_nvml(12020), Some(v("12.2")));
+        assert_eq!(CudaVersion::from_nvml(0), None);
+        let env = |e: &[&str]| e.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            CudaVersion::required_by(&env(&[
+                "PATH=/usr/bin",
+                "NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470,driver<471",
+                "CUDA_VERSION=12.4.1",
+            ])),
+            Some(v("12.4"))
+        );
+        assert_eq!(
+            CudaVersion::required_by(&env(&["CUDA_VERSION=11.8.0"])),
+            Some(v("11.8"))
+        );
+        assert_eq!(
+            CudaVersion::required_by(&env(&["PATH=/bin", "CUDA_VERSIONX=1.2"])),
+            None
+        );
+        let json = serde_json::to_string(&v("12.4")).unwrap();
+        assert_eq!(json, "\"12.4\"");
+        assert!(serde_json::from_str::<CudaVersion>("\"twelve\"").is_err());
+    }
+
+    #[test]
+    fn the_allow_list_matches_registries_and_whole_repository_parts() {
+        let img = |t: &str| ImageRef::parse(t).unwrap();
+        let list = vec!["ghcr.io/acme".to_string(), "127.0.0.1:5000".to_string()];
+        assert!(allowed_by(&list, &img("ghcr.io/acme/torch:2.3")).is_ok());
+        assert!(allowed_by(&list, &img("ghcr.io/acme")).is_ok());
+        assert!(allowed_by(&list, &img("127.0.0.1:5000/any/thing")).is_ok());
+        let e = allowed_by(&list, &img("ghcr.io/acme-evil/x")).unwrap_err();
+        assert!(
+            e.to_string().contains("not from an allowed registry"),
+            "{e}"
+        );
+        assert!(allowed_by(&list, &img("ghcr.io/other/x")).is_err());
+        assert!(allowed_by(&list, &img("ubuntu")).is_err());
+        assert!(allowed_by(&list, &img("127.0.0.1:5001/x")).is_err());
+        let none = allowed_by(&[], &img("ubuntu")).unwrap_err();
+        assert!(
+            none.to_string().contains("no registry is allowed yet"),
+            "{none}"
+        );
+        let hub = vec!["docker.io/library".to_string()];
+        assert!(allowed_by(&hub, &img("ubuntu")).is_ok());
+        assert!(allowed_by(&hub, &img("team/model")).is_err());
+    }
+
+    #[test]
+    fn allow_list_entries_are_registries_with_optional_prefixes() {
+        assert_eq!(
+            parse_allowed_entry(" ghcr.io/acme/ ").unwrap(),
+            "ghcr.io/acme"
+        );
+        assert_eq!(
+            parse_allowed_entry("127.0.0.1:5000").unwrap(),
+            "127.0.0.1:5000"
+        );
+        assert_eq!(
+            parse_allowed_entry("docker.io/library").unwrap(),
+            "docker.io/library"
+        );
+        for bad in [
+            "",
+            "acme",
+            "acme/torch",
+            "ghcr.io/ACME",
+            "ghcr.io/a b",
+            "ghcr.io/../x",
+            "http://ghcr.io",
+        ] {
+            let e = parse_allowed_entry(bad).unwrap_err();
+            assert!(format!("{e:?}").contains("registry"), "{bad:?}: {e:?}");
         }
     }
 }

@@ -43,6 +43,17 @@ pub struct Heartbeat {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Inventory {
     pub gpus: Vec<GpuInfo>,
+    /// The node's NVIDIA driver (absent from older agents and where it cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverInfo>,
+}
+
+/// The NVIDIA driver a node runs: its version (`550.54.15`) and the newest CUDA it
+/// supports (NVML `sys_driver_version`, `sys_cuda_driver_version`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverInfo {
+    pub version: String,
+    pub cuda: crate::image::CudaVersion,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -423,6 +434,56 @@ pub struct WorkloadSpec {
     /// writes the deadline file; at the deadline the server stops it (`run: false`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<crate::drain::Deadline>,
+    /// Set when it runs in an OCI image instead of the node's own environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageSpec>,
+}
+
+/// The image a workload runs in: pinned by digest, with the team's login to its
+/// registry when the team has one (sent only for the workload's own team).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSpec {
+    /// `registry/repository@sha256:…`.
+    pub reference: String,
+    /// The CUDA version the image needs, when its config says (the server placed the
+    /// workload on a node whose driver supports it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_cuda: Option<crate::image::CudaVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login: Option<RegistryLogin>,
+}
+
+impl std::fmt::Debug for ImageSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageSpec")
+            .field("reference", &self.reference)
+            .field("requires_cuda", &self.requires_cuda)
+            .field("login", &self.login)
+            .finish()
+    }
+}
+
+/// A registry login. `Debug` never prints the password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryLogin {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryLogin")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// How far an image pull for a workload has come (bytes of its layers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullProgress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
 }
 
 impl WorkloadSpec {
@@ -444,6 +505,7 @@ impl WorkloadSpec {
             resources: Vec::new(),
             share: None,
             deadline: None,
+            image: None,
         }
     }
 }
@@ -504,6 +566,9 @@ pub struct WorkloadReport {
     #[serde(default)]
     pub log_complete: bool,
     pub log: Option<LogPiece>,
+    /// While the workload's image is being pulled (phase `starting`, no process yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull: Option<PullProgress>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -628,11 +628,11 @@ fn test() -> Result<()> {
 }
 
 /// The crate graph points one way (ARCHITECTURE.md): `domain ← core ← app(ssr) ← server`,
-/// `domain ← agent`, and the browser build of `app` pulls in neither `core` nor a database
+/// `domain ← registry ← agent`, `registry ← server`, and the browser build of `app` pulls in neither `core` nor a database
 /// driver. Checked on `cargo tree`'s normal (non-dev) edges.
 fn check_dependency_direction() -> Result<()> {
     eprintln!("\n==> dependency direction (cargo tree)");
-    let rules: [(&str, &[&str], &[&str]); 5] = [
+    let rules: [(&str, &[&str], &[&str]); 6] = [
         (
             "tessera-domain",
             &[],
@@ -672,6 +672,19 @@ fn check_dependency_direction() -> Result<()> {
                 "tessera-agent",
                 "sqlx",
                 "tokio",
+            ],
+        ),
+        (
+            "tessera-registry",
+            &[],
+            &[
+                "tessera-core",
+                "tessera-app",
+                "tessera-server",
+                "tessera-agent",
+                "sqlx",
+                "leptos",
+                "kube",
             ],
         ),
         (

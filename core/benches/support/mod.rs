@@ -131,7 +131,7 @@ impl Bench {
                 agent_version: "bench".into(),
                 manages_mig: true,
                 workload_sandbox: true,
-                inventory: serde_json::to_string(&Inventory { gpus })?,
+                inventory: serde_json::to_string(&Inventory { gpus, driver: None })?,
                 revoked_at: None,
                 inventory_version: 0,
             })

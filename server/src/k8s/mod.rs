@@ -287,6 +287,7 @@ impl KubeExecutor {
             kernel_busy: false,
             log_complete: false,
             log: None,
+            pull: None,
         };
         let Some(o) = o.filter(|o| o.pod.is_some() || o.job.is_some()) else {
             // Gone: deleted on the server's request (a stop), or by someone else.

@@ -485,6 +485,7 @@ mod tests {
             resources: resources.iter().map(|r| (*r).to_owned()).collect(),
             share: None,
             deadline: None,
+            image: None,
         }
     }
 

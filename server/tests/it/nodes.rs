@@ -50,6 +50,7 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
                 sharing: None,
                 instances: vec![],
             }],
+            driver: None,
         },
     };
     reqwest::Client::new()

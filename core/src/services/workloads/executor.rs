@@ -201,6 +201,7 @@ impl Workloads {
             },
             share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
             deadline: run.then(|| deadline_of(r, signal, now)).flatten(),
+            image: None,
         })
     }
 

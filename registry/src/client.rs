@@ -63,7 +63,7 @@ pub enum PullError {
     #[error("image refused: {0}")]
     Refused(String),
     #[error(transparent)]
-    Unpack(#[from] super::unpack::UnpackError),
+    Unpack(#[from] crate::unpack::UnpackError),
     #[error("image store: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -118,7 +118,7 @@ impl<R: Read> Hashing<R> {
     /// Reads the rest (the archive's end blocks and any padding) and answers the hex digest.
     fn finish(mut self) -> io::Result<String> {
         io::copy(&mut self, &mut io::sink())?;
-        Ok(super::client::hex(&sha2::Digest::finalize(self.hasher)))
+        Ok(crate::client::hex(&sha2::Digest::finalize(self.hasher)))
     }
 }
 
@@ -735,7 +735,7 @@ mod tests {
         // The diff_id is the digest of the whole uncompressed stream, end blocks included.
         assert_eq!(
             diff_id,
-            crate::oci::client::hex(&sha2::Digest::finalize(
+            crate::client::hex(&sha2::Digest::finalize(
                 <sha2::Sha256 as sha2::Digest>::new_with_prefix(&tar)
             ))
         );

@@ -1,0 +1,301 @@
+//! Test support (feature `testkit`): a real registry on loopback (Debian's
+//! `docker-registry`, the CNCF distribution registry, started with a config of our own)
+//! and small images built in memory (an `/etc/os-release` marker and, when
+//! `busybox-static` is installed, `/bin/busybox`), pushed with the distribution push API.
+//! Used by the agent's and the server's tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+
+use crate::Credentials;
+
+pub const REGISTRY: &str = "/usr/bin/docker-registry";
+
+pub fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub fn registry_available() -> bool {
+    if Path::new(REGISTRY).exists() {
+        return true;
+    }
+    if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() {
+        panic!(
+            "TESSERA_REQUIRE_REGISTRY is set but {REGISTRY} is missing (apt install docker-registry)"
+        );
+    }
+    eprintln!("SKIPPED: {REGISTRY} is not installed (Debian package docker-registry)");
+    false
+}
+
+/// A registry process on 127.0.0.1:<free port>, its storage and log in a temp dir.
+pub struct Registry {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub addr: String,
+}
+
+impl Registry {
+    pub fn start(htpasswd: Option<&Path>) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let auth = htpasswd.map_or(String::new(), |p| {
+            format!(
+                "auth:\n  htpasswd:\n    realm: tessera-test\n    path: {}\n",
+                p.display()
+            )
+        });
+        let config = format!(
+            "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             http:\n  addr: {addr}\n{auth}",
+            dir.path().join("data").display()
+        );
+        std::fs::write(dir.path().join("config.yml"), config).unwrap();
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let child = Command::new(REGISTRY)
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let r = Registry { child, dir, addr };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&r.addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "registry did not start: {}",
+                r.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        r
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// How many GETs of blob `digest` the registry answered (its access log).
+    pub fn blob_gets(&self, digest: &str) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains(&format!("/blobs/{digest} ")))
+            .count()
+    }
+
+    /// Where the registry keeps blob `digest`'s bytes (filesystem driver layout).
+    pub fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An image built here: its blobs and manifest, ready to push.
+pub struct Built {
+    pub layer: Vec<u8>,
+    pub config: Vec<u8>,
+    pub manifest: Vec<u8>,
+}
+
+impl Built {
+    pub fn layer_digest(&self) -> String {
+        format!("sha256:{}", sha256(&self.layer))
+    }
+    pub fn config_digest(&self) -> String {
+        format!("sha256:{}", sha256(&self.config))
+    }
+    pub fn digest(&self) -> String {
+        format!("sha256:{}", sha256(&self.manifest))
+    }
+}
+
+pub fn file_header(path: &str, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_path(path).unwrap();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_cksum();
+    h
+}
+
+/// A one-layer image: `/etc/os-release` with `marker`, busybox if the host has it, and
+/// `extra` bytes of incompressible filler (for size tests).
+pub fn build_image(marker: &str, extra: usize) -> Built {
+    build_image_with(marker, extra, false)
+}
+
+/// As [`build_image`], the filler zeros when `zeros` (a layer far smaller than its files).
+pub fn build_image_with(marker: &str, extra: usize, zeros: bool) -> Built {
+    build_image_full(marker, extra, zeros, &[])
+}
+
+/// As [`build_image`] with more `KEY=value` entries in the config's `Env` (e.g.
+/// `NVIDIA_REQUIRE_CUDA=cuda>=12.4`).
+pub fn build_image_env(marker: &str, env: &[&str]) -> Built {
+    build_image_full(marker, 0, false, env)
+}
+
+fn build_image_full(marker: &str, extra: usize, zeros: bool, env: &[&str]) -> Built {
+    let mut tar = tar::Builder::new(Vec::new());
+    let os_release = format!("ID={marker}\nPRETTY_NAME=\"Tessera test image {marker}\"\n");
+    tar.append(
+        &file_header("etc/os-release", 0o644, os_release.len() as u64),
+        os_release.as_bytes(),
+    )
+    .unwrap();
+    if let Ok(busybox) = std::fs::read("/bin/busybox") {
+        tar.append(
+            &file_header("bin/busybox", 0o755, busybox.len() as u64),
+            &busybox[..],
+        )
+        .unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_path("bin/sh").unwrap();
+        h.set_link_name("busybox").unwrap();
+        h.set_mode(0o777);
+        h.set_size(0);
+        h.set_cksum();
+        tar.append(&h, std::io::empty()).unwrap();
+    }
+    if extra > 0 {
+        let mut filler = vec![0u8; extra];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for b in filler.iter_mut().filter(|_| !zeros) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        tar.append(&file_header("opt/filler", 0o644, extra as u64), &filler[..])
+            .unwrap();
+    }
+    let raw = tar.into_inner().unwrap();
+    let diff_id = sha256(&raw);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).unwrap();
+    let layer = gz.finish().unwrap();
+    let image_env: Vec<String> = ["PATH=/bin".to_string(), format!("MARKER={marker}")]
+        .into_iter()
+        .chain(env.iter().map(|e| e.to_string()))
+        .collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": crate::client::node_architecture(),
+        "os": "linux",
+        "config": {
+            "Env": image_env,
+            "WorkingDir": "/work",
+            "Entrypoint": ["/bin/sh", "-c"],
+            "Cmd": ["cat /etc/os-release"],
+            "User": "0",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{}", sha256(&config)),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": format!("sha256:{}", sha256(&layer)),
+            "size": layer.len(),
+        }],
+    }))
+    .unwrap();
+    Built {
+        layer,
+        config,
+        manifest,
+    }
+}
+
+/// Pushes `image` as `<repo>:<tag>`: each blob by a monolithic POST + PUT upload, then the
+/// manifest.
+pub async fn push(
+    http: &reqwest::Client,
+    reg: &Registry,
+    repo: &str,
+    tag: &str,
+    image: &Built,
+    auth: Option<&Credentials>,
+) {
+    let with = |r: reqwest::RequestBuilder| match auth {
+        Some(c) => r.basic_auth(&c.username, Some(&c.password)),
+        None => r,
+    };
+    let base = format!("http://{}", reg.addr);
+    for blob in [&image.layer, &image.config] {
+        let resp = with(http.post(format!("{base}/v2/{repo}/blobs/uploads/")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            202,
+            "start upload: {}",
+            resp.text().await.unwrap()
+        );
+        let location = resp.headers()["location"].to_str().unwrap().to_string();
+        let mut url = reqwest::Url::parse(&base).unwrap().join(&location).unwrap();
+        url.query_pairs_mut()
+            .append_pair("digest", &format!("sha256:{}", sha256(blob)));
+        let resp = with(http.put(url))
+            .header("content-type", "application/octet-stream")
+            .body(blob.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201, "upload: {}", resp.text().await.unwrap());
+    }
+    let resp = with(http.put(format!("{base}/v2/{repo}/manifests/{tag}")))
+        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+        .body(image.manifest.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        201,
+        "manifest: {}",
+        resp.text().await.unwrap()
+    );
+    assert_eq!(
+        resp.headers()["docker-content-digest"].to_str().unwrap(),
+        image.digest()
+    );
+}
