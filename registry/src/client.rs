@@ -103,6 +103,9 @@ struct Document {
 /// One platform's image manifest, with its digest.
 #[derive(Debug, Clone)]
 pub struct Manifest {
+    /// What the reference resolves to: this manifest's digest, or the index's it was
+    /// chosen from (what a catalog pins, so every platform of the image stays reachable).
+    pub top: Digest,
     pub digest: Digest,
     pub config: Descriptor,
     pub layers: Vec<Descriptor>,
@@ -290,8 +293,9 @@ impl<'a> Session<'a> {
             .document(&reference, &accept, expected.as_ref())
             .await?;
         if doc.manifests.is_none() {
-            return self.image_manifest(digest, doc);
+            return self.image_manifest(digest.clone(), digest, doc);
         }
+        let top = digest;
         let arch = node_architecture();
         let chosen = doc
             .manifests
@@ -310,10 +314,42 @@ impl<'a> Session<'a> {
         if doc.manifests.is_some() {
             return Err(PullError::Refused("an index inside an index".into()));
         }
-        self.image_manifest(digest, doc)
+        self.image_manifest(top, digest, doc)
     }
 
-    fn image_manifest(&self, digest: Digest, doc: Document) -> Result<Manifest, PullError> {
+    /// A small JSON blob (an image config) read into memory, checked against its digest.
+    pub async fn document_blob(&mut self, d: &Descriptor) -> Result<Vec<u8>, PullError> {
+        let digest = Digest::parse(&d.digest)
+            .map_err(|_| PullError::Refused(format!("bad digest {}", d.digest)))?;
+        if d.size > MAX_DOCUMENT {
+            return Err(PullError::Refused(format!(
+                "blob {digest} is {} bytes, more than a config may be",
+                d.size
+            )));
+        }
+        let url = format!("{}/blobs/{digest}", self.base);
+        let what = format!("blob {digest}");
+        let resp = self.get(&url, "*/*", &what).await?;
+        let body = read_capped(resp, MAX_DOCUMENT)
+            .await
+            .map_err(|e| self.err(format!("{what}: {e}")))?;
+        let got = hex(&Sha256::digest(&body));
+        if digest.hex() != got {
+            return Err(PullError::DigestMismatch {
+                what,
+                expected: digest.to_string(),
+                got: format!("sha256:{got}"),
+            });
+        }
+        Ok(body)
+    }
+
+    fn image_manifest(
+        &self,
+        top: Digest,
+        digest: Digest,
+        doc: Document,
+    ) -> Result<Manifest, PullError> {
         if let Some(t) = &doc.media_type
             && t != OCI_MANIFEST
             && t != DOCKER_MANIFEST
@@ -342,6 +378,7 @@ impl<'a> Session<'a> {
         Digest::parse(&config.digest)
             .map_err(|_| PullError::Refused(format!("bad config digest {}", config.digest)))?;
         Ok(Manifest {
+            top,
             digest,
             config,
             layers,

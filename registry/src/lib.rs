@@ -11,9 +11,11 @@
 
 pub mod client;
 pub mod config;
+pub mod resolve;
 pub mod unpack;
 
 pub use client::{Credentials, PullError};
 pub use config::ImageConfig;
+pub use resolve::{Resolved, resolve};
 #[cfg(feature = "testkit")]
 pub mod testkit;
