@@ -1002,6 +1002,7 @@ fn run_on(
             starts_at: None,
             priority,
             purpose: String::new(),
+            needs_cuda: None,
         }),
     ))
 }

@@ -188,6 +188,7 @@ impl World {
             starts_at: None,
             priority: Some(priority.into()),
             purpose: String::new(),
+            needs_cuda: None,
         };
         let r = self.s.allocations.request(who, &input, None).await;
         if priority == "high" && team == 1 {

@@ -88,6 +88,7 @@ pub fn validate(
         starts_at: Some(starts_at.to_rfc3339()),
         priority: None,
         purpose: input.purpose.clone(),
+        needs_cuda: None,
     };
     let alloc = alloc::validate(&as_request, policy, catalog, now).map_err(|e| {
         // The request's length is the window's.

@@ -164,6 +164,7 @@ impl Bench {
                     starts_at: None,
                     priority: None,
                     purpose: String::new(),
+                    needs_cuda: None,
                 },
                 None,
             )

@@ -55,6 +55,10 @@ pub struct AllocationRow {
     /// A platform admin approved it beyond the team's limit / hard budget (an override).
     pub over_limit: bool,
     pub over_budget: bool,
+    /// The CUDA version its node's driver must support (`12.4`); `None`: any node
+    /// (migration 0027).
+    #[sqlx(default)]
+    pub needs_cuda: Option<String>,
 }
 
 impl AllocationRow {
@@ -94,6 +98,7 @@ impl AllocationRow {
             idempotency_key: None,
             over_limit: false,
             over_budget: false,
+            needs_cuda: None,
         }
     }
 }
@@ -186,11 +191,12 @@ pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.co
                     a.release_cause, a.preempt_at, \
                     CASE WHEN a.preempt_booking IS NOT NULL THEN 'booking' ELSE a.preempt_cause END \
                     AS preempt_cause, a.idempotency_key, a.over_limit, \
-                    a.over_budget";
+                    a.over_budget, a.needs_cuda";
 
 pub(super) const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
     priority, purpose, state, duration_minutes, starts_at, created_at, approver, \
-    approval_reason, idempotency_key) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)";
+    approval_reason, idempotency_key, needs_cuda) \
+    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)";
 
 pub(super) const EVENT: &str = "INSERT INTO allocation_events (allocation_id, seq, at, from_state, to_state, actor, note) \
     VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM allocation_events WHERE allocation_id = $1), \
@@ -234,6 +240,7 @@ macro_rules! bind_insert {
             .bind(&$r.approver)
             .bind(&$r.approval_reason)
             .bind(&$r.idempotency_key)
+            .bind(&$r.needs_cuda)
     };
 }
 pub(super) use bind_insert;

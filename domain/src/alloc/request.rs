@@ -1,6 +1,7 @@
 //! Request validation.
 
 use super::*;
+use crate::image::CudaVersion;
 
 /// Limits a new allocation must respect. [`Default`] is the platform's policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +68,10 @@ pub struct NewAllocation {
     /// What it is for, at most 500 characters.
     #[serde(default)]
     pub purpose: String,
+    /// The CUDA version its work needs of the node's driver, e.g. `12.4`: only nodes whose
+    /// driver supports at least this are chosen. Absent: any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs_cuda: Option<String>,
 }
 
 fn one() -> u32 {
@@ -106,6 +111,7 @@ impl NewAllocation {
             starts_at: Some(form.starts_at),
             priority: Some(form.priority),
             purpose: form.purpose,
+            needs_cuda: None,
         })
     }
 }
@@ -121,6 +127,7 @@ pub struct ValidAllocation {
     duration_minutes: u32,
     starts_at: Option<DateTime<Utc>>,
     purpose: String,
+    needs_cuda: Option<CudaVersion>,
 }
 
 impl ValidAllocation {
@@ -155,6 +162,10 @@ impl ValidAllocation {
     pub fn purpose(&self) -> &str {
         &self.purpose
     }
+    /// The CUDA version a node's driver must support; `None`: any node.
+    pub fn needs_cuda(&self) -> Option<CudaVersion> {
+        self.needs_cuda
+    }
     /// When it ends if it becomes active at `started_at`.
     pub fn ends_at(&self, started_at: DateTime<Utc>) -> Option<DateTime<Utc>> {
         started_at.checked_add_signed(self.duration())
@@ -163,7 +174,7 @@ impl ValidAllocation {
 
 /// Parses and checks a request against `policy` and `catalog` at `now`. The first problem
 /// found is returned as a field error (`team_id`, `kind`, `count`, `duration_minutes`,
-/// `starts_at`, `priority`, `purpose`).
+/// `starts_at`, `priority`, `purpose`, `needs_cuda`).
 pub fn validate(
     input: &NewAllocation,
     policy: &AllocPolicy,
@@ -258,6 +269,16 @@ pub fn validate(
         ));
     }
 
+    let needs_cuda = match input.needs_cuda.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(raw) => Some(CudaVersion::parse(raw).map_err(|_| {
+            AppError::invalid(
+                "needs_cuda",
+                format!("{raw:?} is not a CUDA version like 12.4"),
+            )
+        })?),
+    };
+
     Ok(ValidAllocation {
         team_id,
         kind,
@@ -267,6 +288,7 @@ pub fn validate(
         duration_minutes,
         starts_at,
         purpose: purpose.to_owned(),
+        needs_cuda,
     })
 }
 

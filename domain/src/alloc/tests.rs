@@ -269,6 +269,7 @@ fn input(kind: &str, count: u32) -> NewAllocation {
         starts_at: None,
         priority: None,
         purpose: "  train a model ".into(),
+        needs_cuda: None,
     }
 }
 
@@ -706,6 +707,7 @@ fn views_serialize_round_trip() {
         preempt_at: None,
         over_limit: true,
         over_budget: false,
+        needs_cuda: Some(crate::image::CudaVersion::parse("12.4").unwrap()),
         history: vec![Transition {
             at: t(9, 0),
             from: None,
@@ -716,6 +718,7 @@ fn views_serialize_round_trip() {
     };
     let json = serde_json::to_string(&v).unwrap();
     assert!(json.contains(r#""state":"queued""#), "{json}");
+    assert!(json.contains(r#""needs_cuda":"12.4""#), "{json}");
     assert_eq!(serde_json::from_str::<AllocationView>(&json).unwrap(), v);
     let q = QuotaView::new(
         team(1),

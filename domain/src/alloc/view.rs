@@ -82,6 +82,10 @@ pub struct AllocationView {
     /// A platform admin approved it beyond the team's hard budget (an audited override).
     #[serde(default)]
     pub over_budget: bool,
+    /// The CUDA version its node's driver must support (e.g. `12.4`); absent: any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "12.4"))]
+    pub needs_cuda: Option<crate::image::CudaVersion>,
     /// Oldest first.
     pub history: Vec<Transition>,
 }

@@ -135,6 +135,7 @@ pub async fn alloc(remote: &Remote, cmd: AllocCommand) -> R<i32> {
                 starts_at: a.starts_at,
                 priority: a.priority,
                 purpose: a.purpose,
+                needs_cuda: None,
             };
             let body = serde_json::to_value(&body).map_err(|e| CliError::usage(e.to_string()))?;
             let v: AllocationView = c

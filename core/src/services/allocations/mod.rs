@@ -228,6 +228,7 @@ impl Allocations {
             duration_minutes: i64::from(valid.duration_minutes()),
             starts_at: valid.starts_at(),
             idempotency_key: key.map(str::to_owned),
+            needs_cuda: valid.needs_cuda().map(|v| v.to_string()),
             ..AllocationRow::queued(
                 access.team.id,
                 p.user_id.0,
@@ -306,6 +307,7 @@ impl Allocations {
             starts_at: None,
             priority: None,
             purpose: String::new(),
+            needs_cuda: None,
         };
         let valid = alloc::validate(&input, &self.policy, &self.catalog, Utc::now())?;
         Ok(valid.kind().label())
@@ -1222,6 +1224,10 @@ impl Allocations {
             preempt_at: a.preempt_at,
             over_limit: a.over_limit,
             over_budget: a.over_budget,
+            needs_cuda: a
+                .needs_cuda
+                .as_deref()
+                .and_then(|v| tessera_domain::image::CudaVersion::parse(v).ok()),
             history: Vec::new(),
         }
     }

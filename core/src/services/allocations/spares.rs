@@ -287,6 +287,7 @@ impl Allocations {
         new.purpose = a.purpose.clone();
         new.duration_minutes = left;
         new.approver = a.approver.clone();
+        new.needs_cuda = a.needs_cuda.clone();
         let note = format!("{why}; moved to a hot spare as allocation {}", new.id);
         if !self
             .store

@@ -179,6 +179,7 @@ impl Workloads {
             starts_at: None,
             priority: Some(old.a.priority.to_string()),
             purpose: old.a.purpose.clone(),
+            needs_cuda: old.a.needs_cuda.clone(),
         };
         let attempt = w.attempt + 1;
         // One key per attempt: a report and a pass requeueing at once share one request.

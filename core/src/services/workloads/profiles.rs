@@ -31,6 +31,7 @@ impl Workloads {
             starts_at: None,
             priority: None,
             purpose: format!("notebook profile `{}`", row.name),
+            needs_cuda: None,
         })
     }
 

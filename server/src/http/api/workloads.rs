@@ -79,6 +79,7 @@ impl OwnGpu {
             starts_at: None,
             priority: self.priority.clone(),
             purpose: String::new(),
+            needs_cuda: None,
         })
     }
 }
