@@ -205,6 +205,7 @@ fn main() -> Result<(), String> {
                                         used_milli: 0,
                                     })
                                     .collect(),
+                                driver: None,
                             }
                         })
                         .collect();
@@ -230,6 +231,7 @@ fn main() -> Result<(), String> {
                             cpu_milli: pod.cpu,
                             memory_mib: pod.mem,
                             models: Vec::new(),
+                            needs_cuda: None,
                         };
                         d_all += pod.gpu_milli();
                         if let Ok(Ok(_)) = engine.place(&r) {

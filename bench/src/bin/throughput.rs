@@ -28,6 +28,7 @@ fn request(rng: &mut Rng, i: usize) -> (Request, u64) {
         cpu_milli: 1000 * rng.below(8) as u64,
         memory_mib: 4096 * rng.below(8) as u64,
         models: Vec::new(),
+        needs_cuda: None,
     };
     if rng.below(10) < 6 {
         let (p, milli) = PROFILES[rng.below(PROFILES.len())];
@@ -68,6 +69,7 @@ fn main() {
                     used_milli: 0,
                 })
                 .collect(),
+            driver: None,
         });
     }
     let cluster = Cluster {

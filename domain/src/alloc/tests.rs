@@ -340,6 +340,28 @@ fn each_bad_field_is_named() {
 }
 
 #[test]
+fn a_cuda_need_is_optional_and_checked() {
+    let mut i = input("H100-80GB:whole", 1);
+    assert_eq!(check(&i).unwrap().needs_cuda(), None);
+    i.needs_cuda = Some(" ".into());
+    assert_eq!(check(&i).unwrap().needs_cuda(), None, "empty: none");
+    i.needs_cuda = Some("12.4".into());
+    assert_eq!(check(&i).unwrap().needs_cuda().unwrap().to_string(), "12.4");
+    i.needs_cuda = Some("12.4.1".into());
+    assert_eq!(check(&i).unwrap().needs_cuda().unwrap().to_string(), "12.4");
+    for bad in ["twelve", "12", "12.x", "0.9", "12.4.1.0"] {
+        i.needs_cuda = Some(bad.into());
+        let e = check(&i).unwrap_err();
+        assert_eq!(e.field(), Some("needs_cuda"), "{bad}: {e}");
+        assert!(e.to_string().contains("like 12.4"), "{e}");
+    }
+    // Absent from a REST body: none.
+    let json = r#"{"team_id":"00000000-0000-0000-0000-000000000001","kind":"H100-80GB:whole"}"#;
+    let parsed: NewAllocation = serde_json::from_str(json).unwrap();
+    assert_eq!(parsed.needs_cuda, None);
+}
+
+#[test]
 fn start_times_must_be_near_and_not_past() {
     let mut i = input("H100-80GB:whole", 1);
     let at = |i: &mut NewAllocation, s: &str| i.starts_at = Some(s.into());

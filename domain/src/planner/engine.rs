@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::fractional::{NodeView, Policy, ShareAsk, Workload};
-use super::input::{Ask, Cluster, Gpu, GpuMode, InputError, MigInstance, Node, Request};
+use super::input::{
+    Ask, Cluster, DriverInfo, Gpu, GpuMode, InputError, MigInstance, Node, Request,
+};
+use crate::image::CudaVersion;
 use crate::mig::{Catalog, GpuModel, MAX_PROFILES, Occupancy, ProfileIdx, Slot};
 
 /// Cost key of "cannot place here".
@@ -30,6 +33,7 @@ struct NodeState {
     cpu_free: u64,
     mem_free: u64,
     gpus: Range<usize>,
+    driver: Option<DriverInfo>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +101,18 @@ pub struct Decision {
 pub struct Unplaced {
     /// Some GPU had room, but its node lacked CPU or memory.
     node_limited: bool,
+    /// Some GPU had room, but its node's driver is older than the request needs (or
+    /// unknown).
+    driver_limited: bool,
+}
+
+impl Unplaced {
+    fn none() -> Self {
+        Unplaced {
+            node_limited: false,
+            driver_limited: false,
+        }
+    }
 }
 
 /// The cluster as the planner sees it while placing requests.
@@ -126,6 +142,8 @@ pub(crate) struct Resolved {
     profile: Vec<Option<ProfileIdx>>,
     /// For MIG asks: the largest share of a GPU the profile is worth.
     mig_milli: u32,
+    /// The CUDA version the node's driver must support.
+    needs_cuda: Option<CudaVersion>,
 }
 
 impl Resolved {
@@ -236,6 +254,7 @@ impl Engine {
             cpu_free: node.cpu_milli - node.cpu_used_milli,
             mem_free: node.memory_mib - node.memory_used_mib,
             gpus: first..self.gpus.len(),
+            driver: node.driver.clone(),
         });
         Ok(())
     }
@@ -386,6 +405,7 @@ impl Engine {
             mem: request.memory_mib,
             allowed,
             profile,
+            needs_cuda: request.needs_cuda,
         })
     }
 
@@ -409,6 +429,17 @@ impl Engine {
         n.cpu_free >= r.cpu && n.mem_free >= r.mem
     }
 
+    /// Whether `node`'s driver runs what `r` needs: any node when it needs nothing; else
+    /// only one that reports a driver supporting at least the CUDA version asked for.
+    fn driver_fits(&self, node: usize, r: &Resolved) -> bool {
+        r.needs_cuda.is_none_or(|need| {
+            self.nodes[node]
+                .driver
+                .as_ref()
+                .is_some_and(|d| d.cuda >= need)
+        })
+    }
+
     fn take_node(&mut self, node: usize, r: &Resolved) {
         let n = &mut self.nodes[node];
         n.cpu_free -= r.cpu;
@@ -417,11 +448,18 @@ impl Engine {
 
     fn place_cpu(&mut self, r: &Resolved) -> Result<Decision, Unplaced> {
         // Best fit on CPU: the node with the least CPU left that fits.
+        let mut driver_limited = false;
         let node = (0..self.nodes.len())
             .filter(|&n| self.node_fits(n, r))
+            .filter(|&n| {
+                let ok = self.driver_fits(n, r);
+                driver_limited |= !ok;
+                ok
+            })
             .min_by_key(|&n| (self.nodes[n].cpu_free, n))
             .ok_or(Unplaced {
-                node_limited: false,
+                driver_limited,
+                ..Unplaced::none()
             })?;
         self.take_node(node, r);
         Ok(Decision {
@@ -434,27 +472,27 @@ impl Engine {
 
     fn place_mig(&mut self, r: &Resolved) -> Result<Decision, Unplaced> {
         let mut best: Option<(u32, usize)> = None;
-        let mut node_limited = false;
+        let mut unplaced = Unplaced::none();
         for (g, &model) in self.gpu_model.iter().enumerate() {
             let Some(p) = r.profile[usize::from(model)] else {
                 continue;
             };
             let cost = self.costs[g][usize::from(p.0)];
             if cost != NONE && best.is_none_or(|(b, _)| cost < b) {
-                if self.node_fits(self.gpus[g].node, r) {
+                let node = self.gpus[g].node;
+                if !self.driver_fits(node, r) {
+                    unplaced.driver_limited = true;
+                } else if self.node_fits(node, r) {
                     best = Some((cost, g));
                 } else {
-                    node_limited = true;
+                    unplaced.node_limited = true;
                 }
             }
         }
-        let (cost, g) = best.ok_or(Unplaced { node_limited })?;
+        let (cost, g) = best.ok_or(unplaced)?;
         let model = usize::from(self.gpu_model[g]);
-        let profile = r.profile[model].ok_or(Unplaced { node_limited })?;
-        let table = self.models[model]
-            .mig
-            .clone()
-            .ok_or(Unplaced { node_limited })?;
+        let profile = r.profile[model].ok_or(unplaced)?;
+        let table = self.models[model].mig.clone().ok_or(unplaced)?;
         let slot = Slot {
             profile,
             start: (cost & 0xFF) as u8,
@@ -517,7 +555,7 @@ impl Engine {
         // Per node and model: free whole GPUs, idle GPUs convertible without
         // destroying anything, and idle MIG GPUs with idle instances.
         let mut best: Option<((u32, u32, u32), usize, u16)> = None;
-        let mut node_limited = false;
+        let mut unplaced = Unplaced::none();
         let mut counts: Vec<(u16, u32, u32, u32)> = Vec::new();
         for (ni, node) in self.nodes.iter().enumerate() {
             counts.clear();
@@ -549,15 +587,17 @@ impl Engine {
                 let destroying = converted.saturating_sub(conv);
                 let key = (destroying, converted, free + conv + destroy - n);
                 if best.is_none_or(|(b, _, _)| key < b) {
-                    if node.cpu_free >= r.cpu && node.mem_free >= r.mem {
+                    if !self.driver_fits(ni, r) {
+                        unplaced.driver_limited = true;
+                    } else if node.cpu_free >= r.cpu && node.mem_free >= r.mem {
                         best = Some((key, ni, model));
                     } else {
-                        node_limited = true;
+                        unplaced.node_limited = true;
                     }
                 }
             }
         }
-        let (_, node, model) = best.ok_or(Unplaced { node_limited })?;
+        let (_, node, model) = best.ok_or(unplaced)?;
         let mut pick: Vec<(u8, usize)> = self.nodes[node]
             .gpus
             .clone()
@@ -609,9 +649,11 @@ impl Engine {
         };
         let mut best: Option<(i64, usize)> = None;
         let mut node_limited = false;
+        let mut driver_limited = false;
         let mut free: Vec<u32> = Vec::new();
         let mut ids: Vec<usize> = Vec::new();
-        for node in &self.nodes {
+        for (ni, node) in self.nodes.iter().enumerate() {
+            let driver_ok = self.driver_fits(ni, r);
             for model in 0..self.models.len() {
                 if !r.allowed[model] {
                     continue;
@@ -635,6 +677,7 @@ impl Engine {
                     model: model as u16,
                 };
                 match self.policy.choose(&view, &ask) {
+                    Some(_) if !driver_ok => driver_limited = true,
                     Some(c) => {
                         if let Some(&pos) = c.gpus.first()
                             && best.is_none_or(|(s, _)| c.score > s)
@@ -668,8 +711,16 @@ impl Engine {
                         node_limited |= !fits;
                         fits
                     })
+                    .filter(|&g| {
+                        let ok = self.driver_fits(self.gpus[g].node, r);
+                        driver_limited |= !ok;
+                        ok
+                    })
                     .min_by_key(|&g| (!self.gpus[g].slots.is_empty(), g))
-                    .ok_or(Unplaced { node_limited })?;
+                    .ok_or(Unplaced {
+                        node_limited,
+                        driver_limited,
+                    })?;
                 let table = self.models[usize::from(self.gpus[g].model)].mig.clone();
                 let c = convert_any(&mut self.gpus[g], table.as_ref(), GpuMode::Shared);
                 (g, Some(c))
@@ -780,6 +831,7 @@ impl Engine {
                     .iter()
                     .map(|g| self.wire_gpu(g))
                     .collect(),
+                driver: n.driver.clone(),
             })
             .collect();
         Cluster {
@@ -877,6 +929,9 @@ impl Engine {
         if allowed.is_empty() && !matches!(r.ask, Ask::Cpu) {
             return "no GPU of the allowed models is in the cluster".to_owned();
         }
+        if let (true, Some(need)) = (u.driver_limited, r.needs_cuda) {
+            return self.driver_reason(r, need);
+        }
         if u.node_limited {
             return format!(
                 "GPUs have room, but none of their nodes has {} CPU milli and {} MiB memory free; most free on one node: {} CPU milli, {} MiB",
@@ -944,6 +999,62 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Why `r` waits when the nodes with room run a driver too old for it: `needs CUDA ≥
+    /// 12.4; nodes with free H100-80GB run driver 535.104.05 (CUDA 12.2)`. Names the
+    /// drivers (at most three, newest first) of the nodes that cannot take it and hold
+    /// GPUs of the allowed models, and says when some report no driver at all.
+    fn driver_reason(&self, r: &Resolved, need: CudaVersion) -> String {
+        let mut models: Vec<&str> = Vec::new();
+        let mut drivers: Vec<(CudaVersion, &str)> = Vec::new();
+        let mut unknown = false;
+        for (ni, n) in self.nodes.iter().enumerate() {
+            if self.driver_fits(ni, r) {
+                continue;
+            }
+            let mut any = false;
+            for g in &self.gpus[n.gpus.clone()] {
+                if r.allowed[usize::from(g.model)] {
+                    any = true;
+                    let name = self.models[usize::from(g.model)].name.as_str();
+                    if !models.contains(&name) {
+                        models.push(name);
+                    }
+                }
+            }
+            if !any && !matches!(r.ask, Ask::Cpu) {
+                continue;
+            }
+            match &n.driver {
+                Some(d) if !drivers.contains(&(d.cuda, d.version.as_str())) => {
+                    drivers.push((d.cuda, d.version.as_str()));
+                }
+                Some(_) => {}
+                None => unknown = true,
+            }
+        }
+        drivers.sort_by(|a, b| b.cmp(a));
+        let more = drivers.len().saturating_sub(3);
+        drivers.truncate(3);
+        let mut said: Vec<String> = drivers
+            .iter()
+            .map(|(cuda, version)| format!("driver {version} (CUDA {cuda})"))
+            .collect();
+        if more > 0 {
+            said.push(format!("{more} older"));
+        }
+        let run = match (said.is_empty(), unknown) {
+            (false, false) => format!("run {}", said.join(", ")),
+            (false, true) => format!("run {}, or report no driver", said.join(", ")),
+            _ => "report no driver version, so none is known to run it".to_owned(),
+        };
+        let which = if models.is_empty() {
+            "nodes with room".to_owned()
+        } else {
+            format!("nodes with free {}", models.join(", "))
+        };
+        format!("needs CUDA ≥ {need}; {which} {run}")
     }
 
     /// Free capacity by model, for pending reasons.

@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::image::CudaVersion;
 use crate::mig::GpuModel;
+pub use crate::wire::DriverInfo;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +49,10 @@ pub struct Node {
     pub memory_used_mib: u64,
     #[serde(default)]
     pub gpus: Vec<Gpu>,
+    /// The NVIDIA driver the node reports; absent: unknown, so a request with
+    /// `needs_cuda` never goes there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverInfo>,
 }
 
 impl Node {
@@ -60,6 +66,7 @@ impl Node {
             cpu_used_milli: 0,
             memory_used_mib: 0,
             gpus,
+            driver: None,
         }
     }
 }
@@ -134,6 +141,10 @@ pub struct Request {
     /// Allowed GPU models; empty means any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
+    /// The CUDA version the node's driver must support (`"12.4"`): nodes whose
+    /// driver is older, or that report none, are not chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs_cuda: Option<CudaVersion>,
 }
 
 /// A semantic error in the input, located by a JSON path such as
@@ -177,6 +188,7 @@ impl Request {
             cpu_milli: 0,
             memory_mib: 0,
             models: Vec::new(),
+            needs_cuda: None,
         }
     }
 

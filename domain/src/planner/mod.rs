@@ -5,6 +5,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cli;
+#[cfg(test)]
+mod driver_tests;
 mod engine;
 pub mod fractional;
 mod input;
@@ -14,7 +16,9 @@ use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 pub use engine::{Decision, Engine, Unplaced};
-pub use input::{Cluster, Demand, Gpu, GpuMode, InputError, MigInstance, Node, Request};
+pub use input::{
+    Cluster, Demand, DriverInfo, Gpu, GpuMode, InputError, MigInstance, Node, Request,
+};
 pub use output::{Assignment, Pending, Plan, Reconfiguration};
 
 use crate::mig::Catalog;

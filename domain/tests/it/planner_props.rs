@@ -1,10 +1,27 @@
 //! Invariants of the planner over random clusters and request streams.
 
 use proptest::prelude::*;
+use tessera_domain::image::CudaVersion;
 use tessera_domain::mig::{Catalog, Instance};
 use tessera_domain::planner::{
-    Cluster, Demand, Engine, Gpu, GpuMode, MigInstance, Node, Request, plan,
+    Cluster, Demand, DriverInfo, Engine, Gpu, GpuMode, MigInstance, Node, Request, plan,
 };
+
+/// CUDA versions nodes run and requests need: `None` (no driver reported, no need),
+/// 12.2, 12.4.
+fn cuda(i: u8) -> Option<CudaVersion> {
+    match i {
+        1 => Some(CudaVersion {
+            major: 12,
+            minor: 2,
+        }),
+        2 => Some(CudaVersion {
+            major: 12,
+            minor: 4,
+        }),
+        _ => None,
+    }
+}
 
 const MODELS: [&str; 4] = ["H100-80GB", "A100-SXM4-40GB", "A30-24GB", "V100-32GB"];
 const PROFILES: [&str; 8] = [
@@ -72,18 +89,22 @@ fn gpu(index: u32) -> impl Strategy<Value = Gpu> {
 }
 
 fn node(i: usize) -> impl Strategy<Value = Node> {
-    (1..5u64, 0..=100u64, 0..5usize)
-        .prop_flat_map(move |(cores, used_pct, n)| {
+    (1..5u64, 0..=100u64, 0..5usize, 0..3u8)
+        .prop_flat_map(move |(cores, used_pct, n, driver)| {
             let gpus: Vec<_> = (0..n as u32).map(gpu).collect();
-            (Just(cores), Just(used_pct), gpus)
+            (Just(cores), Just(used_pct), gpus, Just(driver))
         })
-        .prop_map(move |(cores, used_pct, gpus)| Node {
+        .prop_map(move |(cores, used_pct, gpus, driver)| Node {
             name: format!("n{i}"),
             cpu_milli: cores * 8000,
             memory_mib: cores * 32768,
             cpu_used_milli: cores * 8000 * used_pct / 100,
             memory_used_mib: 0,
             gpus,
+            driver: cuda(driver).map(|cuda| DriverInfo {
+                version: format!("5{}0.1", cuda.minor),
+                cuda,
+            }),
         })
 }
 
@@ -107,9 +128,10 @@ fn request(i: usize) -> impl Strategy<Value = Request> {
         0..12000u64,
         0..3i32,
         prop::option::of(0..MODELS.len()),
+        0..4u8,
     )
         .prop_map(
-            move |(kind, p, gpus, milli, cpu, priority, model)| Request {
+            move |(kind, p, gpus, milli, cpu, priority, model, need)| Request {
                 id: format!("r{i}"),
                 team: None,
                 priority,
@@ -121,6 +143,8 @@ fn request(i: usize) -> impl Strategy<Value = Request> {
                 models: model
                     .map(|m| vec![MODELS[m].to_owned()])
                     .unwrap_or_default(),
+                // Half the requests need nothing.
+                needs_cuda: cuda(need.saturating_sub(1)),
             },
         )
 }
@@ -197,6 +221,17 @@ proptest! {
         }
         for pending in &p.pending {
             prop_assert!(!pending.reason.is_empty());
+        }
+        // A request that needs a CUDA version goes only to a node whose driver supports it.
+        for a in &p.assignments {
+            let r = rs.iter().find(|r| r.id == a.request).unwrap();
+            let n = c.nodes.iter().find(|n| n.name == a.node).unwrap();
+            if let Some(need) = r.needs_cuda {
+                prop_assert!(
+                    n.driver.as_ref().is_some_and(|d| d.cuda >= need),
+                    "{} needs CUDA {} and went to {} with {:?}", r.id, need, n.name, n.driver
+                );
+            }
         }
         // CPU handed out on each node stays within what was free.
         for n in &c.nodes {
