@@ -21,7 +21,7 @@ mod objects;
 use anyhow::Context;
 use clap::Args;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -35,7 +35,7 @@ use std::time::Duration;
 use tessera_core::Services;
 use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::wire::{
-    LogPiece, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
+    LogPiece, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
 };
 use tessera_domain::workload::WorkloadKind;
 use tokio::sync::Mutex;
@@ -181,9 +181,8 @@ impl KubeExecutor {
         })
     }
 
-    /// One reconciliation round over every node.
-    pub async fn round(&self, services: &Services) -> anyhow::Result<Round> {
-        let mut mem = self.memory.lock().await;
+    /// The executor's Pods and Jobs, across namespaces.
+    async fn list_objects(&self) -> anyhow::Result<(Vec<Pod>, Vec<Job>)> {
         let lp = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
         let pods = Api::<Pod>::all(self.client.clone())
             .list(&lp)
@@ -195,21 +194,27 @@ impl KubeExecutor {
             .await
             .context("listing jobs")?
             .items;
-        let mut seen: HashMap<String, Observed<'_>> = HashMap::new();
-        for p in &pods {
-            if let Some(run) = label(&p.metadata.labels, LABEL_RUN) {
-                let o = seen.entry(run.to_owned()).or_default();
-                // A job's newest pod speaks for it.
-                if o.pod.is_none_or(|q| created(q) < created(p)) {
-                    o.pod = Some(p);
-                }
-            }
-        }
-        for j in &jobs {
-            if let Some(run) = label(&j.metadata.labels, LABEL_RUN) {
-                seen.entry(run.to_owned()).or_default().job = Some(j);
-            }
-        }
+        Ok((pods, jobs))
+    }
+
+    /// Brings the cluster to `desired` without asking the server what should run: the
+    /// second half of a [`round`](Self::round), for driving the executor with specs built
+    /// by hand (the integration tests of what one spec becomes).
+    pub async fn reconcile(
+        &self,
+        desired: &[(NodeIdentity, WorkloadSpec)],
+    ) -> anyhow::Result<Round> {
+        let mut mem = self.memory.lock().await;
+        let (pods, jobs) = self.list_objects().await?;
+        let seen = observe(&pods, &jobs);
+        self.apply(&mut mem, desired, &seen).await
+    }
+
+    /// One reconciliation round over every node.
+    pub async fn round(&self, services: &Services) -> anyhow::Result<Round> {
+        let mut mem = self.memory.lock().await;
+        let (pods, jobs) = self.list_objects().await?;
+        let seen = observe(&pods, &jobs);
 
         let nodes = services.nodes.metrics_now().await?;
         let now_ms = chrono::Utc::now().timestamp_millis();
@@ -546,6 +551,13 @@ impl KubeExecutor {
     async fn create_workload(&self, w: &WorkloadSpec, node: &NodeIdentity) -> anyhow::Result<()> {
         let ns = namespace_name(&self.s, &w.workspace);
         let node_id = node.id.to_string();
+        if let Some(image) = &w.image {
+            let registry = image_registry(image).map_err(|e| anyhow::anyhow!("{e}"))?;
+            if let Some(login) = &image.login {
+                self.apply_pull_secret(&w.workspace, &registry, login)
+                    .await?;
+            }
+        }
         match w.kind {
             WorkloadKind::Notebook => {
                 let pod = notebook_pod(&self.s, w, &node_id, &node.hostname);
@@ -554,6 +566,33 @@ impl KubeExecutor {
             WorkloadKind::Job => {
                 let job = job(&self.s, w, &node_id, &node.hostname);
                 create(&Api::<Job>::namespaced(self.client.clone(), &ns), &job).await
+            }
+        }
+    }
+
+    /// Writes the team's pull secret for `registry` (server-side apply: created, or
+    /// brought up to date when the login changed, in one request). The login is in no
+    /// error this returns: the API server's answer is scrubbed of it before it is told.
+    async fn apply_pull_secret(
+        &self,
+        team: &str,
+        registry: &str,
+        login: &RegistryLogin,
+    ) -> anyhow::Result<()> {
+        let secret = pull_secret(&self.s, team, registry, login);
+        let name = pull_secret_name(team, registry);
+        let ns = namespace_name(&self.s, team);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match Api::<Secret>::namespaced(self.client.clone(), &ns)
+            .patch(&name, &params, &Patch::Apply(&secret))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let text = redact(&e.to_string(), registry, login);
+                Err(anyhow::anyhow!(
+                    "writing the pull secret {name} for {registry} in {ns}: {text}"
+                ))
             }
         }
     }
@@ -628,6 +667,43 @@ where
             obj.meta().name.as_deref().unwrap_or("?")
         ))),
     }
+}
+
+/// The field manager of the executor's server-side applies.
+const FIELD_MANAGER: &str = "tessera";
+
+/// `text` with a login's password, and every encoding of it a pull secret carries (the
+/// `auth` field, the base64 of the whole config), replaced by `<redacted>`.
+fn redact(text: &str, registry: &str, login: &RegistryLogin) -> String {
+    let config = objects::base64(&docker_config_json(registry, login));
+    let auth = docker_auth(login);
+    let mut out = text.to_owned();
+    for s in [config.as_str(), auth.as_str(), login.password.as_str()] {
+        if !s.is_empty() {
+            out = out.replace(s, "<redacted>");
+        }
+    }
+    out
+}
+
+/// Each run's objects: its Job, and its (newest) pod.
+fn observe<'a>(pods: &'a [Pod], jobs: &'a [Job]) -> HashMap<String, Observed<'a>> {
+    let mut seen: HashMap<String, Observed<'a>> = HashMap::new();
+    for p in pods {
+        if let Some(run) = label(&p.metadata.labels, LABEL_RUN) {
+            let o = seen.entry(run.to_owned()).or_default();
+            // A job's newest pod speaks for it.
+            if o.pod.is_none_or(|q| created(q) < created(p)) {
+                o.pod = Some(p);
+            }
+        }
+    }
+    for j in jobs {
+        if let Some(run) = label(&j.metadata.labels, LABEL_RUN) {
+            seen.entry(run.to_owned()).or_default().job = Some(j);
+        }
+    }
+    seen
 }
 
 fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {

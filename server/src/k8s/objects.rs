@@ -3,13 +3,14 @@
 //! checked object by object against a fake API server in `tests/it/kubernetes.rs`.
 
 use super::KubeSettings;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
-    Namespace, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile, SecurityContext,
-    TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+    LocalObjectReference, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile,
+    Secret, SecurityContext, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -19,7 +20,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
-use tessera_domain::wire::WorkloadSpec;
+use tessera_domain::error::AppError;
+use tessera_domain::image::{DOCKER_HUB, ImageRef};
+use tessera_domain::wire::{ImageSpec, RegistryLogin, WorkloadSpec};
 use tessera_domain::workload::WorkloadKind;
 
 /// Every object the executor makes carries this label; it lists only those.
@@ -246,6 +249,119 @@ pub fn resource_quota(s: &KubeSettings, team: &str, gpus: &BTreeMap<String, i64>
     }
 }
 
+/// A team's registry login as the kubelet reads it: a `kubernetes.io/dockerconfigjson`
+/// Secret in the team's namespace, named per team and registry, that the pods of the
+/// team's workloads in that registry's images name in `imagePullSecrets`.
+pub const PULL_SECRET_PREFIX: &str = "tessera-pull-";
+pub const DOCKER_CONFIG_JSON_TYPE: &str = "kubernetes.io/dockerconfigjson";
+pub const DOCKER_CONFIG_JSON_KEY: &str = ".dockerconfigjson";
+/// Docker Hub's key in a docker config's `auths` (what `docker login` writes).
+pub const DOCKER_HUB_AUTH_KEY: &str = "https://index.docker.io/v1/";
+/// The registry a pull secret is for (an annotation: `host:port` is no label value).
+pub const REGISTRY_ANNOTATION: &str = "tessera.io/registry";
+
+/// The registry an image spec's reference names (`docker.io` for Docker Hub); a reference
+/// that does not parse is an `image` error (the server sends only pinned, parsed ones).
+pub fn image_registry(image: &ImageSpec) -> Result<String, AppError> {
+    let r = ImageRef::parse(&image.reference)?;
+    if !r.is_pinned() {
+        return Err(AppError::invalid(
+            "image",
+            "the Kubernetes executor runs only images pinned by digest",
+        ));
+    }
+    Ok(r.registry().to_owned())
+}
+
+/// Where a docker config keeps `registry`'s login: the host (and port), or Docker Hub's
+/// historical key.
+pub fn docker_config_key(registry: &str) -> &str {
+    if registry == DOCKER_HUB {
+        DOCKER_HUB_AUTH_KEY
+    } else {
+        registry
+    }
+}
+
+/// The pull secret's name for `team` and `registry`: `tessera-pull-` and 12 hex digits of
+/// a SHA-256 of both, so the same pair always gives the same name and no two teams share
+/// one, even in a shared namespace.
+pub fn pull_secret_name(team: &str, registry: &str) -> String {
+    let d = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{team}\n{registry}").as_bytes(),
+    );
+    let hex: String = d.as_ref()[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{PULL_SECRET_PREFIX}{hex}")
+}
+
+/// The name of the pull secret a spec's pod names, when its image comes with a login.
+pub fn pull_secret_of(spec: &WorkloadSpec) -> Option<String> {
+    let image = spec.image.as_ref()?;
+    image.login.as_ref()?;
+    let registry = image_registry(image).ok()?;
+    Some(pull_secret_name(&spec.workspace, &registry))
+}
+
+/// `{"auths":{"<key>":{"username":…,"password":…,"auth":base64(user:pass)}}}`.
+pub fn docker_config_json(registry: &str, login: &RegistryLogin) -> Vec<u8> {
+    let auth = docker_auth(login);
+    let config = serde_json::json!({"auths": {docker_config_key(registry): {
+        "username": login.username,
+        "password": login.password,
+        "auth": auth,
+    }}});
+    config.to_string().into_bytes()
+}
+
+/// A docker config's `auth`: base64 of `username:password`.
+pub fn docker_auth(login: &RegistryLogin) -> String {
+    base64(format!("{}:{}", login.username, login.password).as_bytes())
+}
+
+/// The pull secret of `team`'s login to `registry`. Its `Debug` prints the data: never
+/// log it.
+pub fn pull_secret(s: &KubeSettings, team: &str, registry: &str, login: &RegistryLogin) -> Secret {
+    let ns = namespace_name(s, team);
+    Secret {
+        metadata: ObjectMeta {
+            annotations: Some(BTreeMap::from([(
+                REGISTRY_ANNOTATION.to_owned(),
+                registry.to_owned(),
+            )])),
+            ..meta(
+                &pull_secret_name(team, registry),
+                Some(&ns),
+                team_labels(team),
+            )
+        },
+        type_: Some(DOCKER_CONFIG_JSON_TYPE.into()),
+        data: Some(BTreeMap::from([(
+            DOCKER_CONFIG_JSON_KEY.to_owned(),
+            ByteString(docker_config_json(registry, login)),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// Standard base64 with padding (RFC 4648 §4), as docker's `auth` field holds it.
+pub(super) fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The GPU resources a spec asks for, resource → count.
 pub fn gpu_requests(spec: &WorkloadSpec) -> BTreeMap<String, Quantity> {
     let mut counts: BTreeMap<String, i64> = BTreeMap::new();
@@ -331,11 +447,27 @@ fn pod_spec(s: &KubeSettings, spec: &WorkloadSpec, hostname: &str) -> PodSpec {
             }),
             ..PodSecurityContext::default()
         }),
+        // An image of the workload's own, by digest: pulled once per node. Its login, if
+        // any, is the team's pull secret in the same namespace (a pod can name no other).
+        image_pull_secrets: pull_secret_of(spec).map(|name| vec![LocalObjectReference { name }]),
         containers: vec![Container {
             security_context: Some(restricted_container()),
             name: CONTAINER.into(),
-            image: Some(s.image.clone()),
-            command: Some(command(spec)),
+            image: Some(
+                spec.image
+                    .as_ref()
+                    .map_or_else(|| s.image.clone(), |i| i.reference.clone()),
+            ),
+            image_pull_policy: spec.image.as_ref().map(|_| "IfNotPresent".into()),
+            // The server-wide image runs the command as is; a workload's own image keeps
+            // its entrypoint and the command replaces its `Cmd` (the node agent runs
+            // images the same way: Entrypoint + command, or Cmd when there is none).
+            command: spec.image.is_none().then(|| command(spec)),
+            args: spec
+                .image
+                .as_ref()
+                .filter(|_| !spec.argv.is_empty())
+                .map(|_| command(spec)),
             env: Some(env(spec)),
             working_dir: Some(workdir),
             ports: notebook.then(|| {
