@@ -10,7 +10,8 @@
 use std::fmt;
 
 use tessera_domain::wire::{
-    GpuHealth, GpuInfo, GpuSample, Inventory, MigInstance, MigMode, MigModeState, ProfileInfo,
+    DriverInfo, GpuHealth, GpuInfo, GpuSample, Inventory, MigInstance, MigMode, MigModeState,
+    ProfileInfo,
 };
 
 /// A physical GPU as enumeration reports it.
@@ -178,6 +179,12 @@ pub trait GpuBackend: Send + Sync {
         None
     }
 
+    /// The driver's version and the newest CUDA version it supports; `None` where the
+    /// driver cannot say.
+    fn driver(&self) -> Option<DriverInfo> {
+        None
+    }
+
     /// How the driver's critical Xid events are watched for this GPU, in words (the
     /// registration result `tessera-agent inventory` prints); `None` without a watcher.
     fn xid_watch(&self, _gpu: &str) -> Option<String> {
@@ -221,5 +228,8 @@ pub fn inventory(backend: &dyn GpuBackend) -> Result<Inventory, BackendError> {
             health,
         });
     }
-    Ok(Inventory { gpus, driver: None })
+    Ok(Inventory {
+        gpus,
+        driver: backend.driver(),
+    })
 }

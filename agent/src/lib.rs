@@ -10,6 +10,8 @@
 //! - [`link`]: the [`link::ServerLink`] trait and its HTTP client.
 //! - [`workloads`]: the local process executor for notebooks and training jobs;
 //!   [`notebook_env`]: the Python environment notebooks' `jupyter` comes from.
+//! - [`oci`]: images for workloads (the node's image store); [`driver_files`]: the
+//!   NVIDIA driver's user-space files mounted into image workloads.
 //! - [`sandbox`]: the workload sandbox (a crun container per workload) and
 //!   [`seccomp`]: its syscall filter, [`network`]: its network namespace and policy.
 //! - [`mps`]: shared GPUs: the MPS control daemon per GPU (real and simulated), its
@@ -19,6 +21,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod backend;
+pub mod driver_files;
 pub mod link;
 pub mod mps;
 pub mod network;

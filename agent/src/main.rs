@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tessera_agent::backend::{GpuBackend, inventory};
+use tessera_agent::driver_files::DriverFiles;
 use tessera_agent::link::{Credentials, HttpLink, Transport, UrlVerdict};
 use tessera_agent::mps::{
     MpsControl, NvidiaMps, SIM_CONTEXT_SUBCOMMAND, SIM_SUBCOMMAND, SimMps, sim_context_main,
@@ -16,6 +17,8 @@ use tessera_agent::mps::{
 use tessera_agent::network::{Ipv4Range, NetworkSettings};
 use tessera_agent::notebook_env::NotebookEnv;
 use tessera_agent::nvml::NvmlBackend;
+use tessera_agent::oci::unpack::Limits;
+use tessera_agent::oci::{ImageStore, StoreLimits};
 use tessera_agent::run::{Agent, RunConfig};
 use tessera_agent::sandbox::{Sandbox, SandboxSettings};
 use tessera_agent::sim::SimNode;
@@ -73,6 +76,18 @@ struct BackendArgs {
     /// Seed for simulated UUIDs.
     #[arg(long, global = true, default_value_t = 1)]
     sim_seed: u64,
+    /// The driver version simulated GPUs report.
+    #[arg(long, global = true, default_value = tessera_agent::sim::SIM_DRIVER_VERSION,
+          env = "TESSERA_AGENT_SIM_DRIVER_VERSION")]
+    sim_driver_version: String,
+    /// The newest CUDA version the simulated driver supports (`12.4`).
+    #[arg(
+        long,
+        global = true,
+        default_value = "12.4",
+        env = "TESSERA_AGENT_SIM_CUDA"
+    )]
+    sim_cuda: String,
 }
 
 #[derive(Args, Debug)]
@@ -156,7 +171,61 @@ struct RunArgs {
     #[arg(long, env = "TESSERA_AGENT_NOTEBOOK_ENV")]
     notebook_env: Option<PathBuf>,
     #[command(flatten)]
+    images: ImageArgs,
+    #[command(flatten)]
     sandbox: SandboxArgs,
+}
+
+/// Workloads in OCI images (docs/agent.md, "Images").
+#[derive(Args, Debug)]
+struct ImageArgs {
+    /// The node's image store: pulled images, unpacked (default: <workload-root>/images).
+    #[arg(long, env = "TESSERA_AGENT_IMAGE_DIR")]
+    image_dir: Option<PathBuf>,
+    /// What the unpacked images may take together: past it, images no workload uses are
+    /// removed, least recently used first.
+    #[arg(long, env = "TESSERA_AGENT_IMAGE_CACHE_GB", default_value_t = 50)]
+    image_cache_gb: u64,
+    /// What one image may unpack to; a larger one fails to start.
+    #[arg(long, env = "TESSERA_AGENT_IMAGE_MAX_GB", default_value_t = 20)]
+    image_max_gb: u64,
+    /// PEM file of extra root certificates to trust for registries (a lab registry's
+    /// private CA), besides the system's store and the Mozilla roots.
+    #[arg(long, env = "TESSERA_AGENT_REGISTRY_CA")]
+    registry_ca: Option<PathBuf>,
+}
+
+impl ImageArgs {
+    /// Opens the store (mode 0700) in its folder.
+    fn open(&self, workload_root: &std::path::Path) -> anyhow::Result<ImageStore> {
+        let ca = match &self.registry_ca {
+            Some(p) => {
+                Some(std::fs::read(p).with_context(|| format!("--registry-ca {}", p.display()))?)
+            }
+            None => None,
+        };
+        let http = tessera_agent::oci::client::http_client_builder(ca.as_deref())
+            .map_err(|e| anyhow::anyhow!("--registry-ca: {e}"))?
+            .build()
+            .context("the registry client")?;
+        let dir = std::path::absolute(
+            self.image_dir
+                .clone()
+                .unwrap_or_else(|| workload_root.join("images")),
+        )
+        .context("resolving the image dir")?;
+        let limits = StoreLimits {
+            image: Limits {
+                max_bytes: self.image_max_gb.saturating_mul(1 << 30),
+                ..Limits::default()
+            },
+            cache_bytes: self.image_cache_gb.saturating_mul(1 << 30),
+        };
+        let store = ImageStore::open(&dir, limits, http)
+            .with_context(|| format!("opening the image store {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), images = store.images().len(), "image store");
+        Ok(store)
+    }
 }
 
 /// The workload sandbox (docs/security.md).
@@ -304,6 +373,12 @@ fn server_addresses(server: &str) -> Vec<std::net::SocketAddr> {
 fn backend(args: &BackendArgs) -> anyhow::Result<(Arc<dyn GpuBackend>, Option<SimNode>)> {
     if args.simulate {
         let node = SimNode::new(&args.gpus, args.sim_seed)?;
+        let cuda = tessera_domain::image::CudaVersion::parse(&args.sim_cuda)
+            .map_err(|e| anyhow::anyhow!("--sim-cuda: {e}"))?;
+        node.set_driver(tessera_domain::wire::DriverInfo {
+            version: args.sim_driver_version.clone(),
+            cuda,
+        });
         Ok((Arc::new(node.clone()), Some(node)))
     } else {
         Ok((Arc::new(NvmlBackend::init()?), None))
@@ -343,6 +418,10 @@ fn print_catalog_check(catalog: &tessera_domain::mig::Catalog, g: &tessera_domai
 
 fn print_summary(inv: &tessera_domain::wire::Inventory, backend: &dyn GpuBackend) {
     let catalog = tessera_domain::mig::Catalog::builtin();
+    match &inv.driver {
+        Some(d) => println!("driver {} (CUDA {})", d.version, d.cuda),
+        None => println!("driver: not readable"),
+    }
     for g in &inv.gpus {
         let mode = g
             .mig_mode
@@ -543,6 +622,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::info!(dir = %env.dir().display(), "notebooks start from this environment");
         executor = executor.with_notebook_env(env.clone());
     }
+    executor = executor.with_images(args.images.open(&workload_root)?);
     if args.sandbox.switch == "on" {
         let mut settings = args.sandbox.settings()?;
         if let Some(env) = &notebook_env
@@ -567,7 +647,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tessera_agent::sim::write_device_files(&dev, &minors)
                 .with_context(|| format!("creating simulated device nodes in {}", dev.display()))?;
             settings.simulated_devices(dev);
+            // Stand-ins for the driver's user-space files, mounted as the real ones are.
+            let dir = state_dir.join("sim-nvidia");
+            settings.driver_files = DriverFiles::write_stand_ins(
+                &dir,
+                &cli.backend.sim_driver_version,
+                &cli.backend.sim_cuda,
+            )
+            .with_context(|| {
+                format!("writing the simulated driver's files in {}", dir.display())
+            })?;
+        } else {
+            settings.driver_files = DriverFiles::discover();
         }
+        tracing::info!(
+            files = settings.driver_files.files.len(),
+            "NVIDIA driver files for image workloads"
+        );
         if let Some(net) = &mut settings.network {
             // The portal: the one host that may open notebooks from outside the node,
             // and a service workloads have no business calling.

@@ -56,9 +56,10 @@ use nvml_wrapper_sys::bindings::{
     nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
     nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
 };
+use tessera_domain::image::CudaVersion;
 use tessera_domain::wire::{
-    ComputeInstanceInfo, GpuHealth, GpuSample, MigDeviceSample, MigInstance, MigMode, MigModeState,
-    PlacementInfo, ProfileInfo,
+    ComputeInstanceInfo, DriverInfo, GpuHealth, GpuSample, MigDeviceSample, MigInstance, MigMode,
+    MigModeState, PlacementInfo, ProfileInfo,
 };
 
 use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
@@ -365,6 +366,21 @@ impl NvmlBackend {
 }
 
 impl GpuBackend for NvmlBackend {
+    fn driver(&self) -> Option<DriverInfo> {
+        let version = self
+            .nvml
+            .sys_driver_version()
+            .map_err(|e| tracing::warn!(error = %e, "cannot read the driver version"))
+            .ok()?;
+        let cuda = self
+            .nvml
+            .sys_cuda_driver_version()
+            .map_err(|e| tracing::warn!(error = %e, "cannot read the driver's CUDA version"))
+            .ok()
+            .and_then(CudaVersion::from_nvml)?;
+        Some(DriverInfo { version, cuda })
+    }
+
     fn devices(&self) -> Result<Vec<Device>, BackendError> {
         const CALL: &str = "devices";
         let count = self.nvml.device_count().map_err(err(CALL))?;

@@ -41,6 +41,7 @@ use serde_json::{Value, json};
 use tessera_domain::wire::GpuInfo;
 
 use crate::backend::{GpuBackend, inventory};
+use crate::driver_files::{DriverFile, DriverFiles, NVIDIA_DIR};
 use crate::network::{self, NetworkSettings, Slot};
 
 /// Where the sandbox mounts things, inside.
@@ -87,6 +88,9 @@ pub struct SandboxSettings {
     /// A network namespace per workload; `None`: the node's own network (an explicit
     /// choice, logged loudly).
     pub network: Option<NetworkSettings>,
+    /// The NVIDIA driver's user-space files, mounted read-only into image workloads that
+    /// have a GPU ([`crate::driver_files`]); empty: none.
+    pub driver_files: DriverFiles,
 }
 
 impl SandboxSettings {
@@ -107,6 +111,7 @@ impl SandboxSettings {
             mig_minors: PathBuf::from("/proc/driver/nvidia-caps/mig-minors"),
             proc_devices: PathBuf::from("/proc/devices"),
             network: Some(NetworkSettings::new()),
+            driver_files: DriverFiles::default(),
         }
     }
 
@@ -265,7 +270,15 @@ pub fn image_env(
 /// The folders the sandbox mounts over in an image root; the image store makes them
 /// plain directories in every root it unpacks, so the runtime never creates (or
 /// follows) anything in a shared image.
-pub const IMAGE_MOUNT_POINTS: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run/tessera"];
+pub const IMAGE_MOUNT_POINTS: &[&str] = &[
+    "proc",
+    "sys",
+    "dev",
+    "tmp",
+    "workspace",
+    "run/tessera",
+    "usr/local/nvidia",
+];
 
 /// What the executor needs to handle one container after it started; kept in the run's
 /// `state.json`, so an agent restarted (even without the sandbox) can still stop it.
@@ -360,6 +373,11 @@ impl Sandbox {
 
     pub fn cgroup_mode(&self) -> CgroupMode {
         self.cgroups
+    }
+
+    /// The NVIDIA driver's files mounted into image workloads with a GPU.
+    pub fn driver_files(&self) -> &DriverFiles {
+        &self.settings.driver_files
     }
 
     /// Whether workloads get a network of their own (else they share the node's).
@@ -548,6 +566,12 @@ impl Sandbox {
         let spec = Bundle {
             rootfs: access.image.unwrap_or(&own_root),
             system: access.image.is_none(),
+            // The driver's files: in an image (the node's own `/usr` has them) with a GPU.
+            driver: if access.image.is_some() && !access.devices.is_empty() {
+                &self.settings.driver_files.files
+            } else {
+                &[]
+            },
             workspace,
             control: &control,
             read_only: &self.settings.read_only,
@@ -696,6 +720,8 @@ struct Bundle<'a> {
     rootfs: &'a Path,
     /// Bind the node's system folders and `read_only` (not in an image's root).
     system: bool,
+    /// Bound read-only on a tmpfs at [`NVIDIA_DIR`] (image workloads with a GPU).
+    driver: &'a [DriverFile],
     workspace: &'a Path,
     control: &'a Path,
     read_only: &'a [PathBuf],
@@ -749,6 +775,20 @@ impl Bundle<'_> {
                 && let Some(dest) = p.to_str()
             {
                 mounts.push(bind(dest, p, false));
+            }
+        }
+        if !self.driver.is_empty() {
+            // A folder of its own (the image root is shared and read-only): the runtime
+            // makes each file's mount point in this tmpfs, root's and 0755.
+            mounts.push(tmpfs(
+                NVIDIA_DIR,
+                &["nosuid", "nodev", "mode=755", "size=64k"],
+            ));
+            for f in self.driver {
+                mounts.push(
+                    json!({"destination": f.dest, "type": "bind", "source": f.host,
+                                   "options": ["bind", "ro", "nosuid", "nodev"]}),
+                );
             }
         }
         mounts.push(bind(WORKSPACE_MOUNT, self.workspace, true));
@@ -1139,6 +1179,7 @@ mod tests {
         let b = Bundle {
             rootfs: Path::new("/state/rootfs"),
             system: true,
+            driver: &[],
             workspace: Path::new("/state/workspaces/t1"),
             control: Path::new("/state/runs/r1/ctl"),
             read_only: &[],
@@ -1188,9 +1229,14 @@ mod tests {
     #[test]
     fn an_image_is_the_read_only_root_and_no_node_folder_is_bound() {
         let ro = vec![PathBuf::from("/")];
+        let driver = [DriverFile {
+            host: PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+            dest: "/usr/local/nvidia/lib64/libcuda.so.1".into(),
+        }];
         let b = Bundle {
             rootfs: Path::new("/images/roots/abc/rootfs"),
             system: false,
+            driver: &driver,
             workspace: Path::new("/state/workspaces/t1"),
             control: Path::new("/state/runs/r1/ctl"),
             read_only: &ro,
@@ -1225,8 +1271,29 @@ mod tests {
             .filter(|m| m["type"] == "bind")
             .map(|m| m["destination"].as_str().unwrap())
             .collect();
-        assert_eq!(binds, ["/sys", WORKSPACE_MOUNT, CONTROL_MOUNT]);
-        for dest in ["/proc", "/dev", "/tmp"] {
+        assert_eq!(
+            binds,
+            [
+                "/sys",
+                "/usr/local/nvidia/lib64/libcuda.so.1",
+                WORKSPACE_MOUNT,
+                CONTROL_MOUNT
+            ]
+        );
+        // The driver's files: read-only, on a tmpfs of their own over the image's folder.
+        let mounts = c["mounts"].as_array().unwrap();
+        let at = |dest: &str| {
+            mounts
+                .iter()
+                .position(|m| m["destination"] == dest)
+                .unwrap()
+        };
+        let lib = &mounts[at("/usr/local/nvidia/lib64/libcuda.so.1")];
+        assert_eq!(lib["source"], "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+        assert!(lib["options"].as_array().unwrap().iter().any(|o| o == "ro"));
+        assert_eq!(mounts[at(NVIDIA_DIR)]["type"], "tmpfs");
+        assert!(at(NVIDIA_DIR) < at("/usr/local/nvidia/lib64/libcuda.so.1"));
+        for dest in ["/proc", "/dev", "/tmp", NVIDIA_DIR] {
             let bare = dest.trim_start_matches('/');
             assert!(IMAGE_MOUNT_POINTS.contains(&bare), "{dest}");
         }
@@ -1298,6 +1365,7 @@ mod tests {
         let b = Bundle {
             rootfs: Path::new("/state/rootfs"),
             system: true,
+            driver: &[],
             workspace: Path::new("/state/workspaces/t1"),
             control: Path::new("/state/runs/r1/ctl"),
             read_only: &ro,

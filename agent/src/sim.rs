@@ -28,10 +28,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tessera_domain::image::CudaVersion;
 use tessera_domain::mig::{Catalog, GpuModel};
 use tessera_domain::wire::{
-    ComputeInstanceInfo, GpuHealth, GpuSample, MigDeviceSample, MigInstance, MigMode, MigModeState,
-    PlacementInfo, ProfileInfo,
+    ComputeInstanceInfo, DriverInfo, GpuHealth, GpuSample, MigDeviceSample, MigInstance, MigMode,
+    MigModeState, PlacementInfo, ProfileInfo,
 };
 
 use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
@@ -120,7 +121,17 @@ struct State {
     /// Where the GPUs' compute modes are published for the simulator's processes
     /// ([`SimNode::publish_driver_state`]).
     driver_dir: Option<PathBuf>,
+    /// The driver the node reports ([`SimNode::set_driver`]).
+    driver: DriverInfo,
 }
+
+/// The simulated driver's version unless set ([`SimNode::set_driver`]).
+pub const SIM_DRIVER_VERSION: &str = "550.54.15";
+/// The CUDA version the simulated driver supports unless set.
+pub const SIM_CUDA: CudaVersion = CudaVersion {
+    major: 12,
+    minor: 4,
+};
 
 /// Handle to a simulated node. Clones share the same GPUs.
 #[derive(Debug, Clone)]
@@ -280,6 +291,10 @@ impl SimNode {
                 injected: Vec::new(),
                 busy_destroy_attempts: 0,
                 driver_dir: None,
+                driver: DriverInfo {
+                    version: SIM_DRIVER_VERSION.to_owned(),
+                    cuda: SIM_CUDA,
+                },
             })),
         })
     }
@@ -312,6 +327,12 @@ impl SimNode {
         st.set_mode(i, mode)
             .map(|_| ())
             .map_err(|_| SimError::Busy(gpu.to_owned()))
+    }
+
+    /// The driver version and the newest CUDA it supports, as the node reports them
+    /// (`tessera-agent --sim-driver-version`, `--sim-cuda`).
+    pub fn set_driver(&self, driver: DriverInfo) {
+        self.lock().driver = driver;
     }
 
     /// From now on, writes each GPU's compute mode to `<dir>/<GPU UUID>/compute_mode`
@@ -701,6 +722,10 @@ fn write_compute_mode(dir: &Path, gpu: &str, mode: ComputeMode) -> std::io::Resu
 pub const FAULTS_FILE: &str = "faults.json";
 
 impl GpuBackend for SimNode {
+    fn driver(&self) -> Option<DriverInfo> {
+        Some(self.lock().driver.clone())
+    }
+
     fn health(&self, gpu: &str) -> Option<GpuHealth> {
         let dir = self.lock().driver_dir.clone();
         let Some(dir) = dir else {

@@ -79,7 +79,14 @@ use tokio::task::JoinSet;
 
 use crate::mps::{MpsDirs, ServerLimits, ShareBoard, own_uid};
 use crate::notebook_env::NotebookEnv;
-use crate::sandbox::{Access, CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, read_untrusted};
+use crate::oci::{Image, ImageStore};
+use crate::sandbox::{
+    Access, CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, image_argv, image_env,
+    read_untrusted,
+};
+
+mod image;
+use image::Pull;
 
 /// At most this much log output per workload per report.
 pub const LOG_CHUNK: u64 = 256 * 1024;
@@ -115,6 +122,9 @@ struct RunState {
     /// Set when it runs in a sandbox: how to signal, inspect and delete the container.
     #[serde(default)]
     container: Option<Container>,
+    /// The manifest digest of the image it runs in (held again by an agent that adopts it).
+    #[serde(default)]
+    image_digest: Option<String>,
 }
 
 /// The process executor. See the module docs.
@@ -134,6 +144,10 @@ pub struct LocalExecutor {
     log_cap: u64,
     /// Bytes a team's workspace may hold for a workload of that team to start.
     workspace_quota: Option<u64>,
+    /// The node's image store, for workloads in an image (see [`image`]).
+    images: Option<ImageStore>,
+    /// When unused images were last collected.
+    collected: Instant,
 }
 
 /// One workload the executor knows.
@@ -165,6 +179,10 @@ struct Workload {
     mps: Option<MpsWatch>,
     /// The deadline it was last told (the deadline channel, docs/operations.md).
     deadline: Option<Deadline>,
+    /// The image it runs in, held (never collected) while it lives.
+    image: Option<Image>,
+    /// The digest of that image, when adopted after a restart before the store was set.
+    image_digest: Option<tessera_domain::image::Digest>,
 }
 
 /// An MPS client, watched for its daemon dying under it.
@@ -190,6 +208,8 @@ struct Probe {
 }
 
 enum Status {
+    /// Its image is being pulled; it starts once the image is there.
+    Pulling(Pull),
     /// Never ran (the message says why).
     FailedToStart(String),
     /// The wrapper runs, or processes of its group remain.
@@ -236,6 +256,8 @@ impl LocalExecutor {
             shares: ShareBoard::default(),
             log_cap: LOG_CAP,
             workspace_quota: None,
+            images: None,
+            collected: Instant::now(),
         };
         for dir in [ex.root.clone(), ex.root.join("runs")] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -350,7 +372,9 @@ impl LocalExecutor {
     /// Polls every process, probes the notebooks and reads new log output: one report
     /// per known workload, sorted by id.
     pub async fn reports(&mut self) -> Vec<WorkloadReport> {
+        self.finish_pulls().await;
         self.poll();
+        self.release_images();
         self.probe_notebooks().await;
         let now = Instant::now();
         for w in self.workloads.values_mut() {
@@ -375,6 +399,9 @@ impl LocalExecutor {
                 );
                 if told && r.message.is_none() && w.mps.as_ref().is_some_and(|m| m.lost) {
                     r.message = Some(MPS_DAEMON_DIED.to_owned());
+                }
+                if let Status::Pulling(p) = &w.status {
+                    r.pull = Some(p.progress(self.images.as_ref()));
                 }
                 r
             })
@@ -403,7 +430,10 @@ impl LocalExecutor {
                 None => {
                     let mut w = if spec.run {
                         started += 1;
-                        self.start(spec)
+                        match &spec.image {
+                            Some(_) => self.start_pull(spec),
+                            None => self.start(spec, None),
+                        }
                     } else {
                         Workload::exited(self.run_dir(&spec.id), "stopped before it started")
                     };
@@ -521,9 +551,10 @@ impl LocalExecutor {
         }
     }
 
-    /// Starts `spec`; any failure becomes a `FailedToStart` workload.
-    fn start(&self, spec: &WorkloadSpec) -> Workload {
-        match self.try_start(spec) {
+    /// Starts `spec` (in `image` when it has one, held); any failure becomes a
+    /// `FailedToStart` workload.
+    fn start(&self, spec: &WorkloadSpec, image: Option<Image>) -> Workload {
+        match self.try_start(spec, image) {
             Ok(w) => {
                 tracing::info!(id = spec.id, kind = spec.kind.as_str(), "workload started");
                 w
@@ -535,7 +566,7 @@ impl LocalExecutor {
         }
     }
 
-    fn try_start(&self, spec: &WorkloadSpec) -> Result<Workload, String> {
+    fn try_start(&self, spec: &WorkloadSpec, image: Option<Image>) -> Result<Workload, String> {
         if !safe_name(&spec.id) {
             return Err(format!(
                 "workload id `{}` is not a safe folder name ([A-Za-z0-9._-])",
@@ -548,8 +579,11 @@ impl LocalExecutor {
                 spec.workspace
             ));
         }
-        if spec.argv.is_empty() {
+        if spec.argv.is_empty() && image.is_none() {
             return Err("nothing to run: argv is empty".to_owned());
+        }
+        if image.is_some() && self.sandbox.is_none() {
+            return Err(image::NEEDS_SANDBOX.to_owned());
         }
         let devices = match &spec.share {
             Some(share) => share_devices(spec, share)?,
@@ -610,6 +644,15 @@ impl LocalExecutor {
                 .map_err(|e| format!("the share's MPS limits cannot be enforced: {e}"))?;
         }
         let cwd = workdir(&workspace, &spec.workdir)?;
+        // Inside the container: the workdir in the workspace, or an image's own
+        // `WorkingDir` when the spec names none (see `image::container_cwd`).
+        let container_cwd = match &image {
+            Some(img) => image::container_cwd(&spec.workdir, img, &workspace),
+            None => Path::new(WORKSPACE_MOUNT)
+                .join(&spec.workdir)
+                .to_string_lossy()
+                .into_owned(),
+        };
         let run = self.root.join("runs").join(&spec.id);
 
         let port = if needs_port(spec) {
@@ -637,15 +680,38 @@ impl LocalExecutor {
                 }
             })
             .collect();
+        if let Some(img) = &image {
+            argv = image_argv(img.config(), &argv);
+            if argv.is_empty() {
+                return Err(format!(
+                    "nothing to run: the image {} has no Entrypoint or Cmd and the workload \
+                     names no command",
+                    img.digest()
+                ));
+            }
+        }
         if spec.kind == WorkloadKind::Notebook
+            && image.is_none()
             && let (Some(nb_env), Some(program)) = (&self.notebook_env, argv.first_mut())
             && let Some(found) = nb_env.program(program)
             && let Some(found) = found.to_str()
         {
             *program = found.to_owned();
         }
-        let env = self.env_for(spec, &devices, mps.as_ref(), &workspace, &run);
-        if let Some(program) = argv.first() {
+        let env = self.env_for(
+            spec,
+            &devices,
+            mps.as_ref(),
+            &workspace,
+            &run,
+            image.is_none(),
+        );
+        let env = match &image {
+            Some(img) => image::env_in_image(img, &env, &devices, self.sandbox.as_ref()),
+            None => env,
+        };
+        // In an image, the program is the image's to have (a missing one says so in the log).
+        if let Some(program) = argv.first().filter(|_| image.is_none()) {
             find_program(program, &cwd, &env).map_err(|e| {
                 if spec.kind != WorkloadKind::Notebook || program.contains('/') {
                     return e;
@@ -671,11 +737,20 @@ impl LocalExecutor {
                     binds: &binds,
                     gpu_fraction: spec.share.as_ref().map(|s| f64::from(s.milli) / 1000.0),
                     port,
-                    // Workloads in an OCI image are not wired from the server yet (issue 36).
-                    image: None,
+                    image: image.as_ref().map(Image::rootfs),
                 };
-                start_sandboxed(sb, spec, &run, &workspace, uid, &argv, &env, &access)
-                    .map(|(pid, c)| (None, pid, Some(c)))
+                start_sandboxed(
+                    sb,
+                    spec,
+                    &run,
+                    &workspace,
+                    uid,
+                    &container_cwd,
+                    &argv,
+                    &env,
+                    &access,
+                )
+                .map(|(pid, c)| (None, pid, Some(c)))
             }
             _ => spawn(&run, &cwd, &argv, &env).map(|c| {
                 let pid = c.id();
@@ -696,8 +771,10 @@ impl LocalExecutor {
             pid,
             start_time,
             port,
-            spec: spec.clone(),
+            // Never the registry login: it was needed for the pull only.
+            spec: image::without_login(spec),
             container: container.clone(),
+            image_digest: image.as_ref().map(|i| i.digest().to_string()),
         };
         if let Err(e) = write_atomic(&run.join("state.json"), &state) {
             // It runs and this agent watches it; only adoption after a restart suffers.
@@ -718,12 +795,13 @@ impl LocalExecutor {
         w.probe = probe_for(spec, port, &reach_at(&self.host, w.addr, true));
         w.devices = devices;
         w.mps = mps_watch(spec);
+        w.image = image;
         Ok(w)
     }
 
-    /// The workload's environment: the inherited one minus every `TESSERA_*` variable
-    /// (the join token must never leak) and the device variables, plus the spec's, plus
-    /// the executor's own (which win).
+    /// The workload's environment: the inherited one (unless `inherit` is false: an
+    /// image has its own) minus every `TESSERA_*` variable (the join token must never
+    /// leak) and the device variables, plus the spec's, plus the executor's own (which win).
     fn env_for(
         &self,
         spec: &WorkloadSpec,
@@ -731,11 +809,12 @@ impl LocalExecutor {
         mps: Option<&MpsDirs>,
         workspace: &Path,
         run: &Path,
+        inherit: bool,
     ) -> Vec<(OsString, OsString)> {
         let mut env: BTreeMap<OsString, OsString> = self
             .inherited
             .iter()
-            .filter(|(k, _)| !dropped_var(k))
+            .filter(|(k, _)| inherit && !dropped_var(k))
             .cloned()
             .collect();
         for v in &spec.env {
@@ -833,6 +912,12 @@ impl LocalExecutor {
             None => state.spec.devices.clone(),
         };
         w.mps = mps_watch(&state.spec);
+        if w.is_live() {
+            w.image_digest = state
+                .image_digest
+                .as_deref()
+                .and_then(|d| tessera_domain::image::Digest::parse(d).ok());
+        }
         w
     }
 }
@@ -854,6 +939,8 @@ impl Workload {
             devices: Vec::new(),
             mps: None,
             deadline: None,
+            image: None,
+            image_digest: None,
         }
     }
 
@@ -862,6 +949,11 @@ impl Workload {
     /// signal is sent to its processes (never to the exit-status wrapper, which would die
     /// of it). `None` after a deadline: the file goes (a withdrawn warning).
     fn tell_deadline(&mut self, id: &str, d: Option<&Deadline>) {
+        if let Status::Pulling(p) = &mut self.status {
+            // Told once it runs.
+            p.set_deadline(d);
+            return;
+        }
         if self.deadline.as_ref() == d {
             return;
         }
@@ -913,6 +1005,14 @@ impl Workload {
     /// SIGTERM to the process group now (once), SIGKILL at `kill_at` (the earliest
     /// asked) if anything of it is left.
     fn request_stop(&mut self, kill_at: Instant) {
+        if matches!(self.status, Status::Pulling(_)) {
+            // Nothing runs yet: the pull is cancelled (dropped) and the workload ends.
+            self.status = Status::Exited {
+                code: None,
+                message: Some("stopped while its image was pulled".to_owned()),
+            };
+            return;
+        }
         let Status::Live(live) = &self.status else {
             return;
         };
@@ -986,6 +1086,7 @@ impl Workload {
 
     fn report(&self, id: &str, host: &str, log_cap: u64) -> WorkloadReport {
         let (phase, exit_code, message) = match &self.status {
+            Status::Pulling(_) => (WorkloadPhase::Starting, None, None),
             Status::FailedToStart(m) => (WorkloadPhase::FailedToStart, None, Some(m.clone())),
             Status::Live(_) if self.probe.is_some() && !self.ready => {
                 (WorkloadPhase::Starting, None, None)
@@ -1351,6 +1452,7 @@ fn start_sandboxed(
     run: &Path,
     workspace: &Path,
     uid: u32,
+    cwd: &str,
     argv: &[String],
     env: &[(OsString, OsString)],
     access: &Access<'_>,
@@ -1364,17 +1466,8 @@ fn start_sandboxed(
         format!("{CONTROL_MOUNT}/exit"),
     ];
     wrapped.extend(argv.iter().cloned());
-    let cwd = Path::new(WORKSPACE_MOUNT).join(&spec.workdir);
     let started = sb.start(
-        &spec.id,
-        run,
-        workspace,
-        uid,
-        &cwd.to_string_lossy(),
-        &wrapped,
-        env,
-        access,
-        &log,
+        &spec.id, run, workspace, uid, cwd, &wrapped, env, access, &log,
     )?;
     Ok((started.pid, started.container))
 }

@@ -173,7 +173,7 @@ impl<'a> Session<'a> {
         };
         let resp = send(self.auth.as_ref())
             .await
-            .map_err(|e| self.err(format!("{what}: {}", e.without_url())))?;
+            .map_err(|e| self.err(format!("{what}: {}", describe(e))))?;
         if resp.status() != StatusCode::UNAUTHORIZED || self.auth.is_some() {
             return self.check(resp, what);
         }
@@ -186,7 +186,7 @@ impl<'a> Session<'a> {
         self.auth = Some(self.authorize(&challenge, what).await?);
         let resp = send(self.auth.as_ref())
             .await
-            .map_err(|e| self.err(format!("{what}: {}", e.without_url())))?;
+            .map_err(|e| self.err(format!("{what}: {}", describe(e))))?;
         self.check(resp, what)
     }
 
@@ -253,7 +253,7 @@ impl<'a> Session<'a> {
         let resp = req
             .send()
             .await
-            .map_err(|e| self.err(format!("token: {}", e.without_url())))?;
+            .map_err(|e| self.err(format!("token: {}", describe(e))))?;
         if matches!(
             resp.status(),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
@@ -449,7 +449,7 @@ impl<'a> Session<'a> {
             while let Some(chunk) = resp
                 .chunk()
                 .await
-                .map_err(|e| self.err(format!("{what}: {}", e.without_url())))?
+                .map_err(|e| self.err(format!("{what}: {}", describe(e))))?
             {
                 len += chunk.len() as u64;
                 if len > d.size {
@@ -486,6 +486,43 @@ impl<'a> Session<'a> {
     }
 }
 
+/// The HTTP client pulls use: rustls trusting the system's store and the Mozilla roots,
+/// plus the certificates of `extra_ca_pem` (a PEM bundle: a lab registry's private CA,
+/// the agent's `--registry-ca`). A builder, so a caller can add its own settings.
+pub fn http_client_builder(extra_ca_pem: Option<&[u8]>) -> Result<reqwest::ClientBuilder, String> {
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .connect_timeout(std::time::Duration::from_secs(30));
+    if let Some(pem) = extra_ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| format!("not a PEM certificate bundle: {}", describe(e)))?;
+        if certs.is_empty() {
+            return Err("no PEM certificate in it".to_owned());
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    Ok(b)
+}
+
+/// A transport error in words, with its causes ("invalid peer certificate: UnknownIssuer"),
+/// without the URL.
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn basic(c: &Credentials) -> HeaderValue {
     use base64::Engine as _;
     let raw = format!("{}:{}", c.username, c.password);
@@ -504,11 +541,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 async fn read_capped(mut resp: reqwest::Response, cap: u64) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| e.without_url().to_string())?
-    {
+    while let Some(chunk) = resp.chunk().await.map_err(describe)? {
         if (body.len() + chunk.len()) as u64 > cap {
             return Err(format!("larger than {cap} bytes"));
         }

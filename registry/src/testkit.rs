@@ -41,30 +41,64 @@ pub fn registry_available() -> bool {
 pub struct Registry {
     child: Child,
     pub dir: tempfile::TempDir,
+    /// What image references name it by: `127.0.0.1:<port>`, or `<tls name>:<port>`.
     pub addr: String,
+    /// Where it listens (`127.0.0.1:<port>`): for a client's `resolve` under TLS.
+    pub listen: std::net::SocketAddr,
+    /// `http`, or `https` when started with TLS.
+    pub scheme: &'static str,
+}
+
+/// TLS for a test registry: a certificate (chain, PEM) and key (PEM) for `name`, a DNS
+/// name the clients resolve to 127.0.0.1 themselves (`reqwest::ClientBuilder::resolve`):
+/// the pull client speaks plain http to loopback addresses, https to every other name.
+pub struct Tls<'a> {
+    pub name: &'a str,
+    pub cert_pem: &'a str,
+    pub key_pem: &'a str,
 }
 
 impl Registry {
     pub fn start(htpasswd: Option<&Path>) -> Registry {
+        Registry::start_with(htpasswd, None)
+    }
+
+    /// As [`Registry::start`], with TLS on when `tls` is given.
+    pub fn start_with(htpasswd: Option<&Path>, tls: Option<Tls<'_>>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let addr = format!("127.0.0.1:{port}");
+        let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let auth = htpasswd.map_or(String::new(), |p| {
             format!(
                 "auth:\n  htpasswd:\n    realm: tessera-test\n    path: {}\n",
                 p.display()
             )
         });
+        let tls_config = tls.as_ref().map_or(String::new(), |t| {
+            let cert = dir.path().join("tls.crt");
+            let key = dir.path().join("tls.key");
+            std::fs::write(&cert, t.cert_pem).unwrap();
+            std::fs::write(&key, t.key_pem).unwrap();
+            format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                cert.display(),
+                key.display()
+            )
+        });
         let config = format!(
             "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
              storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-             http:\n  addr: {addr}\n{auth}",
+             http:\n  addr: {listen}\n{tls_config}{auth}",
             dir.path().join("data").display()
         );
+        let (addr, scheme) = match &tls {
+            Some(t) => (format!("{}:{port}", t.name), "https"),
+            None => (listen.to_string(), "http"),
+        };
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
         let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
         let child = Command::new(REGISTRY)
@@ -75,9 +109,15 @@ impl Registry {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let r = Registry { child, dir, addr };
+        let r = Registry {
+            child,
+            dir,
+            addr,
+            listen,
+            scheme,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&r.addr).is_err() {
+        while std::net::TcpStream::connect(r.listen).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "registry did not start: {}",
@@ -258,7 +298,7 @@ pub async fn push(
         Some(c) => r.basic_auth(&c.username, Some(&c.password)),
         None => r,
     };
-    let base = format!("http://{}", reg.addr);
+    let base = format!("{}://{}", reg.scheme, reg.addr);
     for blob in [&image.layer, &image.config] {
         let resp = with(http.post(format!("{base}/v2/{repo}/blobs/uploads/")))
             .send()

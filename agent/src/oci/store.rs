@@ -147,6 +147,53 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A flight joined; left on drop. The last one out removes it from the map (others may
+/// still wait on it).
+struct Boarded {
+    store: Arc<Inner>,
+    key: String,
+    flight: Arc<Flight>,
+}
+
+impl std::ops::Deref for Boarded {
+    type Target = Flight;
+    fn deref(&self) -> &Flight {
+        &self.flight
+    }
+}
+
+impl Drop for Boarded {
+    fn drop(&mut self) {
+        let mut flights = lock(&self.store.flights);
+        if Arc::strong_count(&self.flight) == 2 {
+            flights.remove(&self.key);
+        }
+    }
+}
+
+/// A root being built under `tmp/`: removed if the build is dropped half-way (a
+/// cancelled pull) unless [`BuildDir::keep`] took it.
+struct BuildDir(Option<PathBuf>);
+
+impl BuildDir {
+    fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+    fn keep(mut self) -> PathBuf {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for BuildDir {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take()
+            && let Err(e) = remove_any(&p)
+        {
+            tracing::warn!(dir = %p.display(), error = %e, "image store: removing a cancelled build");
+        }
+    }
+}
+
 impl ImageStore {
     /// Opens (or creates) the store in `dir`: half-built roots and partial blobs of an
     /// earlier run are removed, finished roots are taken back (oldest-used first by the
@@ -175,6 +222,11 @@ impl ImageStore {
                 .and_then(|b| serde_json::from_slice::<Meta>(&b).ok());
             match (Digest::from_hex(&name), meta) {
                 (Ok(d), Some(m)) => {
+                    // Mount points added since the root was unpacked (idempotent).
+                    unpack::make_mount_points(
+                        &e.path().join("rootfs"),
+                        crate::sandbox::IMAGE_MOUNT_POINTS,
+                    )?;
                     let when = fs::metadata(e.path().join("image.json"))
                         .and_then(|m| m.modified())
                         .ok();
@@ -247,8 +299,7 @@ impl ImageStore {
         {
             return Ok(img);
         }
-        let key = image.to_string();
-        let flight = self.flight(&key);
+        let flight = self.flight(&image.to_string());
         let result = {
             let _turn = flight.lock.lock().await;
             match image.digest().and_then(|d| self.hold(d)) {
@@ -256,15 +307,16 @@ impl ImageStore {
                 None => self.fetch(image, creds, &flight.progress).await,
             }
         };
-        self.land(&key, flight);
+        drop(flight);
         let img = result?;
         self.collect();
         Ok(img)
     }
 
-    /// The flight for `key`, joined or started.
-    fn flight(&self, key: &str) -> Arc<Flight> {
-        lock(&self.0.flights)
+    /// The flight for `key`, joined or started; left when the answer is dropped (also
+    /// when the pull is cancelled: a workload stopped while its image is pulled).
+    fn flight(&self, key: &str) -> Boarded {
+        let flight = lock(&self.0.flights)
             .entry(key.to_string())
             .or_insert_with(|| {
                 Arc::new(Flight {
@@ -272,14 +324,11 @@ impl ImageStore {
                     progress: Arc::new(Progress::default()),
                 })
             })
-            .clone()
-    }
-
-    /// Leaves a flight; the last one out removes it (others may still wait on it).
-    fn land(&self, key: &str, flight: Arc<Flight>) {
-        let mut flights = lock(&self.0.flights);
-        if Arc::strong_count(&flight) == 2 {
-            flights.remove(key);
+            .clone();
+        Boarded {
+            store: self.0.clone(),
+            key: key.to_string(),
+            flight,
         }
     }
 
@@ -308,17 +357,12 @@ impl ImageStore {
         let mut session = Session::new(&self.0.http, image, creds);
         let manifest = session.manifest().await?;
         // Two references (a tag and a digest) naming one image: one builds it, per digest.
-        let key = manifest.digest.to_string();
-        let same = self.flight(&key);
-        let result = {
-            let _turn = same.lock.lock().await;
-            match self.hold(&manifest.digest) {
-                Some(img) => Ok(img),
-                None => self.build(&mut session, manifest, progress).await,
-            }
-        };
-        self.land(&key, same);
-        result
+        let same = self.flight(manifest.digest.as_str());
+        let _turn = same.lock.lock().await;
+        match self.hold(&manifest.digest) {
+            Some(img) => Ok(img),
+            None => self.build(&mut session, manifest, progress).await,
+        }
     }
 
     async fn build(
@@ -338,36 +382,34 @@ impl ImageStore {
                 "its layers are {total} bytes, past the cap of {cap}"
             )));
         }
+        // From zero: an earlier try on this flight (failed, or cancelled) counted too.
+        progress.done.store(0, Ordering::Relaxed);
         progress.total.store(total, Ordering::Relaxed);
         // Layers go to the root's build folder and go with it; configs stay in blobs/.
         let n = self.0.seq.fetch_add(1, Ordering::Relaxed);
-        let build = self
-            .0
-            .dir
-            .join("tmp")
-            .join(format!("{}-{n}", manifest.digest.hex()));
-        tokio::fs::create_dir_all(build.join("layers")).await?;
+        let mut build = BuildDir(Some(
+            self.0
+                .dir
+                .join("tmp")
+                .join(format!("{}-{n}", manifest.digest.hex())),
+        ));
+        let build_path = build.path().to_path_buf();
+        tokio::fs::create_dir_all(build_path.join("layers")).await?;
         let blobs = self.0.dir.join("blobs/sha256");
         let config_path = blobs.join(manifest.config.digest.trim_start_matches("sha256:"));
-        if !config_path.exists() {
-            session
-                .blob(&manifest.config, &config_path, &progress.done)
-                .await?;
-        } else {
-            progress
-                .done
-                .fetch_add(manifest.config.size, Ordering::Relaxed);
-        }
         let built = self
-            .fetch_and_unpack(session, &manifest, progress, &config_path, &build)
+            .fetch_and_unpack(session, &manifest, progress, &config_path, &build_path)
             .await;
         let (config, bytes) = match built {
             Ok(b) => b,
             Err(e) => {
-                let _ = tokio::task::spawn_blocking(move || remove_any(&build)).await;
+                if let Some(b) = build.0.take() {
+                    let _ = tokio::task::spawn_blocking(move || remove_any(&b)).await;
+                }
                 return Err(e);
             }
         };
+        let build = build.keep();
         let meta = Meta {
             config: config.clone(),
             bytes,
