@@ -1034,6 +1034,7 @@ pub async fn save_notebook_profile(
     name: String,
     kind: String,
     hours: String,
+    #[server(default)] image: Option<String>,
 ) -> Result<NotebookProfile, UiError> {
     let echo = [
         ("name", name.clone()),
@@ -1046,7 +1047,14 @@ pub async fn save_notebook_profile(
             .parse::<u32>()
             .map_err(|_| AppError::invalid("hours", "a whole number of hours, 1 or more"))?;
         s.workloads
-            .save_profile(p, TeamId(ssr::id(&team_id)?), &name, &kind, hours)
+            .save_profile(
+                p,
+                TeamId(ssr::id(&team_id)?),
+                &name,
+                &kind,
+                hours,
+                image.as_deref(),
+            )
             .await
     })
     .await
@@ -1073,6 +1081,7 @@ pub async fn launch_notebook(
     #[server(default)] count: Option<String>,
     #[server(default)] hours: Option<String>,
     #[server(default)] team_id: Option<String>,
+    #[server(default)] image: Option<String>,
     #[server(default)] idempotency_key: Option<String>,
 ) -> Result<WorkloadView, UiError> {
     // `env` is not echoed: values may be secrets, and a plain form post carries the echo
@@ -1099,6 +1108,7 @@ pub async fn launch_notebook(
             profile_id,
             name,
             env: tessera_domain::workload::parse_env(&env)?,
+            image,
             idempotency_key,
         };
         let v = s.workloads.launch_notebook(p, &req).await?;
@@ -1123,6 +1133,7 @@ pub async fn submit_job(
     #[server(default)] hours: Option<String>,
     #[server(default)] priority: Option<String>,
     #[server(default)] team_id: Option<String>,
+    #[server(default)] image: Option<String>,
     #[server(default)] idempotency_key: Option<String>,
 ) -> Result<WorkloadView, UiError> {
     let echo = [
@@ -1143,6 +1154,7 @@ pub async fn submit_job(
             workdir,
             env: tessera_domain::workload::parse_env(&env)?,
             retries: tessera_domain::workload::parse_retries(&retries)?,
+            image,
             idempotency_key,
         };
         let v = s.workloads.submit_job(p, &req).await?;

@@ -33,6 +33,8 @@ pub struct Services {
     pub allocations: Allocations,
     pub billing: Billing,
     pub workloads: Workloads,
+    /// The image catalog, registry allow-list and teams' registry logins.
+    pub images: services::images::Images,
     pub changes: Changes,
     pub notifications: Notifications,
     /// Wake-ups for the agents' long polls (`signals`).
@@ -63,6 +65,7 @@ impl Services {
             changes: Changes::new(store.clone()),
             notifications: Notifications::new(store.clone()),
             workloads: Workloads::new(store.clone(), allocations.clone()),
+            images: services::images::Images::new(store.clone()),
             allocations,
             billing,
             store,
@@ -74,6 +77,19 @@ impl Services {
     /// Turns on single sign-on.
     pub fn with_sso(mut self, policy: services::accounts::SsoPolicy) -> Self {
         self.accounts = self.accounts.with_sso(policy);
+        self
+    }
+
+    /// Seals secrets at rest under `keys` (workload tokens and environments, registry
+    /// logins, webhook secrets): every service that seals or opens gets the same keys.
+    pub fn with_data_keys(mut self, keys: Arc<at_rest::DataKeys>) -> Self {
+        self.images = self.images.clone().with_data_keys(keys.clone());
+        self.workloads = self
+            .workloads
+            .clone()
+            .with_data_keys(keys.clone())
+            .with_images(self.images.clone());
+        self.notifications = self.notifications.clone().with_data_keys(keys);
         self
     }
 

@@ -528,6 +528,31 @@ pub struct WorkloadView {
     /// failure, a requeue after a preemption); the current one is the workload itself.
     #[serde(default)]
     pub attempts: Vec<AttemptView>,
+    /// The image it runs in, pinned (`registry/repository@sha256:…`); `None`: the node's
+    /// own environment.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// While its node pulls the image: bytes done and in all.
+    #[serde(default)]
+    pub pull: Option<PullView>,
+}
+
+/// How far a workload's image pull has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PullView {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+impl PullView {
+    /// `Pulling image 43 %` (rounded down; 0 % until the size is known).
+    pub fn label(&self) -> String {
+        let pct = (self.done_bytes.min(self.total_bytes) * 100)
+            .checked_div(self.total_bytes)
+            .unwrap_or(0);
+        format!("Pulling image {pct} %")
+    }
 }
 
 /// A job's attempt for people: `2 of 3` while within the retries a failure may spend;
@@ -575,6 +600,11 @@ pub struct NotebookProfile {
     /// E.g. `1g.10gb on H100-80GB`.
     pub kind_label: String,
     pub hours: u32,
+    /// The catalog image its notebooks run in (`None`: the node's environment).
+    #[serde(default)]
+    pub image_id: Option<Uuid>,
+    #[serde(default)]
+    pub image_name: Option<String>,
 }
 
 /// A profile's name: 1–40 characters, no line breaks or other control characters.

@@ -113,12 +113,11 @@ pub async fn run(
     services.workloads = services
         .workloads
         .clone()
-        .with_config(config.workload_config())
-        .with_data_keys(data_keys.clone());
+        .with_config(config.workload_config());
+    let mut services = services.with_data_keys(data_keys.clone());
     services.notifications = services
         .notifications
         .clone()
-        .with_data_keys(data_keys.clone())
         .allowing_private_webhooks(config.notify.webhook_allow_private)
         .with_digest_hour(config.notify.digest_hour);
     let services = Arc::new(services);

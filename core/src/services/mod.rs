@@ -11,6 +11,7 @@ pub mod allocations;
 pub mod authz;
 pub mod billing;
 pub mod changes;
+pub mod images;
 pub mod nodes;
 pub mod notifications;
 pub mod tenancy;

@@ -12,6 +12,7 @@ mod bookings;
 mod changes;
 mod drains;
 mod health;
+mod images;
 mod leader;
 mod node_state;
 mod nodes;
@@ -31,6 +32,7 @@ pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroup
 pub use bookings::{BookingListRow, BookingRow, BookingStanding};
 pub use drains::DrainRow;
 pub use health::HealthRow;
+pub use images::{CatalogRow, LoginRow};
 pub use leader::{Lease, NodeListener, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,

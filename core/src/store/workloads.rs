@@ -16,7 +16,8 @@ const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id,
     w.hostname, w.devices, w.state, w.command, w.workdir, w.env, w.retries, w.attempt, w.token, \
     w.endpoint, w.exit_code, w.message, w.stop_state, w.created_at, w.started_at, w.ready_at, \
     w.ended_at, w.synced_at, w.kernel_activity, w.kernel_busy, w.log_base, w.log_stored, \
-    w.log_start, w.log_complete, w.idempotency_key, w.owns_allocation";
+    w.log_start, w.log_complete, w.idempotency_key, w.owns_allocation, w.image, w.image_cuda, \
+    w.pull_done, w.pull_total";
 
 const LIVE: &str = "('queued', 'pending', 'starting', 'running', 'stopping')";
 
@@ -63,6 +64,14 @@ pub struct WorkloadRow {
     pub idempotency_key: Option<String>,
     /// It requested its own allocation, released when it ends.
     pub owns_allocation: bool,
+    /// The image it runs in, pinned (`registry/repository@sha256:…`); `None`: the node's
+    /// own environment.
+    pub image: Option<String>,
+    /// The CUDA version the image needs (`12.4`), when it says.
+    pub image_cuda: Option<String>,
+    /// While its node pulls the image: bytes done and in all.
+    pub pull_done: Option<i64>,
+    pub pull_total: Option<i64>,
 }
 
 /// How an attempt of a job ended, as recorded when the next one begins.
@@ -154,6 +163,10 @@ impl WorkloadRow {
             log_complete: false,
             idempotency_key: None,
             owns_allocation: false,
+            image: None,
+            image_cuda: None,
+            pull_done: None,
+            pull_total: None,
         }
     }
 }
@@ -200,6 +213,8 @@ pub struct ProfileRow {
     pub name: String,
     pub kind: String,
     pub duration_minutes: i64,
+    pub image_id: Option<Uuid>,
+    pub image_name: Option<String>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -262,8 +277,9 @@ impl Store {
     pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, StoreError> {
         let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
-                   token, created_at, idempotency_key, owns_allocation) VALUES ($1, $2, $3, $4, \
-                   $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+                   token, created_at, idempotency_key, owns_allocation, image, image_cuda) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                   $17, $18, $19, $20, $21) \
                    ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
@@ -271,7 +287,7 @@ impl Store {
                 .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
-                .bind(w.owns_allocation).execute(pool).await?;
+                .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
     }
@@ -482,8 +498,10 @@ impl Store {
         }
         let ps: Vec<String> = (1..=teams.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
-            "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes \
+            "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes, \
+             p.image_id, c.name AS image_name \
              FROM notebook_profiles p JOIN teams t ON t.id = p.team_id \
+             LEFT JOIN image_catalog c ON c.id = p.image_id \
              WHERE p.team_id IN ({}) ORDER BY lower(t.name), lower(p.name)",
             ps.join(", ")
         );
@@ -505,15 +523,17 @@ impl Store {
         name: &str,
         kind: &str,
         duration_minutes: i64,
+        image: Option<Uuid>,
         at: DateTime<Utc>,
         by: Uuid,
     ) -> Result<Uuid, StoreError> {
         let sql = "INSERT INTO notebook_profiles (id, team_id, name, kind, duration_minutes, \
-                   created_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                   created_at, created_by, image_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                    ON CONFLICT (team_id, name) DO UPDATE SET kind = excluded.kind, \
-                   duration_minutes = excluded.duration_minutes RETURNING id";
+                   duration_minutes = excluded.duration_minutes, image_id = excluded.image_id \
+                   RETURNING id";
         db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
-            .bind(kind).bind(duration_minutes).bind(at).bind(by).fetch_one(pool).await)
+            .bind(kind).bind(duration_minutes).bind(at).bind(by).bind(image).fetch_one(pool).await)
     }
 
     /// Deletes a team's profile; `false` if the team has no such profile.
@@ -526,8 +546,10 @@ impl Store {
     }
 
     pub async fn notebook_profile(&self, id: Uuid) -> Result<Option<ProfileRow>, StoreError> {
-        let sql = "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes \
-                   FROM notebook_profiles p JOIN teams t ON t.id = p.team_id WHERE p.id = $1";
+        let sql = "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes, \
+                   p.image_id, c.name AS image_name \
+                   FROM notebook_profiles p JOIN teams t ON t.id = p.team_id \
+                   LEFT JOIN image_catalog c ON c.id = p.image_id WHERE p.id = $1";
         db!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await)
     }
 

@@ -277,11 +277,7 @@ impl TestApp {
             )),
             std::time::Duration::from_secs(3600),
         );
-        services.workloads = services
-            .workloads
-            .clone()
-            .with_data_keys(std::sync::Arc::new(self.data_keys()));
-        services
+        services.with_data_keys(std::sync::Arc::new(self.data_keys()))
     }
 
     /// The data keys this app seals secrets with.

@@ -1,6 +1,8 @@
 //! The executor sync: what each node should run, and what its agent (or the Kubernetes executor) reports.
 
 use super::*;
+use tessera_domain::image::ImageRef;
+use tessera_domain::wire::{ImageSpec, RegistryLogin};
 
 impl Workloads {
     /// Live workloads by kind and state, every combination present (zero included), for
@@ -91,6 +93,18 @@ impl Workloads {
                 id: rep.id.clone(),
                 stored_through: stored,
             });
+            let pull = rep.pull.map(|p| {
+                (
+                    i64::try_from(p.done_bytes).unwrap_or(i64::MAX),
+                    i64::try_from(p.total_bytes).unwrap_or(i64::MAX),
+                )
+            });
+            if pull != w.pull_done.zip(w.pull_total) {
+                self.store
+                    .set_pull_progress(w.id, pull)
+                    .await
+                    .map_err(internal("storing pull progress"))?;
+            }
             self.apply_report(w, alloc, rep, now).await?;
         }
         // Reports may have moved workloads on: read again (not for an idle node).
@@ -111,9 +125,26 @@ impl Workloads {
         } else {
             HashMap::new()
         };
+        // Registry logins go only with a workload that may still pull its image (not yet
+        // running), and only its own team's.
+        let mut logins: HashMap<(Uuid, String), Option<RegistryLogin>> = HashMap::new();
+        for r in &rows {
+            let w = &r.w;
+            if !matches!(w.state, WorkloadState::Pending | WorkloadState::Starting) {
+                continue;
+            }
+            let Some(image) = w.image.as_deref().and_then(|i| ImageRef::parse(i).ok()) else {
+                continue;
+            };
+            let key = (w.team_id, image.registry().to_owned());
+            if !logins.contains_key(&key) {
+                let login = self.images.login(key.0, &key.1).await?;
+                logins.insert(key, login);
+            }
+        }
         let workloads = rows
             .iter()
-            .map(|r| self.spec(r, &shared))
+            .map(|r| self.spec(r, &shared, &logins))
             .collect::<Result<_, _>>()?;
         Ok(WorkloadSync {
             workloads,
@@ -138,6 +169,7 @@ impl Workloads {
         &self,
         r: &WorkloadListRow,
         shared: &HashMap<String, ShareMethod>,
+        logins: &HashMap<(Uuid, String), Option<RegistryLogin>>,
     ) -> Result<WorkloadSpec, AppError> {
         let w = &r.w;
         let kind = w.kind;
@@ -201,7 +233,17 @@ impl Workloads {
             },
             share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
             deadline: run.then(|| deadline_of(r, signal, now)).flatten(),
-            image: None,
+            image: w.image.as_ref().map(|reference| ImageSpec {
+                reference: reference.clone(),
+                requires_cuda: w
+                    .image_cuda
+                    .as_deref()
+                    .and_then(|c| tessera_domain::image::CudaVersion::parse(c).ok()),
+                login: ImageRef::parse(reference)
+                    .ok()
+                    .and_then(|i| logins.get(&(w.team_id, i.registry().to_owned())).cloned())
+                    .flatten(),
+            }),
         })
     }
 

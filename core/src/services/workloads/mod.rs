@@ -101,6 +101,9 @@ pub struct NewNotebook {
     pub name: String,
     /// Checked by `wl::parse_env` (a form) or `wl::env_from_pairs` (JSON).
     pub env: Vec<EnvVar>,
+    /// An image of the team's catalog (id, name or pinned reference); `None`: the
+    /// profile's image, else the node's environment.
+    pub image: Option<String>,
     pub idempotency_key: Option<String>,
 }
 
@@ -120,6 +123,9 @@ pub struct NewJob {
     pub env: Vec<EnvVar>,
     /// Checked again here (`wl::check_retries`).
     pub retries: u32,
+    /// An image of the team's catalog (id, name or pinned reference); `None`: the node's
+    /// environment.
+    pub image: Option<String>,
     pub idempotency_key: Option<String>,
 }
 
@@ -241,6 +247,8 @@ pub struct Workloads {
     keys: Arc<crate::at_rest::DataKeys>,
     /// Platform admins' proxy use is audited once per (admin, notebook) and hour.
     admin_audited: Arc<Mutex<AuditedAccess>>,
+    /// The image catalog and registry logins (`image` of a new workload, its spec's login).
+    images: crate::services::images::Images,
 }
 
 /// When each (admin, notebook) pair was last audited.
@@ -346,6 +354,8 @@ fn profile_view(r: ProfileRow) -> NotebookProfile {
         kind: r.kind,
         kind_label,
         hours: u32::try_from(r.duration_minutes / 60).unwrap_or(0),
+        image_id: r.image_id,
+        image_name: r.image_name,
     }
 }
 
@@ -359,12 +369,20 @@ fn new_token() -> String {
 impl Workloads {
     pub fn new(store: Store, allocations: Allocations) -> Self {
         Workloads {
-            store,
+            store: store.clone(),
             allocations,
             cfg: WorkloadConfig::default(),
             keys: Arc::new(crate::at_rest::DataKeys::ephemeral()),
             admin_audited: Arc::new(Mutex::new(HashMap::new())),
+            images: crate::services::images::Images::new(store.clone()),
         }
+    }
+
+    /// Chooses images from (and reads registry logins of) this service; give it the one
+    /// with the server's data keys.
+    pub fn with_images(mut self, images: crate::services::images::Images) -> Self {
+        self.images = images;
+        self
     }
 
     pub fn with_config(mut self, cfg: WorkloadConfig) -> Self {
@@ -386,9 +404,10 @@ impl Workloads {
     ) -> Result<WorkloadView, AppError> {
         let name = ServerName::parse(&req.name)?;
         let env = req.env.clone();
-        let from_profile = match req.profile_id {
+        let (from_profile, profile_image) = match req.profile_id {
             Some(id) if req.allocation_id.is_none() && req.gpu.is_none() => {
-                Some(self.profile_request(p, id).await?)
+                let (gpu, image) = self.profile_request(p, id).await?;
+                (Some(gpu), image.map(|i| i.to_string()))
             }
             Some(_) => {
                 return Err(AppError::invalid(
@@ -396,8 +415,9 @@ impl Workloads {
                     "give a profile, an allocation or a GPU, not several",
                 ));
             }
-            None => None,
+            None => (None, None),
         };
+        let image = req.image.clone().or(profile_image);
         self.create(
             p,
             Target::of(
@@ -410,6 +430,7 @@ impl Workloads {
             "",
             &env,
             0,
+            image.as_deref(),
             req.idempotency_key.as_deref(),
         )
         .await
@@ -446,6 +467,7 @@ impl Workloads {
             &workdir,
             &env,
             retries,
+            req.image.as_deref(),
             req.idempotency_key.as_deref(),
         )
         .await
@@ -462,6 +484,7 @@ impl Workloads {
         workdir: &str,
         env: &[EnvVar],
         retries: u32,
+        image: Option<&str>,
         key: Option<&str>,
     ) -> Result<WorkloadView, AppError> {
         let key = key.map(str::trim).filter(|k| !k.is_empty());
@@ -476,9 +499,33 @@ impl Workloads {
                 return self.get(p, id).await;
             }
         }
-        let place = match target {
-            Target::Allocation(id) => self.on_allocation(p, id).await?,
-            Target::NewGpu(gpu) => self.own_allocation(p, gpu, kind, name, key).await?,
+        let image = image.map(str::trim).filter(|i| !i.is_empty());
+        let (place, chosen) = match target {
+            Target::Allocation(id) => {
+                let place = self.on_allocation(p, id).await?;
+                let chosen = match image {
+                    Some(i) => Some(self.images.choose(place.team_id, i).await?),
+                    None => None,
+                };
+                if let (Some(c), Some(node)) = (&chosen, place.node_id) {
+                    self.check_driver(node, c).await?;
+                }
+                (place, chosen)
+            }
+            Target::NewGpu(gpu) => {
+                let mut gpu = gpu.clone();
+                let chosen = match image {
+                    Some(i) => {
+                        let team = self.paying_team(p, &gpu).await?;
+                        gpu.team_id = team.to_string();
+                        let c = self.images.choose(team, i).await?;
+                        gpu.needs_cuda = c.requires_cuda.map(|v| v.to_string());
+                        Some(c)
+                    }
+                    None => None,
+                };
+                (self.own_allocation(p, &gpu, kind, name, key).await?, chosen)
+            }
         };
         let base = wl::notebook_base_path(p.username.as_str(), name);
         let mut row = WorkloadRow {
@@ -490,6 +537,11 @@ impl Workloads {
             retries: i64::from(retries),
             idempotency_key: key.map(str::to_owned),
             owns_allocation: place.owned,
+            image: chosen.as_ref().map(|c| c.pinned.clone()),
+            image_cuda: chosen
+                .as_ref()
+                .and_then(|c| c.requires_cuda)
+                .map(|v| v.to_string()),
             ..WorkloadRow::new(
                 kind,
                 name,
@@ -538,6 +590,62 @@ impl Workloads {
         )
         .await;
         self.get(p, row.id).await
+    }
+
+    /// The team a GPU request of the caller's pays with (its `team_id`, else the caller's
+    /// only team), which the caller must be able to read (else `team_id: no such team`,
+    /// before anything of the team's catalog is looked at).
+    async fn paying_team(&self, p: &Principal, gpu: &NewAllocation) -> Result<Uuid, AppError> {
+        let team = match gpu.team_id.trim() {
+            "" => self.only_team(p).await?,
+            t => Uuid::parse_str(t).map_err(|_| AppError::invalid("team_id", "not a team id"))?,
+        };
+        authz::team(&self.store, p, TeamId(team), Need::Read)
+            .await
+            .map_err(|e| match e {
+                AppError::NotFound => AppError::invalid("team_id", "no such team"),
+                other => other,
+            })?;
+        Ok(team)
+    }
+
+    /// An image that needs a newer CUDA than the allocation's node supports is refused
+    /// (the allocation is placed already; a workload with its own GPU request is placed
+    /// on a node that runs it instead).
+    async fn check_driver(
+        &self,
+        node: Uuid,
+        image: &super::images::Chosen,
+    ) -> Result<(), AppError> {
+        let Some(need) = image.requires_cuda else {
+            return Ok(());
+        };
+        let rows = self
+            .store
+            .node_inventories(&[node])
+            .await
+            .map_err(internal("loading inventory"))?;
+        let driver = rows
+            .first()
+            .and_then(|(id, _, json)| crate::services::parsed_inventory(*id, json).driver.clone());
+        match driver {
+            Some(d) if d.cuda >= need => Ok(()),
+            Some(d) => Err(AppError::invalid(
+                "image",
+                format!(
+                    "the image needs CUDA ≥ {need}; the allocation's node runs driver {} (CUDA {}). \
+                     Request a GPU for the workload instead, and it is placed on a node that runs it",
+                    d.version, d.cuda
+                ),
+            )),
+            None => Err(AppError::invalid(
+                "image",
+                format!(
+                    "the image needs CUDA ≥ {need}; the allocation's node does not report its \
+                     driver. Request a GPU for the workload instead"
+                ),
+            )),
+        }
     }
 
     /// Where a workload on an existing allocation runs: the caller's own, active one.
@@ -994,6 +1102,15 @@ impl Workloads {
             activity: None,
             idle: None,
             owns_allocation: w.owns_allocation,
+            image: w.image.clone(),
+            pull: w
+                .pull_done
+                .zip(w.pull_total)
+                .filter(|_| matches!(w.state, WorkloadState::Pending | WorkloadState::Starting))
+                .map(|(d, t)| wl::PullView {
+                    done_bytes: u64::try_from(d).unwrap_or(0),
+                    total_bytes: u64::try_from(t).unwrap_or(0),
+                }),
             waiting: None,
             attempts: Vec::new(),
         }

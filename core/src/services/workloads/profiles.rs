@@ -9,7 +9,7 @@ impl Workloads {
         &self,
         p: &Principal,
         id: Uuid,
-    ) -> Result<NewAllocation, AppError> {
+    ) -> Result<(NewAllocation, Option<Uuid>), AppError> {
         let missing = || AppError::invalid("profile_id", "no such profile");
         let row = self
             .store
@@ -23,7 +23,7 @@ impl Workloads {
                 AppError::NotFound => missing(),
                 other => other,
             })?;
-        Ok(NewAllocation {
+        let gpu = NewAllocation {
             team_id: row.team_id.to_string(),
             kind: row.kind,
             count: 1,
@@ -32,7 +32,8 @@ impl Workloads {
             priority: None,
             purpose: format!("notebook profile `{}`", row.name),
             needs_cuda: None,
-        })
+        };
+        Ok((gpu, row.image_id))
     }
 
     /// Notebook profiles: of one team (its readers), or of every team of the caller's
@@ -76,8 +77,14 @@ impl Workloads {
         name: &str,
         kind: &str,
         hours: u32,
+        image: Option<&str>,
     ) -> Result<NotebookProfile, AppError> {
         authz::team(&self.store, p, team, Need::ManageMembers).await?;
+        // An entry of the team's catalog (platform-wide or its own), by id or name.
+        let image_id = match image.map(str::trim).filter(|i| !i.is_empty()) {
+            Some(i) => Some(self.images.choose(team.0, i).await?.id),
+            None => None,
+        };
         let name = wl::parse_profile_name(name)?;
         let minutes = hours
             .checked_mul(60)
@@ -102,6 +109,7 @@ impl Workloads {
                 &name,
                 kind.trim(),
                 i64::from(minutes),
+                image_id,
                 Utc::now(),
                 p.user_id.0,
             )

@@ -36,6 +36,7 @@ use uuid::Uuid;
 mod allocations;
 mod billing;
 mod bookings;
+mod images;
 mod nodes;
 mod notifications;
 mod spares;
@@ -47,6 +48,7 @@ mod workloads;
 use allocations::*;
 use billing::*;
 use bookings::*;
+use images::*;
 use nodes::*;
 use notifications::*;
 use spares::*;
@@ -165,6 +167,14 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(list_notebook_profiles, save_notebook_profile))
         .routes(routes!(delete_notebook_profile))
         .routes(routes!(submit_job))
+        .routes(routes!(list_images, add_image))
+        .routes(routes!(remove_image))
+        .routes(routes!(list_registries, allow_registry, disallow_registry))
+        .routes(routes!(
+            list_registry_logins,
+            set_registry_login,
+            remove_registry_login
+        ))
         .routes(routes!(get_workload))
         .routes(routes!(stop_workload))
         .routes(routes!(workload_logs))

@@ -99,6 +99,11 @@ pub(super) struct NewNotebookBody {
     name: String,
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
+    /// An image of the team's catalog (`GET /api/v1/images`: its id, name or pinned
+    /// reference) to run JupyterLab from; absent: the profile's image, else the node's
+    /// environment.
+    #[serde(default)]
+    image: Option<String>,
 }
 
 #[utoipa::path(post, path = "/api/v1/notebooks", tag = "workloads", request_body = NewNotebookBody,
@@ -119,6 +124,7 @@ pub(super) async fn launch_notebook(
         profile_id: b.profile_id,
         name: b.name,
         env: env_of(&b.env)?,
+        image: b.image,
         idempotency_key: headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
@@ -146,6 +152,10 @@ pub(super) struct NewProfile {
     kind: String,
     /// How long its notebooks may run.
     hours: u32,
+    /// An image of the team's catalog its notebooks run in (id or name); absent: the
+    /// node's environment.
+    #[serde(default)]
+    image: Option<String>,
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/notebook-profiles", tag = "workloads",
@@ -159,7 +169,14 @@ pub(super) async fn save_notebook_profile(
 ) -> Created<NotebookProfile> {
     created(
         s.workloads
-            .save_profile(&p, TeamId(team), &b.name, &b.kind, b.hours)
+            .save_profile(
+                &p,
+                TeamId(team),
+                &b.name,
+                &b.kind,
+                b.hours,
+                b.image.as_deref(),
+            )
             .await,
     )
 }
@@ -198,6 +215,10 @@ pub(super) struct NewJobBody {
     /// `TESSERA_ARRAY_INDEX`.
     #[serde(default)]
     array_index: Option<u32>,
+    /// An image of the team's catalog (`GET /api/v1/images`: its id, name or pinned
+    /// reference) to run in; absent: the node's environment.
+    #[serde(default)]
+    image: Option<String>,
 }
 
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
@@ -222,6 +243,7 @@ pub(super) async fn submit_job(
         workdir: b.workdir,
         env: env_of(&b.env)?,
         retries: b.retries,
+        image: b.image,
         idempotency_key: headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
