@@ -24,7 +24,8 @@ pub fn eta(needed: u32, free_now: u32, ends: &[(DateTime<Utc>, u32)]) -> Option<
 
 /// Plain words on why an allocation waits, e.g. `2nd in the H100-80GB queue. No free
 /// 1g.10gb. Expected by 14:00 UTC.` Parts: the queue position (if queued), the planner's
-/// reason (if any), and the ETA (time only when it is today at `now`, else with the date).
+/// reason (if any), and the ETA (time only when it is today at `now`, else with the date;
+/// unknown, and what it waits for, when the reason is a driver too old).
 pub fn pending_explanation(
     position: Option<u32>,
     model: &str,
@@ -43,6 +44,9 @@ pub fn pending_explanation(
         parts.push(r.to_owned());
     }
     parts.push(match eta {
+        None if reason.is_some_and(crate::planner::waits_for_driver) => {
+            "ETA unknown: it starts once a node whose driver supports it has room".to_owned()
+        }
         Some(t) if t.date_naive() == now.date_naive() => {
             format!("expected by {} UTC", t.format("%H:%M"))
         }

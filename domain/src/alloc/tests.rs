@@ -683,6 +683,18 @@ fn explanations_in_plain_words() {
         pending_explanation(Some(11), "A30-24GB", None, None, t(12, 0)),
         "11th in the A30-24GB queue. No known end time frees enough: ETA unknown."
     );
+    assert_eq!(
+        pending_explanation(
+            Some(1),
+            "H100-80GB",
+            Some("needs CUDA ≥ 12.4; nodes with free H100-80GB run driver 535.104.05 (CUDA 12.2)"),
+            None,
+            t(12, 0)
+        ),
+        "1st in the H100-80GB queue. Needs CUDA ≥ 12.4; nodes with free H100-80GB run driver \
+         535.104.05 (CUDA 12.2). ETA unknown: it starts once a node whose driver supports it \
+         has room."
+    );
     let tomorrow = t(9, 0) + TimeDelta::days(1);
     assert_eq!(
         PendingInfo::new(

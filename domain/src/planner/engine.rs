@@ -1054,7 +1054,7 @@ impl Engine {
         } else {
             format!("nodes with free {}", models.join(", "))
         };
-        format!("needs CUDA ≥ {need}; {which} {run}")
+        format!("{}{need}; {which} {run}", super::DRIVER_REASON)
     }
 
     /// Free capacity by model, for pending reasons.

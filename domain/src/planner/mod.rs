@@ -25,6 +25,16 @@ use crate::mig::Catalog;
 use fractional::{Policy, ShareAsk, Workload};
 use input::Ask;
 
+/// How a pending reason starts when the request waits for a node whose driver supports
+/// the CUDA version it needs ([`waits_for_driver`]).
+pub const DRIVER_REASON: &str = "needs CUDA ≥ ";
+
+/// Whether a pending reason says the request waits for a new enough driver: then no end
+/// time of running work frees what it needs.
+pub fn waits_for_driver(reason: &str) -> bool {
+    reason.trim_start().starts_with(DRIVER_REASON)
+}
+
 /// Plans `requests` onto `cluster`: highest priority first, then larger
 /// asks, then input order; each placed where it costs the fewest
 /// reconfigurations and leaves the most options open.

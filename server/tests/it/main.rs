@@ -9,6 +9,7 @@ mod authz;
 mod billing;
 mod bookings;
 mod cli;
+mod cuda_placement;
 mod deadline;
 mod deploy;
 mod drain;

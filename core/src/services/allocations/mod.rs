@@ -1173,6 +1173,14 @@ impl Allocations {
                 let ends = ctx.ends.get(&a.model).map(Vec::as_slice).unwrap_or(&[]);
                 let eta = match a.starts_at {
                     Some(s) if s > ctx.now => Some(s),
+                    // Ends of running work free units, not a new enough driver.
+                    _ if a
+                        .pending_reason
+                        .as_deref()
+                        .is_some_and(tessera_domain::planner::waits_for_driver) =>
+                    {
+                        None
+                    }
                     _ => alloc::eta(needed, free, ends),
                 };
                 let reason = match a.starts_at {
@@ -1224,10 +1232,7 @@ impl Allocations {
             preempt_at: a.preempt_at,
             over_limit: a.over_limit,
             over_budget: a.over_budget,
-            needs_cuda: a
-                .needs_cuda
-                .as_deref()
-                .and_then(|v| tessera_domain::image::CudaVersion::parse(v).ok()),
+            needs_cuda: scheduler::needs_cuda(a),
             history: Vec::new(),
         }
     }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::store::DrainRow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tessera_domain::image::CudaVersion;
 
 impl Allocations {
     /// Why a `placing` allocation gives up: placed (`since`, when it last became `placing`)
@@ -517,7 +518,9 @@ impl Allocations {
         let still_waiting = self
             .settle_queue(&queued, placed, &pending_reason, now, report)
             .await?;
-        report.warned += self.preempt_for(&still_waiting, booked, live, now).await?;
+        report.warned += self
+            .preempt_for(&still_waiting, booked, seen.inventories, live, now)
+            .await?;
         self.refresh_snapshot(now, seen, shared, Some(shares), live)
             .await?;
         Ok(())
@@ -653,11 +656,13 @@ impl Allocations {
     /// within its guarantee, the borrowers' newest allocations on that model are warned
     /// (`preempt_at` = now + grace) and released when the warning runs out (see
     /// [`tick`](Self::tick)). A warning no longer needed is withdrawn. Never preempts
-    /// within a team's guarantee, and never in vain.
+    /// within a team's guarantee, and never in vain (an allocation that needs a CUDA
+    /// version reclaims only from nodes whose driver supports it).
     async fn preempt_for(
         &self,
         waiting: &[&AllocationRow],
         booked: &BTreeSet<Uuid>,
+        inventories: &HashMap<Uuid, Arc<Inventory>>,
         live: &mut Live,
         now: DateTime<Utc>,
     ) -> Result<u32, AppError> {
@@ -680,7 +685,18 @@ impl Allocations {
                 .map_or((0, 0), |q| (to_u32(q.used), to_u32(q.guaranteed)))
         };
         let mut victims: BTreeSet<Uuid> = BTreeSet::new();
+        let runs = |need: Option<CudaVersion>, r: &AllocationRow| {
+            need.is_none_or(|need| {
+                live.devices(r).iter().all(|d| {
+                    inventories
+                        .get(&d.node_id)
+                        .and_then(|i| i.driver.as_ref())
+                        .is_some_and(|drv| drv.cuda >= need)
+                })
+            })
+        };
         for a in waiting {
+            let need = needs_cuda(a);
             let (used, guaranteed) = quota_of_team(a.team_id, &a.model);
             let ask = to_u32(a.units);
             // `used` already counts this queued allocation.
@@ -694,6 +710,7 @@ impl Allocations {
                 .iter()
                 .filter(|r| r.model == a.model && r.team_id != a.team_id)
                 .filter(|r| !victims.contains(&r.id) && !booked.contains(&r.id))
+                .filter(|r| runs(need, r))
                 .filter_map(|r| {
                     let (team_used, team_guaranteed) = quota_of_team(r.team_id, &r.model);
                     Some(alloc::Running {
@@ -905,15 +922,17 @@ impl Allocations {
                     gpus.push(gpu);
                 }
             }
-            input
-                .cluster
-                .nodes
-                .push(planner::Node::gpus_only(n.id.to_string(), gpus));
+            // The driver from its latest inventory: a request that needs a CUDA version
+            // goes only where the driver supports it.
+            input.cluster.nodes.push(planner::Node {
+                driver: inv.driver.clone(),
+                ..planner::Node::gpus_only(n.id.to_string(), gpus)
+            });
             if !spare_gpus.is_empty() {
-                input
-                    .spare_cluster
-                    .nodes
-                    .push(planner::Node::gpus_only(n.id.to_string(), spare_gpus));
+                input.spare_cluster.nodes.push(planner::Node {
+                    driver: inv.driver.clone(),
+                    ..planner::Node::gpus_only(n.id.to_string(), spare_gpus)
+                });
             }
         }
         Ok(input)
@@ -946,6 +965,7 @@ fn planner_requests(
             team: Some(a.team_id.to_string()),
             priority,
             models: vec![a.model.clone()],
+            needs_cuda: needs_cuda(a),
             ..planner::Request::new(a.id.to_string())
         };
         match kind {
@@ -970,6 +990,13 @@ fn planner_requests(
         }
     }
     requests
+}
+
+/// The CUDA version `a`'s node must support (stored as validated, so never unreadable).
+pub(super) fn needs_cuda(a: &AllocationRow) -> Option<CudaVersion> {
+    a.needs_cuda
+        .as_deref()
+        .and_then(|v| CudaVersion::parse(v).ok())
 }
 
 /// The nodes as the pass read them: their inventories, and what is out of service.
