@@ -92,6 +92,13 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cli::BookingCommand,
     },
+    /// Images workloads run in: the catalog, allowed registries, teams' registry logins.
+    Image {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(subcommand)]
+        command: crate::cli::ImageCommand,
+    },
     /// Prints a shell completion script: `tessera completions bash`.
     Completions(crate::cli::CompletionsArgs),
 }

@@ -48,6 +48,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Node { remote, command } => {
             exit_with(tessera_server::cli::node(&remote, command).await)
         }
+        Command::Image { remote, command } => {
+            exit_with(tessera_server::cli::image(&remote, command).await)
+        }
         Command::Booking { remote, command } => {
             exit_with(tessera_server::cli::booking(&remote, command).await)
         }

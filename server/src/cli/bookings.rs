@@ -104,7 +104,7 @@ fn parse_time(flag: &str, raw: &str) -> R<DateTime<Utc>> {
 }
 
 /// A team's id from its id or name; the caller's only team when absent.
-async fn team_id(c: &Client, team: Option<String>) -> R<String> {
+pub(super) async fn team_id(c: &Client, team: Option<String>) -> R<String> {
     let Some(team) = team else {
         return c.team_or_only(None).await;
     };

@@ -1,5 +1,5 @@
 //! The REST API from a terminal: `tessera login`, `alloc`, `job`, `notebook`, `quota`,
-//! `usage`, `export`, `node`, `booking` and `completions`. It is a client like any other: it calls
+//! `usage`, `export`, `node`, `booking`, `image` and `completions`. It is a client like any other: it calls
 //! `/api/v1` with a personal API token (created under My account), so the server applies
 //! the same authorization as to any REST call. Responses are decoded into the domain's
 //! views (`AllocationView`, `WorkloadView`, `QuotaView`, `UsageReport`, `NodeView`,
@@ -27,12 +27,14 @@
 mod allocations;
 mod billing;
 mod bookings;
+mod images;
 mod nodes;
 mod workloads;
 
 pub use allocations::{AllocCommand, QuotaCommand};
 pub use billing::{ExportCommand, UsageArgs};
 pub use bookings::{BookingCommand, booking};
+pub use images::{ImageCommand, image};
 pub use nodes::NodeCommand;
 pub use workloads::{JobCommand, NotebookCommand, job, notebook};
 
@@ -262,6 +264,16 @@ impl Client {
             code: exit::SERVER_FAILED,
             message: format!("the server's answer to {path} is not what this client expects: {e}"),
         })
+    }
+
+    /// A call answered with no body (204).
+    pub(crate) async fn call_empty(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> R<()> {
+        self.send(method, path, body.as_ref()).await.map(|_| ())
     }
 
     pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> R<T> {

@@ -44,6 +44,10 @@ pub enum JobCommand {
         /// name. Prints one job id per line.
         #[arg(long, requires = "gpu", value_name = "FIRST-LAST")]
         array: Option<String>,
+        /// Run in an image of your team's catalog (its id, name or pinned reference; see
+        /// `tessera image list`) instead of the node's environment.
+        #[arg(long)]
+        image: Option<String>,
     },
     /// Prints a job's output.
     Logs {
@@ -70,6 +74,10 @@ pub enum NotebookCommand {
         own: Box<OwnGpu>,
         #[arg(long, default_value = "default")]
         name: String,
+        /// Run JupyterLab from an image of your team's catalog (id, name or pinned
+        /// reference); the image must have it installed.
+        #[arg(long)]
+        image: Option<String>,
     },
     /// Prints the address of a running notebook (through the portal).
     Open { id: String },
@@ -309,10 +317,11 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             retries,
             follow,
             array,
+            image,
         } => {
             let command = command.unwrap_or_else(|| shell_join(&args));
             let mut body = json!({"allocation_id": allocation, "command": command, "name": name,
-                "workdir": workdir, "env": env_map(&env)?, "retries": retries});
+                "workdir": workdir, "env": env_map(&env)?, "retries": retries, "image": image});
             own.fields(&mut body);
             if let Some(range) = array {
                 return submit_array(&c, body, &range).await;
@@ -348,8 +357,9 @@ pub async fn notebook(remote: &Remote, cmd: NotebookCommand) -> R<i32> {
             allocation,
             own,
             name,
+            image,
         } => {
-            let mut body = json!({"allocation_id": allocation, "name": name});
+            let mut body = json!({"allocation_id": allocation, "name": name, "image": image});
             own.fields(&mut body);
             let v: WorkloadView = c
                 .call(reqwest::Method::POST, "/api/v1/notebooks", Some(body))
