@@ -39,6 +39,7 @@ use tessera_domain::wire::{
 };
 use tessera_domain::workload::WorkloadKind;
 use tokio::sync::Mutex;
+use tracing::instrument::WithSubscriber;
 
 /// Settings of the Kubernetes executor (used only with `TESSERA_EXECUTOR=kubernetes`).
 #[derive(Debug, Clone, Args)]
@@ -583,10 +584,14 @@ impl KubeExecutor {
         let name = pull_secret_name(team, registry);
         let ns = namespace_name(&self.s, team);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        match Api::<Secret>::namespaced(self.client.clone(), &ns)
+        // kube logs an unsuccessful answer's `Status` at debug level, and an admission
+        // webhook may quote the request (the secret's data) in it: kube logs nothing of
+        // this one request, and its error is told below, redacted.
+        let answer = Api::<Secret>::namespaced(self.client.clone(), &ns)
             .patch(&name, &params, &Patch::Apply(&secret))
-            .await
-        {
+            .with_subscriber(tracing::subscriber::NoSubscriber::default())
+            .await;
+        match answer {
             Ok(_) => Ok(()),
             Err(e) => {
                 let text = redact(&e.to_string(), registry, login);

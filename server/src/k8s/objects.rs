@@ -693,4 +693,89 @@ mod tests {
         );
         assert_eq!(hard["count/pods"], Quantity("50".into()));
     }
+
+    #[test]
+    fn base64_is_rfc_4648() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded, "{plain}");
+        }
+        // Every byte value, against Kubernetes' own codec (what the kubelet decodes with).
+        let all: Vec<u8> = (0..=255).collect();
+        let theirs = serde_json::to_value(ByteString(all.clone())).unwrap();
+        assert_eq!(theirs, serde_json::Value::String(base64(&all)));
+    }
+
+    #[test]
+    fn an_image_of_its_own_is_pulled_by_digest_with_the_teams_secret() {
+        let s = settings();
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let mut sp = spec(WorkloadKind::Notebook, &[]);
+        sp.image = Some(ImageSpec {
+            reference: format!("ghcr.io/lab/nb@{digest}"),
+            requires_cuda: None,
+            login: Some(RegistryLogin {
+                username: "u".into(),
+                password: "p".into(),
+            }),
+        });
+        let pod = notebook_pod(&s, &sp, "node-1", "gpu-a").spec.unwrap();
+        let c = &pod.containers[0];
+        assert_eq!(
+            c.image.as_deref(),
+            Some(format!("ghcr.io/lab/nb@{digest}").as_str())
+        );
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert!(c.command.is_none());
+        assert!(
+            c.args
+                .as_ref()
+                .unwrap()
+                .contains(&"--ServerApp.ip=0.0.0.0".to_owned())
+        );
+        let name = pull_secret_name("team-1", "ghcr.io");
+        assert_eq!(
+            pod.image_pull_secrets.unwrap(),
+            vec![LocalObjectReference { name: name.clone() }]
+        );
+        // One name per team and registry.
+        assert_eq!(name, pull_secret_name("team-1", "ghcr.io"));
+        assert_ne!(name, pull_secret_name("team-2", "ghcr.io"));
+        assert_ne!(name, pull_secret_name("team-1", "quay.io"));
+        // No argv: the image's own Cmd.
+        sp.argv.clear();
+        let pod = notebook_pod(&s, &sp, "node-1", "gpu-a").spec.unwrap();
+        assert!(pod.containers[0].args.is_none() && pod.containers[0].command.is_none());
+        // No login: no secret named.
+        sp.image.as_mut().unwrap().login = None;
+        let pod = notebook_pod(&s, &sp, "node-1", "gpu-a").spec.unwrap();
+        assert!(pod.image_pull_secrets.is_none());
+    }
+
+    #[test]
+    fn docker_hub_logins_go_under_dockers_own_key() {
+        assert_eq!(
+            docker_config_key("docker.io"),
+            "https://index.docker.io/v1/"
+        );
+        assert_eq!(docker_config_key("r.example:5000"), "r.example:5000");
+        let image = ImageSpec {
+            reference: format!("ubuntu@sha256:{}", "b".repeat(64)),
+            requires_cuda: None,
+            login: None,
+        };
+        assert_eq!(image_registry(&image).unwrap(), "docker.io");
+        let tagged = ImageSpec {
+            reference: "ubuntu:24.04".into(),
+            ..image
+        };
+        assert_eq!(image_registry(&tagged).unwrap_err().field(), Some("image"));
+    }
 }

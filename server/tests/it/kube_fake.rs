@@ -4,7 +4,10 @@
 //! answers label-selector lists across namespaces, refuses to create in a namespace that
 //! does not exist (404) or an object that does (409), plays the Job controller (a Job gets
 //! a pod from its template, labelled `job-name`, owned by the Job) and deletes a Job's
-//! pods with it. Tests read what was sent and play the kubelet (pod status, logs).
+//! pods with it. Server-side apply (`PATCH` with `application/apply-patch+yaml`) creates or
+//! replaces the object as its one field manager sent it, and needs a `fieldManager`. Tests
+//! read what was sent and play the kubelet (pod status, logs); `refuse_writes` plays a
+//! validating admission webhook that denies a kind and quotes what it was sent.
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -23,6 +26,8 @@ struct Store {
     /// Every request: `METHOD path`.
     requests: Vec<String>,
     serial: u64,
+    /// Kinds (plurals) whose writes an admission webhook denies.
+    refused: std::collections::HashSet<String>,
 }
 
 #[derive(Clone)]
@@ -157,6 +162,10 @@ async fn handle(State(store): State<Arc<Mutex<Store>>>, req: Request) -> Respons
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
+    let apply = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/apply-patch"));
     let body: Bytes = axum::body::to_bytes(req.into_body(), 16 << 20)
         .await
         .unwrap_or_default();
@@ -182,7 +191,58 @@ async fn handle(State(store): State<Arc<Mutex<Store>>>, req: Request) -> Respons
             format!("namespaces \"{ns}\" not found"),
         );
     }
+    if method != Method::GET && s.refused.contains(&t.plural) {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "admission webhook \"deny.example\" denied the request: {}",
+                String::from_utf8_lossy(&body)
+            ),
+        );
+    }
     match (&method, &t.name, &t.sub) {
+        // Server-side apply: the object as its field manager sent it, created if missing.
+        (&Method::PATCH, Some(name), None) if apply => {
+            if query_param(&query, "fieldManager").is_none() {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    "fieldManager is required for apply requests".into(),
+                );
+            }
+            let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+            };
+            if obj["metadata"]["name"] != name.as_str() {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "the name of the object does not match the name on the URL".into(),
+                );
+            }
+            let k = key(&t.gv, t.namespace.as_deref(), &t.plural, name);
+            let old = s.objects.get(&k).cloned();
+            if old.is_none() {
+                // An apply that creates is authorized as `create` too: say so, as a
+                // create of the collection, for the RBAC check.
+                let collection = path.trim_end_matches('/').trim_end_matches(name.as_str());
+                let line = format!("POST {}", collection.trim_end_matches('/'));
+                s.requests.push(line);
+            }
+            s.stamp(&mut obj, t.namespace.as_deref());
+            let code = match old {
+                Some(old) => {
+                    obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                    obj["metadata"]["creationTimestamp"] =
+                        old["metadata"]["creationTimestamp"].clone();
+                    StatusCode::OK
+                }
+                None => StatusCode::CREATED,
+            };
+            s.objects.insert(k, obj.clone());
+            (code, axum::Json(obj)).into_response()
+        }
         (&Method::POST, None, None) => {
             let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
                 return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
@@ -395,6 +455,12 @@ impl FakeKube {
 
     pub fn get(&self, path: &str) -> Option<Value> {
         self.lock().objects.get(path).cloned()
+    }
+
+    /// From now on, every write of kind `plural` is denied (422) with a message that
+    /// quotes the request's body, as a validating admission webhook may.
+    pub fn refuse_writes(&self, plural: &str) {
+        self.lock().refused.insert(plural.to_owned());
     }
 
     pub fn requests(&self) -> Vec<String> {

@@ -352,7 +352,19 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     })
     .await;
 
-    // The server's ClusterRole (deploy/kubernetes) grants exactly what the executor did.
+    // The server's ClusterRole (deploy/kubernetes) grants exactly what the executor did
+    // here and, for the pull secrets, in `kube_images.rs` (which checks those grants).
+    let mut used = role_use(&kube);
+    used.extend(
+        crate::kube_images::PULL_SECRET_GRANTS
+            .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned())),
+    );
+    assert_eq!(crate::deploy::server_role_grants(), used);
+}
+
+/// `(API group, resource, verb)` of every request the fake API server was sent, as RBAC
+/// names them.
+pub fn role_use(kube: &FakeKube) -> std::collections::BTreeSet<(String, String, String)> {
     let mut used = std::collections::BTreeSet::new();
     for r in kube.requests() {
         let (method, path) = r.split_once(' ').expect("request line");
@@ -381,7 +393,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         };
         used.insert((group.to_owned(), resource, verb.to_owned()));
     }
-    assert_eq!(crate::deploy::server_role_grants(), used);
+    used
 }
 
 on_both_databases!(
@@ -472,7 +484,7 @@ async fn wait_for_async_gpu(a: &AdminClient) -> (String, String) {
 
 /// A pod spec that passes the `restricted` Pod Security standard: non-root with a fixed
 /// uid, no privilege escalation, no capabilities, the runtime's default seccomp profile.
-fn assert_restricted(spec: &Value) {
+pub fn assert_restricted(spec: &Value) {
     let pod = &spec["securityContext"];
     assert_eq!(pod["runAsNonRoot"], true, "{spec}");
     assert_eq!(pod["runAsUser"], 1000);
