@@ -196,16 +196,28 @@ pub fn build_image(marker: &str, extra: usize) -> Built {
 
 /// As [`build_image`], the filler zeros when `zeros` (a layer far smaller than its files).
 pub fn build_image_with(marker: &str, extra: usize, zeros: bool) -> Built {
-    build_image_full(marker, extra, zeros, &[])
+    build_image_full(marker, extra, zeros, &[], true)
 }
 
 /// As [`build_image`] with more `KEY=value` entries in the config's `Env` (e.g.
 /// `NVIDIA_REQUIRE_CUDA=cuda>=12.4`).
 pub fn build_image_env(marker: &str, env: &[&str]) -> Built {
-    build_image_full(marker, 0, false, env)
+    build_image_full(marker, 0, false, env, true)
 }
 
-fn build_image_full(marker: &str, extra: usize, zeros: bool, env: &[&str]) -> Built {
+/// As [`build_image_env`] without an `Entrypoint` (like most framework images): a
+/// workload's own command runs as it is.
+pub fn build_image_plain(marker: &str, env: &[&str]) -> Built {
+    build_image_full(marker, 0, false, env, false)
+}
+
+fn build_image_full(
+    marker: &str,
+    extra: usize,
+    zeros: bool,
+    env: &[&str],
+    entrypoint: bool,
+) -> Built {
     let mut tar = tar::Builder::new(Vec::new());
     let os_release = format!("ID={marker}\nPRETTY_NAME=\"Tessera test image {marker}\"\n");
     tar.append(
@@ -255,7 +267,7 @@ fn build_image_full(marker: &str, extra: usize, zeros: bool, env: &[&str]) -> Bu
         "config": {
             "Env": image_env,
             "WorkingDir": "/work",
-            "Entrypoint": ["/bin/sh", "-c"],
+            "Entrypoint": if entrypoint { serde_json::json!(["/bin/sh", "-c"]) } else { serde_json::Value::Null },
             "Cmd": ["cat /etc/os-release"],
             "User": "0",
         },

@@ -15,6 +15,7 @@ mod deploy;
 mod drain;
 mod events;
 mod hops;
+mod images;
 mod kube_fake;
 mod kube_images;
 mod kubernetes;

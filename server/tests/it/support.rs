@@ -269,7 +269,7 @@ impl TestApp {
         let store = tessera_core::store::Store::connect(&self.database_url)
             .await
             .expect("store");
-        let mut services = tessera_core::Services::new(
+        let services = tessera_core::Services::new(
             store,
             tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
             std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(

@@ -1,0 +1,571 @@
+//! Images (issue 36) end to end: a real registry on loopback (Debian's `docker-registry`,
+//! started by `tessera_registry::testkit`), images built and pushed by the test, the
+//! server's catalog pinning them, and a real `tessera-agent --simulate` pulling and running
+//! a job in one.
+//!
+//! Skipped only when the registry is missing and `TESSERA_REQUIRE_REGISTRY` is unset
+//! (`cargo xtask test` installs it and sets it).
+
+use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::on_both_databases;
+use crate::support::{AdminClient, Db, call_with_token};
+use crate::workloads::{WorkloadAgent, get, wait_workload};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use tessera_registry::Credentials;
+use tessera_registry::testkit::{
+    Registry, build_image_env, build_image_plain, push, registry_available,
+};
+
+const PULL_USER: &str = "robot";
+const PULL_PASSWORD: &str = "s3cret-pull-word-36";
+
+/// An htpasswd file for [`PULL_USER`] (apache2-utils' `htpasswd`, which xtask installs).
+fn htpasswd(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("htpasswd")
+        .args(["-Bbn", PULL_USER, PULL_PASSWORD])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let file = dir.join("htpasswd");
+            std::fs::write(&file, o.stdout).expect("htpasswd file");
+            Some(file)
+        }
+        _ if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() => {
+            panic!("TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apache2-utils)")
+        }
+        _ => None,
+    }
+}
+
+async fn call(
+    a: &AdminClient,
+    token: &str,
+    m: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    call_with_token(&a.app, token, m, path, body).await
+}
+
+/// Catalog, allow-list and logins: who may do what, what is pinned, what never shows.
+async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
+    if !registry_available() {
+        return;
+    }
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let Some(file) = htpasswd(secrets.path()) else {
+        eprintln!("SKIPPED: htpasswd is not installed");
+        return;
+    };
+    let public = Registry::start(None);
+    let private = Registry::start(Some(&file));
+    let http = reqwest::Client::new();
+    let base = build_image_env(
+        "tessera-base",
+        &["NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla"],
+    );
+    push(&http, &public, "lab/base", "1", &base, None).await;
+    let login = Credentials {
+        username: PULL_USER.into(),
+        password: PULL_PASSWORD.into(),
+    };
+    let secret_img = build_image_plain("tessera-secret", &[]);
+    push(
+        &http,
+        &private,
+        "acme/secret",
+        "v1",
+        &secret_img,
+        Some(&login),
+    )
+    .await;
+
+    let a = AdminClient::new(db).await;
+    let admin = a.token().await;
+    let ta = team(&a, "img-a").await;
+    let tb = team(&a, "img-b").await;
+    let base_ref = format!("{}/lab/base:1", public.addr);
+
+    // Nothing is allowed at first; only platform admins change the allow-list.
+    let (s, v) = call(
+        &a,
+        &ta.team_admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"team_id": ta.id, "name": "Base", "reference": base_ref})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no registry is allowed yet"),
+        "{v}"
+    );
+    let (s, _) = call(
+        &a,
+        &ta.team_admin,
+        Method::POST,
+        "/api/v1/registries",
+        Some(json!({"entry": public.addr})),
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (s, v) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/registries",
+        Some(json!({"entry": "not a registry"})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["field"]), (422, &json!("registry")), "{v}");
+    let (s, v) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/registries",
+        Some(json!({"entry": "x.io", "extra": 1})),
+    )
+    .await;
+    assert_eq!(s, 422, "an unknown field is refused: {v}");
+    for entry in [&public.addr, &format!("{}/acme", private.addr)] {
+        let (s, v) = call(
+            &a,
+            &admin,
+            Method::POST,
+            "/api/v1/registries",
+            Some(json!({"entry": entry})),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = call(&a, &ta.member, Method::GET, "/api/v1/registries", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
+
+    // A platform entry: platform admins only; pinned to the manifest's digest, with the
+    // CUDA the image's config asks for.
+    let (s, _) = call(
+        &a,
+        &ta.team_admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"name": "Base", "reference": base_ref})),
+    )
+    .await;
+    assert_eq!(s, 403, "a team admin adds no platform entry");
+    let (s, plat) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"name": "Base", "reference": base_ref})),
+    )
+    .await;
+    assert_eq!(s, 201, "{plat}");
+    assert_eq!(
+        plat["pinned"],
+        format!("{}/lab/base@{}", public.addr, base.digest())
+    );
+    assert_eq!(plat["requires_cuda"], "12.4");
+    assert_eq!(plat["team_id"], Value::Null);
+    let (s, v) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"name": "Base", "reference": base_ref})),
+    )
+    .await;
+    assert_eq!(s, 409, "the name is taken: {v}");
+    // A moved tag does not move the entry.
+    let moved = build_image_env("tessera-base-2", &[]);
+    push(&http, &public, "lab/base", "1", &moved, None).await;
+    let (_, list) = call(&a, &ta.member, Method::GET, "/api/v1/images", None).await;
+    assert_eq!(list[0]["pinned"], plat["pinned"], "{list}");
+
+    // A private image: the team's login is needed, and only that team's.
+    let secret_ref = format!("{}/acme/secret:v1", private.addr);
+    let (s, v) = call(
+        &a,
+        &ta.team_admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"team_id": ta.id, "name": "Secret", "reference": secret_ref})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("login"),
+        "{v}"
+    );
+    let logins = format!("/api/v1/teams/{}/registry-logins", ta.id);
+    let (s, _) = call(
+        &a,
+        &ta.member,
+        Method::PUT,
+        &logins,
+        Some(json!({"registry": private.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
+    )
+    .await;
+    assert_eq!(s, 403, "a member sets no login");
+    let (s, _) = call(
+        &a,
+        &tb.team_admin,
+        Method::PUT,
+        &logins,
+        Some(json!({"registry": private.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
+    )
+    .await;
+    assert_eq!(s, 404, "another team's admin does not see the team");
+    let (s, v) = call(
+        &a,
+        &ta.team_admin,
+        Method::PUT,
+        &logins,
+        Some(json!({"registry": private.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(!v.to_string().contains(PULL_PASSWORD), "{v}");
+    let (s, v) = call(&a, &ta.team_admin, Method::GET, &logins, None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v[0]["username"], PULL_USER);
+    assert!(
+        !v.to_string().contains(PULL_PASSWORD),
+        "never shown back: {v}"
+    );
+    let (s, secret) = call(
+        &a,
+        &ta.team_admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"team_id": ta.id, "name": "Secret", "reference": secret_ref})),
+    )
+    .await;
+    assert_eq!(s, 201, "{secret}");
+    assert_eq!(
+        secret["pinned"],
+        format!("{}/acme/secret@{}", private.addr, secret_img.digest())
+    );
+    // Team B cannot use it: not by adding it (no login), not in a job (not its catalog).
+    let (s, v) = call(
+        &a,
+        &tb.team_admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"team_id": tb.id, "name": "Secret", "reference": secret_ref})),
+    )
+    .await;
+    assert_eq!(s, 422, "{v}");
+    let (s, v) = call(
+        &a,
+        &tb.member,
+        Method::GET,
+        &format!("/api/v1/images?team={}", ta.id),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404, "{v}");
+    let (_, v) = call(&a, &tb.member, Method::GET, "/api/v1/images", None).await;
+    let names: Vec<&str> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert_eq!(names, ["Base"], "team B sees the platform entry only: {v}");
+    set_quota(&a, &tb.id, "H100-80GB", 7, 7, 7).await;
+    for named in [&secret["id"], &secret["name"], &secret["pinned"]] {
+        let (s, v) = call(
+            &a,
+            &tb.member,
+            Method::POST,
+            "/api/v1/jobs",
+            Some(json!({
+            "gpu": "H100-80GB:1g.10gb", "team_id": tb.id, "command": "true", "image": named})),
+        )
+        .await;
+        assert_eq!(
+            (s, &v["error"]["field"]),
+            (422, &json!("image")),
+            "{named}: {v}"
+        );
+    }
+    // A team's other members never see the login either: not in any view or the audit.
+    let (_, audit) = call(&a, &admin, Method::GET, "/api/v1/audit?limit=200", None).await;
+    assert!(audit.to_string().contains("registry_login.set"), "{audit}");
+    assert!(!audit.to_string().contains(PULL_PASSWORD), "{audit}");
+    // Removing: a team admin not a platform entry; its team's own entry yes.
+    let (s, _) = call(
+        &a,
+        &ta.team_admin,
+        Method::DELETE,
+        &format!("/api/v1/images/{}", plat["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (s, _) = call(
+        &a,
+        &tb.team_admin,
+        Method::DELETE,
+        &format!("/api/v1/images/{}", secret["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404, "another team's entry is not found");
+    // Disallowing a registry stops new workloads in its images.
+    let (s, _) = call(
+        &a,
+        &admin,
+        Method::DELETE,
+        &format!("/api/v1/registries?entry={}/acme", private.addr),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    set_quota(&a, &ta.id, "H100-80GB", 7, 7, 7).await;
+    let (s, v) = call(
+        &a,
+        &ta.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({
+        "gpu": "H100-80GB:1g.10gb", "team_id": ta.id, "command": "true", "image": "Secret"})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not from an allowed registry"),
+        "{v}"
+    );
+    let (s, _) = call(
+        &a,
+        &ta.team_admin,
+        Method::DELETE,
+        &format!("/api/v1/images/{}", secret["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+}
+
+/// Polls a workload until `done` says yes, keeping every view seen.
+async fn watch(
+    a: &AdminClient,
+    token: &str,
+    id: &str,
+    secs: u64,
+    done: impl Fn(&Value) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut seen = Vec::new();
+    loop {
+        let v = get(&a.app, token, id).await;
+        let stop = done(&v);
+        seen.push(v);
+        if stop {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gave up watching {id}: {:?}",
+            seen.last()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A job runs in its catalog image on a simulated node (pulled with the team's login),
+/// and an image that needs a newer CUDA than the node's driver waits for a node that
+/// runs it.
+async fn a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it(db: Db) {
+    if !registry_available() {
+        return;
+    }
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let Some(file) = htpasswd(secrets.path()) else {
+        eprintln!("SKIPPED: htpasswd is not installed");
+        return;
+    };
+    let reg = Registry::start(Some(&file));
+    let http = reqwest::Client::new();
+    let login = Credentials {
+        username: PULL_USER.into(),
+        password: PULL_PASSWORD.into(),
+    };
+    let img = build_image_plain("tessera-img-job", &["CUDA_VERSION=12.2.0"]);
+    push(&http, &reg, "team/job", "1", &img, Some(&login)).await;
+    let newer = build_image_plain("tessera-img-new", &["NVIDIA_REQUIRE_CUDA=cuda>=12.6"]);
+    push(&http, &reg, "team/new", "1", &newer, Some(&login)).await;
+
+    let a = AdminClient::new(db).await;
+    let admin = a.token().await;
+    let t = team(&a, "imgrun").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (s, _) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/registries",
+        Some(json!({"entry": reg.addr})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = call(
+        &a,
+        &t.team_admin,
+        Method::PUT,
+        &format!("/api/v1/teams/{}/registry-logins", t.id),
+        Some(json!({"registry": reg.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    for (name, repo) in [("Job", "team/job:1"), ("New", "team/new:1")] {
+        let (s, v) = call(
+            &a,
+            &t.team_admin,
+            Method::POST,
+            "/api/v1/images",
+            Some(
+                json!({"team_id": t.id, "name": name, "reference": format!("{}/{repo}", reg.addr)}),
+            ),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+
+    // The node's driver supports CUDA 12.4 (the simulator's default).
+    let agent = WorkloadAgent::start(&a, "imgrun-node").await;
+    let (s, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    let alloc = v["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &alloc, "active").await;
+
+    let (s, v) = call(&a, &t.member, Method::POST, "/api/v1/jobs", Some(json!({
+        "allocation_id": alloc, "image": "Job",
+        "command": "cat /etc/os-release; echo \"cuda=$CUDA_VERSION uid=$(id -u 2>/dev/null || echo ?)\""}))).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(
+        v["image"],
+        format!("{}/team/job@{}", reg.addr, img.digest())
+    );
+    let id = v["id"].as_str().expect("id").to_owned();
+    let seen = watch(&a, &t.member, &id, 60, |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    let last = seen.last().expect("a view");
+    assert_eq!(last["state"], "succeeded", "{last}");
+    let (_, log) = call(
+        &a,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{id}/logs?from=0"),
+        None,
+    )
+    .await;
+    let text = log["text"].as_str().unwrap_or("");
+    assert!(
+        text.contains("ID=tessera-img-job"),
+        "the image's os-release, not the host's: {text}"
+    );
+    assert!(
+        text.contains("cuda=12.2.0"),
+        "the image's environment: {text}"
+    );
+    for v in &seen {
+        assert!(!v.to_string().contains(PULL_PASSWORD), "{v}");
+        if let Some(p) = v.get("pull").filter(|p| !p.is_null()) {
+            assert!(p["done_bytes"].as_u64() <= p["total_bytes"].as_u64(), "{v}");
+        }
+    }
+
+    // An image that needs CUDA 12.6: refused on the 12.4 node's allocation, with why.
+    let (s, v) = call(
+        &a,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({
+        "allocation_id": alloc, "image": "New", "command": "true"})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("12.6") && msg.contains("12.4"), "{v}");
+    // With a GPU of its own it waits, saying why, until a node with a newer driver joins.
+    let (s, v) = call(
+        &a,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({
+        "gpu": "H100-80GB:1g.10gb", "team_id": t.id, "image": "New",
+        "command": "cat /etc/os-release"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let queued = v["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let v = get(&a.app, &t.member, &queued).await;
+    assert_eq!(v["state"], "queued", "{v}");
+    let waiting = v["waiting"].as_str().unwrap_or("");
+    assert!(waiting.contains("CUDA") && waiting.contains("12.6"), "{v}");
+    let (s, jt) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/join-tokens",
+        Some(json!({"note": "new driver"})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let newer_node = WorkloadAgent::start_with(
+        &a.app.base,
+        jt["secret"].as_str().expect("secret"),
+        "imgrun-node-new",
+        &[],
+        &[
+            "--sim-cuda".into(),
+            "12.8".into(),
+            "--sim-driver-version".into(),
+            "570.86.10".into(),
+        ],
+    );
+    let done = wait_workload(&a.app, &t.member, &queued, "succeeded", 90).await;
+    assert_eq!(done["hostname"], "imgrun-node-new", "{done}");
+    let (_, log) = call(
+        &a,
+        &t.member,
+        Method::GET,
+        &format!("/api/v1/workloads/{queued}/logs?from=0"),
+        None,
+    )
+    .await;
+    assert!(
+        log["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ID=tessera-img-new"),
+        "{log}"
+    );
+    newer_node.stop().await;
+    agent.stop().await;
+}
+
+on_both_databases!(
+    the_catalog_pins_images_and_keeps_teams_apart,
+    a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it,
+);
