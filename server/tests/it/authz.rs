@@ -558,6 +558,25 @@ fn rest_rows() -> Vec<Row> {
         row!(GET "/api/v1/workloads", |_, _| "/api/v1/workloads?live=true".into(), none, ANY_USER),
         // No allocation in the matrix is active: a notebook or job is refused with the
         // reason (the owner: not active; others: not theirs, or no such allocation).
+        // Images: the allow-list is empty here, so an admin's add is refused (422) after
+        // the authorization check, without reaching any registry.
+        row!(GET "/api/v1/images", |_, _| "/api/v1/images".into(), none, ANY_USER),
+        row!(POST "/api/v1/images", |_, _| "/api/v1/images".into(),
+            |f, i| Body::Json(json!({"team_id": f.team_a, "name": format!("img{i}"), "reference": "127.0.0.1:1/m/x:1"})),
+            [401, 403, 403, 422, 404, 422]),
+        row!(DELETE "/api/v1/images/{id}", |_, _| format!("/api/v1/images/{}", uuid::Uuid::new_v4()), none,
+            [401, 404, 404, 404, 404, 404]),
+        row!(GET "/api/v1/registries", |_, _| "/api/v1/registries".into(), none, ANY_USER),
+        row!(POST "/api/v1/registries", |_, _| "/api/v1/registries".into(),
+            |_, i| Body::Json(json!({"entry": format!("r{i}.example.com")})), ADMIN_ONLY),
+        row!(DELETE "/api/v1/registries", |_, _| "/api/v1/registries?entry=never.example.com".into(), none,
+            [401, 403, 403, 403, 403, 404]),
+        row!(GET "/api/v1/teams/{id}/registry-logins", |f, _| format!("/api/v1/teams/{}/registry-logins", f.team_a), none, TEAM_A_MANAGE),
+        row!(PUT "/api/v1/teams/{id}/registry-logins", |f, _| format!("/api/v1/teams/{}/registry-logins", f.team_a),
+            |_, i| Body::Json(json!({"registry": format!("r{i}.example.com"), "username": "u", "password": "p"})), TEAM_A_MANAGE),
+        row!(DELETE "/api/v1/teams/{id}/registry-logins",
+            |f, _| format!("/api/v1/teams/{}/registry-logins?registry=never.example.com", f.team_a), none,
+            [401, 403, 403, 404, 404, 404]),
         row!(GET "/api/v1/teams/{id}/notebook-profiles", |f, _| format!("/api/v1/teams/{}/notebook-profiles", f.team_a), none, TEAM_A_READ),
         row!(POST "/api/v1/teams/{id}/notebook-profiles", |f, _| format!("/api/v1/teams/{}/notebook-profiles", f.team_a),
             |_, i| Body::Json(json!({"name": format!("p{i}"), "kind": "H100-80GB:1g.10gb", "hours": 4})), [401, 403, 403, 201, 404, 201]),
