@@ -3,11 +3,17 @@
 //! reference with `IfNotPresent`, a team's registry login becomes a
 //! `kubernetes.io/dockerconfigjson` Secret in the team's namespace that the pod names,
 //! another team's pods never name it, a spec without an image keeps the server-wide
-//! image, and the password reaches no log line and no error text.
+//! image, and the password reaches no log line and no error text. End to end (both
+//! stores): a member's job naming a catalog image of a private registry on loopback runs,
+//! on the Kubernetes executor, as a Job whose pod names the team's login.
 
+use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
 use crate::kube_fake::FakeKube;
-use crate::kubernetes::{assert_restricted, role_use};
+use crate::kubernetes::{assert_restricted, on_fake_cluster, role_use};
+use crate::on_both_databases;
+use crate::support::{Db, call_with_token};
 use k8s_openapi::ByteString;
+use reqwest::Method;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use tessera_core::services::nodes::NodeIdentity;
@@ -440,6 +446,154 @@ fn assert_no_secret(text: &str, passwords: &[&str]) {
         for p in passwords {
             let auth = tessera_server::k8s::docker_auth(&login(user, p));
             assert!(!text.contains(&auth), "an auth field in the log:\n{text}");
+        }
+    }
+}
+
+on_both_databases!(a_catalog_image_reaches_the_pod_with_the_teams_login);
+
+/// Through the REST API: the platform admin allows a registry on loopback (basic auth),
+/// the team admin sets the team's login and adds the image (pinned to its digest), a
+/// member's job names it, and the Kubernetes executor makes a Job whose pod runs the
+/// pinned reference and names the pull secret holding exactly that login.
+async fn a_catalog_image_reaches_the_pod_with_the_teams_login(db: Db) {
+    use tessera_registry::testkit::{Registry, build_image_plain, push, registry_available};
+    if !registry_available() {
+        return;
+    }
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let Some(htpasswd) = htpasswd(secrets.path(), "robot", PASSWORD_A) else {
+        return;
+    };
+    let reg = Registry::start(Some(&htpasswd));
+    let creds = tessera_registry::Credentials {
+        username: "robot".into(),
+        password: PASSWORD_A.into(),
+    };
+    let img = build_image_plain("tessera-k8s-img", &[]);
+    push(
+        &reqwest::Client::new(),
+        &reg,
+        "lab/torch",
+        "2",
+        &img,
+        Some(&creds),
+    )
+    .await;
+
+    let (kube, _dir, a) = on_fake_cluster(db, |c| c.kubernetes.image = SERVER_WIDE.into()).await;
+    let admin = a.token().await;
+    let t = team(&a, "kimg").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let _agent = SimAgent::start(&a, "gpu-node-3").await;
+    let app = &a.app;
+    let (s, v) = call_with_token(
+        app,
+        &admin,
+        Method::POST,
+        "/api/v1/registries",
+        Some(json!({"entry": reg.addr})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::PUT,
+        &format!("/api/v1/teams/{}/registry-logins", t.id),
+        Some(json!({"registry": reg.addr, "username": "robot", "password": PASSWORD_A})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = call_with_token(
+        app,
+        &t.team_admin,
+        Method::POST,
+        "/api/v1/images",
+        Some(json!({"team_id": t.id, "name": "Torch",
+                    "reference": format!("{}/lab/torch:2", reg.addr)})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let pinned = format!("{}/lab/torch@{}", reg.addr, img.digest());
+    assert_eq!(v["pinned"], pinned);
+
+    let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
+    assert_eq!(s, 201, "{v}");
+    let alloc = v["id"].as_str().expect("id").to_owned();
+    wait_for_state(&a, &alloc, "active").await;
+    let (s, job) = call_with_token(
+        app,
+        &t.member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"allocation_id": alloc, "image": "Torch", "command": "python train.py"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().expect("id").to_owned();
+    let sel = format!("tessera.io/workload={id}");
+    let kjob = wait_for_job(&kube, &sel).await;
+    let pod = &kjob["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], pinned);
+    assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(c["args"], json!(["/bin/sh", "-c", "python train.py"]));
+    assert_restricted(pod);
+    let name = pull_secret_name(&t.id, &reg.addr);
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": name}]));
+    let secret = kube
+        .get(&format!("/api/v1/namespaces/{}/secrets/{name}", ns(&t.id)))
+        .expect("the team's pull secret");
+    assert_eq!(secret["type"], "kubernetes.io/dockerconfigjson");
+    let config = docker_config(&secret);
+    assert_eq!(
+        config,
+        json!({"auths": {reg.addr.clone(): {
+            "username": "robot",
+            "password": PASSWORD_A,
+            "auth": tessera_server::k8s::docker_auth(&login("robot", PASSWORD_A)),
+        }}})
+    );
+    assert_eq!(
+        decoded(&config["auths"][reg.addr.as_str()]["auth"]),
+        format!("robot:{PASSWORD_A}")
+    );
+}
+
+async fn wait_for_job(kube: &FakeKube, sel: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(j) = kube.list("jobs", sel).pop() {
+            return j;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Job {sel}: {:?}",
+            kube.requests()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// An htpasswd file for one user (apache2-utils' `htpasswd`, which xtask installs);
+/// `None` (skipped) when it is missing and `TESSERA_REQUIRE_REGISTRY` is unset.
+fn htpasswd(dir: &std::path::Path, user: &str, password: &str) -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("htpasswd")
+        .args(["-Bbn", user, password])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let file = dir.join("htpasswd");
+            std::fs::write(&file, o.stdout).expect("htpasswd file");
+            Some(file)
+        }
+        _ if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() => {
+            panic!("TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apache2-utils)")
+        }
+        _ => {
+            eprintln!("SKIPPED: htpasswd is not installed");
+            None
         }
     }
 }

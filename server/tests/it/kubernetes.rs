@@ -27,7 +27,7 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 
 /// A server whose executor is the Kubernetes one, on a fresh fake API server (its
 /// kubeconfig in the returned folder), rounds every 150 ms; `tweak` sets the rest.
-async fn on_fake_cluster(
+pub async fn on_fake_cluster(
     db: Db,
     tweak: impl FnOnce(&mut ServeConfig),
 ) -> (FakeKube, tempfile::TempDir, AdminClient) {
