@@ -210,6 +210,11 @@ pub struct ServeConfig {
     #[arg(long, env = "TESSERA_METERING_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub metering_interval: Duration,
 
+    /// A PEM bundle of extra CAs to trust when resolving catalog images at registries (a
+    /// lab registry with a private CA); the system's and Mozilla's roots are always trusted.
+    #[arg(long, env = "TESSERA_REGISTRY_CA")]
+    pub registry_ca: Option<std::path::PathBuf>,
+
     /// The currency prices, charges and budgets are in (ISO 4217, e.g. `EUR`). Amounts are
     /// stored in its minor unit (cents); don't change it once charges exist.
     #[arg(long, env = "TESSERA_CURRENCY", default_value = "USD")]

@@ -115,6 +115,17 @@ pub async fn run(
         .clone()
         .with_config(config.workload_config());
     let mut services = services.with_data_keys(data_keys.clone());
+    if let Some(path) = &config.registry_ca {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("TESSERA_REGISTRY_CA {}", path.display()))?;
+        let http = tessera_core::services::images::Images::http(Some(&pem))
+            .map_err(|e| anyhow::anyhow!("TESSERA_REGISTRY_CA {}: {e}", path.display()))?;
+        services.images = services.images.clone().with_http(http);
+        services.workloads = services
+            .workloads
+            .clone()
+            .with_images(services.images.clone());
+    }
     services.notifications = services
         .notifications
         .clone()

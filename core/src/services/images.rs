@@ -90,16 +90,21 @@ fn parse_registry_host(text: &str) -> Result<String, AppError> {
 
 impl Images {
     pub fn new(store: Store) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(RESOLVE_TIMEOUT)
-            .user_agent(concat!("tessera/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
         Images {
             store,
             keys: Arc::new(DataKeys::ephemeral()),
-            http,
+            http: Self::http(None).unwrap_or_default(),
         }
+    }
+
+    /// The client catalog entries are resolved with: the system's and Mozilla's roots,
+    /// plus `extra_ca_pem` (a PEM bundle, `TESSERA_REGISTRY_CA`).
+    pub fn http(extra_ca_pem: Option<&[u8]>) -> Result<reqwest::Client, String> {
+        tessera_registry::client::http_client_builder(extra_ca_pem)?
+            .timeout(RESOLVE_TIMEOUT)
+            .user_agent(concat!("tessera/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| e.to_string())
     }
 
     /// Seals logins under the server's data keys (else under a key that dies with the
