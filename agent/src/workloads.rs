@@ -209,7 +209,7 @@ struct Probe {
 
 enum Status {
     /// Its image is being pulled; it starts once the image is there.
-    Pulling(Pull),
+    Pulling(Box<Pull>),
     /// Never ran (the message says why).
     FailedToStart(String),
     /// The wrapper runs, or processes of its group remain.
@@ -1095,7 +1095,8 @@ impl Workload {
             Status::Exited { code, message } => (WorkloadPhase::Exited, *code, message.clone()),
             Status::Lost(m) => (WorkloadPhase::Lost, None, Some(m.clone())),
         };
-        let finished = !self.is_live();
+        // A workload whose image is pulled has no output yet, and will have.
+        let finished = !self.is_live() && !matches!(self.status, Status::Pulling(_));
         if let Some(dir) = &self.dir
             && let Err(e) = cap_log(&dir.join("output.log"), log_cap)
         {

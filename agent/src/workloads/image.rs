@@ -113,7 +113,7 @@ impl LocalExecutor {
         match self.try_pull(spec) {
             Ok(pull) => {
                 tracing::info!(id = spec.id, image = %pull.reference, "pulling the workload's image");
-                Workload::new(self.run_dir(&spec.id), Status::Pulling(pull))
+                Workload::new(self.run_dir(&spec.id), Status::Pulling(Box::new(pull)))
             }
             Err(message) => {
                 tracing::warn!(id = spec.id, message, "workload failed to start");

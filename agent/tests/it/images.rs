@@ -239,6 +239,12 @@ async fn a_job_in_an_image_sees_the_image_and_the_drivers_files_and_its_pull_is_
         .unwrap();
     let pulls: Vec<_> = reports[..first_run].iter().filter_map(|r| r.pull).collect();
     assert!(!pulls.is_empty(), "no pull reported: {reports:#?}");
+    // No output yet, and more to come.
+    assert!(
+        reports[..first_run]
+            .iter()
+            .all(|r| !r.log_complete && r.log.is_none())
+    );
     let blobs = (built.layer.len() + built.config.len()) as u64;
     for p in &pulls {
         assert!(p.done_bytes <= p.total_bytes, "{p:?}");
