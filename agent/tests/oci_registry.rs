@@ -527,3 +527,53 @@ async fn a_job_runs_in_its_image_as_the_team_uid() {
     assert!(!held.rootfs().join("etc/pwn").exists());
     assert!(!held.rootfs().join("tmp/t").exists());
 }
+
+/// A pull dropped half-way (a workload stopped while its image downloads) leaves no
+/// half-built root and no stale flight: the next pull starts over, counts its progress
+/// from zero and builds the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_cancelled_half_way_leaves_nothing_and_the_next_one_builds_it() {
+    if !registry_available() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let big = build_image("tessera-cancel", 40 << 20);
+    push(&http, &reg, "team/cancel", "v1", &big, None).await;
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("images");
+    let images = store(&dir, 1 << 40);
+    let r = ImageRef::parse(&format!("{}/team/cancel@{}", reg.addr, big.digest())).unwrap();
+    let total = (big.layer.len() + big.config.len()) as u64;
+
+    let (s, r2) = (images.clone(), r.clone());
+    let pull = tokio::spawn(async move { s.pull(&r2, None).await });
+    // Aborted while the layer streams in.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((done, of)) = images.progress(&r)
+            && done > big.config.len() as u64
+        {
+            assert_eq!(of, total);
+            assert!(
+                done < total,
+                "the download finished before the test could cancel it"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pull never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    pull.abort();
+    assert!(pull.await.unwrap_err().is_cancelled());
+    assert_eq!(images.progress(&r), None, "the flight is gone");
+    assert_eq!(names(&dir.join("tmp")), Vec::<String>::new());
+    assert_eq!(names(&dir.join("roots")), Vec::<String>::new());
+    assert!(images.images().is_empty());
+
+    let img = images.pull(&r, None).await.unwrap();
+    assert_eq!(img.digest().as_str(), big.digest());
+    assert!(img.rootfs().join("opt/filler").exists());
+    assert_eq!(reg.blob_gets(&big.layer_digest()), 2);
+    assert_eq!(names(&dir.join("tmp")), Vec::<String>::new());
+}
