@@ -638,6 +638,84 @@ async fn a_stop_during_the_pull_cancels_it_and_the_workload_ends() {
     assert!(ex.ids().is_empty());
 }
 
+/// Reports every 50 ms until `id`'s report satisfies `done` (at most [`WAIT`]).
+async fn until(
+    ex: &mut LocalExecutor,
+    id: &str,
+    done: impl Fn(&WorkloadReport) -> bool,
+) -> WorkloadReport {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let reports = ex.reports().await;
+        if let Some(r) = reports.iter().find(|r| r.id == id)
+            && done(r)
+        {
+            return r.clone();
+        }
+        assert!(Instant::now() < deadline, "{id}: {reports:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_holds_the_images_of_the_workloads_it_adopts() {
+    if !can_run() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let built = build_image("tessera-adopted", 0);
+    push(&http, &reg, "team/adopted", "v1", &built, None).await;
+    let node = Node::new();
+    let uids = FIRST_UID + 16;
+    // A cache of nothing: whatever is not held goes at the first collection.
+    let mut ex = node.executor(node.store(0, reqwest::Client::new()), uids);
+    let spec = image_job(
+        "adopted",
+        &[],
+        &pinned(&reg, "team/adopted", &built),
+        "exec sleep 300",
+    );
+    ex.apply(&sync(std::slice::from_ref(&spec)));
+    until(&mut ex, "adopted", |r| r.phase == WorkloadPhase::Running).await;
+    let pid = ex.pid("adopted").unwrap();
+    drop(ex);
+
+    // A new agent: the store finds the root, the executor adopts the workload and holds
+    // its image again, so collection leaves it.
+    let store = node.store(0, reqwest::Client::new());
+    let digest = built.digest();
+    let held = |s: &ImageStore| -> Vec<(String, bool)> {
+        s.images()
+            .into_iter()
+            .map(|(d, used)| (d.to_string(), used))
+            .collect()
+    };
+    assert_eq!(held(&store), [(digest.clone(), false)]);
+    let mut ex = node.executor(store.clone(), uids);
+    assert_eq!(ex.pid("adopted"), Some(pid));
+    assert_eq!(held(&store), [(digest.clone(), true)]);
+    assert!(store.collect().is_empty());
+
+    // Stopped, it lets go, and the image is collected.
+    ex.apply(&sync(&[WorkloadSpec {
+        run: false,
+        ..spec.clone()
+    }]));
+    until(&mut ex, "adopted", |r| r.phase == WorkloadPhase::Exited).await;
+    let root = node
+        .state()
+        .join("workloads/images/roots")
+        .join(&digest[7..]);
+    let deadline = Instant::now() + WAIT;
+    while root.exists() {
+        assert!(Instant::now() < deadline, "not collected");
+        let _ = ex.reports().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.images().is_empty());
+}
+
 #[test]
 fn the_simulated_node_reports_its_driver() {
     let sim = SimNode::new(&[H100], 5).unwrap();
