@@ -1040,6 +1040,7 @@ pub async fn save_notebook_profile(
         ("name", name.clone()),
         ("kind", kind.clone()),
         ("hours", hours.clone()),
+        ("image", image.clone().unwrap_or_default()),
     ];
     ssr::call(echo, async |s, p| {
         let hours = hours
@@ -1089,6 +1090,7 @@ pub async fn launch_notebook(
     let echo = [
         ("allocation_id", allocation_id.clone()),
         ("name", name.clone()),
+        ("image", image.clone().unwrap_or_default()),
     ];
     ssr::call(echo, async |s, p| {
         let profile_id = match allocation_id.trim().strip_prefix(PROFILE_PREFIX) {
@@ -1142,6 +1144,7 @@ pub async fn submit_job(
         ("command", command.clone()),
         ("workdir", workdir.clone()),
         ("retries", retries.clone()),
+        ("image", image.clone().unwrap_or_default()),
     ];
     ssr::call(echo, async |s, p| {
         let (allocation_id, gpu) = run_on(&allocation_id, gpu, count, hours, priority, team_id)?;
@@ -1389,6 +1392,132 @@ pub async fn test_team_webhook(
         })?;
         s.notifications
             .test_webhook(p, ssr::id(&team_id)?, ssr::id(&id)?, sender.as_ref())
+            .await
+    })
+    .await
+}
+
+// ---- images (issue 36) ----
+
+/// The image catalog: what team `team` sees (platform entries and its own), or with `team`
+/// empty everything the caller sees. Platform entries first, then teams' (each by name).
+#[server(prefix = "/fn", endpoint = "list_images")]
+pub async fn list_images(
+    #[server(default)] team: String,
+) -> Result<Vec<tessera_domain::image::CatalogImage>, UiError> {
+    ssr::call([], async |s, p| {
+        let team = Some(team)
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| ssr::id(&t).map(TeamId))
+            .transpose()?;
+        let mut list = s.images.catalog(p, team).await?;
+        list.sort_by(|a, b| {
+            (a.team_id.is_some(), &a.team_name, &a.name).cmp(&(
+                b.team_id.is_some(),
+                &b.team_name,
+                &b.name,
+            ))
+        });
+        Ok(list)
+    })
+    .await
+}
+
+/// Adds an image to a catalog, pinned to its digest now: team `team_id`'s (its admins) or,
+/// with `team_id` empty, the platform's (platform admins).
+#[server(prefix = "/fn", endpoint = "add_image")]
+pub async fn add_image(
+    #[server(default)] team_id: String,
+    name: String,
+    reference: String,
+) -> Result<tessera_domain::image::CatalogImage, UiError> {
+    let echo = [("name", name.clone()), ("reference", reference.clone())];
+    ssr::call(echo, async |s, p| {
+        let team_id = Some(team_id)
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| ssr::id(&t))
+            .transpose()?;
+        let req = tessera_core::services::images::NewCatalogImage {
+            team_id,
+            name: name.trim().to_owned(),
+            reference: reference.trim().to_owned(),
+        };
+        s.images.add(p, &req).await
+    })
+    .await
+}
+
+/// Removes a catalog entry (its team's admins; a platform entry: platform admins).
+#[server(prefix = "/fn", endpoint = "remove_image")]
+pub async fn remove_image(id: String) -> Result<(), UiError> {
+    ssr::call([], async |s, p| s.images.remove(p, ssr::id(&id)?).await).await
+}
+
+/// Where images may come from: registry hosts or `registry/repository` prefixes.
+#[server(prefix = "/fn", endpoint = "registry_allowlist")]
+pub async fn registry_allowlist() -> Result<Vec<String>, UiError> {
+    ssr::call([], async |s, p| s.images.allowlist(p).await).await
+}
+
+/// Allows images from a registry or repository prefix (platform admins).
+#[server(prefix = "/fn", endpoint = "allow_registry")]
+pub async fn allow_registry(entry: String) -> Result<Vec<String>, UiError> {
+    ssr::call([("entry", entry.clone())], async |s, p| {
+        s.images.allow(p, entry.trim()).await
+    })
+    .await
+}
+
+/// Stops allowing an entry (platform admins).
+#[server(prefix = "/fn", endpoint = "disallow_registry")]
+pub async fn disallow_registry(entry: String) -> Result<Vec<String>, UiError> {
+    ssr::call([], async |s, p| s.images.disallow(p, &entry).await).await
+}
+
+/// A team's registry logins, never with the password (its admins).
+#[server(prefix = "/fn", endpoint = "registry_logins")]
+pub async fn registry_logins(
+    team_id: String,
+) -> Result<Vec<tessera_domain::image::RegistryLoginView>, UiError> {
+    ssr::call([], async |s, p| {
+        s.images.logins(p, TeamId(ssr::id(&team_id)?)).await
+    })
+    .await
+}
+
+/// Sets (or replaces) a team's login to a registry (its admins). The password is not
+/// echoed back to the form.
+#[server(prefix = "/fn", endpoint = "set_registry_login")]
+pub async fn set_registry_login(
+    team_id: String,
+    registry: String,
+    username: String,
+    password: String,
+) -> Result<tessera_domain::image::RegistryLoginView, UiError> {
+    let echo = [
+        ("registry", registry.clone()),
+        ("username", username.clone()),
+    ];
+    ssr::call(echo, async |s, p| {
+        s.images
+            .set_login(
+                p,
+                TeamId(ssr::id(&team_id)?),
+                &registry,
+                &username,
+                &password,
+            )
+            .await
+    })
+    .await
+}
+
+/// Removes a team's login to a registry (its admins).
+#[server(prefix = "/fn", endpoint = "remove_registry_login")]
+pub async fn remove_registry_login(team_id: String, registry: String) -> Result<(), UiError> {
+    ssr::call([], async |s, p| {
+        s.images
+            .remove_login(p, TeamId(ssr::id(&team_id)?), &registry)
             .await
     })
     .await

@@ -357,6 +357,7 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                                 <A href="/admin/join-tokens">"Join tokens"</A>
                                 <A href="/admin/queue">"Queue"</A>
                                 <A href="/admin/billing">"Billing"</A>
+                                <A href="/admin/images">"Images"</A>
                                 <A href="/admin/audit">"Audit"</A>
                             </span>
                         }

@@ -251,6 +251,11 @@ pub fn App() -> impl IntoView {
                     view={Lazy::<pages::Billing>::new()}
                     ssr=SsrMode::Async
                 />
+                <Route
+                    path=path!("/admin/images")
+                    view={Lazy::<pages::Images>::new()}
+                    ssr=SsrMode::Async
+                />
             </Routes>
         </Router>
     }

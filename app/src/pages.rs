@@ -6,6 +6,7 @@ mod audit;
 mod billing;
 mod bookings;
 mod dashboard;
+mod images;
 mod join_tokens;
 mod login;
 mod nodes;
@@ -22,6 +23,7 @@ pub use audit::AuditPage;
 pub use billing::BillingPage;
 pub use bookings::BookingsPage;
 pub use dashboard::DashboardPage;
+pub use images::ImagesPage;
 pub use join_tokens::JoinTokensPage;
 pub use login::LoginPage;
 pub use nodes::NodesPage;
@@ -118,6 +120,7 @@ lazy_pages! {
         Audit => AuditPage,
         Queue => QueuePage,
         Billing => BillingPage,
+        Images => ImagesPage,
     }
 }
 
@@ -162,6 +165,7 @@ mod tests {
             ("/teams/3/statement", Some("teams")),
             ("/account", Some("teams")),
             ("/admin/billing", Some("admin")),
+            ("/admin/images", Some("admin")),
             ("/", None),
             ("/login", None),
             ("/allocationsx", None),

@@ -2,18 +2,22 @@
 //! members. Another team's page answers exactly like a missing one: "Not found".
 
 use crate::api::{
-    self, AddMember, AddTeamWebhook, ChangeRole, CreateTeam, DeleteNotebookProfile,
+    self, AddImage, AddMember, AddTeamWebhook, ChangeRole, CreateTeam, DeleteNotebookProfile,
     DeleteTeamWebhook, RemoveMember, RenameTeam, SaveNotebookProfile, SetQuota, SetTeamArchived,
     SetTeamGrace, SetTeamPriority, SetTeamWebhookEnabled, TeamWebhookDeliveries, TestTeamWebhook,
 };
+use crate::api::{RemoveImage, RemoveRegistryLogin, SetRegistryLogin};
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, at, echoed,
     field_error, form_error, is_admin, paged_table, unpaged_table, use_offset,
 };
+use crate::pages::images::{EnvironmentSelect, TeamImages};
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 use tessera_domain::alloc::{HighGrant, QuotaView};
 use tessera_domain::billing::{BudgetView, format_minor};
+use tessera_domain::error::AppError;
+use tessera_domain::image::{CatalogImage, RegistryLoginView};
 use tessera_domain::mig::Catalog;
 use tessera_domain::notify::{DeliveryView, WebhookTestResult, WebhookView};
 use tessera_domain::tenancy::{MemberView, Page, PageRequest, TeamRole, TeamView};
@@ -168,6 +172,71 @@ struct TeamData {
     toggle_hook: ServerAction<SetTeamWebhookEnabled>,
     grace: Resource<Result<tessera_domain::drain::TeamGrace, api::UiError>>,
     set_grace: ServerAction<SetTeamGrace>,
+    images: TeamImagesData,
+}
+
+/// The team's own catalog entries and registry logins, and the actions that change them.
+#[derive(Clone, Copy)]
+struct TeamImagesData {
+    /// What the team may run: platform entries and its own (the profile form's select).
+    seen: Resource<Result<Vec<CatalogImage>, api::UiError>>,
+    /// The team's own entries.
+    catalog: Resource<Result<Vec<CatalogImage>, api::UiError>>,
+    add: ServerAction<AddImage>,
+    remove: ServerAction<RemoveImage>,
+    logins: Resource<Result<Vec<RegistryLoginView>, api::UiError>>,
+    set_login: ServerAction<SetRegistryLogin>,
+    remove_login: ServerAction<RemoveRegistryLogin>,
+}
+
+impl TeamImagesData {
+    fn new(id: Memo<String>) -> Self {
+        let add = ServerAction::<AddImage>::new();
+        let remove = ServerAction::<RemoveImage>::new();
+        let set_login = ServerAction::<SetRegistryLogin>::new();
+        let remove_login = ServerAction::<RemoveRegistryLogin>::new();
+        let catalog = Resource::new(
+            move || (id.get(), add.version().get(), remove.version().get()),
+            |(id, ..)| async move {
+                let own = uuid::Uuid::parse_str(&id).ok();
+                api::list_images(id).await.map(|l| {
+                    l.into_iter()
+                        .filter(|i| i.team_id.is_some() && i.team_id == own)
+                        .collect()
+                })
+            },
+        );
+        let seen = Resource::new(
+            move || (id.get(), add.version().get(), remove.version().get()),
+            |(id, ..)| api::list_images(id),
+        );
+        // Only the team's admins may read its logins (the section shows them only to them):
+        // anyone else gets an empty list rather than an error.
+        let logins = Resource::new(
+            move || {
+                (
+                    id.get(),
+                    set_login.version().get(),
+                    remove_login.version().get(),
+                )
+            },
+            |(id, ..)| async move {
+                match api::registry_logins(id).await {
+                    Err(e) if e.error == AppError::Forbidden => Ok(Vec::new()),
+                    other => other,
+                }
+            },
+        );
+        TeamImagesData {
+            seen,
+            catalog,
+            add,
+            remove,
+            logins,
+            set_login,
+            remove_login,
+        }
+    }
 }
 
 impl TeamData {
@@ -230,9 +299,11 @@ impl TeamData {
             move || (id.get(), set_grace.version().get()),
             |(id, _)| api::team_grace(id),
         );
+        let images = TeamImagesData::new(id);
         TeamData {
             grace,
             set_grace,
+            images,
             actions,
             team,
             members,
@@ -291,6 +362,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         toggle_hook,
         grace,
         set_grace,
+        images,
         ..
     } = data;
     let platform_admin = is_admin();
@@ -360,9 +432,20 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
             team_id=team_id.clone()
             profiles
             quotas
+            images=images.seen
             manages
             save=save_profile
             delete=delete_profile
+        />
+        <TeamImages
+            team_id=team_id.clone()
+            manages
+            catalog=images.catalog
+            add=images.add
+            remove=images.remove
+            logins=images.logins
+            set_login=images.set_login
+            remove_login=images.remove_login
         />
         {manages
             .then(|| {
@@ -653,6 +736,8 @@ fn TeamProfiles(
     team_id: String,
     profiles: Resource<Result<Vec<NotebookProfile>, api::UiError>>,
     quotas: Resource<Result<Vec<QuotaView>, api::UiError>>,
+    /// The catalog the team sees, for the profile's environment.
+    images: Resource<Result<Vec<CatalogImage>, api::UiError>>,
     manages: bool,
     save: ServerAction<SaveNotebookProfile>,
     delete: ServerAction<DeleteNotebookProfile>,
@@ -688,11 +773,15 @@ fn TeamProfiles(
                                     }
                                 });
                                 let name = p.name.clone();
+                                let environment = p
+                                    .image_name
+                                    .unwrap_or_else(|| "Node environment".to_owned());
                                 view! {
                                     <tr data-testid="profile-row" data-name=name>
                                         <td>{p.name}</td>
                                         <td>{p.kind_label}</td>
                                         <td>{format!("{} h", p.hours)}</td>
+                                        <td data-testid="profile-environment">{environment}</td>
                                         {remove}
                                     </tr>
                                 }
@@ -705,6 +794,7 @@ fn TeamProfiles(
                                         <th>"Profile"</th>
                                         <th>"GPU"</th>
                                         <th>"Hours"</th>
+                                        <th>"Environment"</th>
                                         {manages.then(|| view! { <th>"Manage"</th> })}
                                     </tr>
                                 </thead>
@@ -736,6 +826,12 @@ fn TeamProfiles(
                     .collect_view()
             })
         };
+        let environment = move || {
+            Suspend::new(async move {
+                let list = images.await.unwrap_or_default();
+                view! { <EnvironmentSelect input_id="profile-image" images=list /> }
+            })
+        };
         view! {
             <ActionForm action=save attr:data-testid="profile-form" attr:novalidate=true>
                 {form_error(value)}
@@ -759,6 +855,8 @@ fn TeamProfiles(
                         {field_error(value, "hours")}
                     </div>
                 </div>
+                <Transition fallback=|| ()>{environment}</Transition>
+                {field_error(value, "image")}
                 <button type="submit" disabled=move || save.pending().get()>
                     "Save profile"
                 </button>

@@ -16,6 +16,7 @@ use crate::components::{
     field_error, list_table, now, pager_with, relative, timestamp,
 };
 use crate::components::{EstimateInput, Topic, load_estimate, refresher};
+use crate::pages::images::{EnvironmentSelect, short_pinned};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::Form;
@@ -277,6 +278,8 @@ struct LaunchOptions {
     free_now: BTreeMap<String, u32>,
     /// The caller's teams' notebook profiles (value `profile:<id>`).
     profiles: Vec<Choice>,
+    /// The catalog images the caller's teams may run (platform entries first).
+    images: Vec<tessera_domain::image::CatalogImage>,
     /// The form's idempotency key (a double submit launches one workload).
     key: String,
 }
@@ -346,6 +349,8 @@ async fn load_options() -> Result<LaunchOptions, UiError> {
         high,
         free_now,
         profiles,
+        // Not fatal: without the catalog the form offers the node's environment only.
+        images: api::list_images(String::new()).await.unwrap_or_default(),
         key: crate::components::new_key(),
     })
 }
@@ -973,9 +978,10 @@ fn other_error<T: 'static>(
     }
 }
 
-const NOTEBOOK_FIELDS: [&str; 8] = [
+const NOTEBOOK_FIELDS: [&str; 9] = [
     "allocation_id",
     "name",
+    "image",
     "env",
     "gpu",
     "count",
@@ -983,9 +989,10 @@ const NOTEBOOK_FIELDS: [&str; 8] = [
     "duration_minutes",
     "team_id",
 ];
-const JOB_FIELDS: [&str; 11] = [
+const JOB_FIELDS: [&str; 12] = [
     "allocation_id",
     "name",
+    "image",
     "command",
     "workdir",
     "env",
@@ -1069,6 +1076,12 @@ fn LaunchForm(
                 "Lowercase letters, digits and -; part of the notebook's address."
             </p>
             {field_error(value, "name")}
+            <EnvironmentSelect
+                input_id="nb-image"
+                images=o.images
+                chosen=untrack(echoed(value, "image"))
+            />
+            {field_error(value, "image")}
             <label for="nb-env">"Environment variables (optional)"</label>
             <textarea id="nb-env" name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
             {field_error(value, "env")}
@@ -1188,6 +1201,12 @@ fn SubmitForm(
                 </div>
             </div>
             <p class="hint">"The working folder is inside your team's workspace; empty: its top."</p>
+            <EnvironmentSelect
+                input_id="job-image"
+                images=o.images
+                chosen=untrack(echoed(value, "image"))
+            />
+            {field_error(value, "image")}
             <label for="job-env">"Environment variables (optional)"</label>
             <textarea id="job-env" name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
             {field_error(value, "env")}
@@ -1351,6 +1370,7 @@ fn ListRow(
             <a href=href data-testid="workload-link">
                 {w.name.clone()}
             </a>
+            {w.pull.map(|p| view! { " " <span class="badge muted" data-testid="pull-label">{p.label()}</span> })}
         </td>
         <td>
             <WorkloadBadge state=w.state />
@@ -2004,6 +2024,7 @@ fn WorkloadOverview(
             {move || cur.with(steps_view)}
             {starting_hint}
             {message}
+            {move || cur.with(|v| v.pull).map(|p| view! { <PullProgress pull=p /> })}
             <div class="buttons">{open} {stop_button}</div>
             {stop_error(stop)}
             <dl class="facts row">
@@ -2036,6 +2057,10 @@ fn WorkloadOverview(
                         }}
                     </dd>
                 </div>
+                <div>
+                    <dt>"Environment"</dt>
+                    <dd data-testid="image">{image_view(first.image.as_deref())}</dd>
+                </div>
                 {job_facts}
             </dl>
             <dl class="facts row">
@@ -2067,6 +2092,33 @@ fn WorkloadOverview(
             <Attempts attempts=first.attempts.clone() />
             {log_section}
         </section>
+    }
+}
+
+/// The image a workload runs in, shortened (the full pinned reference in its title), or
+/// the node's environment.
+fn image_view(image: Option<&str>) -> AnyView {
+    match image {
+        Some(i) => view! { <code title=i.to_owned()>{short_pinned(i)}</code> }.into_any(),
+        None => "Node environment".into_any(),
+    }
+}
+
+/// "Pulling image 43 %" with a progress bar, while the node pulls the workload's image
+/// (it follows the page's refresh).
+#[component]
+fn PullProgress(pull: tessera_domain::workload::PullView) -> impl IntoView {
+    let label = pull.label();
+    // No total yet: an indeterminate bar (no `value`).
+    let known = pull.total_bytes > 0;
+    let max = pull.total_bytes.max(1).to_string();
+    let value = known.then(|| pull.done_bytes.min(pull.total_bytes).to_string());
+    view! {
+        <div class="notice muted pull" role="status" data-testid="pull-progress">
+            <span>{label.clone()}</span>
+            " "
+            <progress max=max value=value aria-label=label></progress>
+        </div>
     }
 }
 

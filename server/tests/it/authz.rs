@@ -828,6 +828,31 @@ fn fn_rows() -> Vec<Row> {
             |f, i| Body::Form(vec![("id".into(), f.workloads[i].clone())]), WORKLOAD_ACT),
         row!(POST "/fn/workload_logs", |_, _| "/fn/workload_logs".into(),
             |f, _| Body::Form(vec![("id".into(), f.workloads[0].clone())]), WORKLOAD_ACT),
+        // Images (the UI's twins of /api/v1/images, /registries and registry-logins). No
+        // allow-list entry covers 127.0.0.1:1: an allowed add is refused (422) after the
+        // authorization check, without reaching any registry.
+        row!(POST "/fn/list_images", |_, _| "/fn/list_images".into(),
+            |f, _| Body::Form(vec![("team".into(), f.team_a.clone())]), TEAM_A_READ),
+        row!(POST "/fn/add_image", |_, _| "/fn/add_image".into(),
+            |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("name".into(), format!("fnimg{i}")),
+                ("reference".into(), "127.0.0.1:1/m/x:1".into())]),
+            [401, 403, 403, 422, 404, 422]),
+        row!(POST "/fn/remove_image", |_, _| "/fn/remove_image".into(),
+            |_, _| Body::Form(vec![("id".into(), uuid::Uuid::new_v4().to_string())]),
+            [401, 404, 404, 404, 404, 404]),
+        row!(POST "/fn/registry_allowlist", |_, _| "/fn/registry_allowlist".into(), |_, _| form(&[]), ANY_USER),
+        row!(POST "/fn/allow_registry", |_, _| "/fn/allow_registry".into(),
+            |_, i| Body::Form(vec![("entry".into(), format!("fn{i}.example.com"))]), ADMIN_ONLY),
+        row!(POST "/fn/disallow_registry", |_, _| "/fn/disallow_registry".into(),
+            |_, _| form(&[("entry", "never.example.com")]), [401, 403, 403, 403, 403, 404]),
+        row!(POST "/fn/registry_logins", |_, _| "/fn/registry_logins".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone())]), TEAM_A_MANAGE),
+        row!(POST "/fn/set_registry_login", |_, _| "/fn/set_registry_login".into(),
+            |f, i| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("registry".into(), format!("fn{i}.example.com")),
+                ("username".into(), "u".into()), ("password".into(), "p".into())]), TEAM_A_MANAGE),
+        row!(POST "/fn/remove_registry_login", |_, _| "/fn/remove_registry_login".into(),
+            |f, _| Body::Form(vec![("team_id".into(), f.team_a.clone()), ("registry".into(), "never.example.com".into())]),
+            [401, 403, 403, 404, 404, 404]),
     ]
 }
 
