@@ -577,3 +577,66 @@ async fn a_pull_cancelled_half_way_leaves_nothing_and_the_next_one_builds_it() {
     assert_eq!(reg.blob_gets(&big.layer_digest()), 2);
     assert_eq!(names(&dir.join("tmp")), Vec::<String>::new());
 }
+
+/// An image pinned by its index's digest (what a catalog pins): pulled through the index
+/// to this node's manifest, then found again by the index digest without the registry,
+/// also by a store reopened after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pinned_by_its_index_is_found_again_without_the_registry() {
+    use tessera_agent::oci::client::{OCI_INDEX, OCI_MANIFEST, node_architecture};
+    if !registry_available() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let image = build_image("tessera-indexed", 0);
+    push(&http, &reg, "team/indexed", "v1", &image, None).await;
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": [{
+            "mediaType": OCI_MANIFEST,
+            "digest": image.digest(),
+            "size": image.manifest.len(),
+            "platform": {"architecture": node_architecture(), "os": "linux"},
+        }],
+    }))
+    .unwrap();
+    let resp = http
+        .put(format!(
+            "http://{}/v2/team/indexed/manifests/multi",
+            reg.addr
+        ))
+        .header("content-type", OCI_INDEX)
+        .body(index.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+    let by_index = ImageRef::parse(&format!(
+        "{}/team/indexed@sha256:{}",
+        reg.addr,
+        sha256(&index)
+    ))
+    .unwrap();
+
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("images");
+    let images = store(&dir, 1 << 40);
+    let img = images.pull(&by_index, None).await.unwrap();
+    assert_eq!(
+        img.digest().as_str(),
+        image.digest(),
+        "this node's manifest"
+    );
+    drop(img);
+    drop(reg);
+    let again = images.pull(&by_index, None).await.unwrap();
+    assert_eq!(again.digest().as_str(), image.digest());
+    drop(again);
+    drop(images);
+    let reopened = store(&dir, 1 << 40);
+    let held = reopened.pull(&by_index, None).await.unwrap();
+    assert_eq!(held.digest().as_str(), image.digest());
+    assert!(held.rootfs().join("etc/os-release").exists());
+}

@@ -48,6 +48,10 @@ fn diff_ids(json: &[u8]) -> Result<Vec<String>, PullError> {
 struct Meta {
     config: ImageConfig,
     bytes: u64,
+    /// The index digest the image was pulled by, when it came from an index (what a
+    /// catalog pins): a later pull by it finds the image without asking the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    index: Option<Digest>,
 }
 
 /// Settings of a store.
@@ -90,6 +94,8 @@ struct Cached {
 #[derive(Default)]
 struct State {
     images: HashMap<Digest, Cached>,
+    /// Index digest → the manifest digest of this node's platform, for stored images.
+    aliases: HashMap<Digest, Digest>,
     clock: u64,
 }
 
@@ -238,6 +244,9 @@ impl ImageStore {
         found.sort_by_key(|(w, _, _)| *w);
         let mut state = State::default();
         for (_, d, m) in found {
+            if let Some(index) = m.index {
+                state.aliases.insert(index, d.clone());
+            }
             state.clock += 1;
             state.images.insert(
                 d,
@@ -333,11 +342,17 @@ impl ImageStore {
     }
 
     /// Holds a stored image, if it is there.
+    /// `digest` is the image's manifest digest or the digest of the index it was pulled
+    /// from.
     pub fn hold(&self, digest: &Digest) -> Option<Image> {
         let mut st = lock(&self.0.state);
         st.clock += 1;
         let now = st.clock;
-        let c = st.images.get_mut(digest)?;
+        let digest = match st.aliases.get(digest) {
+            Some(manifest) => manifest.clone(),
+            None => digest.clone(),
+        };
+        let c = st.images.get_mut(&digest)?;
         c.pins += 1;
         c.last_used = now;
         Some(Image {
@@ -356,6 +371,11 @@ impl ImageStore {
     ) -> Result<Image, PullError> {
         let mut session = Session::new(&self.0.http, image, creds);
         let manifest = session.manifest().await?;
+        if manifest.top != manifest.digest {
+            lock(&self.0.state)
+                .aliases
+                .insert(manifest.top.clone(), manifest.digest.clone());
+        }
         // Two references (a tag and a digest) naming one image: one builds it, per digest.
         let same = self.flight(manifest.digest.as_str());
         let _turn = same.lock.lock().await;
@@ -413,6 +433,7 @@ impl ImageStore {
         let meta = Meta {
             config: config.clone(),
             bytes,
+            index: (manifest.top != manifest.digest).then(|| manifest.top.clone()),
         };
         fs::write(
             build.join("image.json"),
@@ -520,6 +541,7 @@ impl ImageStore {
             if let Some(c) = st.images.remove(&victim) {
                 used -= c.bytes;
             }
+            st.aliases.retain(|_, manifest| *manifest != victim);
             // Moved aside under the lock, so a new pull of it never meets a half-removed root.
             let n = self.0.seq.fetch_add(1, Ordering::Relaxed);
             let aside = self
