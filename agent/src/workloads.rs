@@ -35,6 +35,10 @@
 //! as the agent's user with no limits and isolation between teams is only the devices
 //! they are told about (`CUDA_VISIBLE_DEVICES`) and their workspace folder.
 //!
+//! A workload whose spec names an OCI image runs in it (sandbox only): its image is
+//! pulled first, beside the loop, and held while it lives; see `workloads/image.rs`
+//! (`runs/<id>/state.json` then also names the image's digest, never the registry login).
+//!
 //! A workload on a share of a shared GPU (`spec.share`) sees that GPU like a whole-GPU
 //! workload, plus `TESSERA_GPU_SHARE_METHOD`, `TESSERA_GPU_SHARE_MILLI` and
 //! `TESSERA_GPU_MEMORY_MIB`; with MPS it is a client of the GPU's daemon (see
