@@ -253,27 +253,46 @@ fn build_image_full(
             .unwrap();
     }
     let raw = tar.into_inner().unwrap();
-    let diff_id = sha256(&raw);
+    let mut image_env: Vec<String> = vec!["PATH=/bin".to_string(), format!("MARKER={marker}")];
+    image_env.extend(env.iter().map(|e| e.to_string()));
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&raw).unwrap();
     let layer = gz.finish().unwrap();
-    let image_env: Vec<String> = ["PATH=/bin".to_string(), format!("MARKER={marker}")]
-        .into_iter()
-        .chain(env.iter().map(|e| e.to_string()))
-        .collect();
+    assemble(&raw, layer, true, &image_env, entrypoint)
+}
+
+/// An image of one uncompressed layer `raw` (a tar the caller built, e.g. of host folders)
+/// with `env` as its config's whole `Env` and no `Entrypoint`.
+pub fn image_from_tar(raw: Vec<u8>, env: &[String]) -> Built {
+    let layer = raw.clone();
+    assemble(&raw, layer, false, env, false)
+}
+
+/// Config and manifest for one layer (`layer` is `raw`, gzipped when `gzip`).
+fn assemble(raw: &[u8], layer: Vec<u8>, gzip: bool, env: &[String], entrypoint: bool) -> Built {
+    let diff_id = sha256(raw);
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": crate::client::node_architecture(),
         "os": "linux",
         "config": {
-            "Env": image_env,
+            "Env": env,
             "WorkingDir": "/work",
-            "Entrypoint": if entrypoint { serde_json::json!(["/bin/sh", "-c"]) } else { serde_json::Value::Null },
+            "Entrypoint": if entrypoint {
+                serde_json::json!(["/bin/sh", "-c"])
+            } else {
+                serde_json::Value::Null
+            },
             "Cmd": ["cat /etc/os-release"],
             "User": "0",
         },
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
     }))
     .unwrap();
+    let media = if gzip {
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    } else {
+        "application/vnd.oci.image.layer.v1.tar"
+    };
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -283,7 +302,7 @@ fn build_image_full(
             "size": config.len(),
         },
         "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "mediaType": media,
             "digest": format!("sha256:{}", sha256(&layer)),
             "size": layer.len(),
         }],

@@ -458,8 +458,7 @@ impl Images {
         let own_first = |r: &&CatalogRow| r.team_id.is_none();
         let found = rows
             .iter()
-            .filter(|r| Some(r.id) == id || r.pinned == text)
-            .next()
+            .find(|r| Some(r.id) == id || r.pinned == text)
             .or_else(|| {
                 // A name: the team's own entry wins over a platform one of the same name.
                 let mut named: Vec<&CatalogRow> = rows.iter().filter(|r| r.name == text).collect();

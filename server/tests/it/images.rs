@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tessera_registry::Credentials;
 use tessera_registry::testkit::{
-    Registry, build_image_env, build_image_plain, push, registry_available,
+    Registry, build_image_env, build_image_plain, image_from_tar, push, registry_available,
 };
 
 const PULL_USER: &str = "robot";
@@ -565,7 +565,228 @@ async fn a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it(db: Db) {
     agent.stop().await;
 }
 
+/// A tar of the host's files that JupyterLab needs and nothing else of the host: the
+/// notebook environment (`TESSERA_AGENT_NOTEBOOK_ENV`), the Python it was made from (its
+/// standard library without tests and site-packages), the shared libraries `ldd` finds for
+/// them, and busybox as `/bin/sh`. Symlinks stay symlinks; `/lib` → `usr/lib` as on the host.
+fn jupyter_layer(venv: &std::path::Path) -> Vec<u8> {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+    let python = std::fs::canonicalize(venv.join("bin/python3")).expect("the venv's python");
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .expect("python's prefix")
+        .to_path_buf();
+    let stdlib = prefix.join("lib/python3.11");
+    let skip: Vec<PathBuf> = [
+        "test",
+        "site-packages",
+        "idlelib",
+        "tkinter",
+        "ensurepip",
+        "lib2to3",
+    ]
+    .iter()
+    .map(|d| stdlib.join(d))
+    .collect();
+    let mut files: BTreeSet<PathBuf> = BTreeSet::new();
+    fn walk(dir: &Path, skip: &[PathBuf], out: &mut BTreeSet<PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+            let p = e.path();
+            if skip.contains(&p) {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).expect("metadata");
+            if m.is_dir() {
+                walk(&p, skip, out);
+            } else if m.is_file() || m.file_type().is_symlink() {
+                out.insert(p);
+            }
+        }
+    }
+    walk(venv, &skip, &mut files);
+    walk(&prefix.join("bin"), &skip, &mut files);
+    walk(&prefix.join("lib"), &skip, &mut files);
+    // The shared libraries of the interpreter and of every extension module.
+    let mut libs: BTreeSet<PathBuf> = BTreeSet::new();
+    let objects: Vec<PathBuf> = files
+        .iter()
+        .filter(|p| p.to_string_lossy().contains(".so") && p.is_file())
+        .cloned()
+        .chain([python.clone()])
+        .collect();
+    for chunk in objects.chunks(200) {
+        let out = std::process::Command::new("ldd")
+            .args(chunk)
+            .output()
+            .expect("ldd");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let path = line
+                .split("=>")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .or_else(|| {
+                    line.trim()
+                        .split_whitespace()
+                        .next()
+                        .filter(|w| w.starts_with('/'))
+                });
+            if let Some(p) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(PathBuf::from(p));
+            }
+        }
+    }
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.follow_symlinks(false);
+    let mut added: BTreeSet<PathBuf> = BTreeSet::new();
+    // A path and, for a symlink, what it points at, at their real places (`/lib` is a
+    // symlink here, so libraries are stored under `usr/lib`).
+    fn add(tar: &mut tar::Builder<Vec<u8>>, added: &mut BTreeSet<PathBuf>, path: &Path) {
+        let parent = path
+            .parent()
+            .map(|p| std::fs::canonicalize(p).unwrap_or(p.to_path_buf()));
+        let path = match (parent, path.file_name()) {
+            (Some(dir), Some(name)) => dir.join(name),
+            _ => return,
+        };
+        // A dangling link's target (there are some in a Python tree) is left out.
+        let Ok(m) = std::fs::symlink_metadata(&path) else {
+            return;
+        };
+        if !added.insert(path.clone()) {
+            return;
+        }
+        let name = path.strip_prefix("/").expect("absolute");
+        if m.file_type().is_symlink() {
+            let target = std::fs::read_link(&path).expect("link");
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_mode(0o777);
+            tar.append_link(&mut h, name, &target).expect("symlink");
+            let resolved = if target.is_absolute() {
+                target
+            } else {
+                path.parent().expect("parent").join(target)
+            };
+            if std::fs::symlink_metadata(&resolved).is_ok_and(|m| !m.is_dir()) {
+                add(tar, added, &resolved);
+            }
+        } else {
+            tar.append_path_with_name(&path, name).expect("file");
+        }
+    }
+    for p in files.iter().chain(libs.iter()) {
+        add(&mut tar, &mut added, p);
+    }
+    for (link, target) in [("lib", "usr/lib"), ("lib64", "usr/lib64")] {
+        if std::fs::read_link(Path::new("/").join(link)).is_ok() {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_mode(0o777);
+            tar.append_link(&mut h, link, target).expect("symlink");
+        }
+    }
+    if let Ok(bb) = std::fs::read("/bin/busybox") {
+        let h = tessera_registry::testkit::file_header("bin/busybox", 0o755, bb.len() as u64);
+        tar.append(&h, &bb[..]).expect("busybox");
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        h.set_mode(0o777);
+        tar.append_link(&mut h, "bin/sh", "busybox").expect("sh");
+    }
+    tar.into_inner().expect("tar")
+}
+
+/// A team's notebook profile with a catalog image starts JupyterLab from that image (one
+/// the test builds with the notebook environment inside); the node's own environment is
+/// not in the container, so the notebook answers only because the image has it.
+async fn a_profile_notebook_runs_jupyterlab_from_its_image(db: Db) {
+    if !registry_available() {
+        return;
+    }
+    let Some(venv) = std::env::var_os("TESSERA_AGENT_NOTEBOOK_ENV").map(std::path::PathBuf::from)
+    else {
+        eprintln!("SKIPPED: TESSERA_AGENT_NOTEBOOK_ENV is not set (cargo xtask test sets it)");
+        return;
+    };
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let raw = jupyter_layer(&venv);
+    let env = vec![
+        format!("PATH={}/bin:/bin", venv.display()),
+        "MARKER=tessera-jupyter-image".to_owned(),
+    ];
+    let img = image_from_tar(raw, &env);
+    push(&http, &reg, "lab/jupyter", "1", &img, None).await;
+
+    let a = AdminClient::new(db).await;
+    let admin = a.token().await;
+    let t = team(&a, "imgnb").await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let (s, _) = call(
+        &a,
+        &admin,
+        Method::POST,
+        "/api/v1/registries",
+        Some(json!({"entry": reg.addr})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, v) = call(&a, &t.team_admin, Method::POST, "/api/v1/images",
+        Some(json!({"team_id": t.id, "name": "Lab", "reference": format!("{}/lab/jupyter:1", reg.addr)}))).await;
+    assert_eq!(s, 201, "{v}");
+    let (s, profile) = call(
+        &a,
+        &t.team_admin,
+        Method::POST,
+        &format!("/api/v1/teams/{}/notebook-profiles", t.id),
+        Some(json!({"name": "Lab image", "kind": "H100-80GB:1g.10gb", "hours": 1, "image": "Lab"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{profile}");
+    assert_eq!(profile["image_name"], "Lab", "{profile}");
+    let (s, v) = call(&a, &t.team_admin, Method::POST, &format!("/api/v1/teams/{}/notebook-profiles", t.id),
+        Some(json!({"name": "Bad", "kind": "H100-80GB:1g.10gb", "hours": 1, "image": "no such image"}))).await;
+    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
+
+    let agent = WorkloadAgent::start(&a, "imgnb-node").await;
+    let (s, v) = call(
+        &a,
+        &t.member,
+        Method::POST,
+        "/api/v1/notebooks",
+        Some(json!({"profile_id": profile["id"], "name": "lab"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(
+        v["image"],
+        format!("{}/lab/jupyter@{}", reg.addr, img.digest()),
+        "{v}"
+    );
+    let id = v["id"].as_str().expect("id").to_owned();
+    // `running` is reported once JupyterLab answers its status probe (agent side).
+    let running = wait_workload(&a.app, &t.member, &id, "running", 180).await;
+    assert!(running["url"].is_string(), "{running}");
+    let (s, _) = call(
+        &a,
+        &t.member,
+        Method::POST,
+        &format!("/api/v1/workloads/{id}/stop"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    wait_workload(&a.app, &t.member, &id, "stopped", 60).await;
+    agent.stop().await;
+}
+
 on_both_databases!(
+    a_profile_notebook_runs_jupyterlab_from_its_image,
     the_catalog_pins_images_and_keeps_teams_apart,
     a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it,
 );

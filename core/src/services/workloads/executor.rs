@@ -137,9 +137,9 @@ impl Workloads {
                 continue;
             };
             let key = (w.team_id, image.registry().to_owned());
-            if !logins.contains_key(&key) {
-                let login = self.images.login(key.0, &key.1).await?;
-                logins.insert(key, login);
+            if let std::collections::hash_map::Entry::Vacant(e) = logins.entry(key) {
+                let login = self.images.login(e.key().0, &e.key().1).await?;
+                e.insert(login);
             }
         }
         let workloads = rows
