@@ -146,7 +146,7 @@ fn AllowList(
                     value=entry
                 />
                 {field_error(value, "entry")}
-                {field_error(value, "image")}
+                {field_error(value, "registry")}
                 <button type="submit" disabled=move || allow.pending().get()>
                     "Allow"
                 </button>
@@ -287,7 +287,7 @@ pub fn AddImageForm(team_id: String, action: ServerAction<AddImage>) -> impl Int
                     <input
                         id=name_id
                         name="name"
-                        maxlength="80"
+                        maxlength="60"
                         placeholder="PyTorch 2.3 (CUDA 12.4)"
                         autocomplete="off"
                         required
