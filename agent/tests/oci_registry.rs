@@ -17,7 +17,7 @@ use tessera_agent::oci::unpack::Limits;
 use tessera_agent::oci::{Credentials, ImageStore, PullError, StoreLimits};
 use tessera_domain::image::ImageRef;
 use tessera_registry::testkit::{
-    Registry, build_image, build_image_with, push, registry_available, sha256,
+    Registry, build_image, build_image_with, htpasswd, push, registry_available, sha256,
 };
 
 fn store(dir: &Path, cache_bytes: u64) -> ImageStore {
@@ -318,23 +318,10 @@ async fn basic_auth_credentials_pull_and_wrong_ones_fail() {
     if !registry_available() {
         return;
     }
-    let Some(htpasswd) = which("htpasswd") else {
-        if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() {
-            panic!(
-                "TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apt install apache2-utils)"
-            );
-        }
-        eprintln!("SKIPPED: htpasswd is not installed (Debian package apache2-utils)");
+    let secrets = tempfile::tempdir().unwrap();
+    let Some(file) = htpasswd(secrets.path(), "robot", "s3cret-pull-word") else {
         return;
     };
-    let secrets = tempfile::tempdir().unwrap();
-    let file = secrets.path().join("htpasswd");
-    let out = Command::new(htpasswd)
-        .args(["-Bbn", "robot", "s3cret-pull-word"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    std::fs::write(&file, &out.stdout).unwrap();
     let reg = Registry::start(Some(&file));
     let good = Credentials {
         username: "robot".into(),

@@ -370,3 +370,26 @@ pub async fn push(
         image.digest()
     );
 }
+
+/// An htpasswd file in `dir` for one user (apache2-utils' `htpasswd`, which xtask
+/// installs); `None` (the caller skips) when it is missing and `TESSERA_REQUIRE_REGISTRY`
+/// is unset.
+pub fn htpasswd(dir: &Path, user: &str, password: &str) -> Option<PathBuf> {
+    let out = Command::new("htpasswd")
+        .args(["-Bbn", user, password])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let file = dir.join("htpasswd");
+            std::fs::write(&file, o.stdout).expect("htpasswd file");
+            Some(file)
+        }
+        _ if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() => {
+            panic!("TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apache2-utils)")
+        }
+        _ => {
+            eprintln!("SKIPPED: htpasswd is not installed (Debian package apache2-utils)");
+            None
+        }
+    }
+}

@@ -26,7 +26,9 @@ use tessera_domain::image::{CudaVersion, ImageRef};
 use tessera_domain::wire::{
     DriverInfo, ImageSpec, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadSpec,
 };
-use tessera_registry::testkit::{Built, Registry, Tls, build_image, push, registry_available};
+use tessera_registry::testkit::{
+    Built, Registry, Tls, build_image, htpasswd, push, registry_available,
+};
 
 use crate::support::{FakeServer, H100, run_config, sync};
 
@@ -448,14 +450,6 @@ async fn over_tls_with_the_registry_ca_the_right_login_pulls_and_a_wrong_one_fai
     if !can_run() {
         return;
     }
-    let Some(htpasswd) = which("htpasswd") else {
-        assert!(
-            std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_none(),
-            "htpasswd is missing (apt install apache2-utils)"
-        );
-        eprintln!("SKIPPED: htpasswd is not installed (Debian package apache2-utils)");
-        return;
-    };
     const GOOD: &str = "R1ght-pull-Word-4471";
     const BAD: &str = "Wr0ng-pull-Word-9923";
     let captured = Captured::default();
@@ -468,13 +462,9 @@ async fn over_tls_with_the_registry_ca_the_right_login_pulls_and_a_wrong_one_fai
             .finish(),
     );
     let secrets = tempfile::tempdir().unwrap();
-    let file = secrets.path().join("htpasswd");
-    let out = Command::new(htpasswd)
-        .args(["-Bbn", "robot", GOOD])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    std::fs::write(&file, &out.stdout).unwrap();
+    let Some(file) = htpasswd(secrets.path(), "robot", GOOD) else {
+        return;
+    };
     let name = "registry.tessera.test";
     let (ca, cert, key) = test_pki(name);
     let reg = Registry::start_with(

@@ -21,22 +21,9 @@ use tessera_registry::testkit::{
 const PULL_USER: &str = "robot";
 const PULL_PASSWORD: &str = "s3cret-pull-word-36";
 
-/// An htpasswd file for [`PULL_USER`] (apache2-utils' `htpasswd`, which xtask installs).
+/// An htpasswd file for [`PULL_USER`].
 fn htpasswd(dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    let out = std::process::Command::new("htpasswd")
-        .args(["-Bbn", PULL_USER, PULL_PASSWORD])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
-            let file = dir.join("htpasswd");
-            std::fs::write(&file, o.stdout).expect("htpasswd file");
-            Some(file)
-        }
-        _ if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() => {
-            panic!("TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apache2-utils)")
-        }
-        _ => None,
-    }
+    tessera_registry::testkit::htpasswd(dir, PULL_USER, PULL_PASSWORD)
 }
 
 async fn call(

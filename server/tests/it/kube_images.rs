@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::wire::{ImageSpec, RegistryLogin, WorkloadSpec};
 use tessera_domain::workload::WorkloadKind;
+use tessera_registry::testkit::htpasswd;
 use tessera_server::config::ServeConfig;
 use tessera_server::k8s::{KubeExecutor, pull_secret_name};
 use tracing::instrument::WithSubscriber;
@@ -573,27 +574,5 @@ async fn wait_for_job(kube: &FakeKube, sel: &str) -> Value {
             kube.requests()
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
-
-/// An htpasswd file for one user (apache2-utils' `htpasswd`, which xtask installs);
-/// `None` (skipped) when it is missing and `TESSERA_REQUIRE_REGISTRY` is unset.
-fn htpasswd(dir: &std::path::Path, user: &str, password: &str) -> Option<std::path::PathBuf> {
-    let out = std::process::Command::new("htpasswd")
-        .args(["-Bbn", user, password])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
-            let file = dir.join("htpasswd");
-            std::fs::write(&file, o.stdout).expect("htpasswd file");
-            Some(file)
-        }
-        _ if std::env::var_os("TESSERA_REQUIRE_REGISTRY").is_some() => {
-            panic!("TESSERA_REQUIRE_REGISTRY is set but htpasswd is missing (apache2-utils)")
-        }
-        _ => {
-            eprintln!("SKIPPED: htpasswd is not installed");
-            None
-        }
     }
 }
