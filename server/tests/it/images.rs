@@ -614,8 +614,7 @@ fn jupyter_layer(venv: &std::path::Path) -> Vec<u8> {
                 .nth(1)
                 .and_then(|r| r.split_whitespace().next())
                 .or_else(|| {
-                    line.trim()
-                        .split_whitespace()
+                    line.split_whitespace()
                         .next()
                         .filter(|w| w.starts_with('/'))
                 });
