@@ -565,4 +565,28 @@ mod tests {
         );
         assert_eq!(environment_options(&[]).len(), 1);
     }
+
+    #[cfg(feature = "ssr")]
+    #[test]
+    fn the_select_posts_image_and_keeps_the_choice_made() {
+        let mut team = entry(Some("vision"), None);
+        team.id = uuid::Uuid::from_u128(9);
+        let chosen = team.id.to_string();
+        let html = Owner::new().with(|| {
+            view! { <EnvironmentSelect input_id="x-image" images=vec![entry(None, None), team] chosen /> }
+                .to_html()
+        });
+        assert!(html.contains(r#"name="image""#), "{html}");
+        let first = html
+            .find("Node environment (default)")
+            .unwrap_or(usize::MAX);
+        let platform = html.find(">PyTorch<").unwrap_or(0);
+        assert!(first < platform, "the default comes first: {html}");
+        assert_eq!(html.matches("selected").count(), 1, "{html}");
+        let selected = html.find("selected").unwrap_or(0);
+        assert!(
+            html[..selected].ends_with(&format!(r#"value="{}" "#, uuid::Uuid::from_u128(9))),
+            "{html}"
+        );
+    }
 }

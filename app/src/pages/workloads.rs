@@ -2238,6 +2238,43 @@ fn LogView(head: Result<LogSlice, UiError>, log: LogState, id: String) -> impl I
 mod tests {
     use super::*;
 
+    #[cfg(feature = "ssr")]
+    fn html(view: impl IntoView + 'static) -> String {
+        let owner = Owner::new();
+        owner.with(|| view.to_html())
+    }
+
+    #[cfg(feature = "ssr")]
+    #[test]
+    fn a_pull_shows_its_percentage_and_a_progress_bar() {
+        use tessera_domain::workload::PullView;
+        let half =
+            html(view! { <PullProgress pull=PullView { done_bytes: 43, total_bytes: 100 } /> });
+        assert!(half.contains("Pulling image 43 %"), "{half}");
+        assert!(
+            half.contains(r#"max="100""#) && half.contains(r#"value="43""#),
+            "{half}"
+        );
+        // The size not known yet: 0 % and a bar without a value (indeterminate).
+        let unknown =
+            html(view! { <PullProgress pull=PullView { done_bytes: 0, total_bytes: 0 } /> });
+        assert!(unknown.contains("Pulling image 0 %"), "{unknown}");
+        assert!(!unknown.contains("value="), "{unknown}");
+    }
+
+    #[cfg(feature = "ssr")]
+    #[test]
+    fn the_image_shows_shortened_with_the_full_reference_in_its_title() {
+        let pinned = format!("ghcr.io/acme/torch@sha256:{}", "ab".repeat(32));
+        let shown = html(image_view(Some(&pinned)));
+        assert!(shown.contains(&format!(r#"title="{pinned}""#)), "{shown}");
+        assert!(
+            shown.contains("ghcr.io/acme/torch@sha256:abababababab…<"),
+            "{shown}"
+        );
+        assert_eq!(html(image_view(None)), "Node environment");
+    }
+
     #[test]
     fn the_last_new_gpu_choice_reads_back_as_written() {
         let last = LastGpu {
