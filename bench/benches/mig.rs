@@ -63,6 +63,7 @@ fn single_gpu_search(c: &mut Criterion) {
             memory_mib: 0,
             models: Vec::new(),
             needs_cuda: None,
+            gang: None,
         })
         .collect();
     c.bench_function("place 4 MIG instances on one H100, then undo", |b| {

@@ -206,6 +206,7 @@ fn main() -> Result<(), String> {
                                     })
                                     .collect(),
                                 driver: None,
+                                group: None,
                             }
                         })
                         .collect();
@@ -232,6 +233,7 @@ fn main() -> Result<(), String> {
                             memory_mib: pod.mem,
                             models: Vec::new(),
                             needs_cuda: None,
+                            gang: None,
                         };
                         d_all += pod.gpu_milli();
                         if let Ok(Ok(_)) = engine.place(&r) {

@@ -29,6 +29,7 @@ fn request(rng: &mut Rng, i: usize) -> (Request, u64) {
         memory_mib: 4096 * rng.below(8) as u64,
         models: Vec::new(),
         needs_cuda: None,
+        gang: None,
     };
     if rng.below(10) < 6 {
         let (p, milli) = PROFILES[rng.below(PROFILES.len())];
@@ -70,6 +71,7 @@ fn main() {
                 })
                 .collect(),
             driver: None,
+            group: None,
         });
     }
     let cluster = Cluster {

@@ -72,6 +72,7 @@ use std::str::FromStr;
 use uuid::Uuid;
 
 mod admission;
+mod gang;
 mod kind;
 mod pending;
 mod preemption;
@@ -82,6 +83,7 @@ mod state;
 mod view;
 
 pub use admission::*;
+pub use gang::*;
 pub use kind::*;
 pub use pending::*;
 pub use preemption::*;

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use super::fractional::{NodeView, Policy, ShareAsk, Workload};
 use super::input::{
-    Ask, Cluster, DriverInfo, Gpu, GpuMode, InputError, MigInstance, Node, Request,
+    Ask, Cluster, DriverInfo, Gang, Gpu, GpuMode, InputError, MigInstance, Node, Request,
 };
 use crate::image::CudaVersion;
 use crate::mig::{Catalog, GpuModel, MAX_PROFILES, Occupancy, ProfileIdx, Slot};
@@ -18,6 +18,11 @@ const USE_IDLE: u32 = 0;
 const CREATE: u32 = 1;
 const REPARTITION: u32 = 2;
 const MODE_CHANGE: u32 = 3;
+
+// Gang placement (all-or-nothing, group-local first) needs the engine's internals.
+#[path = "gang.rs"]
+mod gang;
+pub use gang::GangPlacement;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ModelEntry {
@@ -34,6 +39,7 @@ struct NodeState {
     mem_free: u64,
     gpus: Range<usize>,
     driver: Option<DriverInfo>,
+    group: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +135,8 @@ pub struct Engine {
     policy: Policy,
     /// [`Cluster::fixed_sharing`]: no GPU is converted to shared mode.
     fixed_sharing: bool,
+    /// Per node: closed to placements while a gang is tried (all false otherwise).
+    closed: Vec<bool>,
 }
 
 /// A request, checked and resolved against the engine's models.
@@ -144,6 +152,8 @@ pub(crate) struct Resolved {
     mig_milli: u32,
     /// The CUDA version the node's driver must support.
     needs_cuda: Option<CudaVersion>,
+    /// Members of a gang request (its ask is per member).
+    gang: Option<Gang>,
 }
 
 impl Resolved {
@@ -170,6 +180,12 @@ impl Resolved {
     pub(crate) fn mig_milli(&self) -> u32 {
         self.mig_milli
     }
+    pub(crate) fn gang(&self) -> Option<Gang> {
+        self.gang
+    }
+    pub(crate) fn is_gang(&self) -> bool {
+        self.gang.is_some()
+    }
 }
 
 impl Engine {
@@ -189,6 +205,7 @@ impl Engine {
             costs: Vec::new(),
             policy: Policy::Fragmentation(Workload::default()),
             fixed_sharing: cluster.fixed_sharing,
+            closed: Vec::new(),
         };
         let mut names = BTreeMap::new();
         for (i, node) in cluster.nodes.iter().enumerate() {
@@ -197,6 +214,7 @@ impl Engine {
         for g in 0..engine.gpus.len() {
             engine.refresh(g);
         }
+        engine.closed = vec![false; engine.nodes.len()];
         engine.catalog = catalog;
         Ok(engine)
     }
@@ -255,6 +273,7 @@ impl Engine {
             mem_free: node.memory_mib - node.memory_used_mib,
             gpus: first..self.gpus.len(),
             driver: node.driver.clone(),
+            group: node.group.clone(),
         });
         Ok(())
     }
@@ -362,6 +381,9 @@ impl Engine {
         position: usize,
     ) -> Result<Resolved, InputError> {
         let ask = request.ask(position)?;
+        if let Some(g) = &request.gang {
+            gang::check(g, &ask, position)?;
+        }
         let allowed: Vec<bool> = self
             .models
             .iter()
@@ -406,12 +428,20 @@ impl Engine {
             allowed,
             profile,
             needs_cuda: request.needs_cuda,
+            gang: request.gang,
         })
     }
 
-    /// Places one request, or says why it cannot be placed now.
+    /// Places one request, or says why it cannot be placed now. Gangs go through
+    /// [`Engine::place_gang`].
     pub fn place(&mut self, request: &Request) -> Result<Result<Decision, Unplaced>, InputError> {
         let r = self.resolve(request, 0)?;
+        if r.gang.is_some() {
+            return Err(InputError::new(
+                "[0].gang",
+                "a gang is placed with place_gang",
+            ));
+        }
         Ok(self.place_resolved(&r))
     }
 
@@ -431,7 +461,11 @@ impl Engine {
 
     /// Whether `node`'s driver runs what `r` needs: any node when it needs nothing; else
     /// only one that reports a driver supporting at least the CUDA version asked for.
+    /// A node closed while a gang is tried fits nothing.
     fn driver_fits(&self, node: usize, r: &Resolved) -> bool {
+        if self.closed[node] {
+            return false;
+        }
         r.needs_cuda.is_none_or(|need| {
             self.nodes[node]
                 .driver
@@ -832,6 +866,7 @@ impl Engine {
                     .map(|g| self.wire_gpu(g))
                     .collect(),
                 driver: n.driver.clone(),
+                group: n.group.clone(),
             })
             .collect();
         Cluster {

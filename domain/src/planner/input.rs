@@ -53,6 +53,10 @@ pub struct Node {
     /// `needs_cuda` never goes there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<DriverInfo>,
+    /// A placement group (rack, switch) an admin gave the node: a gang stays inside one
+    /// group when one can hold it. Absent: no group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Node {
@@ -67,6 +71,7 @@ impl Node {
             memory_used_mib: 0,
             gpus,
             driver: None,
+            group: None,
         }
     }
 }
@@ -145,6 +150,31 @@ pub struct Request {
     /// driver is older, or that report none, are not chosen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needs_cuda: Option<CudaVersion>,
+    /// A gang: `nodes` members, each on its own node, each taking the request's ask
+    /// (`gpus`, or `per_node` instances of `mig`) and its `cpu_milli`/`memory_mib`;
+    /// placed all-or-nothing (docs/planner.md, "Gangs").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<Gang>,
+}
+
+/// How a gang request spreads over nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gang {
+    /// Members, each on a distinct node (at least 1).
+    pub nodes: u32,
+    /// For a `mig` ask: instances each member takes, all on its node (default 1). Must be
+    /// 1 for `gpus` asks, whose member size is `gpus`.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub per_node: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
 }
 
 /// A semantic error in the input, located by a JSON path such as
@@ -189,6 +219,7 @@ impl Request {
             memory_mib: 0,
             models: Vec::new(),
             needs_cuda: None,
+            gang: None,
         }
     }
 

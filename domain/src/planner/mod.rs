@@ -9,17 +9,19 @@ pub mod cli;
 mod driver_tests;
 mod engine;
 pub mod fractional;
+#[cfg(test)]
+mod gang_tests;
 mod input;
 mod output;
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-pub use engine::{Decision, Engine, Unplaced};
+pub use engine::{Decision, Engine, GangPlacement, Unplaced};
 pub use input::{
-    Cluster, Demand, DriverInfo, Gpu, GpuMode, InputError, MigInstance, Node, Request,
+    Cluster, Demand, DriverInfo, Gang, Gpu, GpuMode, InputError, MigInstance, Node, Request,
 };
-pub use output::{Assignment, Pending, Plan, Reconfiguration};
+pub use output::{Assignment, GangMember, MemberSlice, Pending, Plan, Reconfiguration};
 
 use crate::mig::Catalog;
 use fractional::{Policy, ShareAsk, Workload};
@@ -99,7 +101,14 @@ pub fn plan(
     });
     let mut outcomes = vec![None; requests.len()];
     for i in order {
-        outcomes[i] = Some(engine.place_resolved(&resolved[i]));
+        outcomes[i] = Some(if resolved[i].is_gang() {
+            match engine.place_gang_resolved(&resolved[i]) {
+                Some(g) => Outcome::Gang(g),
+                None => Outcome::GangWaits,
+            }
+        } else {
+            Outcome::One(engine.place_resolved(&resolved[i]))
+        });
     }
 
     let summary = engine.summary();
@@ -107,7 +116,33 @@ pub fn plan(
     for (i, outcome) in outcomes.into_iter().enumerate() {
         let request = requests[i].id.clone();
         match outcome {
-            Some(Ok(d)) => {
+            Some(Outcome::Gang(g)) => {
+                let members: Vec<GangMember> =
+                    g.members.iter().map(|m| gang_member(&engine, m)).collect();
+                let first = members.first().cloned();
+                plan.assignments.push(Assignment {
+                    request,
+                    node: first.as_ref().map(|m| m.node.clone()).unwrap_or_default(),
+                    gpu: first
+                        .as_ref()
+                        .and_then(|m| m.gpus.first().copied())
+                        .or_else(|| first.as_ref()?.slices.first().map(|s| s.gpu)),
+                    gpus: first
+                        .as_ref()
+                        .filter(|m| m.gpus.len() > 1)
+                        .map(|m| m.gpus.clone())
+                        .unwrap_or_default(),
+                    profile: None,
+                    start: None,
+                    milli: None,
+                    members,
+                });
+            }
+            Some(Outcome::GangWaits) => plan.pending.push(Pending {
+                request,
+                reason: engine.gang_reason(&resolved[i]),
+            }),
+            Some(Outcome::One(Ok(d))) => {
                 let p = engine.decision_parts(&d);
                 plan.assignments.push(Assignment {
                     request,
@@ -117,9 +152,10 @@ pub fn plan(
                     profile: p.profile,
                     start: p.start,
                     milli: p.milli,
+                    members: Vec::new(),
                 });
             }
-            Some(Err(u)) => plan.pending.push(Pending {
+            Some(Outcome::One(Err(u))) => plan.pending.push(Pending {
                 request,
                 reason: engine.reason(&resolved[i], u, &summary),
             }),
@@ -153,6 +189,36 @@ pub fn plan(
     Ok(plan)
 }
 
+/// What became of one request in [`plan`].
+#[derive(Clone)]
+enum Outcome {
+    One(Result<Decision, Unplaced>),
+    Gang(GangPlacement),
+    GangWaits,
+}
+
+/// A placed gang member in wire form.
+fn gang_member(engine: &Engine, decisions: &[Decision]) -> GangMember {
+    let mut m = GangMember {
+        node: String::new(),
+        gpus: Vec::new(),
+        slices: Vec::new(),
+    };
+    for d in decisions {
+        let p = engine.decision_parts(d);
+        m.node = engine.node_name(p.node).to_owned();
+        match (p.profile, p.start) {
+            (Some(profile), Some(start)) => m.slices.push(MemberSlice {
+                gpu: p.gpus.first().copied().unwrap_or_default(),
+                profile,
+                start,
+            }),
+            _ => m.gpus.extend(p.gpus),
+        }
+    }
+    m
+}
+
 impl engine::Resolved {
     fn share_ask(&self) -> Option<ShareAsk> {
         match self.ask() {
@@ -172,13 +238,18 @@ impl engine::Resolved {
         }
     }
 
-    /// The ask's size in milli-GPU, to place larger asks first.
+    /// The ask's size in milli-GPU, to place larger asks first (a gang's: all its
+    /// members').
     fn size_milli(&self) -> u32 {
-        match self.ask() {
+        let one = match self.ask() {
             Ask::Cpu => 0,
             Ask::Share(m) => *m,
             Ask::Whole(n) => n.saturating_mul(1000),
             Ask::Mig(_) => self.mig_milli(),
+        };
+        match self.gang() {
+            Some(g) => one.saturating_mul(g.nodes).saturating_mul(g.per_node),
+            None => one,
         }
     }
 }

@@ -30,6 +30,29 @@ pub struct Assignment {
     /// Milli-GPU of a time-sliced share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub milli: Option<u32>,
+    /// A gang's members in rank order (`node`/`gpu`/`gpus` above repeat member 0's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<GangMember>,
+}
+
+/// One member of a placed gang: its node and what it holds there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangMember {
+    pub node: String,
+    /// Whole GPUs (indexes on the node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// MIG instances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<MemberSlice>,
+}
+
+/// One MIG instance of a gang member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberSlice {
+    pub gpu: u32,
+    pub profile: String,
+    pub start: u8,
 }
 
 /// Changes to one GPU. Busy instances never appear in `destroy`.

@@ -105,6 +105,7 @@ fn node(i: usize) -> impl Strategy<Value = Node> {
                 version: format!("5{}0.1", cuda.minor),
                 cuda,
             }),
+            group: None,
         })
 }
 
@@ -145,6 +146,7 @@ fn request(i: usize) -> impl Strategy<Value = Request> {
                     .unwrap_or_default(),
                 // Half the requests need nothing.
                 needs_cuda: cuda(need.saturating_sub(1)),
+                gang: None,
             },
         )
 }

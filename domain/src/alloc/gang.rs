@@ -1,0 +1,287 @@
+//! Gang requests (issue 42, step 1): `nodes` × `gpus_per_node` of one kind, every member
+//! on its own node, placed all-or-nothing by the planner ([`crate::planner::Gang`]).
+//!
+//! Only the request, its validation and its quota units live here; nothing stores,
+//! admits or launches a gang yet (the wiring into core, the REST API and the agents is a
+//! later step of issue 42).
+
+use super::*;
+use crate::planner;
+
+/// The most nodes one gang may span.
+pub const GANG_NODES_MAX: u32 = 64;
+
+/// How many processes a gang's launcher starts: one per node (`torchrun`, `mpirun`
+/// launchers) or one per GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ranks {
+    #[default]
+    PerNode,
+    PerGpu,
+}
+
+/// A gang as a user asks for it: `nodes` members, each with `gpus_per_node` of `kind`
+/// (whole GPUs, or MIG instances of one profile all on the member's node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GangRequest {
+    pub kind: GpuKind,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    #[serde(default)]
+    pub ranks: Ranks,
+}
+
+impl GangRequest {
+    /// Checks the request against the catalog and `most_per_node` (what
+    /// [`most_per_node`] says the cluster holds on one node) and returns it with the
+    /// catalog's spelling of the kind. Errors name the field: `nodes` (1..=64),
+    /// `gpus_per_node` (1..=most on one node), `kind` (unknown, or a share).
+    pub fn validate(&self, catalog: &Catalog, most_per_node: u32) -> Result<Self, AppError> {
+        if matches!(self.kind, GpuKind::Share { .. }) {
+            return Err(AppError::invalid(
+                "kind",
+                "a gang takes whole GPUs or MIG instances, not shares, e.g. H100-80GB:whole",
+            ));
+        }
+        let kind = self.kind.canonical(catalog)?;
+        if !(1..=GANG_NODES_MAX).contains(&self.nodes) {
+            return Err(AppError::invalid(
+                "nodes",
+                format!("must be 1 to {GANG_NODES_MAX}"),
+            ));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(AppError::invalid("gpus_per_node", "must be at least 1"));
+        }
+        if self.gpus_per_node > most_per_node {
+            let what = match &kind {
+                GpuKind::Whole { model } => format!("{model} GPUs"),
+                other => other.label(),
+            };
+            return Err(AppError::invalid(
+                "gpus_per_node",
+                format!(
+                    "at most {most_per_node}: no node holds more {what} (asked {})",
+                    self.gpus_per_node
+                ),
+            ));
+        }
+        self.units(catalog)?;
+        Ok(GangRequest {
+            kind,
+            nodes: self.nodes,
+            gpus_per_node: self.gpus_per_node,
+            ranks: self.ranks,
+        })
+    }
+
+    /// Units the gang costs on its kind's quota line: nodes × gpus_per_node × the
+    /// kind's unit cost (a whole H100 is 7, a `1g.10gb` 1).
+    pub fn units(&self, catalog: &Catalog) -> Result<u32, AppError> {
+        let count = self
+            .nodes
+            .checked_mul(self.gpus_per_node)
+            .ok_or_else(|| AppError::invalid("gpus_per_node", "is too large"))?;
+        self.kind.units(count, catalog).map_err(|e| match e {
+            AppError::Invalid { field, message } if field == "count" => {
+                AppError::invalid("gpus_per_node", message)
+            }
+            e => e,
+        })
+    }
+
+    /// The planner's request for this gang, named `id` (the kind should be canonical).
+    pub fn to_planner(&self, id: impl Into<String>) -> planner::Request {
+        let (gpus, mig, per_node) = match &self.kind {
+            GpuKind::Whole { .. } => (Some(self.gpus_per_node), None, 1),
+            GpuKind::Mig { profile, .. } => (None, Some(profile.clone()), self.gpus_per_node),
+            GpuKind::Share { .. } => (None, None, 1),
+        };
+        planner::Request {
+            gpus,
+            mig,
+            models: vec![self.kind.model().to_owned()],
+            gang: Some(planner::Gang {
+                nodes: self.nodes,
+                per_node,
+            }),
+            ..planner::Request::new(id)
+        }
+    }
+}
+
+/// The most of `kind` one node of `cluster` holds: GPUs of the model for whole GPUs;
+/// for a MIG profile, GPUs of the model times the instances of the profile one GPU can
+/// hold. 0 when no node has the model.
+pub fn most_per_node(kind: &GpuKind, cluster: &planner::Cluster, catalog: &Catalog) -> u32 {
+    let model = catalog.get(kind.model());
+    let name = model.map_or(kind.model(), GpuModel::name);
+    let per_gpu = match (kind, model) {
+        (GpuKind::Mig { profile, .. }, Some(m)) => m
+            .profiles()
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(profile))
+            .map_or(0, |p| {
+                let by_compute = m.compute_slices() / p.compute_slices.max(1);
+                u32::from(p.max_count.min(by_compute)).min(p.placements.len() as u32)
+            }),
+        (GpuKind::Mig { .. }, None) => 0,
+        _ => 1,
+    };
+    cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let gpus = n
+                .gpus
+                .iter()
+                .filter(|g| {
+                    g.model == name || catalog.get(&g.model).is_some_and(|m| m.name() == name)
+                })
+                .count() as u32;
+            gpus.saturating_mul(per_gpu)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::planner::{Cluster, Gpu, GpuMode, Node};
+
+    fn cluster(per_node: &[u32]) -> Cluster {
+        let nodes = per_node
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let gpus = (0..n)
+                    .map(|index| Gpu {
+                        index,
+                        model: "H100-80GB".into(),
+                        mode: GpuMode::Whole,
+                        reconfigurable: true,
+                        instances: Vec::new(),
+                        busy: false,
+                        used_milli: 0,
+                    })
+                    .collect();
+                Node::gpus_only(format!("n{i}"), gpus)
+            })
+            .collect();
+        Cluster {
+            nodes,
+            ..Cluster::default()
+        }
+    }
+
+    fn gang(kind: &str, nodes: u32, per: u32) -> GangRequest {
+        GangRequest {
+            kind: kind.parse().unwrap(),
+            nodes,
+            gpus_per_node: per,
+            ranks: Ranks::PerNode,
+        }
+    }
+
+    fn field(r: Result<GangRequest, AppError>) -> String {
+        match r {
+            Err(AppError::Invalid { field, .. }) => field,
+            other => panic!("expected a 422, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let cat = Catalog::builtin();
+        let c = cluster(&[8, 8, 4]);
+        let most = |g: &GangRequest| most_per_node(&g.kind, &c, &cat);
+        let ok = gang("h100-80gb:whole", 2, 8);
+        let v = ok.validate(&cat, most(&ok)).unwrap();
+        assert_eq!(v.kind.to_string(), "H100-80GB:whole");
+        let zero = gang("H100-80GB:whole", 0, 8);
+        assert_eq!(field(zero.validate(&cat, most(&zero))), "nodes");
+        let many = gang("H100-80GB:whole", 65, 1);
+        assert_eq!(field(many.validate(&cat, most(&many))), "nodes");
+        let none = gang("H100-80GB:whole", 2, 0);
+        assert_eq!(field(none.validate(&cat, most(&none))), "gpus_per_node");
+        let big = gang("H100-80GB:whole", 2, 9);
+        assert_eq!(most(&big), 8);
+        let err = big.validate(&cat, most(&big)).unwrap_err().to_string();
+        assert!(err.contains("at most 8"), "{err}");
+        assert_eq!(field(big.validate(&cat, most(&big))), "gpus_per_node");
+        let share = gang("H100-80GB:share:500", 2, 1);
+        assert_eq!(field(share.validate(&cat, 8)), "kind");
+        let unknown = gang("Z9000:whole", 2, 1);
+        assert_eq!(field(unknown.validate(&cat, 8)), "kind");
+        // A model the cluster lacks: no node holds any.
+        let a100 = gang("A100-80GB:whole", 1, 1);
+        assert_eq!(most(&a100), 0);
+        assert_eq!(field(a100.validate(&cat, most(&a100))), "gpus_per_node");
+        // Unknown fields are refused by serde.
+        let extra: Result<GangRequest, _> = serde_json::from_str(
+            r#"{"kind":"H100-80GB:whole","nodes":2,"gpus_per_node":8,"racks":1}"#,
+        );
+        assert!(extra.is_err());
+        let parsed: GangRequest = serde_json::from_str(
+            r#"{"kind":"H100-80GB:whole","nodes":2,"gpus_per_node":8,"ranks":"per_gpu"}"#,
+        )
+        .unwrap();
+        assert_eq!(parsed.ranks, Ranks::PerGpu);
+    }
+
+    #[test]
+    fn mig_gangs_count_slices_per_node() {
+        let cat = Catalog::builtin();
+        let c = cluster(&[2]);
+        // 1g.10gb: 7 per H100, so 14 on a node of two.
+        let g = gang("H100-80GB:1g.10gb", 2, 14);
+        assert_eq!(most_per_node(&g.kind, &c, &cat), 14);
+        assert!(g.validate(&cat, 14).is_ok());
+        assert_eq!(
+            field(gang("H100-80GB:1g.10gb", 2, 15).validate(&cat, 14)),
+            "gpus_per_node"
+        );
+        // 3g.40gb: two per H100.
+        let k: GpuKind = "H100-80GB:3g.40gb".parse().unwrap();
+        assert_eq!(most_per_node(&k, &c, &cat), 4);
+    }
+
+    #[test]
+    fn units_are_nodes_times_gpus_times_the_kind() {
+        let cat = Catalog::builtin();
+        assert_eq!(
+            gang("H100-80GB:whole", 2, 8).units(&cat).unwrap(),
+            2 * 8 * 7
+        );
+        assert_eq!(gang("H100-80GB:1g.10gb", 3, 2).units(&cat).unwrap(), 6);
+        assert_eq!(gang("A30-24GB:whole", 4, 2).units(&cat).unwrap(), 4 * 2 * 4);
+        let huge = gang("H100-80GB:whole", u32::MAX, 2);
+        assert_eq!(field(Err(huge.units(&cat).unwrap_err())), "gpus_per_node");
+    }
+
+    #[test]
+    fn to_planner_carries_the_gang() {
+        let r = gang("H100-80GB:whole", 2, 8).to_planner("g");
+        assert_eq!(r.gpus, Some(8));
+        assert_eq!(
+            r.gang,
+            Some(planner::Gang {
+                nodes: 2,
+                per_node: 1
+            })
+        );
+        let m = gang("H100-80GB:1g.10gb", 3, 2).to_planner("m");
+        assert_eq!(m.mig.as_deref(), Some("1g.10gb"));
+        assert_eq!(
+            m.gang,
+            Some(planner::Gang {
+                nodes: 3,
+                per_node: 2
+            })
+        );
+    }
+}
