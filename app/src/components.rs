@@ -1,6 +1,8 @@
 //! Small building blocks shared by pages: the signed-in layout, form errors, list states
 //! (loading, empty, pagination), error pages and times.
 
+pub mod images;
+
 use crate::api::{self, UiError};
 use chrono::{DateTime, Utc};
 use leptos::prelude::*;

@@ -7,11 +7,11 @@ use crate::api::{
     SetTeamGrace, SetTeamPriority, SetTeamWebhookEnabled, TeamWebhookDeliveries, TestTeamWebhook,
 };
 use crate::api::{RemoveImage, RemoveRegistryLogin, SetRegistryLogin};
+use crate::components::images::{EnvironmentSelect, TeamImages};
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, at, echoed,
     field_error, form_error, is_admin, paged_table, unpaged_table, use_offset,
 };
-use crate::pages::images::{EnvironmentSelect, TeamImages};
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 use tessera_domain::alloc::{HighGrant, QuotaView};

@@ -11,12 +11,12 @@
 
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
 use crate::components::alert;
+use crate::components::images::{EnvironmentSelect, short_pinned};
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, list_table, now, pager_with, relative, timestamp,
 };
 use crate::components::{EstimateInput, Topic, load_estimate, refresher};
-use crate::pages::images::{EnvironmentSelect, short_pinned};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::Form;
