@@ -3,6 +3,31 @@
 
 pub mod images;
 
+/// Asks before a destructive form post once hydrated (a native confirmation); without the
+/// wasm bundle the button posts the form directly.
+pub fn confirm_or_cancel(ev: &leptos::ev::MouseEvent, question: &str) {
+    #[cfg(feature = "hydrate")]
+    if !window().confirm_with_message(question).unwrap_or(false) {
+        ev.prevent_default();
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = (ev, question);
+}
+
+/// A form's "Remove" submit button that asks `question` first.
+#[component]
+pub fn RemoveButton(question: String) -> impl IntoView {
+    view! {
+        <button
+            type="submit"
+            class="danger"
+            on:click=move |ev| confirm_or_cancel(&ev, &question)
+        >
+            "Remove"
+        </button>
+    }
+}
+
 use crate::api::{self, UiError};
 use chrono::{DateTime, Utc};
 use leptos::prelude::*;

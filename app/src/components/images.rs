@@ -3,7 +3,9 @@
 //! the Environment select of the notebook, job and profile forms.
 
 use crate::api::{AddImage, RemoveImage, RemoveRegistryLogin, SetRegistryLogin, UiError};
-use crate::components::{Columns, When, echoed, field_error, form_error, unpaged_table};
+use crate::components::{
+    Columns, RemoveButton, When, echoed, field_error, form_error, unpaged_table,
+};
 use leptos::prelude::*;
 use tessera_domain::image::{CatalogImage, RegistryLoginView};
 
@@ -27,16 +29,6 @@ pub fn image_label(image: &CatalogImage, with_team: bool) -> String {
         label = format!("{label} — CUDA ≥ {cuda}");
     }
     label
-}
-
-/// Asks before a removal once hydrated; without the bundle the form posts directly.
-pub fn confirm_or_cancel(ev: &leptos::ev::MouseEvent, question: &str) {
-    #[cfg(feature = "hydrate")]
-    if !window().confirm_with_message(question).unwrap_or(false) {
-        ev.prevent_default();
-    }
-    #[cfg(not(feature = "hydrate"))]
-    let _ = (ev, question);
 }
 
 /// A catalog as a table; with `manages`, each row can be removed (after a confirmation).
@@ -89,13 +81,7 @@ fn CatalogRow(
             <td class="actions">
                 <ActionForm action=remove attr:class="row-form">
                     <input type="hidden" name="id" value=image.id.to_string() />
-                    <button
-                        type="submit"
-                        class="danger"
-                        on:click=move |ev| confirm_or_cancel(&ev, &question)
-                    >
-                        "Remove"
-                    </button>
+                    <RemoveButton question=question />
                 </ActionForm>
             </td>
         }
@@ -255,13 +241,7 @@ fn TeamLogins(
                             <ActionForm action=remove attr:class="row-form">
                                 <input type="hidden" name="team_id" value=team />
                                 <input type="hidden" name="registry" value=value />
-                                <button
-                                    type="submit"
-                                    class="danger"
-                                    on:click=move |ev| confirm_or_cancel(&ev, &question)
-                                >
-                                    "Remove"
-                                </button>
+                                <RemoveButton question=question />
                             </ActionForm>
                         </td>
                     </tr>

@@ -3,7 +3,8 @@
 //! and registry logins live on the team page (`components::images::TeamImages`).
 
 use crate::api::{self, AddImage, AllowRegistry, DisallowRegistry, RemoveImage, UiError};
-use crate::components::images::{AddImageForm, CatalogTable, confirm_or_cancel};
+use crate::components::RemoveButton;
+use crate::components::images::{AddImageForm, CatalogTable};
 use crate::components::{
     AdminOnly, Authenticated, Columns, echoed, field_error, form_error, unpaged_table,
 };
@@ -87,13 +88,7 @@ fn AllowList(
                             <td class="actions">
                                 <ActionForm action=disallow attr:class="row-form">
                                     <input type="hidden" name="entry" value=value />
-                                    <button
-                                        type="submit"
-                                        class="danger"
-                                        on:click=move |ev| confirm_or_cancel(&ev, &question)
-                                    >
-                                        "Remove"
-                                    </button>
+                                    <RemoveButton question=question />
                                 </ActionForm>
                             </td>
                         </tr>

@@ -10,13 +10,13 @@
 //! a long log keeps its scroll position and nothing flickers.
 
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
-use crate::components::alert;
 use crate::components::images::{EnvironmentSelect, short_pinned};
 use crate::components::{
     Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
     field_error, list_table, now, pager_with, relative, timestamp,
 };
 use crate::components::{EstimateInput, Topic, load_estimate, refresher};
+use crate::components::{alert, confirm_or_cancel};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::Form;
@@ -85,17 +85,6 @@ fn where_view(w: &WorkloadView) -> impl IntoView + use<> {
             {device}
         </div>
     }
-}
-
-/// Asks before a stop once hydrated (a native confirmation); without the wasm bundle the
-/// button posts the form directly.
-fn confirm_or_cancel(ev: &leptos::ev::MouseEvent, question: &str) {
-    #[cfg(feature = "hydrate")]
-    if !window().confirm_with_message(question).unwrap_or(false) {
-        ev.prevent_default();
-    }
-    #[cfg(not(feature = "hydrate"))]
-    let _ = (ev, question);
 }
 
 /// Stops a notebook or cancels a job, after a confirmation.
