@@ -1131,6 +1131,7 @@ impl Workload {
             log_complete,
             log,
             pull: None,
+            gang_addr: None,
         }
     }
 }

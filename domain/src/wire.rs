@@ -437,6 +437,66 @@ pub struct WorkloadSpec {
     /// Set when it runs in an OCI image instead of the node's own environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageSpec>,
+    /// Set on each member of a gang job (issue 42): one workload per node of the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangSpec>,
+}
+
+/// One member of a gang job. The member starts in two steps:
+/// 1. While `peers` is `None`, the agent makes the member's sandbox (devices, network)
+///    but starts no process; it reports phase `starting` with
+///    [`WorkloadReport::gang_addr`], the address the member's processes will have.
+/// 2. Once every member has reported its address, the server sends `peers` (and the
+///    launch environment in [`WorkloadSpec::env`]: `MASTER_ADDR`, `RANK`, …). The agent
+///    then lets the members reach each other (and nobody else reach them), writes the
+///    hostfile, and starts the process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GangSpec {
+    /// The gang's job (the workload id of rank 0, which the user sees as the job).
+    pub job: String,
+    /// This member's node rank (0 = the coordinator: `MASTER_ADDR` is its address).
+    pub rank: u32,
+    /// How many members (nodes) the gang has.
+    pub size: u32,
+    /// Who runs the command: every member, or only rank 0 (an `mpirun`-style launcher
+    /// that starts the other members' processes through the gang's remote agent).
+    #[serde(default)]
+    pub launcher: GangLauncher,
+    /// A secret shared by the gang's members only: the remote agent (`tessera-rsh`)
+    /// accepts a command only with it.
+    pub secret: String,
+    /// The port the remote agent listens on in every member.
+    pub rsh_port: u16,
+    /// Every member (this one included), by rank, once all are ready; see above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<GangPeer>>,
+}
+
+/// Who runs a gang job's command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GangLauncher {
+    /// Every member runs it (torchrun, JAX: each reads its rank from the environment).
+    #[default]
+    Each,
+    /// Only rank 0 runs it (`mpirun --hostfile $TESSERA_HOSTFILE …`); the other members
+    /// run the gang's remote agent and end when rank 0 ends.
+    Rank0,
+}
+
+/// A gang member as its peers see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GangPeer {
+    pub rank: u32,
+    /// The member's own address (its workload network's), which its processes listen on.
+    pub addr: String,
+    /// Its node's address (the agent's `--workload-host`): the route to `addr` from the
+    /// other nodes.
+    pub via: String,
+    /// Processes it runs in an MPI hostfile (`addr slots=N`): its GPUs.
+    pub slots: u32,
 }
 
 /// The image a workload runs in: pinned by digest, with the team's login to its
@@ -506,6 +566,7 @@ impl WorkloadSpec {
             share: None,
             deadline: None,
             image: None,
+            gang: None,
         }
     }
 }
@@ -569,6 +630,11 @@ pub struct WorkloadReport {
     /// While the workload's image is being pulled (phase `starting`, no process yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull: Option<PullProgress>,
+    /// Gang members: the address the member's processes have (its workload network's, or
+    /// the node's when workloads share the node's network), reported from the moment its
+    /// sandbox is ready (see [`GangSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_addr: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -618,6 +618,7 @@ mod tests {
             share: None,
             deadline: None,
             image: None,
+            gang: None,
         }
     }
 

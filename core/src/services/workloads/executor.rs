@@ -244,6 +244,7 @@ impl Workloads {
                     .and_then(|i| logins.get(&(w.team_id, i.registry().to_owned())).cloned())
                     .flatten(),
             }),
+            gang: None,
         })
     }
 
