@@ -1132,6 +1132,7 @@ impl Workload {
             log,
             pull: None,
             gang_addr: None,
+            gang_via: None,
         }
     }
 }

@@ -635,6 +635,10 @@ pub struct WorkloadReport {
     /// sandbox is ready (see [`GangSpec`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_addr: Option<String>,
+    /// Gang members: the node's own address (the agent's `--workload-host`), the route
+    /// to `gang_addr` from the other members' nodes ([`GangPeer::via`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_via: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -295,6 +295,7 @@ impl KubeExecutor {
             log: None,
             pull: None,
             gang_addr: None,
+            gang_via: None,
         };
         let Some(o) = o.filter(|o| o.pod.is_some() || o.job.is_some()) else {
             // Gone: deleted on the server's request (a stop), or by someone else.
