@@ -16,12 +16,14 @@
 //!   [`seccomp`]: its syscall filter, [`network`]: its network namespace and policy.
 //! - [`mps`]: shared GPUs: the MPS control daemon per GPU (real and simulated), its
 //!   supervision, and what the heartbeat reports of every shared GPU.
+//! - [`gang_rsh`]: `tessera-rsh`, a gang job's remote agent (Open MPI's `ssh`).
 //! - [`xid`]: critical Xid events per GPU, counted by [`nvml`]'s event thread for health.
 //! - [`run`]: the process loop tying these together.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod backend;
 pub mod driver_files;
+pub mod gang_rsh;
 pub mod link;
 pub mod mps;
 pub mod network;

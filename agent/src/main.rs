@@ -754,6 +754,15 @@ fn main() -> anyhow::Result<()> {
     // The simulator's stand-in for `nvidia-cuda-mps-control` (tessera_agent::mps): a
     // plain process, before any runtime or logging exists.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // A gang member's remote agent (`tessera-rsh`, the same executable under another name).
+    if args
+        .first()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        == Some(std::ffi::OsStr::new(tessera_agent::gang_rsh::PROGRAM))
+    {
+        std::process::exit(tessera_agent::gang_rsh::main());
+    }
     if args.get(1).is_some_and(|a| a == SIM_SUBCOMMAND) {
         std::process::exit(sim_control_main(&args[2..]));
     }

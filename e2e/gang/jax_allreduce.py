@@ -1,0 +1,76 @@
+"""A JAX gang member: joins the gang's JAX distributed runtime and sums a value
+across the processes (CPU collectives over gloo). Every member runs it (launcher
+`each`); the server sets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID. Prints one JSON line per process; process 0's line carries
+"role": "coordinator".
+
+The result proves every process joined: each contributes (process_id + 1) * 10 and
+its own address; the sum must be 10 * n * (n + 1) / 2 and the gathered addresses come
+from each process.
+"""
+
+import json
+import os
+import socket
+import sys
+
+import jax
+
+# Cross-process collectives on CPU need an implementation (the default is none).
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+
+def own_ip(toward):
+    """The address this process's packets toward `toward` leave from (no packet is sent)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((toward, 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def main():
+    coordinator = os.environ["JAX_COORDINATOR_ADDRESS"]
+    n = int(os.environ["JAX_NUM_PROCESSES"])
+    pid = int(os.environ["JAX_PROCESS_ID"])
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=n,
+        process_id=pid,
+        initialization_timeout=int(os.environ.get("JAX_INIT_TIMEOUT", "120")),
+    )
+    ip = own_ip(coordinator.rsplit(":", 1)[0])
+    octets = [int(x) for x in ip.split(".")]
+    mine = jnp.array([(pid + 1) * 10, *octets, os.getuid(), pid], dtype=jnp.int32)
+    # process_allgather: a real cross-process collective; every process gets all rows.
+    rows = multihost_utils.process_allgather(mine)
+    total = int(rows[:, 0].sum())
+    out = {
+        "role": "coordinator" if pid == 0 else "member",
+        "process_id": pid,
+        "process_count": jax.process_count(),
+        "num_processes": n,
+        "sum": total,
+        "expected_sum": 10 * n * (n + 1) // 2,
+        "ranks": [
+            {
+                "process_id": int(r[6]),
+                "ip": ".".join(str(int(x)) for x in r[1:5]),
+                "uid": int(r[5]),
+            }
+            for r in rows
+        ],
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+    print(json.dumps(out, sort_keys=True), flush=True)
+    jax.distributed.shutdown()
+    return 0 if total == out["expected_sum"] and jax.process_count() == n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
