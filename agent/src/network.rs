@@ -23,6 +23,15 @@
 //!   a portal on the node) or, through a DNAT of the node's own addresses, from the
 //!   `proxies` (the portal's host); and replies to its own connections.
 //!
+//! A gang member (issue 42, [`open_to_peers`]) also exchanges anything with its gang's
+//! other members, and only with them: out to their addresses (even without the
+//! internet) and in, new connections, from them, never masqueraded (they see each
+//! other's own addresses, which MPI and gloo advertise); nothing from the member leaves
+//! with another source address than its own; for each peer on another node, a host route
+//! to its address through that node (`ip route replace A/32 via NODE`), removed with the
+//! slot. A peer inside this node's own range (nodes with overlapping `--sandbox-net`)
+//! could not be routed: the member does not start.
+//!
 //! The slot is claimed by creating its namespace (`ip netns add` fails on an existing
 //! name), so agents sharing a host never take the same one. Every failure undoes what was
 //! made, and the workload does not start: it never falls back to the node's network.
@@ -107,7 +116,14 @@ impl Ipv4Range {
             n,
             gateway: Ipv4Addr::from(net + 1),
             addr: Ipv4Addr::from(net + 2),
+            routes: Vec::new(),
         }
+    }
+
+    /// Whether `a` lies inside the range.
+    pub fn contains(self, a: Ipv4Addr) -> bool {
+        let mask = u32::MAX << (32 - u32::from(self.prefix));
+        u32::from(a) & mask == u32::from(self.base)
     }
 }
 
@@ -125,6 +141,27 @@ pub struct Slot {
     pub gateway: Ipv4Addr,
     /// The workload's address (its `eth0`).
     pub addr: Ipv4Addr,
+    /// Gang members: the node's routes to peers on other nodes, removed with the slot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<PeerRoute>,
+}
+
+/// A host route on the node to a gang peer on another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRoute {
+    /// The peer's own address.
+    pub addr: Ipv4Addr,
+    /// Its node's address.
+    pub via: Ipv4Addr,
+}
+
+/// A gang member's peer as its network sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: Ipv4Addr,
+    /// Its node's address when it is on another node (a route goes there); `None` for
+    /// a peer on this node (the node routes to it already).
+    pub via: Option<Ipv4Addr>,
 }
 
 impl Slot {
@@ -221,8 +258,106 @@ pub fn create(settings: &NetworkSettings, port: Option<u16>) -> Result<Slot, Str
     }
 }
 
-/// Removes a workload's rules, veth pair and namespace; what is already gone is skipped.
+/// Opens a gang member's network to its `peers` (the others of its gang; see the module
+/// docs): replaces its table in one `nft -f` and adds the routes to peers on other
+/// nodes (recorded in `slot.routes`, so [`remove`] takes them away). Refuses a peer
+/// address inside this node's range, or one no workload can have (loopback,
+/// link-local, multicast, …). On failure, the caller removes the slot.
+pub fn open_to_peers(
+    settings: &NetworkSettings,
+    slot: &mut Slot,
+    port: Option<u16>,
+    peers: &[Peer],
+) -> Result<(), String> {
+    check_peers(settings, slot, peers)?;
+    let addrs: Vec<Ipv4Addr> = peers.iter().map(|p| p.addr).collect();
+    let name = slot.name();
+    let script = format!(
+        "table inet {name} {{}}\ndelete table inet {name}\n{}",
+        gang_ruleset(settings, slot, port, &addrs)
+    );
+    run("nft", &["-f", "-"], Some(&script))
+        .map_err(|e| format!("cannot open the gang member's network to its peers: {e}"))?;
+    let path = "/proc/sys/net/ipv4/ip_forward";
+    if peers.iter().any(|p| p.via.is_some())
+        && std::fs::read_to_string(path).map_or(true, |v| v.trim() != "1")
+    {
+        std::fs::write(path, "1").map_err(|e| {
+            format!(
+                "cannot turn on IPv4 forwarding ({path}: {e}), which gang members on \
+                 different nodes need to reach each other: set `net.ipv4.ip_forward = 1` \
+                 in /etc/sysctl.d/"
+            )
+        })?;
+    }
+    for p in peers {
+        let Some(via) = p.via else { continue };
+        run(
+            "ip",
+            &[
+                "route",
+                "replace",
+                &format!("{}/32", p.addr),
+                "via",
+                &via.to_string(),
+            ],
+            None,
+        )
+        .map_err(|e| format!("cannot route to gang peer {} through {via}: {e}", p.addr))?;
+        slot.routes.push(PeerRoute { addr: p.addr, via });
+    }
+    Ok(())
+}
+
+/// The message when a peer's address lies in this node's own range.
+pub fn overlapping_range(addr: Ipv4Addr, range: Ipv4Range) -> String {
+    format!(
+        "gang peer address {addr} lies inside this node's workload range {range}: the nodes \
+         of a gang need distinct --sandbox-net ranges (set a different one on each node)"
+    )
+}
+
+/// Peers must be routable addresses outside this node's range (its own address aside).
+pub fn check_peers(settings: &NetworkSettings, slot: &Slot, peers: &[Peer]) -> Result<(), String> {
+    for p in peers.iter().filter(|p| p.addr != slot.addr) {
+        let a = p.addr;
+        if a.is_loopback()
+            || a.is_link_local()
+            || a.is_multicast()
+            || a.is_broadcast()
+            || a.is_unspecified()
+            || a.octets()[0] == 0
+        {
+            return Err(format!("gang peer address {a} is not a workload address"));
+        }
+        if settings.range.contains(a) {
+            return Err(overlapping_range(a, settings.range));
+        }
+    }
+    Ok(())
+}
+
+/// Removes a gang member's routes to its peers (gone already: skipped).
+pub fn remove_routes(slot: &Slot) {
+    for r in &slot.routes {
+        let _ = run(
+            "ip",
+            &[
+                "route",
+                "del",
+                &format!("{}/32", r.addr),
+                "via",
+                &r.via.to_string(),
+            ],
+            None,
+        );
+    }
+}
+
+/// Removes a workload's rules, veth pair and namespace (and a gang member's routes);
+/// what is already gone is skipped.
 pub fn remove(slot: &Slot) {
+    remove_routes(slot);
     let _ = run("nft", &["delete", "table", "inet", &slot.name()], None);
     // `-force`: on past a link already gone.
     let batch = format!("link del {}\nnetns del {}\n", slot.ifname(), slot.name());
@@ -303,8 +438,36 @@ fn remote_proxies(settings: &NetworkSettings) -> Vec<String> {
 
 /// The nftables table of one workload (see the module docs).
 pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> String {
+    table(settings, slot, port, None)
+}
+
+/// The nftables table of a gang member whose gang's other members are at `peers`.
+pub fn gang_ruleset(
+    settings: &NetworkSettings,
+    slot: &Slot,
+    port: Option<u16>,
+    peers: &[Ipv4Addr],
+) -> String {
+    table(settings, slot, port, Some(peers))
+}
+
+/// [`ruleset`], and with `gang`, a gang member's: anti-spoofing, and its peers' addresses
+/// open both ways, unmasqueraded.
+fn table(
+    settings: &NetworkSettings,
+    slot: &Slot,
+    port: Option<u16>,
+    gang: Option<&[Ipv4Addr]>,
+) -> String {
     let i = slot.ifname();
     let refuse = "reject with icmpx type admin-prohibited";
+    let peers: Vec<String> = gang
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| **a != slot.addr)
+        .map(Ipv4Addr::to_string)
+        .collect();
+    let peers = (!peers.is_empty()).then(|| peers.join(", "));
     let mut t = String::new();
     let _ = writeln!(t, "table inet {} {{", slot.name());
     let _ = writeln!(
@@ -314,8 +477,15 @@ pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> St
     );
     let _ = writeln!(
         t,
-        "  chain forward {{\n    type filter hook forward priority filter - 10; policy accept;\n    \
-         iifname \"{i}\" ct state established,related accept\n    \
+        "  chain forward {{\n    type filter hook forward priority filter - 10; policy accept;"
+    );
+    if gang.is_some() {
+        // Nothing leaves it with another address than its own.
+        let _ = writeln!(t, "    iifname \"{i}\" ip saddr != {} drop", slot.addr);
+    }
+    let _ = writeln!(
+        t,
+        "    iifname \"{i}\" ct state established,related accept\n    \
          iifname \"{i}\" meta nfproto ipv6 {refuse}\n    \
          iifname \"{i}\" ip daddr {{ 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3, {range} }} {refuse}",
         range = settings.range
@@ -330,12 +500,18 @@ pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> St
             );
         }
     }
+    if let Some(p) = &peers {
+        let _ = writeln!(t, "    iifname \"{i}\" ip daddr {{ {p} }} accept");
+    }
     let _ = writeln!(
         t,
         "    iifname \"{i}\" {}",
         if settings.internet { "accept" } else { refuse }
     );
     let _ = writeln!(t, "    oifname \"{i}\" ct state established,related accept");
+    if let Some(p) = &peers {
+        let _ = writeln!(t, "    oifname \"{i}\" ip saddr {{ {p} }} accept");
+    }
     let proxies = remote_proxies(settings);
     if let (Some(p), false) = (port, proxies.is_empty()) {
         let _ = writeln!(
@@ -365,8 +541,15 @@ pub fn ruleset(settings: &NetworkSettings, slot: &Slot, port: Option<u16>) -> St
     }
     let _ = writeln!(
         t,
-        "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
-         ip saddr {} oifname != \"{i}\" masquerade\n  }}",
+        "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
+    );
+    if let Some(p) = &peers {
+        // Peers see its own address.
+        let _ = writeln!(t, "    ip saddr {} ip daddr {{ {p} }} accept", slot.addr);
+    }
+    let _ = writeln!(
+        t,
+        "    ip saddr {} oifname != \"{i}\" masquerade\n  }}",
         slot.addr
     );
     t.push_str("}\n");
@@ -442,5 +625,108 @@ mod tests {
             t.contains("    iifname \"tsr3\" reject with icmpx type admin-prohibited\n    oifname")
         );
         assert!(!t.contains("dport 40001") && !t.contains("prerouting"));
+    }
+
+    #[test]
+    fn a_gang_member_exchanges_with_its_peers_only_unmasqueraded_and_unspoofed() {
+        let mut s = NetworkSettings::new();
+        s.internet = false;
+        let slot = s.range.slot(3);
+        let peers: Vec<Ipv4Addr> = vec![
+            slot.addr,
+            "10.214.0.6".parse().unwrap(),
+            "10.215.0.2".parse().unwrap(),
+        ];
+        let t = gang_ruleset(&s, &slot, None, &peers);
+        // Anti-spoofing first, before anything accepts.
+        let spoof = t
+            .find("iifname \"tsr3\" ip saddr != 10.213.0.14 drop")
+            .unwrap();
+        let forward = t.find("chain forward").unwrap();
+        assert!(forward < spoof);
+        assert!(spoof < forward + t[forward..].find("ct state established").unwrap());
+        // Out to the peers (not itself), even with the internet off, after the refusals.
+        let out = t
+            .find("iifname \"tsr3\" ip daddr { 10.214.0.6, 10.215.0.2 } accept")
+            .unwrap();
+        assert!(t.find("10.213.0.0/16 } reject").unwrap() < out);
+        let no_internet =
+            "    iifname \"tsr3\" reject with icmpx type admin-prohibited\n    oifname";
+        assert!(out < t.find(no_internet).unwrap());
+        // In: new connections from the peers only, before the final drop.
+        let inbound = t
+            .find("oifname \"tsr3\" ip saddr { 10.214.0.6, 10.215.0.2 } accept")
+            .unwrap();
+        assert!(
+            inbound
+                < t.find("    oifname \"tsr3\" drop\n  }\n  chain output")
+                    .unwrap()
+        );
+        // Not masqueraded towards them; masqueraded elsewhere.
+        let keep = t
+            .find("ip saddr 10.213.0.14 ip daddr { 10.214.0.6, 10.215.0.2 } accept")
+            .unwrap();
+        assert!(
+            keep < t
+                .find("ip saddr 10.213.0.14 oifname != \"tsr3\" masquerade")
+                .unwrap()
+        );
+        assert_eq!(t.matches("10.213.0.14,").count(), 0, "not a peer of itself");
+
+        // A gang of one: anti-spoofing, no peer rules. A plain workload: neither.
+        let alone = gang_ruleset(&s, &slot, None, &[slot.addr]);
+        assert!(alone.contains("ip saddr != 10.213.0.14 drop"));
+        assert!(!alone.contains("ip daddr {  }") && !alone.contains("ip saddr { "));
+        let plain = ruleset(&s, &slot, None);
+        assert!(!plain.contains("saddr !=") && !plain.contains("10.214.0.6"));
+        // The plain table is the gang table without the gang's lines.
+        let gang_lines: Vec<&str> = t
+            .lines()
+            .filter(|l| l.contains("10.214.0.6") || l.contains("saddr !="))
+            .collect();
+        let stripped: String = t
+            .lines()
+            .filter(|l| !gang_lines.contains(l))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(stripped, plain);
+    }
+
+    #[test]
+    fn peers_in_the_nodes_own_range_or_unroutable_are_refused() {
+        let s = NetworkSettings::new();
+        let slot = s.range.slot(0);
+        let peer = |a: &str| Peer {
+            addr: a.parse().unwrap(),
+            via: Some("192.0.2.20".parse().unwrap()),
+        };
+        assert!(check_peers(&s, &slot, &[peer("10.213.0.2"), peer("10.214.0.2")]).is_ok());
+        let e = check_peers(&s, &slot, &[peer("10.213.0.6")]).unwrap_err();
+        assert!(
+            e.contains("10.213.0.6") && e.contains("10.213.0.0/16"),
+            "{e}"
+        );
+        assert!(e.contains("distinct --sandbox-net ranges"), "{e}");
+        for bad in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "224.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+        ] {
+            assert!(check_peers(&s, &slot, &[peer(bad)]).is_err(), "{bad}");
+        }
+        let r = Ipv4Range::parse("10.214.0.0/16").unwrap();
+        assert!(r.contains("10.214.255.254".parse().unwrap()));
+        assert!(!r.contains("10.215.0.1".parse().unwrap()));
+        assert!(!r.contains("10.213.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_slot_without_routes_reads_as_before() {
+        let slot: Slot =
+            serde_json::from_str(r#"{"n":2,"gateway":"10.213.0.9","addr":"10.213.0.10"}"#).unwrap();
+        assert!(slot.routes.is_empty());
+        assert!(!serde_json::to_string(&slot).unwrap().contains("routes"));
     }
 }

@@ -23,6 +23,12 @@
 //! - on an MPS share of a GPU ([`crate::mps`]), that GPU's MPS pipe directory,
 //!   read-write at its host path (and no other GPU's), and limits scaled to the share.
 //!
+//! A gang member (issue 42) also gets the agent's own executable, read-only, at
+//! [`RSH_MOUNT`] (its remote agent, `tessera-rsh`): on a tmpfs of its own at `/opt`
+//! (with the node's `/opt` entries bound read-only into it) or, in an image, at
+//! `/opt/tessera`; its network may be made before its process starts
+//! ([`Sandbox::make_network`], [`Extras::net`]).
+//!
 //! The container's first process is the exit-status wrapper; when it ends, the PID
 //! namespace ends and with it every process the workload left. The runtime's state
 //! (`<state>/crun`) outlives an agent restart, so a restarted agent still stops,
@@ -47,6 +53,10 @@ use crate::network::{self, NetworkSettings, Slot};
 /// Where the sandbox mounts things, inside.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
 pub const CONTROL_MOUNT: &str = "/run/tessera";
+/// Where a gang member finds its remote agent (the agent's executable, read-only).
+pub const RSH_MOUNT: &str = "/opt/tessera/bin/tessera-rsh";
+/// The folder of [`RSH_MOUNT`]'s tmpfs in an image.
+const RSH_DIR_IN_IMAGE: &str = "/opt/tessera";
 
 /// Host folders bound read-only into every sandbox when they exist.
 pub const SYSTEM_PATHS: &[&str] = &[
@@ -278,6 +288,7 @@ pub const IMAGE_MOUNT_POINTS: &[&str] = &[
     "workspace",
     "run/tessera",
     "usr/local/nvidia",
+    "opt/tessera",
 ];
 
 /// What the executor needs to handle one container after it started; kept in the run's
@@ -292,6 +303,16 @@ pub struct Container {
     /// Its network namespace, removed with it (`None`: the node's network).
     #[serde(default)]
     pub net: Option<Slot>,
+}
+
+/// What a gang member's container gets besides [`Access`] (default: nothing more).
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Its network, made beforehand ([`Sandbox::make_network`]); `None`: made at start
+    /// (when the node gives workloads networks of their own).
+    pub net: Option<Slot>,
+    /// The host file bound read-only at [`RSH_MOUNT`] (the agent's executable).
+    pub rsh: Option<PathBuf>,
 }
 
 /// What starting a sandboxed workload gives back.
@@ -383,6 +404,21 @@ impl Sandbox {
     /// Whether workloads get a network of their own (else they share the node's).
     pub fn own_network(&self) -> bool {
         self.settings.network.is_some()
+    }
+
+    /// How workloads are networked, when they get networks of their own.
+    pub fn network(&self) -> Option<&NetworkSettings> {
+        self.settings.network.as_ref()
+    }
+
+    /// Makes a workload's network now (before [`Sandbox::start_with`]), with `port`
+    /// open; `None` when workloads share the node's network. The caller removes it
+    /// ([`network::remove`]) if the workload never starts.
+    pub fn make_network(&self, port: Option<u16>) -> Result<Option<Slot>, String> {
+        match &self.settings.network {
+            Some(settings) => network::create(settings, port).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The uid (= gid) of a workspace, assigned on first use and kept.
@@ -546,6 +582,37 @@ impl Sandbox {
         access: &Access<'_>,
         log: &File,
     ) -> Result<Started, String> {
+        self.start_with(
+            id,
+            run,
+            workspace,
+            uid,
+            cwd,
+            argv,
+            env,
+            access,
+            Extras::default(),
+            log,
+        )
+    }
+
+    /// [`Sandbox::start`] with a gang member's [`Extras`]. A network given in `extras`
+    /// becomes the container's (removed with it) once it started; when it does not
+    /// start, that network stays the caller's to remove.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_with(
+        &self,
+        id: &str,
+        run: &Path,
+        workspace: &Path,
+        uid: u32,
+        cwd: &str,
+        argv: &[String],
+        env: &[(OsString, OsString)],
+        access: &Access<'_>,
+        extras: Extras,
+        log: &File,
+    ) -> Result<Started, String> {
         let nodes = self.device_nodes(access.devices)?;
         let limits = self.limits_for(access.devices, access.gpu_fraction.unwrap_or(1.0));
         let control = run.join("ctl");
@@ -557,11 +624,15 @@ impl Sandbox {
                 .map_err(|e| format!("cannot prepare the run folder: {e}"))?;
         }
         let cgroup = format!("/tessera/{id}");
-        let net = match &self.settings.network {
-            Some(settings) => Some(network::create(settings, access.port)?),
-            None => None,
+        // A network made here goes with the container on failure; one given stays the
+        // caller's until the container started.
+        let given = extras.net;
+        let net = match (&given, &self.settings.network) {
+            (Some(_), _) => None,
+            (None, Some(settings)) => Some(network::create(settings, access.port)?),
+            (None, None) => None,
         };
-        let netns = net.as_ref().map(Slot::netns_path);
+        let netns = net.as_ref().or(given.as_ref()).map(Slot::netns_path);
         let own_root = self.state.join("rootfs");
         let spec = Bundle {
             rootfs: access.image.unwrap_or(&own_root),
@@ -585,9 +656,10 @@ impl Sandbox {
             cgroup: &cgroup,
             seccomp: &self.seccomp,
             netns: netns.as_deref(),
+            rsh: extras.rsh.as_deref(),
         }
         .config();
-        let container = Container {
+        let mut container = Container {
             runtime: self.settings.runtime.clone(),
             root: self.state.join("crun"),
             id: id.to_owned(),
@@ -611,8 +683,13 @@ impl Sandbox {
         // A container of that name left from an earlier try would block this one.
         container.delete_runtime();
         let pid_file = bundle.join("pid");
-        let stderr = log.try_clone().map_err(|e| e.to_string())?;
-        let stdout = log.try_clone().map_err(|e| e.to_string())?;
+        let (stderr, stdout) = match (log.try_clone(), log.try_clone()) {
+            (Ok(e), Ok(o)) => (e, o),
+            (Err(e), _) | (_, Err(e)) => {
+                container.delete();
+                return Err(e.to_string());
+            }
+        };
         let status = Command::new(&self.settings.runtime)
             .arg("--root")
             .arg(&container.root)
@@ -644,6 +721,9 @@ impl Sandbox {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .ok_or("the sandbox started but left no pid")?;
+        if given.is_some() {
+            container.net = given;
+        }
         Ok(Started { pid, container })
     }
 
@@ -737,6 +817,8 @@ struct Bundle<'a> {
     seccomp: &'a Value,
     /// The network namespace to join (`None`: the node's).
     netns: Option<&'a Path>,
+    /// A gang member's remote agent, bound read-only at [`RSH_MOUNT`].
+    rsh: Option<&'a Path>,
 }
 
 impl Bundle<'_> {
@@ -771,11 +853,40 @@ impl Bundle<'_> {
             .chain(self.read_only.iter().map(PathBuf::as_path))
             .filter(|_| self.system)
         {
+            if self.rsh.is_some() && p == Path::new("/opt") {
+                // A folder of its own for the remote agent (the node's `/opt` is bound
+                // read-only, where no mount point can be made): a tmpfs with the
+                // node's entries bound into it.
+                mounts.push(tmpfs("/opt", &["nosuid", "nodev", "mode=755", "size=64k"]));
+                let mut entries: Vec<PathBuf> = fs::read_dir(p)
+                    .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+                    .unwrap_or_default();
+                entries.sort();
+                for e in entries.iter().filter(|e| !e.ends_with("tessera")) {
+                    if let Some(dest) = e.to_str() {
+                        mounts.push(bind(dest, e, false));
+                    }
+                }
+                continue;
+            }
             if p.exists()
                 && let Some(dest) = p.to_str()
             {
                 mounts.push(bind(dest, p, false));
             }
+        }
+        if let Some(rsh) = self.rsh {
+            if !self.system {
+                // The image store makes this mount point in every image root.
+                mounts.push(tmpfs(
+                    RSH_DIR_IN_IMAGE,
+                    &["nosuid", "nodev", "mode=755", "size=64k"],
+                ));
+            }
+            mounts.push(
+                json!({"destination": RSH_MOUNT, "type": "bind", "source": rsh,
+                               "options": ["bind", "ro", "nosuid", "nodev"]}),
+            );
         }
         if !self.driver.is_empty() {
             // A folder of its own (the image root is shared and read-only): the runtime
@@ -1200,6 +1311,7 @@ mod tests {
             cgroup: "/tessera/r1",
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: Some(Path::new("/run/netns/tsr-7")),
+            rsh: None,
         };
         let c = b.config();
         let mounts = c["mounts"].as_array().unwrap();
@@ -1257,6 +1369,7 @@ mod tests {
             cgroup: "/tessera/r1",
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: None,
+            rsh: None,
         };
         let c = b.config();
         assert_eq!(
@@ -1386,6 +1499,7 @@ mod tests {
             cgroup: "/tessera/r1",
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: Some(Path::new("/run/netns/tsr-7")),
+            rsh: None,
         };
         let c = b.config();
         assert_eq!(c["process"]["user"]["uid"], 200_001);
@@ -1445,5 +1559,73 @@ mod tests {
                 .all(|m| m["destination"] != "/nonexistent-extra"),
             "missing extra paths are skipped"
         );
+    }
+
+    #[test]
+    fn a_gang_member_gets_the_remote_agent_read_only_on_a_folder_of_its_own() {
+        let exe = Path::new("/usr/local/bin/tessera-agent");
+        let limits = Limits {
+            memory_mib: 512,
+            cpus: 1.0,
+            pids: 100,
+            tmp_mib: 64,
+            nofile: 1024,
+            nproc: 200,
+        };
+        let seccomp = json!({"defaultAction": "SCMP_ACT_ERRNO"});
+        let bundle = |system: bool, rsh: Option<&'static Path>| {
+            Bundle {
+                rootfs: Path::new("/state/rootfs"),
+                system,
+                driver: &[],
+                workspace: Path::new("/state/workspaces/t1"),
+                control: Path::new("/state/runs/r1/ctl"),
+                read_only: &[],
+                binds: &[],
+                uid: 200_001,
+                cwd: "/workspace",
+                argv: &[],
+                env: &[],
+                nodes: &[],
+                limits,
+                cgroup: "/tessera/r1",
+                seccomp: &seccomp,
+                netns: None,
+                rsh,
+            }
+            .config()
+        };
+        let mounts = |c: &Value| c["mounts"].as_array().unwrap().clone();
+        let at = |ms: &[Value], dest: &str| ms.iter().position(|m| m["destination"] == dest);
+        for system in [true, false] {
+            let ms = mounts(&bundle(
+                system,
+                Some(Path::new("/usr/local/bin/tessera-agent")),
+            ));
+            let rsh = at(&ms, RSH_MOUNT).unwrap();
+            assert_eq!(ms[rsh]["source"], exe.to_str().unwrap());
+            let opts = ms[rsh]["options"].as_array().unwrap();
+            assert!(opts.iter().any(|o| o == "ro") && !opts.iter().any(|o| o == "rw"));
+            // Its folder is a tmpfs mounted before it, never the node's `/opt` itself.
+            let dir = if system { "/opt" } else { RSH_DIR_IN_IMAGE };
+            let tmp = at(&ms, dir).unwrap();
+            assert_eq!(ms[tmp]["type"], "tmpfs");
+            assert!(tmp < rsh);
+            if system && Path::new("/opt").is_dir() {
+                // The node's `/opt` entries, read-only inside it.
+                for e in fs::read_dir("/opt").unwrap() {
+                    let p = e.unwrap().path();
+                    let m = &ms[at(&ms, p.to_str().unwrap()).unwrap()];
+                    assert!(m["options"].as_array().unwrap().iter().any(|o| o == "ro"));
+                }
+            }
+        }
+        assert!(IMAGE_MOUNT_POINTS.contains(&RSH_DIR_IN_IMAGE.trim_start_matches('/')));
+        // Other workloads: the node's `/opt` bound as always, no remote agent.
+        let plain = mounts(&bundle(true, None));
+        assert!(at(&plain, RSH_MOUNT).is_none());
+        if Path::new("/opt").exists() {
+            assert_eq!(plain[at(&plain, "/opt").unwrap()]["type"], "bind");
+        }
     }
 }

@@ -39,6 +39,10 @@
 //! pulled first, beside the loop, and held while it lives; see `workloads/image.rs`
 //! (`runs/<id>/state.json` then also names the image's digest, never the registry login).
 //!
+//! A gang member (`spec.gang`, issue 42) starts in two steps: its sandbox and network
+//! first, reporting its address, and its process once the server sends its peers; see
+//! `workloads/gang.rs` (`runs/<id>/prepared.json` keeps a prepared member for adoption).
+//!
 //! A workload on a share of a shared GPU (`spec.share`) sees that GPU like a whole-GPU
 //! workload, plus `TESSERA_GPU_SHARE_METHOD`, `TESSERA_GPU_SHARE_MILLI` and
 //! `TESSERA_GPU_MEMORY_MIB`; with MPS it is a client of the GPU's daemon (see
@@ -82,14 +86,18 @@ use tessera_domain::workload::WorkloadKind;
 use tokio::task::JoinSet;
 
 use crate::mps::{MpsDirs, ServerLimits, ShareBoard, own_uid};
+use crate::network::{self, Slot};
 use crate::notebook_env::NotebookEnv;
 use crate::oci::{Image, ImageStore};
 use crate::sandbox::{
-    Access, CONTROL_MOUNT, Container, Sandbox, WORKSPACE_MOUNT, image_argv, image_env,
+    Access, CONTROL_MOUNT, Container, Extras, Sandbox, WORKSPACE_MOUNT, image_argv, image_env,
     read_untrusted,
 };
 
+mod gang;
 mod image;
+pub use gang::{HOSTFILE_VAR, RSH_PORT_VAR, RSH_PROGRAM, SECRET_VAR};
+use gang::{Launch, Prepared};
 use image::Pull;
 
 /// At most this much log output per workload per report.
@@ -152,6 +160,8 @@ pub struct LocalExecutor {
     images: Option<ImageStore>,
     /// When unused images were last collected.
     collected: Instant,
+    /// The executable gang members get as `tessera-rsh` (this agent's own).
+    rsh: Option<PathBuf>,
 }
 
 /// One workload the executor knows.
@@ -187,6 +197,8 @@ struct Workload {
     image: Option<Image>,
     /// The digest of that image, when adopted after a restart before the store was set.
     image_digest: Option<tessera_domain::image::Digest>,
+    /// Gang members: the address its processes have (reported as `gang_addr`).
+    gang_addr: Option<String>,
 }
 
 /// An MPS client, watched for its daemon dying under it.
@@ -214,6 +226,8 @@ struct Probe {
 enum Status {
     /// Its image is being pulled; it starts once the image is there.
     Pulling(Box<Pull>),
+    /// A gang member whose sandbox is ready; its process starts once its peers are known.
+    Prepared(Box<Prepared>),
     /// Never ran (the message says why).
     FailedToStart(String),
     /// The wrapper runs, or processes of its group remain.
@@ -262,6 +276,7 @@ impl LocalExecutor {
             workspace_quota: None,
             images: None,
             collected: Instant::now(),
+            rsh: std::env::current_exe().and_then(|p| p.canonicalize()).ok(),
         };
         for dir in [ex.root.clone(), ex.root.join("runs")] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -331,7 +346,7 @@ impl LocalExecutor {
     pub fn gpus_in_use(&self) -> std::collections::BTreeSet<String> {
         self.workloads
             .values()
-            .filter(|w| w.is_live())
+            .filter(|w| w.is_live() || matches!(w.status, Status::Prepared(_)))
             .flat_map(|w| {
                 w.devices
                     .iter()
@@ -430,13 +445,31 @@ impl LocalExecutor {
             listed.insert(spec.id.as_str());
             match self.workloads.get_mut(&spec.id) {
                 Some(w) if !spec.run => w.request_stop(now + STOP_GRACE),
-                Some(w) => w.tell_deadline(&spec.id, spec.deadline.as_ref()),
+                Some(w)
+                    if matches!(w.status, Status::Prepared(_))
+                        && spec.gang.as_ref().is_some_and(|g| g.peers.is_some()) =>
+                {
+                    let Some(w) = self.workloads.remove(&spec.id) else {
+                        continue;
+                    };
+                    let mut w = self.launch(w, spec);
+                    started += 1;
+                    w.tell_deadline(&spec.id, spec.deadline.as_ref());
+                    self.workloads.insert(spec.id.clone(), w);
+                }
+                Some(w) => {
+                    if let Status::Pulling(p) = &mut w.status {
+                        p.set_gang(spec);
+                    }
+                    w.tell_deadline(&spec.id, spec.deadline.as_ref());
+                }
                 None => {
                     let mut w = if spec.run {
                         started += 1;
-                        match &spec.image {
-                            Some(_) => self.start_pull(spec),
-                            None => self.start(spec, None),
+                        match (&spec.image, &spec.gang) {
+                            (Some(_), _) => self.start_pull(spec),
+                            (None, Some(_)) => self.prepare_or_launch(spec, None),
+                            (None, None) => self.start(spec, None),
                         }
                     } else {
                         Workload::exited(self.run_dir(&spec.id), "stopped before it started")
@@ -449,6 +482,9 @@ impl LocalExecutor {
         self.workloads.retain(|id, w| {
             if listed.contains(id.as_str()) {
                 return true;
+            }
+            if matches!(w.status, Status::Prepared(_)) {
+                w.request_stop(now);
             }
             if w.is_live() {
                 w.request_stop(now + STOP_GRACE);
@@ -558,7 +594,7 @@ impl LocalExecutor {
     /// Starts `spec` (in `image` when it has one, held); any failure becomes a
     /// `FailedToStart` workload.
     fn start(&self, spec: &WorkloadSpec, image: Option<Image>) -> Workload {
-        match self.try_start(spec, image) {
+        match self.try_start(spec, image, None) {
             Ok(w) => {
                 tracing::info!(id = spec.id, kind = spec.kind.as_str(), "workload started");
                 w
@@ -570,7 +606,14 @@ impl LocalExecutor {
         }
     }
 
-    fn try_start(&self, spec: &WorkloadSpec, image: Option<Image>) -> Result<Workload, String> {
+    /// `prepared`: a gang member's port and network, made by [`LocalExecutor::prepare`]
+    /// (its workspace quota was checked then); on failure its network stays the caller's.
+    fn try_start(
+        &self,
+        spec: &WorkloadSpec,
+        image: Option<Image>,
+        prepared: Option<(Option<u16>, Option<Slot>)>,
+    ) -> Result<Workload, String> {
         if !safe_name(&spec.id) {
             return Err(format!(
                 "workload id `{}` is not a safe folder name ([A-Za-z0-9._-])",
@@ -583,7 +626,8 @@ impl LocalExecutor {
                 spec.workspace
             ));
         }
-        if spec.argv.is_empty() && image.is_none() {
+        let serves = spec.gang.as_ref().is_some_and(gang::serves);
+        if spec.argv.is_empty() && image.is_none() && !serves {
             return Err("nothing to run: argv is empty".to_owned());
         }
         if image.is_some() && self.sandbox.is_none() {
@@ -603,28 +647,10 @@ impl LocalExecutor {
             ),
             _ => None,
         };
-        let workspace = self.root.join("workspaces").join(&spec.workspace);
-        fs::create_dir_all(&workspace)
-            .map_err(|e| format!("cannot create the team workspace: {e}"))?;
-        if let Some(quota) = self.workspace_quota {
-            let used = disk_usage(&workspace)
-                .map_err(|e| format!("cannot measure the team workspace: {e}"))?;
-            if used >= quota {
-                return Err(format!(
-                    "the team's workspace on this node holds {} MiB, at or over its quota of \
-                     {} MiB: delete files from it to start workloads here again",
-                    used / (1024 * 1024),
-                    quota / (1024 * 1024)
-                ));
-            }
-        }
-        let uid = match &self.sandbox {
-            Some(sb) => {
-                let uid = sb.uid_for(&spec.workspace)?;
-                sb.own_workspace(&workspace, uid)?;
-                Some(uid)
-            }
-            None => None,
+        let (workspace, uid) = if prepared.is_some() {
+            self.workspace_and_uid(spec)?
+        } else {
+            self.team_workspace(spec)?
         };
         // MPS: the limits are the server's, set through the control daemon, so that a
         // client that unsets its variables gains nothing.
@@ -659,13 +685,26 @@ impl LocalExecutor {
         };
         let run = self.root.join("runs").join(&spec.id);
 
-        let port = if needs_port(spec) {
-            Some(
-                self.free_port()
-                    .map_err(|e| format!("cannot choose a port: {e}"))?,
-            )
-        } else {
-            None
+        let (port, mut net) = match prepared {
+            Some(p) => p,
+            None if needs_port(spec) => (
+                Some(
+                    self.free_port()
+                        .map_err(|e| format!("cannot choose a port: {e}"))?,
+                ),
+                None,
+            ),
+            None => (None, None),
+        };
+        // A gang member: its peers, and what it gets for them.
+        let launch = match &spec.gang {
+            Some(g) => Some(Launch::new(
+                g,
+                &self.gang_addr(net.as_ref()),
+                &run,
+                self.sandbox.is_some(),
+            )?),
+            None => None,
         };
         // In a network of its own, a notebook listens on its own address; which one is
         // known once its network is made.
@@ -684,7 +723,10 @@ impl LocalExecutor {
                 }
             })
             .collect();
-        if let Some(img) = &image {
+        let rsh_argv = launch.as_ref().and_then(Launch::argv);
+        if let Some(a) = rsh_argv.clone() {
+            argv = a;
+        } else if let Some(img) = &image {
             argv = image_argv(img.config(), &argv);
             if argv.is_empty() {
                 return Err(format!(
@@ -710,12 +752,20 @@ impl LocalExecutor {
             &run,
             image.is_none(),
         );
+        let env = match &launch {
+            Some(l) => with_vars(env, gang::gang_env(&l.spec, &l.hostfile, &l.rsh)),
+            None => env,
+        };
         let env = match &image {
             Some(img) => image::env_in_image(img, &env, &devices, self.sandbox.as_ref()),
             None => env,
         };
-        // In an image, the program is the image's to have (a missing one says so in the log).
-        if let Some(program) = argv.first().filter(|_| image.is_none()) {
+        // In an image, the program is the image's to have (a missing one says so in the log);
+        // the remote agent is the agent's.
+        if let Some(program) = argv
+            .first()
+            .filter(|_| image.is_none() && rsh_argv.is_none())
+        {
             find_program(program, &cwd, &env).map_err(|e| {
                 if spec.kind != WorkloadKind::Notebook || program.contains('/') {
                     return e;
@@ -733,6 +783,26 @@ impl LocalExecutor {
             })?;
         }
 
+        if let Some(l) = &launch {
+            let exe = self
+                .rsh
+                .as_deref()
+                .ok_or("cannot find the agent's own executable (tessera-rsh)")?;
+            l.write_files(&run, self.sandbox.is_some(), exe)?;
+            if let (Some(sb), Some(slot)) = (&self.sandbox, net.as_mut())
+                && let Some(settings) = sb.network()
+            {
+                let peers = gang::network_peers(&l.spec, &l.peers, &self.host)?;
+                if let Err(e) = network::open_to_peers(settings, slot, port, &peers) {
+                    network::remove_routes(slot);
+                    return Err(e);
+                }
+            }
+        }
+        let extras = Extras {
+            net: net.clone(),
+            rsh: launch.as_ref().and(self.rsh.clone()),
+        };
         let started = match (&self.sandbox, uid) {
             (Some(sb), Some(uid)) => {
                 let binds: Vec<PathBuf> = mps.iter().map(|d| d.pipe.clone()).collect();
@@ -753,6 +823,7 @@ impl LocalExecutor {
                     &argv,
                     &env,
                     &access,
+                    extras,
                 )
                 .map(|(pid, c)| (None, pid, Some(c)))
             }
@@ -764,11 +835,18 @@ impl LocalExecutor {
         let (child, pid, container) = match started {
             Ok(c) => c,
             Err(e) => {
-                // Nothing ran; leave no folder behind.
+                // Nothing ran; leave no folder behind (a prepared network is the
+                // caller's; the routes added here go).
                 let _ = fs::remove_dir_all(&run);
+                if let Some(n) = &net {
+                    network::remove_routes(n);
+                }
                 return Err(e);
             }
         };
+        if spec.gang.is_some() {
+            Self::forget_prepared(&run);
+        }
         // Read before anything can reap it: until then even an exited child has a stat.
         let start_time = read_stat(pid).map_or(0, |s| s.start_time);
         let state = RunState {
@@ -801,6 +879,49 @@ impl LocalExecutor {
         w.mps = mps_watch(spec);
         w.image = image;
         Ok(w)
+    }
+
+    /// The team workspace of `spec` (made when missing), checked against the quota, and
+    /// the team's uid in the sandbox (the workspace handed to it).
+    fn team_workspace(&self, spec: &WorkloadSpec) -> Result<(PathBuf, Option<u32>), String> {
+        if !safe_name(&spec.workspace) {
+            return Err(format!(
+                "workspace `{}` is not a safe folder name ([A-Za-z0-9._-])",
+                spec.workspace
+            ));
+        }
+        let workspace = self.root.join("workspaces").join(&spec.workspace);
+        fs::create_dir_all(&workspace)
+            .map_err(|e| format!("cannot create the team workspace: {e}"))?;
+        if let Some(quota) = self.workspace_quota {
+            let used = disk_usage(&workspace)
+                .map_err(|e| format!("cannot measure the team workspace: {e}"))?;
+            if used >= quota {
+                return Err(format!(
+                    "the team's workspace on this node holds {} MiB, at or over its quota of \
+                     {} MiB: delete files from it to start workloads here again",
+                    used / (1024 * 1024),
+                    quota / (1024 * 1024)
+                ));
+            }
+        }
+        self.workspace_and_uid(spec)
+    }
+
+    /// [`LocalExecutor::team_workspace`] without the quota check.
+    fn workspace_and_uid(&self, spec: &WorkloadSpec) -> Result<(PathBuf, Option<u32>), String> {
+        let workspace = self.root.join("workspaces").join(&spec.workspace);
+        fs::create_dir_all(&workspace)
+            .map_err(|e| format!("cannot create the team workspace: {e}"))?;
+        let uid = match &self.sandbox {
+            Some(sb) => {
+                let uid = sb.uid_for(&spec.workspace)?;
+                sb.own_workspace(&workspace, uid)?;
+                Some(uid)
+            }
+            None => None,
+        };
+        Ok((workspace, uid))
     }
 
     /// The workload's environment: the inherited one (unless `inherit` is false: an
@@ -863,6 +984,9 @@ impl LocalExecutor {
     /// What a run folder found on open says (adoption after an agent restart).
     fn adopt(&self, id: &str) -> Workload {
         let dir = self.root.join("runs").join(id);
+        if let Some(w) = self.adopt_prepared(&dir) {
+            return w;
+        }
         let state: RunState = match fs::read(dir.join("state.json"))
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
@@ -916,6 +1040,10 @@ impl LocalExecutor {
             None => state.spec.devices.clone(),
         };
         w.mps = mps_watch(&state.spec);
+        if state.spec.gang.is_some() {
+            w.gang_addr =
+                Some(self.gang_addr(state.container.as_ref().and_then(|c| c.net.as_ref())));
+        }
         if w.is_live() {
             w.image_digest = state
                 .image_digest
@@ -945,6 +1073,15 @@ impl Workload {
             deadline: None,
             image: None,
             image_digest: None,
+            gang_addr: None,
+        }
+    }
+
+    /// A prepared gang member's network.
+    fn prepared_net(&self) -> Option<&Slot> {
+        match &self.status {
+            Status::Prepared(p) => p.net.as_ref(),
+            _ => None,
         }
     }
 
@@ -1009,6 +1146,19 @@ impl Workload {
     /// SIGTERM to the process group now (once), SIGKILL at `kill_at` (the earliest
     /// asked) if anything of it is left.
     fn request_stop(&mut self, kill_at: Instant) {
+        if let Status::Prepared(p) = &mut self.status {
+            // No process yet: what was made for it goes.
+            p.discard();
+            if let Some(dir) = &self.dir {
+                let _ = fs::write(dir.join("stopped"), b"");
+                LocalExecutor::forget_prepared(dir);
+            }
+            self.status = Status::Exited {
+                code: None,
+                message: Some("stopped before it started".to_owned()),
+            };
+            return;
+        }
         if matches!(self.status, Status::Pulling(_)) {
             // Nothing runs yet: the pull is cancelled (dropped) and the workload ends.
             self.status = Status::Exited {
@@ -1090,7 +1240,7 @@ impl Workload {
 
     fn report(&self, id: &str, host: &str, log_cap: u64) -> WorkloadReport {
         let (phase, exit_code, message) = match &self.status {
-            Status::Pulling(_) => (WorkloadPhase::Starting, None, None),
+            Status::Pulling(_) | Status::Prepared(_) => (WorkloadPhase::Starting, None, None),
             Status::FailedToStart(m) => (WorkloadPhase::FailedToStart, None, Some(m.clone())),
             Status::Live(_) if self.probe.is_some() && !self.ready => {
                 (WorkloadPhase::Starting, None, None)
@@ -1099,8 +1249,10 @@ impl Workload {
             Status::Exited { code, message } => (WorkloadPhase::Exited, *code, message.clone()),
             Status::Lost(m) => (WorkloadPhase::Lost, None, Some(m.clone())),
         };
-        // A workload whose image is pulled has no output yet, and will have.
-        let finished = !self.is_live() && !matches!(self.status, Status::Pulling(_));
+        // A workload whose image is pulled (or a prepared gang member) has no output
+        // yet, and will have.
+        let finished =
+            !self.is_live() && !matches!(self.status, Status::Pulling(_) | Status::Prepared(_));
         if let Some(dir) = &self.dir
             && let Err(e) = cap_log(&dir.join("output.log"), log_cap)
         {
@@ -1131,8 +1283,9 @@ impl Workload {
             log_complete,
             log,
             pull: None,
-            gang_addr: None,
-            gang_via: None,
+            gang_addr: self.gang_addr.clone(),
+            // The route to it from the other members' nodes: this node's address.
+            gang_via: self.gang_addr.as_ref().map(|_| host.to_owned()),
         }
     }
 }
@@ -1451,6 +1604,19 @@ fn container_end(c: &Container, dir: &Path, stopped: bool) -> (Option<i32>, Opti
     (code, message)
 }
 
+/// `env` with `vars` set (replacing variables of the same name).
+fn with_vars(
+    env: Vec<(OsString, OsString)>,
+    vars: Vec<(OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = env
+        .into_iter()
+        .filter(|(k, _)| !vars.iter().any(|(v, _)| v == k))
+        .collect();
+    env.extend(vars);
+    env
+}
+
 /// Starts `argv` under the exit-status wrapper in a container of `sb`.
 #[allow(clippy::too_many_arguments)]
 fn start_sandboxed(
@@ -1463,6 +1629,7 @@ fn start_sandboxed(
     argv: &[String],
     env: &[(OsString, OsString)],
     access: &Access<'_>,
+    extras: Extras,
 ) -> Result<(u32, Container), String> {
     let log = open_run_dir(run).map_err(|e| format!("cannot create the run folder: {e}"))?;
     let mut wrapped: Vec<String> = vec![
@@ -1473,8 +1640,8 @@ fn start_sandboxed(
         format!("{CONTROL_MOUNT}/exit"),
     ];
     wrapped.extend(argv.iter().cloned());
-    let started = sb.start(
-        &spec.id, run, workspace, uid, cwd, &wrapped, env, access, &log,
+    let started = sb.start_with(
+        &spec.id, run, workspace, uid, cwd, &wrapped, env, access, extras, &log,
     )?;
     Ok((started.pid, started.container))
 }

@@ -74,6 +74,14 @@ impl Pull {
     pub(super) fn set_deadline(&mut self, d: Option<&tessera_domain::drain::Deadline>) {
         self.spec.deadline = d.cloned();
     }
+
+    /// A gang member's peers sent while its image is pulled: it starts with them.
+    pub(super) fn set_gang(&mut self, spec: &WorkloadSpec) {
+        if spec.gang.is_some() {
+            self.spec.gang = spec.gang.clone();
+            self.spec.env = spec.env.clone();
+        }
+    }
 }
 
 /// `spec` without its registry login (what is kept once the pull has it).
@@ -90,6 +98,20 @@ impl LocalExecutor {
     /// fail to start). Workloads adopted after a restart hold their images again.
     pub fn with_images(mut self, store: ImageStore) -> Self {
         for (id, w) in &mut self.workloads {
+            // A prepared gang member holds its image too.
+            if let Status::Prepared(p) = &mut w.status
+                && let Some(d) = p
+                    .image_digest
+                    .take()
+                    .and_then(|d| tessera_domain::image::Digest::parse(&d).ok())
+            {
+                match store.hold(&d) {
+                    Some(img) => p.image = Some(img),
+                    None => {
+                        tracing::warn!(id, image = %d, "a prepared gang member's image is not in the store")
+                    }
+                }
+            }
             if let Some(d) = w.image_digest.take().filter(|_| w.is_live()) {
                 match store.hold(&d) {
                     Some(img) => w.image = Some(img),
@@ -179,7 +201,11 @@ impl LocalExecutor {
             let mut w = match result {
                 Ok(Ok(image)) => {
                     tracing::info!(id, image = %reference, digest = %image.digest(), "image ready");
-                    self.start(&spec, Some(image))
+                    match &spec.gang {
+                        // A gang member waits for its peers in its sandbox.
+                        Some(_) => self.prepare_or_launch(&spec, Some(image)),
+                        None => self.start(&spec, Some(image)),
+                    }
                 }
                 Ok(Err(e)) => self.failed(&id, format!("cannot pull image {reference}: {e}")),
                 Err(e) => self.failed(&id, format!("the pull of image {reference} ended: {e}")),
