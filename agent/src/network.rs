@@ -279,13 +279,13 @@ pub fn open_to_peers(
     run("nft", &["-f", "-"], Some(&script))
         .map_err(|e| format!("cannot open the gang member's network to its peers: {e}"))?;
     let path = "/proc/sys/net/ipv4/ip_forward";
-    if peers.iter().any(|p| p.via.is_some())
+    if peers.iter().any(|p| p.addr != slot.addr)
         && std::fs::read_to_string(path).map_or(true, |v| v.trim() != "1")
     {
         std::fs::write(path, "1").map_err(|e| {
             format!(
-                "cannot turn on IPv4 forwarding ({path}: {e}), which gang members on \
-                 different nodes need to reach each other: set `net.ipv4.ip_forward = 1` \
+                "cannot turn on IPv4 forwarding ({path}: {e}), which gang members need \
+                 to reach each other: set `net.ipv4.ip_forward = 1` \
                  in /etc/sysctl.d/"
             )
         })?;

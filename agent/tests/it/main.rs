@@ -4,6 +4,7 @@
 
 mod agent_loop;
 mod crash;
+mod gang;
 mod images;
 mod reconcile;
 mod sandbox;
