@@ -1003,6 +1003,7 @@ fn run_on(
             priority,
             purpose: String::new(),
             needs_cuda: None,
+            nodes: None,
         }),
     ))
 }
@@ -1158,6 +1159,7 @@ pub async fn submit_job(
             env: tessera_domain::workload::parse_env(&env)?,
             retries: tessera_domain::workload::parse_retries(&retries)?,
             image,
+            launcher: None,
             idempotency_key,
         };
         let v = s.workloads.submit_job(p, &req).await?;

@@ -189,6 +189,7 @@ impl World {
             priority: Some(priority.into()),
             purpose: String::new(),
             needs_cuda: None,
+            nodes: None,
         };
         let r = self.s.allocations.request(who, &input, None).await;
         if priority == "high" && team == 1 {

@@ -89,6 +89,7 @@ pub fn validate(
         priority: None,
         purpose: input.purpose.clone(),
         needs_cuda: None,
+        nodes: None,
     };
     let alloc = alloc::validate(&as_request, policy, catalog, now).map_err(|e| {
         // The request's length is the window's.

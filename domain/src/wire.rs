@@ -485,6 +485,27 @@ pub enum GangLauncher {
     Rank0,
 }
 
+impl GangLauncher {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GangLauncher::Each => "each",
+            GangLauncher::Rank0 => "rank0",
+        }
+    }
+
+    /// `each` or `rank0`; anything else is a 422 naming `launcher`.
+    pub fn parse(s: &str) -> Result<Self, crate::error::AppError> {
+        match s.trim() {
+            "each" => Ok(GangLauncher::Each),
+            "rank0" => Ok(GangLauncher::Rank0),
+            other => Err(crate::error::AppError::invalid(
+                "launcher",
+                format!("`{other}` is not `each` (every node runs the command) or `rank0` (mpirun-style)"),
+            )),
+        }
+    }
+}
+
 /// A gang member as its peers see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

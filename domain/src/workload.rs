@@ -535,6 +535,31 @@ pub struct WorkloadView {
     /// While its node pulls the image: bytes done and in all.
     #[serde(default)]
     pub pull: Option<PullView>,
+    /// A multi-node job: every member (rank), rank 0 being the job itself. Empty for
+    /// single-node workloads and while the gang waits in the queue.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankView>,
+}
+
+/// One member of a multi-node job: where it runs and how it stands. Its log is the
+/// job's log with `?rank=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RankView {
+    pub rank: u32,
+    /// The member's own workload id.
+    pub id: Uuid,
+    pub state: WorkloadState,
+    pub hostname: String,
+    /// Its devices (MIG or GPU UUIDs).
+    pub devices: Vec<String>,
+    /// Its address in the gang (once its sandbox is ready).
+    #[serde(default)]
+    pub addr: Option<String>,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// How far a workload's image pull has come.

@@ -165,6 +165,7 @@ impl Bench {
                     priority: None,
                     purpose: String::new(),
                     needs_cuda: None,
+                    nodes: None,
                 },
                 None,
             )

@@ -59,6 +59,10 @@ pub struct AllocationRow {
     /// (migration 0027).
     #[sqlx(default)]
     pub needs_cuda: Option<String>,
+    /// A gang's node count (`count` is the whole gang's, an equal part on each node);
+    /// `None`: one node (migration 0028).
+    #[sqlx(default)]
+    pub gang_nodes: Option<i64>,
 }
 
 impl AllocationRow {
@@ -99,6 +103,7 @@ impl AllocationRow {
             over_limit: false,
             over_budget: false,
             needs_cuda: None,
+            gang_nodes: None,
         }
     }
 }
@@ -191,12 +196,12 @@ pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.co
                     a.release_cause, a.preempt_at, \
                     CASE WHEN a.preempt_booking IS NOT NULL THEN 'booking' ELSE a.preempt_cause END \
                     AS preempt_cause, a.idempotency_key, a.over_limit, \
-                    a.over_budget, a.needs_cuda";
+                    a.over_budget, a.needs_cuda, a.gang_nodes";
 
 pub(super) const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
     priority, purpose, state, duration_minutes, starts_at, created_at, approver, \
-    approval_reason, idempotency_key, needs_cuda) \
-    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)";
+    approval_reason, idempotency_key, needs_cuda, gang_nodes) \
+    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)";
 
 pub(super) const EVENT: &str = "INSERT INTO allocation_events (allocation_id, seq, at, from_state, to_state, actor, note) \
     VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM allocation_events WHERE allocation_id = $1), \
@@ -241,6 +246,7 @@ macro_rules! bind_insert {
             .bind(&$r.approval_reason)
             .bind(&$r.idempotency_key)
             .bind(&$r.needs_cuda)
+            .bind($r.gang_nodes)
     };
 }
 pub(super) use bind_insert;

@@ -17,7 +17,8 @@ const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id,
     w.endpoint, w.exit_code, w.message, w.stop_state, w.created_at, w.started_at, w.ready_at, \
     w.ended_at, w.synced_at, w.kernel_activity, w.kernel_busy, w.log_base, w.log_stored, \
     w.log_start, w.log_complete, w.idempotency_key, w.owns_allocation, w.image, w.image_cuda, \
-    w.pull_done, w.pull_total";
+    w.pull_done, w.pull_total, w.gang_job, w.gang_rank, w.gang_size, w.gang_launcher, \
+    w.gang_addr, w.gang_via";
 
 const LIVE: &str = "('queued', 'pending', 'starting', 'running', 'stopping')";
 
@@ -72,6 +73,17 @@ pub struct WorkloadRow {
     /// While its node pulls the image: bytes done and in all.
     pub pull_done: Option<i64>,
     pub pull_total: Option<i64>,
+    /// Gang members of rank 1 and up: the job (rank 0's id) they belong to (migration 0028).
+    pub gang_job: Option<Uuid>,
+    /// Its rank in its gang (0 for the job itself and for workloads not in a gang).
+    pub gang_rank: i64,
+    /// Set on every member of a gang: how many members (nodes) it has.
+    pub gang_size: Option<i64>,
+    /// `each` or `rank0` ([`tessera_domain::wire::GangLauncher`]).
+    pub gang_launcher: Option<String>,
+    /// The member's own address and its node's, once its sandbox is ready.
+    pub gang_addr: Option<String>,
+    pub gang_via: Option<String>,
 }
 
 /// How an attempt of a job ended, as recorded when the next one begins.
@@ -167,6 +179,12 @@ impl WorkloadRow {
             image_cuda: None,
             pull_done: None,
             pull_total: None,
+            gang_job: None,
+            gang_rank: 0,
+            gang_size: None,
+            gang_launcher: None,
+            gang_addr: None,
+            gang_via: None,
         }
     }
 }
@@ -277,9 +295,10 @@ impl Store {
     pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, StoreError> {
         let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
-                   token, created_at, idempotency_key, owns_allocation, image, image_cuda) \
+                   token, created_at, idempotency_key, owns_allocation, image, image_cuda, \
+                   gang_job, gang_rank, gang_size, gang_launcher) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                   $17, $18, $19, $20, $21) \
+                   $17, $18, $19, $20, $21, $22, $23, $24, $25) \
                    ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
@@ -287,7 +306,8 @@ impl Store {
                 .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
-                .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).execute(pool).await?;
+                .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
+                .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher).execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
     }
@@ -327,7 +347,8 @@ impl Store {
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<WorkloadListRow>, u64), StoreError> {
-        let mut filter = String::from("WHERE 1 = 1");
+        // A gang job is listed once (rank 0); its other members show on its page.
+        let mut filter = String::from("WHERE w.gang_job IS NULL");
         let mut n = 0;
         let mut next = || {
             n += 1;
@@ -435,10 +456,11 @@ impl Store {
             .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 
-    /// Live workloads counted by kind and state.
+    /// Live workloads counted by kind and state (a gang job once).
     pub async fn live_workload_counts(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
         let sql = format!(
-            "SELECT kind, state, COUNT(*) FROM workloads WHERE state IN {LIVE} GROUP BY kind, state"
+            "SELECT kind, state, COUNT(*) FROM workloads WHERE state IN {LIVE} AND gang_job IS NULL \
+             GROUP BY kind, state"
         );
         db!(self, pool => sqlx::query_as::<_, (String, String, i64)>(&sql).fetch_all(pool).await)
     }
@@ -840,5 +862,77 @@ impl Store {
              (SELECT id FROM workloads WHERE state NOT IN {LIVE})"
         );
         db!(self, pool => sqlx::query(&sql).bind(now).execute(pool).await.map(|r| r.rows_affected()))
+    }
+}
+
+/// Gang jobs (issue 42): members, their addresses.
+impl Store {
+    /// Rank 0 (`job`, queued) takes its node and devices and becomes `pending`, and the
+    /// other `members` (rows of ranks 1.., `pending` on their nodes) are stored, all in
+    /// one transaction: either the whole gang leaves the queue or nothing changes.
+    /// `false` if the job was no longer queued.
+    pub async fn place_gang(
+        &self,
+        job: Uuid,
+        (node, hostname, devices): (Uuid, &str, &str),
+        members: &[WorkloadRow],
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
+                   devices = $4 WHERE id = $1 AND state = 'queued'";
+        let insert = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
+                   node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
+                   token, created_at, idempotency_key, owns_allocation, image, image_cuda, \
+                   gang_job, gang_rank, gang_size, gang_launcher) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                   $17, $18, $19, $20, $21, $22, $23, $24, $25)";
+        on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let moved = sqlx::query(sql).bind(job).bind(node).bind(hostname).bind(devices)
+                .execute(&mut *tx).await?.rows_affected() == 1;
+            if !moved {
+                return Ok(false);
+            }
+            for w in members {
+                sqlx::query(insert)
+                    .bind(w.id).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
+                    .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
+                    .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
+                    .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
+                    .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
+                    .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher)
+                    .execute(&mut *tx).await?;
+            }
+            let (kind, name, team, user): (String, String, Uuid, Uuid) =
+                sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
+                    .bind(job).fetch_one(&mut *tx).await?;
+            let payload = tessera_domain::notify::workload_payload(
+                (job, &kind, &name), "pending", user, None, None);
+            let event = super::outbox::NewEvent::new(
+                tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
+                ("workload", job), payload, Utc::now());
+            super::outbox::record_event!(tx, &event);
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
+    /// Every member of gang `job` (rank 0 first), whatever their state.
+    pub async fn gang_members(&self, job: Uuid) -> Result<Vec<WorkloadListRow>, StoreError> {
+        let sql = joined("WHERE w.id = $1 OR w.gang_job = $1 ORDER BY w.gang_rank");
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(job).fetch_all(pool).await)
+    }
+
+    /// Records a member's address and its node's as its agent reported them; `true` when
+    /// they changed.
+    pub async fn set_gang_addr(
+        &self,
+        id: Uuid,
+        addr: &str,
+        via: &str,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE workloads SET gang_addr = $2, gang_via = $3 WHERE id = $1 \
+                   AND (gang_addr IS NULL OR gang_addr <> $2 OR gang_via IS NULL OR gang_via <> $3)";
+        db!(self, pool => sqlx::query(sql).bind(id).bind(addr).bind(via)
+            .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 }

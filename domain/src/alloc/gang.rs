@@ -7,6 +7,7 @@
 
 use super::*;
 use crate::planner;
+use crate::workload::EnvVar;
 
 /// The most nodes one gang may span.
 pub const GANG_NODES_MAX: u32 = 64;
@@ -110,6 +111,55 @@ impl GangRequest {
             ..planner::Request::new(id)
         }
     }
+}
+
+/// The coordinator's port for `torch.distributed` (`MASTER_PORT`). Every member has a
+/// network of its own, so fixed ports never collide between gangs.
+pub const MASTER_PORT: u16 = 29500;
+/// JAX's coordinator port (`JAX_COORDINATOR_ADDRESS`).
+pub const JAX_PORT: u16 = 29501;
+/// Where every member's remote agent (`tessera-rsh serve`) listens.
+pub const RSH_PORT: u16 = 29502;
+
+/// The launch environment of member `rank` of gang `job`, whose members (by rank) are at
+/// `addrs`, each with `gpus` devices: torchrun's (`MASTER_ADDR`, `MASTER_PORT`,
+/// `WORLD_SIZE`, `RANK`, `NODE_RANK`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, for one process
+/// per node, and the `PET_*` defaults `torchrun` reads for `--nnodes`, `--node-rank`,
+/// `--nproc-per-node` and the rendezvous), JAX's (`JAX_COORDINATOR_ADDRESS`,
+/// `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`) and Tessera's (`TESSERA_GANG_*`).
+pub fn launch_env(job: &str, rank: u32, addrs: &[String], gpus: u32) -> Vec<EnvVar> {
+    let size = addrs.len().to_string();
+    let master = addrs.first().cloned().unwrap_or_default();
+    let rank = rank.to_string();
+    let gpus = gpus.to_string();
+    [
+        ("MASTER_ADDR", master.clone()),
+        ("MASTER_PORT", MASTER_PORT.to_string()),
+        ("WORLD_SIZE", size.clone()),
+        ("RANK", rank.clone()),
+        ("NODE_RANK", rank.clone()),
+        ("LOCAL_RANK", "0".into()),
+        ("LOCAL_WORLD_SIZE", "1".into()),
+        ("PET_NNODES", size.clone()),
+        ("PET_NODE_RANK", rank.clone()),
+        ("PET_NPROC_PER_NODE", gpus.clone()),
+        ("PET_MASTER_ADDR", master.clone()),
+        ("PET_MASTER_PORT", MASTER_PORT.to_string()),
+        ("JAX_COORDINATOR_ADDRESS", format!("{master}:{JAX_PORT}")),
+        ("JAX_NUM_PROCESSES", size.clone()),
+        ("JAX_PROCESS_ID", rank.clone()),
+        ("TESSERA_GANG_JOB", job.to_owned()),
+        ("TESSERA_GANG_RANK", rank),
+        ("TESSERA_GANG_SIZE", size),
+        ("TESSERA_GANG_ADDRS", addrs.join(",")),
+        ("TESSERA_GANG_GPUS_PER_NODE", gpus),
+    ]
+    .into_iter()
+    .map(|(name, value)| EnvVar {
+        name: name.to_owned(),
+        value,
+    })
+    .collect()
 }
 
 /// The most of `kind` one node of `cluster` holds: GPUs of the model for whole GPUs;
@@ -248,6 +298,31 @@ mod tests {
         // 3g.40gb: two per H100.
         let k: GpuKind = "H100-80GB:3g.40gb".parse().unwrap();
         assert_eq!(most_per_node(&k, &c, &cat), 4);
+    }
+
+    #[test]
+    fn the_launch_environment_names_the_coordinator_and_the_rank() {
+        let addrs = vec!["10.1.0.2".to_owned(), "10.2.0.6".to_owned(), "10.3.0.2".to_owned()];
+        let env: std::collections::BTreeMap<String, String> = launch_env("job-1", 2, &addrs, 8)
+            .into_iter()
+            .map(|v| (v.name, v.value))
+            .collect();
+        let get = |k: &str| env.get(k).map(String::as_str).unwrap_or("<unset>");
+        assert_eq!(get("MASTER_ADDR"), "10.1.0.2");
+        assert_eq!(get("MASTER_PORT"), "29500");
+        assert_eq!(get("WORLD_SIZE"), "3");
+        assert_eq!(get("RANK"), "2");
+        assert_eq!(get("NODE_RANK"), "2");
+        assert_eq!(get("LOCAL_RANK"), "0");
+        assert_eq!(get("LOCAL_WORLD_SIZE"), "1");
+        assert_eq!(get("PET_NNODES"), "3");
+        assert_eq!(get("PET_NODE_RANK"), "2");
+        assert_eq!(get("PET_NPROC_PER_NODE"), "8");
+        assert_eq!(get("JAX_COORDINATOR_ADDRESS"), "10.1.0.2:29501");
+        assert_eq!(get("JAX_NUM_PROCESSES"), "3");
+        assert_eq!(get("JAX_PROCESS_ID"), "2");
+        assert_eq!(get("TESSERA_GANG_ADDRS"), "10.1.0.2,10.2.0.6,10.3.0.2");
+        assert_eq!(get("TESSERA_GANG_JOB"), "job-1");
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct NewAllocation {
     /// driver supports at least this are chosen. Absent: any node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needs_cuda: Option<String>,
+    /// A gang (issue 42): this many nodes, each with `count` of `kind` (whole GPUs or MIG
+    /// instances), placed all at once or not at all. Absent: one node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -112,6 +116,7 @@ impl NewAllocation {
             priority: Some(form.priority),
             purpose: form.purpose,
             needs_cuda: None,
+            nodes: None,
         })
     }
 }
@@ -128,6 +133,7 @@ pub struct ValidAllocation {
     starts_at: Option<DateTime<Utc>>,
     purpose: String,
     needs_cuda: Option<CudaVersion>,
+    nodes: Option<u32>,
 }
 
 impl ValidAllocation {
@@ -141,7 +147,17 @@ impl ValidAllocation {
     pub fn count(&self) -> u32 {
         self.count
     }
-    /// Quota units of the whole allocation (`count` × the kind's unit cost).
+    /// A gang's node count (`count` is then per node); `None`: one node. Stored
+    /// allocations hold [`devices`](Self::devices) as their count.
+    pub fn nodes(&self) -> Option<u32> {
+        self.nodes
+    }
+    /// Devices of the whole allocation: `count`, times the nodes of a gang.
+    pub fn devices(&self) -> u32 {
+        self.count.saturating_mul(self.nodes.unwrap_or(1))
+    }
+    /// Quota units of the whole allocation (`count` × the kind's unit cost, × the nodes
+    /// of a gang).
     pub fn units(&self) -> u32 {
         self.units
     }
@@ -221,7 +237,30 @@ pub fn validate(
         }
         _ => {}
     }
-    let units = kind.units(count, catalog)?;
+    let nodes = match input.nodes {
+        None => None,
+        Some(n) => {
+            if matches!(kind, GpuKind::Share { .. }) {
+                return Err(AppError::invalid(
+                    "nodes",
+                    "a multi-node job takes whole GPUs or MIG instances, not shares",
+                ));
+            }
+            if !(1..=super::gang::GANG_NODES_MAX).contains(&n) {
+                return Err(AppError::invalid(
+                    "nodes",
+                    format!("must be 1 to {}", super::gang::GANG_NODES_MAX),
+                ));
+            }
+            Some(n)
+        }
+    };
+    let units = kind
+        .units(count.saturating_mul(nodes.unwrap_or(1)), catalog)
+        .map_err(|e| match (nodes, e) {
+            (Some(_), AppError::Invalid { message, .. }) => AppError::invalid("nodes", message),
+            (_, e) => e,
+        })?;
 
     let duration_minutes = input
         .duration_minutes
@@ -289,6 +328,7 @@ pub fn validate(
         starts_at,
         purpose: purpose.to_owned(),
         needs_cuda,
+        nodes,
     })
 }
 

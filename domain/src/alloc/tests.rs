@@ -270,6 +270,7 @@ fn input(kind: &str, count: u32) -> NewAllocation {
         priority: None,
         purpose: "  train a model ".into(),
         needs_cuda: None,
+        nodes: None,
     }
 }
 
@@ -742,6 +743,7 @@ fn views_serialize_round_trip() {
         over_limit: true,
         over_budget: false,
         needs_cuda: Some(crate::image::CudaVersion::parse("12.4").unwrap()),
+        nodes: None,
         history: vec![Transition {
             at: t(9, 0),
             from: None,

@@ -86,6 +86,10 @@ pub struct AllocationView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "12.4"))]
     pub needs_cuda: Option<crate::image::CudaVersion>,
+    /// A gang's node count (`count` is the whole gang's, an equal part on each node);
+    /// absent: one node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
     /// Oldest first.
     pub history: Vec<Transition>,
 }

@@ -136,6 +136,7 @@ pub async fn alloc(remote: &Remote, cmd: AllocCommand) -> R<i32> {
                 priority: a.priority,
                 purpose: a.purpose,
                 needs_cuda: None,
+                nodes: None,
             };
             let body = serde_json::to_value(&body).map_err(|e| CliError::usage(e.to_string()))?;
             let v: AllocationView = c

@@ -48,6 +48,18 @@ pub enum JobCommand {
         /// `tessera image list`) instead of the node's environment.
         #[arg(long)]
         image: Option<String>,
+        /// Run on this many nodes at once (a gang, placed all together or not at all),
+        /// each with `--gpus-per-node` of `--gpu`:
+        /// `tessera job submit --gpu H100-80GB --nodes 2 --gpus-per-node 8 -- torchrun train.py`.
+        #[arg(long, requires = "gpu", conflicts_with = "array")]
+        nodes: Option<u32>,
+        /// With `--nodes`: how many of `--gpu` each node gets (default `--count`).
+        #[arg(long = "gpus-per-node", requires = "nodes")]
+        gpus_per_node: Option<u32>,
+        /// With `--nodes`: `each` (every node runs the command; torchrun, JAX) or `rank0`
+        /// (only rank 0 runs it: `mpirun --hostfile $TESSERA_HOSTFILE …`).
+        #[arg(long, requires = "nodes")]
+        launcher: Option<String>,
     },
     /// Prints a job's output.
     Logs {
@@ -55,6 +67,9 @@ pub enum JobCommand {
         /// Keep printing until the job ends.
         #[arg(long, short)]
         follow: bool,
+        /// A multi-node job's member (default 0).
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
     },
     /// Cancels a job (its processes are killed).
     #[command(alias = "cancel")]
@@ -179,13 +194,13 @@ impl Tabular for WorkloadView {
     }
 }
 
-async fn follow_logs(c: &Client, id: &str, follow: bool) -> R<i32> {
+async fn follow_logs(c: &Client, id: &str, follow: bool, rank: u32) -> R<i32> {
     use std::io::Write;
     let mut from = 0;
     loop {
         let slice: LogSlice = c
             .get(&format!(
-                "/api/v1/workloads/{}/logs?from={from}",
+                "/api/v1/workloads/{}/logs?from={from}&rank={rank}",
                 encode(id)
             ))
             .await?;
@@ -318,11 +333,23 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             follow,
             array,
             image,
+            nodes,
+            gpus_per_node,
+            launcher,
         } => {
             let command = command.unwrap_or_else(|| shell_join(&args));
             let mut body = json!({"allocation_id": allocation, "command": command, "name": name,
                 "workdir": workdir, "env": env_map(&env)?, "retries": retries, "image": image});
             own.fields(&mut body);
+            if let Some(n) = nodes {
+                body["nodes"] = json!(n);
+                if let Some(g) = gpus_per_node {
+                    body["count"] = json!(g);
+                }
+                if let Some(l) = launcher {
+                    body["launcher"] = json!(l);
+                }
+            }
             if let Some(range) = array {
                 return submit_array(&c, body, &range).await;
             }
@@ -334,7 +361,7 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
                 None => eprintln!("submitted job {}", v.id),
             }
             if follow {
-                return follow_logs(&c, &v.id.to_string(), true).await;
+                return follow_logs(&c, &v.id.to_string(), true, 0).await;
             }
             match c.output {
                 Output::Table => println!("{}", v.id),
@@ -344,7 +371,7 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             }
             Ok(0)
         }
-        JobCommand::Logs { id, follow } => follow_logs(&c, &id, follow).await,
+        JobCommand::Logs { id, follow, rank } => follow_logs(&c, &id, follow, rank).await,
         JobCommand::Stop { id } => stop(&c, &id).await,
         JobCommand::List(args) => list(&c, "job", &args).await,
     }

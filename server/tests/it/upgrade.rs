@@ -479,6 +479,31 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        27 => {
+            exec(
+                store,
+                "INSERT INTO image_catalog (id, team_id, name, reference, pinned, requires_cuda, \
+                 added_by, created_at) VALUES ($1, $2, 'pytorch', 'reg.test/pt:1', \
+                 'reg.test/pt@sha256:0000000000000000000000000000000000000000000000000000000000000000', \
+                 '12.4', 'admin', $3)",
+                &[V::U(Uuid::from_u128(2701)), V::U(s.team), V::D(now)],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO registry_allowlist (entry, added_by, created_at) \
+                 VALUES ('reg.test', 'admin', $1)",
+                &[V::D(now)],
+            )
+            .await;
+            exec(
+                store,
+                "INSERT INTO registry_logins (team_id, registry, username, secret, updated_at) \
+                 VALUES ($1, 'reg.test', 'bot', 'sealed-or-clear', $2)",
+                &[V::U(s.team), V::D(now)],
+            )
+            .await;
+        }
         _ => {}
     }
 }

@@ -229,11 +229,12 @@ impl Allocations {
             starts_at: valid.starts_at(),
             idempotency_key: key.map(str::to_owned),
             needs_cuda: valid.needs_cuda().map(|v| v.to_string()),
+            gang_nodes: valid.nodes().map(i64::from),
             ..AllocationRow::queued(
                 access.team.id,
                 p.user_id.0,
                 &valid.kind().to_string(),
-                (i64::from(valid.count()), i64::from(valid.units())),
+                (i64::from(valid.devices()), i64::from(valid.units())),
                 now,
             )
         };
@@ -244,7 +245,7 @@ impl Allocations {
             cost: pricer.as_ref().map_or(0, |pr| {
                 pr.cost(
                     valid.kind(),
-                    valid.count(),
+                    valid.devices(),
                     i64::from(valid.duration_minutes()) * 60_000,
                     valid.priority(),
                 )
@@ -308,6 +309,7 @@ impl Allocations {
             priority: None,
             purpose: String::new(),
             needs_cuda: None,
+            nodes: None,
         };
         let valid = alloc::validate(&input, &self.policy, &self.catalog, Utc::now())?;
         Ok(valid.kind().label())
@@ -1233,6 +1235,7 @@ impl Allocations {
             over_limit: a.over_limit,
             over_budget: a.over_budget,
             needs_cuda: scheduler::needs_cuda(a),
+            nodes: a.gang_nodes.and_then(|n| u32::try_from(n).ok()),
             history: Vec::new(),
         }
     }

@@ -460,6 +460,11 @@ impl Allocations {
             let Ok(id) = Uuid::parse_str(id_s) else {
                 continue;
             };
+            if !asg.members.is_empty() {
+                // A gang: every member's devices, in rank order.
+                placed.insert(id, gang_devices(&asg.members, &by_id, &input));
+                continue;
+            }
             let Some(node_id) = Uuid::parse_str(&asg.node).ok() else {
                 continue;
             };
@@ -968,6 +973,23 @@ fn planner_requests(
             needs_cuda: needs_cuda(a),
             ..planner::Request::new(a.id.to_string())
         };
+        if let Some(nodes) = a.gang_nodes {
+            // A gang: one request, placed whole or not at all.
+            // `count` is the whole gang's; each member holds an equal part.
+            let nodes = u32::try_from(nodes).unwrap_or(u32::MAX).max(1);
+            let each = to_u32(a.count) / nodes;
+            let (gpus, mig, per_node) = match kind {
+                GpuKind::Mig { profile, .. } => (None, Some(profile), each),
+                _ => (Some(each), None, 1),
+            };
+            requests.push(planner::Request {
+                gpus,
+                mig,
+                gang: Some(planner::Gang { nodes, per_node }),
+                ..base
+            });
+            continue;
+        }
         match kind {
             GpuKind::Share { model, milli } => requests.push(planner::Request {
                 gpu_milli: Some(milli),
@@ -990,6 +1012,42 @@ fn planner_requests(
         }
     }
     requests
+}
+
+/// A placed gang's devices, member by member (rank order), as an allocation stores them.
+fn gang_devices(
+    members: &[planner::GangMember],
+    by_id: &HashMap<Uuid, &NodeRow>,
+    input: &PlannerInput,
+) -> Vec<AllocatedDevice> {
+    let mut out = Vec::new();
+    for m in members {
+        let Ok(node_id) = Uuid::parse_str(&m.node) else {
+            continue;
+        };
+        let hostname = by_id
+            .get(&node_id)
+            .map(|n| n.hostname.clone())
+            .unwrap_or_default();
+        let whole = m.gpus.iter().map(|g| (*g, None, None));
+        let slices = m
+            .slices
+            .iter()
+            .map(|s| (s.gpu, Some(s.profile.clone()), Some(s.start)));
+        for (gpu, profile, start) in whole.chain(slices) {
+            if let Some(uuid) = input.gpu_uuid.get(&(node_id, gpu)) {
+                out.push(AllocatedDevice {
+                    node_id,
+                    hostname: hostname.clone(),
+                    gpu_uuid: uuid.clone(),
+                    profile,
+                    start,
+                    mig_uuid: None,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The CUDA version `a`'s node must support (stored as validated, so never unreadable).

@@ -106,6 +106,7 @@ impl Workloads {
                     .map_err(internal("storing pull progress"))?;
             }
             self.apply_report(w, alloc, rep, now).await?;
+            self.gang_report(w, rep).await?;
         }
         // Reports may have moved workloads on: read again (not for an idle node).
         let rows = if acks.is_empty() {
@@ -142,9 +143,10 @@ impl Workloads {
                 e.insert(login);
             }
         }
+        let gangs = self.gangs_of(&rows).await?;
         let workloads = rows
             .iter()
-            .map(|r| self.spec(r, &shared, &logins))
+            .map(|r| self.spec(r, &shared, &logins, &gangs))
             .collect::<Result<_, _>>()?;
         Ok(WorkloadSync {
             workloads,
@@ -170,6 +172,7 @@ impl Workloads {
         r: &WorkloadListRow,
         shared: &HashMap<String, ShareMethod>,
         logins: &HashMap<(Uuid, String), Option<RegistryLogin>>,
+        gangs: &super::gang::Members,
     ) -> Result<WorkloadSpec, AppError> {
         let w = &r.w;
         let kind = w.kind;
@@ -207,6 +210,14 @@ impl Workloads {
             .and_then(|v| tessera_domain::drain::signal_of(&v.value))
             .unwrap_or_default();
         env.retain(|v| v.name != tessera_domain::drain::ATTEMPT_VAR);
+        // A gang member: its launch environment first (the job's own variables may
+        // override the frameworks' ports; `TESSERA_*` they cannot set).
+        let gang = self.gang_spec(w, gangs)?;
+        if let Some((_, launch)) = &gang {
+            let own = std::mem::take(&mut env);
+            env = launch.clone();
+            env.extend(own);
+        }
         env.push(tessera_domain::workload::EnvVar {
             name: tessera_domain::drain::ATTEMPT_VAR.to_owned(),
             value: w.attempt.to_string(),
@@ -220,7 +231,12 @@ impl Workloads {
             devices: devices.iter().map(device_uuid).collect(),
             workspace: w.team_id.to_string(),
             workdir: w.workdir.clone(),
-            token: self.notebook_token(w)?,
+            // A gang's secret travels in `gang`, never as a notebook token.
+            token: if gang.is_some() {
+                None
+            } else {
+                self.notebook_token(w)?
+            },
             base_path: (kind == WorkloadKind::Notebook).then_some(base),
             allocation_id: w.allocation_id.to_string(),
             resources: if share {
@@ -244,7 +260,7 @@ impl Workloads {
                     .and_then(|i| logins.get(&(w.team_id, i.registry().to_owned())).cloned())
                     .flatten(),
             }),
-            gang: None,
+            gang: gang.map(|(spec, _)| spec),
         })
     }
 

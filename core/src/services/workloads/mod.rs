@@ -27,16 +27,17 @@ use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
-    LogAck, ShareLimits, ShareMethod, TelemetrySample, WorkloadPhase, WorkloadReport,
+    GangLauncher, LogAck, ShareLimits, ShareMethod, TelemetrySample, WorkloadPhase, WorkloadReport,
     WorkloadReports, WorkloadSpec, WorkloadSync,
 };
 use tessera_domain::workload::{
     self as wl, ActivitySignals, AttemptView, EnvVar, IdleDecision, IdlePolicy, JobCommand,
-    LogSlice, NotebookProfile, ServerName, WorkloadKind, WorkloadState, WorkloadView,
+    LogSlice, NotebookProfile, RankView, ServerName, WorkloadKind, WorkloadState, WorkloadView,
 };
 use uuid::Uuid;
 
 mod executor;
+mod gang;
 mod notebooks;
 mod pass;
 mod profiles;
@@ -126,6 +127,8 @@ pub struct NewJob {
     /// An image of the team's catalog (id, name or pinned reference); `None`: the node's
     /// environment.
     pub image: Option<String>,
+    /// A multi-node job (`gpu.nodes`): who runs the command (`each` when absent).
+    pub launcher: Option<GangLauncher>,
     pub idempotency_key: Option<String>,
 }
 
@@ -225,6 +228,8 @@ pub enum NotReady {
 /// What one [`Workloads::tick`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkloadTick {
+    /// Gang members stopped because another member failed or rank 0 ended.
+    pub gang_stopped: u32,
     /// Own allocations admitted because the team's quota had room again.
     pub admitted: u32,
     /// Queued workloads whose own allocation became active: now pending on its node.
@@ -424,6 +429,7 @@ impl Workloads {
                 req.allocation_id,
                 req.gpu.as_ref().or(from_profile.as_ref()),
             )?,
+            None,
             WorkloadKind::Notebook,
             name.as_str(),
             "",
@@ -458,9 +464,29 @@ impl Workloads {
         } else {
             name.to_owned()
         };
+        let nodes = req.gpu.as_ref().and_then(|g| g.nodes);
+        let gang = match (nodes, req.launcher) {
+            (Some(_), launcher) => {
+                if retries > 0 {
+                    return Err(AppError::invalid(
+                        "retries",
+                        "a multi-node job is not started again yet (retries must be 0)",
+                    ));
+                }
+                Some(launcher.unwrap_or_default())
+            }
+            (None, Some(_)) => {
+                return Err(AppError::invalid(
+                    "launcher",
+                    "only a multi-node job (gpu with nodes) has a launcher",
+                ));
+            }
+            (None, None) => None,
+        };
         self.create(
             p,
             Target::of(req.allocation_id, req.gpu.as_ref())?,
+            gang,
             WorkloadKind::Job,
             &name,
             command.as_str(),
@@ -478,6 +504,7 @@ impl Workloads {
         &self,
         p: &Principal,
         target: Target<'_>,
+        gang: Option<GangLauncher>,
         kind: WorkloadKind,
         name: &str,
         command: &str,
@@ -500,6 +527,19 @@ impl Workloads {
             }
         }
         let image = image.map(str::trim).filter(|i| !i.is_empty());
+        let nodes = match target {
+            Target::NewGpu(g) => g.nodes,
+            Target::Allocation(_) => None,
+        };
+        if nodes.is_some() && gang.is_none() {
+            return Err(AppError::invalid(
+                "nodes",
+                "only a job runs on several nodes; a notebook runs on one",
+            ));
+        }
+        if let (Some(_), Target::NewGpu(gpu)) = (nodes, target) {
+            self.check_gang(gpu).await?;
+        }
         let (place, chosen) = match target {
             Target::Allocation(id) => {
                 let place = self.on_allocation(p, id).await?;
@@ -537,6 +577,8 @@ impl Workloads {
             retries: i64::from(retries),
             idempotency_key: key.map(str::to_owned),
             owns_allocation: place.owned,
+            gang_size: nodes.map(i64::from),
+            gang_launcher: nodes.and(gang).map(|l| l.as_str().to_owned()),
             image: chosen.as_ref().map(|c| c.pinned.clone()),
             image_cuda: chosen
                 .as_ref()
@@ -550,7 +592,8 @@ impl Workloads {
                 Utc::now(),
             )
         };
-        let token = (kind == WorkloadKind::Notebook).then(new_token);
+        // A notebook's token; a gang's secret (its members' remote agents check it).
+        let token = (kind == WorkloadKind::Notebook || nodes.is_some()).then(new_token);
         self.seal_secrets(&mut row, token.as_deref(), env)?;
         let inserted = self
             .store
@@ -805,6 +848,9 @@ impl Workloads {
         }
         if row.w.state == WorkloadState::Queued {
             v.waiting = self.waiting(p, &row).await;
+        }
+        if row.w.gang_size.is_some() && row.w.gang_job.is_none() {
+            v.ranks = self.rank_views(row.w.id).await?;
         }
         if row.w.attempt > 1 {
             v.attempts = self
@@ -1113,6 +1159,7 @@ impl Workloads {
                 }),
             waiting: None,
             attempts: Vec::new(),
+            ranks: Vec::new(),
         }
     }
 

@@ -11,8 +11,18 @@ impl Workloads {
         w: &WorkloadRow,
         message: &str,
     ) -> Result<bool, AppError> {
+        self.request_stop_as(w, stop_end(w), message).await
+    }
+
+    /// [`request_stop`](Self::request_stop), ending in `end` (a gang member stopped
+    /// because another failed ends `failed`).
+    pub(super) async fn request_stop_as(
+        &self,
+        w: &WorkloadRow,
+        end: WorkloadState,
+        message: &str,
+    ) -> Result<bool, AppError> {
         let state = w.state;
-        let end = stop_end(w);
         if state == WorkloadState::Queued {
             // Still waiting for its GPU: nothing runs anywhere; it ends, and so does its
             // request.
@@ -124,6 +134,9 @@ impl Workloads {
         else {
             return Ok(false);
         };
+        if w.gang_size.is_some() {
+            return self.start_gang(w, &alloc.a.devices).await;
+        }
         let Some((node, hostname, devices)) = node_devices(&alloc.a.devices) else {
             return Ok(false);
         };
@@ -174,12 +187,14 @@ impl Workloads {
         let req = NewAllocation {
             team_id: old.a.team_id.to_string(),
             kind: old.a.kind.clone(),
-            count: u32::try_from(old.a.count).unwrap_or(1),
+            // A gang's count is the whole gang's; the request asks per node.
+            count: u32::try_from(old.a.count / old.a.gang_nodes.unwrap_or(1).max(1)).unwrap_or(1),
             duration_minutes: u32::try_from(old.a.duration_minutes).ok(),
             starts_at: None,
             priority: Some(old.a.priority.to_string()),
             purpose: old.a.purpose.clone(),
             needs_cuda: old.a.needs_cuda.clone(),
+            nodes: old.a.gang_nodes.and_then(|n| u32::try_from(n).ok()),
         };
         let attempt = w.attempt + 1;
         // One key per attempt: a report and a pass requeueing at once share one request.
@@ -380,6 +395,7 @@ impl Workloads {
                 }
             }
         }
+        report.gang_stopped = self.gang_pass(&rows).await?;
         report.released_allocations = self.release_ended_owners().await?;
         Ok(report)
     }

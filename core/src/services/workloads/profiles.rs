@@ -32,6 +32,7 @@ impl Workloads {
             priority: None,
             purpose: format!("notebook profile `{}`", row.name),
             needs_cuda: None,
+            nodes: None,
         };
         Ok((gpu, row.image_id))
     }

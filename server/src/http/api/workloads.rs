@@ -66,21 +66,51 @@ pub(super) struct OwnGpu {
     /// Longest run in minutes (the allocation's duration); the policy's default when absent.
     #[serde(default)]
     time_limit_minutes: Option<u32>,
+    /// Jobs: run on this many nodes at once (a gang), each with `gpus_per_node` (or
+    /// `count`) of `gpu`; placed all together or not at all.
+    #[serde(default)]
+    nodes: Option<u32>,
+    /// With `nodes`: how many of `gpu` each node gets (the same as `count`).
+    #[serde(default)]
+    gpus_per_node: Option<u32>,
 }
 
 impl OwnGpu {
-    fn request(&self) -> Option<NewAllocation> {
-        let gpu = self.gpu.as_deref()?;
-        Some(NewAllocation {
+    fn request(&self) -> Result<Option<NewAllocation>, AppError> {
+        let Some(gpu) = self.gpu.as_deref() else {
+            for (field, set) in [
+                ("nodes", self.nodes.is_some()),
+                ("gpus_per_node", self.gpus_per_node.is_some()),
+            ] {
+                if set {
+                    return Err(AppError::invalid(field, "needs `gpu` (the kind each node gets)"));
+                }
+            }
+            return Ok(None);
+        };
+        let count = match (self.count, self.gpus_per_node) {
+            (Some(c), Some(g)) if c != g => {
+                return Err(AppError::invalid(
+                    "gpus_per_node",
+                    "give `gpus_per_node` or `count`, not two different numbers",
+                ));
+            }
+            (_, Some(_)) if self.nodes.is_none() => {
+                return Err(AppError::invalid("gpus_per_node", "only with `nodes`"));
+            }
+            (c, g) => g.or(c).unwrap_or(1),
+        };
+        Ok(Some(NewAllocation {
             team_id: self.team_id.clone().unwrap_or_default(),
             kind: gpu.to_owned(),
-            count: self.count.unwrap_or(1),
+            count,
             duration_minutes: self.time_limit_minutes,
             starts_at: None,
             priority: self.priority.clone(),
             purpose: String::new(),
             needs_cuda: None,
-        })
+            nodes: self.nodes,
+        }))
     }
 }
 
@@ -120,7 +150,7 @@ pub(super) async fn launch_notebook(
 ) -> Created<WorkloadView> {
     let req = NewNotebook {
         allocation_id: b.allocation_id,
-        gpu: b.own.request(),
+        gpu: b.own.request()?,
         profile_id: b.profile_id,
         name: b.name,
         env: env_of(&b.env)?,
@@ -219,6 +249,12 @@ pub(super) struct NewJobBody {
     /// reference) to run in; absent: the node's environment.
     #[serde(default)]
     image: Option<String>,
+    /// A multi-node job (`nodes`): `each` (default: every node runs the command, e.g.
+    /// `torchrun`) or `rank0` (only rank 0 runs it, e.g. `mpirun --hostfile
+    /// $TESSERA_HOSTFILE`, which reaches the other nodes through `tessera-rsh`).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    launcher: Option<String>,
 }
 
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
@@ -236,7 +272,7 @@ pub(super) async fn submit_job(
 ) -> Created<WorkloadView> {
     let req = NewJob {
         allocation_id: b.allocation_id,
-        gpu: b.own.request(),
+        gpu: b.own.request()?,
         array_index: b.array_index,
         name: b.name,
         command: b.command,
@@ -244,6 +280,11 @@ pub(super) async fn submit_job(
         env: env_of(&b.env)?,
         retries: b.retries,
         image: b.image,
+        launcher: b
+            .launcher
+            .as_deref()
+            .map(tessera_domain::wire::GangLauncher::parse)
+            .transpose()?,
         idempotency_key: headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
@@ -293,6 +334,9 @@ pub(super) struct LogQuery {
     /// Bytes to return at most (1 KiB–1 MiB, default 64 KiB).
     #[serde(default = "default_log_max")]
     max: u64,
+    /// A multi-node job's member (`ranks[].rank`); default 0, the job itself.
+    #[serde(default)]
+    rank: u32,
 }
 
 fn default_log_max() -> u64 {
@@ -309,6 +353,7 @@ pub(super) async fn workload_logs(
     Path(id): Path<Uuid>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<LogSlice> {
+    let id = s.workloads.rank_id(&p, id, q.rank).await?;
     ok(s.workloads.logs(&p, id, q.from, q.max).await)
 }
 

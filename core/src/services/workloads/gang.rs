@@ -1,0 +1,342 @@
+//! Gang jobs (issue 42): one job on several nodes, one member workload per node.
+//!
+//! - **One request.** The job's own GPU request carries `nodes`; the planner places the
+//!   whole gang in one pass or nothing of it, and the allocation's devices list every
+//!   member's, in rank order.
+//! - **Members.** Rank 0 is the job users see (its row, its id); when the allocation is
+//!   active, ranks 1.. are stored beside it (`gang_job` = the job) in the same
+//!   transaction that moves rank 0 to `pending`, each on its own node.
+//! - **Two-step start.** Each agent makes its member's sandbox and reports the member's
+//!   address (`gang_addr`, `gang_via`). Only once every member has one do the specs carry
+//!   the peers and the launch environment ([`tessera_domain::alloc::gang::launch_env`]),
+//!   and the agents start the processes.
+//! - **One outcome.** A member that fails (or is lost) stops the others, and the job fails
+//!   with its reason; rank 0 stopping or ending (a user's stop, `rank0` launchers) stops
+//!   the others.
+
+use super::*;
+use tessera_domain::alloc as g;
+use tessera_domain::wire::{GangLauncher, GangPeer, GangSpec};
+
+/// A gang job's members and how far each is, as `GET /api/v1/workloads/{id}` shows them.
+pub(super) type Members = HashMap<Uuid, Vec<WorkloadListRow>>;
+
+impl Workloads {
+    /// Rank 0 (`w`, queued) of a gang whose allocation is active with `devices_json`:
+    /// every member is placed on its node at once (see the module docs).
+    pub(super) async fn start_gang(
+        &self,
+        w: &WorkloadRow,
+        devices_json: &str,
+    ) -> Result<bool, AppError> {
+        let all: Vec<AllocatedDevice> = serde_json::from_str(devices_json).unwrap_or_default();
+        // Members in rank order: nodes in the order the allocation lists them.
+        let mut nodes: Vec<(Uuid, String, Vec<&AllocatedDevice>)> = Vec::new();
+        for d in &all {
+            match nodes.iter_mut().find(|n| n.0 == d.node_id) {
+                Some(n) => n.2.push(d),
+                None => nodes.push((d.node_id, d.hostname.clone(), vec![d])),
+            }
+        }
+        if i64::try_from(nodes.len()).ok() != w.gang_size {
+            tracing::warn!(workload = %w.id, nodes = nodes.len(), size = ?w.gang_size,
+                "a gang's allocation is not spread over as many nodes as it has members");
+            return Ok(false);
+        }
+        let secret = self.notebook_token(w)?;
+        let env = self.env_of(w)?;
+        let now = Utc::now();
+        let mut members = Vec::new();
+        for (rank, (node, host, devs)) in nodes.iter().enumerate().skip(1) {
+            let mut row = WorkloadRow {
+                node_id: Some(*node),
+                hostname: host.clone(),
+                devices: serde_json::to_string(devs).unwrap_or_else(|_| "[]".into()),
+                command: w.command.clone(),
+                workdir: w.workdir.clone(),
+                image: w.image.clone(),
+                image_cuda: w.image_cuda.clone(),
+                gang_job: Some(w.id),
+                gang_rank: i64::try_from(rank).unwrap_or(i64::MAX),
+                gang_size: w.gang_size,
+                gang_launcher: w.gang_launcher.clone(),
+                // A requeued gang's new members are told from the old by the attempt.
+                attempt: w.attempt,
+                ..WorkloadRow::new(
+                    w.kind,
+                    &w.name,
+                    (w.allocation_id, w.team_id, w.user_id),
+                    WorkloadState::Pending,
+                    now,
+                )
+            };
+            self.seal_secrets(&mut row, secret.as_deref(), &env)?;
+            members.push(row);
+        }
+        let Some((node, host, devs)) = nodes.first() else {
+            return Ok(false);
+        };
+        let placed = self
+            .store
+            .place_gang(
+                w.id,
+                (
+                    *node,
+                    host,
+                    &serde_json::to_string(devs).unwrap_or_else(|_| "[]".into()),
+                ),
+                &members,
+            )
+            .await
+            .map_err(internal("placing a gang"))?;
+        if placed {
+            for (node, _, _) in &nodes {
+                self.tell_node(Some(*node));
+            }
+        }
+        Ok(placed)
+    }
+
+    /// A gang request that no node could ever hold is refused at once: more of its kind
+    /// per node than the largest node has (422 naming `gpus_per_node`). With no node of
+    /// the model yet, it waits like any request.
+    pub(super) async fn check_gang(&self, gpu: &NewAllocation) -> Result<(), AppError> {
+        let catalog = self.allocations.catalog();
+        let kind = gpu.kind.parse::<GpuKind>()?.canonical(catalog)?;
+        let nodes = self
+            .store
+            .active_nodes()
+            .await
+            .map_err(internal("loading nodes"))?;
+        let cluster = tessera_domain::planner::Cluster {
+            nodes: nodes
+                .iter()
+                .map(|n| {
+                    let inv = crate::services::parsed_inventory(n.id, &n.inventory);
+                    let gpus = inv
+                        .gpus
+                        .iter()
+                        .map(|g| tessera_domain::planner::Gpu {
+                            index: g.index,
+                            model: catalog.get(&g.name).map_or(g.name.clone(), |m| m.name().to_owned()),
+                            mode: tessera_domain::planner::GpuMode::Whole,
+                            reconfigurable: false,
+                            instances: Vec::new(),
+                            busy: false,
+                            used_milli: 0,
+                        })
+                        .collect();
+                    tessera_domain::planner::Node::gpus_only(n.id.to_string(), gpus)
+                })
+                .collect(),
+            ..tessera_domain::planner::Cluster::default()
+        };
+        let most = g::most_per_node(&kind, &cluster, catalog);
+        if most == 0 {
+            return Ok(());
+        }
+        g::GangRequest {
+            kind,
+            nodes: gpu.nodes.unwrap_or(1),
+            gpus_per_node: gpu.count,
+            ranks: g::Ranks::PerNode,
+        }
+        .validate(catalog, most)
+        .map(|_| ())
+    }
+
+    /// The members of every gang among `rows`, by job.
+    pub(super) async fn gangs_of(&self, rows: &[WorkloadListRow]) -> Result<Members, AppError> {
+        let mut out = Members::new();
+        for r in rows.iter().filter(|r| r.w.gang_size.is_some()) {
+            let job = r.w.gang_job.unwrap_or(r.w.id);
+            if let std::collections::hash_map::Entry::Vacant(e) = out.entry(job) {
+                e.insert(self.members_now(job).await?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The members of gang `job` in its current attempt (rank 0 first).
+    pub(super) async fn members_now(&self, job: Uuid) -> Result<Vec<WorkloadListRow>, AppError> {
+        let all = self
+            .store
+            .gang_members(job)
+            .await
+            .map_err(internal("loading a gang"))?;
+        let attempt = all.iter().find(|m| m.w.id == job).map(|m| m.w.attempt);
+        Ok(all
+            .into_iter()
+            .filter(|m| Some(m.w.attempt) == attempt)
+            .collect())
+    }
+
+    /// The gang part of member `w`'s spec, and its launch environment once every member
+    /// has its address (none before: the agent waits).
+    pub(super) fn gang_spec(
+        &self,
+        w: &WorkloadRow,
+        gangs: &Members,
+    ) -> Result<Option<(GangSpec, Vec<EnvVar>)>, AppError> {
+        let Some(size) = w.gang_size else {
+            return Ok(None);
+        };
+        let job = w.gang_job.unwrap_or(w.id);
+        let members = gangs.get(&job).map(Vec::as_slice).unwrap_or_default();
+        let size = u32::try_from(size).unwrap_or(0);
+        let rank = u32::try_from(w.gang_rank).unwrap_or(0);
+        let ready: Option<Vec<GangPeer>> = (0..size)
+            .map(|r| {
+                let m = members
+                    .iter()
+                    .find(|m| u32::try_from(m.w.gang_rank).ok() == Some(r))?;
+                Some(GangPeer {
+                    rank: r,
+                    addr: m.w.gang_addr.clone()?,
+                    via: m.w.gang_via.clone()?,
+                    slots: u32::try_from(devices_of(&m.w).len()).unwrap_or(0),
+                })
+            })
+            .collect();
+        let secret = self.notebook_token(w)?.ok_or(AppError::Internal)?;
+        let env = ready.as_ref().map_or_else(Vec::new, |peers| {
+            let addrs: Vec<String> = peers.iter().map(|p| p.addr.clone()).collect();
+            let gpus = u32::try_from(devices_of(w).len()).unwrap_or(0);
+            g::launch_env(&job.to_string(), rank, &addrs, gpus)
+        });
+        Ok(Some((
+            GangSpec {
+                job: job.to_string(),
+                rank,
+                size,
+                launcher: launcher_of(w),
+                secret,
+                rsh_port: g::RSH_PORT,
+                peers: ready,
+            },
+            env,
+        )))
+    }
+
+    /// Records the address a member's agent reported; when it is new, every member's node
+    /// is told (the last address completes the peers of all of them).
+    pub(super) async fn gang_report(
+        &self,
+        w: &WorkloadRow,
+        rep: &WorkloadReport,
+    ) -> Result<(), AppError> {
+        let (Some(_), Some(addr), Some(via)) = (w.gang_size, &rep.gang_addr, &rep.gang_via) else {
+            return Ok(());
+        };
+        if addr.parse::<std::net::IpAddr>().is_err() || via.parse::<std::net::IpAddr>().is_err() {
+            tracing::warn!(workload = %w.id, addr, via, "ignoring a gang address that is not an IP address");
+            return Ok(());
+        }
+        let changed = self
+            .store
+            .set_gang_addr(w.id, addr, via)
+            .await
+            .map_err(internal("storing a gang address"))?;
+        if changed {
+            let job = w.gang_job.unwrap_or(w.id);
+            for m in self.members_now(job).await? {
+                self.tell_node(m.w.node_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// One outcome for each gang among the live `rows` (see the module docs); answers how
+    /// many members it stopped.
+    pub(super) async fn gang_pass(&self, rows: &[WorkloadListRow]) -> Result<u32, AppError> {
+        let gangs = self.gangs_of(rows).await?;
+        let mut stopped = 0;
+        for members in gangs.values() {
+            let Some(job) = members.iter().find(|m| m.w.gang_job.is_none()) else {
+                continue;
+            };
+            // Not started as a gang yet (queued): nothing to keep together.
+            if members.len() < 2 {
+                continue;
+            }
+            let failed = members.iter().find(|m| {
+                matches!(m.w.state, WorkloadState::Failed | WorkloadState::Lost)
+            });
+            let (end, why) = if let Some(f) = failed {
+                let how = match (f.w.exit_code, f.w.message.as_deref()) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(m)) => m.to_owned(),
+                    (None, None) => f.w.state.as_str().to_owned(),
+                };
+                (
+                    WorkloadState::Failed,
+                    format!("rank {} on {} failed ({how})", f.w.gang_rank, f.w.hostname),
+                )
+            } else if job.w.state == WorkloadState::Stopping || !job.w.state.is_live() {
+                (
+                    stop_end(&job.w),
+                    format!("rank 0 {}", job.w.state.as_str()),
+                )
+            } else {
+                continue;
+            };
+            for m in members.iter().filter(|m| {
+                m.w.id != failed.map_or(Uuid::nil(), |f| f.w.id)
+                    && m.w.state.is_live()
+                    && m.w.state != WorkloadState::Stopping
+            }) {
+                if self.request_stop_as(&m.w, end, &why).await.unwrap_or(false) {
+                    stopped += 1;
+                }
+            }
+        }
+        Ok(stopped)
+    }
+}
+
+impl Workloads {
+    /// Every member of gang `job` in its current attempt, for the job's view.
+    pub(super) async fn rank_views(&self, job: Uuid) -> Result<Vec<RankView>, AppError> {
+        Ok(self
+            .members_now(job)
+            .await?
+            .into_iter()
+            .map(|m| RankView {
+                rank: u32::try_from(m.w.gang_rank).unwrap_or(0),
+                id: m.w.id,
+                state: m.w.state,
+                hostname: m.w.hostname.clone(),
+                devices: devices_of(&m.w).iter().map(device_uuid).collect(),
+                addr: m.w.gang_addr.clone(),
+                exit_code: m.w.exit_code.and_then(|c| i32::try_from(c).ok()),
+                message: m.w.message.clone(),
+            })
+            .collect())
+    }
+
+    /// The workload id of rank `rank` of the job `id` the caller may act on (its log);
+    /// rank 0 is the job itself. 404 for a rank the job does not have.
+    pub async fn rank_id(&self, p: &Principal, id: Uuid, rank: u32) -> Result<Uuid, AppError> {
+        let row = self.actionable(p, id).await?;
+        if rank == 0 {
+            return Ok(row.w.id);
+        }
+        if row.w.gang_size.is_none() || row.w.gang_job.is_some() {
+            return Err(AppError::invalid("rank", "only a multi-node job has ranks"));
+        }
+        self.members_now(row.w.id)
+            .await?
+            .into_iter()
+            .find(|m| u32::try_from(m.w.gang_rank).ok() == Some(rank))
+            .map(|m| m.w.id)
+            .ok_or_else(|| AppError::invalid("rank", format!("the job has no rank {rank} (yet)")))
+    }
+}
+
+/// How `w`'s gang launches (`each` unless stored otherwise).
+fn launcher_of(w: &WorkloadRow) -> GangLauncher {
+    w.gang_launcher
+        .as_deref()
+        .and_then(|l| GangLauncher::parse(l).ok())
+        .unwrap_or_default()
+}

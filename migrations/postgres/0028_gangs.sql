@@ -1,0 +1,13 @@
+-- Multi-node (gang) jobs, issue 42.
+-- A gang allocation: `gang_nodes` nodes, each with `count` devices of its kind.
+ALTER TABLE allocations ADD COLUMN gang_nodes BIGINT;
+-- A gang job is one workload per node. Rank 0 is the job users see; ranks 1.. point at it
+-- with `gang_job`. `gang_size` is set on every member; `gang_addr`/`gang_via` are the
+-- member's own address and its node's, once its sandbox is ready.
+ALTER TABLE workloads ADD COLUMN gang_job UUID;
+ALTER TABLE workloads ADD COLUMN gang_rank BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE workloads ADD COLUMN gang_size BIGINT;
+ALTER TABLE workloads ADD COLUMN gang_launcher TEXT;
+ALTER TABLE workloads ADD COLUMN gang_addr TEXT;
+ALTER TABLE workloads ADD COLUMN gang_via TEXT;
+CREATE INDEX workloads_gang ON workloads (gang_job);
