@@ -527,11 +527,9 @@ impl LocalExecutor {
     fn free_port(&self) -> io::Result<u16> {
         for _ in 0..16 {
             let p = free_port()?;
-            if !self
-                .workloads
-                .values()
-                .any(|w| w.port == Some(p) && w.is_live())
-            {
+            if !self.workloads.values().any(|w| {
+                w.port == Some(p) && (w.is_live() || matches!(w.status, Status::Prepared(_)))
+            }) {
                 return Ok(p);
             }
         }

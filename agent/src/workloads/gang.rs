@@ -373,7 +373,13 @@ impl LocalExecutor {
         let gang_addr = w.gang_addr.clone();
         let acked = w.acked;
         let kept_net = net.clone();
-        let mut started = match self.try_start(spec, image, Some((port, net))) {
+        let started = if spec.image.is_some() && image.is_none() {
+            // Adopted without its image in the store: never the node's root instead.
+            Err("the member's image is no longer held on this node".to_owned())
+        } else {
+            self.try_start(spec, image, Some((port, net)))
+        };
+        let mut started = match started {
             Ok(w) => {
                 tracing::info!(id = spec.id, "gang member started");
                 w
