@@ -678,3 +678,109 @@ async fn gang_member_without_the_sandbox_uses_the_nodes_address_and_its_run_fold
     );
     ex.apply(&sync(&[]));
 }
+
+/// A member in an OCI image: pulled, then prepared (no process), then run with the
+/// remote agent read-only at its path in the image and the hostfile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gang_member_in_an_image_is_pulled_prepared_then_runs_with_the_remote_agent() {
+    use tessera_agent::driver_files::DriverFiles;
+    use tessera_agent::oci::unpack::Limits;
+    use tessera_agent::oci::{ImageStore, StoreLimits};
+    use tessera_domain::wire::ImageSpec;
+    use tessera_registry::testkit::{Registry, build_image, push, registry_available};
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == 0
+    });
+    if !registry_available() || !root || !Path::new("/bin/busybox").exists() {
+        eprintln!("SKIPPED: image gang members need root, crun, busybox and the registry");
+        return;
+    }
+    let reg = Registry::start(None);
+    let http = reqwest::Client::new();
+    let built = build_image("tessera-gangimage", 0);
+    push(&http, &reg, "team/gang", "v1", &built, None).await;
+    let image = format!("{}/team/gang@{}", reg.addr, built.digest());
+
+    let node = Node::new();
+    let mut s = SandboxSettings::new(PathBuf::from("crun"));
+    s.uid_first = FIRST_UID + 20;
+    s.uid_count = 4;
+    s.memory_mib = Some(128);
+    s.pids = 64;
+    s.tmp_mib = 16;
+    s.nofile = 1024;
+    s.nproc = 600;
+    s.network = None;
+    s.simulated_devices(node.dir.path().join("dev"));
+    s.driver_files = DriverFiles::default();
+    let sb = Sandbox::open(s, Arc::clone(&node.backend), &node.root("img-sandbox"))
+        .unwrap_or_else(|e| panic!("the gang tests need root and crun: {e}"));
+    let store = ImageStore::open(
+        &node.root("img/images"),
+        StoreLimits {
+            image: Limits {
+                max_bytes: 64 << 20,
+                max_entries: 10_000,
+            },
+            cache_bytes: 1 << 40,
+        },
+        reqwest::Client::new(),
+    )
+    .unwrap();
+    let mut ex = LocalExecutor::open(&node.root("img"), "127.0.0.1")
+        .unwrap()
+        .with_sandbox(sb)
+        .with_images(store)
+        .with_gang_rsh(Path::new(env!("CARGO_BIN_EXE_tessera-agent")));
+    let script = format!(
+        "echo ran > /workspace/ran-img; cat \"$TESSERA_HOSTFILE\"; \
+         test -x {RSH_MOUNT} && echo rsh=executable; \
+         grep \" {RSH_MOUNT} \" /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/rsh_mount=/'; \
+         echo \"agent=$OMPI_MCA_plm_rsh_agent\""
+    );
+    let m = WorkloadSpec {
+        image: Some(ImageSpec {
+            reference: image,
+            requires_cuda: None,
+            login: None,
+        }),
+        argv: vec![script],
+        ..member("gang-img0", 0, GangLauncher::Each, "")
+    };
+    ex.apply(&sync(std::slice::from_ref(&m)));
+    let r = until(&mut ex, "gang-img0", "prepared", |r| r.gang_addr.is_some()).await;
+    assert_eq!(r.phase, WorkloadPhase::Starting);
+    assert_eq!(r.gang_addr.as_deref(), Some("127.0.0.1"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ws = node.root("img").join("workspaces/team-g");
+    assert!(!ws.join("ran-img").exists());
+    let m = with_peers(
+        &m,
+        vec![
+            peer(0, "127.0.0.1", "127.0.0.1", 1),
+            peer(1, "192.0.2.55", "192.0.2.55", 1),
+        ],
+        &[],
+    );
+    ex.apply(&sync(std::slice::from_ref(&m)));
+    let r = until(&mut ex, "gang-img0", "exited", |r| {
+        matches!(
+            r.phase,
+            WorkloadPhase::Exited | WorkloadPhase::FailedToStart
+        )
+    })
+    .await;
+    let log = std::fs::read_to_string(node.root("img").join("runs/gang-img0/output.log"))
+        .unwrap_or_default();
+    assert_eq!(r.exit_code, Some(0), "{r:#?}\n{log}");
+    assert!(ws.join("ran-img").exists(), "{log}");
+    assert!(
+        log.contains("127.0.0.1 slots=1\n192.0.2.55 slots=1\n"),
+        "{log}"
+    );
+    assert!(log.contains("rsh=executable\n"), "{log}");
+    assert!(log.contains("rsh_mount=ro\n"), "{log}");
+    assert!(log.contains(&format!("agent={RSH_MOUNT}\n")), "{log}");
+    ex.apply(&sync(&[]));
+}
