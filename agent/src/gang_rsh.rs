@@ -411,6 +411,12 @@ pub fn serve(listener: TcpListener, secret: String) -> Result<(), String> {
             std::process::exit(0);
         });
     }
+    if std::process::id() == 1 {
+        // The sandbox's first process: orphans (a daemonized `orted`, a rank's leftover
+        // children) become ours; reap them.
+        let groups = groups.clone();
+        thread::spawn(move || reap_orphans(&groups));
+    }
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     eprintln!("{PROGRAM} serve: listening on {addr}");
     let secret = Arc::new(secret);
@@ -435,6 +441,35 @@ pub fn serve(listener: TcpListener, secret: String) -> Result<(), String> {
         });
     }
     Ok(())
+}
+
+/// Reaps every exited child that is not a command's `/bin/sh` (those are in `groups`
+/// from before they can exit until after their `Child::wait`).
+#[allow(unsafe_code)]
+fn reap_orphans(groups: &Groups) {
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid value for waitid to fill.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes only into `info`; WNOWAIT leaves the child waitable.
+        let r = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r != 0 {
+            // No children at all (ECHILD), or interrupted.
+            thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        // SAFETY: waitid succeeded with WEXITED, so `info` describes a child.
+        let pid = unsafe { info.si_pid() };
+        let ours = groups.lock().map(|g| g.contains(&pid)).unwrap_or(true);
+        if ours {
+            // Its connection's thread reaps it.
+            thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        // SAFETY: waitpid on one exited child; no status is read.
+        unsafe {
+            libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
+        }
+    }
 }
 
 /// Refuses the connection with `reason` (sent to the client, which prints it).
@@ -474,25 +509,27 @@ fn handle(mut conn: TcpStream, secret: &str, groups: &Groups) -> Result<(), Stri
     };
     conn.set_read_timeout(None).map_err(|e| e.to_string())?;
     eprintln!("{PROGRAM} serve: running: {command}");
-    let mut child = match Command::new("/bin/sh")
+    // The group is registered before the shell can exit (see `reap_orphans`).
+    let mut registered = groups.lock().map_err(|_| "poisoned".to_owned())?;
+    let spawned = Command::new("/bin/sh")
         .arg("-c")
         .arg(&command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .spawn()
-    {
+        .spawn();
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
+            drop(registered);
             deny(&mut conn, &format!("cannot run /bin/sh: {e}"));
             return Err(format!("cannot run /bin/sh: {e}"));
         }
     };
     let pgid = i32::try_from(child.id()).unwrap_or(0);
-    if let Ok(mut g) = groups.lock() {
-        g.insert(pgid);
-    }
+    registered.insert(pgid);
+    drop(registered);
     let done = Arc::new(AtomicBool::new(false));
     let writer = Arc::new(Mutex::new(conn.try_clone().map_err(|e| e.to_string())?));
 

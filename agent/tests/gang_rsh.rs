@@ -275,3 +275,106 @@ fn sigterm_stops_the_server_and_its_commands() {
     // Its client gets the command's status: killed by SIGTERM.
     assert_eq!(c.wait().unwrap().code(), Some(128 + 15));
 }
+
+/// The children of `pid` (every thread's), with their state letter.
+fn children(pid: u32) -> Vec<(u32, char)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for c in list
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+        {
+            let state = std::fs::read_to_string(format!("/proc/{c}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, r)| r.trim_start().chars().next())
+                })
+                .unwrap_or('?');
+            out.push((c, state));
+        }
+    }
+    out
+}
+
+/// In a sandbox `serve` is the first process of its PID namespace: orphans (a daemonized
+/// `orted`) become its children, and it reaps them. Needs root (`unshare --pid`).
+#[test]
+fn as_pid_1_it_reaps_orphans() {
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: `unshare --pid` does not work here (not root?)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rsh = rsh_link(dir.path());
+    let port = free_port();
+    /// Kills `unshare` (and so, `--kill-child`, the server) however the test ends.
+    struct KillOnDrop(Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(&rsh)
+        .arg("serve")
+        .env("TESSERA_GANG_SECRET", SECRET)
+        .env("TESSERA_GANG_RSH_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut unshare = KillOnDrop(unshare);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "serve never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let serve = children(unshare.0.id())
+        .first()
+        .map(|(p, _)| *p)
+        .expect("unshare's child");
+    // The shell exits at once; its background `sleep` is left to PID 1.
+    let out = client_at(
+        &rsh,
+        port,
+        SECRET,
+        &["127.0.0.1", "sleep 0.3 & exit 0"],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let kids = children(serve);
+        if kids.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve (pid 1) left children behind: {kids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGTERM reaches it as PID 1 (it has a handler): it ends, and so does `unshare`.
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &serve.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unshare.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "serve (pid 1) ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -94,7 +94,7 @@ fn installed_version(venv: &Path) -> Option<String> {
 
 /// Whether `venv`'s interpreter runs (it is gone, or broken when the Python it was made
 /// from changed).
-fn python_works(venv: &Path) -> bool {
+pub(crate) fn python_works(venv: &Path) -> bool {
     Command::new(venv.join("bin/python"))
         .args(["-c", "import sys; sys.exit(sys.prefix == sys.base_prefix)"])
         .stdout(Stdio::null())
@@ -105,7 +105,7 @@ fn python_works(venv: &Path) -> bool {
 
 /// `python3 -m venv`, installing Debian's `python3-venv` first when that is what is
 /// missing and we are root.
-fn create_venv(venv: &Path) -> Result<()> {
+pub(crate) fn create_venv(venv: &Path) -> Result<()> {
     let attempt = || -> Result<std::process::Output> {
         if venv.exists() {
             std::fs::remove_dir_all(venv)

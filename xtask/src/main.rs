@@ -5,6 +5,7 @@
 //! installs (cargo-leptos costs ~17 minutes of those here).
 
 mod bundle;
+mod jax;
 mod jupyter;
 
 use anyhow::{Context, Result, bail};
@@ -232,6 +233,13 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
     }
     if !have("htpasswd") {
         packages.push("apache2-utils");
+    }
+    // The gang tests' MPI job (e2e/gang/allreduce.py, Debian's python3).
+    if !have("mpirun") {
+        packages.push("openmpi-bin");
+    }
+    if !Path::new("/usr/lib/python3/dist-packages/mpi4py").exists() {
+        packages.push("python3-mpi4py");
     }
     if !packages.is_empty() {
         apt_install(&packages)?;
@@ -594,6 +602,7 @@ fn test() -> Result<()> {
     )?;
     check_dependency_direction()?;
     ensure_jupyterlab()?;
+    let jax_python = jax::provision(&workspace_root()?.join(jax::DIR))?;
     // The single sign-on tests start the OpenID Provider from e2e/node_modules.
     ensure_e2e_packages()?;
     let pg = Postgres::start()?;
@@ -607,6 +616,7 @@ fn test() -> Result<()> {
         }
         .args(["test", "--workspace", "--exclude", "tessera-app"])
         .env("TESSERA_TEST_PG_URL", &url)
+        .env(jax::TEST_ENV_VAR, &jax_python)
         .env("TESSERA_REQUIRE_PG", "1")
         .env("TESSERA_REQUIRE_REGISTRY", "1")
         // The multi-host test runs here (root: network namespaces) instead of skipping.
