@@ -11,3 +11,8 @@ ALTER TABLE workloads ADD COLUMN gang_launcher TEXT;
 ALTER TABLE workloads ADD COLUMN gang_addr TEXT;
 ALTER TABLE workloads ADD COLUMN gang_via TEXT;
 CREATE INDEX workloads_gang ON workloads (gang_job);
+-- One live workload per allocation, except that a gang's members (one per rank) share
+-- their gang's allocation, each with the devices of its own node.
+DROP INDEX workloads_live_allocation;
+CREATE UNIQUE INDEX workloads_live_allocation ON workloads (allocation_id, gang_rank)
+    WHERE state IN ('queued', 'pending', 'starting', 'running', 'stopping');

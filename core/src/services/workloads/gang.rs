@@ -102,7 +102,16 @@ impl Workloads {
     /// the model yet, it waits like any request.
     pub(super) async fn check_gang(&self, gpu: &NewAllocation) -> Result<(), AppError> {
         let catalog = self.allocations.catalog();
-        let kind = gpu.kind.parse::<GpuKind>()?.canonical(catalog)?;
+        // A kind that does not parse, or a share, is refused by the request's own checks.
+        let Some(kind) = gpu
+            .kind
+            .parse::<GpuKind>()
+            .ok()
+            .and_then(|k| k.canonical(catalog).ok())
+            .filter(|k| !matches!(k, GpuKind::Share { .. }))
+        else {
+            return Ok(());
+        };
         let nodes = self
             .store
             .active_nodes()

@@ -849,7 +849,10 @@ impl Workloads {
         if row.w.state == WorkloadState::Queued {
             v.waiting = self.waiting(p, &row).await;
         }
-        if row.w.gang_size.is_some() && row.w.gang_job.is_none() {
+        if row.w.gang_size.is_some()
+            && row.w.gang_job.is_none()
+            && row.w.state != WorkloadState::Queued
+        {
             v.ranks = self.rank_views(row.w.id).await?;
         }
         if row.w.attempt > 1 {
