@@ -132,6 +132,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
             "retries",
         ),
         (json!({"command": "true", "nodes": 2}), "nodes"),
+        (json!({"command": "true", "gpu": "H100-80GB:whole", "nodez": 2}), "nodez"),
     ] {
         let (s, v) = post_job(app, &t.member, body.clone()).await;
         assert_eq!(s, 422, "{body}: {v}");

@@ -134,6 +134,10 @@ pub(super) struct NewNotebookBody {
     /// environment.
     #[serde(default)]
     image: Option<String>,
+    /// Anything else: refused (422 naming it), never silently dropped.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    unknown: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[utoipa::path(post, path = "/api/v1/notebooks", tag = "workloads", request_body = NewNotebookBody,
@@ -148,6 +152,7 @@ pub(super) async fn launch_notebook(
     headers: http::HeaderMap,
     JsonBody(b): JsonBody<NewNotebookBody>,
 ) -> Created<WorkloadView> {
+    refuse_unknown(&b.unknown)?;
     let req = NewNotebook {
         allocation_id: b.allocation_id,
         gpu: b.own.request()?,
@@ -255,6 +260,20 @@ pub(super) struct NewJobBody {
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     launcher: Option<String>,
+    /// Anything else: refused (422 naming it), never silently dropped.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    unknown: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// A body's first field the server does not know, as a 422 naming it.
+fn refuse_unknown(
+    unknown: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Result<(), AppError> {
+    match unknown.keys().next() {
+        Some(k) => Err(AppError::invalid(k, "is not a field the server knows")),
+        None => Ok(()),
+    }
 }
 
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "workloads", request_body = NewJobBody,
@@ -270,6 +289,7 @@ pub(super) async fn submit_job(
     headers: http::HeaderMap,
     JsonBody(b): JsonBody<NewJobBody>,
 ) -> Created<WorkloadView> {
+    refuse_unknown(&b.unknown)?;
     let req = NewJob {
         allocation_id: b.allocation_id,
         gpu: b.own.request()?,
