@@ -33,6 +33,31 @@ def own_ip(toward):
         s.close()
 
 
+def bind_gloo_to(ip):
+    """Gloo (JAX's CPU collectives) advertises the address its host name resolves to,
+    which in a sandbox or network namespace is often 127.0.0.1 (or nothing): the peers
+    then cannot connect ("Connection refused, remote=[127.0.0.1]"). Make the CPU backend
+    with gloo on this process's own address instead. Uses JAX internals (checked with
+    JAX 0.10.2); JAX_GLOO_DEFAULT=1 leaves JAX's default."""
+    if os.environ.get("JAX_GLOO_DEFAULT") == "1":
+        return
+    try:
+        from jax._src import distributed, xla_bridge
+        from jax._src.lib import _jax
+
+        def cpu_client():
+            return xla_bridge.make_cpu_client(
+                collectives=_jax.make_gloo_tcp_collectives(
+                    distributed_client=distributed.global_state.client, hostname=ip
+                )
+            )
+
+        xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
+    except Exception as e:  # another JAX: its default, and say so
+        print(f"jax_allreduce: cannot bind gloo to {ip} ({e!r}); using JAX's default",
+              file=sys.stderr)
+
+
 def main():
     coordinator = os.environ["JAX_COORDINATOR_ADDRESS"]
     n = int(os.environ["JAX_NUM_PROCESSES"])
@@ -44,6 +69,7 @@ def main():
         initialization_timeout=int(os.environ.get("JAX_INIT_TIMEOUT", "120")),
     )
     ip = own_ip(coordinator.rsplit(":", 1)[0])
+    bind_gloo_to(ip)
     octets = [int(x) for x in ip.split(".")]
     mine = jnp.array([(pid + 1) * 10, *octets, os.getuid(), pid], dtype=jnp.int32)
     # process_allgather: a real cross-process collective; every process gets all rows.

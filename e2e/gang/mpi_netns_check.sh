@@ -38,15 +38,19 @@ done
 
 # What the agent sets up in every gang member (see docs/agent.md, "Gang jobs").
 mkdir -p "$work/bin"
-ln -s "$agent" "$work/bin/tessera-rsh"
+cp "$agent" "$work/bin/tessera-rsh"
 cp "$here/allreduce.py" "$work/"
+chmod -R a+rX "$work"
+# TGANG_UID=N: serve and mpirun as that uid (a sandbox's team uid), not root.
+runas=()
+[ -n "${TGANG_UID:-}" ] && runas=(setpriv --reuid="$TGANG_UID" --regid="$TGANG_UID" --clear-groups env HOME=/tmp)
 export TESSERA_GANG_SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export TESSERA_GANG_RSH_PORT=2222
 printf '%s slots=1\n%s slots=1\n' "$addr_a" "$addr_b" >"$work/hostfile"
 export TESSERA_HOSTFILE=$work/hostfile
 
 # Rank 1: the remote agent's server, the only process of members with rank > 0.
-ip netns exec "$b" "$work/bin/tessera-rsh" serve 2>"$work/serve.log" &
+ip netns exec "$b" "${runas[@]}" "$work/bin/tessera-rsh" serve 2>"$work/serve.log" &
 serve_pid=$!
 for _ in $(seq 100); do
     ip netns exec "$a" bash -c "exec 3<>/dev/tcp/$addr_b/$TESSERA_GANG_RSH_PORT" 2>/dev/null && break
@@ -72,7 +76,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # are needed).
 for v in ${TGANG_DROP:-}; do unset "OMPI_MCA_$v"; done
 set +e
-ip netns exec "$a" timeout 120 mpirun --hostfile "$TESSERA_HOSTFILE" -np 2 \
+ip netns exec "$a" "${runas[@]}" timeout 120 mpirun --hostfile "$TESSERA_HOSTFILE" -np 2 \
     -x CUDA_VISIBLE_DEVICES -x PATH \
     "$python" "$work/allreduce.py" >"$work/out.json" 2>"$work/mpirun.log"
 rc=$?
