@@ -50,7 +50,8 @@ printf '%s slots=1\n%s slots=1\n' "$addr_a" "$addr_b" >"$work/hostfile"
 export TESSERA_HOSTFILE=$work/hostfile
 
 # Rank 1: the remote agent's server, the only process of members with rank > 0.
-ip netns exec "$b" "${runas[@]}" "$work/bin/tessera-rsh" serve 2>"$work/serve.log" &
+# Each member's own GPUs: the remote ranks must see the serving member's, not mpirun's.
+CUDA_VISIBLE_DEVICES=GPU-member-1 ip netns exec "$b" "${runas[@]}" "$work/bin/tessera-rsh" serve 2>"$work/serve.log" &
 serve_pid=$!
 for _ in $(seq 100); do
     ip netns exec "$a" bash -c "exec 3<>/dev/tcp/$addr_b/$TESSERA_GANG_RSH_PORT" 2>/dev/null && break
@@ -69,7 +70,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_btl_tcp_if_include=eth0
 export OMPI_MCA_oob_tcp_if_include=eth0
 export OMPI_MCA_rmaps_base_oversubscribe=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-}
+export CUDA_VISIBLE_DEVICES=GPU-member-0
 # Root only (this check; sandbox members are not root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # TGANG_DROP="btl oob_tcp_if_include …": leave those OMPI_MCA_ settings out (to see which
@@ -77,7 +78,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for v in ${TGANG_DROP:-}; do unset "OMPI_MCA_$v"; done
 set +e
 ip netns exec "$a" "${runas[@]}" timeout 120 mpirun --hostfile "$TESSERA_HOSTFILE" -np 2 \
-    -x CUDA_VISIBLE_DEVICES -x PATH \
     "$python" "$work/allreduce.py" >"$work/out.json" 2>"$work/mpirun.log"
 rc=$?
 set -e
@@ -94,5 +94,7 @@ out = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 ips = sorted(r["ip"] for r in out["ranks"])
 assert out["world_size"] == 2 and out["sum"] == out["expected_sum"] == 30, out
 assert ips == sorted(sys.argv[2:4]), ips
+gpus = {r["rank"]: r["cuda_visible_devices"] for r in out["ranks"]}
+assert gpus == {0: "GPU-member-0", 1: "GPU-member-1"}, gpus
 print("ok: allreduce across both namespaces", file=sys.stderr)
 PY
