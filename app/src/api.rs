@@ -951,7 +951,8 @@ fn allocation_field(raw: &str) -> Result<uuid::Uuid, AppError> {
 }
 
 /// The form's "Run on" choice: one of the caller's active allocations, or
-/// [`NEW_GPU`] with a GPU kind, hours and priority for a request of the workload's own.
+/// [`NEW_GPU`] with a GPU kind, hours and priority for a request of the workload's own
+/// (jobs: on `nodes` nodes at once, `count` each; empty or 1 is one node).
 #[cfg(feature = "ssr")]
 fn run_on(
     allocation_id: &str,
@@ -960,6 +961,7 @@ fn run_on(
     hours: Option<String>,
     priority: Option<String>,
     team_id: Option<String>,
+    nodes: Option<String>,
 ) -> Result<
     (
         Option<uuid::Uuid>,
@@ -992,6 +994,7 @@ fn run_on(
                 * 60,
         ),
     };
+    let nodes = gang_nodes(nodes.as_deref())?;
     Ok((
         None,
         Some(tessera_domain::alloc::NewAllocation {
@@ -1003,9 +1006,16 @@ fn run_on(
             priority,
             purpose: String::new(),
             needs_cuda: None,
-            nodes: None,
+            nodes,
         }),
     ))
+}
+
+/// The form's "Nodes": empty or 1 is a single-node request (`None`); more, a gang. 0 and
+/// too many are the request's own 422 on `nodes`.
+#[cfg(feature = "ssr")]
+fn gang_nodes(raw: Option<&str>) -> Result<Option<u32>, AppError> {
+    Ok(ssr::optional_number(raw, "nodes")?.filter(|n| *n != 1))
 }
 
 /// The "Run on" value that asks for a GPU of the workload's own.
@@ -1103,7 +1113,7 @@ pub async fn launch_notebook(
         let (allocation_id, gpu) = if profile_id.is_some() {
             (None, None)
         } else {
-            run_on(&allocation_id, gpu, count, hours, None, team_id)?
+            run_on(&allocation_id, gpu, count, hours, None, team_id, None)?
         };
         let req = tessera_core::services::workloads::NewNotebook {
             allocation_id,
@@ -1138,6 +1148,8 @@ pub async fn submit_job(
     #[server(default)] team_id: Option<String>,
     #[server(default)] image: Option<String>,
     #[server(default)] idempotency_key: Option<String>,
+    #[server(default)] nodes: Option<String>,
+    #[server(default)] launcher: Option<String>,
 ) -> Result<WorkloadView, UiError> {
     let echo = [
         ("allocation_id", allocation_id.clone()),
@@ -1148,7 +1160,18 @@ pub async fn submit_job(
         ("image", image.clone().unwrap_or_default()),
     ];
     ssr::call(echo, async |s, p| {
-        let (allocation_id, gpu) = run_on(&allocation_id, gpu, count, hours, priority, team_id)?;
+        let (allocation_id, gpu) =
+            run_on(&allocation_id, gpu, count, hours, priority, team_id, nodes)?;
+        // The form always sends its launcher; it means something for a gang only.
+        let launcher = match gpu.as_ref().and_then(|g| g.nodes) {
+            Some(_) => launcher
+                .as_deref()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(tessera_domain::wire::GangLauncher::parse)
+                .transpose()?,
+            None => None,
+        };
         let req = tessera_core::services::workloads::NewJob {
             allocation_id,
             gpu,
@@ -1159,7 +1182,7 @@ pub async fn submit_job(
             env: tessera_domain::workload::parse_env(&env)?,
             retries: tessera_domain::workload::parse_retries(&retries)?,
             image,
-            launcher: None,
+            launcher,
             idempotency_key,
         };
         let v = s.workloads.submit_job(p, &req).await?;
@@ -1178,16 +1201,20 @@ pub async fn stop_workload(id: String) -> Result<WorkloadView, UiError> {
 /// Most log bytes one `workload_logs` call returns.
 pub const LOG_SLICE_MAX: u64 = 64 * 1024;
 
-/// A workload's log from byte `from` (`None`: its last [`LOG_SLICE_MAX`] bytes).
+/// A workload's log from byte `from` (`None`: its last [`LOG_SLICE_MAX`] bytes); of a
+/// multi-node job's member `rank` (`None` or 0: the job itself).
 #[server(prefix = "/fn", endpoint = "workload_logs")]
 pub async fn workload_logs(
     id: String,
     #[server(default)] from: Option<u64>,
+    #[server(default)] rank: Option<u32>,
 ) -> Result<LogSlice, UiError> {
     ssr::call([], async |s, p| {
-        s.workloads
-            .logs(p, ssr::id(&id)?, from, LOG_SLICE_MAX)
-            .await
+        let id = match rank {
+            None | Some(0) => ssr::id(&id)?,
+            Some(r) => s.workloads.rank_id(p, ssr::id(&id)?, r).await?,
+        };
+        s.workloads.logs(p, id, from, LOG_SLICE_MAX).await
     })
     .await
 }

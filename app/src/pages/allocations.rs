@@ -799,7 +799,7 @@ fn allocation_row(a: AllocationView) -> impl IntoView {
             <td>
                 <a href=href>{a.kind_label.clone()}</a>
             </td>
-            <td>{a.count}</td>
+            <td data-testid="count">{count_label(&a)}</td>
             <td>{a.team_name.clone()}</td>
             <td>{a.username.clone()}</td>
             <td>
@@ -1048,7 +1048,7 @@ fn AllocationOverview(a: AllocationView, data: DetailData) -> impl IntoView {
                 </div>
                 <div>
                     <dt>"Count"</dt>
-                    <dd>{a.count}</dd>
+                    <dd data-testid="count">{count_label(&a)}</dd>
                 </div>
                 <div>
                     <dt>"Units"</dt>
@@ -1464,5 +1464,50 @@ fn HistoryTable(a: AllocationView) -> impl IntoView {
             </thead>
             <tbody>{rows}</tbody>
         </table>
+    }
+}
+
+/// An allocation's count: `2`, or for a multi-node job `2 nodes × 1 GPU` (its `count`
+/// is the whole gang's, an equal part on each node).
+fn count_label(a: &AllocationView) -> String {
+    gang_count(a.count, a.nodes, &a.kind)
+}
+
+fn gang_count(count: u32, nodes: Option<u32>, kind: &str) -> String {
+    match nodes.filter(|n| *n > 1) {
+        None => count.to_string(),
+        Some(nodes) => {
+            let (one, many) = if kind.ends_with(":whole") {
+                ("GPU", "GPUs")
+            } else {
+                ("slice", "slices")
+            };
+            format!(
+                "{} × {}",
+                tessera_domain::text::count(u64::from(nodes), "node", "nodes"),
+                tessera_domain::text::count(u64::from(count / nodes), one, many)
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gang_counts_its_nodes_and_what_each_gets() {
+        assert_eq!(gang_count(2, Some(2), "H100-80GB:whole"), "2 nodes × 1 GPU");
+        assert_eq!(
+            gang_count(16, Some(2), "H100-80GB:whole"),
+            "2 nodes × 8 GPUs"
+        );
+        assert_eq!(
+            gang_count(6, Some(3), "H100-80GB:1g.10gb"),
+            "3 nodes × 2 slices"
+        );
+        // One node (or none given): the plain count.
+        assert_eq!(gang_count(3, None, "H100-80GB:whole"), "3");
+        assert_eq!(gang_count(3, Some(1), "H100-80GB:whole"), "3");
     }
 }

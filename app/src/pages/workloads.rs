@@ -768,6 +768,9 @@ fn OwnGpuFields(
     let chosen_count = RwSignal::new("1".to_owned());
     let chosen_hours = RwSignal::new(String::new());
     let chosen_priority = RwSignal::new("normal".to_owned());
+    // Jobs: on how many nodes at once (more than 1: a gang, `count` on each).
+    let chosen_nodes = RwSignal::new("1".to_owned());
+    let gang = move || gang_size(&chosen_nodes.get());
     // Once hydrated (effects run only in the browser): the last choice, where still offered.
     Effect::new(move |_| {
         if let Some(last) = LastGpu::load(kind).filter(|l| offered.contains(&l.gpu)) {
@@ -783,9 +786,15 @@ fn OwnGpuFields(
     Effect::new(move |_| {
         let input = new_gpu.get().then(|| {
             let hours = chosen_hours.get();
+            let count = chosen_count.get();
+            // A gang costs its GPUs on every node.
+            let count = match (gang(), count.trim().parse::<u32>()) {
+                (Some(n), Ok(c)) => n.saturating_mul(c).to_string(),
+                _ => count,
+            };
             EstimateInput {
                 kind: chosen_gpu.get(),
-                count: chosen_count.get(),
+                count,
                 // Empty: 8 hours, like the request.
                 hours: if hours.trim().is_empty() {
                     "8".to_owned()
@@ -809,6 +818,10 @@ fn OwnGpuFields(
         move || {
             let kind = chosen_gpu.get();
             let text = crate::components::free_text(&free_now, &kind);
+            if let Some(nodes) = gang() {
+                let per_node = chosen_count.with(|c| c.trim().parse().unwrap_or(1));
+                return gang_fits(nodes, per_node, free_now.get(&kind).copied(), &text);
+            }
             match free_now.get(&kind).copied() {
                 Some(n) if n > 0 => format!("Fits now: {text}."),
                 _ if text == "fits now" => "Fits now.".to_owned(),
@@ -865,6 +878,49 @@ fn OwnGpuFields(
             </div>
         }
     });
+    // Jobs: the nodes, and once more than one, who runs the command.
+    let nodes_field = (kind == WorkloadKind::Job).then(|| {
+        view! {
+            <div>
+                <label for="job-nodes">"Nodes"</label>
+                <input
+                    id="job-nodes"
+                    name="nodes"
+                    type="number"
+                    min="1"
+                    inputmode="numeric"
+                    value="1"
+                    data-testid="own-gpu-nodes"
+                    prop:value=move || chosen_nodes.get()
+                    on:input=move |ev| chosen_nodes.set(event_target_value(&ev))
+                />
+                {errors.run("nodes")}
+            </div>
+        }
+    });
+    let gang_fields = (kind == WorkloadKind::Job).then(|| {
+        let hint = move || {
+            gang().map(|n| gang_hint(n, chosen_count.with(|c| c.trim().parse().unwrap_or(1))))
+        };
+        view! {
+            <div class="gang" data-testid="gang-fields" hidden=move || gang().is_none()>
+                <label for="job-launcher">"Launcher"</label>
+                <select id="job-launcher" name="launcher" data-testid="own-gpu-launcher">
+                    <option value="each" selected>"Every node runs the command"</option>
+                    <option value="rank0">"Only rank 0 runs it (mpirun)"</option>
+                </select>
+                {errors.run("launcher")}
+                <p class="hint" data-testid="gang-hint">{hint}</p>
+            </div>
+        }
+    });
+    let count_label = move || {
+        if gang().is_some() {
+            "GPUs per node"
+        } else {
+            "How many"
+        }
+    };
     let (hours_label, hours_hint) = match kind {
         WorkloadKind::Notebook => (
             "Hours",
@@ -892,8 +948,9 @@ fn OwnGpuFields(
                     <p class="hint" data-testid="own-gpu-fits">{fits}</p>
                     {errors.run("gpu")}
                 </div>
+                {nodes_field}
                 <div>
-                    <label for=format!("{prefix}-count")>"How many"</label>
+                    <label for=format!("{prefix}-count")>{count_label}</label>
                     <input
                         id=format!("{prefix}-count")
                         name="count"
@@ -905,6 +962,7 @@ fn OwnGpuFields(
                         on:input=move |ev| chosen_count.set(event_target_value(&ev))
                     />
                     {errors.run("count")}
+                    {errors.run("gpus_per_node")}
                 </div>
                 <div>
                     <label for=format!("{prefix}-hours")>{hours_label}</label>
@@ -924,6 +982,7 @@ fn OwnGpuFields(
                 {priority_field}
                 {team_field}
             </div>
+            {gang_fields}
             <p
                 class="estimate"
                 data-testid="own-gpu-estimate"
@@ -946,6 +1005,37 @@ fn OwnGpuFields(
                 " It waits in your team's queue like any request; its page says why while it waits."
             </p>
         </fieldset>
+    }
+}
+
+/// The form's "Nodes" as a gang's size: a whole number above 1 (anything else is one node
+/// here; the server says what is wrong with it).
+fn gang_size(nodes: &str) -> Option<u32> {
+    nodes.trim().parse::<u32>().ok().filter(|n| *n > 1)
+}
+
+/// What a gang of `nodes` × `per_node` is, and what each node is told.
+fn gang_hint(nodes: u32, per_node: u32) -> String {
+    format!(
+        "{} × {}, placed all at once; each node gets MASTER_ADDR, RANK, WORLD_SIZE… and \
+         $TESSERA_HOSTFILE.",
+        tessera_domain::text::count(u64::from(nodes), "node", "nodes"),
+        tessera_domain::text::count(u64::from(per_node), "GPU", "GPUs"),
+    )
+}
+
+/// "Fits now / waits" for a gang: the free count is the cluster's, not per node, so
+/// enough in all only means it may fit.
+fn gang_fits(nodes: u32, per_node: u32, free: Option<u32>, free_text: &str) -> String {
+    let needed = nodes.saturating_mul(per_node);
+    let each = format!("{per_node} free");
+    if free.unwrap_or(0) >= needed {
+        format!("Fits now if {nodes} nodes each have {each} ({free_text} in all).")
+    } else {
+        format!(
+            "Waits: {free_text}; it needs {needed} in all, {per_node} on each of {nodes} \
+             nodes, and queues until they are free at once."
+        )
     }
 }
 
@@ -978,7 +1068,7 @@ const NOTEBOOK_FIELDS: [&str; 9] = [
     "duration_minutes",
     "team_id",
 ];
-const JOB_FIELDS: [&str; 12] = [
+const JOB_FIELDS: [&str; 15] = [
     "allocation_id",
     "name",
     "image",
@@ -991,6 +1081,9 @@ const JOB_FIELDS: [&str; 12] = [
     "hours",
     "duration_minutes",
     "team_id",
+    "nodes",
+    "gpus_per_node",
+    "launcher",
 ];
 
 const ENV_PLACEHOLDER: &str =
@@ -1429,6 +1522,10 @@ struct LogState {
     next: RwSignal<Option<u64>>,
     complete: RwSignal<bool>,
     pre: NodeRef<leptos::html::Pre>,
+    /// A multi-node job: whose log is shown (0: the job itself, whose log `head` is).
+    rank: RwSignal<u32>,
+    /// Another rank's log is loading (the poll waits).
+    switching: RwSignal<bool>,
 }
 
 #[derive(Clone, Copy)]
@@ -1468,12 +1565,14 @@ impl DetailData {
         let stop = ServerAction::<StopWorkload>::new();
         let workload = Resource::new(move || id.get(), api::get_workload);
         let log = LogState {
-            head: Resource::new(move || id.get(), |id| api::workload_logs(id, None)),
+            head: Resource::new(move || id.get(), |id| api::workload_logs(id, None, None)),
             more: RwSignal::new(String::new()),
             head_hidden: RwSignal::new(false),
             next: RwSignal::new(None),
             complete: RwSignal::new(false),
             pre: NodeRef::new(),
+            rank: RwSignal::new(0),
+            switching: RwSignal::new(false),
         };
         let polled = RwSignal::new(None::<WorkloadView>);
         // Another workload (navigation between two): start over.
@@ -1485,6 +1584,8 @@ impl DetailData {
                 log.head_hidden.set(false);
                 log.next.set(None);
                 log.complete.set(false);
+                log.rank.set(0);
+                log.switching.set(false);
             }
             now
         });
@@ -1555,17 +1656,26 @@ impl DetailData {
                 // A running notebook's log only grows by JupyterLab's chatter: read it
                 // while it starts or stops, and a job's always.
                 let wanted = kind == WorkloadKind::Job || state != WorkloadState::Running;
-                if !wanted || log.complete.get_untracked() || fetching_log.get_untracked() {
+                if !wanted
+                    || log.complete.get_untracked()
+                    || fetching_log.get_untracked()
+                    || log.switching.get_untracked()
+                {
                     return;
                 }
                 // Set once the log's head has loaded (and only if the caller may read it).
                 let Some(from) = log.next.get_untracked() else {
                     return;
                 };
+                let rank = log.rank.get_untracked();
                 fetching_log.set(true);
                 spawn_local(async move {
-                    if let Ok(slice) = api::workload_logs(current.clone(), Some(from)).await
+                    if let Ok(slice) =
+                        api::workload_logs(current.clone(), Some(from), Some(rank)).await
                         && id.try_get_untracked().as_deref() == Some(current.as_str())
+                        // Not meanwhile switched to another rank's log.
+                        && log.rank.try_get_untracked() == Some(rank)
+                        && log.next.try_get_untracked() == Some(Some(from))
                     {
                         append_log(log, from, &slice);
                     }
@@ -1583,6 +1693,42 @@ impl DetailData {
             log,
         }
     }
+}
+
+/// Shows rank `rank`'s log of the job `id` instead of the one shown: its tail replaces the
+/// text, and the poll goes on from its end.
+fn switch_rank(log: LogState, id: String, rank: u32) {
+    log.rank.set(rank);
+    log.switching.set(true);
+    log.next.set(None);
+    log.complete.set(false);
+    spawn_local(async move {
+        let result = api::workload_logs(id, None, Some(rank)).await;
+        if log.rank.try_get_untracked() != Some(rank) {
+            return;
+        }
+        log.head_hidden.try_set(true);
+        match result {
+            Ok(slice) => {
+                let mut shown = String::new();
+                if slice.offset > slice.start {
+                    shown.push_str("[… earlier output: download the log for all of it …]\n");
+                }
+                shown.push_str(&slice.text);
+                log.more.try_set(shown);
+                log.next.try_set(Some(slice.next));
+                log.complete.try_set(slice.complete);
+                scroll_to_bottom(log.pre);
+            }
+            Err(e) => {
+                log.more.try_set(format!(
+                    "The log of rank {rank} could not be loaded: {}\n",
+                    e.error
+                ));
+            }
+        }
+        log.switching.try_set(false);
+    });
 }
 
 /// Adds a polled slice to the log view, scrolling along when the reader is at its end.
@@ -1978,10 +2124,69 @@ fn WorkloadOverview(
             </p>
         }
     });
-    let log_view = view! { <LogView head log id=id.clone() /> };
+    // A multi-node job: its members, and whose log is shown.
+    let ranks = Memo::new(move |_| cur.with(|v| v.ranks.clone()));
+    let ranks_section = move || ranks.with(|r| (!r.is_empty()).then(|| ranks_table(r.clone())));
+    let rank_choices = Memo::new(move |_| {
+        ranks.with(|rs| {
+            rs.iter()
+                .map(|r| (r.rank, r.hostname.clone()))
+                .collect::<Vec<_>>()
+        })
+    });
+    let rank_id = id.clone();
+    let rank_select = move || {
+        let choices = rank_choices.get();
+        (choices.len() > 1).then(|| {
+            let shown = log.rank.get_untracked();
+            let options = choices
+                .into_iter()
+                .map(|(rank, host)| {
+                    view! {
+                        <option value=rank.to_string() selected=rank == shown>
+                            {format!("Rank {rank} · {host}")}
+                        </option>
+                    }
+                })
+                .collect_view();
+            let id = rank_id.clone();
+            view! {
+                <div class="log-rank">
+                    <label for="log-rank">"Show the log of"</label>
+                    <select
+                        id="log-rank"
+                        data-testid="log-rank"
+                        prop:value=move || log.rank.get().to_string()
+                        on:change=move |ev| {
+                            let rank = event_target_value(&ev).parse().unwrap_or(0);
+                            switch_rank(log, id.clone(), rank);
+                        }
+                    >
+                        {options}
+                    </select>
+                </div>
+            }
+        })
+    };
+    // The download is the shown member's own log.
+    let download_id = id.clone();
+    let download = Signal::derive(move || {
+        let rank = log.rank.get();
+        let member = ranks.with(|rs| {
+            rs.iter()
+                .find(|r| r.rank == rank && rank != 0)
+                .map(|r| r.id.to_string())
+        });
+        format!(
+            "/api/v1/workloads/{}/log.txt",
+            member.unwrap_or_else(|| download_id.clone())
+        )
+    });
+    let log_view = view! { <LogView head log download /> };
     let log_section = match kind {
         WorkloadKind::Job => view! {
             <h2>"Log"</h2>
+            {rank_select}
             {log_view}
         }
         .into_any(),
@@ -2075,6 +2280,7 @@ fn WorkloadOverview(
                     <dd>{move || time_or_dash(cur.with(|v| v.ended_at))}</dd>
                 </div>
             </dl>
+            {ranks_section}
             {env}
             {idle}
             {command}
@@ -2157,13 +2363,69 @@ fn Attempts(attempts: Vec<tessera_domain::workload::AttemptView>) -> impl IntoVi
     })
 }
 
+/// A multi-node job's members: where each runs and how it stands.
+fn ranks_table(ranks: Vec<tessera_domain::workload::RankView>) -> impl IntoView {
+    let rows = ranks
+        .into_iter()
+        .map(|r| {
+            let devices = r
+                .devices
+                .iter()
+                .map(|d| view! { <code class="uuid">{d.clone()}</code> " " })
+                .collect_view();
+            view! {
+                <tr
+                    data-testid="rank-row"
+                    data-rank=r.rank.to_string()
+                    data-node=r.hostname.clone()
+                    data-state=r.state.as_str()
+                >
+                    <td>{r.rank}</td>
+                    <td>{r.hostname.clone()}</td>
+                    <td>{devices}</td>
+                    <td>{r.addr.clone().unwrap_or_else(|| "—".to_owned())}</td>
+                    <td>
+                        <WorkloadBadge state=r.state />
+                    </td>
+                    <td>{r.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "—".to_owned())}</td>
+                    <td>{r.message.clone().unwrap_or_default()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <section aria-labelledby="ranks-title">
+            <h2 id="ranks-title">"Ranks"</h2>
+            <table class="list" data-testid="ranks">
+                <thead>
+                    <tr>
+                        <th scope="col">"Rank"</th>
+                        <th scope="col">"Node"</th>
+                        <th scope="col">"Devices"</th>
+                        <th scope="col">"Address"</th>
+                        <th scope="col">"State"</th>
+                        <th scope="col">"Exit code"</th>
+                        <th scope="col">"Message"</th>
+                    </tr>
+                </thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </section>
+    }
+}
+
 /// The log: the tail loaded with the page, then whatever the poll appends.
 #[component]
-fn LogView(head: Result<LogSlice, UiError>, log: LogState, id: String) -> impl IntoView {
+fn LogView(
+    head: Result<LogSlice, UiError>,
+    log: LogState,
+    /// Where "Download log" points (the shown rank's log).
+    download: Signal<String>,
+) -> impl IntoView {
     let download = view! {
         <a
             class="download"
-            href=format!("/api/v1/workloads/{id}/log.txt")
+            href=move || download.get()
             download
             data-testid="download-log"
         >
@@ -2262,6 +2524,94 @@ mod tests {
             "{shown}"
         );
         assert_eq!(html(image_view(None)), "Node environment");
+    }
+
+    #[test]
+    fn more_than_one_node_is_a_gang() {
+        assert_eq!(gang_size("2"), Some(2));
+        assert_eq!(gang_size(" 4 "), Some(4));
+        for one in ["", "1", "0", "-2", "two"] {
+            assert_eq!(gang_size(one), None, "{one:?}");
+        }
+    }
+
+    #[test]
+    fn the_gang_hint_says_its_shape_and_what_each_node_gets() {
+        let hint = gang_hint(2, 1);
+        assert!(
+            hint.starts_with("2 nodes × 1 GPU, placed all at once;"),
+            "{hint}"
+        );
+        assert!(
+            hint.contains("MASTER_ADDR, RANK, WORLD_SIZE") && hint.contains("$TESSERA_HOSTFILE"),
+            "{hint}"
+        );
+        assert!(gang_hint(4, 8).starts_with("4 nodes × 8 GPUs"));
+    }
+
+    #[test]
+    fn a_gang_waits_when_the_cluster_has_fewer_free_than_it_needs() {
+        let waits = gang_fits(2, 4, Some(6), "6 free now");
+        assert!(
+            waits.starts_with("Waits: 6 free now; it needs 8 in all"),
+            "{waits}"
+        );
+        assert!(gang_fits(2, 4, None, "none free now").starts_with("Waits:"));
+        let may = gang_fits(2, 4, Some(8), "8 free now");
+        assert!(
+            may.starts_with("Fits now if 2 nodes each have 4 free"),
+            "{may}"
+        );
+    }
+
+    #[cfg(feature = "ssr")]
+    #[test]
+    fn the_ranks_table_shows_each_member_where_it_runs() {
+        use tessera_domain::workload::RankView;
+        let rank = |rank: u32, host: &str, state, exit_code, message: Option<&str>| RankView {
+            rank,
+            id: uuid::Uuid::from_u128(u128::from(rank) + 1),
+            state,
+            hostname: host.to_owned(),
+            devices: vec![format!("GPU-{host}-0")],
+            addr: Some(format!("10.77.0.{}", rank + 2)),
+            exit_code,
+            message: message.map(str::to_owned),
+        };
+        let table = html(ranks_table(vec![
+            rank(0, "node-a", WorkloadState::Succeeded, Some(0), None),
+            rank(
+                1,
+                "node-b",
+                WorkloadState::Failed,
+                Some(3),
+                Some("exited with 3"),
+            ),
+        ]));
+        for header in [
+            "Rank",
+            "Node",
+            "Devices",
+            "Address",
+            "State",
+            "Exit code",
+            "Message",
+        ] {
+            assert!(table.contains(&format!(">{header}<")), "{header}: {table}");
+        }
+        assert!(
+            table.contains(r#"data-rank="0" data-node="node-a""#)
+                && table.contains(r#"data-rank="1" data-node="node-b""#),
+            "{table}"
+        );
+        assert!(
+            table.contains("GPU-node-b-0") && table.contains("10.77.0.3"),
+            "{table}"
+        );
+        assert!(
+            table.contains("exited with 3") && table.contains(">3<"),
+            "{table}"
+        );
     }
 
     #[test]
