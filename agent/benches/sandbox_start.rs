@@ -40,6 +40,7 @@ async fn measure(ex: &mut LocalExecutor, device: &str, tag: &str, runs: usize) {
         let t0 = Instant::now();
         ex.apply(&WorkloadSync {
             workloads: vec![s.clone()],
+            execs: Vec::new(),
             log_acks: vec![],
         });
         apply.push(t0.elapsed());

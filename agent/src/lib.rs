@@ -23,6 +23,7 @@
 
 pub mod backend;
 pub mod driver_files;
+pub mod exec;
 pub mod gang_rsh;
 pub mod link;
 pub mod mps;

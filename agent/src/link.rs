@@ -13,6 +13,7 @@
 //! | `POST /agent/v1/status` | `StatusReport` | any 2xx |
 //! | `POST /agent/v1/telemetry` | `TelemetryBatch` | `TelemetryAck` |
 //! | `POST /agent/v1/workloads` | `WorkloadReports` | `WorkloadSync` |
+//! | `GET /agent/v1/exec/{session}` (WebSocket; `X-Tessera-Exec-Secret`) | `exec_frame`s | `exec_frame`s |
 //!
 //! 401 means the credential is no longer valid.
 
@@ -21,8 +22,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tessera_domain::wire::{
-    ChangeMark, DesiredState, Heartbeat, RegisterRequest, RegisterResponse, StatusReport,
-    TelemetryAck, TelemetryBatch, WorkloadReports, WorkloadSync,
+    ChangeMark, DesiredState, ExecRequest, Heartbeat, RegisterRequest, RegisterResponse,
+    StatusReport, TelemetryAck, TelemetryBatch, WorkloadReports, WorkloadSync,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +70,20 @@ pub trait ServerLink: Send + Sync {
         &self,
         reports: &WorkloadReports,
     ) -> impl Future<Output = Result<WorkloadSync, LinkError>> + Send;
+
+    /// Takes a `tessera exec` session: opens `GET /agent/v1/exec/{session}` as a
+    /// WebSocket and hands back the upgraded connection (links without one refuse).
+    fn open_exec(
+        &self,
+        req: &ExecRequest,
+    ) -> impl Future<Output = Result<crate::exec::ExecStream, LinkError>> + Send {
+        let _ = req;
+        async {
+            Err(LinkError::Unreachable(
+                "this link cannot open exec sessions".into(),
+            ))
+        }
+    }
 }
 
 /// What registration yields; saved to the state directory.
@@ -117,6 +132,8 @@ impl Credentials {
 #[derive(Debug, Clone)]
 pub struct HttpLink {
     client: reqwest::Client,
+    /// For exec sessions: no overall time limit (they last as long as the user's).
+    exec_client: reqwest::Client,
     base: String,
     credential: String,
 }
@@ -183,9 +200,19 @@ impl Transport {
     }
 
     fn client(&self) -> Result<reqwest::Client, LinkError> {
+        self.client_with(Some(std::time::Duration::from_secs(30)))
+    }
+
+    fn client_with(
+        &self,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<reqwest::Client, LinkError> {
         let mut b = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
+            .connect_timeout(std::time::Duration::from_secs(30))
             .use_rustls_tls();
+        if let Some(t) = timeout {
+            b = b.timeout(t);
+        }
         if let Some(pem) = &self.ca_pem {
             for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(unreachable)? {
                 b = b.add_root_certificate(cert);
@@ -208,6 +235,7 @@ impl HttpLink {
     pub fn new(creds: &Credentials, transport: &Transport) -> Result<HttpLink, LinkError> {
         Ok(HttpLink {
             client: transport.client()?,
+            exec_client: transport.client_with(None)?,
             base: creds.server.trim_end_matches('/').to_owned(),
             credential: creds.credential.clone(),
         })
@@ -310,6 +338,30 @@ impl ServerLink for HttpLink {
             .json()
             .await
             .map_err(|e| LinkError::Decode(e.to_string()))
+    }
+
+    async fn open_exec(&self, req: &ExecRequest) -> Result<crate::exec::ExecStream, LinkError> {
+        let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
+        let resp = self
+            .exec_client
+            .get(format!("{}/agent/v1/exec/{}", self.base, req.session))
+            .bearer_auth(&self.credential)
+            .header("x-tessera-exec-secret", &req.secret)
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, "websocket")
+            .header(reqwest::header::SEC_WEBSOCKET_VERSION, "13")
+            .header(reqwest::header::SEC_WEBSOCKET_KEY, key)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(match check(resp).await {
+                Err(e) => e,
+                Ok(r) => LinkError::Decode(format!("no WebSocket upgrade ({})", r.status())),
+            });
+        }
+        let upgraded = resp.upgrade().await.map_err(unreachable)?;
+        Ok(Box::new(upgraded))
     }
 
     async fn sync_workloads(&self, reports: &WorkloadReports) -> Result<WorkloadSync, LinkError> {

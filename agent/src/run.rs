@@ -63,6 +63,8 @@ pub struct Agent<L> {
     /// Whether the server's desired state has been read at least once (until then no
     /// MPS daemon is started or stopped).
     desired_known: bool,
+    /// `tessera exec` sessions already taken.
+    execs: crate::exec::Sessions,
 }
 
 impl<L: ServerLink> Agent<L> {
@@ -84,6 +86,7 @@ impl<L: ServerLink> Agent<L> {
             workloads: None,
             shares: ShareSupervisor::new(ShareBoard::default()),
             desired_known: false,
+            execs: crate::exec::Sessions::default(),
         }
     }
 
@@ -245,8 +248,39 @@ impl<L: ServerLink> Agent<L> {
             };
             let sync = self.link.sync_workloads(&reports).await?;
             executor.apply(&sync);
+            self.take_execs(&sync.execs).await;
         }
+        self.take_execs(&sync.execs).await;
         Ok(())
+    }
+
+    /// Takes the `tessera exec` sessions the server offers (each once): opens its
+    /// WebSocket and runs it on a task of its own ([`crate::exec::serve`]).
+    async fn take_execs(&mut self, offered: &[tessera_domain::wire::ExecRequest]) {
+        for req in offered {
+            if !self.execs.first_time(&req.session) {
+                continue;
+            }
+            let target = self
+                .workloads
+                .as_ref()
+                .ok_or_else(|| "this node runs no workloads".to_owned())
+                .and_then(|w| w.exec_target(&req.workload_id));
+            let opened =
+                tokio::time::timeout(Duration::from_secs(10), self.link.open_exec(req)).await;
+            match opened {
+                Ok(Ok(stream)) => {
+                    tokio::spawn(crate::exec::serve(stream, target, req.clone()));
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(session = req.session, error = %e, "cannot take an exec session");
+                }
+                Err(_) => tracing::warn!(
+                    session = req.session,
+                    "exec session: the server did not answer"
+                ),
+            }
+        }
     }
 
     /// Runs until `shutdown` resolves. Errors in a round are logged, never

@@ -778,6 +778,11 @@ impl Container {
             .status();
     }
 
+    /// What `crun exec` needs: the runtime, its state root and the container's id.
+    pub fn exec_parts(&self) -> (&Path, &Path, &str) {
+        (&self.runtime, &self.root, &self.id)
+    }
+
     /// The workload's own address, when it has a network of its own.
     pub fn address(&self) -> Option<std::net::Ipv4Addr> {
         self.net.as_ref().map(|n| n.addr)

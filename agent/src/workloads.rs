@@ -384,6 +384,31 @@ impl LocalExecutor {
     }
 
     /// Whether any workload still has processes.
+    /// Where a `tessera exec` session for workload `id` runs (see [`crate::exec`]); why
+    /// not, when it does not run here.
+    pub fn exec_target(&self, id: &str) -> Result<crate::exec::Target, String> {
+        let w = self
+            .workloads
+            .get(id)
+            .ok_or("the workload does not run on this node")?;
+        let Status::Live(live) = &w.status else {
+            return Err("the workload is not running on this node".into());
+        };
+        match (&w.container, &w.dir) {
+            (Some(c), Some(dir)) => {
+                let (runtime, root, cid) = c.exec_parts();
+                Ok(crate::exec::Target::Container {
+                    runtime: runtime.to_owned(),
+                    root: root.to_owned(),
+                    id: cid.to_owned(),
+                    bundle: dir.join("bundle"),
+                })
+            }
+            (Some(_), None) => Err("the workload has no run folder".into()),
+            (None, _) => Ok(crate::exec::Target::Process { pid: live.pid }),
+        }
+    }
+
     pub fn any_running(&self) -> bool {
         self.workloads.values().any(Workload::is_live)
     }

@@ -699,6 +699,95 @@ pub const MAX_WAIT_S: u64 = 25;
 pub struct WorkloadSync {
     pub workloads: Vec<WorkloadSpec>,
     pub log_acks: Vec<LogAck>,
+    /// `tessera exec` sessions waiting for this node's agent (absent from older servers;
+    /// ignored by older agents).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub execs: Vec<ExecRequest>,
+}
+
+/// A `tessera exec` session waiting for the agent: it opens
+/// `GET /agent/v1/exec/{session}` as a WebSocket (node credential, and the session's
+/// one-time `secret` in `X-Tessera-Exec-Secret`), then runs `argv` in the workload's
+/// sandbox and streams it in [`exec_frame`]s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub session: String,
+    pub secret: String,
+    /// The workload (its run folder's name on the node).
+    pub workload_id: String,
+    pub argv: Vec<String>,
+    /// Run it on a pseudo-terminal.
+    pub tty: bool,
+}
+
+/// The frames of a `tessera exec` WebSocket (user ↔ server ↔ agent): binary messages
+/// whose first byte is the channel and the rest its payload.
+///
+/// | byte | direction | payload |
+/// |---|---|---|
+/// | 0 | to the process | stdin bytes (an empty payload closes stdin) |
+/// | 1 | from it | stdout bytes (with a TTY: the terminal's output) |
+/// | 2 | from it | stderr bytes (also the server's and agent's own messages) |
+/// | 3 | to it | a terminal resize, JSON `{"cols":80,"rows":24}` |
+/// | 4 | from it | its exit, JSON `{"code":0}` (the last frame; `code` 128+n when killed by signal n) |
+pub mod exec_frame {
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Channel {
+        Stdin = 0,
+        Stdout = 1,
+        Stderr = 2,
+        Resize = 3,
+        Exit = 4,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Resize {
+        pub cols: u16,
+        pub rows: u16,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Exit {
+        pub code: i32,
+    }
+
+    /// One frame: the channel byte, then `payload`.
+    pub fn encode(channel: Channel, payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(payload.len() + 1);
+        v.push(channel as u8);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    /// A frame's channel and payload; `None` for an empty frame or an unknown channel.
+    pub fn decode(frame: &[u8]) -> Option<(Channel, &[u8])> {
+        let (&c, rest) = frame.split_first()?;
+        let channel = match c {
+            0 => Channel::Stdin,
+            1 => Channel::Stdout,
+            2 => Channel::Stderr,
+            3 => Channel::Resize,
+            4 => Channel::Exit,
+            _ => return None,
+        };
+        Some((channel, rest))
+    }
+
+    pub fn resize(cols: u16, rows: u16) -> Vec<u8> {
+        encode(
+            Channel::Resize,
+            &serde_json::to_vec(&Resize { cols, rows }).unwrap_or_default(),
+        )
+    }
+
+    pub fn exit(code: i32) -> Vec<u8> {
+        encode(
+            Channel::Exit,
+            &serde_json::to_vec(&Exit { code }).unwrap_or_default(),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -741,6 +830,37 @@ mod tests {
                 profile: "1g.10gb".into(),
                 start: 6
             }
+        );
+    }
+
+    #[test]
+    fn exec_frames_round_trip() {
+        use exec_frame::{Channel, Exit, Resize, decode, encode};
+        let f = encode(Channel::Stdin, b"ls\n");
+        assert_eq!(f, b"\0ls\n");
+        assert_eq!(decode(&f), Some((Channel::Stdin, &b"ls\n"[..])));
+        assert_eq!(decode(&encode(Channel::Stderr, b"")), Some((Channel::Stderr, &b""[..])));
+        let (c, p) = decode(&exec_frame::resize(120, 40)).unwrap();
+        assert_eq!(c, Channel::Resize);
+        assert_eq!(
+            serde_json::from_slice::<Resize>(p).unwrap(),
+            Resize { cols: 120, rows: 40 }
+        );
+        let (c, p) = decode(&exec_frame::exit(7)).unwrap();
+        assert_eq!(c, Channel::Exit);
+        assert_eq!(p, br#"{"code":7}"#);
+        assert_eq!(serde_json::from_slice::<Exit>(p).unwrap().code, 7);
+        assert_eq!(decode(b""), None);
+        assert_eq!(decode(b"\x09x"), None);
+    }
+
+    #[test]
+    fn workload_sync_without_execs_parses() {
+        let s: WorkloadSync = serde_json::from_str(r#"{"workloads":[],"log_acks":[]}"#).unwrap();
+        assert!(s.execs.is_empty());
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            r#"{"workloads":[],"log_acks":[]}"#
         );
     }
 }

@@ -85,6 +85,14 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cli::NodeCommand,
     },
+    /// Runs a command inside a running job or notebook (`exec JOB -- cmd`, `exec -it JOB --
+    /// bash`); exits with its exit code.
+    Exec {
+        #[command(flatten)]
+        remote: crate::cli::Remote,
+        #[command(flatten)]
+        args: crate::cli::ExecArgs,
+    },
     /// Bookings of capacity for a future window: create, list (the calendar), cancel.
     Booking {
         #[command(flatten)]
@@ -347,6 +355,10 @@ pub struct ServeConfig {
     /// closes on shutdown.
     #[arg(long, env = "TESSERA_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
+
+    /// A `tessera exec` session with no traffic either way for this many minutes is closed.
+    #[arg(long, env = "TESSERA_EXEC_IDLE_MINUTES", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    pub exec_idle_minutes: u64,
 
     /// Take the client address from the last `X-Forwarded-For` hop (only behind a proxy
     /// you run; otherwise clients could forge it to dodge sign-in throttling).

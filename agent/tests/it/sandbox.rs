@@ -123,6 +123,7 @@ async fn finished(
             log.push_str(&p.text);
             ex.apply(&WorkloadSync {
                 workloads: desired.to_vec(),
+                execs: Vec::new(),
                 log_acks: vec![tessera_domain::wire::LogAck {
                     id: id.to_owned(),
                     stored_through: p.offset + p.len,
@@ -506,6 +507,7 @@ async fn jupyterlab_from_the_notebook_environment_answers_in_the_sandbox() {
             log.push_str(&p.text);
             ex.apply(&WorkloadSync {
                 workloads: vec![spec.clone()],
+                execs: Vec::new(),
                 log_acks: vec![tessera_domain::wire::LogAck {
                     id: "lab".into(),
                     stored_through: p.offset + p.len,

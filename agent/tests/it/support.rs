@@ -211,6 +211,7 @@ impl ServerLink for &FakeServer {
             }
             WorkloadSync {
                 workloads: s.workloads.clone(),
+                execs: Vec::new(),
                 log_acks,
             }
         }))
@@ -221,6 +222,7 @@ impl ServerLink for &FakeServer {
 pub fn sync(workloads: &[WorkloadSpec]) -> WorkloadSync {
     WorkloadSync {
         workloads: workloads.to_vec(),
+        execs: Vec::new(),
         log_acks: vec![],
     }
 }

@@ -146,6 +146,7 @@ async fn a_job_exits_with_its_code_and_ships_its_log_once() {
     // Partly acknowledged: the rest, from there.
     ex.apply(&WorkloadSync {
         workloads: vec![spec.clone()],
+        execs: Vec::new(),
         log_acks: vec![LogAck {
             id: "j1".into(),
             stored_through: 4,
@@ -160,6 +161,7 @@ async fn a_job_exits_with_its_code_and_ships_its_log_once() {
     // All acknowledged: nothing more to send, and the log is complete.
     ex.apply(&WorkloadSync {
         workloads: vec![spec.clone()],
+        execs: Vec::new(),
         log_acks: vec![LogAck {
             id: "j1".into(),
             stored_through: 8,

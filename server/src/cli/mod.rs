@@ -1,4 +1,4 @@
-//! The REST API from a terminal: `tessera login`, `alloc`, `job`, `notebook`, `quota`,
+//! The REST API from a terminal: `tessera login`, `alloc`, `job`, `exec`, `notebook`, `quota`,
 //! `usage`, `export`, `node`, `booking`, `image` and `completions`. It is a client like any other: it calls
 //! `/api/v1` with a personal API token (created under My account), so the server applies
 //! the same authorization as to any REST call. Responses are decoded into the domain's
@@ -27,6 +27,7 @@
 mod allocations;
 mod billing;
 mod bookings;
+mod exec;
 mod images;
 mod nodes;
 mod workloads;
@@ -34,6 +35,7 @@ mod workloads;
 pub use allocations::{AllocCommand, QuotaCommand};
 pub use billing::{ExportCommand, UsageArgs};
 pub use bookings::{BookingCommand, booking};
+pub use exec::{ExecArgs, exec};
 pub use images::{ImageCommand, image};
 pub use nodes::NodeCommand;
 pub use workloads::{JobCommand, NotebookCommand, job, notebook};

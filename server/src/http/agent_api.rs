@@ -23,6 +23,7 @@ pub fn router() -> Router<AppState> {
         .route("/agent/v1/status", post(status))
         .route("/agent/v1/telemetry", post(telemetry))
         .route("/agent/v1/workloads", post(workloads))
+        .route("/agent/v1/exec/{session}", get(super::exec::agent_exec))
 }
 
 async fn register(
@@ -116,14 +117,15 @@ async fn workloads(
         return Ok(Json(WorkloadSync::default()));
     }
     let peer = peer.map(|axum::Extension(ip)| ip.0);
-    Ok(Json(
-        s.services
-            .workloads
-            .sync(
-                &node,
-                tessera_core::services::workloads::Reporter::Agent(peer),
-                &reports,
-            )
-            .await?,
-    ))
+    let mut sync = s
+        .services
+        .workloads
+        .sync(
+            &node,
+            tessera_core::services::workloads::Reporter::Agent(peer),
+            &reports,
+        )
+        .await?;
+    sync.execs = super::exec::pending_for(node.id);
+    Ok(Json(sync))
 }

@@ -9,6 +9,7 @@ mod api;
 pub(crate) mod auth;
 pub(crate) mod bundle;
 mod csrf;
+mod exec;
 pub(crate) mod error;
 pub(crate) mod events;
 mod headers;

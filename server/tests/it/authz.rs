@@ -590,6 +590,9 @@ fn rest_rows() -> Vec<Row> {
         row!(POST "/api/v1/workloads/{id}/stop", |f, i| format!("/api/v1/workloads/{}/stop", f.workloads[i]), none, WORKLOAD_ACT),
         row!(GET "/api/v1/workloads/{id}/logs", |f, _| format!("/api/v1/workloads/{}/logs", f.workloads[0]), none, WORKLOAD_ACT),
         row!(GET "/api/v1/workloads/{id}/log.txt", |f, _| format!("/api/v1/workloads/{}/log.txt", f.workloads[0]), none, WORKLOAD_ACT),
+        // Exec: authorized like stopping; the matrix's notebooks never run, so those who may
+        // act hear 409 ("not running") before any WebSocket.
+        row!(GET "/api/v1/workloads/{id}/exec", |f, _| format!("/api/v1/workloads/{}/exec?command=true", f.workloads[0]), none, [401, 403, 409, 409, 404, 409]),
         // The notebook proxy: the owner and platform admins reach it (the notebook is still
         // pending: 503 "starting"); everyone else gets the 404 of a missing notebook.
         row!(GET "/api/v1/me/notifications", |_, _| "/api/v1/me/notifications".into(), none, ANY_USER),

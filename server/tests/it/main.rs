@@ -14,6 +14,7 @@ mod deadline;
 mod deploy;
 mod drain;
 mod events;
+mod exec;
 mod gangs;
 mod hops;
 mod images;

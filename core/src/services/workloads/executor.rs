@@ -150,6 +150,7 @@ impl Workloads {
             .collect::<Result<_, _>>()?;
         Ok(WorkloadSync {
             workloads,
+            execs: Vec::new(),
             log_acks: acks,
         })
     }

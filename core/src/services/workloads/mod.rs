@@ -36,6 +36,7 @@ use tessera_domain::workload::{
 };
 use uuid::Uuid;
 
+mod exec;
 mod executor;
 mod gang;
 mod notebooks;
@@ -43,6 +44,7 @@ mod pass;
 mod profiles;
 mod secrets;
 
+pub use exec::{ExecTarget, MAX_EXEC_COMMAND};
 pub use secrets::open_notebook_token;
 
 /// Who reports workloads to [`Workloads::sync`].

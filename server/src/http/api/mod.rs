@@ -177,6 +177,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         ))
         .routes(routes!(get_workload))
         .routes(routes!(stop_workload))
+        .routes(routes!(super::exec::exec_workload))
         .routes(routes!(workload_logs))
         .routes(routes!(workload_log_file))
         .routes(routes!(my_notifications, set_my_notifications))
