@@ -158,8 +158,7 @@ pub fn parse_client_args(args: &[String]) -> Result<ClientArgs, String> {
         let Some(opts) = a.strip_prefix('-').filter(|o| !o.is_empty()) else {
             break;
         };
-        let mut chars = opts.char_indices();
-        while let Some((at, c)) = chars.next() {
+        for (at, c) in opts.char_indices() {
             if OPTIONS_WITH_ARGUMENT.contains(c) {
                 let rest = &opts[at + c.len_utf8()..];
                 let value = if rest.is_empty() {
