@@ -220,7 +220,7 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
          t workspace sh -c 'test -n \"$TESSERA_WORKSPACE\" && echo set'; \
          t credential cat {state}/credential.json; \
          t runs ls {state}/workloads/runs; \
-         t agents sh -c 'cat /proc/[0-9]*/cmdline 2>/dev/null | tr \"\\0\" \" \" | grep -c tessera-agent'; \
+         t agents sh -c 'cat /proc/[0-9]*/cmdline 2>/dev/null | tr \"\\0\" \" \" | grep -c \"tessera-agen[t]\"'; \
          t pid1 sh -c 'tr \"\\0\" \" \" < /proc/1/cmdline'"
     );
     let out = run(app, &t.member, &job, &["sh", "-c", &script]).await;
