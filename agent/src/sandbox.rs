@@ -27,7 +27,9 @@
 //! [`RSH_MOUNT`] (its remote agent, `tessera-rsh`): on a tmpfs of its own at `/opt`
 //! (with the node's `/opt` entries bound read-only into it) or, in an image, at
 //! `/opt/tessera`; its network may be made before its process starts
-//! ([`Sandbox::make_network`], [`Extras::net`]).
+//! ([`Sandbox::make_network`], [`Extras::net`]). Its host name is `rank-<N>` rather
+//! than `tessera`, and a hosts file naming every member at its gang address is bound
+//! read-only over `/etc/hosts` ([`Names`]; in an image, only over one it has).
 //!
 //! The container's first process is the exit-status wrapper; when it ends, the PID
 //! namespace ends and with it every process the workload left. The runtime's state
@@ -313,7 +315,23 @@ pub struct Extras {
     pub net: Option<Slot>,
     /// The host file bound read-only at [`RSH_MOUNT`] (the agent's executable).
     pub rsh: Option<PathBuf>,
+    /// Its host name and the file bound read-only over `/etc/hosts` (default: the
+    /// host name `tessera` and the root's own `/etc/hosts`).
+    pub names: Option<Names>,
 }
+
+/// A gang member's host name (`rank-<N>`) and its hosts file: a file of the run folder
+/// (not visible inside) that names every member at its gang address, so that the host
+/// name resolves to the member's own address (what gloo, NCCL and Open MPI advertise).
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub hostname: String,
+    /// Bound read-only at `/etc/hosts`.
+    pub hosts: PathBuf,
+}
+
+/// The host name of every workload without [`Names`].
+pub const HOSTNAME: &str = "tessera";
 
 /// What starting a sandboxed workload gives back.
 pub struct Started {
@@ -657,6 +675,7 @@ impl Sandbox {
             seccomp: &self.seccomp,
             netns: netns.as_deref(),
             rsh: extras.rsh.as_deref(),
+            names: extras.names.as_ref(),
         }
         .config();
         let mut container = Container {
@@ -824,6 +843,8 @@ struct Bundle<'a> {
     netns: Option<&'a Path>,
     /// A gang member's remote agent, bound read-only at [`RSH_MOUNT`].
     rsh: Option<&'a Path>,
+    /// A gang member's host name and hosts file.
+    names: Option<&'a Names>,
 }
 
 impl Bundle<'_> {
@@ -907,6 +928,24 @@ impl Bundle<'_> {
                 );
             }
         }
+        if let Some(names) = self.names {
+            // Over the node's `/etc/hosts` (bound read-only with `/etc`), or over an
+            // image's own. An image without a regular `/etc/hosts` keeps none: its root
+            // is shared and read-only, and the runtime would have to create the mount
+            // point in it (the image store makes folders only); the host name then does
+            // not resolve there, as in every other workload.
+            let target = if self.system {
+                Path::new("/etc/hosts").is_file()
+            } else {
+                fs::symlink_metadata(self.rootfs.join("etc/hosts")).is_ok_and(|m| m.is_file())
+            };
+            if target {
+                mounts.push(
+                    json!({"destination": "/etc/hosts", "type": "bind", "source": names.hosts,
+                           "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
+                );
+            }
+        }
         mounts.push(bind(WORKSPACE_MOUNT, self.workspace, true));
         mounts.push(bind(CONTROL_MOUNT, self.control, true));
         mounts.push(tmpfs("/tmp", &["nosuid", "nodev", "mode=1777", &tmp_size]));
@@ -964,7 +1003,7 @@ impl Bundle<'_> {
                 ]
             },
             "root": {"path": self.rootfs, "readonly": true},
-            "hostname": "tessera",
+            "hostname": self.names.map_or(HOSTNAME, |n| n.hostname.as_str()),
             "mounts": mounts,
             "linux": {
                 "namespaces": namespaces,
@@ -1317,6 +1356,7 @@ mod tests {
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: Some(Path::new("/run/netns/tsr-7")),
             rsh: None,
+            names: None,
         };
         let c = b.config();
         let mounts = c["mounts"].as_array().unwrap();
@@ -1375,6 +1415,7 @@ mod tests {
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: None,
             rsh: None,
+            names: None,
         };
         let c = b.config();
         assert_eq!(
@@ -1505,6 +1546,7 @@ mod tests {
             seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: Some(Path::new("/run/netns/tsr-7")),
             rsh: None,
+            names: None,
         };
         let c = b.config();
         assert_eq!(c["process"]["user"]["uid"], 200_001);
@@ -1597,6 +1639,7 @@ mod tests {
                 seccomp: &seccomp,
                 netns: None,
                 rsh,
+                names: None,
             }
             .config()
         };
@@ -1632,5 +1675,80 @@ mod tests {
         if Path::new("/opt").exists() {
             assert_eq!(plain[at(&plain, "/opt").unwrap()]["type"], "bind");
         }
+    }
+
+    #[test]
+    fn a_gang_member_gets_its_host_name_and_hosts_file_read_only_over_etc_hosts() {
+        let image = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            memory_mib: 512,
+            cpus: 1.0,
+            pids: 100,
+            tmp_mib: 64,
+            nofile: 1024,
+            nproc: 200,
+        };
+        let seccomp = json!({"defaultAction": "SCMP_ACT_ERRNO"});
+        let names = Names {
+            hostname: "rank-3".into(),
+            hosts: PathBuf::from("/state/runs/r1/hosts"),
+        };
+        let config = |system: bool, names: Option<&Names>| {
+            Bundle {
+                rootfs: if system {
+                    Path::new("/state/rootfs")
+                } else {
+                    image.path()
+                },
+                system,
+                driver: &[],
+                workspace: Path::new("/state/workspaces/t1"),
+                control: Path::new("/state/runs/r1/ctl"),
+                read_only: &[],
+                binds: &[],
+                uid: 200_001,
+                cwd: "/workspace",
+                argv: &[],
+                env: &[],
+                nodes: &[],
+                limits,
+                cgroup: "/tessera/r1",
+                seccomp: &seccomp,
+                netns: None,
+                rsh: None,
+                names,
+            }
+            .config()
+        };
+        let hosts_at = |c: &Value| {
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|m| m["destination"] == "/etc/hosts")
+        };
+        // On the node's root: after `/etc`, read-only, from the run folder.
+        let c = config(true, Some(&names));
+        assert_eq!(c["hostname"], "rank-3");
+        if Path::new("/etc/hosts").is_file() {
+            let ms = c["mounts"].as_array().unwrap();
+            let at = hosts_at(&c).unwrap();
+            assert_eq!(ms[at]["source"], "/state/runs/r1/hosts");
+            let opts = ms[at]["options"].as_array().unwrap();
+            assert!(opts.iter().any(|o| o == "ro") && !opts.iter().any(|o| o == "rw"));
+            let etc = ms.iter().position(|m| m["destination"] == "/etc").unwrap();
+            assert!(etc < at);
+        }
+        // Other workloads: `tessera` and the root's own `/etc/hosts`.
+        let plain = config(true, None);
+        assert_eq!(plain["hostname"], HOSTNAME);
+        assert!(hosts_at(&plain).is_none());
+        // An image: only over an `/etc/hosts` it has (never a mount point made in it).
+        let c = config(false, Some(&names));
+        assert_eq!(c["hostname"], "rank-3");
+        assert!(hosts_at(&c).is_none());
+        fs::create_dir(image.path().join("etc")).unwrap();
+        fs::write(image.path().join("etc/hosts"), "").unwrap();
+        assert!(hosts_at(&config(false, Some(&names))).is_some());
     }
 }

@@ -825,6 +825,7 @@ impl LocalExecutor {
         let extras = Extras {
             net: net.clone(),
             rsh: launch.as_ref().and(self.rsh.clone()),
+            names: launch.as_ref().map(|l| l.names(&run)),
         };
         let started = match (&self.sandbox, uid) {
             (Some(sb), Some(uid)) => {

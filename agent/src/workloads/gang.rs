@@ -12,8 +12,15 @@
 //!    unmasqueraded, routes to peers on other nodes, anti-spoofing), the Open MPI
 //!    hostfile is written into the control folder (`<addr> slots=<slots>`, one line per
 //!    member by rank), and the environment gets [`HOSTFILE_VAR`], [`SECRET_VAR`],
-//!    [`RSH_PORT_VAR`], `OMPI_MCA_plm_rsh_agent` (the remote agent) and
-//!    `OMPI_MCA_plm_rsh_no_tree_spawn=1` on top of the server's launch variables.
+//!    [`RSH_PORT_VAR`], `OMPI_MCA_plm_rsh_agent` (the remote agent),
+//!    `OMPI_MCA_plm_rsh_no_tree_spawn=1`, `OMPI_MCA_orte_leave_session_attached=1` (an
+//!    `orted` started through the remote agent stays in `serve`'s process group and
+//!    ends with it) and `OMPI_MCA_btl_vader_single_copy_mechanism=none` (the sandbox
+//!    refuses cross-memory attach) on top of the server's launch variables. In the
+//!    sandbox the member's host name is `rank-<N>` and `runs/<id>/hosts` (`localhost`
+//!    and `<addr> rank-<rank>` per member, its own included) is bound read-only over
+//!    `/etc/hosts`, so that its host name resolves to its gang address (what gloo,
+//!    NCCL's bootstrap and Open MPI advertise).
 //!
 //! The remote agent, `tessera-rsh`, is the agent's own executable under that name
 //! ([`crate::gang_rsh`]): bound read-only at [`RSH_MOUNT`] in every member's sandbox, or,
@@ -25,7 +32,9 @@
 
 use std::ffi::OsString;
 use std::fs;
+use std::io::Write;
 use std::net::{Ipv4Addr, UdpSocket};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -37,7 +46,7 @@ use super::{
 };
 use crate::network::{self, Peer, Slot};
 use crate::oci::Image;
-use crate::sandbox::{CONTROL_MOUNT, RSH_MOUNT};
+use crate::sandbox::{CONTROL_MOUNT, Names, RSH_MOUNT};
 
 /// The hostfile's path, as the workload sees it.
 pub const HOSTFILE_VAR: &str = "TESSERA_HOSTFILE";
@@ -49,6 +58,8 @@ pub const RSH_PORT_VAR: &str = "TESSERA_GANG_RSH_PORT";
 pub const RSH_PROGRAM: &str = "tessera-rsh";
 /// The hostfile's name in the control folder (sandbox) or the run folder.
 pub const HOSTFILE: &str = "hostfile";
+/// The hosts file's name in the run folder (sandbox only; bound over `/etc/hosts`).
+pub const HOSTS: &str = "hosts";
 /// What a prepared member's run folder keeps for an agent restarted before its start.
 const PREPARED_FILE: &str = "prepared.json";
 
@@ -97,6 +108,22 @@ pub fn hostfile_text(peers: &[GangPeer]) -> String {
         .iter()
         .map(|p| format!("{} slots={}\n", p.addr, p.slots))
         .collect()
+}
+
+/// A member's host name in the sandbox.
+pub fn hostname(rank: u32) -> String {
+    format!("rank-{rank}")
+}
+
+/// The member's `/etc/hosts`: `localhost`, then `<addr> rank-<rank>` per member, by rank.
+pub fn hosts_text(peers: &[GangPeer]) -> String {
+    let mut by_rank: Vec<&GangPeer> = peers.iter().collect();
+    by_rank.sort_by_key(|p| p.rank);
+    let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
+    for p in by_rank {
+        text.push_str(&format!("{} {}\n", p.addr, hostname(p.rank)));
+    }
+    text
 }
 
 /// The peers the server sent must be the whole gang (ranks `0..size`, once each), with
@@ -178,6 +205,11 @@ pub fn gang_env(g: &GangSpec, hostfile: &Path, rsh: &Path) -> Vec<(OsString, OsS
         (RSH_PORT_VAR.into(), g.rsh_port.to_string().into()),
         ("OMPI_MCA_plm_rsh_agent".into(), rsh.into()),
         ("OMPI_MCA_plm_rsh_no_tree_spawn".into(), "1".into()),
+        ("OMPI_MCA_orte_leave_session_attached".into(), "1".into()),
+        (
+            "OMPI_MCA_btl_vader_single_copy_mechanism".into(),
+            "none".into(),
+        ),
     ]
 }
 
@@ -221,7 +253,16 @@ impl Launch {
         serves(&self.spec).then(|| vec![self.rsh.to_string_lossy().into_owned(), "serve".into()])
     }
 
-    /// Writes the hostfile (and, without the sandbox, the remote agent's symlink to
+    /// What the sandbox gives the member: its host name and hosts file (`run`: its run
+    /// folder, where [`Launch::write_files`] writes that file).
+    pub(super) fn names(&self, run: &Path) -> Names {
+        Names {
+            hostname: hostname(self.spec.rank),
+            hosts: run.join(HOSTS),
+        }
+    }
+
+    /// Writes the hostfile (and, in the sandbox, the hosts file; without it, the remote agent's symlink to
     /// `exe`) into the run folder `run` before the process starts.
     pub(super) fn write_files(
         &self,
@@ -237,7 +278,19 @@ impl Launch {
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create the run folder: {e}"))?;
         super::write_untrusted_dir(&dir.join(HOSTFILE), hostfile_text(&self.peers).as_bytes())
             .map_err(|e| format!("cannot write the gang's hostfile: {e}"))?;
-        if !sandboxed {
+        if sandboxed {
+            // In the run folder, not the control folder: the workload cannot rewrite it.
+            let tmp = run.join(format!("{HOSTS}.tmp"));
+            let _ = fs::remove_file(&tmp);
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&tmp)
+                .and_then(|mut f| f.write_all(hosts_text(&self.peers).as_bytes()))
+                .and_then(|()| fs::rename(&tmp, run.join(HOSTS)))
+                .map_err(|e| format!("cannot write the gang's hosts file: {e}"))?;
+        } else {
             let link = run.join(RSH_PROGRAM);
             let _ = fs::remove_file(&link);
             std::os::unix::fs::symlink(exe, &link)
@@ -451,6 +504,7 @@ impl LocalExecutor {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn gang(rank: u32, launcher: GangLauncher) -> GangSpec {
         GangSpec {
@@ -563,8 +617,24 @@ mod tests {
                 ("TESSERA_GANG_RSH_PORT", "2222"),
                 ("OMPI_MCA_plm_rsh_agent", "/opt/tessera/bin/tessera-rsh"),
                 ("OMPI_MCA_plm_rsh_no_tree_spawn", "1"),
+                ("OMPI_MCA_orte_leave_session_attached", "1"),
+                ("OMPI_MCA_btl_vader_single_copy_mechanism", "none"),
             ]
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        // In the sandbox: the host name `rank-1`, the hosts file in the run folder
+        // (never the control folder the workload can write).
+        assert_eq!(l.names(run).hostname, "rank-1");
+        assert_eq!(l.names(run).hosts, run.join(HOSTS));
+        l.write_files(run, true, Path::new("/bin/true")).unwrap();
+        assert_eq!(
+            fs::read_to_string(run.join(HOSTS)).unwrap(),
+            "127.0.0.1 localhost\n::1 localhost\n10.213.0.2 rank-0\n10.214.0.2 rank-1\n10.215.0.2 rank-2\n"
+        );
+        assert!(!run.join("ctl").join(HOSTS).exists());
+        assert_eq!(
+            fs::metadata(run.join(HOSTS)).unwrap().permissions().mode() & 0o777,
+            0o644
         );
         // Without the sandbox: the run folder's files.
         let bare = Launch::new(&gang(1, GangLauncher::Rank0), "10.214.0.2", run, false).unwrap();
