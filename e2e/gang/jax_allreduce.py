@@ -7,6 +7,14 @@ JAX_PROCESS_ID. Prints one JSON line per process; process 0's line carries
 The result proves every process joined: each contributes (process_id + 1) * 10 and
 its own address; the sum must be 10 * n * (n + 1) / 2 and the gathered addresses come
 from each process.
+
+Gloo is set up as JAX does by default: it advertises the address the host name
+resolves to. In a Tessera gang member that works as is: the member's host name is
+`rank-<N>` and its /etc/hosts (read-only, written by the agent) maps it to the member's
+own gang address. Where the host name resolves to something the peers cannot reach
+(127.0.0.1 in a bare network namespace, e.g. e2e/gang/jax_netns_check.sh),
+TESSERA_JAX_GLOO_BIND_IP=1 re-registers JAX's CPU backend with gloo bound to this
+process's own address instead (JAX internals, checked with JAX 0.10.2).
 """
 
 import json
@@ -34,12 +42,13 @@ def own_ip(toward):
 
 
 def bind_gloo_to(ip):
-    """Gloo (JAX's CPU collectives) advertises the address its host name resolves to,
-    which in a sandbox or network namespace is often 127.0.0.1 (or nothing): the peers
-    then cannot connect ("Connection refused, remote=[127.0.0.1]"). Make the CPU backend
-    with gloo on this process's own address instead. Uses JAX internals (checked with
-    JAX 0.10.2); JAX_GLOO_DEFAULT=1 leaves JAX's default."""
-    if os.environ.get("JAX_GLOO_DEFAULT") == "1":
+    """Only with TESSERA_JAX_GLOO_BIND_IP=1 (opt-in; the default is JAX's own setup).
+    Gloo (JAX's CPU collectives) advertises the address its host name resolves to,
+    which outside a Tessera gang member (a bare network namespace) is often 127.0.0.1
+    (or nothing): the peers then cannot connect ("Connection refused,
+    remote=[127.0.0.1]"). Make the CPU backend with gloo on this process's own address
+    instead. Uses JAX internals (checked with JAX 0.10.2)."""
+    if os.environ.get("TESSERA_JAX_GLOO_BIND_IP") != "1":
         return
     try:
         from jax._src import distributed, xla_bridge

@@ -16,7 +16,7 @@
 //!    `OMPI_MCA_plm_rsh_no_tree_spawn=1`, `OMPI_MCA_orte_leave_session_attached=1` (an
 //!    `orted` started through the remote agent stays in `serve`'s process group and
 //!    ends with it) and `OMPI_MCA_btl_vader_single_copy_mechanism=none` (the sandbox
-//!    refuses cross-memory attach) on top of the server's launch variables. In the
+//!    may refuse cross-memory attach) on top of the server's launch variables. In the
 //!    sandbox the member's host name is `rank-<N>` and `runs/<id>/hosts` (`localhost`
 //!    and `<addr> rank-<rank>` per member, its own included) is bound read-only over
 //!    `/etc/hosts`, so that its host name resolves to its gang address (what gloo,
