@@ -839,14 +839,22 @@ mod tests {
         let f = encode(Channel::Stdin, b"ls\n");
         assert_eq!(f, b"\0ls\n");
         assert_eq!(decode(&f), Some((Channel::Stdin, &b"ls\n"[..])));
-        assert_eq!(decode(&encode(Channel::Stderr, b"")), Some((Channel::Stderr, &b""[..])));
-        let (c, p) = decode(&exec_frame::resize(120, 40)).unwrap();
+        assert_eq!(
+            decode(&encode(Channel::Stderr, b"")),
+            Some((Channel::Stderr, &b""[..]))
+        );
+        let frame = exec_frame::resize(120, 40);
+        let (c, p) = decode(&frame).unwrap();
         assert_eq!(c, Channel::Resize);
         assert_eq!(
             serde_json::from_slice::<Resize>(p).unwrap(),
-            Resize { cols: 120, rows: 40 }
+            Resize {
+                cols: 120,
+                rows: 40
+            }
         );
-        let (c, p) = decode(&exec_frame::exit(7)).unwrap();
+        let frame = exec_frame::exit(7);
+        let (c, p) = decode(&frame).unwrap();
         assert_eq!(c, Channel::Exit);
         assert_eq!(p, br#"{"code":7}"#);
         assert_eq!(serde_json::from_slice::<Exit>(p).unwrap().code, 7);

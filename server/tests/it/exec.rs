@@ -38,10 +38,7 @@ async fn open(
         .map(|a| format!("command={}", urlencode(a)))
         .collect();
     query.push(format!("tty={tty}"));
-    let url = format!(
-        "ws://{addr}/api/v1/workloads/{id}/exec?{}",
-        query.join("&")
-    );
+    let url = format!("ws://{addr}/api/v1/workloads/{id}/exec?{}", query.join("&"));
     let mut req =
         tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
             .expect("ws request");
@@ -299,7 +296,9 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
         .collect();
     assert_eq!(notes.len(), 4, "{audit}");
     assert!(
-        notes.iter().any(|n| n.contains(&format!("by {name}-member: cat"))),
+        notes
+            .iter()
+            .any(|n| n.contains(&format!("by {name}-member: cat"))),
         "{notes:?}"
     );
     assert!(!notes.iter().any(|n| n.contains("piped")), "{notes:?}");
@@ -333,6 +332,24 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
     let cli = cli.wait_with_output().await.expect("wait");
     assert_eq!(cli.status.code(), Some(0), "{cli:?}");
     assert_eq!(String::from_utf8_lossy(&cli.stdout), "SHOUT\n");
+
+    // An agent that does not take the session (frozen here): it fails after 15 s, saying
+    // why, and leaves nothing waiting.
+    let agent_pid = agent_pid(&format!("{name}-node"));
+    signal(agent_pid, "-STOP");
+    let waited = Instant::now();
+    let mut ws = open(app, &t.member, &job, &["true"], false)
+        .await
+        .expect("exec");
+    let out = read(&mut ws, None).await;
+    signal(agent_pid, "-CONT");
+    assert!(waited.elapsed() >= Duration::from_secs(14), "{out:?}");
+    assert_eq!(out.code, None, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("the node's agent did not take the exec session within 15 s"),
+        "{out:?}"
+    );
 
     // A job that ended says so, before any WebSocket.
     let (st, _) = call_with_token(
@@ -371,6 +388,28 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
         "{cli:?}"
     );
     agent.stop().await;
+}
+
+/// The pid of the agent started with `--hostname host`.
+fn agent_pid(host: &str) -> u32 {
+    let needle = format!("--hostname\0{host}\0");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        })
+        .expect("the agent's process")
+}
+
+fn signal(pid: u32, sig: &str) {
+    let s = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(s.success());
 }
 
 on_both_databases!(exec_runs_commands_inside_a_running_job);
