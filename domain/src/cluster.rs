@@ -33,6 +33,9 @@ pub struct NodeView {
     /// The agent runs local workloads in its sandbox (docs/security.md); `false` means a
     /// team's code there can reach other teams' files and every GPU.
     pub workload_sandbox: bool,
+    /// Its group (a rack or switch), set by platform admins; gangs stay inside one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     pub gpus: Vec<GpuView>,
     /// Set while a platform admin drains the whole node.
     #[serde(default)]

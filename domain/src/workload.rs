@@ -560,6 +560,9 @@ pub struct RankView {
     pub exit_code: Option<i32>,
     #[serde(default)]
     pub message: Option<String>,
+    /// When its process was seen running.
+    #[serde(default)]
+    pub ready_at: Option<DateTime<Utc>>,
 }
 
 /// How far a workload's image pull has come.

@@ -16,3 +16,6 @@ CREATE INDEX workloads_gang ON workloads (gang_job);
 DROP INDEX workloads_live_allocation;
 CREATE UNIQUE INDEX workloads_live_allocation ON workloads (allocation_id, gang_rank)
     WHERE state IN ('queued', 'pending', 'starting', 'running', 'stopping');
+-- A node's group (a rack or switch, set by platform admins): a gang stays inside one group
+-- when it can.
+ALTER TABLE nodes ADD COLUMN node_group TEXT;

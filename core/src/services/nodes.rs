@@ -236,6 +236,7 @@ impl Nodes {
             inventory: r#"{"gpus":[]}"#.into(),
             revoked_at: None,
             inventory_version: 0,
+            node_group: None,
         };
         self.store
             .insert_node(&row)
@@ -480,6 +481,42 @@ impl Nodes {
         tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
         self.forget_summary();
         self.view(&row, true, now).await
+    }
+
+    /// Sets a node's group (platform admins): a rack or switch, `[A-Za-z0-9._-]`, at most
+    /// 64 characters; `None` or empty clears it. A gang stays inside one group when it can.
+    pub async fn set_group(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        group: Option<&str>,
+    ) -> Result<NodeView, AppError> {
+        authz::admin(p)?;
+        let group = group.map(str::trim).filter(|g| !g.is_empty());
+        if let Some(g) = group
+            && (g.len() > 64
+                || !g
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(AppError::invalid(
+                "group",
+                "at most 64 letters, digits, `.`, `_` or `-` (e.g. rack-a)",
+            ));
+        }
+        let row = self.node_row(id).await?;
+        self.store
+            .set_node_group(id, group)
+            .await
+            .map_err(internal("setting a node's group"))?;
+        self.audit_node(p, "node.group", id, group.unwrap_or("(none)"))
+            .await;
+        self.forget_summary();
+        let row = NodeRow {
+            node_group: group.map(str::to_owned),
+            ..row
+        };
+        self.view(&row, true, Utc::now()).await
     }
 
     /// Drains a node, or one GPU of it (platform admins): no new placements there; what
@@ -837,6 +874,7 @@ impl Nodes {
             agent_version: r.agent_version.clone(),
             manages_mig: r.manages_mig,
             workload_sandbox: r.workload_sandbox,
+            group: r.node_group.clone(),
             gpus,
             drain: drains.view(r.id, None),
         }

@@ -21,20 +21,23 @@ pub struct NodeRow {
     /// Moves each time `inventory` changes (0 where a query does not read it).
     #[sqlx(default)]
     pub inventory_version: i64,
+    /// Its group (a rack or switch) as a platform admin set it (migration 0028).
+    #[sqlx(default)]
+    pub node_group: Option<String>,
 }
 
 const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at, \
                     last_heartbeat_at, agent_version, manages_mig, inventory, revoked_at, \
-                    workload_sandbox";
+                    workload_sandbox, node_group";
 
 impl Store {
     pub async fn insert_node(&self, r: &NodeRow) -> Result<(), StoreError> {
-        let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)");
+        let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)");
         on_pool!(self, pool => sqlx::query(&sql)
             .bind(r.id).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
             .bind(r.registered_at).bind(r.last_heartbeat_at).bind(&r.agent_version)
             .bind(r.manages_mig).bind(&r.inventory).bind(r.revoked_at).bind(r.workload_sandbox)
-            .execute(pool).await.map(|_| ()))?;
+            .bind(&r.node_group).execute(pool).await.map(|_| ()))?;
         Ok(())
     }
 
@@ -48,6 +51,13 @@ impl Store {
         db!(self, pool => sqlx::query_as(
             "SELECT id, hostname, revoked_at FROM nodes WHERE credential_hash = $1")
             .bind(hash).fetch_optional(pool).await)
+    }
+
+    /// Sets (or clears) a node's group; `false` when there is no such node.
+    pub async fn set_node_group(&self, id: Uuid, group: Option<&str>) -> Result<bool, StoreError> {
+        let sql = "UPDATE nodes SET node_group = $2 WHERE id = $1";
+        db!(self, pool => sqlx::query(sql).bind(id).bind(group).execute(pool).await
+            .map(|r| r.rows_affected() == 1))
     }
 
     pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, StoreError> {
@@ -81,7 +91,7 @@ impl Store {
     pub async fn active_nodes_lean(&self) -> Result<Vec<NodeRow>, StoreError> {
         let sql = "SELECT id, hostname, credential_hash, join_token_id, registered_at, \
                    last_heartbeat_at, agent_version, manages_mig, '' AS inventory, revoked_at, \
-                   workload_sandbox, inventory_version FROM nodes WHERE revoked_at IS NULL";
+                   workload_sandbox, inventory_version, node_group FROM nodes WHERE revoked_at IS NULL";
         db!(self, pool => sqlx::query_as::<_, NodeRow>(sql).fetch_all(pool).await)
     }
 

@@ -500,7 +500,8 @@ impl Store {
 
     /// Allocations that ended workloads still hold: `(allocation, workload name, workload
     /// state)` for every workload that owns its allocation, has ended, and whose allocation
-    /// still holds quota or waits for it. Read from the (few) live allocations.
+    /// still holds quota or waits for it, once no workload on it is live (a gang's other
+    /// members). Read from the (few) live allocations.
     pub async fn allocations_of_ended_workloads(
         &self,
     ) -> Result<Vec<(Uuid, String, String)>, StoreError> {
@@ -508,7 +509,9 @@ impl Store {
             "SELECT a.id, w.name, w.state FROM allocations a \
              JOIN workloads w ON w.allocation_id = a.id \
              WHERE a.state IN ('pending_approval', 'queued', 'placing', 'active') \
-               AND w.owns_allocation AND w.state NOT IN {LIVE}"
+               AND w.owns_allocation AND w.state NOT IN {LIVE} \
+               AND NOT EXISTS (SELECT 1 FROM workloads m WHERE m.allocation_id = a.id \
+                               AND m.state IN {LIVE})"
         );
         db!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)
     }

@@ -32,6 +32,13 @@ pub enum NodeCommand {
         #[arg(long)]
         gpu: Option<String>,
     },
+    /// Put a node in a group, a rack or switch (platform admins): a multi-node job stays
+    /// inside one group when one can hold it. Without GROUP, the node leaves its group.
+    Group {
+        /// The node's id or hostname.
+        node: String,
+        group: Option<String>,
+    },
     /// End a node's drain (platform admins).
     Undrain {
         /// The node's id or hostname.
@@ -140,6 +147,17 @@ pub async fn node(remote: &Remote, cmd: NodeCommand) -> R<i32> {
                     reqwest::Method::POST,
                     &format!("/api/v1/nodes/{}/drain", encode(&id)),
                     Some(body),
+                )
+                .await?;
+            print(c.output, &v, std::slice::from_ref(&v), "")
+        }
+        NodeCommand::Group { node, group } => {
+            let id = node_id(&c, &node).await?;
+            let v: NodeView = c
+                .call(
+                    reqwest::Method::PUT,
+                    &format!("/api/v1/nodes/{}/group", encode(&id)),
+                    Some(serde_json::json!({ "group": group })),
                 )
                 .await?;
             print(c.output, &v, std::slice::from_ref(&v), "")

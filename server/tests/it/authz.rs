@@ -489,6 +489,8 @@ fn rest_rows() -> Vec<Row> {
         row!(POST "/api/v1/nodes/{id}/drain", |f, _| format!("/api/v1/nodes/{}/drain", f.node_id),
             |_, _| Body::Json(json!({"minutes": 30, "reason": "matrix"})), ADMIN_ONLY),
         row!(DELETE "/api/v1/nodes/{id}/drain", |f, _| format!("/api/v1/nodes/{}/drain", f.node_id), none, ADMIN_ONLY),
+        row!(PUT "/api/v1/nodes/{id}/group", |f, _| format!("/api/v1/nodes/{}/group", f.node_id),
+            |_, _| Body::Json(json!({"group": "rack-matrix"})), ADMIN_ONLY),
         // The matrix's GPU is healthy: those who may clear get 409.
         row!(POST "/api/v1/nodes/{id}/gpus/{gpu_uuid}/health/clear", |f, _| format!("/api/v1/nodes/{}/gpus/{}/health/clear", f.node_id, f.gpu_uuid),
             none, [401, 403, 403, 403, 403, 409]),

@@ -441,6 +441,9 @@ async fn on_the_server_host(lab: &Lab) {
                     // Each node's workloads in a range of their own, to tell them apart.
                     "--sandbox-net".into(),
                     format!("10.213.{}.0/24", i + 1),
+                    // The gang scripts and JAX's environment, read-only in the sandbox.
+                    "--sandbox-ro".into(),
+                    gang_read_only(),
                 ],
             )
         })
@@ -633,8 +636,221 @@ async fn on_the_server_host(lab: &Lab) {
         "the kernel runs on node 2, in its own network: {seen}"
     );
 
+    // A gang across the two hosts: MPI through tessera-rsh, then JAX's distributed
+    // runtime. The slices and the notebook go first.
+    let (s, v) = call(&c, &member, Method::POST, &format!("/api/v1/workloads/{id}/stop"), None).await;
+    assert_eq!(s, 200, "{v}");
+    for alloc in on_node.values() {
+        let (s, v) = call(
+            &c,
+            &member,
+            Method::POST,
+            &format!("/api/v1/allocations/{alloc}/release"),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    gang_across_hosts(&c, &member, &admin, &team).await;
+
     for a in agents {
         a.stop().await;
+    }
+}
+
+/// The repository's gang scripts, and JAX's environment when the tests have one, for the
+/// agents' `--sandbox-ro` (besides what the environment already lists).
+fn gang_read_only() -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repository")
+        .to_path_buf();
+    let mut paths: Vec<String> = std::env::var("TESSERA_AGENT_SANDBOX_RO")
+        .ok()
+        .map(|v| v.split(',').filter(|p| !p.is_empty()).map(str::to_owned).collect())
+        .unwrap_or_default();
+    paths.push(repo.join("e2e/gang").display().to_string());
+    if let Some(venv) = jax_venv() {
+        paths.push(venv.display().to_string());
+    }
+    paths.join(",")
+}
+
+/// `.venv-jax` (`TESSERA_TEST_JAX_PYTHON` is its `bin/python`, as `cargo xtask test` sets).
+fn jax_venv() -> Option<PathBuf> {
+    let python = PathBuf::from(std::env::var_os("TESSERA_TEST_JAX_PYTHON")?);
+    Some(python.parent()?.parent()?.to_path_buf())
+}
+
+/// The first line of `text` that parses as a JSON object with `key`.
+fn json_line(text: &str, key: &str) -> Option<Value> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+        .find(|v| v.get(key).is_some())
+}
+
+/// A 2-node gang job (one 7g.80gb slice on each host), run to success; its view.
+async fn gang_job(
+    c: &reqwest::Client,
+    member: &str,
+    team: &str,
+    name: &str,
+    launcher: &str,
+    command: &str,
+) -> Value {
+    let (s, job) = call(
+        c,
+        member,
+        Method::POST,
+        "/api/v1/jobs",
+        Some(json!({"team_id": team, "name": name, "command": command,
+                    "gpu": "H100-80GB:7g.80gb", "nodes": 2, "gpus_per_node": 1,
+                    "launcher": launcher, "time_limit_minutes": 30})),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().expect("id").to_owned();
+    let done = settled(c, member, &id, &["succeeded", "failed", "lost", "cancelled"], 300).await;
+    if done["state"] != "succeeded" {
+        let mut logs = String::new();
+        for rank in 0..2 {
+            let (_, log) = call(
+                c,
+                member,
+                Method::GET,
+                &format!("/api/v1/workloads/{id}/logs?from=0&rank={rank}"),
+                None,
+            )
+            .await;
+            logs.push_str(&format!("--- rank {rank}\n{}\n", log["text"].as_str().unwrap_or("")));
+        }
+        panic!("the {name} gang did not succeed: {done}\n{logs}");
+    }
+    done
+}
+
+async fn gang_log(c: &reqwest::Client, member: &str, id: &str, rank: u32) -> String {
+    let (s, log) = call(
+        c,
+        member,
+        Method::GET,
+        &format!("/api/v1/workloads/{id}/logs?from=0&rank={rank}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{log}");
+    log["text"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team: &str) {
+    // Both slices are given back before the gang asks for the same capacity.
+    wait_until("the slices were never given back", 120, || async {
+        let (_, q) = call(c, admin, Method::GET, &format!("/api/v1/teams/{team}/quotas"), None).await;
+        let used = q.as_array().and_then(|q| q.first()).and_then(|q| q["used"].as_u64());
+        (used == Some(0), q)
+    })
+    .await;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repository");
+    let scripts = repo.join("e2e/gang");
+
+    // MPI: rank 0 runs mpirun; Open MPI starts rank 1's daemon on the other host through
+    // tessera-rsh, inside the other member's sandbox.
+    let done = gang_job(
+        c,
+        member,
+        team,
+        "mpi",
+        "rank0",
+        &format!(
+            "mpirun --hostfile \"$TESSERA_HOSTFILE\" -np 2 /usr/bin/python3 {}",
+            scripts.join("allreduce.py").display()
+        ),
+    )
+    .await;
+    let ranks = done["ranks"].as_array().expect("ranks").clone();
+    assert_eq!(ranks.len(), 2, "{done}");
+    let addrs: Vec<String> = ranks
+        .iter()
+        .map(|r| r["addr"].as_str().expect("addr").to_owned())
+        .collect();
+    for addr in &addrs {
+        assert!(addr.starts_with("10.213."), "a member's own address: {done}");
+    }
+    let hosts: std::collections::BTreeSet<&str> =
+        ranks.iter().filter_map(|r| r["hostname"].as_str()).collect();
+    assert_eq!(hosts.len(), 2, "one member on each host: {done}");
+    let id = done["id"].as_str().expect("id");
+    let log = gang_log(c, member, id, 0).await;
+    let out = json_line(&log, "world_size").unwrap_or_else(|| panic!("no MPI result: {log}"));
+    assert_eq!(out["world_size"], 2, "{out}");
+    assert_eq!(out["sum"], out["expected_sum"], "{out}");
+    let seen: std::collections::BTreeSet<String> = out["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .filter_map(|r| r["ip"].as_str().map(str::to_owned))
+        .collect();
+    let want: std::collections::BTreeSet<String> = addrs.iter().cloned().collect();
+    assert_eq!(seen, want, "each MPI rank ran in its own member, on its own host: {out}");
+    // Each in its sandbox: the team's uid (not root), and its own member's slice.
+    let mpi_ranks = out["ranks"].as_array().expect("ranks");
+    for r in mpi_ranks {
+        let uid = r["uid"].as_u64().expect("uid");
+        assert!(uid != 0 && uid == mpi_ranks[0]["uid"].as_u64().unwrap_or(0), "{out}");
+        let member_devices = ranks
+            .iter()
+            .find(|m| m["addr"] == r["ip"])
+            .map(|m| m["devices"].clone())
+            .expect("the rank's member");
+        assert_eq!(
+            json!([r["cuda_visible_devices"]]),
+            member_devices,
+            "each rank sees its own member's slice: {out}"
+        );
+    }
+
+    // JAX: every member runs the script; jax.distributed joins them with Tessera's
+    // variables and a cross-process collective proves both took part.
+    let Some(venv) = jax_venv() else {
+        assert!(
+            std::env::var_os("TESSERA_REQUIRE_NETNS").is_none(),
+            "TESSERA_TEST_JAX_PYTHON is not set (cargo xtask test provisions .venv-jax)"
+        );
+        eprintln!("the JAX gang is skipped: TESSERA_TEST_JAX_PYTHON is not set");
+        return;
+    };
+    let done = gang_job(
+        c,
+        member,
+        team,
+        "jax",
+        "each",
+        &format!(
+            "{} {}",
+            venv.join("bin/python").display(),
+            scripts.join("jax_allreduce.py").display()
+        ),
+    )
+    .await;
+    let id = done["id"].as_str().expect("id");
+    let ranks = done["ranks"].as_array().expect("ranks").clone();
+    let addrs: std::collections::BTreeSet<String> = ranks
+        .iter()
+        .filter_map(|r| r["addr"].as_str().map(str::to_owned))
+        .collect();
+    for rank in 0..2u32 {
+        let log = gang_log(c, member, id, rank).await;
+        let out = json_line(&log, "process_count").unwrap_or_else(|| panic!("no JAX result: {log}"));
+        assert_eq!(out["process_count"], 2, "{out}");
+        assert_eq!(out["process_id"], rank, "{out}");
+        assert_eq!(out["sum"], 30, "{out}");
+        let seen: std::collections::BTreeSet<String> = out["ranks"]
+            .as_array()
+            .expect("ranks")
+            .iter()
+            .filter_map(|r| r["ip"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(seen, addrs, "both processes joined, each from its member: {out}");
     }
 }
 

@@ -931,6 +931,7 @@ impl Allocations {
             // goes only where the driver supports it.
             input.cluster.nodes.push(planner::Node {
                 driver: inv.driver.clone(),
+                group: n.node_group.clone(),
                 ..planner::Node::gpus_only(n.id.to_string(), gpus)
             });
             if !spare_gpus.is_empty() {

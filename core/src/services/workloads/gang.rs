@@ -11,8 +11,10 @@
 //!   the peers and the launch environment ([`tessera_domain::alloc::gang::launch_env`]),
 //!   and the agents start the processes.
 //! - **One outcome.** A member that fails (or is lost) stops the others, and the job fails
-//!   with its reason; rank 0 stopping or ending (a user's stop, `rank0` launchers) stops
-//!   the others.
+//!   with its reason (also when rank 0 had already succeeded). A stop of the job, or the
+//!   end of rank 0 under the `rank0` launcher, stops the others; under `each`, rank 0
+//!   succeeding leaves the others to finish, and the allocation is held until the last
+//!   member ends.
 
 use super::*;
 use tessera_domain::alloc as g;
@@ -271,17 +273,40 @@ impl Workloads {
             let failed = members.iter().find(|m| {
                 matches!(m.w.state, WorkloadState::Failed | WorkloadState::Lost)
             });
+            // With every member running the command, rank 0 succeeding first leaves the
+            // others to finish; with `rank0`, rank 0's end is the job's.
+            let rank0_done = match launcher_of(&job.w) {
+                GangLauncher::Rank0 => !job.w.state.is_live(),
+                GangLauncher::Each => matches!(
+                    job.w.state,
+                    WorkloadState::Cancelled | WorkloadState::Stopped
+                ),
+            };
             let (end, why) = if let Some(f) = failed {
                 let how = match (f.w.exit_code, f.w.message.as_deref()) {
                     (Some(c), _) => format!("exit code {c}"),
                     (None, Some(m)) => m.to_owned(),
                     (None, None) => f.w.state.as_str().to_owned(),
                 };
-                (
-                    WorkloadState::Failed,
-                    format!("rank {} on {} failed ({how})", f.w.gang_rank, f.w.hostname),
-                )
-            } else if job.w.state == WorkloadState::Stopping || !job.w.state.is_live() {
+                let why = format!("rank {} on {} failed ({how})", f.w.gang_rank, f.w.hostname);
+                if job.w.state == WorkloadState::Succeeded && f.w.id != job.w.id {
+                    // The job is the whole gang: a rank failing after rank 0 finished
+                    // fails it.
+                    self.store
+                        .workload_step(
+                            job.w.id,
+                            WorkloadState::Succeeded.as_str(),
+                            WorkloadState::Failed.as_str(),
+                            &WorkloadChange {
+                                message: Some(why.clone()),
+                                ..WorkloadChange::default()
+                            },
+                        )
+                        .await
+                        .map_err(internal("failing a gang job"))?;
+                }
+                (WorkloadState::Failed, why)
+            } else if job.w.state == WorkloadState::Stopping || rank0_done {
                 (
                     stop_end(&job.w),
                     format!("rank 0 {}", job.w.state.as_str()),
@@ -319,6 +344,7 @@ impl Workloads {
                 addr: m.w.gang_addr.clone(),
                 exit_code: m.w.exit_code.and_then(|c| i32::try_from(c).ok()),
                 message: m.w.message.clone(),
+                ready_at: m.w.ready_at,
             })
             .collect())
     }

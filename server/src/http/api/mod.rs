@@ -130,6 +130,7 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(get_node))
         .routes(routes!(revoke_node))
         .routes(routes!(drain_node, undrain_node))
+        .routes(routes!(set_node_group))
         .routes(routes!(node_telemetry))
         .routes(routes!(set_gpu_layout))
         .routes(routes!(set_gpu_sharing))

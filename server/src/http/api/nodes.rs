@@ -92,6 +92,27 @@ pub(super) async fn drain_node(
     ok(s.nodes.drain(&p, node, &b).await)
 }
 
+/// A node's group.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NodeGroupBody {
+    /// A rack or switch name (letters, digits, `.`, `_`, `-`); null or empty clears it.
+    group: Option<String>,
+}
+
+#[utoipa::path(put, path = "/api/v1/nodes/{id}/group", tag = "nodes",
+    request_body = NodeGroupBody,
+    description = "Sets the node's group (a rack or switch; platform admins): a multi-node job \
+        stays inside one group when one can hold it.",
+    responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound, Invalid))]
+pub(super) async fn set_node_group(
+    Call(s, p): Call,
+    Path(node): Path<Uuid>,
+    JsonBody(b): JsonBody<NodeGroupBody>,
+) -> ApiResult<NodeView> {
+    ok(s.nodes.set_group(&p, node, b.group.as_deref()).await)
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub(super) struct UndrainQuery {
