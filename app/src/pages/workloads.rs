@@ -2568,15 +2568,23 @@ mod tests {
     #[test]
     fn the_ranks_table_shows_each_member_where_it_runs() {
         use tessera_domain::workload::RankView;
-        let rank = |rank: u32, host: &str, state, exit_code, message: Option<&str>| RankView {
-            rank,
-            id: uuid::Uuid::from_u128(u128::from(rank) + 1),
-            state,
-            hostname: host.to_owned(),
-            devices: vec![format!("GPU-{host}-0")],
-            addr: Some(format!("10.77.0.{}", rank + 2)),
-            exit_code,
-            message: message.map(str::to_owned),
+        // From JSON, as the server sends it (fields added later keep their defaults).
+        let rank = |rank: u32,
+                    host: &str,
+                    state: WorkloadState,
+                    exit_code: Option<i32>,
+                    message: Option<&str>| {
+            serde_json::from_value::<RankView>(serde_json::json!({
+                "rank": rank,
+                "id": uuid::Uuid::from_u128(u128::from(rank) + 1),
+                "state": state,
+                "hostname": host,
+                "devices": [format!("GPU-{host}-0")],
+                "addr": format!("10.77.0.{}", rank + 2),
+                "exit_code": exit_code,
+                "message": message,
+            }))
+            .expect("a rank view")
         };
         let table = html(ranks_table(vec![
             rank(0, "node-a", WorkloadState::Succeeded, Some(0), None),
