@@ -500,7 +500,9 @@ impl GangLauncher {
             "rank0" => Ok(GangLauncher::Rank0),
             other => Err(crate::error::AppError::invalid(
                 "launcher",
-                format!("`{other}` is not `each` (every node runs the command) or `rank0` (mpirun-style)"),
+                format!(
+                    "`{other}` is not `each` (every node runs the command) or `rank0` (mpirun-style)"
+                ),
             )),
         }
     }

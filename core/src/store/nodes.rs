@@ -32,7 +32,8 @@ const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at,
 
 impl Store {
     pub async fn insert_node(&self, r: &NodeRow) -> Result<(), StoreError> {
-        let sql = format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)");
+        let sql =
+            format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)");
         on_pool!(self, pool => sqlx::query(&sql)
             .bind(r.id).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
             .bind(r.registered_at).bind(r.last_heartbeat_at).bind(&r.agent_version)

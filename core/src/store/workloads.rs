@@ -927,12 +927,7 @@ impl Store {
 
     /// Records a member's address and its node's as its agent reported them; `true` when
     /// they changed.
-    pub async fn set_gang_addr(
-        &self,
-        id: Uuid,
-        addr: &str,
-        via: &str,
-    ) -> Result<bool, StoreError> {
+    pub async fn set_gang_addr(&self, id: Uuid, addr: &str, via: &str) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET gang_addr = $2, gang_via = $3 WHERE id = $1 \
                    AND (gang_addr IS NULL OR gang_addr <> $2 OR gang_via IS NULL OR gang_via <> $3)";
         db!(self, pool => sqlx::query(sql).bind(id).bind(addr).bind(via)

@@ -302,7 +302,11 @@ mod tests {
 
     #[test]
     fn the_launch_environment_names_the_coordinator_and_the_rank() {
-        let addrs = vec!["10.1.0.2".to_owned(), "10.2.0.6".to_owned(), "10.3.0.2".to_owned()];
+        let addrs = vec![
+            "10.1.0.2".to_owned(),
+            "10.2.0.6".to_owned(),
+            "10.3.0.2".to_owned(),
+        ];
         let env: std::collections::BTreeMap<String, String> = launch_env("job-1", 2, &addrs, 8)
             .into_iter()
             .map(|v| (v.name, v.value))

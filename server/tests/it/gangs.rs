@@ -109,20 +109,35 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         if online == 3 {
             break;
         }
-        assert!(Instant::now() < deadline, "three nodes never reported: {nodes}");
+        assert!(
+            Instant::now() < deadline,
+            "three nodes never reported: {nodes}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
     // Bad input: a 422 naming the field, and nothing queued.
     for (body, field) in [
-        (json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 0}), "nodes"),
-        (json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 65}), "nodes"),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 0}),
+            "nodes",
+        ),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 65}),
+            "nodes",
+        ),
         (
             json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2, "gpus_per_node": 2}),
             "gpus_per_node",
         ),
-        (json!({"command": "true", "gpu": "H100-80GB:share:250", "nodes": 2}), "nodes"),
-        (json!({"command": "true", "gpu": "H100-80GB:whole", "launcher": "rank0"}), "launcher"),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:share:250", "nodes": 2}),
+            "nodes",
+        ),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "launcher": "rank0"}),
+            "launcher",
+        ),
         (
             json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2, "launcher": "srun"}),
             "launcher",
@@ -132,7 +147,10 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
             "retries",
         ),
         (json!({"command": "true", "nodes": 2}), "nodes"),
-        (json!({"command": "true", "gpu": "H100-80GB:whole", "nodez": 2}), "nodez"),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "nodez": 2}),
+            "nodez",
+        ),
     ] {
         let (s, v) = post_job(app, &t.member, body.clone()).await;
         assert_eq!(s, 422, "{body}: {v}");
@@ -164,33 +182,54 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     let (s, alloc) = a
         .call(
             Method::GET,
-            &format!("/api/v1/allocations/{}", job["allocation_id"].as_str().expect("alloc")),
+            &format!(
+                "/api/v1/allocations/{}",
+                job["allocation_id"].as_str().expect("alloc")
+            ),
             None,
         )
         .await;
     assert_eq!(s, 200, "{alloc}");
-    assert_eq!((&alloc["count"], &alloc["nodes"]), (&json!(2), &json!(2)), "{alloc}");
+    assert_eq!(
+        (&alloc["count"], &alloc["nodes"]),
+        (&json!(2), &json!(2)),
+        "{alloc}"
+    );
     let done = wait_workload(app, &t.member, &id, "succeeded", 180).await;
     let ranks = done["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), 2, "{done}");
-    let hosts: std::collections::BTreeSet<&str> =
-        ranks.iter().filter_map(|r| r["hostname"].as_str()).collect();
+    let hosts: std::collections::BTreeSet<&str> = ranks
+        .iter()
+        .filter_map(|r| r["hostname"].as_str())
+        .collect();
     assert_eq!(hosts.len(), 2, "two distinct nodes: {done}");
     let addrs: Vec<&str> = ranks.iter().filter_map(|r| r["addr"].as_str()).collect();
     assert_eq!(addrs.len(), 2, "{done}");
     for (r, addr) in ranks.iter().zip(&addrs) {
         assert_eq!(r["state"], "succeeded", "{done}");
-        assert!(addr.starts_with(&format!("10.{net}.")), "a member's own address: {done}");
+        assert!(
+            addr.starts_with(&format!("10.{net}.")),
+            "a member's own address: {done}"
+        );
     }
     assert_eq!(ranks[0]["id"], done["id"], "rank 0 is the job itself");
     let (s, zero) = log(app, &t.member, &id, 0).await;
     assert_eq!(s, 200);
     assert!(zero.contains("rank=0 world=2 node_rank=0"), "{zero}");
-    assert!(zero.contains(&format!("master={}:29500", addrs[0])), "{zero}");
-    assert!(zero.contains(&format!("jax={}:29501/2/0", addrs[0])), "{zero}");
+    assert!(
+        zero.contains(&format!("master={}:29500", addrs[0])),
+        "{zero}"
+    );
+    assert!(
+        zero.contains(&format!("jax={}:29501/2/0", addrs[0])),
+        "{zero}"
+    );
     assert!(zero.contains("rank0 heard: hello from rank 1"), "{zero}");
     for addr in &addrs {
-        assert!(zero.contains(&format!("{addr} slots=1")), "hostfile: {zero}");
+        assert!(
+            zero.contains(&format!("{addr} slots=1")),
+            "hostfile: {zero}"
+        );
     }
     let (s, one) = log(app, &t.member, &id, 1).await;
     assert_eq!(s, 200);
@@ -202,7 +241,14 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     let (s, _) = log(app, &t.member, &id, 2).await;
     assert_eq!(s, 422, "no rank 2");
     // Listed once.
-    let (_, list) = call_with_token(app, &t.member, Method::GET, "/api/v1/workloads?kind=job", None).await;
+    let (_, list) = call_with_token(
+        app,
+        &t.member,
+        Method::GET,
+        "/api/v1/workloads?kind=job",
+        None,
+    )
+    .await;
     let listed = list["items"].as_array().expect("items");
     assert_eq!(listed.len(), 1, "the gang is one job: {list}");
     wait_until_used(&a, &t.id, 0).await;
@@ -219,7 +265,10 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     let id = job["id"].as_str().expect("id").to_owned();
     let failed = wait_workload(app, &t.member, &id, "failed", 180).await;
     let message = failed["message"].as_str().unwrap_or_default();
-    assert!(message.contains("rank 1") && message.contains("exit code 3"), "{failed}");
+    assert!(
+        message.contains("rank 1") && message.contains("exit code 3"),
+        "{failed}"
+    );
     for r in failed["ranks"].as_array().expect("ranks") {
         assert!(
             ["failed", "cancelled"].contains(&r["state"].as_str().unwrap_or_default()),
@@ -242,15 +291,22 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     for (i, group) in [(1, "rack-a"), (2, "rack-b"), (3, "rack-a")] {
         let id = node_id(format!("{name}-n{i}"));
         let path = format!("/api/v1/nodes/{id}/group");
-        let (s, v) =
-            call_with_token(app, &t.team_admin, Method::PUT, &path, Some(json!({"group": group})))
-                .await;
+        let (s, v) = call_with_token(
+            app,
+            &t.team_admin,
+            Method::PUT,
+            &path,
+            Some(json!({"group": group})),
+        )
+        .await;
         assert_eq!(s, 403, "a team admin does not set racks: {v}");
         let (s, v) = a
             .call(Method::PUT, &path, Some(json!({"group": "rack a!"})))
             .await;
         assert_eq!((s, &v["error"]["field"]), (422, &json!("group")), "{v}");
-        let (s, v) = a.call(Method::PUT, &path, Some(json!({"group": group}))).await;
+        let (s, v) = a
+            .call(Method::PUT, &path, Some(json!({"group": group})))
+            .await;
         assert_eq!((s, &v["group"]), (200, &json!(group)), "{v}");
     }
     let (s, job) = post_job(
@@ -260,20 +316,32 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     )
     .await;
     assert_eq!(s, 201, "{job}");
-    let done = wait_workload(app, &t.member, job["id"].as_str().expect("id"), "succeeded", 180).await;
+    let done = wait_workload(
+        app,
+        &t.member,
+        job["id"].as_str().expect("id"),
+        "succeeded",
+        180,
+    )
+    .await;
     let hosts: std::collections::BTreeSet<String> = done["ranks"]
         .as_array()
         .expect("ranks")
         .iter()
         .filter_map(|r| r["hostname"].as_str().map(str::to_owned))
         .collect();
-    let rack: std::collections::BTreeSet<String> =
-        [format!("{name}-n1"), format!("{name}-n3")].into_iter().collect();
+    let rack: std::collections::BTreeSet<String> = [format!("{name}-n1"), format!("{name}-n3")]
+        .into_iter()
+        .collect();
     assert_eq!(hosts, rack, "the gang stayed in rack-a: {done}");
     for i in 1..=3 {
         let id = node_id(format!("{name}-n{i}"));
         let (s, _) = a
-            .call(Method::PUT, &format!("/api/v1/nodes/{id}/group"), Some(json!({"group": null})))
+            .call(
+                Method::PUT,
+                &format!("/api/v1/nodes/{id}/group"),
+                Some(json!({"group": null})),
+            )
             .await;
         assert_eq!(s, 200);
     }
@@ -298,18 +366,28 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         let a0 = get(app, &t.member, &pair[0]).await;
         let a1 = get(app, &t.member, &pair[1]).await;
         let running = |v: &Value| v["state"] == "running";
-        assert!(!(running(&a0) && running(&a1)), "both gangs ran at once: {a0}\n{a1}");
+        assert!(
+            !(running(&a0) && running(&a1)),
+            "both gangs ran at once: {a0}\n{a1}"
+        );
         for (v, other) in [(&a0, &a1), (&a1, &a0)] {
             if running(v) && other["state"] == "queued" {
                 saw_one_running = true;
                 let (_, alloc) = a
                     .call(
                         Method::GET,
-                        &format!("/api/v1/allocations/{}", other["allocation_id"].as_str().unwrap_or("")),
+                        &format!(
+                            "/api/v1/allocations/{}",
+                            other["allocation_id"].as_str().unwrap_or("")
+                        ),
                         None,
                     )
                     .await;
-                assert_eq!(alloc["devices"], json!([]), "the waiting gang holds nothing: {alloc}");
+                assert_eq!(
+                    alloc["devices"],
+                    json!([]),
+                    "the waiting gang holds nothing: {alloc}"
+                );
                 let why = other["waiting"].as_str().unwrap_or_default();
                 if why.contains("2 nodes") {
                     saw_reason = true;
@@ -319,19 +397,29 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         if a0["state"] == "succeeded" && a1["state"] == "succeeded" {
             break;
         }
-        assert!(Instant::now() < deadline, "the gangs never both finished: {a0}\n{a1}");
+        assert!(
+            Instant::now() < deadline,
+            "the gangs never both finished: {a0}\n{a1}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(saw_one_running, "one gang ran while the other waited");
     // Capacity freed → every rank of the waiting gang running (this machine, both stores
     // at once: a figure for docs/benchmarks.md, not a bound).
-    let (a0, a1) = (get(app, &t.member, &pair[0]).await, get(app, &t.member, &pair[1]).await);
+    let (a0, a1) = (
+        get(app, &t.member, &pair[0]).await,
+        get(app, &t.member, &pair[1]).await,
+    );
     let time = |v: &Value| {
         v.as_str()
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.with_timezone(&chrono::Utc))
     };
-    let (first, second) = if time(&a0["ready_at"]) <= time(&a1["ready_at"]) { (&a0, &a1) } else { (&a1, &a0) };
+    let (first, second) = if time(&a0["ready_at"]) <= time(&a1["ready_at"]) {
+        (&a0, &a1)
+    } else {
+        (&a1, &a0)
+    };
     let freed = time(&first["ended_at"]).expect("the first gang ended");
     let all_running = second["ranks"]
         .as_array()
@@ -360,7 +448,10 @@ async fn wait_until_used(a: &AdminClient, team: &str, want: u64) {
         if n == want {
             return;
         }
-        assert!(Instant::now() < deadline, "quota used stayed {n}, not {want}");
+        assert!(
+            Instant::now() < deadline,
+            "quota used stayed {n}, not {want}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }

@@ -638,7 +638,14 @@ async fn on_the_server_host(lab: &Lab) {
 
     // A gang across the two hosts: MPI through tessera-rsh, then JAX's distributed
     // runtime. The slices and the notebook go first.
-    let (s, v) = call(&c, &member, Method::POST, &format!("/api/v1/workloads/{id}/stop"), None).await;
+    let (s, v) = call(
+        &c,
+        &member,
+        Method::POST,
+        &format!("/api/v1/workloads/{id}/stop"),
+        None,
+    )
+    .await;
     assert_eq!(s, 200, "{v}");
     for alloc in on_node.values() {
         let (s, v) = call(
@@ -667,7 +674,12 @@ fn gang_read_only() -> String {
         .to_path_buf();
     let mut paths: Vec<String> = std::env::var("TESSERA_AGENT_SANDBOX_RO")
         .ok()
-        .map(|v| v.split(',').filter(|p| !p.is_empty()).map(str::to_owned).collect())
+        .map(|v| {
+            v.split(',')
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     paths.push(repo.join("e2e/gang").display().to_string());
     if let Some(venv) = jax_venv() {
@@ -710,7 +722,14 @@ async fn gang_job(
     .await;
     assert_eq!(s, 201, "{job}");
     let id = job["id"].as_str().expect("id").to_owned();
-    let done = settled(c, member, &id, &["succeeded", "failed", "lost", "cancelled"], 300).await;
+    let done = settled(
+        c,
+        member,
+        &id,
+        &["succeeded", "failed", "lost", "cancelled"],
+        300,
+    )
+    .await;
     if done["state"] != "succeeded" {
         let mut logs = String::new();
         for rank in 0..2 {
@@ -722,7 +741,10 @@ async fn gang_job(
                 None,
             )
             .await;
-            logs.push_str(&format!("--- rank {rank}\n{}\n", log["text"].as_str().unwrap_or("")));
+            logs.push_str(&format!(
+                "--- rank {rank}\n{}\n",
+                log["text"].as_str().unwrap_or("")
+            ));
         }
         panic!("the {name} gang did not succeed: {done}\n{logs}");
     }
@@ -745,12 +767,24 @@ async fn gang_log(c: &reqwest::Client, member: &str, id: &str, rank: u32) -> Str
 async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team: &str) {
     // Both slices are given back before the gang asks for the same capacity.
     wait_until("the slices were never given back", 120, || async {
-        let (_, q) = call(c, admin, Method::GET, &format!("/api/v1/teams/{team}/quotas"), None).await;
-        let used = q.as_array().and_then(|q| q.first()).and_then(|q| q["used"].as_u64());
+        let (_, q) = call(
+            c,
+            admin,
+            Method::GET,
+            &format!("/api/v1/teams/{team}/quotas"),
+            None,
+        )
+        .await;
+        let used = q
+            .as_array()
+            .and_then(|q| q.first())
+            .and_then(|q| q["used"].as_u64());
         (used == Some(0), q)
     })
     .await;
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repository");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repository");
     let scripts = repo.join("e2e/gang");
 
     // MPI: rank 0 runs mpirun; Open MPI starts rank 1's daemon on the other host through
@@ -774,10 +808,15 @@ async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team:
         .map(|r| r["addr"].as_str().expect("addr").to_owned())
         .collect();
     for addr in &addrs {
-        assert!(addr.starts_with("10.213."), "a member's own address: {done}");
+        assert!(
+            addr.starts_with("10.213."),
+            "a member's own address: {done}"
+        );
     }
-    let hosts: std::collections::BTreeSet<&str> =
-        ranks.iter().filter_map(|r| r["hostname"].as_str()).collect();
+    let hosts: std::collections::BTreeSet<&str> = ranks
+        .iter()
+        .filter_map(|r| r["hostname"].as_str())
+        .collect();
     assert_eq!(hosts.len(), 2, "one member on each host: {done}");
     let id = done["id"].as_str().expect("id");
     let log = gang_log(c, member, id, 0).await;
@@ -791,12 +830,18 @@ async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team:
         .filter_map(|r| r["ip"].as_str().map(str::to_owned))
         .collect();
     let want: std::collections::BTreeSet<String> = addrs.iter().cloned().collect();
-    assert_eq!(seen, want, "each MPI rank ran in its own member, on its own host: {out}");
+    assert_eq!(
+        seen, want,
+        "each MPI rank ran in its own member, on its own host: {out}"
+    );
     // Each in its sandbox: the team's uid (not root), and its own member's slice.
     let mpi_ranks = out["ranks"].as_array().expect("ranks");
     for r in mpi_ranks {
         let uid = r["uid"].as_u64().expect("uid");
-        assert!(uid != 0 && uid == mpi_ranks[0]["uid"].as_u64().unwrap_or(0), "{out}");
+        assert!(
+            uid != 0 && uid == mpi_ranks[0]["uid"].as_u64().unwrap_or(0),
+            "{out}"
+        );
         let member_devices = ranks
             .iter()
             .find(|m| m["addr"] == r["ip"])
@@ -840,7 +885,8 @@ async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team:
         .collect();
     for rank in 0..2u32 {
         let log = gang_log(c, member, id, rank).await;
-        let out = json_line(&log, "process_count").unwrap_or_else(|| panic!("no JAX result: {log}"));
+        let out =
+            json_line(&log, "process_count").unwrap_or_else(|| panic!("no JAX result: {log}"));
         assert_eq!(out["process_count"], 2, "{out}");
         assert_eq!(out["process_id"], rank, "{out}");
         assert_eq!(out["sum"], 30, "{out}");
@@ -850,7 +896,10 @@ async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team:
             .iter()
             .filter_map(|r| r["ip"].as_str().map(str::to_owned))
             .collect();
-        assert_eq!(seen, addrs, "both processes joined, each from its member: {out}");
+        assert_eq!(
+            seen, addrs,
+            "both processes joined, each from its member: {out}"
+        );
     }
 }
 

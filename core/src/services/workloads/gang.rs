@@ -129,7 +129,9 @@ impl Workloads {
                         .iter()
                         .map(|g| tessera_domain::planner::Gpu {
                             index: g.index,
-                            model: catalog.get(&g.name).map_or(g.name.clone(), |m| m.name().to_owned()),
+                            model: catalog
+                                .get(&g.name)
+                                .map_or(g.name.clone(), |m| m.name().to_owned()),
                             mode: tessera_domain::planner::GpuMode::Whole,
                             reconfigurable: false,
                             instances: Vec::new(),
@@ -270,9 +272,9 @@ impl Workloads {
             if members.len() < 2 {
                 continue;
             }
-            let failed = members.iter().find(|m| {
-                matches!(m.w.state, WorkloadState::Failed | WorkloadState::Lost)
-            });
+            let failed = members
+                .iter()
+                .find(|m| matches!(m.w.state, WorkloadState::Failed | WorkloadState::Lost));
             // With every member running the command, rank 0 succeeding first leaves the
             // others to finish; with `rank0`, rank 0's end is the job's.
             let rank0_done = match launcher_of(&job.w) {
@@ -307,10 +309,7 @@ impl Workloads {
                 }
                 (WorkloadState::Failed, why)
             } else if job.w.state == WorkloadState::Stopping || rank0_done {
-                (
-                    stop_end(&job.w),
-                    format!("rank 0 {}", job.w.state.as_str()),
-                )
+                (stop_end(&job.w), format!("rank 0 {}", job.w.state.as_str()))
             } else {
                 continue;
             };

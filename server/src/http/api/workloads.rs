@@ -83,7 +83,10 @@ impl OwnGpu {
                 ("gpus_per_node", self.gpus_per_node.is_some()),
             ] {
                 if set {
-                    return Err(AppError::invalid(field, "needs `gpu` (the kind each node gets)"));
+                    return Err(AppError::invalid(
+                        field,
+                        "needs `gpu` (the kind each node gets)",
+                    ));
                 }
             }
             return Ok(None);
