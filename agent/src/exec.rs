@@ -620,4 +620,96 @@ mod tests {
         assert!(p.get("consoleSize").is_none());
         assert!(exec_process(&serde_json::json!({}), &["x".into()], false).is_none());
     }
+
+    /// The server's end of a session with `target`: what came back as (stdout, stderr,
+    /// exit code), after `input` frames were sent.
+    async fn session(
+        target: Target,
+        argv: &[&str],
+        tty: bool,
+        input: Vec<Vec<u8>>,
+    ) -> (String, String, Option<i32>) {
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let req = ExecRequest {
+            session: "test".into(),
+            secret: String::new(),
+            workload_id: "w".into(),
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            tty,
+        };
+        let agent = tokio::spawn(serve(Box::new(theirs), Ok(target), req));
+        let mut ws = WebSocketStream::from_raw_socket(ours, Role::Server, None).await;
+        for f in input {
+            ws.send(Message::Binary(f.into())).await.unwrap();
+        }
+        let (mut out, mut err, mut code) = (String::new(), String::new(), None);
+        let read = async {
+            while let Some(Ok(m)) = ws.next().await {
+                let Message::Binary(b) = m else { continue };
+                match exec_frame::decode(&b) {
+                    Some((exec_frame::Channel::Stdout, d)) => {
+                        out.push_str(&String::from_utf8_lossy(d))
+                    }
+                    Some((exec_frame::Channel::Stderr, d)) => {
+                        err.push_str(&String::from_utf8_lossy(d))
+                    }
+                    Some((exec_frame::Channel::Exit, d)) => {
+                        code = serde_json::from_slice::<exec_frame::Exit>(d)
+                            .ok()
+                            .map(|e| e.code);
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .unwrap();
+        agent.await.unwrap();
+        (out, err, code)
+    }
+
+    /// Beside a workload without the sandbox (here: this test process), a command gets
+    /// its environment and working folder, its input, and a terminal when asked.
+    #[tokio::test]
+    async fn beside_an_unsandboxed_workload() {
+        let me = Target::Process {
+            pid: std::process::id(),
+        };
+        let cwd = std::env::current_dir().unwrap();
+        let (out, err, code) = session(
+            me.clone(),
+            &["sh", "-c", "pwd; cat; echo oops >&2; exit 4"],
+            false,
+            vec![
+                exec_frame::encode(exec_frame::Channel::Stdin, b"fed\n"),
+                exec_frame::encode(exec_frame::Channel::Stdin, b""),
+            ],
+        )
+        .await;
+        assert_eq!(out, format!("{}\nfed\n", cwd.display()));
+        assert_eq!(err, "oops\n");
+        assert_eq!(code, Some(4));
+
+        let (out, _, code) = session(
+            me.clone(),
+            &["sh"],
+            true,
+            vec![
+                exec_frame::resize(91, 27),
+                exec_frame::encode(
+                    exec_frame::Channel::Stdin,
+                    b"stty size; tty >/dev/null && echo is-$((20+3)); exit 9\n",
+                ),
+            ],
+        )
+        .await;
+        assert!(out.contains("27 91"), "{out}");
+        assert!(out.contains("is-23"), "{out}");
+        assert_eq!(code, Some(9));
+
+        let (_, err, code) = session(me, &["/no/such/program"], false, vec![]).await;
+        assert_eq!(code, Some(NOT_STARTED));
+        assert!(err.contains("cannot run `/no/such/program`"), "{err}");
+    }
 }
