@@ -134,6 +134,7 @@ impl Bench {
                 inventory: serde_json::to_string(&Inventory { gpus, driver: None })?,
                 revoked_at: None,
                 inventory_version: 0,
+                node_group: None,
             })
             .await?;
         Ok(id)
