@@ -250,6 +250,12 @@ test -x {RSH_MOUNT} && echo rsh=executable
 grep " {RSH_MOUNT} " /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/rsh_mount=/'
 (echo x > {RSH_MOUNT}) 2>/dev/null && echo rsh=writable
 ip=$(/usr/bin/python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("192.0.2.1", 9)); print(s.getsockname()[0])')
+echo "hostname=$(hostname)"
+getent hosts rank-0 | awk '{{print "rank0=" $1}}'
+getent hosts rank-1 | awk '{{print "rank1=" $1}}'
+/usr/bin/python3 -c 'import socket; n = socket.gethostname(); print("py", n, socket.gethostbyname(n))'
+grep " /etc/hosts " /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/hosts_mount=/'
+(echo x >> /etc/hosts) 2>/dev/null && echo hosts=writable
 echo "own=$ip"
 while [ ! -e "$TESSERA_WORKSPACE/go-m0" ]; do sleep 0.1; done
 "#
@@ -307,6 +313,14 @@ while [ ! -e "$TESSERA_WORKSPACE/go-m0" ]; do sleep 0.1; done
     assert!(log.contains("rsh_mount=ro\n"), "{log}");
     assert!(!log.contains("rsh=writable"), "{log}");
     assert!(log.contains(&format!("own={addr}\n")), "{log}");
+    // Its host name is its rank's and resolves to its own gang address (and the peer's
+    // to the peer's), through an /etc/hosts it cannot change.
+    assert!(log.contains("hostname=rank-0\n"), "{log}");
+    assert!(log.contains(&format!("rank0={addr}\n")), "{log}");
+    assert!(log.contains("rank1=10.222.0.2\n"), "{log}");
+    assert!(log.contains(&format!("py rank-0 {addr}\n")), "{log}");
+    assert!(log.contains("hosts_mount=ro\n"), "{log}");
+    assert!(!log.contains("hosts=writable"), "{log}");
     // The node routes to the remote peer through its node, and its table names it.
     let route = out(&["ip", "route", "show", "10.222.0.2/32"]);
     assert!(route.contains(&format!("via {OTHER_NODE}")), "{route}");
@@ -542,6 +556,7 @@ while [ ! -e "$TESSERA_WORKSPACE/done-$NAME" ]; do sleep 0.1; done
 
 /// Connects from a non-member to `A` and `B` (port 7000): the answers or errors.
 const OUTSIDER: &str = r#"
+echo "outsider_host=$(hostname)"
 /usr/bin/python3 - "$A" "$B" <<'PY'
 import socket, sys
 for name, host in (("a", sys.argv[1]), ("b", sys.argv[2])):
@@ -615,6 +630,8 @@ async fn own_netns_members_of_two_agents_reach_each_other_and_an_outsider_neithe
     assert_eq!(r.exit_code, Some(0), "{log}");
     assert!(log.contains("a: x: No route to host"), "{log}");
     assert!(log.contains("b: x: timed out"), "{log}");
+    // Not a member: the sandbox's usual host name.
+    assert!(log.contains("outsider_host=tessera\n"), "{log}");
     // The members still answer each other (the refusals were the outsider's).
     assert!(!log.contains("saw"), "{log}");
 
@@ -737,7 +754,9 @@ async fn gang_member_in_an_image_is_pulled_prepared_then_runs_with_the_remote_ag
         "echo ran > /workspace/ran-img; cat \"$TESSERA_HOSTFILE\"; \
          test -x {RSH_MOUNT} && echo rsh=executable; \
          grep \" {RSH_MOUNT} \" /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/rsh_mount=/'; \
-         echo \"agent=$OMPI_MCA_plm_rsh_agent\""
+         echo \"agent=$OMPI_MCA_plm_rsh_agent\"; \
+         read h < /proc/sys/kernel/hostname; echo \"hostname=$h\"; \
+         test -e /etc/hosts || echo hosts=none"
     );
     let m = WorkloadSpec {
         image: Some(ImageSpec {
@@ -782,5 +801,8 @@ async fn gang_member_in_an_image_is_pulled_prepared_then_runs_with_the_remote_ag
     assert!(log.contains("rsh=executable\n"), "{log}");
     assert!(log.contains("rsh_mount=ro\n"), "{log}");
     assert!(log.contains(&format!("agent={RSH_MOUNT}\n")), "{log}");
+    // Its rank's host name; this image has no /etc/hosts, and none is made in it.
+    assert!(log.contains("hostname=rank-0\n"), "{log}");
+    assert!(log.contains("hosts=none\n"), "{log}");
     ex.apply(&sync(&[]));
 }
