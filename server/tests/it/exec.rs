@@ -282,6 +282,30 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
     assert_eq!(st, 422, "{body}");
     assert!(body.contains("command"), "{body}");
 
+    // A browser session works from the portal's own pages only: another site's page
+    // cannot ride the cookie into a shell.
+    let cookie =
+        crate::support::login(app, &format!("{name}-member"), crate::allocations::PW).await;
+    let cookie_exec = |origin: &'static str| {
+        let url = app.url(&format!("/api/v1/workloads/{job}/exec?command=true"));
+        let cookie = cookie.clone();
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .header("cookie", cookie)
+                .header("origin", origin)
+                .header("connection", "upgrade")
+                .header("upgrade", "websocket")
+                .header("sec-websocket-version", "13")
+                .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+                .send()
+                .await
+                .expect("request")
+                .status()
+        }
+    };
+    assert_eq!(cookie_exec("https://evil.example").await, 403);
+
     // Audited with the command, never its input or output.
     let (st, audit) = a
         .call(Method::GET, "/api/v1/audit?action=workload.exec", None)
