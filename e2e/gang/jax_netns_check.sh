@@ -31,7 +31,7 @@ pids=()
 for i in 0 1; do
     ns=$a; [ $i = 1 ] && ns=$b
     JAX_PROCESS_ID=$i RANK=$i NODE_RANK=$i timeout 120 ip netns exec "$ns" "${runas[@]}" \
-        "$python" "$here/jax_allreduce.py" >"$work/out$i" 2>"$work/err$i" &
+        env TESSERA_JAX_GLOO_BIND_IP=1 "$python" "$here/jax_allreduce.py" >"$work/out$i" 2>"$work/err$i" &
     pids+=($!)
 done
 rc=0

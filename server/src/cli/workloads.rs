@@ -48,18 +48,8 @@ pub enum JobCommand {
         /// `tessera image list`) instead of the node's environment.
         #[arg(long)]
         image: Option<String>,
-        /// Run on this many nodes at once (a gang, placed all together or not at all),
-        /// each with `--gpus-per-node` of `--gpu`:
-        /// `tessera job submit --gpu H100-80GB --nodes 2 --gpus-per-node 8 -- torchrun train.py`.
-        #[arg(long, requires = "gpu", conflicts_with = "array")]
-        nodes: Option<u32>,
-        /// With `--nodes`: how many of `--gpu` each node gets (default `--count`).
-        #[arg(long = "gpus-per-node", requires = "nodes")]
-        gpus_per_node: Option<u32>,
-        /// With `--nodes`: `each` (every node runs the command; torchrun, JAX) or `rank0`
-        /// (only rank 0 runs it: `mpirun --hostfile $TESSERA_HOSTFILE …`).
-        #[arg(long, requires = "nodes")]
-        launcher: Option<String>,
+        #[command(flatten)]
+        gang: Box<GangArgs>,
     },
     /// Prints a job's output.
     Logs {
@@ -111,6 +101,23 @@ pub struct ListArgs {
     limit: u32,
     #[arg(long, default_value_t = 0)]
     offset: u32,
+}
+
+/// A job on several nodes at once.
+#[derive(Debug, Clone, Args)]
+pub struct GangArgs {
+    /// Run on this many nodes at once (a gang, placed all together or not at all),
+    /// each with `--gpus-per-node` of `--gpu`:
+    /// `tessera job submit --gpu H100-80GB --nodes 2 --gpus-per-node 8 -- torchrun train.py`.
+    #[arg(long, requires = "gpu", conflicts_with = "array")]
+    nodes: Option<u32>,
+    /// With `--nodes`: how many of `--gpu` each node gets (default `--count`).
+    #[arg(long = "gpus-per-node", requires = "nodes")]
+    gpus_per_node: Option<u32>,
+    /// With `--nodes`: `each` (every node runs the command; torchrun, JAX) or `rank0`
+    /// (only rank 0 runs it: `mpirun --hostfile $TESSERA_HOSTFILE …`).
+    #[arg(long, requires = "nodes")]
+    launcher: Option<String>,
 }
 
 /// A GPU request of the workload's own.
@@ -333,10 +340,13 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
             follow,
             array,
             image,
-            nodes,
-            gpus_per_node,
-            launcher,
+            gang,
         } => {
+            let GangArgs {
+                nodes,
+                gpus_per_node,
+                launcher,
+            } = *gang;
             let command = command.unwrap_or_else(|| shell_join(&args));
             let mut body = json!({"allocation_id": allocation, "command": command, "name": name,
                 "workdir": workdir, "env": env_map(&env)?, "retries": retries, "image": image});

@@ -195,7 +195,9 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         (&json!(2), &json!(2)),
         "{alloc}"
     );
-    let done = wait_workload(app, &t.member, &id, "succeeded", 180).await;
+    wait_workload(app, &t.member, &id, "succeeded", 180).await;
+    // Under `each`, rank 0 may finish first; the others finish on their own.
+    let done = ranks_ended(app, &t.member, &id).await;
     let ranks = done["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), 2, "{done}");
     let hosts: std::collections::BTreeSet<&str> = ranks
@@ -263,7 +265,8 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     .await;
     assert_eq!(s, 201, "{job}");
     let id = job["id"].as_str().expect("id").to_owned();
-    let failed = wait_workload(app, &t.member, &id, "failed", 180).await;
+    wait_workload(app, &t.member, &id, "failed", 180).await;
+    let failed = ranks_ended(app, &t.member, &id).await;
     let message = failed["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("rank 1") && message.contains("exit code 3"),
@@ -275,6 +278,48 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
             "every rank ended: {failed}"
         );
     }
+    wait_until_used(&a, &t.id, 0).await;
+
+    // From the terminal: `--nodes`, `--gpus-per-node`, and a member's log with `--rank`.
+    let tessera = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(args)
+            .env("TESSERA_URL", &app.base)
+            .env("TESSERA_TOKEN", &t.member)
+            .output()
+            .expect("run tessera");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{args:?}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let id = tessera(&[
+        "job",
+        "submit",
+        "--gpu",
+        "H100-80GB:whole",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--name",
+        "from-cli",
+        "--",
+        "sh",
+        "-c",
+        "echo from-rank-$RANK-of-$WORLD_SIZE",
+    ])
+    .trim()
+    .to_owned();
+    wait_workload(app, &t.member, &id, "succeeded", 180).await;
+    ranks_ended(app, &t.member, &id).await;
+    let one = tessera(&["job", "logs", &id, "--rank", "1"]);
+    assert!(one.contains("from-rank-1-of-2"), "{one}");
+    let zero = tessera(&["job", "logs", &id]);
+    assert!(zero.contains("from-rank-0-of-2"), "{zero}");
     wait_until_used(&a, &t.id, 0).await;
 
     // Node groups (racks): nodes 1 and 3 share a rack, node 2 is alone; a 2-node gang stays
@@ -316,14 +361,9 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     )
     .await;
     assert_eq!(s, 201, "{job}");
-    let done = wait_workload(
-        app,
-        &t.member,
-        job["id"].as_str().expect("id"),
-        "succeeded",
-        180,
-    )
-    .await;
+    let rack_job = job["id"].as_str().expect("id");
+    wait_workload(app, &t.member, rack_job, "succeeded", 180).await;
+    let done = ranks_ended(app, &t.member, rack_job).await;
     let hosts: std::collections::BTreeSet<String> = done["ranks"]
         .as_array()
         .expect("ranks")
@@ -437,6 +477,25 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
 
     for agent in agents {
         agent.stop().await;
+    }
+}
+
+/// The job `id` once every one of its ranks has ended (within three minutes).
+async fn ranks_ended(app: &TestApp, token: &str, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let v = get(app, token, id).await;
+        let live = ["queued", "pending", "starting", "running", "stopping"];
+        let ended = v["ranks"].as_array().is_some_and(|r| {
+            !r.is_empty()
+                && r.iter()
+                    .all(|r| !live.contains(&r["state"].as_str().unwrap_or("running")))
+        });
+        if ended {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "the ranks never all ended: {v}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
