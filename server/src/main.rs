@@ -51,9 +51,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Image { remote, command } => {
             exit_with(tessera_server::cli::image(&remote, command).await)
         }
-        Command::Exec { remote, args } => {
-            exit_with(tessera_server::cli::exec(&remote, args).await)
-        }
+        Command::Exec { remote, args } => exit_with(tessera_server::cli::exec(&remote, args).await),
         Command::Booking { remote, command } => {
             exit_with(tessera_server::cli::booking(&remote, command).await)
         }
