@@ -202,8 +202,15 @@ impl Allocations {
                     return Some(format!("GPU {} vanished from {}", d.gpu_uuid, d.hostname));
                 };
                 // An active MIG slice whose instance is gone (destroyed outside Tessera, or
-                // lost in a GPU reset) is over: say so rather than bill and show it.
+                // lost in a GPU reset) is over: say so rather than bill and show it. Judged
+                // only on an inventory the node sent after the slice became active (an
+                // apply status can activate it before the next heartbeat lists it).
+                let inventory_since_active = node
+                    .last_heartbeat_at
+                    .zip(a.active_at)
+                    .is_some_and(|(seen, active)| seen > active + Duration::seconds(1));
                 if state == AllocState::Active
+                    && inventory_since_active
                     && let (Some(mig), Some(profile), Some(start)) =
                         (&d.mig_uuid, &d.profile, d.start)
                     && !mig_instance_present(gpu, mig, profile, start)
