@@ -239,3 +239,45 @@ pub fn run_config() -> RunConfig {
         stop_workloads_on_exit: false,
     }
 }
+
+/// `ex`'s reports every 50 ms until `done` holds for the report of `id` (at most `wait`).
+pub async fn report_until(
+    ex: &mut tessera_agent::workloads::LocalExecutor,
+    id: &str,
+    what: &str,
+    wait: std::time::Duration,
+    done: impl Fn(&tessera_domain::wire::WorkloadReport) -> bool,
+) -> tessera_domain::wire::WorkloadReport {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let reports = ex.reports().await;
+        if let Some(r) = reports.iter().find(|r| r.id == id)
+            && done(r)
+        {
+            return r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {id} to be {what}: {reports:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The text of `path` once it exists and ends with a line break (at most `wait`).
+pub async fn whole_file(path: &std::path::Path, wait: std::time::Duration) -> String {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -51,37 +51,11 @@ async fn until(
     what: &str,
     done: impl Fn(&WorkloadReport) -> bool,
 ) -> WorkloadReport {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let reports = ex.reports().await;
-        if let Some(r) = reports.iter().find(|r| r.id == id)
-            && done(r)
-        {
-            return r.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {id} to be {what}: {reports:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::report_until(ex, id, what, WAIT, done).await
 }
 
 async fn wait_for_file(path: &Path) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::whole_file(path, WAIT).await
 }
 
 /// Whether a process exists and has not exited (a zombie waiting for its parent,
