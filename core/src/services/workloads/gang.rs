@@ -114,16 +114,14 @@ impl Workloads {
         else {
             return Ok(());
         };
-        let nodes = self
-            .store
-            .active_nodes()
-            .await
-            .map_err(internal("loading nodes"))?;
+        // The parsed inventories the scheduler pass keeps (parsed once per version).
+        let (nodes, inventories) =
+            crate::services::active_nodes_with_inventories(&self.store).await?;
         let cluster = tessera_domain::planner::Cluster {
             nodes: nodes
                 .iter()
-                .map(|n| {
-                    let inv = crate::services::parsed_inventory(n.id, &n.inventory);
+                .filter_map(|n| Some((n, inventories.get(&n.id)?)))
+                .map(|(n, inv)| {
                     let gpus = inv
                         .gpus
                         .iter()
