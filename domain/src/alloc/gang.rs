@@ -162,6 +162,36 @@ pub fn launch_env(job: &str, rank: u32, addrs: &[String], gpus: u32) -> Vec<EnvV
     .collect()
 }
 
+/// The variables of [`launch_env`] that differ between a gang's members (all say the
+/// member's rank); every other one is the same for all. An executor that starts every
+/// member from one template (a Kubernetes Indexed Job) fills these from the member's
+/// index.
+pub const RANK_VARS: [&str; 5] = [
+    "RANK",
+    "NODE_RANK",
+    "PET_NODE_RANK",
+    "JAX_PROCESS_ID",
+    "TESSERA_GANG_RANK",
+];
+
+/// Whether `addr` may be a gang member's address: an IP address, or (from the server's
+/// own Kubernetes executor only: a cluster DNS name is stable before the pod exists) a
+/// DNS name of lowercase labels.
+pub fn gang_addr_ok(addr: &str, dns_allowed: bool) -> bool {
+    if addr.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    dns_allowed
+        && addr.len() <= 253
+        && addr.split('.').all(|l| {
+            (1..=63).contains(&l.len())
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
 /// The most of `kind` one node of `cluster` holds: GPUs of the model for whole GPUs;
 /// for a MIG profile, GPUs of the model times the instances of the profile one GPU can
 /// hold. 0 when no node has the model.
@@ -241,6 +271,42 @@ mod tests {
         match r {
             Err(AppError::Invalid { field, .. }) => field,
             other => panic!("expected a 422, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_the_rank_variables_differ_between_members() {
+        let addrs: Vec<String> = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        let r0 = launch_env("job", 0, &addrs, 8);
+        let r2 = launch_env("job", 2, &addrs, 8);
+        assert_eq!(r0.len(), r2.len());
+        let mut differ: Vec<&str> = r0
+            .iter()
+            .zip(&r2)
+            .inspect(|(a, b)| assert_eq!(a.name, b.name))
+            .filter(|(a, b)| a.value != b.value)
+            .map(|(a, _)| a.name.as_str())
+            .collect();
+        differ.sort_unstable();
+        let mut want = RANK_VARS.to_vec();
+        want.sort_unstable();
+        assert_eq!(differ, want);
+        for v in r2.iter().filter(|v| RANK_VARS.contains(&v.name.as_str())) {
+            assert_eq!(v.value, "2", "{}", v.name);
+        }
+    }
+
+    #[test]
+    fn gang_addresses_are_ips_or_executor_dns_names() {
+        assert!(gang_addr_ok("10.1.2.3", false));
+        assert!(gang_addr_ok("fd00::1", false));
+        assert!(!gang_addr_ok("job-a-0.job-a.ns.svc", false));
+        assert!(gang_addr_ok("job-a-0.job-a.ns.svc", true));
+        for bad in ["", "a..b", "-a.b", "a-.b", "Job.ns", "a b", "a;rm", &"x".repeat(64)] {
+            assert!(!gang_addr_ok(bad, true), "{bad}");
         }
     }
 

@@ -21,7 +21,9 @@ mod objects;
 use anyhow::Context;
 use clap::Args;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Secret};
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Secret, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -35,7 +37,7 @@ use std::time::Duration;
 use tessera_core::Services;
 use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::wire::{
-    LogPiece, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
+    GangLauncher, LogPiece, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
 };
 use tessera_domain::workload::WorkloadKind;
 use tokio::sync::Mutex;
@@ -145,6 +147,10 @@ struct Memory {
     teams: HashSet<String>,
     /// The GPU part of each team's quota as last written.
     quotas: HashMap<String, BTreeMap<String, i64>>,
+    /// Gangs whose Job, Service and NetworkPolicy exist.
+    gangs: HashSet<String>,
+    /// Gang Jobs created this round (for the round's count).
+    created_gangs: u32,
 }
 
 /// The objects of one run as observed this round.
@@ -152,6 +158,11 @@ struct Memory {
 struct Observed<'a> {
     pod: Option<&'a Pod>,
     job: Option<&'a Job>,
+    /// The node the run was placed on (its objects' label; a gang member's from its
+    /// Job's annotation).
+    node: Option<&'a str>,
+    /// A gang member's gang (job id): its Job is the whole gang's.
+    gang: Option<&'a str>,
 }
 
 impl KubeExecutor {
@@ -228,13 +239,7 @@ impl KubeExecutor {
             let node_label = n.id.to_string();
             let mut runs: BTreeMap<String, Option<&WorkloadSpec>> = BTreeMap::new();
             for (run, o) in &seen {
-                let on_node = o
-                    .pod
-                    .map(|p| &p.metadata.labels)
-                    .or(o.job.map(|j| &j.metadata.labels))
-                    .and_then(|l| label(l, LABEL_NODE))
-                    == Some(node_label.as_str());
-                if on_node {
+                if o.node == Some(node_label.as_str()) {
                     runs.insert(run.clone(), None);
                 }
             }
@@ -297,11 +302,31 @@ impl KubeExecutor {
             gang_addr: None,
             gang_via: None,
         };
+        if let Some(spec) = spec
+            && let Some(g) = &spec.gang
+        {
+            // A member's address is its pod's DNS name, known before anything exists: the
+            // server sends the peers (and the gang is created) once every member has one.
+            let addr = gang_member_addr(&self.s, &spec.workspace, &g.job, g.rank);
+            r.gang_addr = Some(addr.clone());
+            r.gang_via = Some(addr);
+            if g.launcher == GangLauncher::Rank0 {
+                r.phase = WorkloadPhase::FailedToStart;
+                r.message = Some(
+                    "`launcher: rank0` starts the other members through Tessera's remote agent, \
+                     which the Kubernetes executor does not run: use `launcher: each` (every \
+                     pod runs the command, e.g. torchrun)"
+                        .into(),
+                );
+                return Some(r);
+            }
+        }
         let Some(o) = o.filter(|o| o.pod.is_some() || o.job.is_some()) else {
             // Gone: deleted on the server's request (a stop), or by someone else.
             let spec = spec?;
             if spec.run {
-                return None; // created this round
+                // Created this round; a gang member waiting for its peers says its address.
+                return spec.gang.is_some().then_some(r);
             }
             r.phase = WorkloadPhase::Exited;
             r.log_complete = true;
@@ -459,12 +484,45 @@ impl KubeExecutor {
                 tracing::warn!(team, "preparing the team's namespace: {e:#}");
             }
         }
+        // Gangs: one Indexed Job for all members. A gang's objects stay while any member
+        // should run (a rank that finished first must not take the others with it).
+        let mut gangs: BTreeMap<&str, Vec<(&NodeIdentity, &WorkloadSpec)>> = BTreeMap::new();
+        for (node, w) in desired {
+            if let Some(g) = &w.gang {
+                gangs.entry(g.job.as_str()).or_default().push((node, w));
+            }
+        }
+        let live_gangs: HashSet<&str> = gangs
+            .iter()
+            .filter(|(_, ms)| ms.iter().any(|(_, w)| w.run))
+            .map(|(g, _)| *g)
+            .collect();
+        for (gang, members) in &gangs {
+            if let Err(e) = self.ensure_gang(mem, gang, members, seen).await {
+                tracing::warn!(gang, "creating the gang's objects: {e:#}");
+            }
+        }
         let mut keep: HashSet<&str> = HashSet::new();
+        let mut deleted_gangs: HashSet<&str> = HashSet::new();
+        // Deletes `o`'s objects, a gang's only when none of it should run any more (and
+        // once per round).
+        fn may_delete<'s>(
+            o: Option<&Observed<'s>>,
+            live: &HashSet<&str>,
+            deleted: &mut HashSet<&'s str>,
+        ) -> bool {
+            match o.and_then(|o| o.gang) {
+                Some(g) => !live.contains(g) && deleted.insert(g),
+                None => true,
+            }
+        }
         for (node, w) in desired {
             keep.insert(w.id.as_str());
             let o = seen.get(&w.id);
             let exists = o.is_some_and(|o| o.pod.is_some() || o.job.is_some());
-            if w.run && !exists {
+            if w.gang.is_some() && w.run {
+                // Created by `ensure_gang`; only the deadline channel below applies.
+            } else if w.run && !exists {
                 if !mem.teams.contains(&w.workspace) {
                     continue; // its namespace is not there yet; next round
                 }
@@ -473,8 +531,12 @@ impl KubeExecutor {
                     Err(e) => tracing::warn!(run = w.id, "creating the workload: {e:#}"),
                 }
             } else if !w.run && exists {
-                round.deleted += self.delete_run(o).await;
-            } else if let Some(pod) = o.and_then(|o| o.pod)
+                if may_delete(o, &live_gangs, &mut deleted_gangs) {
+                    round.deleted += self.delete_run(o).await;
+                }
+                continue;
+            }
+            if let Some(pod) = o.and_then(|o| o.pod)
                 && w.run
             {
                 // The deadline channel: a deadline set, moved or withdrawn since the pod
@@ -493,12 +555,103 @@ impl KubeExecutor {
             }
         }
         for (run, o) in seen {
-            if !keep.contains(run.as_str()) {
+            if !keep.contains(run.as_str()) && may_delete(Some(o), &live_gangs, &mut deleted_gangs) {
                 round.deleted += self.delete_run(Some(o)).await;
                 mem.acked.remove(run);
             }
         }
+        mem.gangs.retain(|g| live_gangs.contains(g.as_str()));
+        round.created += std::mem::take(&mut mem.created_gangs);
         Ok(round)
+    }
+
+    /// Creates gang `gang`'s Indexed Job once every member should run and knows its peers
+    /// (the server sends the peers only when the whole gang is placed), then its headless
+    /// Service and NetworkPolicy, owned by the Job.
+    async fn ensure_gang(
+        &self,
+        mem: &mut Memory,
+        gang: &str,
+        members: &[(&NodeIdentity, &WorkloadSpec)],
+        seen: &HashMap<String, Observed<'_>>,
+    ) -> anyhow::Result<()> {
+        if mem.gangs.contains(gang) {
+            return Ok(());
+        }
+        let Some((_, rank0)) = members
+            .iter()
+            .find(|(_, w)| w.gang.as_ref().is_some_and(|g| g.rank == 0))
+        else {
+            return Ok(());
+        };
+        let size = rank0.gang.as_ref().map_or(0, |g| g.size);
+        let mut ranked: Vec<Option<&(&NodeIdentity, &WorkloadSpec)>> =
+            vec![None; usize::try_from(size).unwrap_or(0)];
+        for m in members {
+            if let Some(g) = &m.1.gang
+                && let Some(slot) = ranked.get_mut(usize::try_from(g.rank).unwrap_or(usize::MAX))
+            {
+                *slot = Some(m);
+            }
+        }
+        let ready = ranked.iter().all(|m| {
+            m.is_some_and(|(_, w)| w.run && w.gang.as_ref().is_some_and(|g| g.peers.is_some()))
+        });
+        if !ready || !mem.teams.contains(&rank0.workspace) {
+            return Ok(());
+        }
+        let ns = namespace_name(&self.s, &rank0.workspace);
+        let api = Api::<Job>::namespaced(self.client.clone(), &ns);
+        let name = gang_name(gang);
+        let job = match seen.get(&rank0.id).and_then(|o| o.job) {
+            Some(j) => j.clone(),
+            None => {
+                if let Some(image) = &rank0.image
+                    && let Some(login) = &image.login
+                {
+                    let registry = image_registry(image).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    self.apply_pull_secret(&rank0.workspace, &registry, login)
+                        .await?;
+                }
+                let ids: Vec<(String, String)> = ranked
+                    .iter()
+                    .flatten()
+                    .map(|(n, _)| (n.id.to_string(), n.hostname.clone()))
+                    .collect();
+                let list: Vec<GangMember<'_>> = ranked
+                    .iter()
+                    .flatten()
+                    .zip(&ids)
+                    .map(|((_, w), (node, hostname))| GangMember {
+                        run: &w.id,
+                        node,
+                        hostname,
+                    })
+                    .collect();
+                let want = gang_job(&self.s, rank0, &list);
+                match api.create(&PostParams::default(), &want).await {
+                    Ok(j) => {
+                        mem.created_gangs += 1;
+                        j
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
+                    Err(e) => return Err(anyhow::Error::new(e).context(format!("creating Job {name}"))),
+                }
+            }
+        };
+        let team = &rank0.workspace;
+        create(
+            &Api::<Service>::namespaced(self.client.clone(), &ns),
+            &gang_service(&self.s, &job, team, gang),
+        )
+        .await?;
+        create(
+            &Api::<NetworkPolicy>::namespaced(self.client.clone(), &ns),
+            &gang_policy(&self.s, &job, team, gang),
+        )
+        .await?;
+        mem.gangs.insert(gang.to_owned());
+        Ok(())
     }
 
     async fn ensure_team(
@@ -693,21 +846,57 @@ fn redact(text: &str, registry: &str, login: &RegistryLogin) -> String {
     out
 }
 
-/// Each run's objects: its Job, and its (newest) pod.
+/// Each run's objects: its Job, and its (newest) pod. A gang's Job stands for every
+/// member (its annotations list them and their nodes, by rank); its pod of index `r` is
+/// member `r`'s.
 fn observe<'a>(pods: &'a [Pod], jobs: &'a [Job]) -> HashMap<String, Observed<'a>> {
     let mut seen: HashMap<String, Observed<'a>> = HashMap::new();
+    let mut gangs: HashMap<&'a str, Vec<&'a str>> = HashMap::new();
+    for j in jobs {
+        if let Some(gang) = label(&j.metadata.labels, LABEL_GANG) {
+            let note = |key: &str| -> Vec<&'a str> {
+                j.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(key))
+                    .map(|v| v.split(',').collect())
+                    .unwrap_or_default()
+            };
+            let (runs, nodes) = (note(GANG_MEMBERS_ANNOTATION), note(GANG_NODES_ANNOTATION));
+            for (i, run) in runs.iter().enumerate() {
+                let o = seen.entry((*run).to_owned()).or_default();
+                o.job = Some(j);
+                o.node = nodes.get(i).copied();
+                o.gang = Some(gang);
+            }
+            gangs.insert(gang, runs);
+        } else if let Some(run) = label(&j.metadata.labels, LABEL_RUN) {
+            let o = seen.entry(run.to_owned()).or_default();
+            o.job = Some(j);
+            o.node = label(&j.metadata.labels, LABEL_NODE);
+        }
+    }
     for p in pods {
-        if let Some(run) = label(&p.metadata.labels, LABEL_RUN) {
+        let run = match label(&p.metadata.labels, LABEL_GANG) {
+            Some(gang) => {
+                let index = label(&p.metadata.annotations, COMPLETION_INDEX)
+                    .and_then(|i| i.parse::<usize>().ok());
+                match (gangs.get(gang), index) {
+                    (Some(runs), Some(i)) => runs.get(i).copied(),
+                    _ => None, // its Job is gone: the pod goes with it
+                }
+            }
+            None => label(&p.metadata.labels, LABEL_RUN),
+        };
+        if let Some(run) = run {
             let o = seen.entry(run.to_owned()).or_default();
             // A job's newest pod speaks for it.
             if o.pod.is_none_or(|q| created(q) < created(p)) {
                 o.pod = Some(p);
             }
-        }
-    }
-    for j in jobs {
-        if let Some(run) = label(&j.metadata.labels, LABEL_RUN) {
-            seen.entry(run.to_owned()).or_default().job = Some(j);
+            if o.node.is_none() {
+                o.node = label(&p.metadata.labels, LABEL_NODE);
+            }
         }
     }
     seen

@@ -6,18 +6,20 @@ use super::KubeSettings;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
+    Affinity, Capabilities, Container, EnvVarSource, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, Service,
+    ServiceSpec, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
     LocalObjectReference, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile,
     Secret, SecurityContext, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 use tessera_domain::error::AppError;
@@ -34,6 +36,14 @@ pub const LABEL_ALLOCATION: &str = "tessera.io/allocation";
 pub const LABEL_TEAM: &str = "tessera.io/team";
 pub const LABEL_NODE: &str = "tessera.io/node";
 pub const LABEL_KIND: &str = "tessera.io/kind";
+/// A gang's objects (its Indexed Job, pods, Service, NetworkPolicy): the gang's job id.
+pub const LABEL_GANG: &str = "tessera.io/gang";
+/// On a gang's Job: its members' run ids, by rank, comma-separated.
+pub const GANG_MEMBERS_ANNOTATION: &str = "tessera.io/gang-members";
+/// On a gang's Job: the node each member was placed on (node ids, by rank).
+pub const GANG_NODES_ANNOTATION: &str = "tessera.io/gang-nodes";
+/// The Job controller's annotation (and label) of an Indexed Job's pod: its index.
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
 /// The port JupyterLab listens on inside its pod.
 pub const NOTEBOOK_PORT: i32 = 8888;
@@ -578,6 +588,205 @@ pub fn job(s: &KubeSettings, spec: &WorkloadSpec, node: &str, hostname: &str) ->
             ..JobSpec::default()
         }),
         ..Job::default()
+    }
+}
+
+/// The name of a gang's Indexed Job, headless Service and NetworkPolicy.
+pub fn gang_name(gang_job: &str) -> String {
+    format!("gang-{gang_job}")
+}
+
+/// Member `rank`'s address: its pod's DNS name (the pod's hostname `<job>-<index>`
+/// under the headless Service of the same name), known before the pod exists.
+pub fn gang_member_addr(s: &KubeSettings, team: &str, gang_job: &str, rank: u32) -> String {
+    let name = gang_name(gang_job);
+    format!("{name}-{rank}.{name}.{}.svc", namespace_name(s, team))
+}
+
+/// One member of a gang as the executor creates it: its run id, node id and hostname.
+pub struct GangMember<'a> {
+    pub run: &'a str,
+    pub node: &'a str,
+    pub hostname: &'a str,
+}
+
+fn gang_selector(gang_job: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            LABEL_GANG.to_owned(),
+            gang_job.to_owned(),
+        )])),
+        ..LabelSelector::default()
+    }
+}
+
+/// A gang job: one Indexed Job (`completions` = `parallelism` = the members, no retries
+/// of its own: one pod failing fails the Job), built from rank 0's spec. Every pod runs
+/// on one of the members' nodes and no two on the same node; a pod's rank is its
+/// completion index, which the rank variables ([`tessera_domain::alloc::RANK_VARS`])
+/// read through the downward API. Its pods are `<job>-<index>` under the headless
+/// Service [`gang_service`], the addresses [`gang_member_addr`] told the members.
+pub fn gang_job(s: &KubeSettings, rank0: &WorkloadSpec, members: &[GangMember<'_>]) -> Job {
+    let gang = rank0.gang.as_ref().map_or(rank0.id.as_str(), |g| g.job.as_str());
+    let name = gang_name(gang);
+    let ns = namespace_name(s, &rank0.workspace);
+    let node0 = members.first().map_or("", |m| m.node);
+    let mut labels = workload_labels(rank0, &rank0.workspace, node0);
+    labels.insert(LABEL_GANG.to_owned(), gang.to_owned());
+    let size = i32::try_from(members.len()).unwrap_or(i32::MAX);
+    let mut pod = pod_spec(s, rank0, members.first().map_or("", |m| m.hostname));
+    pod.node_selector = None;
+    pod.subdomain = Some(name.clone());
+    pod.affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/hostname".into(),
+                        operator: "In".into(),
+                        values: Some(members.iter().map(|m| m.hostname.to_owned()).collect()),
+                    }]),
+                    ..NodeSelectorTerm::default()
+                }],
+            }),
+            ..NodeAffinity::default()
+        }),
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(gang_selector(gang)),
+                topology_key: "kubernetes.io/hostname".into(),
+                ..PodAffinityTerm::default()
+            }]),
+            ..PodAntiAffinity::default()
+        }),
+        ..Affinity::default()
+    });
+    for c in &mut pod.containers {
+        for v in c.env.iter_mut().flatten() {
+            if tessera_domain::alloc::RANK_VARS.contains(&v.name.as_str()) {
+                v.value = None;
+                v.value_from = Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.annotations['{COMPLETION_INDEX}']"),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                });
+            }
+        }
+    }
+    let members_note = members.iter().map(|m| m.run).collect::<Vec<_>>().join(",");
+    let nodes_note = members.iter().map(|m| m.node).collect::<Vec<_>>().join(",");
+    Job {
+        metadata: ObjectMeta {
+            annotations: Some(BTreeMap::from([
+                (GANG_MEMBERS_ANNOTATION.to_owned(), members_note),
+                (GANG_NODES_ANNOTATION.to_owned(), nodes_note),
+            ])),
+            ..meta(&name, Some(&ns), labels.clone())
+        },
+        spec: Some(JobSpec {
+            completion_mode: Some("Indexed".into()),
+            completions: Some(size),
+            parallelism: Some(size),
+            backoff_limit: Some(0),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: annotations(rank0),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
+}
+
+/// What a gang's Service and NetworkPolicy carry: the gang's labels, owned by its Job
+/// (the garbage collector deletes them with it).
+fn gang_fixture_meta(s: &KubeSettings, job: &Job, team: &str, gang: &str) -> ObjectMeta {
+    let mut labels = team_labels(team);
+    labels.insert(LABEL_GANG.to_owned(), gang.to_owned());
+    ObjectMeta {
+        owner_references: Some(vec![OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: job.metadata.name.clone().unwrap_or_default(),
+            uid: job.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]),
+        ..meta(&gang_name(gang), Some(&namespace_name(s, team)), labels)
+    }
+}
+
+/// The headless Service that gives a gang's pods their DNS names (published before they
+/// are ready: the rendezvous happens while they start).
+pub fn gang_service(s: &KubeSettings, job: &Job, team: &str, gang: &str) -> Service {
+    Service {
+        metadata: gang_fixture_meta(s, job, team, gang),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: gang_selector(gang).match_labels,
+            publish_not_ready_addresses: Some(true),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// A hole in the namespace's default deny for one gang: its pods reach each other (any
+/// port) and the cluster DNS (to resolve each other's names); nothing else changes.
+pub fn gang_policy(s: &KubeSettings, job: &Job, team: &str, gang: &str) -> NetworkPolicy {
+    let peers = || NetworkPolicyPeer {
+        pod_selector: Some(gang_selector(gang)),
+        ..NetworkPolicyPeer::default()
+    };
+    let dns = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_owned(),
+                "kube-system".to_owned(),
+            )])),
+            ..LabelSelector::default()
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "k8s-app".to_owned(),
+                "kube-dns".to_owned(),
+            )])),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    let port53 = |protocol: &str| NetworkPolicyPort {
+        port: Some(IntOrString::Int(53)),
+        protocol: Some(protocol.into()),
+        ..NetworkPolicyPort::default()
+    };
+    NetworkPolicy {
+        metadata: gang_fixture_meta(s, job, team, gang),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(gang_selector(gang)),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![peers()]),
+                ports: None,
+            }]),
+            egress: Some(vec![
+                NetworkPolicyEgressRule {
+                    to: Some(vec![peers()]),
+                    ports: None,
+                },
+                NetworkPolicyEgressRule {
+                    to: Some(vec![dns]),
+                    ports: Some(vec![port53("UDP"), port53("TCP")]),
+                },
+            ]),
+            ..NetworkPolicySpec::default()
+        }),
     }
 }
 

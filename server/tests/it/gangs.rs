@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 on_both_databases!(a_gang_job_runs_on_several_nodes_as_one_job);
 
-async fn post_job(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post_job(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
     call_with_token(app, token, Method::POST, "/api/v1/jobs", Some(body)).await
 }
 
@@ -32,7 +32,7 @@ async fn used(a: &AdminClient, team: &str) -> u64 {
         .expect("quota")
 }
 
-async fn log(app: &TestApp, token: &str, id: &str, rank: u32) -> (u16, String) {
+pub(crate) async fn log(app: &TestApp, token: &str, id: &str, rank: u32) -> (u16, String) {
     let (s, v) = call_with_token(
         app,
         token,
@@ -487,7 +487,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
 }
 
 /// The job `id` once every one of its ranks has ended (within three minutes).
-async fn ranks_ended(app: &TestApp, token: &str, id: &str) -> Value {
+pub(crate) async fn ranks_ended(app: &TestApp, token: &str, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let v = get(app, token, id).await;
@@ -506,7 +506,7 @@ async fn ranks_ended(app: &TestApp, token: &str, id: &str) -> Value {
 }
 
 /// Quota counters equal what live allocations hold: `want` units, within a minute.
-async fn wait_until_used(a: &AdminClient, team: &str, want: u64) {
+pub(crate) async fn wait_until_used(a: &AdminClient, team: &str, want: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let n = used(a, team).await;

@@ -129,32 +129,64 @@ impl Store {
         ));
     }
 
-    /// The Job controller's part: one pod from the template, owned by the Job.
+    /// The Job controller's part: a pod from the template per completion (one for a
+    /// NonIndexed Job; for an Indexed one, `completions` pods, each with its index as the
+    /// `batch.kubernetes.io/job-completion-index` annotation and label, the hostname
+    /// `<job>-<index>` and `JOB_COMPLETION_INDEX` in its containers' environment), owned
+    /// by the Job.
     fn run_job(&mut self, job: &Value, ns: &str) {
-        let name = format!(
-            "{}-{:05}",
-            job["metadata"]["name"].as_str().unwrap_or("job"),
-            self.serial
-        );
-        let mut labels = job["spec"]["template"]["metadata"]["labels"].clone();
         let job_name = job["metadata"]["name"].clone();
-        labels["job-name"] = job_name.clone();
-        labels["batch.kubernetes.io/job-name"] = job_name.clone();
-        let mut pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": name, "labels": labels,
-                "ownerReferences": [{
-                    "apiVersion": "batch/v1", "kind": "Job", "name": job_name,
-                    "uid": job["metadata"]["uid"], "controller": true,
-                }],
-            },
-            "spec": job["spec"]["template"]["spec"],
-            "status": {"phase": "Pending"},
-        });
-        self.stamp(&mut pod, Some(ns));
-        self.objects
-            .insert(key("/api/v1", Some(ns), "pods", &name), pod);
+        let base = job_name.as_str().unwrap_or("job").to_owned();
+        let indexed = job["spec"]["completionMode"] == "Indexed";
+        let pods = if indexed {
+            job["spec"]["completions"].as_u64().unwrap_or(1)
+        } else {
+            1
+        };
+        for index in 0..pods {
+            let name = if indexed {
+                format!("{base}-{index}-{:05}", self.serial)
+            } else {
+                format!("{base}-{:05}", self.serial)
+            };
+            let mut labels = job["spec"]["template"]["metadata"]["labels"].clone();
+            labels["job-name"] = job_name.clone();
+            labels["batch.kubernetes.io/job-name"] = job_name.clone();
+            let mut annotations = job["spec"]["template"]["metadata"]["annotations"].clone();
+            let mut spec = job["spec"]["template"]["spec"].clone();
+            if indexed {
+                let i = index.to_string();
+                labels["batch.kubernetes.io/job-completion-index"] = json!(i);
+                if !annotations.is_object() {
+                    annotations = json!({});
+                }
+                annotations["batch.kubernetes.io/job-completion-index"] = json!(i);
+                spec["hostname"] = json!(format!("{base}-{index}"));
+                for c in spec["containers"].as_array_mut().into_iter().flatten() {
+                    if !c["env"].is_array() {
+                        c["env"] = json!([]);
+                    }
+                    if let Some(env) = c["env"].as_array_mut() {
+                        env.push(json!({"name": "JOB_COMPLETION_INDEX", "value": i}));
+                    }
+                }
+            }
+            let mut pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": name, "labels": labels, "annotations": annotations,
+                    "ownerReferences": [{
+                        "apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                        "uid": job["metadata"]["uid"], "controller": true,
+                    }],
+                },
+                "spec": spec,
+                "status": {"phase": "Pending"},
+            });
+            self.stamp(&mut pod, Some(ns));
+            self.objects
+                .insert(key("/api/v1", Some(ns), "pods", &name), pod);
+        }
     }
 }
 
@@ -363,8 +395,9 @@ async fn handle(State(store): State<Arc<Mutex<Store>>>, req: Request) -> Respons
                     format!("{} \"{name}\" not found", t.plural),
                 );
             };
-            if t.plural == "jobs" {
-                // Background propagation: the garbage collector removes owned pods.
+            {
+                // Background propagation: the garbage collector removes what it owned
+                // (a Job's pods, a gang's Service and NetworkPolicy).
                 let uid = old["metadata"]["uid"].clone();
                 s.objects.retain(|_, o| {
                     !o["metadata"]["ownerReferences"]

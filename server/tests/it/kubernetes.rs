@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tessera_server::config::{Executor, ServeConfig};
 
-async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(v) = f() {
@@ -457,7 +457,7 @@ async fn a_share_asks_the_device_plugin_for_a_shared_gpu(db: Db) {
 }
 
 /// The value of the container `c`'s environment variable `name`.
-fn env_var(c: &Value, name: &str) -> Option<Value> {
+pub(crate) fn env_var(c: &Value, name: &str) -> Option<Value> {
     c["env"]
         .as_array()
         .expect("env")

@@ -19,6 +19,7 @@ mod gangs;
 mod hops;
 mod images;
 mod kube_fake;
+mod kube_gangs;
 mod kube_images;
 mod kubernetes;
 mod monitoring;

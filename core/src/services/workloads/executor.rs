@@ -106,7 +106,7 @@ impl Workloads {
                     .map_err(internal("storing pull progress"))?;
             }
             self.apply_report(w, alloc, rep, now).await?;
-            self.gang_report(w, rep).await?;
+            self.gang_report(w, rep, from).await?;
         }
         // Reports may have moved workloads on: read again (not for an idle node).
         let rows = if acks.is_empty() {

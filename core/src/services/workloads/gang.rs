@@ -235,11 +235,15 @@ impl Workloads {
         &self,
         w: &WorkloadRow,
         rep: &WorkloadReport,
+        from: Reporter,
     ) -> Result<(), AppError> {
         let (Some(_), Some(addr), Some(via)) = (w.gang_size, &rep.gang_addr, &rep.gang_via) else {
             return Ok(());
         };
-        if addr.parse::<std::net::IpAddr>().is_err() || via.parse::<std::net::IpAddr>().is_err() {
+        // A node's agent reports IP addresses (its routes are per address); only the
+        // server's own Kubernetes executor may name members by cluster DNS names.
+        let dns = from == Reporter::Executor;
+        if !g::gang_addr_ok(addr, dns) || !g::gang_addr_ok(via, dns) {
             tracing::warn!(workload = %w.id, addr, via, "ignoring a gang address that is not an IP address");
             return Ok(());
         }
