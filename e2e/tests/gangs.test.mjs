@@ -80,9 +80,9 @@ test('the jobs form asks for nodes × GPUs per node, and bad values show on thei
     assert.match(await errorUnder(page, 'job-count', 'gpus_per_node').innerText(), /^at most 2: no node holds more H100-80GB GPUs/);
     assert.match(page.url(), /\/jobs/);
 
-    // A gang is not retried (yet): the error is the retries field's.
+    // Too many retries: the error is the retries field's (a gang may be retried, as a whole).
     await form.getByLabel('GPUs per node').fill('1');
-    await form.getByLabel('Retries on failure').fill('1');
+    await form.getByLabel('Retries on failure').fill('9');
     await form.getByRole('button', { name: 'Submit job' }).click();
     await errorUnder(page, 'job-retries', 'retries').waitFor();
     await form.getByLabel('Retries on failure').fill('0');

@@ -693,7 +693,7 @@ impl Store {
         let sql = "UPDATE workloads SET state = 'queued', allocation_id = $4, node_id = NULL, \
                    hostname = '', devices = '[]', attempt = $5, log_base = log_stored, \
                    endpoint = NULL, exit_code = NULL, synced_at = NULL, stop_state = NULL, \
-                   message = $6 \
+                   ended_at = NULL, message = $6 \
                    WHERE id = $1 AND state = $2 AND allocation_id = $3 AND attempt = $5 - 1 \
                      AND owns_allocation";
         on_pool!(self, pool => {

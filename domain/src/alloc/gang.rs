@@ -305,7 +305,16 @@ mod tests {
         assert!(gang_addr_ok("fd00::1", false));
         assert!(!gang_addr_ok("job-a-0.job-a.ns.svc", false));
         assert!(gang_addr_ok("job-a-0.job-a.ns.svc", true));
-        for bad in ["", "a..b", "-a.b", "a-.b", "Job.ns", "a b", "a;rm", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "a..b",
+            "-a.b",
+            "a-.b",
+            "Job.ns",
+            "a b",
+            "a;rm",
+            &"x".repeat(64),
+        ] {
             assert!(!gang_addr_ok(bad, true), "{bad}");
         }
     }

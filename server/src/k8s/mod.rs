@@ -37,7 +37,8 @@ use std::time::Duration;
 use tessera_core::Services;
 use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::wire::{
-    GangLauncher, LogPiece, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadReports, WorkloadSpec,
+    GangLauncher, LogPiece, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadReports,
+    WorkloadSpec,
 };
 use tessera_domain::workload::WorkloadKind;
 use tokio::sync::Mutex;
@@ -555,7 +556,8 @@ impl KubeExecutor {
             }
         }
         for (run, o) in seen {
-            if !keep.contains(run.as_str()) && may_delete(Some(o), &live_gangs, &mut deleted_gangs) {
+            if !keep.contains(run.as_str()) && may_delete(Some(o), &live_gangs, &mut deleted_gangs)
+            {
                 round.deleted += self.delete_run(Some(o)).await;
                 mem.acked.remove(run);
             }
@@ -635,7 +637,9 @@ impl KubeExecutor {
                         j
                     }
                     Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
-                    Err(e) => return Err(anyhow::Error::new(e).context(format!("creating Job {name}"))),
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e).context(format!("creating Job {name}")));
+                    }
                 }
             }
         };

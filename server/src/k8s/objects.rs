@@ -6,17 +6,18 @@ use super::KubeSettings;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, EnvVarSource, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, Service,
-    ServiceSpec, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
-    LocalObjectReference, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile,
-    Secret, SecurityContext, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+    Affinity, Capabilities, Container, ContainerPort, DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource, EnvVar, EnvVarSource, LocalObjectReference, Namespace, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceQuota, ResourceQuotaSpec, ResourceRequirements, SeccompProfile, Secret,
+    SecurityContext, Service, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
-    NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -627,7 +628,10 @@ fn gang_selector(gang_job: &str) -> LabelSelector {
 /// read through the downward API. Its pods are `<job>-<index>` under the headless
 /// Service [`gang_service`], the addresses [`gang_member_addr`] told the members.
 pub fn gang_job(s: &KubeSettings, rank0: &WorkloadSpec, members: &[GangMember<'_>]) -> Job {
-    let gang = rank0.gang.as_ref().map_or(rank0.id.as_str(), |g| g.job.as_str());
+    let gang = rank0
+        .gang
+        .as_ref()
+        .map_or(rank0.id.as_str(), |g| g.job.as_str());
     let name = gang_name(gang);
     let ns = namespace_name(s, &rank0.workspace);
     let node0 = members.first().map_or("", |m| m.node);

@@ -143,7 +143,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
             "launcher",
         ),
         (
-            json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2, "retries": 1}),
+            json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2, "retries": 9}),
             "retries",
         ),
         (json!({"command": "true", "nodes": 2}), "nodes"),
@@ -278,6 +278,61 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
             "every rank ended: {failed}"
         );
     }
+    wait_until_used(&a, &t.id, 0).await;
+
+    // With a retry: rank 1 fails the first attempt, so the whole gang goes again (every
+    // member new, on a new allocation: the old one is given back first) and the second
+    // attempt succeeds.
+    let (s, job) = post_job(
+        app,
+        &t.member,
+        json!({"command": "if [ \"$RANK\" = 1 ] && [ \"$TESSERA_ATTEMPT\" = 1 ]; then exit 3; fi; \
+                           echo \"attempt=$TESSERA_ATTEMPT rank=$RANK\"",
+               "name": "retried", "gpu": "H100-80GB:whole", "nodes": 2, "retries": 1}),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().expect("id").to_owned();
+    let first_alloc = job["allocation_id"]
+        .as_str()
+        .expect("allocation")
+        .to_owned();
+    // (Rank 0 may read `succeeded` before rank 1 fails: the job is done only when its
+    // second attempt is.)
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let done = loop {
+        let v = get(app, &t.member, &id).await;
+        if v["state"] == "succeeded" && v["attempt"] == 2 {
+            break v;
+        }
+        assert!(v["state"] != "failed", "the gang was not retried: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "the retried gang never finished: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let tried = done["attempts"].as_array().expect("attempts");
+    assert_eq!(tried.len(), 1, "{done}");
+    let reason = tried[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("rank 1") && reason.contains("exit code 3"),
+        "{done}"
+    );
+    assert_eq!(tried[0]["preempted"], false);
+    assert_ne!(done["allocation_id"], first_alloc.as_str(), "{done}");
+    let (_, old) = a
+        .call(
+            Method::GET,
+            &format!("/api/v1/allocations/{first_alloc}"),
+            None,
+        )
+        .await;
+    assert_eq!(old["state"], "ended", "{old}");
+    let (_, one) = log(app, &t.member, &id, 1).await;
+    assert!(one.contains("attempt=2 rank=1"), "{one}");
+    let ranks = ranks_ended(app, &t.member, &id).await;
+    assert_eq!(ranks["ranks"].as_array().map(Vec::len), Some(2), "{ranks}");
     wait_until_used(&a, &t.id, 0).await;
 
     // From the terminal: `--nodes`, `--gpus-per-node`, and a member's log with `--rank`.
@@ -449,7 +504,10 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(saw_one_running, "one gang ran while the other waited");
-    assert!(saw_empty, "the waiting gang's allocation was read while queued");
+    assert!(
+        saw_empty,
+        "the waiting gang's allocation was read while queued"
+    );
     // Capacity freed → every rank of the waiting gang running (this machine, both stores
     // at once: a figure for docs/benchmarks.md, not a bound).
     let (a0, a1) = (

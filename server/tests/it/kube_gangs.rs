@@ -26,7 +26,11 @@ async fn online(a: &AdminClient, prefix: &str) -> usize {
         .or_else(|| nodes.as_array())
         .map_or(0, |n| {
             n.iter()
-                .filter(|n| n["hostname"].as_str().is_some_and(|h| h.starts_with(prefix)))
+                .filter(|n| {
+                    n["hostname"]
+                        .as_str()
+                        .is_some_and(|h| h.starts_with(prefix))
+                })
                 .filter(|n| n["gpus"].as_array().is_some_and(|g| !g.is_empty()))
                 .count()
         })
@@ -77,15 +81,17 @@ fn reaches(policies: &[Value], from: (&str, &Value), to: (&str, &Value), port: i
             .collect();
         mine.is_empty()
             || mine.iter().any(|p| {
-                p["spec"][dir.to_lowercase()].as_array().is_some_and(|rules| {
-                    rules.iter().any(|r| {
-                        r[key].as_array().is_none_or(|peers| {
-                            peers.iter().any(|peer| peer_is(peer, ns, other_ns, other))
-                        }) && r["ports"].as_array().is_none_or(|ps| {
-                            ps.iter().any(|p| p["port"].as_i64() == Some(port))
+                p["spec"][dir.to_lowercase()]
+                    .as_array()
+                    .is_some_and(|rules| {
+                        rules.iter().any(|r| {
+                            r[key].as_array().is_none_or(|peers| {
+                                peers.iter().any(|peer| peer_is(peer, ns, other_ns, other))
+                            }) && r["ports"].as_array().is_none_or(|ps| {
+                                ps.iter().any(|p| p["port"].as_i64() == Some(port))
+                            })
                         })
                     })
-                })
             })
     };
     allowed("Egress", from, to) && allowed("Ingress", to, from)
@@ -147,7 +153,8 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
         .collect();
     hosts.sort_unstable();
     assert_eq!(hosts, ["kgang-node-1", "kgang-node-2"]);
-    let anti = &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(anti["labelSelector"]["matchLabels"]["tessera.io/gang"], id);
     let c = &pod["containers"][0];
@@ -157,12 +164,21 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
     assert_eq!(var("MASTER_ADDR"), Some(json!(master)));
     assert_eq!(var("MASTER_PORT"), Some(json!("29500")));
     assert_eq!(var("WORLD_SIZE"), Some(json!("2")));
-    assert_eq!(var("JAX_COORDINATOR_ADDRESS"), Some(json!(format!("{master}:29501"))));
+    assert_eq!(
+        var("JAX_COORDINATOR_ADDRESS"),
+        Some(json!(format!("{master}:29501")))
+    );
     assert_eq!(var("EPOCHS"), Some(json!("3")));
     let addrs = var("TESSERA_GANG_ADDRS").expect("addrs");
     assert_eq!(addrs, json!(format!("{master},{name}-1.{name}.{ns}.svc")));
     // The rank is the pod's completion index, through the downward API.
-    for rank_var in ["RANK", "NODE_RANK", "PET_NODE_RANK", "JAX_PROCESS_ID", "TESSERA_GANG_RANK"] {
+    for rank_var in [
+        "RANK",
+        "NODE_RANK",
+        "PET_NODE_RANK",
+        "JAX_PROCESS_ID",
+        "TESSERA_GANG_RANK",
+    ] {
         let e = c["env"]
             .as_array()
             .expect("env")
@@ -183,11 +199,16 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
     assert_eq!(svc["spec"]["clusterIP"], "None");
     assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
     assert_eq!(svc["spec"]["selector"], json!({"tessera.io/gang": id}));
-    assert_eq!(svc["metadata"]["ownerReferences"][0]["uid"], kjob["metadata"]["uid"]);
-    let policy_path =
-        format!("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}");
+    assert_eq!(
+        svc["metadata"]["ownerReferences"][0]["uid"],
+        kjob["metadata"]["uid"]
+    );
+    let policy_path = format!("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}");
     let gang_policy = wait_for("the gang's policy", || kube.get(&policy_path)).await;
-    assert_eq!(gang_policy["metadata"]["ownerReferences"][0]["uid"], kjob["metadata"]["uid"]);
+    assert_eq!(
+        gang_policy["metadata"]["ownerReferences"][0]["uid"],
+        kjob["metadata"]["uid"]
+    );
     let policies: Vec<Value> = kube
         .list("networkpolicies", "app.kubernetes.io/managed-by=tessera")
         .into_iter()
@@ -197,19 +218,46 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
     let other_gang = json!({"tessera.io/gang": "someone-else", "tessera.io/kind": "job"});
     let dns = json!({"k8s-app": "kube-dns"});
     assert!(reaches(&policies, (&ns, &member), (&ns, &member), 29500));
-    assert!(reaches(&policies, (&ns, &member), ("kube-system", &dns), 53));
-    assert!(!reaches(&policies, (&ns, &member), ("kube-system", &dns), 443));
-    for (who, labels) in [("a job of the team", &lone_job), ("another gang", &other_gang)] {
-        assert!(!reaches(&policies, (&ns, labels), (&ns, &member), 29500), "{who}");
-        assert!(!reaches(&policies, (&ns, &member), (&ns, labels), 29500), "{who}");
+    assert!(reaches(
+        &policies,
+        (&ns, &member),
+        ("kube-system", &dns),
+        53
+    ));
+    assert!(!reaches(
+        &policies,
+        (&ns, &member),
+        ("kube-system", &dns),
+        443
+    ));
+    for (who, labels) in [
+        ("a job of the team", &lone_job),
+        ("another gang", &other_gang),
+    ] {
+        assert!(
+            !reaches(&policies, (&ns, labels), (&ns, &member), 29500),
+            "{who}"
+        );
+        assert!(
+            !reaches(&policies, (&ns, &member), (&ns, labels), 29500),
+            "{who}"
+        );
     }
     let stranger = "tessera-team-someone-else";
-    assert!(!reaches(&policies, (stranger, &member), (&ns, &member), 29500));
+    assert!(!reaches(
+        &policies,
+        (stranger, &member),
+        (&ns, &member),
+        29500
+    ));
     // The team's quota covers both pods.
     let quota = kube
         .get(&format!("/api/v1/namespaces/{ns}/resourcequotas/tessera"))
         .expect("quota");
-    assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "2", "{quota}");
+    assert_eq!(
+        quota["spec"]["hard"]["requests.nvidia.com/gpu"], "2",
+        "{quota}"
+    );
 
     // The Job controller made a pod per index; the kubelet runs both: the job runs, every
     // rank with it, and each pod's log is its rank's.
@@ -240,7 +288,10 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
         if all {
             break;
         }
-        assert!(Instant::now() < deadline, "every rank running: {v}\n{running}");
+        assert!(
+            Instant::now() < deadline,
+            "every rank running: {v}\n{running}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -272,7 +323,9 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
     wait_for("the gang's objects deleted", || {
         (kube.list("jobs", &sel).is_empty()
             && kube.list("pods", &sel).is_empty()
-            && kube.get(&format!("/api/v1/namespaces/{ns}/services/{name}")).is_none()
+            && kube
+                .get(&format!("/api/v1/namespaces/{ns}/services/{name}"))
+                .is_none()
             && kube.get(&policy_path).is_none())
         .then_some(())
     })
@@ -290,11 +343,21 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
     assert_eq!(s, 201, "{job}");
     let mpi = job["id"].as_str().expect("id").to_owned();
     let v = wait_workload(app, &t.member, &mpi, "failed", 60).await;
-    let v = if v["message"].is_null() { ranks_ended(app, &t.member, &mpi).await } else { v };
+    let v = if v["message"].is_null() {
+        ranks_ended(app, &t.member, &mpi).await
+    } else {
+        v
+    };
     assert!(
-        v["message"].as_str().unwrap_or_default().contains("launcher: each"),
+        v["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("launcher: each"),
         "{v}"
     );
-    assert!(kube.list("jobs", &format!("tessera.io/gang={mpi}")).is_empty());
+    assert!(
+        kube.list("jobs", &format!("tessera.io/gang={mpi}"))
+            .is_empty()
+    );
     wait_until_used(&a, &t.id, 0).await;
 }

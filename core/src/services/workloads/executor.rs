@@ -107,6 +107,15 @@ impl Workloads {
             }
             self.apply_report(w, alloc, rep, now).await?;
             self.gang_report(w, rep, from).await?;
+            if w.gang_size.is_some()
+                && matches!(
+                    rep.phase,
+                    WorkloadPhase::Exited | WorkloadPhase::FailedToStart
+                )
+            {
+                let members = self.members_now(w.gang_job.unwrap_or(w.id)).await?;
+                self.settle_gang(&members).await?;
+            }
         }
         // Reports may have moved workloads on: read again (not for an idle node).
         let rows = if acks.is_empty() {
@@ -452,7 +461,15 @@ impl Workloads {
             WorkloadKind::Job if rep.exit_code == Some(0) => {
                 self.step(w, WorkloadState::Succeeded, change(None)).await?;
             }
-            WorkloadKind::Job if w.attempt <= w.retries => {
+            WorkloadKind::Job
+                if w.gang_size.is_some()
+                    && self
+                        .retry_gang(w, &format!("rank 0 on {} {how}", w.hostname))
+                        .await? =>
+            {
+                // The whole gang goes again (its other members stop with the allocation).
+            }
+            WorkloadKind::Job if w.attempt <= w.retries && w.gang_size.is_none() => {
                 let note = format!(
                     "attempt {} {how}; retrying ({} of {} retries)",
                     w.attempt, w.attempt, w.retries

@@ -267,65 +267,113 @@ impl Workloads {
         let gangs = self.gangs_of(rows).await?;
         let mut stopped = 0;
         for members in gangs.values() {
-            let Some(job) = members.iter().find(|m| m.w.gang_job.is_none()) else {
-                continue;
+            stopped += self.settle_gang(members).await?;
+        }
+        Ok(stopped)
+    }
+
+    /// One outcome for a gang, from its current attempt's `members` (rank 0 among them):
+    /// run by each pass, and at once when a member's end is reported (the last members
+    /// may end between two passes, leaving none live for the pass to see). Answers how
+    /// many members it stopped.
+    pub(super) async fn settle_gang(&self, members: &[WorkloadListRow]) -> Result<u32, AppError> {
+        let mut stopped = 0;
+        let Some(job) = members.iter().find(|m| m.w.gang_job.is_none()) else {
+            return Ok(0);
+        };
+        // Not started as a gang yet (queued): nothing to keep together.
+        if members.len() < 2 {
+            return Ok(0);
+        }
+        let failed = members
+            .iter()
+            .find(|m| matches!(m.w.state, WorkloadState::Failed | WorkloadState::Lost));
+        // With every member running the command, rank 0 succeeding first leaves the
+        // others to finish; with `rank0`, rank 0's end is the job's.
+        let rank0_done = match launcher_of(&job.w) {
+            GangLauncher::Rank0 => !job.w.state.is_live(),
+            GangLauncher::Each => matches!(
+                job.w.state,
+                WorkloadState::Cancelled | WorkloadState::Stopped
+            ),
+        };
+        let (end, why) = if let Some(f) = failed {
+            let how = match (f.w.exit_code, f.w.message.as_deref()) {
+                (Some(c), _) => format!("exit code {c}"),
+                (None, Some(m)) => m.to_owned(),
+                (None, None) => f.w.state.as_str().to_owned(),
             };
-            // Not started as a gang yet (queued): nothing to keep together.
-            if members.len() < 2 {
-                continue;
+            let why = format!("rank {} on {} failed ({how})", f.w.gang_rank, f.w.hostname);
+            // Retries left: the whole gang goes again, as the job's next attempt on a
+            // new allocation (also when rank 0 had already succeeded: the job is the
+            // whole gang). `retry_gang` ends this attempt's other members.
+            if retryable(&job.w) && self.retry_gang(&job.w, &why).await? {
+                return Ok(0);
             }
-            let failed = members
-                .iter()
-                .find(|m| matches!(m.w.state, WorkloadState::Failed | WorkloadState::Lost));
-            // With every member running the command, rank 0 succeeding first leaves the
-            // others to finish; with `rank0`, rank 0's end is the job's.
-            let rank0_done = match launcher_of(&job.w) {
-                GangLauncher::Rank0 => !job.w.state.is_live(),
-                GangLauncher::Each => matches!(
-                    job.w.state,
-                    WorkloadState::Cancelled | WorkloadState::Stopped
-                ),
-            };
-            let (end, why) = if let Some(f) = failed {
-                let how = match (f.w.exit_code, f.w.message.as_deref()) {
-                    (Some(c), _) => format!("exit code {c}"),
-                    (None, Some(m)) => m.to_owned(),
-                    (None, None) => f.w.state.as_str().to_owned(),
-                };
-                let why = format!("rank {} on {} failed ({how})", f.w.gang_rank, f.w.hostname);
-                if job.w.state == WorkloadState::Succeeded && f.w.id != job.w.id {
-                    // The job is the whole gang: a rank failing after rank 0 finished
-                    // fails it.
-                    self.store
-                        .workload_step(
-                            job.w.id,
-                            WorkloadState::Succeeded.as_str(),
-                            WorkloadState::Failed.as_str(),
-                            &WorkloadChange {
-                                message: Some(why.clone()),
-                                ..WorkloadChange::default()
-                            },
-                        )
-                        .await
-                        .map_err(internal("failing a gang job"))?;
-                }
-                (WorkloadState::Failed, why)
-            } else if job.w.state == WorkloadState::Stopping || rank0_done {
-                (stop_end(&job.w), format!("rank 0 {}", job.w.state.as_str()))
-            } else {
-                continue;
-            };
-            for m in members.iter().filter(|m| {
-                m.w.id != failed.map_or(Uuid::nil(), |f| f.w.id)
-                    && m.w.state.is_live()
-                    && m.w.state != WorkloadState::Stopping
-            }) {
-                if self.request_stop_as(&m.w, end, &why).await.unwrap_or(false) {
-                    stopped += 1;
-                }
+            if job.w.state == WorkloadState::Succeeded && f.w.id != job.w.id {
+                // The job is the whole gang: a rank failing after rank 0 finished
+                // fails it.
+                self.store
+                    .workload_step(
+                        job.w.id,
+                        WorkloadState::Succeeded.as_str(),
+                        WorkloadState::Failed.as_str(),
+                        &WorkloadChange {
+                            message: Some(why.clone()),
+                            ..WorkloadChange::default()
+                        },
+                    )
+                    .await
+                    .map_err(internal("failing a gang job"))?;
+            }
+            (WorkloadState::Failed, why)
+        } else if job.w.state == WorkloadState::Stopping || rank0_done {
+            (stop_end(&job.w), format!("rank 0 {}", job.w.state.as_str()))
+        } else {
+            return Ok(0);
+        };
+        for m in members.iter().filter(|m| {
+            m.w.id != failed.map_or(Uuid::nil(), |f| f.w.id)
+                && m.w.state.is_live()
+                && m.w.state != WorkloadState::Stopping
+        }) {
+            if self.request_stop_as(&m.w, end, &why).await.unwrap_or(false) {
+                stopped += 1;
             }
         }
         Ok(stopped)
+    }
+
+    /// Gang `job` (rank 0, still live) goes again after `why` (a member failed): its
+    /// allocation is given back (every member on it is stopped with it) and the job is
+    /// queued for a new one as its next attempt, members and all. `false` when it has no
+    /// retries left or could not be queued again (then it fails like any gang).
+    pub(super) async fn retry_gang(&self, job: &WorkloadRow, why: &str) -> Result<bool, AppError> {
+        if !retryable(job) {
+            return Ok(false);
+        }
+        // First give the GPUs back, so that the new request fits the quota the old one
+        // used.
+        let note = format!("its job `{}` goes again: {why}", job.name);
+        let attempt = self.members_now(job.id).await?;
+        self.allocations
+            .release_for_system(job.allocation_id, &note)
+            .await?;
+        let moved = self.requeue_as(job, Some(why)).await?;
+        if moved {
+            // The attempt's other members end with it (rank 0's run is no longer wanted on
+            // its node: the job moved on).
+            for m in attempt.iter().filter(|m| {
+                m.w.gang_job.is_some()
+                    && m.w.state.is_live()
+                    && m.w.state != WorkloadState::Stopping
+            }) {
+                let _ = self
+                    .request_stop_as(&m.w, WorkloadState::Cancelled, why)
+                    .await;
+            }
+        }
+        Ok(moved)
     }
 }
 
@@ -370,6 +418,15 @@ impl Workloads {
 }
 
 /// How `w`'s gang launches (`each` unless stored otherwise).
+/// Whether gang job `w` (rank 0) may go again: retries left, and live or succeeded (under
+/// `each`, rank 0 may finish before another member fails).
+fn retryable(w: &WorkloadRow) -> bool {
+    w.gang_size.is_some()
+        && w.gang_job.is_none()
+        && (w.state.is_live() || w.state == WorkloadState::Succeeded)
+        && w.attempt <= w.retries
+}
+
 fn launcher_of(w: &WorkloadRow) -> GangLauncher {
     w.gang_launcher
         .as_deref()

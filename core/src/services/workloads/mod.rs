@@ -468,15 +468,7 @@ impl Workloads {
         };
         let nodes = req.gpu.as_ref().and_then(|g| g.nodes);
         let gang = match (nodes, req.launcher) {
-            (Some(_), launcher) => {
-                if retries > 0 {
-                    return Err(AppError::invalid(
-                        "retries",
-                        "a multi-node job is not started again yet (retries must be 0)",
-                    ));
-                }
-                Some(launcher.unwrap_or_default())
-            }
+            (Some(_), launcher) => Some(launcher.unwrap_or_default()),
             (None, Some(_)) => {
                 return Err(AppError::invalid(
                     "launcher",

@@ -156,6 +156,17 @@ impl Workloads {
     /// instead of ending. `false` when it cannot be (the owner left the team, the request
     /// is refused, or the workload moved on meanwhile): then it stops like any other.
     pub(super) async fn requeue(&self, w: &WorkloadRow) -> Result<bool, AppError> {
+        self.requeue_as(w, None).await
+    }
+
+    /// [`requeue`](Self::requeue), for a preemption (`retry` = `None`) or a gang's retry
+    /// after a member failed (`Some(why)`: its allocation was given back first, and the new
+    /// one is the gang's next attempt).
+    pub(super) async fn requeue_as(
+        &self,
+        w: &WorkloadRow,
+        retry: Option<&str>,
+    ) -> Result<bool, AppError> {
         if !w.owns_allocation || w.kind != WorkloadKind::Job {
             return Ok(false);
         }
@@ -215,15 +226,27 @@ impl Workloads {
                 }
             },
         };
-        let note = format!("its GPU was preempted; queued again for a new one (attempt {attempt})");
-        let why = old
-            .a
-            .release_cause
-            .as_deref()
-            .map_or("its allocation was preempted".to_owned(), |c| {
-                format!("its allocation was {c}")
-            });
-        let ended = self.attempt_end(w, None, &why, true, Utc::now()).await?;
+        let (note, why) = match retry {
+            Some(why) => (
+                format!(
+                    "attempt {} ended: {why}; queued again as attempt {attempt} ({} of {} retries)",
+                    w.attempt, w.attempt, w.retries
+                ),
+                why.to_owned(),
+            ),
+            None => (
+                format!("its GPU was preempted; queued again for a new one (attempt {attempt})"),
+                old.a
+                    .release_cause
+                    .as_deref()
+                    .map_or("its allocation was preempted".to_owned(), |c| {
+                        format!("its allocation was {c}")
+                    }),
+            ),
+        };
+        let ended = self
+            .attempt_end(w, None, &why, retry.is_none(), Utc::now())
+            .await?;
         let moved = self
             .store
             .requeue_workload(
@@ -240,8 +263,12 @@ impl Workloads {
         if moved {
             // Its old node stops the run it no longer wants.
             self.tell_node(w.node_id);
-            self.audit(None, "job.requeue", w.id, w.team_id, &note)
-                .await;
+            let action = if retry.is_some() {
+                "job.retry"
+            } else {
+                "job.requeue"
+            };
+            self.audit(None, action, w.id, w.team_id, &note).await;
             return Ok(true);
         }
         // Another pass requeued it onto the same request: keep that; else give it back.
