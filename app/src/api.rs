@@ -1150,6 +1150,7 @@ pub async fn submit_job(
     #[server(default)] idempotency_key: Option<String>,
     #[server(default)] nodes: Option<String>,
     #[server(default)] launcher: Option<String>,
+    #[server(default)] ranks: Option<String>,
 ) -> Result<WorkloadView, UiError> {
     let echo = [
         ("allocation_id", allocation_id.clone()),
@@ -1162,15 +1163,25 @@ pub async fn submit_job(
     ssr::call(echo, async |s, p| {
         let (allocation_id, gpu) =
             run_on(&allocation_id, gpu, count, hours, priority, team_id, nodes)?;
-        // The form always sends its launcher; it means something for a gang only.
-        let launcher = match gpu.as_ref().and_then(|g| g.nodes) {
-            Some(_) => launcher
-                .as_deref()
+        // The form always sends its launcher and ranks; they mean something for a gang only.
+        let given = |v: &Option<String>| {
+            v.as_deref()
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
-                .map(tessera_domain::wire::GangLauncher::parse)
-                .transpose()?,
-            None => None,
+                .map(str::to_owned)
+        };
+        let (launcher, ranks) = match gpu.as_ref().and_then(|g| g.nodes) {
+            Some(_) => (
+                given(&launcher)
+                    .as_deref()
+                    .map(tessera_domain::wire::GangLauncher::parse)
+                    .transpose()?,
+                given(&ranks)
+                    .as_deref()
+                    .map(tessera_domain::alloc::Ranks::parse)
+                    .transpose()?,
+            ),
+            None => (None, None),
         };
         let req = tessera_core::services::workloads::NewJob {
             allocation_id,
@@ -1183,6 +1194,7 @@ pub async fn submit_job(
             retries: tessera_domain::workload::parse_retries(&retries)?,
             image,
             launcher,
+            ranks,
             idempotency_key,
         };
         let v = s.workloads.submit_job(p, &req).await?;

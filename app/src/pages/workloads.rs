@@ -910,6 +910,12 @@ fn OwnGpuFields(
                     <option value="rank0">"Only rank 0 runs it (mpirun)"</option>
                 </select>
                 {errors.run("launcher")}
+                <label for="job-ranks">"Processes"</label>
+                <select id="job-ranks" name="ranks" data-testid="own-gpu-ranks">
+                    <option value="per_node" selected>"One per node (torchrun, mpirun)"</option>
+                    <option value="per_gpu">"One per GPU"</option>
+                </select>
+                {errors.run("ranks")}
                 <p class="hint" data-testid="gang-hint">{hint}</p>
             </div>
         }
@@ -1068,7 +1074,7 @@ const NOTEBOOK_FIELDS: [&str; 9] = [
     "duration_minutes",
     "team_id",
 ];
-const JOB_FIELDS: [&str; 15] = [
+const JOB_FIELDS: [&str; 16] = [
     "allocation_id",
     "name",
     "image",
@@ -1084,6 +1090,7 @@ const JOB_FIELDS: [&str; 15] = [
     "nodes",
     "gpus_per_node",
     "launcher",
+    "ranks",
 ];
 
 const ENV_PLACEHOLDER: &str =

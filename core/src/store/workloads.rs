@@ -18,7 +18,7 @@ const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id,
     w.ended_at, w.synced_at, w.kernel_activity, w.kernel_busy, w.log_base, w.log_stored, \
     w.log_start, w.log_complete, w.idempotency_key, w.owns_allocation, w.image, w.image_cuda, \
     w.pull_done, w.pull_total, w.gang_job, w.gang_rank, w.gang_size, w.gang_launcher, \
-    w.gang_addr, w.gang_via";
+    w.gang_addr, w.gang_via, w.gang_ranks";
 
 const LIVE: &str = "('queued', 'pending', 'starting', 'running', 'stopping')";
 
@@ -84,6 +84,9 @@ pub struct WorkloadRow {
     /// The member's own address and its node's, once its sandbox is ready.
     pub gang_addr: Option<String>,
     pub gang_via: Option<String>,
+    /// `per_gpu` when the gang starts one process per GPU (migration 0029); `None`: one
+    /// per node.
+    pub gang_ranks: Option<String>,
 }
 
 /// How an attempt of a job ended, as recorded when the next one begins.
@@ -185,6 +188,7 @@ impl WorkloadRow {
             gang_launcher: None,
             gang_addr: None,
             gang_via: None,
+            gang_ranks: None,
         }
     }
 }
@@ -296,9 +300,9 @@ impl Store {
         let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
                    token, created_at, idempotency_key, owns_allocation, image, image_cuda, \
-                   gang_job, gang_rank, gang_size, gang_launcher) \
+                   gang_job, gang_rank, gang_size, gang_launcher, gang_ranks) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                   $17, $18, $19, $20, $21, $22, $23, $24, $25) \
+                   $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
                    ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
@@ -307,7 +311,8 @@ impl Store {
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                 .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
-                .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher).execute(pool).await?;
+                .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher).bind(&w.gang_ranks)
+                .execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
     }
@@ -885,9 +890,9 @@ impl Store {
         let insert = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
                    token, created_at, idempotency_key, owns_allocation, image, image_cuda, \
-                   gang_job, gang_rank, gang_size, gang_launcher) \
+                   gang_job, gang_rank, gang_size, gang_launcher, gang_ranks) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                   $17, $18, $19, $20, $21, $22, $23, $24, $25)";
+                   $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let moved = sqlx::query(sql).bind(job).bind(node).bind(hostname).bind(devices)
@@ -902,7 +907,7 @@ impl Store {
                     .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                     .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                     .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
-                    .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher)
+                    .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher).bind(&w.gang_ranks)
                     .execute(&mut *tx).await?;
             }
             let (kind, name, team, user): (String, String, Uuid, Uuid) =

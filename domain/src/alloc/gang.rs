@@ -22,6 +22,87 @@ pub enum Ranks {
     PerGpu,
 }
 
+impl Ranks {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ranks::PerNode => "per_node",
+            Ranks::PerGpu => "per_gpu",
+        }
+    }
+
+    /// `per_node` or `per_gpu`; anything else is a 422 naming `ranks`.
+    pub fn parse(s: &str) -> Result<Self, AppError> {
+        match s.trim() {
+            "per_node" | "per-node" => Ok(Ranks::PerNode),
+            "per_gpu" | "per-gpu" => Ok(Ranks::PerGpu),
+            other => Err(AppError::invalid(
+                "ranks",
+                format!(
+                    "`{other}` is not `per_node` (one process per node) or `per_gpu` (one per GPU)"
+                ),
+            )),
+        }
+    }
+}
+
+/// The command line of a member whose gang runs one process per GPU (`ranks: per_gpu`):
+/// a POSIX shell starts `command` once per device of the member, each with its own
+/// `LOCAL_RANK` (0..G), `RANK` (node rank × G + local rank), `WORLD_SIZE` (nodes × G),
+/// `LOCAL_WORLD_SIZE` (G), the same for JAX (`JAX_PROCESS_ID`, `JAX_NUM_PROCESSES`), and
+/// `CUDA_VISIBLE_DEVICES` narrowed to its one device. One process failing stops the
+/// others and the member exits with its code; a stop of the member stops them all.
+/// G, the node rank and the nodes come from the launch environment ([`launch_env`]).
+pub fn per_gpu_argv(command: &str) -> Vec<String> {
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        PER_GPU_SCRIPT.into(),
+        "tessera-ranks".into(),
+        command.into(),
+    ]
+}
+
+/// The per-GPU launcher. Stopping the ranks: when it leads its process group (as a
+/// container's first process does: crun and runc make it a session leader), SIGTERM to
+/// the whole group, which reaches every process the ranks started, even one forked at
+/// that moment. Otherwise each rank and what it started, found through /proc (each
+/// process's `PPid`: no `ps`, `pkill` or `setsid` needed in the image), children first;
+/// a process forked while that walk runs can escape it.
+const PER_GPU_SCRIPT: &str = r#"n=${TESSERA_GANG_GPUS_PER_NODE:-1}; nodes=${TESSERA_GANG_SIZE:-1}; node=${NODE_RANK:-0}
+devs=${CUDA_VISIBLE_DEVICES:-}; rcfile=$(mktemp); pids=; i=0
+tree() {
+  for s in /proc/[0-9]*/status; do
+    while read -r k v; do
+      if [ "$k" = "PPid:" ]; then
+        if [ "$v" = "$1" ]; then c=${s#/proc/}; tree "${c%/status}"; fi
+        break
+      fi
+    done 2>/dev/null < "$s"
+  done
+  kill -TERM "$1" 2>/dev/null
+}
+read -r _ _ _ _ pgrp _ < /proc/$$/stat
+end() {
+  trap '' TERM INT USR1
+  if [ "$pgrp" = "$$" ]; then kill -TERM 0; else for p in $pids; do tree "$p"; done; fi
+  wait; rm -f "$rcfile"; exit "$1"
+}
+trap 'end 143' TERM INT
+trap 'end "$(cat "$rcfile" 2>/dev/null || echo 1)"' USR1
+while [ "$i" -lt "$n" ]; do
+  (
+    r=$((node * n + i)); export LOCAL_RANK=$i LOCAL_WORLD_SIZE=$n RANK=$r WORLD_SIZE=$((nodes * n))
+    export JAX_PROCESS_ID=$r JAX_NUM_PROCESSES=$((nodes * n))
+    if [ -n "$devs" ]; then export CUDA_VISIBLE_DEVICES="$(echo "$devs" | cut -d, -f$((i + 1)))"; fi
+    trap - TERM INT USR1; /bin/sh -c "$1"; rc=$?
+    if [ "$rc" -ne 0 ]; then [ -s "$rcfile" ] || echo "$rc" > "$rcfile"; kill -USR1 $$; fi
+    exit "$rc"
+  ) &
+  pids="$pids $!"; i=$((i + 1))
+done
+for p in $pids; do wait "$p"; done
+rm -f "$rcfile"; exit 0"#;
+
 /// A gang as a user asks for it: `nodes` members, each with `gpus_per_node` of `kind`
 /// (whole GPUs, or MIG instances of one profile all on the member's node).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -297,6 +378,63 @@ mod tests {
         for v in r2.iter().filter(|v| RANK_VARS.contains(&v.name.as_str())) {
             assert_eq!(v.value, "2", "{}", v.name);
         }
+    }
+
+    /// Runs the per-GPU launcher with a member's environment (node rank 1 of 2, two
+    /// devices).
+    fn per_gpu(command: &str) -> (Option<i32>, String, std::time::Duration) {
+        use std::os::unix::process::CommandExt;
+        let argv = per_gpu_argv(command);
+        let t = std::time::Instant::now();
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            // Its own process group, as a container's first process has.
+            .process_group(0)
+            .env("TESSERA_GANG_GPUS_PER_NODE", "2")
+            .env("TESSERA_GANG_SIZE", "2")
+            .env("NODE_RANK", "1")
+            .env("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            t.elapsed(),
+        )
+    }
+
+    #[test]
+    fn per_gpu_ranks_start_a_process_per_device() {
+        let (code, out, _) = per_gpu(
+            "echo \"rank=$RANK local=$LOCAL_RANK/$LOCAL_WORLD_SIZE world=$WORLD_SIZE \
+             jax=$JAX_PROCESS_ID/$JAX_NUM_PROCESSES dev=$CUDA_VISIBLE_DEVICES\"",
+        );
+        assert_eq!(code, Some(0), "{out}");
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort_unstable();
+        assert_eq!(
+            lines,
+            [
+                "rank=2 local=0/2 world=4 jax=2/4 dev=GPU-a",
+                "rank=3 local=1/2 world=4 jax=3/4 dev=GPU-b",
+            ]
+        );
+    }
+
+    #[test]
+    fn one_per_gpu_process_failing_stops_the_others_with_its_code() {
+        let (code, out, took) =
+            per_gpu("if [ \"$LOCAL_RANK\" = 1 ]; then exit 7; fi; sleep 30; echo late");
+        assert_eq!(code, Some(7), "{out}");
+        assert!(!out.contains("late"), "{out}");
+        assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+        let (code, _, _) = per_gpu("true");
+        assert_eq!(code, Some(0));
+        assert_eq!(Ranks::parse("per_gpu").unwrap(), Ranks::PerGpu);
+        assert!(matches!(
+            Ranks::parse("per_core"),
+            Err(AppError::Invalid { field, .. }) if field == "ranks"
+        ));
     }
 
     #[test]

@@ -118,6 +118,10 @@ pub struct GangArgs {
     /// (only rank 0 runs it: `mpirun --hostfile $TESSERA_HOSTFILE …`).
     #[arg(long, requires = "nodes")]
     launcher: Option<String>,
+    /// With `--nodes`: `per-node` (default; one process per node, e.g. torchrun) or
+    /// `per-gpu` (one process per GPU, each with its own RANK, LOCAL_RANK and device).
+    #[arg(long, requires = "nodes")]
+    ranks: Option<String>,
 }
 
 /// A GPU request of the workload's own.
@@ -346,6 +350,7 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
                 nodes,
                 gpus_per_node,
                 launcher,
+                ranks,
             } = *gang;
             let command = command.unwrap_or_else(|| shell_join(&args));
             let mut body = json!({"allocation_id": allocation, "command": command, "name": name,
@@ -358,6 +363,9 @@ pub async fn job(remote: &Remote, cmd: JobCommand) -> R<i32> {
                 }
                 if let Some(l) = launcher {
                     body["launcher"] = json!(l);
+                }
+                if let Some(r) = ranks {
+                    body["ranks"] = json!(r.replace('-', "_"));
                 }
             }
             if let Some(range) = array {

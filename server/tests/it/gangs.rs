@@ -143,6 +143,19 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
             "launcher",
         ),
         (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2, "ranks": "per_core"}),
+            "ranks",
+        ),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2,
+                   "launcher": "rank0", "ranks": "per_gpu"}),
+            "ranks",
+        ),
+        (
+            json!({"command": "true", "gpu": "H100-80GB:whole", "ranks": "per_gpu"}),
+            "ranks",
+        ),
+        (
             json!({"command": "true", "gpu": "H100-80GB:whole", "nodes": 2, "retries": 9}),
             "retries",
         ),
@@ -305,11 +318,21 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         if v["state"] == "succeeded" && v["attempt"] == 2 {
             break v;
         }
-        assert!(v["state"] != "failed", "the gang was not retried: {v}");
-        assert!(
-            Instant::now() < deadline,
-            "the retried gang never finished: {v}"
-        );
+        if ["failed", "cancelled"].contains(&v["state"].as_str().unwrap_or_default())
+            || Instant::now() > deadline
+        {
+            let (_, alloc) = a
+                .call(
+                    Method::GET,
+                    &format!(
+                        "/api/v1/allocations/{}",
+                        v["allocation_id"].as_str().unwrap_or_default()
+                    ),
+                    None,
+                )
+                .await;
+            panic!("the gang was not retried to success: {v}\nits allocation: {alloc}");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let tried = done["attempts"].as_array().expect("attempts");
@@ -537,6 +560,61 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
         (all_running - freed).num_milliseconds() as f64 / 1000.0
     );
     assert!(saw_reason, "the waiting gang said it needs 2 nodes");
+    wait_until_used(&a, &t.id, 0).await;
+
+    // One process per GPU: two MIG slices on each of two nodes are four ranks, each with
+    // its own rank, local rank and device; the job ends when all four have.
+    let (s, job) = post_job(
+        app,
+        &t.member,
+        json!({"command": "echo \"proc rank=$RANK local=$LOCAL_RANK/$LOCAL_WORLD_SIZE world=$WORLD_SIZE node=$NODE_RANK dev=$CUDA_VISIBLE_DEVICES\"",
+               "name": "per-gpu", "gpu": "H100-80GB:1g.10gb", "nodes": 2,
+               "gpus_per_node": 2, "ranks": "per_gpu"}),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().expect("id").to_owned();
+    wait_workload(app, &t.member, &id, "succeeded", 240).await;
+    let done = ranks_ended(app, &t.member, &id).await;
+    let mut seen = Vec::new();
+    for rank in 0..2u32 {
+        let (_, text) = log(app, &t.member, &id, rank).await;
+        let devices: Vec<String> = done["ranks"][rank as usize]["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .filter_map(|d| d.as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(devices.len(), 2, "{done}");
+        for line in text.lines().filter(|l| l.starts_with("proc ")) {
+            assert!(line.contains(&format!("node={rank}")), "{line}");
+            // Each process sees one device of its member's, a different one each.
+            let dev = line.rsplit("dev=").next().unwrap_or_default();
+            assert!(!dev.contains(','), "{line}");
+            seen.push((
+                line.split(" dev=").next().unwrap_or_default().to_owned(),
+                dev.to_owned(),
+            ));
+        }
+    }
+    let mut ranks: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
+    ranks.sort_unstable();
+    assert_eq!(
+        ranks,
+        [
+            "proc rank=0 local=0/2 world=4 node=0",
+            "proc rank=1 local=1/2 world=4 node=0",
+            "proc rank=2 local=0/2 world=4 node=1",
+            "proc rank=3 local=1/2 world=4 node=1",
+        ],
+        "{seen:?}"
+    );
+    // (Simulated nodes number their devices alike: distinct within each node.)
+    let devs: std::collections::BTreeSet<(&str, &str)> = seen
+        .iter()
+        .map(|(r, d)| (r.rsplit(' ').next().unwrap_or_default(), d.as_str()))
+        .collect();
+    assert_eq!(devs.len(), 4, "a device of its own each: {seen:?}");
     wait_until_used(&a, &t.id, 0).await;
 
     for agent in agents {

@@ -207,6 +207,9 @@ impl Workloads {
                 .split_whitespace()
                 .map(|a| a.replace("{base_path}", &base))
                 .collect(),
+            WorkloadKind::Job if gang::per_gpu(w) => {
+                tessera_domain::alloc::per_gpu_argv(&w.command)
+            }
             WorkloadKind::Job => vec!["/bin/sh".into(), "-c".into(), w.command.clone()],
         };
         let devices = devices_of(w);

@@ -62,6 +62,7 @@ impl Workloads {
                 gang_rank: i64::try_from(rank).unwrap_or(i64::MAX),
                 gang_size: w.gang_size,
                 gang_launcher: w.gang_launcher.clone(),
+                gang_ranks: w.gang_ranks.clone(),
                 // A requeued gang's new members are told from the old by the attempt.
                 attempt: w.attempt,
                 ..WorkloadRow::new(
@@ -344,23 +345,25 @@ impl Workloads {
         Ok(stopped)
     }
 
-    /// Gang `job` (rank 0, still live) goes again after `why` (a member failed): its
-    /// allocation is given back (every member on it is stopped with it) and the job is
-    /// queued for a new one as its next attempt, members and all. `false` when it has no
+    /// Gang `job` (rank 0) goes again after `why` (a member failed): the job is queued for
+    /// a new allocation as its next attempt, members and all, and the old one is given
+    /// back (this attempt's other members are cancelled). `false` when it has no
     /// retries left or could not be queued again (then it fails like any gang).
     pub(super) async fn retry_gang(&self, job: &WorkloadRow, why: &str) -> Result<bool, AppError> {
         if !retryable(job) {
             return Ok(false);
         }
-        // First give the GPUs back, so that the new request fits the quota the old one
-        // used.
-        let note = format!("its job `{}` goes again: {why}", job.name);
+        // The job moves to its new request first, then the old allocation is given back:
+        // at no moment does the job sit on an ended allocation (which would stop it). A new
+        // request that the old one's units push over the team's limit waits for room and is
+        // admitted as the old one goes (`admit_when_room`).
         let attempt = self.members_now(job.id).await?;
-        self.allocations
-            .release_for_system(job.allocation_id, &note)
-            .await?;
         let moved = self.requeue_as(job, Some(why)).await?;
         if moved {
+            let note = format!("its job `{}` goes again: {why}", job.name);
+            self.allocations
+                .release_for_system(job.allocation_id, &note)
+                .await?;
             // The attempt's other members end with it (rank 0's run is no longer wanted on
             // its node: the job moved on).
             for m in attempt.iter().filter(|m| {
@@ -425,6 +428,11 @@ fn retryable(w: &WorkloadRow) -> bool {
         && w.gang_job.is_none()
         && (w.state.is_live() || w.state == WorkloadState::Succeeded)
         && w.attempt <= w.retries
+}
+
+/// Whether gang member `w` starts one process per GPU.
+pub(super) fn per_gpu(w: &WorkloadRow) -> bool {
+    w.gang_ranks.as_deref() == Some(g::Ranks::PerGpu.as_str())
 }
 
 fn launcher_of(w: &WorkloadRow) -> GangLauncher {

@@ -131,6 +131,8 @@ pub struct NewJob {
     pub image: Option<String>,
     /// A multi-node job (`gpu.nodes`): who runs the command (`each` when absent).
     pub launcher: Option<GangLauncher>,
+    /// A multi-node job: one process per node (absent) or per GPU.
+    pub ranks: Option<tessera_domain::alloc::Ranks>,
     pub idempotency_key: Option<String>,
 }
 
@@ -477,6 +479,26 @@ impl Workloads {
             }
             (None, None) => None,
         };
+        let ranks = req.ranks.unwrap_or_default();
+        if ranks == tessera_domain::alloc::Ranks::PerGpu {
+            match gang {
+                None => {
+                    return Err(AppError::invalid(
+                        "ranks",
+                        "only a multi-node job (gpu with nodes) has ranks",
+                    ));
+                }
+                Some(GangLauncher::Rank0) => {
+                    return Err(AppError::invalid(
+                        "ranks",
+                        "with `launcher: rank0`, mpirun starts a process per slot itself \
+                         (the hostfile gives each node its GPUs as slots): leave ranks out",
+                    ));
+                }
+                Some(GangLauncher::Each) => {}
+            }
+        }
+        let gang = gang.map(|l| (l, ranks));
         self.create(
             p,
             Target::of(req.allocation_id, req.gpu.as_ref())?,
@@ -498,7 +520,7 @@ impl Workloads {
         &self,
         p: &Principal,
         target: Target<'_>,
-        gang: Option<GangLauncher>,
+        gang: Option<(GangLauncher, tessera_domain::alloc::Ranks)>,
         kind: WorkloadKind,
         name: &str,
         command: &str,
@@ -572,7 +594,11 @@ impl Workloads {
             idempotency_key: key.map(str::to_owned),
             owns_allocation: place.owned,
             gang_size: nodes.map(i64::from),
-            gang_launcher: nodes.and(gang).map(|l| l.as_str().to_owned()),
+            gang_launcher: nodes.and(gang).map(|(l, _)| l.as_str().to_owned()),
+            gang_ranks: nodes
+                .and(gang)
+                .filter(|(_, r)| *r == tessera_domain::alloc::Ranks::PerGpu)
+                .map(|(_, r)| r.as_str().to_owned()),
             image: chosen.as_ref().map(|c| c.pinned.clone()),
             image_cuda: chosen
                 .as_ref()

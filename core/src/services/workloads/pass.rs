@@ -160,8 +160,8 @@ impl Workloads {
     }
 
     /// [`requeue`](Self::requeue), for a preemption (`retry` = `None`) or a gang's retry
-    /// after a member failed (`Some(why)`: its allocation was given back first, and the new
-    /// one is the gang's next attempt).
+    /// after a member failed (`Some(why)`: the caller gives the old allocation back once
+    /// the job has moved to the new one, the gang's next attempt).
     pub(super) async fn requeue_as(
         &self,
         w: &WorkloadRow,
@@ -247,19 +247,50 @@ impl Workloads {
         let ended = self
             .attempt_end(w, None, &why, retry.is_none(), Utc::now())
             .await?;
-        let moved = self
-            .store
-            .requeue_workload(
-                w.id,
-                state.as_str(),
-                w.allocation_id,
-                fresh,
-                attempt,
-                &note,
-                &ended,
-            )
-            .await
-            .map_err(internal("requeueing workload"))?;
+        // A report can move it on meanwhile (a gang's rank 0 finishing while another member's
+        // failure retries the gang): while it is still this attempt on the old allocation,
+        // try again from where it is now.
+        let mut from = state;
+        let mut moved = false;
+        for _ in 0..3 {
+            moved = self
+                .store
+                .requeue_workload(
+                    w.id,
+                    from.as_str(),
+                    w.allocation_id,
+                    fresh,
+                    attempt,
+                    &note,
+                    &ended,
+                )
+                .await
+                .map_err(internal("requeueing workload"))?;
+            if moved {
+                break;
+            }
+            let now = self
+                .store
+                .workload(w.id)
+                .await
+                .map_err(internal("loading workload"))?;
+            match now {
+                Some(r)
+                    if r.w.allocation_id == w.allocation_id
+                        && r.w.attempt == w.attempt
+                        && r.w.state != from
+                        && (matches!(
+                            r.w.state,
+                            WorkloadState::Pending
+                                | WorkloadState::Starting
+                                | WorkloadState::Running
+                        ) || (retry.is_some() && r.w.state == WorkloadState::Succeeded)) =>
+                {
+                    from = r.w.state;
+                }
+                _ => break,
+            }
+        }
         if moved {
             // Its old node stops the run it no longer wants.
             self.tell_node(w.node_id);

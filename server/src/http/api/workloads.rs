@@ -263,6 +263,12 @@ pub(super) struct NewJobBody {
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     launcher: Option<String>,
+    /// A multi-node job with the `each` launcher: `per_node` (default: one process per
+    /// node, e.g. `torchrun --nproc-per-node`) or `per_gpu` (one process per GPU, each with
+    /// its own `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and `CUDA_VISIBLE_DEVICES`).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    ranks: Option<String>,
     /// Anything else: refused (422 naming it), never silently dropped.
     #[serde(flatten)]
     #[schema(ignore)]
@@ -307,6 +313,11 @@ pub(super) async fn submit_job(
             .launcher
             .as_deref()
             .map(tessera_domain::wire::GangLauncher::parse)
+            .transpose()?,
+        ranks: b
+            .ranks
+            .as_deref()
+            .map(tessera_domain::alloc::Ranks::parse)
             .transpose()?,
         idempotency_key: headers
             .get("idempotency-key")
