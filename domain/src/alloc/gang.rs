@@ -93,7 +93,8 @@ while [ "$i" -lt "$n" ]; do
   (
     r=$((node * n + i)); export LOCAL_RANK=$i LOCAL_WORLD_SIZE=$n RANK=$r WORLD_SIZE=$((nodes * n))
     export JAX_PROCESS_ID=$r JAX_NUM_PROCESSES=$((nodes * n))
-    if [ -n "$devs" ]; then export CUDA_VISIBLE_DEVICES="$(echo "$devs" | cut -d, -f$((i + 1)))"; fi
+    if [ -n "$devs" ]; then export CUDA_VISIBLE_DEVICES="$(echo "$devs" | cut -d, -f$((i + 1)))"
+    else export CUDA_VISIBLE_DEVICES=$i; fi
     trap - TERM INT USR1; /bin/sh -c "$1"; rc=$?
     if [ "$rc" -ne 0 ]; then [ -s "$rcfile" ] || echo "$rc" > "$rcfile"; kill -USR1 $$; fi
     exit "$rc"
@@ -383,19 +384,30 @@ mod tests {
     /// Runs the per-GPU launcher with a member's environment (node rank 1 of 2, two
     /// devices).
     fn per_gpu(command: &str) -> (Option<i32>, String, std::time::Duration) {
+        per_gpu_on(command, Some("GPU-a,GPU-b"))
+    }
+
+    /// … with `devices` as `CUDA_VISIBLE_DEVICES` (`None`: unset, as in a Kubernetes pod
+    /// that sees only its own GPUs).
+    fn per_gpu_on(
+        command: &str,
+        devices: Option<&str>,
+    ) -> (Option<i32>, String, std::time::Duration) {
         use std::os::unix::process::CommandExt;
         let argv = per_gpu_argv(command);
         let t = std::time::Instant::now();
-        let out = std::process::Command::new(&argv[0])
-            .args(&argv[1..])
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..])
             // Its own process group, as a container's first process has.
             .process_group(0)
             .env("TESSERA_GANG_GPUS_PER_NODE", "2")
             .env("TESSERA_GANG_SIZE", "2")
             .env("NODE_RANK", "1")
-            .env("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b")
-            .output()
-            .unwrap();
+            .env_remove("CUDA_VISIBLE_DEVICES");
+        if let Some(d) = devices {
+            cmd.env("CUDA_VISIBLE_DEVICES", d);
+        }
+        let out = cmd.output().unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -419,6 +431,11 @@ mod tests {
                 "rank=3 local=1/2 world=4 jax=3/4 dev=GPU-b",
             ]
         );
+        // No list to narrow (a container that sees only its GPUs): by index.
+        let (_, out, _) = per_gpu_on("echo \"$RANK:$CUDA_VISIBLE_DEVICES\"", None);
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort_unstable();
+        assert_eq!(lines, ["2:0", "3:1"]);
     }
 
     #[test]
