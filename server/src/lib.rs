@@ -49,6 +49,9 @@ pub struct AppState {
     pub leading: Arc<AtomicBool>,
     /// What could be on someone's screen, for the live-update streams (`/events`).
     pub changes: tokio::sync::watch::Receiver<Arc<tessera_core::services::changes::Snapshot>>,
+    /// The Kubernetes executor (`TESSERA_EXECUTOR=kubernetes`): `tessera exec` goes through
+    /// its API server.
+    pub kube: Option<Arc<k8s::KubeExecutor>>,
 }
 
 /// Connects to the database, migrates, bootstraps the admin, then serves on `listener`
@@ -211,6 +214,14 @@ pub async fn run(
              whoever opens it"
         ),
     }
+    let kube = match config.executor {
+        config::Executor::Local => None,
+        config::Executor::Kubernetes => Some(Arc::new(
+            k8s::KubeExecutor::connect(config.kubernetes.clone())
+                .await
+                .context("TESSERA_EXECUTOR=kubernetes")?,
+        )),
+    };
     let (changes_tx, changes) = tokio::sync::watch::channel(Arc::default());
     let state = AppState {
         config: Arc::new(config.clone()),
@@ -221,20 +232,13 @@ pub async fn run(
         draining: Arc::new(AtomicBool::new(false)),
         leading: Arc::new(AtomicBool::new(false)),
         changes,
+        kube: kube.clone(),
     };
     tokio::spawn(http::events::watch(
         state.services.clone(),
         changes_tx,
         state.draining.clone(),
     ));
-    let kube = match config.executor {
-        config::Executor::Local => None,
-        config::Executor::Kubernetes => Some(Arc::new(
-            k8s::KubeExecutor::connect(config.kubernetes.clone())
-                .await
-                .context("TESSERA_EXECUTOR=kubernetes")?,
-        )),
-    };
     let relay = tokio::spawn(leader::relay_node_signals(state.services.clone()));
     let (stop_leading, stop_rx) = tokio::sync::watch::channel(false);
     let leader = tokio::spawn(

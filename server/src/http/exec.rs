@@ -18,6 +18,8 @@
 use super::auth::{Caller, NodeCaller};
 use super::error::{ApiError, Conflict, Forbidden, Invalid, NotFound, Path, Unauthorized};
 use crate::AppState;
+use crate::config::ServeConfig;
+use crate::k8s::{self, KubeExecutor};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -25,9 +27,10 @@ use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 use tessera_core::auth::secret;
+use tessera_core::services::workloads::ExecTarget;
 use tessera_domain::error::AppError;
 use tessera_domain::wire::{ExecRequest, exec_frame};
 use tokio::sync::oneshot;
@@ -192,15 +195,13 @@ pub(super) async fn exec_workload(
         .workloads
         .exec_target(&p, id, ask.rank, &ask.argv, ask.tty)
         .await?;
-    if s.config.executor == crate::config::Executor::Kubernetes {
-        return Err(AppError::conflict(
-            "exec is not available with the Kubernetes executor yet; use kubectl exec",
-        )
-        .into());
-    }
     let Some(key) = websocket_key(req.headers()) else {
         return Ok(not_websocket());
     };
+    if let Some(kube) = s.kube.clone() {
+        let answer = switching(key);
+        return pod_exec(&kube, req, answer, &target, ask, &s.config).await;
+    }
     let answer = switching(key);
     let session = Uuid::new_v4();
     let (deliver, taken) = oneshot::channel();
@@ -234,6 +235,186 @@ pub(super) async fn exec_workload(
         run_session(session, user, taken, idle).await;
     });
     Ok(answer)
+}
+
+/// `tessera exec` with the Kubernetes executor: the command runs in the workload's pod
+/// through the API server (`k8s::exec`), and this replica turns Kubernetes' channels into
+/// Tessera's exec frames.
+async fn pod_exec(
+    kube: &Arc<KubeExecutor>,
+    mut req: Request,
+    answer: Response,
+    target: &ExecTarget,
+    ask: ExecAsk,
+    config: &ServeConfig,
+) -> Result<Response, ApiError> {
+    let pod = k8s::exec::find_pod(
+        kube,
+        &target.team_id.to_string(),
+        &target.job.to_string(),
+        target.rank,
+    )
+    .await
+    .map_err(|e| {
+        tracing::warn!(error = %format!("{e:#}"), "exec: finding the pod");
+        AppError::conflict("the cluster's API server could not be asked for the workload's pod")
+    })?;
+    let Some((ns, name)) = pod else {
+        return Err(AppError::conflict("the workload has no running pod (yet)").into());
+    };
+    let process = kube
+        .exec(&ns, &name, &ask.argv, ask.tty)
+        .await
+        .map_err(|e| AppError::conflict(format!("the pod did not start the command: {e:#}")))?;
+    let idle = Duration::from_secs(config.exec_idle_minutes.saturating_mul(60));
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(u) => {
+                let user =
+                    WebSocketStream::from_raw_socket(TokioIo::new(u), Role::Server, None).await;
+                pod_session(user, process, idle).await;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "exec: the client's upgrade failed");
+                process.abort();
+            }
+        }
+    });
+    Ok(answer)
+}
+
+/// Copies the user's stdin and terminal sizes to the pod's process and its output back,
+/// then sends its exit code; the process is ended when the user goes or nothing moves for
+/// `idle`.
+async fn pod_session(user: Socket, mut process: kube::api::AttachedProcess, idle: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut user_tx, mut user_rx) = user.split();
+    let mut stdin = process.stdin();
+    let mut stdout = process.stdout();
+    let mut stderr = process.stderr();
+    let mut resize = process.terminal_size();
+    let status = process.take_status();
+    // The final `Status` (`None`: the connection ended without one). The output pipes
+    // end only when the connection ends cleanly: once the status is in, what is left of
+    // the output is read for at most 2 s.
+    let mut status = Box::pin(async move {
+        match status {
+            Some(s) => s.await,
+            None => None,
+        }
+    });
+    let mut ended = None;
+    let mut drain = tokio::time::Instant::now();
+    let (mut out_buf, mut err_buf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    let mut deadline = tokio::time::Instant::now() + idle;
+    let frame = |c: exec_frame::Channel, b: &[u8]| Message::Binary(exec_frame::encode(c, b).into());
+    let mut gone = false;
+    while stdout.is_some() || stderr.is_some() || ended.is_none() {
+        tokio::select! {
+            n = async { stdout.as_mut()?.read(&mut out_buf).await.ok() }, if stdout.is_some() => {
+                match n {
+                    Some(n) if n > 0 => {
+                        deadline = tokio::time::Instant::now() + idle;
+                        if user_tx.send(frame(exec_frame::Channel::Stdout, &out_buf[..n])).await.is_err() {
+                            gone = true;
+                            break;
+                        }
+                    }
+                    _ => stdout = None,
+                }
+            }
+            n = async { stderr.as_mut()?.read(&mut err_buf).await.ok() }, if stderr.is_some() => {
+                match n {
+                    Some(n) if n > 0 => {
+                        deadline = tokio::time::Instant::now() + idle;
+                        if user_tx.send(frame(exec_frame::Channel::Stderr, &err_buf[..n])).await.is_err() {
+                            gone = true;
+                            break;
+                        }
+                    }
+                    _ => stderr = None,
+                }
+            }
+            st = &mut status, if ended.is_none() => {
+                ended = Some(st);
+                drain = tokio::time::Instant::now() + Duration::from_secs(2);
+            }
+            () = tokio::time::sleep_until(drain), if ended.is_some() => break,
+            m = user_rx.next() => match m {
+                Some(Ok(Message::Binary(b))) => {
+                    deadline = tokio::time::Instant::now() + idle;
+                    match exec_frame::decode(&b) {
+                        Some((exec_frame::Channel::Stdin, data)) if data.is_empty() => {
+                            // The pipe's halves share it: only a shutdown tells the other
+                            // end it ended (then the API server is told the stream closed).
+                            if let Some(mut w) = stdin.take() {
+                                let _ = w.shutdown().await;
+                            }
+                        }
+                        Some((exec_frame::Channel::Stdin, data)) => {
+                            if let Some(w) = stdin.as_mut()
+                                && w.write_all(data).await.is_err()
+                            {
+                                stdin = None;
+                            }
+                        }
+                        Some((exec_frame::Channel::Resize, data)) => {
+                            let size: Option<serde_json::Value> = serde_json::from_slice(data).ok();
+                            let dim = |k: &str| {
+                                size.as_ref()
+                                    .and_then(|v| v[k].as_u64())
+                                    .and_then(|n| u16::try_from(n).ok())
+                            };
+                            if let (Some(r), Some(width), Some(height)) =
+                                (resize.as_mut(), dim("cols"), dim("rows"))
+                            {
+                                let _ = r
+                                    .try_send(kube::api::TerminalSize { width, height });
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                    gone = true;
+                    break;
+                }
+                Some(Ok(_)) => {}
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                let msg = format!(
+                    "tessera: exec closed after {} minutes without traffic\n",
+                    idle.as_secs() / 60
+                );
+                let _ = user_tx.send(frame(exec_frame::Channel::Stderr, msg.as_bytes())).await;
+                gone = true;
+                break;
+            }
+        }
+    }
+    if gone {
+        process.abort();
+    } else {
+        let code = k8s::exec::exit_code(ended.flatten().as_ref());
+        let _ = user_tx
+            .send(frame(
+                exec_frame::Channel::Exit,
+                serde_json::json!({ "code": code }).to_string().as_bytes(),
+            ))
+            .await;
+    }
+    let _ = user_tx.send(Message::Close(None)).await;
+    // The closing handshake: read what the user still sends (a closed stdin, its Close)
+    // so that the connection is not reset with it unread.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(m)) = user_rx.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Waits for the agent's socket, then splices the two.

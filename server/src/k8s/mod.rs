@@ -16,6 +16,7 @@
 //! wanted. Everything it does is idempotent (a create that finds the object is fine), so a
 //! restart just continues.
 
+pub mod exec;
 mod objects;
 
 use anyhow::Context;
@@ -636,7 +637,9 @@ impl KubeExecutor {
                         mem.created_gangs += 1;
                         j
                     }
-                    Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
+                    // Made by a round this executor forgot (a restart): the next round
+                    // lists it and makes its Service and policy.
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
                     Err(e) => {
                         return Err(anyhow::Error::new(e).context(format!("creating Job {name}")));
                     }

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use tessera_domain::wire::exec_frame::{self, Channel};
 use tokio_tungstenite::tungstenite::Message;
 
-type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+pub(crate) type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// What a session gave back.
 #[derive(Debug, Default)]
-struct Output {
-    stdout: String,
-    stderr: String,
-    code: Option<i32>,
+pub(crate) struct Output {
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) code: Option<i32>,
 }
 
 /// Opens an exec session; `Err((status, body))` when the server refuses the upgrade.
@@ -32,12 +32,25 @@ async fn open(
     argv: &[&str],
     tty: bool,
 ) -> Result<Socket, (u16, String)> {
+    open_rank(app, token, id, 0, argv, tty).await
+}
+
+/// [`open`] in rank `rank` of a multi-node job.
+pub(crate) async fn open_rank(
+    app: &TestApp,
+    token: &str,
+    id: &str,
+    rank: u32,
+    argv: &[&str],
+    tty: bool,
+) -> Result<Socket, (u16, String)> {
     let addr = app.base.trim_start_matches("http://");
     let mut query: Vec<String> = argv
         .iter()
         .map(|a| format!("command={}", urlencode(a)))
         .collect();
     query.push(format!("tty={tty}"));
+    query.push(format!("rank={rank}"));
     let url = format!("ws://{addr}/api/v1/workloads/{id}/exec?{}", query.join("&"));
     let mut req =
         tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
@@ -71,14 +84,14 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-async fn send(ws: &mut Socket, channel: Channel, payload: &[u8]) {
+pub(crate) async fn send(ws: &mut Socket, channel: Channel, payload: &[u8]) {
     ws.send(Message::Binary(exec_frame::encode(channel, payload).into()))
         .await
         .expect("send");
 }
 
 /// Reads the session until it closes (or `until` shows up in stdout, when given).
-async fn read(ws: &mut Socket, until: Option<&str>) -> Output {
+pub(crate) async fn read(ws: &mut Socket, until: Option<&str>) -> Output {
     let mut out = Output::default();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -190,7 +190,198 @@ impl Store {
     }
 }
 
+/// Every value of query parameter `name`, in order (`command` repeats).
+fn query_params(query: &str, name: &str) -> Vec<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| {
+            let v = v.replace('+', " ");
+            let mut out = Vec::new();
+            let b = v.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%'
+                    && let Some(h) = v.get(i + 1..i + 3)
+                    && let Ok(n) = u8::from_str_radix(h, 16)
+                {
+                    out.push(n);
+                    i += 3;
+                } else {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        })
+        .collect()
+}
+
+/// The kubelet's part of `pods/{name}/exec`, as the API server relays it: a WebSocket
+/// with the `v5.channel.k8s.io` subprotocol (the first byte of each binary message is
+/// the channel: 0 stdin, 1 stdout, 2 stderr, 3 the final `Status`, 255 a stream closed).
+/// The command runs on this host (the fake has no containers); only the `main`
+/// container of a running pod takes it.
+async fn exec(store: Arc<Mutex<Store>>, mut req: Request, t: Target) -> Response {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let path = key(
+        &t.gv,
+        t.namespace.as_deref(),
+        "pods",
+        t.name.as_deref().unwrap_or(""),
+    );
+    {
+        let mut s = store.lock().expect("fake kube store");
+        // The WebSocket upgrade the API server authorizes as `create` on `pods/exec`.
+        s.requests.push(format!("CONNECT {path}/exec"));
+        match s.objects.get(&path) {
+            None => {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("pods {path} not found"),
+                );
+            }
+            Some(p) if p["status"]["phase"] != "Running" => {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "pod is not running".into(),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    if query_params(&query, "container") != ["main"] {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "no such container".into(),
+        );
+    }
+    let argv = query_params(&query, "command");
+    let offered = req
+        .headers()
+        .get("sec-websocket-protocol")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "not a WebSocket".into(),
+        );
+    };
+    if !offered.split(',').any(|p| p.trim() == "v5.channel.k8s.io") {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "no supported protocol".into(),
+        );
+    }
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(u) = upgrade.await else { return };
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(u),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        let (mut tx, mut rx) = ws.split();
+        let Some((program, args)) = argv.split_first() else {
+            return;
+        };
+        let child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                let st = json!({"status": "Failure", "message": e.to_string()});
+                let _ = tx
+                    .send(Message::binary(
+                        [&[3u8][..], st.to_string().as_bytes()].concat(),
+                    ))
+                    .await;
+                return;
+            }
+        };
+        let mut stdin = child.stdin.take();
+        let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+        let (mut ob, mut eb) = (vec![0u8; 8192], vec![0u8; 8192]);
+        while out.is_some() || err.is_some() {
+            tokio::select! {
+                n = async { out.as_mut()?.read(&mut ob).await.ok() }, if out.is_some() => match n {
+                    Some(n) if n > 0 => { let _ = tx.send(Message::binary([&[1u8][..], &ob[..n]].concat())).await; }
+                    _ => out = None,
+                },
+                n = async { err.as_mut()?.read(&mut eb).await.ok() }, if err.is_some() => match n {
+                    Some(n) if n > 0 => { let _ = tx.send(Message::binary([&[2u8][..], &eb[..n]].concat())).await; }
+                    _ => err = None,
+                },
+                m = rx.next() => match m {
+                    Some(Ok(Message::Binary(b))) => match b.first() {
+                        Some(0) => {
+                            if let Some(w) = stdin.as_mut() {
+                                let _ = w.write_all(&b[1..]).await;
+                            }
+                        }
+                        Some(255) if b.get(1) == Some(&0) => stdin = None,
+                        _ => {}
+                    },
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+        let code = child
+            .wait()
+            .await
+            .ok()
+            .and_then(|s| s.code())
+            .unwrap_or(137);
+        let st = if code == 0 {
+            json!({"metadata": {}, "status": "Success"})
+        } else {
+            json!({"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                   "message": format!("command terminated with non-zero exit code: {code}"),
+                   "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]}})
+        };
+        let _ = tx
+            .send(Message::binary(
+                [&[3u8][..], st.to_string().as_bytes()].concat(),
+            ))
+            .await;
+        let _ = tx.send(Message::Close(None)).await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-accept", accept)
+        .header("sec-websocket-protocol", "v5.channel.k8s.io")
+        .body(axum::body::Body::empty())
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
 async fn handle(State(store): State<Arc<Mutex<Store>>>, req: Request) -> Response {
+    if let Some(t) = parse(req.uri().path())
+        && t.plural == "pods"
+        && t.sub.as_deref() == Some("exec")
+    {
+        return exec(store, req, t).await;
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();

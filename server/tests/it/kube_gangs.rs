@@ -3,10 +3,12 @@
 //! each on one of the members' nodes, never two on one node, its rank from its completion
 //! index), a headless Service giving the pods the DNS names the launch environment names,
 //! a NetworkPolicy letting only the gang's pods reach each other, and the team's quota
-//! covering every member. Each pod reports as its member; one failing ends the gang and
-//! the Job (Service and policy with it); `launcher: rank0` is refused with a reason.
+//! covering every member. Each pod reports as its member; `tessera exec` reaches a rank's
+//! pod through the API server's exec; one failing ends the gang and the Job (Service and
+//! policy with it); `launcher: rank0` is refused with a reason.
 
 use crate::allocations::{SimAgent, set_quota, team};
+use crate::exec::{open_rank, read, send};
 use crate::gangs::{log, post_job, ranks_ended, wait_until_used};
 use crate::kubernetes::{env_var, on_fake_cluster, wait_for};
 use crate::on_both_databases;
@@ -15,8 +17,18 @@ use crate::workloads::{get, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use tessera_domain::wire::exec_frame::Channel;
 
 on_both_databases!(a_gang_is_one_indexed_job_behind_a_headless_service);
+
+/// What gangs and `tessera exec` need of the server's ClusterRole beyond the rest:
+/// headless Services and exec (the WebSocket upgrade is authorized as `create` on
+/// `pods/exec`; clusters before Kubernetes 1.31 checked `get`).
+pub const GANG_GRANTS: [(&str, &str, &str); 3] = [
+    ("", "services", "create"),
+    ("", "pods/exec", "create"),
+    ("", "pods/exec", "get"),
+];
 
 /// Nodes online with their GPUs, by hostname prefix.
 async fn online(a: &AdminClient, prefix: &str) -> usize {
@@ -305,6 +317,54 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // `tessera exec` goes through the API server's exec subresource into the rank's pod
+    // (the fake plays the kubelet: the command runs on this host): output, input, the
+    // exit code; the wrong rank is refused; another team's member gets 404.
+    let mut ws = open_rank(
+        app,
+        &t.member,
+        &id,
+        1,
+        &["sh", "-c", "echo in-pod; exit 3"],
+        false,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("exec refused: {e:?}"));
+    send(&mut ws, Channel::Stdin, b"").await;
+    let out = read(&mut ws, None).await;
+    assert_eq!(out.stdout, "in-pod\n", "{out:?}");
+    assert_eq!(out.code, Some(3), "{out:?}");
+    let p1_path = format!(
+        "CONNECT /api/v1/namespaces/{ns}/pods/{}/exec",
+        p1["metadata"]["name"].as_str().expect("name")
+    );
+    assert!(kube.requests().contains(&p1_path), "{:?}", kube.requests());
+    let mut ws = open_rank(app, &t.member, &id, 0, &["cat"], false)
+        .await
+        .unwrap_or_else(|e| panic!("exec refused: {e:?}"));
+    send(&mut ws, Channel::Stdin, b"typed\n").await;
+    let echoed = read(&mut ws, Some("typed")).await;
+    assert_eq!(echoed.stdout, "typed\n");
+    send(&mut ws, Channel::Stdin, b"").await;
+    let done = read(&mut ws, None).await;
+    assert_eq!(done.code, Some(0), "{done:?}");
+    let p0_path = format!(
+        "CONNECT /api/v1/namespaces/{ns}/pods/{}/exec",
+        p0["metadata"]["name"].as_str().expect("name")
+    );
+    assert!(kube.requests().contains(&p0_path), "{:?}", kube.requests());
+    let (s, _) = open_rank(app, &t.member, &id, 2, &["true"], false)
+        .await
+        .map(|_| (101, String::new()))
+        .unwrap_or_else(|e| e);
+    assert_eq!(s, 422, "no rank 2");
+    let stranger = team(&a, "kgang-other").await;
+    let (s, _) = open_rank(app, &stranger.member, &id, 1, &["true"], false)
+        .await
+        .map(|_| (101, String::new()))
+        .unwrap_or_else(|e| e);
+    assert_eq!(s, 404);
+
     // Rank 1's pod fails: the job fails naming it, the Job goes (its Service and policy
     // with it), and the GPUs are back.
     kube.set_pod_status(
@@ -360,4 +420,16 @@ async fn a_gang_is_one_indexed_job_behind_a_headless_service(db: Db) {
             .is_empty()
     );
     wait_until_used(&a, &t.id, 0).await;
+
+    // The server's ClusterRole grants all of it (`kubernetes.rs` holds it to exactly what
+    // the executor uses, these grants included).
+    let used = crate::kubernetes::role_use(&kube);
+    let grants = crate::deploy::server_role_grants();
+    assert!(used.is_subset(&grants), "{used:?} ⊄ {grants:?}");
+    for (g, r, v) in GANG_GRANTS {
+        let grant = (g.to_owned(), r.to_owned(), v.to_owned());
+        assert!(grants.contains(&grant), "{grant:?}");
+        let older_clusters = r == "pods/exec" && v == "get";
+        assert!(used.contains(&grant) || older_clusters, "{grant:?} unused");
+    }
 }

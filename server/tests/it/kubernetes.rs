@@ -353,10 +353,13 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     .await;
 
     // The server's ClusterRole (deploy/kubernetes) grants exactly what the executor did
-    // here and, for the pull secrets, in `kube_images.rs` (which checks those grants).
+    // here and, for the pull secrets, in `kube_images.rs`, for gangs and exec in
+    // `kube_gangs.rs` (which check those grants).
     let mut used = role_use(&kube);
     used.extend(
         crate::kube_images::PULL_SECRET_GRANTS
+            .into_iter()
+            .chain(crate::kube_gangs::GANG_GRANTS)
             .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned())),
     );
     assert_eq!(crate::deploy::server_role_grants(), used);
@@ -383,7 +386,7 @@ pub fn role_use(kube: &FakeKube) -> std::collections::BTreeSet<(String, String, 
             other => panic!("unexpected path {other:?}"),
         };
         let verb = match (method, named) {
-            ("POST", _) => "create",
+            ("POST" | "CONNECT", _) => "create",
             ("PUT", _) => "update",
             ("PATCH", _) => "patch",
             ("DELETE", _) => "delete",

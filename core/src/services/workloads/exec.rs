@@ -17,6 +17,11 @@ pub struct ExecTarget {
     /// The workload the command runs in (its run on the node).
     pub workload_id: Uuid,
     pub node_id: Uuid,
+    /// The workload asked for (rank 0 of a gang), its rank and its team: how the
+    /// Kubernetes executor finds the pod.
+    pub job: Uuid,
+    pub rank: u32,
+    pub team_id: Uuid,
 }
 
 impl Workloads {
@@ -93,6 +98,9 @@ impl Workloads {
         Ok(ExecTarget {
             workload_id: target,
             node_id,
+            job: id,
+            rank,
+            team_id: row.w.team_id,
         })
     }
 }
