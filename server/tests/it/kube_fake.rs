@@ -364,6 +364,16 @@ async fn exec(store: Arc<Mutex<Store>>, mut req: Request, t: Target) -> Response
             ))
             .await;
         let _ = tx.send(Message::Close(None)).await;
+        // The closing handshake, as the API server does it: the connection stays until
+        // the client closes too (what it sends meanwhile, e.g. a closed stdin, is read).
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while let Some(Ok(m)) = rx.next().await {
+                if m.is_close() {
+                    break;
+                }
+            }
+        })
+        .await;
     });
     Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
