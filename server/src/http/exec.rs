@@ -345,7 +345,7 @@ async fn pod_session(user: Socket, mut process: kube::api::AttachedProcess, idle
                 Some(Ok(Message::Binary(b))) => {
                     deadline = tokio::time::Instant::now() + idle;
                     match exec_frame::decode(&b) {
-                        Some((exec_frame::Channel::Stdin, data)) if data.is_empty() => {
+                        Some((exec_frame::Channel::Stdin, [])) => {
                             // The pipe's halves share it: only a shutdown tells the other
                             // end it ended (then the API server is told the stream closed).
                             if let Some(mut w) = stdin.take() {

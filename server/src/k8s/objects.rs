@@ -789,7 +789,6 @@ pub fn gang_policy(s: &KubeSettings, job: &Job, team: &str, gang: &str) -> Netwo
                     ports: Some(vec![port53("UDP"), port53("TCP")]),
                 },
             ]),
-            ..NetworkPolicySpec::default()
         }),
     }
 }
