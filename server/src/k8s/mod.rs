@@ -309,7 +309,8 @@ impl KubeExecutor {
         {
             // A member's address is its pod's DNS name, known before anything exists: the
             // server sends the peers (and the gang is created) once every member has one.
-            let addr = gang_member_addr(&self.s, &spec.workspace, &g.job, g.rank);
+            let key = gang_key(&g.job, &spec.id);
+            let addr = gang_member_addr(&self.s, &spec.workspace, &key, g.rank);
             r.gang_addr = Some(addr.clone());
             r.gang_via = Some(addr);
             if g.launcher == GangLauncher::Rank0 {
@@ -488,16 +489,19 @@ impl KubeExecutor {
         }
         // Gangs: one Indexed Job for all members. A gang's objects stay while any member
         // should run (a rank that finished first must not take the others with it).
-        let mut gangs: BTreeMap<&str, Vec<(&NodeIdentity, &WorkloadSpec)>> = BTreeMap::new();
+        let mut gangs: BTreeMap<String, Vec<(&NodeIdentity, &WorkloadSpec)>> = BTreeMap::new();
         for (node, w) in desired {
             if let Some(g) = &w.gang {
-                gangs.entry(g.job.as_str()).or_default().push((node, w));
+                gangs
+                    .entry(gang_key(&g.job, &w.id))
+                    .or_default()
+                    .push((node, w));
             }
         }
         let live_gangs: HashSet<&str> = gangs
             .iter()
             .filter(|(_, ms)| ms.iter().any(|(_, w)| w.run))
-            .map(|(g, _)| *g)
+            .map(|(g, _)| g.as_str())
             .collect();
         for (gang, members) in &gangs {
             if let Err(e) = self.ensure_gang(mem, gang, members, seen).await {

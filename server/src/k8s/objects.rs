@@ -592,15 +592,27 @@ pub fn job(s: &KubeSettings, spec: &WorkloadSpec, node: &str, hostname: &str) ->
     }
 }
 
-/// The name of a gang's Indexed Job, headless Service and NetworkPolicy.
-pub fn gang_name(gang_job: &str) -> String {
-    format!("gang-{gang_job}")
+/// A gang attempt's key, the value of its objects' [`LABEL_GANG`]: the job's id, and after
+/// a retry its attempt as run ids carry it (`<job>.<attempt>`, from a member's run id). A
+/// retried gang's objects never share a name with the last attempt's, which may still be
+/// going away.
+pub fn gang_key(gang_job: &str, member_run: &str) -> String {
+    match member_run.split_once('.') {
+        Some((_, attempt)) => format!("{gang_job}.{attempt}"),
+        None => gang_job.to_owned(),
+    }
+}
+
+/// The name of a gang's Indexed Job, headless Service and NetworkPolicy (`key`:
+/// [`gang_key`]).
+pub fn gang_name(key: &str) -> String {
+    format!("gang-{}", key.replace('.', "-"))
 }
 
 /// Member `rank`'s address: its pod's DNS name (the pod's hostname `<job>-<index>`
 /// under the headless Service of the same name), known before the pod exists.
-pub fn gang_member_addr(s: &KubeSettings, team: &str, gang_job: &str, rank: u32) -> String {
-    let name = gang_name(gang_job);
+pub fn gang_member_addr(s: &KubeSettings, team: &str, key: &str, rank: u32) -> String {
+    let name = gang_name(key);
     format!("{name}-{rank}.{name}.{}.svc", namespace_name(s, team))
 }
 
@@ -628,10 +640,11 @@ fn gang_selector(gang_job: &str) -> LabelSelector {
 /// read through the downward API. Its pods are `<job>-<index>` under the headless
 /// Service [`gang_service`], the addresses [`gang_member_addr`] told the members.
 pub fn gang_job(s: &KubeSettings, rank0: &WorkloadSpec, members: &[GangMember<'_>]) -> Job {
-    let gang = rank0
+    let key = rank0
         .gang
         .as_ref()
-        .map_or(rank0.id.as_str(), |g| g.job.as_str());
+        .map_or_else(|| rank0.id.clone(), |g| gang_key(&g.job, &rank0.id));
+    let gang = key.as_str();
     let name = gang_name(gang);
     let ns = namespace_name(s, &rank0.workspace);
     let node0 = members.first().map_or("", |m| m.node);
@@ -832,6 +845,19 @@ mod tests {
             image: None,
             gang: None,
         }
+    }
+
+    #[test]
+    fn a_retried_gang_gets_names_of_its_own() {
+        let s = settings();
+        assert_eq!(gang_key("j1", "m1"), "j1");
+        assert_eq!(gang_key("j1", "m1.2"), "j1.2");
+        assert_eq!(gang_name("j1"), "gang-j1");
+        assert_eq!(gang_name("j1.2"), "gang-j1-2");
+        assert_eq!(
+            gang_member_addr(&s, "t", "j1.2", 1),
+            "gang-j1-2-1.gang-j1-2.tessera-team-t.svc"
+        );
     }
 
     #[test]
