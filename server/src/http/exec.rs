@@ -405,16 +405,7 @@ async fn pod_session(user: Socket, mut process: kube::api::AttachedProcess, idle
             .await;
     }
     let _ = user_tx.send(Message::Close(None)).await;
-    // The closing handshake: read what the user still sends (a closed stdin, its Close)
-    // so that the connection is not reset with it unread.
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while let Some(Ok(m)) = user_rx.next().await {
-            if m.is_close() {
-                break;
-            }
-        }
-    })
-    .await;
+    closing_handshake(&mut user_rx).await;
 }
 
 /// Waits for the agent's socket, then splices the two.
@@ -503,6 +494,21 @@ async fn splice(user: Socket, agent: Socket, idle: Duration) {
     }
     let _ = user_tx.send(Message::Close(None)).await;
     let _ = agent_tx.send(Message::Close(None)).await;
+    closing_handshake(&mut user_rx).await;
+}
+
+/// Reads what the user still sends (a closed stdin, its Close) for up to 2 s after the
+/// server's Close: a connection closed with input unread is reset, and a reset can reach
+/// the client before the exit frame it has not read yet.
+async fn closing_handshake(user_rx: &mut futures_util::stream::SplitStream<Socket>) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(m)) = user_rx.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// The agent takes a session: `GET /agent/v1/exec/{session}` as a WebSocket, with the
