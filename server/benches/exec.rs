@@ -18,9 +18,8 @@ use futures_util::{SinkExt, StreamExt};
 use reqwest::Method;
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{call, env_usize, login, token_for};
+use support::{InProcess, call, env_usize, login, token_for};
 use tessera_domain::wire::exec_frame;
-use tessera_server::config::{Secret, ServeConfig};
 use tokio_tungstenite::tungstenite::Message;
 
 const PW: &str = "bench-admin-password";
@@ -74,28 +73,8 @@ async fn round_trip(addr: &str, token: &str, job: &str) -> f64 {
 async fn main() {
     let runs = env_usize("RUNS", 50).max(2);
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}/bench.db?mode=rwc", dir.path().display());
-    let mut config = ServeConfig::for_tests(&url);
-    config.admin_password = Some(Secret::new(PW));
-    config.site_root = dir.path().join("site");
-    config.no_sim = false;
-    config.sim_nodes = "bench-h100=H100-80GB*1".into();
-    config.sim_state_dir = dir.path().join("sim");
-    config.agent_bin = Some(agent_bin());
-    config.scheduler_interval = Duration::from_millis(200);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let base = format!("http://{addr}");
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        tessera_server::run(config, listener, async {
-            let _ = rx.await;
-        })
-        .await
-        .expect("server");
-    });
+    let server = InProcess::start(dir.path(), PW, agent_bin()).await;
+    let (addr, base) = (server.addr.clone(), server.base());
     let admin = login(&base, "admin", PW).await;
     let (s, team) = call(
         &base,
@@ -186,6 +165,5 @@ async fn main() {
         serde_json::Value::Null,
     )
     .await;
-    let _ = tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), server).await;
+    server.stop().await;
 }

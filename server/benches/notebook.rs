@@ -22,8 +22,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::login;
-use tessera_server::config::{Secret, ServeConfig};
+use support::{InProcess, login};
+use tessera_server::config::ServeConfig;
 
 const PW: &str = "bench-admin-password";
 
@@ -118,27 +118,8 @@ async fn main() {
     let requests = env_usize("REQUESTS", 2000);
     let concurrency = env_usize("CONCURRENCY", 16);
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}/bench.db?mode=rwc", dir.path().display());
-    let mut config = ServeConfig::for_tests(&url);
-    config.admin_password = Some(Secret::new(PW));
-    config.site_root = dir.path().join("site");
-    config.no_sim = false;
-    config.sim_nodes = "bench-h100=H100-80GB*1".into();
-    config.sim_state_dir = dir.path().join("sim");
-    config.agent_bin = Some(agent_bin());
-    config.scheduler_interval = Duration::from_millis(200);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        tessera_server::run(config, listener, async {
-            let _ = rx.await;
-        })
-        .await
-        .expect("server");
-    });
+    let server = InProcess::start(dir.path(), PW, agent_bin()).await;
+    let (url, base) = (server.url.clone(), server.base());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let admin = Api {
         base: base.clone(),
@@ -305,6 +286,5 @@ async fn main() {
          p99 {:.1} ms); through the proxy {:.0} req/s (p50 {:.1} ms, p99 {:.1} ms)",
         direct.0, direct.1, direct.2, proxied.0, proxied.1, proxied.2
     );
-    let _ = tx.send(());
-    let _ = server.await;
+    server.stop().await;
 }

@@ -104,3 +104,59 @@ pub async fn token_for(base: &str, user: &str, pw: &str) -> String {
     assert_eq!(s, 201, "{v}");
     v["secret"].as_str().expect("secret").to_owned()
 }
+
+/// A server run in this process on a fresh SQLite file in `dir`, with one simulated H100
+/// node (`tessera-agent` at `agent`, a real `--simulate` process), its bootstrap admin's
+/// password `pw`; stopped by [`InProcess::stop`].
+pub struct InProcess {
+    /// `127.0.0.1:port`.
+    pub addr: String,
+    /// Its database URL.
+    pub url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    pub async fn start(dir: &std::path::Path, pw: &str, agent: std::path::PathBuf) -> InProcess {
+        use tessera_server::config::{Secret, ServeConfig};
+        let url = format!("sqlite://{}/bench.db?mode=rwc", dir.display());
+        let mut config = ServeConfig::for_tests(&url);
+        config.admin_password = Some(Secret::new(pw));
+        config.site_root = dir.join("site");
+        config.no_sim = false;
+        config.sim_nodes = "bench-h100=H100-80GB*1".into();
+        config.sim_state_dir = dir.join("sim");
+        config.agent_bin = Some(agent);
+        config.scheduler_interval = Duration::from_millis(200);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            tessera_server::run(config, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("server");
+        });
+        InProcess {
+            addr,
+            url,
+            stop,
+            server,
+        }
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts the server down (waiting at most 20 s).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.server).await;
+    }
+}

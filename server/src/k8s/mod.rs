@@ -151,8 +151,6 @@ struct Memory {
     quotas: HashMap<String, BTreeMap<String, i64>>,
     /// Gangs whose Job, Service and NetworkPolicy exist.
     gangs: HashSet<String>,
-    /// Gang Jobs created this round (for the round's count).
-    created_gangs: u32,
 }
 
 /// The objects of one run as observed this round.
@@ -504,8 +502,9 @@ impl KubeExecutor {
             .map(|(g, _)| g.as_str())
             .collect();
         for (gang, members) in &gangs {
-            if let Err(e) = self.ensure_gang(mem, gang, members, seen).await {
-                tracing::warn!(gang, "creating the gang's objects: {e:#}");
+            match self.ensure_gang(mem, gang, members, seen).await {
+                Ok(created) => round.created += created,
+                Err(e) => tracing::warn!(gang, "creating the gang's objects: {e:#}"),
             }
         }
         let mut keep: HashSet<&str> = HashSet::new();
@@ -568,28 +567,27 @@ impl KubeExecutor {
             }
         }
         mem.gangs.retain(|g| live_gangs.contains(g.as_str()));
-        round.created += std::mem::take(&mut mem.created_gangs);
         Ok(round)
     }
 
     /// Creates gang `gang`'s Indexed Job once every member should run and knows its peers
     /// (the server sends the peers only when the whole gang is placed), then its headless
-    /// Service and NetworkPolicy, owned by the Job.
+    /// Service and NetworkPolicy, owned by the Job. Answers how many Jobs it created.
     async fn ensure_gang(
         &self,
         mem: &mut Memory,
         gang: &str,
         members: &[(&NodeIdentity, &WorkloadSpec)],
         seen: &HashMap<String, Observed<'_>>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<u32> {
         if mem.gangs.contains(gang) {
-            return Ok(());
+            return Ok(0);
         }
         let Some((_, rank0)) = members
             .iter()
             .find(|(_, w)| w.gang.as_ref().is_some_and(|g| g.rank == 0))
         else {
-            return Ok(());
+            return Ok(0);
         };
         let size = rank0.gang.as_ref().map_or(0, |g| g.size);
         let mut ranked: Vec<Option<&(&NodeIdentity, &WorkloadSpec)>> =
@@ -605,11 +603,12 @@ impl KubeExecutor {
             m.is_some_and(|(_, w)| w.run && w.gang.as_ref().is_some_and(|g| g.peers.is_some()))
         });
         if !ready || !mem.teams.contains(&rank0.workspace) {
-            return Ok(());
+            return Ok(0);
         }
         let ns = namespace_name(&self.s, &rank0.workspace);
         let api = Api::<Job>::namespaced(self.client.clone(), &ns);
         let name = gang_name(gang);
+        let mut created = 0;
         let job = match seen.get(&rank0.id).and_then(|o| o.job) {
             Some(j) => j.clone(),
             None => {
@@ -638,12 +637,12 @@ impl KubeExecutor {
                 let want = gang_job(&self.s, rank0, &list);
                 match api.create(&PostParams::default(), &want).await {
                     Ok(j) => {
-                        mem.created_gangs += 1;
+                        created = 1;
                         j
                     }
                     // Made by a round this executor forgot (a restart): the next round
                     // lists it and makes its Service and policy.
-                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(0),
                     Err(e) => {
                         return Err(anyhow::Error::new(e).context(format!("creating Job {name}")));
                     }
@@ -662,7 +661,7 @@ impl KubeExecutor {
         )
         .await?;
         mem.gangs.insert(gang.to_owned());
-        Ok(())
+        Ok(created)
     }
 
     async fn ensure_team(
