@@ -7,6 +7,8 @@
 //! (720,000 rows, read from the ledger in pages) and its BilledCost total checked against
 //! the ledger, with the time and the resident memory the export added at its peak.
 //! `TEAMS` and `DAYS` shrink it. Run: `cargo bench -p tessera-core --bench billing`.
+// Tests and benches stand outside the use cases: they read the wall clock to set up.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -15,6 +17,7 @@ use std::time::Instant;
 use support::{Bench, Scratch, env_or, err};
 use tessera_core::services::billing::UsageQuery;
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
+use tessera_domain::alloc::AllocState;
 
 use uuid::Uuid;
 
@@ -45,7 +48,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
         .set_rate(
             &RateRow {
                 id: Uuid::new_v4(),
-                kind: "H100-80GB:whole".into(),
+                kind: "H100-80GB:whole".parse()?,
                 model: "H100-80GB".into(),
                 price_minor_per_hour: 700,
                 preemptible_discount_pct: 0,
@@ -165,18 +168,18 @@ async fn seed(
     let id = Uuid::new_v4();
     let row = AllocationRow {
         id,
-        ..AllocationRow::queued(team, user, "H100-80GB:whole", (1, 7), from)
+        ..AllocationRow::queued(team, user, &"H100-80GB:whole".parse()?, (1, 7), from)
     };
     store.insert_allocation(&row, "bench").await?;
     for (f, t, at) in [
-        ("queued", "placing", from),
-        ("placing", "active", from),
-        ("active", "releasing", to),
-        ("releasing", "ended", to),
+        (AllocState::Queued, AllocState::Placing, from),
+        (AllocState::Placing, AllocState::Active, from),
+        (AllocState::Active, AllocState::Releasing, to),
+        (AllocState::Releasing, AllocState::Ended, to),
     ] {
         let change = Change {
-            active_at: (t == "active").then_some(at),
-            devices: (t == "active").then(|| {
+            active_at: (t == AllocState::Active).then_some(at),
+            devices: (t == AllocState::Active).then(|| {
                 format!(
                     r#"[{{"node_id":"{}","hostname":"bench","gpu_uuid":"GPU-{id}"}}]"#,
                     Uuid::nil()

@@ -17,6 +17,8 @@
 //!
 //! Run: `cargo bench -p tessera-core --bench openb_shares` (`SEEDS=n` seeds from 42, default
 //! 3; `TESSERA_BENCH_PG_URL` adds PostgreSQL; `ARRIVALS=n` stops each run early).
+// Tests and benches stand outside the use cases: they read the wall clock to set up.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -5,6 +5,8 @@
 //! store: it loads every live allocation), on SQLite and (with `TESSERA_BENCH_PG_URL`)
 //! PostgreSQL.
 //! Run: `cargo bench -p tessera-core --bench pass` (`LIVE=2000,10000`, `PASSES=10`).
+// Tests and benches stand outside the use cases: they read the wall clock to set up.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

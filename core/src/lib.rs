@@ -9,6 +9,7 @@
 
 pub mod at_rest;
 pub mod auth;
+pub mod clock;
 pub mod request;
 pub mod services;
 pub mod sessions;
@@ -41,6 +42,8 @@ pub struct Services {
     pub signals: Arc<signals::NodeSignals>,
     /// A browser session ends this long after sign-in, whatever its activity.
     pub session_absolute_timeout: Duration,
+    /// Where every use case reads the time.
+    pub clock: clock::Clock,
 }
 
 impl Services {
@@ -50,27 +53,54 @@ impl Services {
         limiter: Arc<auth::limiter::LoginLimiter>,
         session_absolute_timeout: Duration,
     ) -> Self {
+        Self::with_clock(
+            store,
+            hasher,
+            limiter,
+            session_absolute_timeout,
+            clock::Clock::system(),
+        )
+    }
+
+    /// [`Services::new`] on `clock`: every use case reads the time from it.
+    pub fn with_clock(
+        store: Store,
+        hasher: auth::password::Hasher,
+        limiter: Arc<auth::limiter::LoginLimiter>,
+        session_absolute_timeout: Duration,
+        clock: clock::Clock,
+    ) -> Self {
         let catalog = Arc::new(tessera_domain::mig::Catalog::builtin());
-        let billing = Billing::new(store.clone(), catalog.clone());
+        let billing = Billing::new(store.clone(), catalog.clone()).with_clock(clock.clone());
         let signals = Arc::new(signals::NodeSignals::new());
         let allocations = Allocations::new(store.clone(), catalog)
+            .with_clock(clock.clone())
             .with_budgets(billing.clone())
             .with_signals(signals.clone());
-        let tokens = Tokens::new(store.clone());
+        let tokens = Tokens::new(store.clone()).with_clock(clock.clone());
+        let images = services::images::Images::new(store.clone()).with_clock(clock.clone());
         Services {
-            accounts: Accounts::new(store.clone(), hasher.clone(), limiter),
-            tenancy: Tenancy::new(store.clone(), hasher).forgetting(tokens.verified()),
+            accounts: Accounts::new(store.clone(), hasher.clone(), limiter)
+                .with_clock(clock.clone()),
+            tenancy: Tenancy::new(store.clone(), hasher)
+                .with_clock(clock.clone())
+                .forgetting(tokens.verified()),
             tokens,
-            nodes: Nodes::new(store.clone()).with_signals(signals.clone(), allocations.changed()),
-            changes: Changes::new(store.clone()),
-            notifications: Notifications::new(store.clone()),
-            workloads: Workloads::new(store.clone(), allocations.clone()),
-            images: services::images::Images::new(store.clone()),
+            nodes: Nodes::new(store.clone())
+                .with_clock(clock.clone())
+                .with_signals(signals.clone(), allocations.changed()),
+            changes: Changes::new(store.clone()).with_clock(clock.clone()),
+            notifications: Notifications::new(store.clone()).with_clock(clock.clone()),
+            workloads: Workloads::new(store.clone(), allocations.clone())
+                .with_clock(clock.clone())
+                .with_images(images.clone()),
+            images,
             allocations,
             billing,
             store,
             signals,
             session_absolute_timeout,
+            clock,
         }
     }
 

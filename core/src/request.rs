@@ -6,7 +6,6 @@
 use crate::Services;
 use crate::services::accounts::{ExternalIdentity, SignedIn};
 use crate::sessions::{self, SessionUser};
-use chrono::Utc;
 use http::request::Parts;
 use std::net::{IpAddr, Ipv4Addr};
 use tessera_domain::account::{Me, Principal};
@@ -39,9 +38,13 @@ pub async fn session_principal(
     services: &Services,
     session: &Session,
 ) -> Result<Option<Principal>, AppError> {
-    let Some(user) = sessions::read(session, services.session_absolute_timeout, Utc::now())
-        .await
-        .map_err(session_error)?
+    let Some(user) = sessions::read(
+        session,
+        services.session_absolute_timeout,
+        services.clock.now(),
+    )
+    .await
+    .map_err(session_error)?
     else {
         return Ok(None);
     };

@@ -2,6 +2,8 @@
 //! `TESSERA_TEST_PG_URL`): the ledger equals a brute-force, second-by-second ground truth
 //! priced hour by hour, whatever the crash points (passes stopped after a random number of
 //! allocations), reruns and concurrent passes; it always balances.
+// Tests and benches stand outside the use cases: they read the wall clock to set up.
+#![allow(clippy::disallowed_methods)]
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use std::collections::BTreeMap;
@@ -88,21 +90,22 @@ async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: 
         ..AllocationRow::queued(
             team,
             user,
-            s.kind,
+            &s.kind.parse().expect("kind"),
             (i64::from(s.count), i64::from(units)),
             start,
         )
     };
     store.insert_allocation(&row, "test").await.expect("insert");
-    let mut steps = vec![("queued", "placing", start), ("placing", "active", start)];
+    use AllocState::*;
+    let mut steps = vec![(Queued, Placing, start), (Placing, Active, start)];
     if let Some(end) = s.end {
         let end = origin + Duration::seconds(end);
-        steps.push(("active", "releasing", end));
-        steps.push(("releasing", "ended", end));
+        steps.push((Active, Releasing, end));
+        steps.push((Releasing, Ended, end));
     }
     for (from, to, at) in steps {
         let change = Change {
-            active_at: (to == "active").then_some(at),
+            active_at: (to == Active).then_some(at),
             ..Change::default()
         };
         let t = Transition::plain(id, (from, to), at, change);
@@ -159,7 +162,7 @@ async fn run(url: &str, seed: u64) {
     for (kind, price, disc, hour) in rates {
         let r = RateRow {
             id: Uuid::new_v4(),
-            kind: kind.into(),
+            kind: kind.parse().expect("kind"),
             model: kind.split(':').next().expect("model").into(),
             price_minor_per_hour: price,
             preemptible_discount_pct: disc,
@@ -171,7 +174,7 @@ async fn run(url: &str, seed: u64) {
         assert!(store.set_rate(&r, p.user_id.0, true).await.expect("rate"));
         domain_rates.push(Rate {
             id: r.id,
-            kind: r.kind.clone(),
+            kind: r.kind.to_string(),
             price_minor_per_hour: price,
             preemptible_discount_pct: u8::try_from(disc).expect("pct"),
             high_premium_pct: u16::try_from(2 * disc).expect("pct"),

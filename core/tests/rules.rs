@@ -11,6 +11,8 @@
 //!   within the hard budget unless an allocation was approved beyond it;
 //! - `high` is held only by the team granted it, within its cap;
 //! - a disabled user holds nothing after a scheduler pass.
+// Tests and benches stand outside the use cases: they read the wall clock to set up.
+#![allow(clippy::disallowed_methods)]
 
 use chrono::{Duration, TimeZone, Utc};
 use std::collections::HashMap;
@@ -199,8 +201,9 @@ impl World {
 
     /// Every allocation of the world: (id, team, user, state, units, priority, over_limit...).
     async fn open(&self, states: &[&str]) -> Vec<tessera_core::store::AllocationRow> {
+        let states: Vec<AllocState> = states.iter().map(|s| s.parse().expect("state")).collect();
         self.store
-            .allocations_in(states)
+            .allocations_in(&states)
             .await
             .expect("allocations")
     }
@@ -256,7 +259,11 @@ impl World {
                 let go = |from, to, change| Transition::plain(a.id, (from, to), now, change);
                 if self
                     .store
-                    .transition(&go("queued", "placing", Change::default()))
+                    .transition(&go(
+                        AllocState::Queued,
+                        AllocState::Placing,
+                        Change::default(),
+                    ))
                     .await
                     .expect("placing")
                 {
@@ -266,7 +273,7 @@ impl World {
                         ..Change::default()
                     };
                     self.store
-                        .transition(&go("placing", "active", change))
+                        .transition(&go(AllocState::Placing, AllocState::Active, change))
                         .await
                         .expect("active");
                 }
@@ -305,14 +312,19 @@ impl World {
                 let now = Utc::now();
                 let t = Transition {
                     quota_delta: 0,
-                    ..Transition::plain(a.id, ("active", "releasing"), now, Change::default())
+                    ..Transition::plain(
+                        a.id,
+                        (AllocState::Active, AllocState::Releasing),
+                        now,
+                        Change::default(),
+                    )
                 };
                 if self.store.transition(&t).await.expect("releasing") {
                     let t = Transition {
                         quota_delta: -1,
                         ..Transition::plain(
                             a.id,
-                            ("releasing", "preempted"),
+                            (AllocState::Releasing, AllocState::Preempted),
                             now,
                             Change::default(),
                         )
@@ -423,12 +435,12 @@ impl World {
             let committed: i64 = open
                 .iter()
                 .map(|a| {
-                    let kind: GpuKind = a.kind.parse().expect("kind");
+                    let kind: &GpuKind = &a.kind;
                     let ms = match (a.state, a.active_at, a.ends_at) {
                         (AllocState::Active, Some(f), Some(e)) => (e - f).num_milliseconds(),
                         _ => a.duration_minutes * 60_000,
                     };
-                    let p = self.card.price(&kind, &catalog, at).expect("priced");
+                    let p = self.card.price(kind, &catalog, at).expect("priced");
                     let count = u32::try_from(a.count).expect("count");
                     billing::cost(&p, count, ms, a.priority).1
                 })

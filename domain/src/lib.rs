@@ -42,6 +42,8 @@ macro_rules! stored_as_text {
 stored_as_text!(
     alloc::AllocState => str::parse,
     alloc::PriorityClass => str::parse,
+    alloc::Approver => str::parse,
+    alloc::ReleaseCause => str::parse,
     workload::WorkloadState => str::parse,
     workload::WorkloadKind => str::parse,
     tenancy::TeamRole => tenancy::TeamRole::parse,

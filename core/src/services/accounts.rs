@@ -3,6 +3,7 @@
 use super::internal;
 use crate::auth::limiter::LoginLimiter;
 use crate::auth::password::{HashError, Hasher};
+use crate::clock::Clock;
 use crate::store::{NO_PASSWORD, SsoOutcome, SsoSignIn, Store, UserRow};
 use chrono::{DateTime, Utc};
 use std::net::IpAddr;
@@ -22,6 +23,7 @@ pub const BOOTSTRAP_ADMIN: &str = "admin";
 #[derive(Clone)]
 pub struct Accounts {
     store: Store,
+    clock: Clock,
     hasher: Hasher,
     limiter: Arc<LoginLimiter>,
     sso: Option<Arc<SsoPolicy>>,
@@ -60,10 +62,17 @@ impl Accounts {
     pub fn new(store: Store, hasher: Hasher, limiter: Arc<LoginLimiter>) -> Self {
         Self {
             store,
+            clock: Clock::system(),
             hasher,
             limiter,
             sso: None,
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Turns on single sign-on with `policy`.
@@ -142,7 +151,7 @@ impl Accounts {
                 .collect(),
             manages_admin: policy.groups.manages_platform_admin(),
             grants_admin: grants.platform_admin,
-            now: Utc::now(),
+            now: self.clock.now(),
         };
         let outcome = self
             .store
@@ -179,7 +188,7 @@ impl Accounts {
             principal: principal(&user)?,
             // Not `sign_in.now`: a concurrent first sign-in may have created the user (and
             // its `sessions_valid_after`) after this one read the clock.
-            at: Utc::now().max(user.sessions_valid_after),
+            at: self.clock.now().max(user.sessions_valid_after),
         })
     }
 
@@ -201,7 +210,7 @@ impl Accounts {
             .hash(&password)
             .await
             .map_err(|e| anyhow::anyhow!("hashing the admin password failed: {e:?}"))?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let created = self
             .store
             .insert_user(&UserRow {
@@ -261,7 +270,7 @@ impl Accounts {
                 self.limiter.record_success(&key, client);
                 Ok(SignedIn {
                     principal: principal(u)?,
-                    at: Utc::now(),
+                    at: self.clock.now(),
                 })
             }
             _ => {
@@ -351,7 +360,7 @@ impl Accounts {
             .hash(new_pw.expose())
             .await
             .map_err(hash_error)?;
-        let at = Utc::now();
+        let at = self.clock.now();
         let changed = self
             .store
             .set_password_hash(user.id, &user.password_hash, &hash, at)

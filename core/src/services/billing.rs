@@ -9,6 +9,7 @@
 use super::authz::{self, Need};
 use super::internal;
 use super::tenancy::paged;
+use crate::clock::Clock;
 use crate::store::{
     AllocationRow, AuditRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow,
     Standing, Store, UsageGroupRow,
@@ -41,6 +42,7 @@ const BUDGET_MAX_MINOR: i64 = 10_000_000_000_000;
 #[derive(Clone)]
 pub struct Billing {
     store: Store,
+    clock: Clock,
     catalog: Arc<Catalog>,
     currency: Arc<str>,
     busy_pct: u32,
@@ -68,15 +70,12 @@ impl Pricer {
     /// What an open allocation may still cost: its whole time (an active one's, extensions
     /// included, from activation to its end) less what the ledger holds for it already.
     pub fn remaining(&self, a: &OpenAllocation) -> i64 {
-        let Ok(kind) = a.kind.parse::<GpuKind>() else {
-            return 0;
-        };
         let ms = match (a.state, a.active_at, a.ends_at) {
             (AllocState::Active, Some(from), Some(to)) => (to - from).num_milliseconds(),
             _ => a.duration_minutes.saturating_mul(60_000),
         };
         let count = u32::try_from(a.count).unwrap_or(u32::MAX);
-        (self.cost(&kind, count, ms, a.priority) - a.posted).max(0)
+        (self.cost(&a.kind, count, ms, a.priority) - a.posted).max(0)
     }
 
     /// The team's hard budget with its committed spend (this month's ledger plus what its
@@ -140,10 +139,17 @@ impl Billing {
     pub fn new(store: Store, catalog: Arc<Catalog>) -> Self {
         Self {
             store,
+            clock: Clock::system(),
             catalog,
             currency: Arc::from("USD"),
             busy_pct: DEFAULT_BUSY_PCT,
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Sets the currency prices and charges are in (ISO 4217, e.g. `EUR`).
@@ -207,7 +213,7 @@ impl Billing {
                 }
                 report.hours += self
                     .store
-                    .write_meter(a.id, &rows, close)
+                    .write_meter(a.id, &rows, close, self.clock.now())
                     .await
                     .map_err(internal("writing metered hours"))?;
                 report.closed += u32::from(close);
@@ -242,7 +248,7 @@ impl Billing {
         if hours.is_empty() {
             return Ok((Vec::new(), done));
         }
-        let kind: GpuKind = a.kind.parse().map_err(|_| AppError::Internal)?;
+        let kind = &a.kind;
         let slices = kind.units_per_gpu(&self.catalog);
         let units = u32::try_from(a.units).unwrap_or(0);
         let count = u32::try_from(a.count).unwrap_or(0);
@@ -264,7 +270,7 @@ impl Billing {
         let rows = hours
             .iter()
             .map(|&(hour, wall_ms)| {
-                let priced = card.price(&kind, &self.catalog, hour);
+                let priced = card.price(kind, &self.catalog, hour);
                 let (list, billed) = priced
                     .as_ref()
                     .map_or((0, 0), |p| b::cost(p, count, wall_ms, a.priority));
@@ -281,7 +287,7 @@ impl Billing {
                     day: hour.format("%Y-%m-%d").to_string(),
                     team_id: a.team_id,
                     user_id: a.user_id,
-                    kind: a.kind.clone(),
+                    kind: a.kind.to_string(),
                     model: a.model.clone(),
                     priority: a.priority.to_string(),
                     count: a.count,
@@ -368,12 +374,14 @@ impl Billing {
             .rates()
             .await
             .map_err(internal("loading rates"))?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let card = RateCard::new(rows.iter().map(rate_of));
         let mut views: Vec<RateView> = rows
             .iter()
             .map(|r| {
-                let current = card.exact(&r.kind, now).is_some_and(|c| c.id == r.id);
+                let current = card
+                    .exact(&r.kind.to_string(), now)
+                    .is_some_and(|c| c.id == r.id);
                 self.rate_view(r, current)
             })
             .collect();
@@ -389,13 +397,13 @@ impl Billing {
     /// Metered rows keep the price they were billed at, so nothing billed changes.
     pub async fn set_rate(&self, p: &Principal, input: &NewRate) -> Result<RateView, AppError> {
         let admin = authz::admin(p)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let (kind, from) = b::validate_rate(input, &self.catalog, now)?;
         let kind_str = kind.to_string();
         let before = self.rate_card().await?.exact(&kind_str, from).cloned();
         let row = RateRow {
             id: Uuid::new_v4(),
-            kind: kind_str.clone(),
+            kind: kind.clone(),
             model: kind.model().to_owned(),
             price_minor_per_hour: input.price_minor_per_hour,
             preemptible_discount_pct: i64::from(input.preemptible_discount_pct),
@@ -442,15 +450,10 @@ impl Billing {
     }
 
     fn rate_view(&self, r: &RateRow, current: bool) -> RateView {
-        let label = r
-            .kind
-            .parse::<GpuKind>()
-            .map(|k| k.label())
-            .unwrap_or_else(|_| r.kind.clone());
         RateView {
             id: r.id,
-            kind: r.kind.clone(),
-            kind_label: label,
+            kind: r.kind.to_string(),
+            kind_label: r.kind.label(),
             price_minor_per_hour: r.price_minor_per_hour,
             price: b::format_minor(r.price_minor_per_hour, &self.currency),
             currency: self.currency.to_string(),
@@ -546,7 +549,7 @@ impl Billing {
             .budget(team.0)
             .await
             .map_err(internal("loading budget"))?;
-        let spent = self.month_spend(team.0, Utc::now()).await?;
+        let spent = self.month_spend(team.0, self.clock.now()).await?;
         Ok(self.budget_view(team, access.team.name, row.as_ref(), spent))
     }
 
@@ -577,7 +580,7 @@ impl Billing {
                 team.0,
                 input.monthly_minor.map(|m| (m, input.hard)),
                 admin.0.user_id.0,
-                Utc::now(),
+                self.clock.now(),
             )
             .await
             .map_err(internal("setting budget"))?;
@@ -598,7 +601,7 @@ impl Billing {
             after.as_ref().map(json),
         )
         .await;
-        let spent = self.month_spend(team.0, Utc::now()).await?;
+        let spent = self.month_spend(team.0, self.clock.now()).await?;
         Ok(self.budget_view(team, access.team.name, after.as_ref(), spent))
     }
 
@@ -606,7 +609,7 @@ impl Billing {
     /// they spent something): platform admins.
     pub async fn budgets(&self, p: &Principal) -> Result<Vec<BudgetView>, AppError> {
         authz::admin(p)?;
-        self.all_budgets(Utc::now()).await
+        self.all_budgets(self.clock.now()).await
     }
 
     /// [`Billing::budgets`] without a caller, for metrics.
@@ -679,7 +682,8 @@ impl Billing {
         page: PageRequest,
     ) -> Result<Page<LedgerEntryView>, AppError> {
         let team = self.finance_scope(p, query.team.as_deref()).await?;
-        let (from, to) = b::parse_period(query.from.as_deref(), query.to.as_deref(), Utc::now())?;
+        let (from, to) =
+            b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
         let page = page.clamped();
         let (rows, total) = self
             .store
@@ -708,7 +712,7 @@ impl Billing {
         let memo = format!("{reason} (by {})", p.username);
         match self
             .store
-            .reverse_charge(txn, Utc::now(), &memo)
+            .reverse_charge(txn, self.clock.now(), &memo)
             .await
             .map_err(internal("reversing charge"))?
         {
@@ -740,7 +744,8 @@ impl Billing {
     /// Usage and cost over a period, per day, kind, user and team. Platform admins see
     /// every team (or one); team admins their team; members their own usage in a team.
     pub async fn usage(&self, p: &Principal, query: &UsageQuery) -> Result<UsageReport, AppError> {
-        let (from, to) = b::parse_period(query.from.as_deref(), query.to.as_deref(), Utc::now())?;
+        let (from, to) =
+            b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
         let (team, own_only) = self.usage_scope(p, query.team.as_deref()).await?;
         let user = own_only.then_some(p.user_id.0);
         let groups = self
@@ -783,14 +788,19 @@ impl Billing {
             days.insert(d.format("%Y-%m-%d").to_string(), UsageTotals::default());
             d += Duration::days(1);
         }
-        let mut kinds: BTreeMap<String, UsageTotals> = BTreeMap::new();
+        // A kind's text, with its label.
+        let mut kinds: BTreeMap<String, (String, UsageTotals)> = BTreeMap::new();
         let mut users: BTreeMap<(String, String), UsageTotals> = BTreeMap::new();
         let mut teams: BTreeMap<(String, String), UsageTotals> = BTreeMap::new();
         let mut total = UsageTotals::default();
         for g in &groups {
             let t = totals_of(g);
             days.entry(g.day.clone()).or_default().add(&t);
-            kinds.entry(g.kind.clone()).or_default().add(&t);
+            kinds
+                .entry(g.kind.to_string())
+                .or_insert_with(|| (g.kind.label(), UsageTotals::default()))
+                .1
+                .add(&t);
             users
                 .entry((g.user_id.to_string(), g.username.clone()))
                 .or_default()
@@ -828,8 +838,8 @@ impl Billing {
             kinds: by_cost(
                 kinds
                     .into_iter()
-                    .map(|(k, totals)| UsageRow {
-                        label: kind_label(&k),
+                    .map(|(k, (label, totals))| UsageRow {
+                        label,
                         key: k,
                         totals,
                     })
@@ -887,8 +897,8 @@ impl Billing {
         let mut lines: Vec<StatementLine> = groups
             .iter()
             .map(|g| StatementLine {
-                kind: g.kind.clone(),
-                kind_label: kind_label(&g.kind),
+                kind: g.kind.to_string(),
+                kind_label: g.kind.label(),
                 username: g.username.clone(),
                 allocations: u32::try_from(g.allocations).unwrap_or(0),
                 wall_ms: g.wall_ms,
@@ -939,7 +949,8 @@ impl Billing {
         query: &UsageQuery,
     ) -> Result<ChargebackCsv, AppError> {
         let team = self.finance_scope(p, query.team.as_deref()).await?;
-        let (from, to) = b::parse_period(query.from.as_deref(), query.to.as_deref(), Utc::now())?;
+        let (from, to) =
+            b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
         let filename = format!(
             "tessera-chargeback-{}-{}.csv",
             from.format("%Y%m%d"),
@@ -1029,7 +1040,7 @@ impl Billing {
     ) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.to_string()),
             action: action.into(),
             object_type: object_type.into(),
@@ -1132,24 +1143,19 @@ type KindCols = (String, String, &'static str);
 /// What many rows share: kinds' columns, team and user names, and the period columns of
 /// the current hour (rows come in hour order).
 struct LineCache {
-    kinds: HashMap<String, KindCols>,
+    kinds: HashMap<GpuKind, KindCols>,
     teams: HashMap<Uuid, String>,
     users: HashMap<Uuid, String>,
     hour: Option<(DateTime<Utc>, String)>,
 }
 
-fn kind_columns(kind: &str) -> KindCols {
-    match kind.parse::<GpuKind>() {
-        Ok(k) => {
-            let (profile, rtype) = match &k {
-                GpuKind::Mig { profile, .. } => (profile.clone(), "MIG instance"),
-                GpuKind::Whole { .. } => ("whole".into(), "GPU"),
-                GpuKind::Share { milli, .. } => (format!("share:{milli}"), "GPU share"),
-            };
-            (k.label(), profile, rtype)
-        }
-        Err(_) => (kind.to_owned(), String::new(), "GPU"),
-    }
+fn kind_columns(k: &GpuKind) -> KindCols {
+    let (profile, rtype) = match k {
+        GpuKind::Mig { profile, .. } => (profile.clone(), "MIG instance"),
+        GpuKind::Whole { .. } => ("whole".into(), "GPU"),
+        GpuKind::Share { milli, .. } => (format!("share:{milli}"), "GPU share"),
+    };
+    (k.label(), profile, rtype)
 }
 
 fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
@@ -1248,16 +1254,10 @@ fn totals_of(g: &UsageGroupRow) -> UsageTotals {
     }
 }
 
-fn kind_label(kind: &str) -> String {
-    kind.parse::<GpuKind>()
-        .map(|k| k.label())
-        .unwrap_or_else(|_| kind.to_owned())
-}
-
 fn rate_of(r: &RateRow) -> Rate {
     Rate {
         id: r.id,
-        kind: r.kind.clone(),
+        kind: r.kind.to_string(),
         price_minor_per_hour: r.price_minor_per_hour,
         preemptible_discount_pct: u8::try_from(r.preemptible_discount_pct).unwrap_or(0),
         high_premium_pct: u16::try_from(r.high_premium_pct).unwrap_or(0),

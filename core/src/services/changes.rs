@@ -6,6 +6,7 @@
 //! what its viewer may read with the one it sent last. A mark says only *that* something the viewer may read changed, never
 //! what: the page then reloads its data through the authorized calls it always uses.
 
+use crate::clock::Clock;
 use crate::services::authz::readable_teams;
 use crate::services::internal;
 use crate::store::Store;
@@ -18,6 +19,7 @@ use uuid::Uuid;
 #[derive(Clone)]
 pub struct Changes {
     store: Store,
+    clock: Clock,
 }
 
 /// The fingerprints at one moment (opaque; see [`Viewer::mark`]).
@@ -50,7 +52,16 @@ pub struct Viewer {
 
 impl Changes {
     pub fn new(store: Store) -> Self {
-        Changes { store }
+        Changes {
+            store,
+            clock: Clock::system(),
+        }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The fingerprints now. Not authorized by itself: it leaves the server only as the

@@ -10,9 +10,9 @@
 //! - **Logins**: a team's login to a registry is sealed at rest, never shown back, and
 //!   sent only with that team's workloads to the node (or pod secret) that pulls.
 
+use crate::clock::Clock;
 use std::sync::Arc;
 
-use chrono::Utc;
 use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::TeamId;
@@ -34,6 +34,7 @@ const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 #[derive(Clone)]
 pub struct Images {
     store: Store,
+    clock: Clock,
     keys: Arc<DataKeys>,
     http: reqwest::Client,
 }
@@ -92,9 +93,16 @@ impl Images {
     pub fn new(store: Store) -> Self {
         Images {
             store,
+            clock: Clock::system(),
             keys: Arc::new(DataKeys::ephemeral()),
             http: Self::http(None).unwrap_or_default(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The client catalog entries are resolved with: the system's and Mozilla's roots,
@@ -203,7 +211,7 @@ impl Images {
             pinned: resolved.pinned.to_string(),
             requires_cuda: resolved.requires_cuda.map(|c| c.to_string()),
             added_by: p.username.as_str().to_owned(),
-            created_at: Utc::now(),
+            created_at: self.clock.now(),
         };
         let inserted = self
             .store
@@ -278,7 +286,7 @@ impl Images {
         let entry = parse_allowed_entry(entry)?;
         let added = self
             .store
-            .allow_registry(&entry, p.username.as_str(), Utc::now())
+            .allow_registry(&entry, p.username.as_str(), self.clock.now())
             .await
             .map_err(internal("storing the registry allow-list"))?;
         if added {
@@ -372,7 +380,7 @@ impl Images {
                 tracing::error!(error = %e, "sealing a registry login");
                 AppError::Internal
             })?;
-        let now = Utc::now();
+        let now = self.clock.now();
         self.store
             .set_registry_login(team.0, &registry, username, &sealed, now)
             .await
@@ -489,7 +497,7 @@ impl Images {
     async fn audit(&self, p: &Principal, action: &str, id: Uuid, team: Option<Uuid>, note: &str) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.as_str().to_owned()),
             action: action.into(),
             object_type: "image".into(),

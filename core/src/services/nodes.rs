@@ -4,6 +4,7 @@ use super::authz;
 use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
+use crate::clock::Clock;
 use crate::store::{
     AuditRow, DesiredRow, DesiredWithStatus, DrainRow, HealthRow, HeldShareRow, JoinTokenRow,
     NodeRow, ReplicaRow, Store,
@@ -12,7 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tessera_domain::account::Principal;
-use tessera_domain::alloc::{AllocatedDevice, GpuKind};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind};
 use tessera_domain::cluster::{
     self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView, ServerReplicaView,
     ShareTenantView, SharingView,
@@ -64,6 +65,7 @@ type Summary = (ClusterSummary, Vec<(bool, Arc<Inventory>)>);
 #[derive(Clone)]
 pub struct Nodes {
     store: Store,
+    clock: Clock,
     catalog: Arc<Catalog>,
     summary: Arc<std::sync::Mutex<Option<(std::time::Instant, Summary)>>>,
     /// Wakes a node's agent after a change of its desired state.
@@ -80,12 +82,19 @@ impl Nodes {
     pub fn new(store: Store) -> Self {
         Self {
             store,
+            clock: Clock::system(),
             catalog: Arc::new(Catalog::builtin()),
             summary: Arc::default(),
             signals: Arc::default(),
             scheduler: Arc::default(),
             stored_inventory: Arc::default(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Wakes agents through `signals` and the scheduler through `scheduler`.
@@ -135,7 +144,7 @@ impl Nodes {
             ));
         }
         let (secret, hash) = secret::generate("tsj");
-        let now = Utc::now();
+        let now = self.clock.now();
         let row = JoinTokenRow {
             id: Uuid::new_v4(),
             note: note.to_owned(),
@@ -197,7 +206,7 @@ impl Nodes {
         if hostname.is_empty() || hostname.len() > 253 {
             return Err(AppError::invalid("hostname", "must be 1 to 253 characters"));
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         let token = self
             .store
             .join_token_by_hash(&secret::hash(&req.join_token))
@@ -285,7 +294,7 @@ impl Nodes {
             inventory.hash(&mut h);
             h.finish()
         };
-        let now = Utc::now();
+        let now = self.clock.now();
         let known = self
             .stored_inventory
             .lock()
@@ -362,7 +371,7 @@ impl Nodes {
             .gpu_health_of(node.id)
             .await
             .map_err(internal("loading GPU health"))?;
-        let now = Utc::now();
+        let now = self.clock.now();
         for (gpu, h) in reported {
             let row = stored.iter().find(|r| r.gpu_uuid == gpu);
             let base = health::Baseline {
@@ -440,7 +449,7 @@ impl Nodes {
         tracing::info!(by = %p.username, node = %id, gpu, "GPU health cleared");
         self.audit_node(p, "node.health_clear", id, gpu).await;
         self.forget_summary();
-        self.view(&row, true, Utc::now()).await
+        self.view(&row, true, self.clock.now()).await
     }
 
     // ---- the user side ----
@@ -453,7 +462,7 @@ impl Nodes {
             .list_nodes(page.offset, page.limit)
             .await
             .map_err(internal("listing nodes"))?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let desired = self.desired_of(&ids).await?;
         let shares = self.held_shares(&desired).await?;
@@ -467,12 +476,12 @@ impl Nodes {
 
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
         let row = self.node_row(id).await?;
-        self.view(&row, p.is_admin, Utc::now()).await
+        self.view(&row, p.is_admin, self.clock.now()).await
     }
 
     pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
         authz::admin(p)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         self.store
             .revoke_node(id, now)
             .await
@@ -516,7 +525,7 @@ impl Nodes {
             node_group: group.map(str::to_owned),
             ..row
         };
-        self.view(&row, true, Utc::now()).await
+        self.view(&row, true, self.clock.now()).await
     }
 
     /// Drains a node, or one GPU of it (platform admins): no new placements there; what
@@ -529,7 +538,7 @@ impl Nodes {
         req: &DrainRequest,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let valid = drain::validate(req, now)?;
         let row = self.node_row(id).await?;
         if row.revoked_at.is_some() {
@@ -586,7 +595,7 @@ impl Nodes {
                 .await;
         }
         self.forget_summary();
-        self.view(&row, true, Utc::now()).await
+        self.view(&row, true, self.clock.now()).await
     }
 
     /// A registered node's row (revoked ones too); 404 when there is none.
@@ -601,7 +610,7 @@ impl Nodes {
     async fn audit_node(&self, p: &Principal, action: &str, id: Uuid, note: &str) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.to_string()),
             action: action.into(),
             object_type: "node".into(),
@@ -635,7 +644,7 @@ impl Nodes {
         }
         let busy = self
             .store
-            .allocations_in(&["placing", "active", "releasing"])
+            .allocations_in(&AllocState::ON_NODE)
             .await
             .map_err(internal("loading allocations"))?
             .iter()
@@ -660,7 +669,7 @@ impl Nodes {
     /// (platform admins).
     pub async fn replicas(&self, p: &Principal) -> Result<Vec<ServerReplicaView>, AppError> {
         authz::admin(p)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let rows = self
             .store
             .replicas(now - Duration::minutes(10))
@@ -709,7 +718,7 @@ impl Nodes {
         }
         let started = std::time::Instant::now();
         let (rows, inventories) = super::active_nodes_with_inventories(&self.store).await?;
-        let now = Utc::now();
+        let now = self.clock.now();
         // Drained and unhealthy GPUs are left out of what the cluster offers.
         let drains = self
             .store
@@ -740,7 +749,7 @@ impl Nodes {
         // "In use" is what allocations hold, whether or not a process runs on it.
         let held: std::collections::BTreeSet<(String, u8)> = self
             .store
-            .allocations_in(&["placing", "active", "releasing"])
+            .allocations_in(&AllocState::ON_NODE)
             .await
             .map_err(internal("loading held devices"))?
             .iter()
@@ -769,7 +778,7 @@ impl Nodes {
             .latest_sample_per_node()
             .await
             .map_err(internal("loading telemetry"))?;
-        let now = Utc::now();
+        let now = self.clock.now();
         Ok(rows
             .into_iter()
             .map(|r| {
@@ -926,7 +935,7 @@ fn sharing_view(
         .filter_map(|s| {
             let devices: Vec<AllocatedDevice> = serde_json::from_str(&s.devices).ok()?;
             devices.iter().find(|d| d.gpu_uuid == gpu.uuid)?;
-            let GpuKind::Share { milli, .. } = s.kind.parse::<GpuKind>().ok()? else {
+            let GpuKind::Share { milli, .. } = s.kind else {
                 return None;
             };
             Some(ShareTenantView {
@@ -1055,7 +1064,7 @@ impl Nodes {
                 mode_s,
                 &layout_json,
                 Some(p.user_id.0),
-                Utc::now(),
+                self.clock.now(),
             )
             .await
             .map_err(internal("storing desired layout"))?;
@@ -1102,7 +1111,7 @@ impl Nodes {
                 sharing.map(ShareMethod::as_str),
                 current.as_ref().map(|d| d.version),
                 p.user_id.0,
-                Utc::now(),
+                self.clock.now(),
             )
             .await
             .map_err(internal("storing GPU sharing"))?
@@ -1198,7 +1207,7 @@ impl Nodes {
         node: &NodeIdentity,
         report: &StatusReport,
     ) -> Result<(), AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         for s in &report.statuses {
             let json = serde_json::to_string(s).map_err(|_| AppError::Internal)?;
             let version = i64::try_from(s.version)
@@ -1241,7 +1250,7 @@ impl Nodes {
         }
         let dropped = i64::try_from(batch.dropped_total).unwrap_or(i64::MAX);
         self.store
-            .insert_samples(node.id, &rows, dropped, Utc::now())
+            .insert_samples(node.id, &rows, dropped, self.clock.now())
             .await
             .map_err(internal("storing telemetry"))?;
         Ok(TelemetryAck {

@@ -6,6 +6,7 @@
 use super::authz::{self, Need};
 use super::internal;
 use crate::at_rest::DataKeys;
+use crate::clock::Clock;
 use crate::store::{NewDelivery, NewEvent, OutboxRow, Recipient, Store, WebhookRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,7 @@ const LOG_LENGTH: i64 = 50;
 #[derive(Clone)]
 pub struct Notifications {
     store: Store,
+    clock: Clock,
     keys: Arc<DataKeys>,
     /// Webhooks may go to loopback, link-local and private addresses (tests, labs).
     allow_private: bool,
@@ -96,10 +98,17 @@ impl Notifications {
     pub fn new(store: Store) -> Self {
         Notifications {
             store,
+            clock: Clock::system(),
             keys: Arc::new(DataKeys::ephemeral()),
             allow_private: false,
             digest_hour: 7,
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The keys webhook secrets are sealed with (the server's data keys).
@@ -177,7 +186,7 @@ impl Notifications {
                 .await
                 .map_err(internal("setting email"))?;
             if let Some(new) = email.filter(|e| before.as_deref() != Some(e.as_str())) {
-                self.send_verification(p.user_id.0, &new, Utc::now())
+                self.send_verification(p.user_id.0, &new, self.clock.now())
                     .await?;
             }
         }
@@ -205,7 +214,7 @@ impl Notifications {
         if me.email_verified {
             return Err(AppError::conflict("the address is already verified"));
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         let open = self
             .store
             .email_verification(me.id)
@@ -286,7 +295,7 @@ impl Notifications {
             )
         };
         let (email, expected) = self
-            .verification_mail(user, Utc::now())
+            .verification_mail(user, self.clock.now())
             .await?
             .ok_or_else(invalid)?;
         // Hashes compared: the time taken says nothing about the token.
@@ -368,7 +377,7 @@ impl Notifications {
             last_status: None,
             last_error: None,
             last_delivery_at: None,
-            created_at: Utc::now(),
+            created_at: self.clock.now(),
         };
         self.store
             .insert_webhook(&row)

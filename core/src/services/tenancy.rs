@@ -4,8 +4,8 @@ use super::authz::{self, Admin, Need};
 use super::internal;
 use super::tokens::VerifiedTokens;
 use crate::auth::password::Hasher;
+use crate::clock::Clock;
 use crate::store::{ChangeOutcome, MemberRow, Store, TeamListRow, TeamRow, UserRow};
-use chrono::Utc;
 use tessera_domain::account::{NewPassword, Principal, Username};
 use tessera_domain::alloc::HighGrant;
 use tessera_domain::error::AppError;
@@ -18,6 +18,7 @@ use uuid::Uuid;
 #[derive(Clone)]
 pub struct Tenancy {
     store: Store,
+    clock: Clock,
     hasher: Hasher,
     /// Forgotten when a user is disabled, so their tokens stop on this replica at once.
     verified_tokens: VerifiedTokens,
@@ -27,9 +28,16 @@ impl Tenancy {
     pub fn new(store: Store, hasher: Hasher) -> Self {
         Self {
             store,
+            clock: Clock::system(),
             hasher,
             verified_tokens: VerifiedTokens::default(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Shares the token service's verified tokens (see [`Tenancy::set_user_disabled`]).
@@ -70,7 +78,7 @@ impl Tenancy {
             .hash(password.expose())
             .await
             .map_err(|_| AppError::Internal)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let row = UserRow {
             id: Uuid::new_v4(),
             username: username.to_string(),
@@ -105,7 +113,7 @@ impl Tenancy {
         }
         if !self
             .store
-            .set_user_disabled(user.0, disabled, Utc::now())
+            .set_user_disabled(user.0, disabled, self.clock.now())
             .await
             .map_err(internal("disabling user"))?
         {
@@ -133,7 +141,7 @@ impl Tenancy {
             .map_err(|_| AppError::Internal)?;
         if !self
             .store
-            .reset_password_hash(user.0, &hash, Utc::now())
+            .reset_password_hash(user.0, &hash, self.clock.now())
             .await
             .map_err(internal("resetting password"))?
         {
@@ -186,7 +194,7 @@ impl Tenancy {
             id: Uuid::new_v4(),
             name: name.as_str().to_owned(),
             archived: false,
-            created_at: Utc::now(),
+            created_at: self.clock.now(),
         };
         if !self
             .store
@@ -282,7 +290,7 @@ impl Tenancy {
             .ok_or_else(|| AppError::invalid("username", "no user with this name"))?;
         if !self
             .store
-            .insert_membership(team.0, user.id, role.as_str(), Utc::now())
+            .insert_membership(team.0, user.id, role.as_str(), self.clock.now())
             .await
             .map_err(internal("adding member"))?
         {

@@ -3,6 +3,7 @@
 use super::internal;
 use super::tenancy::paged;
 use crate::auth::secret;
+use crate::clock::Clock;
 use crate::store::{ApiTokenRow, Store};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
@@ -28,6 +29,7 @@ const VERIFIED_MAX: usize = 10_000;
 #[derive(Clone)]
 pub struct Tokens {
     store: Store,
+    clock: Clock,
     verified: VerifiedTokens,
 }
 
@@ -73,8 +75,15 @@ impl Tokens {
     pub fn new(store: Store) -> Self {
         Self {
             store,
+            clock: Clock::system(),
             verified: VerifiedTokens::default(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// This replica's verified tokens (to forget them when a user is disabled).
@@ -113,7 +122,7 @@ impl Tokens {
             ));
         }
         let (secret, hash) = secret::generate("tsk");
-        let now = Utc::now();
+        let now = self.clock.now();
         let row = ApiTokenRow {
             id: Uuid::new_v4(),
             user_id: p.user_id.0,
@@ -142,7 +151,7 @@ impl Tokens {
         self.verified.forget_all();
         if self
             .store
-            .revoke_api_token(p.user_id.0, id, Utc::now())
+            .revoke_api_token(p.user_id.0, id, self.clock.now())
             .await
             .map_err(internal("revoking token"))?
         {
@@ -156,7 +165,7 @@ impl Tokens {
     /// and revoked tokens, and tokens of disabled users, do not work (checked in the
     /// database at most every [`VERIFIED_FOR`] per token).
     pub async fn authenticate(&self, bearer: &str) -> Result<Principal, AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         let hash = secret::hash(bearer);
         if let Some(p) = self.verified.get(&hash, now) {
             return Ok(p);

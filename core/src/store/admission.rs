@@ -12,9 +12,9 @@
 use super::allocations::{
     AllocationRow, COLS, EVENT, INSERT, TEAM_ADD, USER_ADD, bind_insert, is_unique_violation,
 };
-use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, on_pool};
+use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, live_states, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::{AllocState, Approver, PriorityClass, Verdict};
+use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, Verdict};
 use tessera_domain::error::AppError;
 use tessera_domain::notify::EventKind;
 use uuid::Uuid;
@@ -72,7 +72,8 @@ pub struct Standing {
 /// An open allocation and what was posted for it, for committed spend.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OpenAllocation {
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub count: i64,
     #[sqlx(try_from = "String")]
     pub priority: PriorityClass,
@@ -108,6 +109,8 @@ pub struct Line<'a> {
     pub user: Uuid,
     /// `[from, to)` of the month whose spend counts against the budget.
     pub month: (DateTime<Utc>, DateTime<Utc>),
+    /// When the admission happens: its history entry and notifications carry this time.
+    pub at: DateTime<Utc>,
 }
 
 const LOCK: &str = "UPDATE teams SET admissions = admissions + 1 WHERE id = $1";
@@ -116,15 +119,17 @@ const LOCK: &str = "UPDATE teams SET admissions = admissions + 1 WHERE id = $1";
 /// budget. A statement of its own, not the lock's `RETURNING`: on PostgreSQL (read
 /// committed) a statement that waited for the lock reads with the snapshot it started
 /// with, which would miss the admission it waited for; this one starts after.
-const STANDING: &str = "SELECT t.high_priority, t.high_cap, q.model, q.guaranteed, q.limit_units, \
+const STANDING: &str = concat!(
+    "SELECT t.high_priority, t.high_cap, q.model, q.guaranteed, q.limit_units, \
     q.per_user, q.used, \
     (SELECT u.used FROM user_usage u WHERE u.team_id = $1 AND u.model = $2 AND u.user_id = $3), \
     (SELECT CAST(COALESCE(SUM(a.units), 0) AS BIGINT) FROM allocations a \
-     WHERE a.team_id = $1 AND a.model = $2 AND a.priority = 'high' \
-     AND a.state IN ('queued', 'placing', 'active', 'releasing')), \
-    b.monthly_minor, b.hard \
+     WHERE a.team_id = $1 AND a.model = $2 AND a.priority = 'high' AND a.state IN ",
+    live_states!(),
+    "), b.monthly_minor, b.hard \
     FROM teams t LEFT JOIN quotas q ON q.team_id = t.id AND q.model = $2 \
-    LEFT JOIN budgets b ON b.team_id = t.id WHERE t.id = $1";
+    LEFT JOIN budgets b ON b.team_id = t.id WHERE t.id = $1"
+);
 
 /// [`STANDING`]'s columns.
 type StandingCols = (
@@ -146,13 +151,6 @@ const OPEN: &str = "SELECT a.kind, a.count, a.priority, a.state, a.duration_minu
     FROM allocations a WHERE a.team_id = $1 AND a.state IN ('queued', 'placing', 'active')";
 const MONTH_SPENT: &str = "SELECT CAST(COALESCE(SUM(amount_minor), 0) AS BIGINT) FROM ledger_entries \
     WHERE account <> 'platform' AND team_id = $1 AND hour_start >= $2 AND hour_start < $3";
-
-fn approver_str(a: Approver) -> &'static str {
-    match a {
-        Approver::TeamAdmin => "team_admin",
-        Approver::PlatformAdmin => "platform_admin",
-    }
-}
 
 /// Inserts `$row` with its overrides and first history entry, in `$tx`; `false` on a
 /// duplicate idempotency key.
@@ -297,7 +295,7 @@ impl Store {
                         Admit::Insert { row, actor } => {
                             let mut row = (*row).clone();
                             row.state = AllocState::PendingApproval;
-                            row.approver = Some(approver_str(by).to_owned());
+                            row.approver = Some(by);
                             row.approval_reason = Some(reason.clone());
                             if !insert!(tx, &row, *actor, (false, false)) {
                                 tx.rollback().await?;
@@ -305,19 +303,19 @@ impl Store {
                             }
                             super::outbox::request_event!(tx, row.id,
                                 EventKind::RequestNeedsApproval, Some(reason.as_str()),
-                                Some(approver_str(by)));
+                                Some(by.as_str()), line.at);
                         }
                         Admit::Waiting { id, .. } => {
-                            let was = standing.allocation.as_ref().and_then(|r| r.approver.clone());
+                            let was = standing.allocation.as_ref().and_then(|r| r.approver);
                             let n = sqlx::query("UPDATE allocations SET approver = $2, approval_reason = $3 \
                                          WHERE id = $1 AND state = 'pending_approval'")
-                                .bind(*id).bind(approver_str(by)).bind(&reason)
+                                .bind(*id).bind(by.as_str()).bind(&reason)
                                 .execute(&mut *tx).await?.rows_affected();
-                            if n == 1 && was.as_deref() != Some(approver_str(by)) {
+                            if n == 1 && was != Some(by) {
                                 // It goes on to other approvers: tell them.
                                 super::outbox::request_event!(tx, *id,
                                     EventKind::RequestNeedsApproval, Some(reason.as_str()),
-                                    Some(approver_str(by)));
+                                    Some(by.as_str()), line.at);
                             }
                         }
                         Admit::Extend { .. } => {
@@ -352,9 +350,9 @@ impl Store {
                         return Ok(Admitted::Moved);
                     };
                     hold!(tx, row);
-                    sqlx::query(EVENT).bind(*id).bind(Utc::now()).bind("pending_approval")
+                    sqlx::query(EVENT).bind(*id).bind(line.at).bind("pending_approval")
                         .bind("queued").bind(*actor).bind(*note).execute(&mut *tx).await?;
-                    super::outbox::request_event!(tx, *id, EventKind::RequestApproved, *note, None);
+                    super::outbox::request_event!(tx, *id, EventKind::RequestApproved, *note, None, line.at);
                 }
                 Admit::Extend { id, old_end, new_end, actor, note } => {
                     let sql = "UPDATE allocations SET ends_at = $2, \
@@ -366,7 +364,7 @@ impl Store {
                         tx.rollback().await?;
                         return Ok(Admitted::Moved);
                     }
-                    sqlx::query(EVENT).bind(*id).bind(Utc::now()).bind("active").bind("active")
+                    sqlx::query(EVENT).bind(*id).bind(line.at).bind("active").bind("active")
                         .bind(*actor).bind(*note).execute(&mut *tx).await?;
                 }
             }

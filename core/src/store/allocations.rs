@@ -7,9 +7,9 @@
 //! both backends (SQLite serializes writers; PostgreSQL re-checks the condition on the
 //! locked row), so concurrent requests never admit past the limit.
 
-use super::{Store, StoreError, db, from_driver, on_pool};
+use super::{NullableText, Store, StoreError, db, from_driver, live_states, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::{AllocState, PriorityClass};
+use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, ReleaseCause};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -27,7 +27,8 @@ pub struct AllocationRow {
     pub id: Uuid,
     pub team_id: Uuid,
     pub user_id: Uuid,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub model: String,
     pub count: i64,
     pub units: i64,
@@ -41,12 +42,14 @@ pub struct AllocationRow {
     pub created_at: DateTime<Utc>,
     pub active_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
-    pub approver: Option<String>,
+    #[sqlx(try_from = "NullableText")]
+    pub approver: Option<Approver>,
     pub approval_reason: Option<String>,
     pub pending_reason: Option<String>,
     /// JSON list of placed devices.
     pub devices: String,
-    pub release_cause: Option<String>,
+    #[sqlx(try_from = "NullableText")]
+    pub release_cause: Option<ReleaseCause>,
     pub preempt_at: Option<DateTime<Utc>>,
     /// Why `preempt_at` is set: `reclaim` or `drain` (migration 0020).
     #[sqlx(default)]
@@ -72,7 +75,7 @@ impl AllocationRow {
     pub fn queued(
         team_id: Uuid,
         user_id: Uuid,
-        kind: &str,
+        kind: &GpuKind,
         (count, units): (i64, i64),
         created_at: DateTime<Utc>,
     ) -> AllocationRow {
@@ -80,8 +83,8 @@ impl AllocationRow {
             id: Uuid::new_v4(),
             team_id,
             user_id,
-            kind: kind.to_owned(),
-            model: kind.split(':').next().unwrap_or_default().to_owned(),
+            kind: kind.clone(),
+            model: kind.model().to_owned(),
             count,
             units,
             priority: PriorityClass::Normal,
@@ -149,7 +152,7 @@ pub struct Change {
     pub active_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
     pub devices: Option<String>,
-    pub release_cause: Option<String>,
+    pub release_cause: Option<ReleaseCause>,
     pub pending_reason: Option<Option<String>>,
     pub approval_reason: Option<String>,
 }
@@ -158,8 +161,8 @@ pub struct Change {
 #[derive(Debug, Clone)]
 pub struct Transition<'a> {
     pub id: Uuid,
-    pub from: &'a str,
-    pub to: &'a str,
+    pub from: AllocState,
+    pub to: AllocState,
     /// `+units` when the allocation starts holding quota, `-units` when it stops, 0 else.
     pub quota_delta: i64,
     pub at: DateTime<Utc>,
@@ -173,7 +176,7 @@ impl<'a> Transition<'a> {
     /// no actor.
     pub fn plain(
         id: Uuid,
-        (from, to): (&'a str, &'a str),
+        (from, to): (AllocState, AllocState),
         at: DateTime<Utc>,
         change: Change,
     ) -> Self {
@@ -232,7 +235,7 @@ macro_rules! bind_insert {
         $q.bind($r.id)
             .bind($r.team_id)
             .bind($r.user_id)
-            .bind(&$r.kind)
+            .bind($r.kind.to_string())
             .bind(&$r.model)
             .bind($r.count)
             .bind($r.units)
@@ -242,7 +245,7 @@ macro_rules! bind_insert {
             .bind($r.duration_minutes)
             .bind($r.starts_at)
             .bind($r.created_at)
-            .bind(&$r.approver)
+            .bind($r.approver.map(|a| a.as_str()))
             .bind(&$r.approval_reason)
             .bind(&$r.idempotency_key)
             .bind(&$r.needs_cuda)
@@ -274,9 +277,12 @@ impl Store {
     /// Units held on each of `team`'s quota lines by allocations a platform admin approved
     /// beyond the limit: `(model, units)`.
     pub async fn overridden_units(&self, team: Uuid) -> Result<Vec<(String, i64)>, StoreError> {
-        let sql = "SELECT model, CAST(COALESCE(SUM(units), 0) AS BIGINT) FROM allocations \
-                   WHERE team_id = $1 AND over_limit \
-                   AND state IN ('queued', 'placing', 'active', 'releasing') GROUP BY model";
+        let sql = concat!(
+            "SELECT model, CAST(COALESCE(SUM(units), 0) AS BIGINT) FROM allocations \
+             WHERE team_id = $1 AND over_limit AND state IN ",
+            live_states!(),
+            " GROUP BY model"
+        );
         db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(team).fetch_all(pool).await)
     }
 
@@ -374,8 +380,8 @@ impl Store {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let row: Option<(Uuid, String, Uuid, i64)> = sqlx::query_as(sql)
-                .bind(t.id).bind(t.from).bind(t.to).bind(c.active_at).bind(c.ends_at)
-                .bind(&c.devices).bind(&c.release_cause).bind(set_pending).bind(pending)
+                .bind(t.id).bind(t.from.as_str()).bind(t.to.as_str()).bind(c.active_at).bind(c.ends_at)
+                .bind(&c.devices).bind(c.release_cause.map(ReleaseCause::as_str)).bind(set_pending).bind(pending)
                 .bind(&c.approval_reason)
                 .fetch_optional(&mut *tx).await?;
             let Some((team, model, user, units)) = row else {
@@ -392,13 +398,13 @@ impl Store {
                     tracing::error!(allocation = %t.id, "quota counters were already below this allocation's units");
                 }
             }
-            sqlx::query(EVENT).bind(t.id).bind(t.at).bind(t.from).bind(t.to).bind(t.actor)
+            sqlx::query(EVENT).bind(t.id).bind(t.at).bind(t.from.as_str()).bind(t.to.as_str()).bind(t.actor)
                 .bind(t.note).execute(&mut *tx).await?;
-            if (t.from, t.to) == ("pending_approval", "denied") {
+            if (t.from, t.to) == (AllocState::PendingApproval, AllocState::Denied) {
                 super::outbox::request_event!(tx, t.id,
-                    tessera_domain::notify::EventKind::RequestDenied, t.note, None);
+                    tessera_domain::notify::EventKind::RequestDenied, t.note, None, t.at);
             }
-            if t.to == "releasing" && c.release_cause.as_deref() == Some("preempted") {
+            if t.to == AllocState::Releasing && c.release_cause == Some(ReleaseCause::Preempted) {
                 super::outbox::allocation_event!(tx, t.id,
                     tessera_domain::notify::EventKind::Preempted, None, t.note, None, t.at);
             }
@@ -427,6 +433,7 @@ impl Store {
         &self,
         id: Uuid,
         at: Option<(DateTime<Utc>, &str)>,
+        now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = $3, \
                    preempt_booking = NULL WHERE id = $1 AND state = 'active'";
@@ -439,7 +446,7 @@ impl Store {
                 super::outbox::allocation_event!(tx, id,
                     tessera_domain::notify::EventKind::PreemptionWarning, Some(t),
                     Some(tessera_domain::notify::preempt_cause_words(cause)),
-                    Some(format!("preempt:{id}:{}", t.timestamp_micros())), Utc::now());
+                    Some(format!("preempt:{id}:{}", t.timestamp_micros())), now);
             }
             tx.commit().await?;
             Ok(())
@@ -555,7 +562,10 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(limit).fetch_all(pool).await)
     }
 
-    pub async fn allocations_in(&self, states: &[&str]) -> Result<Vec<AllocationRow>, StoreError> {
+    pub async fn allocations_in(
+        &self,
+        states: &[AllocState],
+    ) -> Result<Vec<AllocationRow>, StoreError> {
         let ps: Vec<String> = (1..=states.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "SELECT {COLS} FROM allocations a WHERE a.state IN ({}) ORDER BY a.created_at, a.id",
@@ -564,7 +574,7 @@ impl Store {
         db!(self, pool => {
             let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
             for s in states {
-                q = q.bind(*s);
+                q = q.bind(s.as_str());
             }
             q.fetch_all(pool).await
         })
@@ -573,8 +583,7 @@ impl Store {
     /// Every live allocation (queued, placing, active, releasing), in queue order: the
     /// scheduler pass reads them once and filters by state.
     pub async fn live_allocations(&self) -> Result<Vec<AllocationRow>, StoreError> {
-        self.allocations_in(&["queued", "placing", "active", "releasing"])
-            .await
+        self.allocations_in(&AllocState::LIVE).await
     }
 
     /// The live allocations of `ids` (any state: the caller sorts them), in chunks.

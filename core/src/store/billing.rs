@@ -9,13 +9,14 @@
 
 use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::AllocState;
+use tessera_domain::alloc::{AllocState, GpuKind};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RateRow {
     pub id: Uuid,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub model: String,
     pub price_minor_per_hour: i64,
     pub preemptible_discount_pct: i64,
@@ -73,7 +74,8 @@ pub struct LedgerRow {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct UsageGroupRow {
     pub day: String,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub team_id: Uuid,
     pub team_name: String,
     pub user_id: Uuid,
@@ -99,7 +101,7 @@ pub struct ChargeRow {
     pub team_id: Uuid,
     pub user_id: Uuid,
     pub allocation_id: Uuid,
-    pub kind: String,
+    pub kind: GpuKind,
     pub model: String,
     pub priority: String,
     pub count: i64,
@@ -172,7 +174,7 @@ impl Store {
         } else {
             format!("{insert} ON CONFLICT (kind, effective_from) DO NOTHING")
         };
-        let n = on_pool!(self, pool => sqlx::query(&sql).bind(r.id).bind(&r.kind).bind(&r.model)
+        let n = on_pool!(self, pool => sqlx::query(&sql).bind(r.id).bind(r.kind.to_string()).bind(&r.model)
             .bind(r.price_minor_per_hour).bind(r.preemptible_discount_pct).bind(r.effective_from)
             .bind(r.created_at).bind(by).bind(r.high_premium_pct).execute(pool).await?.rows_affected());
         Ok(n == 1)
@@ -275,6 +277,7 @@ impl Store {
         allocation: Uuid,
         rows: &[MeterRow],
         close: bool,
+        now: DateTime<Utc>,
     ) -> Result<u32, StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
@@ -330,7 +333,7 @@ impl Store {
             months.dedup();
             if written > 0 {
                 for (team, month) in months {
-                    super::outbox::budget_events!(tx, team, month, Utc::now());
+                    super::outbox::budget_events!(tx, team, month, now);
                 }
             }
             if close {

@@ -2,6 +2,7 @@
 
 use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::alloc::GpuKind;
 use tessera_domain::booking::Held;
 use tessera_domain::error::AppError;
 use uuid::Uuid;
@@ -11,7 +12,8 @@ pub struct BookingRow {
     pub id: Uuid,
     pub team_id: Uuid,
     pub user_id: Uuid,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub model: String,
     pub count: i64,
     pub units: i64,
@@ -88,7 +90,7 @@ impl Store {
             sqlx::query(
                 "INSERT INTO bookings (id, team_id, user_id, kind, model, count, units, starts_at, \
                  ends_at, purpose, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)")
-                .bind(row.id).bind(row.team_id).bind(row.user_id).bind(&row.kind).bind(&row.model)
+                .bind(row.id).bind(row.team_id).bind(row.user_id).bind(row.kind.to_string()).bind(&row.model)
                 .bind(row.count).bind(row.units).bind(row.starts_at).bind(row.ends_at)
                 .bind(&row.purpose).bind(row.created_at)
                 .execute(&mut *tx).await?;
@@ -177,6 +179,7 @@ impl Store {
         id: Uuid,
         at: DateTime<Utc>,
         booking: Uuid,
+        now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = NULL, preempt_booking = $3 \
                    WHERE id = $1 AND state = 'active'";
@@ -188,7 +191,7 @@ impl Store {
                 super::outbox::allocation_event!(tx, id,
                     tessera_domain::notify::EventKind::PreemptionWarning, Some(at),
                     Some(tessera_domain::notify::preempt_cause_words(Some("booking"))),
-                    Some(format!("preempt:{id}:{}", at.timestamp_micros())), Utc::now());
+                    Some(format!("preempt:{id}:{}", at.timestamp_micros())), now);
             }
             tx.commit().await?;
             Ok(())

@@ -58,6 +58,67 @@ use sqlx::{PgPool, SqlitePool};
 use std::str::FromStr;
 use std::time::Duration;
 
+/// The domain's state sets as SQL lists, for `concat!` into statements: written once here,
+/// held to [`AllocState::LIVE`] and [`AllocState::ON_NODE`] by a test.
+///
+/// [`AllocState::LIVE`]: tessera_domain::alloc::AllocState::LIVE
+/// [`AllocState::ON_NODE`]: tessera_domain::alloc::AllocState::ON_NODE
+macro_rules! live_states {
+    () => {
+        "('queued', 'placing', 'active', 'releasing')"
+    };
+}
+macro_rules! on_node_states {
+    () => {
+        "('placing', 'active', 'releasing')"
+    };
+}
+pub(crate) use {live_states, on_node_states};
+
+/// A nullable text column read as `Option<T>` through `T`'s parser
+/// (`#[sqlx(try_from = "NullableText")]`): the nullable twin of the domain's
+/// `stored_as_text!`, so a value no release wrote fails the read instead of becoming `None`.
+pub struct NullableText(Option<String>);
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for NullableText
+where
+    String: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <String as sqlx::Type<DB>>::type_info()
+    }
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <String as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for NullableText
+where
+    Option<String>: sqlx::Decode<'r, DB>,
+{
+    fn decode(v: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(NullableText(
+            <Option<String> as sqlx::Decode<'r, DB>>::decode(v)?,
+        ))
+    }
+}
+
+macro_rules! nullable_as {
+    ($($t:ty),* $(,)?) => {
+        $(impl TryFrom<NullableText> for Option<$t> {
+            type Error = tessera_domain::error::AppError;
+            fn try_from(v: NullableText) -> Result<Self, Self::Error> {
+                v.0.map(<$t>::try_from).transpose()
+            }
+        })*
+    };
+}
+
+nullable_as!(
+    tessera_domain::alloc::Approver,
+    tessera_domain::alloc::ReleaseCause,
+);
+
 /// A connection pool to one of the supported databases.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -263,4 +324,20 @@ where
     T: TryFrom<String, Error = tessera_domain::error::AppError>,
 {
     T::try_from(text).map_err(|e| StoreError(sqlx::Error::Decode(Box::new(e))))
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_domain::alloc::AllocState;
+
+    fn sql_list(states: &[AllocState]) -> String {
+        let quoted: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        format!("({})", quoted.join(", "))
+    }
+
+    #[test]
+    fn the_sql_state_sets_are_the_domains() {
+        assert_eq!(live_states!(), sql_list(&AllocState::LIVE));
+        assert_eq!(on_node_states!(), sql_list(&AllocState::ON_NODE));
+    }
 }

@@ -1,7 +1,8 @@
 //! `gpu_desired`, `gpu_apply_status`, `telemetry_samples`.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, on_node_states, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::alloc::GpuKind;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -21,7 +22,8 @@ pub struct DesiredRow {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct HeldShareRow {
     pub id: Uuid,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     /// JSON list of `AllocatedDevice`.
     pub devices: String,
     pub team_name: String,
@@ -87,16 +89,19 @@ impl Store {
         by: Uuid,
         at: DateTime<Utc>,
     ) -> Result<Option<i64>, StoreError> {
-        let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, \
-                   updated_by, sharing) \
-                   SELECT $1, $2, 'disabled', '[]', 1, $3, $4, $5 WHERE NOT EXISTS ( \
-                     SELECT 1 FROM allocations WHERE state IN ('placing', 'active', 'releasing') \
-                     AND devices LIKE $7) \
+        let sql = concat!(
+            "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, \
+             updated_by, sharing) \
+             SELECT $1, $2, 'disabled', '[]', 1, $3, $4, $5 WHERE NOT EXISTS ( \
+             SELECT 1 FROM allocations WHERE state IN ",
+            on_node_states!(),
+            " AND devices LIKE $7) \
                    ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET mode = 'disabled', layout = '[]', \
                    sharing = excluded.sharing, version = gpu_desired.version + 1, \
                    updated_at = excluded.updated_at, updated_by = excluded.updated_by \
                    WHERE gpu_desired.version = $6 \
-                   RETURNING version";
+                   RETURNING version"
+        );
         let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
             .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing).bind(expected).bind(&holds)
@@ -105,10 +110,12 @@ impl Store {
 
     /// Share allocations holding part of a GPU now, with their team's name.
     pub async fn held_shares(&self) -> Result<Vec<HeldShareRow>, StoreError> {
-        let sql = "SELECT a.id, a.kind, a.devices, t.name AS team_name FROM allocations a \
-                   JOIN teams t ON t.id = a.team_id \
-                   WHERE a.state IN ('placing', 'active', 'releasing') AND a.kind LIKE '%:share:%' \
-                   ORDER BY a.created_at";
+        let sql = concat!(
+            "SELECT a.id, a.kind, a.devices, t.name AS team_name FROM allocations a \
+             JOIN teams t ON t.id = a.team_id WHERE a.state IN ",
+            on_node_states!(),
+            " AND a.kind LIKE '%:share:%' ORDER BY a.created_at"
+        );
         db!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await)
     }
 

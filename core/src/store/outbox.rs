@@ -80,7 +80,7 @@ pub(crate) use record_event;
 /// Records a request's approval event `$kind` about allocation `$id` in `$tx`, with the
 /// approver (`team_admin`/`platform_admin`) for `needs_approval`.
 macro_rules! request_event {
-    ($tx:expr, $id:expr, $kind:expr, $note:expr, $approver:expr) => {{
+    ($tx:expr, $id:expr, $kind:expr, $note:expr, $approver:expr, $at:expr) => {{
         let id: uuid::Uuid = $id;
         let (team, user, gpu_kind, count, username, team_name): (
             uuid::Uuid,
@@ -110,7 +110,7 @@ macro_rules! request_event {
             Some(team),
             ("allocation", id),
             payload,
-            chrono::Utc::now(),
+            $at,
         );
         $crate::store::outbox::record_event!($tx, &event);
     }};

@@ -8,7 +8,7 @@
 use super::{Store, StoreError, db, on_pool};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::AllocState;
+use tessera_domain::alloc::{AllocState, GpuKind};
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
 use uuid::Uuid;
 
@@ -207,7 +207,8 @@ pub struct WorkloadListRow {
     #[sqlx(try_from = "String")]
     pub alloc_state: AllocState,
     /// The allocation's kind (`H100-80GB:share:250` gives the workload its share limits).
-    pub alloc_kind: String,
+    #[sqlx(try_from = "String")]
+    pub alloc_kind: GpuKind,
     /// The allocation's end, and its preemption or drain deadline with the cause (the
     /// deadline channel).
     #[sqlx(default)]
@@ -233,7 +234,8 @@ pub struct ProfileRow {
     pub team_id: Uuid,
     pub team_name: String,
     pub name: String,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub duration_minutes: i64,
     pub image_id: Option<Uuid>,
     pub image_name: Option<String>,
@@ -478,6 +480,7 @@ impl Store {
         node: Uuid,
         hostname: &str,
         devices: &str,
+        now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
                    devices = $4 WHERE id = $1 AND state = 'queued'";
@@ -495,7 +498,7 @@ impl Store {
                     (id, &kind, &name), "pending", user, None, None);
                 let event = super::outbox::NewEvent::new(
                     tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
-                    ("workload", id), payload, Utc::now());
+                    ("workload", id), payload, now);
                 super::outbox::record_event!(tx, &event);
             }
             tx.commit().await?;
@@ -583,13 +586,15 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, ProfileRow>(sql).bind(id).fetch_optional(pool).await)
     }
 
-    /// Moves a workload from `from` to `to`; `false` if it was not in `from` any more.
+    /// Moves a workload from `from` to `to` at `now`; `false` if it was not in `from` any
+    /// more.
     pub async fn workload_step(
         &self,
         id: Uuid,
         from: &str,
         to: &str,
         c: &WorkloadChange,
+        now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = $3, \
                    started_at = COALESCE(started_at, $4), ready_at = COALESCE(ready_at, $5), \
@@ -616,7 +621,7 @@ impl Store {
                         (id, &kind, &name), to, user, exit_code, message.as_deref());
                     let event = super::outbox::NewEvent::new(
                         event_kind, Some(team), ("workload", id), payload,
-                        c.ended_at.unwrap_or_else(Utc::now));
+                        c.ended_at.unwrap_or(now));
                     super::outbox::record_event!(tx, &event);
                 }
             }
@@ -884,6 +889,7 @@ impl Store {
         job: Uuid,
         (node, hostname, devices): (Uuid, &str, &str),
         members: &[WorkloadRow],
+        now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
                    devices = $4 WHERE id = $1 AND state = 'queued'";
@@ -917,7 +923,7 @@ impl Store {
                 (job, &kind, &name), "pending", user, None, None);
             let event = super::outbox::NewEvent::new(
                 tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
-                ("workload", job), payload, Utc::now());
+                ("workload", job), payload, now);
             super::outbox::record_event!(tx, &event);
             tx.commit().await?;
             Ok(true)

@@ -68,6 +68,25 @@ pub enum Approver {
     PlatformAdmin,
 }
 
+impl Approver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approver::TeamAdmin => "team_admin",
+            Approver::PlatformAdmin => "platform_admin",
+        }
+    }
+}
+
+impl FromStr for Approver {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        [Approver::TeamAdmin, Approver::PlatformAdmin]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| AppError::invalid("approver", format!("unknown approver {s}")))
+    }
+}
+
 /// What [`admit`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Admission {

@@ -115,11 +115,24 @@ impl AllocState {
 
     /// Counts against the team's quota: queued, placing, active, releasing.
     pub fn holds_quota(self) -> bool {
-        matches!(
-            self,
-            AllocState::Queued | AllocState::Placing | AllocState::Active | AllocState::Releasing
-        )
+        Self::LIVE.contains(&self)
     }
+
+    /// The states whose allocation holds GPU on a node: placing, active, releasing.
+    pub const ON_NODE: [AllocState; 3] = [
+        AllocState::Placing,
+        AllocState::Active,
+        AllocState::Releasing,
+    ];
+
+    /// The states that count against a quota and that the scheduler pass reads: queued and
+    /// [`AllocState::ON_NODE`].
+    pub const LIVE: [AllocState; 4] = [
+        AllocState::Queued,
+        AllocState::Placing,
+        AllocState::Active,
+        AllocState::Releasing,
+    ];
 
     /// Still waiting to run: pending approval, queued, placing.
     pub fn is_pending(self) -> bool {
@@ -161,6 +174,20 @@ pub enum ReleaseCause {
 }
 
 impl ReleaseCause {
+    pub const ALL: [ReleaseCause; 3] = [
+        ReleaseCause::Released,
+        ReleaseCause::Expired,
+        ReleaseCause::Preempted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseCause::Released => "released",
+            ReleaseCause::Expired => "expired",
+            ReleaseCause::Preempted => "preempted",
+        }
+    }
+
     /// The terminal state `releasing` goes to once the GPU is torn down.
     pub fn final_state(self) -> AllocState {
         match self {
@@ -168,5 +195,15 @@ impl ReleaseCause {
             ReleaseCause::Expired => AllocState::Expired,
             ReleaseCause::Preempted => AllocState::Preempted,
         }
+    }
+}
+
+impl FromStr for ReleaseCause {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        ReleaseCause::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| AppError::invalid("release_cause", format!("unknown release cause {s}")))
     }
 }

@@ -360,7 +360,7 @@ async fn bookings(app: &TestApp, team_a: &str) -> Vec<String> {
             id: uuid::Uuid::new_v4(),
             team_id: team,
             user_id: admin.id,
-            kind: "H100-80GB:1g.10gb".into(),
+            kind: "H100-80GB:1g.10gb".parse().expect("kind"),
             model: "H100-80GB".into(),
             count: 1,
             units: 1,

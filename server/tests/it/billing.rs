@@ -70,12 +70,19 @@ pub(crate) async fn history(
         priority: priority.parse().expect("priority"),
         purpose: "billing test".into(),
         duration_minutes: 60 * 24,
-        ..AllocationRow::queued(team, user, kind, (count, units), created)
+        ..AllocationRow::queued(
+            team,
+            user,
+            &kind.parse().expect("kind"),
+            (count, units),
+            created,
+        )
     };
     store.insert_allocation(&row, "test").await.expect("insert");
     let step = |from: &'static str, to: &'static str, at: DateTime<Utc>, change: Change| {
         let store = store.clone();
         async move {
+            let (from, to) = (from.parse().expect("state"), to.parse().expect("state"));
             let t = Transition::plain(id, (from, to), at, change);
             assert!(
                 store.transition(&t).await.expect("transition"),

@@ -716,7 +716,7 @@ async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
         };
         assert!(
             store
-                .workload_step(w.id, "running", end, &change)
+                .workload_step(w.id, "running", end, &change, chrono::Utc::now())
                 .await
                 .expect("step")
         );

@@ -18,7 +18,7 @@ impl Allocations {
     /// the reason when the cluster, the team's limit for the window or other bookings
     /// cannot honour it.
     pub async fn book(&self, p: &Principal, input: &NewBooking) -> Result<BookingView, AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         let valid = booking::validate(input, &self.policy, &self.catalog, now)?;
         let access =
             authz::team(&self.store, p, valid.alloc.team_id(), Need::ManageMembers).await?;
@@ -36,7 +36,7 @@ impl Allocations {
             id: Uuid::new_v4(),
             team_id: access.team.id,
             user_id: p.user_id.0,
-            kind: valid.alloc.kind().to_string(),
+            kind: valid.alloc.kind().clone(),
             model: model.clone(),
             count: i64::from(valid.alloc.count()),
             units: i64::from(valid.units()),
@@ -78,7 +78,7 @@ impl Allocations {
             .map_err(internal("loading booking"))?
             .ok_or(AppError::NotFound)?;
         authz::team(&self.store, p, TeamId(row.b.team_id), Need::Read).await?;
-        Ok(view(&row, true, Utc::now()))
+        Ok(view(&row, true, self.clock.now()))
     }
 
     /// The calendar: live bookings overlapping `[from, to)` (at most 2000), every team's.
@@ -103,7 +103,7 @@ impl Allocations {
             .bookings_between(from, to, model, CALENDAR_LIMIT)
             .await
             .map_err(internal("loading bookings"))?;
-        let now = Utc::now();
+        let now = self.clock.now();
         Ok(rows
             .iter()
             .map(|r| {
@@ -124,7 +124,7 @@ impl Allocations {
             .ok_or(AppError::NotFound)?;
         // Another team's booking is NotFound, its own members are Forbidden (one check).
         authz::team(&self.store, p, TeamId(row.b.team_id), Need::ManageMembers).await?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let Some(allocation) = self
             .store
             .cancel_booking(id, now)
@@ -333,7 +333,7 @@ impl Allocations {
                 live.changed();
                 taken.insert(v);
                 self.store
-                    .set_preempt_for_booking(v, at, b.id)
+                    .set_preempt_for_booking(v, at, b.id, self.clock.now())
                     .await
                     .map_err(internal("warning a borrower"))?;
                 tracing::info!(allocation = %v, booking = %b.id, %at, "capacity booked: borrower warned");
@@ -346,7 +346,7 @@ impl Allocations {
     async fn audit_booking(&self, actor: Option<&str>, action: &str, b: &BookingRow) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: actor.map(str::to_owned),
             action: action.into(),
             object_type: "booking".into(),
@@ -372,7 +372,7 @@ fn view(r: &BookingListRow, visible: bool, now: DateTime<Utc>) -> BookingView {
         id: visible.then_some(b.id),
         team_id: visible.then_some(b.team_id),
         team_name: visible.then(|| r.team_name.clone()),
-        kind: b.kind.clone(),
+        kind: b.kind.to_string(),
         model: b.model.clone(),
         count: to_u32(b.count),
         units: to_u32(b.units),

@@ -57,7 +57,7 @@ impl Allocations {
         }
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.to_string()),
             action: "team.grace".into(),
             object_type: "team".into(),

@@ -10,6 +10,7 @@ use super::authz::{self, Need};
 use super::billing::Pricer;
 use super::internal;
 use super::tenancy::paged;
+use crate::clock::Clock;
 use crate::store::{
     Admit, Admitted, AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Line,
     NodeRow, QuotaRow, Standing, Store, Transition as StoreTransition, decoded,
@@ -52,6 +53,7 @@ pub const NODE_GRACE: Duration = Duration::minutes(3);
 #[derive(Clone)]
 pub struct Allocations {
     store: Store,
+    clock: Clock,
     catalog: Arc<Catalog>,
     policy: AllocPolicy,
     /// Wakes the scheduler after a change (request, release, approval).
@@ -130,6 +132,7 @@ impl Allocations {
     pub fn new(store: Store, catalog: Arc<Catalog>) -> Self {
         Self {
             store,
+            clock: Clock::system(),
             catalog,
             policy: AllocPolicy::default(),
             wake: Arc::new(Notify::new()),
@@ -143,6 +146,12 @@ impl Allocations {
             placing_timeout: DEFAULT_PLACING_TIMEOUT,
             spares: Arc::default(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Sets how long an allocation may stay `placing` before it fails.
@@ -196,7 +205,7 @@ impl Allocations {
         input: &NewAllocation,
         idempotency_key: Option<&str>,
     ) -> Result<AllocationView, AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         let key = idempotency_key.map(str::trim).filter(|k| !k.is_empty());
         if let Some(k) = key {
             if k.len() > 200 {
@@ -233,7 +242,7 @@ impl Allocations {
             ..AllocationRow::queued(
                 access.team.id,
                 p.user_id.0,
-                &valid.kind().to_string(),
+                valid.kind(),
                 (i64::from(valid.devices()), i64::from(valid.units())),
                 now,
             )
@@ -311,7 +320,7 @@ impl Allocations {
             needs_cuda: None,
             nodes: None,
         };
-        let valid = alloc::validate(&input, &self.policy, &self.catalog, Utc::now())?;
+        let valid = alloc::validate(&input, &self.policy, &self.catalog, self.clock.now())?;
         Ok(valid.kind().label())
     }
 
@@ -330,7 +339,7 @@ impl Allocations {
             .allocation_events(id)
             .await
             .map_err(internal("loading history"))?;
-        let ctx = self.pending_context(Utc::now());
+        let ctx = self.pending_context(self.clock.now());
         let mut v = self.view(&row, &ctx);
         v.history = events
             .into_iter()
@@ -380,7 +389,7 @@ impl Allocations {
             .list_allocations(teams.as_deref(), user, &states, page.offset, page.limit)
             .await
             .map_err(internal("listing allocations"))?;
-        let ctx = self.pending_context(Utc::now());
+        let ctx = self.pending_context(self.clock.now());
         let items = rows.iter().map(|r| self.view(r, &ctx)).collect();
         Ok(paged(items, total, page))
     }
@@ -395,7 +404,7 @@ impl Allocations {
         if row.a.user_id != p.user_id.0 && !team_admin {
             return Err(AppError::Forbidden);
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         let actor = Some(p.username.as_str());
         // The scheduler may move the allocation on (queued → placing → active) between
         // this read and the conditional write; the user's intent stands, so the release
@@ -438,7 +447,7 @@ impl Allocations {
     /// actor. An active one is released, one still waiting (for approval, in the queue, being
     /// placed) is cancelled. `false` if it had ended already.
     pub async fn release_for_system(&self, id: Uuid, note: &str) -> Result<bool, AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         let mut done = false;
         // Like `release`: the scheduler may move it on between the read and the write.
         for _ in 0..RELEASE_TRIES {
@@ -531,6 +540,7 @@ impl Allocations {
                 || billing::month_bounds(billing::month_of(now)),
                 Pricer::month,
             ),
+            at: now,
         }
     }
 
@@ -603,7 +613,7 @@ impl Allocations {
     async fn finish_half_released(&self, now: DateTime<Utc>) -> Result<(), AppError> {
         let rows = self
             .store
-            .allocations_in(&["releasing"])
+            .allocations_in(&[AllocState::Releasing])
             .await
             .map_err(internal("loading releasing allocations"))?;
         // A release in progress takes two statements in a row: leave it a while.
@@ -617,11 +627,9 @@ impl Allocations {
                 .collect()
         };
         for a in due {
-            let cause = match a.release_cause.as_deref() {
-                Some("expired") => alloc::ReleaseCause::Expired,
-                Some("preempted") => alloc::ReleaseCause::Preempted,
-                _ => alloc::ReleaseCause::Released,
-            };
+            // `finish` writes the cause with the step into `releasing`; a row without one
+            // predates causes, and was a release.
+            let cause = a.release_cause.unwrap_or(alloc::ReleaseCause::Released);
             if self
                 .step(
                     a.id,
@@ -757,7 +765,7 @@ impl Allocations {
             "extended by {minutes} min to {}",
             new_end.format("%Y-%m-%d %H:%M UTC")
         );
-        let now = Utc::now();
+        let now = self.clock.now();
         let pricer = self.pricer(now).await?;
         let line = self.line(&row.a, pricer.as_ref(), now);
         let what = Admit::Extend {
@@ -838,7 +846,7 @@ impl Allocations {
             Authority::PlatformAdmin {
                 overrides: decision.overrides,
             }
-        } else if row.a.approver.as_deref() == Some("team_admin")
+        } else if row.a.approver == Some(Approver::TeamAdmin)
             && !decision.overrides
             && authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
                 .await
@@ -849,7 +857,7 @@ impl Allocations {
             return Err(AppError::Forbidden);
         };
         let note = (!reason.is_empty()).then_some(reason);
-        let now = Utc::now();
+        let now = self.clock.now();
         let actor = Some(p.username.as_str());
         if !decision.approve {
             let change = Change {
@@ -1027,7 +1035,7 @@ impl Allocations {
             used: before.as_ref().map_or(0, |b| b.used),
         };
         self.store
-            .set_quota(&row, p.user_id.0, Utc::now())
+            .set_quota(&row, p.user_id.0, self.clock.now())
             .await
             .map_err(internal("storing quota"))?;
         let json = |q: &QuotaRow| {
@@ -1037,7 +1045,7 @@ impl Allocations {
         };
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.to_string()),
             action: "quota.set".into(),
             object_type: "quota".into(),
@@ -1076,7 +1084,7 @@ impl Allocations {
         }
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.to_string()),
             action: if grant.is_some() {
                 "priority.grant".into()
@@ -1145,18 +1153,14 @@ impl Allocations {
     fn view(&self, r: &AllocationListRow, ctx: &PendingContext) -> AllocationView {
         let a = &r.a;
         let state = a.state;
-        let kind_label = a
-            .kind
-            .parse::<GpuKind>()
-            .map(|k| k.label())
-            .unwrap_or_else(|_| a.kind.clone());
+        let kind_label = a.kind.label();
         let pending = match state {
             AllocState::PendingApproval => Some(PendingInfo {
                 position: None,
                 reason: format!(
                     "Waiting for approval by {}: {}.",
-                    match a.approver.as_deref() {
-                        Some("team_admin") => "a team admin",
+                    match a.approver {
+                        Some(Approver::TeamAdmin) => "a team admin",
                         _ => "a platform admin",
                     },
                     a.approval_reason.as_deref().unwrap_or("beyond quota")
@@ -1213,7 +1217,7 @@ impl Allocations {
             team_name: r.team_name.clone(),
             user_id: UserId(a.user_id),
             username: r.username.clone(),
-            kind: a.kind.clone(),
+            kind: a.kind.to_string(),
             kind_label,
             count: to_u32(a.count),
             units: to_u32(a.units),
@@ -1224,11 +1228,7 @@ impl Allocations {
             starts_at: a.starts_at.or(a.active_at),
             ends_at: a.ends_at,
             devices: devices(a),
-            approver: match a.approver.as_deref() {
-                Some("team_admin") => Some(Approver::TeamAdmin),
-                Some("platform_admin") => Some(Approver::PlatformAdmin),
-                _ => None,
-            },
+            approver: a.approver,
             approval_reason: a.approval_reason.clone(),
             pending,
             preempt_at: a.preempt_at,
@@ -1264,13 +1264,13 @@ impl Allocations {
         after: Option<&AllocationRow>,
     ) {
         let json = |r: &AllocationRow| {
-            serde_json::json!({"state": r.state, "kind": r.kind, "count": r.count,
+            serde_json::json!({"state": r.state, "kind": r.kind.to_string(), "count": r.count,
                 "units": r.units, "priority": r.priority})
             .to_string()
         };
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: actor.map(str::to_owned),
             action: action.into(),
             object_type: "allocation".into(),
@@ -1313,8 +1313,8 @@ impl Allocations {
         self.store
             .transition(&StoreTransition {
                 id,
-                from: from.as_str(),
-                to: to.as_str(),
+                from,
+                to,
                 quota_delta,
                 at,
                 actor,
@@ -1335,13 +1335,8 @@ impl Allocations {
         actor: Option<&str>,
         note: Option<&str>,
     ) -> Result<bool, AppError> {
-        let cause_s = match cause {
-            alloc::ReleaseCause::Released => "released",
-            alloc::ReleaseCause::Expired => "expired",
-            alloc::ReleaseCause::Preempted => "preempted",
-        };
         let change = Change {
-            release_cause: Some(cause_s.into()),
+            release_cause: Some(cause),
             ..Change::default()
         };
         if !self
@@ -1388,7 +1383,7 @@ fn shared_gpus(desired: &[DesiredWithStatus]) -> HashMap<String, ShareMethod> {
 fn share_usage<'a>(held: impl IntoIterator<Item = &'a AllocationRow>) -> HashMap<String, u32> {
     let mut used: HashMap<String, u32> = HashMap::new();
     for a in held {
-        if let Ok(GpuKind::Share { milli, .. }) = a.kind.parse::<GpuKind>() {
+        if let GpuKind::Share { milli, .. } = a.kind {
             for d in devices(a) {
                 *used.entry(d.gpu_uuid).or_default() += milli;
             }
@@ -1552,10 +1547,7 @@ fn ask_of(a: &AllocationRow, pricer: Option<&Pricer>) -> Ask {
 
 /// What `a`'s kind and count cost for `ms` at today's rates (0 without prices).
 fn cost_of(a: &AllocationRow, ms: i64, pricer: Option<&Pricer>) -> i64 {
-    match (pricer, a.kind.parse::<GpuKind>()) {
-        (Some(p), Ok(kind)) => p.cost(&kind, to_u32(a.count), ms, a.priority),
-        _ => 0,
-    }
+    pricer.map_or(0, |p| p.cost(&a.kind, to_u32(a.count), ms, a.priority))
 }
 
 #[cfg(test)]

@@ -289,7 +289,7 @@ impl Allocations {
                 // Undrained before its deadline: the warning is withdrawn.
                 live.changed();
                 self.store
-                    .set_preempt_at(a.id, None)
+                    .set_preempt_at(a.id, None, self.clock.now())
                     .await
                     .map_err(internal("withdrawing a drain warning"))?;
                 continue;
@@ -299,7 +299,7 @@ impl Allocations {
             {
                 live.changed();
                 self.store
-                    .set_preempt_at(a.id, Some((deadline, cause)))
+                    .set_preempt_at(a.id, Some((deadline, cause)), self.clock.now())
                     .await
                     .map_err(internal("warning of a drain"))?;
                 tracing::info!(allocation = %a.id, %deadline, "its node is drained");
@@ -376,7 +376,7 @@ impl Allocations {
         live.refresh(&self.store).await?;
         for a in live.rows().filter(|a| a.state == AllocState::Placing) {
             let mut devs = devices(a);
-            let is_share = matches!(a.kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }));
+            let is_share = matches!(a.kind, GpuKind::Share { .. });
             let all_present = devs.iter_mut().all(|d| {
                 if is_share {
                     share_ready(d, inventories, shared)
@@ -598,12 +598,11 @@ impl Allocations {
         let mut still_waiting: Vec<&AllocationRow> = Vec::new();
         for a in queued {
             let devs = placed.remove(&a.id).unwrap_or_default();
-            let complete = match a.kind.parse::<GpuKind>() {
-                Ok(GpuKind::Mig { .. }) | Ok(GpuKind::Whole { .. }) => {
+            let complete = match a.kind {
+                GpuKind::Mig { .. } | GpuKind::Whole { .. } => {
                     devs.len() == usize::try_from(a.count).unwrap_or(0)
                 }
-                Ok(GpuKind::Share { .. }) => devs.len() == 1,
-                Err(_) => false,
+                GpuKind::Share { .. } => devs.len() == 1,
             };
             if complete {
                 let change = Change {
@@ -755,7 +754,7 @@ impl Allocations {
                     live.changed();
                     let at = now + self.grace_for(r.team_id).await?;
                     self.store
-                        .set_preempt_at(r.id, Some((at, "reclaim")))
+                        .set_preempt_at(r.id, Some((at, "reclaim")), self.clock.now())
                         .await
                         .map_err(internal("warning of preemption"))?;
                     tracing::info!(allocation = %r.id, %at, "borrowed capacity will be reclaimed");
@@ -764,7 +763,7 @@ impl Allocations {
                 (false, Some(_)) => {
                     live.changed();
                     self.store
-                        .set_preempt_at(r.id, None)
+                        .set_preempt_at(r.id, None, self.clock.now())
                         .await
                         .map_err(internal("withdrawing preemption warning"))?;
                 }
@@ -965,9 +964,7 @@ fn planner_requests(
     let total = i32::try_from(order.len()).unwrap_or(i32::MAX);
     let mut requests = Vec::new();
     for a in queued {
-        let Ok(kind) = a.kind.parse::<GpuKind>() else {
-            continue;
-        };
+        let kind = a.kind.clone();
         // A booking's allocation goes before the whole queue: its capacity was promised.
         let priority = if booked.contains(&a.id) {
             total.saturating_add(1)

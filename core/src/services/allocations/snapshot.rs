@@ -164,7 +164,7 @@ impl Allocations {
     /// as of the last scheduler pass, without re-partitioning (which may free more).
     /// Every signed-in user may see it, like the cluster.
     pub fn free_now(&self, _p: &Principal) -> BTreeMap<String, u32> {
-        self.pending_context(Utc::now()).free_now
+        self.pending_context(self.clock.now()).free_now
     }
 
     pub(super) async fn fair_shares(

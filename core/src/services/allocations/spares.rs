@@ -64,7 +64,7 @@ impl Allocations {
         authz::admin(p)?;
         let model = self.spare_model(model)?;
         let rule = SpareRule::validate(req)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         self.store
             .set_spares(&SpareRow {
                 model: model.clone(),
@@ -121,7 +121,7 @@ impl Allocations {
     async fn audit_spares(&self, p: &Principal, action: &str, model: &str, after: Option<String>) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: Some(p.username.as_str().to_owned()),
             action: action.into(),
             object_type: "spares".into(),
@@ -265,11 +265,11 @@ impl Allocations {
         if a.state != AllocState::Active || a.priority != PriorityClass::High {
             return Ok(false);
         }
-        let need = match a.kind.parse::<GpuKind>() {
-            Ok(GpuKind::Whole { .. }) => to_u32(a.count),
-            Ok(GpuKind::Mig { .. }) => 1,
+        let need = match a.kind {
+            GpuKind::Whole { .. } => to_u32(a.count),
+            GpuKind::Mig { .. } => 1,
             // Spares are not shared GPUs: a share goes the ordinary way.
-            _ => return Ok(false),
+            GpuKind::Share { .. } => return Ok(false),
         };
         let Some(free) = room.get_mut(&a.model).filter(|f| **f >= need) else {
             return Ok(false);
@@ -286,7 +286,7 @@ impl Allocations {
         new.priority = a.priority;
         new.purpose = a.purpose.clone();
         new.duration_minutes = left;
-        new.approver = a.approver.clone();
+        new.approver = a.approver;
         new.needs_cuda = a.needs_cuda.clone();
         let note = format!("{why}; moved to a hot spare as allocation {}", new.id);
         if !self

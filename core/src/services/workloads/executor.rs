@@ -38,7 +38,7 @@ impl Workloads {
         from: Reporter,
         reports: &WorkloadReports,
     ) -> Result<WorkloadSync, AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         let rows = self.node_rows(node.id, now).await?;
         let by_run: HashMap<String, &WorkloadListRow> =
             rows.iter().map(|r| (run_id(&r.w), r)).collect();
@@ -188,7 +188,7 @@ impl Workloads {
         let kind = w.kind;
         let state = w.state;
         let alloc_active = r.alloc_state == AllocState::Active;
-        let now = Utc::now();
+        let now = self.clock.now();
         // A stop that warns first keeps it running, told, until its deadline.
         let warned_stop = state == WorkloadState::Stopping
             && r.deadline_cause.as_deref() == Some(DeadlineCause::Stop.as_str())
@@ -289,7 +289,7 @@ impl Workloads {
         }
         let moved = self
             .store
-            .workload_step(w.id, from.as_str(), to.as_str(), &change)
+            .workload_step(w.id, from.as_str(), to.as_str(), &change, self.clock.now())
             .await
             .map_err(internal("updating workload"))?;
         if moved && to.is_terminal() {
@@ -442,12 +442,24 @@ impl Workloads {
             };
             let moved = self
                 .store
-                .workload_step(w.id, state.as_str(), "stopping", &stopping)
+                .workload_step(
+                    w.id,
+                    state.as_str(),
+                    "stopping",
+                    &stopping,
+                    self.clock.now(),
+                )
                 .await
                 .map_err(internal("stopping workload"))?;
             if moved {
                 self.store
-                    .workload_step(w.id, "stopping", end.as_str(), &change(None))
+                    .workload_step(
+                        w.id,
+                        "stopping",
+                        end.as_str(),
+                        &change(None),
+                        self.clock.now(),
+                    )
                     .await
                     .map_err(internal("stopping workload"))?;
             }
@@ -483,7 +495,7 @@ impl Workloads {
                         rep.exit_code.map(i64::from),
                         &format!("it {how}"),
                         false,
-                        Utc::now(),
+                        self.clock.now(),
                     )
                     .await?;
                 self.store

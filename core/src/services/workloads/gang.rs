@@ -47,7 +47,7 @@ impl Workloads {
         }
         let secret = self.notebook_token(w)?;
         let env = self.env_of(w)?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let mut members = Vec::new();
         for (rank, (node, host, devs)) in nodes.iter().enumerate().skip(1) {
             let mut row = WorkloadRow {
@@ -89,6 +89,7 @@ impl Workloads {
                     &serde_json::to_string(devs).unwrap_or_else(|_| "[]".into()),
                 ),
                 &members,
+                self.clock.now(),
             )
             .await
             .map_err(internal("placing a gang"))?;
@@ -323,6 +324,7 @@ impl Workloads {
                             message: Some(why.clone()),
                             ..WorkloadChange::default()
                         },
+                        self.clock.now(),
                     )
                     .await
                     .map_err(internal("failing a gang job"))?;

@@ -15,6 +15,7 @@ use super::internal;
 use super::nodes::NodeIdentity;
 use super::tenancy::paged;
 use crate::auth::secret;
+use crate::clock::Clock;
 use crate::store::{AuditRow, ProfileRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
@@ -250,6 +251,7 @@ pub struct WorkloadTick {
 #[derive(Clone)]
 pub struct Workloads {
     store: Store,
+    clock: Clock,
     allocations: Allocations,
     cfg: WorkloadConfig,
     /// Seal tokens and environments at rest (`secrets.rs`).
@@ -275,30 +277,30 @@ fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
 }
 
 /// Whether an allocation of `kind` is a share of a shared GPU.
-fn is_share(kind: &str) -> bool {
-    matches!(kind.parse::<GpuKind>(), Ok(GpuKind::Share { .. }))
+fn is_share(kind: &GpuKind) -> bool {
+    matches!(kind, GpuKind::Share { .. })
 }
 
 /// A share's limits on its GPU: the milli-GPU, and as much of the GPU's memory (what
 /// workloads can use: a MIG model's full-GPU profile, else the GPU's memory). `None` for
 /// other kinds, or when the GPU is not shared (any more): the node then limits nothing.
 fn share_limits(
-    kind: &str,
+    kind: &GpuKind,
     devices: &[AllocatedDevice],
     shared: &HashMap<String, ShareMethod>,
     catalog: &Catalog,
 ) -> Option<ShareLimits> {
-    let GpuKind::Share { model, milli } = kind.parse::<GpuKind>().ok()? else {
+    let GpuKind::Share { model, milli } = kind else {
         return None;
     };
     let gpu = devices.first()?;
     let method = *shared.get(&gpu.gpu_uuid)?;
-    let total = catalog.get(&model).map_or(0, |m| m.memory_mib());
+    let total = catalog.get(model).map_or(0, |m| m.memory_mib());
     Some(ShareLimits {
         method,
         gpu_uuid: gpu.gpu_uuid.clone(),
-        milli,
-        memory_mib: total * u64::from(milli) / 1000,
+        milli: *milli,
+        memory_mib: total * u64::from(*milli) / 1000,
     })
 }
 
@@ -351,16 +353,13 @@ fn device_uuid(d: &AllocatedDevice) -> String {
 }
 
 fn profile_view(r: ProfileRow) -> NotebookProfile {
-    let kind_label = r
-        .kind
-        .parse::<GpuKind>()
-        .map_or_else(|_| r.kind.clone(), |k| k.label());
+    let kind_label = r.kind.label();
     NotebookProfile {
         id: r.id,
         team_id: TeamId(r.team_id),
         team_name: r.team_name,
         name: r.name,
-        kind: r.kind,
+        kind: r.kind.to_string(),
         kind_label,
         hours: u32::try_from(r.duration_minutes / 60).unwrap_or(0),
         image_id: r.image_id,
@@ -379,12 +378,19 @@ impl Workloads {
     pub fn new(store: Store, allocations: Allocations) -> Self {
         Workloads {
             store: store.clone(),
+            clock: Clock::system(),
             allocations,
             cfg: WorkloadConfig::default(),
             keys: Arc::new(crate::at_rest::DataKeys::ephemeral()),
             admin_audited: Arc::new(Mutex::new(HashMap::new())),
             images: crate::services::images::Images::new(store.clone()),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Chooses images from (and reads registry logins of) this service; give it the one
@@ -609,7 +615,7 @@ impl Workloads {
                 name,
                 (place.allocation_id, place.team_id, p.user_id.0),
                 place.state,
-                Utc::now(),
+                self.clock.now(),
             )
         };
         // A notebook's token; a gang's secret (its members' remote agents check it).
@@ -861,7 +867,7 @@ impl Workloads {
         let row = self.visible(p, id).await?;
         let mut v = redact(self.view(&row), p);
         if row.w.kind == WorkloadKind::Notebook && row.w.state == WorkloadState::Running {
-            let now = Utc::now();
+            let now = self.clock.now();
             let s = self.signals(&row.w, now).await?;
             v.idle = Some(self.decide(&row.w, &s, now));
             v.activity = Some(s);
@@ -999,7 +1005,7 @@ impl Workloads {
             )));
         }
         let action = format!("{}.stop", row.w.kind.as_str());
-        let now = Utc::now();
+        let now = self.clock.now();
         if state == WorkloadState::Stopping {
             // A second stop during the stop grace: at once.
             if row.deadline_cause.as_deref() == Some(DeadlineCause::Stop.as_str())
@@ -1203,7 +1209,7 @@ impl Workloads {
     ) {
         let entry = AuditRow {
             id: Uuid::new_v4(),
-            at: Utc::now(),
+            at: self.clock.now(),
             actor: actor.map(str::to_owned),
             action: action.into(),
             object_type: object_type.into(),

@@ -53,7 +53,7 @@ impl Workloads {
             Ok(t) => t,
             Err(not_ready) => return Ok(Err(not_ready)),
         };
-        let now = Utc::now();
+        let now = self.clock.now();
         let (code, hash) = secret::generate("tnc");
         self.store
             .insert_notebook_grant(
@@ -81,7 +81,7 @@ impl Workloads {
         workload: Uuid,
         code: &str,
     ) -> Result<String, AppError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         let (user, _, expires) = self
             .store
             .take_notebook_code(&secret::hash(code), workload)
@@ -123,7 +123,7 @@ impl Workloads {
             .await
             .map_err(internal("loading notebook pass"))?
             .ok_or(AppError::Unauthorized)?;
-        if expires < Utc::now() {
+        if expires < self.clock.now() {
             return Err(AppError::Unauthorized);
         }
         Ok((user, issued))
@@ -153,7 +153,7 @@ impl Workloads {
     }
 
     async fn audit_admin_proxy(&self, p: &Principal, w: &WorkloadRow) {
-        let now = Utc::now();
+        let now = self.clock.now();
         let due = {
             let Ok(mut seen) = self.admin_audited.lock() else {
                 return;

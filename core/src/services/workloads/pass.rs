@@ -26,7 +26,7 @@ impl Workloads {
         if state == WorkloadState::Queued {
             // Still waiting for its GPU: nothing runs anywhere; it ends, and so does its
             // request.
-            let moved = self.end_queued(w, end, message, Utc::now()).await?;
+            let moved = self.end_queued(w, end, message, self.clock.now()).await?;
             if !moved {
                 return Err(AppError::conflict(
                     "the workload changed meanwhile; reload and try again",
@@ -46,13 +46,14 @@ impl Workloads {
                 state.as_str(),
                 WorkloadState::Stopping.as_str(),
                 &change,
+                self.clock.now(),
             )
             .await
             .map_err(internal("stopping workload"))?;
         if moved && state == WorkloadState::Pending {
             // Never started (as far as the server knows): it leaves the node's desired
             // set, so an executor that did start it meanwhile stops and forgets it.
-            let now = Utc::now();
+            let now = self.clock.now();
             self.store
                 .workload_step(
                     w.id,
@@ -62,6 +63,7 @@ impl Workloads {
                         ended_at: Some(now),
                         ..WorkloadChange::default()
                     },
+                    self.clock.now(),
                 )
                 .await
                 .map_err(internal("stopping workload"))?;
@@ -105,6 +107,7 @@ impl Workloads {
                     message: Some(message.into()),
                     ..WorkloadChange::default()
                 },
+                self.clock.now(),
             )
             .await
             .map_err(internal("ending workload"))?;
@@ -142,7 +145,7 @@ impl Workloads {
         };
         let placed = self
             .store
-            .place_queued_workload(w.id, node, &hostname, &devices)
+            .place_queued_workload(w.id, node, &hostname, &devices, self.clock.now())
             .await
             .map_err(internal("placing workload"))?;
         if placed {
@@ -197,7 +200,7 @@ impl Workloads {
         };
         let req = NewAllocation {
             team_id: old.a.team_id.to_string(),
-            kind: old.a.kind.clone(),
+            kind: old.a.kind.to_string(),
             // A gang's count is the whole gang's; the request asks per node.
             count: u32::try_from(old.a.count / old.a.gang_nodes.unwrap_or(1).max(1)).unwrap_or(1),
             duration_minutes: u32::try_from(old.a.duration_minutes).ok(),
@@ -238,14 +241,13 @@ impl Workloads {
                 format!("its GPU was preempted; queued again for a new one (attempt {attempt})"),
                 old.a
                     .release_cause
-                    .as_deref()
                     .map_or("its allocation was preempted".to_owned(), |c| {
-                        format!("its allocation was {c}")
+                        format!("its allocation was {}", c.as_str())
                     }),
             ),
         };
         let ended = self
-            .attempt_end(w, None, &why, retry.is_none(), Utc::now())
+            .attempt_end(w, None, &why, retry.is_none(), self.clock.now())
             .await?;
         // A report can move it on meanwhile (a gang's rank 0 finishing while another member's
         // failure retries the gang): while it is still this attempt on the old allocation,
@@ -542,14 +544,11 @@ impl Workloads {
             .await
             .map_err(internal("loading allocation"))?;
         let gpu_ms = match (began, alloc) {
-            (Some(b), Some(a)) => match a.a.kind.parse::<GpuKind>() {
-                Ok(kind) => tessera_domain::billing::gpu_ms(
-                    u32::try_from(a.a.units).unwrap_or(0),
-                    (now - b).num_milliseconds().max(0),
-                    kind.units_per_gpu(self.allocations.catalog()),
-                ),
-                Err(_) => 0,
-            },
+            (Some(b), Some(a)) => tessera_domain::billing::gpu_ms(
+                u32::try_from(a.a.units).unwrap_or(0),
+                (now - b).num_milliseconds().max(0),
+                a.a.kind.units_per_gpu(self.allocations.catalog()),
+            ),
             _ => 0,
         };
         Ok(AttemptEnd {

@@ -25,7 +25,7 @@ impl Workloads {
             })?;
         let gpu = NewAllocation {
             team_id: row.team_id.to_string(),
-            kind: row.kind,
+            kind: row.kind.to_string(),
             count: 1,
             duration_minutes: u32::try_from(row.duration_minutes).ok(),
             starts_at: None,
@@ -111,7 +111,7 @@ impl Workloads {
                 kind.trim(),
                 i64::from(minutes),
                 image_id,
-                Utc::now(),
+                self.clock.now(),
                 p.user_id.0,
             )
             .await
