@@ -1572,7 +1572,7 @@ mod ssr {
     use leptos_axum::ResponseOptions;
     use std::sync::Arc;
     use tessera_core::Services;
-    use tessera_domain::account::Principal;
+    use tessera_core::auth::Principal;
     use tessera_domain::error::AppError;
 
     /// Ids that do not parse name nothing that exists.

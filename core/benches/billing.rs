@@ -37,7 +37,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let days = env_or("DAYS", 30);
     let b = Bench::open(url).await?;
     let (store, services, p) = (&b.store, &b.services, &b.admin);
-    let admin_id = p.user_id.0;
+    let admin_id = p.user_id().0;
     let now = Utc::now();
     let last_hour = Utc
         .timestamp_opt(now.timestamp() - now.timestamp().rem_euclid(3600), 0)

@@ -4,11 +4,12 @@
 //! extensions; server functions and REST handlers both come here for the principal.
 
 use crate::Services;
+use crate::auth::Principal;
 use crate::services::accounts::{ExternalIdentity, SignedIn};
 use crate::sessions::{self, SessionUser};
 use http::request::Parts;
 use std::net::{IpAddr, Ipv4Addr};
-use tessera_domain::account::{Me, Principal};
+use tessera_domain::account::Me;
 use tessera_domain::error::AppError;
 use tower_sessions::Session;
 
@@ -75,7 +76,7 @@ pub async fn sign_in(
         .login(username, password, client_ip(req))
         .await?;
     start_session(&session(req)?, &signed_in).await?;
-    tracing::info!(user = %signed_in.principal.username, "signed in");
+    tracing::info!(user = %signed_in.principal.username(), "signed in");
     Ok(Me::from(&signed_in.principal))
 }
 
@@ -95,7 +96,7 @@ async fn start_session(session: &Session, signed_in: &SignedIn) -> Result<(), Ap
     sessions::sign_in(
         session,
         SessionUser {
-            user_id: signed_in.principal.user_id.0,
+            user_id: signed_in.principal.user_id().0,
             signed_in_at: signed_in.at,
         },
     )
@@ -127,7 +128,7 @@ pub async fn change_password(
     sessions::sign_in(
         &session(req)?,
         SessionUser {
-            user_id: who.user_id.0,
+            user_id: who.user_id().0,
             signed_in_at: at,
         },
     )

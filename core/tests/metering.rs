@@ -9,12 +9,12 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tessera_core::Services;
+use tessera_core::auth::Principal;
 use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
-use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::{self, Rate, RateCard};
-use tessera_domain::ids::UserId;
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
 
@@ -62,16 +62,11 @@ async fn world(url: &str) -> (Services, Principal, Uuid) {
         .bootstrap_admin(Some(&pw))
         .await
         .expect("admin");
-    let admin = store
-        .user_by_username("admin")
+    let p = services
+        .accounts
+        .principal_of("admin")
         .await
-        .expect("admin")
         .expect("admin");
-    let p = Principal {
-        user_id: UserId(admin.id),
-        username: Username::parse("admin").expect("name"),
-        is_admin: true,
-    };
     let team = services
         .tenancy
         .create_team(&p, &format!("meter-{}", Uuid::new_v4().simple()))
@@ -171,7 +166,7 @@ async fn run(url: &str, seed: u64) {
             created_at: Utc::now(),
             created_by: None,
         };
-        assert!(store.set_rate(&r, p.user_id.0, true).await.expect("rate"));
+        assert!(store.set_rate(&r, p.user_id().0, true).await.expect("rate"));
         domain_rates.push(Rate {
             id: r.id,
             kind: r.kind.to_string(),
@@ -197,7 +192,7 @@ async fn run(url: &str, seed: u64) {
         })
         .collect();
     for s in &specs {
-        write(store, team, p.user_id.0, origin, s).await;
+        write(store, team, p.user_id().0, origin, s).await;
     }
     // Three clocks: part-way, later, at the end. At each, passes stop after a random number
     // of allocations (a crash) and are rerun, twice at once at the end.
@@ -276,7 +271,7 @@ async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
         start: 0,
         end: None,
     };
-    let id = write(&services.store, team, p.user_id.0, Utc::now(), &spec).await;
+    let id = write(&services.store, team, p.user_id().0, Utc::now(), &spec).await;
     let view = services.allocations.get(&p, id).await.expect("readable");
     assert_eq!(view.state, AllocState::Active);
     let Store::Sqlite(pool) = &services.store else {

@@ -18,13 +18,13 @@ use chrono::{Duration, TimeZone, Utc};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_core::Services;
+use tessera_core::auth::Principal;
 use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::services::allocations::Decision;
 use tessera_core::store::{Change, Store, Transition};
-use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocState, GpuKind, HighGrant, NewAllocation, PriorityClass};
 use tessera_domain::billing::{self, NewRate, Rate, RateCard, SetBudget};
-use tessera_domain::ids::UserId;
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
 
@@ -62,12 +62,9 @@ struct World {
     card: RateCard,
 }
 
-fn principal(id: Uuid, name: &str, is_admin: bool) -> Principal {
-    Principal {
-        user_id: UserId(id),
-        username: Username::parse(name).expect("name"),
-        is_admin,
-    }
+/// A stored user's principal, as trusted code acting for them gets it.
+async fn principal(s: &Services, name: &str) -> Principal {
+    s.accounts.principal_of(name).await.expect("principal")
 }
 
 async fn world(url: &str, seed: u64) -> World {
@@ -81,12 +78,7 @@ async fn world(url: &str, seed: u64) -> World {
     );
     let pw = NewPassword::parse("rules-test-password", "p").expect("pw");
     s.accounts.bootstrap_admin(Some(&pw)).await.expect("admin");
-    let row = store
-        .user_by_username("admin")
-        .await
-        .expect("admin")
-        .expect("admin");
-    let admin = principal(row.id, "admin", true);
+    let admin = principal(&s, "admin").await;
     let now = Utc::now().timestamp();
     let hour = Utc
         .timestamp_opt(now - now.rem_euclid(3600), 0)
@@ -135,8 +127,7 @@ async fn world(url: &str, seed: u64) -> World {
         let mut ms = Vec::new();
         for (i, role) in ["member", "member", "team_admin"].iter().enumerate() {
             let name = format!("r{seed}t{t}u{i}");
-            let u = s
-                .tenancy
+            s.tenancy
                 .create_user(&admin, &name, "rules-user-password", false)
                 .await
                 .expect("user");
@@ -144,7 +135,7 @@ async fn world(url: &str, seed: u64) -> World {
                 .add_member(&admin, team.id, &name, role)
                 .await
                 .expect("member");
-            let p = principal(u.id.0, &name, false);
+            let p = principal(&s, &name).await;
             if *role == "team_admin" {
                 leads.push(p);
             } else {
@@ -213,7 +204,7 @@ impl World {
         let member = rng.pick(&self.members[team]).clone();
         let op = rng.next(12);
         if std::env::var_os("RULES_TRACE").is_some() {
-            eprintln!("op {op} team {team} by {}", member.username);
+            eprintln!("op {op} team {team} by {}", member.username());
         }
         match op {
             0..=2 => self.request(rng, team, &member).await,
@@ -288,7 +279,7 @@ impl World {
                     .members
                     .iter()
                     .flatten()
-                    .find(|p| p.user_id.0 == a.user_id)
+                    .find(|p| p.user_id().0 == a.user_id)
                     .cloned()
                     .unwrap_or_else(|| self.admin.clone());
                 let minutes = 30 * (1 + u32::try_from(rng.next(12)).unwrap_or(0));
@@ -337,7 +328,7 @@ impl World {
                 let _ = self
                     .s
                     .tenancy
-                    .set_user_disabled(&self.admin, member.user_id, disabled)
+                    .set_user_disabled(&self.admin, member.user_id(), disabled)
                     .await;
                 self.s
                     .allocations
@@ -349,7 +340,7 @@ impl World {
                         .open(&["pending_approval", "queued", "placing", "active"])
                         .await
                         .into_iter()
-                        .filter(|a| a.user_id == member.user_id.0)
+                        .filter(|a| a.user_id == member.user_id().0)
                         .collect();
                     assert!(held.is_empty(), "a disabled user holds nothing: {held:?}");
                 }

@@ -1,10 +1,11 @@
-//! Accounts: usernames, password policy and the signed-in principal.
+//! Accounts: usernames, password policy, and what the UI shows of the signed-in user
+//! (the principal itself is `core`'s: `tessera_core::auth::Principal`).
 //!
 //! Parse, don't validate: a [`Username`] or [`NewPassword`] is valid by construction, so the
 //! rest of the code never re-checks.
 
 use crate::error::AppError;
-use crate::ids::UserId;
+
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -92,15 +93,6 @@ impl fmt::Debug for NewPassword {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("NewPassword(***)")
     }
-}
-
-/// Who is making a request. Obtained only from a verified session or token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Principal {
-    pub user_id: UserId,
-    pub username: Username,
-    /// Platform administrator: sits above teams.
-    pub is_admin: bool,
 }
 
 /// One step of a fresh install's setup, for the first-run checklist.
@@ -217,15 +209,6 @@ pub struct SignInOptions {
 pub struct Me {
     pub username: String,
     pub is_admin: bool,
-}
-
-impl From<&Principal> for Me {
-    fn from(p: &Principal) -> Self {
-        Me {
-            username: p.username.to_string(),
-            is_admin: p.is_admin,
-        }
-    }
 }
 
 /// Where to go after signing in: `next` when it is a path on this site (not another

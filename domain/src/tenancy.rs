@@ -1,7 +1,7 @@
 //! Tenancy: teams, roles, memberships, tokens, and the views the UI and REST API show.
 //!
 //! Teams are the tenant unit. A user holds one [`TeamRole`] per team; the platform admin
-//! ([`Principal::is_admin`](crate::account::Principal)) sits above teams.
+//! (the principal's `is_admin`) sits above teams.
 
 use crate::error::AppError;
 use crate::ids::{TeamId, UserId};

@@ -8,9 +8,8 @@ use crate::AppState;
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use tessera_core::auth::Principal;
 use tessera_core::services::authz;
-use tessera_domain::account::{Principal, Username};
-use tessera_domain::ids::UserId;
 use tessera_domain::mig::Catalog;
 use tokio::process::{Child, Command};
 
@@ -239,17 +238,12 @@ async fn demo_layouts(state: AppState, admin: Principal, hostname: String) {
 
 /// The platform admin on whose behalf simulated nodes' join tokens are made.
 async fn system_principal(state: &AppState) -> anyhow::Result<Principal> {
-    let admin = state
+    let p = state
         .services
-        .store
-        .user_by_username(tessera_core::services::accounts::BOOTSTRAP_ADMIN)
-        .await?
-        .context("the bootstrap admin is missing")?;
-    let p = Principal {
-        user_id: UserId(admin.id),
-        username: Username::parse(&admin.username).map_err(|e| anyhow::anyhow!("{e}"))?,
-        is_admin: true,
-    };
+        .accounts
+        .principal_of(tessera_core::services::accounts::BOOTSTRAP_ADMIN)
+        .await
+        .map_err(|e| anyhow::anyhow!("the bootstrap admin is missing: {e}"))?;
     authz::admin(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(p)
 }

@@ -5,6 +5,7 @@
 //! installs (cargo-leptos costs ~17 minutes of those here).
 
 mod bundle;
+mod invariants;
 mod jax;
 mod jupyter;
 
@@ -45,6 +46,7 @@ fn main_inner() -> Result<()> {
         }
         Some("run") => run(release, &rest),
         Some("test") => test(),
+        Some("invariants") => invariants::check(&workspace_root()?),
         Some("e2e") => {
             build(false, true)?;
             ensure_jupyterlab()?;
@@ -601,6 +603,7 @@ fn test() -> Result<()> {
         &mut wasm_clippy(&["-p", "tessera-domain"]),
     )?;
     check_dependency_direction()?;
+    invariants::check(&workspace_root()?)?;
     ensure_jupyterlab()?;
     let jax_python = jax::provision(&workspace_root()?.join(jax::DIR))?;
     // The single sign-on tests start the OpenID Provider from e2e/node_modules.

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::Services;
+use tessera_core::auth::Principal;
 use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{NodeRow, Store};
-use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocationView, NewAllocation};
-use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::ids::TeamId;
 use tessera_domain::wire::{GpuInfo, Inventory};
 use uuid::Uuid;
 
@@ -72,15 +73,7 @@ impl Bench {
                 &NewPassword::parse("bench-admin-password", "password").map_err(err)?,
             ))
             .await?;
-        let admin = store
-            .user_by_username("admin")
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("no admin"))?;
-        let admin = Principal {
-            user_id: UserId(admin.id),
-            username: Username::parse("admin").map_err(err)?,
-            is_admin: true,
-        };
+        let admin = services.accounts.principal_of("admin").await?;
         Ok(Bench {
             store,
             services,

@@ -1,6 +1,7 @@
 //! Accounts: bootstrap, sign-in, session validation and password changes.
 
 use super::internal;
+use crate::auth::Principal;
 use crate::auth::limiter::LoginLimiter;
 use crate::auth::password::{HashError, Hasher};
 use crate::clock::Clock;
@@ -9,9 +10,7 @@ use chrono::{DateTime, Utc};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_domain::account::{
-    NewPassword, Principal, SetupChecklist, SetupFacts, SignInOptions, Username,
-};
+use tessera_domain::account::{NewPassword, SetupChecklist, SetupFacts, SignInOptions, Username};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::UserId;
 use tessera_domain::sso::{GroupMap, numbered_username, username_candidate};
@@ -70,6 +69,21 @@ impl Accounts {
     }
 
     /// Reads the time from `clock` instead of the system's.
+    /// The principal of stored user `username`, for trusted server code that acts as that
+    /// user without a request (the simulator's admin, tests). No request path calls this:
+    /// the xtask checks that only `server/src/sim.rs`, tests and benches do. A disabled
+    /// user has none.
+    pub async fn principal_of(&self, username: &str) -> Result<Principal, AppError> {
+        let user = self
+            .store
+            .user_by_username(username)
+            .await
+            .map_err(internal("loading user"))?
+            .filter(|u| !u.disabled)
+            .ok_or(AppError::NotFound)?;
+        principal(&user)
+    }
+
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
@@ -84,12 +98,12 @@ impl Accounts {
     /// What the sign-in page offers besides a password (anyone may ask).
     /// A platform admin's first-run checklist (others: `Forbidden`).
     pub async fn setup_checklist(&self, p: &Principal) -> Result<SetupChecklist, AppError> {
-        if !p.is_admin {
+        if !p.is_admin() {
             return Err(AppError::Forbidden);
         }
         let (teams, quotas, people, nodes, rates, dismissed) = self
             .store
-            .setup_facts(p.user_id.0)
+            .setup_facts(p.user_id().0)
             .await
             .map_err(internal("loading setup facts"))?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -106,11 +120,11 @@ impl Accounts {
 
     /// Puts the checklist away for this admin.
     pub async fn dismiss_setup(&self, p: &Principal) -> Result<SetupChecklist, AppError> {
-        if !p.is_admin {
+        if !p.is_admin() {
             return Err(AppError::Forbidden);
         }
         self.store
-            .dismiss_setup(p.user_id.0)
+            .dismiss_setup(p.user_id().0)
             .await
             .map_err(internal("dismissing the checklist"))?;
         self.setup_checklist(p).await
@@ -328,7 +342,7 @@ impl Accounts {
                 "must differ from the current password",
             ));
         }
-        let key = format!("password-change:{}", who.user_id);
+        let key = format!("password-change:{}", who.user_id());
         self.limiter
             .check(&key, client, Instant::now())
             .map_err(|wait| AppError::RateLimited {
@@ -336,7 +350,7 @@ impl Accounts {
             })?;
         let user = self
             .store
-            .user_by_id(who.user_id.0)
+            .user_by_id(who.user_id().0)
             .await
             .map_err(internal("loading user for password change"))?
             .ok_or(AppError::Unauthorized)?;
@@ -372,7 +386,7 @@ impl Accounts {
             ));
         }
         self.limiter.record_success(&key, client);
-        tracing::info!(user = %who.username, "password changed");
+        tracing::info!(user = %who.username(), "password changed");
         Ok(at)
     }
 }
@@ -385,14 +399,14 @@ pub struct Bootstrapped {
 }
 
 fn principal(u: &UserRow) -> Result<Principal, AppError> {
-    Ok(Principal {
-        user_id: UserId(u.id),
-        username: Username::parse(&u.username).map_err(|_| {
+    Ok(Principal::of_user(
+        UserId(u.id),
+        Username::parse(&u.username).map_err(|_| {
             tracing::error!(username = %u.username, "stored username is not valid");
             AppError::Internal
         })?,
-        is_admin: u.is_admin,
-    })
+        u.is_admin,
+    ))
 }
 
 fn hash_error(e: HashError) -> AppError {

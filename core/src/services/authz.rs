@@ -6,8 +6,8 @@
 //! missing one: `NotFound`.
 
 use super::internal;
+use crate::auth::Principal;
 use crate::store::{Store, TeamRow};
-use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::TeamId;
 use tessera_domain::tenancy::TeamRole;
@@ -17,7 +17,7 @@ use tessera_domain::tenancy::TeamRole;
 pub struct Admin<'a>(pub &'a Principal);
 
 pub fn admin(p: &Principal) -> Result<Admin<'_>, AppError> {
-    if p.is_admin {
+    if p.is_admin() {
         Ok(Admin(p))
     } else {
         Err(AppError::Forbidden)
@@ -61,14 +61,14 @@ pub async fn team(
         .map_err(internal("loading team"))?
         .ok_or(AppError::NotFound)?;
     let role = store
-        .membership(team.0, p.user_id.0)
+        .membership(team.0, p.user_id().0)
         .await
         .map_err(internal("loading membership"))?
         .and_then(|r| TeamRole::parse(&r).ok());
-    if !p.is_admin && role.is_none() {
+    if !p.is_admin() && role.is_none() {
         return Err(AppError::NotFound);
     }
-    let allowed = p.is_admin
+    let allowed = p.is_admin()
         || match need {
             Need::Read => true,
             Need::ManageMembers | Need::Rename => role.is_some_and(TeamRole::manages_members),
@@ -91,10 +91,10 @@ pub async fn readable_teams(
             self::team(store, p, t, Need::Read).await?;
             Ok(Some(vec![t.0]))
         }
-        None if p.is_admin => Ok(None),
+        None if p.is_admin() => Ok(None),
         None => Ok(Some(
             store
-                .list_user_teams(p.user_id.0, 0, 10_000)
+                .list_user_teams(p.user_id().0, 0, 10_000)
                 .await
                 .map_err(internal("loading teams"))?
                 .0

@@ -9,6 +9,7 @@
 use super::authz::{self, Need};
 use super::internal;
 use super::tenancy::paged;
+use crate::auth::Principal;
 use crate::clock::Clock;
 use crate::store::{
     AllocationRow, AuditRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow,
@@ -17,7 +18,6 @@ use crate::store::{
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use tessera_domain::account::Principal;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, Committed, GpuKind, PriorityClass};
 use tessera_domain::billing::{
     self as b, BudgetView, CostEstimate, EstimateQuery, LedgerEntryView, NewRate, Rate, RateCard,
@@ -287,9 +287,9 @@ impl Billing {
                     day: hour.format("%Y-%m-%d").to_string(),
                     team_id: a.team_id,
                     user_id: a.user_id,
-                    kind: a.kind.to_string(),
+                    kind: a.kind.clone(),
                     model: a.model.clone(),
-                    priority: a.priority.to_string(),
+                    priority: a.priority,
                     count: a.count,
                     resource_id: resource_id.clone(),
                     resource_name: resource_name.clone(),
@@ -410,14 +410,14 @@ impl Billing {
             high_premium_pct: i64::from(input.high_premium_pct),
             effective_from: from,
             created_at: now,
-            created_by: Some(admin.0.username.to_string()),
+            created_by: Some(admin.0.username().to_string()),
         };
         // A scheduled rate may be corrected until its hour begins; from then on it may have
         // priced something, so it stays as it is.
         let replace = from > b::hour_floor(now);
         let stored = self
             .store
-            .set_rate(&row, admin.0.user_id.0, replace)
+            .set_rate(&row, admin.0.user_id().0, replace)
             .await
             .map_err(internal("setting rate"))?;
         if !stored {
@@ -579,7 +579,7 @@ impl Billing {
             .set_budget(
                 team.0,
                 input.monthly_minor.map(|m| (m, input.hard)),
-                admin.0.user_id.0,
+                admin.0.user_id().0,
                 self.clock.now(),
             )
             .await
@@ -709,7 +709,7 @@ impl Billing {
                 "give a reason (at most 500 characters)",
             ));
         }
-        let memo = format!("{reason} (by {})", p.username);
+        let memo = format!("{reason} (by {})", p.username());
         match self
             .store
             .reverse_charge(txn, self.clock.now(), &memo)
@@ -747,7 +747,7 @@ impl Billing {
         let (from, to) =
             b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
         let (team, own_only) = self.usage_scope(p, query.team.as_deref()).await?;
-        let user = own_only.then_some(p.user_id.0);
+        let user = own_only.then_some(p.user_id().0);
         let groups = self
             .store
             .usage_groups(team, user, from, to, true)
@@ -768,7 +768,7 @@ impl Billing {
         let (from, to) = b::parse_period(None, None, now)?;
         let groups = self
             .store
-            .usage_groups(None, Some(p.user_id.0), from, to, true)
+            .usage_groups(None, Some(p.user_id().0), from, to, true)
             .await
             .map_err(internal("loading usage"))?;
         Ok(self.report(groups, from, to, None, true))
@@ -1004,7 +1004,7 @@ impl Billing {
                 authz::team(&self.store, p, id, Need::ManageMembers).await?;
                 Ok(Some(id.0))
             }
-            None if p.is_admin => Ok(None),
+            None if p.is_admin() => Ok(None),
             None => Err(AppError::invalid("team", "choose a team")),
         }
     }
@@ -1019,10 +1019,10 @@ impl Billing {
             Some(t) => {
                 let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
                 let access = authz::team(&self.store, p, id, Need::Read).await?;
-                let sees_team = p.is_admin || access.role.is_some_and(TeamRole::manages_members);
+                let sees_team = p.is_admin() || access.role.is_some_and(TeamRole::manages_members);
                 Ok((Some(id.0), !sees_team))
             }
-            None if p.is_admin => Ok((None, false)),
+            None if p.is_admin() => Ok((None, false)),
             None => Err(AppError::invalid("team", "choose a team")),
         }
     }
@@ -1041,7 +1041,7 @@ impl Billing {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.to_string()),
+            actor: Some(p.username().to_string()),
             action: action.into(),
             object_type: object_type.into(),
             object_id: object_id.into(),
@@ -1219,7 +1219,7 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     out.push(',');
     csv_field(out, &r.model);
     out.push(',');
-    csv_field(out, &r.priority);
+    csv_field(out, r.priority.as_str());
     let _ = writeln!(out, ",{}", r.id);
 }
 

@@ -6,13 +6,13 @@
 //! what its viewer may read with the one it sent last. A mark says only *that* something the viewer may read changed, never
 //! what: the page then reloads its data through the authorized calls it always uses.
 
+use crate::auth::Principal;
 use crate::clock::Clock;
 use crate::services::authz::readable_teams;
 use crate::services::internal;
 use crate::store::Store;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use uuid::Uuid;
 

@@ -13,7 +13,7 @@
 use crate::clock::Clock;
 use std::sync::Arc;
 
-use tessera_domain::account::Principal;
+use crate::auth::Principal;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::TeamId;
 use tessera_domain::image::{
@@ -141,7 +141,7 @@ impl Images {
                 authz::team(&self.store, p, t, Need::Read).await?;
                 self.store.catalog_images(Some(&[t.0])).await
             }
-            None if p.is_admin => self.store.catalog_images(None).await,
+            None if p.is_admin() => self.store.catalog_images(None).await,
             None => {
                 let teams = self.member_teams(p).await?;
                 self.store.catalog_images(Some(&teams)).await
@@ -154,7 +154,7 @@ impl Images {
     async fn member_teams(&self, p: &Principal) -> Result<Vec<Uuid>, AppError> {
         let (rows, _) = self
             .store
-            .list_user_teams(p.user_id.0, 0, 1000)
+            .list_user_teams(p.user_id().0, 0, 1000)
             .await
             .map_err(internal("loading teams"))?;
         Ok(rows.into_iter().map(|t| t.id).collect())
@@ -210,7 +210,7 @@ impl Images {
             reference: reference.to_string(),
             pinned: resolved.pinned.to_string(),
             requires_cuda: resolved.requires_cuda.map(|c| c.to_string()),
-            added_by: p.username.as_str().to_owned(),
+            added_by: p.username().as_str().to_owned(),
             created_at: self.clock.now(),
         };
         let inserted = self
@@ -286,7 +286,7 @@ impl Images {
         let entry = parse_allowed_entry(entry)?;
         let added = self
             .store
-            .allow_registry(&entry, p.username.as_str(), self.clock.now())
+            .allow_registry(&entry, p.username().as_str(), self.clock.now())
             .await
             .map_err(internal("storing the registry allow-list"))?;
         if added {
@@ -498,7 +498,7 @@ impl Images {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.as_str().to_owned()),
+            actor: Some(p.username().as_str().to_owned()),
             action: action.into(),
             object_type: "image".into(),
             object_id: id.to_string(),

@@ -4,7 +4,7 @@
 //! (through the capabilities in [`authz`]) before it touches data. HTTP handlers and server
 //! functions only translate.
 //!
-//! [`Principal`]: tessera_domain::account::Principal
+//! [`Principal`]: crate::auth::Principal
 
 pub mod accounts;
 pub mod allocations;

@@ -3,6 +3,7 @@
 use super::authz;
 use super::internal;
 use super::tenancy::paged;
+use crate::auth::Principal;
 use crate::auth::secret;
 use crate::clock::Clock;
 use crate::store::{
@@ -12,7 +13,6 @@ use crate::store::{
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use tessera_domain::account::Principal;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind};
 use tessera_domain::cluster::{
     self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView, ServerReplicaView,
@@ -150,7 +150,7 @@ impl Nodes {
             note: note.to_owned(),
             prefix: secret::prefix(&secret),
             secret_hash: hash,
-            created_by: p.user_id.0,
+            created_by: p.user_id().0,
             created_at: now,
             expires_at: now + Duration::hours(i64::from(expires_in_hours)),
             max_uses: i64::from(max_uses),
@@ -161,7 +161,7 @@ impl Nodes {
             .insert_join_token(&row)
             .await
             .map_err(internal("creating join token"))?;
-        tracing::info!(by = %p.username, token = %row.prefix, max_uses, "join token created");
+        tracing::info!(by = %p.username(), token = %row.prefix, max_uses, "join token created");
         Ok(CreatedSecret {
             token: join_view(&row),
             secret,
@@ -446,7 +446,7 @@ impl Nodes {
         if !cleared {
             return Err(AppError::conflict("this GPU is not marked unhealthy"));
         }
-        tracing::info!(by = %p.username, node = %id, gpu, "GPU health cleared");
+        tracing::info!(by = %p.username(), node = %id, gpu, "GPU health cleared");
         self.audit_node(p, "node.health_clear", id, gpu).await;
         self.forget_summary();
         self.view(&row, true, self.clock.now()).await
@@ -469,14 +469,14 @@ impl Nodes {
         let drains = self.drain_context().await?;
         let views = rows
             .iter()
-            .map(|r| self.view_with(r, &desired, &shares, &drains, p.is_admin, now))
+            .map(|r| self.view_with(r, &desired, &shares, &drains, p.is_admin(), now))
             .collect();
         Ok(paged(views, total, page))
     }
 
     pub async fn get(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
         let row = self.node_row(id).await?;
-        self.view(&row, p.is_admin, self.clock.now()).await
+        self.view(&row, p.is_admin(), self.clock.now()).await
     }
 
     pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
@@ -487,7 +487,7 @@ impl Nodes {
             .await
             .map_err(internal("revoking node"))?;
         let row = self.node_row(id).await?;
-        tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node revoked");
+        tracing::info!(by = %p.username(), node = %id, hostname = %row.hostname, "node revoked");
         self.forget_summary();
         self.view(&row, true, now).await
     }
@@ -560,13 +560,13 @@ impl Nodes {
                 gpu_uuid: valid.gpu.clone().unwrap_or_default(),
                 deadline: valid.deadline,
                 reason: valid.reason.clone(),
-                created_by: Some(p.user_id.0),
+                created_by: Some(p.user_id().0),
                 created_at: now,
                 health: false,
             })
             .await
             .map_err(internal("draining node"))?;
-        tracing::info!(by = %p.username, node = %id, hostname = %row.hostname,
+        tracing::info!(by = %p.username(), node = %id, hostname = %row.hostname,
             gpu = valid.gpu.as_deref().unwrap_or("all"), deadline = %valid.deadline,
             reason = %valid.reason, "node drained");
         self.audit_node(p, "node.drain", id, &valid.reason).await;
@@ -590,7 +590,7 @@ impl Nodes {
             .await
             .map_err(internal("undraining node"))?;
         if ended > 0 {
-            tracing::info!(by = %p.username, node = %id, hostname = %row.hostname, "node undrained");
+            tracing::info!(by = %p.username(), node = %id, hostname = %row.hostname, "node undrained");
             self.audit_node(p, "node.undrain", id, gpu.unwrap_or("all"))
                 .await;
         }
@@ -611,7 +611,7 @@ impl Nodes {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.to_string()),
+            actor: Some(p.username().to_string()),
             action: action.into(),
             object_type: "node".into(),
             object_id: id.to_string(),
@@ -1063,13 +1063,13 @@ impl Nodes {
                 gpu_uuid,
                 mode_s,
                 &layout_json,
-                Some(p.user_id.0),
+                Some(p.user_id().0),
                 self.clock.now(),
             )
             .await
             .map_err(internal("storing desired layout"))?;
         self.signals.bump(node);
-        tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version, "desired MIG layout set");
+        tracing::info!(by = %p.username(), node = %node, gpu = gpu_uuid, version, "desired MIG layout set");
         self.get(p, node).await
     }
 
@@ -1110,7 +1110,7 @@ impl Nodes {
                 gpu_uuid,
                 sharing.map(ShareMethod::as_str),
                 current.as_ref().map(|d| d.version),
-                p.user_id.0,
+                p.user_id().0,
                 self.clock.now(),
             )
             .await
@@ -1121,7 +1121,7 @@ impl Nodes {
                     .into(),
             })?;
         self.signals.bump(node);
-        tracing::info!(by = %p.username, node = %node, gpu = gpu_uuid, version,
+        tracing::info!(by = %p.username(), node = %node, gpu = gpu_uuid, version,
             sharing = sharing.map_or("off", ShareMethod::as_str), "GPU sharing set");
         self.get(p, node).await
     }

@@ -6,13 +6,13 @@
 use super::authz::{self, Need};
 use super::internal;
 use crate::at_rest::DataKeys;
+use crate::auth::Principal;
 use crate::clock::Clock;
 use crate::store::{NewDelivery, NewEvent, OutboxRow, Recipient, Store, WebhookRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
-use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::TeamId;
 use tessera_domain::notify::{
@@ -135,18 +135,18 @@ impl Notifications {
     pub async fn settings(&self, p: &Principal) -> Result<NotificationSettings, AppError> {
         let me = self
             .store
-            .recipient(p.user_id.0)
+            .recipient(p.user_id().0)
             .await
             .map_err(internal("loading user"))?
             .ok_or(AppError::NotFound)?;
-        let chosen = self.modes(p.user_id.0).await?;
+        let chosen = self.modes(p.user_id().0).await?;
         Ok(NotificationSettings {
             email: me.email,
             email_verified: me.email_verified,
             preferences: EventKind::ALL
                 .into_iter()
                 .filter(|k| k.has_preference())
-                .filter(|k| *k != EventKind::NodeLost || p.is_admin)
+                .filter(|k| *k != EventKind::NodeLost || p.is_admin())
                 .map(|k| PreferenceView {
                     kind: k,
                     label: k.label().to_owned(),
@@ -177,22 +177,22 @@ impl Notifications {
         if let Some(email) = email {
             let before = self
                 .store
-                .recipient(p.user_id.0)
+                .recipient(p.user_id().0)
                 .await
                 .map_err(internal("loading user"))?
                 .and_then(|r| r.email);
             self.store
-                .set_user_email(p.user_id.0, email.as_deref())
+                .set_user_email(p.user_id().0, email.as_deref())
                 .await
                 .map_err(internal("setting email"))?;
             if let Some(new) = email.filter(|e| before.as_deref() != Some(e.as_str())) {
-                self.send_verification(p.user_id.0, &new, self.clock.now())
+                self.send_verification(p.user_id().0, &new, self.clock.now())
                     .await?;
             }
         }
         for pref in &input.preferences {
             self.store
-                .set_preference(p.user_id.0, pref.kind, pref.mode)
+                .set_preference(p.user_id().0, pref.kind, pref.mode)
                 .await
                 .map_err(internal("setting preference"))?;
         }
@@ -204,7 +204,7 @@ impl Notifications {
     pub async fn resend_verification(&self, p: &Principal) -> Result<(), AppError> {
         let me = self
             .store
-            .recipient(p.user_id.0)
+            .recipient(p.user_id().0)
             .await
             .map_err(internal("loading user"))?
             .ok_or(AppError::NotFound)?;
@@ -694,7 +694,7 @@ impl Notifications {
                 EventKind::Expiring,
                 a.id,
                 a.user_id,
-                (&a.kind, a.count),
+                (&a.kind.to_string(), a.count),
                 Some(a.ends_at),
                 None,
             );

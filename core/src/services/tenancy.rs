@@ -3,10 +3,11 @@
 use super::authz::{self, Admin, Need};
 use super::internal;
 use super::tokens::VerifiedTokens;
+use crate::auth::Principal;
 use crate::auth::password::Hasher;
 use crate::clock::Clock;
 use crate::store::{ChangeOutcome, MemberRow, Store, TeamListRow, TeamRow, UserRow};
-use tessera_domain::account::{NewPassword, Principal, Username};
+use tessera_domain::account::{NewPassword, Username};
 use tessera_domain::alloc::HighGrant;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -96,7 +97,7 @@ impl Tenancy {
         {
             return Err(AppError::invalid("username", "is already taken"));
         }
-        tracing::info!(by = %p.username, user = %row.username, is_admin, "user created");
+        tracing::info!(by = %p.username(), user = %row.username, is_admin, "user created");
         Ok(user_view(&row))
     }
 
@@ -108,7 +109,7 @@ impl Tenancy {
         disabled: bool,
     ) -> Result<UserView, AppError> {
         let admin = authz::admin(p)?;
-        if disabled && user == p.user_id {
+        if disabled && user == p.user_id() {
             return Err(AppError::conflict("you cannot disable your own account"));
         }
         if !self
@@ -121,7 +122,7 @@ impl Tenancy {
         }
         // Their tokens stop here now, on other replicas within `VERIFIED_FOR`.
         self.verified_tokens.forget_all();
-        tracing::info!(by = %admin.0.username, user = %user, disabled, "user access changed");
+        tracing::info!(by = %admin.0.username(), user = %user, disabled, "user access changed");
         self.user(admin, user).await
     }
 
@@ -147,7 +148,7 @@ impl Tenancy {
         {
             return Err(AppError::NotFound);
         }
-        tracing::info!(by = %admin.0.username, user = %user, "password reset by admin");
+        tracing::info!(by = %admin.0.username(), user = %user, "password reset by admin");
         self.user(admin, user).await
     }
 
@@ -169,13 +170,13 @@ impl Tenancy {
         page: PageRequest,
     ) -> Result<Page<TeamView>, AppError> {
         let page = page.clamped();
-        let (rows, total) = if p.is_admin {
+        let (rows, total) = if p.is_admin() {
             self.store
-                .list_all_teams(p.user_id.0, page.offset, page.limit)
+                .list_all_teams(p.user_id().0, page.offset, page.limit)
                 .await
         } else {
             self.store
-                .list_user_teams(p.user_id.0, page.offset, page.limit)
+                .list_user_teams(p.user_id().0, page.offset, page.limit)
                 .await
         }
         .map_err(internal("listing teams"))?;
@@ -204,7 +205,7 @@ impl Tenancy {
         {
             return Err(AppError::invalid("name", "a team with this name exists"));
         }
-        tracing::info!(by = %p.username, team = %row.name, "team created");
+        tracing::info!(by = %p.username(), team = %row.name, "team created");
         self.team_view(p, TeamId(row.id)).await
     }
 
@@ -246,7 +247,7 @@ impl Tenancy {
 
     async fn team_view(&self, p: &Principal, team: TeamId) -> Result<TeamView, AppError> {
         self.store
-            .team_with_role(team.0, p.user_id.0)
+            .team_with_role(team.0, p.user_id().0)
             .await
             .map_err(internal("loading team"))?
             .map(|r| team_view(&r))
@@ -296,7 +297,7 @@ impl Tenancy {
         {
             return Err(AppError::invalid("username", "is already a member"));
         }
-        tracing::info!(by = %p.username, team = %access.team.name, user = %user.username, %role, "member added");
+        tracing::info!(by = %p.username(), team = %access.team.name, user = %user.username, %role, "member added");
         self.member(team, UserId(user.id)).await
     }
 

@@ -2,6 +2,7 @@
 
 use super::internal;
 use super::tenancy::paged;
+use crate::auth::Principal;
 use crate::auth::secret;
 use crate::clock::Clock;
 use crate::store::{ApiTokenRow, Store};
@@ -9,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tessera_domain::account::{Principal, Username};
+use tessera_domain::account::Username;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::UserId;
 use tessera_domain::tenancy::{ApiTokenView, CreatedSecret, Page, PageRequest, parse_token_name};
@@ -99,7 +100,7 @@ impl Tokens {
         let page = page.clamped();
         let (rows, total) = self
             .store
-            .list_api_tokens(p.user_id.0, page.offset, page.limit)
+            .list_api_tokens(p.user_id().0, page.offset, page.limit)
             .await
             .map_err(internal("listing tokens"))?;
         Ok(paged(rows.iter().map(view).collect(), total, page))
@@ -125,7 +126,7 @@ impl Tokens {
         let now = self.clock.now();
         let row = ApiTokenRow {
             id: Uuid::new_v4(),
-            user_id: p.user_id.0,
+            user_id: p.user_id().0,
             name,
             prefix: secret::prefix(&secret),
             secret_hash: hash,
@@ -138,7 +139,7 @@ impl Tokens {
             .insert_api_token(&row)
             .await
             .map_err(internal("creating token"))?;
-        tracing::info!(user = %p.username, token = %row.prefix, "API token created");
+        tracing::info!(user = %p.username(), token = %row.prefix, "API token created");
         Ok(CreatedSecret {
             token: view(&row),
             secret,
@@ -151,7 +152,7 @@ impl Tokens {
         self.verified.forget_all();
         if self
             .store
-            .revoke_api_token(p.user_id.0, id, self.clock.now())
+            .revoke_api_token(p.user_id().0, id, self.clock.now())
             .await
             .map_err(internal("revoking token"))?
         {
@@ -200,11 +201,11 @@ impl Tokens {
                 .await
                 .map_err(internal("touching token"))?;
         }
-        let principal = Principal {
-            user_id: UserId(user.id),
-            username: Username::parse(&user.username).map_err(|_| AppError::Internal)?,
-            is_admin: user.is_admin,
-        };
+        let principal = Principal::of_user(
+            UserId(user.id),
+            Username::parse(&user.username).map_err(|_| AppError::Internal)?,
+            user.is_admin,
+        );
         self.verified.put(
             hash,
             Verified {

@@ -9,7 +9,7 @@
 
 use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::{AllocState, GpuKind};
+use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -35,9 +35,9 @@ pub struct MeterRow {
     pub day: String,
     pub team_id: Uuid,
     pub user_id: Uuid,
-    pub kind: String,
+    pub kind: GpuKind,
     pub model: String,
-    pub priority: String,
+    pub priority: PriorityClass,
     pub count: i64,
     /// MIG or GPU UUIDs, `;`-separated.
     pub resource_id: String,
@@ -103,7 +103,7 @@ pub struct ChargeRow {
     pub allocation_id: Uuid,
     pub kind: GpuKind,
     pub model: String,
-    pub priority: String,
+    pub priority: PriorityClass,
     pub count: i64,
     pub resource_id: String,
     pub resource_name: String,
@@ -288,8 +288,8 @@ impl Store {
                 let mut q = sqlx::QueryBuilder::new(METER_COLUMNS);
                 q.push_values(chunk, |mut b, m| {
                     b.push_bind(m.allocation_id).push_bind(m.hour_start).push_bind(&m.day)
-                        .push_bind(m.team_id).push_bind(m.user_id).push_bind(&m.kind)
-                        .push_bind(&m.model).push_bind(&m.priority).push_bind(m.count)
+                        .push_bind(m.team_id).push_bind(m.user_id).push_bind(m.kind.to_string())
+                        .push_bind(&m.model).push_bind(m.priority.as_str()).push_bind(m.count)
                         .push_bind(&m.resource_id).push_bind(&m.resource_name).push_bind(m.wall_ms)
                         .push_bind(m.gpu_ms).push_bind(m.active_gpu_ms).push_bind(m.samples)
                         .push_bind(m.rate_id).push_bind(m.list_minor).push_bind(m.billed_minor)

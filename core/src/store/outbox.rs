@@ -11,6 +11,7 @@
 use super::{Store, StoreError, db, from_driver, on_pool};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
+use tessera_domain::alloc::GpuKind;
 use tessera_domain::notify::{EventKind, EventPayload, NotifyMode};
 use uuid::Uuid;
 
@@ -712,7 +713,8 @@ pub struct EndingAllocation {
     pub id: Uuid,
     pub team_id: Uuid,
     pub user_id: Uuid,
-    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub kind: GpuKind,
     pub count: i64,
     pub active_at: DateTime<Utc>,
     pub ends_at: DateTime<Utc>,

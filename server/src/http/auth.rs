@@ -5,9 +5,9 @@ use axum::extract::FromRequestParts;
 use http::request::Parts;
 use std::sync::Arc;
 use tessera_core::Services;
+use tessera_core::auth::Principal;
 use tessera_core::request::session_principal;
 use tessera_core::services::nodes::NodeIdentity;
-use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use tower_sessions::Session;
 

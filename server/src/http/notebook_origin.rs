@@ -20,9 +20,9 @@ use axum::extract::{Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{Method, StatusCode, header};
+use tessera_core::auth::Principal;
 use tessera_core::request::notebook_principal;
 use tessera_core::services::workloads::{NOTEBOOK_PASS_TTL_HOURS, NotReady};
-use tessera_domain::account::Principal;
 use tessera_domain::error::AppError;
 use uuid::Uuid;
 

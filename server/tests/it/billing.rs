@@ -688,8 +688,6 @@ async fn user_with_role(a: &AdminClient, team: &str, role: &str) -> Uuid {
 /// The dashboard's "my usage this month": the caller's own allocations in every team of
 /// theirs, never a teammate's (not even for a team admin) nor another team's.
 async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
-    use tessera_domain::account::{Principal, Username};
-    use tessera_domain::ids::UserId;
     let a = AdminClient::new(db).await;
     let mine = team(&a, "own-a").await;
     let other = team(&a, "own-b").await;
@@ -734,14 +732,10 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
     }
     let now = at(6);
     s.billing.meter(now, None).await.expect("meter");
-    let principal = |user: Uuid, name: &str| Principal {
-        user_id: UserId(user),
-        username: Username::parse(name).expect("name"),
-        is_admin: false,
-    };
+    let principal = async |name: &str| s.accounts.principal_of(name).await.expect("principal");
     let r = s
         .billing
-        .own_usage(&principal(member, "own-a-member"), now)
+        .own_usage(&principal("own-a-member").await, now)
         .await
         .expect("own usage");
     assert!(r.own_only);
@@ -754,7 +748,7 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
     // A team admin's own usage is theirs alone, not the team's.
     let r = s
         .billing
-        .own_usage(&principal(lead, "own-a-lead"), now)
+        .own_usage(&principal("own-a-lead").await, now)
         .await
         .expect("own usage");
     assert_eq!(r.total.cost_minor, 2100);
@@ -763,16 +757,13 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
     // The other team's member: theirs only (4 h).
     let r = s
         .billing
-        .own_usage(&principal(stranger, "own-b-member"), now)
+        .own_usage(&principal("own-b-member").await, now)
         .await
         .expect("own usage");
     assert_eq!(r.total.cost_minor, 2800, "{r:?}");
     assert_eq!(r.teams.len(), 1);
     // A platform admin who used nothing has nothing of their own, not every team's.
-    let admin = Principal {
-        is_admin: true,
-        ..principal(Uuid::new_v4(), "admin")
-    };
+    let admin = principal("admin").await;
     let r = s.billing.own_usage(&admin, now).await.expect("own usage");
     assert_eq!((r.total.cost_minor, r.users.len()), (0, 0), "{r:?}");
 }

@@ -35,7 +35,7 @@ impl Allocations {
         let row = BookingRow {
             id: Uuid::new_v4(),
             team_id: access.team.id,
-            user_id: p.user_id.0,
+            user_id: p.user_id().0,
             kind: valid.alloc.kind().clone(),
             model: model.clone(),
             count: i64::from(valid.alloc.count()),
@@ -64,7 +64,7 @@ impl Allocations {
             .await
             .map_err(internal("admitting booking"))?;
         verdict?;
-        self.audit_booking(Some(p.username.as_str()), "booking.create", &row)
+        self.audit_booking(Some(p.username().as_str()), "booking.create", &row)
             .await;
         self.booking(p, row.id).await
     }
@@ -140,10 +140,10 @@ impl Allocations {
             .await
             .map_err(internal("withdrawing booking warnings"))?;
         if let Some(a) = allocation {
-            self.release_for_system(a, &format!("its booking was cancelled by {}", p.username))
+            self.release_for_system(a, &format!("its booking was cancelled by {}", p.username()))
                 .await?;
         }
-        self.audit_booking(Some(p.username.as_str()), "booking.cancel", &row.b)
+        self.audit_booking(Some(p.username().as_str()), "booking.cancel", &row.b)
             .await;
         self.wake.notify_one();
         self.booking(p, id).await

@@ -58,7 +58,7 @@ impl Allocations {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.to_string()),
+            actor: Some(p.username().to_string()),
             action: "team.grace".into(),
             object_type: "team".into(),
             object_id: team.0.to_string(),

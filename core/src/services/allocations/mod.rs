@@ -10,6 +10,7 @@ use super::authz::{self, Need};
 use super::billing::Pricer;
 use super::internal;
 use super::tenancy::paged;
+use crate::auth::Principal;
 use crate::clock::Clock;
 use crate::store::{
     Admit, Admitted, AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Line,
@@ -18,7 +19,6 @@ use crate::store::{
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use tessera_domain::account::Principal;
 use tessera_domain::alloc::{
     self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, Ask, Authority,
     FairShare, GpuKind, Held, HighGrant, NewAllocation, PendingInfo, PriorityClass, QueueEntry,
@@ -241,7 +241,7 @@ impl Allocations {
             gang_nodes: valid.nodes().map(i64::from),
             ..AllocationRow::queued(
                 access.team.id,
-                p.user_id.0,
+                p.user_id().0,
                 valid.kind(),
                 (i64::from(valid.devices()), i64::from(valid.units())),
                 now,
@@ -263,7 +263,7 @@ impl Allocations {
         let line = self.line(&row, pricer.as_ref(), now);
         let what = Admit::Insert {
             row: &row,
-            actor: p.username.as_str(),
+            actor: p.username().as_str(),
         };
         let outcome = self
             .store
@@ -326,7 +326,7 @@ impl Allocations {
 
     async fn existing(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
         self.store
-            .allocation_by_key(p.user_id.0, key)
+            .allocation_by_key(p.user_id().0, key)
             .await
             .map_err(internal("loading allocation by key"))
     }
@@ -383,7 +383,7 @@ impl Allocations {
         };
         let teams = authz::readable_teams(&self.store, p, team).await?;
         let states = state_filter(filter.state.as_deref())?;
-        let user = filter.mine.then_some(p.user_id.0);
+        let user = filter.mine.then_some(p.user_id().0);
         let (rows, total) = self
             .store
             .list_allocations(teams.as_deref(), user, &states, page.offset, page.limit)
@@ -401,11 +401,11 @@ impl Allocations {
         let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
             .await
             .is_ok();
-        if row.a.user_id != p.user_id.0 && !team_admin {
+        if row.a.user_id != p.user_id().0 && !team_admin {
             return Err(AppError::Forbidden);
         }
         let now = self.clock.now();
-        let actor = Some(p.username.as_str());
+        let actor = Some(p.username().as_str());
         // The scheduler may move the allocation on (queued → placing → active) between
         // this read and the conditional write; the user's intent stands, so the release
         // applies to the state it finds then. A few tries: each lost race means another
@@ -725,7 +725,7 @@ impl Allocations {
         let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
             .await
             .is_ok();
-        if row.a.user_id != p.user_id.0 && !team_admin {
+        if row.a.user_id != p.user_id().0 && !team_admin {
             return Err(AppError::Forbidden);
         }
         let max = self.policy.max_duration_minutes;
@@ -772,7 +772,7 @@ impl Allocations {
             id,
             old_end: end,
             new_end,
-            actor: p.username.as_str(),
+            actor: p.username().as_str(),
             note: &note,
         };
         let outcome = self
@@ -842,7 +842,7 @@ impl Allocations {
                 message: "only a request waiting for approval can be approved or denied".into(),
             });
         }
-        let by = if p.is_admin {
+        let by = if p.is_admin() {
             Authority::PlatformAdmin {
                 overrides: decision.overrides,
             }
@@ -858,7 +858,7 @@ impl Allocations {
         };
         let note = (!reason.is_empty()).then_some(reason);
         let now = self.clock.now();
-        let actor = Some(p.username.as_str());
+        let actor = Some(p.username().as_str());
         if !decision.approve {
             let change = Change {
                 approval_reason: note.map(str::to_owned),
@@ -922,7 +922,7 @@ impl Allocations {
                         (true, false) => "limit",
                         _ => "hard budget",
                     };
-                    tracing::warn!(allocation = %id, by = %p.username, "approved beyond the team's {what}");
+                    tracing::warn!(allocation = %id, by = %p.username(), "approved beyond the team's {what}");
                     self.audit(
                         p,
                         "allocation.override",
@@ -1035,7 +1035,7 @@ impl Allocations {
             used: before.as_ref().map_or(0, |b| b.used),
         };
         self.store
-            .set_quota(&row, p.user_id.0, self.clock.now())
+            .set_quota(&row, p.user_id().0, self.clock.now())
             .await
             .map_err(internal("storing quota"))?;
         let json = |q: &QuotaRow| {
@@ -1046,7 +1046,7 @@ impl Allocations {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.to_string()),
+            actor: Some(p.username().to_string()),
             action: "quota.set".into(),
             object_type: "quota".into(),
             object_id: format!("{}:{model}", team.0),
@@ -1085,7 +1085,7 @@ impl Allocations {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.to_string()),
+            actor: Some(p.username().to_string()),
             action: if grant.is_some() {
                 "priority.grant".into()
             } else {
@@ -1249,7 +1249,7 @@ impl Allocations {
         before: Option<&AllocationRow>,
         after: Option<&AllocationRow>,
     ) {
-        self.audit_as(Some(p.username.as_str()), action, id, team, before, after)
+        self.audit_as(Some(p.username().as_str()), action, id, team, before, after)
             .await;
     }
 

@@ -70,7 +70,7 @@ impl Allocations {
                 model: model.clone(),
                 gpus: rule.gpus().map(i64::from),
                 percent: rule.percent().map(i64::from),
-                updated_by: Some(p.user_id.0),
+                updated_by: Some(p.user_id().0),
                 updated_at: now,
                 updated_by_name: None,
             })
@@ -79,7 +79,7 @@ impl Allocations {
         let after = serde_json::json!({"gpus": rule.gpus(), "percent": rule.percent()});
         self.audit_spares(p, "spares.set", &model, Some(after.to_string()))
             .await;
-        tracing::info!(by = %p.username, %model, ?rule, "hot spares set");
+        tracing::info!(by = %p.username(), %model, ?rule, "hot spares set");
         self.wake.notify_one();
         self.spares(p).await
     }
@@ -96,7 +96,7 @@ impl Allocations {
             .map_err(internal("clearing spares"))?
         {
             self.audit_spares(p, "spares.clear", &model, None).await;
-            tracing::info!(by = %p.username, %model, "hot spares cleared");
+            tracing::info!(by = %p.username(), %model, "hot spares cleared");
             self.wake.notify_one();
         }
         Ok(())
@@ -122,7 +122,7 @@ impl Allocations {
         let entry = AuditRow {
             id: Uuid::new_v4(),
             at: self.clock.now(),
-            actor: Some(p.username.as_str().to_owned()),
+            actor: Some(p.username().as_str().to_owned()),
             action: action.into(),
             object_type: "spares".into(),
             object_id: model.to_owned(),

@@ -3,7 +3,7 @@
 //! audits.
 
 use super::{Workloads, internal};
-use tessera_domain::account::Principal;
+use crate::auth::Principal;
 use tessera_domain::error::AppError;
 use tessera_domain::workload::WorkloadState;
 use uuid::Uuid;
@@ -84,11 +84,11 @@ impl Workloads {
         let msg = format!(
             "exec{rank_note}{} by {}: {}",
             if tty { " (tty)" } else { "" },
-            p.username,
+            p.username(),
             shell_words(argv)
         );
         self.audit(
-            Some(p.username.as_str()),
+            Some(p.username().as_str()),
             "workload.exec",
             id,
             row.w.team_id,

@@ -14,13 +14,14 @@ use super::billing::utilisation;
 use super::internal;
 use super::nodes::NodeIdentity;
 use super::tenancy::paged;
+use crate::auth::Principal;
 use crate::auth::secret;
 use crate::clock::Clock;
 use crate::store::{AuditRow, ProfileRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use tessera_domain::account::{Principal, Username};
+use tessera_domain::account::Username;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
@@ -268,7 +269,7 @@ type AuditedAccess = HashMap<(Uuid, Uuid), DateTime<Utc>>;
 /// Environment values may be secrets: only the workload's owner and platform admins see
 /// them; other readers get the names.
 fn redact(mut v: WorkloadView, p: &Principal) -> WorkloadView {
-    if v.user_id != p.user_id && !p.is_admin {
+    if v.user_id != p.user_id() && !p.is_admin() {
         for e in &mut v.env {
             e.value = String::from("(hidden)");
         }
@@ -589,7 +590,7 @@ impl Workloads {
                 (self.own_allocation(p, &gpu, kind, name, key).await?, chosen)
             }
         };
-        let base = wl::notebook_base_path(p.username.as_str(), name);
+        let base = wl::notebook_base_path(p.username().as_str(), name);
         let mut row = WorkloadRow {
             node_id: place.node_id,
             hostname: place.hostname,
@@ -613,7 +614,7 @@ impl Workloads {
             ..WorkloadRow::new(
                 kind,
                 name,
-                (place.allocation_id, place.team_id, p.user_id.0),
+                (place.allocation_id, place.team_id, p.user_id().0),
                 place.state,
                 self.clock.now(),
             )
@@ -651,7 +652,7 @@ impl Workloads {
             format!("job {name}")
         };
         self.audit(
-            Some(p.username.as_str()),
+            Some(p.username().as_str()),
             &format!("{}.start", kind.as_str()),
             row.id,
             row.team_id,
@@ -735,7 +736,7 @@ impl Workloads {
         if access.role == Some(TeamRole::Viewer) {
             return Err(AppError::Forbidden);
         }
-        if alloc.a.user_id != p.user_id.0 {
+        if alloc.a.user_id != p.user_id().0 {
             return Err(AppError::invalid(
                 "allocation_id",
                 "workloads run on your own allocations only",
@@ -816,7 +817,7 @@ impl Workloads {
         name: &str,
     ) -> AppError {
         if let Some(k) = key
-            && let Ok(Some(_)) = self.store.workload_by_key(p.user_id.0, k).await
+            && let Ok(Some(_)) = self.store.workload_by_key(p.user_id().0, k).await
         {
             return AppError::conflict("this idempotency key was used concurrently; retry");
         }
@@ -846,7 +847,7 @@ impl Workloads {
 
     async fn by_key(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
         self.store
-            .workload_by_key(p.user_id.0, key)
+            .workload_by_key(p.user_id().0, key)
             .await
             .map_err(internal("loading workload by key"))
     }
@@ -939,7 +940,7 @@ impl Workloads {
     /// admin of its team, or a platform admin. Other members of the team get `Forbidden`.
     async fn actionable(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
         let row = self.visible(p, id).await?;
-        if row.w.user_id == p.user_id.0 || p.is_admin {
+        if row.w.user_id == p.user_id().0 || p.is_admin() {
             return Ok(row);
         }
         authz::team(&self.store, p, TeamId(row.w.team_id), Need::ManageMembers).await?;
@@ -955,7 +956,7 @@ impl Workloads {
     ) -> Result<Page<WorkloadView>, AppError> {
         let page = page.clamped();
         let teams = authz::readable_teams(&self.store, p, f.team).await?;
-        let user = f.mine.then_some(p.user_id.0);
+        let user = f.mine.then_some(p.user_id().0);
         let (rows, total) = self
             .store
             .list_workloads(
@@ -1016,13 +1017,19 @@ impl Workloads {
                     .await
                     .map_err(internal("stopping workload"))?
             {
-                let msg = format!("stopped at once by {}", p.username);
-                self.audit(Some(p.username.as_str()), &action, id, row.w.team_id, &msg)
-                    .await;
+                let msg = format!("stopped at once by {}", p.username());
+                self.audit(
+                    Some(p.username().as_str()),
+                    &action,
+                    id,
+                    row.w.team_id,
+                    &msg,
+                )
+                .await;
             }
             return self.get(p, id).await;
         }
-        let mut msg = format!("stopped by {}", p.username);
+        let mut msg = format!("stopped by {}", p.username());
         let grace = if state == WorkloadState::Running && row.alloc_state == AllocState::Active {
             drain::stop_grace(
                 row.team_grace_secs,
@@ -1058,8 +1065,14 @@ impl Workloads {
             }
             return Err(e);
         }
-        self.audit(Some(p.username.as_str()), &action, id, row.w.team_id, &msg)
-            .await;
+        self.audit(
+            Some(p.username().as_str()),
+            &action,
+            id,
+            row.w.team_id,
+            &msg,
+        )
+        .await;
         self.get(p, id).await
     }
 

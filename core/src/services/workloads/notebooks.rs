@@ -60,7 +60,7 @@ impl Workloads {
                 &hash,
                 "code",
                 target.workload_id,
-                p.user_id.0,
+                p.user_id().0,
                 now,
                 now + Duration::seconds(NOTEBOOK_CODE_TTL_SECS),
             )
@@ -133,19 +133,19 @@ impl Workloads {
     /// platform admins (audited). Anyone else gets the 404 of a notebook that does not
     /// exist.
     async fn may_open(&self, p: &Principal, row: &WorkloadListRow) -> Result<(), AppError> {
-        if row.w.user_id == p.user_id.0 {
+        if row.w.user_id == p.user_id().0 {
             let member = self
                 .store
-                .membership(row.w.team_id, p.user_id.0)
+                .membership(row.w.team_id, p.user_id().0)
                 .await
                 .map_err(internal("loading membership"))?
                 .is_some();
-            if member || p.is_admin {
+            if member || p.is_admin() {
                 return Ok(());
             }
             return Err(AppError::NotFound);
         }
-        if !p.is_admin {
+        if !p.is_admin() {
             return Err(AppError::NotFound);
         }
         self.audit_admin_proxy(p, &row.w).await;
@@ -159,15 +159,15 @@ impl Workloads {
                 return;
             };
             seen.retain(|_, at| now - *at < Duration::hours(1));
-            let fresh = !seen.contains_key(&(p.user_id.0, w.id));
+            let fresh = !seen.contains_key(&(p.user_id().0, w.id));
             if fresh {
-                seen.insert((p.user_id.0, w.id), now);
+                seen.insert((p.user_id().0, w.id), now);
             }
             fresh
         };
         if due {
             self.audit(
-                Some(p.username.as_str()),
+                Some(p.username().as_str()),
                 "notebook.admin_access",
                 w.id,
                 w.team_id,

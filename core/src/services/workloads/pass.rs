@@ -193,11 +193,7 @@ impl Workloads {
         let Ok(username) = Username::parse(&user.username) else {
             return Ok(false);
         };
-        let owner = Principal {
-            user_id: UserId(w.user_id),
-            username,
-            is_admin: user.is_admin,
-        };
+        let owner = Principal::of_user(UserId(w.user_id), username, user.is_admin);
         let req = NewAllocation {
             team_id: old.a.team_id.to_string(),
             kind: old.a.kind.to_string(),

@@ -52,7 +52,7 @@ impl Workloads {
             None => {
                 let (rows, _) = self
                     .store
-                    .list_user_teams(p.user_id.0, 0, 1000)
+                    .list_user_teams(p.user_id().0, 0, 1000)
                     .await
                     .map_err(internal("loading teams"))?;
                 rows.into_iter()
@@ -112,7 +112,7 @@ impl Workloads {
                 i64::from(minutes),
                 image_id,
                 self.clock.now(),
-                p.user_id.0,
+                p.user_id().0,
             )
             .await
             .map_err(internal("storing profile"))?;
@@ -159,7 +159,7 @@ impl Workloads {
     pub(super) async fn only_team(&self, p: &Principal) -> Result<Uuid, AppError> {
         let (teams, total) = self
             .store
-            .list_user_teams(p.user_id.0, 0, 2)
+            .list_user_teams(p.user_id().0, 0, 2)
             .await
             .map_err(internal("loading teams"))?;
         match (teams.first(), total) {
@@ -176,7 +176,7 @@ impl Workloads {
     }
 
     async fn audit_profile(&self, p: &Principal, action: &str, id: Uuid, team: Uuid, after: &str) {
-        let actor = p.username.as_str();
+        let actor = p.username().as_str();
         self.audit_note("notebook_profile", Some(actor), action, (id, team), after)
             .await;
     }

@@ -1,0 +1,90 @@
+//! ARCHITECTURE.md's invariants that a grep can hold (the rest are held by tests, by
+//! clippy — `core/clippy.toml` keeps `Utc::now` to `core/src/clock.rs` — and by the
+//! dependency-direction check).
+
+use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
+
+/// Store-row fields that hold a domain type: none may be read as text again.
+const TYPED_FIELDS: [&str; 6] = [
+    "kind",
+    "alloc_kind",
+    "approver",
+    "release_cause",
+    "priority",
+    "state",
+];
+
+/// Store rows whose `state` column is not an allocation's or a workload's (a delivery's).
+const OTHER_STATES: [&str; 1] = ["core/src/store/outbox.rs"];
+
+/// Where trusted code may act as a stored user without a request.
+const PRINCIPAL_OF_CALLERS: [&str; 2] = ["core/src/services/accounts.rs", "server/src/sim.rs"];
+
+pub fn check(root: &Path) -> Result<()> {
+    eprintln!("\n==> invariants (ARCHITECTURE.md)");
+    let mut broken = Vec::new();
+    for file in rust_files(&root.join("core/src/store"))? {
+        let rel = relative(root, &file);
+        let text = std::fs::read_to_string(&file)?;
+        for (n, line) in text.lines().enumerate() {
+            let Some((name, ty)) = line
+                .trim()
+                .strip_prefix("pub ")
+                .and_then(|f| f.split_once(':'))
+            else {
+                continue;
+            };
+            let ty = ty.trim().trim_end_matches(',');
+            let text_typed = ty == "String" || ty == "Option<String>";
+            let exempt = name == "state" && OTHER_STATES.contains(&rel.as_str());
+            if TYPED_FIELDS.contains(&name) && text_typed && !exempt {
+                broken.push(format!(
+                    "{rel}:{}: store row field `{name}` is text; read it as its domain type",
+                    n + 1
+                ));
+            }
+        }
+    }
+    for dir in ["core/src", "server/src", "app/src"] {
+        for file in rust_files(&root.join(dir))? {
+            let rel = relative(root, &file);
+            let text = std::fs::read_to_string(&file)?;
+            if text.contains("principal_of(") && !PRINCIPAL_OF_CALLERS.contains(&rel.as_str()) {
+                broken.push(format!(
+                    "{rel}: calls `Accounts::principal_of`; a request's principal comes from its \
+                     session or token"
+                ));
+            }
+        }
+    }
+    if !broken.is_empty() {
+        bail!("invariants broken:\n  {}", broken.join("\n  "));
+    }
+    eprintln!("    invariants: ok");
+    Ok(())
+}
+
+fn relative(root: &Path, file: &Path) -> String {
+    file.strip_prefix(root)
+        .unwrap_or(file)
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
+fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
