@@ -530,8 +530,13 @@ pub async fn list_allocations(
     page: PageRequest,
 ) -> Result<Page<AllocationView>, UiError> {
     ssr::call([], async |s, p| {
+        // Empty: every team the caller may read; not an id: no team of theirs.
+        let team = match team.trim() {
+            "" => None,
+            t => Some(TeamId::parse(t).ok_or(AppError::NotFound)?),
+        };
         let filter = tessera_core::services::allocations::ListFilter {
-            team: Some(team),
+            team,
             state: Some(state),
             mine,
         };
@@ -831,10 +836,7 @@ pub async fn usage(team_id: String, from: String, to: String) -> Result<UsageRep
 /// The caller's own usage and cost this month so far, across their teams.
 #[server(prefix = "/fn", endpoint = "own_usage")]
 pub async fn own_usage() -> Result<UsageReport, UiError> {
-    ssr::call([], async |s, p| {
-        s.billing.own_usage(p, chrono::Utc::now()).await
-    })
-    .await
+    ssr::call([], async |s, p| s.billing.own_usage(p, s.clock.now()).await).await
 }
 
 /// A team's statement for a month (`YYYY-MM`).
@@ -896,7 +898,7 @@ pub async fn estimate_cost(
             duration_hours: number(&duration_hours, "duration_hours").unwrap_or(0),
             priority: priority.parse().unwrap_or_default(),
         };
-        match s.billing.quote(p, &query, chrono::Utc::now()).await {
+        match s.billing.quote(p, &query, s.clock.now()).await {
             Ok(e) => Ok(e.text),
             Err(AppError::Invalid { .. }) => Ok(String::new()),
             Err(e) => Err(e),

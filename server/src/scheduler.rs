@@ -2,7 +2,6 @@
 //! every interval, and at once after a change (a request, a release, an approval). Each
 //! tick works from stored state only, so a restart simply continues.
 
-use chrono::Utc;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::Services;
@@ -11,7 +10,7 @@ pub async fn run(services: Arc<Services>, every: Duration) {
     let changed = services.allocations.changed();
     loop {
         let started = std::time::Instant::now();
-        match services.allocations.tick(Utc::now()).await {
+        match services.allocations.tick(services.clock.now()).await {
             Ok(r) => {
                 if r.placed
                     + r.activated
@@ -46,7 +45,7 @@ pub async fn run(services: Arc<Services>, every: Duration) {
             }
             Err(e) => tracing::warn!("scheduler pass failed: {e}"),
         }
-        match services.workloads.tick(Utc::now()).await {
+        match services.workloads.tick(services.clock.now()).await {
             Ok(r) if r.stopped_for_allocation + r.reclaimed_idle + r.lost > 0 => {
                 metrics::counter!(crate::observability::IDLE_RECLAIMED)
                     .increment(u64::from(r.reclaimed_idle));
@@ -72,7 +71,7 @@ pub async fn run(services: Arc<Services>, every: Duration) {
 /// twice.
 pub async fn meter(services: Arc<Services>, every: Duration) {
     loop {
-        match services.billing.meter(Utc::now(), None).await {
+        match services.billing.meter(services.clock.now(), None).await {
             Ok(r) => {
                 if r.hours > 0 {
                     tracing::info!(hours = r.hours, closed = r.closed, "metered GPU usage");

@@ -6,23 +6,15 @@ use crate::components::{AdminOnly, Authenticated, Columns, PAGE_SIZE, paged_tabl
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
-use tessera_domain::audit::AuditEntryView;
+use tessera_domain::audit::{AuditAction, AuditEntryView};
 use tessera_domain::tenancy::{Page, PageRequest};
 
-/// The action filter: query value, label. `all` asks for every action.
-const ACTION_FILTERS: [(&str, &str); 11] = [
-    ("all", "All actions"),
-    ("allocation.request", "allocation.request"),
-    ("allocation.approve", "allocation.approve"),
-    ("allocation.deny", "allocation.deny"),
-    ("allocation.release", "allocation.release"),
-    ("allocation.extend", "allocation.extend"),
-    ("allocation.place", "allocation.place"),
-    ("allocation.expire", "allocation.expire"),
-    ("allocation.preempt", "allocation.preempt"),
-    ("allocation.fail", "allocation.fail"),
-    ("quota.set", "quota.set"),
-];
+/// The action filter's choices: query value, label. `all` asks for every action; the
+/// others are every [`AuditAction`] there is.
+fn action_filters() -> impl Iterator<Item = (&'static str, &'static str)> {
+    std::iter::once(("all", "All actions"))
+        .chain(AuditAction::ALL.iter().map(|a| (a.as_str(), a.as_str())))
+}
 
 #[component]
 pub fn AuditPage() -> impl IntoView {
@@ -71,7 +63,7 @@ fn use_filter() -> Memo<Filter> {
         let q = query.read();
         let action = q
             .get("action")
-            .filter(|a| ACTION_FILTERS.iter().any(|(v, _)| v == a))
+            .filter(|a| action_filters().any(|(v, _)| v == a))
             .unwrap_or_else(|| "all".to_owned());
         let offset = q.get("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
         Filter { action, offset }
@@ -110,12 +102,11 @@ fn AuditLog(
 #[component]
 fn FilterForm(filter: Memo<Filter>) -> impl IntoView {
     let current = filter.get_untracked();
-    let options = ACTION_FILTERS
-        .iter()
+    let options = action_filters()
         .map(|(v, label)| {
             view! {
-                <option value=*v selected=current.action == *v>
-                    {*label}
+                <option value=v selected=current.action == v>
+                    {label}
                 </option>
             }
         })

@@ -11,14 +11,16 @@ use super::internal;
 use super::tenancy::paged;
 use crate::auth::Principal;
 use crate::clock::Clock;
+use crate::services::audit::Entry;
 use crate::store::{
-    AllocationRow, AuditRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow,
-    Standing, Store, UsageGroupRow,
+    AllocationRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow, Standing,
+    Store, UsageGroupRow,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, Committed, GpuKind, PriorityClass};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::billing::{
     self as b, BudgetView, CostEstimate, EstimateQuery, LedgerEntryView, NewRate, Rate, RateCard,
     RateView, SetBudget, Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
@@ -252,7 +254,7 @@ impl Billing {
         let slices = kind.units_per_gpu(&self.catalog);
         let units = u32::try_from(a.units).unwrap_or(0);
         let count = u32::try_from(a.count).unwrap_or(0);
-        let devices: Vec<AllocatedDevice> = serde_json::from_str(&a.devices).unwrap_or_default();
+        let devices = &a.devices;
         let resource_id = devices
             .iter()
             .map(|d| d.mig_uuid.clone().unwrap_or_else(|| d.gpu_uuid.clone()))
@@ -266,7 +268,7 @@ impl Billing {
             })
             .collect::<Vec<_>>()
             .join(";");
-        let busy = self.busy_samples(&devices, &intervals, &hours).await?;
+        let busy = self.busy_samples(devices, &intervals, &hours).await?;
         let rows = hours
             .iter()
             .map(|&(hour, wall_ms)| {
@@ -438,7 +440,7 @@ impl Billing {
         };
         self.audit(
             p,
-            "rate.set",
+            AuditAction::RateSet,
             "rate_card",
             &kind_str,
             None,
@@ -593,7 +595,7 @@ impl Billing {
         });
         self.audit(
             p,
-            "budget.set",
+            AuditAction::BudgetSet,
             "team",
             &team.to_string(),
             Some(team.0),
@@ -726,7 +728,7 @@ impl Billing {
                     .map_or(0, |r| r.amount_minor);
                 self.audit(
                     p,
-                    "ledger.reverse",
+                    AuditAction::LedgerReverse,
                     "ledger_txn",
                     &txn.to_string(),
                     team,
@@ -1031,27 +1033,19 @@ impl Billing {
     async fn audit(
         &self,
         p: &Principal,
-        action: &str,
+        action: AuditAction,
         object_type: &str,
         object_id: &str,
         team: Option<Uuid>,
         before: Option<serde_json::Value>,
         after: Option<serde_json::Value>,
     ) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().to_string()),
-            action: action.into(),
-            object_type: object_type.into(),
-            object_id: object_id.into(),
-            team_id: team,
-            before: before.map(|v| v.to_string()),
-            after: after.map(|v| v.to_string()),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        Entry::new(Some(p.username().as_str()), action, object_type, object_id)
+            .team(team)
+            .before(before.map(|v| v.to_string()))
+            .after(after.map(|v| v.to_string()))
+            .record(&self.store, self.clock.now())
+            .await;
     }
 }
 

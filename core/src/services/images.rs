@@ -11,7 +11,9 @@
 //!   sent only with that team's workloads to the node (or pod secret) that pulls.
 
 use crate::clock::Clock;
+use crate::services::audit::Entry;
 use std::sync::Arc;
+use tessera_domain::audit::AuditAction;
 
 use crate::auth::Principal;
 use tessera_domain::error::AppError;
@@ -26,7 +28,7 @@ use uuid::Uuid;
 use super::authz::{self, Need};
 use super::internal;
 use crate::at_rest::DataKeys;
-use crate::store::{AuditRow, CatalogRow, Store};
+use crate::store::{CatalogRow, Store};
 
 /// How long resolving an image at the registry may take.
 const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -225,7 +227,7 @@ impl Images {
         }
         self.audit(
             p,
-            "image.add",
+            AuditAction::ImageAdd,
             row.id,
             row.team_id,
             &format!("{name}: {} → {}", row.reference, row.pinned),
@@ -266,7 +268,7 @@ impl Images {
         {
             return Err(AppError::NotFound);
         }
-        self.audit(p, "image.remove", id, row.team_id, &row.name)
+        self.audit(p, AuditAction::ImageRemove, id, row.team_id, &row.name)
             .await;
         Ok(())
     }
@@ -290,7 +292,7 @@ impl Images {
             .await
             .map_err(internal("storing the registry allow-list"))?;
         if added {
-            self.audit(p, "registry.allow", Uuid::nil(), None, &entry)
+            self.audit(p, AuditAction::RegistryAllow, Uuid::nil(), None, &entry)
                 .await;
         }
         self.allowlist(p).await
@@ -308,8 +310,14 @@ impl Images {
         if !gone {
             return Err(AppError::NotFound);
         }
-        self.audit(p, "registry.disallow", Uuid::nil(), None, entry.trim())
-            .await;
+        self.audit(
+            p,
+            AuditAction::RegistryDisallow,
+            Uuid::nil(),
+            None,
+            entry.trim(),
+        )
+        .await;
         self.allowlist(p).await
     }
 
@@ -387,7 +395,7 @@ impl Images {
             .map_err(internal("storing a registry login"))?;
         self.audit(
             p,
-            "registry_login.set",
+            AuditAction::RegistryLoginSet,
             Uuid::nil(),
             Some(team.0),
             &format!("{registry} as {username}"),
@@ -420,7 +428,7 @@ impl Images {
         }
         self.audit(
             p,
-            "registry_login.remove",
+            AuditAction::RegistryLoginRemove,
             Uuid::nil(),
             Some(team.0),
             registry,
@@ -494,20 +502,18 @@ impl Images {
         })
     }
 
-    async fn audit(&self, p: &Principal, action: &str, id: Uuid, team: Option<Uuid>, note: &str) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().as_str().to_owned()),
-            action: action.into(),
-            object_type: "image".into(),
-            object_id: id.to_string(),
-            team_id: team,
-            before: None,
-            after: Some(serde_json::json!({ "note": note }).to_string()),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+    async fn audit(
+        &self,
+        p: &Principal,
+        action: AuditAction,
+        id: Uuid,
+        team: Option<Uuid>,
+        note: &str,
+    ) {
+        Entry::new(Some(p.username().as_str()), action, "image", id)
+            .team(team)
+            .note(note)
+            .record(&self.store, self.clock.now())
+            .await;
     }
 }

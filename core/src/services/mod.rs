@@ -8,6 +8,7 @@
 
 pub mod accounts;
 pub mod allocations;
+mod audit;
 pub mod authz;
 pub mod billing;
 pub mod changes;

@@ -6,14 +6,16 @@ use super::tenancy::paged;
 use crate::auth::Principal;
 use crate::auth::secret;
 use crate::clock::Clock;
+use crate::services::audit::Entry;
 use crate::store::{
-    AuditRow, DesiredRow, DesiredWithStatus, DrainRow, HealthRow, HeldShareRow, JoinTokenRow,
-    NodeRow, ReplicaRow, Store,
+    DesiredRow, DesiredWithStatus, DrainRow, HealthRow, HeldShareRow, JoinTokenRow, NodeRow,
+    ReplicaRow, Store,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind};
+use tessera_domain::alloc::{AllocState, GpuKind};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::cluster::{
     self, ClusterSummary, DesiredView, GpuView, NodeTelemetry, NodeView, ServerReplicaView,
     ShareTenantView, SharingView,
@@ -447,7 +449,8 @@ impl Nodes {
             return Err(AppError::conflict("this GPU is not marked unhealthy"));
         }
         tracing::info!(by = %p.username(), node = %id, gpu, "GPU health cleared");
-        self.audit_node(p, "node.health_clear", id, gpu).await;
+        self.audit_node(p, AuditAction::NodeHealthClear, id, gpu)
+            .await;
         self.forget_summary();
         self.view(&row, true, self.clock.now()).await
     }
@@ -518,7 +521,7 @@ impl Nodes {
             .set_node_group(id, group)
             .await
             .map_err(internal("setting a node's group"))?;
-        self.audit_node(p, "node.group", id, group.unwrap_or("(none)"))
+        self.audit_node(p, AuditAction::NodeGroup, id, group.unwrap_or("(none)"))
             .await;
         self.forget_summary();
         let row = NodeRow {
@@ -569,7 +572,8 @@ impl Nodes {
         tracing::info!(by = %p.username(), node = %id, hostname = %row.hostname,
             gpu = valid.gpu.as_deref().unwrap_or("all"), deadline = %valid.deadline,
             reason = %valid.reason, "node drained");
-        self.audit_node(p, "node.drain", id, &valid.reason).await;
+        self.audit_node(p, AuditAction::NodeDrain, id, &valid.reason)
+            .await;
         self.forget_summary();
         self.view(&row, true, now).await
     }
@@ -591,7 +595,7 @@ impl Nodes {
             .map_err(internal("undraining node"))?;
         if ended > 0 {
             tracing::info!(by = %p.username(), node = %id, hostname = %row.hostname, "node undrained");
-            self.audit_node(p, "node.undrain", id, gpu.unwrap_or("all"))
+            self.audit_node(p, AuditAction::NodeUndrain, id, gpu.unwrap_or("all"))
                 .await;
         }
         self.forget_summary();
@@ -607,21 +611,11 @@ impl Nodes {
             .ok_or(AppError::NotFound)
     }
 
-    async fn audit_node(&self, p: &Principal, action: &str, id: Uuid, note: &str) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().to_string()),
-            action: action.into(),
-            object_type: "node".into(),
-            object_id: id.to_string(),
-            team_id: None,
-            before: None,
-            after: Some(serde_json::json!({ "note": note }).to_string()),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+    async fn audit_node(&self, p: &Principal, action: AuditAction, id: Uuid, note: &str) {
+        Entry::new(Some(p.username().as_str()), action, "node", id)
+            .note(note)
+            .record(&self.store, self.clock.now())
+            .await;
     }
 
     /// The drains with the GPUs where work still holds something (draining, not drained).
@@ -647,10 +641,8 @@ impl Nodes {
             .allocations_in(&AllocState::ON_NODE)
             .await
             .map_err(internal("loading allocations"))?
-            .iter()
-            .flat_map(|a| {
-                serde_json::from_str::<Vec<AllocatedDevice>>(&a.devices).unwrap_or_default()
-            })
+            .into_iter()
+            .flat_map(|a| a.devices)
             .map(|d| (d.node_id, d.gpu_uuid))
             .collect();
         Ok(DrainContext {
@@ -752,11 +744,8 @@ impl Nodes {
             .allocations_in(&AllocState::ON_NODE)
             .await
             .map_err(internal("loading held devices"))?
-            .iter()
-            .flat_map(|a| {
-                serde_json::from_str::<Vec<tessera_domain::alloc::AllocatedDevice>>(&a.devices)
-                    .unwrap_or_default()
-            })
+            .into_iter()
+            .flat_map(|a| a.devices)
             .filter_map(|d| Some((d.gpu_uuid, d.start?)))
             .collect();
         let summary = cluster::summarize(
@@ -933,8 +922,7 @@ fn sharing_view(
     let tenants: Vec<ShareTenantView> = shares
         .iter()
         .filter_map(|s| {
-            let devices: Vec<AllocatedDevice> = serde_json::from_str(&s.devices).ok()?;
-            devices.iter().find(|d| d.gpu_uuid == gpu.uuid)?;
+            s.devices.iter().find(|d| d.gpu_uuid == gpu.uuid)?;
             let GpuKind::Share { milli, .. } = s.kind else {
                 return None;
             };

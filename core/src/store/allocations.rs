@@ -7,9 +7,11 @@
 //! both backends (SQLite serializes writers; PostgreSQL re-checks the condition on the
 //! locked row), so concurrent requests never admit past the limit.
 
-use super::{NullableText, Store, StoreError, db, from_driver, live_states, on_pool};
+use super::{JsonText, NullableText, Store, StoreError, db, from_driver, live_states, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, ReleaseCause};
+use tessera_domain::alloc::{
+    AllocState, AllocatedDevice, Approver, GpuKind, PriorityClass, ReleaseCause,
+};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -46,8 +48,9 @@ pub struct AllocationRow {
     pub approver: Option<Approver>,
     pub approval_reason: Option<String>,
     pub pending_reason: Option<String>,
-    /// JSON list of placed devices.
-    pub devices: String,
+    /// The placed devices (a JSON list in the table).
+    #[sqlx(try_from = "JsonText")]
+    pub devices: Vec<AllocatedDevice>,
     #[sqlx(try_from = "NullableText")]
     pub release_cause: Option<ReleaseCause>,
     pub preempt_at: Option<DateTime<Utc>>,
@@ -98,7 +101,7 @@ impl AllocationRow {
             approver: None,
             approval_reason: None,
             pending_reason: None,
-            devices: "[]".into(),
+            devices: Vec::new(),
             release_cause: None,
             preempt_at: None,
             preempt_cause: None,
@@ -203,8 +206,8 @@ pub(super) const COLS: &str = "a.id, a.team_id, a.user_id, a.kind, a.model, a.co
 
 pub(super) const INSERT: &str = "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
     priority, purpose, state, duration_minutes, starts_at, created_at, approver, \
-    approval_reason, idempotency_key, needs_cuda, gang_nodes) \
-    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)";
+    approval_reason, idempotency_key, needs_cuda, gang_nodes, share_milli) \
+    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)";
 
 pub(super) const EVENT: &str = "INSERT INTO allocation_events (allocation_id, seq, at, from_state, to_state, actor, note) \
     VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM allocation_events WHERE allocation_id = $1), \
@@ -250,6 +253,7 @@ macro_rules! bind_insert {
             .bind(&$r.idempotency_key)
             .bind(&$r.needs_cuda)
             .bind($r.gang_nodes)
+            .bind($r.kind.share_milli().map(i64::from))
     };
 }
 pub(super) use bind_insert;

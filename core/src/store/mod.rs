@@ -103,6 +103,38 @@ where
     }
 }
 
+/// A text column holding JSON, read as its Rust type (`#[sqlx(try_from = "JsonText")]`):
+/// a document that does not parse fails the read instead of becoming an empty list.
+pub struct JsonText(String);
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for JsonText
+where
+    String: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <String as sqlx::Type<DB>>::type_info()
+    }
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <String as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for JsonText
+where
+    String: sqlx::Decode<'r, DB>,
+{
+    fn decode(v: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(JsonText(<String as sqlx::Decode<'r, DB>>::decode(v)?))
+    }
+}
+
+impl TryFrom<JsonText> for Vec<tessera_domain::alloc::AllocatedDevice> {
+    type Error = serde_json::Error;
+    fn try_from(v: JsonText) -> Result<Self, Self::Error> {
+        serde_json::from_str(&v.0)
+    }
+}
+
 macro_rules! nullable_as {
     ($($t:ty),* $(,)?) => {
         $(impl TryFrom<NullableText> for Option<$t> {

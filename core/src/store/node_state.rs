@@ -2,7 +2,7 @@
 
 use super::{Store, StoreError, db, on_node_states, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::GpuKind;
+use tessera_domain::alloc::{AllocatedDevice, GpuKind};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -24,8 +24,8 @@ pub struct HeldShareRow {
     pub id: Uuid,
     #[sqlx(try_from = "String")]
     pub kind: GpuKind,
-    /// JSON list of `AllocatedDevice`.
-    pub devices: String,
+    #[sqlx(try_from = "super::JsonText")]
+    pub devices: Vec<AllocatedDevice>,
     pub team_name: String,
 }
 
@@ -114,7 +114,7 @@ impl Store {
             "SELECT a.id, a.kind, a.devices, t.name AS team_name FROM allocations a \
              JOIN teams t ON t.id = a.team_id WHERE a.state IN ",
             on_node_states!(),
-            " AND a.kind LIKE '%:share:%' ORDER BY a.created_at"
+            " AND a.share_milli IS NOT NULL ORDER BY a.created_at"
         );
         db!(self, pool => sqlx::query_as::<_, HeldShareRow>(sql).fetch_all(pool).await)
     }

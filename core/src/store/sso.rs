@@ -3,6 +3,7 @@
 
 use super::{Store, StoreError, UserRow, from_driver, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::audit::AuditAction;
 use uuid::Uuid;
 
 /// The password hash of a user created by single sign-on: no password verifies against it.
@@ -166,7 +167,7 @@ impl Store {
                 sqlx::query("INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
                              VALUES ($1, $2, $3, $4, 'user', $5, NULL, $6, $7)")
                     .bind(Uuid::now_v7()).bind(s.now).bind(&user.username)
-                    .bind(if changes.created { "sso.user_created" } else { "sso.grants_changed" })
+                    .bind(if changes.created { AuditAction::SsoUserCreated } else { AuditAction::SsoGrantsChanged }.as_str())
                     .bind(user_id.to_string())
                     .bind((!changes.created).then(|| before.to_string()))
                     .bind(after.to_string())

@@ -93,6 +93,14 @@ impl From<GpuKind> for String {
 }
 
 impl GpuKind {
+    /// A share's milli-GPU; `None` for other kinds.
+    pub fn share_milli(&self) -> Option<u32> {
+        match self {
+            GpuKind::Share { milli, .. } => Some(*milli),
+            _ => None,
+        }
+    }
+
     /// The model as written (canonical after [`GpuKind::canonical`]).
     pub fn model(&self) -> &str {
         match self {

@@ -159,7 +159,12 @@ async fn record_workload_gauges(state: &AppState) {
 /// Each team's spend this month against its budget (teams with a budget or a spend).
 async fn record_budget_gauges(state: &AppState) {
     use crate::observability::{BUDGET_RATIO, BUDGET_SPENT};
-    let Ok(budgets) = state.services.billing.all_budgets(chrono::Utc::now()).await else {
+    let Ok(budgets) = state
+        .services
+        .billing
+        .all_budgets(state.services.clock.now())
+        .await
+    else {
         return;
     };
     for b in budgets {

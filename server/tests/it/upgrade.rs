@@ -15,6 +15,9 @@ use uuid::Uuid;
 
 crate::on_both_databases!(a_previous_release_database_migrates_forward_with_every_row);
 
+/// The share allocation seeded before migration 0030.
+const SHARE: Uuid = Uuid::from_u128(2901);
+
 /// A value bound to a seed statement (the same statement runs on both backends).
 enum V {
     U(Uuid),
@@ -504,6 +507,18 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             )
             .await;
         }
+        29 => {
+            // A share, for migration 0030's `share_milli` (filled from the kind's text).
+            exec(
+                store,
+                "INSERT INTO allocations (id, team_id, user_id, kind, model, count, units, \
+                 priority, purpose, state, duration_minutes, created_at, devices) VALUES ($1, $2, \
+                 (SELECT user_id FROM allocations WHERE id = $3), 'H100-80GB:share:250', \
+                 'H100-80GB:shared', 1, 250, 'normal', 'old share', 'ended', 60, $4, '[]')",
+                &[V::U(SHARE), V::U(s.team), V::U(s.allocation), V::D(now)],
+            )
+            .await;
+        }
         _ => {}
     }
 }
@@ -594,6 +609,27 @@ async fn a_previous_release_database_migrates_forward_with_every_row(db: Db) {
             "{table}: {n} rows before the upgrade, {now_n} after"
         );
     }
+    // A share's milli-GPU is a column since 0030, filled for the rows before it.
+    let milli = match &store {
+        Store::Sqlite(p) => {
+            sqlx::query_scalar::<_, Option<i64>>(
+                "SELECT share_milli FROM allocations WHERE id = $1",
+            )
+            .bind(SHARE)
+            .fetch_one(p)
+            .await
+        }
+        Store::Postgres(p) => {
+            sqlx::query_scalar::<_, Option<i64>>(
+                "SELECT share_milli FROM allocations WHERE id = $1",
+            )
+            .bind(SHARE)
+            .fetch_one(p)
+            .await
+        }
+    }
+    .expect("share row");
+    assert_eq!(milli, Some(250));
     store.close().await;
 
     // Each kind of object reads back through the API, with the old admin's token.

@@ -7,7 +7,9 @@
 //! channel, so that it is gone by the start.
 
 use super::*;
+use crate::services::audit::Entry;
 use crate::store::{BookingListRow, BookingRow};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::booking::{self, BookingView, Borrower, NewBooking, READY_LEAD};
 
 /// Most bookings one calendar read returns.
@@ -64,8 +66,12 @@ impl Allocations {
             .await
             .map_err(internal("admitting booking"))?;
         verdict?;
-        self.audit_booking(Some(p.username().as_str()), "booking.create", &row)
-            .await;
+        self.audit_booking(
+            Some(p.username().as_str()),
+            AuditAction::BookingCreate,
+            &row,
+        )
+        .await;
         self.booking(p, row.id).await
     }
 
@@ -143,8 +149,12 @@ impl Allocations {
             self.release_for_system(a, &format!("its booking was cancelled by {}", p.username()))
                 .await?;
         }
-        self.audit_booking(Some(p.username().as_str()), "booking.cancel", &row.b)
-            .await;
+        self.audit_booking(
+            Some(p.username().as_str()),
+            AuditAction::BookingCancel,
+            &row.b,
+        )
+        .await;
         self.wake.notify_one();
         self.booking(p, id).await
     }
@@ -235,7 +245,7 @@ impl Allocations {
         if matches!(outcome, Admitted::Held { .. }) {
             self.audit_as(
                 None,
-                "allocation.request",
+                AuditAction::AllocationRequest,
                 row.id,
                 Some(row.team_id),
                 None,
@@ -343,25 +353,14 @@ impl Allocations {
         Ok(warned)
     }
 
-    async fn audit_booking(&self, actor: Option<&str>, action: &str, b: &BookingRow) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: actor.map(str::to_owned),
-            action: action.into(),
-            object_type: "booking".into(),
-            object_id: b.id.to_string(),
-            team_id: Some(b.team_id),
-            before: None,
-            after: Some(
-                serde_json::json!({"kind": b.kind, "count": b.count, "units": b.units,
-                    "starts_at": b.starts_at, "ends_at": b.ends_at})
-                .to_string(),
-            ),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+    async fn audit_booking(&self, actor: Option<&str>, action: AuditAction, b: &BookingRow) {
+        let after = serde_json::json!({"kind": b.kind, "count": b.count, "units": b.units,
+            "starts_at": b.starts_at, "ends_at": b.ends_at});
+        Entry::new(actor, action, "booking", b.id)
+            .team(b.team_id)
+            .after(Some(after.to_string()))
+            .record(&self.store, self.clock.now())
+            .await;
     }
 }
 

@@ -3,6 +3,8 @@
 //! (`TESSERA_PREEMPTION_GRACE`).
 
 use super::*;
+use crate::services::audit::Entry;
+use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, GraceRequest, TeamGrace};
 
 impl Allocations {
@@ -55,20 +57,21 @@ impl Allocations {
         {
             return Err(AppError::NotFound);
         }
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().to_string()),
-            action: "team.grace".into(),
-            object_type: "team".into(),
-            object_id: team.0.to_string(),
-            team_id: Some(team.0),
-            before: Some(serde_json::json!({ "preemption_grace_secs": before }).to_string()),
-            after: Some(serde_json::json!({ "preemption_grace_secs": secs }).to_string()),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        Entry::new(
+            Some(p.username().as_str()),
+            AuditAction::TeamGrace,
+            "team",
+            team.0,
+        )
+        .team(team.0)
+        .before(Some(
+            serde_json::json!({ "preemption_grace_secs": before }).to_string(),
+        ))
+        .after(Some(
+            serde_json::json!({ "preemption_grace_secs": secs }).to_string(),
+        ))
+        .record(&self.store, self.clock.now())
+        .await;
         self.grace_view(team).await
     }
 

@@ -12,9 +12,10 @@ use super::internal;
 use super::tenancy::paged;
 use crate::auth::Principal;
 use crate::clock::Clock;
+use crate::services::audit::Entry;
 use crate::store::{
-    Admit, Admitted, AllocationListRow, AllocationRow, AuditRow, Change, DesiredWithStatus, Line,
-    NodeRow, QuotaRow, Standing, Store, Transition as StoreTransition, decoded,
+    Admit, Admitted, AllocationListRow, AllocationRow, Change, DesiredWithStatus, Line, NodeRow,
+    QuotaRow, Standing, Store, Transition as StoreTransition, decoded,
 };
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -24,6 +25,7 @@ use tessera_domain::alloc::{
     FairShare, GpuKind, Held, HighGrant, NewAllocation, PendingInfo, PriorityClass, QueueEntry,
     Quota, QuotaView, Transition,
 };
+use tessera_domain::audit::AuditAction;
 use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing;
 use tessera_domain::cluster;
@@ -95,8 +97,8 @@ const DEMAND_WINDOW: i64 = 2000;
 /// Which allocations a list shows.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    /// Only this team's (a team id).
-    pub team: Option<String>,
+    /// Only this team's.
+    pub team: Option<TeamId>,
     /// Only allocations in this state (`active`, `queued`, …) or group: `pending`
     /// (pending_approval, queued, placing), `current` (pending or active), `ended`.
     pub state: Option<String>,
@@ -289,7 +291,7 @@ impl Allocations {
         }
         self.audit(
             p,
-            "allocation.request",
+            AuditAction::AllocationRequest,
             row.id,
             Some(row.team_id),
             None,
@@ -377,11 +379,7 @@ impl Allocations {
         page: PageRequest,
     ) -> Result<Page<AllocationView>, AppError> {
         let page = page.clamped();
-        let team = match filter.team.as_deref().map(str::trim) {
-            Some(t) if !t.is_empty() => Some(TeamId::parse(t).ok_or(AppError::NotFound)?),
-            _ => None,
-        };
-        let teams = authz::readable_teams(&self.store, p, team).await?;
+        let teams = authz::readable_teams(&self.store, p, filter.team).await?;
         let states = state_filter(filter.state.as_deref())?;
         let user = filter.mine.then_some(p.user_id().0);
         let (rows, total) = self
@@ -431,7 +429,7 @@ impl Allocations {
         }
         self.audit(
             p,
-            "allocation.release",
+            AuditAction::AllocationRelease,
             id,
             Some(row.a.team_id),
             Some(&row.a),
@@ -469,7 +467,7 @@ impl Allocations {
             }
         }
         if done {
-            self.audit_as(None, "allocation.release", id, None, None, None)
+            self.audit_as(None, AuditAction::AllocationRelease, id, None, None, None)
                 .await;
             self.wake.notify_one();
         }
@@ -510,7 +508,7 @@ impl Allocations {
                 admitted += 1;
                 self.audit_as(
                     None,
-                    "allocation.admit",
+                    AuditAction::AllocationAdmit,
                     id,
                     Some(row.a.team_id),
                     None,
@@ -700,7 +698,7 @@ impl Allocations {
                 tracing::info!(allocation = %a.id, "ended: {note}");
                 self.audit_as(
                     None,
-                    "allocation.release",
+                    AuditAction::AllocationRelease,
                     a.id,
                     Some(a.team_id),
                     Some(&a),
@@ -808,7 +806,7 @@ impl Allocations {
         }
         self.audit(
             p,
-            "allocation.extend",
+            AuditAction::AllocationExtend,
             id,
             Some(row.a.team_id),
             Some(&row.a),
@@ -882,7 +880,7 @@ impl Allocations {
             }
             self.audit(
                 p,
-                "allocation.deny",
+                AuditAction::AllocationDeny,
                 id,
                 Some(row.a.team_id),
                 Some(&row.a),
@@ -909,7 +907,7 @@ impl Allocations {
             } => {
                 self.audit(
                     p,
-                    "allocation.approve",
+                    AuditAction::AllocationApprove,
                     id,
                     Some(row.a.team_id),
                     Some(&row.a),
@@ -925,7 +923,7 @@ impl Allocations {
                     tracing::warn!(allocation = %id, by = %p.username(), "approved beyond the team's {what}");
                     self.audit(
                         p,
-                        "allocation.override",
+                        AuditAction::AllocationOverride,
                         id,
                         Some(row.a.team_id),
                         Some(&row.a),
@@ -1043,20 +1041,17 @@ impl Allocations {
                 "limit": q.limit_units, "per_user": q.per_user})
             .to_string()
         };
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().to_string()),
-            action: "quota.set".into(),
-            object_type: "quota".into(),
-            object_id: format!("{}:{model}", team.0),
-            team_id: Some(team.0),
-            before: before.as_ref().map(json),
-            after: Some(json(&row)),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        Entry::new(
+            Some(p.username().as_str()),
+            AuditAction::QuotaSet,
+            "quota",
+            format!("{}:{model}", team.0),
+        )
+        .team(team.0)
+        .before(before.as_ref().map(json))
+        .after(Some(json(&row)))
+        .record(&self.store, self.clock.now())
+        .await;
         self.wake.notify_one();
         self.quotas(p, team).await
     }
@@ -1082,28 +1077,21 @@ impl Allocations {
         {
             return Err(AppError::NotFound);
         }
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().to_string()),
-            action: if grant.is_some() {
-                "priority.grant".into()
-            } else {
-                "priority.revoke".into()
-            },
-            object_type: "team".into(),
-            object_id: team.0.to_string(),
-            team_id: Some(team.0),
-            before: None,
-            after: grant.map(|g| serde_json::json!({"high": true, "cap": g.cap}).to_string()),
+        let action = if grant.is_some() {
+            AuditAction::PriorityGrant
+        } else {
+            AuditAction::PriorityRevoke
         };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        Entry::new(Some(p.username().as_str()), action, "team", team.0)
+            .team(team.0)
+            .after(grant.map(|g| serde_json::json!({"high": true, "cap": g.cap}).to_string()))
+            .record(&self.store, self.clock.now())
+            .await;
         Ok(())
     }
 
-    /// The audit trail, newest first (platform admin), optionally one action only.
+    /// The audit trail, newest first (platform admin), optionally one action only (an
+    /// [`AuditAction`]'s text; empty for all, one that does not exist refused).
     pub async fn audit_log(
         &self,
         p: &Principal,
@@ -1111,11 +1099,15 @@ impl Allocations {
         page: PageRequest,
     ) -> Result<Page<AuditEntryView>, AppError> {
         authz::admin(p)?;
+        let action: Option<AuditAction> = action
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::parse)
+            .transpose()?;
         let page = page.clamped();
-        let action = action.map(str::trim).filter(|a| !a.is_empty());
         let (rows, total) = self
             .store
-            .audit_page(action, page.offset, page.limit)
+            .audit_page(action.map(AuditAction::as_str), page.offset, page.limit)
             .await
             .map_err(internal("loading audit log"))?;
         let items = rows
@@ -1243,7 +1235,7 @@ impl Allocations {
     async fn audit(
         &self,
         p: &Principal,
-        action: &str,
+        action: AuditAction,
         id: Uuid,
         team: Option<Uuid>,
         before: Option<&AllocationRow>,
@@ -1257,7 +1249,7 @@ impl Allocations {
     async fn audit_as(
         &self,
         actor: Option<&str>,
-        action: &str,
+        action: AuditAction,
         id: Uuid,
         team: Option<Uuid>,
         before: Option<&AllocationRow>,
@@ -1268,20 +1260,12 @@ impl Allocations {
                 "units": r.units, "priority": r.priority})
             .to_string()
         };
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: actor.map(str::to_owned),
-            action: action.into(),
-            object_type: "allocation".into(),
-            object_id: id.to_string(),
-            team_id: team,
-            before: before.map(json),
-            after: after.map(json),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        Entry::new(actor, action, "allocation", id)
+            .team(team)
+            .before(before.map(json))
+            .after(after.map(json))
+            .record(&self.store, self.clock.now())
+            .await;
     }
 
     // ---- transitions ----
@@ -1452,7 +1436,7 @@ fn mig_instance_present(
 }
 
 fn devices(a: &AllocationRow) -> Vec<AllocatedDevice> {
-    serde_json::from_str(&a.devices).unwrap_or_default()
+    a.devices.clone()
 }
 
 fn queue_entry(a: &AllocationRow) -> Option<QueueEntry> {

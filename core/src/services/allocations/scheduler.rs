@@ -4,6 +4,7 @@
 use super::*;
 use crate::store::DrainRow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::image::CudaVersion;
 
 impl Allocations {
@@ -257,7 +258,7 @@ impl Allocations {
                     report.failed += 1;
                     self.audit_as(
                         None,
-                        "allocation.fail",
+                        AuditAction::AllocationFail,
                         a.id,
                         Some(a.team_id),
                         Some(a),
@@ -320,7 +321,7 @@ impl Allocations {
                     report.expired += 1;
                     self.audit_as(
                         None,
-                        "allocation.expire",
+                        AuditAction::AllocationExpire,
                         a.id,
                         Some(a.team_id),
                         Some(a),
@@ -351,7 +352,7 @@ impl Allocations {
                 report.preempted += 1;
                 self.audit_as(
                     None,
-                    "allocation.preempt",
+                    AuditAction::AllocationPreempt,
                     a.id,
                     Some(a.team_id),
                     Some(a),
@@ -634,7 +635,7 @@ impl Allocations {
                     report.placed += 1;
                     self.audit_as(
                         None,
-                        "allocation.place",
+                        AuditAction::AllocationPlace,
                         a.id,
                         Some(a.team_id),
                         Some(a),

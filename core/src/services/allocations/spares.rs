@@ -4,7 +4,9 @@
 //! transaction that ends it; the replacement is planned on spare GPUs first).
 
 use super::*;
+use crate::services::audit::Entry;
 use crate::store::{DrainRow, SpareRow};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::spares::{self, Candidate, ModelPool, SpareRequest, SpareRule, SpareView};
 
 /// The pool as of the last scheduler pass.
@@ -77,7 +79,7 @@ impl Allocations {
             .await
             .map_err(internal("storing spares"))?;
         let after = serde_json::json!({"gpus": rule.gpus(), "percent": rule.percent()});
-        self.audit_spares(p, "spares.set", &model, Some(after.to_string()))
+        self.audit_spares(p, AuditAction::SparesSet, &model, Some(after.to_string()))
             .await;
         tracing::info!(by = %p.username(), %model, ?rule, "hot spares set");
         self.wake.notify_one();
@@ -95,7 +97,8 @@ impl Allocations {
             .await
             .map_err(internal("clearing spares"))?
         {
-            self.audit_spares(p, "spares.clear", &model, None).await;
+            self.audit_spares(p, AuditAction::SparesClear, &model, None)
+                .await;
             tracing::info!(by = %p.username(), %model, "hot spares cleared");
             self.wake.notify_one();
         }
@@ -118,21 +121,17 @@ impl Allocations {
             })
     }
 
-    async fn audit_spares(&self, p: &Principal, action: &str, model: &str, after: Option<String>) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: Some(p.username().as_str().to_owned()),
-            action: action.into(),
-            object_type: "spares".into(),
-            object_id: model.to_owned(),
-            team_id: None,
-            before: None,
-            after,
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+    async fn audit_spares(
+        &self,
+        p: &Principal,
+        action: AuditAction,
+        model: &str,
+        after: Option<String>,
+    ) {
+        Entry::new(Some(p.username().as_str()), action, "spares", model)
+            .after(after)
+            .record(&self.store, self.clock.now())
+            .await;
     }
 
     /// The pool as of the last pass.
@@ -301,7 +300,7 @@ impl Allocations {
         tracing::info!(allocation = %a.id, replacement = %new.id, model = %a.model, "{why}: moved to a hot spare");
         self.audit_as(
             None,
-            "allocation.displace",
+            AuditAction::AllocationDisplace,
             a.id,
             Some(a.team_id),
             Some(a),

@@ -4,6 +4,7 @@
 
 use super::{Workloads, internal};
 use crate::auth::Principal;
+use tessera_domain::audit::AuditAction;
 use tessera_domain::error::AppError;
 use tessera_domain::workload::WorkloadState;
 use uuid::Uuid;
@@ -89,7 +90,7 @@ impl Workloads {
         );
         self.audit(
             Some(p.username().as_str()),
-            "workload.exec",
+            AuditAction::WorkloadExec,
             id,
             row.w.team_id,
             &msg,

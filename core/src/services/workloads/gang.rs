@@ -29,12 +29,11 @@ impl Workloads {
     pub(super) async fn start_gang(
         &self,
         w: &WorkloadRow,
-        devices_json: &str,
+        all: &[AllocatedDevice],
     ) -> Result<bool, AppError> {
-        let all: Vec<AllocatedDevice> = serde_json::from_str(devices_json).unwrap_or_default();
         // Members in rank order: nodes in the order the allocation lists them.
         let mut nodes: Vec<(Uuid, String, Vec<&AllocatedDevice>)> = Vec::new();
-        for d in &all {
+        for d in all {
             match nodes.iter_mut().find(|n| n.0 == d.node_id) {
                 Some(n) => n.2.push(d),
                 None => nodes.push((d.node_id, d.hostname.clone(), vec![d])),

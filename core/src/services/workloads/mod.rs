@@ -17,12 +17,14 @@ use super::tenancy::paged;
 use crate::auth::Principal;
 use crate::auth::secret;
 use crate::clock::Clock;
-use crate::store::{AuditRow, ProfileRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
+use crate::services::audit::Entry;
+use crate::store::{ProfileRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tessera_domain::account::Username;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -178,8 +180,7 @@ struct Place {
 
 /// A process runs on one node: the first device's node, its hostname, and (as JSON) the
 /// allocation's devices there. `None` while the allocation has no device.
-fn node_devices(devices_json: &str) -> Option<(Uuid, String, String)> {
-    let all: Vec<AllocatedDevice> = serde_json::from_str(devices_json).unwrap_or_default();
+fn node_devices(all: &[AllocatedDevice]) -> Option<(Uuid, String, String)> {
     let first = all.first()?;
     let (node, hostname) = (first.node_id, first.hostname.clone());
     let here: Vec<&AllocatedDevice> = all.iter().filter(|d| d.node_id == node).collect();
@@ -653,7 +654,7 @@ impl Workloads {
         };
         self.audit(
             Some(p.username().as_str()),
-            &format!("{}.start", kind.as_str()),
+            AuditAction::start(kind),
             row.id,
             row.team_id,
             &what,
@@ -1005,7 +1006,7 @@ impl Workloads {
                 state.label().to_lowercase()
             )));
         }
-        let action = format!("{}.stop", row.w.kind.as_str());
+        let action = AuditAction::stop(row.w.kind);
         let now = self.clock.now();
         if state == WorkloadState::Stopping {
             // A second stop during the stop grace: at once.
@@ -1018,14 +1019,8 @@ impl Workloads {
                     .map_err(internal("stopping workload"))?
             {
                 let msg = format!("stopped at once by {}", p.username());
-                self.audit(
-                    Some(p.username().as_str()),
-                    &action,
-                    id,
-                    row.w.team_id,
-                    &msg,
-                )
-                .await;
+                self.audit(Some(p.username().as_str()), action, id, row.w.team_id, &msg)
+                    .await;
             }
             return self.get(p, id).await;
         }
@@ -1065,14 +1060,8 @@ impl Workloads {
             }
             return Err(e);
         }
-        self.audit(
-            Some(p.username().as_str()),
-            &action,
-            id,
-            row.w.team_id,
-            &msg,
-        )
-        .await;
+        self.audit(Some(p.username().as_str()), action, id, row.w.team_id, &msg)
+            .await;
         self.get(p, id).await
     }
 
@@ -1205,7 +1194,14 @@ impl Workloads {
         }
     }
 
-    async fn audit(&self, actor: Option<&str>, action: &str, id: Uuid, team: Uuid, after: &str) {
+    async fn audit(
+        &self,
+        actor: Option<&str>,
+        action: AuditAction,
+        id: Uuid,
+        team: Uuid,
+        after: &str,
+    ) {
         self.audit_note("workload", actor, action, (id, team), after)
             .await;
     }
@@ -1216,23 +1212,14 @@ impl Workloads {
         &self,
         object_type: &str,
         actor: Option<&str>,
-        action: &str,
+        action: AuditAction,
         (id, team): (Uuid, Uuid),
         note: &str,
     ) {
-        let entry = AuditRow {
-            id: Uuid::new_v4(),
-            at: self.clock.now(),
-            actor: actor.map(str::to_owned),
-            action: action.into(),
-            object_type: object_type.into(),
-            object_id: id.to_string(),
-            team_id: Some(team),
-            before: None,
-            after: Some(serde_json::json!({ "note": note }).to_string()),
-        };
-        if let Err(e) = self.store.audit(&entry).await {
-            tracing::error!(error = %e, "writing audit entry");
-        }
+        Entry::new(actor, action, object_type, id)
+            .team(team)
+            .note(note)
+            .record(&self.store, self.clock.now())
+            .await;
     }
 }

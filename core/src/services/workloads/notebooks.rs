@@ -1,6 +1,7 @@
 //! Opening a notebook: where it listens, for whom, and the one-time code and pass of its own origin.
 
 use super::*;
+use tessera_domain::audit::AuditAction;
 
 impl Workloads {
     /// Where the proxy sends `/user/{username}/{name}/…`: the owner's live notebook.
@@ -168,7 +169,7 @@ impl Workloads {
         if due {
             self.audit(
                 Some(p.username().as_str()),
-                "notebook.admin_access",
+                AuditAction::NotebookAdminAccess,
                 w.id,
                 w.team_id,
                 &format!("opened {}'s notebook {}", w.user_id, w.name),

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::store::{AttemptEnd, NewEvent};
+use tessera_domain::audit::AuditAction;
 use tessera_domain::notify::EventKind;
 
 impl Workloads {
@@ -293,9 +294,9 @@ impl Workloads {
             // Its old node stops the run it no longer wants.
             self.tell_node(w.node_id);
             let action = if retry.is_some() {
-                "job.retry"
+                AuditAction::JobRetry
             } else {
-                "job.requeue"
+                AuditAction::JobRequeue
             };
             self.audit(None, action, w.id, w.team_id, &note).await;
             return Ok(true);
@@ -437,7 +438,7 @@ impl Workloads {
                     );
                     if self.request_stop(w, &m).await.is_ok() {
                         report.reclaimed_idle += 1;
-                        self.audit(None, "notebook.idle_reclaim", w.id, w.team_id, &m)
+                        self.audit(None, AuditAction::NotebookIdleReclaim, w.id, w.team_id, &m)
                             .await;
                         if self.cfg.idle_release_allocation {
                             self.allocations

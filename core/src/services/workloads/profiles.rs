@@ -1,6 +1,7 @@
 //! A team's named notebook profiles (a GPU request launched by name).
 
 use super::*;
+use tessera_domain::audit::AuditAction;
 
 impl Workloads {
     /// The GPU request a profile stands for, for a caller who may use it (a member of its
@@ -118,7 +119,7 @@ impl Workloads {
             .map_err(internal("storing profile"))?;
         self.audit_profile(
             p,
-            "notebook_profile.save",
+            AuditAction::NotebookProfileSave,
             id,
             team.0,
             &format!("{name}: {kind}, {hours} h"),
@@ -150,7 +151,7 @@ impl Workloads {
         if !gone {
             return Err(AppError::NotFound);
         }
-        self.audit_profile(p, "notebook_profile.delete", id, team.0, "deleted")
+        self.audit_profile(p, AuditAction::NotebookProfileDelete, id, team.0, "deleted")
             .await;
         Ok(())
     }
@@ -175,7 +176,14 @@ impl Workloads {
         }
     }
 
-    async fn audit_profile(&self, p: &Principal, action: &str, id: Uuid, team: Uuid, after: &str) {
+    async fn audit_profile(
+        &self,
+        p: &Principal,
+        action: AuditAction,
+        id: Uuid,
+        team: Uuid,
+        after: &str,
+    ) {
         let actor = p.username().as_str();
         self.audit_note("notebook_profile", Some(actor), action, (id, team), after)
             .await;

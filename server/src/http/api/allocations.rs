@@ -36,7 +36,7 @@ pub(super) async fn list_allocations(
     Query(q): Query<AllocationQuery>,
 ) -> ApiResult<Page<AllocationView>> {
     let filter = ListFilter {
-        team: q.team.map(|t| t.to_string()),
+        team: q.team.map(TeamId),
         state: q.state,
         mine: q.mine,
     };
@@ -202,7 +202,8 @@ pub(super) async fn set_team_priority(
 
 #[derive(Deserialize, utoipa::IntoParams)]
 pub(super) struct AuditQuery {
-    /// Only this action, e.g. `allocation.approve` or `quota.set`.
+    /// Only this action, e.g. `allocation.approve` or `quota.set` (an `AuditAction`);
+    /// empty for all. An action that does not exist is refused.
     action: Option<String>,
     #[serde(default)]
     offset: u32,
@@ -213,7 +214,7 @@ pub(super) struct AuditQuery {
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
     description = "Who did what and when, newest first (platform admin): allocation requests, \
                    approvals, denials, releases, quota changes.",
-    responses((status = 200, description = "OK", body = Page<AuditEntryView>), Forbidden))]
+    responses((status = 200, description = "OK", body = Page<AuditEntryView>), Forbidden, Invalid))]
 pub(super) async fn audit_log(
     Call(s, p): Call,
     Query(q): Query<AuditQuery>,

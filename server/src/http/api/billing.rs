@@ -40,7 +40,7 @@ pub(super) async fn estimate_cost(
             .as_deref()
             .map_or(Ok(Default::default()), str::parse)?,
     };
-    ok(s.billing.quote(&p, &query, chrono::Utc::now()).await)
+    ok(s.billing.quote(&p, &query, s.clock.now()).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/rates", tag = "billing", request_body = NewRate,
