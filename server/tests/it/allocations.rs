@@ -267,6 +267,16 @@ async fn beyond_quota_waits_for_the_right_approver(db: Db) {
         .call(Method::GET, "/api/v1/audit?action=allocation.approve", None)
         .await;
     assert_eq!(audit["items"][0]["actor"], "approve-lead");
+    // A filter that names no action is refused, not answered with an empty page.
+    let (s, v) = a
+        .call(
+            Method::GET,
+            "/api/v1/audit?action=allocation.approved",
+            None,
+        )
+        .await;
+    assert_eq!(s, 422, "{v}");
+    assert_eq!(v["error"]["field"], "action", "{v}");
 
     // Another team's admin sees nothing of it.
     let other = team(&a, "other").await;
