@@ -641,8 +641,9 @@ fn test() -> Result<()> {
 }
 
 /// The crate graph points one way (ARCHITECTURE.md): `domain ← core ← app(ssr) ← server`,
-/// `domain ← registry ← agent`, `registry ← server`, and the browser build of `app` pulls in neither `core` nor a database
-/// driver. Checked on `cargo tree`'s normal (non-dev) edges.
+/// `domain ← registry ← agent`, `registry ← core` (the server reaches the registry through
+/// core; only its tests use it directly), and the browser build of `app` pulls in neither
+/// `core` nor a database driver. Checked on `cargo tree`'s normal (non-dev) edges.
 fn check_dependency_direction() -> Result<()> {
     eprintln!("\n==> dependency direction (cargo tree)");
     let rules: [(&str, &[&str], &[&str]); 6] = [
