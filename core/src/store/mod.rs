@@ -75,58 +75,51 @@ macro_rules! on_node_states {
 }
 pub(crate) use {live_states, on_node_states};
 
-/// A nullable text column read as `Option<T>` through `T`'s parser
-/// (`#[sqlx(try_from = "NullableText")]`): the nullable twin of the domain's
-/// `stored_as_text!`, so a value no release wrote fails the read instead of becoming `None`.
-pub struct NullableText(Option<String>);
+/// A text column's raw value, read only to be handed to a parser
+/// (`#[sqlx(try_from = "…")]`): `$t` wraps the `$inner` the driver decodes.
+macro_rules! text_column {
+    ($(#[$doc:meta])* $t:ident($inner:ty)) => {
+        $(#[$doc])*
+        pub struct $t($inner);
 
-impl<DB: sqlx::Database> sqlx::Type<DB> for NullableText
-where
-    String: sqlx::Type<DB>,
-{
-    fn type_info() -> DB::TypeInfo {
-        <String as sqlx::Type<DB>>::type_info()
-    }
-    fn compatible(ty: &DB::TypeInfo) -> bool {
-        <String as sqlx::Type<DB>>::compatible(ty)
-    }
+        impl<DB: sqlx::Database> sqlx::Type<DB> for $t
+        where
+            String: sqlx::Type<DB>,
+        {
+            fn type_info() -> DB::TypeInfo {
+                <String as sqlx::Type<DB>>::type_info()
+            }
+            fn compatible(ty: &DB::TypeInfo) -> bool {
+                <String as sqlx::Type<DB>>::compatible(ty)
+            }
+        }
+
+        impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for $t
+        where
+            $inner: sqlx::Decode<'r, DB>,
+        {
+            fn decode(
+                v: <DB as sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                Ok($t(<$inner as sqlx::Decode<'r, DB>>::decode(v)?))
+            }
+        }
+    };
 }
 
-impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for NullableText
-where
-    Option<String>: sqlx::Decode<'r, DB>,
-{
-    fn decode(v: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(NullableText(
-            <Option<String> as sqlx::Decode<'r, DB>>::decode(v)?,
-        ))
-    }
-}
+text_column!(
+    /// A nullable text column read as `Option<T>` through `T`'s parser
+    /// (`#[sqlx(try_from = "NullableText")]`): the nullable twin of the domain's
+    /// `stored_as_text!`, so a value no release wrote fails the read instead of becoming
+    /// `None`.
+    NullableText(Option<String>)
+);
 
-/// A text column holding JSON, read as its Rust type (`#[sqlx(try_from = "JsonText")]`):
-/// a document that does not parse fails the read instead of becoming an empty list.
-pub struct JsonText(String);
-
-impl<DB: sqlx::Database> sqlx::Type<DB> for JsonText
-where
-    String: sqlx::Type<DB>,
-{
-    fn type_info() -> DB::TypeInfo {
-        <String as sqlx::Type<DB>>::type_info()
-    }
-    fn compatible(ty: &DB::TypeInfo) -> bool {
-        <String as sqlx::Type<DB>>::compatible(ty)
-    }
-}
-
-impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for JsonText
-where
-    String: sqlx::Decode<'r, DB>,
-{
-    fn decode(v: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(JsonText(<String as sqlx::Decode<'r, DB>>::decode(v)?))
-    }
-}
+text_column!(
+    /// A text column holding JSON, read as its Rust type (`#[sqlx(try_from = "JsonText")]`):
+    /// a document that does not parse fails the read instead of becoming an empty list.
+    JsonText(String)
+);
 
 impl TryFrom<JsonText> for Vec<tessera_domain::alloc::AllocatedDevice> {
     type Error = serde_json::Error;

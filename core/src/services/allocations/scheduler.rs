@@ -185,7 +185,7 @@ impl Allocations {
             };
         for &a in &held {
             let state = a.state;
-            let devs = live.devices(a);
+            let devs = &a.devices;
             let lost = devs.iter().find_map(|d| {
                 let Some(node) = by_id.get(&d.node_id) else {
                     return Some(format!("node {} was removed", d.hostname));
@@ -699,7 +699,7 @@ impl Allocations {
         let mut victims: BTreeSet<Uuid> = BTreeSet::new();
         let runs = |need: Option<CudaVersion>, r: &AllocationRow| {
             need.is_none_or(|need| {
-                live.devices(r).iter().all(|d| {
+                r.devices.iter().all(|d| {
                     inventories
                         .get(&d.node_id)
                         .and_then(|i| i.driver.as_ref())
@@ -1109,8 +1109,6 @@ pub(super) struct LiveCache {
     rows: BTreeMap<(DateTime<Utc>, Uuid), AllocationRow>,
     /// id → created_at (the key in `rows`).
     keys: HashMap<Uuid, DateTime<Utc>>,
-    /// id → its devices, parsed once per change of the row.
-    devices: HashMap<Uuid, Vec<AllocatedDevice>>,
     /// Ended allocations that were active once: (team, units, active_at, ends_at).
     ended: HashMap<Uuid, Ended>,
     /// The change feed's position and when everything was last loaded.
@@ -1138,7 +1136,6 @@ impl LiveCache {
                 .map_err(internal("loading usage"))?;
             self.rows.clear();
             self.keys.clear();
-            self.devices.clear();
             self.ended.clear();
             for r in rows {
                 self.put(r);
@@ -1186,18 +1183,13 @@ impl LiveCache {
         if let Some(created) = self.keys.remove(&id) {
             self.rows.remove(&(created, id));
         }
-        self.devices.remove(&id);
         self.ended.remove(&id);
     }
 
     /// Files `r` as live, as ended usage, or not at all.
     fn put(&mut self, r: AllocationRow) {
-        if matches!(
-            r.state,
-            AllocState::Queued | AllocState::Placing | AllocState::Active | AllocState::Releasing
-        ) {
+        if AllocState::LIVE.contains(&r.state) {
             self.keys.insert(r.id, r.created_at);
-            self.devices.insert(r.id, devices(&r));
             self.rows.insert((r.created_at, r.id), r);
         } else if let Some(start) = r.active_at {
             self.ended
@@ -1247,11 +1239,6 @@ impl Live {
     /// The live allocations in queue order (call [`refresh`](Self::refresh) first).
     pub(super) fn rows(&self) -> impl Iterator<Item = &AllocationRow> + Clone {
         self.cache.rows.values()
-    }
-
-    /// The devices of `a`, one of [`rows`](Self::rows), as parsed when it was read.
-    pub(super) fn devices(&self, a: &AllocationRow) -> &[AllocatedDevice] {
-        self.cache.devices.get(&a.id).map_or(&[], Vec::as_slice)
     }
 
     /// Fair share's usage: (team, units, running, active_at, ends_at) of the allocations

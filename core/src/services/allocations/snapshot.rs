@@ -75,8 +75,7 @@ impl Allocations {
                     .push((e, to_u32(a.units)));
             }
         }
-        let held_devices: Vec<&AllocatedDevice> =
-            holding.iter().flat_map(|a| live.devices(a)).collect();
+        let held_devices: Vec<&AllocatedDevice> = holding.iter().flat_map(|a| &a.devices).collect();
         let busy: std::collections::HashSet<(&str, Option<u8>)> = held_devices
             .iter()
             .map(|d| (d.gpu_uuid.as_str(), d.start))
