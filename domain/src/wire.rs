@@ -784,6 +784,11 @@ pub mod exec_frame {
         )
     }
 
+    /// The code an exit frame's payload carries (`None`: not an exit's JSON).
+    pub fn exit_code(payload: &[u8]) -> Option<i32> {
+        serde_json::from_slice::<Exit>(payload).ok().map(|e| e.code)
+    }
+
     pub fn exit(code: i32) -> Vec<u8> {
         encode(
             Channel::Exit,
@@ -860,6 +865,8 @@ mod tests {
         assert_eq!(c, Channel::Exit);
         assert_eq!(p, br#"{"code":7}"#);
         assert_eq!(serde_json::from_slice::<Exit>(p).unwrap().code, 7);
+        assert_eq!(exec_frame::exit_code(p), Some(7));
+        assert_eq!(exec_frame::exit_code(b"{}"), None);
         assert_eq!(decode(b""), None);
         assert_eq!(decode(b"\x09x"), None);
     }

@@ -5,7 +5,8 @@
 // Ranks table with two distinct nodes, and the log select shows each rank's own output.
 // The nodes are stopped and revoked at the end, but stay listed (revoked): the name sorts
 // this file last, after the files that assert the default cluster's nodes (telemetry,
-// tenancy). The form's fields and errors and a waiting gang are gangs.test.mjs.
+// tenancy). The form's fields and errors and a waiting gang are gangs.test.mjs. The
+// workload page's terminal is tried on a running gang's second rank.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -149,6 +150,50 @@ test('a two-node gang from the form runs on both nodes: the Ranks table and each
     const mine = await api(page, 'GET', '/api/v1/workloads?kind=job&mine=true&limit=100');
     assert.equal(mine.items.filter((w) => w.name === 'e2e-gang-runs').length, 1);
     assert.deepEqual(errors, [], 'no uncaught page errors');
+  });
+});
+
+test('the terminal on a running gang\'s page runs commands in the rank chosen', async () => {
+  await withPage(browser, 'gang-terminal', async (page, errors) => {
+    await signInAs(page, MEMBER, PASSWORD);
+    const job = await api(page, 'POST', '/api/v1/jobs', {
+      command: 'sleep 300', gpu: 'L4-24GB:whole', nodes: 2, name: 'e2e-gang-terminal',
+    });
+    try {
+      await eventually(async () => {
+        const j = await api(page, 'GET', `/api/v1/workloads/${job.id}`);
+        if (j.state === 'failed' || j.state === 'lost') throw new Error(`the gang ${j.state}: ${j.message}`);
+        return j.state === 'running';
+      }, { what: 'the gang to run', timeoutMs: 120000 });
+      await page.goto(`${BASE}/workloads/${job.id}`);
+      await hydrated(page);
+      const terminal = page.locator('[data-testid=terminal]');
+      await terminal.locator('summary').click();
+      const status = terminal.locator('[data-testid=terminal-status]');
+      assert.match(await status.innerText(), /Not connected/);
+      // Rank 1's sandbox: its own host name, variables and the workload's uid.
+      await terminal.locator('[data-testid=terminal-rank]').selectOption('1');
+      await terminal.locator('[data-testid=terminal-open]').click();
+      await eventually(async () => /Connected/.test(await status.innerText()), { what: 'the shell to connect' });
+      const input = terminal.locator('[data-testid=terminal-input]');
+      const out = terminal.locator('[data-testid=terminal-output]');
+      await input.fill('echo "rank=$RANK of $WORLD_SIZE on $(hostname) uid=$(id -u)"');
+      await input.press('Enter');
+      await eventually(async () => /rank=1 of 2 on rank-1 uid=\d+/.test(await out.innerText()),
+        { what: 'the command\'s output' });
+      assert.match(await out.innerText(), /^\$ echo "rank=\$RANK/m, 'the typed line is echoed');
+      assert.doesNotMatch(await out.innerText(), /uid=0\b/, 'not root');
+      // A failing command's stderr shows; the shell goes on; its exit ends the session.
+      await input.fill('ls /no-such-folder; exit 3');
+      await input.press('Enter');
+      await eventually(async () => /exited with code 3/.test(await status.innerText()),
+        { what: 'the shell\'s exit code' });
+      assert.match(await out.innerText(), /no-such-folder/);
+      assert.equal(await input.isDisabled(), true, 'nothing to type into after the exit');
+      assert.deepEqual(errors, [], 'no uncaught page errors');
+    } finally {
+      await api(page, 'POST', `/api/v1/workloads/${job.id}/stop`);
+    }
   });
 });
 

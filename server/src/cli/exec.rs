@@ -184,7 +184,7 @@ pub async fn exec(remote: &Remote, args: ExecArgs) -> R<i32> {
                         let _ = err.write_all(data).and_then(|()| err.flush());
                     }
                     Some((Channel::Exit, json)) => {
-                        code = serde_json::from_slice::<exec_frame::Exit>(json).ok().map(|e| e.code);
+                        code = exec_frame::exit_code(json);
                     }
                     _ => {}
                 },

@@ -37,6 +37,7 @@ mod list;
 mod options;
 mod overview;
 mod own_gpu;
+mod terminal;
 
 pub use detail::WorkloadPage;
 use detail::*;
@@ -45,6 +46,7 @@ use list::*;
 use options::*;
 use overview::*;
 use own_gpu::*;
+use terminal::*;
 
 /// How often a hydrated list reloads while one of its workloads has not ended.
 const LIST_EVERY: Duration = Duration::from_secs(4);

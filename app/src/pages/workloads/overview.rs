@@ -389,6 +389,14 @@ pub(super) fn WorkloadOverview(
             member.unwrap_or_else(|| download_id.clone())
         )
     });
+    // Those who may read the log may also run commands in the workload.
+    let readable = head.is_ok();
+    let terminal_id = id.clone();
+    let terminal = move || {
+        (readable && state.get() == WorkloadState::Running).then(|| {
+            view! { <Terminal id=terminal_id.clone() ranks=rank_choices /> }
+        })
+    };
     let log_view = view! { <LogView head log download /> };
     let log_section = match kind {
         WorkloadKind::Job => view! {
@@ -492,6 +500,7 @@ pub(super) fn WorkloadOverview(
             {idle}
             {command}
             <Attempts attempts=first.attempts.clone() />
+            {terminal}
             {log_section}
         </section>
     }
