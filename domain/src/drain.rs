@@ -6,6 +6,7 @@
 //! file and an environment variable naming it ([`Deadline`]). The rules here are pure; the
 //! scheduler and the executors apply them.
 
+use crate::alloc::PreemptCause;
 use crate::error::AppError;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -159,6 +160,16 @@ pub enum DeadlineCause {
 }
 
 impl DeadlineCause {
+    pub const ALL: [DeadlineCause; 7] = [
+        DeadlineCause::Preempted,
+        DeadlineCause::Drain,
+        DeadlineCause::TimeLimit,
+        DeadlineCause::Health,
+        DeadlineCause::Booking,
+        DeadlineCause::Idle,
+        DeadlineCause::Stop,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DeadlineCause::Preempted => "preempted",
@@ -171,14 +182,26 @@ impl DeadlineCause {
         }
     }
 
-    /// The cause behind a stored `preempt_cause` (`reclaim` | `drain` | `health` | `booking`).
-    pub fn of_preemption(stored: Option<&str>) -> DeadlineCause {
-        match stored {
-            Some("drain") => DeadlineCause::Drain,
-            Some("health") => DeadlineCause::Health,
-            Some("booking") => DeadlineCause::Booking,
-            _ => DeadlineCause::Preempted,
+    /// The deadline cause behind a preemption's (none recorded: a reclaim).
+    pub fn of_preemption(cause: Option<PreemptCause>) -> DeadlineCause {
+        match cause {
+            Some(PreemptCause::Drain) => DeadlineCause::Drain,
+            Some(PreemptCause::Health) => DeadlineCause::Health,
+            Some(PreemptCause::Booking) => DeadlineCause::Booking,
+            Some(PreemptCause::Reclaim) | None => DeadlineCause::Preempted,
         }
+    }
+}
+
+impl std::str::FromStr for DeadlineCause {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        DeadlineCause::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| {
+                AppError::invalid("deadline_cause", format!("unknown deadline cause {s}"))
+            })
     }
 }
 
@@ -214,7 +237,7 @@ impl Deadline {
 pub fn deadline_for(
     ends_at: Option<DateTime<Utc>>,
     preempt_at: Option<DateTime<Utc>>,
-    preempt_cause: Option<&str>,
+    preempt_cause: Option<PreemptCause>,
     now: DateTime<Utc>,
 ) -> Option<(DateTime<Utc>, DeadlineCause)> {
     let preempt = preempt_at.map(|at| (at, DeadlineCause::of_preemption(preempt_cause)));
@@ -405,11 +428,11 @@ mod tests {
         );
         // A preemption is told at once, and a drain is named as one.
         assert_eq!(
-            deadline_for(Some(t(600)), Some(t(10)), Some("drain"), t(0)),
+            deadline_for(Some(t(600)), Some(t(10)), Some(PreemptCause::Drain), t(0)),
             Some((t(10), DeadlineCause::Drain))
         );
         assert_eq!(
-            deadline_for(Some(t(5)), Some(t(10)), Some("reclaim"), t(0)),
+            deadline_for(Some(t(5)), Some(t(10)), Some(PreemptCause::Reclaim), t(0)),
             Some((t(5), DeadlineCause::TimeLimit))
         );
         assert_eq!(

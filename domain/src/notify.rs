@@ -7,6 +7,7 @@
 //! parts: the kinds and their defaults, the payload, the webhook body, and the checks on
 //! what users type (an email address, a webhook URL).
 
+use crate::alloc::PreemptCause;
 use crate::error::AppError;
 use chrono::{DateTime, Duration, NaiveTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -324,14 +325,13 @@ fn utc_minute(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
-/// Why an allocation is preempted, for people (`preempt_cause`: `reclaim`, `drain`,
-/// `health`).
-pub fn preempt_cause_words(cause: Option<&str>) -> &'static str {
+/// Why an allocation is preempted, for people.
+pub fn preempt_cause_words(cause: PreemptCause) -> &'static str {
     match cause {
-        Some("drain") => "its node is drained by a platform admin",
-        Some("health") => "its GPU turned unhealthy and is taken out of service",
-        Some("booking") => "its capacity is booked by a team from this time on",
-        _ => "borrowed capacity is reclaimed for a team's guaranteed share",
+        PreemptCause::Drain => "its node is drained by a platform admin",
+        PreemptCause::Health => "its GPU turned unhealthy and is taken out of service",
+        PreemptCause::Booking => "its capacity is booked by a team from this time on",
+        PreemptCause::Reclaim => "borrowed capacity is reclaimed for a team's guaranteed share",
     }
 }
 
@@ -875,7 +875,7 @@ mod tests {
             id,
             ("H100-80GB", 2),
             Some(at),
-            Some(preempt_cause_words(Some("drain"))),
+            Some(preempt_cause_words(PreemptCause::Drain)),
         );
         assert_eq!(
             p.summary,

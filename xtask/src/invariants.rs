@@ -6,13 +6,19 @@ use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
 
 /// Store-row fields that hold a domain type: none may be read as text again.
-const TYPED_FIELDS: [&str; 6] = [
+const TYPED_FIELDS: [&str; 12] = [
     "kind",
     "alloc_kind",
     "approver",
     "release_cause",
     "priority",
     "state",
+    "stop_state",
+    "preempt_cause",
+    "alloc_preempt_cause",
+    "deadline_cause",
+    "gang_launcher",
+    "gang_ranks",
 ];
 
 /// Store rows whose `state` column is not an allocation's or a workload's (a delivery's).

@@ -10,7 +10,7 @@
 use super::{JsonText, NullableText, Store, StoreError, db, from_driver, live_states, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
-    AllocState, AllocatedDevice, Approver, GpuKind, PriorityClass, ReleaseCause,
+    AllocState, AllocatedDevice, Approver, GpuKind, PreemptCause, PriorityClass, ReleaseCause,
 };
 use uuid::Uuid;
 
@@ -54,9 +54,9 @@ pub struct AllocationRow {
     #[sqlx(try_from = "NullableText")]
     pub release_cause: Option<ReleaseCause>,
     pub preempt_at: Option<DateTime<Utc>>,
-    /// Why `preempt_at` is set: `reclaim` or `drain` (migration 0020).
-    #[sqlx(default)]
-    pub preempt_cause: Option<String>,
+    /// Why `preempt_at` is set (migration 0020; a booking's claim reads `booking`).
+    #[sqlx(default, try_from = "NullableText")]
+    pub preempt_cause: Option<PreemptCause>,
     pub idempotency_key: Option<String>,
     /// A platform admin approved it beyond the team's limit / hard budget (an override).
     pub over_limit: bool,
@@ -427,26 +427,26 @@ impl Store {
         db!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ()))
     }
 
-    /// Warns an active allocation that it will be preempted at `at` (`None` withdraws).
-    /// Sets (with its cause, `reclaim` | `drain`) or withdraws an active allocation's
-    /// preemption deadline.
+    /// Sets (with its cause) or withdraws (`None`) an active allocation's preemption
+    /// deadline. A booking's claim is [`set_preempt_for_booking`](Self::set_preempt_for_booking).
     ///
     /// A deadline set is told to the owner in the same transaction (one event per
     /// allocation and deadline: setting the same one again tells nobody).
     pub async fn set_preempt_at(
         &self,
         id: Uuid,
-        at: Option<(DateTime<Utc>, &str)>,
+        at: Option<(DateTime<Utc>, PreemptCause)>,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = $3, \
                    preempt_booking = NULL WHERE id = $1 AND state = 'active'";
         let (deadline, cause) = at.map_or((None, None), |(t, c)| (Some(t), Some(c)));
+        let stored = cause.map(PreemptCause::as_str);
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(deadline).bind(cause)
+            let moved = sqlx::query(sql).bind(id).bind(deadline).bind(stored)
                 .execute(&mut *tx).await?.rows_affected() == 1;
-            if let (true, Some(t)) = (moved, deadline) {
+            if let (true, Some(t), Some(cause)) = (moved, deadline, cause) {
                 super::outbox::allocation_event!(tx, id,
                     tessera_domain::notify::EventKind::PreemptionWarning, Some(t),
                     Some(tessera_domain::notify::preempt_cause_words(cause)),

@@ -190,7 +190,7 @@ impl Store {
             if moved {
                 super::outbox::allocation_event!(tx, id,
                     tessera_domain::notify::EventKind::PreemptionWarning, Some(at),
-                    Some(tessera_domain::notify::preempt_cause_words(Some("booking"))),
+                    Some(tessera_domain::notify::preempt_cause_words(tessera_domain::alloc::PreemptCause::Booking)),
                     Some(format!("preempt:{id}:{}", at.timestamp_micros())), now);
             }
             tx.commit().await?;

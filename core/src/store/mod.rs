@@ -142,6 +142,11 @@ macro_rules! nullable_as {
 nullable_as!(
     tessera_domain::alloc::Approver,
     tessera_domain::alloc::ReleaseCause,
+    tessera_domain::alloc::PreemptCause,
+    tessera_domain::alloc::Ranks,
+    tessera_domain::wire::GangLauncher,
+    tessera_domain::workload::WorkloadState,
+    tessera_domain::drain::DeadlineCause,
 );
 
 /// A connection pool to one of the supported databases.
@@ -171,6 +176,11 @@ macro_rules! db {
     };
 }
 pub(crate) use db;
+
+/// A value written to a JSON text column (the write side of [`JsonText`]).
+pub(crate) fn json_text<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError(sqlx::Error::Encode(Box::new(e))))
+}
 
 /// The driver's result as the store answers it.
 pub(crate) fn from_driver<T>(r: Result<T, sqlx::Error>) -> Result<T, StoreError> {

@@ -5,10 +5,12 @@
 //! appended only at the end of what is stored, so a chunk the agent resends after a lost
 //! answer is stored once.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{JsonText, NullableText, Store, StoreError, db, json_text, on_pool};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::{AllocState, GpuKind};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PreemptCause, Ranks};
+use tessera_domain::drain::DeadlineCause;
+use tessera_domain::wire::GangLauncher;
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
 use uuid::Uuid;
 
@@ -34,8 +36,9 @@ pub struct WorkloadRow {
     /// `None` while `queued` for its own allocation (then `hostname` is empty).
     pub node_id: Option<Uuid>,
     pub hostname: String,
-    /// JSON list of MIG or GPU UUIDs.
-    pub devices: String,
+    /// The allocation's devices on its node (a JSON list in the table).
+    #[sqlx(try_from = "JsonText")]
+    pub devices: Vec<AllocatedDevice>,
     #[sqlx(try_from = "String")]
     pub state: WorkloadState,
     pub command: String,
@@ -50,7 +53,8 @@ pub struct WorkloadRow {
     pub exit_code: Option<i64>,
     pub message: Option<String>,
     /// While `stopping`: the state it ends in (`stopped` or `cancelled`).
-    pub stop_state: Option<String>,
+    #[sqlx(try_from = "NullableText")]
+    pub stop_state: Option<WorkloadState>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub ready_at: Option<DateTime<Utc>>,
@@ -79,14 +83,16 @@ pub struct WorkloadRow {
     pub gang_rank: i64,
     /// Set on every member of a gang: how many members (nodes) it has.
     pub gang_size: Option<i64>,
-    /// `each` or `rank0` ([`tessera_domain::wire::GangLauncher`]).
-    pub gang_launcher: Option<String>,
+    /// Who runs the command (`each` or `rank0` in the table).
+    #[sqlx(try_from = "NullableText")]
+    pub gang_launcher: Option<GangLauncher>,
     /// The member's own address and its node's, once its sandbox is ready.
     pub gang_addr: Option<String>,
     pub gang_via: Option<String>,
     /// `per_gpu` when the gang starts one process per GPU (migration 0029); `None`: one
     /// per node.
-    pub gang_ranks: Option<String>,
+    #[sqlx(try_from = "NullableText")]
+    pub gang_ranks: Option<Ranks>,
 }
 
 /// How an attempt of a job ended, as recorded when the next one begins.
@@ -153,7 +159,7 @@ impl WorkloadRow {
             user_id,
             node_id: None,
             hostname: String::new(),
-            devices: "[]".into(),
+            devices: Vec::new(),
             state,
             command: String::new(),
             workdir: String::new(),
@@ -215,13 +221,13 @@ pub struct WorkloadListRow {
     pub alloc_ends_at: Option<DateTime<Utc>>,
     #[sqlx(default)]
     pub alloc_preempt_at: Option<DateTime<Utc>>,
-    #[sqlx(default)]
-    pub alloc_preempt_cause: Option<String>,
+    #[sqlx(default, try_from = "NullableText")]
+    pub alloc_preempt_cause: Option<PreemptCause>,
     /// A deadline the workload service told this workload (`idle`, `stop`), and when.
     #[sqlx(default)]
     pub deadline_at: Option<DateTime<Utc>>,
-    #[sqlx(default)]
-    pub deadline_cause: Option<String>,
+    #[sqlx(default, try_from = "NullableText")]
+    pub deadline_cause: Option<DeadlineCause>,
     /// Its team's own grace in seconds (`None`: the platform maximum).
     #[sqlx(default)]
     pub team_grace_secs: Option<i64>,
@@ -267,7 +273,7 @@ pub struct WorkloadChange {
     pub ended_at: Option<DateTime<Utc>>,
     pub exit_code: Option<i64>,
     pub message: Option<String>,
-    pub stop_state: Option<String>,
+    pub stop_state: Option<WorkloadState>,
 }
 
 impl Store {
@@ -278,20 +284,24 @@ impl Store {
         id: Uuid,
         state: &str,
         at: DateTime<Utc>,
-        cause: &str,
+        cause: DeadlineCause,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET deadline_at = $3, deadline_cause = $4 \
                    WHERE id = $1 AND state = $2";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(state).bind(at).bind(cause)
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(state).bind(at).bind(cause.as_str())
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 
     /// Withdraws workload `id`'s deadline if it is still the `cause` one.
-    pub async fn clear_workload_deadline(&self, id: Uuid, cause: &str) -> Result<bool, StoreError> {
+    pub async fn clear_workload_deadline(
+        &self,
+        id: Uuid,
+        cause: DeadlineCause,
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET deadline_at = NULL, deadline_cause = NULL \
                    WHERE id = $1 AND deadline_cause = $2";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(cause)
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(cause.as_str())
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
@@ -299,6 +309,7 @@ impl Store {
     /// Inserts a workload; `false` when a live notebook of the same user already has its
     /// name, or the idempotency key was used.
     pub async fn insert_workload(&self, w: &WorkloadRow) -> Result<bool, StoreError> {
+        let devices = json_text(&w.devices)?;
         let sql = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
                    node_id, hostname, devices, state, command, workdir, env, retries, attempt, \
                    token, created_at, idempotency_key, owns_allocation, image, image_cuda, \
@@ -309,11 +320,11 @@ impl Store {
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
                 .bind(w.id).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
-                .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
+                .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&devices)
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                 .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
-                .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher).bind(&w.gang_ranks)
+                .bind(w.gang_rank).bind(w.gang_size).bind(w.gang_launcher.map(GangLauncher::as_str)).bind(w.gang_ranks.map(Ranks::as_str))
                 .execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
@@ -479,16 +490,17 @@ impl Store {
         id: Uuid,
         node: Uuid,
         hostname: &str,
-        devices: &str,
+        devices: &[AllocatedDevice],
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let devices = json_text(devices)?;
         let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
                    devices = $4 WHERE id = $1 AND state = 'queued'";
         // Leaving the queue is told to its owner (`workload.started`), in the same
         // transaction.
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(node).bind(hostname).bind(devices)
+            let moved = sqlx::query(sql).bind(id).bind(node).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
                 let (kind, name, team, user): (String, String, Uuid, Uuid) =
@@ -608,7 +620,7 @@ impl Store {
             let mut tx = pool.begin().await?;
             let r = sqlx::query(sql)
                 .bind(id).bind(from).bind(to).bind(c.started_at).bind(c.ready_at)
-                .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(&c.stop_state)
+                .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(c.stop_state.map(|s| s.as_str()))
                 .execute(&mut *tx).await?;
             let moved = r.rows_affected() == 1;
             if moved && told {
@@ -887,10 +899,15 @@ impl Store {
     pub async fn place_gang(
         &self,
         job: Uuid,
-        (node, hostname, devices): (Uuid, &str, &str),
+        (node, hostname, devices): (Uuid, &str, &[AllocatedDevice]),
         members: &[WorkloadRow],
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let devices = json_text(devices)?;
+        let member_devices = members
+            .iter()
+            .map(|w| json_text(&w.devices))
+            .collect::<Result<Vec<_>, _>>()?;
         let sql = "UPDATE workloads SET state = 'pending', node_id = $2, hostname = $3, \
                    devices = $4 WHERE id = $1 AND state = 'queued'";
         let insert = "INSERT INTO workloads (id, kind, name, allocation_id, team_id, user_id, \
@@ -901,19 +918,19 @@ impl Store {
                    $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(job).bind(node).bind(hostname).bind(devices)
+            let moved = sqlx::query(sql).bind(job).bind(node).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if !moved {
                 return Ok(false);
             }
-            for w in members {
+            for (w, devices) in members.iter().zip(&member_devices) {
                 sqlx::query(insert)
                     .bind(w.id).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
-                    .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&w.devices)
+                    .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(devices)
                     .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                     .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                     .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
-                    .bind(w.gang_rank).bind(w.gang_size).bind(&w.gang_launcher).bind(&w.gang_ranks)
+                    .bind(w.gang_rank).bind(w.gang_size).bind(w.gang_launcher.map(GangLauncher::as_str)).bind(w.gang_ranks.map(Ranks::as_str))
                     .execute(&mut *tx).await?;
             }
             let (kind, name, team, user): (String, String, Uuid, Uuid) =

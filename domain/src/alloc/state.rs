@@ -207,3 +207,55 @@ impl FromStr for ReleaseCause {
             .ok_or_else(|| AppError::invalid("release_cause", format!("unknown release cause {s}")))
     }
 }
+
+/// Why an active allocation has a preemption deadline (`preempt_at`): the stored
+/// `preempt_cause`, or a booking's claim on its capacity. Ordered so that, of two drains
+/// with one deadline, a plain drain is named before a health drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptCause {
+    /// Borrowed capacity reclaimed for a team's guaranteed share.
+    Reclaim,
+    /// Its node is drained by a platform admin.
+    Drain,
+    /// Its GPU turned unhealthy and is taken out of service.
+    Health,
+    /// Its capacity is booked by a team from the deadline on.
+    Booking,
+}
+
+impl PreemptCause {
+    pub const ALL: [PreemptCause; 4] = [
+        PreemptCause::Reclaim,
+        PreemptCause::Drain,
+        PreemptCause::Health,
+        PreemptCause::Booking,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptCause::Reclaim => "reclaim",
+            PreemptCause::Drain => "drain",
+            PreemptCause::Health => "health",
+            PreemptCause::Booking => "booking",
+        }
+    }
+
+    /// Whether the allocation goes at its deadline whatever the queue does (a drained or
+    /// unhealthy node, a booking): only a reclaim is withdrawn when no longer needed.
+    pub fn is_firm(self) -> bool {
+        self != PreemptCause::Reclaim
+    }
+}
+
+impl FromStr for PreemptCause {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        PreemptCause::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| {
+                AppError::invalid("preempt_cause", format!("unknown preemption cause {s}"))
+            })
+    }
+}

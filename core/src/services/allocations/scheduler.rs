@@ -4,6 +4,7 @@
 use super::*;
 use crate::store::DrainRow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tessera_domain::alloc::PreemptCause;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::image::CudaVersion;
 
@@ -283,9 +284,19 @@ impl Allocations {
             let drain = devs
                 .iter()
                 .filter_map(|d| drains.iter().find(|r| r.covers(d.node_id, &d.gpu_uuid)))
-                .map(|r| (r.deadline, if r.health { "health" } else { "drain" }))
+                .map(|r| {
+                    let cause = if r.health {
+                        PreemptCause::Health
+                    } else {
+                        PreemptCause::Drain
+                    };
+                    (r.deadline, cause)
+                })
                 .min();
-            let out_of_service = matches!(a.preempt_cause.as_deref(), Some("drain" | "health"));
+            let out_of_service = matches!(
+                a.preempt_cause,
+                Some(PreemptCause::Drain | PreemptCause::Health)
+            );
             if drain.is_none() && out_of_service {
                 // Undrained before its deadline: the warning is withdrawn.
                 live.changed();
@@ -337,14 +348,18 @@ impl Allocations {
                         alloc::ReleaseCause::Preempted,
                         now,
                         None,
-                        Some(match a.preempt_cause.as_deref() {
-                            Some("drain") => "its node was drained by a platform admin",
-                            Some("health") => {
+                        Some(match a.preempt_cause {
+                            Some(PreemptCause::Drain) => "its node was drained by a platform admin",
+                            Some(PreemptCause::Health) => {
                                 "its GPU turned unhealthy (a critical Xid or an uncorrectable \
                                  ECC error) and was taken out of service"
                             }
-                            Some("booking") => "its capacity is booked by a team from this time on",
-                            _ => "borrowed capacity reclaimed for a team's guaranteed share",
+                            Some(PreemptCause::Booking) => {
+                                "its capacity is booked by a team from this time on"
+                            }
+                            Some(PreemptCause::Reclaim) | None => {
+                                "borrowed capacity reclaimed for a team's guaranteed share"
+                            }
                         }),
                     )
                     .await?
@@ -742,10 +757,7 @@ impl Allocations {
         }
         let mut warned = 0;
         for &r in &active {
-            if matches!(
-                r.preempt_cause.as_deref(),
-                Some("drain" | "health" | "booking")
-            ) {
+            if r.preempt_cause.is_some_and(PreemptCause::is_firm) {
                 // Goes anyway, at the drain's deadline.
                 continue;
             }
@@ -755,7 +767,7 @@ impl Allocations {
                     live.changed();
                     let at = now + self.grace_for(r.team_id).await?;
                     self.store
-                        .set_preempt_at(r.id, Some((at, "reclaim")), self.clock.now())
+                        .set_preempt_at(r.id, Some((at, PreemptCause::Reclaim)), self.clock.now())
                         .await
                         .map_err(internal("warning of preemption"))?;
                     tracing::info!(allocation = %r.id, %at, "borrowed capacity will be reclaimed");

@@ -191,7 +191,7 @@ impl Workloads {
         let now = self.clock.now();
         // A stop that warns first keeps it running, told, until its deadline.
         let warned_stop = state == WorkloadState::Stopping
-            && r.deadline_cause.as_deref() == Some(DeadlineCause::Stop.as_str())
+            && r.deadline_cause == Some(DeadlineCause::Stop)
             && r.deadline_at.is_some_and(|d| d > now);
         let run = alloc_active
             && (warned_stop
@@ -212,7 +212,7 @@ impl Workloads {
             }
             WorkloadKind::Job => vec!["/bin/sh".into(), "-c".into(), w.command.clone()],
         };
-        let devices = devices_of(w);
+        let devices = &w.devices;
         let share = is_share(&r.alloc_kind);
         let mut env = self.env_of(w)?;
         // The deadline channel: which signal warns it (opt-in, docs/operations.md), and
@@ -260,7 +260,7 @@ impl Workloads {
                     .map(|d| wl::device_resource(d.profile.as_deref()))
                     .collect()
             },
-            share: share_limits(&r.alloc_kind, &devices, shared, self.allocations.catalog()),
+            share: share_limits(&r.alloc_kind, devices, shared, self.allocations.catalog()),
             deadline: run.then(|| deadline_of(r, signal, now)).flatten(),
             image: w.image.as_ref().map(|reference| ImageSpec {
                 reference: reference.clone(),
@@ -362,10 +362,7 @@ impl Workloads {
                     rep.message.as_deref().unwrap_or("unknown error")
                 ));
                 let to = if state == WorkloadState::Stopping {
-                    w.stop_state
-                        .as_deref()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(WorkloadState::Stopped)
+                    w.stop_state.unwrap_or(WorkloadState::Stopped)
                 } else {
                     WorkloadState::Failed
                 };
@@ -420,11 +417,7 @@ impl Workloads {
             ..WorkloadChange::default()
         };
         if state == WorkloadState::Stopping {
-            let end = w
-                .stop_state
-                .as_deref()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(WorkloadState::Stopped);
+            let end = w.stop_state.unwrap_or(WorkloadState::Stopped);
             self.step(w, end, change(None)).await?;
             return Ok(());
         }
@@ -437,7 +430,7 @@ impl Workloads {
             let end = stop_end(w);
             let stopping = WorkloadChange {
                 message: Some(allocation_gone(alloc)),
-                stop_state: Some(end.as_str().into()),
+                stop_state: Some(end),
                 ..WorkloadChange::default()
             };
             let moved = self
@@ -570,12 +563,11 @@ fn deadline_of(
     let alloc = drain::deadline_for(
         r.alloc_ends_at,
         r.alloc_preempt_at,
-        r.alloc_preempt_cause.as_deref(),
+        r.alloc_preempt_cause,
         now,
     );
-    let own = match (r.deadline_at, r.deadline_cause.as_deref()) {
-        (Some(at), Some("idle")) => Some((at, DeadlineCause::Idle)),
-        (Some(at), Some("stop")) => Some((at, DeadlineCause::Stop)),
+    let own = match (r.deadline_at, r.deadline_cause) {
+        (Some(at), Some(cause @ (DeadlineCause::Idle | DeadlineCause::Stop))) => Some((at, cause)),
         _ => None,
     };
     let (at, cause) = match (alloc, own) {

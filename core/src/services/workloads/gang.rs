@@ -52,7 +52,7 @@ impl Workloads {
             let mut row = WorkloadRow {
                 node_id: Some(*node),
                 hostname: host.clone(),
-                devices: serde_json::to_string(devs).unwrap_or_else(|_| "[]".into()),
+                devices: devs.iter().map(|d| (*d).clone()).collect(),
                 command: w.command.clone(),
                 workdir: w.workdir.clone(),
                 image: w.image.clone(),
@@ -60,8 +60,8 @@ impl Workloads {
                 gang_job: Some(w.id),
                 gang_rank: i64::try_from(rank).unwrap_or(i64::MAX),
                 gang_size: w.gang_size,
-                gang_launcher: w.gang_launcher.clone(),
-                gang_ranks: w.gang_ranks.clone(),
+                gang_launcher: w.gang_launcher,
+                gang_ranks: w.gang_ranks,
                 // A requeued gang's new members are told from the old by the attempt.
                 attempt: w.attempt,
                 ..WorkloadRow::new(
@@ -85,7 +85,7 @@ impl Workloads {
                 (
                     *node,
                     host,
-                    &serde_json::to_string(devs).unwrap_or_else(|_| "[]".into()),
+                    &devs.iter().map(|d| (*d).clone()).collect::<Vec<_>>(),
                 ),
                 &members,
                 self.clock.now(),
@@ -206,14 +206,14 @@ impl Workloads {
                     rank: r,
                     addr: m.w.gang_addr.clone()?,
                     via: m.w.gang_via.clone()?,
-                    slots: u32::try_from(devices_of(&m.w).len()).unwrap_or(0),
+                    slots: u32::try_from(m.w.devices.len()).unwrap_or(0),
                 })
             })
             .collect();
         let secret = self.notebook_token(w)?.ok_or(AppError::Internal)?;
         let env = ready.as_ref().map_or_else(Vec::new, |peers| {
             let addrs: Vec<String> = peers.iter().map(|p| p.addr.clone()).collect();
-            let gpus = u32::try_from(devices_of(w).len()).unwrap_or(0);
+            let gpus = u32::try_from(w.devices.len()).unwrap_or(0);
             g::launch_env(&job.to_string(), rank, &addrs, gpus)
         });
         Ok(Some((
@@ -393,7 +393,7 @@ impl Workloads {
                 id: m.w.id,
                 state: m.w.state,
                 hostname: m.w.hostname.clone(),
-                devices: devices_of(&m.w).iter().map(device_uuid).collect(),
+                devices: m.w.devices.iter().map(device_uuid).collect(),
                 addr: m.w.gang_addr.clone(),
                 exit_code: m.w.exit_code.and_then(|c| i32::try_from(c).ok()),
                 message: m.w.message.clone(),
@@ -433,12 +433,9 @@ fn retryable(w: &WorkloadRow) -> bool {
 
 /// Whether gang member `w` starts one process per GPU.
 pub(super) fn per_gpu(w: &WorkloadRow) -> bool {
-    w.gang_ranks.as_deref() == Some(g::Ranks::PerGpu.as_str())
+    w.gang_ranks == Some(g::Ranks::PerGpu)
 }
 
 fn launcher_of(w: &WorkloadRow) -> GangLauncher {
-    w.gang_launcher
-        .as_deref()
-        .and_then(|l| GangLauncher::parse(l).ok())
-        .unwrap_or_default()
+    w.gang_launcher.unwrap_or_default()
 }

@@ -172,20 +172,19 @@ struct Place {
     team_id: Uuid,
     node_id: Option<Uuid>,
     hostname: String,
-    /// JSON of the devices it sees.
-    devices: String,
+    /// The devices it sees.
+    devices: Vec<AllocatedDevice>,
     state: WorkloadState,
     owned: bool,
 }
 
-/// A process runs on one node: the first device's node, its hostname, and (as JSON) the
+/// A process runs on one node: the first device's node, its hostname, and the
 /// allocation's devices there. `None` while the allocation has no device.
-fn node_devices(all: &[AllocatedDevice]) -> Option<(Uuid, String, String)> {
+fn node_devices(all: &[AllocatedDevice]) -> Option<(Uuid, String, Vec<AllocatedDevice>)> {
     let first = all.first()?;
     let (node, hostname) = (first.node_id, first.hostname.clone());
-    let here: Vec<&AllocatedDevice> = all.iter().filter(|d| d.node_id == node).collect();
-    let json = serde_json::to_string(&here).unwrap_or_else(|_| "[]".into());
-    Some((node, hostname, json))
+    let here = all.iter().filter(|d| d.node_id == node).cloned().collect();
+    Some((node, hostname, here))
 }
 
 /// Which workloads to list.
@@ -344,10 +343,6 @@ fn allocation_gone(alloc: AllocState) -> String {
     } else {
         format!("its allocation is {}", alloc.label().to_lowercase())
     }
-}
-
-fn devices_of(w: &WorkloadRow) -> Vec<AllocatedDevice> {
-    serde_json::from_str(&w.devices).unwrap_or_default()
 }
 
 fn device_uuid(d: &AllocatedDevice) -> String {
@@ -602,11 +597,11 @@ impl Workloads {
             idempotency_key: key.map(str::to_owned),
             owns_allocation: place.owned,
             gang_size: nodes.map(i64::from),
-            gang_launcher: nodes.and(gang).map(|(l, _)| l.as_str().to_owned()),
+            gang_launcher: nodes.and(gang).map(|(l, _)| l),
             gang_ranks: nodes
                 .and(gang)
                 .filter(|(_, r)| *r == tessera_domain::alloc::Ranks::PerGpu)
-                .map(|(_, r)| r.as_str().to_owned()),
+                .map(|(_, r)| r),
             image: chosen.as_ref().map(|c| c.pinned.clone()),
             image_cuda: chosen
                 .as_ref()
@@ -803,7 +798,7 @@ impl Workloads {
             team_id: a.team_id.0,
             node_id: None,
             hostname: String::new(),
-            devices: "[]".into(),
+            devices: Vec::new(),
             state: WorkloadState::Queued,
             owned: true,
         })
@@ -1010,11 +1005,11 @@ impl Workloads {
         let now = self.clock.now();
         if state == WorkloadState::Stopping {
             // A second stop during the stop grace: at once.
-            if row.deadline_cause.as_deref() == Some(DeadlineCause::Stop.as_str())
+            if row.deadline_cause == Some(DeadlineCause::Stop)
                 && row.deadline_at.is_some_and(|d| d > now)
                 && self
                     .store
-                    .clear_workload_deadline(id, DeadlineCause::Stop.as_str())
+                    .clear_workload_deadline(id, DeadlineCause::Stop)
                     .await
                     .map_err(internal("stopping workload"))?
             {
@@ -1041,7 +1036,7 @@ impl Workloads {
             let at = now + g;
             warned = self
                 .store
-                .set_workload_deadline(id, state.as_str(), at, DeadlineCause::Stop.as_str())
+                .set_workload_deadline(id, state.as_str(), at, DeadlineCause::Stop)
                 .await
                 .map_err(internal("warning workload"))?;
             if warned {
@@ -1055,7 +1050,7 @@ impl Workloads {
             if warned {
                 let _ = self
                     .store
-                    .clear_workload_deadline(id, DeadlineCause::Stop.as_str())
+                    .clear_workload_deadline(id, DeadlineCause::Stop)
                     .await;
             }
             return Err(e);
@@ -1142,7 +1137,7 @@ impl Workloads {
         let w = &r.w;
         let kind = w.kind;
         let state = w.state;
-        let devices = devices_of(w);
+        let devices = &w.devices;
         let url = (kind == WorkloadKind::Notebook && state == WorkloadState::Running)
             .then(|| format!("{}lab", wl::notebook_base_path(&r.username, &w.name)));
         WorkloadView {

@@ -37,7 +37,7 @@ impl Workloads {
         }
         let change = WorkloadChange {
             message: Some(message.into()),
-            stop_state: Some(end.as_str().into()),
+            stop_state: Some(end),
             ..WorkloadChange::default()
         };
         let moved = self
@@ -465,8 +465,8 @@ impl Workloads {
         r: &WorkloadListRow,
         stop_at: Option<DateTime<Utc>>,
     ) -> Result<(), AppError> {
-        let idle = DeadlineCause::Idle.as_str();
-        let told = r.deadline_cause.as_deref() == Some(idle);
+        let idle = DeadlineCause::Idle;
+        let told = r.deadline_cause == Some(idle);
         match stop_at {
             Some(at) => {
                 let same = told
@@ -576,11 +576,11 @@ impl Workloads {
         w: &WorkloadRow,
         now: DateTime<Utc>,
     ) -> Result<ActivitySignals, AppError> {
-        let devices = devices_of(w);
+        let devices = &w.devices;
         let mut gpu_last_busy = None;
         let mut gpu_has_data = false;
         let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
-        for d in &devices {
+        for d in devices {
             nodes.entry(d.node_id).or_default().push(d);
         }
         for (node, devs) in nodes {

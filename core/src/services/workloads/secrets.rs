@@ -74,7 +74,12 @@ impl Workloads {
     /// The workload's environment in clear.
     pub(super) fn env_of(&self, w: &WorkloadRow) -> Result<Vec<EnvVar>, AppError> {
         let json = self.open(w.id, &env_context(w.id), &w.env)?;
-        Ok(serde_json::from_str(&json).unwrap_or_default())
+        // Opened, yet not a list of variables: no release wrote that, so it is a fault,
+        // not an empty environment.
+        serde_json::from_str(&json).map_err(|e| {
+            tracing::error!(workload = %w.id, error = %e, "a workload's environment is not a list of variables");
+            AppError::Internal
+        })
     }
 
     /// Seals every stored token and environment that is not sealed under the current key
