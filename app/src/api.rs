@@ -823,11 +823,11 @@ pub async fn save_budget(
 pub async fn usage(team_id: String, from: String, to: String) -> Result<UsageReport, UiError> {
     let echo = [("from", from.clone()), ("to", to.clone())];
     ssr::call(echo, async |s, p| {
-        let q = tessera_core::services::billing::UsageQuery {
-            team: Some(team_id),
-            from: Some(from),
-            to: Some(to),
-        };
+        let q = tessera_core::services::billing::UsageQuery::parse(
+            Some(&team_id),
+            Some(&from),
+            Some(&to),
+        )?;
         s.billing.usage(p, &q).await
     })
     .await
@@ -857,11 +857,11 @@ pub async fn ledger_entries(
     page: PageRequest,
 ) -> Result<Page<LedgerEntryView>, UiError> {
     ssr::call([], async |s, p| {
-        let q = tessera_core::services::billing::UsageQuery {
-            team: Some(team_id),
-            from: Some(from),
-            to: Some(to),
-        };
+        let q = tessera_core::services::billing::UsageQuery::parse(
+            Some(&team_id),
+            Some(&from),
+            Some(&to),
+        )?;
         s.billing.ledger(p, &q, page).await
     })
     .await

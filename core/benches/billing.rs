@@ -110,8 +110,8 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let t = Instant::now();
     let query = UsageQuery {
         team: None,
-        from: Some(start.format("%Y-%m-%d").to_string()),
-        to: Some(last_hour.format("%Y-%m-%d").to_string()),
+        from: Some(start.date_naive()),
+        to: Some(last_hour.date_naive()),
     };
     let mut csv = services.billing.chargeback(p, &query).await.map_err(err)?;
     let (mut bytes, mut rows, mut total) = (0usize, 0i64, 0i64);

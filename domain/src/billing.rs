@@ -474,6 +474,40 @@ impl Account {
     }
 }
 
+/// What a ledger entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EntryType {
+    /// An hour of use charged.
+    Charge,
+    /// A charge undone (an admin's reversal).
+    Reversal,
+}
+
+impl EntryType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryType::Charge => "charge",
+            EntryType::Reversal => "reversal",
+        }
+    }
+}
+
+impl std::str::FromStr for EntryType {
+    type Err = AppError;
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        match s {
+            "charge" => Ok(EntryType::Charge),
+            "reversal" => Ok(EntryType::Reversal),
+            other => Err(AppError::invalid(
+                "entry_type",
+                format!("unknown ledger entry type {other}"),
+            )),
+        }
+    }
+}
+
 /// One posting of a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Posting {
@@ -571,23 +605,29 @@ pub fn month_of(at: DateTime<Utc>) -> NaiveDate {
 /// Longest period a usage query or export may span.
 pub const PERIOD_MAX_DAYS: i64 = 400;
 
-/// A checked `[from, to)` period from `YYYY-MM-DD` dates (`to` inclusive as a day);
-/// defaults to the month of `now` so far.
+/// A day given as text (`YYYY-MM-DD`; empty or absent: none), or a 422 naming `field`.
+pub fn parse_day(s: Option<&str>, field: &str) -> Result<Option<NaiveDate>, AppError> {
+    match s.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) => NaiveDate::parse_from_str(s, "%Y-%m-%d")
+            .map(Some)
+            .map_err(|_| AppError::invalid(field, "must be a date like 2026-11-01")),
+        None => Ok(None),
+    }
+}
+
+/// A checked `[from, to)` period from two days (`to` inclusive); defaults to the month of
+/// `now` so far.
 pub fn parse_period(
-    from: Option<&str>,
-    to: Option<&str>,
+    from: Option<NaiveDate>,
+    to: Option<NaiveDate>,
     now: DateTime<Utc>,
 ) -> Result<(DateTime<Utc>, DateTime<Utc>), AppError> {
-    let date = |s: &str, field: &str| {
-        NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d")
-            .map_err(|_| AppError::invalid(field, "must be a date like 2026-11-01"))
-    };
-    let from = match from.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(s) => day_start(date(s, "from")?),
+    let from = match from {
+        Some(d) => day_start(d),
         None => month_bounds(month_of(now)).0,
     };
-    let to = match to.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(s) => day_start(date(s, "to")?) + TimeDelta::days(1),
+    let to = match to {
+        Some(d) => day_start(d) + TimeDelta::days(1),
         None => day_start(now.date_naive()) + TimeDelta::days(1),
     };
     if to <= from {
@@ -690,8 +730,7 @@ pub struct LedgerEntryView {
     /// Positive: the team is debited; negative: credited.
     pub amount_minor: i64,
     pub currency: String,
-    /// `charge` or `reversal`.
-    pub entry_type: String,
+    pub entry_type: EntryType,
     pub allocation_id: Uuid,
     /// The hour charged.
     pub hour_start: DateTime<Utc>,
@@ -1055,13 +1094,16 @@ mod tests {
     fn periods() {
         let now = Utc.with_ymd_and_hms(2026, 12, 15, 10, 0, 0).unwrap();
         let (a, b) = parse_period(None, None, now).unwrap();
+        let day = |s| parse_day(Some(s), "from").unwrap();
         assert_eq!(a, Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap());
         assert_eq!(b, Utc.with_ymd_and_hms(2026, 12, 16, 0, 0, 0).unwrap());
         let (a, b) = month_bounds(parse_month("2026-12").unwrap());
         assert_eq!((a.month(), b.year(), b.month()), (12, 2027, 1));
-        assert!(parse_period(Some("2026-12-02"), Some("2026-12-01"), now).is_err());
-        assert!(parse_period(Some("2020-01-01"), Some("2026-12-01"), now).is_err());
-        assert!(parse_period(Some("nope"), None, now).is_err());
+        assert!(parse_period(day("2026-12-02"), day("2026-12-01"), now).is_err());
+        assert!(parse_period(day("2020-01-01"), day("2026-12-01"), now).is_err());
+        assert!(parse_day(Some("nope"), "from").is_err());
+        assert_eq!(parse_day(Some(" "), "from").unwrap(), None);
+        assert_eq!(parse_day(None, "from").unwrap(), None);
     }
 
     /// Random histories of whole seconds: active, extended, released, re-activated.

@@ -63,6 +63,27 @@ pub enum MigMode {
     Enabled,
 }
 
+impl MigMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigMode::Disabled => "disabled",
+            MigMode::Enabled => "enabled",
+        }
+    }
+
+    /// `enabled` or `disabled`, as a GPU's desired state stores it.
+    pub fn parse_stored(s: &str) -> Result<Self, crate::error::AppError> {
+        match s {
+            "enabled" => Ok(MigMode::Enabled),
+            "disabled" => Ok(MigMode::Disabled),
+            other => Err(crate::error::AppError::invalid(
+                "mode",
+                format!("unknown MIG mode {other}"),
+            )),
+        }
+    }
+}
+
 /// `pending` differs from `current` while a mode change waits for a GPU
 /// reset (Ampere) or a reboot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +166,13 @@ impl ShareMethod {
             "time_slice" => Some(ShareMethod::TimeSlice),
             _ => None,
         }
+    }
+
+    /// [`parse`](Self::parse) for a stored value: an unknown one is an error.
+    pub fn parse_stored(s: &str) -> Result<Self, crate::error::AppError> {
+        Self::parse(s).ok_or_else(|| {
+            crate::error::AppError::invalid("sharing", format!("unknown sharing method {s}"))
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
 
 /// Store-row fields that hold a domain type: none may be read as text again.
-const TYPED_FIELDS: [&str; 12] = [
+const TYPED_FIELDS: [&str; 16] = [
     "kind",
     "alloc_kind",
     "approver",
@@ -19,6 +19,10 @@ const TYPED_FIELDS: [&str; 12] = [
     "deadline_cause",
     "gang_launcher",
     "gang_ranks",
+    "entry_type",
+    "mode",
+    "sharing",
+    "layout",
 ];
 
 /// Store rows whose `state` column is not an allocation's or a workload's (a delivery's).

@@ -16,7 +16,7 @@ use crate::store::{
     AllocationRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow, Standing,
     Store, UsageGroupRow,
 };
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, NaiveDate, Utc};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, Committed, GpuKind, PriorityClass};
@@ -112,12 +112,33 @@ pub struct MeterReport {
 /// Which usage to report.
 #[derive(Debug, Clone, Default)]
 pub struct UsageQuery {
-    /// A team id; empty: every team (platform admins only).
-    pub team: Option<String>,
-    /// `YYYY-MM-DD`, inclusive; default the first of this month.
-    pub from: Option<String>,
-    /// `YYYY-MM-DD`, inclusive; default today.
-    pub to: Option<String>,
+    /// One team; `None`: every team (platform admins only).
+    pub team: Option<TeamId>,
+    /// The first day; default the first of this month.
+    pub from: Option<NaiveDate>,
+    /// The last day, inclusive; default today.
+    pub to: Option<NaiveDate>,
+}
+
+impl UsageQuery {
+    /// From the edge's text (empty or absent: none). A team id that does not parse is a
+    /// 404, as an unknown team is; a day that does not parse is a 422 naming `from` or
+    /// `to`.
+    pub fn parse(
+        team: Option<&str>,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<Self, AppError> {
+        let team = match team.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => Some(TeamId::parse(t).ok_or(AppError::NotFound)?),
+            None => None,
+        };
+        Ok(UsageQuery {
+            team,
+            from: b::parse_day(from, "from")?,
+            to: b::parse_day(to, "to")?,
+        })
+    }
 }
 
 /// A chargeback export being read: [`ChargebackCsv::next_chunk`] yields the header, then
@@ -343,11 +364,9 @@ impl Billing {
                 if !due.contains(&hour) {
                     continue;
                 }
-                let Ok(sample) = serde_json::from_str::<TelemetrySample>(&s.payload) else {
-                    continue;
-                };
+                let sample = &s.payload;
                 for d in &devs {
-                    if let Some(util) = utilisation(&sample, d) {
+                    if let Some(util) = utilisation(sample, d) {
                         let e = out.entry(hour).or_default();
                         e.1 += 1;
                         e.0 += i64::from(util >= self.busy_pct);
@@ -683,9 +702,8 @@ impl Billing {
         query: &UsageQuery,
         page: PageRequest,
     ) -> Result<Page<LedgerEntryView>, AppError> {
-        let team = self.finance_scope(p, query.team.as_deref()).await?;
-        let (from, to) =
-            b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
+        let team = self.finance_scope(p, query.team).await?;
+        let (from, to) = b::parse_period(query.from, query.to, self.clock.now())?;
         let page = page.clamped();
         let (rows, total) = self
             .store
@@ -746,9 +764,8 @@ impl Billing {
     /// Usage and cost over a period, per day, kind, user and team. Platform admins see
     /// every team (or one); team admins their team; members their own usage in a team.
     pub async fn usage(&self, p: &Principal, query: &UsageQuery) -> Result<UsageReport, AppError> {
-        let (from, to) =
-            b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
-        let (team, own_only) = self.usage_scope(p, query.team.as_deref()).await?;
+        let (from, to) = b::parse_period(query.from, query.to, self.clock.now())?;
+        let (team, own_only) = self.usage_scope(p, query.team).await?;
         let user = own_only.then_some(p.user_id().0);
         let groups = self
             .store
@@ -950,9 +967,8 @@ impl Billing {
         p: &Principal,
         query: &UsageQuery,
     ) -> Result<ChargebackCsv, AppError> {
-        let team = self.finance_scope(p, query.team.as_deref()).await?;
-        let (from, to) =
-            b::parse_period(query.from.as_deref(), query.to.as_deref(), self.clock.now())?;
+        let team = self.finance_scope(p, query.team).await?;
+        let (from, to) = b::parse_period(query.from, query.to, self.clock.now())?;
         let filename = format!(
             "tessera-chargeback-{}-{}.csv",
             from.format("%Y%m%d"),
@@ -998,11 +1014,10 @@ impl Billing {
     async fn finance_scope(
         &self,
         p: &Principal,
-        team: Option<&str>,
+        team: Option<TeamId>,
     ) -> Result<Option<Uuid>, AppError> {
-        match team.map(str::trim).filter(|t| !t.is_empty()) {
-            Some(t) => {
-                let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
+        match team {
+            Some(id) => {
                 authz::team(&self.store, p, id, Need::ManageMembers).await?;
                 Ok(Some(id.0))
             }
@@ -1015,11 +1030,10 @@ impl Billing {
     async fn usage_scope(
         &self,
         p: &Principal,
-        team: Option<&str>,
+        team: Option<TeamId>,
     ) -> Result<(Option<Uuid>, bool), AppError> {
-        match team.map(str::trim).filter(|t| !t.is_empty()) {
-            Some(t) => {
-                let id = TeamId::parse(t).ok_or(AppError::NotFound)?;
+        match team {
+            Some(id) => {
                 let access = authz::team(&self.store, p, id, Need::Read).await?;
                 let sees_team = p.is_admin() || access.role.is_some_and(TeamRole::manages_members);
                 Ok((Some(id.0), !sees_team))
@@ -1170,7 +1184,7 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     if let Some((_, period)) = &cache.hour {
         out.push_str(period);
     }
-    let reversal = r.entry_type == "reversal";
+    let reversal = r.entry_type == tessera_domain::billing::EntryType::Reversal;
     let (label, profile, rtype) = cache
         .kinds
         .entry(r.kind.clone())
@@ -1268,7 +1282,7 @@ fn entry_view(r: &LedgerRow) -> LedgerEntryView {
         team_name: r.team_name.clone(),
         amount_minor: r.amount_minor,
         currency: r.currency.clone(),
-        entry_type: r.entry_type.clone(),
+        entry_type: r.entry_type,
         allocation_id: r.allocation_id,
         hour_start: r.hour_start,
         posted_at: r.posted_at,

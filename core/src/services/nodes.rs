@@ -772,14 +772,10 @@ impl Nodes {
             .into_iter()
             .map(|r| {
                 let seen = r.last_heartbeat_at.unwrap_or(r.registered_at);
-                let latest = r
-                    .payload
-                    .as_deref()
-                    .filter(|_| {
-                        r.sample_at
-                            .is_some_and(|at| now - at < Duration::seconds(FRESH_SAMPLE_SECS))
-                    })
-                    .and_then(|p| serde_json::from_str::<TelemetrySample>(p).ok());
+                let fresh = r
+                    .sample_at
+                    .is_some_and(|at| now - at < Duration::seconds(FRESH_SAMPLE_SECS));
+                let latest = r.payload.filter(|_| fresh);
                 let inventory = super::parsed_inventory(r.id, &r.inventory);
                 NodeMetrics {
                     id: r.id,
@@ -846,16 +842,9 @@ impl Nodes {
                 let d = desired
                     .iter()
                     .find(|d| d.desired.node_id == r.id && d.desired.gpu_uuid == g.uuid);
-                v.desired = d.map(|d| {
-                    let status = d
-                        .status
-                        .as_deref()
-                        .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok());
-                    desired_view(&d.desired, status.as_ref())
-                });
+                v.desired = d.map(|d| desired_view(&d.desired, d.status.as_ref()));
                 v.sharing = d
-                    .and_then(|d| d.desired.sharing.as_deref())
-                    .and_then(ShareMethod::parse)
+                    .and_then(|d| d.desired.sharing)
                     .map(|method| sharing_view(method, g, shares, admin));
                 v.drain = drains.view(r.id, Some(&g.uuid));
                 v.unhealthy = drains.health(r.id, &g.uuid);
@@ -895,10 +884,7 @@ impl Nodes {
             .recent_samples(node, limit.clamp(1, 1000))
             .await
             .map_err(internal("loading telemetry"))?;
-        let samples: Vec<TelemetrySample> = rows
-            .iter()
-            .filter_map(|r| serde_json::from_str(&r.payload).ok())
-            .collect();
+        let samples: Vec<TelemetrySample> = rows.into_iter().map(|r| r.payload).collect();
         let dropped = self
             .store
             .telemetry_dropped(node)
@@ -946,7 +932,7 @@ fn sharing_view(
 }
 
 fn desired_view(d: &DesiredRow, status: Option<&ApplyStatus>) -> DesiredView {
-    let layout: Vec<DesiredInstance> = serde_json::from_str(&d.layout).unwrap_or_default();
+    let layout = &d.layout;
     let state = status.map(|s| {
         match s.state {
             ApplyState::Pending => "pending",
@@ -963,7 +949,7 @@ fn desired_view(d: &DesiredRow, status: Option<&ApplyStatus>) -> DesiredView {
             .or_else(|| s.step.clone())
     });
     DesiredView {
-        mig_enabled: d.mode == "enabled",
+        mig_enabled: d.mode == MigMode::Enabled,
         layout: layout
             .iter()
             .map(|i| format!("{}@{}", i.profile, i.start))
@@ -1039,18 +1025,13 @@ impl Nodes {
                 .validate(&instances)
                 .map_err(|e| AppError::invalid("layout", e.to_string()))?;
         }
-        let layout_json = serde_json::to_string(&layout).map_err(|_| AppError::Internal)?;
-        let mode_s = match mode {
-            MigMode::Enabled => "enabled",
-            MigMode::Disabled => "disabled",
-        };
         let version = self
             .store
             .set_desired(
                 node,
                 gpu_uuid,
-                mode_s,
-                &layout_json,
+                mode,
+                &layout,
                 Some(p.user_id().0),
                 self.clock.now(),
             )
@@ -1084,10 +1065,7 @@ impl Nodes {
             ));
         }
         let current = self.desired_row(node, gpu_uuid).await?;
-        let now_sharing = current
-            .as_ref()
-            .and_then(|d| d.sharing.as_deref())
-            .and_then(ShareMethod::parse);
+        let now_sharing = current.as_ref().and_then(|d| d.sharing);
         if now_sharing == sharing {
             return self.get(p, node).await;
         }
@@ -1096,7 +1074,7 @@ impl Nodes {
             .set_sharing(
                 node,
                 gpu_uuid,
-                sharing.map(ShareMethod::as_str),
+                sharing,
                 current.as_ref().map(|d| d.version),
                 p.user_id().0,
                 self.clock.now(),
@@ -1171,19 +1149,11 @@ impl Nodes {
             .map_err(internal("loading desired state"))?;
         let mut gpus = Vec::with_capacity(rows.len());
         for r in rows {
-            let layout: Vec<DesiredInstance> = serde_json::from_str(&r.layout).map_err(|e| {
-                tracing::error!(error = %e, "stored layout is not valid JSON");
-                AppError::Internal
-            })?;
             gpus.push(DesiredGpuState {
                 gpu_uuid: r.gpu_uuid,
-                mode: if r.mode == "enabled" {
-                    MigMode::Enabled
-                } else {
-                    MigMode::Disabled
-                },
-                layout,
-                sharing: r.sharing.as_deref().and_then(ShareMethod::parse),
+                mode: r.mode,
+                layout: r.layout,
+                sharing: r.sharing,
                 version: u64::try_from(r.version).unwrap_or(0),
             });
         }

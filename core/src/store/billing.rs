@@ -10,6 +10,7 @@
 use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
+use tessera_domain::billing::EntryType;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -63,7 +64,8 @@ pub struct LedgerRow {
     pub team_name: String,
     pub amount_minor: i64,
     pub currency: String,
-    pub entry_type: String,
+    #[sqlx(try_from = "String")]
+    pub entry_type: EntryType,
     pub allocation_id: Uuid,
     pub hour_start: DateTime<Utc>,
     pub posted_at: DateTime<Utc>,
@@ -96,7 +98,7 @@ pub struct ChargeRow {
     pub id: Uuid,
     pub hour_start: DateTime<Utc>,
     pub amount_minor: i64,
-    pub entry_type: String,
+    pub entry_type: EntryType,
     pub currency: String,
     pub team_id: Uuid,
     pub user_id: Uuid,
@@ -316,7 +318,7 @@ impl Store {
                     q.push_values(part, |mut b, (m, p)| {
                         b.push_bind(Uuid::now_v7()).push_bind(m.txn_id).push_bind(p.account.key())
                             .push_bind(m.team_id).push_bind(p.amount_minor).push_bind(&m.currency)
-                            .push_bind("charge").push_bind(m.allocation_id).push_bind(m.hour_start)
+                            .push_bind(EntryType::Charge.as_str()).push_bind(m.allocation_id).push_bind(m.hour_start)
                             .push_bind(m.metered_at).push_bind(None::<String>);
                     });
                     q.build().execute(&mut *tx).await?;
@@ -356,7 +358,7 @@ impl Store {
         memo: &str,
     ) -> Result<Option<(bool, Vec<LedgerRow>)>, StoreError> {
         let charge = self.ledger_txn(txn).await?;
-        if charge.is_empty() || charge.iter().any(|e| e.entry_type != "charge") {
+        if charge.is_empty() || charge.iter().any(|e| e.entry_type != EntryType::Charge) {
             return Ok(None);
         }
         let reversal = Uuid::now_v7();
@@ -383,7 +385,7 @@ impl Store {
             for e in charge {
                 let r = sqlx::query(LEDGER_INSERT).bind(Uuid::now_v7()).bind(reversal)
                     .bind(&e.account).bind(e.team_id).bind(-e.amount_minor).bind(&e.currency)
-                    .bind("reversal").bind(e.allocation_id).bind(e.hour_start).bind(at)
+                    .bind(EntryType::Reversal.as_str()).bind(e.allocation_id).bind(e.hour_start).bind(at)
                     .bind(memo).execute(&mut *tx).await;
                 match r {
                     Ok(_) => {}

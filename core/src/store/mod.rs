@@ -121,12 +121,40 @@ text_column!(
     JsonText(String)
 );
 
-impl TryFrom<JsonText> for Vec<tessera_domain::alloc::AllocatedDevice> {
-    type Error = serde_json::Error;
-    fn try_from(v: JsonText) -> Result<Self, Self::Error> {
-        serde_json::from_str(&v.0)
-    }
+macro_rules! json_as {
+    ($($t:ty),* $(,)?) => {
+        $(impl TryFrom<JsonText> for $t {
+            type Error = serde_json::Error;
+            fn try_from(v: JsonText) -> Result<Self, Self::Error> {
+                serde_json::from_str(&v.0)
+            }
+        })*
+    };
 }
+
+json_as!(
+    Vec<tessera_domain::alloc::AllocatedDevice>,
+    Vec<tessera_domain::wire::DesiredInstance>,
+    tessera_domain::wire::TelemetrySample,
+    tessera_domain::wire::ApplyStatus,
+);
+
+/// Nullable JSON columns: an agent's apply status, a node's newest sample (`None`: none).
+macro_rules! nullable_json_as {
+    ($($t:ty),* $(,)?) => {
+        $(impl TryFrom<NullableText> for Option<$t> {
+            type Error = serde_json::Error;
+            fn try_from(v: NullableText) -> Result<Self, Self::Error> {
+                v.0.map(|s| serde_json::from_str(&s)).transpose()
+            }
+        })*
+    };
+}
+
+nullable_json_as!(
+    tessera_domain::wire::ApplyStatus,
+    tessera_domain::wire::TelemetrySample,
+);
 
 macro_rules! nullable_as {
     ($($t:ty),* $(,)?) => {
@@ -147,6 +175,7 @@ nullable_as!(
     tessera_domain::wire::GangLauncher,
     tessera_domain::workload::WorkloadState,
     tessera_domain::drain::DeadlineCause,
+    tessera_domain::wire::ShareMethod,
 );
 
 /// A connection pool to one of the supported databases.

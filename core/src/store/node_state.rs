@@ -1,21 +1,25 @@
 //! `gpu_desired`, `gpu_apply_status`, `telemetry_samples`.
 
-use super::{Store, StoreError, db, on_node_states, on_pool};
+use super::{JsonText, NullableText, Store, StoreError, db, json_text, on_node_states, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
+use tessera_domain::wire::{ApplyStatus, DesiredInstance, MigMode, ShareMethod, TelemetrySample};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DesiredRow {
     pub node_id: Uuid,
     pub gpu_uuid: String,
-    pub mode: String,
-    /// JSON list of `{profile, start}`.
-    pub layout: String,
+    #[sqlx(try_from = "String")]
+    pub mode: MigMode,
+    /// A JSON list of `{profile, start}` in the table.
+    #[sqlx(try_from = "JsonText")]
+    pub layout: Vec<DesiredInstance>,
     pub version: i64,
     pub updated_at: DateTime<Utc>,
-    /// `mps` or `time_slice` when an admin shared the GPU (`mode` is then `disabled`).
-    pub sharing: Option<String>,
+    /// How an admin shared the GPU (`mode` is then `disabled`).
+    #[sqlx(try_from = "NullableText")]
+    pub sharing: Option<ShareMethod>,
 }
 
 /// A share allocation holding part of a shared GPU (placing, active or releasing).
@@ -34,16 +38,18 @@ pub struct HeldShareRow {
 pub struct DesiredWithStatus {
     #[sqlx(flatten)]
     pub desired: DesiredRow,
-    /// JSON of `wire::ApplyStatus` for `desired.version`.
-    pub status: Option<String>,
+    /// The agent's status for `desired.version` (JSON in the table).
+    #[sqlx(try_from = "NullableText")]
+    pub status: Option<ApplyStatus>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApplyStatusRow {
     pub gpu_uuid: String,
     pub version: i64,
-    /// JSON of `wire::ApplyStatus`.
-    pub status: String,
+    /// The agent's status (JSON in the table).
+    #[sqlx(try_from = "JsonText")]
+    pub status: ApplyStatus,
     pub reported_at: DateTime<Utc>,
 }
 
@@ -51,8 +57,9 @@ pub struct ApplyStatusRow {
 pub struct SampleRow {
     pub seq: i64,
     pub at: DateTime<Utc>,
-    /// JSON of `wire::TelemetrySample`.
-    pub payload: String,
+    /// The sample (JSON in the table; the server writes it from a typed report).
+    #[sqlx(try_from = "JsonText")]
+    pub payload: TelemetrySample,
 }
 
 /// A node that is not revoked, with its newest telemetry sample if it has one (`/metrics`).
@@ -66,8 +73,9 @@ pub struct NodeLatestSampleRow {
     pub inventory: String,
     pub telemetry_dropped: i64,
     pub sample_at: Option<DateTime<Utc>>,
-    /// JSON of `wire::TelemetrySample`.
-    pub payload: Option<String>,
+    /// The newest sample (JSON in the table).
+    #[sqlx(try_from = "NullableText")]
+    pub payload: Option<TelemetrySample>,
 }
 
 impl Store {
@@ -84,7 +92,7 @@ impl Store {
         &self,
         node: Uuid,
         gpu_uuid: &str,
-        sharing: Option<&str>,
+        sharing: Option<ShareMethod>,
         expected: Option<i64>,
         by: Uuid,
         at: DateTime<Utc>,
@@ -104,7 +112,7 @@ impl Store {
         );
         let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
-            .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing).bind(expected).bind(&holds)
+            .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing.map(ShareMethod::as_str)).bind(expected).bind(&holds)
             .fetch_optional(pool).await)
     }
 
@@ -124,11 +132,12 @@ impl Store {
         &self,
         node: Uuid,
         gpu_uuid: &str,
-        mode: &str,
-        layout: &str,
+        mode: MigMode,
+        layout: &[DesiredInstance],
         by: Option<Uuid>,
         at: DateTime<Utc>,
     ) -> Result<i64, StoreError> {
+        let layout = json_text(layout)?;
         let sql = "INSERT INTO gpu_desired (node_id, gpu_uuid, mode, layout, version, updated_at, updated_by) \
                    VALUES ($1, $2, $3, $4, 1, $5, $6) \
                    ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET mode = excluded.mode, \
@@ -136,7 +145,7 @@ impl Store {
                    updated_at = excluded.updated_at, updated_by = excluded.updated_by \
                    RETURNING version";
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
-            .bind(node).bind(gpu_uuid).bind(mode).bind(layout).bind(at).bind(by)
+            .bind(node).bind(gpu_uuid).bind(mode.as_str()).bind(&layout).bind(at).bind(by)
             .fetch_one(pool).await)
     }
 

@@ -219,14 +219,22 @@ pub struct OutboxRow {
 impl OutboxRow {
     /// The payload (an older or damaged one reads as its summary only).
     pub fn payload(&self) -> EventPayload {
-        serde_json::from_str(&self.payload).unwrap_or_else(|_| EventPayload {
+        serde_json::from_str(&self.payload).unwrap_or_else(|e| {
+            tracing::warn!(event = %self.id, error = %e,
+                "an event's payload does not parse: it is delivered as its summary only");
+            self.summary_only()
+        })
+    }
+
+    fn summary_only(&self) -> EventPayload {
+        EventPayload {
             summary: self.kind.as_str().to_owned(),
             path: "/".into(),
             user_id: None,
             detail: None,
             team_name: None,
             audience: None,
-        })
+        }
     }
 }
 

@@ -157,7 +157,8 @@ async fn seed(store: &Store, version: i64, s: &Seeded, now: DateTime<Utc>) {
             exec(
                 store,
                 "INSERT INTO gpu_apply_status (node_id, gpu_uuid, version, status, reported_at) \
-                 VALUES ($1, 'GPU-u1', 1, '{\"state\":\"applied\"}', $2)",
+                 VALUES ($1, 'GPU-u1', 1, '{\"gpu_uuid\":\"GPU-u1\",\"version\":1,\
+                 \"state\":\"success\",\"step\":null,\"error\":null,\"retry_in_s\":null}', $2)",
                 &[V::U(s.node), V::D(now)],
             )
             .await;

@@ -34,9 +34,7 @@ use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::planner;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
-use tessera_domain::wire::{
-    ApplyState, ApplyStatus, DesiredInstance, Inventory, MigMode, ShareMethod,
-};
+use tessera_domain::wire::{ApplyState, DesiredInstance, Inventory, MigMode, ShareMethod};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -1357,7 +1355,7 @@ fn shared_gpus(desired: &[DesiredWithStatus]) -> HashMap<String, ShareMethod> {
     desired
         .iter()
         .filter_map(|d| {
-            let method = ShareMethod::parse(d.desired.sharing.as_deref()?)?;
+            let method = d.desired.sharing?;
             Some((d.desired.gpu_uuid.clone(), method))
         })
         .collect()

@@ -37,8 +37,7 @@ impl Allocations {
             let error = statuses
                 .iter()
                 .filter(|s| s.gpu_uuid == d.gpu_uuid)
-                .filter_map(|s| serde_json::from_str::<ApplyStatus>(&s.status).ok())
-                .find_map(|s| s.error.map(|e| e.message));
+                .find_map(|s| s.status.error.as_ref().map(|e| e.message.clone()));
             match error {
                 Some(e) => why.push_str(&format!(" ({} reports: {e})", d.hostname)),
                 None => why.push_str(&format!(
@@ -479,8 +478,7 @@ impl Allocations {
         let plan = self.plan_with_spares(&cluster, &input.spare_cluster, &requests, &spare_ids)?;
         let mut placed: HashMap<Uuid, Vec<AllocatedDevice>> = HashMap::new();
         for asg in &plan.assignments {
-            let id_s = asg.request.split('#').next().unwrap_or_default();
-            let Ok(id) = Uuid::parse_str(id_s) else {
+            let Some(id) = requests.owner(&asg.request) else {
                 continue;
             };
             if !asg.members.is_empty() {
@@ -516,8 +514,7 @@ impl Allocations {
         }
         let mut pending_reason: HashMap<Uuid, String> = HashMap::new();
         for p in &plan.pending {
-            let id_s = p.request.split('#').next().unwrap_or_default();
-            if let Ok(id) = Uuid::parse_str(id_s) {
+            if let Some(id) = requests.owner(&p.request) {
                 pending_reason.entry(id).or_insert_with(|| p.reason.clone());
             }
         }
@@ -586,13 +583,12 @@ impl Allocations {
                         start: c.start,
                     }));
                     layout.sort_by_key(|i| i.start);
-                    ("enabled", layout)
+                    (MigMode::Enabled, layout)
                 }
-                _ => ("disabled", Vec::new()),
+                _ => (MigMode::Disabled, Vec::new()),
             };
-            let json = serde_json::to_string(&layout).map_err(|_| AppError::Internal)?;
             self.store
-                .set_desired(node_id, uuid, mode, &json, None, now)
+                .set_desired(node_id, uuid, mode, &layout, None, now)
                 .await
                 .map_err(internal("writing desired layout"))?;
             self.signals.bump(node_id);
@@ -851,8 +847,7 @@ impl Allocations {
             .iter()
             .filter(|d| {
                 !d.status
-                    .as_deref()
-                    .and_then(|s| serde_json::from_str::<ApplyStatus>(s).ok())
+                    .as_ref()
                     .is_some_and(|st| st.state == ApplyState::Success)
             })
             .map(|d| (d.desired.node_id, d.desired.gpu_uuid.as_str()))
@@ -964,72 +959,116 @@ impl Allocations {
     }
 }
 
+/// The queue as planner requests, with the allocation each request is for.
+///
+/// The planner names requests by text; an allocation of `count` MIG slices is `count`
+/// requests (`<id>#<i>`). The passes look a request's allocation up here instead of
+/// parsing the text back.
+pub(super) struct Requests {
+    pub(super) list: Vec<planner::Request>,
+    owner: HashMap<String, Uuid>,
+}
+
+impl Requests {
+    /// The allocation the planner's request `id` is for (`None`: not one of these, which
+    /// would be the planner's fault: logged).
+    pub(super) fn owner(&self, id: &str) -> Option<Uuid> {
+        let owner = self.owner.get(id).copied();
+        if owner.is_none() {
+            tracing::error!(
+                request = id,
+                "the planner answered for a request it was not given"
+            );
+        }
+        owner
+    }
+}
+
 /// The queue as planner requests (a MIG request of `count` slices is `count` requests),
 /// ranked by the queue order: the first in line has the highest priority.
 fn planner_requests(
     queued: &[AllocationRow],
     shares: &BTreeMap<TeamId, FairShare>,
     booked: &BTreeSet<Uuid>,
-) -> Vec<planner::Request> {
+) -> Requests {
     let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
     let order = alloc::order_queue(&entries, shares);
     let rank: HashMap<Uuid, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let total = i32::try_from(order.len()).unwrap_or(i32::MAX);
     let mut requests = Vec::new();
+    let mut owner = HashMap::new();
     for a in queued {
-        let kind = a.kind.clone();
-        // A booking's allocation goes before the whole queue: its capacity was promised.
-        let priority = if booked.contains(&a.id) {
-            total.saturating_add(1)
-        } else {
-            total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0)
-        };
-        let base = planner::Request {
-            team: Some(a.team_id.to_string()),
-            priority,
-            models: vec![a.model.clone()],
-            needs_cuda: needs_cuda(a),
-            ..planner::Request::new(a.id.to_string())
-        };
-        if let Some(nodes) = a.gang_nodes {
-            // A gang: one request, placed whole or not at all.
-            // `count` is the whole gang's; each member holds an equal part.
-            let nodes = u32::try_from(nodes).unwrap_or(u32::MAX).max(1);
-            let each = to_u32(a.count) / nodes;
-            let (gpus, mig, per_node) = match kind {
-                GpuKind::Mig { profile, .. } => (None, Some(profile), each),
-                _ => (Some(each), None, 1),
-            };
-            requests.push(planner::Request {
-                gpus,
-                mig,
-                gang: Some(planner::Gang { nodes, per_node }),
-                ..base
-            });
-            continue;
-        }
-        match kind {
-            GpuKind::Share { model, milli } => requests.push(planner::Request {
-                gpu_milli: Some(milli),
-                models: vec![model],
-                ..base
-            }),
-            GpuKind::Mig { profile, .. } => {
-                for i in 0..a.count {
-                    requests.push(planner::Request {
-                        id: format!("{}#{i}", a.id),
-                        mig: Some(profile.clone()),
-                        ..base.clone()
-                    });
-                }
-            }
-            GpuKind::Whole { .. } => requests.push(planner::Request {
-                gpus: Some(to_u32(a.count)),
-                ..base
-            }),
+        let first = requests.len();
+        push_requests(a, &rank, total, booked, &mut requests);
+        for r in &requests[first..] {
+            owner.insert(r.id.clone(), a.id);
         }
     }
-    requests
+    Requests {
+        list: requests,
+        owner,
+    }
+}
+
+/// Allocation `a`'s planner requests, at its place in the queue.
+fn push_requests(
+    a: &AllocationRow,
+    rank: &HashMap<Uuid, usize>,
+    total: i32,
+    booked: &BTreeSet<Uuid>,
+    requests: &mut Vec<planner::Request>,
+) {
+    let kind = a.kind.clone();
+    // A booking's allocation goes before the whole queue: its capacity was promised.
+    let priority = if booked.contains(&a.id) {
+        total.saturating_add(1)
+    } else {
+        total - i32::try_from(rank.get(&a.id).copied().unwrap_or(0)).unwrap_or(0)
+    };
+    let base = planner::Request {
+        team: Some(a.team_id.to_string()),
+        priority,
+        models: vec![a.model.clone()],
+        needs_cuda: needs_cuda(a),
+        ..planner::Request::new(a.id.to_string())
+    };
+    if let Some(nodes) = a.gang_nodes {
+        // A gang: one request, placed whole or not at all.
+        // `count` is the whole gang's; each member holds an equal part.
+        let nodes = u32::try_from(nodes).unwrap_or(u32::MAX).max(1);
+        let each = to_u32(a.count) / nodes;
+        let (gpus, mig, per_node) = match kind {
+            GpuKind::Mig { profile, .. } => (None, Some(profile), each),
+            _ => (Some(each), None, 1),
+        };
+        requests.push(planner::Request {
+            gpus,
+            mig,
+            gang: Some(planner::Gang { nodes, per_node }),
+            ..base
+        });
+        return;
+    }
+    match kind {
+        GpuKind::Share { model, milli } => requests.push(planner::Request {
+            gpu_milli: Some(milli),
+            models: vec![model],
+            ..base
+        }),
+        GpuKind::Mig { profile, .. } => {
+            for i in 0..a.count {
+                requests.push(planner::Request {
+                    id: format!("{}#{i}", a.id),
+                    mig: Some(profile.clone()),
+                    ..base.clone()
+                });
+            }
+        }
+        GpuKind::Whole { .. } => requests.push(planner::Request {
+            gpus: Some(to_u32(a.count)),
+            ..base
+        }),
+    }
 }
 
 /// A placed gang's devices, member by member (rank order), as an allocation stores them.

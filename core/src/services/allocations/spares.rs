@@ -317,11 +317,12 @@ impl Allocations {
         &self,
         cluster: &planner::Cluster,
         spare_cluster: &planner::Cluster,
-        requests: &[planner::Request],
+        requests: &scheduler::Requests,
         spare_ids: &BTreeSet<Uuid>,
     ) -> Result<planner::Plan, AppError> {
-        let of = |r: &str| Uuid::parse_str(r.split('#').next().unwrap_or_default()).ok();
+        let of = |r: &str| requests.owner(r);
         let (to_spares, ordinary): (Vec<_>, Vec<_>) = requests
+            .list
             .iter()
             .cloned()
             .partition(|r| of(&r.id).is_some_and(|id| spare_ids.contains(&id)));

@@ -130,7 +130,7 @@ impl Workloads {
                 .await
                 .map_err(internal("loading desired state"))?
                 .into_iter()
-                .filter_map(|d| Some((d.gpu_uuid, ShareMethod::parse(d.sharing.as_deref()?)?)))
+                .filter_map(|d| Some((d.gpu_uuid, d.sharing?)))
                 .collect()
         } else {
             HashMap::new()

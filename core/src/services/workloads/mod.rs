@@ -31,8 +31,8 @@ use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
-    GangLauncher, LogAck, ShareLimits, ShareMethod, TelemetrySample, WorkloadPhase, WorkloadReport,
-    WorkloadReports, WorkloadSpec, WorkloadSync,
+    GangLauncher, LogAck, ShareLimits, ShareMethod, WorkloadPhase, WorkloadReport, WorkloadReports,
+    WorkloadSpec, WorkloadSync,
 };
 use tessera_domain::workload::{
     self as wl, ActivitySignals, AttemptView, EnvVar, IdleDecision, IdlePolicy, JobCommand,

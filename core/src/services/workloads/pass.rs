@@ -594,11 +594,9 @@ impl Workloads {
                 .await
                 .map_err(internal("loading telemetry"))?;
             for s in samples {
-                let Ok(sample) = serde_json::from_str::<TelemetrySample>(&s.payload) else {
-                    continue;
-                };
+                let sample = &s.payload;
                 for d in &devs {
-                    if let Some(u) = utilisation(&sample, d) {
+                    if let Some(u) = utilisation(sample, d) {
                         gpu_has_data = true;
                         if u >= self.cfg.idle.busy_pct {
                             gpu_last_busy = gpu_last_busy.max(Some(s.at));

@@ -91,12 +91,12 @@ pub(super) struct PeriodQuery {
 }
 
 impl PeriodQuery {
-    fn usage(self) -> UsageQuery {
-        UsageQuery {
-            team: self.team,
-            from: self.from,
-            to: self.to,
-        }
+    fn usage(&self) -> Result<UsageQuery, AppError> {
+        UsageQuery::parse(
+            self.team.as_deref(),
+            self.from.as_deref(),
+            self.to.as_deref(),
+        )
     }
 }
 
@@ -122,11 +122,7 @@ pub(super) async fn ledger(
     Query(q): Query<LedgerQuery>,
 ) -> ApiResult<Page<LedgerEntryView>> {
     let page = PageRequest::new(q.offset, q.limit);
-    let query = UsageQuery {
-        team: q.team,
-        from: q.from,
-        to: q.to,
-    };
+    let query = UsageQuery::parse(q.team.as_deref(), q.from.as_deref(), q.to.as_deref())?;
     ok(s.billing.ledger(&p, &query, page).await)
 }
 
@@ -156,7 +152,8 @@ pub(super) async fn usage(
     Call(s, p): Call,
     Query(q): Query<PeriodQuery>,
 ) -> ApiResult<UsageReport> {
-    ok(s.billing.usage(&p, &q.usage()).await)
+    let query = q.usage()?;
+    ok(s.billing.usage(&p, &query).await)
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/statements/{month}", tag = "billing",
@@ -194,7 +191,7 @@ pub(super) async fn chargeback_csv(
     Call(s, p): Call,
     Query(q): Query<PeriodQuery>,
 ) -> Result<axum::response::Response, ApiError> {
-    let csv = s.billing.chargeback(&p, &q.usage()).await?;
+    let csv = s.billing.chargeback(&p, &q.usage()?).await?;
     let filename = csv.filename.clone();
     let stream = futures_util::stream::unfold(Some(csv), |state| async move {
         let mut csv = state?;
@@ -220,7 +217,7 @@ pub(super) async fn usage_csv(
     Call(s, p): Call,
     Query(q): Query<PeriodQuery>,
 ) -> Result<axum::response::Response, ApiError> {
-    let body = s.billing.usage_csv(&p, &q.usage()).await?;
+    let body = s.billing.usage_csv(&p, &q.usage()?).await?;
     Ok(csv_response(
         "tessera-usage.csv",
         axum::body::Body::from(body),
