@@ -325,6 +325,22 @@ fn utc_minute(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
+/// Why an allocation was released at its preemption deadline (`None`: no cause recorded,
+/// as a reclaim), for its history: the past-tense twin of [`preempt_cause_words`].
+pub fn preempted_words(cause: Option<PreemptCause>) -> &'static str {
+    match cause {
+        Some(PreemptCause::Drain) => "its node was drained by a platform admin",
+        Some(PreemptCause::Health) => {
+            "its GPU turned unhealthy (a critical Xid or an uncorrectable ECC error) and was \
+             taken out of service"
+        }
+        Some(PreemptCause::Booking) => "its capacity is booked by a team from this time on",
+        Some(PreemptCause::Reclaim) | None => {
+            "borrowed capacity reclaimed for a team's guaranteed share"
+        }
+    }
+}
+
 /// Why an allocation is preempted, for people.
 pub fn preempt_cause_words(cause: PreemptCause) -> &'static str {
     match cause {

@@ -252,17 +252,12 @@ pub(super) fn append_log(log: LogState, from: u64, slice: &LogSlice) {
     add.push_str(&slice.text);
     if !add.is_empty() {
         log.more.try_update(|m| {
-            m.push_str(&add);
-            if m.len() > LOG_SHOWN_MAX {
-                let mut cut = m.len() - LOG_SHOWN_MAX / 2;
-                while !m.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                m.replace_range(
-                    ..cut,
-                    "[… earlier output is not shown here; download the log for all of it …]\n",
-                );
-            }
+            push_keeping_tail(
+                m,
+                &add,
+                LOG_SHOWN_MAX,
+                "[… earlier output is not shown here; download the log for all of it …]\n",
+            );
         });
         if log
             .more

@@ -60,6 +60,19 @@ const LOG_SHOWN_MAX: usize = 1024 * 1024;
 // Shared pieces
 // ---------------------------------------------------------------------------------------
 
+/// Appends `add` to text shown on the page; past `max` bytes, the older half gives way to
+/// `notice` (cut on a character boundary), so a long-running output stays light.
+pub(super) fn push_keeping_tail(text: &mut String, add: &str, max: usize, notice: &str) {
+    text.push_str(add);
+    if text.len() > max {
+        let mut cut = text.len() - max / 2;
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        text.replace_range(..cut, notice);
+    }
+}
+
 fn state_class(state: WorkloadState) -> &'static str {
     match state {
         WorkloadState::Running | WorkloadState::Succeeded => "badge ok",

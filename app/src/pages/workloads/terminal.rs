@@ -45,14 +45,7 @@ impl Session {
 
 /// Appends `add` to the terminal text, dropping the oldest output past [`SHOWN_MAX`].
 pub(super) fn append_shown(text: &mut String, add: &str) {
-    text.push_str(add);
-    if text.len() > SHOWN_MAX {
-        let mut cut = text.len() - SHOWN_MAX / 2;
-        while !text.is_char_boundary(cut) {
-            cut += 1;
-        }
-        text.replace_range(..cut, "[… earlier output is not shown …]\n");
-    }
+    push_keeping_tail(text, add, SHOWN_MAX, "[… earlier output is not shown …]\n");
 }
 
 /// The exec route's path (and query) for a shell in `rank` of workload `id`.

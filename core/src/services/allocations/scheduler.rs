@@ -347,19 +347,7 @@ impl Allocations {
                         alloc::ReleaseCause::Preempted,
                         now,
                         None,
-                        Some(match a.preempt_cause {
-                            Some(PreemptCause::Drain) => "its node was drained by a platform admin",
-                            Some(PreemptCause::Health) => {
-                                "its GPU turned unhealthy (a critical Xid or an uncorrectable \
-                                 ECC error) and was taken out of service"
-                            }
-                            Some(PreemptCause::Booking) => {
-                                "its capacity is booked by a team from this time on"
-                            }
-                            Some(PreemptCause::Reclaim) | None => {
-                                "borrowed capacity reclaimed for a team's guaranteed share"
-                            }
-                        }),
+                        Some(tessera_domain::notify::preempted_words(a.preempt_cause)),
                     )
                     .await?
             {

@@ -24,7 +24,7 @@ use tessera_domain::wire::{GangLauncher, GangPeer, GangSpec};
 pub(super) type Members = HashMap<Uuid, Vec<WorkloadListRow>>;
 
 impl Workloads {
-    /// Rank 0 (`w`, queued) of a gang whose allocation is active with `devices_json`:
+    /// Rank 0 (`w`, queued) of a gang whose allocation is active on `all`:
     /// every member is placed on its node at once (see the module docs).
     pub(super) async fn start_gang(
         &self,
@@ -32,11 +32,11 @@ impl Workloads {
         all: &[AllocatedDevice],
     ) -> Result<bool, AppError> {
         // Members in rank order: nodes in the order the allocation lists them.
-        let mut nodes: Vec<(Uuid, String, Vec<&AllocatedDevice>)> = Vec::new();
+        let mut nodes: Vec<(Uuid, String, Vec<AllocatedDevice>)> = Vec::new();
         for d in all {
             match nodes.iter_mut().find(|n| n.0 == d.node_id) {
-                Some(n) => n.2.push(d),
-                None => nodes.push((d.node_id, d.hostname.clone(), vec![d])),
+                Some(n) => n.2.push(d.clone()),
+                None => nodes.push((d.node_id, d.hostname.clone(), vec![d.clone()])),
             }
         }
         if i64::try_from(nodes.len()).ok() != w.gang_size {
@@ -52,7 +52,7 @@ impl Workloads {
             let mut row = WorkloadRow {
                 node_id: Some(*node),
                 hostname: host.clone(),
-                devices: devs.iter().map(|d| (*d).clone()).collect(),
+                devices: devs.clone(),
                 command: w.command.clone(),
                 workdir: w.workdir.clone(),
                 image: w.image.clone(),
@@ -80,16 +80,7 @@ impl Workloads {
         };
         let placed = self
             .store
-            .place_gang(
-                w.id,
-                (
-                    *node,
-                    host,
-                    &devs.iter().map(|d| (*d).clone()).collect::<Vec<_>>(),
-                ),
-                &members,
-                self.clock.now(),
-            )
+            .place_gang(w.id, (*node, host, devs), &members, self.clock.now())
             .await
             .map_err(internal("placing a gang"))?;
         if placed {
