@@ -285,7 +285,7 @@ async fn main() {
 /// container's process is gone.
 async fn warm_start(addr: &str, work: &Path, runs: usize) {
     use std::sync::Arc;
-    use tessera_agent::sandbox::{Access, Sandbox, SandboxSettings};
+    use tessera_agent::sandbox::{Access, Process, Sandbox, SandboxSettings};
 
     let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
         use std::os::unix::fs::MetadataExt;
@@ -369,19 +369,20 @@ async fn warm_start(addr: &str, work: &Path, runs: usize) {
             port: None,
             image: in_image.then(|| held.rootfs()),
         };
+        let id = format!("warm-{i}");
+        let what = Process {
+            id: &id,
+            run: &run,
+            workspace: &workspace,
+            uid,
+            cwd: "/workspace",
+            argv: &argv,
+            env: &env,
+            access: &access,
+        };
         let t0 = Instant::now();
         let started = sandbox
-            .start(
-                &format!("warm-{i}"),
-                &run,
-                &workspace,
-                uid,
-                "/workspace",
-                &argv,
-                &env,
-                &access,
-                &log,
-            )
+            .start(&what, &log)
             .unwrap_or_else(|e| panic!("start: {e}"));
         let t_started = t0.elapsed();
         loop {

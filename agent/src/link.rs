@@ -342,15 +342,14 @@ impl ServerLink for HttpLink {
 
     async fn open_exec(&self, req: &ExecRequest) -> Result<crate::exec::ExecStream, LinkError> {
         let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
-        let resp = self
+        let request = self
             .exec_client
             .get(format!("{}/agent/v1/exec/{}", self.base, req.session))
             .bearer_auth(&self.credential)
-            .header("x-tessera-exec-secret", &req.secret)
-            .header(reqwest::header::CONNECTION, "upgrade")
-            .header(reqwest::header::UPGRADE, "websocket")
-            .header(reqwest::header::SEC_WEBSOCKET_VERSION, "13")
-            .header(reqwest::header::SEC_WEBSOCKET_KEY, key)
+            .header("x-tessera-exec-secret", &req.secret);
+        let resp = tessera_domain::wire::exec_frame::upgrade_headers(key)
+            .into_iter()
+            .fold(request, |r, (name, value)| r.header(name, value))
             .send()
             .await
             .map_err(unreachable)?;

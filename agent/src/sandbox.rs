@@ -225,6 +225,22 @@ pub struct Sandbox {
     hard_nproc: u64,
 }
 
+/// What a sandbox runs: a workload's process, as whom, where, with what it may reach.
+#[derive(Clone, Copy)]
+pub struct Process<'a> {
+    /// The container's id.
+    pub id: &'a str,
+    /// The run folder (its bundle, control folder and log).
+    pub run: &'a Path,
+    /// The team's workspace, bound at [`WORKSPACE_MOUNT`].
+    pub workspace: &'a Path,
+    pub uid: u32,
+    pub cwd: &'a str,
+    pub argv: &'a [String],
+    pub env: &'a [(OsString, OsString)],
+    pub access: &'a Access<'a>,
+}
+
 /// What one workload may reach besides its workspace and run folder.
 #[derive(Debug, Clone, Copy)]
 pub struct Access<'a> {
@@ -587,20 +603,20 @@ impl Sandbox {
 
     /// Writes the bundle into `run/bundle` and starts the container detached; its first
     /// process is `argv` (the exit-status wrapper), stdout and stderr go to `log`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(
+    pub fn start(&self, what: &Process<'_>, log: &File) -> Result<Started, String> {
+        self.start_with(what, Extras::default(), log)
+    }
+
+    /// [`Sandbox::start`] with a gang member's [`Extras`]. A network given in `extras`
+    /// becomes the container's (removed with it) once it started; when it does not
+    /// start, that network stays the caller's to remove.
+    pub fn start_with(
         &self,
-        id: &str,
-        run: &Path,
-        workspace: &Path,
-        uid: u32,
-        cwd: &str,
-        argv: &[String],
-        env: &[(OsString, OsString)],
-        access: &Access<'_>,
+        what: &Process<'_>,
+        extras: Extras,
         log: &File,
     ) -> Result<Started, String> {
-        self.start_with(
+        let Process {
             id,
             run,
             workspace,
@@ -609,28 +625,7 @@ impl Sandbox {
             argv,
             env,
             access,
-            Extras::default(),
-            log,
-        )
-    }
-
-    /// [`Sandbox::start`] with a gang member's [`Extras`]. A network given in `extras`
-    /// becomes the container's (removed with it) once it started; when it does not
-    /// start, that network stays the caller's to remove.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start_with(
-        &self,
-        id: &str,
-        run: &Path,
-        workspace: &Path,
-        uid: u32,
-        cwd: &str,
-        argv: &[String],
-        env: &[(OsString, OsString)],
-        access: &Access<'_>,
-        extras: Extras,
-        log: &File,
-    ) -> Result<Started, String> {
+        } = *what;
         let nodes = self.device_nodes(access.devices)?;
         let limits = self.limits_for(access.devices, access.gpu_fraction.unwrap_or(1.0));
         let control = run.join("ctl");
@@ -1222,6 +1217,43 @@ mod tests {
     use super::*;
     use crate::sim::SimNode;
 
+    /// The seccomp profile the bundle tests pass: everything denied.
+    fn deny_all() -> Value {
+        json!({"defaultAction": "SCMP_ACT_ERRNO"})
+    }
+
+    /// Run `r1` of team `t1` on the node's root, with nothing extra: each bundle test
+    /// changes the fields it looks at.
+    fn plain_bundle(seccomp: &Value) -> Bundle<'_> {
+        Bundle {
+            rootfs: Path::new("/state/rootfs"),
+            system: true,
+            driver: &[],
+            workspace: Path::new("/state/workspaces/t1"),
+            control: Path::new("/state/runs/r1/ctl"),
+            read_only: &[],
+            binds: &[],
+            uid: 200_001,
+            cwd: "/workspace",
+            argv: &[],
+            env: &[],
+            nodes: &[],
+            limits: Limits {
+                memory_mib: 512,
+                cpus: 1.0,
+                pids: 100,
+                tmp_mib: 64,
+                nofile: 1024,
+                nproc: 200,
+            },
+            cgroup: "/tessera/r1",
+            seccomp,
+            netns: None,
+            rsh: None,
+            names: None,
+        }
+    }
+
     #[test]
     fn mig_minors_follow_the_driver_layout() {
         let t = parse_mig_minors(&mig_minors_table(&[0, 1]));
@@ -1331,32 +1363,11 @@ mod tests {
     #[test]
     fn an_mps_pipe_directory_is_bound_read_write_at_its_path_after_tmp() {
         let pipe = vec![PathBuf::from("/tmp/state/mps/GPU-1/pipe")];
+        let seccomp = deny_all();
         let b = Bundle {
-            rootfs: Path::new("/state/rootfs"),
-            system: true,
-            driver: &[],
-            workspace: Path::new("/state/workspaces/t1"),
-            control: Path::new("/state/runs/r1/ctl"),
-            read_only: &[],
             binds: &pipe,
-            uid: 200_001,
-            cwd: "/workspace",
-            argv: &[],
-            env: &[],
-            nodes: &[],
-            limits: Limits {
-                memory_mib: 512,
-                cpus: 1.0,
-                pids: 100,
-                tmp_mib: 64,
-                nofile: 1024,
-                nproc: 200,
-            },
-            cgroup: "/tessera/r1",
-            seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: Some(Path::new("/run/netns/tsr-7")),
-            rsh: None,
-            names: None,
+            ..plain_bundle(&seccomp)
         };
         let c = b.config();
         let mounts = c["mounts"].as_array().unwrap();
@@ -1390,32 +1401,14 @@ mod tests {
             host: PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
             dest: "/usr/local/nvidia/lib64/libcuda.so.1".into(),
         }];
+        let seccomp = deny_all();
         let b = Bundle {
             rootfs: Path::new("/images/roots/abc/rootfs"),
             system: false,
             driver: &driver,
-            workspace: Path::new("/state/workspaces/t1"),
-            control: Path::new("/state/runs/r1/ctl"),
             read_only: &ro,
-            binds: &[],
-            uid: 200_001,
             cwd: "/work",
-            argv: &[],
-            env: &[],
-            nodes: &[],
-            limits: Limits {
-                memory_mib: 512,
-                cpus: 1.0,
-                pids: 100,
-                tmp_mib: 64,
-                nofile: 1024,
-                nproc: 200,
-            },
-            cgroup: "/tessera/r1",
-            seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
-            netns: None,
-            rsh: None,
-            names: None,
+            ..plain_bundle(&seccomp)
         };
         let c = b.config();
         assert_eq!(
@@ -1521,33 +1514,16 @@ mod tests {
         let env = vec![(OsString::from("A"), OsString::from("b"))];
         let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), "true".to_owned()];
         let ro = vec![PathBuf::from("/nonexistent-extra")];
-        let b = Bundle {
-            rootfs: Path::new("/state/rootfs"),
-            system: true,
-            driver: &[],
-            workspace: Path::new("/state/workspaces/t1"),
-            control: Path::new("/state/runs/r1/ctl"),
+        let seccomp = deny_all();
+        let mut b = Bundle {
             read_only: &ro,
-            binds: &[],
-            uid: 200_001,
-            cwd: "/workspace",
             argv: &argv,
             env: &env,
             nodes: &nodes,
-            limits: Limits {
-                memory_mib: 512,
-                cpus: 1.5,
-                pids: 100,
-                tmp_mib: 64,
-                nofile: 1024,
-                nproc: 200,
-            },
-            cgroup: "/tessera/r1",
-            seccomp: &json!({"defaultAction": "SCMP_ACT_ERRNO"}),
             netns: Some(Path::new("/run/netns/tsr-7")),
-            rsh: None,
-            names: None,
+            ..plain_bundle(&seccomp)
         };
+        b.limits.cpus = 1.5;
         let c = b.config();
         assert_eq!(c["process"]["user"]["uid"], 200_001);
         assert_eq!(c["process"]["noNewPrivileges"], true);
@@ -1611,35 +1587,12 @@ mod tests {
     #[test]
     fn a_gang_member_gets_the_remote_agent_read_only_on_a_folder_of_its_own() {
         let exe = Path::new("/usr/local/bin/tessera-agent");
-        let limits = Limits {
-            memory_mib: 512,
-            cpus: 1.0,
-            pids: 100,
-            tmp_mib: 64,
-            nofile: 1024,
-            nproc: 200,
-        };
-        let seccomp = json!({"defaultAction": "SCMP_ACT_ERRNO"});
+        let seccomp = deny_all();
         let bundle = |system: bool, rsh: Option<&'static Path>| {
             Bundle {
-                rootfs: Path::new("/state/rootfs"),
                 system,
-                driver: &[],
-                workspace: Path::new("/state/workspaces/t1"),
-                control: Path::new("/state/runs/r1/ctl"),
-                read_only: &[],
-                binds: &[],
-                uid: 200_001,
-                cwd: "/workspace",
-                argv: &[],
-                env: &[],
-                nodes: &[],
-                limits,
-                cgroup: "/tessera/r1",
-                seccomp: &seccomp,
-                netns: None,
                 rsh,
-                names: None,
+                ..plain_bundle(&seccomp)
             }
             .config()
         };
@@ -1680,15 +1633,7 @@ mod tests {
     #[test]
     fn a_gang_member_gets_its_host_name_and_hosts_file_read_only_over_etc_hosts() {
         let image = tempfile::tempdir().unwrap();
-        let limits = Limits {
-            memory_mib: 512,
-            cpus: 1.0,
-            pids: 100,
-            tmp_mib: 64,
-            nofile: 1024,
-            nproc: 200,
-        };
-        let seccomp = json!({"defaultAction": "SCMP_ACT_ERRNO"});
+        let seccomp = deny_all();
         let names = Names {
             hostname: "rank-3".into(),
             hosts: PathBuf::from("/state/runs/r1/hosts"),
@@ -1701,22 +1646,8 @@ mod tests {
                     image.path()
                 },
                 system,
-                driver: &[],
-                workspace: Path::new("/state/workspaces/t1"),
-                control: Path::new("/state/runs/r1/ctl"),
-                read_only: &[],
-                binds: &[],
-                uid: 200_001,
-                cwd: "/workspace",
-                argv: &[],
-                env: &[],
-                nodes: &[],
-                limits,
-                cgroup: "/tessera/r1",
-                seccomp: &seccomp,
-                netns: None,
-                rsh: None,
                 names,
+                ..plain_bundle(&seccomp)
             }
             .config()
         };

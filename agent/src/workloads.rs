@@ -90,8 +90,8 @@ use crate::network::{self, Slot};
 use crate::notebook_env::NotebookEnv;
 use crate::oci::{Image, ImageStore};
 use crate::sandbox::{
-    Access, CONTROL_MOUNT, Container, Extras, Sandbox, WORKSPACE_MOUNT, image_argv, image_env,
-    read_untrusted,
+    Access, CONTROL_MOUNT, Container, Extras, Process, Sandbox, WORKSPACE_MOUNT, image_argv,
+    image_env, read_untrusted,
 };
 
 mod gang;
@@ -837,19 +837,17 @@ impl LocalExecutor {
                     port,
                     image: image.as_ref().map(Image::rootfs),
                 };
-                start_sandboxed(
-                    sb,
-                    spec,
-                    &run,
-                    &workspace,
+                let what = Process {
+                    id: &spec.id,
+                    run: &run,
+                    workspace: &workspace,
                     uid,
-                    &container_cwd,
-                    &argv,
-                    &env,
-                    &access,
-                    extras,
-                )
-                .map(|(pid, c)| (None, pid, Some(c)))
+                    cwd: &container_cwd,
+                    argv: &argv,
+                    env: &env,
+                    access: &access,
+                };
+                start_sandboxed(sb, &what, extras).map(|(pid, c)| (None, pid, Some(c)))
             }
             _ => spawn(&run, &cwd, &argv, &env).map(|c| {
                 let pid = c.id();
@@ -1641,21 +1639,13 @@ fn with_vars(
     env
 }
 
-/// Starts `argv` under the exit-status wrapper in a container of `sb`.
-#[allow(clippy::too_many_arguments)]
+/// Starts `what` under the exit-status wrapper in a container of `sb`.
 fn start_sandboxed(
     sb: &Sandbox,
-    spec: &WorkloadSpec,
-    run: &Path,
-    workspace: &Path,
-    uid: u32,
-    cwd: &str,
-    argv: &[String],
-    env: &[(OsString, OsString)],
-    access: &Access<'_>,
+    what: &Process<'_>,
     extras: Extras,
 ) -> Result<(u32, Container), String> {
-    let log = open_run_dir(run).map_err(|e| format!("cannot create the run folder: {e}"))?;
+    let log = open_run_dir(what.run).map_err(|e| format!("cannot create the run folder: {e}"))?;
     let mut wrapped: Vec<String> = vec![
         "/bin/sh".into(),
         "-c".into(),
@@ -1663,10 +1653,12 @@ fn start_sandboxed(
         "tessera-run".into(),
         format!("{CONTROL_MOUNT}/exit"),
     ];
-    wrapped.extend(argv.iter().cloned());
-    let started = sb.start_with(
-        &spec.id, run, workspace, uid, cwd, &wrapped, env, access, extras, &log,
-    )?;
+    wrapped.extend(what.argv.iter().cloned());
+    let wrapped = Process {
+        argv: &wrapped,
+        ..*what
+    };
+    let started = sb.start_with(&wrapped, extras, &log)?;
     Ok((started.pid, started.container))
 }
 

@@ -390,7 +390,8 @@ async fn a_job_runs_in_its_image_as_the_team_uid() {
     use std::ffi::OsString;
     use std::sync::Arc;
     use tessera_agent::sandbox::{
-        Access, CONTROL_MOUNT, Sandbox, SandboxSettings, WORKSPACE_MOUNT, image_argv, image_env,
+        Access, CONTROL_MOUNT, Process, Sandbox, SandboxSettings, WORKSPACE_MOUNT, image_argv,
+        image_env,
     };
 
     if !registry_available() {
@@ -465,18 +466,18 @@ async fn a_job_runs_in_its_image_as_the_team_uid() {
         port: None,
         image: Some(held.rootfs()),
     };
+    let what = Process {
+        id: "oci-job-1",
+        run: &run,
+        workspace: &workspace,
+        uid,
+        cwd: WORKSPACE_MOUNT,
+        argv: &argv,
+        env: &env,
+        access: &access,
+    };
     let started = sandbox
-        .start(
-            "oci-job-1",
-            &run,
-            &workspace,
-            uid,
-            WORKSPACE_MOUNT,
-            &argv,
-            &env,
-            &access,
-            &log,
-        )
+        .start(&what, &log)
         .unwrap_or_else(|e| panic!("start: {e}"));
     let deadline = Instant::now() + Duration::from_secs(30);
     while Path::new(&format!("/proc/{}", started.pid)).exists() {

@@ -356,6 +356,35 @@ pub fn Authenticated(children: ChildrenFn) -> impl IntoView {
     }
 }
 
+/// The main navigation after "Dashboard": `(path, label)`.
+const MAIN_NAV: &[(&str, &str)] = &[
+    ("/allocations", "GPUs"),
+    ("/bookings", "Bookings"),
+    ("/notebooks", "Notebooks"),
+    ("/jobs", "Jobs"),
+    ("/usage", "Usage"),
+    ("/nodes", "Nodes"),
+    ("/teams", "Teams"),
+];
+
+/// The platform admins' pages, in their own group of the navigation.
+const ADMIN_NAV: &[(&str, &str)] = &[
+    ("/admin/users", "Users"),
+    ("/admin/join-tokens", "Join tokens"),
+    ("/admin/queue", "Queue"),
+    ("/admin/billing", "Billing"),
+    ("/admin/images", "Images"),
+    ("/admin/audit", "Audit"),
+];
+
+/// Links to `pages` (marked `aria-current` on the page one is on).
+fn nav_links(pages: &'static [(&'static str, &'static str)]) -> impl IntoView {
+    pages
+        .iter()
+        .map(|&(href, label)| view! { <A href=href>{label}</A> })
+        .collect_view()
+}
+
 #[component]
 fn Layout(me: Me, children: Children) -> impl IntoView {
     let logout = ServerAction::<api::Logout>::new();
@@ -368,24 +397,13 @@ fn Layout(me: Me, children: Children) -> impl IntoView {
                 <A href="/" exact=true>
                     "Dashboard"
                 </A>
-                <A href="/allocations">"GPUs"</A>
-                <A href="/bookings">"Bookings"</A>
-                <A href="/notebooks">"Notebooks"</A>
-                <A href="/jobs">"Jobs"</A>
-                <A href="/usage">"Usage"</A>
-                <A href="/nodes">"Nodes"</A>
-                <A href="/teams">"Teams"</A>
+                {nav_links(MAIN_NAV)}
                 {me
                     .is_admin
                     .then(|| {
                         view! {
                             <span class="nav-group" aria-label="Administration">
-                                <A href="/admin/users">"Users"</A>
-                                <A href="/admin/join-tokens">"Join tokens"</A>
-                                <A href="/admin/queue">"Queue"</A>
-                                <A href="/admin/billing">"Billing"</A>
-                                <A href="/admin/images">"Images"</A>
-                                <A href="/admin/audit">"Audit"</A>
+                                {nav_links(ADMIN_NAV)}
                             </span>
                         }
                     })}
@@ -666,26 +684,64 @@ mod tests {
     }
 }
 
-/// How a list's table looks: its CSS class, test id and column headings.
+/// How a list's table looks: its CSS class, test id, accessible name and column headings.
 #[derive(Debug, Clone)]
 pub struct Columns {
     class: &'static str,
-    testid: &'static str,
+    testid: Option<&'static str>,
+    label: Option<String>,
     headers: Vec<&'static str>,
+    /// Headings marked `scope="col"`.
+    scoped: bool,
+    /// Columns of numbers (from 0), right-aligned by `class="num"`.
+    numeric: Vec<usize>,
 }
 
 impl Columns {
     pub fn new(testid: &'static str, headers: &[&'static str]) -> Self {
+        Columns::unnamed(headers).testid(testid)
+    }
+
+    /// A table without a test id.
+    pub fn unnamed(headers: &[&'static str]) -> Self {
         Columns {
             class: "list",
-            testid,
+            testid: None,
+            label: None,
             headers: headers.to_vec(),
+            scoped: false,
+            numeric: Vec::new(),
+        }
+    }
+
+    /// The table's test id.
+    pub fn testid(self, testid: &'static str) -> Self {
+        Columns {
+            testid: Some(testid),
+            ..self
         }
     }
 
     /// The table's class instead of `list` (e.g. `list audit`, for its column widths).
     pub fn class(self, class: &'static str) -> Self {
         Columns { class, ..self }
+    }
+
+    /// The table's accessible name (`aria-label`).
+    pub fn label(self, label: impl Into<String>) -> Self {
+        Columns {
+            label: Some(label.into()),
+            ..self
+        }
+    }
+
+    /// Headings that say they head columns (`scope="col"`), `numeric` ones right-aligned.
+    pub fn scoped(self, numeric: &[usize]) -> Self {
+        Columns {
+            scoped: true,
+            numeric: numeric.to_vec(),
+            ..self
+        }
     }
 }
 
@@ -697,13 +753,22 @@ pub fn at(path: impl Into<String>) -> impl Fn(u32) -> String + Send + Sync + Clo
 
 /// The table of a list: headings and rows.
 pub fn list_table<R: IntoView>(columns: &Columns, rows: R) -> impl IntoView + use<R> {
+    let scope = columns.scoped.then_some("col");
     let heads = columns
         .headers
         .iter()
-        .map(|h| view! { <th>{*h}</th> })
+        .enumerate()
+        .map(|(i, h)| {
+            let class = columns.numeric.contains(&i).then_some("num");
+            view! {
+                <th scope=scope class=class>
+                    {*h}
+                </th>
+            }
+        })
         .collect_view();
     view! {
-        <table class=columns.class data-testid=columns.testid>
+        <table class=columns.class aria-label=columns.label.clone() data-testid=columns.testid>
             <thead>
                 <tr>{heads}</tr>
             </thead>
@@ -729,10 +794,11 @@ fn empty_state(empty: &impl Fn() -> AnyView) -> AnyView {
     view! { <Empty>{text}</Empty> }.into_any()
 }
 
-/// A loading list: the loading state while `list` loads, its error, or what `show` makes
-/// of it (the part the paged and unpaged tables differ in).
+/// A loading value: the loading state while `list` loads, its error (under `heading`, on a
+/// page of its own), or what `show` makes of it.
 fn loaded<L: Loadable>(
     list: Resource<Result<L, UiError>>,
+    heading: Option<&'static str>,
     show: impl Fn(L) -> AnyView + Send + Sync + Clone + 'static,
 ) -> impl IntoView {
     view! {
@@ -740,14 +806,61 @@ fn loaded<L: Loadable>(
             {move || {
                 let show = show.clone();
                 Suspend::new(async move {
-                    match list.await {
-                        Ok(l) => show(l),
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
+                    match (list.await, heading) {
+                        (Ok(l), _) => show(l),
+                        (Err(e), Some(heading)) => {
+                            view! {
+                                <h1>{heading}</h1>
+                                <Problem error=e.error />
+                            }
+                                .into_any()
+                        }
+                        (Err(e), None) => view! { <Problem error=e.error /> }.into_any(),
                     }
                 })
             }}
         </Transition>
     }
+}
+
+/// What `resource` holds once loaded: the loading state while it loads (the previous value
+/// while it reloads), the problem if it failed, else what `children` makes of the value.
+#[component]
+pub fn Loaded<T, V, F>(
+    resource: Resource<Result<T, UiError>>,
+    /// The page's heading, kept above the problem when the page is this one value.
+    #[prop(optional)]
+    heading: Option<&'static str>,
+    children: F,
+) -> impl IntoView
+where
+    T: Loadable,
+    V: IntoView + 'static,
+    F: Fn(T) -> V + Send + Sync + Clone + 'static,
+{
+    loaded(resource, heading, move |value| children(value).into_any())
+}
+
+/// [`Loaded`] for a whole list: its empty state (`empty`, inside [`Empty`]) when it holds
+/// nothing.
+#[component]
+pub fn LoadedList<T, V, F>(
+    list: Resource<Result<Vec<T>, UiError>>,
+    #[prop(into)] empty: ViewFn,
+    children: F,
+) -> impl IntoView
+where
+    T: Loadable,
+    V: IntoView + 'static,
+    F: Fn(Vec<T>) -> V + Send + Sync + Clone + 'static,
+{
+    loaded(list, None, move |items: Vec<T>| {
+        if items.is_empty() {
+            empty_state(&|| empty.run())
+        } else {
+            children(items).into_any()
+        }
+    })
 }
 
 /// A team the caller may pick (report and statement selects, statement links).
@@ -792,7 +905,7 @@ pub fn paged_table<T: Loadable, V: IntoView + 'static>(
     empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
     row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
 ) -> impl IntoView {
-    loaded(list, move |page: Page<T>| {
+    loaded(list, None, move |page: Page<T>| {
         if page.total == 0 {
             return empty_state(&empty);
         }
@@ -813,7 +926,7 @@ pub fn unpaged_table<T: Loadable, V: IntoView + 'static>(
     empty: impl Fn() -> AnyView + Send + Sync + Clone + 'static,
     row: impl Fn(T) -> V + Send + Sync + Clone + 'static,
 ) -> impl IntoView {
-    loaded(list, move |items: Vec<T>| {
+    loaded(list, None, move |items: Vec<T>| {
         if items.is_empty() {
             return empty_state(&empty);
         }

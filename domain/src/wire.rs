@@ -783,6 +783,17 @@ pub mod exec_frame {
         pub code: i32,
     }
 
+    /// The headers that ask for a WebSocket upgrade with `key` (RFC 6455 §4.1), as the CLI
+    /// and the agent send them over plain HTTP clients.
+    pub fn upgrade_headers(key: String) -> [(&'static str, String); 4] {
+        [
+            ("connection", "upgrade".into()),
+            ("upgrade", "websocket".into()),
+            ("sec-websocket-version", "13".into()),
+            ("sec-websocket-key", key),
+        ]
+    }
+
     /// One frame: the channel byte, then `payload`.
     pub fn encode(channel: Channel, payload: &[u8]) -> Vec<u8> {
         let mut v = Vec::with_capacity(payload.len() + 1);

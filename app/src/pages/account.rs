@@ -2,6 +2,7 @@ use crate::api::{
     self, ChangePassword, CreateToken, RevokeToken, SetNotificationEmail,
     SetNotificationPreference, UiError,
 };
+use crate::components::list_table;
 use crate::components::{
     Authenticated, Columns, Loading, PAGE_SIZE, PasswordInput, Problem, SecretBox, SecretSubmit,
     When, at, echoed, field_error, form_error, paged_table, use_offset,
@@ -264,15 +265,7 @@ fn Notifications(
                                 "Save address"
                             </button>
                         </ActionForm>
-                        <table class="list" data-testid="notification-prefs">
-                            <thead>
-                                <tr>
-                                    <th>"Event"</th>
-                                    <th>"How"</th>
-                                </tr>
-                            </thead>
-                            <tbody>{rows}</tbody>
-                        </table>
+                        {list_table(&Columns::new("notification-prefs", &["Event", "How"]), rows)}
                     }
                     .into_any()
                 }

@@ -6,9 +6,10 @@ use crate::api::{
     self, DecideAllocation, ExtendAllocation, ReleaseAllocation, RequestAllocation, UiError,
 };
 use crate::components::alert;
+use crate::components::list_table;
 use crate::components::{
-    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
-    field_error, paged_table, timestamp, use_hydrated,
+    Authenticated, Columns, Empty, Loaded, Loading, PAGE_SIZE, When, echoed, error_of, field_error,
+    paged_table, timestamp, use_hydrated,
 };
 use crate::components::{
     EstimateInput, Topic, free_text, kind_options, load_estimate, new_key, refresher,
@@ -922,20 +923,9 @@ impl DetailData {
 fn AllocationDetail(data: DetailData) -> impl IntoView {
     let allocation = data.allocation;
     view! {
-        <Transition fallback=Loading>
-            {move || Suspend::new(async move {
-                match allocation.await {
-                    Ok(a) => view! { <AllocationOverview a data /> }.into_any(),
-                    Err(e) => {
-                        view! {
-                            <h1>"Allocation"</h1>
-                            <Problem error=e.error />
-                        }
-                            .into_any()
-                    }
-                }
-            })}
-        </Transition>
+        <Loaded resource=allocation heading="Allocation" let:a>
+            <AllocationOverview a data />
+        </Loaded>
     }
 }
 
@@ -1414,19 +1404,10 @@ fn DevicesTable(devices: Vec<AllocatedDevice>, kind: String) -> impl IntoView {
             }
         })
         .collect_view();
-    view! {
-        <table class="list" data-testid="devices">
-            <thead>
-                <tr>
-                    <th>"Node"</th>
-                    <th>"GPU UUID"</th>
-                    <th>"Slice"</th>
-                    <th>"MIG UUID"</th>
-                </tr>
-            </thead>
-            <tbody>{rows}</tbody>
-        </table>
-    }
+    list_table(
+        &Columns::new("devices", &["Node", "GPU UUID", "Slice", "MIG UUID"]),
+        rows,
+    )
     .into_any()
 }
 
@@ -1452,19 +1433,10 @@ fn HistoryTable(a: AllocationView) -> impl IntoView {
             }
         })
         .collect_view();
-    view! {
-        <table class="list" data-testid="history">
-            <thead>
-                <tr>
-                    <th>"At"</th>
-                    <th>"Step"</th>
-                    <th>"By"</th>
-                    <th>"Note"</th>
-                </tr>
-            </thead>
-            <tbody>{rows}</tbody>
-        </table>
-    }
+    list_table(
+        &Columns::new("history", &["At", "Step", "By", "Note"]),
+        rows,
+    )
 }
 
 /// An allocation's count: `2`, or for a multi-node job `2 nodes × 1 GPU` (its `count`

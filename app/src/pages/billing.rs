@@ -6,9 +6,9 @@ use super::money;
 use crate::api::{self, SaveBudget, SetRate, UiError};
 use crate::components::kind_options;
 use crate::components::{
-    AdminOnly, Authenticated, Empty, Loading, Problem, echoed, field_error, form_error, now,
-    timestamp,
+    AdminOnly, Authenticated, LoadedList, Loading, echoed, field_error, form_error, now, timestamp,
 };
+use crate::components::{Columns, list_table};
 use crate::components::{TeamChoice, alert, load_teams};
 use leptos::prelude::*;
 use tessera_domain::billing::{BudgetView, RateView};
@@ -80,24 +80,13 @@ fn Rates(data: BillingData) -> impl IntoView {
                 "compute slices: a 1g.10gb slice is 1/7 of an H100, a 3g.40gb 3/7. "
                 "Preemptible allocations get the discount."
             </p>
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match rates.await {
-                        Ok(list) if list.is_empty() => {
-                            view! {
-                                <Empty>
-                                    <p data-testid="no-rates">
-                                        "No prices yet: GPU time is metered, but costs nothing until you set a price below."
-                                    </p>
-                                </Empty>
-                            }
-                                .into_any()
-                        }
-                        Ok(list) => view! { <RateTable list /> }.into_any(),
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+            <LoadedList
+                list=rates
+                empty=|| view! { <p data-testid="no-rates">"No prices yet: GPU time is metered, but costs nothing until you set a price below."</p> }
+                let:list
+            >
+                <RateTable list />
+            </LoadedList>
             <RateForm action=data.set_rate />
         </section>
     }
@@ -150,22 +139,22 @@ fn RateTable(list: Vec<RateView>) -> impl IntoView {
             }
         })
         .collect_view();
-    view! {
-        <table class="list" data-testid="rates">
-            <thead>
-                <tr>
-                    <th scope="col">"GPU kind"</th>
-                    <th scope="col" class="num">"Price per hour"</th>
-                    <th scope="col" class="num">"Preemptible discount"</th>
-                    <th scope="col" class="num">"High priority premium"</th>
-                    <th scope="col">"Effective from"</th>
-                    <th scope="col">"Status"</th>
-                    <th scope="col">"Set by"</th>
-                </tr>
-            </thead>
-            <tbody>{rows}</tbody>
-        </table>
-    }
+    list_table(
+        &Columns::new(
+            "rates",
+            &[
+                "GPU kind",
+                "Price per hour",
+                "Preemptible discount",
+                "High priority premium",
+                "Effective from",
+                "Status",
+                "Set by",
+            ],
+        )
+        .scoped(&[1, 2, 3]),
+        rows,
+    )
 }
 
 #[component]
@@ -329,24 +318,13 @@ fn Budgets(data: BillingData) -> impl IntoView {
                 "Budgets are per calendar month (UTC). Alerts at 50, 80 and 100 %. With a hard "
                 "limit, a request that would take the team beyond its budget waits for a platform admin."
             </p>
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match budgets.await {
-                        Ok(list) if list.is_empty() => {
-                            view! {
-                                <Empty>
-                                    <p data-testid="no-budgets">
-                                        "No team has a budget or any spend this month yet."
-                                    </p>
-                                </Empty>
-                            }
-                                .into_any()
-                        }
-                        Ok(list) => view! { <BudgetTable list /> }.into_any(),
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+            <LoadedList
+                list=budgets
+                empty=|| view! { <p data-testid="no-budgets">"No team has a budget or any spend this month yet."</p> }
+                let:list
+            >
+                <BudgetTable list />
+            </LoadedList>
             <BudgetForm action=data.save_budget teams=data.teams />
         </section>
     }
@@ -602,39 +580,25 @@ fn Statements(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoVie
         <section class="card" aria-labelledby="statements-title">
             <h2 id="statements-title">"Statements"</h2>
             <p class="hint">"What each team owes for a month, line by line."</p>
-            <Transition fallback=Loading>
-                {move || Suspend::new(async move {
-                    match teams.await {
-                        Ok(list) if list.is_empty() => {
-                            view! { <Empty>"No teams yet."</Empty> }.into_any()
-                        }
-                        Ok(list) => {
-                            let items = list
-                                .into_iter()
-                                .map(|t| {
-                                    view! {
-                                        <li>
-                                            <a href=format!("/teams/{}/statement", t.id)>{t.name}</a>
-                                            {t
-                                                .archived
-                                                .then(|| {
-                                                    view! { " " <span class="badge muted">"archived"</span> }
-                                                })}
-                                        </li>
-                                    }
-                                })
-                                .collect_view();
+            <LoadedList list=teams empty=|| "No teams yet." let:list>
+                <ul class="link-list" data-testid="statement-links">
+                    {list
+                        .into_iter()
+                        .map(|t| {
                             view! {
-                                <ul class="link-list" data-testid="statement-links">
-                                    {items}
-                                </ul>
+                                <li>
+                                    <a href=format!("/teams/{}/statement", t.id)>{t.name}</a>
+                                    {t
+                                        .archived
+                                        .then(|| {
+                                            view! { " " <span class="badge muted">"archived"</span> }
+                                        })}
+                                </li>
                             }
-                                .into_any()
-                        }
-                        Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                    }
-                })}
-            </Transition>
+                        })
+                        .collect_view()}
+                </ul>
+            </LoadedList>
         </section>
     }
 }

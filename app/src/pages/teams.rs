@@ -8,9 +8,10 @@ use crate::api::{
 };
 use crate::api::{RemoveImage, RemoveRegistryLogin, SetRegistryLogin};
 use crate::components::images::{EnvironmentSelect, TeamImages};
+use crate::components::list_table;
 use crate::components::{
-    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, SecretBox, When, at, echoed,
-    field_error, form_error, is_admin, paged_table, unpaged_table, use_offset,
+    Authenticated, Columns, Empty, Loaded, Loading, PAGE_SIZE, Problem, SecretBox, When, at,
+    echoed, field_error, form_error, is_admin, paged_table, unpaged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
@@ -328,43 +329,14 @@ fn TeamDetail(data: TeamData) -> impl IntoView {
         <a class="back" href="/teams">
             "← Teams"
         </a>
-        <Transition fallback=Loading>
-            {move || Suspend::new(async move {
-                match team.await {
-                    Ok(team) => view! { <TeamOverview team data /> }.into_any(),
-                    Err(e) => {
-                        view! {
-                            <h1>"Team"</h1>
-                            <Problem error=e.error />
-                        }
-                            .into_any()
-                    }
-                }
-            })}
-        </Transition>
+        <Loaded resource=team heading="Team" let:team>
+            <TeamOverview team data />
+        </Loaded>
     }
 }
 
 #[component]
 fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
-    let TeamData {
-        actions,
-        members,
-        quotas,
-        set_quota,
-        budget,
-        profiles,
-        save_profile,
-        delete_profile,
-        webhooks,
-        add_hook,
-        delete_hook,
-        toggle_hook,
-        grace,
-        set_grace,
-        images,
-        ..
-    } = data;
     let platform_admin = is_admin();
     let writable = !team.archived;
     let manages =
@@ -383,16 +355,16 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
             &["User", "Role", "Added"]
         };
         paged_table(
-            members,
+            data.members,
             at(path),
             Columns::new("members", headers),
             || "No members yet.".into_any(),
-            move |m| view! { <MemberRow member=m team_id=team_id.clone() manages actions /> },
+            move |m| view! { <MemberRow member=m team_id=team_id.clone() manages actions=data.actions /> },
         )
     };
     let member_notice = move || {
-        let change = actions.change.value().get().and_then(Result::ok);
-        let add = actions.add.value().get().and_then(Result::ok);
+        let change = data.actions.change.value().get().and_then(Result::ok);
+        let add = data.actions.add.value().get().and_then(Result::ok);
         change
             .map(|m| format!("{} is now {}.", m.username, m.role.label()))
             .or_else(|| add.map(|m| format!("{} added as {}.", m.username, m.role.label())))
@@ -423,70 +395,70 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
         <section class="card wide">
             <h2>"Members"</h2>
             {member_notice}
-            {form_error(move || actions.change.value().get())}
-            {form_error(move || actions.remove.value().get())}
+            {form_error(move || data.actions.change.value().get())}
+            {form_error(move || data.actions.remove.value().get())}
             {member_list}
         </section>
-        <TeamQuotas quotas />
+        <TeamQuotas quotas=data.quotas />
         <TeamProfiles
             team_id=team_id.clone()
-            profiles
-            quotas
-            images=images.seen
+            profiles=data.profiles
+            quotas=data.quotas
+            images=data.images.seen
             manages
-            save=save_profile
-            delete=delete_profile
+            save=data.save_profile
+            delete=data.delete_profile
         />
         <TeamImages
             team_id=team_id.clone()
             manages
-            catalog=images.catalog
-            add=images.add
-            remove=images.remove
-            logins=images.logins
-            set_login=images.set_login
-            remove_login=images.remove_login
+            catalog=data.images.catalog
+            add=data.images.add
+            remove=data.images.remove
+            logins=data.images.logins
+            set_login=data.images.set_login
+            remove_login=data.images.remove_login
         />
         {manages
             .then(|| {
                 view! {
                     <TeamWebhooks
                         team_id=team_id.clone()
-                        webhooks
-                        add=add_hook
-                        delete=delete_hook
-                        toggle=toggle_hook
+                        webhooks=data.webhooks
+                        add=data.add_hook
+                        delete=data.delete_hook
+                        toggle=data.toggle_hook
                     />
                 }
             })}
-        <TeamGraceCard team_id=team_id.clone() manages grace action=set_grace />
+        <TeamGraceCard team_id=team_id.clone() manages grace=data.grace action=data.set_grace />
         <TeamSpend
             team_id=team_id.clone()
-            budget
+            budget=data.budget
             finance=platform_admin || team.my_role.is_some_and(TeamRole::manages_members)
         />
         {platform_admin
-            .then(|| view! { <SetQuotaForm team_id=team_id.clone() action=set_quota /> })}
+            .then(|| view! { <SetQuotaForm team_id=team_id.clone() action=data.set_quota /> })}
         {platform_admin
             .then(|| {
                 view! {
                     <PriorityGrantForm
                         team_id=team_id.clone()
                         grant=team.high_priority
-                        action=actions.priority
+                        action=data.actions.priority
                     />
                 }
             })}
         <div class="columns">
             {manages
-                .then(|| view! { <AddMemberForm team_id=team_id.clone() action=actions.add /> })}
+                .then(|| view! { <AddMemberForm team_id=team_id.clone() action=data.actions.add /> })}
             {manages
                 .then(|| {
                     view! {
                         <RenameTeamForm
                             team_id=team_id.clone()
                             name=team.name.clone()
-                            action=actions.rename
+                            action=data.actions.rename
                         />
                     }
                 })}
@@ -496,7 +468,7 @@ fn TeamOverview(team: TeamView, data: TeamData) -> impl IntoView {
                         <ArchiveTeamForm
                             team_id=team_id.clone()
                             archived=team.archived
-                            action=actions.archive
+                            action=data.actions.archive
                         />
                     }
                 })}
@@ -744,69 +716,50 @@ fn TeamProfiles(
 ) -> impl IntoView {
     let list = {
         let team_id = team_id.clone();
-        move || {
-            let team_id = team_id.clone();
-            Suspend::new(async move {
-                match profiles.await {
-                    Ok(list) if list.is_empty() => view! {
-                        <Empty>
-                            <p data-testid="no-profiles">
-                                "No notebook profiles: members choose a GPU and hours themselves."
-                            </p>
-                        </Empty>
-                    }
-                    .into_any(),
-                    Ok(list) => {
-                        let rows = list
-                            .into_iter()
-                            .map(|p| {
-                                let (team_id, profile_id) = (team_id.clone(), p.id.to_string());
-                                let remove = manages.then(move || {
-                                    view! {
-                                        <td>
-                                            <ActionForm action=delete>
-                                                <input type="hidden" name="team_id" value=team_id />
-                                                <input type="hidden" name="id" value=profile_id />
-                                                <button type="submit" class="link danger">"Delete"</button>
-                                            </ActionForm>
-                                        </td>
-                                    }
-                                });
-                                let name = p.name.clone();
-                                let environment = p
-                                    .image_name
-                                    .unwrap_or_else(|| "Node environment".to_owned());
-                                view! {
-                                    <tr data-testid="profile-row" data-name=name>
-                                        <td>{p.name}</td>
-                                        <td>{p.kind_label}</td>
-                                        <td>{format!("{} h", p.hours)}</td>
-                                        <td data-testid="profile-environment">{environment}</td>
-                                        {remove}
-                                    </tr>
-                                }
-                            })
-                            .collect_view();
-                        view! {
-                            <table class="list" data-testid="profiles">
-                                <thead>
-                                    <tr>
-                                        <th>"Profile"</th>
-                                        <th>"GPU"</th>
-                                        <th>"Hours"</th>
-                                        <th>"Environment"</th>
-                                        {manages.then(|| view! { <th>"Manage"</th> })}
-                                    </tr>
-                                </thead>
-                                <tbody>{rows}</tbody>
-                            </table>
-                        }
-                        .into_any()
-                    }
-                    Err(e) => view! { <Problem error=e.error /> }.into_any(),
+        let headers: &[&str] = if manages {
+            &["Profile", "GPU", "Hours", "Environment", "Manage"]
+        } else {
+            &["Profile", "GPU", "Hours", "Environment"]
+        };
+        unpaged_table(
+            profiles,
+            Columns::new("profiles", headers),
+            || {
+                view! {
+                    <p data-testid="no-profiles">
+                        "No notebook profiles: members choose a GPU and hours themselves."
+                    </p>
                 }
-            })
-        }
+                .into_any()
+            },
+            move |p| {
+                let (team_id, profile_id) = (team_id.clone(), p.id.to_string());
+                let remove = manages.then(move || {
+                    view! {
+                        <td>
+                            <ActionForm action=delete>
+                                <input type="hidden" name="team_id" value=team_id />
+                                <input type="hidden" name="id" value=profile_id />
+                                <button type="submit" class="link danger">"Delete"</button>
+                            </ActionForm>
+                        </td>
+                    }
+                });
+                let name = p.name.clone();
+                let environment = p
+                    .image_name
+                    .unwrap_or_else(|| "Node environment".to_owned());
+                view! {
+                    <tr data-testid="profile-row" data-name=name>
+                        <td>{p.name}</td>
+                        <td>{p.kind_label}</td>
+                        <td>{format!("{} h", p.hours)}</td>
+                        <td data-testid="profile-environment">{environment}</td>
+                        {remove}
+                    </tr>
+                }
+            },
+        )
     };
     let form = manages.then(|| {
         let value = move || save.value().get();
@@ -871,7 +824,7 @@ fn TeamProfiles(
                 "The notebook waits for that GPU in the team's queue and gives it back when it stops."
             </p>
             {form_error(move || delete.value().get())}
-            <Transition fallback=Loading>{list}</Transition>
+            {list}
             {form}
         </section>
     }
@@ -1244,43 +1197,12 @@ fn TeamWebhooks(
     };
     let list = {
         let team_id = team_id.clone();
-        move || {
-            let team_id = team_id.clone();
-            Suspend::new(async move {
-                match webhooks.await {
-                    Ok(list) if list.is_empty() => view! {
-                        <Empty>
-                            <p data-testid="no-webhooks">"No webhooks."</p>
-                        </Empty>
-                    }
-                    .into_any(),
-                    Ok(list) => {
-                        let rows = list
-                            .into_iter()
-                            .map(|hook| {
-                                view! {
-                                    <WebhookItem team_id=team_id.clone() hook delete toggle />
-                                }
-                            })
-                            .collect_view();
-                        view! {
-                            <table class="list" data-testid="webhooks">
-                                <thead>
-                                    <tr>
-                                        <th>"URL"</th>
-                                        <th>"Status"</th>
-                                        <th>"Manage"</th>
-                                    </tr>
-                                </thead>
-                                <tbody>{rows}</tbody>
-                            </table>
-                        }
-                        .into_any()
-                    }
-                    Err(e) => view! { <Problem error=e.error /> }.into_any(),
-                }
-            })
-        }
+        unpaged_table(
+            webhooks,
+            Columns::new("webhooks", &["URL", "Status", "Manage"]),
+            || view! { <p data-testid="no-webhooks">"No webhooks."</p> }.into_any(),
+            move |hook| view! { <WebhookItem team_id=team_id.clone() hook delete toggle /> },
+        )
     };
     view! {
         <section class="card wide" aria-labelledby="webhooks-title">
@@ -1294,7 +1216,7 @@ fn TeamWebhooks(
             </p>
             {form_error(move || delete.value().get())}
             {form_error(move || toggle.value().get())}
-            <Transition fallback=Loading>{list}</Transition>
+            {list}
             {secret}
             <ActionForm action=add attr:data-testid="webhook-form" attr:novalidate=true>
                 {form_error(value)}
@@ -1495,19 +1417,19 @@ fn DeliveryLog(url: String, list: Vec<DeliveryView>) -> impl IntoView {
             }
         })
         .collect_view();
-    view! {
-        <table class="list" aria-label=format!("Deliveries to {url}") data-testid="delivery-log">
-            <thead>
-                <tr>
-                    <th>"Time"</th>
-                    <th>"Event"</th>
-                    <th>"State"</th>
-                    <th>"Attempts"</th>
-                    <th>"Last status"</th>
-                    <th>"Last error"</th>
-                </tr>
-            </thead>
-            <tbody>{rows}</tbody>
-        </table>
-    }
+    list_table(
+        &Columns::new(
+            "delivery-log",
+            &[
+                "Time",
+                "Event",
+                "State",
+                "Attempts",
+                "Last status",
+                "Last error",
+            ],
+        )
+        .label(format!("Deliveries to {url}")),
+        rows,
+    )
 }

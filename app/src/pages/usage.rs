@@ -7,6 +7,7 @@ mod chart;
 use super::money;
 use crate::api::{self, UiError};
 use crate::components::{Authenticated, Empty, Loading, Problem};
+use crate::components::{Columns, list_table};
 use crate::components::{TeamChoice, load_teams};
 use leptos::prelude::*;
 use leptos_router::components::Form;
@@ -554,20 +555,12 @@ fn DayTable(days: Vec<UsageRow>, currency: String) -> impl IntoView {
             }
         })
         .collect_view();
-    view! {
-        <table class="list compact">
-            <thead>
-                <tr>
-                    <th scope="col">"Day"</th>
-                    <th scope="col" class="num">"GPU-hours"</th>
-                    <th scope="col" class="num">"Active GPU-hours"</th>
-                    <th scope="col" class="num">"Efficiency"</th>
-                    <th scope="col" class="num">"Cost"</th>
-                </tr>
-            </thead>
-            <tbody>{rows}</tbody>
-        </table>
-    }
+    list_table(
+        &Columns::unnamed(&["Day", "GPU-hours", "Active GPU-hours", "Efficiency", "Cost"])
+            .class("list compact")
+            .scoped(&[1, 2, 3, 4]),
+        rows,
+    )
 }
 
 /// Totals per kind, user or team.

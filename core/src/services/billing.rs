@@ -346,33 +346,17 @@ impl Billing {
         };
         let (from, to) = (first.0, last.0 + Duration::hours(1));
         let due: HashSet<DateTime<Utc>> = hours.iter().map(|h| h.0).collect();
-        let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
-        for d in devices {
-            nodes.entry(d.node_id).or_default().push(d);
-        }
-        for (node, devs) in nodes {
-            let samples = self
-                .store
-                .samples_between(node, from, to)
-                .await
-                .map_err(internal("loading telemetry"))?;
-            for s in samples {
-                if !intervals.iter().any(|iv| iv.start <= s.at && s.at < iv.end) {
-                    continue;
-                }
-                let hour = b::hour_floor(s.at);
-                if !due.contains(&hour) {
-                    continue;
-                }
-                let sample = &s.payload;
-                for d in &devs {
-                    if let Some(util) = utilisation(sample, d) {
-                        let e = out.entry(hour).or_default();
-                        e.1 += 1;
-                        e.0 += i64::from(util >= self.busy_pct);
-                    }
-                }
+        for (at, util) in readings(&self.store, devices, from, to).await? {
+            if !intervals.iter().any(|iv| iv.start <= at && at < iv.end) {
+                continue;
             }
+            let hour = b::hour_floor(at);
+            if !due.contains(&hour) {
+                continue;
+            }
+            let e = out.entry(hour).or_default();
+            e.1 += 1;
+            e.0 += i64::from(util >= self.busy_pct);
         }
         Ok(out)
     }
@@ -1292,7 +1276,33 @@ fn entry_view(r: &LedgerRow) -> LedgerEntryView {
 
 /// A device's utilisation in a sample: the MIG instance's SM utilisation, or the whole
 /// GPU's; `None` when the driver could not tell.
-pub(crate) fn utilisation(s: &TelemetrySample, d: &AllocatedDevice) -> Option<u32> {
+/// Every known utilisation reading (percent) of `devices` in the telemetry samples taken
+/// from `from` to `to`, with the sample's time; node by node, each node's oldest first.
+pub(crate) async fn readings(
+    store: &Store,
+    devices: &[AllocatedDevice],
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<(DateTime<Utc>, u32)>, AppError> {
+    let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
+    for d in devices {
+        nodes.entry(d.node_id).or_default().push(d);
+    }
+    let mut out = Vec::new();
+    for (node, devs) in nodes {
+        let samples = store
+            .samples_between(node, from, to)
+            .await
+            .map_err(internal("loading telemetry"))?;
+        for s in samples {
+            let known = devs.iter().filter_map(|d| utilisation(&s.payload, d));
+            out.extend(known.map(|u| (s.at, u)));
+        }
+    }
+    Ok(out)
+}
+
+fn utilisation(s: &TelemetrySample, d: &AllocatedDevice) -> Option<u32> {
     let gpu = s.gpus.iter().find(|g| g.gpu_uuid == d.gpu_uuid)?;
     match &d.mig_uuid {
         Some(mig) => {

@@ -7,11 +7,14 @@
 //! both backends (SQLite serializes writers; PostgreSQL re-checks the condition on the
 //! locked row), so concurrent requests never admit past the limit.
 
-use super::{JsonText, NullableText, Store, StoreError, db, from_driver, live_states, on_pool};
+use super::{
+    JsonText, NullableText, Store, StoreError, db, from_driver, live_states, on_pool, placeholders,
+};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
     AllocState, AllocatedDevice, Approver, GpuKind, PreemptCause, PriorityClass, ReleaseCause,
 };
+use tessera_domain::image::CudaVersion;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -63,8 +66,8 @@ pub struct AllocationRow {
     pub over_budget: bool,
     /// The CUDA version its node's driver must support (`12.4`); `None`: any node
     /// (migration 0027).
-    #[sqlx(default)]
-    pub needs_cuda: Option<String>,
+    #[sqlx(default, try_from = "NullableText")]
+    pub needs_cuda: Option<CudaVersion>,
     /// A gang's node count (`count` is the whole gang's, an equal part on each node);
     /// `None`: one node (migration 0028).
     #[sqlx(default)]
@@ -251,7 +254,7 @@ macro_rules! bind_insert {
             .bind($r.approver.map(|a| a.as_str()))
             .bind(&$r.approval_reason)
             .bind(&$r.idempotency_key)
-            .bind(&$r.needs_cuda)
+            .bind($r.needs_cuda.map(|v| v.to_string()))
             .bind($r.gang_nodes)
             .bind($r.kind.share_milli().map(i64::from))
     };
@@ -570,10 +573,9 @@ impl Store {
         &self,
         states: &[AllocState],
     ) -> Result<Vec<AllocationRow>, StoreError> {
-        let ps: Vec<String> = (1..=states.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "SELECT {COLS} FROM allocations a WHERE a.state IN ({}) ORDER BY a.created_at, a.id",
-            ps.join(",")
+            placeholders(1, states.len())
         );
         db!(self, pool => {
             let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
@@ -594,10 +596,9 @@ impl Store {
     pub async fn allocations_by_ids(&self, ids: &[Uuid]) -> Result<Vec<AllocationRow>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
-            let ps: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
             let sql = format!(
                 "SELECT {COLS} FROM allocations a WHERE a.id IN ({})",
-                ps.join(",")
+                placeholders(1, chunk.len())
             );
             let rows = db!(self, pool => {
                 let mut q = sqlx::query_as::<_, AllocationRow>(&sql);

@@ -7,7 +7,7 @@
 //! UUIDv7 (time-ordered), so the ledger's indexes grow at their right edge instead of
 //! dirtying pages all over them: metering writes an order of magnitude less.
 
-use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool};
+use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool, placeholders};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::EntryType;
@@ -135,14 +135,6 @@ const LEDGER_CHUNK: usize = 800;
 const LEDGER_INSERT: &str = "INSERT INTO ledger_entries (id, txn_id, account, team_id, \
     amount_minor, currency, entry_type, allocation_id, hour_start, posted_at, memo) \
     VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)";
-
-/// `$n, $n+1, …` for `len` values starting at `first`.
-fn placeholders(first: usize, len: usize) -> String {
-    (first..first + len)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 fn sum(col: &str) -> String {
     format!("CAST(COALESCE(SUM({col}), 0) AS BIGINT)")

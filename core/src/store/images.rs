@@ -1,6 +1,6 @@
 //! `image_catalog`, `registry_allowlist`, `registry_logins` (issue 36).
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, on_pool, placeholders};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -53,11 +53,13 @@ impl Store {
         teams: Option<&[Uuid]>,
     ) -> Result<Vec<CatalogRow>, StoreError> {
         let ids = teams.unwrap_or_default();
-        let ps: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
         let scope = match teams {
             None => "1 = 1".to_owned(),
             Some([]) => "c.team_id IS NULL".to_owned(),
-            Some(_) => format!("c.team_id IS NULL OR c.team_id IN ({})", ps.join(", ")),
+            Some(_) => format!(
+                "c.team_id IS NULL OR c.team_id IN ({})",
+                placeholders(1, ids.len())
+            ),
         };
         let sql = format!(
             "{CATALOG} WHERE {scope} ORDER BY CASE WHEN c.team_id IS NULL THEN 0 ELSE 1 END, \

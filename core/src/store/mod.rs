@@ -178,6 +178,14 @@ nullable_as!(
     tessera_domain::wire::ShareMethod,
 );
 
+impl TryFrom<NullableText> for Option<tessera_domain::image::CudaVersion> {
+    type Error = tessera_domain::error::AppError;
+    fn try_from(v: NullableText) -> Result<Self, Self::Error> {
+        v.0.map(|s| tessera_domain::image::CudaVersion::parse(&s))
+            .transpose()
+    }
+}
+
 /// A connection pool to one of the supported databases.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -205,6 +213,14 @@ macro_rules! db {
     };
 }
 pub(crate) use db;
+
+/// `$n, $n+1, …` for `len` values starting at `first`.
+pub(crate) fn placeholders(first: usize, len: usize) -> String {
+    (first..first + len)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// A value written to a JSON text column (the write side of [`JsonText`]).
 pub(crate) fn json_text<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {

@@ -1,6 +1,8 @@
 //! `gpu_desired`, `gpu_apply_status`, `telemetry_samples`.
 
-use super::{JsonText, NullableText, Store, StoreError, db, json_text, on_node_states, on_pool};
+use super::{
+    JsonText, NullableText, Store, StoreError, db, json_text, on_node_states, on_pool, placeholders,
+};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
 use tessera_domain::wire::{ApplyStatus, DesiredInstance, MigMode, ShareMethod, TelemetrySample};
@@ -175,13 +177,7 @@ impl Store {
         let filter = match nodes {
             None => String::new(),
             Some([]) => " WHERE 1 = 0".to_owned(),
-            Some(ids) => format!(
-                " WHERE d.node_id IN ({})",
-                (1..=ids.len())
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            Some(ids) => format!(" WHERE d.node_id IN ({})", placeholders(1, ids.len())),
         };
         let sql = format!(
             "SELECT d.node_id, d.gpu_uuid, d.mode, d.layout, d.version, d.updated_at, d.sharing, \

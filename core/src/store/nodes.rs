@@ -1,6 +1,6 @@
 //! `nodes`: registered GPU servers and their last reported inventory.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, on_pool, placeholders};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -103,10 +103,9 @@ impl Store {
     ) -> Result<Vec<(Uuid, i64, String)>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
-            let ps: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
             let sql = format!(
                 "SELECT id, inventory_version, inventory FROM nodes WHERE id IN ({})",
-                ps.join(",")
+                placeholders(1, chunk.len())
             );
             let rows = on_pool!(self, pool => {
                 let mut q = sqlx::query_as::<_, (Uuid, i64, String)>(&sql);

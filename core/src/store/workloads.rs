@@ -5,7 +5,7 @@
 //! appended only at the end of what is stored, so a chunk the agent resends after a lost
 //! answer is stored once.
 
-use super::{JsonText, NullableText, Store, StoreError, db, json_text, on_pool};
+use super::{JsonText, NullableText, Store, StoreError, db, json_text, on_pool, placeholders};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PreemptCause, Ranks};
@@ -541,14 +541,13 @@ impl Store {
         if teams.is_empty() {
             return Ok(Vec::new());
         }
-        let ps: Vec<String> = (1..=teams.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "SELECT p.id, p.team_id, t.name AS team_name, p.name, p.kind, p.duration_minutes, \
              p.image_id, c.name AS image_name \
              FROM notebook_profiles p JOIN teams t ON t.id = p.team_id \
              LEFT JOIN image_catalog c ON c.id = p.image_id \
              WHERE p.team_id IN ({}) ORDER BY lower(t.name), lower(p.name)",
-            ps.join(", ")
+            placeholders(1, teams.len())
         );
         db!(self, pool => {
             let mut q = sqlx::query_as::<_, ProfileRow>(&sql);

@@ -205,12 +205,127 @@ pub fn validate(
         .ok_or_else(|| AppError::invalid("team_id", "is not a valid team id"))?;
 
     let kind = input.kind.parse::<GpuKind>()?.canonical(catalog)?;
+    let size = check_size(
+        &kind,
+        input.count,
+        input.nodes,
+        input.duration_minutes,
+        policy,
+        catalog,
+    )?;
 
-    let count = input.count;
+    let starts_at = match input.starts_at.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(raw) => check_start(parse_start(raw)?, policy, now)?,
+    };
+
+    let priority = match input.priority.as_deref().map(str::trim) {
+        None | Some("") => PriorityClass::default(),
+        Some(p) => p.parse()?,
+    };
+
+    let purpose = check_purpose(&input.purpose)?;
+
+    let needs_cuda = match input.needs_cuda.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(raw) => Some(CudaVersion::parse(raw).map_err(|_| {
+            AppError::invalid(
+                "needs_cuda",
+                format!("{raw:?} is not a CUDA version like 12.4"),
+            )
+        })?),
+    };
+
+    Ok(ValidAllocation {
+        team_id,
+        kind,
+        count: size.count,
+        units: size.units,
+        priority,
+        duration_minutes: size.duration_minutes,
+        starts_at,
+        purpose,
+        needs_cuda,
+        nodes: size.nodes,
+    })
+}
+
+/// A request already in domain types, as the server's own passes make one (a job queued
+/// again from its old allocation, a notebook profile's GPU): its kind, size, start and
+/// purpose are checked by [`validate`]'s rules against today's `policy` and `catalog`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypedRequest {
+    pub team_id: TeamId,
+    pub kind: GpuKind,
+    /// Per node for a gang, as a request asks.
+    pub count: u32,
+    /// The policy's default when `None`.
+    pub duration_minutes: Option<u32>,
+    pub starts_at: Option<DateTime<Utc>>,
+    pub priority: PriorityClass,
+    pub purpose: String,
+    pub needs_cuda: Option<CudaVersion>,
+    pub nodes: Option<u32>,
+}
+
+/// [`validate`] for a [`TypedRequest`]: nothing to parse, the same checks.
+pub fn validate_typed(
+    input: &TypedRequest,
+    policy: &AllocPolicy,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+) -> Result<ValidAllocation, AppError> {
+    let kind = input.kind.canonical(catalog)?;
+    let size = check_size(
+        &kind,
+        input.count,
+        input.nodes,
+        input.duration_minutes,
+        policy,
+        catalog,
+    )?;
+    let starts_at = match input.starts_at {
+        None => None,
+        Some(at) => check_start(at, policy, now)?,
+    };
+    Ok(ValidAllocation {
+        team_id: input.team_id,
+        kind,
+        count: size.count,
+        units: size.units,
+        priority: input.priority,
+        duration_minutes: size.duration_minutes,
+        starts_at,
+        purpose: check_purpose(&input.purpose)?,
+        needs_cuda: input.needs_cuda,
+        nodes: size.nodes,
+    })
+}
+
+/// How much a request asks for, checked: `count` of its kind (on each of `nodes`), for
+/// `duration_minutes`.
+struct Size {
+    count: u32,
+    nodes: Option<u32>,
+    /// Quota units of the whole request (every node's part).
+    units: u32,
+    duration_minutes: u32,
+}
+
+/// Checks the count (per node), nodes and duration asked for `kind` against `policy`;
+/// the policy's default duration when none is asked.
+fn check_size(
+    kind: &GpuKind,
+    count: u32,
+    nodes: Option<u32>,
+    duration_minutes: Option<u32>,
+    policy: &AllocPolicy,
+    catalog: &Catalog,
+) -> Result<Size, AppError> {
     if count == 0 {
         return Err(AppError::invalid("count", "must be at least 1"));
     }
-    match &kind {
+    match kind {
         GpuKind::Share { .. } if count != 1 => {
             return Err(AppError::invalid(
                 "count",
@@ -237,7 +352,7 @@ pub fn validate(
         }
         _ => {}
     }
-    let nodes = match input.nodes {
+    let nodes = match nodes {
         None => None,
         Some(n) => {
             if matches!(kind, GpuKind::Share { .. }) {
@@ -262,9 +377,7 @@ pub fn validate(
             (_, e) => e,
         })?;
 
-    let duration_minutes = input
-        .duration_minutes
-        .unwrap_or(policy.default_duration_minutes);
+    let duration_minutes = duration_minutes.unwrap_or(policy.default_duration_minutes);
     if duration_minutes == 0 {
         return Err(AppError::invalid(
             "duration_minutes",
@@ -280,18 +393,18 @@ pub fn validate(
             ),
         ));
     }
+    Ok(Size {
+        count,
+        nodes,
+        units,
+        duration_minutes,
+    })
+}
 
-    let starts_at = match input.starts_at.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(raw) => check_start(parse_start(raw)?, policy, now)?,
-    };
-
-    let priority = match input.priority.as_deref().map(str::trim) {
-        None | Some("") => PriorityClass::default(),
-        Some(p) => p.parse()?,
-    };
-
-    let purpose = input.purpose.trim();
+/// The purpose, trimmed: at most [`PURPOSE_MAX_CHARS`], no control characters but line
+/// breaks and tabs.
+fn check_purpose(purpose: &str) -> Result<String, AppError> {
+    let purpose = purpose.trim();
     if purpose.chars().count() > PURPOSE_MAX_CHARS {
         return Err(AppError::invalid(
             "purpose",
@@ -307,29 +420,7 @@ pub fn validate(
             "must not contain control characters",
         ));
     }
-
-    let needs_cuda = match input.needs_cuda.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(raw) => Some(CudaVersion::parse(raw).map_err(|_| {
-            AppError::invalid(
-                "needs_cuda",
-                format!("{raw:?} is not a CUDA version like 12.4"),
-            )
-        })?),
-    };
-
-    Ok(ValidAllocation {
-        team_id,
-        kind,
-        count,
-        units,
-        priority,
-        duration_minutes,
-        starts_at,
-        purpose: purpose.to_owned(),
-        needs_cuda,
-        nodes,
-    })
+    Ok(purpose.to_owned())
 }
 
 /// RFC 3339, or a zone-less `YYYY-MM-DDTHH:MM[:SS]` (what `<input type=datetime-local>`

@@ -952,15 +952,19 @@ impl Engine {
         (gpu.mode, inst)
     }
 
-    /// Says, in words a user can act on, why `r` waits.
-    pub(crate) fn reason(&self, r: &Resolved, u: Unplaced, summary: &Summary) -> String {
-        let allowed: Vec<&str> = self
-            .models
+    /// The names of the cluster's models that `r` may run on.
+    pub(crate) fn allowed_models(&self, r: &Resolved) -> Vec<&str> {
+        self.models
             .iter()
             .zip(&r.allowed)
             .filter(|(_, ok)| **ok)
             .map(|(m, _)| m.name.as_str())
-            .collect();
+            .collect()
+    }
+
+    /// Says, in words a user can act on, why `r` waits.
+    pub(crate) fn reason(&self, r: &Resolved, u: Unplaced, summary: &Summary) -> String {
+        let allowed = self.allowed_models(r);
         if allowed.is_empty() && !matches!(r.ask, Ask::Cpu) {
             return "no GPU of the allowed models is in the cluster".to_owned();
         }

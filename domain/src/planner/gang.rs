@@ -169,13 +169,7 @@ impl Engine {
         let Some(gang) = r.gang else {
             return String::new();
         };
-        let models: Vec<&str> = self
-            .models
-            .iter()
-            .zip(&r.allowed)
-            .filter(|(_, ok)| **ok)
-            .map(|(m, _)| m.name.as_str())
-            .collect();
+        let models = self.allowed_models(r);
         if models.is_empty() {
             return "no GPU of the allowed models is in the cluster".to_owned();
         }

@@ -86,27 +86,16 @@ pub async fn exec(remote: &Remote, args: ExecArgs) -> R<i32> {
         query.join("&")
     );
     let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
-    let resp = c
-        .http
-        .get(format!("{}{path}", c.base))
-        .bearer_auth(&c.token)
-        .header(reqwest::header::CONNECTION, "upgrade")
-        .header(reqwest::header::UPGRADE, "websocket")
-        .header(reqwest::header::SEC_WEBSOCKET_VERSION, "13")
-        .header(reqwest::header::SEC_WEBSOCKET_KEY, key)
+    let request = c.http.get(format!("{}{path}", c.base)).bearer_auth(&c.token);
+    let resp = exec_frame::upgrade_headers(key)
+        .into_iter()
+        .fold(request, |r, (name, value)| r.header(name, value))
         .send()
         .await
         .map_err(unreachable)?;
     let status = resp.status();
     if status != reqwest::StatusCode::SWITCHING_PROTOCOLS {
-        #[derive(serde::Deserialize)]
-        struct ErrorBody {
-            message: String,
-        }
-        let bytes = resp.bytes().await.unwrap_or_default();
-        let mut message = serde_json::from_slice::<ErrorBody>(&bytes)
-            .map(|b| b.message)
-            .unwrap_or_else(|_| format!("the server answered {status}"));
+        let mut message = super::error_message(resp).await;
         if status == reqwest::StatusCode::NOT_FOUND {
             message = format!(
                 "{message}: job {} (no such job, or not one you may see)",

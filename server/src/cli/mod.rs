@@ -102,6 +102,19 @@ impl CliError {
     }
 }
 
+/// The `message` of an error answer's body, or the status where the body has none.
+pub(crate) async fn error_message(resp: reqwest::Response) -> String {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        message: String,
+    }
+    let status = resp.status();
+    let bytes = resp.bytes().await.unwrap_or_default();
+    serde_json::from_slice::<ErrorBody>(&bytes)
+        .map(|b| b.message)
+        .unwrap_or_else(|_| format!("the server answered {status}"))
+}
+
 fn unreachable(e: reqwest::Error) -> CliError {
     CliError::usage(format!("cannot reach the server: {e}"))
 }
@@ -234,14 +247,7 @@ impl Client {
         if status.is_success() {
             return Ok(resp);
         }
-        #[derive(Deserialize)]
-        struct ErrorBody {
-            message: String,
-        }
-        let bytes = resp.bytes().await.unwrap_or_default();
-        let mut message = serde_json::from_slice::<ErrorBody>(&bytes)
-            .map(|b| b.message)
-            .unwrap_or_else(|_| format!("the server answered {status}"));
+        let mut message = error_message(resp).await;
         if status == reqwest::StatusCode::NOT_FOUND {
             // The server says no more, on purpose (a stranger's object is not found either).
             let path = path.split('?').next().unwrap_or(path);

@@ -478,15 +478,7 @@ mod tests {
                 Some("exited with 3"),
             ),
         ]));
-        for header in [
-            "Rank",
-            "Node",
-            "Devices",
-            "Address",
-            "State",
-            "Exit code",
-            "Message",
-        ] {
+        for header in RANK_HEADERS {
             assert!(table.contains(&format!(">{header}<")), "{header}: {table}");
         }
         assert!(

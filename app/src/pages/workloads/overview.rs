@@ -558,26 +558,37 @@ pub(super) fn Attempts(attempts: Vec<tessera_domain::workload::AttemptView>) -> 
                 }
             })
             .collect_view();
+        let columns = Columns::new(
+            "attempts",
+            &[
+                "Attempt",
+                "Node",
+                "Started",
+                "Ended",
+                "How it ended",
+                "GPU time",
+            ],
+        )
+        .scoped(&[]);
         view! {
             <section aria-labelledby="attempts-title">
                 <h2 id="attempts-title">"Earlier attempts"</h2>
-                <table class="list" data-testid="attempts">
-                    <thead>
-                        <tr>
-                            <th scope="col">"Attempt"</th>
-                            <th scope="col">"Node"</th>
-                            <th scope="col">"Started"</th>
-                            <th scope="col">"Ended"</th>
-                            <th scope="col">"How it ended"</th>
-                            <th scope="col">"GPU time"</th>
-                        </tr>
-                    </thead>
-                    <tbody>{rows}</tbody>
-                </table>
+                {list_table(&columns, rows)}
             </section>
         }
     })
 }
+
+/// The columns of [`ranks_table`].
+pub(super) const RANK_HEADERS: &[&str] = &[
+    "Rank",
+    "Node",
+    "Devices",
+    "Address",
+    "State",
+    "Exit code",
+    "Message",
+];
 
 /// A multi-node job's members: where each runs and how it stands.
 pub(super) fn ranks_table(ranks: Vec<tessera_domain::workload::RankView>) -> impl IntoView {
@@ -609,23 +620,11 @@ pub(super) fn ranks_table(ranks: Vec<tessera_domain::workload::RankView>) -> imp
             }
         })
         .collect_view();
+    let columns = Columns::new("ranks", RANK_HEADERS).scoped(&[]);
     view! {
         <section aria-labelledby="ranks-title">
             <h2 id="ranks-title">"Ranks"</h2>
-            <table class="list" data-testid="ranks">
-                <thead>
-                    <tr>
-                        <th scope="col">"Rank"</th>
-                        <th scope="col">"Node"</th>
-                        <th scope="col">"Devices"</th>
-                        <th scope="col">"Address"</th>
-                        <th scope="col">"State"</th>
-                        <th scope="col">"Exit code"</th>
-                        <th scope="col">"Message"</th>
-                    </tr>
-                </thead>
-                <tbody>{rows}</tbody>
-            </table>
+            {list_table(&columns, rows)}
         </section>
     }
 }

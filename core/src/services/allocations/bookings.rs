@@ -77,14 +77,26 @@ impl Allocations {
 
     /// One booking of a team the caller belongs to; another team's is `NotFound`.
     pub async fn booking(&self, p: &Principal, id: Uuid) -> Result<BookingView, AppError> {
+        let row = self.booking_row(p, id, Need::Read).await?;
+        Ok(view(&row, true, self.clock.now()))
+    }
+
+    /// A booking that `p` may act on as `need` says: another team's is `NotFound`, one of
+    /// `p`'s own teams that `p` may not act on is `Forbidden` (one check).
+    async fn booking_row(
+        &self,
+        p: &Principal,
+        id: Uuid,
+        need: Need,
+    ) -> Result<BookingListRow, AppError> {
         let row = self
             .store
             .booking(id)
             .await
             .map_err(internal("loading booking"))?
             .ok_or(AppError::NotFound)?;
-        authz::team(&self.store, p, TeamId(row.b.team_id), Need::Read).await?;
-        Ok(view(&row, true, self.clock.now()))
+        authz::team(&self.store, p, TeamId(row.b.team_id), need).await?;
+        Ok(row)
     }
 
     /// The calendar: live bookings overlapping `[from, to)` (at most 2000), every team's.
@@ -122,14 +134,7 @@ impl Allocations {
     /// Cancels a booking (a team admin of its team, or a platform admin): the capacity is
     /// free for others again, and its allocation, if it started, is released.
     pub async fn cancel_booking(&self, p: &Principal, id: Uuid) -> Result<BookingView, AppError> {
-        let row = self
-            .store
-            .booking(id)
-            .await
-            .map_err(internal("loading booking"))?
-            .ok_or(AppError::NotFound)?;
-        // Another team's booking is NotFound, its own members are Forbidden (one check).
-        authz::team(&self.store, p, TeamId(row.b.team_id), Need::ManageMembers).await?;
+        let row = self.booking_row(p, id, Need::ManageMembers).await?;
         let now = self.clock.now();
         let Some(allocation) = self
             .store
@@ -243,15 +248,7 @@ impl Allocations {
             .await
             .map_err(internal("linking a booking"))?;
         if matches!(outcome, Admitted::Held { .. }) {
-            self.audit_as(
-                None,
-                AuditAction::AllocationRequest,
-                row.id,
-                Some(row.team_id),
-                None,
-                Some(&row),
-            )
-            .await;
+            self.audit_request(None, &row).await;
         }
         tracing::info!(booking = %b.id, allocation = %id, "booking starting");
         Ok(())

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tessera_domain::alloc::{
     self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, Ask, Authority,
     FairShare, GpuKind, Held, HighGrant, NewAllocation, PendingInfo, PriorityClass, QueueEntry,
-    Quota, QuotaView, Transition,
+    Quota, QuotaView, Transition, TypedRequest, ValidAllocation,
 };
 use tessera_domain::audit::AuditAction;
 use tessera_domain::audit::AuditEntryView;
@@ -205,6 +205,36 @@ impl Allocations {
         input: &NewAllocation,
         idempotency_key: Option<&str>,
     ) -> Result<AllocationView, AppError> {
+        let (policy, catalog) = (&self.policy, &self.catalog);
+        self.request_checked(p, idempotency_key, |now| {
+            alloc::validate(input, policy, catalog, now)
+        })
+        .await
+    }
+
+    /// [`request`](Self::request) for a request the server's own passes made in domain
+    /// types (a job queued again, a notebook profile's GPU): checked by the same rules,
+    /// nothing parsed back from text.
+    pub async fn request_typed(
+        &self,
+        p: &Principal,
+        input: &TypedRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<AllocationView, AppError> {
+        let (policy, catalog) = (&self.policy, &self.catalog);
+        self.request_checked(p, idempotency_key, |now| {
+            alloc::validate_typed(input, policy, catalog, now)
+        })
+        .await
+    }
+
+    /// A request that `validate` checks at the time it is made.
+    async fn request_checked(
+        &self,
+        p: &Principal,
+        idempotency_key: Option<&str>,
+        validate: impl FnOnce(DateTime<Utc>) -> Result<ValidAllocation, AppError>,
+    ) -> Result<AllocationView, AppError> {
         let now = self.clock.now();
         let key = idempotency_key.map(str::trim).filter(|k| !k.is_empty());
         if let Some(k) = key {
@@ -218,7 +248,7 @@ impl Allocations {
                 return self.get(p, id).await;
             }
         }
-        let valid = alloc::validate(input, &self.policy, &self.catalog, now)?;
+        let valid = validate(now)?;
         let access = authz::team(&self.store, p, valid.team_id(), Need::Read).await?;
         if access.team.archived {
             return Err(AppError::Conflict {
@@ -237,7 +267,7 @@ impl Allocations {
             duration_minutes: i64::from(valid.duration_minutes()),
             starts_at: valid.starts_at(),
             idempotency_key: key.map(str::to_owned),
-            needs_cuda: valid.needs_cuda().map(|v| v.to_string()),
+            needs_cuda: valid.needs_cuda(),
             gang_nodes: valid.nodes().map(i64::from),
             ..AllocationRow::queued(
                 access.team.id,
@@ -287,15 +317,7 @@ impl Allocations {
             }
             Admitted::Moved => return Err(AppError::Internal),
         }
-        self.audit(
-            p,
-            AuditAction::AllocationRequest,
-            row.id,
-            Some(row.team_id),
-            None,
-            Some(&row),
-        )
-        .await;
+        self.audit_request(Some(p.username().as_str()), &row).await;
         self.wake.notify_one();
         self.get(p, row.id).await
     }
@@ -425,15 +447,7 @@ impl Allocations {
             }
             state = self.visible(p, id).await?.a.state;
         }
-        self.audit(
-            p,
-            AuditAction::AllocationRelease,
-            id,
-            Some(row.a.team_id),
-            Some(&row.a),
-            None,
-        )
-        .await;
+        self.audit(p, AuditAction::AllocationRelease, &row.a).await;
         self.wake.notify_one();
         self.get(p, id).await
     }
@@ -694,15 +708,7 @@ impl Allocations {
             };
             if done {
                 tracing::info!(allocation = %a.id, "ended: {note}");
-                self.audit_as(
-                    None,
-                    AuditAction::AllocationRelease,
-                    a.id,
-                    Some(a.team_id),
-                    Some(&a),
-                    None,
-                )
-                .await;
+                self.audit_system(AuditAction::AllocationRelease, &a).await;
             }
         }
         Ok(())
@@ -802,15 +808,7 @@ impl Allocations {
                 });
             }
         }
-        self.audit(
-            p,
-            AuditAction::AllocationExtend,
-            id,
-            Some(row.a.team_id),
-            Some(&row.a),
-            None,
-        )
-        .await;
+        self.audit(p, AuditAction::AllocationExtend, &row.a).await;
         self.get(p, id).await
     }
 
@@ -876,15 +874,7 @@ impl Allocations {
                     "the request changed meanwhile; reload and try again",
                 ));
             }
-            self.audit(
-                p,
-                AuditAction::AllocationDeny,
-                id,
-                Some(row.a.team_id),
-                Some(&row.a),
-                None,
-            )
-            .await;
+            self.audit(p, AuditAction::AllocationDeny, &row.a).await;
             self.wake.notify_one();
             return self.get(p, id).await;
         }
@@ -903,15 +893,7 @@ impl Allocations {
                 over_limit,
                 over_budget,
             } => {
-                self.audit(
-                    p,
-                    AuditAction::AllocationApprove,
-                    id,
-                    Some(row.a.team_id),
-                    Some(&row.a),
-                    None,
-                )
-                .await;
+                self.audit(p, AuditAction::AllocationApprove, &row.a).await;
                 if over_limit || over_budget {
                     let what = match (over_limit, over_budget) {
                         (true, true) => "limit and hard budget",
@@ -919,15 +901,7 @@ impl Allocations {
                         _ => "hard budget",
                     };
                     tracing::warn!(allocation = %id, by = %p.username(), "approved beyond the team's {what}");
-                    self.audit(
-                        p,
-                        AuditAction::AllocationOverride,
-                        id,
-                        Some(row.a.team_id),
-                        Some(&row.a),
-                        None,
-                    )
-                    .await;
+                    self.audit(p, AuditAction::AllocationOverride, &row.a).await;
                 }
             }
             Admitted::Waits { reason, .. } => {
@@ -1224,23 +1198,45 @@ impl Allocations {
             preempt_at: a.preempt_at,
             over_limit: a.over_limit,
             over_budget: a.over_budget,
-            needs_cuda: scheduler::needs_cuda(a),
+            needs_cuda: a.needs_cuda,
             nodes: a.gang_nodes.and_then(|n| u32::try_from(n).ok()),
             history: Vec::new(),
         }
     }
 
-    async fn audit(
-        &self,
-        p: &Principal,
-        action: AuditAction,
-        id: Uuid,
-        team: Option<Uuid>,
-        before: Option<&AllocationRow>,
-        after: Option<&AllocationRow>,
-    ) {
-        self.audit_as(Some(p.username().as_str()), action, id, team, before, after)
+    /// An audit entry for `action` on `before` (the allocation as it was) by `p`.
+    async fn audit(&self, p: &Principal, action: AuditAction, before: &AllocationRow) {
+        let actor = Some(p.username().as_str());
+        self.audit_as(
+            actor,
+            action,
+            before.id,
+            Some(before.team_id),
+            Some(before),
+            None,
+        )
+        .await;
+    }
+
+    /// The audit entry of a new request, `row`, by `actor` (`None`: the system's own, a
+    /// booking's).
+    async fn audit_request(&self, actor: Option<&str>, row: &AllocationRow) {
+        let action = AuditAction::AllocationRequest;
+        self.audit_as(actor, action, row.id, Some(row.team_id), None, Some(row))
             .await;
+    }
+
+    /// An audit entry for `action` on `before` (the allocation as it was) by the system.
+    async fn audit_system(&self, action: AuditAction, before: &AllocationRow) {
+        self.audit_as(
+            None,
+            action,
+            before.id,
+            Some(before.team_id),
+            Some(before),
+            None,
+        )
+        .await;
     }
 
     /// An audit entry by `actor` (`None`: the scheduler).

@@ -256,15 +256,7 @@ impl Allocations {
                 {
                     tracing::warn!(allocation = %a.id, "{why}: allocation failed");
                     report.failed += 1;
-                    self.audit_as(
-                        None,
-                        AuditAction::AllocationFail,
-                        a.id,
-                        Some(a.team_id),
-                        Some(a),
-                        None,
-                    )
-                    .await;
+                    self.audit_system(AuditAction::AllocationFail, a).await;
                 }
                 continue;
             }
@@ -329,15 +321,7 @@ impl Allocations {
                     .await?
                 {
                     report.expired += 1;
-                    self.audit_as(
-                        None,
-                        AuditAction::AllocationExpire,
-                        a.id,
-                        Some(a.team_id),
-                        Some(a),
-                        None,
-                    )
-                    .await;
+                    self.audit_system(AuditAction::AllocationExpire, a).await;
                 }
             } else if a.preempt_at.is_some_and(|e| e <= now)
                 && live.changed()
@@ -352,15 +336,7 @@ impl Allocations {
                     .await?
             {
                 report.preempted += 1;
-                self.audit_as(
-                    None,
-                    AuditAction::AllocationPreempt,
-                    a.id,
-                    Some(a.team_id),
-                    Some(a),
-                    None,
-                )
-                .await;
+                self.audit_system(AuditAction::AllocationPreempt, a).await;
             }
         }
         Ok(())
@@ -474,7 +450,7 @@ impl Allocations {
                 placed.insert(id, gang_devices(&asg.members, &by_id, &input));
                 continue;
             }
-            let Some(node_id) = Uuid::parse_str(&asg.node).ok() else {
+            let Some(node_id) = planned_node(&asg.node) else {
                 continue;
             };
             let hostname = by_id
@@ -549,7 +525,7 @@ impl Allocations {
         report: &mut TickReport,
     ) -> Result<(), AppError> {
         for r in &plan.reconfigurations {
-            let Ok(node_id) = Uuid::parse_str(&r.node) else {
+            let Some(node_id) = planned_node(&r.node) else {
                 continue;
             };
             let Some(uuid) = input.gpu_uuid.get(&(node_id, r.gpu)) else {
@@ -632,15 +608,7 @@ impl Allocations {
                     .await?
                 {
                     report.placed += 1;
-                    self.audit_as(
-                        None,
-                        AuditAction::AllocationPlace,
-                        a.id,
-                        Some(a.team_id),
-                        Some(a),
-                        None,
-                    )
-                    .await;
+                    self.audit_system(AuditAction::AllocationPlace, a).await;
                     let since = a.starts_at.unwrap_or(a.created_at).max(a.created_at);
                     report
                         .placement_waits
@@ -707,7 +675,7 @@ impl Allocations {
             })
         };
         for a in waiting {
-            let need = needs_cuda(a);
+            let need = a.needs_cuda;
             let (used, guaranteed) = quota_of_team(a.team_id, &a.model);
             let ask = to_u32(a.units);
             // `used` already counts this queued allocation.
@@ -972,6 +940,16 @@ impl Requests {
     }
 }
 
+/// The node a planner answer names: the pass gives the planner node ids as text, so an
+/// answer naming anything else is the planner's fault (`None`, logged).
+fn planned_node(node: &str) -> Option<Uuid> {
+    let id = Uuid::parse_str(node).ok();
+    if id.is_none() {
+        tracing::error!(node, "the planner answered for a node it was not given");
+    }
+    id
+}
+
 /// The queue as planner requests (a MIG request of `count` slices is `count` requests),
 /// ranked by the queue order: the first in line has the highest priority.
 fn planner_requests(
@@ -1017,7 +995,7 @@ fn push_requests(
         team: Some(a.team_id.to_string()),
         priority,
         models: vec![a.model.clone()],
-        needs_cuda: needs_cuda(a),
+        needs_cuda: a.needs_cuda,
         ..planner::Request::new(a.id.to_string())
     };
     if let Some(nodes) = a.gang_nodes {
@@ -1067,7 +1045,7 @@ fn gang_devices(
 ) -> Vec<AllocatedDevice> {
     let mut out = Vec::new();
     for m in members {
-        let Ok(node_id) = Uuid::parse_str(&m.node) else {
+        let Some(node_id) = planned_node(&m.node) else {
             continue;
         };
         let hostname = by_id
@@ -1095,11 +1073,29 @@ fn gang_devices(
     out
 }
 
-/// The CUDA version `a`'s node must support (stored as validated, so never unreadable).
-pub(super) fn needs_cuda(a: &AllocationRow) -> Option<CudaVersion> {
-    a.needs_cuda
-        .as_deref()
-        .and_then(|v| CudaVersion::parse(v).ok())
+/// The GPUs of the online nodes that are of a catalog model, with their node and model,
+/// node by node.
+pub(super) fn online_gpus<'a>(
+    nodes: &'a [NodeRow],
+    inventories: &'a HashMap<Uuid, Arc<Inventory>>,
+    catalog: &'a Catalog,
+    now: DateTime<Utc>,
+) -> impl Iterator<
+    Item = (
+        &'a NodeRow,
+        &'a tessera_domain::wire::GpuInfo,
+        &'a tessera_domain::mig::GpuModel,
+    ),
+> {
+    nodes
+        .iter()
+        .filter(move |n| cluster::is_online(n.last_heartbeat_at, now))
+        .filter_map(|n| Some((n, inventories.get(&n.id)?)))
+        .flat_map(move |(n, inv)| {
+            inv.gpus
+                .iter()
+                .filter_map(move |g| Some((n, g, catalog.get(&g.name)?)))
+        })
 }
 
 /// The nodes as the pass read them: their inventories, and what is out of service.

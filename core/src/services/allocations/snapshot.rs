@@ -115,45 +115,33 @@ impl Allocations {
         let spare = self.spare_pool().gpus;
         let mut cap = HashMap::new();
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
-        for n in nodes
-            .iter()
-            .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
-        {
-            let Some(inv) = inventories.get(&n.id) else {
+        for (n, g, m) in scheduler::online_gpus(nodes, inventories, &self.catalog, now) {
+            if drains.iter().any(|r| r.covers(n.id, &g.uuid)) || spare.contains(&g.uuid) {
                 continue;
-            };
-            for g in &inv.gpus {
-                let Some(m) = self.catalog.get(&g.name) else {
-                    continue;
-                };
-                if drains.iter().any(|r| r.covers(n.id, &g.uuid)) || spare.contains(&g.uuid) {
-                    continue;
-                }
-                if shared.contains_key(&g.uuid) {
-                    *cap.entry(alloc::shared_quota_key(m.name())).or_default() += 1000;
-                    let left =
-                        1000u32.saturating_sub(share_used.get(&g.uuid).copied().unwrap_or(0));
-                    let most = free.entry(format!("{}:share", m.name())).or_default();
-                    *most = (*most).max(left);
-                    continue;
-                }
-                *cap.entry(m.name().to_owned()).or_default() += u32::from(m.compute_slices());
-                let mig_on = g.mig_mode.is_some_and(|x| x.current == MigMode::Enabled);
-                if mig_on {
-                    for i in &g.instances {
-                        let idle = i
-                            .compute_instances
-                            .iter()
-                            .all(|c| c.process_count == Some(0));
-                        if idle && !busy.contains(&(g.uuid.as_str(), Some(i.start))) {
-                            *free
-                                .entry(format!("{}:{}", m.name(), i.profile))
-                                .or_default() += 1;
-                        }
+            }
+            if shared.contains_key(&g.uuid) {
+                *cap.entry(alloc::shared_quota_key(m.name())).or_default() += 1000;
+                let left = 1000u32.saturating_sub(share_used.get(&g.uuid).copied().unwrap_or(0));
+                let most = free.entry(format!("{}:share", m.name())).or_default();
+                *most = (*most).max(left);
+                continue;
+            }
+            *cap.entry(m.name().to_owned()).or_default() += u32::from(m.compute_slices());
+            let mig_on = g.mig_mode.is_some_and(|x| x.current == MigMode::Enabled);
+            if mig_on {
+                for i in &g.instances {
+                    let idle = i
+                        .compute_instances
+                        .iter()
+                        .all(|c| c.process_count == Some(0));
+                    if idle && !busy.contains(&(g.uuid.as_str(), Some(i.start))) {
+                        *free
+                            .entry(format!("{}:{}", m.name(), i.profile))
+                            .or_default() += 1;
                     }
-                } else if !busy.contains(&(g.uuid.as_str(), None)) {
-                    *free.entry(format!("{}:whole", m.name())).or_default() += 1;
                 }
+            } else if !busy.contains(&(g.uuid.as_str(), None)) {
+                *free.entry(format!("{}:whole", m.name())).or_default() += 1;
             }
         }
         (cap, free)

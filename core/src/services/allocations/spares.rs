@@ -194,34 +194,23 @@ impl Allocations {
             .collect();
         let last = self.spare_pool().gpus;
         let mut candidates = Vec::new();
-        for n in nodes
-            .iter()
-            .filter(|n| cluster::is_online(n.last_heartbeat_at, now))
-        {
-            let Some(inv) = inventories.get(&n.id) else {
+        for (n, g, model) in scheduler::online_gpus(nodes, inventories, &self.catalog, now) {
+            if shared.contains_key(&g.uuid) || drains.iter().any(|r| r.covers(n.id, &g.uuid)) {
                 continue;
-            };
-            for g in &inv.gpus {
-                let Some(model) = self.catalog.get(&g.name) else {
-                    continue;
-                };
-                if shared.contains_key(&g.uuid) || drains.iter().any(|r| r.covers(n.id, &g.uuid)) {
-                    continue;
-                }
-                let processes = g
-                    .instances
-                    .iter()
-                    .flat_map(|i| &i.compute_instances)
-                    .any(|c| c.process_count.is_some_and(|p| p > 0));
-                candidates.push(Candidate {
-                    uuid: g.uuid.clone(),
-                    model: model.name().to_owned(),
-                    hostname: n.hostname.clone(),
-                    index: g.index,
-                    idle: !busy.contains(&(n.id, g.uuid.clone())) && !processes,
-                    was_spare: last.contains(&g.uuid),
-                });
             }
+            let processes = g
+                .instances
+                .iter()
+                .flat_map(|i| &i.compute_instances)
+                .any(|c| c.process_count.is_some_and(|p| p > 0));
+            candidates.push(Candidate {
+                uuid: g.uuid.clone(),
+                model: model.name().to_owned(),
+                hostname: n.hostname.clone(),
+                index: g.index,
+                idle: !busy.contains(&(n.id, g.uuid.clone())) && !processes,
+                was_spare: last.contains(&g.uuid),
+            });
         }
         let pools = spares::choose(&rules, &candidates);
         let pool = SparePool {
@@ -286,7 +275,7 @@ impl Allocations {
         new.purpose = a.purpose.clone();
         new.duration_minutes = left;
         new.approver = a.approver;
-        new.needs_cuda = a.needs_cuda.clone();
+        new.needs_cuda = a.needs_cuda;
         let note = format!("{why}; moved to a hot spare as allocation {}", new.id);
         if !self
             .store

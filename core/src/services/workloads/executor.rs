@@ -428,23 +428,7 @@ impl Workloads {
             // The executor stopped it because its allocation ended (before this
             // server's pass asked it to): a stop, not a failure of the workload.
             let end = stop_end(w);
-            let stopping = WorkloadChange {
-                message: Some(allocation_gone(alloc)),
-                stop_state: Some(end),
-                ..WorkloadChange::default()
-            };
-            let moved = self
-                .store
-                .workload_step(
-                    w.id,
-                    state.as_str(),
-                    "stopping",
-                    &stopping,
-                    self.clock.now(),
-                )
-                .await
-                .map_err(internal("stopping workload"))?;
-            if moved {
+            if self.mark_stopping(w, allocation_gone(alloc), end).await? {
                 self.store
                     .workload_step(
                         w.id,

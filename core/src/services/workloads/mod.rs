@@ -10,7 +10,7 @@
 
 use super::allocations::Allocations;
 use super::authz::{self, Need};
-use super::billing::utilisation;
+use super::billing::readings;
 use super::internal;
 use super::nodes::NodeIdentity;
 use super::tenancy::paged;
@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::services::audit::Entry;
 use crate::store::{ProfileRow, Store, WorkloadChange, WorkloadListRow, WorkloadRow};
 use chrono::{DateTime, Duration, Utc};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tessera_domain::account::Username;
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};

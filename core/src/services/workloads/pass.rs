@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::store::{AttemptEnd, NewEvent};
+use tessera_domain::alloc::TypedRequest;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::notify::EventKind;
 
@@ -13,6 +14,31 @@ impl Workloads {
         message: &str,
     ) -> Result<bool, AppError> {
         self.request_stop_as(w, stop_end(w), message).await
+    }
+
+    /// Moves `w` from the state it was read in to `stopping`, to end as `end` with
+    /// `message`; `false` if it had moved meanwhile.
+    pub(super) async fn mark_stopping(
+        &self,
+        w: &WorkloadRow,
+        message: String,
+        end: WorkloadState,
+    ) -> Result<bool, AppError> {
+        let change = WorkloadChange {
+            message: Some(message),
+            stop_state: Some(end),
+            ..WorkloadChange::default()
+        };
+        self.store
+            .workload_step(
+                w.id,
+                w.state.as_str(),
+                WorkloadState::Stopping.as_str(),
+                &change,
+                self.clock.now(),
+            )
+            .await
+            .map_err(internal("stopping workload"))
     }
 
     /// [`request_stop`](Self::request_stop), ending in `end` (a gang member stopped
@@ -35,22 +61,7 @@ impl Workloads {
             }
             return Ok(true);
         }
-        let change = WorkloadChange {
-            message: Some(message.into()),
-            stop_state: Some(end),
-            ..WorkloadChange::default()
-        };
-        let moved = self
-            .store
-            .workload_step(
-                w.id,
-                state.as_str(),
-                WorkloadState::Stopping.as_str(),
-                &change,
-                self.clock.now(),
-            )
-            .await
-            .map_err(internal("stopping workload"))?;
+        let moved = self.mark_stopping(w, message.into(), end).await?;
         if moved && state == WorkloadState::Pending {
             // Never started (as far as the server knows): it leaves the node's desired
             // set, so an executor that did start it meanwhile stops and forgets it.
@@ -195,16 +206,16 @@ impl Workloads {
             return Ok(false);
         };
         let owner = Principal::of_user(UserId(w.user_id), username, user.is_admin);
-        let req = NewAllocation {
-            team_id: old.a.team_id.to_string(),
-            kind: old.a.kind.to_string(),
+        let req = TypedRequest {
+            team_id: TeamId(old.a.team_id),
+            kind: old.a.kind.clone(),
             // A gang's count is the whole gang's; the request asks per node.
             count: u32::try_from(old.a.count / old.a.gang_nodes.unwrap_or(1).max(1)).unwrap_or(1),
             duration_minutes: u32::try_from(old.a.duration_minutes).ok(),
             starts_at: None,
-            priority: Some(old.a.priority.to_string()),
+            priority: old.a.priority,
             purpose: old.a.purpose.clone(),
-            needs_cuda: old.a.needs_cuda.clone(),
+            needs_cuda: old.a.needs_cuda,
             nodes: old.a.gang_nodes.and_then(|n| u32::try_from(n).ok()),
         };
         let attempt = w.attempt + 1;
@@ -218,7 +229,7 @@ impl Workloads {
             .map_err(internal("loading replacement"))?;
         let fresh = match spare {
             Some(id) => id,
-            None => match self.allocations.request(&owner, &req, Some(&key)).await {
+            None => match self.allocations.request_typed(&owner, &req, Some(&key)).await {
                 Ok(a) => a.id,
                 Err(e) => {
                     tracing::warn!(workload = %w.id, error = %e, "a preempted job could not be queued again");
@@ -576,35 +587,14 @@ impl Workloads {
         w: &WorkloadRow,
         now: DateTime<Utc>,
     ) -> Result<ActivitySignals, AppError> {
-        let devices = &w.devices;
-        let mut gpu_last_busy = None;
-        let mut gpu_has_data = false;
-        let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
-        for d in devices {
-            nodes.entry(d.node_id).or_default().push(d);
-        }
-        for (node, devs) in nodes {
-            let samples = self
-                .store
-                .samples_between(
-                    node,
-                    now - self.cfg.idle.idle_after,
-                    now + Duration::seconds(1),
-                )
-                .await
-                .map_err(internal("loading telemetry"))?;
-            for s in samples {
-                let sample = &s.payload;
-                for d in &devs {
-                    if let Some(u) = utilisation(sample, d) {
-                        gpu_has_data = true;
-                        if u >= self.cfg.idle.busy_pct {
-                            gpu_last_busy = gpu_last_busy.max(Some(s.at));
-                        }
-                    }
-                }
-            }
-        }
+        let (from, to) = (now - self.cfg.idle.idle_after, now + Duration::seconds(1));
+        let readings = readings(&self.store, &w.devices, from, to).await?;
+        let gpu_has_data = !readings.is_empty();
+        let gpu_last_busy = readings
+            .iter()
+            .filter(|(_, u)| *u >= self.cfg.idle.busy_pct)
+            .map(|(at, _)| *at)
+            .max();
         Ok(ActivitySignals {
             kernel_last_activity: w.kernel_activity,
             kernel_busy: w.kernel_busy,
