@@ -86,7 +86,10 @@ pub async fn exec(remote: &Remote, args: ExecArgs) -> R<i32> {
         query.join("&")
     );
     let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
-    let request = c.http.get(format!("{}{path}", c.base)).bearer_auth(&c.token);
+    let request = c
+        .http
+        .get(format!("{}{path}", c.base))
+        .bearer_auth(&c.token);
     let resp = exec_frame::upgrade_headers(key)
         .into_iter()
         .fold(request, |r, (name, value)| r.header(name, value))
