@@ -7,8 +7,7 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::jupyter::{create_venv, python_works};
-use crate::step;
+use crate::jupyter::install_into;
 
 /// The JAX release installed (PyPI `jax[cpu]`: jax and jaxlib of this version).
 pub const VERSION: &str = "0.10.2";
@@ -34,25 +33,7 @@ pub fn provision(venv: &Path) -> Result<PathBuf> {
     if installed_version(venv).as_deref() == Some(VERSION) {
         return Ok(python);
     }
-    if !python_works(venv) {
-        create_venv(venv)?;
-    }
-    step(
-        &format!("pip install jax[cpu]=={VERSION} (into {})", venv.display()),
-        Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            &format!("jax[cpu]=={VERSION}"),
-        ]),
-    )?;
-    // Sandboxed gang members run as other uids (200000+).
-    step(
-        "make the JAX environment readable by the workload sandbox",
-        Command::new("chmod").arg("-R").arg("a+rX").arg(venv),
-    )?;
+    install_into(venv, &format!("jax[cpu]=={VERSION}"), "JAX")?;
     let got = installed_version(venv)
         .with_context(|| format!("{} cannot import jax", python.display()))?;
     if got != VERSION {

@@ -33,30 +33,7 @@ pub fn provision(venv: &Path, version: &str) -> Result<bool> {
     if installed_version(venv).as_deref() == Some(version) {
         return Ok(false);
     }
-    if !python_works(venv) {
-        create_venv(venv)?;
-    }
-    let python = venv.join("bin/python");
-    step(
-        &format!(
-            "pip install jupyterlab=={version} (into {})",
-            venv.display()
-        ),
-        Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            &format!("jupyterlab=={version}"),
-        ]),
-    )?;
-    // The sandboxed workloads run as other uids (200000+) and must read it whatever the
-    // umask was.
-    step(
-        "make the JupyterLab environment readable by the workload sandbox",
-        Command::new("chmod").arg("-R").arg("a+rX").arg(venv),
-    )?;
+    install_into(venv, &format!("jupyterlab=={version}"), "JupyterLab")?;
     let answer = Command::new(venv.join("bin/jupyter"))
         .args(["lab", "--version"])
         .env("PATH", PLAIN_PATH)
@@ -94,7 +71,31 @@ fn installed_version(venv: &Path) -> Option<String> {
 
 /// Whether `venv`'s interpreter runs (it is gone, or broken when the Python it was made
 /// from changed).
-pub(crate) fn python_works(venv: &Path) -> bool {
+/// Installs `spec` with pip into the virtual environment `venv` (made first when it does
+/// not work), then makes the whole environment readable to everyone: sandboxed workloads
+/// run as other uids (200000+) and must read it whatever the umask was.
+pub(crate) fn install_into(venv: &Path, spec: &str, name: &str) -> Result<()> {
+    if !python_works(venv) {
+        create_venv(venv)?;
+    }
+    step(
+        &format!("pip install {spec} (into {})", venv.display()),
+        Command::new(venv.join("bin/python")).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            spec,
+        ]),
+    )?;
+    step(
+        &format!("make the {name} environment readable by the workload sandbox"),
+        Command::new("chmod").arg("-R").arg("a+rX").arg(venv),
+    )
+}
+
+fn python_works(venv: &Path) -> bool {
     Command::new(venv.join("bin/python"))
         .args(["-c", "import sys; sys.exit(sys.prefix == sys.base_prefix)"])
         .stdout(Stdio::null())
@@ -105,7 +106,7 @@ pub(crate) fn python_works(venv: &Path) -> bool {
 
 /// `python3 -m venv`, installing Debian's `python3-venv` first when that is what is
 /// missing and we are root.
-pub(crate) fn create_venv(venv: &Path) -> Result<()> {
+fn create_venv(venv: &Path) -> Result<()> {
     let attempt = || -> Result<std::process::Output> {
         if venv.exists() {
             std::fs::remove_dir_all(venv)

@@ -205,44 +205,41 @@ fn ensure_tools(for_tests: bool) -> Result<()> {
             )?;
         }
     }
-    let mut packages = Vec::new();
-    if !Path::new("/usr/bin/chromium").exists() {
-        packages.extend(["chromium", "chromium-driver"]);
-    }
-    if !have("initdb") && !Path::new(&pg_bin("initdb")).exists() {
-        packages.push("postgresql");
-    }
-    if !have("npm") {
-        packages.extend(["nodejs", "npm"]);
-    }
-    if !have("promtool") {
-        packages.push("prometheus");
-    }
-    // The multi-host test's network namespaces (`ip netns`, `nsenter`).
-    if !have("ip") {
-        packages.push("iproute2");
-    }
-    if !have("nsenter") {
-        packages.push("util-linux");
-    }
-    // The image pull tests' registry, the busybox their images carry, and htpasswd
-    // for the registry's basic auth (agent/tests/oci_registry.rs).
-    if !Path::new("/usr/bin/docker-registry").exists() {
-        packages.push("docker-registry");
-    }
-    if !Path::new("/bin/busybox").exists() {
-        packages.push("busybox-static");
-    }
-    if !have("htpasswd") {
-        packages.push("apache2-utils");
-    }
-    // The gang tests' MPI job (e2e/gang/allreduce.py, Debian's python3).
-    if !have("mpirun") {
-        packages.push("openmpi-bin");
-    }
-    if !Path::new("/usr/lib/python3/dist-packages/mpi4py").exists() {
-        packages.push("python3-mpi4py");
-    }
+    // What the tests need from Debian, each with what shows it is there already.
+    let debian: [(bool, &[&str]); 11] = [
+        (
+            Path::new("/usr/bin/chromium").exists(),
+            &["chromium", "chromium-driver"],
+        ),
+        (
+            have("initdb") || Path::new(&pg_bin("initdb")).exists(),
+            &["postgresql"],
+        ),
+        (have("npm"), &["nodejs", "npm"]),
+        (have("promtool"), &["prometheus"]),
+        // The multi-host test's network namespaces (`ip netns`, `nsenter`).
+        (have("ip"), &["iproute2"]),
+        (have("nsenter"), &["util-linux"]),
+        // The image pull tests' registry, the busybox their images carry, and htpasswd
+        // for the registry's basic auth (agent/tests/oci_registry.rs).
+        (
+            Path::new("/usr/bin/docker-registry").exists(),
+            &["docker-registry"],
+        ),
+        (Path::new("/bin/busybox").exists(), &["busybox-static"]),
+        (have("htpasswd"), &["apache2-utils"]),
+        // The gang tests' MPI job (e2e/gang/allreduce.py, Debian's python3).
+        (have("mpirun"), &["openmpi-bin"]),
+        (
+            Path::new("/usr/lib/python3/dist-packages/mpi4py").exists(),
+            &["python3-mpi4py"],
+        ),
+    ];
+    let packages: Vec<&str> = debian
+        .iter()
+        .filter(|(there, _)| !there)
+        .flat_map(|(_, p)| p.iter().copied())
+        .collect();
     if !packages.is_empty() {
         apt_install(&packages)?;
     }
