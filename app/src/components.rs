@@ -297,16 +297,259 @@ pub fn echoed<T: 'static>(
     }
 }
 
-/// A password input with a show/hide toggle (the toggle needs the wasm bundle).
+/// What a [`Field`] asks for: the type of its input and the constraints the browser shows.
+/// Built like `FieldInput::number("1").placeholder("never")`.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldInput {
+    kind: Option<&'static str>,
+    min: Option<&'static str>,
+    max: Option<&'static str>,
+    inputmode: Option<&'static str>,
+    placeholder: Option<&'static str>,
+    autocomplete: Option<&'static str>,
+    maxlength: Option<&'static str>,
+    /// A `<textarea>` of this many rows instead of an `<input>`.
+    rows: Option<&'static str>,
+    required: bool,
+}
+
+impl FieldInput {
+    /// An input of text with no constraints (or, with options, a plain `<select>`).
+    pub const PLAIN: Self = Self {
+        kind: None,
+        min: None,
+        max: None,
+        inputmode: None,
+        placeholder: None,
+        autocomplete: None,
+        maxlength: None,
+        rows: None,
+        required: false,
+    };
+
+    /// Free text the browser should not complete from history (names, notes).
+    pub const fn text() -> Self {
+        Self::PLAIN.autocomplete("off")
+    }
+
+    /// A whole number from `min` up, with the numeric keypad on phones.
+    pub const fn number(min: &'static str) -> Self {
+        Self {
+            kind: Some("number"),
+            min: Some(min),
+            inputmode: Some("numeric"),
+            ..Self::PLAIN
+        }
+    }
+
+    /// An input of another `type` (`url`, `email`, `datetime-local`…).
+    pub const fn of(kind: &'static str) -> Self {
+        Self {
+            kind: Some(kind),
+            ..Self::PLAIN
+        }
+    }
+
+    /// Text over several lines: a `<textarea>` of `rows` rows.
+    pub const fn lines(rows: &'static str) -> Self {
+        Self {
+            rows: Some(rows),
+            ..Self::PLAIN
+        }
+    }
+
+    pub const fn placeholder(self, placeholder: &'static str) -> Self {
+        Self {
+            placeholder: Some(placeholder),
+            ..self
+        }
+    }
+
+    pub const fn autocomplete(self, autocomplete: &'static str) -> Self {
+        Self {
+            autocomplete: Some(autocomplete),
+            ..self
+        }
+    }
+
+    pub const fn inputmode(self, inputmode: &'static str) -> Self {
+        Self {
+            inputmode: Some(inputmode),
+            ..self
+        }
+    }
+
+    pub const fn max(self, max: &'static str) -> Self {
+        Self {
+            max: Some(max),
+            ..self
+        }
+    }
+
+    pub const fn maxlength(self, maxlength: &'static str) -> Self {
+        Self {
+            maxlength: Some(maxlength),
+            ..self
+        }
+    }
+
+    pub const fn required(self) -> Self {
+        Self {
+            required: true,
+            ..self
+        }
+    }
+}
+
+impl Default for FieldInput {
+    fn default() -> Self {
+        Self::PLAIN
+    }
+}
+
+/// A form field: its label, its input (see [`FieldInput`]), an optional hint and the error
+/// the last submission gave it. The input shows what the user typed when a submission
+/// failed (so a form posted without JavaScript keeps its values), else `default`; a success
+/// clears it for the next entry unless `keep` says otherwise. A password is never shown
+/// again.
 #[component]
-pub fn PasswordInput(
+pub fn Field<T, R>(
+    /// The form's last result (`move || action.value().get()`).
+    result: R,
+    /// The element id the label points at.
+    #[prop(into)]
+    id: String,
+    /// The form field's name, as the server function and its errors call it.
+    name: &'static str,
+    label: &'static str,
+    #[prop(optional)] input: FieldInput,
+    /// What the input shows when nothing was echoed back.
+    #[prop(optional, into)]
+    default: String,
+    /// A line under the input that describes it (`id="{id}-hint"`).
+    #[prop(optional)]
+    hint: Option<&'static str>,
+    /// Leaves what the user typed in place after a success.
+    #[prop(optional)]
+    keep: bool,
+    /// Follows what the user types or chooses, for what the form works out from it (an
+    /// estimate).
+    #[prop(optional)]
+    typed: Option<RwSignal<String>>,
+    /// The options of a `<select>`, which the field then is instead of an input.
+    #[prop(optional)]
+    children: Option<Children>,
+) -> impl IntoView
+where
+    T: 'static,
+    R: Fn() -> Option<Result<T, UiError>> + Send + Sync + Copy + 'static,
+{
+    let echo = echoed(result, name);
+    let value = move || {
+        let typed = echo();
+        if typed.is_empty() {
+            default.clone()
+        } else {
+            typed
+        }
+    };
+    let FieldInput {
+        kind,
+        min,
+        max,
+        inputmode,
+        placeholder,
+        autocomplete,
+        maxlength,
+        rows,
+        required,
+    } = input;
+    let hint_id = hint.map(|_| format!("{id}-hint"));
+    let hint = hint.map(|text| {
+        view! {
+            <p class="hint" id=hint_id.clone()>
+                {text}
+            </p>
+        }
+    });
+    let echoes = kind != Some("password");
+    let follow = move |ev: leptos::ev::Event| {
+        if let Some(typed) = typed {
+            typed.set(event_target_value(&ev));
+        }
+    };
+    let control = match (children, rows) {
+        (Some(options), _) => view! {
+            <select id=id.clone() name=name required=required on:change=follow>
+                {options()}
+            </select>
+        }
+        .into_any(),
+        (None, Some(rows)) => {
+            let typed = untrack(value.clone());
+            view! {
+                <textarea
+                    id=id.clone()
+                    name=name
+                    rows=rows
+                    maxlength=maxlength
+                    placeholder=placeholder
+                    required=required
+                    prop:value=move || (!keep).then(&value)
+                >
+                    {typed}
+                </textarea>
+            }
+            .into_any()
+        }
+        (None, None) => view! {
+            <input
+                id=id.clone()
+                name=name
+                type=kind
+                min=min
+                max=max
+                inputmode=inputmode
+                placeholder=placeholder
+                autocomplete=autocomplete
+                maxlength=maxlength
+                required=required
+                aria-describedby=hint_id
+                value={
+                    let value = value.clone();
+                    move || echoes.then(&value)
+                }
+                prop:value=move || (echoes && !keep).then(&value)
+                on:input=follow
+            />
+        }
+        .into_any(),
+    };
+    view! {
+        <label for=id>{label}</label>
+        {control}
+        {hint}
+        {field_error(result, name)}
+    }
+}
+
+/// A password input with a show/hide toggle (the toggle needs the wasm bundle), and the
+/// error the last submission gave it.
+#[component]
+pub fn PasswordInput<T, R>(
+    /// The form's last result (`move || action.value().get()`).
+    result: R,
     name: &'static str,
     label: &'static str,
     #[prop(default = "current-password")] autocomplete: &'static str,
     /// Overrides the element id (defaults to `name`), for forms repeated on one page.
     #[prop(optional, into)]
     id: Option<String>,
-) -> impl IntoView {
+) -> impl IntoView
+where
+    T: 'static,
+    R: Fn() -> Option<Result<T, UiError>> + Send + Sync + Copy + 'static,
+{
     let visible = RwSignal::new(false);
     let id = id.unwrap_or_else(|| name.to_owned());
     view! {
@@ -329,6 +572,7 @@ pub fn PasswordInput(
                 {move || if visible.get() { "Hide" } else { "Show" }}
             </button>
         </div>
+        {field_error(result, name)}
     }
 }
 
@@ -974,6 +1218,31 @@ pub async fn load_estimate(input: Option<EstimateInput>) -> Result<String, UiErr
             api::estimate_cost(i.kind, i.count, i.hours, i.priority).await
         }
         _ => Ok(String::new()),
+    }
+}
+
+/// A GPU request's cost estimate ([`load_estimate`]), read out as it changes; hidden while
+/// there is none. `terms` follows the cost (" at today's prices").
+#[component]
+pub fn CostEstimate(
+    cost: Resource<Result<String, UiError>>,
+    testid: &'static str,
+    terms: &'static str,
+) -> impl IntoView {
+    let text = move || cost.get().and_then(Result::ok).filter(|s| !s.is_empty());
+    view! {
+        <p class="estimate" data-testid=testid aria-live="polite" hidden=move || text().is_none()>
+            {move || {
+                text()
+                    .map(|cost| {
+                        view! {
+                            "Estimated cost: "
+                            <strong>{cost}</strong>
+                            {terms}
+                        }
+                    })
+            }}
+        </p>
     }
 }
 

@@ -25,8 +25,11 @@ use std::time::Duration;
 use store::Store;
 
 /// The use cases, wired to their dependencies; shared as `Arc<Services>` by every adapter.
+/// It holds no store of its own: the adapters reach rows only through the services,
+/// which authorize.
 pub struct Services {
-    pub store: Store,
+    /// What the replicas coordinate through (leader lease, wake-ups, readiness).
+    pub coordination: store::Coordination,
     pub accounts: Accounts,
     pub tenancy: Tenancy,
     pub tokens: Tokens,
@@ -97,7 +100,7 @@ impl Services {
             images,
             allocations,
             billing,
-            store,
+            coordination: store::Coordination::new(store),
             signals,
             session_absolute_timeout,
             clock,

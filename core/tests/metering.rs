@@ -5,31 +5,18 @@
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use common::{Lcg, services_with_admin};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use tessera_core::Services;
 use tessera_core::auth::Principal;
-use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
-use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::{self, Rate, RateCard};
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
-
-/// A tiny seeded generator (no dependency, reproducible).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
 
 struct Spec {
     kind: &'static str,
@@ -47,21 +34,8 @@ const KINDS: [(&str, u32); 4] = [
     ("A100-SXM4-40GB:2g.10gb", 2),
 ];
 
-async fn world(url: &str) -> (Services, Principal, Uuid) {
-    let store = Store::connect(url).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    let services = Services::new(
-        store.clone(),
-        Hasher::new(1, 4).expect("hasher"),
-        Arc::new(LoginLimiter::new(Default::default())),
-        std::time::Duration::from_secs(3600),
-    );
-    let pw = NewPassword::parse("metering-test-password", "p").expect("pw");
-    services
-        .accounts
-        .bootstrap_admin(Some(&pw))
-        .await
-        .expect("admin");
+async fn world(url: &str) -> (Store, Services, Principal, Uuid) {
+    let (store, services) = services_with_admin(url, "metering-test-password").await;
     let p = services
         .accounts
         .principal_of("admin")
@@ -72,7 +46,7 @@ async fn world(url: &str) -> (Services, Principal, Uuid) {
         .create_team(&p, &format!("meter-{}", Uuid::new_v4().simple()))
         .await
         .expect("team");
-    (services, p, team.id.0)
+    (store, services, p, team.id.0)
 }
 
 async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: &Spec) -> Uuid {
@@ -135,8 +109,8 @@ fn ground_truth(specs: &[Spec], origin: DateTime<Utc>, now: i64, card: &RateCard
 }
 
 async fn run(url: &str, seed: u64) {
-    let (services, p, team) = world(url).await;
-    let store = &services.store;
+    let (store, services, p, team) = world(url).await;
+    let store = &store;
     let mut rng = Lcg(seed);
     // Hours in the future, so the passes below can be given their own clock.
     let t = Utc::now().timestamp() + 2 * 3600;
@@ -263,7 +237,7 @@ async fn metering_random_histories_matches_ground_truth_through_crashes_and_reru
 async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
     let dir = tempfile::tempdir().expect("dir");
     let url = format!("sqlite://{}/s.db?mode=rwc", dir.path().display());
-    let (services, p, team) = world(&url).await;
+    let (store, services, p, team) = world(&url).await;
     let spec = Spec {
         kind: "H100-80GB:1g.10gb",
         count: 1,
@@ -271,10 +245,10 @@ async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
         start: 0,
         end: None,
     };
-    let id = write(&services.store, team, p.user_id().0, Utc::now(), &spec).await;
+    let id = write(&store, team, p.user_id().0, Utc::now(), &spec).await;
     let view = services.allocations.get(&p, id).await.expect("readable");
     assert_eq!(view.state, AllocState::Active);
-    let Store::Sqlite(pool) = &services.store else {
+    let Store::Sqlite(pool) = &store else {
         panic!("a SQLite store")
     };
     sqlx::query("UPDATE allocations SET state = 'finished' WHERE id = $1")
@@ -282,11 +256,7 @@ async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
         .execute(pool)
         .await
         .expect("update");
-    let e = services
-        .store
-        .allocation(id)
-        .await
-        .expect_err("undecodable");
+    let e = store.allocation(id).await.expect_err("undecodable");
     assert!(e.is_bad_data(), "{e}");
     assert_eq!(
         services

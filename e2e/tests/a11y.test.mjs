@@ -10,8 +10,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdirSync } from 'node:fs';
 import {
-  withPage, hydrated, signIn, signInAs, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD,
-  fileBrowser, runTag, api, axeViolations, settled,
+  withPage, hydrated, signInAs, eventually, BASE, fileBrowser, runTag, api, axeViolations, settled, signInAdmin,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -33,17 +32,6 @@ let allocationId;
 let otherAllocationId;
 let waitingId;
 let jobId;
-
-// accounts.test.mjs changes the admin password; this file runs before it, or alone after.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-    await hydrated(page);
-  } catch {
-    await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
-  }
-}
 
 const active = async (page, id) => (await api(page, 'GET', `/api/v1/allocations/${id}`)).state === 'active';
 

@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, api,
+  withPage, hydrated, signIn, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, api, teamWith,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -47,11 +47,9 @@ test('an admin sets a price on the billing page', async () => {
   await withPage(browser, 'billing-admin', async (page, errors) => {
     await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
     await page.waitForURL(`${BASE}/`);
-    const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
-    teamId = team.id;
-    await api(page, 'POST', '/api/v1/users', { username: MEMBER, password: PASSWORD });
-    await api(page, 'POST', `/api/v1/teams/${teamId}/members`, { username: MEMBER, role: 'member' });
-    await api(page, 'PUT', `/api/v1/teams/${teamId}/quotas/H100-80GB`, { guaranteed: 7, limit: 7, per_user: 7 });
+    teamId = await teamWith(page, {
+      team: TEAM, members: [[MEMBER, 'member']], password: PASSWORD, model: 'H100-80GB', quota: { guaranteed: 7, limit: 7, per_user: 7 },
+    });
 
     await page.goto(`${BASE}/admin/billing`);
     await hydrated(page);

@@ -6,8 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  withPage, hydrated, signIn, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api,
-  settled,
+  withPage, hydrated, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api, settled, signInAdmin,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -23,20 +22,9 @@ const SLICE = 'H100-80GB:1g.10gb';
 const day = new Date(Date.now() + 2 * 86400000).toISOString().slice(0, 10);
 let bookingId;
 
-// accounts.test.mjs changes the admin password; this file runs after it, or alone before.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-    await hydrated(page);
-  } catch {
-    await signInAs(page, 'admin', ADMIN_PASSWORD);
-  }
-}
-
 test('a team admin books from the form, sees it on the calendar and cancels it', async () => {
   await withPage(browser, 'bookings-admin', async (page) => {
-    await signInAdmin(page);
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
     const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
     for (const [user, role] of [[LEAD, 'team_admin'], [MEMBER, 'member']]) {
       await api(page, 'POST', '/api/v1/users', { username: user, password: PASSWORD });

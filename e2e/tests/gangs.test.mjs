@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  withPage, hydrated, signIn, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api,
+  withPage, hydrated, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api, signInAdmin, teamWith,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -19,16 +19,6 @@ const MEMBER = `gang-member-${suffix}`;
 const PASSWORD = 'gang password 1';
 let teamId;
 
-// accounts.test.mjs changes the admin password; run alone, this file meets the first one.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-  } catch {
-    await signInAs(page, 'admin', ADMIN_PASSWORD);
-  }
-}
-
 // The error shown under the field whose input is `inputId` (in the same field box).
 function errorUnder(page, inputId, field) {
   return page.locator(`#${inputId}`).locator('xpath=..').locator(`#${field}-error`);
@@ -36,14 +26,12 @@ function errorUnder(page, inputId, field) {
 
 test('an admin makes a team with room for whole H100s and a member', async () => {
   await withPage(browser, 'gang-admin', async (page) => {
-    await signInAdmin(page);
-    const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
-    teamId = team.id;
-    await api(page, 'POST', '/api/v1/users', { username: MEMBER, password: PASSWORD });
-    await api(page, 'POST', `/api/v1/teams/${teamId}/members`, { username: MEMBER, role: 'member' });
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
     // A whole H100 is 7 units: room for eight, so a too-large ask meets the node check,
     // not the quota.
-    await api(page, 'PUT', `/api/v1/teams/${teamId}/quotas/H100-80GB`, { guaranteed: 0, limit: 56, per_user: 56 });
+    teamId = await teamWith(page, {
+      team: TEAM, members: [[MEMBER, 'member']], password: PASSWORD, model: 'H100-80GB', quota: { guaranteed: 0, limit: 56, per_user: 56 },
+    });
   });
 });
 

@@ -86,6 +86,19 @@ export async function signInAs(page, username, password) {
   await hydrated(page);
 }
 
+// Signs the bootstrap admin in, whichever password it has now: accounts.test.mjs changes
+// it, and a file may run before or after that one. `first` is the password tried first.
+export async function signInAdmin(page, first = ADMIN_PASSWORD) {
+  const other = first === ADMIN_PASSWORD ? ADMIN_SECOND_PASSWORD : ADMIN_PASSWORD;
+  await signIn(page, 'admin', first);
+  try {
+    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
+    await hydrated(page);
+  } catch {
+    await signInAs(page, 'admin', other);
+  }
+}
+
 // A REST call with the page's session (same-origin, as the CSRF guard requires): asserts a
 // success and returns the JSON body.
 export async function api(page, method, path, data) {
@@ -94,6 +107,21 @@ export async function api(page, method, path, data) {
   });
   assert.ok(r.ok(), `${method} ${path}: ${r.status()} ${await r.text()}`);
   return r.json();
+}
+
+// As an admin (on `page`): a new team `team` with the new users `members` (`[username,
+// role]` pairs, each with `password`) and, when `quota` is given, its quota on `model`.
+// Returns the team's id.
+export async function teamWith(page, { team, members, password, model, quota }) {
+  const { id } = await api(page, 'POST', '/api/v1/teams', { name: team });
+  for (const [username, role] of members) {
+    await api(page, 'POST', '/api/v1/users', { username, password });
+    await api(page, 'POST', `/api/v1/teams/${id}/members`, { username, role });
+  }
+  if (quota) {
+    await api(page, 'PUT', `/api/v1/teams/${id}/quotas/${model}`, quota);
+  }
+  return id;
 }
 
 // Calls `check` (which may reload the page) until it returns true, for up to `timeoutMs`.

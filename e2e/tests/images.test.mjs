@@ -5,23 +5,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  withPage, hydrated, signIn, signInAs, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD,
-  fileBrowser, runTag, api, axeViolations,
+  withPage, hydrated, signInAs, BASE, fileBrowser, runTag, api, axeViolations, signInAdmin,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
 const ENTRY = `ghcr.io/e2e-${runTag()}`;
-
-// accounts.test.mjs changes the admin password; this file may run before or after it.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-    await hydrated(page);
-  } catch {
-    await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
-  }
-}
 
 test('a platform admin allows a registry and removes it again', async () => {
   await withPage(browser, 'images-allow-list', async (page, errors) => {

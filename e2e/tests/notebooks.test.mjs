@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  withPage, hydrated, signIn, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api,
+  withPage, hydrated, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api, signInAdmin, teamWith,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -20,16 +20,6 @@ const PASSWORD = 'notebook password 1';
 let teamId;
 let allocationId;
 let notebookUrl;
-
-// accounts.test.mjs changes the admin password; run alone, this file meets the first one.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-  } catch {
-    await signInAs(page, 'admin', ADMIN_PASSWORD);
-  }
-}
 
 // Runs in a notebook's page: everything a malicious script there would try against the
 // portal. Returns what each attempt got.
@@ -103,12 +93,10 @@ async function detailState(page) {
 
 test('an admin makes a team with an H100 quota and a member', async () => {
   await withPage(browser, 'nb-admin', async (page) => {
-    await signInAdmin(page);
-    const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
-    teamId = team.id;
-    await api(page, 'POST', '/api/v1/users', { username: MEMBER, password: PASSWORD });
-    await api(page, 'POST', `/api/v1/teams/${teamId}/members`, { username: MEMBER, role: 'member' });
-    await api(page, 'PUT', `/api/v1/teams/${teamId}/quotas/H100-80GB`, { guaranteed: 2, limit: 2, per_user: 2 });
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
+    teamId = await teamWith(page, {
+      team: TEAM, members: [[MEMBER, 'member']], password: PASSWORD, model: 'H100-80GB', quota: { guaranteed: 2, limit: 2, per_user: 2 },
+    });
   });
 });
 
@@ -232,7 +220,7 @@ test('a platform admin opening the notebook is no more exposed than its owner', 
       { what: 'the second notebook to run', timeoutMs: 90000 });
   });
   await withPage(browser, 'nb-admin-visit', async (page) => {
-    await signInAdmin(page);
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
     await page.goto(`${BASE}/user/${MEMBER}/e2e2/lab`);
     await page.locator('.jp-LabShell').waitFor({ timeout: 60000 });
     assert.match(new URL(page.url()).hostname, /^nb-[0-9a-f]{32}\.localhost$/);
@@ -246,7 +234,7 @@ test('a platform admin opening the notebook is no more exposed than its owner', 
   });
   // Sign-in still works from scratch afterwards.
   await withPage(browser, 'nb-admin-again', async (page) => {
-    await signInAdmin(page);
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
     await hydrated(page);
   });
   // A link into the notebook from the portal works once; a replayed one is refused.

@@ -5,8 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  withPage, hydrated, signIn, signInAs, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD,
-  fileBrowser, runTag, api, axeViolations,
+  withPage, hydrated, signInAs, eventually, BASE, fileBrowser, runTag, api, axeViolations, signInAdmin,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -19,17 +18,6 @@ const PASSWORD = 'hooks password 1';
 // it answers depends on the network, so the test accepts either outcome and compares it
 // with the REST API's.
 const HOOK_URL = 'https://93.184.216.34/tessera-e2e-hook';
-
-// accounts.test.mjs changes the admin password; this file may run before or after it.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-    await hydrated(page);
-  } catch {
-    await signInAs(page, 'admin', ADMIN_SECOND_PASSWORD);
-  }
-}
 
 let teamId;
 let hookId;

@@ -15,7 +15,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
-  withPage, hydrated, signIn, eventually, BASE, ADMIN_PASSWORD, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api,
+  withPage, hydrated, eventually, BASE, ADMIN_SECOND_PASSWORD, fileBrowser, runTag, signInAs, api, signInAdmin, teamWith,
 } from './helpers.mjs';
 
 const browser = fileBrowser();
@@ -25,16 +25,6 @@ const TEAM = `Gang Run ${suffix}`;
 const MEMBER = `gang-runner-${suffix}`;
 const PASSWORD = 'gang password 2';
 let teamId;
-
-// accounts.test.mjs changes the admin password; run alone, this file meets the first one.
-async function signInAdmin(page) {
-  await signIn(page, 'admin', ADMIN_SECOND_PASSWORD);
-  try {
-    await page.waitForURL(`${BASE}/`, { timeout: 5000 });
-  } catch {
-    await signInAs(page, 'admin', ADMIN_PASSWORD);
-  }
-}
 
 // ---- a gang that runs: two simulated L4 nodes of this file's own ----
 
@@ -73,7 +63,7 @@ after(stopAgents);
 
 test('two simulated L4 nodes join; a team with room for a gang on them and a member', async () => {
   await withPage(browser, 'gang-nodes', async (page) => {
-    await signInAdmin(page);
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
     for (const [i, host] of L4_NODES.entries()) {
       const jt = await api(page, 'POST', '/api/v1/join-tokens', { note: `e2e gang node ${host}` });
       startAgent(host, jt.secret, i);
@@ -84,11 +74,9 @@ test('two simulated L4 nodes join; a team with room for a gang on them and a mem
       l4Ids = ours.map((n) => n.id);
       return ours.length === 2;
     }, { what: 'both L4 nodes to report their GPUs', timeoutMs: 90000 });
-    const team = await api(page, 'POST', '/api/v1/teams', { name: TEAM });
-    teamId = team.id;
-    await api(page, 'POST', '/api/v1/users', { username: MEMBER, password: PASSWORD });
-    await api(page, 'POST', `/api/v1/teams/${teamId}/members`, { username: MEMBER, role: 'member' });
-    await api(page, 'PUT', `/api/v1/teams/${teamId}/quotas/L4-24GB`, { guaranteed: 0, limit: 4, per_user: 4 });
+    teamId = await teamWith(page, {
+      team: TEAM, members: [[MEMBER, 'member']], password: PASSWORD, model: 'L4-24GB', quota: { guaranteed: 0, limit: 4, per_user: 4 },
+    });
   });
 });
 
@@ -200,7 +188,7 @@ test('the terminal on a running gang\'s page runs commands in the rank chosen', 
 test('cleanup: the L4 nodes stop and are revoked', async () => {
   await stopAgents();
   await withPage(browser, 'gang-cleanup', async (page) => {
-    await signInAdmin(page);
+    await signInAdmin(page, ADMIN_SECOND_PASSWORD);
     for (const nodeId of l4Ids) {
       await api(page, 'POST', `/api/v1/nodes/${nodeId}/revoke`);
     }

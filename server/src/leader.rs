@@ -80,7 +80,7 @@ impl Leader {
             if *stop.borrow() {
                 return;
             }
-            match self.services.store.try_lead().await {
+            match self.services.coordination.try_lead().await {
                 Ok(Some(mut lease)) => {
                     tracing::info!(replica = %self.replica, "leading: this replica runs the background passes");
                     self.set(true);
@@ -180,7 +180,7 @@ async fn forward_wakes(services: Arc<Services>) {
     let changed = services.allocations.changed();
     loop {
         changed.notified().await;
-        if let Err(e) = services.store.notify_wake().await {
+        if let Err(e) = services.coordination.notify_wake().await {
             tracing::warn!(error = %e, "could not wake the leader");
         }
     }
@@ -189,7 +189,7 @@ async fn forward_wakes(services: Arc<Services>) {
 /// Leader: other replicas' changes wake this replica's scheduler.
 async fn listen_for_wakes(services: Arc<Services>) {
     loop {
-        match services.store.wake_listener().await {
+        match services.coordination.wake_listener().await {
             Ok(None) => return,
             Ok(Some(mut l)) => {
                 while l.next().await.is_ok() {
@@ -206,7 +206,7 @@ async fn listen_for_wakes(services: Arc<Services>) {
 /// (`NOTIFY tessera_node`), and theirs wake the agents' long polls held here. Returns at
 /// once on SQLite (one process).
 pub async fn relay_node_signals(services: Arc<Services>) {
-    if services.store.backend_name() != "postgres" {
+    if services.coordination.backend_name() != "postgres" {
         return;
     }
     let epoch = services.signals.epoch();
@@ -215,14 +215,14 @@ pub async fn relay_node_signals(services: Arc<Services>) {
         let services = services.clone();
         tokio::spawn(async move {
             while let Some(node) = outgoing.recv().await {
-                if let Err(e) = services.store.notify_node(&format!("{epoch} {node}")).await {
+                if let Err(e) = services.coordination.notify_node(&format!("{epoch} {node}")).await {
                     tracing::warn!(error = %e, "could not tell other replicas of a node change");
                 }
             }
         })
     };
     loop {
-        match services.store.node_listener().await {
+        match services.coordination.node_listener().await {
             Ok(None) => break,
             Ok(Some(mut l)) => {
                 while let Ok(payload) = l.next().await {

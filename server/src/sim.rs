@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use tessera_core::auth::Principal;
 use tessera_core::services::authz;
 use tessera_domain::mig::Catalog;
+use tessera_domain::tenancy::PageRequest;
 use tokio::process::{Child, Command};
 
 /// One simulated node: a name and its GPU models.
@@ -196,24 +197,24 @@ async fn demo_layouts(state: AppState, admin: Principal, hostname: String) {
     ];
     for _ in 0..120 {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let Ok(nodes) = state.services.store.active_nodes().await else {
+        let all = PageRequest {
+            offset: 0,
+            limit: PageRequest::MAX_LIMIT,
+        };
+        let Ok(nodes) = state.services.nodes.list(&admin, all).await else {
             continue;
         };
         let Some(node) = nodes
+            .items
             .iter()
-            .find(|n| n.hostname == hostname && n.last_heartbeat_at.is_some())
+            .find(|n| n.hostname == hostname && !n.revoked && n.last_heartbeat_at.is_some())
         else {
             continue;
         };
-        let Ok(inv) = serde_json::from_str::<tessera_domain::wire::Inventory>(&node.inventory)
-        else {
-            return;
-        };
-        let catalog = Catalog::builtin();
-        let hopper = inv.gpus.iter().filter(|g| {
-            catalog
-                .get(&g.name)
-                .is_some_and(|m| m.name().starts_with("H1") || m.name().starts_with("H2"))
+        let hopper = node.gpus.iter().filter(|g| {
+            g.model
+                .as_deref()
+                .is_some_and(|m| m.starts_with("H1") || m.starts_with("H2"))
         });
         for (gpu, layout) in hopper.zip(layouts) {
             let layout = layout

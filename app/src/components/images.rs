@@ -4,7 +4,7 @@
 
 use crate::api::{AddImage, RemoveImage, RemoveRegistryLogin, SetRegistryLogin, UiError};
 use crate::components::{
-    Columns, RemoveButton, When, echoed, field_error, form_error, unpaged_table,
+    Columns, Field, FieldInput, RemoveButton, When, field_error, form_error, unpaged_table,
 };
 use leptos::prelude::*;
 use tessera_domain::image::{CatalogImage, RegistryLoginView};
@@ -106,8 +106,6 @@ fn CatalogRow(
 #[component]
 pub fn AddImageForm(team_id: String, action: ServerAction<AddImage>) -> impl IntoView {
     let value = move || action.value().get();
-    let name = echoed(value, "name");
-    let reference = echoed(value, "reference");
     let added = move || {
         action.value().get().and_then(Result::ok).map(|i| {
             view! {
@@ -134,29 +132,15 @@ pub fn AddImageForm(team_id: String, action: ServerAction<AddImage>) -> impl Int
             <input type="hidden" name="team_id" value=team_id />
             <div class="field-row">
                 <div>
-                    <label for=name_id.clone()>"Name"</label>
-                    <input
-                        id=name_id
-                        name="name"
-                        maxlength="60"
-                        placeholder="PyTorch 2.3 (CUDA 12.4)"
-                        autocomplete="off"
-                        required
-                        value=name
-                    />
-                    {field_error(value, "name")}
+                    <Field result=value id=name_id name="name" label="Name" keep=true
+                        input=FieldInput::text()
+                            .maxlength("60")
+                            .placeholder("PyTorch 2.3 (CUDA 12.4)")
+                            .required() />
                 </div>
                 <div>
-                    <label for=ref_id.clone()>"Image reference"</label>
-                    <input
-                        id=ref_id
-                        name="reference"
-                        placeholder="ghcr.io/acme/pytorch:2.3-cuda12.4"
-                        autocomplete="off"
-                        required
-                        value=reference
-                    />
-                    {field_error(value, "reference")}
+                    <Field result=value id=ref_id name="reference" label="Image reference" keep=true
+                        input=FieldInput::text().placeholder("ghcr.io/acme/pytorch:2.3-cuda12.4").required() />
                     {field_error(value, "image")}
                 </div>
             </div>
@@ -210,8 +194,6 @@ fn TeamLogins(
     remove: ServerAction<RemoveRegistryLogin>,
 ) -> impl IntoView {
     let value = move || set.value().get();
-    let registry = echoed(value, "registry");
-    let username = echoed(value, "username");
     let row_team = team_id.clone();
     view! {
         <h3>"Registry logins"</h3>
@@ -253,38 +235,16 @@ fn TeamLogins(
             <input type="hidden" name="team_id" value=team_id />
             <div class="field-row three">
                 <div>
-                    <label for="login-registry">"Registry"</label>
-                    <input
-                        id="login-registry"
-                        name="registry"
-                        placeholder="ghcr.io"
-                        autocomplete="off"
-                        required
-                        value=registry
-                    />
-                    {field_error(value, "registry")}
+                    <Field result=value id="login-registry" name="registry" label="Registry" keep=true
+                        input=FieldInput::text().placeholder("ghcr.io").required() />
                 </div>
                 <div>
-                    <label for="login-username">"Username"</label>
-                    <input
-                        id="login-username"
-                        name="username"
-                        autocomplete="off"
-                        required
-                        value=username
-                    />
-                    {field_error(value, "username")}
+                    <Field result=value id="login-username" name="username" label="Username" keep=true
+                        input=FieldInput::text().required() />
                 </div>
                 <div>
-                    <label for="login-password">"Password or token"</label>
-                    <input
-                        id="login-password"
-                        name="password"
-                        type="password"
-                        autocomplete="off"
-                        required
-                    />
-                    {field_error(value, "password")}
+                    <Field result=value id="login-password" name="password" label="Password or token"
+                        input=FieldInput::of("password").autocomplete("off").required() />
                 </div>
             </div>
             <button type="submit" disabled=move || set.pending().get()>

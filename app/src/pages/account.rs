@@ -4,8 +4,8 @@ use crate::api::{
 };
 use crate::components::list_table;
 use crate::components::{
-    Authenticated, Columns, Loading, PAGE_SIZE, PasswordInput, Problem, SecretBox, SecretSubmit,
-    When, at, echoed, field_error, form_error, paged_table, use_offset,
+    Authenticated, Columns, Field, FieldInput, Loading, PAGE_SIZE, PasswordInput, Problem,
+    SecretBox, SecretSubmit, When, at, field_error, form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -66,20 +66,11 @@ fn ChangePasswordForm() -> impl IntoView {
             }}
             <ActionForm action=action attr:id="change-password" attr:novalidate=true>
                 {form_error(value)}
-                <PasswordInput name="current_password" label="Current password" />
-                {field_error(value, "current_password")}
-                <PasswordInput
-                    name="new_password"
-                    label="New password"
-                    autocomplete="new-password"
-                />
-                {field_error(value, "new_password")}
-                <PasswordInput
-                    name="confirm_password"
-                    label="Repeat new password"
-                    autocomplete="new-password"
-                />
-                {field_error(value, "confirm_password")}
+                <PasswordInput result=value name="current_password" label="Current password" />
+                <PasswordInput result=value name="new_password" label="New password"
+                    autocomplete="new-password" />
+                <PasswordInput result=value name="confirm_password" label="Repeat new password"
+                    autocomplete="new-password" />
                 <button type="submit" class="primary" disabled=move || action.pending().get()>
                     "Change password"
                 </button>
@@ -91,8 +82,6 @@ fn ChangePasswordForm() -> impl IntoView {
 #[component]
 fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
     let value = move || action.value().get();
-    let name = echoed(value, "name");
-    let days = echoed(value, "expires_in_days");
     let secret = move || {
         action.value().get().and_then(Result::ok).map(|created| {
             view! {
@@ -113,29 +102,11 @@ fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
             {secret}
             <ActionForm action=action attr:id="create-token" attr:novalidate=true>
                 {form_error(value)}
-                <label for="token-name">"Name"</label>
-                <input
-                    id="token-name"
-                    name="name"
-                    placeholder="laptop scripts"
-                    required
-                    autocomplete="off"
-                    value=name
-                    prop:value=name
-                />
-                {field_error(value, "name")}
-                <label for="token-days">"Expires in (days, optional)"</label>
-                <input
-                    id="token-days"
-                    name="expires_in_days"
-                    type="number"
-                    min="1"
-                    inputmode="numeric"
-                    placeholder="never"
-                    value=days
-                    prop:value=days
-                />
-                {field_error(value, "expires_in_days")}
+                <Field result=value id="token-name" name="name" label="Name"
+                    input=FieldInput::text().placeholder("laptop scripts").required() />
+                <Field result=value id="token-days" name="expires_in_days"
+                    label="Expires in (days, optional)"
+                    input=FieldInput::number("1").placeholder("never") />
                 <SecretSubmit label="Create token" pending=action.pending() />
             </ActionForm>
         </section>

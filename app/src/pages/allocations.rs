@@ -8,11 +8,11 @@ use crate::api::{
 use crate::components::alert;
 use crate::components::list_table;
 use crate::components::{
-    Authenticated, Columns, Empty, Loaded, Loading, PAGE_SIZE, When, echoed, error_of, field_error,
-    paged_table, timestamp, use_hydrated,
+    Authenticated, Columns, Empty, Field, FieldInput, Loaded, Loading, PAGE_SIZE, When, echoed,
+    error_of, field_error, paged_table, timestamp, use_hydrated,
 };
 use crate::components::{
-    EstimateInput, Topic, free_text, kind_options, load_estimate, new_key, refresher,
+    CostEstimate, EstimateInput, Topic, free_text, kind_options, load_estimate, new_key, refresher,
 };
 use leptos::prelude::*;
 use leptos_router::components::Form;
@@ -263,21 +263,6 @@ fn NoQuota() -> impl IntoView {
     }
 }
 
-/// The value a failed submission echoed for `field`, else `default`.
-fn or_default(
-    echo: impl Fn() -> String + Send + Sync + Copy + 'static,
-    default: &'static str,
-) -> impl Fn() -> String + Send + Sync + Copy + 'static {
-    move || {
-        let typed = echo();
-        if typed.is_empty() {
-            default.to_owned()
-        } else {
-            typed
-        }
-    }
-}
-
 /// Fields of the request form whose errors show next to them; any other error shows at
 /// the top.
 const REQUEST_FIELDS: [&str; 8] = [
@@ -429,12 +414,15 @@ fn RequestForm(
             })
             .collect_view()
     };
-    let count = or_default(echoed(value, "count"), "1");
-    let hours = echoed(value, "duration_hours");
     // What the cost estimate follows (the inputs stay uncontrolled, so the form still
     // posts without JavaScript).
-    let chosen_count = RwSignal::new(untrack(count));
-    let chosen_hours = RwSignal::new(untrack(hours));
+    let count = untrack(echoed(value, "count"));
+    let chosen_count = RwSignal::new(if count.is_empty() {
+        "1".to_owned()
+    } else {
+        count
+    });
+    let chosen_hours = RwSignal::new(untrack(echoed(value, "duration_hours")));
     let chosen_priority = RwSignal::new(if echo_priority.is_empty() {
         PriorityClass::Normal.as_str().to_owned()
     } else {
@@ -471,14 +459,6 @@ fn RequestForm(
             priority: chosen_priority.get(),
         }));
     });
-    let estimate_text = move || {
-        estimate
-            .get()
-            .and_then(Result::ok)
-            .filter(|s| !s.is_empty())
-    };
-    let starts_at = echoed(value, "starts_at");
-    let purpose = echoed(value, "purpose");
     let other_error = move || {
         error_of(value())
             .filter(|e| e.error.field().is_none_or(|f| !REQUEST_FIELDS.contains(&f)))
@@ -503,114 +483,43 @@ fn RequestForm(
                 <input type="hidden" name="idempotency_key" value=options.key />
                 <div class="field-row">
                     <div>
-                        <label for="req-team">"Team"</label>
-                        <select
-                            id="req-team"
-                            name="team_id"
-                            on:change=move |ev| team.set(event_target_value(&ev))
-                        >
+                        <Field result=value id="req-team" name="team_id" label="Team" typed=team>
                             {team_options}
-                        </select>
-                        {field_error(value, "team_id")}
+                        </Field>
                     </div>
                     <div>
-                        <label for="req-kind">"GPU or MIG slice"</label>
-                        <select
-                            id="req-kind"
-                            name="kind"
-                            required
-                            on:change=move |ev| chosen_kind.set(event_target_value(&ev))
-                        >
+                        <Field result=value id="req-kind" name="kind" label="GPU or MIG slice"
+                            input=FieldInput::PLAIN.required() typed=chosen_kind>
                             {kind_groups}
-                        </select>
-                        {field_error(value, "kind")}
+                        </Field>
                     </div>
                 </div>
                 <div class="field-row">
                     <div>
-                        <label for="req-count">"How many"</label>
-                        <input
-                            id="req-count"
-                            name="count"
-                            type="number"
-                            min="1"
-                            inputmode="numeric"
-                            value=count
-                            prop:value=count
-                            on:input=move |ev| chosen_count.set(event_target_value(&ev))
-                        />
-                        {field_error(value, "count")}
+                        <Field result=value id="req-count" name="count" label="How many"
+                            input=FieldInput::number("1") default="1" typed=chosen_count />
                     </div>
                     <div>
-                        <label for="req-hours">"Duration (hours)"</label>
-                        <input
-                            id="req-hours"
-                            name="duration_hours"
-                            type="number"
-                            min="1"
-                            inputmode="numeric"
-                            placeholder="8"
-                            value=hours
-                            prop:value=hours
-                            on:input=move |ev| chosen_hours.set(event_target_value(&ev))
-                        />
-                        {field_error(value, "duration_hours")}
+                        <Field result=value id="req-hours" name="duration_hours" label="Duration (hours)"
+                            input=FieldInput::number("1").placeholder("8") typed=chosen_hours />
                         {field_error(value, "duration_minutes")}
                     </div>
                 </div>
                 <div class="field-row">
                     <div>
-                        <label for="req-start">"Earliest start (UTC, optional)"</label>
-                        <input
-                            id="req-start"
-                            name="starts_at"
-                            type="datetime-local"
-                            value=starts_at
-                            prop:value=starts_at
-                        />
-                        {field_error(value, "starts_at")}
+                        <Field result=value id="req-start" name="starts_at"
+                            label="Earliest start (UTC, optional)" input=FieldInput::of("datetime-local") />
                     </div>
                     <div>
-                        <label for="req-priority">"Priority"</label>
-                        <select
-                            id="req-priority"
-                            name="priority"
-                            on:change=move |ev| chosen_priority.set(event_target_value(&ev))
-                        >
+                        <Field result=value id="req-priority" name="priority" label="Priority"
+                            typed=chosen_priority>
                             {priority_options}
-                        </select>
-                        {field_error(value, "priority")}
+                        </Field>
                     </div>
                 </div>
-                <p
-                    class="estimate"
-                    data-testid="cost-estimate"
-                    aria-live="polite"
-                    hidden=move || estimate_text().is_none()
-                >
-                    {move || {
-                        estimate_text()
-                            .map(|cost| {
-                                view! {
-                                    "Estimated cost: "
-                                    <strong>{cost}</strong>
-                                    " at today's prices"
-                                }
-                            })
-                    }}
-                </p>
-                <label for="req-purpose">"Purpose"</label>
-                <textarea
-                    id="req-purpose"
-                    name="purpose"
-                    rows="2"
-                    maxlength="500"
-                    placeholder="What it is for (optional)"
-                    prop:value=purpose
-                >
-                    {untrack(purpose)}
-                </textarea>
-                {field_error(value, "purpose")}
+                <CostEstimate cost=estimate testid="cost-estimate" terms=" at today's prices" />
+                <Field result=value id="req-purpose" name="purpose" label="Purpose"
+                    input=FieldInput::lines("2").maxlength("500").placeholder("What it is for (optional)") />
                 <p class="hint">
                     "Empty duration: 8 hours. Empty start: as soon as possible. "
                     "Beyond your team's quota or your per-user cap, a request waits for approval."

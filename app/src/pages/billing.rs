@@ -6,7 +6,8 @@ use super::money;
 use crate::api::{self, SaveBudget, SetRate, UiError};
 use crate::components::kind_options;
 use crate::components::{
-    AdminOnly, Authenticated, LoadedList, Loading, echoed, field_error, form_error, now, timestamp,
+    AdminOnly, Authenticated, Field, FieldInput, LoadedList, Loading, echoed, field_error,
+    form_error, now, timestamp,
 };
 use crate::components::{Columns, list_table};
 use crate::components::{TeamChoice, alert, load_teams};
@@ -161,29 +162,6 @@ fn RateTable(list: Vec<RateView>) -> impl IntoView {
 fn RateForm(action: ServerAction<SetRate>) -> impl IntoView {
     let value = move || action.value().get();
     let echo_kind = untrack(echoed(value, "kind"));
-    let price = echoed(value, "price");
-    let discount = {
-        let echo = echoed(value, "preemptible_discount_pct");
-        move || {
-            let typed = echo();
-            if typed.is_empty() {
-                "0".to_owned()
-            } else {
-                typed
-            }
-        }
-    };
-    let premium = {
-        let echo = echoed(value, "high_premium_pct");
-        move || {
-            let typed = echo();
-            if typed.is_empty() {
-                "0".to_owned()
-            } else {
-                typed
-            }
-        }
-    };
     let from = echoed(value, "effective_from");
     let catalog = Catalog::builtin();
     let groups = catalog
@@ -225,56 +203,26 @@ fn RateForm(action: ServerAction<SetRate>) -> impl IntoView {
             {form_error(value)}
             <div class="field-row">
                 <div>
-                    <label for="rate-kind">"GPU or MIG profile"</label>
-                    <select id="rate-kind" name="kind">
+                    <Field result=value id="rate-kind" name="kind" label="GPU or MIG profile">
                         {groups}
-                    </select>
-                    {field_error(value, "kind")}
+                    </Field>
                 </div>
                 <div>
-                    <label for="rate-price">"Price per hour"</label>
-                    <input
-                        id="rate-price"
-                        name="price"
-                        inputmode="decimal"
-                        autocomplete="off"
-                        placeholder="2.50"
-                        required
-                        value=price
-                        prop:value=price
-                    />
-                    {field_error(value, "price")}
+                    <Field result=value id="rate-price" name="price" label="Price per hour"
+                        input=FieldInput::text().inputmode("decimal").placeholder("2.50").required() />
                     {field_error(value, "price_minor_per_hour")}
                 </div>
             </div>
             <div class="field-row">
                 <div>
-                    <label for="rate-discount">"Preemptible discount (%)"</label>
-                    <input
-                        id="rate-discount"
-                        name="preemptible_discount_pct"
-                        type="number"
-                        min="0"
-                        max="100"
-                        inputmode="numeric"
-                        value=discount
-                        prop:value=discount
-                    />
-                    {field_error(value, "preemptible_discount_pct")}
+                    <Field result=value id="rate-discount" name="preemptible_discount_pct"
+                        label="Preemptible discount (%)" input=FieldInput::number("0").max("100")
+                        default="0" />
                 </div>
                 <div>
-                    <label for="rate-premium">"High priority premium (%)"</label>
-                    <input
-                        id="rate-premium"
-                        name="high_premium_pct"
-                        type="number"
-                        min="0"
-                        max="1000"
-                        inputmode="numeric"
-                        value=premium
-                        prop:value=premium
-                    />
-                    {field_error(value, "high_premium_pct")}
+                    <Field result=value id="rate-premium" name="high_premium_pct"
+                        label="High priority premium (%)" input=FieldInput::number("0").max("1000")
+                        default="0" />
                 </div>
                 <div>
                     <label for="rate-from">"Effective from (UTC)"</label>
@@ -427,7 +375,6 @@ fn BudgetForm(
     teams: Resource<Result<Vec<TeamChoice>, UiError>>,
 ) -> impl IntoView {
     let value = move || action.value().get();
-    let amount = echoed(value, "amount");
     let saved = move || {
         action.value().get().and_then(Result::ok).map(|b| {
             let text = match b.monthly_minor {
@@ -484,17 +431,8 @@ fn BudgetForm(
                     {field_error(value, "team_id")}
                 </div>
                 <div>
-                    <label for="budget-amount">"Monthly budget"</label>
-                    <input
-                        id="budget-amount"
-                        name="amount"
-                        inputmode="decimal"
-                        autocomplete="off"
-                        placeholder="500.00"
-                        value=amount
-                        prop:value=amount
-                    />
-                    {field_error(value, "amount")}
+                    <Field result=value id="budget-amount" name="amount" label="Monthly budget"
+                        input=FieldInput::text().inputmode("decimal").placeholder("500.00") />
                 </div>
             </div>
             <label class="check">

@@ -5,7 +5,7 @@
 
 use crate::api::{self, BookCapacity, CancelBooking, UiError};
 use crate::components::{
-    Authenticated, Empty, Loading, Problem, alert, echoed, error_of, field_error, form_error,
+    Authenticated, Empty, Field, FieldInput, Loading, Problem, alert, echoed, error_of, form_error,
     kind_options, now,
 };
 use chrono::{DateTime, Datelike, Days, NaiveDate, NaiveTime, Utc};
@@ -454,10 +454,6 @@ fn BookSection(options: Options, action: ServerAction<BookCapacity>) -> impl Int
     let value = move || action.value().get();
     let echo_team = untrack(echoed(value, "team_id"));
     let echo_kind = untrack(echoed(value, "kind"));
-    let count = echoed(value, "count");
-    let starts_at = echoed(value, "starts_at");
-    let ends_at = echoed(value, "ends_at");
-    let purpose = echoed(value, "purpose");
     let teams = options
         .teams
         .iter()
@@ -497,74 +493,35 @@ fn BookSection(options: Options, action: ServerAction<BookCapacity>) -> impl Int
                 {form_error(value)}
                 <div class="field-row">
                     <div>
-                        <label for="book-team">"Team"</label>
-                        <select id="book-team" name="team_id">
+                        <Field result=value id="book-team" name="team_id" label="Team">
                             {teams}
-                        </select>
-                        {field_error(value, "team_id")}
+                        </Field>
                     </div>
                     <div>
-                        <label for="book-kind">"GPU or MIG slice"</label>
-                        <select id="book-kind" name="kind" required>
+                        <Field result=value id="book-kind" name="kind" label="GPU or MIG slice"
+                            input=FieldInput::PLAIN.required()>
                             {kinds}
-                        </select>
-                        {field_error(value, "kind")}
+                        </Field>
                     </div>
                 </div>
                 <div class="field-row">
                     <div>
-                        <label for="book-count">"How many"</label>
-                        <input
-                            id="book-count"
-                            name="count"
-                            type="number"
-                            min="1"
-                            inputmode="numeric"
-                            placeholder="1"
-                            value=count
-                            prop:value=count
-                        />
-                        {field_error(value, "count")}
+                        <Field result=value id="book-count" name="count" label="How many"
+                            input=FieldInput::number("1").placeholder("1") />
                     </div>
                 </div>
                 <div class="field-row">
                     <div>
-                        <label for="book-start">"Start (UTC)"</label>
-                        <input
-                            id="book-start"
-                            name="starts_at"
-                            type="datetime-local"
-                            required
-                            value=starts_at
-                            prop:value=starts_at
-                        />
-                        {field_error(value, "starts_at")}
+                        <Field result=value id="book-start" name="starts_at" label="Start (UTC)"
+                            input=FieldInput::of("datetime-local").required() />
                     </div>
                     <div>
-                        <label for="book-end">"End (UTC)"</label>
-                        <input
-                            id="book-end"
-                            name="ends_at"
-                            type="datetime-local"
-                            required
-                            value=ends_at
-                            prop:value=ends_at
-                        />
-                        {field_error(value, "ends_at")}
+                        <Field result=value id="book-end" name="ends_at" label="End (UTC)"
+                            input=FieldInput::of("datetime-local").required() />
                     </div>
                 </div>
-                <label for="book-purpose">"Purpose"</label>
-                <textarea
-                    id="book-purpose"
-                    name="purpose"
-                    rows="2"
-                    maxlength="500"
-                    placeholder="What it is for (optional)"
-                    prop:value=purpose
-                >
-                    {untrack(purpose)}
-                </textarea>
-                {field_error(value, "purpose")}
+                <Field result=value id="book-purpose" name="purpose" label="Purpose"
+                    input=FieldInput::lines("2").maxlength("500").placeholder("What it is for (optional)") />
                 <p class="hint">
                     "Times are UTC. The booking is admitted now against the team's quota for \
                      that window and the capacity other bookings hold; at its start the \

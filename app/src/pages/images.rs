@@ -6,7 +6,7 @@ use crate::api::{self, AddImage, AllowRegistry, DisallowRegistry, RemoveImage, U
 use crate::components::RemoveButton;
 use crate::components::images::{AddImageForm, CatalogTable};
 use crate::components::{
-    AdminOnly, Authenticated, Columns, echoed, field_error, form_error, unpaged_table,
+    AdminOnly, Authenticated, Columns, Field, FieldInput, field_error, form_error, unpaged_table,
 };
 use leptos::prelude::*;
 use tessera_domain::image::CatalogImage;
@@ -54,7 +54,6 @@ fn AllowList(
     disallow: ServerAction<DisallowRegistry>,
 ) -> impl IntoView {
     let value = move || allow.value().get();
-    let entry = echoed(value, "entry");
     view! {
         <section class="card wide" aria-labelledby="allowlist-title">
             <h2 id="allowlist-title">"Allowed registries"</h2>
@@ -97,16 +96,8 @@ fn AllowList(
             )}
             <ActionForm action=allow attr:data-testid="allow-form" attr:novalidate=true>
                 {form_error(value)}
-                <label for="allow-entry">"Registry or repository prefix"</label>
-                <input
-                    id="allow-entry"
-                    name="entry"
-                    placeholder="ghcr.io/acme"
-                    autocomplete="off"
-                    required
-                    value=entry
-                />
-                {field_error(value, "entry")}
+                <Field result=value id="allow-entry" name="entry" label="Registry or repository prefix"
+                    keep=true input=FieldInput::text().placeholder("ghcr.io/acme").required() />
                 {field_error(value, "registry")}
                 <button type="submit" disabled=move || allow.pending().get()>
                     "Allow"

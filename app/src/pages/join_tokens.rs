@@ -3,8 +3,8 @@
 
 use crate::api::{self, CreateJoinToken, RevokeJoinToken, UiError};
 use crate::components::{
-    AdminOnly, Authenticated, Columns, PAGE_SIZE, SecretBox, SecretSubmit, When, at, echoed,
-    field_error, form_error, now, origin, paged_table, use_offset,
+    AdminOnly, Authenticated, Columns, Field, FieldInput, PAGE_SIZE, SecretBox, SecretSubmit, When,
+    at, form_error, now, origin, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::tenancy::{JoinTokenView, Page, PageRequest};
@@ -117,20 +117,6 @@ fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> 
 #[component]
 fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
     let value = move || action.value().get();
-    let or = |field: &'static str, default: &'static str| {
-        let echo = echoed(value, field);
-        move || {
-            let typed = echo();
-            if typed.is_empty() {
-                default.to_owned()
-            } else {
-                typed
-            }
-        }
-    };
-    let note = echoed(value, "note");
-    let max_uses = or("max_uses", "1");
-    let hours = or("expires_in_hours", "24");
     let secret = move || {
         action.value().get().and_then(Result::ok).map(|created| {
             let server = origin().unwrap_or_else(|| "https://THIS-PORTAL".to_owned());
@@ -149,42 +135,16 @@ fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
             {secret}
             <ActionForm action=action attr:id="create-join-token" attr:novalidate=true>
                 {form_error(value)}
-                <label for="join-note">"Note"</label>
-                <input
-                    id="join-note"
-                    name="note"
-                    placeholder="rack 4, gpu-node-17"
-                    autocomplete="off"
-                    value=note
-                    prop:value=note
-                />
-                {field_error(value, "note")}
+                <Field result=value id="join-note" name="note" label="Note"
+                    input=FieldInput::text().placeholder("rack 4, gpu-node-17") />
                 <div class="field-row">
                     <div>
-                        <label for="join-max-uses">"Max uses"</label>
-                        <input
-                            id="join-max-uses"
-                            name="max_uses"
-                            type="number"
-                            min="1"
-                            inputmode="numeric"
-                            value=max_uses
-                            prop:value=max_uses
-                        />
-                        {field_error(value, "max_uses")}
+                        <Field result=value id="join-max-uses" name="max_uses" label="Max uses"
+                            input=FieldInput::number("1") default="1" />
                     </div>
                     <div>
-                        <label for="join-hours">"Expires in (hours)"</label>
-                        <input
-                            id="join-hours"
-                            name="expires_in_hours"
-                            type="number"
-                            min="1"
-                            inputmode="numeric"
-                            value=hours
-                            prop:value=hours
-                        />
-                        {field_error(value, "expires_in_hours")}
+                        <Field result=value id="join-hours" name="expires_in_hours"
+                            label="Expires in (hours)" input=FieldInput::number("1") default="24" />
                     </div>
                 </div>
                 <SecretSubmit label="Create join token" pending=action.pending() />

@@ -101,8 +101,7 @@ pub fn LoginPage() -> impl IntoView {
                         value=echoed_username
                     />
                     {field_error(value, "username")}
-                    <PasswordInput name="password" label="Password" />
-                    {field_error(value, "password")}
+                    <PasswordInput result=value name="password" label="Password" />
                     <button
                         id="sign-in"
                         type="submit"

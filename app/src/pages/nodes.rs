@@ -9,8 +9,8 @@ use crate::api::{
 };
 use crate::components::alert;
 use crate::components::{
-    AdminOnly, Authenticated, Empty, Loading, PAGE_SIZE, Problem, When, error_of, field_error,
-    form_error, is_admin, pager, use_offset,
+    AdminOnly, Authenticated, Empty, Field, Loading, PAGE_SIZE, Problem, When, error_of,
+    field_error, form_error, is_admin, pager, use_offset,
 };
 use crate::components::{Topic, refresher};
 use chrono::DateTime;
@@ -640,8 +640,7 @@ fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl Into
                 <input type="hidden" name="node_id" value=node_id />
                 <input type="hidden" name="gpu_uuid" value=uuid.clone() />
                 {form_error(value)}
-                <label for=select_id.clone()>"How this GPU is offered"</label>
-                <select id=select_id name="sharing">
+                <Field result=value id=select_id name="sharing" label="How this GPU is offered">
                     <option value="off" selected=current == "off">
                         "Not shared: MIG slices or the whole GPU, as requests need"
                     </option>
@@ -651,8 +650,7 @@ fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl Into
                     <option value="time_slice" selected=current == "time_slice">
                         "Shared by time-slicing: shares take turns, no limits"
                     </option>
-                </select>
-                {field_error(value, "sharing")}
+                </Field>
                 <p class="hint">
                     "A shared GPU runs with MIG off and takes only fractional requests (e.g. "
                     <code>"H100-80GB:share:250"</code>
@@ -1054,16 +1052,14 @@ fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoV
                 <input type="hidden" name="node_id" value=node_id />
                 <input type="hidden" name="gpu_uuid" value=uuid.clone() />
                 {form_error(value)}
-                <label for=mode_id.clone()>"MIG mode"</label>
-                <select id=mode_id name="mode">
+                <Field result=value id=mode_id name="mode" label="MIG mode">
                     <option value="enabled" selected=enabled>
                         "enabled"
                     </option>
                     <option value="disabled" selected=!enabled>
                         "disabled"
                     </option>
-                </select>
-                {field_error(value, "mode")}
+                </Field>
                 <label for=layout_id.clone()>"Instances (profile@start slice, comma-separated)"</label>
                 <input
                     id=layout_id

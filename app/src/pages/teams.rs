@@ -10,8 +10,9 @@ use crate::api::{RemoveImage, RemoveRegistryLogin, SetRegistryLogin};
 use crate::components::images::{EnvironmentSelect, TeamImages};
 use crate::components::list_table;
 use crate::components::{
-    Authenticated, Columns, Empty, Loaded, Loading, PAGE_SIZE, Problem, SecretBox, When, at,
-    echoed, field_error, form_error, is_admin, paged_table, unpaged_table, use_offset,
+    Authenticated, Columns, Empty, Field, FieldInput, Loaded, Loading, PAGE_SIZE, Problem,
+    SecretBox, When, at, echoed, field_error, form_error, is_admin, paged_table, unpaged_table,
+    use_offset,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
@@ -94,23 +95,14 @@ fn CreateTeamForm(action: ServerAction<CreateTeam>) -> impl IntoView {
             }
         })
     };
-    let name = echoed(value, "name");
     view! {
         <section class="card">
             <h2>"Create a team"</h2>
             {created}
             <ActionForm action=action attr:id="create-team" attr:novalidate=true>
                 {form_error(value)}
-                <label for="team-name">"Name"</label>
-                <input
-                    id="team-name"
-                    name="name"
-                    required
-                    autocomplete="off"
-                    value=name
-                    prop:value=name
-                />
-                {field_error(value, "name")}
+                <Field result=value id="team-name" name="name" label="Name"
+                    input=FieldInput::text().required() />
                 <p class="hint">"2–64 letters, digits, spaces, '-', '_' or '.'."</p>
                 <button type="submit" class="primary" disabled=move || action.pending().get()>
                     "Create team"
@@ -562,7 +554,6 @@ fn MemberRow(
 #[component]
 fn AddMemberForm(team_id: String, action: ServerAction<AddMember>) -> impl IntoView {
     let value = move || action.value().get();
-    let username = echoed(value, "username");
     let role = echoed(value, "role");
     let selected = Signal::derive(move || {
         let r = role();
@@ -574,16 +565,8 @@ fn AddMemberForm(team_id: String, action: ServerAction<AddMember>) -> impl IntoV
             <ActionForm action=action attr:id="add-member" attr:novalidate=true>
                 <input type="hidden" name="team_id" value=team_id />
                 {form_error(value)}
-                <label for="member-username">"Username"</label>
-                <input
-                    id="member-username"
-                    name="username"
-                    required
-                    autocomplete="off"
-                    value=username
-                    prop:value=username
-                />
-                {field_error(value, "username")}
+                <Field result=value id="member-username" name="username" label="Username"
+                    input=FieldInput::text().required() />
                 <RoleSelect id="member-role" selected label="Role" />
                 {field_error(value, "role")}
                 <button type="submit" class="primary" disabled=move || action.pending().get()>
@@ -601,31 +584,14 @@ fn RenameTeamForm(
     action: ServerAction<RenameTeam>,
 ) -> impl IntoView {
     let value = move || action.value().get();
-    let echo = echoed(value, "name");
-    let current = move || {
-        let typed = echo();
-        if typed.is_empty() {
-            name.clone()
-        } else {
-            typed
-        }
-    };
     view! {
         <section class="card">
             <h2>"Rename"</h2>
             <ActionForm action=action attr:id="rename-team" attr:novalidate=true>
                 <input type="hidden" name="team_id" value=team_id />
                 {form_error(value)}
-                <label for="rename-name">"Name"</label>
-                <input
-                    id="rename-name"
-                    name="name"
-                    required
-                    autocomplete="off"
-                    value=current.clone()
-                    prop:value=current
-                />
-                {field_error(value, "name")}
+                <Field result=value id="rename-name" name="name" label="Name"
+                    input=FieldInput::text().required() default=name />
                 <button type="submit" class="primary" disabled=move || action.pending().get()>
                     "Rename team"
                 </button>
@@ -796,11 +762,9 @@ fn TeamProfiles(
                         {field_error(value, "name")}
                     </div>
                     <div>
-                        <label for="profile-kind">"GPU or MIG slice"</label>
-                        <select id="profile-kind" name="kind">
+                        <Field result=value id="profile-kind" name="kind" label="GPU or MIG slice">
                             <Transition fallback=|| ()>{kinds}</Transition>
-                        </select>
-                        {field_error(value, "kind")}
+                        </Field>
                     </div>
                     <div>
                         <label for="profile-hours">"Hours"</label>
@@ -990,20 +954,18 @@ fn PriorityGrantForm(
 #[component]
 fn SetQuotaForm(team_id: String, action: ServerAction<SetQuota>) -> impl IntoView {
     let value = move || action.value().get();
-    let or = |field: &'static str, default: &'static str| {
-        let echo = echoed(value, field);
-        move || {
-            let typed = echo();
-            if typed.is_empty() {
-                default.to_owned()
-            } else {
-                typed
-            }
+    let limits = [
+        ("quota-guaranteed", "guaranteed", "Guaranteed", "0"),
+        ("quota-limit", "limit", "Limit", "7"),
+        ("quota-per-user", "per_user", "Per user", "7"),
+    ]
+    .map(|(id, name, label, default)| {
+        view! {
+            <div>
+                <Field result=value id name label input=FieldInput::number("0") default />
+            </div>
         }
-    };
-    let guaranteed = or("guaranteed", "0");
-    let limit = or("limit", "7");
-    let per_user = or("per_user", "7");
+    });
     let echo_model = untrack(echoed(value, "model"));
     // Each model twice: its slices and whole GPUs (compute slices), and its shares of
     // shared GPUs (milli-GPU).
@@ -1054,52 +1016,10 @@ fn SetQuotaForm(team_id: String, action: ServerAction<SetQuota>) -> impl IntoVie
             <ActionForm action=action attr:data-testid="quota-form" attr:novalidate=true>
                 <input type="hidden" name="team_id" value=team_id />
                 {form_error(value)}
-                <label for="quota-model">"GPU model"</label>
-                <select id="quota-model" name="model">
+                <Field result=value id="quota-model" name="model" label="GPU model">
                     {models}
-                </select>
-                {field_error(value, "model")}
-                <div class="field-row three">
-                    <div>
-                        <label for="quota-guaranteed">"Guaranteed"</label>
-                        <input
-                            id="quota-guaranteed"
-                            name="guaranteed"
-                            type="number"
-                            min="0"
-                            inputmode="numeric"
-                            value=guaranteed
-                            prop:value=guaranteed
-                        />
-                        {field_error(value, "guaranteed")}
-                    </div>
-                    <div>
-                        <label for="quota-limit">"Limit"</label>
-                        <input
-                            id="quota-limit"
-                            name="limit"
-                            type="number"
-                            min="0"
-                            inputmode="numeric"
-                            value=limit
-                            prop:value=limit
-                        />
-                        {field_error(value, "limit")}
-                    </div>
-                    <div>
-                        <label for="quota-per-user">"Per user"</label>
-                        <input
-                            id="quota-per-user"
-                            name="per_user"
-                            type="number"
-                            min="0"
-                            inputmode="numeric"
-                            value=per_user
-                            prop:value=per_user
-                        />
-                        {field_error(value, "per_user")}
-                    </div>
-                </div>
+                </Field>
+                <div class="field-row three">{limits}</div>
                 <p class="hint">
                     "Units: compute slices. Guaranteed ≤ limit and per user ≤ limit; a limit of 0 stops new requests on the model. Saving again replaces the quota."
                 </p>
@@ -1184,7 +1104,6 @@ fn TeamWebhooks(
     toggle: ServerAction<SetTeamWebhookEnabled>,
 ) -> impl IntoView {
     let value = move || add.value().get();
-    let url = echoed(value, "url");
     let secret = move || {
         add.value().get().and_then(Result::ok).map(|created| {
             view! {
@@ -1221,17 +1140,9 @@ fn TeamWebhooks(
             <ActionForm action=add attr:data-testid="webhook-form" attr:novalidate=true>
                 {form_error(value)}
                 <input type="hidden" name="team_id" value=team_id.clone() />
-                <label for="webhook-url">"URL"</label>
-                <input
-                    id="webhook-url"
-                    name="url"
-                    type="url"
-                    placeholder="https://hooks.slack.com/services/…"
-                    required
-                    value=url
-                    prop:value=url
-                />
-                {field_error(value, "url")}
+                <Field result=value id="webhook-url" name="url" label="URL" input=FieldInput::of("url")
+                    .placeholder("https://hooks.slack.com/services/…")
+                    .required() />
                 <button type="submit" disabled=move || add.pending().get()>
                     "Add webhook"
                 </button>

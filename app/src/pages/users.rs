@@ -3,8 +3,8 @@
 use crate::api::{self, CreateUser, ResetPassword, SetUserDisabled, UiError};
 use crate::components::alert;
 use crate::components::{
-    AdminOnly, Authenticated, Columns, PAGE_SIZE, PasswordInput, When, at, echoed, error_of,
-    field_error, form_error, paged_table, use_offset,
+    AdminOnly, Authenticated, Columns, Field, FieldInput, PAGE_SIZE, PasswordInput, When, at,
+    error_of, form_error, paged_table, use_offset,
 };
 use leptos::prelude::*;
 use tessera_domain::account::Me;
@@ -175,13 +175,8 @@ fn UserRow(user: UserView, actions: UserActions) -> impl IntoView {
                     <ActionForm action=actions.reset node_ref=form attr:novalidate=true>
                         <input type="hidden" name="user_id" value=id />
                         {form_error(value)}
-                        <PasswordInput
-                            name="password"
-                            id=reset_id
-                            label="New password"
-                            autocomplete="new-password"
-                        />
-                        {field_error(value, "password")}
+                        <PasswordInput result=value name="password" id=reset_id
+                            label="New password" autocomplete="new-password" />
                         <p class="hint">"At least 12 characters. Their sessions end."</p>
                         <button
                             type="submit"
@@ -210,7 +205,6 @@ fn UserRow(user: UserView, actions: UserActions) -> impl IntoView {
 #[component]
 fn CreateUserForm(action: ServerAction<CreateUser>) -> impl IntoView {
     let value = move || action.value().get();
-    let username = echoed(value, "username");
     let form = NodeRef::<leptos::html::Form>::new();
     // A created account's password must not linger in the form.
     Effect::new(move |_| {
@@ -235,23 +229,10 @@ fn CreateUserForm(action: ServerAction<CreateUser>) -> impl IntoView {
             {created}
             <ActionForm action=action node_ref=form attr:id="create-user" attr:novalidate=true>
                 {form_error(value)}
-                <label for="new-username">"Username"</label>
-                <input
-                    id="new-username"
-                    name="username"
-                    required
-                    autocomplete="off"
-                    value=username
-                    prop:value=username
-                />
-                {field_error(value, "username")}
-                <PasswordInput
-                    name="password"
-                    id="new-user-password"
-                    label="Initial password"
-                    autocomplete="new-password"
-                />
-                {field_error(value, "password")}
+                <Field result=value id="new-username" name="username" label="Username"
+                    input=FieldInput::text().required() />
+                <PasswordInput result=value name="password" id="new-user-password"
+                    label="Initial password" autocomplete="new-password" />
                 <p class="hint">"At least 12 characters. Tell it to the user; they can change it."</p>
                 <label class="check">
                     <input type="checkbox" name="is_admin" value="true" />

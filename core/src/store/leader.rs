@@ -24,6 +24,28 @@ const WAKE_CHANNEL: &str = "tessera_wake";
 /// agents' long polls (`crate::signals`).
 const NODE_CHANNEL: &str = "tessera_node";
 
+/// The store as the server's replicas coordinate through it: the leader lease, wake-ups
+/// between replicas and the readiness check. Nothing here reads or writes the product's
+/// rows: those go through the services, which authorize.
+#[derive(Clone)]
+pub struct Coordination(Store);
+
+impl Coordination {
+    pub(crate) fn new(store: Store) -> Self {
+        Coordination(store)
+    }
+
+    /// `SELECT 1`: used by `/readyz`.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.0.ping().await
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        self.0.backend_name()
+    }
+}
+
 /// Proof of leadership, valid while [`Lease::holds`] says so.
 pub enum Lease {
     /// The connection that holds the advisory lock.
@@ -72,10 +94,10 @@ impl WakeListener {
     }
 }
 
-impl Store {
+impl Coordination {
     /// Tries to become the leader; `Ok(None)` while another replica leads.
     pub async fn try_lead(&self) -> Result<Option<Lease>, StoreError> {
-        match self {
+        match &self.0 {
             Store::Sqlite(_) => Ok(Some(Lease::Sqlite)),
             Store::Postgres(pool) => {
                 let opts = pool.connect_options();
@@ -96,7 +118,7 @@ impl Store {
 
     /// Tells the leader that something changed (no-op on SQLite, where this is the leader).
     pub async fn notify_wake(&self) -> Result<(), StoreError> {
-        match self {
+        match &self.0 {
             Store::Sqlite(_) => Ok(()),
             Store::Postgres(pool) => from_driver(
                 sqlx::query("SELECT pg_notify($1, '')")
@@ -110,7 +132,7 @@ impl Store {
 
     /// Listens for other replicas' wake-ups; `None` on SQLite (one process).
     pub async fn wake_listener(&self) -> Result<Option<WakeListener>, StoreError> {
-        match self {
+        match &self.0 {
             Store::Sqlite(_) => Ok(None),
             Store::Postgres(pool) => {
                 let mut l = PgListener::connect_with(pool).await?;
@@ -131,10 +153,10 @@ impl NodeListener {
     }
 }
 
-impl Store {
+impl Coordination {
     /// Tells the other replicas that something changed for a node (no-op on SQLite).
     pub async fn notify_node(&self, payload: &str) -> Result<(), StoreError> {
-        match self {
+        match &self.0 {
             Store::Sqlite(_) => Ok(()),
             Store::Postgres(pool) => from_driver(
                 sqlx::query("SELECT pg_notify($1, $2)")
@@ -149,7 +171,7 @@ impl Store {
 
     /// Listens for other replicas' node wake-ups; `None` on SQLite (one process).
     pub async fn node_listener(&self) -> Result<Option<NodeListener>, StoreError> {
-        match self {
+        match &self.0 {
             Store::Sqlite(_) => Ok(None),
             Store::Postgres(pool) => {
                 let mut l = PgListener::connect_with(pool).await?;

@@ -33,7 +33,7 @@ pub use bookings::{BookingListRow, BookingRow, BookingStanding};
 pub use drains::DrainRow;
 pub use health::HealthRow;
 pub use images::{CatalogRow, LoginRow};
-pub use leader::{Lease, NodeListener, ReplicaRow, WakeListener, sqlite_file};
+pub use leader::{Coordination, Lease, NodeListener, ReplicaRow, WakeListener, sqlite_file};
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };

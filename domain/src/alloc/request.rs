@@ -205,7 +205,9 @@ pub fn validate(
         .ok_or_else(|| AppError::invalid("team_id", "is not a valid team id"))?;
 
     let kind = input.kind.parse::<GpuKind>()?.canonical(catalog)?;
-    let size = check_size(
+    // Checked here as well as by `validate_typed`, so the first problem reported is the
+    // first in the form's order.
+    check_size(
         &kind,
         input.count,
         input.nodes,
@@ -216,7 +218,11 @@ pub fn validate(
 
     let starts_at = match input.starts_at.as_deref().map(str::trim) {
         None | Some("") => None,
-        Some(raw) => check_start(parse_start(raw)?, policy, now)?,
+        Some(raw) => {
+            let at = parse_start(raw)?;
+            check_start(at, policy, now)?;
+            Some(at)
+        }
     };
 
     let priority = match input.priority.as_deref().map(str::trim) {
@@ -224,7 +230,7 @@ pub fn validate(
         Some(p) => p.parse()?,
     };
 
-    let purpose = check_purpose(&input.purpose)?;
+    check_purpose(&input.purpose)?;
 
     let needs_cuda = match input.needs_cuda.as_deref().map(str::trim) {
         None | Some("") => None,
@@ -236,18 +242,18 @@ pub fn validate(
         })?),
     };
 
-    Ok(ValidAllocation {
+    let typed = TypedRequest {
         team_id,
         kind,
-        count: size.count,
-        units: size.units,
-        priority,
-        duration_minutes: size.duration_minutes,
+        count: input.count,
+        duration_minutes: input.duration_minutes,
         starts_at,
-        purpose,
+        priority,
+        purpose: input.purpose.clone(),
         needs_cuda,
-        nodes: size.nodes,
-    })
+        nodes: input.nodes,
+    };
+    validate_typed(&typed, policy, catalog, now)
 }
 
 /// A request already in domain types, as the server's own passes make one (a job queued

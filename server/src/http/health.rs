@@ -13,7 +13,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     }
-    match state.services.store.ping().await {
+    match state.services.coordination.ping().await {
         Ok(()) => (StatusCode::OK, "ready"),
         Err(e) => {
             tracing::warn!(error = %e, "database not reachable");

@@ -5,27 +5,30 @@
 //! and refuses edits, the chargeback CSV's total equals the ledger, reversals credit once,
 //! and a hard budget sends requests to a platform admin.
 
-use crate::allocations::{Team, request, set_quota, team};
+use crate::allocations::{Team, request, request_for, set_quota, team};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, post_as};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use tessera_core::Services;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
 use uuid::Uuid;
 
-pub(crate) async fn services(app: &TestApp) -> Services {
+/// Services of the test's own over `app`'s database, with the store under them (for
+/// rows no service writes: history seeded in the past, a tampered ledger).
+pub(crate) async fn services(app: &TestApp) -> (Services, Store) {
     let store = Store::connect(&app.database_url).await.expect("store");
-    Services::new(
-        store,
+    let services = Services::new(
+        store.clone(),
         tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
         std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
             Default::default(),
         )),
         std::time::Duration::from_secs(3600),
-    )
+    );
+    (services, store)
 }
 
 pub(crate) fn next_hour() -> DateTime<Utc> {
@@ -36,9 +39,7 @@ pub(crate) fn next_hour() -> DateTime<Utc> {
 }
 
 pub(crate) async fn member_id(a: &AdminClient, team: &str) -> Uuid {
-    let (_, v) = a
-        .call(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/teams/{team}/members")).await;
     let id = v["items"]
         .as_array()
         .expect("members")
@@ -105,6 +106,11 @@ pub(crate) async fn history(
         step("releasing", "ended", end, Change::default()).await;
     }
     id
+}
+
+/// Sets `team`'s budget to `body`, as the platform admin: `(status, budget)`.
+pub(crate) async fn put_budget(a: &AdminClient, team: &str, body: Value) -> (u16, Value) {
+    a.put(&format!("/api/v1/teams/{team}/budget"), body).await
 }
 
 pub(crate) async fn set_rate(
@@ -213,14 +219,14 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let t: Team = team(&a, "meter").await;
     let team_id = Uuid::parse_str(&t.id).expect("team");
     let user = member_id(&a, &t.id).await;
-    let s = services(&a.app).await;
+    let (s, store) = services(&a.app).await;
     let h = next_hour();
     // Whole H100s: 7.00/h from `h`, 14.00/h from `h + 3h`; preemptible half price.
     set_rate(&a, "H100-80GB:whole", 700, 50, h).await;
     set_rate(&a, "H100-80GB:whole", 1400, 50, h + Duration::hours(3)).await;
     // Two 1g.10gb (priced pro rata: 1/7 of a whole H100 each) from h+1:30 to h+4:15.
     let slices = history(
-        &s.store,
+        &store,
         team_id,
         user,
         "H100-80GB:1g.10gb",
@@ -233,7 +239,7 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     .await;
     // A preemptible whole H100 from h+2h, still active.
     history(
-        &s.store,
+        &store,
         team_id,
         user,
         "H100-80GB:whole",
@@ -262,12 +268,11 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let again = s.billing.meter(now, None).await.expect("meter");
     assert_eq!(again.hours, 0, "{again:?}");
     assert_eq!(
-        balance(&s.store).await,
+        balance(&store).await,
         (0, 16),
         "8 charges, 2 entries each, summing to 0"
     );
-    let charged = s
-        .store
+    let charged = store
         .team_charges(
             Some(team_id),
             h - Duration::days(1),
@@ -284,14 +289,7 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
         h.format("%Y-%m-%d"),
         now.format("%Y-%m-%d")
     );
-    let (st, u) = call_with_token(
-        &a.app,
-        &t.team_admin,
-        Method::GET,
-        &format!("/api/v1/usage?{q}"),
-        None,
-    )
-    .await;
+    let (st, u) = get_as(&a.app, &t.team_admin, &format!("/api/v1/usage?{q}")).await;
     assert_eq!(st, 200, "{u}");
     assert_eq!(u["total"]["cost_minor"], expected);
     assert_eq!(u["own_only"], false);
@@ -311,14 +309,7 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
         (4 * 3_600_000 + 2_828_570..=4 * 3_600_000 + 2_828_573).contains(&gpu_ms),
         "{gpu_ms}"
     );
-    let (st, own) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/usage?{q}"),
-        None,
-    )
-    .await;
+    let (st, own) = get_as(&a.app, &t.member, &format!("/api/v1/usage?{q}")).await;
     assert_eq!(st, 200);
     assert_eq!(own["own_only"], true);
     assert_eq!(own["total"]["cost_minor"], expected);
@@ -352,9 +343,7 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     assert_eq!(statement_total, expected);
 
     // A reversal credits one charge once; the ledger still balances; nothing is edited.
-    let (_, ledger) = a
-        .call(Method::GET, &format!("/api/v1/ledger?{q}&limit=200"), None)
-        .await;
+    let (_, ledger) = a.get(&format!("/api/v1/ledger?{q}&limit=200")).await;
     let charge = ledger["items"]
         .as_array()
         .expect("items")
@@ -365,32 +354,17 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let txn = charge["txn_id"].as_str().expect("txn");
     let amount = charge["amount_minor"].as_i64().expect("amount");
     let path = format!("/api/v1/ledger/{txn}/reverse");
-    let (st, v) = call_with_token(
-        &a.app,
-        &t.team_admin,
-        Method::POST,
-        &path,
-        Some(json!({"reason": "no"})),
-    )
-    .await;
+    let (st, v) = post_as(&a.app, &t.team_admin, &path, json!({"reason": "no"})).await;
     assert_eq!(st, 403, "{v}");
-    let (st, v) = a
-        .call(Method::POST, &path, Some(json!({"reason": ""})))
-        .await;
+    let (st, v) = a.post(&path, json!({"reason": ""})).await;
     assert_eq!((st, v["error"]["field"].as_str()), (422, Some("reason")));
     let (st, v) = a
-        .call(
-            Method::POST,
-            &path,
-            Some(json!({"reason": "job crashed on a bad node"})),
-        )
+        .post(&path, json!({"reason": "job crashed on a bad node"}))
         .await;
     assert_eq!(st, 200, "{v}");
-    let (st, _) = a
-        .call(Method::POST, &path, Some(json!({"reason": "again"})))
-        .await;
+    let (st, _) = a.post(&path, json!({"reason": "again"})).await;
     assert_eq!(st, 409);
-    assert_eq!(balance(&s.store).await, (0, 18));
+    assert_eq!(balance(&store).await, (0, 18));
     let (_, _, after) = chargeback(&a.app, &t.team_admin, &q).await;
     assert_eq!(after, expected - amount);
     assert_eq!(
@@ -398,7 +372,7 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
         0,
         "a reversed hour is not billed again"
     );
-    let refused = match &s.store {
+    let refused = match &store {
         Store::Sqlite(p) => sqlx::query("UPDATE ledger_entries SET amount_minor = 0")
             .execute(p)
             .await
@@ -409,16 +383,12 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
             .err(),
     };
     assert!(refused.is_some_and(|e| e.to_string().contains("append-only")));
-    assert_eq!(balance(&s.store).await, (0, 18));
+    assert_eq!(balance(&store).await, (0, 18));
 
     // Rate changes and budget changes are audited.
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=rate.set", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=rate.set").await;
     assert_eq!(audit["total"], 2);
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=ledger.reverse", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=ledger.reverse").await;
     assert_eq!(audit["total"], 1);
 }
 
@@ -449,9 +419,7 @@ async fn rates_and_exports_reject_bad_input_and_other_teams(db: Db) {
             "preemptible_discount_pct",
         ),
     ] {
-        let (s, v) = a
-            .call(Method::POST, "/api/v1/rates", Some(body.clone()))
-            .await;
+        let (s, v) = a.post("/api/v1/rates", body.clone()).await;
         assert_eq!(
             (s, v["error"]["field"].as_str()),
             (422, Some(field)),
@@ -503,13 +471,7 @@ async fn rates_and_exports_reject_bad_input_and_other_teams(db: Db) {
     )
     .await;
     assert_eq!(s, 404);
-    let (s, v) = a
-        .call(
-            Method::PUT,
-            &format!("/api/v1/teams/{}/budget", t.id),
-            Some(json!({"monthly_minor": -5})),
-        )
-        .await;
+    let (s, v) = put_budget(&a, &t.id, json!({"monthly_minor": -5})).await;
     assert_eq!(
         (s, v["error"]["field"].as_str()),
         (422, Some("monthly_minor"))
@@ -527,13 +489,7 @@ async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
         .single()
         .expect("time");
     set_rate(&a, "H100-80GB:whole", 700, 0, current).await;
-    let (s, b) = a
-        .call(
-            Method::PUT,
-            &format!("/api/v1/teams/{}/budget", t.id),
-            Some(json!({"monthly_minor": 500, "hard": true})),
-        )
-        .await;
+    let (s, b) = put_budget(&a, &t.id, json!({"monthly_minor": 500, "hard": true})).await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(
         (
@@ -544,14 +500,7 @@ async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
         (Some(500), Some(0), true)
     );
     // 8 h of one slice (8.00) would exceed the 5.00 budget: a platform admin decides.
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 480})),
-    )
-    .await;
+    let (s, v) = request_for(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb", 480).await;
     assert_eq!(s, 201, "{v}");
     assert_eq!(v["state"], "pending_approval");
     assert_eq!(v["approver"], "platform_admin");
@@ -562,36 +511,16 @@ async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
         "{v}"
     );
     // 2 h (2.00) fits: queued at once.
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 120})),
-    )
-    .await;
+    let (s, v) = request_for(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb", 120).await;
     assert_eq!(s, 201);
     assert_ne!(v["state"], "pending_approval", "{v}");
     // A soft budget only alerts.
-    let (s, _) = a
-        .call(
-            Method::PUT,
-            &format!("/api/v1/teams/{}/budget", t.id),
-            Some(json!({"monthly_minor": 500, "hard": false})),
-        )
-        .await;
+    let (s, _) = put_budget(&a, &t.id, json!({"monthly_minor": 500, "hard": false})).await;
     assert_eq!(s, 200);
     let (_, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_ne!(v["state"], "pending_approval", "{v}");
     // Budgets are visible to the team, listed for admins, and audited.
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/teams/{}/budget", t.id),
-        None,
-    )
-    .await;
+    let (s, v) = get_as(&a.app, &t.member, &format!("/api/v1/teams/{}/budget", t.id)).await;
     assert_eq!((s, v["monthly_minor"].as_i64()), (200, Some(500)));
     let (_, all) = a.call(Method::GET, "/api/v1/budgets", None).await;
     assert!(
@@ -600,9 +529,7 @@ async fn a_hard_budget_sends_requests_to_a_platform_admin(db: Db) {
             .iter()
             .any(|b| b["team_id"] == t.id.as_str())
     );
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=budget.set", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=budget.set").await;
     assert_eq!(audit["total"], 2);
 }
 
@@ -621,16 +548,8 @@ async fn an_estimate_prices_a_request_at_todays_rate(db: Db) {
         )
         .await;
     assert_eq!(s, 201, "{v}");
-    let estimate = async |query: &str| {
-        call_with_token(
-            &a.app,
-            &t.member,
-            Method::GET,
-            &format!("/api/v1/estimate?{query}"),
-            None,
-        )
-        .await
-    };
+    let estimate =
+        async |query: &str| get_as(&a.app, &t.member, &format!("/api/v1/estimate?{query}")).await;
     // A 1g.10gb slice is 1/7 of an H100: 100 an hour, × 2 slices × 3 hours.
     let (s, v) = estimate("kind=H100-80GB:1g.10gb&count=2&duration_hours=3").await;
     assert_eq!(s, 200, "{v}");
@@ -672,9 +591,7 @@ async fn an_estimate_prices_a_request_at_todays_rate(db: Db) {
 
 /// The id of the member of `team` with `role`.
 async fn user_with_role(a: &AdminClient, team: &str, role: &str) -> Uuid {
-    let (_, v) = a
-        .call(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/teams/{team}/members")).await;
     let id = v["items"]
         .as_array()
         .expect("members")
@@ -703,7 +620,7 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
         )
         .await;
     assert_eq!(st, 201, "{v}");
-    let s = services(&a.app).await;
+    let (s, store) = services(&a.app).await;
     // One day wholly in one month, in the future (the pass is given its clock).
     let day = next_hour() + Duration::days(2);
     let day = day - Duration::hours(i64::from(chrono::Timelike::hour(&day)));
@@ -718,7 +635,7 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
         (id(&other), stranger, 1, 5),
     ] {
         history(
-            &s.store,
+            &store,
             team,
             user,
             "H100-80GB:whole",

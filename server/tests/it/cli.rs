@@ -438,13 +438,13 @@ async fn quotas_usage_export_and_exit_codes(db: Db) {
     assert_eq!(out.code, Some(3), "{}", out.stderr);
 
     // Metered usage: a slice active for two hours at 7.00 an hour for a whole H100.
-    let s = services(&a.app).await;
+    let (s, store) = services(&a.app).await;
     let h = next_hour();
     set_rate(&a, "H100-80GB:whole", 700, 0, h).await;
     let user = member_id(&a, &t.id).await;
     let team_id = uuid::Uuid::parse_str(&t.id).expect("team");
     history(
-        &s.store,
+        &store,
         team_id,
         user,
         "H100-80GB:1g.10gb",
@@ -594,9 +594,7 @@ async fn bookings_from_the_terminal(db: Db) {
     let _node = SimAgent::start(&a, "clibk-node").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let (s, v) = a
-            .call(reqwest::Method::GET, "/api/v1/cluster/free", None)
-            .await;
+        let (s, v) = a.get("/api/v1/cluster/free").await;
         assert_eq!(s, 200, "{v}");
         if v.as_object().is_some_and(|m| !m.is_empty()) {
             break;

@@ -6,8 +6,8 @@
 use crate::allocations::{race, request, set_quota, team};
 use crate::billing::{chargeback, history, member_id, next_hour, services, set_rate};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
-use crate::workloads::{WorkloadAgent, wait_workload};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, put_as};
+use crate::workloads::{WorkloadAgent, logs_from, wait_workload};
 use chrono::Duration as TimeDelta;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -68,9 +68,7 @@ async fn wait_gpu_at(
 ) -> Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let (_, n) = a
-            .call(Method::GET, &format!("/api/v1/nodes/{node}"), None)
-            .await;
+        let (_, n) = a.get(&format!("/api/v1/nodes/{node}")).await;
         let gpu = n["gpus"][index].clone();
         if pick(&gpu) {
             return gpu;
@@ -95,26 +93,12 @@ async fn gpu_environment(app: &TestApp, token: &str, alloc: &str) -> String {
     assert_eq!(s, 201, "{job}");
     let job_id = job["id"].as_str().expect("id").to_owned();
     wait_workload(app, token, &job_id, "succeeded", 120).await;
-    let (_, log) = call_with_token(
-        app,
-        token,
-        Method::GET,
-        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
-        None,
-    )
-    .await;
+    let (_, log) = logs_from(app, token, &job_id, 0).await;
     log["text"].as_str().unwrap_or("").to_owned()
 }
 
 async fn alloc_state(app: &TestApp, token: &str, id: &str) -> Value {
-    let (_, v) = call_with_token(
-        app,
-        token,
-        Method::GET,
-        &format!("/api/v1/allocations/{id}"),
-        None,
-    )
-    .await;
+    let (_, v) = get_as(app, token, &format!("/api/v1/allocations/{id}")).await;
     v
 }
 
@@ -142,9 +126,7 @@ async fn share_quota_counts_exact_milli_under_concurrency(db: Db) {
     let admitted = states.iter().filter(|s| *s == "queued").count();
     let over = states.iter().filter(|s| *s == "pending_approval").count();
     assert_eq!((admitted, over), (10, 40), "{states:?}");
-    let (_, quotas) = a
-        .call(Method::GET, &format!("/api/v1/teams/{}/quotas", t.id), None)
-        .await;
+    let (_, quotas) = a.get(&format!("/api/v1/teams/{}/quotas", t.id)).await;
     let line = quotas
         .as_array()
         .expect("quotas")
@@ -225,14 +207,7 @@ async fn four_quarter_shares_fill_a_shared_gpu_and_a_fifth_waits_with_a_reason(d
             .iter()
             .all(|x| x["milli"] == 250 && x["team"] == name.as_str())
     );
-    let (_, as_member) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/nodes/{node}"),
-        None,
-    )
-    .await;
+    let (_, as_member) = get_as(&a.app, &t.member, &format!("/api/v1/nodes/{node}")).await;
     let seen = &as_member["gpus"][0]["sharing"]["tenants"];
     assert!(
         seen.as_array()
@@ -289,14 +264,7 @@ async fn a_gpu_changes_mode_only_while_idle(db: Db) {
     let agent = WorkloadAgent::start(&a, &host).await;
     let (node, gpu) = node_gpu(&a, &host).await;
     let path = format!("/api/v1/nodes/{node}/gpus/{gpu}/sharing");
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::PUT,
-        &path,
-        Some(json!({"sharing": "mps"})),
-    )
-    .await;
+    let (s, v) = put_as(&a.app, &t.member, &path, json!({"sharing": "mps"})).await;
     assert_eq!(s, 403, "{v}");
     let (s, v) = set_sharing(&a, &node, &gpu, "fractional").await;
     assert_eq!(
@@ -364,12 +332,12 @@ async fn a_share_is_billed_pro_rata() {
     let t = team(&a, "prorata").await;
     let team_id = Uuid::parse_str(&t.id).expect("team");
     let user = member_id(&a, &t.id).await;
-    let s = services(&a.app).await;
+    let (s, store) = services(&a.app).await;
     let h = next_hour();
     // A whole H100 at 7.00/h: a quarter share costs 1.75/h.
     set_rate(&a, "H100-80GB:whole", 700, 50, h).await;
     history(
-        &s.store,
+        &store,
         team_id,
         user,
         "H100-80GB:share:250",
@@ -383,8 +351,7 @@ async fn a_share_is_billed_pro_rata() {
     let now = h + TimeDelta::hours(3);
     let r = s.billing.meter(now, None).await.expect("meter");
     assert_eq!(r.hours, 2, "{r:?}");
-    let charged = s
-        .store
+    let charged = store
         .team_charges(
             Some(team_id),
             h - TimeDelta::days(1),
@@ -417,13 +384,7 @@ async fn a_gpu_without_mig_is_shared_by_time_slicing(db: Db) {
     let name = format!("t4-{}", format!("{db:?}").to_lowercase());
     let t = team(&a, &name).await;
     set_quota(&a, &t.id, "T4-16GB:shared", 1000, 1000, 1000).await;
-    let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "t4"})),
-        )
-        .await;
+    let (s, jt) = a.post("/api/v1/join-tokens", json!({"note": "t4"})).await;
     assert_eq!(s, 201, "{jt}");
     let host = format!("{name}-node");
     let agent = WorkloadAgent::start_with(

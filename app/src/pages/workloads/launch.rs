@@ -170,14 +170,18 @@ pub(super) fn RunOnSelect(
     }
 }
 
-/// The form's errors that belong to no field it shows.
+/// The form's errors that belong to no field it shows (`fields`, in groups).
 pub(super) fn other_error<T: 'static>(
     value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + Copy + 'static,
-    fields: &'static [&'static str],
+    fields: &'static [&'static [&'static str]],
 ) -> impl IntoView {
     move || {
         error_of(value())
-            .filter(|e| e.error.field().is_none_or(|f| !fields.contains(&f)))
+            .filter(|e| {
+                e.error
+                    .field()
+                    .is_none_or(|f| !fields.iter().any(|group| group.contains(&f)))
+            })
             .map(|e| {
                 view! {
                     <div class="form-error" role="alert" data-testid="launch-error">
@@ -188,7 +192,8 @@ pub(super) fn other_error<T: 'static>(
     }
 }
 
-pub(super) const NOTEBOOK_FIELDS: [&str; 9] = [
+/// The fields both forms show errors beside ([`WorkloadFields`] and the name).
+pub(super) const WORKLOAD_FIELDS: [&str; 9] = [
     "allocation_id",
     "name",
     "image",
@@ -199,19 +204,11 @@ pub(super) const NOTEBOOK_FIELDS: [&str; 9] = [
     "duration_minutes",
     "team_id",
 ];
-pub(super) const JOB_FIELDS: [&str; 16] = [
-    "allocation_id",
-    "name",
-    "image",
+/// The fields only a job's form shows errors beside: its command and a gang's shape.
+pub(super) const JOB_ONLY_FIELDS: [&str; 7] = [
     "command",
     "workdir",
-    "env",
     "retries",
-    "gpu",
-    "count",
-    "hours",
-    "duration_minutes",
-    "team_id",
     "nodes",
     "gpus_per_node",
     "launcher",
@@ -221,6 +218,83 @@ pub(super) const JOB_FIELDS: [&str; 16] = [
 pub(super) const ENV_PLACEHOLDER: &str =
     "One NAME=value per line, e.g.\nWANDB_PROJECT=resnet\nHF_HOME=cache/hf";
 
+/// Keeps what a submitted "new GPU" asked for (`asked` of the action's `input`) as the
+/// next form's start.
+fn remember_gpu<A: Send + Sync + 'static>(
+    kind: WorkloadKind,
+    input: MappedSignal<Option<A>>,
+    asked: fn(&A) -> Option<LastGpu>,
+) {
+    Effect::new(move |_| {
+        if let Some(last) = input.with(|i| i.as_ref().and_then(asked)) {
+            last.save(kind);
+        }
+    });
+}
+
+/// What the notebook and the job forms share: where the workload runs (one of the
+/// caller's free allocations, `chosen` unless a failed submission echoed another, or a
+/// new GPU), then `children` (what its kind asks for), then its environment and
+/// variables, each with its error.
+#[component]
+fn WorkloadFields(
+    o: LaunchOptions,
+    chosen: String,
+    kind: WorkloadKind,
+    /// What a failed submission echoed for `field`.
+    echo: Callback<&'static str, String>,
+    /// The error of `field`, from the last submission.
+    errors: Callback<&'static str, AnyView>,
+    estimate: NewGpuEstimate,
+    children: Children,
+) -> impl IntoView {
+    let (allocation_id, image_id, env_id) = match kind {
+        WorkloadKind::Notebook => ("nb-allocation", "nb-image", "nb-env"),
+        WorkloadKind::Job => ("job-allocation", "job-image", "job-env"),
+    };
+    let echoed_allocation = echo.run("allocation_id");
+    let chosen = if echoed_allocation.is_empty() {
+        chosen
+    } else {
+        echoed_allocation
+    };
+    // Team profiles are a notebook's only.
+    let profiles = match kind {
+        WorkloadKind::Notebook => o.profiles,
+        WorkloadKind::Job => Vec::new(),
+    };
+    let new_gpu = RwSignal::new(false);
+    view! {
+        <input type="hidden" name="idempotency_key" value=o.key />
+        <RunOnSelect
+            choices=o.free
+            chosen
+            input_id=allocation_id
+            kind
+            can_request=!o.gpus.is_empty()
+            new_gpu
+            profiles
+        />
+        {errors.run("allocation_id")}
+        <OwnGpuFields
+            gpus=o.gpus
+            teams=o.teams
+            high=o.high
+            free_now=o.free_now
+            kind
+            new_gpu
+            errors
+            estimate
+        />
+        {children()}
+        <EnvironmentSelect input_id=image_id images=o.images chosen=echo.run("image") />
+        {errors.run("image")}
+        <label for=env_id>"Environment variables (optional)"</label>
+        <textarea id=env_id name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
+        {errors.run("env")}
+    }
+}
+
 #[component]
 pub(super) fn LaunchForm(
     o: LaunchOptions,
@@ -229,76 +303,21 @@ pub(super) fn LaunchForm(
     estimate: NewGpuEstimate,
 ) -> impl IntoView {
     let value = move || action.value().get();
-    // What a submitted "new GPU" asked for is the next form's start.
-    Effect::new(move |_| {
-        action.input().with(|i| {
-            if let Some(last) = i
-                .as_ref()
-                .and_then(|i| LastGpu::of(&i.allocation_id, &i.gpu, &i.count, &i.hours))
-            {
-                last.save(WorkloadKind::Notebook);
-            }
-        });
-    });
-    let echo_alloc = untrack(echoed(value, "allocation_id"));
-    let chosen = if echo_alloc.is_empty() {
-        chosen
-    } else {
-        echo_alloc
-    };
-    let name = untrack(echoed(value, "name"));
-    let name = if name.is_empty() {
-        "default".to_owned()
-    } else {
-        name
-    };
-    let new_gpu = RwSignal::new(false);
+    remember_gpu(
+        WorkloadKind::Notebook,
+        action.input(),
+        |i: &LaunchNotebook| LastGpu::of(&i.allocation_id, &i.gpu, &i.count, &i.hours),
+    );
+    let echo = Callback::new(move |f| untrack(echoed(value, f)));
+    let errors = Callback::new(move |f| field_error(value, f).into_any());
     view! {
         <ActionForm action=action attr:data-testid="launch-form" attr:novalidate=true>
-            {other_error(value, &NOTEBOOK_FIELDS)}
-            <input type="hidden" name="idempotency_key" value=o.key />
-            <RunOnSelect
-                choices=o.free
-                chosen
-                input_id="nb-allocation"
-                kind=WorkloadKind::Notebook
-                can_request=!o.gpus.is_empty()
-                new_gpu
-                profiles=o.profiles
-            />
-            {field_error(value, "allocation_id")}
-            <OwnGpuFields
-                gpus=o.gpus
-                teams=o.teams
-                high=o.high
-                free_now=o.free_now
-                kind=WorkloadKind::Notebook
-                new_gpu
-                errors=Callback::new(move |f| field_error(value, f).into_any())
-                estimate
-            />
-            <label for="nb-name">"Name"</label>
-            <input
-                id="nb-name"
-                name="name"
-                value=name
-                autocomplete="off"
-                maxlength="32"
-                aria-describedby="nb-name-hint"
-            />
-            <p class="hint" id="nb-name-hint">
-                "Lowercase letters, digits and -; part of the notebook's address."
-            </p>
-            {field_error(value, "name")}
-            <EnvironmentSelect
-                input_id="nb-image"
-                images=o.images
-                chosen=untrack(echoed(value, "image"))
-            />
-            {field_error(value, "image")}
-            <label for="nb-env">"Environment variables (optional)"</label>
-            <textarea id="nb-env" name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
-            {field_error(value, "env")}
+            {other_error(value, &[&WORKLOAD_FIELDS])}
+            <WorkloadFields o chosen kind=WorkloadKind::Notebook echo errors estimate>
+                <Field result=value id="nb-name" name="name" label="Name" keep=true default="default"
+                    input=FieldInput::text().maxlength("32")
+                    hint="Lowercase letters, digits and -; part of the notebook's address." />
+            </WorkloadFields>
             <button type="submit" class="primary" disabled=move || action.pending().get()>
                 {move || if action.pending().get() { "Launching…" } else { "Launch notebook" }}
             </button>
@@ -314,116 +333,48 @@ pub(super) fn SubmitForm(
     estimate: NewGpuEstimate,
 ) -> impl IntoView {
     let value = move || action.value().get();
-    // What a submitted "new GPU" asked for is the next form's start.
-    Effect::new(move |_| {
-        action.input().with(|i| {
-            if let Some(last) = i
-                .as_ref()
-                .and_then(|i| LastGpu::of(&i.allocation_id, &i.gpu, &i.count, &i.hours))
-            {
-                last.save(WorkloadKind::Job);
-            }
-        });
+    remember_gpu(WorkloadKind::Job, action.input(), |i: &SubmitJob| {
+        LastGpu::of(&i.allocation_id, &i.gpu, &i.count, &i.hours)
     });
-    let echo_alloc = untrack(echoed(value, "allocation_id"));
-    let chosen = if echo_alloc.is_empty() {
-        chosen
-    } else {
-        echo_alloc
-    };
-    let name = untrack(echoed(value, "name"));
-    let command = untrack(echoed(value, "command"));
-    let workdir = untrack(echoed(value, "workdir"));
-    let retries = untrack(echoed(value, "retries"));
-    let retries = if retries.is_empty() {
-        "0".to_owned()
-    } else {
-        retries
-    };
-    let new_gpu = RwSignal::new(false);
+    let echo = Callback::new(move |f| untrack(echoed(value, f)));
+    let errors = Callback::new(move |f| field_error(value, f).into_any());
     view! {
         <ActionForm action=action attr:data-testid="submit-form" attr:novalidate=true>
-            {other_error(value, &JOB_FIELDS)}
-            <input type="hidden" name="idempotency_key" value=o.key />
-            <RunOnSelect
-                choices=o.free
-                chosen
-                input_id="job-allocation"
-                kind=WorkloadKind::Job
-                can_request=!o.gpus.is_empty()
-                new_gpu
-            />
-            {field_error(value, "allocation_id")}
-            <OwnGpuFields
-                gpus=o.gpus
-                teams=o.teams
-                high=o.high
-                free_now=o.free_now
-                kind=WorkloadKind::Job
-                new_gpu
-                errors=Callback::new(move |f| field_error(value, f).into_any())
-                estimate
-            />
-            <label for="job-command">"Command"</label>
-            <textarea
-                id="job-command"
-                name="command"
-                rows="3"
-                required
-                placeholder="python train.py --epochs 10"
-            >
-                {command}
-            </textarea>
-            <p class="hint">"Run by /bin/sh in the working folder; the exit code decides success."</p>
-            {field_error(value, "command")}
-            <div class="field-row three">
-                <div>
-                    <label for="job-name">"Name (optional)"</label>
-                    <input
-                        id="job-name"
-                        name="name"
-                        value=name
-                        autocomplete="off"
-                        maxlength="80"
-                        placeholder="the command"
-                    />
-                    {field_error(value, "name")}
+            {other_error(value, &[&WORKLOAD_FIELDS, &JOB_ONLY_FIELDS])}
+            <WorkloadFields o chosen kind=WorkloadKind::Job echo errors estimate>
+                <label for="job-command">"Command"</label>
+                <textarea
+                    id="job-command"
+                    name="command"
+                    rows="3"
+                    required
+                    placeholder="python train.py --epochs 10"
+                >
+                    {echo.run("command")}
+                </textarea>
+                <p class="hint">
+                    "Run by /bin/sh in the working folder; the exit code decides success."
+                </p>
+                {errors.run("command")}
+                <div class="field-row three">
+                    <div>
+                        <Field result=value id="job-name" name="name" label="Name (optional)" keep=true
+                            input=FieldInput::text().maxlength("80").placeholder("the command") />
+                    </div>
+                    <div>
+                        <Field result=value id="job-workdir" name="workdir"
+                            label="Working folder (optional)" keep=true
+                            input=FieldInput::text().placeholder("projects/resnet") />
+                    </div>
+                    <div>
+                        <Field result=value id="job-retries" name="retries" label="Retries on failure"
+                            keep=true default="0" input=FieldInput::number("0").max("5") />
+                    </div>
                 </div>
-                <div>
-                    <label for="job-workdir">"Working folder (optional)"</label>
-                    <input
-                        id="job-workdir"
-                        name="workdir"
-                        value=workdir
-                        autocomplete="off"
-                        placeholder="projects/resnet"
-                    />
-                    {field_error(value, "workdir")}
-                </div>
-                <div>
-                    <label for="job-retries">"Retries on failure"</label>
-                    <input
-                        id="job-retries"
-                        name="retries"
-                        type="number"
-                        min="0"
-                        max="5"
-                        inputmode="numeric"
-                        value=retries
-                    />
-                    {field_error(value, "retries")}
-                </div>
-            </div>
-            <p class="hint">"The working folder is inside your team's workspace; empty: its top."</p>
-            <EnvironmentSelect
-                input_id="job-image"
-                images=o.images
-                chosen=untrack(echoed(value, "image"))
-            />
-            {field_error(value, "image")}
-            <label for="job-env">"Environment variables (optional)"</label>
-            <textarea id="job-env" name="env" rows="3" placeholder=ENV_PLACEHOLDER></textarea>
-            {field_error(value, "env")}
+                <p class="hint">
+                    "The working folder is inside your team's workspace; empty: its top."
+                </p>
+            </WorkloadFields>
             <button type="submit" class="primary" disabled=move || action.pending().get()>
                 {move || if action.pending().get() { "Submitting…" } else { "Submit job" }}
             </button>

@@ -12,10 +12,10 @@
 use crate::api::{self, LaunchNotebook, StopWorkload, SubmitJob, UiError};
 use crate::components::images::{EnvironmentSelect, short_pinned};
 use crate::components::{
-    Authenticated, Columns, Empty, Loading, PAGE_SIZE, Problem, When, echoed, error_of,
-    field_error, list_table, now, pager_with, relative, timestamp,
+    Authenticated, Columns, Empty, Field, FieldInput, Loading, PAGE_SIZE, Problem, When, echoed,
+    error_of, field_error, list_table, now, pager_with, relative, timestamp,
 };
-use crate::components::{EstimateInput, Topic, load_estimate, refresher};
+use crate::components::{CostEstimate, EstimateInput, Topic, load_estimate, refresher};
 use crate::components::{alert, confirm_or_cancel};
 use leptos::prelude::*;
 use leptos::task::spawn_local;

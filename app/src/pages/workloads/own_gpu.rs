@@ -164,13 +164,6 @@ pub(super) fn OwnGpuFields(
         });
         estimate.input.set(input);
     });
-    let estimate_text = move || {
-        estimate
-            .cost
-            .get()
-            .and_then(Result::ok)
-            .filter(|s| !s.is_empty())
-    };
     let fits = {
         let free_now = free_now.clone();
         move || {
@@ -347,23 +340,11 @@ pub(super) fn OwnGpuFields(
                 {team_field}
             </div>
             {gang_fields}
-            <p
-                class="estimate"
-                data-testid="own-gpu-estimate"
-                aria-live="polite"
-                hidden=move || estimate_text().is_none()
-            >
-                {move || {
-                    estimate_text()
-                        .map(|cost| {
-                            view! {
-                                "Estimated cost: "
-                                <strong>{cost}</strong>
-                                " at today's prices, if it runs the whole time"
-                            }
-                        })
-                }}
-            </p>
+            <CostEstimate
+                cost=estimate.cost
+                testid="own-gpu-estimate"
+                terms=" at today's prices, if it runs the whole time"
+            />
             <p class="hint">
                 {hours_hint}
                 " It waits in your team's queue like any request; its page says why while it waits."

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tessera_domain::alloc::{
     self, AllocPolicy, AllocState, AllocatedDevice, AllocationView, Approver, Ask, Authority,
     FairShare, GpuKind, Held, HighGrant, NewAllocation, PendingInfo, PriorityClass, QueueEntry,
-    Quota, QuotaView, Transition, TypedRequest, ValidAllocation,
+    Quota, QuotaView, Transition, TypedRequest,
 };
 use tessera_domain::audit::AuditAction;
 use tessera_domain::audit::AuditEntryView;
@@ -49,6 +49,26 @@ use snapshot::PendingContext;
 /// By default, a node that stopped reporting is given this long before its allocations
 /// fail (`TESSERA_NODE_GRACE`).
 pub const NODE_GRACE: Duration = Duration::minutes(3);
+
+/// A request as it arrives: text from a form or a REST body, or domain types from the
+/// server's own passes (a job queued again after a preemption), checked by the same rules
+/// without parsing anything back from text.
+pub enum Requested<'a> {
+    Text(&'a NewAllocation),
+    Typed(&'a TypedRequest),
+}
+
+impl<'a> From<&'a NewAllocation> for Requested<'a> {
+    fn from(r: &'a NewAllocation) -> Self {
+        Requested::Text(r)
+    }
+}
+
+impl<'a> From<&'a TypedRequest> for Requested<'a> {
+    fn from(r: &'a TypedRequest) -> Self {
+        Requested::Typed(r)
+    }
+}
 
 #[derive(Clone)]
 pub struct Allocations {
@@ -199,41 +219,11 @@ impl Allocations {
     /// Requests an allocation. Within quota it is queued at once (atomically against
     /// concurrent requests); beyond it waits for approval. A repeated `idempotency_key` of
     /// the same user returns the allocation the first request made.
-    pub async fn request(
+    pub async fn request<'a>(
         &self,
         p: &Principal,
-        input: &NewAllocation,
+        input: impl Into<Requested<'a>>,
         idempotency_key: Option<&str>,
-    ) -> Result<AllocationView, AppError> {
-        let (policy, catalog) = (&self.policy, &self.catalog);
-        self.request_checked(p, idempotency_key, |now| {
-            alloc::validate(input, policy, catalog, now)
-        })
-        .await
-    }
-
-    /// [`request`](Self::request) for a request the server's own passes made in domain
-    /// types (a job queued again, a notebook profile's GPU): checked by the same rules,
-    /// nothing parsed back from text.
-    pub async fn request_typed(
-        &self,
-        p: &Principal,
-        input: &TypedRequest,
-        idempotency_key: Option<&str>,
-    ) -> Result<AllocationView, AppError> {
-        let (policy, catalog) = (&self.policy, &self.catalog);
-        self.request_checked(p, idempotency_key, |now| {
-            alloc::validate_typed(input, policy, catalog, now)
-        })
-        .await
-    }
-
-    /// A request that `validate` checks at the time it is made.
-    async fn request_checked(
-        &self,
-        p: &Principal,
-        idempotency_key: Option<&str>,
-        validate: impl FnOnce(DateTime<Utc>) -> Result<ValidAllocation, AppError>,
     ) -> Result<AllocationView, AppError> {
         let now = self.clock.now();
         let key = idempotency_key.map(str::trim).filter(|k| !k.is_empty());
@@ -248,7 +238,11 @@ impl Allocations {
                 return self.get(p, id).await;
             }
         }
-        let valid = validate(now)?;
+        let (policy, catalog) = (&self.policy, &self.catalog);
+        let valid = match input.into() {
+            Requested::Text(input) => alloc::validate(input, policy, catalog, now)?,
+            Requested::Typed(input) => alloc::validate_typed(input, policy, catalog, now)?,
+        };
         let access = authz::team(&self.store, p, valid.team_id(), Need::Read).await?;
         if access.team.archived {
             return Err(AppError::Conflict {

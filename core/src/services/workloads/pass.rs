@@ -229,11 +229,7 @@ impl Workloads {
             .map_err(internal("loading replacement"))?;
         let fresh = match spare {
             Some(id) => id,
-            None => match self
-                .allocations
-                .request_typed(&owner, &req, Some(&key))
-                .await
-            {
+            None => match self.allocations.request(&owner, &req, Some(&key)).await {
                 Ok(a) => a.id,
                 Err(e) => {
                     tracing::warn!(workload = %w.id, error = %e, "a preempted job could not be queued again");
