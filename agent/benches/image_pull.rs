@@ -9,6 +9,8 @@
 //! the registry's files are in the page cache for both. Then, as root with crun and
 //! busybox-static, the warm start of `/bin/sh -c true` in a cached image against the node's
 //! folders, in the sandbox, alternated (4 × RUNS each).
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write as _;
 use std::net::TcpListener;

@@ -7,6 +7,8 @@
 //! In the sandbox twice: on the node's network (`--sandbox-network off`) and in a network
 //! of its own (the default: namespace, veth pair and nftables table made and removed per
 //! job). Both sandboxed ways apply the seccomp filter.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

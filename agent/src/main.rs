@@ -1,5 +1,4 @@
 //! `tessera-agent`: see `agent/README.md`.
-#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -72,6 +72,31 @@ fn client(s: &Server, secret: &str, args: &[&str], stdin: &[u8]) -> Output {
     client_at(&s.rsh, s.port, secret, args, stdin)
 }
 
+/// The client running `sleep 300` in the background on `s`, its pid written to
+/// `pid_file`, stdin closed; the caller spawns it.
+fn remote_sleeper(s: &Server, pid_file: &Path) -> Command {
+    let mut c = Command::new(&s.rsh);
+    c.args([
+        "127.0.0.1",
+        &format!("sleep 300 & echo $! > {}; wait", pid_file.display()),
+    ])
+    .env("TESSERA_GANG_SECRET", SECRET)
+    .env("TESSERA_GANG_RSH_PORT", s.port.to_string())
+    .stdin(Stdio::null());
+    c
+}
+
+/// Sends SIGTERM to `pid` (with `kill`, which must succeed).
+fn sigterm(pid: u32) {
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
 fn client_at(rsh: &Path, port: u16, secret: &str, args: &[&str], stdin: &[u8]) -> Output {
     let mut c = Command::new(rsh)
         .args(args)
@@ -220,16 +245,7 @@ fn a_dropped_client_kills_the_remote_command() {
     let s = start_server();
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("pid");
-    let mut c = Command::new(&s.rsh)
-        .args([
-            "127.0.0.1",
-            &format!("sleep 300 & echo $! > {}; wait", pid_file.display()),
-        ])
-        .env("TESSERA_GANG_SECRET", SECRET)
-        .env("TESSERA_GANG_RSH_PORT", s.port.to_string())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut c = remote_sleeper(&s, &pid_file).spawn().unwrap();
     let sleeper = wait_pid_file(&pid_file);
     assert!(!dead(sleeper));
     c.kill().unwrap();
@@ -242,26 +258,13 @@ fn sigterm_stops_the_server_and_its_commands() {
     let mut s = start_server();
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("pid");
-    let mut c = Command::new(&s.rsh)
-        .args([
-            "127.0.0.1",
-            &format!("sleep 300 & echo $! > {}; wait", pid_file.display()),
-        ])
-        .env("TESSERA_GANG_SECRET", SECRET)
-        .env("TESSERA_GANG_RSH_PORT", s.port.to_string())
-        .stdin(Stdio::null())
+    let mut c = remote_sleeper(&s, &pid_file)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let sleeper = wait_pid_file(&pid_file);
     let serve = s.child.id();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &serve.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(serve);
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(st) = s.child.try_wait().unwrap() {
@@ -365,13 +368,7 @@ fn as_pid_1_it_reaps_orphans() {
         std::thread::sleep(Duration::from_millis(50));
     }
     // SIGTERM reaches it as PID 1 (it has a handler): it ends, and so does `unshare`.
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &serve.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(serve);
     let deadline = Instant::now() + Duration::from_secs(10);
     while unshare.0.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "serve (pid 1) ignored SIGTERM");

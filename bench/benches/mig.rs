@@ -1,4 +1,6 @@
 //! Criterion benches: the layout validator and a single-GPU layout search.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use tessera_domain::mig::{Catalog, Instance};
@@ -52,18 +54,10 @@ fn single_gpu_search(c: &mut Criterion) {
     let asks: Vec<Request> = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
         .iter()
         .enumerate()
-        .map(|(i, p)| Request {
-            id: format!("r{i}"),
-            team: None,
-            priority: 0,
-            mig: Some((*p).to_owned()),
-            gpus: None,
-            gpu_milli: None,
-            cpu_milli: 0,
-            memory_mib: 0,
-            models: Vec::new(),
-            needs_cuda: None,
-            gang: None,
+        .map(|(i, p)| {
+            let mut r = Request::new(format!("r{i}"));
+            r.mig = Some((*p).to_owned());
+            r
         })
         .collect();
     c.bench_function("place 4 MIG instances on one H100, then undo", |b| {

@@ -3,6 +3,8 @@
 //! p50/p99, requests/s), then one scheduler pass that places all of them with the planner
 //! on a simulated 6,212-GPU cluster (777 nodes × 8 H100, MIG on, empty), writing the
 //! desired MIG layouts. Run: `cargo bench -p tessera-core --bench admission`.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
@@ -10,18 +12,15 @@ mod support;
 
 use chrono::Utc;
 use std::time::Instant;
-use support::{Bench, Scratch, err as anyhow_err};
-use tessera_domain::wire::{GpuInfo, MigMode, MigModeState};
-use uuid::Uuid;
+use support::{Bench, Scratch, err as anyhow_err, h100};
+use tessera_domain::wire::MigMode;
 
 const NODES: usize = 777;
 const GPUS_PER_NODE: usize = 8;
 const REQUESTS: usize = 1000;
 
 fn main() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = support::runtime()?;
     let scratch = Scratch::new("admission")?;
     println!(
         "{REQUESTS} requests, {} GPUs on {NODES} nodes",
@@ -40,21 +39,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let now = Utc::now();
     for n in 0..NODES {
         let gpus = (0..GPUS_PER_NODE)
-            .map(|i| GpuInfo {
-                index: i as u32,
-                uuid: format!("GPU-{n:04}-{i}-{}", Uuid::new_v4().simple()),
-                name: "NVIDIA H100 80GB HBM3".into(),
-                memory_mib: 81_559,
-                mig_mode: Some(MigModeState {
-                    current: MigMode::Enabled,
-                    pending: MigMode::Enabled,
-                }),
-                profiles: vec![],
-                profiles_error: None,
-                health: None,
-                sharing: None,
-                instances: vec![],
-            })
+            .map(|i| h100(n, i, MigMode::Enabled, vec![]))
             .collect();
         b.add_node(&format!("bench-{n:04}"), gpus, now).await?;
     }

@@ -7,6 +7,8 @@
 //! (720,000 rows, read from the ledger in pages) and its BilledCost total checked against
 //! the ledger, with the time and the resident memory the export added at its peak.
 //! `TEAMS` and `DAYS` shrink it. Run: `cargo bench -p tessera-core --bench billing`.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
@@ -22,9 +24,7 @@ use tessera_domain::alloc::AllocState;
 use uuid::Uuid;
 
 fn main() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = support::runtime()?;
     let scratch = Scratch::new("billing")?;
     for (name, url) in rt.block_on(support::targets(&scratch, "bench"))? {
         rt.block_on(run(name, &url))?;

@@ -4,6 +4,8 @@
 //! more admitted one after another at 10,000 existing (bookings/s, p50/p99 latency).
 //! Run: `cargo bench -p tessera-core --bench bookings` (`TESSERA_BENCH_BOOKINGS` sets the
 //! number that exist first).
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
@@ -11,10 +13,9 @@ mod support;
 
 use chrono::{Duration, Utc};
 use std::time::Instant;
-use support::{Bench, Scratch, env_or, err as anyhow_err};
+use support::{Bench, Scratch, env_or, err as anyhow_err, h100};
 use tessera_domain::booking::NewBooking;
-use tessera_domain::wire::{GpuInfo, MigMode, MigModeState};
-use uuid::Uuid;
+use tessera_domain::wire::MigMode;
 
 const NODES: usize = 777;
 const GPUS_PER_NODE: usize = 8;
@@ -22,9 +23,7 @@ const TEAMS: usize = 50;
 const MEASURED: usize = 1000;
 
 fn main() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = support::runtime()?;
     let scratch = Scratch::new("bookings")?;
     let existing: usize = env_or("TESSERA_BENCH_BOOKINGS", 10_000);
     println!(
@@ -60,21 +59,7 @@ async fn run(name: &str, url: &str, existing: usize) -> anyhow::Result<()> {
     let now = Utc::now();
     for n in 0..NODES {
         let gpus = (0..GPUS_PER_NODE)
-            .map(|i| GpuInfo {
-                index: i as u32,
-                uuid: format!("GPU-{n:04}-{i}-{}", Uuid::new_v4().simple()),
-                name: "NVIDIA H100 80GB HBM3".into(),
-                memory_mib: 81_559,
-                mig_mode: Some(MigModeState {
-                    current: MigMode::Disabled,
-                    pending: MigMode::Disabled,
-                }),
-                profiles: vec![],
-                profiles_error: None,
-                health: None,
-                sharing: None,
-                instances: vec![],
-            })
+            .map(|i| h100(n, i, MigMode::Disabled, vec![]))
             .collect();
         b.add_node(&format!("bench-{n:04}"), gpus, now).await?;
     }

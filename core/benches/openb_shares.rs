@@ -17,6 +17,8 @@
 //!
 //! Run: `cargo bench -p tessera-core --bench openb_shares` (`SEEDS=n` seeds from 42, default
 //! 3; `TESSERA_BENCH_PG_URL` adds PostgreSQL; `ARRIVALS=n` stops each run early).
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
@@ -37,9 +39,7 @@ use uuid::Uuid;
 const MODEL: &str = "T4-16GB";
 
 fn main() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = support::runtime()?;
     let trace = openb::load(
         &data("openb_node_list_gpu_node.csv"),
         &data("openb_pod_list_default.csv"),

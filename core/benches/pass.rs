@@ -5,6 +5,8 @@
 //! store: it loads every live allocation), on SQLite and (with `TESSERA_BENCH_PG_URL`)
 //! PostgreSQL.
 //! Run: `cargo bench -p tessera-core --bench pass` (`LIVE=2000,10000`, `PASSES=10`).
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
@@ -12,17 +14,15 @@ mod support;
 
 use chrono::Utc;
 use std::time::{Duration, Instant};
-use support::{Bench, Scratch, env_or, err as anyhow_err};
-use tessera_domain::wire::{ComputeInstanceInfo, GpuInfo, MigInstance, MigMode, MigModeState};
+use support::{Bench, Scratch, env_or, err as anyhow_err, h100};
+use tessera_domain::wire::{ComputeInstanceInfo, GpuInfo, MigInstance, MigMode};
 use uuid::Uuid;
 
 const NODES: usize = 777;
 const GPUS_PER_NODE: usize = 8;
 
 fn main() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = support::runtime()?;
     let scratch = Scratch::new("pass")?;
     let live: Vec<usize> = std::env::var("LIVE")
         .unwrap_or_else(|_| "2000,10000".into())
@@ -44,37 +44,23 @@ fn main() -> anyhow::Result<()> {
 
 /// A GPU with seven idle `1g.10gb` instances.
 fn gpu(n: usize, i: usize) -> GpuInfo {
-    let uuid = format!("GPU-{n:04}-{i}-{}", Uuid::new_v4().simple());
-    GpuInfo {
-        index: i as u32,
-        uuid,
-        name: "NVIDIA H100 80GB HBM3".into(),
-        memory_mib: 81_559,
-        mig_mode: Some(MigModeState {
-            current: MigMode::Enabled,
-            pending: MigMode::Enabled,
-        }),
-        profiles: vec![],
-        profiles_error: None,
-        health: None,
-        sharing: None,
-        instances: (0..7u8)
-            .map(|s| MigInstance {
-                profile_id: 19,
-                profile: "1g.10gb".into(),
-                start: s,
-                size: 1,
-                gi_id: u32::from(s) + 1,
-                compute_instances: vec![ComputeInstanceInfo {
-                    ci_id: 0,
-                    profile_id: 0,
-                    full_size: true,
-                    uuid: Some(format!("MIG-{}", Uuid::new_v4())),
-                    process_count: Some(0),
-                }],
-            })
-            .collect(),
-    }
+    let instances = (0..7u8)
+        .map(|s| MigInstance {
+            profile_id: 19,
+            profile: "1g.10gb".into(),
+            start: s,
+            size: 1,
+            gi_id: u32::from(s) + 1,
+            compute_instances: vec![ComputeInstanceInfo {
+                ci_id: 0,
+                profile_id: 0,
+                full_size: true,
+                uuid: Some(format!("MIG-{}", Uuid::new_v4())),
+                process_count: Some(0),
+            }],
+        })
+        .collect();
+    h100(n, i, MigMode::Enabled, instances)
 }
 
 async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Result<()> {

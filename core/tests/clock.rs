@@ -1,5 +1,7 @@
 //! The use cases read the time from the `Clock` they are given (`Services::with_clock`),
 //! not from the system: a manual clock set years away decides what they accept and show.
+// A test: a step that fails should fail it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use chrono::{Duration, TimeZone, Utc};
 use std::sync::Arc;

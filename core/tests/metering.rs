@@ -2,6 +2,8 @@
 //! `TESSERA_TEST_PG_URL`): the ledger equals a brute-force, second-by-second ground truth
 //! priced hour by hour, whatever the crash points (passes stopped after a random number of
 //! allocations), reruns and concurrent passes; it always balances.
+// A test: a step that fails should fail it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 

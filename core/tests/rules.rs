@@ -11,38 +11,24 @@
 //!   within the hard budget unless an allocation was approved beyond it;
 //! - `high` is held only by the team granted it, within its cap;
 //! - a disabled user holds nothing after a scheduler pass.
+// A test: a step that fails should fail it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Tests and benches stand outside the use cases: they read the wall clock to set up.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+
 use chrono::{Duration, TimeZone, Utc};
+use common::{Lcg, services_with_admin};
 use std::collections::HashMap;
-use std::sync::Arc;
 use tessera_core::Services;
 use tessera_core::auth::Principal;
-use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::services::allocations::Decision;
 use tessera_core::store::{Change, Store, Transition};
-use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocState, GpuKind, HighGrant, NewAllocation, PriorityClass};
 use tessera_domain::billing::{self, NewRate, Rate, RateCard, SetBudget};
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
-
-/// A tiny seeded generator (no dependency, reproducible).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[usize::try_from(self.next(xs.len() as u64)).unwrap_or(0)]
-    }
-}
 
 const KINDS: [&str; 3] = ["H100-80GB:1g.10gb", "H100-80GB:2g.20gb", "H100-80GB:whole"];
 /// Team 0 may use `high` up to this many units; team 1 may not use it at all.
@@ -68,16 +54,7 @@ async fn principal(s: &Services, name: &str) -> Principal {
 }
 
 async fn world(url: &str, seed: u64) -> World {
-    let store = Store::connect(url).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    let s = Services::new(
-        store.clone(),
-        Hasher::new(1, 4).expect("hasher"),
-        Arc::new(LoginLimiter::new(Default::default())),
-        std::time::Duration::from_secs(3600),
-    );
-    let pw = NewPassword::parse("rules-test-password", "p").expect("pw");
-    s.accounts.bootstrap_admin(Some(&pw)).await.expect("admin");
+    let (store, s) = services_with_admin(url, "rules-test-password").await;
     let admin = principal(&s, "admin").await;
     let now = Utc::now().timestamp();
     let hour = Utc

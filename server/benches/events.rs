@@ -6,6 +6,8 @@
 //! and while changes happen; then, for `CHANGES` changes (a slice requested, then
 //! released), how long after the API call answered each stream heard of it: p50, p99, max
 //! over every stream and change. Figures in docs/benchmarks.md §12.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -8,10 +8,14 @@
 //! WebSocket to `GET /api/v1/workloads/{id}/exec` with an API token, stdin closed, read
 //! until the exit frame and the close. Prints the round trip (connect → exit code) as
 //! median, p90 and p99, and the first session's apart (the agent's first `crun exec`).
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/it/agent_bin.rs"]
 mod agent_bin;
 mod support;
+#[path = "../tests/it/ws_connect.rs"]
+mod ws_connect;
 
 use agent_bin::agent_bin;
 use futures_util::{SinkExt, StreamExt};
@@ -21,6 +25,7 @@ use std::time::{Duration, Instant};
 use support::{InProcess, call, env_usize, login, token_for};
 use tessera_domain::wire::exec_frame;
 use tokio_tungstenite::tungstenite::Message;
+use ws_connect::connect_with_token;
 
 const PW: &str = "bench-admin-password";
 
@@ -33,15 +38,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 async fn round_trip(addr: &str, token: &str, job: &str) -> f64 {
     let t = Instant::now();
     let url = format!("ws://{addr}/api/v1/workloads/{job}/exec?command=true&tty=false");
-    let mut req =
-        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
-            .expect("ws request");
-    req.headers_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("header"),
-    );
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-    let (mut ws, _) = tokio_tungstenite::client_async(req, tcp)
+    let (mut ws, _) = connect_with_token(addr, &url, token)
         .await
         .expect("exec refused");
     ws.send(Message::Binary(

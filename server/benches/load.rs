@@ -18,6 +18,8 @@
 //!    send batches of 6 samples (a minute of an agent's spool) as fast as the server acks
 //!    them; samples/s counted from the rows committed to the database (node samples, each
 //!    with `LOAD_GPUS` GPU samples).
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
@@ -431,14 +433,7 @@ async fn main() {
     // The first server migrates; the others start once it is up.
     let mut servers = vec![start_server(0, &url)];
     let wait_ready = |port: u16| async move {
-        let t0 = Instant::now();
-        while !reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            assert!(t0.elapsed() < Duration::from_secs(60), "server not ready");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        support::wait_ready(&format!("http://127.0.0.1:{port}")).await;
     };
     wait_ready(servers[0].port).await;
     for i in 1..replicas {
@@ -484,24 +479,7 @@ async fn main() {
     for u in 0..users_n {
         let name = format!("load-user-{u}");
         let team = teams[u / 10].clone();
-        let (s, v) = call(
-            &base0,
-            &admin,
-            Method::POST,
-            "/api/v1/users",
-            json!({"username": name, "password": PW}),
-        )
-        .await;
-        assert_eq!(s, 201, "{v}");
-        let (s, v) = call(
-            &base0,
-            &admin,
-            Method::POST,
-            &format!("/api/v1/teams/{team}/members"),
-            json!({"username": name, "role": "member"}),
-        )
-        .await;
-        assert_eq!(s, 201, "{v}");
+        support::add_user(&base0, &admin, &team, &name, PW, "member").await;
         users.push((name, team));
     }
     let mut tokens = Vec::new();

@@ -10,6 +10,8 @@
 //! 2. `REQUESTS` (default 2000) GETs of the notebook's `api/status` with `CONCURRENCY`
 //!    (default 16) clients, through the proxy and directly at JupyterLab; requests/s and
 //!    p50/p99 latency of each.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/it/agent_bin.rs"]
 mod agent_bin;

@@ -35,9 +35,14 @@
 //! 5. **Admission, idle after** (the database now larger): the same as 1.
 //! 6. **Paced**: `NOTIFY_RATE` events/s for `NOTIFY_PACED_SECONDS`, then commit → receipt
 //!    of those: the latency at a rate the worker keeps up with.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../tests/it/aiosmtpd.rs"]
+mod aiosmtpd;
 mod support;
 
+use aiosmtpd::Aiosmtpd;
 use support::env_usize;
 
 use axum::http::HeaderMap;
@@ -45,7 +50,6 @@ use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
-use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,36 +76,18 @@ class Handler:
         out.write("%s %.6f\n" % (mid.strip().strip("<>").split("@")[0], at))
         out.flush()
         return "250 OK"
-c = Controller(Handler(), hostname="127.0.0.1", port=port)
-c.start()
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
 "#;
 
 struct Smtpd {
-    child: std::process::Child,
+    server: Aiosmtpd,
     log: std::path::PathBuf,
-    port: u16,
 }
 
 impl Smtpd {
     fn start(dir: &std::path::Path) -> Smtpd {
-        let port = free_port();
         let log = dir.join("mail.log");
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", SMTPD, &port.to_string()])
-            .arg(&log)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 with aiosmtpd (pip install aiosmtpd; cargo xtask test does)");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read");
-        assert_eq!(line.trim(), "ready", "aiosmtpd did not start");
-        Smtpd { child, log, port }
+        let server = Aiosmtpd::start(SMTPD, &log);
+        Smtpd { server, log }
     }
 
     /// (delivery id, arrival) of every mail so far.
@@ -119,20 +105,6 @@ impl Smtpd {
             })
             .collect()
     }
-}
-
-impl Drop for Smtpd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
 }
 
 // ---- the webhook receiver ----
@@ -429,30 +401,6 @@ async fn ask(c: &reqwest::Client, base: &str, token: &str, team: &str) -> Option
 
 // ---- one run ----
 
-/// What [`support::serve`] does, with another `tessera` binary (`NOTIFY_SERVER_BIN`).
-fn serve_bin(bin: &str, database_url: &str, extra: &[&str]) -> (u16, tokio::process::Child) {
-    let port = free_port();
-    let child = tokio::process::Command::new(bin)
-        .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
-        .args([
-            "--database-url",
-            database_url,
-            "--site-root",
-            "/nonexistent",
-        ])
-        .args(extra)
-        .env("TESSERA_ADMIN_PASSWORD", PW)
-        .env(
-            "TESSERA_DATA_KEY",
-            "HcROzxrmpf2OqVvT6xHCt3zygxviuKsr5vruiDhAvRg=",
-        )
-        .env("RUST_LOG", "error")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start tessera serve");
-    (port, child)
-}
-
 struct Config {
     db: String,
     events: usize,
@@ -488,24 +436,7 @@ async fn team_with(base: &str, admin: &str, name: &str, per_user: u32) -> String
 }
 
 async fn user_in(base: &str, admin: &str, team: &str, name: &str, role: &str) -> String {
-    let (s, v) = call(
-        base,
-        admin,
-        Method::POST,
-        "/api/v1/users",
-        json!({"username": name, "password": PW}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = call(
-        base,
-        admin,
-        Method::POST,
-        &format!("/api/v1/teams/{team}/members"),
-        json!({"username": name, "role": role}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
+    support::add_user(base, admin, team, name, PW, role).await;
     token_for(base, name, PW).await
 }
 
@@ -537,7 +468,7 @@ async fn run(cfg: &Config, interval: &str) {
     };
     let smtp = Smtpd::start(dir.path());
     let (hook_url, hooks) = start_receiver().await;
-    let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
+    let smtp_url = smtp.server.url();
     let args = [
         "--smtp-url",
         &smtp_url,
@@ -546,18 +477,11 @@ async fn run(cfg: &Config, interval: &str) {
         interval,
     ];
     let (port, mut server) = match std::env::var("NOTIFY_SERVER_BIN") {
-        Ok(bin) => serve_bin(&bin, &url, &args),
+        Ok(bin) => support::serve_bin(&bin, &url, PW, &args),
         Err(_) => support::serve(&url, PW, &args),
     };
     let base = format!("http://127.0.0.1:{port}");
-    let t0 = Instant::now();
-    while !reqwest::get(format!("{base}/readyz"))
-        .await
-        .is_ok_and(|r| r.status() == 200)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(60), "server not ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::wait_ready(&base).await;
     let received = Received { smtp, hooks };
 
     // Team "events": its members need approval for anything; its admin has an address and

@@ -215,7 +215,11 @@ pub async fn relay_node_signals(services: Arc<Services>) {
         let services = services.clone();
         tokio::spawn(async move {
             while let Some(node) = outgoing.recv().await {
-                if let Err(e) = services.coordination.notify_node(&format!("{epoch} {node}")).await {
+                if let Err(e) = services
+                    .coordination
+                    .notify_node(&format!("{epoch} {node}"))
+                    .await
+                {
                     tracing::warn!(error = %e, "could not tell other replicas of a node change");
                 }
             }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_agent::backend::GpuBackend;
-use tessera_agent::sandbox::{RSH_MOUNT, Sandbox, SandboxSettings};
+use tessera_agent::sandbox::{RSH_MOUNT, Sandbox};
 use tessera_agent::sim::{SimNode, write_device_files};
 use tessera_agent::workloads::LocalExecutor;
 use tessera_domain::wire::{
@@ -33,25 +33,7 @@ const OTHER_NODE: &str = "192.0.2.77";
 /// Runs the `gang::own_netns_*` tests in a fresh network namespace.
 #[test]
 fn gang_members_on_real_sandboxes_in_a_network_namespace_of_their_own() {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new("unshare")
-        .args(["--net", "--"])
-        .arg(&exe)
-        .args([
-            "gang::own_netns_",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(OWN_NETNS, "1")
-        .output()
-        .expect("run unshare");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
+    let text = crate::support::run_in_own_netns(&["gang::own_netns_"], OWN_NETNS);
     assert!(text.contains("5 passed"), "{text}");
 }
 
@@ -111,15 +93,8 @@ impl Node {
 
     /// An agent's executor with workload range `range`, at workload host `host`.
     fn executor(&self, name: &str, range: &str, internet: bool, host: &str) -> LocalExecutor {
-        let mut s = SandboxSettings::new(PathBuf::from("crun"));
-        s.uid_first = FIRST_UID;
-        s.uid_count = 10;
-        s.memory_mib = Some(256);
-        s.pids = 64;
-        s.tmp_mib = 16;
-        s.nofile = 1024;
-        s.nproc = 300;
-        s.simulated_devices(self.dir.path().join("dev"));
+        let dev = self.dir.path().join("dev");
+        let mut s = crate::support::sandbox_settings(FIRST_UID, 10, 256, (64, 300), dev);
         let net = s.network.as_mut().unwrap();
         net.range = tessera_agent::network::Ipv4Range::parse(range).unwrap();
         net.internet = internet;
@@ -694,16 +669,9 @@ async fn gang_member_in_an_image_is_pulled_prepared_then_runs_with_the_remote_ag
     let image = format!("{}/team/gang@{}", reg.addr, built.digest());
 
     let node = Node::new();
-    let mut s = SandboxSettings::new(PathBuf::from("crun"));
-    s.uid_first = FIRST_UID + 20;
-    s.uid_count = 4;
-    s.memory_mib = Some(128);
-    s.pids = 64;
-    s.tmp_mib = 16;
-    s.nofile = 1024;
-    s.nproc = 600;
+    let dev = node.dir.path().join("dev");
+    let mut s = crate::support::sandbox_settings(FIRST_UID + 20, 4, 128, (64, 600), dev);
     s.network = None;
-    s.simulated_devices(node.dir.path().join("dev"));
     s.driver_files = DriverFiles::default();
     let sb = Sandbox::open(s, Arc::clone(&node.backend), &node.root("img-sandbox"))
         .unwrap_or_else(|e| panic!("the gang tests need root and crun: {e}"));

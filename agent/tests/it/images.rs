@@ -17,7 +17,7 @@ use tessera_agent::driver_files::DriverFiles;
 use tessera_agent::oci::unpack::Limits;
 use tessera_agent::oci::{ImageStore, PullError, StoreLimits};
 use tessera_agent::run::{Agent, RunConfig};
-use tessera_agent::sandbox::{Sandbox, SandboxSettings};
+use tessera_agent::sandbox::Sandbox;
 use tessera_agent::sim::{SimNode, write_device_files};
 use tessera_agent::spool::Spool;
 use tessera_agent::telemetry::Telemetry;
@@ -86,16 +86,9 @@ impl Node {
     }
 
     fn sandbox(&self, uid_first: u32) -> Sandbox {
-        let mut s = SandboxSettings::new(PathBuf::from("crun"));
-        s.uid_first = uid_first;
-        s.uid_count = 4;
-        s.memory_mib = Some(128);
-        s.pids = 64;
-        s.tmp_mib = 16;
-        s.nofile = 1024;
-        s.nproc = 600;
+        let dev = self.state().join("dev");
+        let mut s = crate::support::sandbox_settings(uid_first, 4, 128, (64, 600), dev);
         s.network = None;
-        s.simulated_devices(self.state().join("dev"));
         s.driver_files =
             DriverFiles::write_stand_ins(&self.state().join("sim-nvidia"), "550.54.15", "12.4")
                 .unwrap();
@@ -145,6 +138,15 @@ fn image_job(id: &str, devices: &[&str], image: &str, script: &str) -> WorkloadS
         }),
         ..WorkloadSpec::job(id, "team-img", devices, &[script])
     }
+}
+
+/// A loopback registry (no login) holding image `marker` (`extra` bytes of filler) as
+/// `repo:v1`.
+async fn registry_with(marker: &str, extra: usize, repo: &str) -> (Registry, Built) {
+    let reg = Registry::start(None);
+    let built = build_image(marker, extra);
+    push(&reqwest::Client::new(), &reg, repo, "v1", &built, None).await;
+    (reg, built)
 }
 
 fn pinned(reg: &Registry, repo: &str, image: &Built) -> String {
@@ -209,11 +211,8 @@ async fn a_job_in_an_image_sees_the_image_and_the_drivers_files_and_its_pull_is_
     if !can_run() {
         return;
     }
-    let reg = Registry::start(None);
-    let http = reqwest::Client::new();
     // Filler, so the pull has bytes to count.
-    let built = build_image("tessera-itimage", 4 << 20);
-    push(&http, &reg, "team/it", "v1", &built, None).await;
+    let (reg, built) = registry_with("tessera-itimage", 4 << 20, "team/it").await;
     let node = Node::new();
     let ex = node.executor(node.store(1 << 40, reqwest::Client::new()), FIRST_UID);
     let server = FakeServer::default();
@@ -590,10 +589,7 @@ async fn a_stop_during_the_pull_cancels_it_and_the_workload_ends() {
     if !can_run() {
         return;
     }
-    let reg = Registry::start(None);
-    let http = reqwest::Client::new();
-    let built = build_image("tessera-cancelled", 1 << 20);
-    push(&http, &reg, "team/cancel", "v1", &built, None).await;
+    let (reg, built) = registry_with("tessera-cancelled", 1 << 20, "team/cancel").await;
     let node = Node::new();
     let mut ex = node.executor(node.store(1 << 40, reqwest::Client::new()), FIRST_UID + 12);
     let spec = image_job(
@@ -652,10 +648,7 @@ async fn a_restarted_agent_holds_the_images_of_the_workloads_it_adopts() {
     if !can_run() {
         return;
     }
-    let reg = Registry::start(None);
-    let http = reqwest::Client::new();
-    let built = build_image("tessera-adopted", 0);
-    push(&http, &reg, "team/adopted", "v1", &built, None).await;
+    let (reg, built) = registry_with("tessera-adopted", 0, "team/adopted").await;
     let node = Node::new();
     let uids = FIRST_UID + 16;
     // A cache of nothing: whatever is not held goes at the first collection.

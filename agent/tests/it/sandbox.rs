@@ -55,16 +55,8 @@ impl Node {
     }
 
     fn settings(&self) -> SandboxSettings {
-        let mut s = SandboxSettings::new(PathBuf::from("crun"));
-        s.uid_first = FIRST_UID;
-        s.uid_count = 10;
-        s.memory_mib = Some(256);
-        s.pids = 32;
-        s.tmp_mib = 16;
-        s.nofile = 1024;
-        s.nproc = 300;
-        s.simulated_devices(self.dir.path().join("dev"));
-        s
+        let dev = self.dir.path().join("dev");
+        crate::support::sandbox_settings(FIRST_UID, 10, 256, (32, 300), dev)
     }
 
     fn executor(&self) -> LocalExecutor {
@@ -715,26 +707,10 @@ const OWN_NETNS: &str = "TESSERA_TEST_OWN_NETNS";
 /// the test's own, and the host's network is left alone.
 #[test]
 fn workload_networks_keep_teams_apart_from_each_other_the_node_and_the_cloud() {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new("unshare")
-        .args(["--net", "--"])
-        .arg(&exe)
-        .args([
-            "--exact",
-            "sandbox::networks_in_a_namespace_of_its_own",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(OWN_NETNS, "1")
-        .output()
-        .expect("run unshare");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let text = crate::support::run_in_own_netns(
+        &["--exact", "sandbox::networks_in_a_namespace_of_its_own"],
+        OWN_NETNS,
     );
-    assert!(out.status.success(), "{text}");
     assert!(text.contains("1 passed"), "{text}");
 }
 

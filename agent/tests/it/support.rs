@@ -281,3 +281,47 @@ pub async fn whole_file(path: &std::path::Path, wait: std::time::Duration) -> St
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Runs this test binary again in a fresh network namespace (`unshare --net`), the
+/// ignored tests `filter` selects one at a time with `env` set to `1`; asserts that it
+/// passed and returns its output.
+pub fn run_in_own_netns(filter: &[&str], env: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "--"])
+        .arg(&exe)
+        .args(filter)
+        .args(["--ignored", "--nocapture", "--test-threads=1"])
+        .env(env, "1")
+        .output()
+        .expect("run unshare");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+/// Sandbox settings for a test: crun, `uid_count` ids from `uid_first`, `memory_mib` MiB,
+/// `pids` and `nproc` processes, a 16 MiB /tmp, 1024 open files, simulated devices in
+/// `dev`.
+pub fn sandbox_settings(
+    uid_first: u32,
+    uid_count: u32,
+    memory_mib: u64,
+    (pids, nproc): (u64, u64),
+    dev: std::path::PathBuf,
+) -> tessera_agent::sandbox::SandboxSettings {
+    let mut s = tessera_agent::sandbox::SandboxSettings::new(std::path::PathBuf::from("crun"));
+    s.uid_first = uid_first;
+    s.uid_count = uid_count;
+    s.memory_mib = Some(memory_mib);
+    s.pids = pids;
+    s.tmp_mib = 16;
+    s.nofile = 1024;
+    s.nproc = nproc;
+    s.simulated_devices(dev);
+    s
+}

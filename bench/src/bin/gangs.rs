@@ -7,13 +7,17 @@
 //! 3,106 single-GPU requests pending in the same pass; racks of 16 nodes. Every plan is
 //! checked: each gang fully placed (4 distinct nodes, 8 distinct GPUs each, no GPU used
 //! twice in the plan or busy in the input) or pending with a reason and no assignment.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use tessera_bench::Rng;
 use tessera_domain::mig::Catalog;
-use tessera_domain::planner::{Cluster, Engine, Gang, Gpu, GpuMode, Node, Plan, Request, plan};
+use tessera_domain::planner::{Cluster, Engine, Gang, GpuMode, Plan, Request, plan};
 
 const GPUS_TOTAL: usize = 6212;
 const GANGS: usize = 100;
@@ -22,32 +26,9 @@ const PER_NODE: u32 = 8;
 const RACK: usize = 16;
 
 fn cluster(racks: bool) -> Cluster {
-    let mut nodes = Vec::new();
-    let mut left = GPUS_TOTAL;
-    while left > 0 {
-        let n = left.min(8);
-        left -= n;
-        let i = nodes.len();
-        nodes.push(Node {
-            name: format!("node-{i:04}"),
-            cpu_milli: 128_000,
-            memory_mib: 1 << 20,
-            cpu_used_milli: 0,
-            memory_used_mib: 0,
-            gpus: (0..n as u32)
-                .map(|g| Gpu {
-                    index: g,
-                    model: "H100-80GB".into(),
-                    mode: GpuMode::Whole,
-                    reconfigurable: true,
-                    instances: Vec::new(),
-                    busy: false,
-                    used_milli: 0,
-                })
-                .collect(),
-            driver: None,
-            group: racks.then(|| format!("rack-{:02}", i / RACK)),
-        });
+    let mut nodes = common::h100_nodes(GPUS_TOTAL, |_| GpuMode::Whole);
+    for (i, node) in nodes.iter_mut().enumerate() {
+        node.group = racks.then(|| format!("rack-{:02}", i / RACK));
     }
     Cluster {
         nodes,

@@ -1,12 +1,16 @@
 //! `cargo run --release -p tessera-bench --bin throughput`
 //! 6,212 H100-80GB GPUs (half MIG, half whole), filled to 90 %, then 10,000
 //! pending mixed requests placed one at a time on one thread.
+// A benchmark: a setup that fails should stop it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::time::Instant;
 
 use tessera_bench::Rng;
 use tessera_domain::mig::Catalog;
-use tessera_domain::planner::{Cluster, Engine, Gpu, GpuMode, Node, Request, plan};
+use tessera_domain::planner::{Cluster, Engine, GpuMode, Request, plan};
 
 const PROFILES: [(&str, u64); 6] = [
     ("1g.10gb", 143),
@@ -44,36 +48,13 @@ fn request(rng: &mut Rng, i: usize) -> (Request, u64) {
 
 fn main() {
     let gpus_total = 6212usize;
-    let mut nodes = Vec::new();
-    let mut left = gpus_total;
-    while left > 0 {
-        let n = left.min(8);
-        left -= n;
-        nodes.push(Node {
-            name: format!("node-{:04}", nodes.len()),
-            cpu_milli: 128_000,
-            memory_mib: 1 << 20,
-            cpu_used_milli: 0,
-            memory_used_mib: 0,
-            gpus: (0..n as u32)
-                .map(|i| Gpu {
-                    index: i,
-                    model: "H100-80GB".into(),
-                    mode: if i % 2 == 0 {
-                        GpuMode::Mig
-                    } else {
-                        GpuMode::Whole
-                    },
-                    reconfigurable: true,
-                    instances: Vec::new(),
-                    busy: false,
-                    used_milli: 0,
-                })
-                .collect(),
-            driver: None,
-            group: None,
-        });
-    }
+    let nodes = common::h100_nodes(gpus_total, |i| {
+        if i % 2 == 0 {
+            GpuMode::Mig
+        } else {
+            GpuMode::Whole
+        }
+    });
     let cluster = Cluster {
         nodes,
         models: Vec::new(),

@@ -13,8 +13,34 @@ use tessera_core::store::{NodeRow, Store};
 use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocationView, NewAllocation};
 use tessera_domain::ids::TeamId;
-use tessera_domain::wire::{GpuInfo, Inventory};
+use tessera_domain::wire::{GpuInfo, Inventory, MigInstance, MigMode, MigModeState};
 use uuid::Uuid;
+
+/// The multi-threaded Tokio runtime a bench's `main` runs on.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Node `n`'s GPU `i`: an H100 with MIG `mig` (now and pending), holding `instances`.
+pub fn h100(n: usize, i: usize, mig: MigMode, instances: Vec<MigInstance>) -> GpuInfo {
+    GpuInfo {
+        index: i as u32,
+        uuid: format!("GPU-{n:04}-{i}-{}", Uuid::new_v4().simple()),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 81_559,
+        mig_mode: Some(MigModeState {
+            current: mig,
+            pending: mig,
+        }),
+        profiles: vec![],
+        profiles_error: None,
+        health: None,
+        sharing: None,
+        instances,
+    }
+}
 
 /// A scratch folder for SQLite files, removed on drop unless `KEEP_DB` is set.
 pub struct Scratch(pub PathBuf);

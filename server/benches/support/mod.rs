@@ -13,15 +13,30 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A free port on loopback (bound and released; fine for a bench).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
 /// `tessera serve` (this build, no simulated nodes, no UI bundle) on a free local port,
 /// on `database_url`, its bootstrap admin's password `pw`, with `extra` arguments;
 /// killed when dropped. Returns the port and the process.
 pub fn serve(database_url: &str, pw: &str, extra: &[&str]) -> (u16, tokio::process::Child) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+    serve_bin(env!("CARGO_BIN_EXE_tessera"), database_url, pw, extra)
+}
+
+/// What [`serve`] does, with the `tessera` binary at `bin`.
+pub fn serve_bin(
+    bin: &str,
+    database_url: &str,
+    pw: &str,
+    extra: &[&str],
+) -> (u16, tokio::process::Child) {
+    let port = free_port();
+    let child = tokio::process::Command::new(bin)
         .args(["serve", "--no-sim", "--bind", &format!("127.0.0.1:{port}")])
         .args([
             "--database-url",
@@ -41,6 +56,18 @@ pub fn serve(database_url: &str, pw: &str, extra: &[&str]) -> (u16, tokio::proce
         .spawn()
         .expect("start tessera serve");
     (port, child)
+}
+
+/// Waits (at most a minute) until the server at `base` answers `/readyz` with 200.
+pub async fn wait_ready(base: &str) {
+    let t0 = std::time::Instant::now();
+    while !reqwest::get(format!("{base}/readyz"))
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "server not ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Signs `user` in (retrying while the server is still starting); the session cookie.
@@ -88,6 +115,28 @@ pub async fn call(
     }
     let r = rb.send().await.expect("request");
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Creates user `name` (password `pw`) as `admin` and adds them to `team` as `role`.
+pub async fn add_user(base: &str, admin: &str, team: &str, name: &str, pw: &str, role: &str) {
+    let (s, v) = call(
+        base,
+        admin,
+        reqwest::Method::POST,
+        "/api/v1/users",
+        json!({"username": name, "password": pw}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = call(
+        base,
+        admin,
+        reqwest::Method::POST,
+        &format!("/api/v1/teams/{team}/members"),
+        json!({"username": name, "role": role}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
 }
 
 /// A user's API token (signs in once to make it).

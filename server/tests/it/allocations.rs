@@ -4,7 +4,7 @@
 
 use crate::on_both_databases;
 use crate::support::sim_agent;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, mint_token, post_as};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -18,54 +18,36 @@ pub(crate) struct Team {
     pub(crate) team_admin: String,
 }
 
-async fn token_for(app: &TestApp, user: &str) -> String {
-    let cookie = crate::support::login(app, user, PW).await;
-    let r = reqwest::Client::new()
-        .post(app.url("/api/v1/tokens"))
-        .header("origin", &app.base)
-        .header("cookie", cookie)
-        .json(&json!({"name": "t"}))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 201);
-    r.json::<Value>().await.expect("json")["secret"]
-        .as_str()
-        .expect("secret")
-        .to_owned()
+/// Creates `user` with password `pw`, adds them to `team` as `role`; their new API token.
+pub(crate) async fn add_member(
+    a: &AdminClient,
+    team: &str,
+    user: &str,
+    pw: &str,
+    role: &str,
+) -> String {
+    let (s, _) = a
+        .post("/api/v1/users", json!({"username": user, "password": pw}))
+        .await;
+    assert_eq!(s, 201);
+    let (s, _) = a
+        .call(
+            Method::POST,
+            &format!("/api/v1/teams/{team}/members"),
+            Some(json!({"username": user, "role": role})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let cookie = crate::support::login(&a.app, user, pw).await;
+    mint_token(&reqwest::Client::new(), &a.app.base, &cookie, "t").await
 }
 
 pub(crate) async fn team(a: &AdminClient, name: &str) -> Team {
-    let (s, t) = a
-        .call(Method::POST, "/api/v1/teams", Some(json!({"name": name})))
-        .await;
+    let (s, t) = a.post("/api/v1/teams", json!({"name": name})).await;
     assert_eq!(s, 201, "{t}");
     let id = t["id"].as_str().expect("id").to_owned();
-    let mut tokens = Vec::new();
-    for (user, role) in [
-        (format!("{name}-member"), "member"),
-        (format!("{name}-lead"), "team_admin"),
-    ] {
-        let (s, _) = a
-            .call(
-                Method::POST,
-                "/api/v1/users",
-                Some(json!({"username": user, "password": PW})),
-            )
-            .await;
-        assert_eq!(s, 201);
-        let (s, _) = a
-            .call(
-                Method::POST,
-                &format!("/api/v1/teams/{id}/members"),
-                Some(json!({"username": user, "role": role})),
-            )
-            .await;
-        assert_eq!(s, 201);
-        tokens.push(token_for(&a.app, &user).await);
-    }
-    let team_admin = tokens.pop().expect("lead");
-    let member = tokens.pop().expect("member");
+    let member = add_member(a, &id, &format!("{name}-member"), PW, "member").await;
+    let team_admin = add_member(a, &id, &format!("{name}-lead"), PW, "team_admin").await;
     Team {
         id,
         member,
@@ -84,11 +66,10 @@ pub(crate) async fn set_quota(a: &AdminClient, team: &str, model: &str, g: u32, 
     assert_eq!(s, 200, "{v}");
 }
 
-async fn used(a: &AdminClient, team: &str, model: &str) -> u64 {
-    let (s, v) = a
-        .call(Method::GET, &format!("/api/v1/teams/{team}/quotas"), None)
-        .await;
-    assert_eq!(s, 200);
+/// How many units of `model` the team's quota has in use.
+pub(crate) async fn used(a: &AdminClient, team: &str, model: &str) -> u64 {
+    let (s, v) = a.get(&format!("/api/v1/teams/{team}/quotas")).await;
+    assert_eq!(s, 200, "{v}");
     v.as_array()
         .expect("quotas")
         .iter()
@@ -106,6 +87,18 @@ pub(crate) async fn request(app: &TestApp, token: &str, team: &str, kind: &str) 
         Some(json!({"team_id": team, "kind": kind, "purpose": "test"})),
     )
     .await
+}
+
+/// A request of `team`'s for `kind` that lasts `minutes`, as `token`.
+pub(crate) async fn request_for(
+    app: &TestApp,
+    token: &str,
+    team: &str,
+    kind: &str,
+    minutes: u32,
+) -> (u16, Value) {
+    let body = json!({"team_id": team, "kind": kind, "duration_minutes": minutes});
+    post_as(app, token, "/api/v1/allocations", body).await
 }
 
 /// `n` requests for one `kind` at once: each one's `(status, body)`.
@@ -154,12 +147,7 @@ async fn concurrent_requests_admit_exactly_the_quota(db: Db) {
     assert_eq!(admitted, N, "exactly the quota is admitted");
     assert_eq!(waiting, 50 - N);
     assert_eq!(used(&a, &t.id, "H100-80GB").await, u64::from(N));
-    let metrics = reqwest::get(a.app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = a.app.metrics().await;
     assert!(
         metrics
             .lines()
@@ -203,14 +191,7 @@ async fn beyond_quota_waits_for_the_right_approver(db: Db) {
     );
     let id = second["id"].as_str().expect("id");
     let approve = format!("/api/v1/allocations/{id}/approve");
-    let (s, _) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        &approve,
-        Some(json!({"reason": "self"})),
-    )
-    .await;
+    let (s, _) = post_as(&a.app, &t.member, &approve, json!({"reason": "self"})).await;
     assert_eq!(s, 403, "a member cannot approve");
     let (s, v) = call_with_token(
         &a.app,
@@ -257,35 +238,23 @@ async fn beyond_quota_waits_for_the_right_approver(db: Db) {
     assert_eq!(v["approval_reason"], "no capacity this week");
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
     // Both decisions are in the audit trail, with who made them.
-    let (s, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=allocation.deny", None)
-        .await;
+    let (s, audit) = a.get("/api/v1/audit?action=allocation.deny").await;
     assert_eq!(s, 200);
     assert_eq!(audit["items"][0]["actor"], "admin");
     assert_eq!(audit["items"][0]["object_id"], wid);
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=allocation.approve", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=allocation.approve").await;
     assert_eq!(audit["items"][0]["actor"], "approve-lead");
     // A filter that names no action is refused, not answered with an empty page.
-    let (s, v) = a
-        .call(
-            Method::GET,
-            "/api/v1/audit?action=allocation.approved",
-            None,
-        )
-        .await;
+    let (s, v) = a.get("/api/v1/audit?action=allocation.approved").await;
     assert_eq!(s, 422, "{v}");
     assert_eq!(v["error"]["field"], "action", "{v}");
 
     // Another team's admin sees nothing of it.
     let other = team(&a, "other").await;
-    let (s, _) = call_with_token(
+    let (s, _) = get_as(
         &a.app,
         &other.team_admin,
-        Method::GET,
         &format!("/api/v1/allocations/{id}"),
-        None,
     )
     .await;
     assert_eq!(s, 404);
@@ -317,14 +286,7 @@ async fn bad_requests_name_the_field_and_store_nothing(db: Db) {
             "priority",
         ),
     ] {
-        let (s, v) = call_with_token(
-            &a.app,
-            &t.member,
-            Method::POST,
-            "/api/v1/allocations",
-            Some(body),
-        )
-        .await;
+        let (s, v) = post_as(&a.app, &t.member, "/api/v1/allocations", body).await;
         assert_eq!(s, 422, "{v}");
         assert_eq!(v["error"]["field"], field, "{v}");
     }
@@ -366,9 +328,7 @@ async fn cancel_returns_quota_exactly_once_and_survives_a_restart(db: Db) {
     a.app.stop().await;
     a.app.start_again().await;
     let id = v["id"].as_str().expect("id");
-    let (s, after) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
-        .await;
+    let (s, after) = a.get(&format!("/api/v1/allocations/{id}")).await;
     assert_eq!(s, 200);
     assert_eq!(after["state"], "queued");
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 2);
@@ -420,28 +380,14 @@ async fn a_slice_becomes_active_on_a_simulated_h100_and_release_frees_it(db: Db)
     );
     // Extending moves the end time; past the 7-day maximum it is refused, naming the field.
     let extend = format!("/api/v1/allocations/{id}/extend");
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        &extend,
-        Some(json!({"minutes": 120})),
-    )
-    .await;
+    let (s, v) = post_as(&a.app, &t.member, &extend, json!({"minutes": 120})).await;
     assert_eq!(s, 200, "{v}");
     let before = chrono::DateTime::parse_from_rfc3339(active["ends_at"].as_str().expect("end"))
         .expect("time");
     let after =
         chrono::DateTime::parse_from_rfc3339(v["ends_at"].as_str().expect("end")).expect("time");
     assert_eq!((after - before).num_minutes(), 120);
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        &extend,
-        Some(json!({"minutes": 7 * 24 * 60})),
-    )
-    .await;
+    let (s, v) = post_as(&a.app, &t.member, &extend, json!({"minutes": 7 * 24 * 60})).await;
     assert_eq!(s, 422, "{v}");
     assert_eq!(v["error"]["field"], "minutes");
 
@@ -492,22 +438,10 @@ async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db
     let slice_id = slice["id"].as_str().expect("id").to_owned();
     // Within the lender's guarantee: nobody is warned, the claimant waits and is told why.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let (_, w) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations/{whole_id}"),
-            None,
-        )
-        .await;
+    let (_, w) = a.get(&format!("/api/v1/allocations/{whole_id}")).await;
     assert_eq!(w["state"], "active");
     assert!(w["preempt_at"].is_null(), "{w}");
-    let (_, q) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations/{slice_id}"),
-            None,
-        )
-        .await;
+    let (_, q) = a.get(&format!("/api/v1/allocations/{slice_id}")).await;
     assert_eq!(q["state"], "queued");
     assert_eq!(q["pending"]["position"], 1);
     assert!(
@@ -520,13 +454,7 @@ async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db
     set_quota(&a, &lender.id, "H100-80GB", 0, 7, 7).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, w) = a
-            .call(
-                Method::GET,
-                &format!("/api/v1/allocations/{whole_id}"),
-                None,
-            )
-            .await;
+        let (_, w) = a.get(&format!("/api/v1/allocations/{whole_id}")).await;
         if w["preempt_at"].is_string() {
             assert_eq!(w["state"], "active", "warned before it is released");
             break;
@@ -538,9 +466,7 @@ async fn borrowed_capacity_is_preempted_after_a_warning_but_never_a_guarantee(db
     assert!(w.to_string().contains("reclaimed"), "{w}");
     // The scheduler's decisions are in the audit trail, by the system (no actor).
     for action in ["allocation.place", "allocation.preempt"] {
-        let (_, audit) = a
-            .call(Method::GET, &format!("/api/v1/audit?action={action}"), None)
-            .await;
+        let (_, audit) = a.get(&format!("/api/v1/audit?action={action}")).await;
         let items = audit["items"].as_array().expect("items");
         assert!(
             items
@@ -563,14 +489,7 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     let t = team(&a, "clock").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     let agent = SimAgent::start(&a, "sim-clock").await;
-    let (_, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:2g.20gb", "duration_minutes": 60})),
-    )
-    .await;
+    let (_, v) = request_for(&a.app, &t.member, &t.id, "H100-80GB:2g.20gb", 60).await;
     let short = v["id"].as_str().expect("id").to_owned();
     let first = wait_for_state(&a, &short, "active").await;
     // A second slice goes into free space beside the busy one, on the same GPU.
@@ -599,13 +518,9 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     assert_eq!((r.expired, r.failed), (1, 0), "{r:?}");
     let r = services.allocations.tick(later).await.expect("tick");
     assert_eq!((r.expired, r.failed), (0, 1), "{r:?}");
-    let (_, v) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{short}"), None)
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/allocations/{short}")).await;
     assert_eq!(v["state"], "expired");
-    let (_, v) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{long}"), None)
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/allocations/{long}")).await;
     assert_eq!(v["state"], "failed");
     assert!(v.to_string().contains("stopped reporting"), "{v}");
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
@@ -672,13 +587,7 @@ pub(crate) struct SimAgent {
 
 impl SimAgent {
     pub(crate) async fn start(a: &AdminClient, hostname: &str) -> SimAgent {
-        let (s, jt) = a
-            .call(
-                Method::POST,
-                "/api/v1/join-tokens",
-                Some(json!({"note": "sim"})),
-            )
-            .await;
+        let (s, jt) = a.post("/api/v1/join-tokens", json!({"note": "sim"})).await;
         assert_eq!(s, 201);
         let state = tempfile::tempdir().expect("tempdir");
         let child = sim_agent(&a.app.base, "H100-80GB", hostname, state.path())
@@ -697,9 +606,7 @@ impl SimAgent {
 pub(crate) async fn wait_for_state(a: &AdminClient, id: &str, state: &str) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let (_, v) = a
-            .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
-            .await;
+        let (_, v) = a.get(&format!("/api/v1/allocations/{id}")).await;
         if v["state"] == state {
             return v;
         }
@@ -724,11 +631,7 @@ async fn an_allocation_its_node_never_sets_up_fails_after_the_placing_timeout(db
     let t = team(&a, "stuck").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "stuck"})),
-        )
+        .post("/api/v1/join-tokens", json!({"note": "stuck"}))
         .await;
     assert_eq!(s, 201);
     let (_, credential) =

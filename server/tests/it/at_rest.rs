@@ -4,7 +4,7 @@
 //! (SQLite: `tessera backup` copies the embedded store; PostgreSQL uses pg_dump.)
 
 use crate::allocations::{set_quota, team};
-use crate::support::{AdminClient, Db, call_with_token};
+use crate::support::{AdminClient, Db, call_with_token, get_as};
 use reqwest::Method;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
@@ -143,14 +143,7 @@ async fn a_backup_holds_no_session_token_or_secret_in_clear() {
     // the database.
     let (s, me) = a.call(Method::GET, "/api/v1/me", None).await;
     assert_eq!(s, 200, "{me}");
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}"),
-        None,
-    )
-    .await;
+    let (s, v) = get_as(&a.app, &t.member, &format!("/api/v1/workloads/{id}")).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["env"][0]["value"], SECRET, "{v}");
 }
@@ -254,14 +247,7 @@ async fn rows_in_clear_and_under_a_retired_key_are_sealed_under_the_newest_at_st
         (id, "WANDB_API_KEY", SECRET),
         (legacy, "OLD_KEY", "legacy-secret-4711"),
     ] {
-        let (s, v) = call_with_token(
-            &a.app,
-            &t.member,
-            Method::GET,
-            &format!("/api/v1/workloads/{w}"),
-            None,
-        )
-        .await;
+        let (s, v) = get_as(&a.app, &t.member, &format!("/api/v1/workloads/{w}")).await;
         assert_eq!(s, 200, "{v}");
         assert_eq!(v["env"][0]["name"], name, "{v}");
         assert_eq!(v["env"][0]["value"], value, "{v}");

@@ -5,7 +5,7 @@
 
 use crate::allocations::{SimAgent, Team, request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as};
 use chrono::{DateTime, Duration as Span, Utc};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -96,9 +96,7 @@ async fn a_booking_preempts_its_borrower_and_is_active_at_its_start(db: Db) {
     // Within the grace before the start, the borrower is warned, to be gone before it.
     let deadline = Instant::now() + Duration::from_secs(40);
     let warned = loop {
-        let (_, v) = a
-            .call(Method::GET, &format!("/api/v1/allocations/{held}"), None)
-            .await;
+        let (_, v) = a.get(&format!("/api/v1/allocations/{held}")).await;
         if let Some(p) = v["preempt_at"].as_str() {
             break p.parse::<DateTime<Utc>>().expect("preempt_at");
         }
@@ -162,21 +160,11 @@ async fn a_booking_preempts_its_borrower_and_is_active_at_its_start(db: Db) {
 
     // The borrower's team holds nothing now; the booker's holds the GPU.
     let (s, q) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/teams/{}/quotas", borrower.id),
-            None,
-        )
+        .get(&format!("/api/v1/teams/{}/quotas", borrower.id))
         .await;
     assert_eq!(s, 200);
     assert_eq!(q[0]["used"], 0, "{q}");
-    let (s, q) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/teams/{}/quotas", booker.id),
-            None,
-        )
-        .await;
+    let (s, q) = a.get(&format!("/api/v1/teams/{}/quotas", booker.id)).await;
     assert_eq!(s, 200);
     assert_eq!(q[0]["used"], 7, "{q}");
 
@@ -295,14 +283,7 @@ async fn bookings_that_cannot_be_honoured_are_refused_with_the_reason(db: Db) {
         id.as_str(),
         "a platform admin sees whose: {all}"
     );
-    let (s, v) = call_with_token(
-        &a.app,
-        &one.member,
-        Method::GET,
-        &format!("/api/v1/bookings/{id}"),
-        None,
-    )
-    .await;
+    let (s, v) = get_as(&a.app, &one.member, &format!("/api/v1/bookings/{id}")).await;
     assert_eq!(s, 200, "its own team's member reads it: {v}");
     assert_eq!(v["booked_by"], "bk-refuse-one-lead", "{v}");
 
@@ -324,9 +305,7 @@ async fn bookings_that_cannot_be_honoured_are_refused_with_the_reason(db: Db) {
     )
     .await;
     assert_eq!(s, 201, "{v}");
-    let (s, v) = a
-        .call(Method::GET, "/api/v1/audit?action=booking.cancel", None)
-        .await;
+    let (s, v) = a.get("/api/v1/audit?action=booking.cancel").await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["items"][0]["object_id"], id.as_str(), "audited: {v}");
 }

@@ -4,7 +4,7 @@
 
 use crate::allocations::{set_quota, team};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, post_as};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -86,22 +86,13 @@ async fn ask(a: &AdminClient, token: &str, team: &str, need: Option<&str>) -> Va
     if let Some(n) = need {
         body["needs_cuda"] = json!(n);
     }
-    let (s, v) = call_with_token(
-        &a.app,
-        token,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(body),
-    )
-    .await;
+    let (s, v) = post_as(&a.app, token, "/api/v1/allocations", body).await;
     assert_eq!(s, 201, "{v}");
     v
 }
 
 async fn get(a: &AdminClient, id: &str) -> Value {
-    let (s, v) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
-        .await;
+    let (s, v) = a.get(&format!("/api/v1/allocations/{id}")).await;
     assert_eq!(s, 200, "{v}");
     v
 }
@@ -198,14 +189,7 @@ async fn a_bad_cuda_need_is_refused_naming_the_field(db: Db) {
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     for bad in ["twelve", "12", "0.1", "12.4.1.0"] {
         let body = json!({"team_id": t.id, "kind": "H100-80GB:whole", "needs_cuda": bad});
-        let (s, v) = call_with_token(
-            &a.app,
-            &t.member,
-            Method::POST,
-            "/api/v1/allocations",
-            Some(body),
-        )
-        .await;
+        let (s, v) = post_as(&a.app, &t.member, "/api/v1/allocations", body).await;
         assert_eq!(s, 422, "{bad}: {v}");
         assert_eq!(v["error"]["field"], "needs_cuda", "{v}");
     }
@@ -216,13 +200,6 @@ async fn a_bad_cuda_need_is_refused_naming_the_field(db: Db) {
     // before (the team is not theirs to see).
     let other = team(&a, "stranger").await;
     let body = json!({"team_id": t.id, "kind": "H100-80GB:whole", "needs_cuda": "12.4"});
-    let (s, v) = call_with_token(
-        &a.app,
-        &other.member,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(body),
-    )
-    .await;
+    let (s, v) = post_as(&a.app, &other.member, "/api/v1/allocations", body).await;
     assert_eq!(s, 404, "{v}");
 }

@@ -5,10 +5,10 @@
 //! and a second stop ends the warning at once. Real `tessera-agent --simulate` nodes.
 
 use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
-use crate::drain::{files_named, log_has, log_of};
+use crate::drain::{checkpoint, files_named, log_has, team_and_node};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
-use crate::workloads::{WorkloadAgent, get, wait_workload};
+use crate::workloads::{get, notebook_on, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -38,17 +38,13 @@ async fn a_team_admin_sets_the_grace_within_the_maximum_and_a_reclaim_uses_it(db
         json!({"preemption_grace_secs": null, "effective_secs": 600, "max_secs": 600})
     );
     // A member cannot set it; another team's admin does not see the team.
+    let put_grace = async |token: &str, body: &Value| {
+        call_with_token(app, token, Method::PUT, &path, Some(body.clone())).await
+    };
     let body = json!({"preemption_grace_secs": 4});
-    let (s, _) = call_with_token(app, &lender.member, Method::PUT, &path, Some(body.clone())).await;
+    let (s, _) = put_grace(&lender.member, &body).await;
     assert_eq!(s, 403);
-    let (s, _) = call_with_token(
-        app,
-        &claimant.team_admin,
-        Method::PUT,
-        &path,
-        Some(body.clone()),
-    )
-    .await;
+    let (s, _) = put_grace(&claimant.team_admin, &body).await;
     assert_eq!(s, 404);
     // Above the maximum, negative, or an unknown field: 422 naming the field.
     for (bad, field) in [
@@ -62,24 +58,15 @@ async fn a_team_admin_sets_the_grace_within_the_maximum_and_a_reclaim_uses_it(db
         ),
         (json!({"preemption_grace_secs": 5, "grace": 5}), "grace"),
     ] {
-        let (s, v) = call_with_token(
-            app,
-            &lender.team_admin,
-            Method::PUT,
-            &path,
-            Some(bad.clone()),
-        )
-        .await;
+        let (s, v) = put_grace(&lender.team_admin, &bad).await;
         assert_eq!(s, 422, "{bad}: {v}");
         assert!(v.to_string().contains(field), "{bad}: {v}");
     }
-    let (s, g) = call_with_token(app, &lender.team_admin, Method::PUT, &path, Some(body)).await;
+    let (s, g) = put_grace(&lender.team_admin, &body).await;
     assert_eq!(s, 200, "{g}");
     assert_eq!(g["preemption_grace_secs"], 4);
     assert_eq!(g["effective_secs"], 4);
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=team.grace", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=team.grace").await;
     assert!(audit.to_string().contains(&lender.id), "{audit}");
 
     // Both teams are guaranteed the one H100; the lender holds it whole, the claimant
@@ -97,13 +84,7 @@ async fn a_team_admin_sets_the_grace_within_the_maximum_and_a_reclaim_uses_it(db
     let until = Instant::now() + Duration::from_secs(30);
     let warned_at = chrono::Utc::now();
     let preempt_at = loop {
-        let (_, w) = a
-            .call(
-                Method::GET,
-                &format!("/api/v1/allocations/{whole_id}"),
-                None,
-            )
-            .await;
+        let (_, w) = a.get(&format!("/api/v1/allocations/{whole_id}")).await;
         if let Some(at) = w["preempt_at"].as_str() {
             break chrono::DateTime::parse_from_rfc3339(at)
                 .expect("rfc3339")
@@ -137,14 +118,10 @@ async fn submit(app: &TestApp, token: &str, name: &str, script: &str, env: Value
 
 async fn a_user_stop_warns_a_job_that_listens_and_a_second_stop_is_at_once(db: Db) {
     let name = format!("stopwarn-{}", format!("{db:?}").to_lowercase());
-    let app = TestApp::spawn_with(db, |c| {
+    let (a, t, node) = team_and_node(db, &name, &format!("{name}-n"), |c| {
         c.scheduler_interval = Duration::from_millis(500);
     })
     .await;
-    let a = AdminClient::with_app(app).await;
-    let t = team(&a, &name).await;
-    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let node = WorkloadAgent::start(&a, &format!("{name}-n")).await;
     let app = &a.app;
     // A job that checkpoints when warned, from what the deadline file says, and says when
     // SIGTERM comes.
@@ -179,20 +156,8 @@ while true; do sleep 0.2; done"#;
         v["message"].as_str().unwrap_or("").contains("warned"),
         "{v}"
     );
-    let until = Instant::now() + Duration::from_secs(20);
-    let ckpt = loop {
-        if let Some((_, text)) = files_named(&node.state_dir(), "ckpt-listens").first()
-            && !text.is_empty()
-        {
-            break text.clone();
-        }
-        assert!(
-            Instant::now() < until,
-            "no checkpoint: {}",
-            log_of(app, &t.member, &listens).await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let dir = node.state_dir();
+    let ckpt = checkpoint(app, &t.member, &listens, &dir, "ckpt-listens", 20).await;
     assert!(ckpt.contains("cause=stop"), "{ckpt}");
     assert!(ckpt.contains("deadline="), "{ckpt}");
     // Warned, still running: no SIGTERM yet.
@@ -235,9 +200,7 @@ while true; do sleep 0.2; done"#;
         );
     }
     // The stops are audited.
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=job.stop", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=job.stop").await;
     assert!(audit.to_string().contains("stopped at once"), "{audit}");
     node.stop().await;
 }
@@ -245,30 +208,19 @@ while true; do sleep 0.2; done"#;
 async fn an_idle_notebook_is_told_its_stop_and_untold_when_used(db: Db) {
     let name = format!("idlewarn-{}", format!("{db:?}").to_lowercase());
     // Idle 40 s → stopped; warned (and told through the channel) from 10 s idle.
-    let app = TestApp::spawn_with(db, |c| {
+    let (a, t, node) = team_and_node(db, &name, &format!("{name}-n"), |c| {
         c.scheduler_interval = Duration::from_millis(500);
         c.idle_after = Duration::from_secs(40);
         c.idle_warn = Duration::from_secs(30);
     })
     .await;
-    let a = AdminClient::with_app(app).await;
-    let t = team(&a, &name).await;
-    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let node = WorkloadAgent::start(&a, &format!("{name}-n")).await;
     let app = &a.app;
     let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
     let alloc = v["id"].as_str().expect("id").to_owned();
     wait_for_state(&a, &alloc, "active").await;
     let nb_name = format!("nb-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        "/api/v1/notebooks",
-        Some(json!({"allocation_id": alloc, "name": nb_name})),
-    )
-    .await;
+    let (s, v) = notebook_on(app, &t.member, &alloc, &nb_name).await;
     assert_eq!(s, 201, "{v}");
     let id = v["id"].as_str().expect("id").to_owned();
     wait_workload(app, &t.member, &id, "running", 120).await;

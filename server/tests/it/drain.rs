@@ -6,7 +6,7 @@
 use crate::allocations::{Team, request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
-use crate::workloads::{WorkloadAgent, wait_workload};
+use crate::workloads::{WorkloadAgent, logs_from, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -36,14 +36,7 @@ pub(crate) async fn node_id(a: &AdminClient, hostname: &str) -> String {
 }
 
 pub(crate) async fn log_of(app: &TestApp, token: &str, id: &str) -> String {
-    let (s, l) = call_with_token(
-        app,
-        token,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}/logs?from=0"),
-        None,
-    )
-    .await;
+    let (s, l) = logs_from(app, token, id, 0).await;
     assert_eq!(s, 200, "{l}");
     l["text"].as_str().unwrap_or_default().to_owned()
 }
@@ -62,6 +55,32 @@ pub(crate) async fn log_has(app: &TestApp, token: &str, id: &str, needle: &str) 
 }
 
 /// Files under `dir` whose name starts with `prefix`, with their text.
+/// The text of job `id`'s checkpoint, the first non-empty file named `prefix`… under
+/// `dir`, once written (at most `secs`; the job's log, read as `token`, says why not).
+pub(crate) async fn checkpoint(
+    app: &TestApp,
+    token: &str,
+    id: &str,
+    dir: &std::path::Path,
+    prefix: &str,
+    secs: u64,
+) -> String {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some((_, text)) = files_named(dir, prefix).first()
+            && !text.is_empty()
+        {
+            return text.clone();
+        }
+        assert!(
+            Instant::now() < until,
+            "no checkpoint written: {}",
+            log_of(app, token, id).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 pub(crate) fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -94,16 +113,28 @@ struct TwoNodes {
     first_alloc: String,
 }
 
+/// A server (its configuration changed by `tweak`), team `name` with room for a whole
+/// H100, and a simulated node `node` to run its work.
+pub(crate) async fn team_and_node(
+    db: Db,
+    name: &str,
+    node: &str,
+    tweak: impl FnOnce(&mut tessera_server::config::ServeConfig),
+) -> (AdminClient, Team, WorkloadAgent) {
+    let app = TestApp::spawn_with(db, tweak).await;
+    let a = AdminClient::with_app(app).await;
+    let t = team(&a, name).await;
+    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
+    let node = WorkloadAgent::start(&a, node).await;
+    (a, t, node)
+}
+
 async fn job_on_a_then_b(db: Db, prefix: &str, script: &str, signal: &str) -> TwoNodes {
     let name = format!("{prefix}-{}", format!("{db:?}").to_lowercase());
-    let app = TestApp::spawn_with(db, |c| {
+    let (a, t, node_a) = team_and_node(db, &name, &format!("{name}-a"), |c| {
         c.scheduler_interval = Duration::from_millis(500);
     })
     .await;
-    let a = AdminClient::with_app(app).await;
-    let t = team(&a, &name).await;
-    set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let node_a = WorkloadAgent::start(&a, &format!("{name}-a")).await;
     let a_id = node_id(&a, &format!("{name}-a")).await;
     let (s, v) = call_with_token(
         &a.app,
@@ -198,21 +229,7 @@ while true; do sleep 0.2; done"#,
 
     // The job is warned before the deadline: its handler wrote the checkpoint on node A
     // from the deadline file.
-    let until = Instant::now() + Duration::from_secs(30);
-    let ckpt = loop {
-        let found = files_named(&node_a.state_dir(), "ckpt-1");
-        if let Some((_, text)) = found.first()
-            && !text.is_empty()
-        {
-            break text.clone();
-        }
-        assert!(
-            Instant::now() < until,
-            "no checkpoint written: {}",
-            log_of(app, &t.member, &id).await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let ckpt = checkpoint(app, &t.member, &id, &node_a.state_dir(), "ckpt-1", 30).await;
     assert!(ckpt.contains("cause=drain"), "{ckpt}");
     assert!(ckpt.contains("deadline="), "{ckpt}");
     assert_eq!(
@@ -260,19 +277,13 @@ while true; do sleep 0.2; done"#,
     assert!(cost >= gpu_ms as f64 / 60_000.0 - 1e-9, "{cost}");
 
     // Drained: nothing holds A any more. Undrain gives it back.
-    let (_, v) = a
-        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/nodes/{a_id}")).await;
     assert_eq!(v["drain"]["state"], "drained", "{v}");
-    let (s, v) = a
-        .call(Method::DELETE, &format!("/api/v1/nodes/{a_id}/drain"), None)
-        .await;
+    let (s, v) = a.delete(&format!("/api/v1/nodes/{a_id}/drain")).await;
     assert_eq!(s, 200, "{v}");
     assert!(v["drain"].is_null(), "{v}");
     for action in ["node.drain", "node.undrain"] {
-        let (_, audit) = a
-            .call(Method::GET, &format!("/api/v1/audit?action={action}"), None)
-            .await;
+        let (_, audit) = a.get(&format!("/api/v1/audit?action={action}")).await;
         assert!(audit.to_string().contains(&a_id), "{action}: {audit}");
     }
     node_b.stop().await;
@@ -312,17 +323,14 @@ async fn only_platform_admins_drain_and_bad_drains_name_the_field(db: Db) {
         );
     }
     let (s, _) = a
-        .call(
-            Method::POST,
+        .post(
             &format!("/api/v1/nodes/{}/drain", uuid::Uuid::new_v4()),
-            Some(json!({})),
+            json!({}),
         )
         .await;
     assert_eq!(s, 404);
     // Nothing above drained it.
-    let (_, v) = a
-        .call(Method::GET, &format!("/api/v1/nodes/{id}"), None)
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/nodes/{id}")).await;
     assert!(v["drain"].is_null(), "{v}");
     node.stop().await;
 }
@@ -345,9 +353,7 @@ while true; do sleep 0.2; done"#;
     let app = &a.app;
 
     // The simulated driver reports a fallen-off-the-bus Xid on A's GPU (the `sim` control).
-    let (_, node) = a
-        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
-        .await;
+    let (_, node) = a.get(&format!("/api/v1/nodes/{a_id}")).await;
     let gpu = node["gpus"][0]["uuid"].as_str().expect("gpu").to_owned();
     let faults = node_a.state_dir().join("sim-driver").join(&gpu);
     std::fs::create_dir_all(&faults).expect("faults dir");
@@ -358,9 +364,7 @@ while true; do sleep 0.2; done"#;
     .expect("inject");
     let until = Instant::now() + Duration::from_secs(20);
     let unhealthy = loop {
-        let (_, n) = a
-            .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
-            .await;
+        let (_, n) = a.get(&format!("/api/v1/nodes/{a_id}")).await;
         if n["gpus"][0]["unhealthy"].is_object() {
             break n["gpus"][0]["unhealthy"].clone();
         }
@@ -403,9 +407,7 @@ while true; do sleep 0.2; done"#;
     let (s, _) = a.call(Method::POST, &path, None).await;
     assert_eq!(s, 409);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (_, n) = a
-        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
-        .await;
+    let (_, n) = a.get(&format!("/api/v1/nodes/{a_id}")).await;
     assert!(n["gpus"][0]["unhealthy"].is_null(), "{n}");
     // A new uncorrectable ECC error takes it out again.
     std::fs::write(
@@ -415,9 +417,7 @@ while true; do sleep 0.2; done"#;
     .expect("inject");
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        let (_, n) = a
-            .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
-            .await;
+        let (_, n) = a.get(&format!("/api/v1/nodes/{a_id}")).await;
         if let Some(r) = n["gpus"][0]["unhealthy"]["reason"].as_str() {
             assert!(r.contains("uncorrectable ECC"), "{n}");
             break;
@@ -431,12 +431,7 @@ while true; do sleep 0.2; done"#;
 
 /// The value of the unlabelled series `name` on the server's `/metrics`.
 async fn metric(app: &TestApp, name: &str) -> f64 {
-    let metrics = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.metrics().await;
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))

@@ -3,13 +3,13 @@
 //! through the server's WebSocket (`GET /api/v1/workloads/{id}/exec`); the CLI's
 //! `tessera exec` passes the exit code through.
 
-use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::allocations::{add_member, request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
-use crate::workloads::{WorkloadAgent, wait_workload};
+use crate::workloads::{WorkloadAgent, job_on, logs_from, wait_workload};
+use crate::ws_connect::connect_with_token;
 use futures_util::{SinkExt, StreamExt};
 use reqwest::Method;
-use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tessera_domain::wire::exec_frame::{self, Channel};
 use tokio_tungstenite::tungstenite::Message;
@@ -52,15 +52,7 @@ pub(crate) async fn open_rank(
     query.push(format!("tty={tty}"));
     query.push(format!("rank={rank}"));
     let url = format!("ws://{addr}/api/v1/workloads/{id}/exec?{}", query.join("&"));
-    let mut req =
-        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
-            .expect("ws request");
-    req.headers_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("header"),
-    );
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-    match tokio_tungstenite::client_async(req, tcp).await {
+    match connect_with_token(addr, &url, token).await {
         Ok((ws, resp)) => {
             assert_eq!(resp.status(), 101);
             Ok(ws)
@@ -71,6 +63,16 @@ pub(crate) async fn open_rank(
         )),
         Err(e) => panic!("websocket: {e}"),
     }
+}
+
+/// `tessera` against the server at `base` as `token`, its configuration under
+/// `config_home`; the caller adds what to run.
+fn tessera(base: &str, token: &str, config_home: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.env("TESSERA_URL", base)
+        .env("TESSERA_TOKEN", token)
+        .env("XDG_CONFIG_HOME", config_home);
+    cmd
 }
 
 fn urlencode(s: &str) -> String {
@@ -129,14 +131,7 @@ async fn run(app: &TestApp, token: &str, id: &str, argv: &[&str]) -> Output {
 }
 
 async fn submit(app: &TestApp, token: &str, alloc: &str, command: &str) -> String {
-    let (st, v) = call_with_token(
-        app,
-        token,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": alloc, "command": command})),
-    )
-    .await;
+    let (st, v) = job_on(app, token, alloc, command).await;
     assert_eq!(st, 201, "{v}");
     v["id"].as_str().expect("id").to_owned()
 }
@@ -144,37 +139,7 @@ async fn submit(app: &TestApp, token: &str, alloc: &str, command: &str) -> Strin
 /// A team viewer's API token.
 async fn viewer(a: &AdminClient, team: &str, name: &str) -> String {
     let user = format!("{name}-viewer");
-    let pw = "exec-viewer-password-1";
-    let (s, _) = a
-        .call(
-            Method::POST,
-            "/api/v1/users",
-            Some(json!({"username": user, "password": pw})),
-        )
-        .await;
-    assert_eq!(s, 201);
-    let (s, _) = a
-        .call(
-            Method::POST,
-            &format!("/api/v1/teams/{team}/members"),
-            Some(json!({"username": user, "role": "viewer"})),
-        )
-        .await;
-    assert_eq!(s, 201);
-    let cookie = crate::support::login(&a.app, &user, pw).await;
-    let r = reqwest::Client::new()
-        .post(a.app.url("/api/v1/tokens"))
-        .header("origin", &a.app.base)
-        .header("cookie", cookie)
-        .json(&json!({"name": "t"}))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 201);
-    r.json::<Value>().await.expect("json")["secret"]
-        .as_str()
-        .expect("secret")
-        .to_owned()
+    add_member(a, team, &user, "exec-viewer-password-1", "viewer").await
 }
 
 /// Commands run in a running job's sandbox: output, exit code, stdin, a terminal; who may
@@ -244,14 +209,7 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
     };
     let uid: u32 = line("uid").parse().expect("uid");
     assert!(uid >= 200_000, "{out:?}");
-    let (_, log) = call_with_token(
-        app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{job}/logs?from=0"),
-        None,
-    )
-    .await;
+    let (_, log) = logs_from(app, &t.member, &job, 0).await;
     assert!(
         log["text"]
             .as_str()
@@ -320,9 +278,7 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
     assert_eq!(cookie_exec("https://evil.example").await, 403);
 
     // Audited with the command, never its input or output.
-    let (st, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=workload.exec", None)
-        .await;
+    let (st, audit) = a.get("/api/v1/audit?action=workload.exec").await;
     assert_eq!(st, 200, "{audit}");
     let notes: Vec<String> = audit["items"]
         .as_array()
@@ -341,21 +297,15 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
     assert!(!notes.iter().any(|n| n.contains("piped")), "{notes:?}");
 
     // The CLI passes the exit code through.
-    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+    let cli = tessera(&app.base, &t.member, &agent.state_dir())
         .args(["exec", &job, "--", "sh", "-c", "echo from-cli; exit 5"])
-        .env("TESSERA_URL", &app.base)
-        .env("TESSERA_TOKEN", &t.member)
-        .env("XDG_CONFIG_HOME", agent.state_dir())
         .output()
         .await
         .expect("tessera exec");
     assert_eq!(cli.status.code(), Some(5), "{cli:?}");
     assert_eq!(String::from_utf8_lossy(&cli.stdout), "from-cli\n");
-    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+    let cli = tessera(&app.base, &t.member, &agent.state_dir())
         .args(["exec", "-i", &job, "--", "tr", "a-z", "A-Z"])
-        .env("TESSERA_URL", &app.base)
-        .env("TESSERA_TOKEN", &t.member)
-        .env("XDG_CONFIG_HOME", agent.state_dir())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -411,11 +361,8 @@ async fn exec_runs_commands_inside_a_running_job(db: Db) {
         .expect_err("ended");
     assert_eq!(st, 409, "{body}");
     assert!(body.contains("the job has ended (succeeded)"), "{body}");
-    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+    let cli = tessera(&app.base, &t.member, &agent.state_dir())
         .args(["exec", &done, "--", "true"])
-        .env("TESSERA_URL", &app.base)
-        .env("TESSERA_TOKEN", &t.member)
-        .env("XDG_CONFIG_HOME", agent.state_dir())
         .output()
         .await
         .expect("tessera exec");

@@ -5,9 +5,9 @@
 //! `tessera-agent --simulate` processes on this host, one H100 each, with workload ranges
 //! of their own (members of different nodes reach each other through the host).
 
-use crate::allocations::{set_quota, team};
+use crate::allocations::{set_quota, team, used};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, put_as, tessera_ok};
 use crate::workloads::{WorkloadAgent, get, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -17,19 +17,6 @@ on_both_databases!(a_gang_job_runs_on_several_nodes_as_one_job);
 
 pub(crate) async fn post_job(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
     call_with_token(app, token, Method::POST, "/api/v1/jobs", Some(body)).await
-}
-
-async fn used(a: &AdminClient, team: &str) -> u64 {
-    let (s, v) = a
-        .call(Method::GET, &format!("/api/v1/teams/{team}/quotas"), None)
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v.as_array()
-        .expect("quotas")
-        .iter()
-        .find(|q| q["model"] == "H100-80GB")
-        .and_then(|q| q["used"].as_u64())
-        .expect("quota")
 }
 
 pub(crate) async fn log(app: &TestApp, token: &str, id: &str, rank: u32) -> (u16, String) {
@@ -77,13 +64,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     let net = if matches!(db, Db::Sqlite) { 214 } else { 215 };
     let mut agents = Vec::new();
     for i in 1..=3 {
-        let (s, jt) = a
-            .call(
-                Method::POST,
-                "/api/v1/join-tokens",
-                Some(json!({"note": "gang"})),
-            )
-            .await;
+        let (s, jt) = a.post("/api/v1/join-tokens", json!({"note": "gang"})).await;
         assert_eq!(s, 201, "{jt}");
         agents.push(WorkloadAgent::start_with(
             &app.base,
@@ -179,7 +160,11 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     .await;
     assert_eq!(s, 422, "{v}");
     assert_eq!(v["error"]["field"], "nodes", "{v}");
-    assert_eq!(used(&a, &t.id).await, 0, "nothing was admitted");
+    assert_eq!(
+        used(&a, &t.id, "H100-80GB").await,
+        0,
+        "nothing was admitted"
+    );
 
     // A gang of 2 × 1 whole H100: one job, both members started together, reaching
     // each other.
@@ -256,14 +241,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     let (s, _) = log(app, &t.member, &id, 2).await;
     assert_eq!(s, 422, "no rank 2");
     // Listed once.
-    let (_, list) = call_with_token(
-        app,
-        &t.member,
-        Method::GET,
-        "/api/v1/workloads?kind=job",
-        None,
-    )
-    .await;
+    let (_, list) = get_as(app, &t.member, "/api/v1/workloads?kind=job").await;
     let listed = list["items"].as_array().expect("items");
     assert_eq!(listed.len(), 1, "the gang is one job: {list}");
     wait_until_used(&a, &t.id, 0).await;
@@ -344,13 +322,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     );
     assert_eq!(tried[0]["preempted"], false);
     assert_ne!(done["allocation_id"], first_alloc.as_str(), "{done}");
-    let (_, old) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations/{first_alloc}"),
-            None,
-        )
-        .await;
+    let (_, old) = a.get(&format!("/api/v1/allocations/{first_alloc}")).await;
     assert_eq!(old["state"], "ended", "{old}");
     let (_, one) = log(app, &t.member, &id, 1).await;
     assert!(one.contains("attempt=2 rank=1"), "{one}");
@@ -359,21 +331,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     wait_until_used(&a, &t.id, 0).await;
 
     // From the terminal: `--nodes`, `--gpus-per-node`, and a member's log with `--rank`.
-    let tessera = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(args)
-            .env("TESSERA_URL", &app.base)
-            .env("TESSERA_TOKEN", &t.member)
-            .output()
-            .expect("run tessera");
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{args:?}: {stdout} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    };
+    let tessera = |args: &[&str]| tessera_ok(&app.base, &t.member, args);
     let id = tessera(&[
         "job",
         "submit",
@@ -414,22 +372,11 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     for (i, group) in [(1, "rack-a"), (2, "rack-b"), (3, "rack-a")] {
         let id = node_id(format!("{name}-n{i}"));
         let path = format!("/api/v1/nodes/{id}/group");
-        let (s, v) = call_with_token(
-            app,
-            &t.team_admin,
-            Method::PUT,
-            &path,
-            Some(json!({"group": group})),
-        )
-        .await;
+        let (s, v) = put_as(app, &t.team_admin, &path, json!({"group": group})).await;
         assert_eq!(s, 403, "a team admin does not set racks: {v}");
-        let (s, v) = a
-            .call(Method::PUT, &path, Some(json!({"group": "rack a!"})))
-            .await;
+        let (s, v) = a.put(&path, json!({"group": "rack a!"})).await;
         assert_eq!((s, &v["error"]["field"]), (422, &json!("group")), "{v}");
-        let (s, v) = a
-            .call(Method::PUT, &path, Some(json!({"group": group})))
-            .await;
+        let (s, v) = a.put(&path, json!({"group": group})).await;
         assert_eq!((s, &v["group"]), (200, &json!(group)), "{v}");
     }
     let (s, job) = post_job(
@@ -455,11 +402,7 @@ async fn a_gang_job_runs_on_several_nodes_as_one_job(db: Db) {
     for i in 1..=3 {
         let id = node_id(format!("{name}-n{i}"));
         let (s, _) = a
-            .call(
-                Method::PUT,
-                &format!("/api/v1/nodes/{id}/group"),
-                Some(json!({"group": null})),
-            )
+            .put(&format!("/api/v1/nodes/{id}/group"), json!({"group": null}))
             .await;
         assert_eq!(s, 200);
     }
@@ -645,7 +588,7 @@ pub(crate) async fn ranks_ended(app: &TestApp, token: &str, id: &str) -> Value {
 pub(crate) async fn wait_until_used(a: &AdminClient, team: &str, want: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let n = used(a, team).await;
+        let n = used(a, team, "H100-80GB").await;
         if n == want {
             return;
         }

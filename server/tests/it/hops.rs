@@ -62,15 +62,19 @@ fn request_to_active(alloc: &Value) -> f64 {
 }
 
 async fn join_token(a: &AdminClient) -> String {
-    let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "hops"})),
-        )
-        .await;
+    let (s, jt) = a.post("/api/v1/join-tokens", json!({"note": "hops"})).await;
     assert_eq!(s, 201, "{jt}");
     jt["secret"].as_str().expect("secret").to_owned()
+}
+
+/// Node `host` polling the server at `base`, every agent timer at an hour; returns once it
+/// reported its GPU and its start-up rounds are over (from then on only wake-ups move
+/// anything).
+async fn quiet_node(a: &AdminClient, base: &str, host: &str) -> WorkloadAgent {
+    let agent = WorkloadAgent::start_with(base, &join_token(a).await, host, &[], &hour_timers());
+    node_reports_gpu(a, host).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    agent
 }
 
 async fn a_slice_and_its_job_start_with_every_timer_at_an_hour(db: Db) {
@@ -80,16 +84,7 @@ async fn a_slice_and_its_job_start_with_every_timer_at_an_hour(db: Db) {
     let t = team(&a, &name).await;
     set_quota(&a, &t.id, "H100-80GB", 2, 2, 2).await;
     let host = format!("{name}-node");
-    let agent = WorkloadAgent::start_with(
-        &a.app.base,
-        &join_token(&a).await,
-        &host,
-        &[],
-        &hour_timers(),
-    );
-    node_reports_gpu(&a, &host).await;
-    // The agent's start-up rounds are over; from here only wake-ups move anything.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let agent = quiet_node(&a, &a.app.base, &host).await;
 
     let mut latencies = Vec::new();
     for _ in 0..2 {
@@ -100,33 +95,24 @@ async fn a_slice_and_its_job_start_with_every_timer_at_an_hour(db: Db) {
         latencies.push((id, request_to_active(&alloc)));
     }
 
+    // Submits `command` as job `name` on slice `i`: the job and its id.
+    let submit = async |i: usize, command: &str, name: &str| {
+        let body = json!({"allocation_id": latencies[i].0, "command": command, "name": name});
+        let (s, job) =
+            call_with_token(&a.app, &t.member, Method::POST, "/api/v1/jobs", Some(body)).await;
+        assert_eq!(s, 201, "{job}");
+        let id = job["id"].as_str().expect("id").to_owned();
+        (job, id)
+    };
     // A job on the first slice: placed on the node at once, started by the long poll.
-    let (s, job) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": latencies[0].0, "command": "sleep 60", "name": "hop"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{job}");
-    let job_id = job["id"].as_str().expect("id").to_owned();
+    let (job, job_id) = submit(0, "sleep 60", "hop").await;
     let started = wait_workload(&a.app, &t.member, &job_id, "running", 30).await;
     let to_start = (time(&started["started_at"]) - time(&job["created_at"])).num_milliseconds()
         as f64
         / 1000.0;
     // A job that ends at once, on the second slice: its exit reaches the server without
     // the workload timer (the agent checks its live workloads for an exit every 200 ms).
-    let (s, quick) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": latencies[1].0, "command": "true", "name": "quick"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{quick}");
-    let quick_id = quick["id"].as_str().expect("id").to_owned();
+    let (quick, quick_id) = submit(1, "true", "quick").await;
     let ended = wait_workload(&a.app, &t.member, &quick_id, "succeeded", 30).await;
     let to_end =
         (time(&ended["ended_at"]) - time(&quick["created_at"])).num_milliseconds() as f64 / 1000.0;
@@ -153,15 +139,7 @@ async fn a_node_polling_a_standby_replica_is_woken_by_the_leaders_changes() {
     set_quota(&a, &t.id, "H100-80GB", 1, 1, 1).await;
     let host = format!("relay-{tag}");
     // The node talks to B only.
-    let agent = WorkloadAgent::start_with(
-        &standby.base,
-        &join_token(&a).await,
-        &host,
-        &[],
-        &hour_timers(),
-    );
-    node_reports_gpu(&a, &host).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let agent = quiet_node(&a, &standby.base, &host).await;
     let (s, v) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
     let alloc = wait_for_state(&a, v["id"].as_str().expect("id"), "active").await;

@@ -7,9 +7,10 @@
 //! (`cargo xtask test` installs it and sets it).
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::gangs::post_job;
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, call_with_token};
-use crate::workloads::{WorkloadAgent, get, wait_workload};
+use crate::support::{AdminClient, Db, assert_invalid, call_with_token};
+use crate::workloads::{WorkloadAgent, get, stop_workload, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -21,9 +22,19 @@ use tessera_registry::testkit::{
 const PULL_USER: &str = "robot";
 const PULL_PASSWORD: &str = "s3cret-pull-word-36";
 
-/// An htpasswd file for [`PULL_USER`].
-fn htpasswd(dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    tessera_registry::testkit::htpasswd(dir, PULL_USER, PULL_PASSWORD)
+/// An htpasswd file for [`PULL_USER`] and the folder it is in; `None` (the test skips)
+/// where the registry or `htpasswd` is not installed.
+fn pull_htpasswd() -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+    if !registry_available() {
+        return None;
+    }
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let Some(file) = tessera_registry::testkit::htpasswd(secrets.path(), PULL_USER, PULL_PASSWORD)
+    else {
+        eprintln!("SKIPPED: htpasswd is not installed");
+        return None;
+    };
+    Some((secrets, file))
 }
 
 async fn call(
@@ -36,14 +47,42 @@ async fn call(
     call_with_token(&a.app, token, m, path, body).await
 }
 
+/// Adds catalog entry `name` for `reference` to `team`'s catalog (the platform's when
+/// `None`), as `token`.
+async fn add_image(
+    a: &AdminClient,
+    token: &str,
+    team: Option<&str>,
+    name: &str,
+    reference: &str,
+) -> (u16, Value) {
+    let mut body = json!({"name": name, "reference": reference});
+    if let Some(team) = team {
+        body["team_id"] = json!(team);
+    }
+    call(a, token, Method::POST, "/api/v1/images", Some(body)).await
+}
+
+/// `POST /api/v1/registries` (the allow-list) with `body`, as `token`.
+async fn post_registry(a: &AdminClient, token: &str, body: Value) -> (u16, Value) {
+    call(a, token, Method::POST, "/api/v1/registries", Some(body)).await
+}
+
+/// Sets the pull robot's login for `registry` at `logins` (a team's registry logins), as
+/// `token`.
+async fn set_login(a: &AdminClient, token: &str, logins: &str, registry: &str) -> (u16, Value) {
+    let body = json!({"registry": registry, "username": PULL_USER, "password": PULL_PASSWORD});
+    call(a, token, Method::PUT, logins, Some(body)).await
+}
+
+/// `DELETE path` as `token`.
+async fn delete(a: &AdminClient, token: &str, path: &str) -> (u16, Value) {
+    call(a, token, Method::DELETE, path, None).await
+}
+
 /// Catalog, allow-list and logins: who may do what, what is pinned, what never shows.
 async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
-    if !registry_available() {
-        return;
-    }
-    let secrets = tempfile::tempdir().expect("tempdir");
-    let Some(file) = htpasswd(secrets.path()) else {
-        eprintln!("SKIPPED: htpasswd is not installed");
+    let Some((_secrets, file)) = pull_htpasswd() else {
         return;
     };
     let public = Registry::start(None);
@@ -76,58 +115,16 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
     let base_ref = format!("{}/lab/base:1", public.addr);
 
     // Nothing is allowed at first; only platform admins change the allow-list.
-    let (s, v) = call(
-        &a,
-        &ta.team_admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"team_id": ta.id, "name": "Base", "reference": base_ref})),
-    )
-    .await;
-    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("no registry is allowed yet"),
-        "{v}"
-    );
-    let (s, _) = call(
-        &a,
-        &ta.team_admin,
-        Method::POST,
-        "/api/v1/registries",
-        Some(json!({"entry": public.addr})),
-    )
-    .await;
+    let (s, v) = add_image(&a, &ta.team_admin, Some(&ta.id), "Base", &base_ref).await;
+    assert_invalid(s, &v, "image", "no registry is allowed yet");
+    let (s, _) = post_registry(&a, &ta.team_admin, json!({"entry": public.addr})).await;
     assert_eq!(s, 403);
-    let (s, v) = call(
-        &a,
-        &admin,
-        Method::POST,
-        "/api/v1/registries",
-        Some(json!({"entry": "not a registry"})),
-    )
-    .await;
+    let (s, v) = post_registry(&a, &admin, json!({"entry": "not a registry"})).await;
     assert_eq!((s, &v["error"]["field"]), (422, &json!("registry")), "{v}");
-    let (s, v) = call(
-        &a,
-        &admin,
-        Method::POST,
-        "/api/v1/registries",
-        Some(json!({"entry": "x.io", "extra": 1})),
-    )
-    .await;
+    let (s, v) = post_registry(&a, &admin, json!({"entry": "x.io", "extra": 1})).await;
     assert_eq!(s, 422, "an unknown field is refused: {v}");
     for entry in [&public.addr, &format!("{}/acme", private.addr)] {
-        let (s, v) = call(
-            &a,
-            &admin,
-            Method::POST,
-            "/api/v1/registries",
-            Some(json!({"entry": entry})),
-        )
-        .await;
+        let (s, v) = post_registry(&a, &admin, json!({"entry": entry})).await;
         assert_eq!(s, 200, "{v}");
     }
     let (s, v) = call(&a, &ta.member, Method::GET, "/api/v1/registries", None).await;
@@ -136,23 +133,9 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
 
     // A platform entry: platform admins only; pinned to the manifest's digest, with the
     // CUDA the image's config asks for.
-    let (s, _) = call(
-        &a,
-        &ta.team_admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"name": "Base", "reference": base_ref})),
-    )
-    .await;
+    let (s, _) = add_image(&a, &ta.team_admin, None, "Base", &base_ref).await;
     assert_eq!(s, 403, "a team admin adds no platform entry");
-    let (s, plat) = call(
-        &a,
-        &admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"name": "Base", "reference": base_ref})),
-    )
-    .await;
+    let (s, plat) = add_image(&a, &admin, None, "Base", &base_ref).await;
     assert_eq!(s, 201, "{plat}");
     assert_eq!(
         plat["pinned"],
@@ -160,14 +143,7 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
     );
     assert_eq!(plat["requires_cuda"], "12.4");
     assert_eq!(plat["team_id"], Value::Null);
-    let (s, v) = call(
-        &a,
-        &admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"name": "Base", "reference": base_ref})),
-    )
-    .await;
+    let (s, v) = add_image(&a, &admin, None, "Base", &base_ref).await;
     assert_eq!(s, 409, "the name is taken: {v}");
     // A moved tag does not move the entry.
     let moved = build_image_env("tessera-base-2", &[]);
@@ -177,49 +153,14 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
 
     // A private image: the team's login is needed, and only that team's.
     let secret_ref = format!("{}/acme/secret:v1", private.addr);
-    let (s, v) = call(
-        &a,
-        &ta.team_admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"team_id": ta.id, "name": "Secret", "reference": secret_ref})),
-    )
-    .await;
-    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("login"),
-        "{v}"
-    );
+    let (s, v) = add_image(&a, &ta.team_admin, Some(&ta.id), "Secret", &secret_ref).await;
+    assert_invalid(s, &v, "image", "login");
     let logins = format!("/api/v1/teams/{}/registry-logins", ta.id);
-    let (s, _) = call(
-        &a,
-        &ta.member,
-        Method::PUT,
-        &logins,
-        Some(json!({"registry": private.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
-    )
-    .await;
+    let (s, _) = set_login(&a, &ta.member, &logins, &private.addr).await;
     assert_eq!(s, 403, "a member sets no login");
-    let (s, _) = call(
-        &a,
-        &tb.team_admin,
-        Method::PUT,
-        &logins,
-        Some(json!({"registry": private.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
-    )
-    .await;
+    let (s, _) = set_login(&a, &tb.team_admin, &logins, &private.addr).await;
     assert_eq!(s, 404, "another team's admin does not see the team");
-    let (s, v) = call(
-        &a,
-        &ta.team_admin,
-        Method::PUT,
-        &logins,
-        Some(json!({"registry": private.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
-    )
-    .await;
+    let (s, v) = set_login(&a, &ta.team_admin, &logins, &private.addr).await;
     assert_eq!(s, 200, "{v}");
     assert!(!v.to_string().contains(PULL_PASSWORD), "{v}");
     let (s, v) = call(&a, &ta.team_admin, Method::GET, &logins, None).await;
@@ -229,28 +170,14 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
         !v.to_string().contains(PULL_PASSWORD),
         "never shown back: {v}"
     );
-    let (s, secret) = call(
-        &a,
-        &ta.team_admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"team_id": ta.id, "name": "Secret", "reference": secret_ref})),
-    )
-    .await;
+    let (s, secret) = add_image(&a, &ta.team_admin, Some(&ta.id), "Secret", &secret_ref).await;
     assert_eq!(s, 201, "{secret}");
     assert_eq!(
         secret["pinned"],
         format!("{}/acme/secret@{}", private.addr, secret_img.digest())
     );
     // Team B cannot use it: not by adding it (no login), not in a job (not its catalog).
-    let (s, v) = call(
-        &a,
-        &tb.team_admin,
-        Method::POST,
-        "/api/v1/images",
-        Some(json!({"team_id": tb.id, "name": "Secret", "reference": secret_ref})),
-    )
-    .await;
+    let (s, v) = add_image(&a, &tb.team_admin, Some(&tb.id), "Secret", &secret_ref).await;
     assert_eq!(s, 422, "{v}");
     let (s, v) = call(
         &a,
@@ -271,15 +198,7 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
     assert_eq!(names, ["Base"], "team B sees the platform entry only: {v}");
     set_quota(&a, &tb.id, "H100-80GB", 7, 7, 7).await;
     for named in [&secret["id"], &secret["name"], &secret["pinned"]] {
-        let (s, v) = call(
-            &a,
-            &tb.member,
-            Method::POST,
-            "/api/v1/jobs",
-            Some(json!({
-            "gpu": "H100-80GB:1g.10gb", "team_id": tb.id, "command": "true", "image": named})),
-        )
-        .await;
+        let (s, v) = post_job(&a.app, &tb.member, json!({ "gpu": "H100-80GB:1g.10gb", "team_id": tb.id, "command": "true", "image": named})).await;
         assert_eq!(
             (s, &v["error"]["field"]),
             (422, &json!("image")),
@@ -291,58 +210,35 @@ async fn the_catalog_pins_images_and_keeps_teams_apart(db: Db) {
     assert!(audit.to_string().contains("registry_login.set"), "{audit}");
     assert!(!audit.to_string().contains(PULL_PASSWORD), "{audit}");
     // Removing: a team admin not a platform entry; its team's own entry yes.
-    let (s, _) = call(
+    let (s, _) = delete(
         &a,
         &ta.team_admin,
-        Method::DELETE,
         &format!("/api/v1/images/{}", plat["id"].as_str().unwrap()),
-        None,
     )
     .await;
     assert_eq!(s, 403);
-    let (s, _) = call(
+    let (s, _) = delete(
         &a,
         &tb.team_admin,
-        Method::DELETE,
         &format!("/api/v1/images/{}", secret["id"].as_str().unwrap()),
-        None,
     )
     .await;
     assert_eq!(s, 404, "another team's entry is not found");
     // Disallowing a registry stops new workloads in its images.
-    let (s, _) = call(
+    let (s, _) = delete(
         &a,
         &admin,
-        Method::DELETE,
         &format!("/api/v1/registries?entry={}/acme", private.addr),
-        None,
     )
     .await;
     assert_eq!(s, 200);
     set_quota(&a, &ta.id, "H100-80GB", 7, 7, 7).await;
-    let (s, v) = call(
-        &a,
-        &ta.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({
-        "gpu": "H100-80GB:1g.10gb", "team_id": ta.id, "command": "true", "image": "Secret"})),
-    )
-    .await;
-    assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("not from an allowed registry"),
-        "{v}"
-    );
-    let (s, _) = call(
+    let (s, v) = post_job(&a.app, &ta.member, json!({ "gpu": "H100-80GB:1g.10gb", "team_id": ta.id, "command": "true", "image": "Secret"})).await;
+    assert_invalid(s, &v, "image", "not from an allowed registry");
+    let (s, _) = delete(
         &a,
         &ta.team_admin,
-        Method::DELETE,
         &format!("/api/v1/images/{}", secret["id"].as_str().unwrap()),
-        None,
     )
     .await;
     assert_eq!(s, 204);
@@ -378,12 +274,7 @@ async fn watch(
 /// and an image that needs a newer CUDA than the node's driver waits for a node that
 /// runs it.
 async fn a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it(db: Db) {
-    if !registry_available() {
-        return;
-    }
-    let secrets = tempfile::tempdir().expect("tempdir");
-    let Some(file) = htpasswd(secrets.path()) else {
-        eprintln!("SKIPPED: htpasswd is not installed");
+    let Some((_secrets, file)) = pull_htpasswd() else {
         return;
     };
     let reg = Registry::start(Some(&file));
@@ -401,35 +292,19 @@ async fn a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it(db: Db) {
     let admin = a.token().await;
     let t = team(&a, "imgrun").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (s, _) = call(
-        &a,
-        &admin,
-        Method::POST,
-        "/api/v1/registries",
-        Some(json!({"entry": reg.addr})),
-    )
-    .await;
+    let (s, _) = post_registry(&a, &admin, json!({"entry": reg.addr})).await;
     assert_eq!(s, 200);
-    let (s, _) = call(
+    let (s, _) = set_login(
         &a,
         &t.team_admin,
-        Method::PUT,
         &format!("/api/v1/teams/{}/registry-logins", t.id),
-        Some(json!({"registry": reg.addr, "username": PULL_USER, "password": PULL_PASSWORD})),
+        &reg.addr,
     )
     .await;
     assert_eq!(s, 200);
     for (name, repo) in [("Job", "team/job:1"), ("New", "team/new:1")] {
-        let (s, v) = call(
-            &a,
-            &t.team_admin,
-            Method::POST,
-            "/api/v1/images",
-            Some(
-                json!({"team_id": t.id, "name": name, "reference": format!("{}/{repo}", reg.addr)}),
-            ),
-        )
-        .await;
+        let reference = format!("{}/{repo}", reg.addr);
+        let (s, v) = add_image(&a, &t.team_admin, Some(&t.id), name, &reference).await;
         assert_eq!(s, 201, "{v}");
     }
 
@@ -480,29 +355,17 @@ async fn a_job_runs_in_its_image_and_waits_for_a_driver_that_runs_it(db: Db) {
     }
 
     // An image that needs CUDA 12.6: refused on the 12.4 node's allocation, with why.
-    let (s, v) = call(
-        &a,
+    let (s, v) = post_job(
+        &a.app,
         &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({
-        "allocation_id": alloc, "image": "New", "command": "true"})),
+        json!({ "allocation_id": alloc, "image": "New", "command": "true"}),
     )
     .await;
     assert_eq!((s, &v["error"]["field"]), (422, &json!("image")), "{v}");
     let msg = v["error"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("12.6") && msg.contains("12.4"), "{v}");
     // With a GPU of its own it waits, saying why, until a node with a newer driver joins.
-    let (s, v) = call(
-        &a,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({
-        "gpu": "H100-80GB:1g.10gb", "team_id": t.id, "image": "New",
-        "command": "cat /etc/os-release"})),
-    )
-    .await;
+    let (s, v) = post_job(&a.app, &t.member, json!({ "gpu": "H100-80GB:1g.10gb", "team_id": t.id, "image": "New", "command": "cat /etc/os-release"})).await;
     assert_eq!(s, 201, "{v}");
     let queued = v["id"].as_str().expect("id").to_owned();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -713,17 +576,10 @@ async fn a_profile_notebook_runs_jupyterlab_from_its_image(db: Db) {
     let admin = a.token().await;
     let t = team(&a, "imgnb").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (s, _) = call(
-        &a,
-        &admin,
-        Method::POST,
-        "/api/v1/registries",
-        Some(json!({"entry": reg.addr})),
-    )
-    .await;
+    let (s, _) = post_registry(&a, &admin, json!({"entry": reg.addr})).await;
     assert_eq!(s, 200);
-    let (s, v) = call(&a, &t.team_admin, Method::POST, "/api/v1/images",
-        Some(json!({"team_id": t.id, "name": "Lab", "reference": format!("{}/lab/jupyter:1", reg.addr)}))).await;
+    let reference = format!("{}/lab/jupyter:1", reg.addr);
+    let (s, v) = add_image(&a, &t.team_admin, Some(&t.id), "Lab", &reference).await;
     assert_eq!(s, 201, "{v}");
     let (s, profile) = call(
         &a,
@@ -758,14 +614,7 @@ async fn a_profile_notebook_runs_jupyterlab_from_its_image(db: Db) {
     // `running` is reported once JupyterLab answers its status probe (agent side).
     let running = wait_workload(&a.app, &t.member, &id, "running", 180).await;
     assert!(running["url"].is_string(), "{running}");
-    let (s, _) = call(
-        &a,
-        &t.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{id}/stop"),
-        None,
-    )
-    .await;
+    let (s, _) = stop_workload(&a.app, &t.member, &id).await;
     assert_eq!(s, 200);
     wait_workload(&a.app, &t.member, &id, "stopped", 60).await;
     agent.stop().await;

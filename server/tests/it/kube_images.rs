@@ -11,7 +11,7 @@ use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
 use crate::kube_fake::FakeKube;
 use crate::kubernetes::{assert_restricted, on_fake_cluster, role_use};
 use crate::on_both_databases;
-use crate::support::{Db, call_with_token};
+use crate::support::{Db, call_with_token, post_as};
 use k8s_openapi::ByteString;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -488,12 +488,11 @@ async fn a_catalog_image_reaches_the_pod_with_the_teams_login(db: Db) {
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     let _agent = SimAgent::start(&a, "gpu-node-3").await;
     let app = &a.app;
-    let (s, v) = call_with_token(
+    let (s, v) = post_as(
         app,
         &admin,
-        Method::POST,
         "/api/v1/registries",
-        Some(json!({"entry": reg.addr})),
+        json!({"entry": reg.addr}),
     )
     .await;
     assert_eq!(s, 200, "{v}");

@@ -8,7 +8,7 @@ use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
 use crate::kube_fake::FakeKube;
 use crate::on_both_databases;
 use crate::support::{AdminClient, Db, TestApp, call_with_token};
-use crate::workloads::{get, wait_workload};
+use crate::workloads::{get, job_on, logs_from, stop_workload, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -235,13 +235,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
         patched["metadata"]["uid"], pod["metadata"]["uid"],
         "the same pod"
     );
-    let (s, v) = a
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/nodes/{node_id}/drain"),
-            None,
-        )
-        .await;
+    let (s, v) = a.delete(&format!("/api/v1/nodes/{node_id}/drain")).await;
     assert_eq!(s, 200, "{v}");
     wait_for("the deadline withdrawn", || {
         kube.get(&pod_path)
@@ -251,14 +245,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     kube.set_log(&pod, "[I] Jupyter Server is running\n");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, l) = call_with_token(
-            app,
-            &t.member,
-            Method::GET,
-            &format!("/api/v1/workloads/{nb_id}/logs?from=0"),
-            None,
-        )
-        .await;
+        let (_, l) = logs_from(app, &t.member, &nb_id, 0).await;
         if l["text"]
             .as_str()
             .is_some_and(|t| t.contains("Jupyter Server is running"))
@@ -270,14 +257,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     }
 
     // Stop: the pod is deleted and the notebook ends `stopped`.
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{nb_id}/stop"),
-        None,
-    )
-    .await;
+    let (s, v) = stop_workload(app, &t.member, &nb_id).await;
     assert_eq!(s, 200, "{v}");
     wait_for("the pod's deletion", || {
         kube.list("pods", &sel).is_empty().then_some(())
@@ -337,14 +317,7 @@ async fn notebooks_and_jobs_become_pods_and_jobs_on_the_allocations_node(db: Db)
     );
     let done = wait_workload(app, &t.member, &job_id, "failed", 30).await;
     assert_eq!(done["exit_code"], 3, "{done}");
-    let (_, l) = call_with_token(
-        app,
-        &t.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{job_id}/logs?from=0"),
-        None,
-    )
-    .await;
+    let (_, l) = logs_from(app, &t.member, &job_id, 0).await;
     assert_eq!(l["text"], "epoch 1\nepoch 2\n", "{l}");
     // A finished job's objects are cleaned up (its log is kept by the server).
     wait_for("the job's deletion", || {
@@ -425,14 +398,7 @@ async fn a_share_asks_the_device_plugin_for_a_shared_gpu(db: Db) {
     assert_eq!(s, 201, "{v}");
     let alloc = v["id"].as_str().expect("id").to_owned();
     wait_for_state(&a, &alloc, "active").await;
-    let (s, job) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": alloc, "command": "python train.py"})),
-    )
-    .await;
+    let (s, job) = job_on(&a.app, &t.member, &alloc, "python train.py").await;
     assert_eq!(s, 201, "{job}");
     let id = job["id"].as_str().expect("id").to_owned();
     let sel = format!("tessera.io/workload={id}");

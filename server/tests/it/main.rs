@@ -1,8 +1,11 @@
 //! Integration tests: the real router on port 0 against a fresh database, on SQLite and
 //! (when `TESSERA_TEST_PG_URL` is set, as `cargo xtask test` does) PostgreSQL.
+// A test: a step that fails should fail it at once, loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounts;
 mod agent_bin;
+mod aiosmtpd;
 mod allocations;
 mod at_rest;
 mod authz;
@@ -40,3 +43,4 @@ mod tenancy;
 mod tls;
 mod upgrade;
 mod workloads;
+mod ws_connect;

@@ -3,6 +3,7 @@
 //! metric the alerting rules and the Grafana dashboard query is really exported.
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::billing::put_budget;
 use crate::on_both_databases;
 use crate::support::sim_agent;
 use crate::support::{AdminClient, Db, TestApp};
@@ -31,13 +32,7 @@ async fn with_scrape_token(db: Db) -> AdminClient {
 
 /// A soft monthly budget of 10.00, so the team has budget series.
 async fn set_budget(a: &AdminClient, team: &str) {
-    let (s, v) = a
-        .call(
-            Method::PUT,
-            &format!("/api/v1/teams/{team}/budget"),
-            Some(json!({"monthly_minor": 1000, "hard": false})),
-        )
-        .await;
+    let (s, v) = put_budget(a, team, json!({"monthly_minor": 1000, "hard": false})).await;
     assert_eq!(s, 200, "{v}");
 }
 
@@ -91,11 +86,7 @@ async fn dcgm_series_and_every_metric_the_rules_and_dashboard_use_are_exported(d
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     set_budget(&a, &t.id).await;
     let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "monitoring"})),
-        )
+        .post("/api/v1/join-tokens", json!({"note": "monitoring"}))
         .await;
     assert_eq!(s, 201, "{jt}");
     let state = tempfile::tempdir().expect("tempdir");

@@ -230,6 +230,11 @@ async fn call(
     crate::support::json_call(rb, body).await
 }
 
+/// `GET path` with a bearer token: `(status, JSON or null)`.
+async fn get(c: &reqwest::Client, token: &str, path: &str) -> (u16, Value) {
+    call(c, token, Method::GET, path, None).await
+}
+
 /// Signs in through the login server function: the session cookie.
 async fn sign_in(c: &reqwest::Client, user: &str, pw: &str) -> String {
     let base = format!("https://{SERVER_IP}:{PORT}");
@@ -254,19 +259,7 @@ async fn sign_in(c: &reqwest::Client, user: &str, pw: &str) -> String {
 
 async fn api_token(c: &reqwest::Client, cookie: &str) -> String {
     let base = format!("https://{SERVER_IP}:{PORT}");
-    let r = c
-        .post(format!("{base}/api/v1/tokens"))
-        .header("origin", &base)
-        .header("cookie", cookie)
-        .json(&json!({"name": "multi-host"}))
-        .send()
-        .await
-        .expect("token");
-    assert_eq!(r.status(), 201);
-    r.json::<Value>().await.expect("json")["secret"]
-        .as_str()
-        .expect("secret")
-        .to_owned()
+    crate::support::mint_token(c, &base, cookie, "multi-host").await
 }
 
 async fn wait_until<F, Fut>(what: &str, secs: u64, mut f: F) -> Value
@@ -478,14 +471,7 @@ async fn on_the_server_host(lab: &Lab) {
         assert_eq!(s, 201, "{a}");
         let id = a["id"].as_str().expect("id").to_owned();
         let active = wait_until("the slice never became active", 120, || async {
-            let (_, v) = call(
-                &c,
-                &member,
-                Method::GET,
-                &format!("/api/v1/allocations/{id}"),
-                None,
-            )
-            .await;
+            let (_, v) = get(&c, &member, &format!("/api/v1/allocations/{id}")).await;
             (v["state"] == "active", v)
         })
         .await;
@@ -519,14 +505,7 @@ async fn on_the_server_host(lab: &Lab) {
             120,
         )
         .await;
-        let (_, log) = call(
-            &c,
-            &member,
-            Method::GET,
-            &format!("/api/v1/workloads/{id}/logs?from=0"),
-            None,
-        )
-        .await;
+        let (_, log) = get(&c, &member, &format!("/api/v1/workloads/{id}/logs?from=0")).await;
         assert_eq!(done["state"], "succeeded", "{done}\n{log}");
         let text = log["text"].as_str().unwrap_or("");
         let seen: std::collections::BTreeSet<&str> = text.split_whitespace().collect();
@@ -565,14 +544,7 @@ async fn on_the_server_host(lab: &Lab) {
     let running = settled(&c, &member, &id, &["running", "failed", "lost"], 180).await;
     assert_eq!(running["state"], "running", "{running}");
     let base = "/user/researcher/lab/";
-    let (s, contents) = call(
-        &c,
-        &member,
-        Method::GET,
-        &format!("{base}api/contents"),
-        None,
-    )
-    .await;
+    let (s, contents) = get(&c, &member, &format!("{base}api/contents")).await;
     assert_eq!(s, 200, "{contents}");
     assert_eq!(contents["type"], "directory", "{contents}");
 
@@ -733,12 +705,10 @@ async fn gang_job(
     if done["state"] != "succeeded" {
         let mut logs = String::new();
         for rank in 0..2 {
-            let (_, log) = call(
+            let (_, log) = get(
                 c,
                 member,
-                Method::GET,
                 &format!("/api/v1/workloads/{id}/logs?from=0&rank={rank}"),
-                None,
             )
             .await;
             logs.push_str(&format!(
@@ -752,12 +722,10 @@ async fn gang_job(
 }
 
 async fn gang_log(c: &reqwest::Client, member: &str, id: &str, rank: u32) -> String {
-    let (s, log) = call(
+    let (s, log) = get(
         c,
         member,
-        Method::GET,
         &format!("/api/v1/workloads/{id}/logs?from=0&rank={rank}"),
-        None,
     )
     .await;
     assert_eq!(s, 200, "{log}");
@@ -767,14 +735,7 @@ async fn gang_log(c: &reqwest::Client, member: &str, id: &str, rank: u32) -> Str
 async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team: &str) {
     // Both slices are given back before the gang asks for the same capacity.
     wait_until("the slices were never given back", 120, || async {
-        let (_, q) = call(
-            c,
-            admin,
-            Method::GET,
-            &format!("/api/v1/teams/{team}/quotas"),
-            None,
-        )
-        .await;
+        let (_, q) = get(c, admin, &format!("/api/v1/teams/{team}/quotas")).await;
         let used = q
             .as_array()
             .and_then(|q| q.first())
@@ -928,13 +889,7 @@ async fn wss(
         .connect(name, tcp)
         .await
         .expect("TLS to the server");
-    let mut req =
-        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
-            .expect("ws request");
-    req.headers_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("header"),
-    );
+    let req = crate::ws_connect::bearer_request(url, token);
     let (ws, resp) = tokio_tungstenite::client_async(req, tls)
         .await
         .expect("websocket through the TLS proxy");

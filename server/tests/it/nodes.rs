@@ -64,10 +64,9 @@ pub async fn heartbeat(app: &TestApp, credential: &str, gpu_uuid: &str) -> reqwe
 
 pub(crate) async fn join_token(a: &AdminClient, max_uses: u32) -> (String, String) {
     let (s, v) = a
-        .call(
-            reqwest::Method::POST,
+        .post(
             "/api/v1/join-tokens",
-            Some(json!({"note": "test", "max_uses": max_uses})),
+            json!({"note": "test", "max_uses": max_uses}),
         )
         .await;
     assert_eq!(s, 201);
@@ -101,13 +100,7 @@ async fn join_tokens_are_limited_use_and_expire(db: Db) {
     );
 
     let (id, revoked) = join_token(&a, 5).await;
-    let (s, _) = a
-        .call(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/join-tokens/{id}"),
-            None,
-        )
-        .await;
+    let (s, _) = a.delete(&format!("/api/v1/join-tokens/{id}")).await;
     assert_eq!(s, 204);
     assert_eq!(
         try_register(&a.app, &revoked, "n4").await.status(),
@@ -122,9 +115,7 @@ async fn join_tokens_are_limited_use_and_expire(db: Db) {
         401,
         "expired refused"
     );
-    let (_, list) = a
-        .call(reqwest::Method::GET, "/api/v1/join-tokens", None)
-        .await;
+    let (_, list) = a.get("/api/v1/join-tokens").await;
     assert_eq!(list["total"], 3);
 }
 
@@ -167,9 +158,7 @@ async fn revoked_nodes_and_bad_credentials_are_rejected(db: Db) {
         .await
         .expect("req");
     assert_eq!(no_auth.status(), 401);
-    let (_, view) = a
-        .call(reqwest::Method::GET, &format!("/api/v1/nodes/{node}"), None)
-        .await;
+    let (_, view) = a.get(&format!("/api/v1/nodes/{node}")).await;
     assert_eq!(view["online"], true);
     assert_eq!(view["gpus"][0]["model"], "H100-80GB");
     let (s, view) = a
@@ -189,9 +178,7 @@ async fn revoked_nodes_and_bad_credentials_are_rejected(db: Db) {
         401,
         "revoked node refused"
     );
-    let (_, summary) = a
-        .call(reqwest::Method::GET, "/api/v1/cluster/summary", None)
-        .await;
+    let (_, summary) = a.get("/api/v1/cluster/summary").await;
     assert_eq!(summary["nodes_total"], 0, "revoked nodes leave the summary");
 }
 
@@ -403,11 +390,7 @@ async fn a_real_agent_registers_reports_and_applies_a_layout(db: Db) {
     let mut last = Value::Null;
     for _ in 0..100 {
         let (_, t) = a
-            .call(
-                reqwest::Method::GET,
-                &format!("/api/v1/nodes/{node_id}/telemetry?limit=5"),
-                None,
-            )
+            .get(&format!("/api/v1/nodes/{node_id}/telemetry?limit=5"))
             .await;
         let series = t["gpus"].as_array().cloned().unwrap_or_default();
         if series.len() == 2

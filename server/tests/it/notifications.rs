@@ -4,9 +4,10 @@
 //!
 //! Needs `python3 -m aiosmtpd` (`cargo xtask test` installs it).
 
-use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::aiosmtpd::Aiosmtpd;
+use crate::allocations::{Team, request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token, error_kind};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, error_kind, get_as, put_as};
 use crate::workloads::{WorkloadAgent, wait_workload};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
@@ -47,43 +48,23 @@ class Handler:
             f.write(envelope.original_content or envelope.content)
         os.rename(tmp, os.path.join(out, "%05d.eml" % n))
         return "250 OK"
-c = Controller(Handler(), hostname="127.0.0.1", port=port)
-c.start()
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
 "#;
 
 /// aiosmtpd on a free loopback port; every message lands in `dir` as one file.
 struct Smtpd {
-    child: std::process::Child,
+    server: Aiosmtpd,
     dir: tempfile::TempDir,
-    port: u16,
 }
 
 impl Smtpd {
     fn start() -> Smtpd {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind")
-            .local_addr()
-            .expect("addr")
-            .port();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", SMTPD, &port.to_string()])
-            .arg(dir.path())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 with aiosmtpd (pip install aiosmtpd; cargo xtask test does)");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read");
-        assert_eq!(line.trim(), "ready", "aiosmtpd did not start");
-        Smtpd { child, dir, port }
+        let server = Aiosmtpd::start(SMTPD, dir.path());
+        Smtpd { server, dir }
     }
 
     fn url(&self) -> String {
-        format!("smtp://127.0.0.1:{}", self.port)
+        self.server.url()
     }
 
     /// Every message received so far: (envelope recipients, the raw message).
@@ -127,13 +108,6 @@ impl Smtpd {
             assert!(Instant::now() < deadline, "no verification mail to {to}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    }
-}
-
-impl Drop for Smtpd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -342,6 +316,15 @@ async fn app_with_mail(db: Db, smtp: &Smtpd) -> AdminClient {
     app_polling(db, smtp, Duration::from_millis(300)).await
 }
 
+/// A server mailing through a fresh aiosmtpd, with teams `name` and `{name}-other`.
+async fn mail_and_two_teams(db: Db, name: &str) -> (Smtpd, AdminClient, Team, Team) {
+    let smtp = Smtpd::start();
+    let a = app_with_mail(db, &smtp).await;
+    let t = team(&a, name).await;
+    let other = team(&a, &format!("{name}-other")).await;
+    (smtp, a, t, other)
+}
+
 /// An app whose own delivery worker looks every `interval`.
 async fn app_polling(db: Db, smtp: &Smtpd, interval: Duration) -> AdminClient {
     let url = smtp.url();
@@ -388,13 +371,18 @@ fn link_params(link: &str) -> (String, String) {
 }
 
 /// Sets the caller's address (not verified).
+/// Sets how `token`'s user hears of `kind` (`mode`): `(status, their settings)`.
+async fn set_preference(app: &TestApp, token: &str, kind: &str, mode: &str) -> (u16, Value) {
+    let body = json!({"preferences": [{"kind": kind, "mode": mode}]});
+    put_as(app, token, "/api/v1/me/notifications", body).await
+}
+
 async fn put_email(app: &TestApp, token: &str, email: &str) -> Value {
-    let (s, v) = call_with_token(
+    let (s, v) = put_as(
         app,
         token,
-        Method::PUT,
         "/api/v1/me/notifications",
-        Some(json!({"email": email})),
+        json!({"email": email}),
     )
     .await;
     assert_eq!(s, 200, "{v}");
@@ -440,12 +428,9 @@ fn to_of(msgs: &[(String, String)], addr: &str) -> usize {
 // ---- tests ----
 
 async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: Db) {
-    let smtp = Smtpd::start();
-    let a = app_with_mail(db, &smtp).await;
-    let app = &a.app;
     let name = format!("mail-{}", format!("{db:?}").to_lowercase());
-    let t = team(&a, &name).await;
-    let other = team(&a, &format!("{name}-other")).await;
+    let (smtp, a, t, other) = mail_and_two_teams(db, &name).await;
+    let app = &a.app;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     set_email(app, &smtp, &t.member, "ada@example.org").await;
     set_email(app, &smtp, &other.member, "eve@example.org").await;
@@ -539,12 +524,10 @@ async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: 
     assert_eq!(to_of(&msgs, "ada@example.org"), 1, "sent once: {msgs:#?}");
 
     // The hook's delivery log shows it.
-    let hook_list = call_with_token(
+    let hook_list = get_as(
         app,
         &t.team_admin,
-        Method::GET,
         &format!("/api/v1/teams/{}/webhooks", t.id),
-        None,
     )
     .await
     .1;
@@ -570,11 +553,8 @@ async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: 
 }
 
 async fn approval_events_reach_approvers_and_the_requester(db: Db) {
-    let smtp = Smtpd::start();
-    let a = app_with_mail(db, &smtp).await;
+    let (smtp, a, t, other) = mail_and_two_teams(db, "approvals").await;
     let app = &a.app;
-    let t = team(&a, "approvals").await;
-    let other = team(&a, "approvals-other").await;
     // One slice per user without approval: the second request waits for a team admin.
     set_quota(&a, &t.id, "H100-80GB", 14, 14, 1).await;
     set_email(app, &smtp, &t.member, "req@example.org").await;
@@ -660,14 +640,7 @@ async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     set_email(app, &smtp, &t.member, "dig@example.org").await;
     // Succeeded jobs go to the digest by default; failed ones too, by choice.
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::PUT,
-        "/api/v1/me/notifications",
-        Some(json!({"preferences": [{"kind": "workload.failed", "mode": "digest"}]})),
-    )
-    .await;
+    let (s, v) = set_preference(app, &t.member, "workload.failed", "digest").await;
     assert_eq!(s, 200, "{v}");
     let pref = |k: &str| {
         v["preferences"]
@@ -932,14 +905,7 @@ async fn bad_input_and_authorization(db: Db) {
         let (s, _) = call_with_token(app, who, Method::GET, &format!("{path}/{hook}"), None).await;
         assert!(s == 403 || s == 404);
     }
-    let (s, _) = call_with_token(
-        app,
-        &other.team_admin,
-        Method::GET,
-        &format!("{path}/{hook}"),
-        None,
-    )
-    .await;
+    let (s, _) = get_as(app, &other.team_admin, &format!("{path}/{hook}")).await;
     assert_eq!(s, 404, "another team's hook is not found");
     // Another team's hook id under one's own team is not found either.
     let (s, _) = call_with_token(
@@ -978,12 +944,11 @@ async fn bad_input_and_authorization(db: Db) {
     }
     let v = put_email(app, &t.member, "ok@example.org").await;
     assert_eq!(v["email_verified"], false);
-    let (s, v) = call_with_token(
+    let (s, v) = put_as(
         app,
         &t.member,
-        Method::PUT,
         "/api/v1/me/notifications",
-        Some(json!({"email": ""})),
+        json!({"email": ""}),
     )
     .await;
     assert_eq!(s, 200);
@@ -1052,14 +1017,7 @@ async fn the_pages_show_notifications_and_webhooks(db: Db) {
         html.contains("Webhooks") && html.contains("http://127.0.0.1:9/ui"),
         "{html}"
     );
-    let (s, v) = call_with_token(
-        app,
-        &t.team_admin,
-        Method::GET,
-        "/api/v1/me/notifications",
-        None,
-    )
-    .await;
+    let (s, v) = get_as(app, &t.team_admin, "/api/v1/me/notifications").await;
     assert_eq!(s, 200);
     assert_eq!(v["email"], "lead@example.org");
     let off = v["preferences"]
@@ -1210,14 +1168,7 @@ async fn the_team_page_tests_switches_and_logs_a_webhook(db: Db) {
     assert_eq!(rows[0]["attempts"], 1, "{log}");
     assert_eq!(rows[0]["last_status"], 204, "{log}");
     assert_eq!(rows[0]["event_id"], event.id.to_string(), "{log}");
-    let (s, rest) = call_with_token(
-        app,
-        &t.team_admin,
-        Method::GET,
-        &format!("{hook_path}/deliveries"),
-        None,
-    )
-    .await;
+    let (s, rest) = get_as(app, &t.team_admin, &format!("{hook_path}/deliveries")).await;
     assert_eq!((s, rest), (200, log));
 
     // Turned off by hand: URL and events stay; the page offers to turn it on.
@@ -1439,25 +1390,11 @@ async fn only_an_address_proved_by_its_link_gets_mail(db: Db) {
     assert_eq!(s, 409, "at most one a minute: {v}");
     let (_, first_tok) = link_params(&first);
     assert_ne!(first_tok, tok);
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::GET,
-        "/api/v1/me/notifications",
-        None,
-    )
-    .await;
+    let (s, v) = get_as(app, &t.member, "/api/v1/me/notifications").await;
     assert_eq!(s, 200);
     assert_eq!(v["email_verified"], false, "{v}");
     verify_link(app, &first).await;
-    let (_, v) = call_with_token(
-        app,
-        &t.member,
-        Method::GET,
-        "/api/v1/me/notifications",
-        None,
-    )
-    .await;
+    let (_, v) = get_as(app, &t.member, "/api/v1/me/notifications").await;
     assert_eq!(v["email_verified"], true, "{v}");
 }
 
@@ -1506,11 +1443,8 @@ async fn wait_mail(smtp: &Smtpd, to: &str, text: &str, secs: u64) -> String {
 /// the person it is for, by mail, and the team's events reach a platform-wide webhook
 /// too. Nothing reaches the other team's admin.
 async fn the_new_events_reach_their_people_and_the_platform_hook(db: Db) {
-    let smtp = Smtpd::start();
-    let a = app_with_mail(db, &smtp).await;
+    let (smtp, a, t, other) = mail_and_two_teams(db, "events").await;
     let app = &a.app;
-    let t = team(&a, "events").await;
-    let other = team(&a, "events-other").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
     set_email(app, &smtp, &t.member, "ev@example.org").await;
     set_email(app, &smtp, &t.team_admin, "ev-lead@example.org").await;
@@ -1521,23 +1455,12 @@ async fn the_new_events_reach_their_people_and_the_platform_hook(db: Db) {
         (&t.member, "workload.started"),
         (&t.team_admin, "quota.changed"),
     ] {
-        let (s, v) = call_with_token(
-            app,
-            token,
-            Method::PUT,
-            "/api/v1/me/notifications",
-            Some(json!({"preferences": [{"kind": kind, "mode": "immediate"}]})),
-        )
-        .await;
+        let (s, v) = set_preference(app, token, kind, "immediate").await;
         assert_eq!(s, 200, "{v}");
     }
     let platform = Receiver::start().await;
     let (s, v) = a
-        .call(
-            Method::POST,
-            "/api/v1/webhooks",
-            Some(json!({"url": platform.url})),
-        )
+        .post("/api/v1/webhooks", json!({"url": platform.url}))
         .await;
     assert_eq!(s, 201, "{v}");
     assert_eq!(v["webhook"]["team_id"], Value::Null, "{v}");

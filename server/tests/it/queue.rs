@@ -6,8 +6,8 @@
 use crate::allocations::request;
 use crate::allocations::{set_quota, team, wait_for_state};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
-use crate::workloads::{WorkloadAgent, get, wait_workload};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, post_as, tessera_ok};
+use crate::workloads::{WorkloadAgent, get, logs_from, stop_workload, wait_workload};
 use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -27,9 +27,7 @@ async fn submit(app: &TestApp, token: &str, body: Value) -> Value {
 }
 
 async fn allocation(a: &AdminClient, id: &str) -> Value {
-    let (s, v) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
-        .await;
+    let (s, v) = a.get(&format!("/api/v1/allocations/{id}")).await;
     assert_eq!(s, 200, "{v}");
     v
 }
@@ -74,14 +72,7 @@ async fn twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back(db: Db
     .await;
     assert_eq!(s, 422, "{v}");
     assert_eq!(v["error"]["field"], "gpu", "{v}");
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"command": "true"})),
-    )
-    .await;
+    let (s, v) = post_as(app, &t.member, "/api/v1/jobs", json!({"command": "true"})).await;
     assert_eq!(s, 422, "{v}");
     assert_eq!(v["error"]["field"], "allocation_id", "{v}");
 
@@ -194,9 +185,7 @@ async fn twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back(db: Db
         starts.push(job_start);
     }
     // No quota stays held.
-    let (_, quotas) = a
-        .call(Method::GET, &format!("/api/v1/teams/{}/quotas", t.id), None)
-        .await;
+    let (_, quotas) = a.get(&format!("/api/v1/teams/{}/quotas", t.id)).await;
     assert_eq!(quotas[0]["used"], 0, "{quotas}");
 
     // Time from capacity freeing to the next queued job running: the k-th job to start
@@ -221,46 +210,30 @@ async fn twenty_queued_jobs_share_a_quota_of_seven_and_give_each_gpu_back(db: Db
 
     // A sweep from the terminal: one job per index, each with its index, each queued for
     // a GPU of its own.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
+    let stdout = tessera_ok(
+        &app.base,
+        &t.member,
+        &[
             "job",
             "submit",
             "--gpu",
             "H100-80GB:1g.10gb",
             "--name",
             "sweep",
-        ])
-        .args([
             "--array",
             "1-3",
             "--",
             "sh",
             "-c",
             "echo idx=$TESSERA_ARRAY_INDEX",
-        ])
-        .env("TESSERA_URL", &app.base)
-        .env("TESSERA_TOKEN", &t.member)
-        .output()
-        .expect("run tessera");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let array: Vec<&str> = stdout.lines().collect();
     assert_eq!(array.len(), 3, "{stdout}");
     for (i, id) in array.iter().enumerate() {
         let v = wait_workload(app, &t.member, id, "succeeded", 120).await;
         assert_eq!(v["name"], format!("sweep[{}]", i + 1), "{v}");
-        let (_, log) = call_with_token(
-            app,
-            &t.member,
-            Method::GET,
-            &format!("/api/v1/workloads/{id}/logs?from=0"),
-            None,
-        )
-        .await;
+        let (_, log) = logs_from(app, &t.member, id, 0).await;
         let text = log["text"].as_str().unwrap_or("");
         assert!(text.contains(&format!("idx={}", i + 1)), "{log}");
     }
@@ -284,27 +257,13 @@ async fn a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request(
     let waiting = v["id"].as_str().expect("id").to_owned();
     let waiting_alloc = v["allocation_id"].as_str().expect("alloc").to_owned();
     assert_eq!(v["state"], "queued", "{v}");
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{waiting}/stop"),
-        None,
-    )
-    .await;
+    let (s, v) = stop_workload(app, &t.member, &waiting).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "cancelled", "{v}");
     assert_eq!(allocation(&a, &waiting_alloc).await["state"], "cancelled");
     // Another team's member cannot see or stop it.
     let o = team(&a, &format!("{name}-other")).await;
-    let (s, _) = call_with_token(
-        app,
-        &o.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{waiting}"),
-        None,
-    )
-    .await;
+    let (s, _) = get_as(app, &o.member, &format!("/api/v1/workloads/{waiting}")).await;
     assert_eq!(s, 404);
 
     // A job with a 60-minute limit runs; an hour later its allocation has expired and the
@@ -405,14 +364,7 @@ async fn a_preempted_job_is_queued_again_and_runs_its_next_attempt(db: Db) {
     assert_eq!(again["attempt"], 2, "{again}");
     // Cancelled, it gives its second GPU back.
     let second_alloc = again["allocation_id"].as_str().expect("alloc").to_owned();
-    let (s, _) = call_with_token(
-        app,
-        &lender.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{id}/stop"),
-        None,
-    )
-    .await;
+    let (s, _) = stop_workload(app, &lender.member, &id).await;
     assert_eq!(s, 200);
     wait_workload(app, &lender.member, &id, "cancelled", 60).await;
     wait_for_state(&a, &second_alloc, "ended").await;

@@ -5,8 +5,8 @@
 //! refuses to start.
 
 use crate::allocations::{request, set_quota, team, wait_for_state};
-use crate::support::sim_agent;
 use crate::support::{AdminClient, Db, TestApp, postgres_url};
+use crate::support::{client_with_timeout, sim_agent};
 use reqwest::Method;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -111,9 +111,7 @@ pub(crate) async fn node_reports_gpu(a: &AdminClient, host: &str) {
 async fn placed_within(a: &AdminClient, id: &str, within: Duration) {
     let start = Instant::now();
     loop {
-        let (_, v) = a
-            .call(Method::GET, &format!("/api/v1/allocations/{id}"), None)
-            .await;
+        let (_, v) = a.get(&format!("/api/v1/allocations/{id}")).await;
         if v["state"] != "queued" {
             eprintln!("placed {:?} after the request", start.elapsed());
             return;
@@ -166,9 +164,7 @@ async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
     // The admin pages name the leader: every replica reports itself, from any of them.
     let t0 = Instant::now();
     loop {
-        let (s, v) = admin
-            .call(Method::GET, "/api/v1/cluster/servers", None)
-            .await;
+        let (s, v) = admin.get("/api/v1/cluster/servers").await;
         assert_eq!(s, 200, "{v}");
         let role = |name: &str| {
             v.as_array()
@@ -191,11 +187,7 @@ async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
     let t = team(&admin, &format!("rep{tag}")).await;
     set_quota(&admin, &t.id, "H100-80GB", 7, 7, 7).await;
     let (s, jt) = admin
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "replicas"})),
-        )
+        .post("/api/v1/join-tokens", json!({"note": "replicas"}))
         .await;
     assert_eq!(s, 201, "{jt}");
     let state = tempfile::tempdir().expect("tempdir");
@@ -278,15 +270,9 @@ async fn replicas_on_one_postgres_elect_one_leader_wake_it_and_fail_over() {
     wait_for_state(&admin, &second, "active").await;
     // Nothing was placed twice: two slices, two distinct MIG instances.
     let (_, one) = admin
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations/{first_alloc}"),
-            None,
-        )
+        .get(&format!("/api/v1/allocations/{first_alloc}"))
         .await;
-    let (_, two) = admin
-        .call(Method::GET, &format!("/api/v1/allocations/{second}"), None)
-        .await;
+    let (_, two) = admin.get(&format!("/api/v1/allocations/{second}")).await;
     assert_ne!(
         one["devices"][0]["mig_uuid"], two["devices"][0]["mig_uuid"],
         "{one}\n{two}"
@@ -366,11 +352,7 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
     a.app.start_again().await;
     let a = AdminClient::with_app(a.app).await;
     let (s, list) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations?team={}&limit=200", t.id),
-            None,
-        )
+        .get(&format!("/api/v1/allocations?team={}&limit=200", t.id))
         .await;
     assert_eq!(s, 200, "{list}");
     let ids: std::collections::BTreeSet<String> = list["items"]
@@ -421,11 +403,7 @@ pub(crate) async fn stopped_setup(
     let t = team(&admin, name).await;
     set_quota(&admin, &t.id, "H100-80GB", 7, limit, limit).await;
     let (s, jt) = admin
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": name})),
-        )
+        .post("/api/v1/join-tokens", json!({"note": name}))
         .await;
     assert_eq!(s, 201, "{jt}");
     let join = jt["secret"].as_str().expect("secret").to_owned();
@@ -547,10 +525,7 @@ async fn killing_the_leader_twenty_times_loses_nothing_and_places_nothing_twice(
             done.clone(),
         );
         tokio::spawn(async move {
-            let c = reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("client");
+            let c = client_with_timeout();
             let mut previous: Option<String> = None;
             let mut i = 0;
             while !done.load(std::sync::atomic::Ordering::SeqCst) {

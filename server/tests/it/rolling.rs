@@ -7,7 +7,7 @@
 //! reconnects to the same, still running kernel.
 
 use crate::replicas::{Replica, free_port, round_robin, start_replica, stopped_setup};
-use crate::support::postgres_url;
+use crate::support::{client_with_timeout, postgres_url};
 use crate::workloads::{KernelSocket, WorkloadAgent, execute_on};
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,10 +80,7 @@ async fn client(
     stop: Arc<AtomicBool>,
     tally: Arc<Tally>,
 ) {
-    let c = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client");
+    let c = client_with_timeout();
     let mut previous: Option<String> = None;
     let mut i = 0;
     while !stop.load(Ordering::SeqCst) {

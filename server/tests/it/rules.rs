@@ -3,18 +3,16 @@
 //! budget counts every open allocation and every extension (parallel requests included),
 //! and a disabled user's work ends and stays ended.
 
-use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
-use crate::billing::{next_hour, set_rate};
+use crate::allocations::{SimAgent, request, request_for, set_quota, team, wait_for_state};
+use crate::billing::{next_hour, put_budget, set_rate};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, call_with_token};
+use crate::support::{AdminClient, Db, call_with_token, post_as, put_as};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::Duration;
 
 async fn quota_line(a: &AdminClient, team: &str, model: &str) -> Value {
-    let (s, v) = a
-        .call(Method::GET, &format!("/api/v1/teams/{team}/quotas"), None)
-        .await;
+    let (s, v) = a.get(&format!("/api/v1/teams/{team}/quotas")).await;
     assert_eq!(s, 200, "{v}");
     v.as_array()
         .and_then(|q| q.iter().find(|q| q["model"] == model).cloned())
@@ -39,23 +37,13 @@ async fn a_team_admin_approves_only_within_the_limit(db: Db) {
         ids.push(v["id"].as_str().expect("id").to_owned());
     }
     let approve = |id: &str| format!("/api/v1/allocations/{id}/approve");
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.team_admin,
-        Method::POST,
-        &approve(&ids[0]),
-        Some(json!({"reason": "ok"})),
-    )
-    .await;
+    // The team admin approves request `id`, saying "ok".
+    let approve_ok = async |id: &str| {
+        post_as(&a.app, &t.team_admin, &approve(id), json!({"reason": "ok"})).await
+    };
+    let (s, v) = approve_ok(&ids[0]).await;
     assert_eq!((s, &v["state"]), (200, &json!("queued")), "{v}");
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.team_admin,
-        Method::POST,
-        &approve(&ids[1]),
-        Some(json!({"reason": "ok"})),
-    )
-    .await;
+    let (s, v) = approve_ok(&ids[1]).await;
     assert_eq!(s, 409, "{v}");
     let msg = v["error"]["message"].as_str().unwrap_or_default();
     assert!(
@@ -63,41 +51,25 @@ async fn a_team_admin_approves_only_within_the_limit(db: Db) {
         "{v}"
     );
     // It now waits for a platform admin; the team admin can no longer decide it.
-    let (_, v) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations/{}", ids[1]),
-            None,
-        )
-        .await;
+    let (_, v) = a.get(&format!("/api/v1/allocations/{}", ids[1])).await;
     assert_eq!(
         (&v["state"], &v["approver"]),
         (&json!("pending_approval"), &json!("platform_admin"))
     );
-    let (s, _) = call_with_token(
-        &a.app,
-        &t.team_admin,
-        Method::POST,
-        &approve(&ids[2]),
-        Some(json!({})),
-    )
-    .await;
+    let (s, _) = post_as(&a.app, &t.team_admin, &approve(&ids[2]), json!({})).await;
     assert_eq!(s, 409, "the third would be over the limit too");
-    let (s, _) = call_with_token(
+    let (s, _) = post_as(
         &a.app,
         &t.team_admin,
-        Method::POST,
         &approve(&ids[1]),
-        Some(json!({"override": true})),
+        json!({"override": true}),
     )
     .await;
     assert_eq!(s, 403, "a team admin has no override");
     let line = quota_line(&a, &t.id, "H100-80GB").await;
     assert_eq!((&line["used"], &line["limit"]), (&json!(2), &json!(2)));
     // A platform admin, too, must say it is an override.
-    let (s, v) = a
-        .call(Method::POST, &approve(&ids[1]), Some(json!({})))
-        .await;
+    let (s, v) = a.post(&approve(&ids[1]), json!({})).await;
     assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"]
@@ -122,23 +94,11 @@ async fn a_team_admin_approves_only_within_the_limit(db: Db) {
         (&json!(4), &json!(2)),
         "the quota view shows the override as such: {line}"
     );
-    let (_, audit) = a
-        .call(
-            Method::GET,
-            "/api/v1/audit?action=allocation.override",
-            None,
-        )
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=allocation.override").await;
     assert_eq!(audit["items"][0]["object_id"], ids[1].as_str());
     assert_eq!(audit["items"][0]["actor"], "admin");
     // An unknown field is an error, not silently dropped.
-    let (s, v) = a
-        .call(
-            Method::POST,
-            &approve(&ids[2]),
-            Some(json!({"overide": true})),
-        )
-        .await;
+    let (s, v) = a.post(&approve(&ids[2]), json!({"overide": true})).await;
     assert_eq!(s, 422, "{v}");
 }
 
@@ -165,18 +125,9 @@ async fn high_priority_is_granted_per_team(db: Db) {
     assert_eq!(s, 201);
     // A team admin cannot grant it; a platform admin can, with a cap.
     let grant = format!("/api/v1/teams/{}/priority", t.id);
-    let (s, _) = call_with_token(
-        &a.app,
-        &t.team_admin,
-        Method::PUT,
-        &grant,
-        Some(json!({"high": true})),
-    )
-    .await;
+    let (s, _) = put_as(&a.app, &t.team_admin, &grant, json!({"high": true})).await;
     assert_eq!(s, 403);
-    let (s, v) = a
-        .call(Method::PUT, &grant, Some(json!({"high": true, "cap": 7})))
-        .await;
+    let (s, v) = a.put(&grant, json!({"high": true, "cap": 7})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["high_priority"], json!({"cap": 7}));
     let (s, v) = ask("H100-80GB:1g.10gb", "high").await;
@@ -189,19 +140,13 @@ async fn high_priority_is_granted_per_team(db: Db) {
             .as_str()
             .is_some_and(|m| m.contains("at most 7"))
     );
-    let (s, v) = a
-        .call(Method::PUT, &grant, Some(json!({"high": true, "kap": 1})))
-        .await;
+    let (s, v) = a.put(&grant, json!({"high": true, "kap": 1})).await;
     assert_eq!(s, 422, "{v}");
-    let (s, _) = a
-        .call(Method::PUT, &grant, Some(json!({"high": false})))
-        .await;
+    let (s, _) = a.put(&grant, json!({"high": false})).await;
     assert_eq!(s, 200);
     let (s, _) = ask("H100-80GB:1g.10gb", "high").await;
     assert_eq!(s, 422, "withdrawn");
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=priority.grant", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=priority.grant").await;
     assert_eq!(audit["total"], 1);
     // `high` has its own price on the rate card: a premium on top of the rate.
     let hour = next_hour() - chrono::Duration::hours(1);
@@ -252,13 +197,7 @@ async fn priced_team(a: &AdminClient, name: &str) -> crate::allocations::Team {
     set_quota(a, &t.id, "H100-80GB", 7, 7, 7).await;
     let hour = next_hour() - chrono::Duration::hours(1);
     set_rate(a, "H100-80GB:whole", 700, 0, hour).await;
-    let (s, b) = a
-        .call(
-            Method::PUT,
-            &format!("/api/v1/teams/{}/budget", t.id),
-            Some(json!({"monthly_minor": 500, "hard": true})),
-        )
-        .await;
+    let (s, b) = put_budget(a, &t.id, json!({"monthly_minor": 500, "hard": true})).await;
     assert_eq!(s, 200, "{b}");
     t
 }
@@ -309,26 +248,12 @@ async fn a_hard_budget_holds_against_extensions(db: Db) {
     let a = AdminClient::new(db).await;
     let t = priced_team(&a, "extend").await;
     let _agent = SimAgent::start(&a, "budget-h100").await;
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 120})),
-    )
-    .await;
+    let (s, v) = request_for(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb", 120).await;
     assert_eq!(s, 201, "{v}");
     let id = v["id"].as_str().expect("id").to_owned();
     wait_for_state(&a, &id, "active").await;
     let extend = format!("/api/v1/allocations/{id}/extend");
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        &extend,
-        Some(json!({"minutes": 240})),
-    )
-    .await;
+    let (s, v) = post_as(&a.app, &t.member, &extend, json!({"minutes": 240})).await;
     assert_eq!((s, &v["error"]["field"]), (422, &json!("minutes")), "{v}");
     assert!(
         v["error"]["message"]
@@ -336,24 +261,10 @@ async fn a_hard_budget_holds_against_extensions(db: Db) {
             .is_some_and(|m| m.contains("hard monthly budget is 5.00")),
         "{v}"
     );
-    let (s, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        &extend,
-        Some(json!({"minutes": 180})),
-    )
-    .await;
+    let (s, v) = post_as(&a.app, &t.member, &extend, json!({"minutes": 180})).await;
     assert_eq!(s, 200, "{v}");
     // Now nothing more fits: even a short request waits for a platform admin.
-    let (_, v) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/allocations",
-        Some(json!({"team_id": t.id, "kind": "H100-80GB:1g.10gb", "duration_minutes": 60})),
-    )
-    .await;
+    let (_, v) = request_for(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb", 60).await;
     assert_eq!(v["state"], "pending_approval", "{v}");
 }
 
@@ -365,13 +276,7 @@ async fn a_disabled_users_work_ends_and_stays_ended(db: Db) {
     let (_, waiting) = request(&a.app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_eq!(queued["state"], "queued");
     assert_eq!(waiting["state"], "pending_approval");
-    let (_, members) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/teams/{}/members", t.id),
-            None,
-        )
-        .await;
+    let (_, members) = a.get(&format!("/api/v1/teams/{}/members", t.id)).await;
     let user = members["items"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["username"] == "gone-member"))

@@ -5,10 +5,10 @@
 //! spare at once and its job follows, while normal-priority work there is only warned.
 //! Real `tessera-agent --simulate` nodes.
 
-use crate::allocations::{request, set_quota, team, wait_for_state};
+use crate::allocations::{request, set_quota, team, used, wait_for_state};
 use crate::drain::node_id;
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as};
 use crate::workloads::{WorkloadAgent, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -32,11 +32,7 @@ async fn an_uncorrectable_ecc_error_moves_high_priority_work_onto_the_hot_spare(
 /// A simulated node whose GPU UUIDs come from `seed` (each node its own, as real GPUs).
 async fn node_seeded(a: &AdminClient, hostname: &str, seed: u32) -> WorkloadAgent {
     let (s, jt) = a
-        .call(
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": "spares"})),
-        )
+        .post("/api/v1/join-tokens", json!({"note": "spares"}))
         .await;
     assert_eq!(s, 201);
     WorkloadAgent::start_with(
@@ -51,11 +47,7 @@ async fn node_seeded(a: &AdminClient, hostname: &str, seed: u32) -> WorkloadAgen
 /// Units the team's live allocations hold (queued, placing, active, releasing).
 async fn live_units(a: &AdminClient, team: &str) -> u64 {
     let (s, v) = a
-        .call(
-            Method::GET,
-            &format!("/api/v1/allocations?team={team}&limit=200"),
-            None,
-        )
+        .get(&format!("/api/v1/allocations?team={team}&limit=200"))
         .await;
     assert_eq!(s, 200, "{v}");
     v["items"]
@@ -71,23 +63,8 @@ async fn live_units(a: &AdminClient, team: &str) -> u64 {
         .sum()
 }
 
-async fn quota_used(a: &AdminClient, team: &str) -> u64 {
-    let (s, v) = a
-        .call(Method::GET, &format!("/api/v1/teams/{team}/quotas"), None)
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v.as_array()
-        .expect("quotas")
-        .iter()
-        .find(|q| q["model"] == "H100-80GB")
-        .and_then(|q| q["used"].as_u64())
-        .expect("quota")
-}
-
 async fn gpu_of(a: &AdminClient, node: &str) -> String {
-    let (_, n) = a
-        .call(Method::GET, &format!("/api/v1/nodes/{node}"), None)
-        .await;
+    let (_, n) = a.get(&format!("/api/v1/nodes/{node}")).await;
     n["gpus"][0]["uuid"].as_str().expect("gpu").to_owned()
 }
 
@@ -122,10 +99,9 @@ async fn fault_moves_work_to_the_spare(db: Db, tag: &str, fault: &str, words: &s
     let t = team(&a, &name).await;
     set_quota(&a, &t.id, "H100-80GB", 14, 14, 14).await;
     let (s, v) = a
-        .call(
-            Method::PUT,
+        .put(
             &format!("/api/v1/teams/{}/priority", t.id),
-            Some(json!({"high": true})),
+            json!({"high": true}),
         )
         .await;
     assert_eq!(s, 200, "{v}");
@@ -161,13 +137,7 @@ while true; do sleep 0.2; done"#;
     let node_b = node_seeded(&a, &format!("{name}-b"), 12).await;
     let b_id = node_id(&a, &format!("{name}-b")).await;
     let spare = gpu_of(&a, &b_id).await;
-    let (s, v) = a
-        .call(
-            Method::PUT,
-            "/api/v1/spares/H100-80GB",
-            Some(json!({"gpus": 1})),
-        )
-        .await;
+    let (s, v) = a.put("/api/v1/spares/H100-80GB", json!({"gpus": 1})).await;
     assert_eq!(s, 200, "{v}");
     let row = wait_spares(&a, &[&spare]).await;
     assert_eq!(
@@ -176,12 +146,7 @@ while true; do sleep 0.2; done"#;
         "{row}"
     );
 
-    let metrics = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("tessera_spare_gpus{model=\"H100-80GB\"} 1"),
         "{metrics}"
@@ -194,9 +159,7 @@ while true; do sleep 0.2; done"#;
     let whole = v["id"].as_str().expect("id").to_owned();
     let until = Instant::now() + Duration::from_secs(15);
     loop {
-        let (_, w) = a
-            .call(Method::GET, &format!("/api/v1/allocations/{whole}"), None)
-            .await;
+        let (_, w) = a.get(&format!("/api/v1/allocations/{whole}")).await;
         assert_eq!(w["state"], "queued", "{w}");
         if w["pending"]["reason"]
             .as_str()
@@ -225,14 +188,7 @@ while true; do sleep 0.2; done"#;
     std::fs::write(faults.join("faults.json"), fault).expect("inject");
     let until = Instant::now() + Duration::from_secs(30);
     let replacement = loop {
-        let (_, w) = call_with_token(
-            app,
-            &t.member,
-            Method::GET,
-            &format!("/api/v1/workloads/{job}"),
-            None,
-        )
-        .await;
+        let (_, w) = get_as(app, &t.member, &format!("/api/v1/workloads/{job}")).await;
         if let Some(id) = w["allocation_id"].as_str()
             && id != first
         {
@@ -243,13 +199,7 @@ while true; do sleep 0.2; done"#;
     };
     let until = Instant::now() + Duration::from_secs(30);
     let moved = loop {
-        let (_, r) = a
-            .call(
-                Method::GET,
-                &format!("/api/v1/allocations/{replacement}"),
-                None,
-            )
-            .await;
+        let (_, r) = a.get(&format!("/api/v1/allocations/{replacement}")).await;
         if r["state"] == "active" {
             break r;
         }
@@ -265,9 +215,7 @@ while true; do sleep 0.2; done"#;
             .is_some_and(|d| d.len() == 1 && d[0]["gpu_uuid"] == spare.as_str()),
         "{moved}"
     );
-    let (_, n) = a
-        .call(Method::GET, &format!("/api/v1/nodes/{a_id}"), None)
-        .await;
+    let (_, n) = a.get(&format!("/api/v1/nodes/{a_id}")).await;
     let unhealthy = &n["gpus"][0]["unhealthy"];
     assert!(
         unhealthy["reason"]
@@ -315,20 +263,19 @@ while true; do sleep 0.2; done"#;
     assert_eq!(row["wanted"], 1, "{row}");
 
     // Normal priority is not moved to the spare: warned (health), still on A.
-    let (_, n) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{normal}"), None)
-        .await;
+    let (_, n) = a.get(&format!("/api/v1/allocations/{normal}")).await;
     assert_eq!(n["state"], "active", "{n}");
     assert!(n["preempt_at"].is_string(), "not warned: {n}");
     assert!(n["devices"][0]["hostname"] == format!("{name}-a"), "{n}");
     // The whole GPU still waits (B now holds the moved slice); the quota counters are
     // exactly what live allocations hold: the units passed over, not counted twice.
-    let (_, w) = a
-        .call(Method::GET, &format!("/api/v1/allocations/{whole}"), None)
-        .await;
+    let (_, w) = a.get(&format!("/api/v1/allocations/{whole}")).await;
     assert_eq!(w["state"], "queued", "{w}");
-    assert_eq!(quota_used(&a, &t.id).await, live_units(&a, &t.id).await);
-    assert_eq!(quota_used(&a, &t.id).await, 1 + 1 + 7);
+    assert_eq!(
+        used(&a, &t.id, "H100-80GB").await,
+        live_units(&a, &t.id).await
+    );
+    assert_eq!(used(&a, &t.id, "H100-80GB").await, 1 + 1 + 7);
 
     // The job follows as attempt 2 on B.
     let done = wait_workload(app, &t.member, &job, "succeeded", 120).await;
@@ -336,13 +283,7 @@ while true; do sleep 0.2; done"#;
     assert_eq!(done["hostname"], format!("{name}-b"), "{done}");
     // Its allocation given back, B is a spare again: the pool refills as capacity frees.
     wait_spares(&a, &[&spare]).await;
-    let (_, audit) = a
-        .call(
-            Method::GET,
-            "/api/v1/audit?action=allocation.displace",
-            None,
-        )
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=allocation.displace").await;
     assert!(audit.to_string().contains(&first), "{audit}");
     node_b.stop().await;
     node_a.stop().await;
@@ -384,9 +325,7 @@ async fn only_platform_admins_change_spares_and_bad_rules_name_the_field(db: Db)
     // DELETE ends it (again: still 204).
     let (_, v) = a.call(Method::GET, "/api/v1/spares", None).await;
     assert_eq!(v, json!([]));
-    let (s, v) = a
-        .call(Method::PUT, path, Some(json!({"percent": 10})))
-        .await;
+    let (s, v) = a.put(path, json!({"percent": 10})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v[0]["model"], "H100-80GB", "{v}");
     assert_eq!(v[0]["percent"], 10, "{v}");
@@ -398,8 +337,6 @@ async fn only_platform_admins_change_spares_and_bad_rules_name_the_field(db: Db)
     assert_eq!(s, 204, "idempotent");
     let (_, v) = a.call(Method::GET, "/api/v1/spares", None).await;
     assert_eq!(v, json!([]));
-    let (_, audit) = a
-        .call(Method::GET, "/api/v1/audit?action=spares.set", None)
-        .await;
+    let (_, audit) = a.get("/api/v1/audit?action=spares.set").await;
     assert!(audit.to_string().contains("H100-80GB"), "{audit}");
 }

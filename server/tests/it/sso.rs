@@ -105,13 +105,7 @@ async fn start_with(db: Db, idp_options: &[&str]) -> (AdminClient, Idp) {
     })
     .await;
     let api = AdminClient::with_app(app).await;
-    let (s, v) = api
-        .call(
-            Method::POST,
-            "/api/v1/teams",
-            Some(json!({"name": "Vision"})),
-        )
-        .await;
+    let (s, v) = api.post("/api/v1/teams", json!({"name": "Vision"})).await;
     assert_eq!(s, 201, "{v}");
     (api, idp)
 }
@@ -331,9 +325,7 @@ async fn first_sign_in_creates_the_user_in_the_mapped_team(db: Db) {
         "listed as a single sign-on user"
     );
     assert_eq!(api.user("admin").await["has_password"], true);
-    let (_, audit) = api
-        .call(Method::GET, "/api/v1/audit?action=sso.user_created", None)
-        .await;
+    let (_, audit) = api.get("/api/v1/audit?action=sso.user_created").await;
     assert_eq!(audit["total"], 1, "{audit}");
 
     // A second sign-in finds the same user (no duplicate).
@@ -463,9 +455,7 @@ async fn unknown_groups_grant_nothing(db: Db) {
     let b = sign_in(app, &idp, "carol").await;
     assert!(my_teams(&b).await.is_empty());
     // ...until the team exists.
-    let (s, _) = api
-        .call(Method::POST, "/api/v1/teams", Some(json!({"name": "NLP"})))
-        .await;
+    let (s, _) = api.post("/api/v1/teams", json!({"name": "NLP"})).await;
     assert_eq!(s, 201);
     let b = sign_in(app, &idp, "carol").await;
     assert_eq!(
@@ -487,9 +477,7 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
     );
 
     // A team the map does not manage, joined locally, is left alone by the provider.
-    let (_, lab) = api
-        .call(Method::POST, "/api/v1/teams", Some(json!({"name": "Lab"})))
-        .await;
+    let (_, lab) = api.post("/api/v1/teams", json!({"name": "Lab"})).await;
     let lab = lab["id"].as_str().expect("id").to_owned();
     let (s, v) = api
         .call(
@@ -523,9 +511,7 @@ async fn roles_follow_the_provider_at_each_sign_in(db: Db) {
         vec![("Lab".to_owned(), "viewer".to_owned())]
     );
     assert!(!is_admin(&b).await);
-    let (_, audit) = api
-        .call(Method::GET, "/api/v1/audit?action=sso.grants_changed", None)
-        .await;
+    let (_, audit) = api.get("/api/v1/audit?action=sso.grants_changed").await;
     assert_eq!(audit["total"], 2, "two sign-ins changed grants: {audit}");
 
     // The local platform admin is untouched by any of this.

@@ -263,6 +263,16 @@ impl TestApp {
         format!("{}{path}", self.base)
     }
 
+    /// The Prometheus text at `/metrics`.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.url("/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+
     /// A second set of services over this app's database, for driving a pass with a
     /// clock of the test's choosing (`tick(later)`).
     pub async fn side_services(&self) -> tessera_core::Services {
@@ -370,6 +380,23 @@ pub async fn login(app: &TestApp, user: &str, pw: &str) -> String {
     session_cookie(&r).expect("session cookie")
 }
 
+/// A new API token named `name`, minted with the session `cookie` through `c` at `base`.
+pub async fn mint_token(c: &reqwest::Client, base: &str, cookie: &str, name: &str) -> String {
+    let r = c
+        .post(format!("{base}/api/v1/tokens"))
+        .header("origin", base)
+        .header("cookie", cookie)
+        .json(&serde_json::json!({"name": name}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 201);
+    r.json::<serde_json::Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_owned()
+}
+
 /// The platform admin, calling the REST API with a browser session.
 pub struct AdminClient {
     pub app: TestApp,
@@ -419,6 +446,26 @@ impl AdminClient {
         t["secret"].as_str().expect("secret").to_owned()
     }
 
+    /// `GET path`: `(status, JSON body or null)`.
+    pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    /// `POST body` to `path`: `(status, JSON body or null)`.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// `PUT body` to `path`: `(status, JSON body or null)`.
+    pub async fn put(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::PUT, path, Some(body)).await
+    }
+
+    /// `DELETE path`: `(status, JSON body or null)`.
+    pub async fn delete(&self, path: &str) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::DELETE, path, None).await
+    }
+
     /// `(status, JSON body or null)`.
     pub async fn call(
         &self,
@@ -448,6 +495,31 @@ pub async fn call_with_token(
     json_call(rb, body).await
 }
 
+/// `GET path` with an API token: `(status, JSON body or null)`.
+pub async fn get_as(app: &TestApp, token: &str, path: &str) -> (u16, serde_json::Value) {
+    call_with_token(app, token, reqwest::Method::GET, path, None).await
+}
+
+/// `POST body` to `path` with an API token: `(status, JSON body or null)`.
+pub async fn post_as(
+    app: &TestApp,
+    token: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    call_with_token(app, token, reqwest::Method::POST, path, Some(body)).await
+}
+
+/// `PUT body` to `path` with an API token: `(status, JSON body or null)`.
+pub async fn put_as(
+    app: &TestApp,
+    token: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    call_with_token(app, token, reqwest::Method::PUT, path, Some(body)).await
+}
+
 pub async fn json_call(
     mut rb: reqwest::RequestBuilder,
     body: Option<serde_json::Value>,
@@ -458,6 +530,49 @@ pub async fn json_call(
     let r = rb.send().await.expect("request");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// Asserts that `(status, body)` is a 422 naming `field`, its message saying `says`.
+#[track_caller]
+pub fn assert_invalid(status: u16, body: &serde_json::Value, field: &str, says: &str) {
+    assert_eq!(
+        (status, &body["error"]["field"]),
+        (422, &serde_json::json!(field)),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(says),
+        "{body}"
+    );
+}
+
+/// A REST client whose every request gives up after 10 seconds (for clients that retry).
+pub fn client_with_timeout() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+/// Runs `tessera ARGS` against the server at `base` as `token`; its standard output, after
+/// asserting that it succeeded.
+pub fn tessera_ok(base: &str, token: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("TESSERA_URL", base)
+        .env("TESSERA_TOKEN", token)
+        .output()
+        .expect("run tessera");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{args:?}: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 pub use crate::agent_bin::agent_bin;

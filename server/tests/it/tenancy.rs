@@ -204,13 +204,7 @@ async fn revoked_tokens_and_disabled_users_stop_within_a_second_everywhere(db: D
 
 async fn a_team_keeps_at_least_one_team_admin(db: Db) {
     let api = AdminClient::new(db).await;
-    let (_, team) = api
-        .call(
-            Method::POST,
-            "/api/v1/teams",
-            Some(json!({"name": "Vision"})),
-        )
-        .await;
+    let (_, team) = api.post("/api/v1/teams", json!({"name": "Vision"})).await;
     let team = team["id"].as_str().expect("id").to_owned();
     let lead = user(&api, "lead").await;
     let (s, _) = api
@@ -222,9 +216,7 @@ async fn a_team_keeps_at_least_one_team_admin(db: Db) {
         .await;
     assert_eq!(s, 201);
     let member = format!("/api/v1/teams/{team}/members/{lead}");
-    let (s, v) = api
-        .call(Method::PUT, &member, Some(json!({"role": "member"})))
-        .await;
+    let (s, v) = api.put(&member, json!({"role": "member"})).await;
     assert_eq!(s, 409, "{v}");
     assert!(
         v["message"]
@@ -247,21 +239,13 @@ async fn a_team_keeps_at_least_one_team_admin(db: Db) {
             .0,
         200
     );
-    let (_, members) = api
-        .call(Method::GET, &format!("/api/v1/teams/{team}/members"), None)
-        .await;
+    let (_, members) = api.get(&format!("/api/v1/teams/{team}/members")).await;
     assert_eq!(members["total"], 2);
 }
 
 async fn archived_teams_are_read_only(db: Db) {
     let api = AdminClient::new(db).await;
-    let (_, team) = api
-        .call(
-            Method::POST,
-            "/api/v1/teams",
-            Some(json!({"name": "Old Lab"})),
-        )
-        .await;
+    let (_, team) = api.post("/api/v1/teams", json!({"name": "Old Lab"})).await;
     let team = team["id"].as_str().expect("id").to_owned();
     user(&api, "late").await;
     let (s, v) = api
@@ -324,11 +308,7 @@ async fn lists_paginate(db: Db) {
     let mut seen = Vec::new();
     for offset in [0, 3, 6] {
         let (_, page) = api
-            .call(
-                Method::GET,
-                &format!("/api/v1/teams?offset={offset}&limit=3"),
-                None,
-            )
+            .get(&format!("/api/v1/teams?offset={offset}&limit=3"))
             .await;
         assert_eq!(page["total"], 7);
         for t in page["items"].as_array().expect("items") {
@@ -337,9 +317,7 @@ async fn lists_paginate(db: Db) {
     }
     let expected: Vec<String> = (0..7).map(|i| format!("Team {i:02}")).collect();
     assert_eq!(seen, expected, "pages are disjoint, ordered and complete");
-    let (_, capped) = api
-        .call(Method::GET, "/api/v1/teams?limit=100000", None)
-        .await;
+    let (_, capped) = api.get("/api/v1/teams?limit=100000").await;
     assert_eq!(capped["limit"], 200);
 }
 
@@ -375,9 +353,7 @@ async fn bad_input_names_the_field(db: Db) {
         assert_eq!(v["error"]["field"], field, "{path}: {v}");
         assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
-    let (s, v) = api
-        .call(Method::POST, "/api/v1/teams", Some(json!({"nom": "typo"})))
-        .await;
+    let (s, v) = api.post("/api/v1/teams", json!({"nom": "typo"})).await;
     assert_eq!(
         (s, v["error"]["field"].clone()),
         (422, json!("body")),

@@ -8,7 +8,7 @@
 use crate::allocations::{request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
 use crate::support::agent_bin;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, post_as};
 use futures_util::{SinkExt, StreamExt};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -32,11 +32,7 @@ impl WorkloadAgent {
 
     pub(crate) async fn start(a: &AdminClient, hostname: &str) -> WorkloadAgent {
         let (s, jt) = a
-            .call(
-                Method::POST,
-                "/api/v1/join-tokens",
-                Some(json!({"note": "workloads"})),
-            )
+            .post("/api/v1/join-tokens", json!({"note": "workloads"}))
             .await;
         assert_eq!(s, 201);
         Self::start_at(
@@ -153,16 +149,42 @@ async fn setup(db: Db, name: &str) -> Setup {
 }
 
 pub(crate) async fn get(app: &TestApp, token: &str, id: &str) -> Value {
-    let (s, v) = call_with_token(
-        app,
-        token,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}"),
-        None,
-    )
-    .await;
+    let (s, v) = get_as(app, token, &format!("/api/v1/workloads/{id}")).await;
     assert_eq!(s, 200, "{v}");
     v
+}
+
+/// Submits a job running `command` on allocation `alloc`, as `token`: `(status, job)`.
+pub(crate) async fn job_on(app: &TestApp, token: &str, alloc: &str, command: &str) -> (u16, Value) {
+    let body = json!({"allocation_id": alloc, "command": command});
+    post_as(app, token, "/api/v1/jobs", body).await
+}
+
+/// Opens notebook `name` on allocation `alloc`, as `token`: `(status, notebook)`.
+pub(crate) async fn notebook_on(
+    app: &TestApp,
+    token: &str,
+    alloc: &str,
+    name: &str,
+) -> (u16, Value) {
+    let body = json!({"allocation_id": alloc, "name": name});
+    post_as(app, token, "/api/v1/notebooks", body).await
+}
+
+/// Workload `id`'s log from byte `from` on, as `token`: `(status, body)`.
+pub(crate) async fn logs_from(app: &TestApp, token: &str, id: &str, from: u64) -> (u16, Value) {
+    get_as(
+        app,
+        token,
+        &format!("/api/v1/workloads/{id}/logs?from={from}"),
+    )
+    .await
+}
+
+/// Stops workload `id`, as `token`: `(status, body)`.
+pub(crate) async fn stop_workload(app: &TestApp, token: &str, id: &str) -> (u16, Value) {
+    let path = format!("/api/v1/workloads/{id}/stop");
+    call_with_token(app, token, Method::POST, &path, None).await
 }
 
 pub(crate) async fn wait_workload(
@@ -183,6 +205,24 @@ pub(crate) async fn wait_workload(
             "workload never became {state}: {v}"
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Polls notebook `id` until its kernel reports `busy` (at most 30 s).
+async fn wait_kernel_busy(app: &TestApp, token: &str, id: &str, busy: bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = get(app, token, id).await;
+        if v["activity"]["kernel_busy"] == busy {
+            return;
+        }
+        let what = if busy {
+            "never reported busy"
+        } else {
+            "stayed busy"
+        };
+        assert!(Instant::now() < deadline, "kernel {what}: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -220,14 +260,7 @@ async fn wait_no_process(needle: &str) {
 }
 
 async fn launch(s: &Setup, name: &str) -> Value {
-    let (st, v) = call_with_token(
-        &s.a.app,
-        &s.member,
-        Method::POST,
-        "/api/v1/notebooks",
-        Some(json!({"allocation_id": s.alloc, "name": name})),
-    )
-    .await;
+    let (st, v) = notebook_on(&s.a.app, &s.member, &s.alloc, name).await;
     assert_eq!(st, 201, "{v}");
     v
 }
@@ -706,28 +739,14 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     assert_eq!(r.status(), 401);
 
     // A second notebook on the same allocation is refused; the name is taken too.
-    let (st, v) = call_with_token(
-        app,
-        &s.member,
-        Method::POST,
-        "/api/v1/notebooks",
-        Some(json!({"allocation_id": s.alloc, "name": "other"})),
-    )
-    .await;
+    let (st, v) = notebook_on(app, &s.member, &s.alloc, "other").await;
     assert_eq!(st, 422, "{v}");
     assert_eq!(v["error"]["field"], "allocation_id", "{v}");
 
     // Stop: the whole process group goes, the proxy answers 404.
     let needle = format!("--ServerApp.base_url={base}");
     assert!(!processes_with(&needle).is_empty(), "JupyterLab not found");
-    let (st, v) = call_with_token(
-        app,
-        &s.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{id}/stop"),
-        None,
-    )
-    .await;
+    let (st, v) = stop_workload(app, &s.member, &id).await;
     assert_eq!(st, 200, "{v}");
     let stopped = wait_workload(app, &s.member, &id, "stopped", 30).await;
     assert!(
@@ -752,13 +771,11 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
     let name = format!("job-{}", format!("{db:?}").to_lowercase());
     let s = setup(db, &name).await;
     let app = &s.a.app;
-    let (st, v) = call_with_token(
+    let (st, v) = job_on(
         app,
         &s.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": s.alloc, "command":
-            "echo one; echo \"devices=$CUDA_VISIBLE_DEVICES\"; sleep 2; echo two; exit 3"})),
+        &s.alloc,
+        "echo one; echo \"devices=$CUDA_VISIBLE_DEVICES\"; sleep 2; echo two; exit 3",
     )
     .await;
     assert_eq!(st, 201, "{v}");
@@ -767,14 +784,7 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut log = Value::Null;
     while Instant::now() < deadline {
-        let (_, l) = call_with_token(
-            app,
-            &s.member,
-            Method::GET,
-            &format!("/api/v1/workloads/{id}/logs?from=0"),
-            None,
-        )
-        .await;
+        let (_, l) = logs_from(app, &s.member, &id, 0).await;
         if l["text"].as_str().unwrap_or("").contains("one") {
             log = l;
             break;
@@ -789,28 +799,14 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
         "{first}"
     );
     assert_eq!(failed["exit_code"], 3, "{failed}");
-    let (_, all) = call_with_token(
-        app,
-        &s.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}/logs?from=0"),
-        None,
-    )
-    .await;
+    let (_, all) = logs_from(app, &s.member, &id, 0).await;
     let text = all["text"].as_str().expect("text");
     assert!(text.contains("one\n") && text.contains("two\n"), "{all}");
     assert!(text.contains("devices=MIG-"), "{all}");
     assert_eq!(all["complete"], true, "{all}");
     // Following from `next` returns nothing new.
     let next = all["next"].as_u64().expect("next");
-    let (_, more) = call_with_token(
-        app,
-        &s.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}/logs?from={next}"),
-        None,
-    )
-    .await;
+    let (_, more) = logs_from(app, &s.member, &id, next).await;
     assert_eq!(more["text"], "", "{more}");
     // A resent log piece is stored once.
     let store = tessera_core::store::Store::connect(&app.database_url)
@@ -823,24 +819,16 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
         .expect("append");
     assert_eq!(again, next);
     // Another team's member cannot see it.
-    let (st, _) = call_with_token(
-        app,
-        &s.other,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}/logs"),
-        None,
-    )
-    .await;
+    let (st, _) = get_as(app, &s.other, &format!("/api/v1/workloads/{id}/logs")).await;
     assert_eq!(st, 404);
 
     // Cancel kills a running job's whole process group.
     let marker = format!("sleep 3{}", 100 + u32::from(matches!(db, Db::Postgres)));
-    let (st, v) = call_with_token(
+    let (st, v) = job_on(
         app,
         &s.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": s.alloc, "command": format!("{marker} & {marker}; wait")})),
+        &s.alloc,
+        &format!("{marker} & {marker}; wait"),
     )
     .await;
     assert_eq!(st, 201, "{v}");
@@ -854,14 +842,7 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
         processes_with(&marker).len() >= 2,
         "the job's sleeps are not running"
     );
-    let (st, _) = call_with_token(
-        app,
-        &s.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{id}/stop"),
-        None,
-    )
-    .await;
+    let (st, _) = stop_workload(app, &s.member, &id).await;
     assert_eq!(st, 200);
     wait_workload(app, &s.member, &id, "cancelled", 30).await;
     wait_no_process(&marker).await;
@@ -949,15 +930,7 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
         )
         .await
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v = get(app, &s.member, &id).await;
-        if v["activity"]["kernel_busy"] == true {
-            break;
-        }
-        assert!(Instant::now() < deadline, "kernel never reported busy: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_kernel_busy(app, &s.member, &id, true).await;
     // The same services over the same database, with a clock 2 hours ahead.
     let services = app.side_services().await;
     let later = chrono::Utc::now() + chrono::Duration::hours(2);
@@ -965,15 +938,7 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     assert_eq!(r.reclaimed_idle, 0, "a busy kernel was reclaimed");
     assert_eq!(busy.await.expect("kernel"), "7");
     // Idle now: the kernel is quiet, the GPU has no telemetry. Two hours on, it goes.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v = get(app, &s.member, &id).await;
-        if v["activity"]["kernel_busy"] == false {
-            break;
-        }
-        assert!(Instant::now() < deadline, "kernel stayed busy: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_kernel_busy(app, &s.member, &id, false).await;
     // Within the warning window (stopped 60 min after it went idle, warned from 50):
     // its owner is told when it will stop, once however often the pass looks.
     let warn_at = chrono::Utc::now() + chrono::Duration::minutes(55);
@@ -1025,25 +990,11 @@ async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
          t caps sh -c 'ls /dev/nvidia-caps | wc -l'; \
          t gpus sh -c 'ls /dev | grep -c \"^nvidia[0-9]\"'"
     );
-    let (st, v) = call_with_token(
-        app,
-        &s.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": s.alloc, "command": script})),
-    )
-    .await;
+    let (st, v) = job_on(app, &s.member, &s.alloc, &script).await;
     assert_eq!(st, 201, "{v}");
     let id = v["id"].as_str().expect("id").to_owned();
     let done = wait_workload(app, &s.member, &id, "succeeded", 60).await;
-    let (_, all) = call_with_token(
-        app,
-        &s.member,
-        Method::GET,
-        &format!("/api/v1/workloads/{id}/logs?from=0"),
-        None,
-    )
-    .await;
+    let (_, all) = logs_from(app, &s.member, &id, 0).await;
     let text = all["text"].as_str().expect("text");
     let line = |case: &str| {
         text.lines()
@@ -1082,14 +1033,7 @@ async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
 
     // Even with the node's credential, a report cannot carry a malformed log piece for a
     // workload the node runs.
-    let (st, v) = call_with_token(
-        app,
-        &s.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"allocation_id": s.alloc, "command": "sleep 60"})),
-    )
-    .await;
+    let (st, v) = job_on(app, &s.member, &s.alloc, "sleep 60").await;
     assert_eq!(st, 201, "{v}");
     let sleeper = v["id"].as_str().expect("id").to_owned();
     wait_workload(app, &s.member, &sleeper, "running", 30).await;
@@ -1111,14 +1055,7 @@ async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
         .await
         .expect("send");
     assert_eq!(r.status(), 422);
-    let (st, _) = call_with_token(
-        app,
-        &s.member,
-        Method::POST,
-        &format!("/api/v1/workloads/{sleeper}/stop"),
-        None,
-    )
-    .await;
+    let (st, _) = stop_workload(app, &s.member, &sleeper).await;
     assert_eq!(st, 200);
     wait_workload(app, &s.member, &sleeper, "cancelled", 30).await;
     s.agent.stop().await;
