@@ -80,19 +80,20 @@ pub(crate) fn install_into(venv: &Path, spec: &str, name: &str) -> Result<()> {
     }
     step(
         &format!("pip install {spec} (into {})", venv.display()),
-        Command::new(venv.join("bin/python")).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            spec,
-        ]),
+        &mut pip_install(venv.join("bin/python"), spec),
     )?;
     step(
         &format!("make the {name} environment readable by the workload sandbox"),
         Command::new("chmod").arg("-R").arg("a+rX").arg(venv),
     )
+}
+
+/// `python -m pip install` of `spec`, quietly.
+pub(crate) fn pip_install(python: impl AsRef<std::ffi::OsStr>, spec: &str) -> Command {
+    let mut pip = Command::new(python);
+    let quiet = ["--quiet", "--disable-pip-version-check"];
+    pip.args(["-m", "pip", "install"]).args(quiet).arg(spec);
+    pip
 }
 
 fn python_works(venv: &Path) -> bool {

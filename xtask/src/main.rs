@@ -947,14 +947,7 @@ fn pip_install(module: &str, spec: &str) -> Result<()> {
     }
     step(
         &format!("pip install {spec}"),
-        Command::new("python3").args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            spec,
-        ]),
+        &mut jupyter::pip_install("python3", spec),
     )
 }
 

@@ -8,7 +8,7 @@ use crate::auth::secret;
 use crate::clock::Clock;
 use crate::services::audit::Entry;
 use crate::store::{
-    DesiredRow, DesiredWithStatus, DrainRow, HealthRow, HeldShareRow, JoinTokenRow, NodeRow,
+    Beat, DesiredRow, DesiredWithStatus, DrainRow, HealthRow, HeldShareRow, JoinTokenRow, NodeRow,
     ReplicaRow, Store,
 };
 use chrono::{DateTime, Duration, Utc};
@@ -305,17 +305,17 @@ impl Nodes {
             .copied();
         // The same inventory as this process last stored: only the beat is written, and
         // only while the stored version is still the one that inventory got.
+        let beat = Beat {
+            id: node.id,
+            at: now,
+            agent_version: &hb.agent_version,
+            manages_mig: hb.manages_mig,
+            workload_sandbox: hb.workload_sandbox,
+        };
         let unchanged = match known {
             Some((h, version)) if h == hash => self
                 .store
-                .record_heartbeat_unchanged(
-                    node.id,
-                    now,
-                    &hb.agent_version,
-                    hb.manages_mig,
-                    hb.workload_sandbox,
-                    version,
-                )
+                .record_heartbeat_unchanged(&beat, version)
                 .await
                 .map_err(internal("recording heartbeat"))?,
             _ => false,
@@ -323,14 +323,7 @@ impl Nodes {
         if !unchanged {
             let version = self
                 .store
-                .record_heartbeat(
-                    node.id,
-                    now,
-                    &hb.agent_version,
-                    hb.manages_mig,
-                    hb.workload_sandbox,
-                    &inventory,
-                )
+                .record_heartbeat(&beat, &inventory)
                 .await
                 .map_err(internal("recording heartbeat"))?;
             let mut stored = self

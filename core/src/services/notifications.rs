@@ -8,7 +8,7 @@ use super::internal;
 use crate::at_rest::DataKeys;
 use crate::auth::Principal;
 use crate::clock::Clock;
-use crate::store::{NewDelivery, NewEvent, OutboxRow, Recipient, Store, WebhookRow};
+use crate::store::{Deliveries, NewDelivery, NewEvent, OutboxRow, Recipient, Store, WebhookRow};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -711,8 +711,9 @@ impl Notifications {
         Ok(told)
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// The delivery queue, for the delivery worker.
+    pub fn deliveries(&self) -> Deliveries {
+        Deliveries::new(self.store.clone())
     }
 
     /// Posts a `webhook.test` event to a team's hook now, with `sender` (the server's

@@ -37,10 +37,10 @@ pub use leader::{Coordination, Lease, NodeListener, ReplicaRow, WakeListener, sq
 pub use node_state::{
     ApplyStatusRow, DesiredRow, DesiredWithStatus, HeldShareRow, NodeLatestSampleRow, SampleRow,
 };
-pub use nodes::NodeRow;
+pub use nodes::{Beat, NodeRow};
 pub use outbox::{
-    DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow, Recipient,
-    WebhookRow,
+    Deliveries, DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow,
+    Recipient, WebhookRow,
 };
 pub use spares::SpareRow;
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};

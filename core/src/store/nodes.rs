@@ -30,6 +30,16 @@ const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at,
                     last_heartbeat_at, agent_version, manages_mig, inventory, revoked_at, \
                     workload_sandbox, node_group";
 
+/// One heartbeat of a node: when, and what its agent said of itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Beat<'a> {
+    pub id: Uuid,
+    pub at: DateTime<Utc>,
+    pub agent_version: &'a str,
+    pub manages_mig: bool,
+    pub workload_sandbox: bool,
+}
+
 impl Store {
     pub async fn insert_node(&self, r: &NodeRow) -> Result<(), StoreError> {
         let sql =
@@ -124,11 +134,7 @@ impl Store {
     /// node is unknown or revoked.
     pub async fn record_heartbeat(
         &self,
-        id: Uuid,
-        at: DateTime<Utc>,
-        agent_version: &str,
-        manages_mig: bool,
-        workload_sandbox: bool,
+        beat: &Beat<'_>,
         inventory: &str,
     ) -> Result<Option<i64>, StoreError> {
         db!(self, pool => sqlx::query_scalar::<_, i64>(
@@ -136,8 +142,8 @@ impl Store {
              inventory = $4, workload_sandbox = $6, \
              inventory_version = inventory_version + CASE WHEN inventory = $4 THEN 0 ELSE 1 END \
              WHERE id = $5 AND revoked_at IS NULL RETURNING inventory_version")
-            .bind(at).bind(agent_version).bind(manages_mig).bind(inventory).bind(id)
-            .bind(workload_sandbox)
+            .bind(beat.at).bind(beat.agent_version).bind(beat.manages_mig).bind(inventory)
+            .bind(beat.id).bind(beat.workload_sandbox)
             .fetch_optional(pool).await)
     }
 
@@ -147,19 +153,15 @@ impl Store {
     /// the caller then records it with [`Store::record_heartbeat`].
     pub async fn record_heartbeat_unchanged(
         &self,
-        id: Uuid,
-        at: DateTime<Utc>,
-        agent_version: &str,
-        manages_mig: bool,
-        workload_sandbox: bool,
+        beat: &Beat<'_>,
         inventory_version: i64,
     ) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE nodes SET last_heartbeat_at = $1, agent_version = $2, manages_mig = $3, \
              workload_sandbox = $4 \
              WHERE id = $5 AND revoked_at IS NULL AND inventory_version = $6")
-            .bind(at).bind(agent_version).bind(manages_mig).bind(workload_sandbox).bind(id)
-            .bind(inventory_version)
+            .bind(beat.at).bind(beat.agent_version).bind(beat.manages_mig)
+            .bind(beat.workload_sandbox).bind(beat.id).bind(inventory_version)
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }

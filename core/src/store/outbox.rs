@@ -370,103 +370,6 @@ impl Store {
         from_driver(r)
     }
 
-    /// Due immediate deliveries (`email`, `webhook`), oldest first: candidates for
-    /// [`Store::claim_delivery`].
-    pub async fn due_deliveries(
-        &self,
-        now: DateTime<Utc>,
-        limit: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
-        let sql = format!(
-            "SELECT {DELIVERY_COLS}, {EVENT_COLS} FROM notification_deliveries d \
-             JOIN outbox_events e ON e.id = d.event_id \
-             WHERE d.state = 'pending' AND d.channel IN ('email', 'webhook') \
-             AND d.next_try_at <= $1 ORDER BY d.next_try_at, d.id LIMIT $2"
-        );
-        db!(self, pool => sqlx::query_as::<_, DeliveryRow>(&sql).bind(now).bind(limit).fetch_all(pool).await)
-    }
-
-    /// Takes a pending delivery for sending under `claim`; `false` if another worker took
-    /// it (or it was sent) meanwhile.
-    pub async fn claim_delivery(
-        &self,
-        id: Uuid,
-        claim: Uuid,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let sql = "UPDATE notification_deliveries SET state = 'sending', claimed_by = $2, \
-                   claimed_at = $3, attempts = attempts + 1 WHERE id = $1 AND state = 'pending'";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(claim).bind(now).execute(pool).await
-            .map(|r| r.rows_affected() == 1))
-    }
-
-    /// Gives back deliveries a worker took before `before` under another claim and never
-    /// finished (its process died between taking and recording): they are due again.
-    pub async fn reclaim_stale_deliveries(
-        &self,
-        mine: Uuid,
-        before: DateTime<Utc>,
-    ) -> Result<u64, StoreError> {
-        let sql = "UPDATE notification_deliveries SET state = 'pending', claimed_by = NULL \
-                   WHERE state = 'sending' AND claimed_by <> $1 AND claimed_at < $2";
-        db!(self, pool => sqlx::query(sql).bind(mine).bind(before).execute(pool).await
-            .map(|r| r.rows_affected()))
-    }
-
-    /// Records a delivery sent (only under the claim that took it).
-    pub async fn delivery_sent(
-        &self,
-        id: Uuid,
-        claim: Uuid,
-        status: Option<i64>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let sql = "UPDATE notification_deliveries SET state = 'sent', sent_at = $3, \
-                   last_status = $4, last_error = NULL WHERE id = $1 AND state = 'sending' \
-                   AND claimed_by = $2";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(claim).bind(now).bind(status)
-            .execute(pool).await.map(|r| r.rows_affected() == 1))
-    }
-
-    /// Records a failed try: due again at `retry_at`, or given up (`None`).
-    pub async fn delivery_failed(
-        &self,
-        id: Uuid,
-        claim: Uuid,
-        (status, error): (Option<i64>, &str),
-        retry_at: Option<DateTime<Utc>>,
-    ) -> Result<bool, StoreError> {
-        let sql = "UPDATE notification_deliveries SET \
-                   state = CASE WHEN $3 THEN 'pending' ELSE 'failed' END, \
-                   next_try_at = COALESCE($4, next_try_at), last_status = $5, last_error = $6, \
-                   claimed_by = NULL WHERE id = $1 AND state = 'sending' AND claimed_by = $2";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(claim).bind(retry_at.is_some())
-            .bind(retry_at).bind(status).bind(error).execute(pool).await
-            .map(|r| r.rows_affected() == 1))
-    }
-
-    /// Takes every due digest delivery under `claim` (one statement) and returns them with
-    /// their events, by recipient then time.
-    pub async fn claim_digests(
-        &self,
-        claim: Uuid,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
-        let take = "UPDATE notification_deliveries SET state = 'sending', claimed_by = $1, \
-                    claimed_at = $2, attempts = attempts + 1 \
-                    WHERE channel = 'digest' AND state = 'pending' AND next_try_at <= $2";
-        let read = format!(
-            "SELECT {DELIVERY_COLS}, {EVENT_COLS} FROM notification_deliveries d \
-             JOIN outbox_events e ON e.id = d.event_id \
-             WHERE d.claimed_by = $1 AND d.state = 'sending' \
-             ORDER BY d.recipient, e.created_at, e.id"
-        );
-        db!(self, pool => {
-            sqlx::query(take).bind(claim).bind(now).execute(pool).await?;
-            sqlx::query_as::<_, DeliveryRow>(&read).bind(claim).fetch_all(pool).await
-        })
-    }
-
     /// An event's delivery on `channel` to `recipient`.
     pub async fn delivery_by_event(
         &self,
@@ -653,27 +556,6 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team).fetch_all(pool).await)
     }
 
-    /// Records a webhook delivery's outcome on the hook; a failure that makes
-    /// `disable_after` in a row turns it off. Returns whether this turned it off.
-    pub async fn webhook_result(
-        &self,
-        id: Uuid,
-        ok: bool,
-        (status, error): (Option<i64>, Option<&str>),
-        disable_after: i64,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let sql = "UPDATE team_webhooks SET \
-                   consecutive_failures = CASE WHEN $2 THEN 0 ELSE consecutive_failures + 1 END, \
-                   enabled = enabled AND ($2 OR consecutive_failures + 1 < $5), \
-                   last_status = $3, last_error = $4, last_delivery_at = $6 \
-                   WHERE id = $1 RETURNING enabled";
-        let before = self.webhook(id).await?.is_some_and(|w| w.enabled);
-        let after: Option<bool> = db!(self, pool => sqlx::query_scalar(sql).bind(id).bind(ok)
-            .bind(status).bind(error).bind(disable_after).bind(now).fetch_optional(pool).await)?;
-        Ok(before && after == Some(false))
-    }
-
     /// A webhook's latest deliveries, newest first.
     pub async fn webhook_deliveries(
         &self,
@@ -712,6 +594,154 @@ impl Store {
                    WHERE state = 'active' AND active_at IS NOT NULL AND ends_at > $1 \
                    AND ends_at <= $2";
         db!(self, pool => sqlx::query_as::<_, EndingAllocation>(sql).bind(now).bind(until).fetch_all(pool).await)
+    }
+}
+
+/// The outbox's delivery queue as the delivery worker (in the server) works it: what is due,
+/// taking a delivery, its outcome, digests, a webhook's result, and whom to send to. The
+/// worker holds this, not the store.
+#[derive(Clone)]
+pub struct Deliveries(Store);
+
+impl Deliveries {
+    pub fn new(store: Store) -> Self {
+        Deliveries(store)
+    }
+
+    /// Due immediate deliveries (`email`, `webhook`), oldest first: candidates for
+    /// [`Store::claim_delivery`].
+    pub async fn due_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLS}, {EVENT_COLS} FROM notification_deliveries d \
+             JOIN outbox_events e ON e.id = d.event_id \
+             WHERE d.state = 'pending' AND d.channel IN ('email', 'webhook') \
+             AND d.next_try_at <= $1 ORDER BY d.next_try_at, d.id LIMIT $2"
+        );
+        db!(&self.0, pool => sqlx::query_as::<_, DeliveryRow>(&sql).bind(now).bind(limit).fetch_all(pool).await)
+    }
+
+    /// Takes a pending delivery for sending under `claim`; `false` if another worker took
+    /// it (or it was sent) meanwhile.
+    pub async fn claim_delivery(
+        &self,
+        id: Uuid,
+        claim: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE notification_deliveries SET state = 'sending', claimed_by = $2, \
+                   claimed_at = $3, attempts = attempts + 1 WHERE id = $1 AND state = 'pending'";
+        db!(&self.0, pool => sqlx::query(sql).bind(id).bind(claim).bind(now).execute(pool).await
+            .map(|r| r.rows_affected() == 1))
+    }
+
+    /// Gives back deliveries a worker took before `before` under another claim and never
+    /// finished (its process died between taking and recording): they are due again.
+    pub async fn reclaim_stale_deliveries(
+        &self,
+        mine: Uuid,
+        before: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let sql = "UPDATE notification_deliveries SET state = 'pending', claimed_by = NULL \
+                   WHERE state = 'sending' AND claimed_by <> $1 AND claimed_at < $2";
+        db!(&self.0, pool => sqlx::query(sql).bind(mine).bind(before).execute(pool).await
+            .map(|r| r.rows_affected()))
+    }
+
+    /// Records a delivery sent (only under the claim that took it).
+    pub async fn delivery_sent(
+        &self,
+        id: Uuid,
+        claim: Uuid,
+        status: Option<i64>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE notification_deliveries SET state = 'sent', sent_at = $3, \
+                   last_status = $4, last_error = NULL WHERE id = $1 AND state = 'sending' \
+                   AND claimed_by = $2";
+        db!(&self.0, pool => sqlx::query(sql).bind(id).bind(claim).bind(now).bind(status)
+            .execute(pool).await.map(|r| r.rows_affected() == 1))
+    }
+
+    /// Records a failed try: due again at `retry_at`, or given up (`None`).
+    pub async fn delivery_failed(
+        &self,
+        id: Uuid,
+        claim: Uuid,
+        (status, error): (Option<i64>, &str),
+        retry_at: Option<DateTime<Utc>>,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE notification_deliveries SET \
+                   state = CASE WHEN $3 THEN 'pending' ELSE 'failed' END, \
+                   next_try_at = COALESCE($4, next_try_at), last_status = $5, last_error = $6, \
+                   claimed_by = NULL WHERE id = $1 AND state = 'sending' AND claimed_by = $2";
+        db!(&self.0, pool => sqlx::query(sql).bind(id).bind(claim).bind(retry_at.is_some())
+            .bind(retry_at).bind(status).bind(error).execute(pool).await
+            .map(|r| r.rows_affected() == 1))
+    }
+
+    /// Takes every due digest delivery under `claim` (one statement) and returns them with
+    /// their events, by recipient then time.
+    pub async fn claim_digests(
+        &self,
+        claim: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let take = "UPDATE notification_deliveries SET state = 'sending', claimed_by = $1, \
+                    claimed_at = $2, attempts = attempts + 1 \
+                    WHERE channel = 'digest' AND state = 'pending' AND next_try_at <= $2";
+        let read = format!(
+            "SELECT {DELIVERY_COLS}, {EVENT_COLS} FROM notification_deliveries d \
+             JOIN outbox_events e ON e.id = d.event_id \
+             WHERE d.claimed_by = $1 AND d.state = 'sending' \
+             ORDER BY d.recipient, e.created_at, e.id"
+        );
+        db!(&self.0, pool => {
+            sqlx::query(take).bind(claim).bind(now).execute(pool).await?;
+            sqlx::query_as::<_, DeliveryRow>(&read).bind(claim).fetch_all(pool).await
+        })
+    }
+
+    /// Records a webhook delivery's outcome on the hook; a failure that makes
+    /// `disable_after` in a row turns it off. Returns whether this turned it off.
+    pub async fn webhook_result(
+        &self,
+        id: Uuid,
+        ok: bool,
+        (status, error): (Option<i64>, Option<&str>),
+        disable_after: i64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE team_webhooks SET \
+                   consecutive_failures = CASE WHEN $2 THEN 0 ELSE consecutive_failures + 1 END, \
+                   enabled = enabled AND ($2 OR consecutive_failures + 1 < $5), \
+                   last_status = $3, last_error = $4, last_delivery_at = $6 \
+                   WHERE id = $1 RETURNING enabled";
+        let before = self.0.webhook(id).await?.is_some_and(|w| w.enabled);
+        let after: Option<bool> = db!(&self.0, pool => sqlx::query_scalar(sql).bind(id).bind(ok)
+            .bind(status).bind(error).bind(disable_after).bind(now).fetch_optional(pool).await)?;
+        Ok(before && after == Some(false))
+    }
+
+    /// A user's address, if they may be written to (see [`Store::recipient`]).
+    pub async fn recipient(&self, user: Uuid) -> Result<Option<Recipient>, StoreError> {
+        self.0.recipient(user).await
+    }
+
+    /// The webhook a delivery goes to.
+    pub async fn webhook(&self, id: Uuid) -> Result<Option<WebhookRow>, StoreError> {
+        self.0.webhook(id).await
+    }
+
+    /// Whom to tell that a team's hook (`Some(team)`) or a platform hook was turned off.
+    pub async fn hook_admins(&self, team: Option<Uuid>) -> Result<Vec<Recipient>, StoreError> {
+        match team {
+            Some(team) => self.0.team_admin_recipients(team).await,
+            None => self.0.platform_admin_recipients().await,
+        }
     }
 }
 

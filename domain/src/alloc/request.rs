@@ -209,9 +209,7 @@ pub fn validate(
     // first in the form's order.
     check_size(
         &kind,
-        input.count,
-        input.nodes,
-        input.duration_minutes,
+        (input.count, input.nodes, input.duration_minutes),
         policy,
         catalog,
     )?;
@@ -284,9 +282,7 @@ pub fn validate_typed(
     let kind = input.kind.canonical(catalog)?;
     let size = check_size(
         &kind,
-        input.count,
-        input.nodes,
-        input.duration_minutes,
+        (input.count, input.nodes, input.duration_minutes),
         policy,
         catalog,
     )?;
@@ -322,9 +318,7 @@ struct Size {
 /// the policy's default duration when none is asked.
 fn check_size(
     kind: &GpuKind,
-    count: u32,
-    nodes: Option<u32>,
-    duration_minutes: Option<u32>,
+    (count, nodes, duration_minutes): (u32, Option<u32>, Option<u32>),
     policy: &AllocPolicy,
     catalog: &Catalog,
 ) -> Result<Size, AppError> {

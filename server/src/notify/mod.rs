@@ -143,7 +143,8 @@ impl Notifier {
                 0
             }
         };
-        let store = n.store();
+        let deliveries = n.deliveries();
+        let store = &deliveries;
         match store
             .reclaim_stale_deliveries(self.claim, now - self.stale_claim)
             .await
@@ -192,7 +193,7 @@ impl Notifier {
             "webhook" => self.webhook_one(d).await,
             other => Err((None, format!("unknown channel {other}"))),
         };
-        let store = self.services.notifications.store();
+        let store = self.services.notifications.deliveries();
         let now = Utc::now();
         let recorded = match result {
             Ok(status) => store.delivery_sent(d.id, self.claim, status, now).await,
@@ -248,7 +249,13 @@ impl Notifier {
     }
 
     async fn address_of(&self, user: Uuid) -> Result<String, (Option<i64>, String)> {
-        match self.services.notifications.store().recipient(user).await {
+        match self
+            .services
+            .notifications
+            .deliveries()
+            .recipient(user)
+            .await
+        {
             Ok(Some(r)) if !r.email_verified => {
                 Err((None, "the user's address is not verified".into()))
             }
@@ -263,7 +270,7 @@ impl Notifier {
 
     async fn webhook_one(&self, d: &DeliveryRow) -> Result<Option<i64>, (Option<i64>, String)> {
         let n = &self.services.notifications;
-        let hook = match n.store().webhook(d.recipient).await {
+        let hook = match n.deliveries().webhook(d.recipient).await {
             Ok(Some(h)) if h.enabled => h,
             Ok(Some(_)) => return Err((None, "the webhook is disabled".into())),
             Ok(None) => return Err((None, "the webhook was removed".into())),
@@ -285,7 +292,7 @@ impl Notifier {
             Err((s, e)) => (false, *s, Some(e.as_str())),
         };
         match n
-            .store()
+            .deliveries()
             .webhook_result(
                 hook.id,
                 ok,
@@ -311,11 +318,8 @@ impl Notifier {
     /// outbox: a note about the notification system itself).
     async fn tell_disabled(&self, hook: &tessera_core::store::WebhookRow) {
         let Some(mailer) = &self.mailer else { return };
-        let store = self.services.notifications.store();
-        let admins = match hook.team_id {
-            Some(team) => store.team_admin_recipients(team).await,
-            None => store.platform_admin_recipients().await,
-        };
+        let store = self.services.notifications.deliveries();
+        let admins = store.hook_admins(hook.team_id).await;
         let Ok(admins) = admins else {
             return;
         };
@@ -331,7 +335,7 @@ impl Notifier {
 
     /// Sends every due digest: one mail per user with all their collected events.
     pub async fn digests(&self, now: DateTime<Utc>) -> usize {
-        let store = self.services.notifications.store();
+        let store = self.services.notifications.deliveries();
         let taken = match store.claim_digests(self.claim, now).await {
             Ok(t) => t,
             Err(e) => {

@@ -8,6 +8,7 @@ use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, mint_tok
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::Duration;
+use tessera_core::store::Beat;
 
 pub(crate) const PW: &str = "allocation-password-1";
 
@@ -560,11 +561,13 @@ async fn a_destroyed_mig_instance_fails_its_allocation(db: Db) {
     }
     store
         .record_heartbeat(
-            node,
-            chrono::Utc::now(),
-            &row.agent_version,
-            row.manages_mig,
-            row.workload_sandbox,
+            &Beat {
+                id: node,
+                at: chrono::Utc::now(),
+                agent_version: &row.agent_version,
+                manages_mig: row.manages_mig,
+                workload_sandbox: row.workload_sandbox,
+            },
             &serde_json::to_string(&inv).expect("json"),
         )
         .await

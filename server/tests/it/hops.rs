@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use tessera_core::store::Beat;
 
 on_both_databases!(
     a_slice_and_its_job_start_with_every_timer_at_an_hour,
@@ -297,7 +298,16 @@ async fn heartbeats_rewrite_the_inventory_only_when_it_changed(db: Db) {
     // Someone else changed the stored inventory (another replica took a heartbeat of
     // another state): the same inventory as before is written again, not skipped.
     store
-        .record_heartbeat(node, Utc::now(), "test", true, true, r#"{"gpus":[]}"#)
+        .record_heartbeat(
+            &Beat {
+                id: node,
+                at: Utc::now(),
+                agent_version: "test",
+                manages_mig: true,
+                workload_sandbox: true,
+            },
+            r#"{"gpus":[]}"#,
+        )
         .await
         .expect("write");
     assert_eq!(heartbeat(app, &cred, "GPU-b1").await.status(), 204);

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tessera_core::store::Deliveries;
 use tessera_server::config::{Secret, ServeConfig};
 use tessera_server::notify::Notifier;
 
@@ -778,13 +779,13 @@ async fn each_delivery_is_sent_once_across_a_leader_change(db: Db) {
         .expect("load")
         .expect("a webhook delivery");
     assert!(
-        store
+        Deliveries::new(store.clone())
             .claim_delivery(d.id, dead, long_ago)
             .await
             .expect("claim"),
         "the dead leader took it"
     );
-    let again = store
+    let again = Deliveries::new(store.clone())
         .claim_delivery(d.id, uuid::Uuid::new_v4(), long_ago)
         .await
         .expect("claim");
@@ -1200,7 +1201,7 @@ async fn the_team_page_tests_switches_and_logs_a_webhook(db: Db) {
     let (s, v) = fn_call("set_team_webhook_enabled", &[("enabled", "true")]).await;
     assert_eq!((s, &v["enabled"]), (200, &json!(true)), "{v}");
     for _ in 0..10 {
-        store
+        Deliveries::new(store.clone())
             .webhook_result(
                 uuid::Uuid::parse_str(&hook).expect("uuid"),
                 false,

@@ -272,10 +272,11 @@ impl Allocations {
             )
         };
         let pricer = self.pricer(now).await?;
+        let pricer = pricer.as_ref();
         let ask = Ask {
             units: valid.units(),
             high: valid.priority() == PriorityClass::High,
-            cost: pricer.as_ref().map_or(0, |pr| {
+            cost: pricer.map_or(0, |pr| {
                 pr.cost(
                     valid.kind(),
                     valid.devices(),
@@ -284,7 +285,7 @@ impl Allocations {
                 )
             }),
         };
-        let line = self.line(&row, pricer.as_ref(), now);
+        let line = self.line(&row, pricer, now);
         let what = Admit::Insert {
             row: &row,
             actor: p.username().as_str(),
@@ -292,12 +293,7 @@ impl Allocations {
         let outcome = self
             .store
             .admit(line, what, |s| {
-                alloc::check(
-                    &model,
-                    &standing(s, pricer.as_ref()),
-                    &ask,
-                    Authority::Request,
-                )
+                alloc::check(&model, &standing(s, pricer), &ask, Authority::Request)
             })
             .await
             .map_err(internal("admitting allocation"))?;
@@ -702,7 +698,8 @@ impl Allocations {
             };
             if done {
                 tracing::info!(allocation = %a.id, "ended: {note}");
-                self.audit_system(AuditAction::AllocationRelease, &a).await;
+                self.audit_change(None, AuditAction::AllocationRelease, &a)
+                    .await;
             }
         }
         Ok(())
@@ -763,7 +760,8 @@ impl Allocations {
         );
         let now = self.clock.now();
         let pricer = self.pricer(now).await?;
-        let line = self.line(&row.a, pricer.as_ref(), now);
+        let pricer = pricer.as_ref();
+        let line = self.line(&row.a, pricer, now);
         let what = Admit::Extend {
             id,
             old_end: end,
@@ -781,14 +779,9 @@ impl Allocations {
                 let ask = Ask {
                     units: 0,
                     high: false,
-                    cost: cost_of(a, i64::from(minutes) * 60_000, pricer.as_ref()),
+                    cost: cost_of(a, i64::from(minutes) * 60_000, pricer),
                 };
-                alloc::check(
-                    &a.model,
-                    &standing(s, pricer.as_ref()),
-                    &ask,
-                    Authority::Request,
-                )
+                alloc::check(&a.model, &standing(s, pricer), &ask, Authority::Request)
             })
             .await
             .map_err(internal("extending allocation"))?;
@@ -1200,16 +1193,8 @@ impl Allocations {
 
     /// An audit entry for `action` on `before` (the allocation as it was) by `p`.
     async fn audit(&self, p: &Principal, action: AuditAction, before: &AllocationRow) {
-        let actor = Some(p.username().as_str());
-        self.audit_as(
-            actor,
-            action,
-            before.id,
-            Some(before.team_id),
-            Some(before),
-            None,
-        )
-        .await;
+        self.audit_change(Some(p.username().as_str()), action, before)
+            .await;
     }
 
     /// The audit entry of a new request, `row`, by `actor` (`None`: the system's own, a
@@ -1220,17 +1205,11 @@ impl Allocations {
             .await;
     }
 
-    /// An audit entry for `action` on `before` (the allocation as it was) by the system.
-    async fn audit_system(&self, action: AuditAction, before: &AllocationRow) {
-        self.audit_as(
-            None,
-            action,
-            before.id,
-            Some(before.team_id),
-            Some(before),
-            None,
-        )
-        .await;
+    /// An audit entry for `action` on `before` (the allocation as it was) by `actor`
+    /// (`None`: the system).
+    async fn audit_change(&self, actor: Option<&str>, action: AuditAction, a: &AllocationRow) {
+        self.audit_as(actor, action, a.id, Some(a.team_id), Some(a), None)
+            .await;
     }
 
     /// An audit entry by `actor` (`None`: the scheduler).

@@ -256,7 +256,8 @@ impl Allocations {
                 {
                     tracing::warn!(allocation = %a.id, "{why}: allocation failed");
                     report.failed += 1;
-                    self.audit_system(AuditAction::AllocationFail, a).await;
+                    self.audit_change(None, AuditAction::AllocationFail, a)
+                        .await;
                 }
                 continue;
             }
@@ -321,7 +322,8 @@ impl Allocations {
                     .await?
                 {
                     report.expired += 1;
-                    self.audit_system(AuditAction::AllocationExpire, a).await;
+                    self.audit_change(None, AuditAction::AllocationExpire, a)
+                        .await;
                 }
             } else if a.preempt_at.is_some_and(|e| e <= now)
                 && live.changed()
@@ -336,7 +338,8 @@ impl Allocations {
                     .await?
             {
                 report.preempted += 1;
-                self.audit_system(AuditAction::AllocationPreempt, a).await;
+                self.audit_change(None, AuditAction::AllocationPreempt, a)
+                    .await;
             }
         }
         Ok(())
@@ -608,7 +611,8 @@ impl Allocations {
                     .await?
                 {
                     report.placed += 1;
-                    self.audit_system(AuditAction::AllocationPlace, a).await;
+                    self.audit_change(None, AuditAction::AllocationPlace, a)
+                        .await;
                     let since = a.starts_at.unwrap_or(a.created_at).max(a.created_at);
                     report
                         .placement_waits
