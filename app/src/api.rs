@@ -25,7 +25,7 @@ use tessera_domain::billing::{NewRate, SetBudget};
 use tessera_domain::cluster::{ClusterSummary, NodeTelemetry, NodeView, ServerReplicaView};
 use tessera_domain::error::AppError;
 #[cfg(feature = "ssr")]
-use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use tessera_domain::tenancy::{
     ApiTokenView, CreatedSecret, JoinTokenView, MemberView, Page, PageRequest, TeamView, UserView,
 };
@@ -942,7 +942,7 @@ pub async fn get_workload(id: String) -> Result<WorkloadView, UiError> {
 
 /// The allocation as the form sends it: a missing choice is the field's error, not a 404.
 #[cfg(feature = "ssr")]
-fn allocation_field(raw: &str) -> Result<uuid::Uuid, AppError> {
+fn allocation_field(raw: &str) -> Result<AllocationId, AppError> {
     if raw.trim().is_empty() {
         return Err(AppError::invalid(
             "allocation_id",
@@ -966,7 +966,7 @@ fn run_on(
     nodes: Option<String>,
 ) -> Result<
     (
-        Option<uuid::Uuid>,
+        Option<AllocationId>,
         Option<tessera_domain::alloc::NewAllocation>,
     ),
     AppError,
@@ -1348,7 +1348,9 @@ pub async fn team_webhooks(
     team_id: String,
 ) -> Result<Vec<tessera_domain::notify::WebhookView>, UiError> {
     ssr::call([], async |s, p| {
-        s.notifications.webhooks(p, ssr::id(&team_id)?).await
+        s.notifications
+            .webhooks(p, ssr::id::<TeamId>(&team_id)?)
+            .await
     })
     .await
 }
@@ -1367,7 +1369,7 @@ pub async fn add_team_webhook(
             enabled: true,
         };
         s.notifications
-            .create_webhook(p, ssr::id(&team_id)?, &input)
+            .create_webhook(p, ssr::id::<TeamId>(&team_id)?, &input)
             .await
     })
     .await
@@ -1378,7 +1380,7 @@ pub async fn add_team_webhook(
 pub async fn delete_team_webhook(team_id: String, id: String) -> Result<(), UiError> {
     ssr::call([], async |s, p| {
         s.notifications
-            .delete_webhook(p, ssr::id(&team_id)?, ssr::id(&id)?)
+            .delete_webhook(p, ssr::id::<TeamId>(&team_id)?, ssr::id::<uuid::Uuid>(&id)?)
             .await
     })
     .await
@@ -1392,7 +1394,7 @@ pub async fn team_webhook_deliveries(
 ) -> Result<Vec<tessera_domain::notify::DeliveryView>, UiError> {
     ssr::call([], async |s, p| {
         s.notifications
-            .webhook_deliveries(p, ssr::id(&team_id)?, ssr::id(&id)?)
+            .webhook_deliveries(p, ssr::id::<TeamId>(&team_id)?, ssr::id::<uuid::Uuid>(&id)?)
             .await
     })
     .await
@@ -1407,7 +1409,7 @@ pub async fn set_team_webhook_enabled(
     enabled: bool,
 ) -> Result<tessera_domain::notify::WebhookView, UiError> {
     ssr::call([], async |s, p| {
-        let (team, id) = (ssr::id(&team_id)?, ssr::id(&id)?);
+        let (team, id) = (ssr::id::<TeamId>(&team_id)?, ssr::id::<uuid::Uuid>(&id)?);
         let hook = s.notifications.webhook(p, team, id).await?;
         let input = tessera_domain::notify::WebhookInput {
             url: hook.url,
@@ -1434,7 +1436,12 @@ pub async fn test_team_webhook(
             AppError::Internal
         })?;
         s.notifications
-            .test_webhook(p, ssr::id(&team_id)?, ssr::id(&id)?, sender.as_ref())
+            .test_webhook(
+                p,
+                ssr::id::<TeamId>(&team_id)?,
+                ssr::id::<uuid::Uuid>(&id)?,
+                sender.as_ref(),
+            )
             .await
     })
     .await
@@ -1578,8 +1585,12 @@ mod ssr {
     use tessera_domain::error::AppError;
 
     /// Ids that do not parse name nothing that exists.
-    pub fn id(raw: &str) -> Result<uuid::Uuid, AppError> {
-        uuid::Uuid::parse_str(raw.trim()).map_err(|_| AppError::NotFound)
+    /// An id from a page's route or form, as the type the service wants (an unknown
+    /// id is a 404, whatever it names).
+    pub fn id<T: From<uuid::Uuid>>(raw: &str) -> Result<T, AppError> {
+        uuid::Uuid::parse_str(raw.trim())
+            .map(T::from)
+            .map_err(|_| AppError::NotFound)
     }
 
     pub fn number(raw: &str, field: &str) -> Result<u32, AppError> {

@@ -165,11 +165,8 @@ async fn seed(
     from: chrono::DateTime<Utc>,
     to: chrono::DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    let id = Uuid::new_v4();
-    let row = AllocationRow {
-        id,
-        ..AllocationRow::queued(team, user, &"H100-80GB:whole".parse()?, (1, 7), from)
-    };
+    let row = AllocationRow::queued(team, user, &"H100-80GB:whole".parse()?, (1, 7), from);
+    let id = row.id;
     store.insert_allocation(&row, "bench").await?;
     for (f, t, at) in [
         (AllocState::Queued, AllocState::Placing, from),

@@ -151,7 +151,7 @@ pub struct CspNonce(pub String);
 /// password since it was issued (as for sessions).
 pub async fn notebook_principal(
     services: &Services,
-    workload: uuid::Uuid,
+    workload: tessera_domain::ids::WorkloadId,
     pass: &str,
 ) -> Result<Option<Principal>, AppError> {
     let (user, issued) = match services.workloads.notebook_pass(workload, pass).await {

@@ -17,6 +17,7 @@ use tessera_core::auth::Principal;
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::{self, Rate, RateCard};
+use tessera_domain::ids::AllocationId;
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
 
@@ -51,8 +52,14 @@ async fn world(url: &str) -> (Store, Services, Principal, Uuid) {
     (store, services, p, team.id.0)
 }
 
-async fn write(store: &Store, team: Uuid, user: Uuid, origin: DateTime<Utc>, s: &Spec) -> Uuid {
-    let id = Uuid::new_v4();
+async fn write(
+    store: &Store,
+    team: Uuid,
+    user: Uuid,
+    origin: DateTime<Utc>,
+    s: &Spec,
+) -> AllocationId {
+    let id = AllocationId(Uuid::new_v4());
     let units = KINDS.iter().find(|k| k.0 == s.kind).expect("kind").1 * s.count;
     let start = origin + Duration::seconds(s.start);
     let row = AllocationRow {
@@ -254,7 +261,7 @@ async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
         panic!("a SQLite store")
     };
     sqlx::query("UPDATE allocations SET state = 'finished' WHERE id = $1")
-        .bind(id)
+        .bind(id.0)
         .execute(pool)
         .await
         .expect("update");

@@ -43,7 +43,7 @@
 
 use crate::alloc::{AllocState, GpuKind, PriorityClass};
 use crate::error::AppError;
-use crate::ids::TeamId;
+use crate::ids::{AllocationId, TeamId};
 use crate::mig::Catalog;
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, TimeZone, Timelike, Utc};
 use serde::{Deserialize, Serialize};
@@ -731,7 +731,7 @@ pub struct LedgerEntryView {
     pub amount_minor: i64,
     pub currency: String,
     pub entry_type: EntryType,
-    pub allocation_id: Uuid,
+    pub allocation_id: AllocationId,
     /// The hour charged.
     pub hour_start: DateTime<Utc>,
     pub posted_at: DateTime<Utc>,

@@ -9,6 +9,7 @@
 
 use crate::alloc::{self, AllocPolicy, GpuKind, NewAllocation, PriorityClass, ValidAllocation};
 use crate::error::AppError;
+use crate::ids::{AllocationId, TeamId};
 use crate::mig::Catalog;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -223,7 +224,7 @@ fn units_words(n: u32) -> String {
 /// A running allocation that a starting booking may take capacity from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Borrower {
-    pub id: Uuid,
+    pub id: AllocationId,
     pub units: u32,
     pub priority: PriorityClass,
     pub started_at: DateTime<Utc>,
@@ -232,7 +233,7 @@ pub struct Borrower {
 /// Which borrowers go so that `short` units are free for a booking: preemptible first,
 /// then normal, then high; the newest first within a class (it loses the least work).
 /// Empty when they cannot free enough together (nothing is preempted in vain).
-pub fn victims(short: u32, borrowers: &[Borrower]) -> Vec<Uuid> {
+pub fn victims(short: u32, borrowers: &[Borrower]) -> Vec<AllocationId> {
     if short == 0 {
         return Vec::new();
     }
@@ -266,7 +267,7 @@ pub struct BookingView {
     /// capacity is taken).
     pub id: Option<Uuid>,
     /// `None` for another team's booking (for a platform admin: always set).
-    pub team_id: Option<Uuid>,
+    pub team_id: Option<TeamId>,
     pub team_name: Option<String>,
     pub kind: String,
     pub model: String,
@@ -280,13 +281,13 @@ pub struct BookingView {
     /// Who booked it (own team's only).
     pub booked_by: Option<String>,
     /// The allocation that holds it once it starts.
-    pub allocation_id: Option<Uuid>,
+    pub allocation_id: Option<AllocationId>,
 }
 
 /// The state a booking is shown in at `now`.
 pub fn state_label(
     cancelled: bool,
-    allocation: Option<Uuid>,
+    allocation: Option<AllocationId>,
     ends_at: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> &'static str {
@@ -446,8 +447,9 @@ mod tests {
 
     #[test]
     fn victims_are_the_cheapest_to_lose_and_never_in_vain() {
+        let alloc = |n: u128| AllocationId(Uuid::from_u128(n));
         let b = |n: u128, units, priority, h| Borrower {
-            id: team(n),
+            id: alloc(n),
             units,
             priority,
             started_at: t(h),
@@ -458,17 +460,17 @@ mod tests {
             b(3, 7, PriorityClass::Normal, 3),
             b(4, 1, PriorityClass::Preemptible, 1),
         ];
-        assert_eq!(victims(0, &running), Vec::<Uuid>::new());
-        assert_eq!(victims(1, &running), vec![team(4)]);
+        assert_eq!(victims(0, &running), Vec::<AllocationId>::new());
+        assert_eq!(victims(1, &running), vec![alloc(4)]);
         // Newest normal after the preemptible one.
-        assert_eq!(victims(7, &running), vec![team(4), team(3)]);
-        assert_eq!(victims(15, &running), vec![team(4), team(3), team(2)]);
-        assert_eq!(victims(23, &running), Vec::<Uuid>::new());
+        assert_eq!(victims(7, &running), vec![alloc(4), alloc(3)]);
+        assert_eq!(victims(15, &running), vec![alloc(4), alloc(3), alloc(2)]);
+        assert_eq!(victims(23, &running), Vec::<AllocationId>::new());
     }
 
     #[test]
     fn states_follow_the_window() {
-        let id = Some(team(9));
+        let id = Some(AllocationId(Uuid::from_u128(9)));
         assert_eq!(state_label(false, None, t(12), t(9)), "booked");
         assert_eq!(state_label(false, id, t(12), t(10)), "started");
         assert_eq!(state_label(false, id, t(12), t(12)), "ended");

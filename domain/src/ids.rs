@@ -19,6 +19,18 @@ macro_rules! id_type {
             }
         }
 
+        impl From<Uuid> for $name {
+            fn from(id: Uuid) -> Self {
+                Self(id)
+            }
+        }
+
+        impl From<$name> for Uuid {
+            fn from(id: $name) -> Self {
+                id.0
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 self.0.fmt(f)
@@ -34,4 +46,16 @@ id_type!(
 id_type!(
     /// A team (the tenant unit).
     TeamId
+);
+id_type!(
+    /// An allocation: the GPUs, MIG slices or share one request holds.
+    AllocationId
+);
+id_type!(
+    /// A GPU server (node) the agent reports.
+    NodeId
+);
+id_type!(
+    /// A job or notebook.
+    WorkloadId
 );

@@ -25,7 +25,7 @@
 //! exists); a job is `running` once its process exists.
 
 use crate::error::AppError;
-use crate::ids::{TeamId, UserId};
+use crate::ids::{AllocationId, TeamId, UserId, WorkloadId};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
@@ -484,11 +484,11 @@ pub fn idle_decision(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkloadView {
-    pub id: Uuid,
+    pub id: WorkloadId,
     pub kind: WorkloadKind,
     /// The notebook's server name, or the job's name.
     pub name: String,
-    pub allocation_id: Uuid,
+    pub allocation_id: AllocationId,
     pub team_id: TeamId,
     pub team_name: String,
     pub user_id: UserId,
@@ -548,7 +548,7 @@ pub struct WorkloadView {
 pub struct RankView {
     pub rank: u32,
     /// The member's own workload id.
-    pub id: Uuid,
+    pub id: WorkloadId,
     pub state: WorkloadState,
     pub hostname: String,
     /// Its devices (MIG or GPU UUIDs).
@@ -673,17 +673,17 @@ pub fn notebook_base_path(username: &str, name: &str) -> String {
 /// The DNS label of a notebook's own origin: `nb-` and its workload id (35 characters, a
 /// valid label whatever the user and notebook are called). A relaunch is a new workload,
 /// so it gets a fresh origin: nothing a stopped notebook's pages stored carries over.
-pub fn notebook_host_label(workload: uuid::Uuid) -> String {
-    format!("nb-{}", workload.simple())
+pub fn notebook_host_label(workload: WorkloadId) -> String {
+    format!("nb-{}", workload.0.simple())
 }
 
 /// The workload a notebook origin's first DNS label names, if it is one.
-pub fn parse_notebook_host_label(label: &str) -> Option<uuid::Uuid> {
+pub fn parse_notebook_host_label(label: &str) -> Option<WorkloadId> {
     let hex = label.strip_prefix("nb-")?;
     if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    uuid::Uuid::try_parse(hex).ok()
+    uuid::Uuid::try_parse(hex).ok().map(WorkloadId)
 }
 
 /// Whether `path` (as the client sent it, still percent-encoded) stays inside the
@@ -796,7 +796,9 @@ mod tests {
 
     #[test]
     fn notebook_host_labels_round_trip() {
-        let id = uuid::Uuid::from_u128(0x0196_1f2e_3d4c_7b5a_8f69_0e1d_2c3b_4a59);
+        let id = WorkloadId(uuid::Uuid::from_u128(
+            0x0196_1f2e_3d4c_7b5a_8f69_0e1d_2c3b_4a59,
+        ));
         let label = super::notebook_host_label(id);
         assert!(label.len() <= 63, "{label}");
         assert_eq!(super::parse_notebook_host_label(&label), Some(id));

@@ -243,7 +243,7 @@ async fn main() {
         .await
         .expect("store");
     let row = store
-        .workload(uuid::Uuid::parse_str(&id).expect("uuid"))
+        .workload(tessera_domain::ids::WorkloadId::parse(&id).expect("uuid"))
         .await
         .expect("load")
         .expect("row");

@@ -8,6 +8,7 @@ pub use crate::settings::{Secret, parse_duration};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use tessera_domain::ids::WorkloadId;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -555,7 +556,7 @@ pub enum NotebookOrigins {
 
 impl NotebookOrigins {
     /// The origin (`scheme://host[:port]`) of a notebook, when notebooks have their own.
-    pub fn origin_of(&self, workload: uuid::Uuid) -> Option<String> {
+    pub fn origin_of(&self, workload: WorkloadId) -> Option<String> {
         let NotebookOrigins::Isolated {
             scheme,
             domain,
@@ -573,7 +574,7 @@ impl NotebookOrigins {
 
     /// What a request's `Host` names: `Some(Some(id))` a notebook's origin, `Some(None)`
     /// another name under the notebook domain (nothing is served there), `None` the portal.
-    pub fn classify(&self, host: &str) -> Option<Option<uuid::Uuid>> {
+    pub fn classify(&self, host: &str) -> Option<Option<WorkloadId>> {
         let NotebookOrigins::Isolated { domain, .. } = self else {
             return None;
         };
@@ -663,7 +664,7 @@ mod tests {
     fn notebooks_get_their_own_origin() {
         let addr: SocketAddr = "127.0.0.1:4321".parse().expect("addr");
         let mut c = ServeConfig::for_tests("sqlite::memory:");
-        let id = uuid::Uuid::now_v7();
+        let id = WorkloadId(uuid::Uuid::now_v7());
         let label = tessera_domain::workload::notebook_host_label(id);
         // Loopback: *.localhost on the same port, out of the box.
         let o = c.notebook_origins(addr);

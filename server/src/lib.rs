@@ -201,7 +201,9 @@ pub async fn run(
     let notebooks = config.notebook_origins(addr);
     match &notebooks {
         config::NotebookOrigins::Isolated { .. } => tracing::info!(
-            example = notebooks.origin_of(uuid::Uuid::nil()).unwrap_or_default(),
+            example = notebooks
+                .origin_of(tessera_domain::ids::WorkloadId(uuid::Uuid::nil()))
+                .unwrap_or_default(),
             "notebooks are served each on its own origin"
         ),
         config::NotebookOrigins::Unconfigured => tracing::warn!(

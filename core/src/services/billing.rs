@@ -26,7 +26,7 @@ use tessera_domain::billing::{
     RateView, SetBudget, Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
 };
 use tessera_domain::error::AppError;
-use tessera_domain::ids::TeamId;
+use tessera_domain::ids::{AllocationId, TeamId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::TelemetrySample;
@@ -198,7 +198,7 @@ impl Billing {
     ) -> Result<MeterReport, AppError> {
         let card = self.rate_card().await?;
         let mut report = MeterReport::default();
-        let mut after: Option<(DateTime<Utc>, Uuid)> = None;
+        let mut after: Option<(DateTime<Utc>, AllocationId)> = None;
         loop {
             let batch = self
                 .store
@@ -207,8 +207,9 @@ impl Billing {
                 .map_err(internal("loading allocations to meter"))?;
             let Some(last) = batch.last() else { break };
             after = Some((last.active_at.unwrap_or(now), last.id));
-            let ids: Vec<Uuid> = batch.iter().map(|a| a.id).collect();
-            let mut histories: HashMap<Uuid, Vec<(DateTime<Utc>, AllocState)>> = HashMap::new();
+            let ids: Vec<AllocationId> = batch.iter().map(|a| a.id).collect();
+            let mut histories: HashMap<AllocationId, Vec<(DateTime<Utc>, AllocState)>> =
+                HashMap::new();
             for (id, at, to) in self
                 .store
                 .histories(&ids)
@@ -217,7 +218,7 @@ impl Billing {
             {
                 histories.entry(id).or_default().push((at, to));
             }
-            let metered: HashSet<(Uuid, DateTime<Utc>)> = self
+            let metered: HashSet<(AllocationId, DateTime<Utc>)> = self
                 .store
                 .metered_hours(&ids)
                 .await
@@ -254,7 +255,7 @@ impl Billing {
         &self,
         a: &AllocationRow,
         history: &[(DateTime<Utc>, AllocState)],
-        metered: &HashSet<(Uuid, DateTime<Utc>)>,
+        metered: &HashSet<(AllocationId, DateTime<Utc>)>,
         card: &RateCard,
         now: DateTime<Utc>,
     ) -> Result<(Vec<MeterRow>, bool), AppError> {

@@ -59,6 +59,12 @@ impl From<Uuid> for HookScope {
     }
 }
 
+impl From<TeamId> for HookScope {
+    fn from(team: TeamId) -> Self {
+        HookScope::Team(team.0)
+    }
+}
+
 /// How long a verification link works.
 const VERIFICATION_VALID: Duration = Duration::hours(24);
 

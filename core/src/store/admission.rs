@@ -16,6 +16,7 @@ use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, live_states, on
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, Verdict};
 use tessera_domain::error::AppError;
+use tessera_domain::ids::AllocationId;
 use tessera_domain::notify::EventKind;
 use uuid::Uuid;
 
@@ -32,7 +33,7 @@ pub enum Admit<'a> {
     /// freed up). When the verdict says it must wait, it keeps waiting, for the approver
     /// and reason the verdict names.
     Waiting {
-        id: Uuid,
+        id: AllocationId,
         actor: Option<&'a str>,
         note: Option<&'a str>,
         /// Stored as the approval's reason when admitted.
@@ -40,7 +41,7 @@ pub enum Admit<'a> {
     },
     /// An active allocation's end moves from `old_end` to `new_end` (no more units).
     Extend {
-        id: Uuid,
+        id: AllocationId,
         old_end: DateTime<Utc>,
         new_end: DateTime<Utc>,
         actor: &'a str,
@@ -168,14 +169,14 @@ macro_rules! insert {
                     sqlx::query(
                         "UPDATE allocations SET over_limit = $2, over_budget = $3 WHERE id = $1",
                     )
-                    .bind(row.id)
+                    .bind(row.id.0)
                     .bind(over_limit)
                     .bind(over_budget)
                     .execute(&mut *$tx)
                     .await?;
                 }
                 sqlx::query(EVENT)
-                    .bind(row.id)
+                    .bind(row.id.0)
                     .bind(row.created_at)
                     .bind(None::<String>)
                     .bind(row.state.as_str())
@@ -232,7 +233,7 @@ impl Store {
                 Admit::Insert { .. } => None,
                 Admit::Waiting { id, .. } | Admit::Extend { id, .. } => {
                     let sql = format!("SELECT {COLS} FROM allocations a WHERE a.id = $1");
-                    let row = sqlx::query_as::<_, AllocationRow>(&sql).bind(*id)
+                    let row = sqlx::query_as::<_, AllocationRow>(&sql).bind(id.0)
                         .fetch_optional(&mut *tx).await?;
                     let expected = match &what {
                         Admit::Extend { old_end, .. } => row.as_ref().is_some_and(|r| {
@@ -309,7 +310,7 @@ impl Store {
                             let was = standing.allocation.as_ref().and_then(|r| r.approver);
                             let n = sqlx::query("UPDATE allocations SET approver = $2, approval_reason = $3 \
                                          WHERE id = $1 AND state = 'pending_approval'")
-                                .bind(*id).bind(by.as_str()).bind(&reason)
+                                .bind(id.0).bind(by.as_str()).bind(&reason)
                                 .execute(&mut *tx).await?.rows_affected();
                             if n == 1 && was != Some(by) {
                                 // It goes on to other approvers: tell them.
@@ -343,14 +344,14 @@ impl Store {
                                approval_reason = COALESCE($2, approval_reason), \
                                over_limit = $3, over_budget = $4 \
                                WHERE id = $1 AND state = 'pending_approval'";
-                    let n = sqlx::query(sql).bind(*id).bind(*approval_reason).bind(over_limit)
+                    let n = sqlx::query(sql).bind(id.0).bind(*approval_reason).bind(over_limit)
                         .bind(over_budget).execute(&mut *tx).await?.rows_affected();
                     let Some(row) = standing.allocation.as_ref().filter(|_| n == 1) else {
                         tx.rollback().await?;
                         return Ok(Admitted::Moved);
                     };
                     hold!(tx, row);
-                    sqlx::query(EVENT).bind(*id).bind(line.at).bind("pending_approval")
+                    sqlx::query(EVENT).bind(id.0).bind(line.at).bind("pending_approval")
                         .bind("queued").bind(*actor).bind(*note).execute(&mut *tx).await?;
                     super::outbox::request_event!(tx, *id, EventKind::RequestApproved, *note, None, line.at);
                 }
@@ -358,13 +359,13 @@ impl Store {
                     let sql = "UPDATE allocations SET ends_at = $2, \
                                over_budget = over_budget OR $4 WHERE id = $1 \
                                AND state = 'active' AND ends_at = $3 AND preempt_at IS NULL";
-                    let n = sqlx::query(sql).bind(*id).bind(*new_end).bind(*old_end)
+                    let n = sqlx::query(sql).bind(id.0).bind(*new_end).bind(*old_end)
                         .bind(over_budget).execute(&mut *tx).await?.rows_affected();
                     if n != 1 {
                         tx.rollback().await?;
                         return Ok(Admitted::Moved);
                     }
-                    sqlx::query(EVENT).bind(*id).bind(line.at).bind("active").bind("active")
+                    sqlx::query(EVENT).bind(id.0).bind(line.at).bind("active").bind("active")
                         .bind(*actor).bind(*note).execute(&mut *tx).await?;
                 }
             }

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
     AllocState, AllocatedDevice, Approver, GpuKind, PreemptCause, PriorityClass, ReleaseCause,
 };
+use tessera_domain::ids::AllocationId;
 use tessera_domain::image::CudaVersion;
 use uuid::Uuid;
 
@@ -29,7 +30,8 @@ pub struct QuotaRow {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AllocationRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: AllocationId,
     pub team_id: Uuid,
     pub user_id: Uuid,
     #[sqlx(try_from = "String")]
@@ -86,7 +88,7 @@ impl AllocationRow {
         created_at: DateTime<Utc>,
     ) -> AllocationRow {
         AllocationRow {
-            id: Uuid::new_v4(),
+            id: AllocationId(Uuid::new_v4()),
             team_id,
             user_id,
             kind: kind.clone(),
@@ -127,7 +129,14 @@ pub struct AllocationListRow {
 }
 
 /// (id, team, units, running, active_at, ends_at): [`Store::usage_since`].
-pub type Usage = (Uuid, Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>);
+pub type Usage = (
+    AllocationId,
+    Uuid,
+    i64,
+    bool,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+);
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EventRow {
@@ -166,7 +175,7 @@ pub struct Change {
 /// A transition: from which state to which, and what it does to the quota counters.
 #[derive(Debug, Clone)]
 pub struct Transition<'a> {
-    pub id: Uuid,
+    pub id: AllocationId,
     pub from: AllocState,
     pub to: AllocState,
     /// `+units` when the allocation starts holding quota, `-units` when it stops, 0 else.
@@ -181,7 +190,7 @@ impl<'a> Transition<'a> {
     /// A move of `id` from `from` to `to` at `at` that holds or frees no quota and names
     /// no actor.
     pub fn plain(
-        id: Uuid,
+        id: AllocationId,
         (from, to): (AllocState, AllocState),
         at: DateTime<Utc>,
         change: Change,
@@ -238,7 +247,7 @@ pub enum Inserted {
 
 macro_rules! bind_insert {
     ($q:expr, $r:expr) => {
-        $q.bind($r.id)
+        $q.bind($r.id.0)
             .bind($r.team_id)
             .bind($r.user_id)
             .bind($r.kind.to_string())
@@ -359,7 +368,7 @@ impl Store {
                 }
                 Err(e) => return Err(e.into()),
             }
-            sqlx::query(EVENT).bind(r.id).bind(r.created_at).bind(None::<String>).bind(r.state.as_str())
+            sqlx::query(EVENT).bind(r.id.0).bind(r.created_at).bind(None::<String>).bind(r.state.as_str())
                 .bind(actor).bind(None::<String>).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(Inserted::Stored)
@@ -387,7 +396,7 @@ impl Store {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let row: Option<(Uuid, String, Uuid, i64)> = sqlx::query_as(sql)
-                .bind(t.id).bind(t.from.as_str()).bind(t.to.as_str()).bind(c.active_at).bind(c.ends_at)
+                .bind(t.id.0).bind(t.from.as_str()).bind(t.to.as_str()).bind(c.active_at).bind(c.ends_at)
                 .bind(&c.devices).bind(c.release_cause.map(ReleaseCause::as_str)).bind(set_pending).bind(pending)
                 .bind(&c.approval_reason)
                 .fetch_optional(&mut *tx).await?;
@@ -405,7 +414,7 @@ impl Store {
                     tracing::error!(allocation = %t.id, "quota counters were already below this allocation's units");
                 }
             }
-            sqlx::query(EVENT).bind(t.id).bind(t.at).bind(t.from.as_str()).bind(t.to.as_str()).bind(t.actor)
+            sqlx::query(EVENT).bind(t.id.0).bind(t.at).bind(t.from.as_str()).bind(t.to.as_str()).bind(t.actor)
                 .bind(t.note).execute(&mut *tx).await?;
             if (t.from, t.to) == (AllocState::PendingApproval, AllocState::Denied) {
                 super::outbox::request_event!(tx, t.id,
@@ -423,11 +432,11 @@ impl Store {
     /// Why a queued allocation waits (the planner's words).
     pub async fn set_pending_reason(
         &self,
-        id: Uuid,
+        id: AllocationId,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET pending_reason = $2 WHERE id = $1 AND state = 'queued'";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(reason).execute(pool).await.map(|_| ()))
+        db!(self, pool => sqlx::query(sql).bind(id.0).bind(reason).execute(pool).await.map(|_| ()))
     }
 
     /// Sets (with its cause) or withdraws (`None`) an active allocation's preemption
@@ -437,7 +446,7 @@ impl Store {
     /// allocation and deadline: setting the same one again tells nobody).
     pub async fn set_preempt_at(
         &self,
-        id: Uuid,
+        id: AllocationId,
         at: Option<(DateTime<Utc>, PreemptCause)>,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
@@ -447,7 +456,7 @@ impl Store {
         let stored = cause.map(PreemptCause::as_str);
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(deadline).bind(stored)
+            let moved = sqlx::query(sql).bind(id.0).bind(deadline).bind(stored)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if let (true, Some(t), Some(cause)) = (moved, deadline, cause) {
                 super::outbox::allocation_event!(tx, id,
@@ -460,21 +469,24 @@ impl Store {
         })
     }
 
-    pub async fn allocation(&self, id: Uuid) -> Result<Option<AllocationListRow>, StoreError> {
+    pub async fn allocation(
+        &self,
+        id: AllocationId,
+    ) -> Result<Option<AllocationListRow>, StoreError> {
         let sql = format!(
             "SELECT {COLS}, t.name AS team_name, u.username AS username FROM allocations a \
              JOIN teams t ON t.id = a.team_id JOIN users u ON u.id = a.user_id WHERE a.id = $1"
         );
-        db!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, AllocationListRow>(&sql).bind(id.0).fetch_optional(pool).await)
     }
 
     pub async fn allocation_by_key(
         &self,
         user: Uuid,
         key: &str,
-    ) -> Result<Option<Uuid>, StoreError> {
+    ) -> Result<Option<AllocationId>, StoreError> {
         let sql = "SELECT id FROM allocations WHERE user_id = $1 AND idempotency_key = $2";
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await.map(|id| id.map(AllocationId)))
     }
 
     /// A page of allocations, newest first. `teams`: only these teams (`None`: all);
@@ -593,7 +605,10 @@ impl Store {
     }
 
     /// The live allocations of `ids` (any state: the caller sorts them), in chunks.
-    pub async fn allocations_by_ids(&self, ids: &[Uuid]) -> Result<Vec<AllocationRow>, StoreError> {
+    pub async fn allocations_by_ids(
+        &self,
+        ids: &[AllocationId],
+    ) -> Result<Vec<AllocationRow>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
             let sql = format!(
@@ -603,7 +618,7 @@ impl Store {
             let rows = db!(self, pool => {
                 let mut q = sqlx::query_as::<_, AllocationRow>(&sql);
                 for id in chunk {
-                    q = q.bind(*id);
+                    q = q.bind(id.0);
                 }
                 q.fetch_all(pool).await
             })?;
@@ -641,7 +656,7 @@ impl Store {
     pub async fn allocation_changes_since(
         &self,
         horizon: i64,
-    ) -> Result<(i64, Vec<Uuid>), StoreError> {
+    ) -> Result<(i64, Vec<AllocationId>), StoreError> {
         match self {
             Store::Sqlite(pool) => {
                 let rows = from_driver(
@@ -658,7 +673,7 @@ impl Store {
                     .max()
                     .unwrap_or(horizon)
                     .max(horizon);
-                Ok((next, rows.into_iter().map(|r| r.1).collect()))
+                Ok((next, rows.into_iter().map(|r| AllocationId(r.1)).collect()))
             }
             Store::Postgres(pool) => {
                 // The next horizon first: what commits after it is read next time.
@@ -672,7 +687,7 @@ impl Store {
                     .fetch_all(pool)
                     .await,
                 )?;
-                Ok((next, ids))
+                Ok((next, ids.into_iter().map(AllocationId).collect()))
             }
         }
     }
@@ -700,11 +715,15 @@ impl Store {
 
     /// When each `placing` allocation last became `placing` (one query for all of them,
     /// instead of each one's history).
-    pub async fn placing_since(&self) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+    pub async fn placing_since(&self) -> Result<Vec<(AllocationId, DateTime<Utc>)>, StoreError> {
         let sql = "SELECT e.allocation_id, e.at FROM allocation_events e \
                    JOIN allocations a ON a.id = e.allocation_id \
                    WHERE a.state = 'placing' AND e.to_state = 'placing'";
-        db!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(sql).fetch_all(pool).await)
+        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(sql).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, at)| (AllocationId(id), at))
+            .collect())
     }
 
     /// What fair share needs of the allocations active at some point since `since`: (id,
@@ -714,7 +733,15 @@ impl Store {
         let sql = "SELECT a.id, a.team_id, a.units, a.state IN ('active', 'releasing'), a.active_at, \
                    a.ends_at FROM allocations a \
                    WHERE a.active_at IS NOT NULL AND (a.ends_at IS NULL OR a.ends_at >= $1)";
-        db!(self, pool => sqlx::query_as::<_, Usage>(sql).bind(since).fetch_all(pool).await)
+        type Raw = (Uuid, Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>);
+        let rows =
+            db!(self, pool => sqlx::query_as::<_, Raw>(sql).bind(since).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, team, units, running, start, end)| {
+                (AllocationId(id), team, units, running, start, end)
+            })
+            .collect())
     }
 
     /// Allocations that were active at some point since `since` (for fair share).
@@ -729,10 +756,10 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(since).fetch_all(pool).await)
     }
 
-    pub async fn allocation_events(&self, id: Uuid) -> Result<Vec<EventRow>, StoreError> {
+    pub async fn allocation_events(&self, id: AllocationId) -> Result<Vec<EventRow>, StoreError> {
         let sql = "SELECT at, from_state, to_state, actor, note FROM allocation_events \
                    WHERE allocation_id = $1 ORDER BY seq";
-        db!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, EventRow>(sql).bind(id.0).fetch_all(pool).await)
     }
 
     /// Allocations by (state, model), and the oldest queued allocation's creation time.

@@ -11,6 +11,7 @@ use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool, placeholde
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::EntryType;
+use tessera_domain::ids::AllocationId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -30,7 +31,7 @@ pub struct RateRow {
 /// One metered (allocation, hour).
 #[derive(Debug, Clone)]
 pub struct MeterRow {
-    pub allocation_id: Uuid,
+    pub allocation_id: AllocationId,
     pub hour_start: DateTime<Utc>,
     /// `YYYY-MM-DD` of `hour_start` (UTC), for grouping by day on both backends.
     pub day: String,
@@ -66,7 +67,8 @@ pub struct LedgerRow {
     pub currency: String,
     #[sqlx(try_from = "String")]
     pub entry_type: EntryType,
-    pub allocation_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub allocation_id: AllocationId,
     pub hour_start: DateTime<Utc>,
     pub posted_at: DateTime<Utc>,
     pub memo: Option<String>,
@@ -102,7 +104,7 @@ pub struct ChargeRow {
     pub currency: String,
     pub team_id: Uuid,
     pub user_id: Uuid,
-    pub allocation_id: Uuid,
+    pub allocation_id: AllocationId,
     pub kind: GpuKind,
     pub model: String,
     pub priority: PriorityClass,
@@ -180,7 +182,7 @@ impl Store {
     /// `(active_at, id)` order after the cursor `after`.
     pub async fn billing_candidates(
         &self,
-        after: Option<(DateTime<Utc>, Uuid)>,
+        after: Option<(DateTime<Utc>, AllocationId)>,
         limit: u32,
     ) -> Result<Vec<AllocationRow>, StoreError> {
         // A row-value cursor (an index range seek on both backends); the first batch
@@ -190,8 +192,8 @@ impl Store {
              AND (a.active_at, a.id) > ($1, $2) ORDER BY a.active_at, a.id LIMIT $3",
             super::allocations::COLS
         );
-        let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()));
-        db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id)
+        let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, AllocationId(Uuid::nil())));
+        db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql).bind(at).bind(id.0)
             .bind(i64::from(limit)).fetch_all(pool).await)
     }
 
@@ -208,8 +210,8 @@ impl Store {
     /// `(allocation, at, to_state)` of every history entry of `ids`, in order.
     pub async fn histories(
         &self,
-        ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, DateTime<Utc>, AllocState)>, StoreError> {
+        ids: &[AllocationId],
+    ) -> Result<Vec<(AllocationId, DateTime<Utc>, AllocState)>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -221,20 +223,20 @@ impl Store {
         on_pool!(self, pool => {
             let mut q = sqlx::query_as::<_, (Uuid, DateTime<Utc>, String)>(&sql);
             for id in ids {
-                q = q.bind(*id);
+                q = q.bind(id.0);
             }
             q.fetch_all(pool).await
         })?
         .into_iter()
-        .map(|(id, at, to)| Ok((id, at, super::decoded(to)?)))
+        .map(|(id, at, to)| Ok((AllocationId(id), at, super::decoded(to)?)))
         .collect()
     }
 
     /// The hours of `ids` metered already.
     pub async fn metered_hours(
         &self,
-        ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+        ids: &[AllocationId],
+    ) -> Result<Vec<(AllocationId, DateTime<Utc>)>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -242,13 +244,17 @@ impl Store {
             "SELECT allocation_id, hour_start FROM meter_hours WHERE allocation_id IN ({})",
             placeholders(1, ids.len())
         );
-        db!(self, pool => {
+        let rows = db!(self, pool => {
             let mut q = sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(&sql);
             for id in ids {
-                q = q.bind(*id);
+                q = q.bind(id.0);
             }
             q.fetch_all(pool).await
-        })
+        })?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, hour)| (AllocationId(id), hour))
+            .collect())
     }
 
     /// A node's telemetry samples taken in `[from, to)`.
@@ -268,7 +274,7 @@ impl Store {
     /// marked fully metered in the same transaction. Returns the hours written.
     pub async fn write_meter(
         &self,
-        allocation: Uuid,
+        allocation: AllocationId,
         rows: &[MeterRow],
         close: bool,
         now: DateTime<Utc>,
@@ -281,7 +287,7 @@ impl Store {
             for chunk in rows.chunks(METER_CHUNK) {
                 let mut q = sqlx::QueryBuilder::new(METER_COLUMNS);
                 q.push_values(chunk, |mut b, m| {
-                    b.push_bind(m.allocation_id).push_bind(m.hour_start).push_bind(&m.day)
+                    b.push_bind(m.allocation_id.0).push_bind(m.hour_start).push_bind(&m.day)
                         .push_bind(m.team_id).push_bind(m.user_id).push_bind(m.kind.to_string())
                         .push_bind(&m.model).push_bind(m.priority.as_str()).push_bind(m.count)
                         .push_bind(&m.resource_id).push_bind(&m.resource_name).push_bind(m.wall_ms)
@@ -310,7 +316,7 @@ impl Store {
                     q.push_values(part, |mut b, (m, p)| {
                         b.push_bind(Uuid::now_v7()).push_bind(m.txn_id).push_bind(p.account.key())
                             .push_bind(m.team_id).push_bind(p.amount_minor).push_bind(&m.currency)
-                            .push_bind(EntryType::Charge.as_str()).push_bind(m.allocation_id).push_bind(m.hour_start)
+                            .push_bind(EntryType::Charge.as_str()).push_bind(m.allocation_id.0).push_bind(m.hour_start)
                             .push_bind(m.metered_at).push_bind(None::<String>);
                     });
                     q.build().execute(&mut *tx).await?;
@@ -332,7 +338,7 @@ impl Store {
             }
             if close {
                 sqlx::query("UPDATE allocations SET billing_closed = TRUE WHERE id = $1")
-                    .bind(allocation).execute(&mut *tx).await?;
+                    .bind(allocation.0).execute(&mut *tx).await?;
             }
             tx.commit().await?;
             Ok(written)
@@ -377,7 +383,7 @@ impl Store {
             for e in charge {
                 let r = sqlx::query(LEDGER_INSERT).bind(Uuid::now_v7()).bind(reversal)
                     .bind(&e.account).bind(e.team_id).bind(-e.amount_minor).bind(&e.currency)
-                    .bind(EntryType::Reversal.as_str()).bind(e.allocation_id).bind(e.hour_start).bind(at)
+                    .bind(EntryType::Reversal.as_str()).bind(e.allocation_id.0).bind(e.hour_start).bind(at)
                     .bind(memo).execute(&mut *tx).await;
                 match r {
                     Ok(_) => {}

@@ -1,10 +1,11 @@
 //! `bookings`: capacity a team holds for a future window (docs/operations.md).
 
-use super::{Store, StoreError, db, on_pool};
+use super::{NullableId, Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
 use tessera_domain::booking::Held;
 use tessera_domain::error::AppError;
+use tessera_domain::ids::AllocationId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -22,7 +23,8 @@ pub struct BookingRow {
     pub purpose: String,
     pub created_at: DateTime<Utc>,
     pub cancelled_at: Option<DateTime<Utc>>,
-    pub allocation_id: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub allocation_id: Option<AllocationId>,
 }
 
 /// A booking with the names its views show.
@@ -132,11 +134,12 @@ impl Store {
         &self,
         id: Uuid,
         now: DateTime<Utc>,
-    ) -> Result<Option<Option<Uuid>>, StoreError> {
+    ) -> Result<Option<Option<AllocationId>>, StoreError> {
         let sql = "UPDATE bookings SET cancelled_at = $2 \
                    WHERE id = $1 AND cancelled_at IS NULL AND ends_at > $2 RETURNING allocation_id";
-        db!(self, pool => sqlx::query_scalar::<_, Option<Uuid>>(sql)
-            .bind(id).bind(now).fetch_optional(pool).await)
+        let cancelled = db!(self, pool => sqlx::query_scalar::<_, Option<Uuid>>(sql)
+            .bind(id).bind(now).fetch_optional(pool).await)?;
+        Ok(cancelled.map(|a| a.map(AllocationId)))
     }
 
     /// Live bookings that start by `until` and have no allocation yet.
@@ -167,16 +170,20 @@ impl Store {
     }
 
     /// Records the allocation that holds a booking (once).
-    pub async fn link_booking(&self, id: Uuid, allocation: Uuid) -> Result<bool, StoreError> {
+    pub async fn link_booking(
+        &self,
+        id: Uuid,
+        allocation: AllocationId,
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE bookings SET allocation_id = $2 WHERE id = $1 AND allocation_id IS NULL";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(allocation).execute(pool).await
+        db!(self, pool => sqlx::query(sql).bind(id).bind(allocation.0).execute(pool).await
             .map(|r| r.rows_affected() == 1))
     }
 
     /// Warns an active allocation that booking `booking` takes its capacity at `at`.
     pub async fn set_preempt_for_booking(
         &self,
-        id: Uuid,
+        id: AllocationId,
         at: DateTime<Utc>,
         booking: Uuid,
         now: DateTime<Utc>,
@@ -185,7 +192,7 @@ impl Store {
                    WHERE id = $1 AND state = 'active'";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(at).bind(booking)
+            let moved = sqlx::query(sql).bind(id.0).bind(at).bind(booking)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
                 super::outbox::allocation_event!(tx, id,

@@ -3,6 +3,7 @@
 use super::{Store, StoreError, db, on_pool, placeholders};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::WorkloadId;
 use uuid::Uuid;
 
 /// A catalog entry as stored (`team_id` NULL: platform-wide).
@@ -173,11 +174,11 @@ impl Store {
     /// Records how far workload `id`'s image pull has come (`None`: not pulling).
     pub async fn set_pull_progress(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         progress: Option<(i64, i64)>,
     ) -> Result<(), StoreError> {
         let sql = "UPDATE workloads SET pull_done = $2, pull_total = $3 WHERE id = $1";
-        on_pool!(self, pool => sqlx::query(sql).bind(id).bind(progress.map(|p| p.0))
+        on_pool!(self, pool => sqlx::query(sql).bind(id.0).bind(progress.map(|p| p.0))
             .bind(progress.map(|p| p.1)).execute(pool).await?.rows_affected());
         Ok(())
     }

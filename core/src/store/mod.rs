@@ -57,6 +57,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{PgPool, SqlitePool};
 use std::str::FromStr;
 use std::time::Duration;
+use uuid::Uuid;
 
 /// The domain's state sets as SQL lists, for `concat!` into statements: written once here,
 /// held to [`AllocState::LIVE`] and [`AllocState::ON_NODE`] by a test.
@@ -119,6 +120,50 @@ text_column!(
     /// A text column holding JSON, read as its Rust type (`#[sqlx(try_from = "JsonText")]`):
     /// a document that does not parse fails the read instead of becoming an empty list.
     JsonText(String)
+);
+
+/// A nullable UUID column read as a typed id (`#[sqlx(try_from = "NullableId")]`).
+pub struct NullableId(Option<Uuid>);
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for NullableId
+where
+    Uuid: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <Uuid as sqlx::Type<DB>>::type_info()
+    }
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <Uuid as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for NullableId
+where
+    Option<Uuid>: sqlx::Decode<'r, DB>,
+{
+    fn decode(v: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(NullableId(<Option<Uuid> as sqlx::Decode<'r, DB>>::decode(
+            v,
+        )?))
+    }
+}
+
+macro_rules! nullable_id_as {
+    ($($t:ty),* $(,)?) => {
+        $(impl From<NullableId> for Option<$t> {
+            fn from(v: NullableId) -> Self {
+                v.0.map(<$t>::from)
+            }
+        })*
+    };
+}
+
+nullable_id_as!(
+    tessera_domain::ids::AllocationId,
+    tessera_domain::ids::WorkloadId,
+    tessera_domain::ids::NodeId,
+    tessera_domain::ids::TeamId,
+    tessera_domain::ids::UserId,
 );
 
 macro_rules! json_as {

@@ -82,7 +82,8 @@ pub(crate) use record_event;
 /// approver (`team_admin`/`platform_admin`) for `needs_approval`.
 macro_rules! request_event {
     ($tx:expr, $id:expr, $kind:expr, $note:expr, $approver:expr, $at:expr) => {{
-        let id: uuid::Uuid = $id;
+        let id: tessera_domain::ids::AllocationId = $id;
+        let id = id.0;
         let (team, user, gpu_kind, count, username, team_name): (
             uuid::Uuid,
             uuid::Uuid,
@@ -123,7 +124,8 @@ pub(crate) use request_event;
 /// `$key` when one is given (a pass that finds it twice writes one row).
 macro_rules! allocation_event {
     ($tx:expr, $id:expr, $kind:expr, $at:expr, $detail:expr, $key:expr, $now:expr) => {{
-        let id: uuid::Uuid = $id;
+        let id: tessera_domain::ids::AllocationId = $id;
+        let id = id.0;
         let (team, user, gpu_kind, count): (uuid::Uuid, uuid::Uuid, String, i64) =
             sqlx::query_as("SELECT team_id, user_id, kind, count FROM allocations WHERE id = $1")
                 .bind(id)

@@ -4,6 +4,7 @@
 use super::allocations::{EVENT, INSERT, bind_insert};
 use super::{AllocationRow, Store, StoreError, db, from_driver, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::AllocationId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -45,17 +46,22 @@ impl Store {
     }
 
     /// Queued allocations that replace a displaced one (placed on spares first).
-    pub async fn displaced_queued(&self) -> Result<Vec<Uuid>, StoreError> {
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(
+    pub async fn displaced_queued(&self) -> Result<Vec<AllocationId>, StoreError> {
+        let ids = db!(self, pool => sqlx::query_scalar::<_, Uuid>(
             "SELECT id FROM allocations WHERE state = 'queued' AND displaced_from IS NOT NULL")
-            .fetch_all(pool).await)
+            .fetch_all(pool).await)?;
+        Ok(ids.into_iter().map(AllocationId).collect())
     }
 
     /// The allocation that replaced `old`, if one did.
-    pub async fn replacement_of(&self, old: Uuid) -> Result<Option<Uuid>, StoreError> {
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(
+    pub async fn replacement_of(
+        &self,
+        old: AllocationId,
+    ) -> Result<Option<AllocationId>, StoreError> {
+        let id = db!(self, pool => sqlx::query_scalar::<_, Uuid>(
             "SELECT id FROM allocations WHERE displaced_from = $1")
-            .bind(old).fetch_optional(pool).await)
+            .bind(old.0).fetch_optional(pool).await)?;
+        Ok(id.map(AllocationId))
     }
 
     /// In one transaction: the active allocation `old` ends as preempted (`note` says why)
@@ -64,7 +70,7 @@ impl Store {
     /// other. `false` (nothing written) when `old` was no longer active.
     pub async fn displace(
         &self,
-        old: Uuid,
+        old: AllocationId,
         new: &AllocationRow,
         note: &str,
         at: DateTime<Utc>,
@@ -75,7 +81,7 @@ impl Store {
                 "UPDATE allocations SET state = 'preempted', release_cause = 'preempted', \
                  preempt_at = NULL, preempt_cause = NULL \
                  WHERE id = $1 AND state = 'active' RETURNING team_id, user_id, model, units")
-                .bind(old).fetch_optional(&mut *tx).await?;
+                .bind(old.0).fetch_optional(&mut *tx).await?;
             let Some((team, user, model, units)) = moved else {
                 tx.rollback().await?;
                 return Ok(false);
@@ -86,17 +92,17 @@ impl Store {
                     "a replacement must hold what it replaces".into(),
                 )));
             }
-            sqlx::query(EVENT).bind(old).bind(at).bind("active").bind("releasing")
+            sqlx::query(EVENT).bind(old.0).bind(at).bind("active").bind("releasing")
                 .bind(None::<String>).bind(note).execute(&mut *tx).await?;
-            sqlx::query(EVENT).bind(old).bind(at).bind("releasing").bind("preempted")
+            sqlx::query(EVENT).bind(old.0).bind(at).bind("releasing").bind("preempted")
                 .bind(None::<String>).bind(None::<String>).execute(&mut *tx).await?;
             super::outbox::allocation_event!(tx, old,
                 tessera_domain::notify::EventKind::Preempted, None, Some(note), None, at);
             bind_insert!(sqlx::query(INSERT), new).execute(&mut *tx).await?;
             sqlx::query("UPDATE allocations SET displaced_from = $2 WHERE id = $1")
-                .bind(new.id).bind(old).execute(&mut *tx).await?;
+                .bind(new.id.0).bind(old.0).execute(&mut *tx).await?;
             let why = format!("replaces {old}, displaced to a hot spare");
-            sqlx::query(EVENT).bind(new.id).bind(at).bind(None::<String>).bind(new.state.as_str())
+            sqlx::query(EVENT).bind(new.id.0).bind(at).bind(None::<String>).bind(new.state.as_str())
                 .bind(None::<String>).bind(why).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(true)

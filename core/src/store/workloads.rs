@@ -5,11 +5,14 @@
 //! appended only at the end of what is stored, so a chunk the agent resends after a lost
 //! answer is stored once.
 
-use super::{JsonText, NullableText, Store, StoreError, db, json_text, on_pool, placeholders};
+use super::{
+    JsonText, NullableId, NullableText, Store, StoreError, db, json_text, on_pool, placeholders,
+};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PreemptCause, Ranks};
 use tessera_domain::drain::DeadlineCause;
+use tessera_domain::ids::{AllocationId, WorkloadId};
 use tessera_domain::wire::GangLauncher;
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
 use uuid::Uuid;
@@ -26,11 +29,13 @@ const LIVE: &str = "('queued', 'pending', 'starting', 'running', 'stopping')";
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkloadRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: WorkloadId,
     #[sqlx(try_from = "String")]
     pub kind: WorkloadKind,
     pub name: String,
-    pub allocation_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub allocation_id: AllocationId,
     pub team_id: Uuid,
     pub user_id: Uuid,
     /// `None` while `queued` for its own allocation (then `hostname` is empty).
@@ -78,7 +83,8 @@ pub struct WorkloadRow {
     pub pull_done: Option<i64>,
     pub pull_total: Option<i64>,
     /// Gang members of rank 1 and up: the job (rank 0's id) they belong to (migration 0028).
-    pub gang_job: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub gang_job: Option<WorkloadId>,
     /// Its rank in its gang (0 for the job itself and for workloads not in a gang).
     pub gang_rank: i64,
     /// Set on every member of a gang: how many members (nodes) it has.
@@ -146,12 +152,12 @@ impl WorkloadRow {
     pub fn new(
         kind: WorkloadKind,
         name: &str,
-        (allocation_id, team_id, user_id): (Uuid, Uuid, Uuid),
+        (allocation_id, team_id, user_id): (AllocationId, Uuid, Uuid),
         state: WorkloadState,
         created_at: DateTime<Utc>,
     ) -> WorkloadRow {
         WorkloadRow {
-            id: Uuid::now_v7(),
+            id: WorkloadId(Uuid::now_v7()),
             kind,
             name: name.to_owned(),
             allocation_id,
@@ -281,14 +287,14 @@ impl Store {
     /// when it moved on.
     pub async fn set_workload_deadline(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         state: &str,
         at: DateTime<Utc>,
         cause: DeadlineCause,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET deadline_at = $3, deadline_cause = $4 \
                    WHERE id = $1 AND state = $2";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(state).bind(at).bind(cause.as_str())
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(id.0).bind(state).bind(at).bind(cause.as_str())
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
@@ -296,12 +302,12 @@ impl Store {
     /// Withdraws workload `id`'s deadline if it is still the `cause` one.
     pub async fn clear_workload_deadline(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         cause: DeadlineCause,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET deadline_at = NULL, deadline_cause = NULL \
                    WHERE id = $1 AND deadline_cause = $2";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(id).bind(cause.as_str())
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(id.0).bind(cause.as_str())
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
@@ -319,25 +325,29 @@ impl Store {
                    ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
-                .bind(w.id).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
+                .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id)
                 .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&devices)
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
-                .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
+                .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job.map(|g| g.0))
                 .bind(w.gang_rank).bind(w.gang_size).bind(w.gang_launcher.map(GangLauncher::as_str)).bind(w.gang_ranks.map(Ranks::as_str))
                 .execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
     }
 
-    pub async fn workload(&self, id: Uuid) -> Result<Option<WorkloadListRow>, StoreError> {
+    pub async fn workload(&self, id: WorkloadId) -> Result<Option<WorkloadListRow>, StoreError> {
         let sql = joined("WHERE w.id = $1");
-        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(id.0).fetch_optional(pool).await)
     }
 
-    pub async fn workload_by_key(&self, user: Uuid, key: &str) -> Result<Option<Uuid>, StoreError> {
+    pub async fn workload_by_key(
+        &self,
+        user: Uuid,
+        key: &str,
+    ) -> Result<Option<WorkloadId>, StoreError> {
         let sql = "SELECT id FROM workloads WHERE user_id = $1 AND idempotency_key = $2";
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await.map(|id| id.map(WorkloadId)))
     }
 
     /// The live notebook at `/user/{username}/{name}/`.
@@ -360,7 +370,7 @@ impl Store {
         teams: Option<&[Uuid]>,
         user: Option<Uuid>,
         kind: Option<&str>,
-        allocation: Option<Uuid>,
+        allocation: Option<AllocationId>,
         live: bool,
         offset: u32,
         limit: u32,
@@ -414,8 +424,8 @@ impl Store {
                 c = c.bind(k);
             }
             if let Some(a) = allocation {
-                q = q.bind(a);
-                c = c.bind(a);
+                q = q.bind(a.0);
+                c = c.bind(a.0);
             }
             let rows = q.bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?;
             let total = c.fetch_one(pool).await?;
@@ -449,28 +459,32 @@ impl Store {
     pub async fn workload_secrets_to_seal(
         &self,
         prefix: &str,
-        after: Uuid,
+        after: WorkloadId,
         limit: i64,
-    ) -> Result<Vec<(Uuid, Option<Sealed>, Sealed)>, StoreError> {
+    ) -> Result<Vec<(WorkloadId, Option<Sealed>, Sealed)>, StoreError> {
         let sql = "SELECT id, token, env FROM workloads WHERE id > $1 \
                    AND (env NOT LIKE $2 OR (token IS NOT NULL AND token NOT LIKE $2)) \
                    ORDER BY id LIMIT $3";
         let pattern = format!("{prefix}%");
-        db!(self, pool => sqlx::query_as::<_, (Uuid, Option<Sealed>, Sealed)>(sql)
-            .bind(after).bind(&pattern).bind(limit).fetch_all(pool).await)
+        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, Option<Sealed>, Sealed)>(sql)
+            .bind(after.0).bind(&pattern).bind(limit).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, token, env)| (WorkloadId(id), token, env))
+            .collect())
     }
 
     /// Replaces a workload's token and environment with the same values sealed anew, unless
     /// its environment is no longer `was` (another replica sealed it first); `false` then.
     pub async fn reseal_workload_secrets(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         was: &Sealed,
         token: Option<&Sealed>,
         env: &Sealed,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET token = $1, env = $2 WHERE id = $3 AND env = $4";
-        db!(self, pool => sqlx::query(sql).bind(token).bind(env).bind(id).bind(was)
+        db!(self, pool => sqlx::query(sql).bind(token).bind(env).bind(id.0).bind(was)
             .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 
@@ -487,7 +501,7 @@ impl Store {
     /// becomes `pending`; `false` if it was no longer queued.
     pub async fn place_queued_workload(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         node: Uuid,
         hostname: &str,
         devices: &[AllocatedDevice],
@@ -500,17 +514,17 @@ impl Store {
         // transaction.
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(node).bind(hostname).bind(&devices)
+            let moved = sqlx::query(sql).bind(id.0).bind(node).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
                 let (kind, name, team, user): (String, String, Uuid, Uuid) =
                     sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
-                        .bind(id).fetch_one(&mut *tx).await?;
+                        .bind(id.0).fetch_one(&mut *tx).await?;
                 let payload = tessera_domain::notify::workload_payload(
-                    (id, &kind, &name), "pending", user, None, None);
+                    (id.0, &kind, &name), "pending", user, None, None);
                 let event = super::outbox::NewEvent::new(
                     tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
-                    ("workload", id), payload, now);
+                    ("workload", id.0), payload, now);
                 super::outbox::record_event!(tx, &event);
             }
             tx.commit().await?;
@@ -524,7 +538,7 @@ impl Store {
     /// members). Read from the (few) live allocations.
     pub async fn allocations_of_ended_workloads(
         &self,
-    ) -> Result<Vec<(Uuid, String, String)>, StoreError> {
+    ) -> Result<Vec<(AllocationId, String, String)>, StoreError> {
         let sql = format!(
             "SELECT a.id, w.name, w.state FROM allocations a \
              JOIN workloads w ON w.allocation_id = a.id \
@@ -533,7 +547,11 @@ impl Store {
                AND NOT EXISTS (SELECT 1 FROM workloads m WHERE m.allocation_id = a.id \
                                AND m.state IN {LIVE})"
         );
-        db!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)
+        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, String, String)>(&sql).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, name, state)| (AllocationId(id), name, state))
+            .collect())
     }
 
     /// The notebook profiles of `teams`, by team name then profile name.
@@ -601,7 +619,7 @@ impl Store {
     /// more.
     pub async fn workload_step(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         from: &str,
         to: &str,
         c: &WorkloadChange,
@@ -618,7 +636,7 @@ impl Store {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let r = sqlx::query(sql)
-                .bind(id).bind(from).bind(to).bind(c.started_at).bind(c.ready_at)
+                .bind(id.0).bind(from).bind(to).bind(c.started_at).bind(c.ready_at)
                 .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(c.stop_state.map(|s| s.as_str()))
                 .execute(&mut *tx).await?;
             let moved = r.rows_affected() == 1;
@@ -626,12 +644,12 @@ impl Store {
                 let (kind, name, team, user, exit_code, message): (String, String, Uuid, Uuid, Option<i64>, Option<String>) =
                     sqlx::query_as("SELECT kind, name, team_id, user_id, exit_code, message \
                                     FROM workloads WHERE id = $1")
-                        .bind(id).fetch_one(&mut *tx).await?;
+                        .bind(id.0).fetch_one(&mut *tx).await?;
                 if let Some(event_kind) = tessera_domain::notify::workload_end_kind(to, message.as_deref()) {
                     let payload = tessera_domain::notify::workload_payload(
-                        (id, &kind, &name), to, user, exit_code, message.as_deref());
+                        (id.0, &kind, &name), to, user, exit_code, message.as_deref());
                     let event = super::outbox::NewEvent::new(
-                        event_kind, Some(team), ("workload", id), payload,
+                        event_kind, Some(team), ("workload", id.0), payload,
                         c.ended_at.unwrap_or(now));
                     super::outbox::record_event!(tx, &event);
                 }
@@ -646,7 +664,7 @@ impl Store {
     /// The attempt that ended is recorded (`ended`) in the same transaction.
     pub async fn workload_retry(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         from: &str,
         attempt: i64,
         note: &str,
@@ -657,10 +675,10 @@ impl Store {
                    WHERE id = $1 AND state = $2 AND attempt = $3 - 1";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(from).bind(attempt).bind(note)
+            let moved = sqlx::query(sql).bind(id.0).bind(from).bind(attempt).bind(note)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
-                record_attempt!(tx, id, attempt - 1, ended);
+                record_attempt!(tx, id.0, attempt - 1, ended);
             }
             tx.commit().await?;
             Ok(moved)
@@ -675,22 +693,22 @@ impl Store {
     }
 
     /// A job's ended attempts, oldest first.
-    pub async fn workload_attempts(&self, id: Uuid) -> Result<Vec<AttemptRow>, StoreError> {
+    pub async fn workload_attempts(&self, id: WorkloadId) -> Result<Vec<AttemptRow>, StoreError> {
         let sql = "SELECT attempt, hostname, started_at, ended_at, exit_code, reason, preempted, \
                    gpu_ms FROM workload_attempts WHERE workload_id = $1 ORDER BY attempt";
-        db!(self, pool => sqlx::query_as::<_, AttemptRow>(sql).bind(id).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, AttemptRow>(sql).bind(id.0).fetch_all(pool).await)
     }
 
     /// When a job's current attempt began: the later of its first start and its previous
     /// attempt's end (a workload's `started_at` is its first attempt's).
     pub async fn attempt_began(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         started_at: Option<DateTime<Utc>>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let sql = "SELECT MAX(ended_at) FROM workload_attempts WHERE workload_id = $1";
         let last: Option<DateTime<Utc>> =
-            db!(self, pool => sqlx::query_scalar(sql).bind(id).fetch_one(pool).await)?;
+            db!(self, pool => sqlx::query_scalar(sql).bind(id.0).fetch_one(pool).await)?;
         Ok(match (started_at, last) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -703,10 +721,10 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub async fn requeue_workload(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         from: &str,
-        old_allocation: Uuid,
-        new_allocation: Uuid,
+        old_allocation: AllocationId,
+        new_allocation: AllocationId,
         attempt: i64,
         note: &str,
         ended: &AttemptEnd,
@@ -719,11 +737,11 @@ impl Store {
                      AND owns_allocation";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id).bind(from).bind(old_allocation)
-                .bind(new_allocation).bind(attempt).bind(note)
+            let moved = sqlx::query(sql).bind(id.0).bind(from).bind(old_allocation.0)
+                .bind(new_allocation.0).bind(attempt).bind(note)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
-                record_attempt!(tx, id, attempt - 1, ended);
+                record_attempt!(tx, id.0, attempt - 1, ended);
             }
             tx.commit().await?;
             Ok(moved)
@@ -733,7 +751,7 @@ impl Store {
     /// Records what the executor reported besides the state.
     pub async fn workload_seen(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         at: DateTime<Utc>,
         endpoint: Option<&str>,
         kernel_activity: Option<DateTime<Utc>>,
@@ -741,7 +759,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let sql = "UPDATE workloads SET synced_at = $2, endpoint = COALESCE($3, endpoint), \
                    kernel_activity = COALESCE($4, kernel_activity), kernel_busy = $5 WHERE id = $1";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ()))
+        db!(self, pool => sqlx::query(sql).bind(id.0).bind(at).bind(endpoint).bind(kernel_activity).bind(kernel_busy).execute(pool).await.map(|_| ()))
     }
 
     /// Appends `len` bytes of the current attempt's log at the attempt's `offset` (a piece
@@ -749,7 +767,7 @@ impl Store {
     /// marks the log complete when `complete`. Returns how far the attempt's log is stored.
     pub async fn append_log(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         offset: u64,
         len: u64,
         text: &str,
@@ -763,11 +781,11 @@ impl Store {
             let mut tx = pool.begin().await?;
             // Write first (see `set_quota`): the read below then cannot go stale on SQLite.
             sqlx::query("UPDATE workloads SET log_stored = log_stored WHERE id = $1")
-                .bind(id).execute(&mut *tx).await?;
+                .bind(id.0).execute(&mut *tx).await?;
             let Some((base, stored)) = sqlx::query_as::<_, (i64, i64)>(
                 "SELECT log_base, log_stored FROM workloads WHERE id = $1",
             )
-            .bind(id)
+            .bind(id.0)
             .fetch_optional(&mut *tx)
             .await?
             else {
@@ -780,23 +798,23 @@ impl Store {
             if len > 0 && at >= stored {
                 sqlx::query("INSERT INTO workload_logs (workload_id, offset_b, len_b, text) \
                              VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
-                    .bind(id).bind(at).bind(len).bind(text)
+                    .bind(id.0).bind(at).bind(len).bind(text)
                     .execute(&mut *tx).await?;
                 stored_now = at + len;
                 let keep_from = stored_now - cap;
                 if keep_from > 0 {
                     sqlx::query("DELETE FROM workload_logs WHERE workload_id = $1 \
                                  AND offset_b + len_b <= $2")
-                        .bind(id).bind(keep_from).execute(&mut *tx).await?;
+                        .bind(id.0).bind(keep_from).execute(&mut *tx).await?;
                 }
                 sqlx::query("UPDATE workloads SET log_stored = $2, log_start = COALESCE(\
                              (SELECT MIN(offset_b) FROM workload_logs WHERE workload_id = $1), $2) \
                              WHERE id = $1")
-                    .bind(id).bind(stored_now).execute(&mut *tx).await?;
+                    .bind(id.0).bind(stored_now).execute(&mut *tx).await?;
             }
             if complete && at.saturating_add(len) >= stored_now {
                 sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1")
-                    .bind(id).execute(&mut *tx).await?;
+                    .bind(id.0).execute(&mut *tx).await?;
             }
             tx.commit().await?;
             Ok(u64::try_from(stored_now - base).unwrap_or(0))
@@ -804,14 +822,14 @@ impl Store {
     }
 
     /// Marks a workload's log complete without more output (lost workloads).
-    pub async fn close_log(&self, id: Uuid) -> Result<(), StoreError> {
-        db!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id).execute(pool).await.map(|_| ()))
+    pub async fn close_log(&self, id: WorkloadId) -> Result<(), StoreError> {
+        db!(self, pool => sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1").bind(id.0).execute(pool).await.map(|_| ()))
     }
 
     /// Log chunks that end after `from`, in order, until about `max_bytes`.
     pub async fn log_chunks(
         &self,
-        id: Uuid,
+        id: WorkloadId,
         from: u64,
         max_bytes: u64,
     ) -> Result<Vec<LogChunkRow>, StoreError> {
@@ -821,7 +839,7 @@ impl Store {
         let sql = "SELECT offset_b, len_b, text FROM workload_logs WHERE workload_id = $1 \
                    AND offset_b + len_b > $2 ORDER BY offset_b LIMIT $3";
         on_pool!(self, pool => {
-            let rows = sqlx::query_as::<_, LogChunkRow>(sql).bind(id).bind(from).bind(limit).fetch_all(pool).await?;
+            let rows = sqlx::query_as::<_, LogChunkRow>(sql).bind(id.0).bind(from).bind(limit).fetch_all(pool).await?;
             let mut out = Vec::new();
             let mut total = 0i64;
             for r in rows {
@@ -842,7 +860,7 @@ impl Store {
         &self,
         hash: &str,
         kind: &str,
-        workload: Uuid,
+        workload: WorkloadId,
         user: Uuid,
         issued_at: DateTime<Utc>,
         expires_at: DateTime<Utc>,
@@ -850,7 +868,7 @@ impl Store {
         db!(self, pool => sqlx::query(
             "INSERT INTO notebook_grants (secret_hash, kind, workload_id, user_id, issued_at, \
              expires_at) VALUES ($1, $2, $3, $4, $5, $6)")
-            .bind(hash).bind(kind).bind(workload).bind(user).bind(issued_at).bind(expires_at)
+            .bind(hash).bind(kind).bind(workload.0).bind(user).bind(issued_at).bind(expires_at)
             .execute(pool).await.map(|_| ()))
     }
 
@@ -859,24 +877,24 @@ impl Store {
     pub async fn take_notebook_code(
         &self,
         hash: &str,
-        workload: Uuid,
+        workload: WorkloadId,
     ) -> Result<Option<Grant>, StoreError> {
         db!(self, pool => sqlx::query_as::<_, Grant>(
             "DELETE FROM notebook_grants WHERE secret_hash = $1 AND kind = 'code' \
              AND workload_id = $2 RETURNING user_id, issued_at, expires_at")
-            .bind(hash).bind(workload).fetch_optional(pool).await)
+            .bind(hash).bind(workload.0).fetch_optional(pool).await)
     }
 
     /// A cookie pass for `workload`: its user, when it was issued, until when it is good.
     pub async fn notebook_pass(
         &self,
         hash: &str,
-        workload: Uuid,
+        workload: WorkloadId,
     ) -> Result<Option<Grant>, StoreError> {
         db!(self, pool => sqlx::query_as::<_, Grant>(
             "SELECT user_id, issued_at, expires_at FROM notebook_grants WHERE secret_hash = $1 \
              AND kind = 'cookie' AND workload_id = $2")
-            .bind(hash).bind(workload).fetch_optional(pool).await)
+            .bind(hash).bind(workload.0).fetch_optional(pool).await)
     }
 
     /// Forgets codes and passes past their time, and those of notebooks that ended.
@@ -897,7 +915,7 @@ impl Store {
     /// `false` if the job was no longer queued.
     pub async fn place_gang(
         &self,
-        job: Uuid,
+        job: WorkloadId,
         (node, hostname, devices): (Uuid, &str, &[AllocatedDevice]),
         members: &[WorkloadRow],
         now: DateTime<Utc>,
@@ -917,29 +935,29 @@ impl Store {
                    $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(job).bind(node).bind(hostname).bind(&devices)
+            let moved = sqlx::query(sql).bind(job.0).bind(node).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if !moved {
                 return Ok(false);
             }
             for (w, devices) in members.iter().zip(&member_devices) {
                 sqlx::query(insert)
-                    .bind(w.id).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id).bind(w.team_id)
+                    .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id)
                     .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(devices)
                     .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                     .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
-                    .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job)
+                    .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job.map(|g| g.0))
                     .bind(w.gang_rank).bind(w.gang_size).bind(w.gang_launcher.map(GangLauncher::as_str)).bind(w.gang_ranks.map(Ranks::as_str))
                     .execute(&mut *tx).await?;
             }
             let (kind, name, team, user): (String, String, Uuid, Uuid) =
                 sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
-                    .bind(job).fetch_one(&mut *tx).await?;
+                    .bind(job.0).fetch_one(&mut *tx).await?;
             let payload = tessera_domain::notify::workload_payload(
-                (job, &kind, &name), "pending", user, None, None);
+                (job.0, &kind, &name), "pending", user, None, None);
             let event = super::outbox::NewEvent::new(
                 tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
-                ("workload", job), payload, now);
+                ("workload", job.0), payload, now);
             super::outbox::record_event!(tx, &event);
             tx.commit().await?;
             Ok(true)
@@ -947,17 +965,22 @@ impl Store {
     }
 
     /// Every member of gang `job` (rank 0 first), whatever their state.
-    pub async fn gang_members(&self, job: Uuid) -> Result<Vec<WorkloadListRow>, StoreError> {
+    pub async fn gang_members(&self, job: WorkloadId) -> Result<Vec<WorkloadListRow>, StoreError> {
         let sql = joined("WHERE w.id = $1 OR w.gang_job = $1 ORDER BY w.gang_rank");
-        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(job).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(job.0).fetch_all(pool).await)
     }
 
     /// Records a member's address and its node's as its agent reported them; `true` when
     /// they changed.
-    pub async fn set_gang_addr(&self, id: Uuid, addr: &str, via: &str) -> Result<bool, StoreError> {
+    pub async fn set_gang_addr(
+        &self,
+        id: WorkloadId,
+        addr: &str,
+        via: &str,
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE workloads SET gang_addr = $2, gang_via = $3 WHERE id = $1 \
                    AND (gang_addr IS NULL OR gang_addr <> $2 OR gang_via IS NULL OR gang_via <> $3)";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(addr).bind(via)
+        db!(self, pool => sqlx::query(sql).bind(id.0).bind(addr).bind(via)
             .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 }

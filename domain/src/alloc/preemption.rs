@@ -1,6 +1,7 @@
 //! Preemption.
 
 use super::*;
+use crate::ids::AllocationId;
 
 /// The team that wants units back on a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +17,7 @@ pub struct Claim {
 /// An active allocation of another team on the same model, a possible victim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Running {
-    pub id: Uuid,
+    pub id: AllocationId,
     pub team: TeamId,
     pub units: u32,
     pub started_at: DateTime<Utc>,
@@ -29,7 +30,7 @@ pub struct Running {
 /// Allocations to preempt and the units that frees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Preemption {
-    pub victims: Vec<Uuid>,
+    pub victims: Vec<AllocationId>,
     pub freed: u32,
 }
 

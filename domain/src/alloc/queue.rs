@@ -1,6 +1,7 @@
 //! Queue order with fair share.
 
 use super::*;
+use crate::ids::AllocationId;
 
 /// How far back recent usage counts for fair share.
 pub const FAIR_SHARE_WINDOW: TimeDelta = TimeDelta::days(7);
@@ -50,7 +51,7 @@ impl FairShare {
 /// A waiting allocation as the queue sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueEntry {
-    pub id: Uuid,
+    pub id: AllocationId,
     /// The queue it waits in: one per (canonical) model.
     pub model: String,
     pub team: TeamId,
@@ -70,7 +71,10 @@ fn queue_cmp(a: &QueueEntry, b: &QueueEntry, usage: &BTreeMap<TeamId, FairShare>
 /// Ids of `entries` in the order they should be served: priority class (high first),
 /// fair share ascending, older first, then id. Teams missing from `usage` count as
 /// having no guarantee.
-pub fn order_queue(entries: &[QueueEntry], usage: &BTreeMap<TeamId, FairShare>) -> Vec<Uuid> {
+pub fn order_queue(
+    entries: &[QueueEntry],
+    usage: &BTreeMap<TeamId, FairShare>,
+) -> Vec<AllocationId> {
     let mut sorted: Vec<&QueueEntry> = entries.iter().collect();
     sorted.sort_by(|a, b| queue_cmp(a, b, usage));
     sorted.into_iter().map(|e| e.id).collect()
@@ -80,7 +84,7 @@ pub fn order_queue(entries: &[QueueEntry], usage: &BTreeMap<TeamId, FairShare>) 
 pub fn position(
     entries: &[QueueEntry],
     usage: &BTreeMap<TeamId, FairShare>,
-    id: Uuid,
+    id: AllocationId,
 ) -> Option<u32> {
     let me = entries.iter().find(|e| e.id == id)?;
     let ahead = entries

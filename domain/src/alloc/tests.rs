@@ -1,4 +1,5 @@
 use super::*;
+use crate::ids::AllocationId;
 use chrono::TimeZone;
 
 #[test]
@@ -39,8 +40,8 @@ fn team(n: u128) -> TeamId {
     TeamId(Uuid::from_u128(n))
 }
 
-fn id(n: u128) -> Uuid {
-    Uuid::from_u128(n)
+fn id(n: u128) -> AllocationId {
+    AllocationId(Uuid::from_u128(n))
 }
 
 fn kind(s: &str) -> GpuKind {

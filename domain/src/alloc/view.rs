@@ -1,6 +1,7 @@
 //! Views.
 
 use super::*;
+use crate::ids::AllocationId;
 
 /// Why and how long a pending allocation waits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +49,7 @@ pub struct Transition {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AllocationView {
-    pub id: Uuid,
+    pub id: AllocationId,
     pub team_id: TeamId,
     pub team_name: String,
     pub user_id: UserId,

@@ -8,7 +8,7 @@ use tessera_domain::alloc::{
     Admission, Approver, Claim, FairShare, GpuKind, PriorityClass, QueueEntry, Quota, Running,
     Usage, admit, order_queue, position, select_victims,
 };
-use tessera_domain::ids::TeamId;
+use tessera_domain::ids::{AllocationId, TeamId};
 use uuid::Uuid;
 
 fn team(n: u8) -> TeamId {
@@ -88,7 +88,7 @@ proptest! {
             for &(units, p, start) in allocs {
                 next += 1;
                 running.push(Running {
-                    id: Uuid::from_u128(next),
+                    id: AllocationId(Uuid::from_u128(next)),
                     team: t,
                     units,
                     started_at: base() + TimeDelta::minutes(start),
@@ -103,7 +103,7 @@ proptest! {
         for units in own {
             next += 1;
             running.push(Running {
-                id: Uuid::from_u128(next),
+                id: AllocationId(Uuid::from_u128(next)),
                 team: team(1),
                 units,
                 started_at: base(),
@@ -117,8 +117,8 @@ proptest! {
 
         match select_victims(&claim, needed, &running) {
             Some(p) => {
-                let by_id: BTreeMap<Uuid, &Running> = running.iter().map(|r| (r.id, r)).collect();
-                let unique: BTreeSet<Uuid> = p.victims.iter().copied().collect();
+                let by_id: BTreeMap<AllocationId, &Running> = running.iter().map(|r| (r.id, r)).collect();
+                let unique: BTreeSet<AllocationId> = p.victims.iter().copied().collect();
                 prop_assert_eq!(unique.len(), p.victims.len());
                 let mut taken: BTreeMap<TeamId, u32> = BTreeMap::new();
                 let mut freed = 0;
@@ -163,7 +163,7 @@ proptest! {
             for k in 0..count {
                 next += 1;
                 running.push(Running {
-                    id: Uuid::from_u128(next),
+                    id: AllocationId(Uuid::from_u128(next)),
                     team: team(u8::try_from(i).unwrap() + 2),
                     units: 1,
                     started_at: base() + TimeDelta::minutes(i64::from(k)),
@@ -190,7 +190,7 @@ proptest! {
             .iter()
             .enumerate()
             .map(|(i, &(p, t, age))| QueueEntry {
-                id: Uuid::from_u128(u128::try_from(i).unwrap() + 1),
+                id: AllocationId(Uuid::from_u128(u128::try_from(i).unwrap() + 1)),
                 model: "H100-80GB".into(),
                 team: team(t),
                 priority: p,
@@ -208,11 +208,11 @@ proptest! {
 
         let mut sorted = order.clone();
         sorted.sort();
-        let mut ids: Vec<Uuid> = entries.iter().map(|e| e.id).collect();
+        let mut ids: Vec<AllocationId> = entries.iter().map(|e| e.id).collect();
         ids.sort();
         prop_assert_eq!(sorted, ids);
 
-        let by_id: BTreeMap<Uuid, &QueueEntry> = entries.iter().map(|e| (e.id, e)).collect();
+        let by_id: BTreeMap<AllocationId, &QueueEntry> = entries.iter().map(|e| (e.id, e)).collect();
         for pair in order.windows(2) {
             let (a, b) = (by_id[&pair[0]], by_id[&pair[1]]);
             prop_assert!(a.priority >= b.priority);

@@ -193,7 +193,7 @@ pub(super) async fn exec_workload(
     let target = s
         .services
         .workloads
-        .exec_target(&p, id, ask.rank, &ask.argv, ask.tty)
+        .exec_target(&p, id.into(), ask.rank, &ask.argv, ask.tty)
         .await?;
     let Some(key) = websocket_key(req.headers()) else {
         return Ok(not_websocket());

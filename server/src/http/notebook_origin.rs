@@ -24,7 +24,7 @@ use tessera_core::auth::Principal;
 use tessera_core::request::notebook_principal;
 use tessera_core::services::workloads::{NOTEBOOK_PASS_TTL_HOURS, NotReady};
 use tessera_domain::error::AppError;
-use uuid::Uuid;
+use tessera_domain::ids::WorkloadId;
 
 /// Where the portal's redirect lands on a notebook's origin (outside the notebook's own
 /// paths, which all start with `/user/`).
@@ -81,7 +81,7 @@ fn pass_of(req: &Request, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_owned())
 }
 
-async fn serve(s: &AppState, workload: Uuid, host: String, req: Request) -> Response {
+async fn serve(s: &AppState, workload: WorkloadId, host: String, req: Request) -> Response {
     let secure = secure(s);
     let own_origin = format!("{}://{host}", if secure { "https" } else { "http" });
     if req.uri().path() == ENTER_PATH {
@@ -156,7 +156,7 @@ struct Enter {
 
 /// The portal's redirect lands here: swap the one-time code for a pass cookie and go on to
 /// the page asked for.
-async fn enter(s: &AppState, workload: Uuid, secure: bool, req: Request) -> Response {
+async fn enter(s: &AppState, workload: WorkloadId, secure: bool, req: Request) -> Response {
     if req.method() != Method::GET {
         return (StatusCode::METHOD_NOT_ALLOWED, "GET only").into_response();
     }

@@ -73,7 +73,7 @@ async fn a_backup_holds_no_session_token_or_secret_in_clear() {
     assert_eq!(s, 201, "{job}");
     // The owner still reads the value back.
     assert_eq!(nb["env"][0]["value"], SECRET, "{nb}");
-    let id = uuid::Uuid::parse_str(nb["id"].as_str().expect("id")).expect("uuid");
+    let id = tessera_domain::ids::WorkloadId::parse(nb["id"].as_str().expect("id")).expect("uuid");
     let store = Store::connect(&a.app.database_url).await.expect("store");
     let row = store.workload(id).await.expect("load").expect("row");
     store.close().await;
@@ -149,13 +149,13 @@ async fn a_backup_holds_no_session_token_or_secret_in_clear() {
 }
 
 /// Writes `sql` (binding `id`) to the SQLite database at `url`.
-async fn execute(url: &str, sql: &str, id: uuid::Uuid) {
+async fn execute(url: &str, sql: &str, id: tessera_domain::ids::WorkloadId) {
     let store = Store::connect(url).await.expect("store");
     let Store::Sqlite(pool) = &store else {
         unreachable!()
     };
     sqlx::query(sql)
-        .bind(id)
+        .bind(id.0)
         .execute(pool)
         .await
         .expect("update");
@@ -163,7 +163,10 @@ async fn execute(url: &str, sql: &str, id: uuid::Uuid) {
 }
 
 /// The ids of the keys that sealed a workload's environment and token.
-async fn sealed_with(url: &str, id: uuid::Uuid) -> (Option<String>, Option<String>) {
+async fn sealed_with(
+    url: &str,
+    id: tessera_domain::ids::WorkloadId,
+) -> (Option<String>, Option<String>) {
     let store = Store::connect(url).await.expect("store");
     let w = store.workload(id).await.expect("load").expect("row").w;
     store.close().await;
@@ -188,7 +191,7 @@ async fn rows_in_clear_and_under_a_retired_key_are_sealed_under_the_newest_at_st
     )
     .await;
     assert_eq!(s, 201, "{nb}");
-    let id = uuid::Uuid::parse_str(nb["id"].as_str().expect("id")).expect("uuid");
+    let id = tessera_domain::ids::WorkloadId::parse(nb["id"].as_str().expect("id")).expect("uuid");
     let url = a.app.database_url.clone();
     let old = a.app.data_keys().ids()[0].to_owned();
     assert_eq!(
@@ -205,7 +208,8 @@ async fn rows_in_clear_and_under_a_retired_key_are_sealed_under_the_newest_at_st
     )
     .await;
     assert_eq!(s, 201, "{job}");
-    let legacy = uuid::Uuid::parse_str(job["id"].as_str().expect("id")).expect("uuid");
+    let legacy =
+        tessera_domain::ids::WorkloadId::parse(job["id"].as_str().expect("id")).expect("uuid");
     a.app.stop().await;
     execute(
         &url,

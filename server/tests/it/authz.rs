@@ -317,7 +317,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
         .expect("store");
     let mut out = Vec::new();
     for (i, a) in allocs.iter().enumerate() {
-        let alloc = uuid::Uuid::parse_str(a).expect("uuid");
+        let alloc = tessera_domain::ids::AllocationId::parse(a).expect("uuid");
         let row = store
             .allocation(alloc)
             .await

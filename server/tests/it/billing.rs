@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use tessera_core::Services;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
+use tessera_domain::ids::AllocationId;
 use uuid::Uuid;
 
 /// Services of the test's own over `app`'s database, with the store under them (for
@@ -63,8 +64,8 @@ pub(crate) async fn history(
     priority: &str,
     start: DateTime<Utc>,
     end: Option<DateTime<Utc>>,
-) -> Uuid {
-    let id = Uuid::new_v4();
+) -> AllocationId {
+    let id = AllocationId(Uuid::new_v4());
     let created = start - Duration::minutes(1);
     let row = AllocationRow {
         id,

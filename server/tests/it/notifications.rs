@@ -658,7 +658,8 @@ async fn ten_job_endings_with_digest_make_one_mail(db: Db) {
     assert_eq!(pref("workload.succeeded")["default"], true);
     let (s, v) = request(app, &t.member, &t.id, "H100-80GB:1g.10gb").await;
     assert_eq!(s, 201, "{v}");
-    let alloc = uuid::Uuid::parse_str(v["id"].as_str().expect("id")).expect("uuid");
+    let alloc =
+        tessera_domain::ids::AllocationId::parse(v["id"].as_str().expect("id")).expect("uuid");
     // The pass the request woke is over before the jobs appear.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let store = tessera_core::store::Store::connect(&app.database_url)

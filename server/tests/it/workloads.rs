@@ -509,7 +509,9 @@ async fn notebook_origin_boundary(s: &Setup, base: &str, kernel: &str) {
     // A code for this notebook does not open another notebook's origin.
     let other_host = format!(
         "{}.localhost",
-        tessera_domain::workload::notebook_host_label(uuid::Uuid::now_v7())
+        tessera_domain::workload::notebook_host_label(tessera_domain::ids::WorkloadId(
+            uuid::Uuid::now_v7()
+        ))
     );
     let other = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -694,7 +696,7 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
         .await
         .expect("store");
     let row = store
-        .workload(uuid::Uuid::parse_str(&id).expect("uuid"))
+        .workload(tessera_domain::ids::WorkloadId::parse(&id).expect("uuid"))
         .await
         .expect("load")
         .expect("row");
@@ -812,7 +814,7 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
     let store = tessera_core::store::Store::connect(&app.database_url)
         .await
         .expect("store");
-    let wid = uuid::Uuid::parse_str(&id).expect("uuid");
+    let wid = tessera_domain::ids::WorkloadId::parse(&id).expect("uuid");
     let again = store
         .append_log(wid, 0, 4, "one\n", true, 1 << 20)
         .await

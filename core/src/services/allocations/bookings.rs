@@ -172,7 +172,7 @@ impl Allocations {
         &self,
         live: &mut scheduler::Live,
         now: DateTime<Utc>,
-    ) -> Result<(BTreeSet<Uuid>, u32), AppError> {
+    ) -> Result<(BTreeSet<AllocationId>, u32), AppError> {
         let lead = self.preemption_grace + READY_LEAD;
         for b in self
             .store
@@ -188,7 +188,8 @@ impl Allocations {
             .bookings_started(now)
             .await
             .map_err(internal("loading started bookings"))?;
-        let first: BTreeSet<Uuid> = started.iter().filter_map(|b| b.allocation_id).collect();
+        let first: BTreeSet<AllocationId> =
+            started.iter().filter_map(|b| b.allocation_id).collect();
         let warned = self.clear_the_way(&started, live, now).await?;
         Ok((first, warned))
     }
@@ -275,7 +276,7 @@ impl Allocations {
             return Ok(0);
         }
         live.refresh(&self.store).await?;
-        let queue: BTreeSet<Uuid> = live
+        let queue: BTreeSet<AllocationId> = live
             .rows()
             .filter(|a| a.state == AllocState::Queued)
             .map(|a| a.id)
@@ -294,16 +295,18 @@ impl Allocations {
         if waiting.is_empty() {
             return Ok(0);
         }
-        let booked: BTreeSet<Uuid> = started.iter().filter_map(|b| b.allocation_id).collect();
+        let booked: BTreeSet<AllocationId> =
+            started.iter().filter_map(|b| b.allocation_id).collect();
         live.refresh(&self.store).await?;
         let rows: Vec<&AllocationRow> = live
             .rows()
             .filter(|a| a.state != AllocState::Releasing)
             .collect();
-        let by_id: HashMap<Uuid, &AllocationRow> = rows.iter().map(|a| (a.id, *a)).collect();
+        let by_id: HashMap<AllocationId, &AllocationRow> =
+            rows.iter().map(|a| (a.id, *a)).collect();
         let capacity = self.pending_context(now).capacity;
         let mut warned = 0;
-        let mut taken: BTreeSet<Uuid> = BTreeSet::new();
+        let mut taken: BTreeSet<AllocationId> = BTreeSet::new();
         for b in waiting {
             let Some(mine) = b.allocation_id.and_then(|id| by_id.get(&id)) else {
                 continue;
@@ -366,7 +369,7 @@ fn view(r: &BookingListRow, visible: bool, now: DateTime<Utc>) -> BookingView {
     let b = &r.b;
     BookingView {
         id: visible.then_some(b.id),
-        team_id: visible.then_some(b.team_id),
+        team_id: visible.then_some(TeamId(b.team_id)),
         team_name: visible.then(|| r.team_name.clone()),
         kind: b.kind.to_string(),
         model: b.model.clone(),

@@ -30,7 +30,7 @@ use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing;
 use tessera_domain::cluster;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::planner;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
@@ -81,7 +81,7 @@ pub struct Allocations {
     /// Wakes a node's agent after a change of its desired state.
     signals: Arc<crate::signals::NodeSignals>,
     /// Allocations seen `releasing`, and since when (see `finish_half_released`).
-    releasing_seen: Arc<std::sync::Mutex<HashMap<Uuid, DateTime<Utc>>>>,
+    releasing_seen: Arc<std::sync::Mutex<HashMap<AllocationId, DateTime<Utc>>>>,
     /// How long a borrower is warned before its allocation is preempted.
     preemption_grace: Duration,
     /// Queue positions, capacity and end times as of the last scheduler pass.
@@ -336,7 +336,7 @@ impl Allocations {
         Ok(valid.kind().label())
     }
 
-    async fn existing(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
+    async fn existing(&self, p: &Principal, key: &str) -> Result<Option<AllocationId>, AppError> {
         self.store
             .allocation_by_key(p.user_id().0, key)
             .await
@@ -344,7 +344,7 @@ impl Allocations {
     }
 
     /// One allocation, with its history and why it waits; another team's is `NotFound`.
-    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<AllocationView, AppError> {
+    pub async fn get(&self, p: &Principal, id: AllocationId) -> Result<AllocationView, AppError> {
         let row = self.visible(p, id).await?;
         let events = self
             .store
@@ -369,7 +369,11 @@ impl Allocations {
         Ok(v)
     }
 
-    async fn visible(&self, p: &Principal, id: Uuid) -> Result<AllocationListRow, AppError> {
+    async fn visible(
+        &self,
+        p: &Principal,
+        id: AllocationId,
+    ) -> Result<AllocationListRow, AppError> {
         let row = self
             .store
             .allocation(id)
@@ -404,7 +408,11 @@ impl Allocations {
 
     /// Releases an active allocation, or cancels a pending one: its owner, a team admin
     /// of its team, or a platform admin.
-    pub async fn release(&self, p: &Principal, id: Uuid) -> Result<AllocationView, AppError> {
+    pub async fn release(
+        &self,
+        p: &Principal,
+        id: AllocationId,
+    ) -> Result<AllocationView, AppError> {
         let row = self.visible(p, id).await?;
         let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
             .await
@@ -446,7 +454,7 @@ impl Allocations {
     /// end of the workload that owned it), with `note` in its history; audited with no
     /// actor. An active one is released, one still waiting (for approval, in the queue, being
     /// placed) is cancelled. `false` if it had ended already.
-    pub async fn release_for_system(&self, id: Uuid, note: &str) -> Result<bool, AppError> {
+    pub async fn release_for_system(&self, id: AllocationId, note: &str) -> Result<bool, AppError> {
         let now = self.clock.now();
         let mut done = false;
         // Like `release`: the scheduler may move it on between the read and the write.
@@ -482,7 +490,11 @@ impl Allocations {
     /// as the quota and the per-user limit now have room and no hard budget blocks them.
     /// Each admission is the same conditional update as at request time, so concurrent
     /// passes cannot over-admit. Returns how many were admitted.
-    pub async fn admit_when_room(&self, ids: &[Uuid], now: DateTime<Utc>) -> Result<u32, AppError> {
+    pub async fn admit_when_room(
+        &self,
+        ids: &[AllocationId],
+        now: DateTime<Utc>,
+    ) -> Result<u32, AppError> {
         let mut admitted = 0;
         let pricer = self.pricer(now).await?;
         for &id in ids {
@@ -579,7 +591,7 @@ impl Allocations {
     /// had moved on from `state` meanwhile (the caller reads it again).
     async fn end_from(
         &self,
-        id: Uuid,
+        id: AllocationId,
         state: AllocState,
         now: DateTime<Utc>,
         actor: Option<&str>,
@@ -711,7 +723,7 @@ impl Allocations {
     pub async fn extend(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: AllocationId,
         minutes: u32,
     ) -> Result<AllocationView, AppError> {
         let row = self.visible(p, id).await?;
@@ -807,7 +819,7 @@ impl Allocations {
     pub async fn decide(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: AllocationId,
         decision: Decision<'_>,
     ) -> Result<AllocationView, AppError> {
         let row = self.visible(p, id).await?;
@@ -1217,7 +1229,7 @@ impl Allocations {
         &self,
         actor: Option<&str>,
         action: AuditAction,
-        id: Uuid,
+        id: AllocationId,
         team: Option<Uuid>,
         before: Option<&AllocationRow>,
         after: Option<&AllocationRow>,
@@ -1242,7 +1254,7 @@ impl Allocations {
     #[allow(clippy::too_many_arguments)]
     async fn step(
         &self,
-        id: Uuid,
+        id: AllocationId,
         from: AllocState,
         to: AllocState,
         at: DateTime<Utc>,
@@ -1280,7 +1292,7 @@ impl Allocations {
     /// for the next placement.
     async fn finish(
         &self,
-        id: Uuid,
+        id: AllocationId,
         cause: alloc::ReleaseCause,
         at: DateTime<Utc>,
         actor: Option<&str>,

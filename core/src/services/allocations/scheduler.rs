@@ -167,9 +167,9 @@ impl Allocations {
             .filter(|a| matches!(a.state, AllocState::Placing | AllocState::Active))
             .collect();
         // When each placing allocation was placed: one query, and only when some are.
-        let placing_since: HashMap<Uuid, DateTime<Utc>> =
+        let placing_since: HashMap<AllocationId, DateTime<Utc>> =
             if held.iter().any(|a| a.state == AllocState::Placing) {
-                let mut since: HashMap<Uuid, DateTime<Utc>> = HashMap::new();
+                let mut since: HashMap<AllocationId, DateTime<Utc>> = HashMap::new();
                 for (id, at) in self
                     .store
                     .placing_since()
@@ -401,7 +401,7 @@ impl Allocations {
         seen: &Seen<'_>,
         desired: &[DesiredWithStatus],
         shared: &HashMap<String, ShareMethod>,
-        booked: &BTreeSet<Uuid>,
+        booked: &BTreeSet<AllocationId>,
         live: &mut Live,
         now: DateTime<Utc>,
         report: &mut TickReport,
@@ -443,7 +443,7 @@ impl Allocations {
                 .collect()
         };
         let plan = self.plan_with_spares(&cluster, &input.spare_cluster, &requests, &spare_ids)?;
-        let mut placed: HashMap<Uuid, Vec<AllocatedDevice>> = HashMap::new();
+        let mut placed: HashMap<AllocationId, Vec<AllocatedDevice>> = HashMap::new();
         for asg in &plan.assignments {
             let Some(id) = requests.owner(&asg.request) else {
                 continue;
@@ -479,7 +479,7 @@ impl Allocations {
                 });
             }
         }
-        let mut pending_reason: HashMap<Uuid, String> = HashMap::new();
+        let mut pending_reason: HashMap<AllocationId, String> = HashMap::new();
         for p in &plan.pending {
             if let Some(id) = requests.owner(&p.request) {
                 pending_reason.entry(id).or_insert_with(|| p.reason.clone());
@@ -569,8 +569,8 @@ impl Allocations {
     async fn settle_queue<'q>(
         &self,
         queued: &'q [AllocationRow],
-        mut placed: HashMap<Uuid, Vec<AllocatedDevice>>,
-        pending_reason: &HashMap<Uuid, String>,
+        mut placed: HashMap<AllocationId, Vec<AllocatedDevice>>,
+        pending_reason: &HashMap<AllocationId, String>,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<Vec<&'q AllocationRow>, AppError> {
@@ -644,7 +644,7 @@ impl Allocations {
     async fn preempt_for(
         &self,
         waiting: &[&AllocationRow],
-        booked: &BTreeSet<Uuid>,
+        booked: &BTreeSet<AllocationId>,
         inventories: &HashMap<Uuid, Arc<Inventory>>,
         live: &mut Live,
         now: DateTime<Utc>,
@@ -667,7 +667,7 @@ impl Allocations {
                 .get(&(team, model.to_owned()))
                 .map_or((0, 0), |q| (to_u32(q.used), to_u32(q.guaranteed)))
         };
-        let mut victims: BTreeSet<Uuid> = BTreeSet::new();
+        let mut victims: BTreeSet<AllocationId> = BTreeSet::new();
         let runs = |need: Option<CudaVersion>, r: &AllocationRow| {
             need.is_none_or(|need| {
                 r.devices.iter().all(|d| {
@@ -926,13 +926,13 @@ impl Allocations {
 /// parsing the text back.
 pub(super) struct Requests {
     pub(super) list: Vec<planner::Request>,
-    owner: HashMap<String, Uuid>,
+    owner: HashMap<String, AllocationId>,
 }
 
 impl Requests {
     /// The allocation the planner's request `id` is for (`None`: not one of these, which
     /// would be the planner's fault: logged).
-    pub(super) fn owner(&self, id: &str) -> Option<Uuid> {
+    pub(super) fn owner(&self, id: &str) -> Option<AllocationId> {
         let owner = self.owner.get(id).copied();
         if owner.is_none() {
             tracing::error!(
@@ -959,11 +959,12 @@ fn planned_node(node: &str) -> Option<Uuid> {
 fn planner_requests(
     queued: &[AllocationRow],
     shares: &BTreeMap<TeamId, FairShare>,
-    booked: &BTreeSet<Uuid>,
+    booked: &BTreeSet<AllocationId>,
 ) -> Requests {
     let entries: Vec<QueueEntry> = queued.iter().filter_map(queue_entry).collect();
     let order = alloc::order_queue(&entries, shares);
-    let rank: HashMap<Uuid, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let rank: HashMap<AllocationId, usize> =
+        order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let total = i32::try_from(order.len()).unwrap_or(i32::MAX);
     let mut requests = Vec::new();
     let mut owner = HashMap::new();
@@ -983,9 +984,9 @@ fn planner_requests(
 /// Allocation `a`'s planner requests, at its place in the queue.
 fn push_requests(
     a: &AllocationRow,
-    rank: &HashMap<Uuid, usize>,
+    rank: &HashMap<AllocationId, usize>,
     total: i32,
-    booked: &BTreeSet<Uuid>,
+    booked: &BTreeSet<AllocationId>,
     requests: &mut Vec<planner::Request>,
 ) {
     let kind = a.kind.clone();
@@ -1145,11 +1146,11 @@ const FULL_RELOAD: std::time::Duration = std::time::Duration::from_secs(60);
 #[derive(Default)]
 pub(super) struct LiveCache {
     /// In queue order: (created_at, id).
-    rows: BTreeMap<(DateTime<Utc>, Uuid), AllocationRow>,
+    rows: BTreeMap<(DateTime<Utc>, AllocationId), AllocationRow>,
     /// id → created_at (the key in `rows`).
-    keys: HashMap<Uuid, DateTime<Utc>>,
+    keys: HashMap<AllocationId, DateTime<Utc>>,
     /// Ended allocations that were active once: (team, units, active_at, ends_at).
-    ended: HashMap<Uuid, Ended>,
+    ended: HashMap<AllocationId, Ended>,
     /// The change feed's position and when everything was last loaded.
     horizon: i64,
     loaded_at: Option<std::time::Instant>,
@@ -1198,7 +1199,7 @@ impl LiveCache {
             .await
             .map_err(internal("reading the allocation change feed"))?;
         if !ids.is_empty() {
-            let ids: Vec<Uuid> = ids
+            let ids: Vec<AllocationId> = ids
                 .into_iter()
                 .collect::<BTreeSet<_>>()
                 .into_iter()
@@ -1218,7 +1219,7 @@ impl LiveCache {
         Ok(())
     }
 
-    fn remove(&mut self, id: Uuid) {
+    fn remove(&mut self, id: AllocationId) {
         if let Some(created) = self.keys.remove(&id) {
             self.rows.remove(&(created, id));
         }

@@ -56,7 +56,7 @@ impl Allocations {
         let entries: Vec<QueueEntry> = queued.iter().filter_map(|a| queue_entry(a)).collect();
         let mut position = HashMap::new();
         let order = alloc::order_queue(&entries, shares);
-        let model_of: HashMap<Uuid, &str> =
+        let model_of: HashMap<AllocationId, &str> =
             entries.iter().map(|e| (e.id, e.model.as_str())).collect();
         let mut per_model: HashMap<&str, u32> = HashMap::new();
         for id in order {
@@ -195,7 +195,7 @@ impl Allocations {
 #[derive(Clone, Default)]
 pub(super) struct PendingContext {
     pub(super) now: DateTime<Utc>,
-    pub(super) position: HashMap<Uuid, u32>,
+    pub(super) position: HashMap<AllocationId, u32>,
     pub(super) ends: HashMap<String, Vec<(DateTime<Utc>, u32)>>,
     pub(super) held_units: HashMap<String, u32>,
     pub(super) capacity: HashMap<String, u32>,

@@ -307,7 +307,7 @@ impl Allocations {
         cluster: &planner::Cluster,
         spare_cluster: &planner::Cluster,
         requests: &scheduler::Requests,
-        spare_ids: &BTreeSet<Uuid>,
+        spare_ids: &BTreeSet<AllocationId>,
     ) -> Result<planner::Plan, AppError> {
         let of = |r: &str| requests.owner(r);
         let (to_spares, ordinary): (Vec<_>, Vec<_>) = requests
@@ -316,14 +316,14 @@ impl Allocations {
             .cloned()
             .partition(|r| of(&r.id).is_some_and(|id| spare_ids.contains(&id)));
         let mut on_spares = planner::Plan::default();
-        let mut placed: BTreeSet<Uuid> = BTreeSet::new();
+        let mut placed: BTreeSet<AllocationId> = BTreeSet::new();
         if !to_spares.is_empty() && !spare_cluster.nodes.is_empty() {
             let plan = planner::plan(spare_cluster, &to_spares, &self.catalog).map_err(|e| {
                 tracing::error!(error = %e, "planner input rejected (spares)");
                 AppError::Internal
             })?;
             // Placed only if every part of it was.
-            let pending: BTreeSet<Uuid> =
+            let pending: BTreeSet<AllocationId> =
                 plan.pending.iter().filter_map(|p| of(&p.request)).collect();
             placed = plan
                 .assignments

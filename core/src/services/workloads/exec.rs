@@ -6,6 +6,7 @@ use super::{Workloads, internal};
 use crate::auth::Principal;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::error::AppError;
+use tessera_domain::ids::WorkloadId;
 use tessera_domain::workload::WorkloadState;
 use uuid::Uuid;
 
@@ -16,11 +17,11 @@ pub const MAX_EXEC_COMMAND: usize = 16 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecTarget {
     /// The workload the command runs in (its run on the node).
-    pub workload_id: Uuid,
+    pub workload_id: WorkloadId,
     pub node_id: Uuid,
     /// The workload asked for (rank 0 of a gang), its rank and its team: how the
     /// Kubernetes executor finds the pod.
-    pub job: Uuid,
+    pub job: WorkloadId,
     pub rank: u32,
     pub team_id: Uuid,
 }
@@ -33,7 +34,7 @@ impl Workloads {
     pub async fn exec_target(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: WorkloadId,
         rank: u32,
         argv: &[String],
         tty: bool,

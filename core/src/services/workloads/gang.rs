@@ -21,7 +21,7 @@ use tessera_domain::alloc as g;
 use tessera_domain::wire::{GangLauncher, GangPeer, GangSpec};
 
 /// A gang job's members and how far each is, as `GET /api/v1/workloads/{id}` shows them.
-pub(super) type Members = HashMap<Uuid, Vec<WorkloadListRow>>;
+pub(super) type Members = HashMap<WorkloadId, Vec<WorkloadListRow>>;
 
 impl Workloads {
     /// Rank 0 (`w`, queued) of a gang whose allocation is active on `all`:
@@ -161,7 +161,10 @@ impl Workloads {
     }
 
     /// The members of gang `job` in its current attempt (rank 0 first).
-    pub(super) async fn members_now(&self, job: Uuid) -> Result<Vec<WorkloadListRow>, AppError> {
+    pub(super) async fn members_now(
+        &self,
+        job: WorkloadId,
+    ) -> Result<Vec<WorkloadListRow>, AppError> {
         let all = self
             .store
             .gang_members(job)
@@ -326,7 +329,7 @@ impl Workloads {
             return Ok(0);
         };
         for m in members.iter().filter(|m| {
-            m.w.id != failed.map_or(Uuid::nil(), |f| f.w.id)
+            m.w.id != failed.map_or(WorkloadId(Uuid::nil()), |f| f.w.id)
                 && m.w.state.is_live()
                 && m.w.state != WorkloadState::Stopping
         }) {
@@ -374,7 +377,7 @@ impl Workloads {
 
 impl Workloads {
     /// Every member of gang `job` in its current attempt, for the job's view.
-    pub(super) async fn rank_views(&self, job: Uuid) -> Result<Vec<RankView>, AppError> {
+    pub(super) async fn rank_views(&self, job: WorkloadId) -> Result<Vec<RankView>, AppError> {
         Ok(self
             .members_now(job)
             .await?
@@ -395,7 +398,12 @@ impl Workloads {
 
     /// The workload id of rank `rank` of the job `id` the caller may act on (its log);
     /// rank 0 is the job itself. 404 for a rank the job does not have.
-    pub async fn rank_id(&self, p: &Principal, id: Uuid, rank: u32) -> Result<Uuid, AppError> {
+    pub async fn rank_id(
+        &self,
+        p: &Principal,
+        id: WorkloadId,
+        rank: u32,
+    ) -> Result<WorkloadId, AppError> {
         let row = self.actionable(p, id).await?;
         if rank == 0 {
             return Ok(row.w.id);

@@ -27,7 +27,7 @@ use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation}
 use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{TeamId, UserId};
+use tessera_domain::ids::{AllocationId, TeamId, UserId, WorkloadId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
@@ -101,7 +101,7 @@ impl Default for WorkloadConfig {
 /// when it stops.
 #[derive(Debug, Clone, Default)]
 pub struct NewNotebook {
-    pub allocation_id: Option<Uuid>,
+    pub allocation_id: Option<AllocationId>,
     pub gpu: Option<NewAllocation>,
     /// One of the caller's teams' notebook profiles: its GPU and hours, paid by its team.
     pub profile_id: Option<Uuid>,
@@ -119,7 +119,7 @@ pub struct NewNotebook {
 /// is the job's time limit), which the job queues for and releases when it ends.
 #[derive(Debug, Clone, Default)]
 pub struct NewJob {
-    pub allocation_id: Option<Uuid>,
+    pub allocation_id: Option<AllocationId>,
     pub gpu: Option<NewAllocation>,
     /// One task of a sweep: its index, given to the run as `TESSERA_ARRAY_INDEX`.
     pub array_index: Option<u32>,
@@ -144,13 +144,16 @@ pub struct NewJob {
 #[derive(Debug, Clone, Copy)]
 enum Target<'a> {
     /// An active allocation of the caller's.
-    Allocation(Uuid),
+    Allocation(AllocationId),
     /// A GPU request of its own.
     NewGpu(&'a NewAllocation),
 }
 
 impl<'a> Target<'a> {
-    fn of(allocation: Option<Uuid>, gpu: Option<&'a NewAllocation>) -> Result<Self, AppError> {
+    fn of(
+        allocation: Option<AllocationId>,
+        gpu: Option<&'a NewAllocation>,
+    ) -> Result<Self, AppError> {
         match (allocation, gpu) {
             (Some(id), None) => Ok(Target::Allocation(id)),
             (None, Some(g)) => Ok(Target::NewGpu(g)),
@@ -168,7 +171,7 @@ impl<'a> Target<'a> {
 
 /// Where a new workload is stored: its allocation, and its node once it has one.
 struct Place {
-    allocation_id: Uuid,
+    allocation_id: AllocationId,
     team_id: Uuid,
     node_id: Option<Uuid>,
     hostname: String,
@@ -192,7 +195,7 @@ fn node_devices(all: &[AllocatedDevice]) -> Option<(Uuid, String, Vec<AllocatedD
 pub struct WorkloadFilter {
     pub kind: Option<WorkloadKind>,
     pub team: Option<TeamId>,
-    pub allocation: Option<Uuid>,
+    pub allocation: Option<AllocationId>,
     /// Only the caller's own.
     pub mine: bool,
     /// Only the ones not ended.
@@ -202,7 +205,7 @@ pub struct WorkloadFilter {
 /// Where the proxy sends a notebook's requests.
 #[derive(Debug, Clone)]
 pub struct ProxyTarget {
-    pub workload_id: Uuid,
+    pub workload_id: WorkloadId,
     /// `host:port`.
     pub endpoint: String,
     /// Sent upstream as `Authorization: token …`; never shown to the browser.
@@ -219,7 +222,7 @@ pub const NOTEBOOK_PASS_TTL_HOURS: i64 = 12;
 /// A way into a notebook's own origin: the one-time code for its entry redirect.
 #[derive(Debug, Clone)]
 pub struct NotebookEntry {
-    pub workload_id: Uuid,
+    pub workload_id: WorkloadId,
     pub code: String,
     pub base_path: String,
 }
@@ -264,7 +267,7 @@ pub struct Workloads {
 }
 
 /// When each (admin, notebook) pair was last audited.
-type AuditedAccess = HashMap<(Uuid, Uuid), DateTime<Utc>>;
+type AuditedAccess = HashMap<(Uuid, WorkloadId), DateTime<Utc>>;
 
 /// Environment values may be secrets: only the workload's owner and platform admins see
 /// them; other readers get the names.
@@ -715,7 +718,11 @@ impl Workloads {
     }
 
     /// Where a workload on an existing allocation runs: the caller's own, active one.
-    async fn on_allocation(&self, p: &Principal, allocation_id: Uuid) -> Result<Place, AppError> {
+    async fn on_allocation(
+        &self,
+        p: &Principal,
+        allocation_id: AllocationId,
+    ) -> Result<Place, AppError> {
         let alloc = self
             .store
             .allocation(allocation_id)
@@ -808,7 +815,7 @@ impl Workloads {
         &self,
         p: &Principal,
         key: Option<&str>,
-        allocation: Uuid,
+        allocation: AllocationId,
         kind: WorkloadKind,
         name: &str,
     ) -> AppError {
@@ -841,7 +848,7 @@ impl Workloads {
         AppError::conflict("the workload could not be stored; retry")
     }
 
-    async fn by_key(&self, p: &Principal, key: &str) -> Result<Option<Uuid>, AppError> {
+    async fn by_key(&self, p: &Principal, key: &str) -> Result<Option<WorkloadId>, AppError> {
         self.store
             .workload_by_key(p.user_id().0, key)
             .await
@@ -860,7 +867,7 @@ impl Workloads {
     }
 
     /// One workload; another team's is `NotFound`.
-    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+    pub async fn get(&self, p: &Principal, id: WorkloadId) -> Result<WorkloadView, AppError> {
         let row = self.visible(p, id).await?;
         let mut v = redact(self.view(&row), p);
         if row.w.kind == WorkloadKind::Notebook && row.w.state == WorkloadState::Running {
@@ -921,7 +928,7 @@ impl Workloads {
         })
     }
 
-    async fn visible(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
+    async fn visible(&self, p: &Principal, id: WorkloadId) -> Result<WorkloadListRow, AppError> {
         let row = self
             .store
             .workload(id)
@@ -934,7 +941,7 @@ impl Workloads {
 
     /// Visible, and the caller may act on it (stop it, read its log): its owner, a team
     /// admin of its team, or a platform admin. Other members of the team get `Forbidden`.
-    async fn actionable(&self, p: &Principal, id: Uuid) -> Result<WorkloadListRow, AppError> {
+    async fn actionable(&self, p: &Principal, id: WorkloadId) -> Result<WorkloadListRow, AppError> {
         let row = self.visible(p, id).await?;
         if row.w.user_id == p.user_id().0 || p.is_admin() {
             return Ok(row);
@@ -975,7 +982,7 @@ impl Workloads {
 
     /// Stops a notebook or cancels a job (owner, team admin, platform admin), warning it
     /// first where it listens ([`Workloads::stop_with`]).
-    pub async fn stop(&self, p: &Principal, id: Uuid) -> Result<WorkloadView, AppError> {
+    pub async fn stop(&self, p: &Principal, id: WorkloadId) -> Result<WorkloadView, AppError> {
         self.stop_with(p, id, false).await
     }
 
@@ -989,7 +996,7 @@ impl Workloads {
     pub async fn stop_with(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: WorkloadId,
         immediate: bool,
     ) -> Result<WorkloadView, AppError> {
         let row = self.actionable(p, id).await?;
@@ -1074,7 +1081,7 @@ impl Workloads {
     pub async fn logs(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: WorkloadId,
         from: Option<u64>,
         max: u64,
     ) -> Result<LogSlice, AppError> {
@@ -1107,7 +1114,11 @@ impl Workloads {
     }
 
     /// The whole log kept for a workload (at most the configured bound), for download.
-    pub async fn log_text(&self, p: &Principal, id: Uuid) -> Result<(String, String), AppError> {
+    pub async fn log_text(
+        &self,
+        p: &Principal,
+        id: WorkloadId,
+    ) -> Result<(String, String), AppError> {
         let row = self.actionable(p, id).await?;
         let mut out = String::new();
         let mut from = u64::try_from(row.w.log_start).unwrap_or(0);
@@ -1193,11 +1204,11 @@ impl Workloads {
         &self,
         actor: Option<&str>,
         action: AuditAction,
-        id: Uuid,
+        id: WorkloadId,
         team: Uuid,
         after: &str,
     ) {
-        self.audit_note("workload", actor, action, (id, team), after)
+        self.audit_note("workload", actor, action, (id.0, team), after)
             .await;
     }
 

@@ -28,7 +28,7 @@ impl Workloads {
     pub async fn notebook_target(
         &self,
         p: &Principal,
-        workload: Uuid,
+        workload: WorkloadId,
     ) -> Result<Result<ProxyTarget, NotReady>, AppError> {
         let row = self
             .store
@@ -79,7 +79,7 @@ impl Workloads {
     /// that is unknown, used, expired or for another notebook.
     pub async fn redeem_notebook_code(
         &self,
-        workload: Uuid,
+        workload: WorkloadId,
         code: &str,
     ) -> Result<String, AppError> {
         let now = self.clock.now();
@@ -115,7 +115,7 @@ impl Workloads {
     /// valid pass for that notebook.
     pub async fn notebook_pass(
         &self,
-        workload: Uuid,
+        workload: WorkloadId,
         pass: &str,
     ) -> Result<(Uuid, DateTime<Utc>), AppError> {
         let (user, issued, expires) = self

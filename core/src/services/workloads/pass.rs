@@ -360,7 +360,7 @@ impl Workloads {
             .map_err(internal("loading workloads"))?;
         // Queued workloads whose request waits beyond the team's quota are admitted as the
         // quota frees, oldest first.
-        let over_quota: Vec<Uuid> = rows
+        let over_quota: Vec<AllocationId> = rows
             .iter()
             .filter(|r| {
                 r.w.state == WorkloadState::Queued
@@ -511,7 +511,7 @@ impl Workloads {
         now: DateTime<Utc>,
     ) -> Result<(), AppError> {
         let payload = tessera_domain::notify::idle_warning_payload(
-            (w.id, &w.name),
+            (w.id.0, &w.name),
             w.user_id,
             idle_since,
             stop_at,
@@ -519,7 +519,7 @@ impl Workloads {
         let mut event = NewEvent::new(
             EventKind::IdleWarning,
             Some(w.team_id),
-            ("workload", w.id),
+            ("workload", w.id.0),
             payload,
             now,
         );

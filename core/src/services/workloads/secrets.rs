@@ -9,11 +9,11 @@ use crate::at_rest::{DataKeys, OpenError, Sealed};
 /// How many rows [`Workloads::seal_at_rest`] reads at a time.
 const SEAL_BATCH: i64 = 500;
 
-fn token_context(id: Uuid) -> String {
+fn token_context(id: WorkloadId) -> String {
     format!("workloads.token:{id}")
 }
 
-fn env_context(id: Uuid) -> String {
+fn env_context(id: WorkloadId) -> String {
     format!("workloads.env:{id}")
 }
 
@@ -56,7 +56,7 @@ impl Workloads {
         })
     }
 
-    fn open(&self, id: Uuid, context: &str, sealed: &Sealed) -> Result<String, AppError> {
+    fn open(&self, id: WorkloadId, context: &str, sealed: &Sealed) -> Result<String, AppError> {
         self.keys.open(context, sealed).map_err(|e| {
             tracing::error!(workload = %id, error = %e, "opening a workload secret (TESSERA_DATA_KEY)");
             AppError::Internal
@@ -90,7 +90,7 @@ impl Workloads {
     pub async fn seal_at_rest(&self) -> anyhow::Result<u64> {
         use anyhow::Context;
         let prefix = self.keys.current_prefix();
-        let mut after = Uuid::nil();
+        let mut after = WorkloadId(Uuid::nil());
         let mut sealed = 0;
         loop {
             let rows = self

@@ -67,7 +67,7 @@ pub(super) async fn get_allocation(
     Call(s, p): Call,
     Path(id): Path<Uuid>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.get(&p, id).await)
+    ok(s.allocations.get(&p, id.into()).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/allocations/{id}/release", tag = "allocations",
@@ -77,7 +77,7 @@ pub(super) async fn release_allocation(
     Call(s, p): Call,
     Path(id): Path<Uuid>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.release(&p, id).await)
+    ok(s.allocations.release(&p, id.into()).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -94,7 +94,7 @@ pub(super) async fn extend_allocation(
     Path(id): Path<Uuid>,
     JsonBody(b): JsonBody<Extension>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.extend(&p, id, b.minutes).await)
+    ok(s.allocations.extend(&p, id.into(), b.minutes).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -126,7 +126,7 @@ pub(super) async fn approve_allocation(
     Path(id): Path<Uuid>,
     JsonBody(b): JsonBody<Decision>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.decide(&p, id, b.with(true)).await)
+    ok(s.allocations.decide(&p, id.into(), b.with(true)).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/allocations/{id}/deny", tag = "allocations", request_body = Decision,
@@ -136,7 +136,7 @@ pub(super) async fn deny_allocation(
     Path(id): Path<Uuid>,
     JsonBody(b): JsonBody<Decision>,
 ) -> ApiResult<AllocationView> {
-    ok(s.allocations.decide(&p, id, b.with(false)).await)
+    ok(s.allocations.decide(&p, id.into(), b.with(false)).await)
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/quotas", tag = "allocations",

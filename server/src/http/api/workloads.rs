@@ -1,6 +1,7 @@
 //! Notebooks, notebook profiles and jobs.
 
 use super::*;
+use tessera_domain::ids::AllocationId;
 use tessera_domain::workload::{self as wl, EnvVar};
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -33,7 +34,7 @@ pub(super) async fn list_workloads(
     let filter = WorkloadFilter {
         kind: q.kind,
         team: q.team.map(TeamId),
-        allocation: q.allocation,
+        allocation: q.allocation.map(AllocationId),
         mine: q.mine,
         live: q.live,
     };
@@ -157,7 +158,7 @@ pub(super) async fn launch_notebook(
 ) -> Created<WorkloadView> {
     refuse_unknown(&b.unknown)?;
     let req = NewNotebook {
-        allocation_id: b.allocation_id,
+        allocation_id: b.allocation_id.map(AllocationId),
         gpu: b.own.request()?,
         profile_id: b.profile_id,
         name: b.name,
@@ -300,7 +301,7 @@ pub(super) async fn submit_job(
 ) -> Created<WorkloadView> {
     refuse_unknown(&b.unknown)?;
     let req = NewJob {
-        allocation_id: b.allocation_id,
+        allocation_id: b.allocation_id.map(AllocationId),
         gpu: b.own.request()?,
         array_index: b.array_index,
         name: b.name,
@@ -334,7 +335,7 @@ pub(super) async fn get_workload(
     Call(s, p): Call,
     Path(id): Path<Uuid>,
 ) -> ApiResult<WorkloadView> {
-    ok(s.workloads.get(&p, id).await)
+    ok(s.workloads.get(&p, id.into()).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -358,7 +359,7 @@ pub(super) async fn stop_workload(
     Path(id): Path<Uuid>,
     Query(q): Query<StopQuery>,
 ) -> ApiResult<WorkloadView> {
-    ok(s.workloads.stop_with(&p, id, q.now).await)
+    ok(s.workloads.stop_with(&p, id.into(), q.now).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -387,7 +388,7 @@ pub(super) async fn workload_logs(
     Path(id): Path<Uuid>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<LogSlice> {
-    let id = s.workloads.rank_id(&p, id, q.rank).await?;
+    let id = s.workloads.rank_id(&p, id.into(), q.rank).await?;
     ok(s.workloads.logs(&p, id, q.from, q.max).await)
 }
 
@@ -398,7 +399,7 @@ pub(super) async fn workload_log_file(
     Call(s, p): Call,
     Path(id): Path<Uuid>,
 ) -> Result<axum::response::Response, ApiError> {
-    let (file, text) = s.workloads.log_text(&p, id).await?;
+    let (file, text) = s.workloads.log_text(&p, id.into()).await?;
     let mut res = axum::response::IntoResponse::into_response(text);
     let h = res.headers_mut();
     h.insert(
