@@ -58,7 +58,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     let t = Instant::now();
     let report = services
         .allocations
-        .tick(Utc::now())
+        .tick(&b.system, Utc::now())
         .await
         .map_err(anyhow_err)?;
     let place = t.elapsed();

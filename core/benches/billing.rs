@@ -76,7 +76,11 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
     );
 
     let t = Instant::now();
-    let report = services.billing.meter(now, None).await.map_err(err)?;
+    let report = services
+        .billing
+        .meter(&b.system, now, None)
+        .await
+        .map_err(err)?;
     let meter = t.elapsed();
     let hours = teams * days * 24;
     anyhow::ensure!(

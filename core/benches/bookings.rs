@@ -66,7 +66,7 @@ async fn run(name: &str, url: &str, existing: usize) -> anyhow::Result<()> {
     // One pass: the capacity bookings are admitted against.
     services
         .allocations
-        .tick(Utc::now())
+        .tick(&b.system, Utc::now())
         .await
         .map_err(anyhow_err)?;
     let mut spread = Spread(42);

@@ -182,7 +182,7 @@ async fn through_server(
         b.services
             .nodes
             .record_status(
-                &NodeIdentity { id: node, hostname },
+                &NodeIdentity::for_executor(&b.system, node, &hostname),
                 &StatusReport { statuses },
             )
             .await
@@ -204,7 +204,11 @@ async fn through_server(
             .request(team.id, &format!("{MODEL}:share:{}", pod.milli))
             .await?;
         // The same instant every pass: nothing times out while the bench runs.
-        b.services.allocations.tick(now).await.map_err(err)?;
+        b.services
+            .allocations
+            .tick(&b.system, now)
+            .await
+            .map_err(err)?;
         let row = b
             .store
             .allocation(view.id)

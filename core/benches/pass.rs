@@ -79,12 +79,12 @@ async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Resul
     // Placed on the existing instances, then activated: the agents report them.
     let placed = services
         .allocations
-        .tick(Utc::now())
+        .tick(&b.system, Utc::now())
         .await
         .map_err(anyhow_err)?;
     let activated = services
         .allocations
-        .tick(Utc::now())
+        .tick(&b.system, Utc::now())
         .await
         .map_err(anyhow_err)?;
     anyhow::ensure!(
@@ -99,7 +99,7 @@ async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Resul
         let t = Instant::now();
         let r = services
             .allocations
-            .tick(Utc::now())
+            .tick(&b.system, Utc::now())
             .await
             .map_err(anyhow_err)?;
         times.push(t.elapsed());
@@ -110,7 +110,7 @@ async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Resul
     }
     times.sort();
     // A new leader: fresh services on the same store, whose first pass loads everything.
-    let fresh = tessera_core::Services::new(
+    let (fresh, system) = tessera_core::Services::new(
         b.store.clone(),
         tessera_core::auth::password::Hasher::new(2, 16)?,
         std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
@@ -121,7 +121,7 @@ async fn run(name: &str, url: &str, live: usize, passes: usize) -> anyhow::Resul
     let t = Instant::now();
     fresh
         .allocations
-        .tick(Utc::now())
+        .tick(&system, Utc::now())
         .await
         .map_err(anyhow_err)?;
     let cold = t.elapsed();

@@ -49,12 +49,14 @@ pub struct Services {
 }
 
 impl Services {
+    /// The services, and the [`SystemActor`](auth::SystemActor) their background passes
+    /// run as: given only here, to whoever builds them, before they are shared.
     pub fn new(
         store: Store,
         hasher: auth::password::Hasher,
         limiter: Arc<auth::limiter::LoginLimiter>,
         session_absolute_timeout: Duration,
-    ) -> Self {
+    ) -> (Self, auth::SystemActor) {
         Self::with_clock(
             store,
             hasher,
@@ -71,7 +73,7 @@ impl Services {
         limiter: Arc<auth::limiter::LoginLimiter>,
         session_absolute_timeout: Duration,
         clock: clock::Clock,
-    ) -> Self {
+    ) -> (Self, auth::SystemActor) {
         let catalog = Arc::new(tessera_domain::mig::Catalog::builtin());
         let billing = Billing::new(store.clone(), catalog.clone()).with_clock(clock.clone());
         let signals = Arc::new(signals::NodeSignals::new());
@@ -81,7 +83,7 @@ impl Services {
             .with_signals(signals.clone());
         let tokens = Tokens::new(store.clone()).with_clock(clock.clone());
         let images = services::images::Images::new(store.clone()).with_clock(clock.clone());
-        Services {
+        let services = Services {
             accounts: Accounts::new(store.clone(), hasher.clone(), limiter)
                 .with_clock(clock.clone()),
             tenancy: Tenancy::new(store.clone(), hasher)
@@ -103,7 +105,8 @@ impl Services {
             signals,
             session_absolute_timeout,
             clock,
-        }
+        };
+        (services, auth::SystemActor::new())
     }
 
     /// Turns on single sign-on.

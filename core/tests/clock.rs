@@ -25,7 +25,7 @@ async fn a_manual_clock_decides_which_hours_a_rate_may_start_and_which_rate_is_c
         .await
         .expect("connect");
     store.migrate().await.expect("migrate");
-    let s = Services::with_clock(
+    let (s, _) = Services::with_clock(
         store,
         Hasher::new(1, 4).expect("hasher"),
         Arc::new(LoginLimiter::new(Default::default())),

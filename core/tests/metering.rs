@@ -13,7 +13,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use common::{Lcg, services_with_admin};
 use std::collections::BTreeMap;
 use tessera_core::Services;
-use tessera_core::auth::Principal;
+use tessera_core::auth::{Principal, SystemActor};
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::{self, Rate, RateCard};
@@ -37,8 +37,9 @@ const KINDS: [(&str, u32); 4] = [
     ("A100-SXM4-40GB:2g.10gb", 2),
 ];
 
-async fn world(url: &str) -> (Store, Services, Principal, Uuid) {
-    let (store, services) = services_with_admin(url, "metering-test-password").await;
+/// The store, services over it, what their passes run as, the admin and a new team.
+async fn world(url: &str) -> (Store, Services, SystemActor, Principal, Uuid) {
+    let (store, services, system) = services_with_admin(url, "metering-test-password").await;
     let p = services
         .accounts
         .principal_of("admin")
@@ -49,7 +50,7 @@ async fn world(url: &str) -> (Store, Services, Principal, Uuid) {
         .create_team(&p, &format!("meter-{}", Uuid::new_v4().simple()))
         .await
         .expect("team");
-    (store, services, p, team.id.0)
+    (store, services, system, p, team.id.0)
 }
 
 async fn write(
@@ -118,7 +119,7 @@ fn ground_truth(specs: &[Spec], origin: DateTime<Utc>, now: i64, card: &RateCard
 }
 
 async fn run(url: &str, seed: u64) {
-    let (store, services, p, team) = world(url).await;
+    let (store, services, system, p, team) = world(url).await;
     let store = &store;
     let mut rng = Lcg(seed);
     // Hours in the future, so the passes below can be given their own clock.
@@ -185,7 +186,7 @@ async fn run(url: &str, seed: u64) {
             let stop = rng.next(n as u64 + 1) as u32;
             let r = services
                 .billing
-                .meter(clock, Some(stop))
+                .meter(&system, clock, Some(stop))
                 .await
                 .expect("meter");
             if r.allocations < stop || stop as usize >= n {
@@ -196,12 +197,16 @@ async fn run(url: &str, seed: u64) {
             }
         }
         let (a, b) = tokio::join!(
-            services.billing.meter(clock, None),
-            services.billing.meter(clock, None)
+            services.billing.meter(&system, clock, None),
+            services.billing.meter(&system, clock, None)
         );
         a.expect("meter");
         b.expect("meter");
-        let again = services.billing.meter(clock, None).await.expect("meter");
+        let again = services
+            .billing
+            .meter(&system, clock, None)
+            .await
+            .expect("meter");
         assert_eq!(again.hours, 0, "seed {seed}: a rerun wrote {again:?}");
         let charged: i64 = store
             .team_charges(
@@ -246,7 +251,7 @@ async fn metering_random_histories_matches_ground_truth_through_crashes_and_reru
 async fn an_unknown_state_in_the_store_is_an_error_not_a_fallback() {
     let dir = tempfile::tempdir().expect("dir");
     let url = format!("sqlite://{}/s.db?mode=rwc", dir.path().display());
-    let (store, services, p, team) = world(&url).await;
+    let (store, services, _, p, team) = world(&url).await;
     let spec = Spec {
         kind: "H100-80GB:1g.10gb",
         count: 1,

@@ -22,7 +22,7 @@ use chrono::{Duration, TimeZone, Utc};
 use common::{Lcg, services_with_admin};
 use std::collections::HashMap;
 use tessera_core::Services;
-use tessera_core::auth::Principal;
+use tessera_core::auth::{Principal, SystemActor};
 use tessera_core::services::allocations::Decision;
 use tessera_core::store::{Change, Store, Transition};
 use tessera_domain::alloc::{AllocState, GpuKind, HighGrant, NewAllocation, PriorityClass};
@@ -39,6 +39,8 @@ const BUDGET: i64 = 3_000;
 
 struct World {
     s: Services,
+    /// What the scheduler's passes run as.
+    system: SystemActor,
     store: Store,
     admin: Principal,
     teams: Vec<Uuid>,
@@ -54,7 +56,7 @@ async fn principal(s: &Services, name: &str) -> Principal {
 }
 
 async fn world(url: &str, seed: u64) -> World {
-    let (store, s) = services_with_admin(url, "rules-test-password").await;
+    let (store, s, system) = services_with_admin(url, "rules-test-password").await;
     let admin = principal(&s, "admin").await;
     let now = Utc::now().timestamp();
     let hour = Utc
@@ -132,6 +134,7 @@ async fn world(url: &str, seed: u64) -> World {
     }]);
     World {
         s,
+        system,
         store,
         admin,
         teams,
@@ -309,7 +312,7 @@ impl World {
                     .await;
                 self.s
                     .allocations
-                    .tick(Utc::now())
+                    .tick(&self.system, Utc::now())
                     .await
                     .expect("scheduler pass");
                 if disabled {
@@ -325,7 +328,7 @@ impl World {
             _ => {
                 self.s
                     .allocations
-                    .tick(Utc::now())
+                    .tick(&self.system, Utc::now())
                     .await
                     .expect("scheduler pass");
             }

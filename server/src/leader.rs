@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tessera_core::Services;
+use tessera_core::auth::SystemActor;
 use tessera_core::store::ReplicaRow;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -33,6 +34,8 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Leader {
     pub services: Arc<Services>,
+    /// What the passes run as (the composition root's, from `Services::new`).
+    pub system: SystemActor,
     pub config: Arc<ServeConfig>,
     pub kube: Option<Arc<KubeExecutor>>,
     /// This replica's name in logs and in the `tessera_leader` gauge.
@@ -133,17 +136,27 @@ impl Leader {
         let mut tasks = vec![
             tokio::spawn(crate::scheduler::run(
                 s.clone(),
+                self.system.clone(),
                 self.config.scheduler_interval,
             )),
             tokio::spawn(crate::scheduler::meter(
                 s.clone(),
+                self.system.clone(),
                 self.config.metering_interval,
             )),
             tokio::spawn(listen_for_wakes(s.clone())),
-            tokio::spawn(crate::notify::run(s.clone(), self.config.clone())),
+            tokio::spawn(crate::notify::run(
+                s.clone(),
+                self.system.clone(),
+                self.config.clone(),
+            )),
         ];
         if let Some(k) = &self.kube {
-            tasks.push(tokio::spawn(crate::k8s::run(s.clone(), k.clone())));
+            tasks.push(tokio::spawn(crate::k8s::run(
+                s.clone(),
+                self.system.clone(),
+                k.clone(),
+            )));
         }
         tasks
     }

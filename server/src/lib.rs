@@ -97,7 +97,8 @@ pub async fn run(
     });
     let hasher = auth::password::Hasher::new(workers, config.login_queue)?;
     let limiter = Arc::new(auth::limiter::LoginLimiter::new(Default::default()));
-    let services = Services::new(
+    // The background passes run as `system`; the handlers get only `Arc<Services>`.
+    let (services, system) = Services::new(
         store.clone(),
         hasher,
         limiter,
@@ -137,7 +138,7 @@ pub async fn run(
     let services = Arc::new(services);
     let sealed = services
         .workloads
-        .seal_at_rest()
+        .seal_at_rest(&system)
         .await
         .context("sealing workload secrets with the data keys (TESSERA_DATA_KEY)")?;
     if sealed > 0 {
@@ -246,6 +247,7 @@ pub async fn run(
     let leader = tokio::spawn(
         leader::Leader {
             services: state.services.clone(),
+            system,
             config: state.config.clone(),
             kube,
             replica: config

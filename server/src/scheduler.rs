@@ -5,12 +5,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::Services;
+use tessera_core::auth::SystemActor;
 
-pub async fn run(services: Arc<Services>, every: Duration) {
+pub async fn run(services: Arc<Services>, system: SystemActor, every: Duration) {
     let changed = services.allocations.changed();
     loop {
         let started = std::time::Instant::now();
-        match services.allocations.tick(services.clock.now()).await {
+        match services
+            .allocations
+            .tick(&system, services.clock.now())
+            .await
+        {
             Ok(r) => {
                 if r.placed
                     + r.activated
@@ -45,7 +50,7 @@ pub async fn run(services: Arc<Services>, every: Duration) {
             }
             Err(e) => tracing::warn!("scheduler pass failed: {e}"),
         }
-        match services.workloads.tick(services.clock.now()).await {
+        match services.workloads.tick(&system, services.clock.now()).await {
             Ok(r) if r.stopped_for_allocation + r.reclaimed_idle + r.lost > 0 => {
                 metrics::counter!(crate::observability::IDLE_RECLAIMED)
                     .increment(u64::from(r.reclaimed_idle));
@@ -69,9 +74,13 @@ pub async fn run(services: Arc<Services>, every: Duration) {
 /// The metering loop: every `every`, meters complete hours (and ended allocations) into
 /// the ledger. Each pass is idempotent, so a restart or an overlapping pass bills nothing
 /// twice.
-pub async fn meter(services: Arc<Services>, every: Duration) {
+pub async fn meter(services: Arc<Services>, system: SystemActor, every: Duration) {
     loop {
-        match services.billing.meter(services.clock.now(), None).await {
+        match services
+            .billing
+            .meter(&system, services.clock.now(), None)
+            .await
+        {
             Ok(r) => {
                 if r.hours > 0 {
                     tracing::info!(hours = r.hours, closed = r.closed, "metered GPU usage");

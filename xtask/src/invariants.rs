@@ -33,6 +33,20 @@ const OTHER_STATES: [&str; 1] = ["core/src/store/outbox.rs"];
 /// migrates and backs up the database and hands it to `Services` (which keeps none).
 const STORE_HOLDERS: [&str; 1] = ["server/src/lib.rs"];
 
+/// Store-row fields that hold an allocation's or a workload's id: read as `AllocationId`
+/// or `WorkloadId`, never a bare `Uuid`.
+const ID_FIELDS: [&str; 3] = ["allocation_id", "workload_id", "gang_job"];
+
+/// Where the server holds the `SystemActor` its background passes run as: the composition
+/// root and the passes it starts. No request handler (nor the UI) gets one.
+const SYSTEM_ACTOR_HOLDERS: [&str; 5] = [
+    "server/src/lib.rs",
+    "server/src/leader.rs",
+    "server/src/scheduler.rs",
+    "server/src/notify/mod.rs",
+    "server/src/k8s/mod.rs",
+];
+
 /// Where trusted code may act as a stored user without a request.
 const PRINCIPAL_OF_CALLERS: [&str; 2] = ["core/src/services/accounts.rs", "server/src/sim.rs"];
 
@@ -59,6 +73,12 @@ pub fn check(root: &Path) -> Result<()> {
                     n + 1
                 ));
             }
+            if ID_FIELDS.contains(&name) && (ty == "Uuid" || ty == "Option<Uuid>") {
+                broken.push(format!(
+                    "{rel}:{}: store row field `{name}` is a bare Uuid; read it as its id type",
+                    n + 1
+                ));
+            }
         }
     }
     for dir in ["core/src", "server/src", "app/src"] {
@@ -69,6 +89,15 @@ pub fn check(root: &Path) -> Result<()> {
             if dir != "core/src" && opens_store && !STORE_HOLDERS.contains(&rel.as_str()) {
                 broken.push(format!(
                     "{rel}: holds the store; adapters reach rows through the services"
+                ));
+            }
+            if dir != "core/src"
+                && text.contains("SystemActor")
+                && !SYSTEM_ACTOR_HOLDERS.contains(&rel.as_str())
+            {
+                broken.push(format!(
+                    "{rel}: holds the SystemActor; only the composition root and its background \
+                     passes run as the platform"
                 ));
             }
             if text.contains("principal_of(") && !PRINCIPAL_OF_CALLERS.contains(&rel.as_str()) {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::Services;
-use tessera_core::auth::Principal;
+use tessera_core::auth::{Principal, SystemActor};
 use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{NodeRow, Store};
 use tessera_domain::account::NewPassword;
@@ -80,6 +80,8 @@ pub async fn targets(scratch: &Scratch, tag: &str) -> anyhow::Result<Vec<(&'stat
 pub struct Bench {
     pub store: Store,
     pub services: Services,
+    /// What the benchmarked passes run as.
+    pub system: SystemActor,
     pub admin: Principal,
 }
 
@@ -87,7 +89,7 @@ impl Bench {
     pub async fn open(url: &str) -> anyhow::Result<Self> {
         let store = Store::connect(url).await?;
         store.migrate().await?;
-        let services = Services::new(
+        let (services, system) = Services::new(
             store.clone(),
             Hasher::new(2, 16)?,
             Arc::new(LoginLimiter::new(Default::default())),
@@ -103,6 +105,7 @@ impl Bench {
         Ok(Bench {
             store,
             services,
+            system,
             admin,
         })
     }

@@ -9,7 +9,7 @@
 use super::authz::{self, Need};
 use super::internal;
 use super::tenancy::paged;
-use crate::auth::Principal;
+use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
 use crate::services::audit::Entry;
 use crate::store::{
@@ -190,9 +190,10 @@ impl Billing {
     /// Meters every complete hour (and the last partial hour of an allocation that ended)
     /// not metered yet, up to `now`. Idempotent: running it again, concurrently, or after
     /// a crash at any point writes nothing twice. `max_allocations` stops after that many
-    /// allocations (tests use it to stop part-way, like a crash).
+    /// allocations (tests use it to stop part-way, like a crash). Only the platform runs it.
     pub async fn meter(
         &self,
+        _: &SystemActor,
         now: DateTime<Utc>,
         max_allocations: Option<u32>,
     ) -> Result<MeterReport, AppError> {

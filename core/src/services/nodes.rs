@@ -3,8 +3,8 @@
 use super::authz;
 use super::internal;
 use super::tenancy::paged;
-use crate::auth::Principal;
 use crate::auth::secret;
+use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
 use crate::services::audit::Entry;
 use crate::store::{
@@ -33,11 +33,31 @@ use tessera_domain::wire::{
 };
 use uuid::Uuid;
 
-/// A node authenticated by its credential.
+/// A node that may report and take work: one the agent API authenticated by its
+/// credential ([`Nodes::authenticate`]), or one the platform's own Kubernetes executor
+/// reports for ([`NodeIdentity::for_executor`]). No request can make one up.
 #[derive(Debug, Clone)]
 pub struct NodeIdentity {
-    pub id: Uuid,
-    pub hostname: String,
+    pub(crate) id: Uuid,
+    pub(crate) hostname: String,
+}
+
+impl NodeIdentity {
+    /// A node the platform's executor runs workloads on (it reports as the node).
+    pub fn for_executor(_: &SystemActor, id: Uuid, hostname: &str) -> Self {
+        NodeIdentity {
+            id,
+            hostname: hostname.to_owned(),
+        }
+    }
+
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    pub fn hostname(&self) -> &str {
+        &self.hostname
+    }
 }
 
 /// What `/metrics` reports about one node that is not revoked.

@@ -6,7 +6,7 @@
 use super::authz::{self, Need};
 use super::internal;
 use crate::at_rest::DataKeys;
-use crate::auth::Principal;
+use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
 use crate::store::{Deliveries, NewDelivery, NewEvent, OutboxRow, Recipient, Store, WebhookRow};
 use chrono::{DateTime, Duration, Utc};
@@ -540,7 +540,12 @@ impl Notifications {
     /// Writes the deliveries of up to `limit` new events: to each person the event is
     /// for, by their preference (an address is needed; `off` gets nothing), and to the
     /// team's enabled webhooks that want its kind. Returns how many events it handled.
-    pub async fn fan_out(&self, now: DateTime<Utc>, limit: i64) -> Result<usize, AppError> {
+    pub async fn fan_out(
+        &self,
+        _: &SystemActor,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<usize, AppError> {
         let events = self
             .store
             .unfanned_events(limit)
@@ -644,6 +649,7 @@ impl Notifications {
     /// and last report (a node that comes back and goes silent again is told again).
     pub async fn find_lost_nodes(
         &self,
+        _: &SystemActor,
         now: DateTime<Utc>,
         grace: Duration,
     ) -> Result<usize, AppError> {
@@ -683,6 +689,7 @@ impl Notifications {
     /// it is told again before its new end), at [`notify::expiry_warning_at`].
     pub async fn find_expiring(
         &self,
+        _: &SystemActor,
         now: DateTime<Utc>,
         lead: Duration,
     ) -> Result<usize, AppError> {
@@ -717,8 +724,8 @@ impl Notifications {
         Ok(told)
     }
 
-    /// The delivery queue, for the delivery worker.
-    pub fn deliveries(&self) -> Deliveries {
+    /// The delivery queue, for the platform's delivery worker.
+    pub fn deliveries(&self, _: &SystemActor) -> Deliveries {
         Deliveries::new(self.store.clone())
     }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use tessera_core::Services;
-use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
+use tessera_core::auth::{SystemActor, limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::Store;
 use tessera_domain::account::NewPassword;
 
@@ -28,11 +28,11 @@ impl Lcg {
 }
 
 /// The migrated store at `url` and services over it, with the bootstrap admin's password
-/// `admin_pw`.
-pub async fn services_with_admin(url: &str, admin_pw: &str) -> (Store, Services) {
+/// `admin_pw`, and the actor their passes run as.
+pub async fn services_with_admin(url: &str, admin_pw: &str) -> (Store, Services, SystemActor) {
     let store = Store::connect(url).await.expect("connect");
     store.migrate().await.expect("migrate");
-    let services = Services::new(
+    let (services, system) = Services::new(
         store.clone(),
         Hasher::new(1, 4).expect("hasher"),
         Arc::new(LoginLimiter::new(Default::default())),
@@ -44,5 +44,5 @@ pub async fn services_with_admin(url: &str, admin_pw: &str) -> (Store, Services)
         .bootstrap_admin(Some(&pw))
         .await
         .expect("admin");
-    (store, services)
+    (store, services, system)
 }

@@ -197,6 +197,18 @@ pub fn validate(
     catalog: &Catalog,
     now: DateTime<Utc>,
 ) -> Result<ValidAllocation, AppError> {
+    validate_typed(&parse(input, policy, catalog, now)?, policy, catalog, now)
+}
+
+/// A request's text parsed into domain types, with [`validate`]'s errors in the form's
+/// order; the server then completes it in domain types (a launch's image's CUDA need) and
+/// checks it with [`validate_typed`].
+pub fn parse(
+    input: &NewAllocation,
+    policy: &AllocPolicy,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+) -> Result<TypedRequest, AppError> {
     let team = input.team_id.trim();
     if team.is_empty() {
         return Err(AppError::invalid("team_id", "is required"));
@@ -240,7 +252,7 @@ pub fn validate(
         })?),
     };
 
-    let typed = TypedRequest {
+    Ok(TypedRequest {
         team_id,
         kind,
         count: input.count,
@@ -250,8 +262,7 @@ pub fn validate(
         purpose: input.purpose.clone(),
         needs_cuda,
         nodes: input.nodes,
-    };
-    validate_typed(&typed, policy, catalog, now)
+    })
 }
 
 /// A request already in domain types, as the server's own passes make one (a job queued

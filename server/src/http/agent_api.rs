@@ -78,7 +78,7 @@ async fn wait(
     let asked = std::time::Duration::from_secs(q.timeout_s.unwrap_or(MAX_WAIT_S).min(MAX_WAIT_S));
     let jitter = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 255.0 * 0.2;
     let timeout = asked.mul_f64(1.0 - jitter);
-    let (mark, changed) = s.services.signals.wait(node.id, since, timeout).await;
+    let (mark, changed) = s.services.signals.wait(node.id(), since, timeout).await;
     Ok(Json(ChangeMark {
         epoch: mark.epoch.to_string(),
         generation: mark.generation,
@@ -126,6 +126,6 @@ async fn workloads(
             &reports,
         )
         .await?;
-    sync.execs = super::exec::pending_for(node.id);
+    sync.execs = super::exec::pending_for(node.id());
     Ok(Json(sync))
 }

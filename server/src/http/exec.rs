@@ -531,7 +531,7 @@ pub(super) async fn agent_exec(
     let deliver = {
         let mut map = pending();
         let ok = map.get(&session).is_some_and(|p| {
-            p.node == node.id
+            p.node == node.id()
                 // Digests compared: the time taken says nothing of the secret.
                 && secret::hash(&p.req.secret) == secret::hash(&secret)
         });

@@ -36,6 +36,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::Services;
+use tessera_core::auth::SystemActor;
 use tessera_core::services::nodes::NodeIdentity;
 use tessera_domain::wire::{
     GangLauncher, LogPiece, RegistryLogin, WorkloadPhase, WorkloadReport, WorkloadReports,
@@ -223,7 +224,7 @@ impl KubeExecutor {
     }
 
     /// One reconciliation round over every node.
-    pub async fn round(&self, services: &Services) -> anyhow::Result<Round> {
+    pub async fn round(&self, services: &Services, system: &SystemActor) -> anyhow::Result<Round> {
         let mut mem = self.memory.lock().await;
         let (pods, jobs) = self.list_objects().await?;
         let seen = observe(&pods, &jobs);
@@ -232,10 +233,7 @@ impl KubeExecutor {
         let now_ms = chrono::Utc::now().timestamp_millis();
         let mut desired: Vec<(NodeIdentity, WorkloadSpec)> = Vec::new();
         for n in nodes {
-            let node = NodeIdentity {
-                id: n.id,
-                hostname: n.hostname.clone(),
-            };
+            let node = NodeIdentity::for_executor(system, n.id, &n.hostname);
             let node_label = n.id.to_string();
             let mut runs: BTreeMap<String, Option<&WorkloadSpec>> = BTreeMap::new();
             for (run, o) in &seen {
@@ -622,7 +620,7 @@ impl KubeExecutor {
                 let ids: Vec<(String, String)> = ranked
                     .iter()
                     .flatten()
-                    .map(|(n, _)| (n.id.to_string(), n.hostname.clone()))
+                    .map(|(n, _)| (n.id().to_string(), n.hostname().to_owned()))
                     .collect();
                 let list: Vec<GangMember<'_>> = ranked
                     .iter()
@@ -716,7 +714,7 @@ impl KubeExecutor {
 
     async fn create_workload(&self, w: &WorkloadSpec, node: &NodeIdentity) -> anyhow::Result<()> {
         let ns = namespace_name(&self.s, &w.workspace);
-        let node_id = node.id.to_string();
+        let node_id = node.id().to_string();
         if let Some(image) = &w.image {
             let registry = image_registry(image).map_err(|e| anyhow::anyhow!("{e}"))?;
             if let Some(login) = &image.login {
@@ -726,11 +724,11 @@ impl KubeExecutor {
         }
         match w.kind {
             WorkloadKind::Notebook => {
-                let pod = notebook_pod(&self.s, w, &node_id, &node.hostname);
+                let pod = notebook_pod(&self.s, w, &node_id, node.hostname());
                 create(&Api::<Pod>::namespaced(self.client.clone(), &ns), &pod).await
             }
             WorkloadKind::Job => {
-                let job = job(&self.s, w, &node_id, &node.hostname);
+                let job = job(&self.s, w, &node_id, node.hostname());
                 create(&Api::<Job>::namespaced(self.client.clone(), &ns), &job).await
             }
         }
@@ -937,10 +935,10 @@ fn job_failure(j: &Job) -> Option<String> {
 }
 
 /// The executor's loop: a round every `interval`, for as long as the server runs.
-pub async fn run(services: Arc<Services>, executor: Arc<KubeExecutor>) {
+pub async fn run(services: Arc<Services>, system: SystemActor, executor: Arc<KubeExecutor>) {
     let every = executor.s.interval;
     loop {
-        match executor.round(&services).await {
+        match executor.round(&services, &system).await {
             Ok(r) if r.created + r.deleted > 0 => {
                 tracing::info!(
                     created = r.created,

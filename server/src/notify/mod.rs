@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_core::Services;
+use tessera_core::auth::SystemActor;
 use tessera_core::store::DeliveryRow;
 use tessera_domain::notify::{MAX_ATTEMPTS, WEBHOOK_DISABLE_AFTER, retry_after};
 use uuid::Uuid;
@@ -79,6 +80,8 @@ const SENDERS: usize = 16;
 #[derive(Clone)]
 pub struct Notifier {
     services: Arc<Services>,
+    /// What the worker runs as.
+    system: SystemActor,
     mailer: Option<mail::Mailer>,
     http: reqwest::Client,
     /// The portal's address, for links.
@@ -91,7 +94,11 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    pub fn new(services: Arc<Services>, config: &ServeConfig) -> anyhow::Result<Notifier> {
+    pub fn new(
+        services: Arc<Services>,
+        system: SystemActor,
+        config: &ServeConfig,
+    ) -> anyhow::Result<Notifier> {
         let mailer = config
             .notify
             .smtp_url
@@ -100,6 +107,7 @@ impl Notifier {
             .transpose()?;
         Ok(Notifier {
             services,
+            system,
             mailer,
             http: webhook::client(config.notify.webhook_allow_private)?,
             public_url: config.public_url(),
@@ -128,22 +136,25 @@ impl Notifier {
     /// One pass; also whether it left work behind (a full batch of events or sends).
     async fn pass_and_more(&self, now: DateTime<Utc>) -> (usize, bool) {
         let n = &self.services.notifications;
-        if let Err(e) = n.find_lost_nodes(now, self.node_grace).await {
+        if let Err(e) = n.find_lost_nodes(&self.system, now, self.node_grace).await {
             tracing::warn!(error = %e, "notifications: looking for lost nodes failed");
         }
-        if let Err(e) = n.find_expiring(now, self.expiry_warning).await {
+        if let Err(e) = n
+            .find_expiring(&self.system, now, self.expiry_warning)
+            .await
+        {
             tracing::warn!(error = %e, "notifications: looking for ending allocations failed");
         }
         // One batch of new events per pass, then sending: under a burst, fan-out and
         // sending take turns (the loop runs the next pass at once while work is left).
-        let fanned = match n.fan_out(now, BATCH).await {
+        let fanned = match n.fan_out(&self.system, now, BATCH).await {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(error = %e, "notifications: writing deliveries failed");
                 0
             }
         };
-        let deliveries = n.deliveries();
+        let deliveries = n.deliveries(&self.system);
         let store = &deliveries;
         match store
             .reclaim_stale_deliveries(self.claim, now - self.stale_claim)
@@ -193,7 +204,7 @@ impl Notifier {
             "webhook" => self.webhook_one(d).await,
             other => Err((None, format!("unknown channel {other}"))),
         };
-        let store = self.services.notifications.deliveries();
+        let store = self.services.notifications.deliveries(&self.system);
         let now = Utc::now();
         let recorded = match result {
             Ok(status) => store.delivery_sent(d.id, self.claim, status, now).await,
@@ -252,7 +263,7 @@ impl Notifier {
         match self
             .services
             .notifications
-            .deliveries()
+            .deliveries(&self.system)
             .recipient(user)
             .await
         {
@@ -270,7 +281,7 @@ impl Notifier {
 
     async fn webhook_one(&self, d: &DeliveryRow) -> Result<Option<i64>, (Option<i64>, String)> {
         let n = &self.services.notifications;
-        let hook = match n.deliveries().webhook(d.recipient).await {
+        let hook = match n.deliveries(&self.system).webhook(d.recipient).await {
             Ok(Some(h)) if h.enabled => h,
             Ok(Some(_)) => return Err((None, "the webhook is disabled".into())),
             Ok(None) => return Err((None, "the webhook was removed".into())),
@@ -292,7 +303,7 @@ impl Notifier {
             Err((s, e)) => (false, *s, Some(e.as_str())),
         };
         match n
-            .deliveries()
+            .deliveries(&self.system)
             .webhook_result(
                 hook.id,
                 ok,
@@ -318,7 +329,7 @@ impl Notifier {
     /// outbox: a note about the notification system itself).
     async fn tell_disabled(&self, hook: &tessera_core::store::WebhookRow) {
         let Some(mailer) = &self.mailer else { return };
-        let store = self.services.notifications.deliveries();
+        let store = self.services.notifications.deliveries(&self.system);
         let admins = store.hook_admins(hook.team_id).await;
         let Ok(admins) = admins else {
             return;
@@ -335,7 +346,7 @@ impl Notifier {
 
     /// Sends every due digest: one mail per user with all their collected events.
     pub async fn digests(&self, now: DateTime<Utc>) -> usize {
-        let store = self.services.notifications.deliveries();
+        let store = self.services.notifications.deliveries(&self.system);
         let taken = match store.claim_digests(self.claim, now).await {
             Ok(t) => t,
             Err(e) => {
@@ -381,8 +392,8 @@ impl Notifier {
 }
 
 /// The leader's delivery loop.
-pub async fn run(services: Arc<Services>, config: Arc<ServeConfig>) {
-    let notifier = match Notifier::new(services, &config) {
+pub async fn run(services: Arc<Services>, system: SystemActor, config: Arc<ServeConfig>) {
+    let notifier = match Notifier::new(services, system, &config) {
         Ok(n) => n,
         Err(e) => {
             tracing::error!(error = %e, "notifications are off: the SMTP settings do not work");

@@ -506,7 +506,7 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     // The scheduler pass with the clock moved 61 minutes on: the 1-hour allocation has
     // expired, and the node's last heartbeat is now an hour old, so the other one fails
     // with the reason (after the 3-minute grace).
-    let services = a.app.side_services().await;
+    let (services, system) = a.app.side_services().await;
     drop(agent);
     let later = chrono::Utc::now() + chrono::Duration::minutes(61);
     // With a 2-hour node grace (TESSERA_NODE_GRACE) the silent node keeps its allocation;
@@ -515,9 +515,13 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
         .allocations
         .clone()
         .with_node_grace(Duration::from_secs(2 * 3600));
-    let r = patient.tick(later).await.expect("tick");
+    let r = patient.tick(&system, later).await.expect("tick");
     assert_eq!((r.expired, r.failed), (1, 0), "{r:?}");
-    let r = services.allocations.tick(later).await.expect("tick");
+    let r = services
+        .allocations
+        .tick(&system, later)
+        .await
+        .expect("tick");
     assert_eq!((r.expired, r.failed), (0, 1), "{r:?}");
     let (_, v) = a.get(&format!("/api/v1/allocations/{short}")).await;
     assert_eq!(v["state"], "expired");
@@ -526,7 +530,11 @@ async fn expiry_and_a_lost_node_end_allocations_and_return_quota(db: Db) {
     assert!(v.to_string().contains("stopped reporting"), "{v}");
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
     // Running the same pass again changes nothing and returns nothing twice.
-    let r = services.allocations.tick(later).await.expect("tick");
+    let r = services
+        .allocations
+        .tick(&system, later)
+        .await
+        .expect("tick");
     assert_eq!((r.expired, r.failed), (0, 0));
     assert_eq!(used(&a, &t.id, "H100-80GB").await, 0);
 }

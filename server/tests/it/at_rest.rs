@@ -81,6 +81,7 @@ async fn a_backup_holds_no_session_token_or_secret_in_clear() {
         .app
         .side_services()
         .await
+        .0
         .workloads
         .notebook_token(&row.w)
         .expect("the token opens")

@@ -13,15 +13,16 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use tessera_core::Services;
+use tessera_core::auth::SystemActor;
 use tessera_core::store::{AllocationRow, Change, Store, Transition};
 use tessera_domain::ids::AllocationId;
 use uuid::Uuid;
 
 /// Services of the test's own over `app`'s database, with the store under them (for
 /// rows no service writes: history seeded in the past, a tampered ledger).
-pub(crate) async fn services(app: &TestApp) -> (Services, Store) {
+pub(crate) async fn services(app: &TestApp) -> (Services, SystemActor, Store) {
     let store = Store::connect(&app.database_url).await.expect("store");
-    let services = Services::new(
+    let (services, system) = Services::new(
         store.clone(),
         tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
         std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
@@ -29,7 +30,7 @@ pub(crate) async fn services(app: &TestApp) -> (Services, Store) {
         )),
         std::time::Duration::from_secs(3600),
     );
-    (services, store)
+    (services, system, store)
 }
 
 pub(crate) fn next_hour() -> DateTime<Utc> {
@@ -220,7 +221,7 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let t: Team = team(&a, "meter").await;
     let team_id = Uuid::parse_str(&t.id).expect("team");
     let user = member_id(&a, &t.id).await;
-    let (s, store) = services(&a.app).await;
+    let (s, system, store) = services(&a.app).await;
     let h = next_hour();
     // Whole H100s: 7.00/h from `h`, 14.00/h from `h + 3h`; preemptible half price.
     set_rate(&a, "H100-80GB:whole", 700, 50, h).await;
@@ -258,15 +259,18 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
 
     // A pass stopped after each allocation (a crash between allocations), then rerun, then
     // two passes at once: every hour is billed exactly once.
-    let r = s.billing.meter(now, Some(1)).await.expect("meter");
+    let r = s.billing.meter(&system, now, Some(1)).await.expect("meter");
     assert_eq!((r.allocations, r.hours), (1, 4), "{r:?}");
-    let (first, second) = tokio::join!(s.billing.meter(now, None), s.billing.meter(now, None));
+    let (first, second) = tokio::join!(
+        s.billing.meter(&system, now, None),
+        s.billing.meter(&system, now, None)
+    );
     let written = first.expect("meter").hours + second.expect("meter").hours;
     assert_eq!(
         written, 4,
         "the other allocation's four hours, written once"
     );
-    let again = s.billing.meter(now, None).await.expect("meter");
+    let again = s.billing.meter(&system, now, None).await.expect("meter");
     assert_eq!(again.hours, 0, "{again:?}");
     assert_eq!(
         balance(&store).await,
@@ -369,7 +373,11 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
     let (_, _, after) = chargeback(&a.app, &t.team_admin, &q).await;
     assert_eq!(after, expected - amount);
     assert_eq!(
-        s.billing.meter(now, None).await.expect("meter").hours,
+        s.billing
+            .meter(&system, now, None)
+            .await
+            .expect("meter")
+            .hours,
         0,
         "a reversed hour is not billed again"
     );
@@ -621,7 +629,7 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
         )
         .await;
     assert_eq!(st, 201, "{v}");
-    let (s, store) = services(&a.app).await;
+    let (s, system, store) = services(&a.app).await;
     // One day wholly in one month, in the future (the pass is given its clock).
     let day = next_hour() + Duration::days(2);
     let day = day - Duration::hours(i64::from(chrono::Timelike::hour(&day)));
@@ -649,7 +657,7 @@ async fn own_usage_is_the_callers_own_and_nobody_elses(db: Db) {
         .await;
     }
     let now = at(6);
-    s.billing.meter(now, None).await.expect("meter");
+    s.billing.meter(&system, now, None).await.expect("meter");
     let principal = async |name: &str| s.accounts.principal_of(name).await.expect("principal");
     let r = s
         .billing

@@ -438,7 +438,7 @@ async fn quotas_usage_export_and_exit_codes(db: Db) {
     assert_eq!(out.code, Some(3), "{}", out.stderr);
 
     // Metered usage: a slice active for two hours at 7.00 an hour for a whole H100.
-    let (s, store) = services(&a.app).await;
+    let (s, system, store) = services(&a.app).await;
     let h = next_hour();
     set_rate(&a, "H100-80GB:whole", 700, 0, h).await;
     let user = member_id(&a, &t.id).await;
@@ -456,7 +456,7 @@ async fn quotas_usage_export_and_exit_codes(db: Db) {
     )
     .await;
     s.billing
-        .meter(h + Duration::hours(3), None)
+        .meter(&system, h + Duration::hours(3), None)
         .await
         .expect("meter");
     let (day, day2) = (

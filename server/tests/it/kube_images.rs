@@ -111,11 +111,21 @@ async fn executor() -> (FakeKube, tempfile::TempDir, KubeExecutor) {
     (kube, dir, ex)
 }
 
-fn node() -> NodeIdentity {
-    NodeIdentity {
-        id: uuid::Uuid::from_u128(7),
-        hostname: "gpu-a".into(),
-    }
+/// The node the executor reports for (as the platform: only the holder of a
+/// `SystemActor` names one).
+async fn node() -> NodeIdentity {
+    let store = tessera_core::store::Store::connect("sqlite::memory:")
+        .await
+        .expect("store");
+    let (_, system) = tessera_core::Services::new(
+        store,
+        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
+        Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
+            Default::default(),
+        )),
+        std::time::Duration::from_secs(3600),
+    );
+    NodeIdentity::for_executor(&system, uuid::Uuid::from_u128(7), "gpu-a")
 }
 
 fn ns(team: &str) -> String {
@@ -178,7 +188,8 @@ async fn an_image_runs_by_digest_with_its_teams_pull_secret() {
             image(reference(REGISTRY, "public/r"), None),
         ),
     ];
-    let desired: Vec<_> = desired.into_iter().map(|w| (node(), w)).collect();
+    let node = node().await;
+    let desired: Vec<_> = desired.into_iter().map(|w| (node.clone(), w)).collect();
     let round = log.run(ex.reconcile(&desired)).await.expect("round");
     assert_eq!(round.created, 5, "{round:?}");
 
@@ -331,7 +342,7 @@ async fn an_image_runs_by_digest_with_its_teams_pull_secret() {
     let uid = kube.get(&path).expect("secret")["metadata"]["uid"].clone();
     let mut more = desired.clone();
     more.push((
-        node(),
+        node,
         spec(
             "a-4",
             "team-a",
@@ -393,7 +404,10 @@ async fn a_refused_pull_secret_keeps_the_pod_back_and_the_password_out_of_the_lo
             Some(login("alice", PASSWORD_A)),
         ),
     );
-    let round = log.run(ex.reconcile(&[(node(), w)])).await.expect("round");
+    let round = log
+        .run(ex.reconcile(&[(node().await, w)]))
+        .await
+        .expect("round");
     assert_eq!(round.created, 0);
     assert!(kube.list("jobs", "tessera.io/run=a-1").is_empty());
     assert!(kube.list("secrets", "").is_empty());
@@ -433,7 +447,7 @@ async fn an_unpinned_image_makes_no_pod() {
         image(format!("{REGISTRY}/lab/torch:2.4"), None),
     );
     w.kind = WorkloadKind::Notebook;
-    let round = ex.reconcile(&[(node(), w)]).await.expect("round");
+    let round = ex.reconcile(&[(node().await, w)]).await.expect("round");
     assert_eq!(round.created, 0);
     assert!(kube.list("pods", "").is_empty());
 }

@@ -410,7 +410,7 @@ async fn add_hook(app: &TestApp, token: &str, team: &str, url: &str) -> (String,
 /// A worker of the test's own over `app`'s database (its own claim), like a second
 /// leader would run.
 async fn worker(app: &TestApp, smtp: &Smtpd) -> Notifier {
-    let mut services = app.side_services().await;
+    let (mut services, system) = app.side_services().await;
     services.notifications = services
         .notifications
         .clone()
@@ -419,7 +419,7 @@ async fn worker(app: &TestApp, smtp: &Smtpd) -> Notifier {
     let mut config = ServeConfig::for_tests(&app.database_url);
     config.notify.smtp_url = Some(Secret::new(smtp.url()));
     config.public_url = Some(app.base.clone());
-    Notifier::new(Arc::new(services), &config).expect("notifier")
+    Notifier::new(Arc::new(services), system, &config).expect("notifier")
 }
 
 fn to_of(msgs: &[(String, String)], addr: &str) -> usize {
@@ -767,10 +767,10 @@ async fn each_delivery_is_sent_once_across_a_leader_change(db: Db) {
     let long_ago = chrono::Utc::now() - chrono::Duration::minutes(10);
     // The dead leader fanned out and took the webhook delivery long ago.
     assert!(store.record_event(&event).await.expect("record"));
-    let services = app.side_services().await;
+    let (services, system) = app.side_services().await;
     let fanned = services
         .notifications
-        .fan_out(chrono::Utc::now(), 100)
+        .fan_out(&system, chrono::Utc::now(), 100)
         .await
         .expect("fan out");
     assert_eq!(fanned, 1);
@@ -1502,12 +1502,18 @@ async fn the_new_events_reach_their_people_and_the_platform_hook(db: Db) {
     let v = wait_for_state(&a, &alloc, "active").await;
     let ends: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(v["ends_at"].clone()).expect("ends_at");
-    let services = app.side_services().await;
+    let (services, system) = app.side_services().await;
     let at = ends - chrono::Duration::minutes(1);
     let lead = chrono::Duration::hours(1);
-    let told = services.notifications.find_expiring(at, lead).await;
+    let told = services
+        .notifications
+        .find_expiring(&system, at, lead)
+        .await;
     assert_eq!(told.expect("pass"), 1);
-    let again = services.notifications.find_expiring(at, lead).await;
+    let again = services
+        .notifications
+        .find_expiring(&system, at, lead)
+        .await;
     assert_eq!(again.expect("pass"), 0, "told once per end");
     let m = wait_mail(&smtp, "ev@example.org", "ends at", 20).await;
     assert!(m.contains(&format!("/allocations/{alloc}")), "{m}");

@@ -287,9 +287,13 @@ async fn a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request(
         "{running}"
     );
 
-    let services = app.side_services().await;
+    let (services, system) = app.side_services().await;
     let later = Utc::now() + chrono::Duration::minutes(61);
-    let r = services.allocations.tick(later).await.expect("tick");
+    let r = services
+        .allocations
+        .tick(&system, later)
+        .await
+        .expect("tick");
     assert_eq!(r.expired, 1, "{r:?}");
     let ended = wait_workload(app, &t.member, &id, "cancelled", 60).await;
     assert!(

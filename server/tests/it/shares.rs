@@ -332,7 +332,7 @@ async fn a_share_is_billed_pro_rata() {
     let t = team(&a, "prorata").await;
     let team_id = Uuid::parse_str(&t.id).expect("team");
     let user = member_id(&a, &t.id).await;
-    let (s, store) = services(&a.app).await;
+    let (s, system, store) = services(&a.app).await;
     let h = next_hour();
     // A whole H100 at 7.00/h: a quarter share costs 1.75/h.
     set_rate(&a, "H100-80GB:whole", 700, 50, h).await;
@@ -349,7 +349,7 @@ async fn a_share_is_billed_pro_rata() {
     )
     .await;
     let now = h + TimeDelta::hours(3);
-    let r = s.billing.meter(now, None).await.expect("meter");
+    let r = s.billing.meter(&system, now, None).await.expect("meter");
     assert_eq!(r.hours, 2, "{r:?}");
     let charged = store
         .team_charges(

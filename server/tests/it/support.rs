@@ -275,11 +275,11 @@ impl TestApp {
 
     /// A second set of services over this app's database, for driving a pass with a
     /// clock of the test's choosing (`tick(later)`).
-    pub async fn side_services(&self) -> tessera_core::Services {
+    pub async fn side_services(&self) -> (tessera_core::Services, tessera_core::auth::SystemActor) {
         let store = tessera_core::store::Store::connect(&self.database_url)
             .await
             .expect("store");
-        let services = tessera_core::Services::new(
+        let (services, system) = tessera_core::Services::new(
             store,
             tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
             std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
@@ -287,7 +287,10 @@ impl TestApp {
             )),
             std::time::Duration::from_secs(3600),
         );
-        services.with_data_keys(std::sync::Arc::new(self.data_keys()))
+        (
+            services.with_data_keys(std::sync::Arc::new(self.data_keys())),
+            system,
+        )
     }
 
     /// The data keys this app seals secrets with.

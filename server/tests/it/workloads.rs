@@ -703,6 +703,7 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     let secret = app
         .side_services()
         .await
+        .0
         .workloads
         .notebook_token(&row.w)
         .expect("the token opens")
@@ -934,9 +935,9 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     });
     wait_kernel_busy(app, &s.member, &id, true).await;
     // The same services over the same database, with a clock 2 hours ahead.
-    let services = app.side_services().await;
+    let (services, system) = app.side_services().await;
     let later = chrono::Utc::now() + chrono::Duration::hours(2);
-    let r = services.workloads.tick(later).await.expect("tick");
+    let r = services.workloads.tick(&system, later).await.expect("tick");
     assert_eq!(r.reclaimed_idle, 0, "a busy kernel was reclaimed");
     assert_eq!(busy.await.expect("kernel"), "7");
     // Idle now: the kernel is quiet, the GPU has no telemetry. Two hours on, it goes.
@@ -945,7 +946,11 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     // its owner is told when it will stop, once however often the pass looks.
     let warn_at = chrono::Utc::now() + chrono::Duration::minutes(55);
     for _ in 0..2 {
-        let r = services.workloads.tick(warn_at).await.expect("tick");
+        let r = services
+            .workloads
+            .tick(&system, warn_at)
+            .await
+            .expect("tick");
         assert_eq!(r.reclaimed_idle, 0, "warned, not stopped");
     }
     let kinds = outbox_kinds_about(app, &id).await;
@@ -957,7 +962,7 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
         1,
         "{kinds:?}"
     );
-    let r = services.workloads.tick(later).await.expect("tick");
+    let r = services.workloads.tick(&system, later).await.expect("tick");
     assert_eq!(r.reclaimed_idle, 1);
     let stopped = wait_workload(app, &s.member, &id, "stopped", 30).await;
     assert!(

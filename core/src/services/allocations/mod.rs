@@ -317,6 +317,12 @@ impl Allocations {
         &self.catalog
     }
 
+    /// A request's text parsed into domain types by [`alloc::parse`] under this
+    /// service's policy (a launch completes it, then asks with [`Requested::Typed`]).
+    pub(crate) fn parse(&self, input: &NewAllocation) -> Result<TypedRequest, AppError> {
+        alloc::parse(input, &self.policy, &self.catalog, self.clock.now())
+    }
+
     /// Checks that one `kind` for `minutes` could be requested by `team` (the catalog and the
     /// duration policy, as a request is checked); errors name `kind` / `duration_minutes`.
     /// Returns the kind's label, e.g. `1g.10gb on H100-80GB`.
@@ -454,7 +460,11 @@ impl Allocations {
     /// end of the workload that owned it), with `note` in its history; audited with no
     /// actor. An active one is released, one still waiting (for approval, in the queue, being
     /// placed) is cancelled. `false` if it had ended already.
-    pub async fn release_for_system(&self, id: AllocationId, note: &str) -> Result<bool, AppError> {
+    pub(crate) async fn release_for_system(
+        &self,
+        id: AllocationId,
+        note: &str,
+    ) -> Result<bool, AppError> {
         let now = self.clock.now();
         let mut done = false;
         // Like `release`: the scheduler may move it on between the read and the write.
@@ -490,7 +500,7 @@ impl Allocations {
     /// as the quota and the per-user limit now have room and no hard budget blocks them.
     /// Each admission is the same conditional update as at request time, so concurrent
     /// passes cannot over-admit. Returns how many were admitted.
-    pub async fn admit_when_room(
+    pub(crate) async fn admit_when_room(
         &self,
         ids: &[AllocationId],
         now: DateTime<Utc>,

@@ -2,6 +2,7 @@
 //! the agents report, placement of the queue with the planner, preemption warnings.
 
 use super::*;
+use crate::auth::SystemActor;
 use crate::store::DrainRow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tessera_domain::alloc::PreemptCause;
@@ -52,8 +53,8 @@ impl Allocations {
     /// One scheduler pass at `now`: expire what ran out, fail what lost its node, activate
     /// what the agents now report, and place the queue with the planner (writing the
     /// desired MIG layouts the agents apply). Idempotent: after a crash the next pass
-    /// picks up from the stored states.
-    pub async fn tick(&self, now: DateTime<Utc>) -> Result<TickReport, AppError> {
+    /// picks up from the stored states. Only the platform runs it.
+    pub async fn tick(&self, _: &SystemActor, now: DateTime<Utc>) -> Result<TickReport, AppError> {
         let mut report = TickReport::default();
         // The leader's live allocations, held for the pass (passes run one at a time).
         let mut live = Live::new(&self.live, now).await;

@@ -23,7 +23,7 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tessera_domain::account::Username;
-use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation};
+use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation, TypedRequest};
 use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
@@ -145,8 +145,11 @@ pub struct NewJob {
 enum Target<'a> {
     /// An active allocation of the caller's.
     Allocation(AllocationId),
-    /// A GPU request of its own.
+    /// A GPU request of its own, as the caller asked it.
     NewGpu(&'a NewAllocation),
+    /// A GPU request of its own from a team's notebook profile (already in domain types,
+    /// its team authorized).
+    Profile(&'a TypedRequest),
 }
 
 impl<'a> Target<'a> {
@@ -166,6 +169,17 @@ impl<'a> Target<'a> {
                 "choose one of your active allocations, or request a GPU for it",
             )),
         }
+    }
+}
+
+/// A request's `kind` error as the launch form names the field (`gpu`).
+fn as_gpu_error(e: AppError) -> AppError {
+    match e {
+        AppError::Invalid { field, message } if field == "kind" => AppError::Invalid {
+            field: "gpu".into(),
+            message,
+        },
+        other => other,
     }
 }
 
@@ -433,12 +447,13 @@ impl Workloads {
             None => (None, None),
         };
         let image = req.image.clone().or(profile_image);
+        let target = match &from_profile {
+            Some(gpu) => Target::Profile(gpu),
+            None => Target::of(req.allocation_id, req.gpu.as_ref())?,
+        };
         self.create(
             p,
-            Target::of(
-                req.allocation_id,
-                req.gpu.as_ref().or(from_profile.as_ref()),
-            )?,
+            target,
             None,
             WorkloadKind::Notebook,
             name.as_str(),
@@ -551,7 +566,7 @@ impl Workloads {
         let image = image.map(str::trim).filter(|i| !i.is_empty());
         let nodes = match target {
             Target::NewGpu(g) => g.nodes,
-            Target::Allocation(_) => None,
+            Target::Allocation(_) | Target::Profile(_) => None,
         };
         if nodes.is_some() && gang.is_none() {
             return Err(AppError::invalid(
@@ -580,13 +595,35 @@ impl Workloads {
                     Some(i) => {
                         let team = self.paying_team(p, &gpu).await?;
                         gpu.team_id = team.to_string();
-                        let c = self.images.choose(team, i).await?;
-                        gpu.needs_cuda = c.requires_cuda.map(|v| v.to_string());
-                        Some(c)
+                        // The image's need replaces whatever the request said.
+                        gpu.needs_cuda = None;
+                        Some(self.images.choose(team, i).await?)
                     }
                     None => None,
                 };
-                (self.own_allocation(p, &gpu, kind, name, key).await?, chosen)
+                if gpu.team_id.trim().is_empty() {
+                    gpu.team_id = self.only_team(p).await?.to_string();
+                }
+                let mut typed = self.allocations.parse(&gpu).map_err(as_gpu_error)?;
+                if let Some(c) = &chosen {
+                    typed.needs_cuda = c.requires_cuda;
+                }
+                (
+                    self.own_allocation(p, typed, kind, name, key).await?,
+                    chosen,
+                )
+            }
+            Target::Profile(gpu) => {
+                let mut typed = gpu.clone();
+                let chosen = match image {
+                    Some(i) => Some(self.images.choose(typed.team_id.0, i).await?),
+                    None => None,
+                };
+                typed.needs_cuda = chosen.as_ref().and_then(|c| c.requires_cuda);
+                (
+                    self.own_allocation(p, typed, kind, name, key).await?,
+                    chosen,
+                )
             }
         };
         let base = wl::notebook_base_path(p.username().as_str(), name);
@@ -775,15 +812,11 @@ impl Workloads {
     async fn own_allocation(
         &self,
         p: &Principal,
-        gpu: &NewAllocation,
+        mut req: TypedRequest,
         kind: WorkloadKind,
         name: &str,
         key: Option<&str>,
     ) -> Result<Place, AppError> {
-        let mut req = gpu.clone();
-        if req.team_id.trim().is_empty() {
-            req.team_id = self.only_team(p).await?.to_string();
-        }
         if req.purpose.trim().is_empty() {
             req.purpose = format!("{} `{name}`", kind.as_str());
         }
@@ -793,13 +826,7 @@ impl Workloads {
             .allocations
             .request(p, &req, key.as_deref())
             .await
-            .map_err(|e| match e {
-                AppError::Invalid { field, message } if field == "kind" => AppError::Invalid {
-                    field: "gpu".into(),
-                    message,
-                },
-                other => other,
-            })?;
+            .map_err(as_gpu_error)?;
         Ok(Place {
             allocation_id: a.id,
             team_id: a.team_id.0,

@@ -1,6 +1,7 @@
 //! The workload pass: starting queued workloads, stopping ones whose allocation ended, reclaiming idle notebooks, giving up on silent nodes.
 
 use super::*;
+use crate::auth::SystemActor;
 use crate::store::{AttemptEnd, NewEvent};
 use tessera_domain::alloc::TypedRequest;
 use tessera_domain::audit::AuditAction;
@@ -350,8 +351,13 @@ impl Workloads {
     }
 
     /// Stops workloads whose allocation is no longer active, reclaims idle notebooks, and
-    /// gives up on workloads whose node never confirmed a stop. Idempotent.
-    pub async fn tick(&self, now: DateTime<Utc>) -> Result<WorkloadTick, AppError> {
+    /// gives up on workloads whose node never confirmed a stop. Idempotent. Only the
+    /// platform runs it.
+    pub async fn tick(
+        &self,
+        _: &SystemActor,
+        now: DateTime<Utc>,
+    ) -> Result<WorkloadTick, AppError> {
         let mut report = WorkloadTick::default();
         let rows = self
             .store

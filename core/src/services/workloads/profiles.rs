@@ -1,6 +1,7 @@
 //! A team's named notebook profiles (a GPU request launched by name).
 
 use super::*;
+use tessera_domain::alloc::{PriorityClass, TypedRequest};
 use tessera_domain::audit::AuditAction;
 
 impl Workloads {
@@ -10,7 +11,7 @@ impl Workloads {
         &self,
         p: &Principal,
         id: Uuid,
-    ) -> Result<(NewAllocation, Option<Uuid>), AppError> {
+    ) -> Result<(TypedRequest, Option<Uuid>), AppError> {
         let missing = || AppError::invalid("profile_id", "no such profile");
         let row = self
             .store
@@ -24,13 +25,13 @@ impl Workloads {
                 AppError::NotFound => missing(),
                 other => other,
             })?;
-        let gpu = NewAllocation {
-            team_id: row.team_id.to_string(),
-            kind: row.kind.to_string(),
+        let gpu = TypedRequest {
+            team_id: TeamId(row.team_id),
+            kind: row.kind.clone(),
             count: 1,
             duration_minutes: u32::try_from(row.duration_minutes).ok(),
             starts_at: None,
-            priority: None,
+            priority: PriorityClass::default(),
             purpose: format!("notebook profile `{}`", row.name),
             needs_cuda: None,
             nodes: None,

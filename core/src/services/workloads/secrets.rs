@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::at_rest::{DataKeys, OpenError, Sealed};
+use crate::auth::SystemActor;
 
 /// How many rows [`Workloads::seal_at_rest`] reads at a time.
 const SEAL_BATCH: i64 = 500;
@@ -87,7 +88,7 @@ impl Workloads {
     /// workloads it sealed. The server runs it as it starts, so after one start with a new
     /// key no row needs the old one. A row no configured key opens stops the start here,
     /// naming the key, rather than failing its notebook later.
-    pub async fn seal_at_rest(&self) -> anyhow::Result<u64> {
+    pub async fn seal_at_rest(&self, _: &SystemActor) -> anyhow::Result<u64> {
         use anyhow::Context;
         let prefix = self.keys.current_prefix();
         let mut after = WorkloadId(Uuid::nil());
