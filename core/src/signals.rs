@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
+use tessera_domain::ids::NodeId;
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
@@ -31,9 +32,9 @@ pub struct Mark {
 /// Per-node generations, bumped after each committed change for the node.
 pub struct NodeSignals {
     epoch: Uuid,
-    nodes: Mutex<HashMap<Uuid, watch::Sender<u64>>>,
+    nodes: Mutex<HashMap<NodeId, watch::Sender<u64>>>,
     /// Bumps made here, for other replicas (set by the server on PostgreSQL).
-    forward: Mutex<Option<mpsc::UnboundedSender<Uuid>>>,
+    forward: Mutex<Option<mpsc::UnboundedSender<NodeId>>>,
     /// Set when the process shuts down: every wait answers at once.
     closed: watch::Sender<bool>,
 }
@@ -65,7 +66,7 @@ impl NodeSignals {
         self.epoch
     }
 
-    fn sender(&self, node: Uuid) -> watch::Sender<u64> {
+    fn sender(&self, node: NodeId) -> watch::Sender<u64> {
         let mut nodes = self
             .nodes
             .lock()
@@ -78,7 +79,7 @@ impl NodeSignals {
 
     /// Something changed for `node` (already committed): wakes its agent's poll, here and,
     /// when forwarding is on, on the other replicas.
-    pub fn bump(&self, node: Uuid) {
+    pub fn bump(&self, node: NodeId) {
         self.bump_local(node);
         let forward = self
             .forward
@@ -90,12 +91,12 @@ impl NodeSignals {
     }
 
     /// A bump another replica made (not forwarded again).
-    pub fn bump_local(&self, node: Uuid) {
+    pub fn bump_local(&self, node: NodeId) {
         self.sender(node).send_modify(|g| *g = g.wrapping_add(1));
     }
 
     /// Bumps made from now on are also sent to the returned receiver (for other replicas).
-    pub fn forwarded(&self) -> mpsc::UnboundedReceiver<Uuid> {
+    pub fn forwarded(&self) -> mpsc::UnboundedReceiver<NodeId> {
         let (tx, rx) = mpsc::unbounded_channel();
         *self
             .forward
@@ -105,7 +106,7 @@ impl NodeSignals {
     }
 
     /// The node's mark now.
-    pub fn mark(&self, node: Uuid) -> Mark {
+    pub fn mark(&self, node: NodeId) -> Mark {
         Mark {
             epoch: self.epoch,
             generation: *self.sender(node).borrow(),
@@ -115,7 +116,7 @@ impl NodeSignals {
     /// Waits until the node's generation differs from `since`'s (at once if it already
     /// does and `since` is from this process) or `timeout` passes. Returns the mark then
     /// and whether it changed.
-    pub async fn wait(&self, node: Uuid, since: Option<Mark>, timeout: Duration) -> (Mark, bool) {
+    pub async fn wait(&self, node: NodeId, since: Option<Mark>, timeout: Duration) -> (Mark, bool) {
         let tx = self.sender(node);
         let mut rx = tx.subscribe();
         let seen = *rx.borrow_and_update();
@@ -145,7 +146,7 @@ mod tests {
     #[tokio::test]
     async fn a_bump_after_the_mark_answers_at_once() {
         let s = NodeSignals::new();
-        let node = Uuid::new_v4();
+        let node = NodeId(Uuid::new_v4());
         let before = s.mark(node);
         s.bump(node);
         let (after, changed) = s.wait(node, Some(before), Duration::from_secs(30)).await;
@@ -160,7 +161,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_poll_wakes_on_its_node_only() {
         let s = std::sync::Arc::new(NodeSignals::new());
-        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let (a, b) = (NodeId(Uuid::new_v4()), NodeId(Uuid::new_v4()));
         let mark = s.mark(a);
         let waiter = {
             let s = s.clone();
@@ -179,7 +180,7 @@ mod tests {
     #[tokio::test]
     async fn a_mark_from_another_process_waits_for_a_change_here() {
         let s = NodeSignals::new();
-        let node = Uuid::new_v4();
+        let node = NodeId(Uuid::new_v4());
         s.bump(node);
         let foreign = Mark {
             epoch: Uuid::new_v4(),
@@ -193,7 +194,7 @@ mod tests {
     #[tokio::test]
     async fn closing_ends_held_waits() {
         let s = std::sync::Arc::new(NodeSignals::new());
-        let node = Uuid::new_v4();
+        let node = NodeId(Uuid::new_v4());
         let mark = s.mark(node);
         let waiter = {
             let s = s.clone();
@@ -214,7 +215,7 @@ mod tests {
     async fn forwarded_bumps_reach_the_other_replica_once() {
         let here = NodeSignals::new();
         let mut out = here.forwarded();
-        let node = Uuid::new_v4();
+        let node = NodeId(Uuid::new_v4());
         here.bump(node);
         assert_eq!(out.recv().await, Some(node));
         // What arrives from another replica wakes the polls here and goes no further.

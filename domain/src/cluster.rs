@@ -4,12 +4,12 @@
 //! parameter so "online" is decided by the caller's clock.
 
 use crate::error::AppError;
+use crate::ids::NodeId;
 use crate::mig::Catalog;
 use crate::wire::{GpuInfo, Inventory, MigMode, ShareMethod};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use uuid::Uuid;
 
 /// A node is online while its last heartbeat is younger than this (3 missed beats).
 pub const OFFLINE_AFTER_SECS: i64 = 90;
@@ -21,7 +21,7 @@ pub fn is_online(last_heartbeat: Option<DateTime<Utc>>, now: DateTime<Utc>) -> b
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeView {
-    pub id: Uuid,
+    pub id: NodeId,
     pub hostname: String,
     pub online: bool,
     pub revoked: bool,

@@ -249,7 +249,7 @@ pub async fn relay_node_signals(services: Arc<Services>) {
                     if from == epoch.to_string() {
                         continue;
                     }
-                    if let Ok(node) = node.parse() {
+                    if let Some(node) = tessera_domain::ids::NodeId::parse(node) {
                         services.signals.bump_local(node);
                     }
                 }

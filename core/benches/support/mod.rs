@@ -12,7 +12,7 @@ use tessera_core::auth::{limiter::LoginLimiter, password::Hasher};
 use tessera_core::store::{NodeRow, Store};
 use tessera_domain::account::NewPassword;
 use tessera_domain::alloc::{AllocationView, NewAllocation};
-use tessera_domain::ids::TeamId;
+use tessera_domain::ids::{NodeId, TeamId};
 use tessera_domain::wire::{GpuInfo, Inventory, MigInstance, MigMode, MigModeState};
 use uuid::Uuid;
 
@@ -140,8 +140,8 @@ impl Bench {
         hostname: &str,
         gpus: Vec<GpuInfo>,
         now: DateTime<Utc>,
-    ) -> anyhow::Result<Uuid> {
-        let id = Uuid::new_v4();
+    ) -> anyhow::Result<NodeId> {
+        let id = NodeId(Uuid::new_v4());
         self.store
             .insert_node(&NodeRow {
                 id,

@@ -26,7 +26,7 @@ use tessera_domain::billing::{
     RateView, SetBudget, Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
 };
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, TeamId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::TelemetrySample;
@@ -1286,7 +1286,7 @@ pub(crate) async fn readings(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Result<Vec<(DateTime<Utc>, u32)>, AppError> {
-    let mut nodes: BTreeMap<Uuid, Vec<&AllocatedDevice>> = BTreeMap::new();
+    let mut nodes: BTreeMap<NodeId, Vec<&AllocatedDevice>> = BTreeMap::new();
     for d in devices {
         nodes.entry(d.node_id).or_default().push(d);
     }

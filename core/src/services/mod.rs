@@ -40,13 +40,16 @@ pub(crate) async fn active_nodes_with_inventories(
 ) -> Result<
     (
         Vec<crate::store::NodeRow>,
-        std::collections::HashMap<uuid::Uuid, std::sync::Arc<tessera_domain::wire::Inventory>>,
+        std::collections::HashMap<
+            tessera_domain::ids::NodeId,
+            std::sync::Arc<tessera_domain::wire::Inventory>,
+        >,
     ),
     AppError,
 > {
     use std::collections::HashMap;
     use std::sync::{Arc, LazyLock, Mutex};
-    type Parsed = HashMap<uuid::Uuid, (i64, Arc<tessera_domain::wire::Inventory>)>;
+    type Parsed = HashMap<tessera_domain::ids::NodeId, (i64, Arc<tessera_domain::wire::Inventory>)>;
     static PARSED: LazyLock<Mutex<Parsed>> = LazyLock::new(Mutex::default);
     let nodes = store
         .active_nodes_lean()
@@ -95,12 +98,13 @@ pub(crate) async fn active_nodes_with_inventories(
 /// they came from and reused while the text is the same, so a cached value is always what
 /// parsing would give.
 pub(crate) fn parsed_inventory(
-    node: uuid::Uuid,
+    node: tessera_domain::ids::NodeId,
     json: &str,
 ) -> std::sync::Arc<tessera_domain::wire::Inventory> {
     use std::collections::HashMap;
     use std::sync::{Arc, LazyLock, Mutex};
-    type Parsed = HashMap<uuid::Uuid, (String, Arc<tessera_domain::wire::Inventory>)>;
+    type Parsed =
+        HashMap<tessera_domain::ids::NodeId, (String, Arc<tessera_domain::wire::Inventory>)>;
     /// More nodes than any cluster has: beyond it the cache starts over.
     const MAX_NODES: usize = 50_000;
     static PARSED: LazyLock<Mutex<Parsed>> = LazyLock::new(Mutex::default);

@@ -23,6 +23,7 @@ use tessera_domain::cluster::{
 use tessera_domain::drain::{self, DrainRequest, DrainState, DrainView};
 use tessera_domain::error::AppError;
 use tessera_domain::health::{self, HealthView};
+use tessera_domain::ids::NodeId;
 use tessera_domain::mig::Catalog;
 use tessera_domain::mig::Instance;
 use tessera_domain::tenancy::{CreatedSecret, JoinTokenView, Page, PageRequest};
@@ -38,20 +39,20 @@ use uuid::Uuid;
 /// reports for ([`NodeIdentity::for_executor`]). No request can make one up.
 #[derive(Debug, Clone)]
 pub struct NodeIdentity {
-    pub(crate) id: Uuid,
+    pub(crate) id: NodeId,
     pub(crate) hostname: String,
 }
 
 impl NodeIdentity {
     /// A node the platform's executor runs workloads on (it reports as the node).
-    pub fn for_executor(_: &SystemActor, id: Uuid, hostname: &str) -> Self {
+    pub fn for_executor(_: &SystemActor, id: NodeId, hostname: &str) -> Self {
         NodeIdentity {
             id,
             hostname: hostname.to_owned(),
         }
     }
 
-    pub fn id(&self) -> Uuid {
+    pub fn id(&self) -> NodeId {
         self.id
     }
 
@@ -63,7 +64,7 @@ impl NodeIdentity {
 /// What `/metrics` reports about one node that is not revoked.
 #[derive(Debug, Clone)]
 pub struct NodeMetrics {
-    pub id: Uuid,
+    pub id: NodeId,
     pub hostname: String,
     /// Seconds since the node was last heard from (heartbeat, else registration).
     pub last_seen_secs: f64,
@@ -97,7 +98,7 @@ pub struct Nodes {
     scheduler: Arc<tokio::sync::Notify>,
     /// Per node: the hash of the inventory last stored by this process and the
     /// `inventory_version` it got, so an unchanged inventory is not written again.
-    stored_inventory: Arc<std::sync::Mutex<HashMap<Uuid, (u64, i64)>>>,
+    stored_inventory: Arc<std::sync::Mutex<HashMap<NodeId, (u64, i64)>>>,
 }
 
 impl Nodes {
@@ -255,7 +256,7 @@ impl Nodes {
         }
         let (credential, hash) = secret::generate("tsn");
         let row = NodeRow {
-            id: Uuid::new_v4(),
+            id: NodeId(Uuid::new_v4()),
             hostname: hostname.to_owned(),
             credential_hash: hash,
             join_token_id: Some(token.id),
@@ -438,7 +439,7 @@ impl Nodes {
     pub async fn clear_health(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: NodeId,
         gpu: &str,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
@@ -479,7 +480,7 @@ impl Nodes {
             .await
             .map_err(internal("listing nodes"))?;
         let now = self.clock.now();
-        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        let ids: Vec<NodeId> = rows.iter().map(|r| r.id).collect();
         let desired = self.desired_of(&ids).await?;
         let shares = self.held_shares(&desired).await?;
         let drains = self.drain_context().await?;
@@ -490,12 +491,12 @@ impl Nodes {
         Ok(paged(views, total, page))
     }
 
-    pub async fn get(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
+    pub async fn get(&self, p: &Principal, id: NodeId) -> Result<NodeView, AppError> {
         let row = self.node_row(id).await?;
         self.view(&row, p.is_admin(), self.clock.now()).await
     }
 
-    pub async fn revoke(&self, p: &Principal, id: Uuid) -> Result<NodeView, AppError> {
+    pub async fn revoke(&self, p: &Principal, id: NodeId) -> Result<NodeView, AppError> {
         authz::admin(p)?;
         let now = self.clock.now();
         self.store
@@ -513,7 +514,7 @@ impl Nodes {
     pub async fn set_group(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: NodeId,
         group: Option<&str>,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
@@ -550,7 +551,7 @@ impl Nodes {
     pub async fn drain(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: NodeId,
         req: &DrainRequest,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
@@ -596,7 +597,7 @@ impl Nodes {
     pub async fn undrain(
         &self,
         p: &Principal,
-        id: Uuid,
+        id: NodeId,
         gpu: Option<&str>,
     ) -> Result<NodeView, AppError> {
         authz::admin(p)?;
@@ -616,7 +617,7 @@ impl Nodes {
     }
 
     /// A registered node's row (revoked ones too); 404 when there is none.
-    async fn node_row(&self, id: Uuid) -> Result<NodeRow, AppError> {
+    async fn node_row(&self, id: NodeId) -> Result<NodeRow, AppError> {
         self.store
             .node(id)
             .await
@@ -624,7 +625,7 @@ impl Nodes {
             .ok_or(AppError::NotFound)
     }
 
-    async fn audit_node(&self, p: &Principal, action: AuditAction, id: Uuid, note: &str) {
+    async fn audit_node(&self, p: &Principal, action: AuditAction, id: NodeId, note: &str) {
         Entry::new(Some(p.username().as_str()), action, "node", id)
             .note(note)
             .record(&self.store, self.clock.now())
@@ -730,7 +731,7 @@ impl Nodes {
             .out_of_service(Duration::seconds(health::GRACE_SECS))
             .await
             .map_err(internal("loading drains"))?;
-        let listed: Vec<(Uuid, bool, Arc<Inventory>)> = rows
+        let listed: Vec<(NodeId, bool, Arc<Inventory>)> = rows
             .iter()
             .filter_map(|r| {
                 let inv = inventories.get(&r.id)?.clone();
@@ -803,7 +804,7 @@ impl Nodes {
     }
 
     /// Desired states with their apply status, for these nodes (one query).
-    async fn desired_of(&self, nodes: &[Uuid]) -> Result<Vec<DesiredWithStatus>, AppError> {
+    async fn desired_of(&self, nodes: &[NodeId]) -> Result<Vec<DesiredWithStatus>, AppError> {
         self.store
             .desired_with_status(Some(nodes))
             .await
@@ -884,7 +885,7 @@ impl Nodes {
     pub async fn telemetry(
         &self,
         _p: &Principal,
-        node: Uuid,
+        node: NodeId,
         limit: u32,
     ) -> Result<NodeTelemetry, AppError> {
         self.store
@@ -998,7 +999,7 @@ impl Nodes {
     pub async fn set_desired_layout(
         &self,
         p: &Principal,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
         mode: MigMode,
         layout: Vec<DesiredInstance>,
@@ -1062,7 +1063,7 @@ impl Nodes {
     pub async fn set_gpu_sharing(
         &self,
         p: &Principal,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
         sharing: Option<ShareMethod>,
     ) -> Result<NodeView, AppError> {
@@ -1108,7 +1109,7 @@ impl Nodes {
     /// GPU `gpu_uuid` of node `node` (not revoked) as its agent last reported it.
     async fn reported_gpu(
         &self,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
     ) -> Result<tessera_domain::wire::GpuInfo, AppError> {
         let row = self
@@ -1129,7 +1130,7 @@ impl Nodes {
     /// The desired state an admin or the scheduler last set for one GPU, if any.
     async fn desired_row(
         &self,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
     ) -> Result<Option<DesiredRow>, AppError> {
         Ok(self
@@ -1234,12 +1235,12 @@ impl Nodes {
 #[derive(Default)]
 struct DrainContext {
     drains: Vec<DrainRow>,
-    busy: BTreeSet<(Uuid, String)>,
+    busy: BTreeSet<(NodeId, String)>,
     unhealthy: Vec<HealthRow>,
 }
 
 impl DrainContext {
-    fn health(&self, node: Uuid, gpu: &str) -> Option<HealthView> {
+    fn health(&self, node: NodeId, gpu: &str) -> Option<HealthView> {
         let r = self
             .unhealthy
             .iter()
@@ -1252,7 +1253,7 @@ impl DrainContext {
 
     /// The drain of `gpu` alone (`Some`), or of the whole node (`None`), as the Nodes page
     /// shows it: draining while something there is still held.
-    fn view(&self, node: Uuid, gpu: Option<&str>) -> Option<DrainView> {
+    fn view(&self, node: NodeId, gpu: Option<&str>) -> Option<DrainView> {
         let r = self
             .drains
             .iter()

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::EntryType;
 use tessera_domain::ids::AllocationId;
+use tessera_domain::ids::NodeId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -260,13 +261,13 @@ impl Store {
     /// A node's telemetry samples taken in `[from, to)`.
     pub async fn samples_between(
         &self,
-        node: Uuid,
+        node: NodeId,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<SampleRow>, StoreError> {
         let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
                    AND at >= $2 AND at < $3 ORDER BY at";
-        db!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node).bind(from).bind(to).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, SampleRow>(sql).bind(node.0).bind(from).bind(to).fetch_all(pool).await)
     }
 
     /// Writes metered hours of one allocation and their ledger entries in one transaction;

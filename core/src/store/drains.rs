@@ -2,11 +2,13 @@
 
 use super::{Store, StoreError, db};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::NodeId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct DrainRow {
-    pub node_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub node_id: NodeId,
     /// `''`: the whole node.
     pub gpu_uuid: String,
     pub deadline: DateTime<Utc>,
@@ -20,7 +22,7 @@ pub struct DrainRow {
 
 impl DrainRow {
     /// Whether it covers `gpu` of `node`.
-    pub fn covers(&self, node: Uuid, gpu: &str) -> bool {
+    pub fn covers(&self, node: NodeId, gpu: &str) -> bool {
         self.node_id == node && (self.gpu_uuid.is_empty() || self.gpu_uuid == gpu)
     }
 }
@@ -37,19 +39,19 @@ impl Store {
              reason = excluded.reason, created_by = excluded.created_by"
         );
         db!(self, pool => sqlx::query(&sql)
-            .bind(r.node_id).bind(&r.gpu_uuid).bind(r.deadline).bind(&r.reason)
+            .bind(r.node_id.0).bind(&r.gpu_uuid).bind(r.deadline).bind(&r.reason)
             .bind(r.created_by).bind(r.created_at)
             .execute(pool).await.map(|_| ()))
     }
 
     /// Ends the drains of a node: all of them (`gpu` `None`) or one GPU's. How many ended.
-    pub async fn clear_drain(&self, node: Uuid, gpu: Option<&str>) -> Result<u64, StoreError> {
+    pub async fn clear_drain(&self, node: NodeId, gpu: Option<&str>) -> Result<u64, StoreError> {
         match gpu {
             None => db!(self, pool => sqlx::query("DELETE FROM drains WHERE node_id = $1")
-                .bind(node).execute(pool).await.map(|r| r.rows_affected())),
+                .bind(node.0).execute(pool).await.map(|r| r.rows_affected())),
             Some(g) => db!(self, pool => sqlx::query(
                 "DELETE FROM drains WHERE node_id = $1 AND gpu_uuid = $2")
-                .bind(node).bind(g).execute(pool).await.map(|r| r.rows_affected())),
+                .bind(node.0).bind(g).execute(pool).await.map(|r| r.rows_affected())),
         }
     }
 

@@ -3,11 +3,13 @@
 
 use super::{Store, StoreError, db};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::NodeId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct HealthRow {
-    pub node_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub node_id: NodeId,
     pub gpu_uuid: String,
     pub xid_base: i64,
     pub ecc_base: i64,
@@ -19,9 +21,9 @@ const COLS: &str = "node_id, gpu_uuid, xid_base, ecc_base, unhealthy_since, reas
 
 impl Store {
     /// The health rows of one node.
-    pub async fn gpu_health_of(&self, node: Uuid) -> Result<Vec<HealthRow>, StoreError> {
+    pub async fn gpu_health_of(&self, node: NodeId) -> Result<Vec<HealthRow>, StoreError> {
         let sql = format!("SELECT {COLS} FROM gpu_health WHERE node_id = $1");
-        db!(self, pool => sqlx::query_as::<_, HealthRow>(&sql).bind(node).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, HealthRow>(&sql).bind(node.0).fetch_all(pool).await)
     }
 
     /// Every unhealthy GPU.
@@ -48,7 +50,7 @@ impl Store {
              RETURNING unhealthy_since"
         );
         let now: Option<DateTime<Utc>> = db!(self, pool => sqlx::query_scalar(&sql)
-            .bind(r.node_id).bind(&r.gpu_uuid).bind(r.xid_base).bind(r.ecc_base)
+            .bind(r.node_id.0).bind(&r.gpu_uuid).bind(r.xid_base).bind(r.ecc_base)
             .bind(since).bind(reason)
             .fetch_one(pool).await)?;
         // The stored time may have lost sub-microsecond digits (PostgreSQL).
@@ -62,7 +64,7 @@ impl Store {
     /// `false` when the GPU was not unhealthy.
     pub async fn clear_gpu_health(
         &self,
-        node: Uuid,
+        node: NodeId,
         gpu: &str,
         xid_base: i64,
         ecc_base: i64,
@@ -70,7 +72,7 @@ impl Store {
         db!(self, pool => sqlx::query(
             "UPDATE gpu_health SET unhealthy_since = NULL, reason = NULL, xid_base = $3, \
              ecc_base = $4 WHERE node_id = $1 AND gpu_uuid = $2 AND unhealthy_since IS NOT NULL")
-            .bind(node).bind(gpu).bind(xid_base).bind(ecc_base)
+            .bind(node.0).bind(gpu).bind(xid_base).bind(ecc_base)
             .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 }

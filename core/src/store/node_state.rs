@@ -5,12 +5,14 @@ use super::{
 };
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
+use tessera_domain::ids::NodeId;
 use tessera_domain::wire::{ApplyStatus, DesiredInstance, MigMode, ShareMethod, TelemetrySample};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DesiredRow {
-    pub node_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub node_id: NodeId,
     pub gpu_uuid: String,
     #[sqlx(try_from = "String")]
     pub mode: MigMode,
@@ -67,7 +69,8 @@ pub struct SampleRow {
 /// A node that is not revoked, with its newest telemetry sample if it has one (`/metrics`).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct NodeLatestSampleRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: NodeId,
     pub hostname: String,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat_at: Option<DateTime<Utc>>,
@@ -81,10 +84,10 @@ pub struct NodeLatestSampleRow {
 }
 
 impl Store {
-    pub async fn desired_for_node(&self, node: Uuid) -> Result<Vec<DesiredRow>, StoreError> {
+    pub async fn desired_for_node(&self, node: NodeId) -> Result<Vec<DesiredRow>, StoreError> {
         let sql = "SELECT node_id, gpu_uuid, mode, layout, version, updated_at, sharing \
                    FROM gpu_desired WHERE node_id = $1 ORDER BY gpu_uuid";
-        db!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, DesiredRow>(sql).bind(node.0).fetch_all(pool).await)
     }
 
     /// Shares (`Some(method)`) or unshares one GPU: MIG off, no layout, its version bumped
@@ -92,7 +95,7 @@ impl Store {
     /// and no allocation holds the GPU. `None` when either check failed.
     pub async fn set_sharing(
         &self,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
         sharing: Option<ShareMethod>,
         expected: Option<i64>,
@@ -114,7 +117,7 @@ impl Store {
         );
         let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
-            .bind(node).bind(gpu_uuid).bind(at).bind(by).bind(sharing.map(ShareMethod::as_str)).bind(expected).bind(&holds)
+            .bind(node.0).bind(gpu_uuid).bind(at).bind(by).bind(sharing.map(ShareMethod::as_str)).bind(expected).bind(&holds)
             .fetch_optional(pool).await)
     }
 
@@ -132,7 +135,7 @@ impl Store {
     /// Sets the desired state of one GPU, bumping its version; returns the new version.
     pub async fn set_desired(
         &self,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
         mode: MigMode,
         layout: &[DesiredInstance],
@@ -147,13 +150,13 @@ impl Store {
                    updated_at = excluded.updated_at, updated_by = excluded.updated_by \
                    RETURNING version";
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
-            .bind(node).bind(gpu_uuid).bind(mode.as_str()).bind(&layout).bind(at).bind(by)
+            .bind(node.0).bind(gpu_uuid).bind(mode.as_str()).bind(&layout).bind(at).bind(by)
             .fetch_one(pool).await)
     }
 
     pub async fn upsert_apply_status(
         &self,
-        node: Uuid,
+        node: NodeId,
         gpu_uuid: &str,
         version: i64,
         status: &str,
@@ -164,7 +167,7 @@ impl Store {
                    ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET version = excluded.version, \
                    status = excluded.status, reported_at = excluded.reported_at";
         db!(self, pool => sqlx::query(sql)
-            .bind(node).bind(gpu_uuid).bind(version).bind(status).bind(at)
+            .bind(node.0).bind(gpu_uuid).bind(version).bind(status).bind(at)
             .execute(pool).await.map(|_| ()))
     }
 
@@ -172,7 +175,7 @@ impl Store {
     /// for the current version: one query, whatever the number of nodes.
     pub async fn desired_with_status(
         &self,
-        nodes: Option<&[Uuid]>,
+        nodes: Option<&[NodeId]>,
     ) -> Result<Vec<DesiredWithStatus>, StoreError> {
         let filter = match nodes {
             None => String::new(),
@@ -188,22 +191,22 @@ impl Store {
         db!(self, pool => {
             let mut q = sqlx::query_as::<_, DesiredWithStatus>(&sql);
             for id in nodes.unwrap_or(&[]) {
-                q = q.bind(*id);
+                q = q.bind(id.0);
             }
             q.fetch_all(pool).await
         })
     }
 
-    pub async fn apply_statuses(&self, node: Uuid) -> Result<Vec<ApplyStatusRow>, StoreError> {
+    pub async fn apply_statuses(&self, node: NodeId) -> Result<Vec<ApplyStatusRow>, StoreError> {
         let sql = "SELECT gpu_uuid, version, status, reported_at FROM gpu_apply_status WHERE node_id = $1";
-        db!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, ApplyStatusRow>(sql).bind(node.0).fetch_all(pool).await)
     }
 
     /// Stores samples, ignoring `(node, seq)` already stored, all in one transaction;
     /// records the agent's drop counter.
     pub async fn insert_samples(
         &self,
-        node: Uuid,
+        node: NodeId,
         samples: &[(i64, DateTime<Utc>, String)],
         dropped_total: i64,
         at: DateTime<Utc>,
@@ -215,7 +218,7 @@ impl Store {
                 let mut q = sqlx::QueryBuilder::new(
                     "INSERT INTO telemetry_samples (node_id, seq, at, payload, received_at) ");
                 q.push_values(chunk, |mut row, (seq, sampled_at, payload)| {
-                    row.push_bind(node).push_bind(*seq).push_bind(*sampled_at)
+                    row.push_bind(node.0).push_bind(*seq).push_bind(*sampled_at)
                         .push_bind(payload.as_str()).push_bind(at);
                 });
                 q.push(" ON CONFLICT (node_id, seq) DO NOTHING");
@@ -223,7 +226,7 @@ impl Store {
             }
             if dropped_total > 0 {
                 sqlx::query("UPDATE nodes SET telemetry_dropped = $1 WHERE id = $2 AND telemetry_dropped < $1")
-                    .bind(dropped_total).bind(node).execute(&mut *tx).await?;
+                    .bind(dropped_total).bind(node.0).execute(&mut *tx).await?;
             }
             Ok(tx.commit().await?)
         })
@@ -232,13 +235,13 @@ impl Store {
     /// The newest `limit` samples of a node, oldest first.
     pub async fn recent_samples(
         &self,
-        node: Uuid,
+        node: NodeId,
         limit: u32,
     ) -> Result<Vec<SampleRow>, StoreError> {
         let sql = "SELECT seq, at, payload FROM telemetry_samples WHERE node_id = $1 \
                    ORDER BY seq DESC LIMIT $2";
         let mut rows = on_pool!(self, pool => sqlx::query_as::<_, SampleRow>(sql)
-            .bind(node).bind(i64::from(limit)).fetch_all(pool).await?);
+            .bind(node.0).bind(i64::from(limit)).fetch_all(pool).await?);
         rows.reverse();
         Ok(rows)
     }
@@ -254,15 +257,15 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, NodeLatestSampleRow>(sql).fetch_all(pool).await)
     }
 
-    pub async fn count_samples(&self, node: Uuid) -> Result<i64, StoreError> {
+    pub async fn count_samples(&self, node: NodeId) -> Result<i64, StoreError> {
         db!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node).fetch_one(pool).await)
+            "SELECT COUNT(*) FROM telemetry_samples WHERE node_id = $1").bind(node.0).fetch_one(pool).await)
     }
 }
 
 impl Store {
-    pub async fn telemetry_dropped(&self, node: Uuid) -> Result<i64, StoreError> {
+    pub async fn telemetry_dropped(&self, node: NodeId) -> Result<i64, StoreError> {
         db!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node).fetch_one(pool).await)
+            "SELECT telemetry_dropped FROM nodes WHERE id = $1").bind(node.0).fetch_one(pool).await)
     }
 }

@@ -2,11 +2,13 @@
 
 use super::{Store, StoreError, db, on_pool, placeholders};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::NodeId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct NodeRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: NodeId,
     pub hostname: String,
     pub credential_hash: String,
     pub join_token_id: Option<Uuid>,
@@ -33,7 +35,7 @@ const COLS: &str = "id, hostname, credential_hash, join_token_id, registered_at,
 /// One heartbeat of a node: when, and what its agent said of itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Beat<'a> {
-    pub id: Uuid,
+    pub id: NodeId,
     pub at: DateTime<Utc>,
     pub agent_version: &'a str,
     pub manages_mig: bool,
@@ -45,7 +47,7 @@ impl Store {
         let sql =
             format!("INSERT INTO nodes ({COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)");
         on_pool!(self, pool => sqlx::query(&sql)
-            .bind(r.id).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
+            .bind(r.id.0).bind(&r.hostname).bind(&r.credential_hash).bind(r.join_token_id)
             .bind(r.registered_at).bind(r.last_heartbeat_at).bind(&r.agent_version)
             .bind(r.manages_mig).bind(&r.inventory).bind(r.revoked_at).bind(r.workload_sandbox)
             .bind(&r.node_group).execute(pool).await.map(|_| ()))?;
@@ -58,22 +60,27 @@ impl Store {
     pub async fn node_by_credential(
         &self,
         hash: &str,
-    ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>)>, StoreError> {
-        db!(self, pool => sqlx::query_as(
+    ) -> Result<Option<(NodeId, String, Option<DateTime<Utc>>)>, StoreError> {
+        let row: Option<(Uuid, String, Option<DateTime<Utc>>)> = db!(self, pool => sqlx::query_as(
             "SELECT id, hostname, revoked_at FROM nodes WHERE credential_hash = $1")
-            .bind(hash).fetch_optional(pool).await)
+            .bind(hash).fetch_optional(pool).await)?;
+        Ok(row.map(|(id, hostname, revoked)| (NodeId(id), hostname, revoked)))
     }
 
     /// Sets (or clears) a node's group; `false` when there is no such node.
-    pub async fn set_node_group(&self, id: Uuid, group: Option<&str>) -> Result<bool, StoreError> {
+    pub async fn set_node_group(
+        &self,
+        id: NodeId,
+        group: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let sql = "UPDATE nodes SET node_group = $2 WHERE id = $1";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(group).execute(pool).await
+        db!(self, pool => sqlx::query(sql).bind(id.0).bind(group).execute(pool).await
             .map(|r| r.rows_affected() == 1))
     }
 
-    pub async fn node(&self, id: Uuid) -> Result<Option<NodeRow>, StoreError> {
+    pub async fn node(&self, id: NodeId) -> Result<Option<NodeRow>, StoreError> {
         let sql = format!("SELECT {COLS} FROM nodes WHERE id = $1");
-        db!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, NodeRow>(&sql).bind(id.0).fetch_optional(pool).await)
     }
 
     pub async fn list_nodes(
@@ -109,8 +116,8 @@ impl Store {
     /// `(id, inventory_version, inventory)` of the given nodes.
     pub async fn node_inventories(
         &self,
-        ids: &[Uuid],
-    ) -> Result<Vec<(Uuid, i64, String)>, StoreError> {
+        ids: &[NodeId],
+    ) -> Result<Vec<(NodeId, i64, String)>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
             let sql = format!(
@@ -120,11 +127,11 @@ impl Store {
             let rows = on_pool!(self, pool => {
                 let mut q = sqlx::query_as::<_, (Uuid, i64, String)>(&sql);
                 for id in chunk {
-                    q = q.bind(*id);
+                    q = q.bind(id.0);
                 }
                 q.fetch_all(pool).await
             })?;
-            out.extend(rows);
+            out.extend(rows.into_iter().map(|(id, v, text)| (NodeId(id), v, text)));
         }
         Ok(out)
     }
@@ -143,7 +150,7 @@ impl Store {
              inventory_version = inventory_version + CASE WHEN inventory = $4 THEN 0 ELSE 1 END \
              WHERE id = $5 AND revoked_at IS NULL RETURNING inventory_version")
             .bind(beat.at).bind(beat.agent_version).bind(beat.manages_mig).bind(inventory)
-            .bind(beat.id).bind(beat.workload_sandbox)
+            .bind(beat.id.0).bind(beat.workload_sandbox)
             .fetch_optional(pool).await)
     }
 
@@ -161,15 +168,15 @@ impl Store {
              workload_sandbox = $4 \
              WHERE id = $5 AND revoked_at IS NULL AND inventory_version = $6")
             .bind(beat.at).bind(beat.agent_version).bind(beat.manages_mig)
-            .bind(beat.workload_sandbox).bind(beat.id).bind(inventory_version)
+            .bind(beat.workload_sandbox).bind(beat.id.0).bind(inventory_version)
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 
-    pub async fn revoke_node(&self, id: Uuid, at: DateTime<Utc>) -> Result<bool, StoreError> {
+    pub async fn revoke_node(&self, id: NodeId, at: DateTime<Utc>) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE nodes SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(at).bind(id).execute(pool).await?.rows_affected());
+            .bind(at).bind(id.0).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 }

@@ -12,7 +12,7 @@ use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PreemptCause, Ranks};
 use tessera_domain::drain::DeadlineCause;
-use tessera_domain::ids::{AllocationId, WorkloadId};
+use tessera_domain::ids::{AllocationId, NodeId, WorkloadId};
 use tessera_domain::wire::GangLauncher;
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
 use uuid::Uuid;
@@ -39,7 +39,8 @@ pub struct WorkloadRow {
     pub team_id: Uuid,
     pub user_id: Uuid,
     /// `None` while `queued` for its own allocation (then `hostname` is empty).
-    pub node_id: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub node_id: Option<NodeId>,
     pub hostname: String,
     /// The allocation's devices on its node (a JSON list in the table).
     #[sqlx(try_from = "JsonText")]
@@ -326,7 +327,7 @@ impl Store {
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
                 .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id)
-                .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(&devices)
+                .bind(w.user_id).bind(w.node_id.map(|n| n.0)).bind(&w.hostname).bind(&devices)
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                 .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job.map(|g| g.0))
@@ -437,14 +438,14 @@ impl Store {
     /// log has not fully arrived (for at most `log_grace_since`).
     pub async fn node_workloads(
         &self,
-        node: Uuid,
+        node: NodeId,
         log_grace_since: DateTime<Utc>,
     ) -> Result<Vec<WorkloadListRow>, StoreError> {
         let sql = joined(&format!(
             "WHERE w.node_id = $1 AND (w.state IN {LIVE} OR (w.log_complete = FALSE \
              AND w.ended_at >= $2)) ORDER BY w.created_at"
         ));
-        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node).bind(log_grace_since).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, WorkloadListRow>(&sql).bind(node.0).bind(log_grace_since).fetch_all(pool).await)
     }
 
     /// Every live workload, with its allocation's state (the scheduler pass).
@@ -502,7 +503,7 @@ impl Store {
     pub async fn place_queued_workload(
         &self,
         id: WorkloadId,
-        node: Uuid,
+        node: NodeId,
         hostname: &str,
         devices: &[AllocatedDevice],
         now: DateTime<Utc>,
@@ -514,7 +515,7 @@ impl Store {
         // transaction.
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(id.0).bind(node).bind(hostname).bind(&devices)
+            let moved = sqlx::query(sql).bind(id.0).bind(node.0).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
                 let (kind, name, team, user): (String, String, Uuid, Uuid) =
@@ -916,7 +917,7 @@ impl Store {
     pub async fn place_gang(
         &self,
         job: WorkloadId,
-        (node, hostname, devices): (Uuid, &str, &[AllocatedDevice]),
+        (node, hostname, devices): (NodeId, &str, &[AllocatedDevice]),
         members: &[WorkloadRow],
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
@@ -935,7 +936,7 @@ impl Store {
                    $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(sql).bind(job.0).bind(node).bind(hostname).bind(&devices)
+            let moved = sqlx::query(sql).bind(job.0).bind(node.0).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if !moved {
                 return Ok(false);
@@ -943,7 +944,7 @@ impl Store {
             for (w, devices) in members.iter().zip(&member_devices) {
                 sqlx::query(insert)
                     .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id)
-                    .bind(w.user_id).bind(w.node_id).bind(&w.hostname).bind(devices)
+                    .bind(w.user_id).bind(w.node_id.map(|n| n.0)).bind(&w.hostname).bind(devices)
                     .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                     .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                     .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job.map(|g| g.0))

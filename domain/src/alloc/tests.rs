@@ -1,6 +1,7 @@
 use super::*;
 use crate::ids::AllocationId;
 use chrono::TimeZone;
+use uuid::Uuid;
 
 #[test]
 fn the_request_form_is_read_with_defaults_and_field_errors() {

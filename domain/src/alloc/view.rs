@@ -1,7 +1,7 @@
 //! Views.
 
 use super::*;
-use crate::ids::AllocationId;
+use crate::ids::{AllocationId, NodeId};
 
 /// Why and how long a pending allocation waits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +100,7 @@ pub struct AllocationView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AllocatedDevice {
-    pub node_id: Uuid,
+    pub node_id: NodeId,
     pub hostname: String,
     pub gpu_uuid: String,
     #[serde(default)]

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tessera_core::auth::secret;
 use tessera_core::services::workloads::ExecTarget;
 use tessera_domain::error::AppError;
+use tessera_domain::ids::NodeId;
 use tessera_domain::wire::{ExecRequest, exec_frame};
 use tokio::sync::oneshot;
 use tokio_tungstenite::WebSocketStream;
@@ -50,7 +51,7 @@ type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// A session waiting for its agent.
 struct Pending {
-    node: Uuid,
+    node: NodeId,
     req: ExecRequest,
     since: Instant,
     deliver: oneshot::Sender<Socket>,
@@ -66,7 +67,7 @@ fn pending() -> std::sync::MutexGuard<'static, HashMap<Uuid, Pending>> {
 }
 
 /// The sessions waiting for `node`'s agent (for its workload sync); forgets stale ones.
-pub fn pending_for(node: Uuid) -> Vec<ExecRequest> {
+pub fn pending_for(node: NodeId) -> Vec<ExecRequest> {
     let mut map = pending();
     map.retain(|_, p| p.since.elapsed() < TAKE_WITHIN && !p.deliver.is_closed());
     map.values()

@@ -143,7 +143,7 @@ pub struct KubeExecutor {
 #[derive(Default)]
 struct Memory {
     /// Per node, the desired set of the last round (run id → spec).
-    desired: HashMap<uuid::Uuid, HashMap<String, WorkloadSpec>>,
+    desired: HashMap<tessera_domain::ids::NodeId, HashMap<String, WorkloadSpec>>,
     /// How much of each run's log the server holds.
     acked: HashMap<String, u64>,
     /// Teams whose namespace and fixtures exist.

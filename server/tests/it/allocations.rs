@@ -549,7 +549,8 @@ async fn a_destroyed_mig_instance_fails_its_allocation(db: Db) {
     let active = wait_for_state(&a, &id, "active").await;
     let dev = &active["devices"][0];
     let mig = dev["mig_uuid"].as_str().expect("mig uuid").to_owned();
-    let node = uuid::Uuid::parse_str(dev["node_id"].as_str().expect("node")).expect("uuid");
+    let node =
+        tessera_domain::ids::NodeId::parse(dev["node_id"].as_str().expect("node")).expect("uuid");
     // The agent stops; the node's last report shows the GPU without that instance (as
     // after someone destroyed it by hand), still well within the node's grace period.
     drop(agent);

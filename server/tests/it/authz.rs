@@ -324,7 +324,7 @@ async fn notebooks(app: &TestApp, allocs: &[String], node: &str) -> Vec<String> 
             .expect("load")
             .expect("allocation");
         let w = tessera_core::store::WorkloadRow {
-            node_id: Some(uuid::Uuid::parse_str(node).expect("uuid")),
+            node_id: Some(tessera_domain::ids::NodeId::parse(node).expect("uuid")),
             hostname: "node-m".into(),
             token: Some(tessera_core::at_rest::Sealed::clear("matrix-token")),
             ..tessera_core::store::WorkloadRow::new(

@@ -265,7 +265,7 @@ async fn heartbeats_rewrite_the_inventory_only_when_it_changed(db: Db) {
     let app = &a.app;
     let (_, jt) = crate::nodes::join_token(&a, 1).await;
     let (node, cred) = register(app, &jt, "beats").await;
-    let node: uuid::Uuid = node.parse().expect("uuid");
+    let node = tessera_domain::ids::NodeId::parse(&node).expect("uuid");
     let store = tessera_core::store::Store::connect(&app.database_url)
         .await
         .expect("store");

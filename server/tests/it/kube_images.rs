@@ -125,7 +125,11 @@ async fn node() -> NodeIdentity {
         )),
         std::time::Duration::from_secs(3600),
     );
-    NodeIdentity::for_executor(&system, uuid::Uuid::from_u128(7), "gpu-a")
+    NodeIdentity::for_executor(
+        &system,
+        tessera_domain::ids::NodeId(uuid::Uuid::from_u128(7)),
+        "gpu-a",
+    )
 }
 
 fn ns(team: &str) -> String {

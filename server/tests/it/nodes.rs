@@ -218,7 +218,7 @@ async fn telemetry_is_deduplicated_and_acknowledged(db: Db) {
         .await
         .expect("db");
     let n = store
-        .count_samples(uuid::Uuid::parse_str(&node).expect("uuid"))
+        .count_samples(tessera_domain::ids::NodeId::parse(&node).expect("uuid"))
         .await
         .expect("count");
     assert_eq!(n, 8);
@@ -464,7 +464,7 @@ async fn telemetry_survives_a_server_restart(db: Db) {
         nodes["items"][0]["id"].as_str().map(|s| json!(s))
     })
     .await;
-    let node = uuid::Uuid::parse_str(node.as_str().expect("id")).expect("uuid");
+    let node = tessera_domain::ids::NodeId::parse(node.as_str().expect("id")).expect("uuid");
     let count = || async { store.count_samples(node).await.expect("count") };
     while count().await < 2 {
         tokio::time::sleep(Duration::from_millis(100)).await;

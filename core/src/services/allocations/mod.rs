@@ -30,7 +30,7 @@ use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing;
 use tessera_domain::cluster;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, TeamId, UserId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::planner;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
@@ -1368,7 +1368,7 @@ fn share_usage<'a>(held: impl IntoIterator<Item = &'a AllocationRow>) -> HashMap
 /// Whether a share's GPU is shared on its node the way the admin asked, and ready.
 fn share_ready(
     d: &AllocatedDevice,
-    inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
+    inventories: &HashMap<NodeId, std::sync::Arc<Inventory>>,
     shared: &HashMap<String, ShareMethod>,
 ) -> bool {
     let Some(method) = shared.get(&d.gpu_uuid) else {
@@ -1384,7 +1384,7 @@ fn share_ready(
 /// Fills in the device's MIG UUID from the inventory; whether the device is there.
 fn present(
     d: &mut AllocatedDevice,
-    inventories: &HashMap<Uuid, std::sync::Arc<Inventory>>,
+    inventories: &HashMap<NodeId, std::sync::Arc<Inventory>>,
 ) -> bool {
     let Some(g) = inventories
         .get(&d.node_id)

@@ -154,14 +154,14 @@ impl Allocations {
     async fn expire(
         &self,
         nodes: &[NodeRow],
-        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        inventories: &HashMap<NodeId, Arc<Inventory>>,
         drains: &[DrainRow],
         spare_room: &mut BTreeMap<String, u32>,
         live: &mut Live,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
-        let by_id: HashMap<Uuid, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
+        let by_id: HashMap<NodeId, &NodeRow> = nodes.iter().map(|n| (n.id, n)).collect();
         live.refresh(&self.store).await?;
         let held: Vec<&AllocationRow> = live
             .rows()
@@ -350,7 +350,7 @@ impl Allocations {
     /// admin asked, and ready).
     async fn activate(
         &self,
-        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        inventories: &HashMap<NodeId, Arc<Inventory>>,
         shared: &HashMap<String, ShareMethod>,
         live: &mut Live,
         now: DateTime<Utc>,
@@ -407,7 +407,7 @@ impl Allocations {
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Result<(), AppError> {
-        let by_id: HashMap<Uuid, &NodeRow> = seen.nodes.iter().map(|n| (n.id, n)).collect();
+        let by_id: HashMap<NodeId, &NodeRow> = seen.nodes.iter().map(|n| (n.id, n)).collect();
         live.refresh(&self.store).await?;
         let queued: Vec<AllocationRow> = live
             .rows()
@@ -646,7 +646,7 @@ impl Allocations {
         &self,
         waiting: &[&AllocationRow],
         booked: &BTreeSet<AllocationId>,
-        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        inventories: &HashMap<NodeId, Arc<Inventory>>,
         live: &mut Live,
         now: DateTime<Utc>,
     ) -> Result<u32, AppError> {
@@ -794,7 +794,7 @@ impl Allocations {
         let share_used = share_usage(held.iter().copied());
         let held_devices: Vec<AllocatedDevice> = held.iter().flat_map(|a| devices(a)).collect();
         // (node, GPU) pairs anything is held on.
-        let held_on: BTreeSet<(Uuid, &str)> = held_devices
+        let held_on: BTreeSet<(NodeId, &str)> = held_devices
             .iter()
             .map(|d| (d.node_id, d.gpu_uuid.as_str()))
             .collect();
@@ -804,7 +804,7 @@ impl Allocations {
         input.spare_cluster.fixed_sharing = true;
         // A GPU whose desired layout is not applied yet is left out: its instances are
         // about to change.
-        let applying: BTreeSet<(Uuid, &str)> = desired
+        let applying: BTreeSet<(NodeId, &str)> = desired
             .iter()
             .filter(|d| {
                 !d.status
@@ -947,8 +947,8 @@ impl Requests {
 
 /// The node a planner answer names: the pass gives the planner node ids as text, so an
 /// answer naming anything else is the planner's fault (`None`, logged).
-fn planned_node(node: &str) -> Option<Uuid> {
-    let id = Uuid::parse_str(node).ok();
+fn planned_node(node: &str) -> Option<NodeId> {
+    let id = NodeId::parse(node);
     if id.is_none() {
         tracing::error!(node, "the planner answered for a node it was not given");
     }
@@ -1046,7 +1046,7 @@ fn push_requests(
 /// A placed gang's devices, member by member (rank order), as an allocation stores them.
 fn gang_devices(
     members: &[planner::GangMember],
-    by_id: &HashMap<Uuid, &NodeRow>,
+    by_id: &HashMap<NodeId, &NodeRow>,
     input: &PlannerInput,
 ) -> Vec<AllocatedDevice> {
     let mut out = Vec::new();
@@ -1083,7 +1083,7 @@ fn gang_devices(
 /// node by node.
 pub(super) fn online_gpus<'a>(
     nodes: &'a [NodeRow],
-    inventories: &'a HashMap<Uuid, Arc<Inventory>>,
+    inventories: &'a HashMap<NodeId, Arc<Inventory>>,
     catalog: &'a Catalog,
     now: DateTime<Utc>,
 ) -> impl Iterator<
@@ -1108,7 +1108,7 @@ pub(super) fn online_gpus<'a>(
 #[derive(Clone, Copy)]
 pub(super) struct Seen<'a> {
     pub(super) nodes: &'a [NodeRow],
-    pub(super) inventories: &'a HashMap<Uuid, Arc<Inventory>>,
+    pub(super) inventories: &'a HashMap<NodeId, Arc<Inventory>>,
     pub(super) drains: &'a [DrainRow],
     /// This pass's hot spares (GPU UUIDs).
     pub(super) spares: &'a BTreeSet<String>,
@@ -1118,7 +1118,7 @@ pub(super) struct Seen<'a> {
 struct PlannerInput {
     cluster: planner::Cluster,
     /// (node, GPU index) → GPU UUID.
-    gpu_uuid: HashMap<(Uuid, u32), String>,
+    gpu_uuid: HashMap<(NodeId, u32), String>,
     /// GPU UUID → its instances now.
     instances: HashMap<String, Vec<DesiredInstance>>,
     /// Model → GPUs of it left out: (drained by an admin, unhealthy).

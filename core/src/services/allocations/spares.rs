@@ -156,7 +156,7 @@ impl Allocations {
     pub(super) async fn choose_spares(
         &self,
         nodes: &[NodeRow],
-        inventories: &HashMap<Uuid, Arc<Inventory>>,
+        inventories: &HashMap<NodeId, Arc<Inventory>>,
         drains: &[DrainRow],
         shared: &HashMap<String, ShareMethod>,
         live: &mut scheduler::Live,
@@ -186,7 +186,7 @@ impl Allocations {
         live.refresh(&self.store).await?;
         // Held on that node (keyed by node too: GPU UUIDs are unique on real hardware, not
         // necessarily among simulated nodes).
-        let busy: BTreeSet<(Uuid, String)> = live
+        let busy: BTreeSet<(NodeId, String)> = live
             .rows()
             .filter(|a| a.state != AllocState::Queued)
             .flat_map(devices)

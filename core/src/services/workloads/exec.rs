@@ -6,7 +6,7 @@ use super::{Workloads, internal};
 use crate::auth::Principal;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::WorkloadId;
+use tessera_domain::ids::{NodeId, WorkloadId};
 use tessera_domain::workload::WorkloadState;
 use uuid::Uuid;
 
@@ -18,7 +18,7 @@ pub const MAX_EXEC_COMMAND: usize = 16 * 1024;
 pub struct ExecTarget {
     /// The workload the command runs in (its run on the node).
     pub workload_id: WorkloadId,
-    pub node_id: Uuid,
+    pub node_id: NodeId,
     /// The workload asked for (rank 0 of a gang), its rank and its team: how the
     /// Kubernetes executor finds the pod.
     pub job: WorkloadId,

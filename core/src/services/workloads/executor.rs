@@ -166,7 +166,7 @@ impl Workloads {
 
     async fn node_rows(
         &self,
-        node: Uuid,
+        node: NodeId,
         now: DateTime<Utc>,
     ) -> Result<Vec<WorkloadListRow>, AppError> {
         self.store

@@ -32,7 +32,7 @@ impl Workloads {
         all: &[AllocatedDevice],
     ) -> Result<bool, AppError> {
         // Members in rank order: nodes in the order the allocation lists them.
-        let mut nodes: Vec<(Uuid, String, Vec<AllocatedDevice>)> = Vec::new();
+        let mut nodes: Vec<(NodeId, String, Vec<AllocatedDevice>)> = Vec::new();
         for d in all {
             match nodes.iter_mut().find(|n| n.0 == d.node_id) {
                 Some(n) => n.2.push(d.clone()),

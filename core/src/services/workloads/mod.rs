@@ -27,7 +27,7 @@ use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation,
 use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, TeamId, UserId, WorkloadId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId, WorkloadId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
@@ -187,7 +187,7 @@ fn as_gpu_error(e: AppError) -> AppError {
 struct Place {
     allocation_id: AllocationId,
     team_id: Uuid,
-    node_id: Option<Uuid>,
+    node_id: Option<NodeId>,
     hostname: String,
     /// The devices it sees.
     devices: Vec<AllocatedDevice>,
@@ -197,7 +197,7 @@ struct Place {
 
 /// A process runs on one node: the first device's node, its hostname, and the
 /// allocation's devices there. `None` while the allocation has no device.
-fn node_devices(all: &[AllocatedDevice]) -> Option<(Uuid, String, Vec<AllocatedDevice>)> {
+fn node_devices(all: &[AllocatedDevice]) -> Option<(NodeId, String, Vec<AllocatedDevice>)> {
     let first = all.first()?;
     let (node, hostname) = (first.node_id, first.hostname.clone());
     let here = all.iter().filter(|d| d.node_id == node).cloned().collect();
@@ -720,7 +720,7 @@ impl Workloads {
     /// on a node that runs it instead).
     async fn check_driver(
         &self,
-        node: Uuid,
+        node: NodeId,
         image: &super::images::Chosen,
     ) -> Result<(), AppError> {
         let Some(need) = image.requires_cuda else {

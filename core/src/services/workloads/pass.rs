@@ -95,7 +95,7 @@ impl Workloads {
     }
 
     /// Wakes the agent of `node` (if any): what it should run changed.
-    pub(super) fn tell_node(&self, node: Option<Uuid>) {
+    pub(super) fn tell_node(&self, node: Option<NodeId>) {
         if let Some(n) = node {
             self.allocations.signals().bump(n);
         }

@@ -66,14 +66,14 @@ pub(super) async fn list_nodes(
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
     responses((status = 200, description = "OK", body = NodeView), NotFound))]
 pub(super) async fn get_node(Call(s, p): Call, Path(node): Path<Uuid>) -> ApiResult<NodeView> {
-    ok(s.nodes.get(&p, node).await)
+    ok(s.nodes.get(&p, node.into()).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/revoke", tag = "nodes",
     description = "The node's credential stops working at once.",
     responses((status = 200, description = "OK", body = NodeView), Forbidden, NotFound))]
 pub(super) async fn revoke_node(Call(s, p): Call, Path(node): Path<Uuid>) -> ApiResult<NodeView> {
-    ok(s.nodes.revoke(&p, node).await)
+    ok(s.nodes.revoke(&p, node.into()).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes",
@@ -89,7 +89,7 @@ pub(super) async fn drain_node(
     Path(node): Path<Uuid>,
     JsonBody(b): JsonBody<DrainRequest>,
 ) -> ApiResult<NodeView> {
-    ok(s.nodes.drain(&p, node, &b).await)
+    ok(s.nodes.drain(&p, node.into(), &b).await)
 }
 
 /// A node's group.
@@ -110,7 +110,7 @@ pub(super) async fn set_node_group(
     Path(node): Path<Uuid>,
     JsonBody(b): JsonBody<NodeGroupBody>,
 ) -> ApiResult<NodeView> {
-    ok(s.nodes.set_group(&p, node, b.group.as_deref()).await)
+    ok(s.nodes.set_group(&p, node.into(), b.group.as_deref()).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -129,7 +129,7 @@ pub(super) async fn undrain_node(
     Path(node): Path<Uuid>,
     Query(q): Query<UndrainQuery>,
 ) -> ApiResult<NodeView> {
-    ok(s.nodes.undrain(&p, node, q.gpu.as_deref()).await)
+    ok(s.nodes.undrain(&p, node.into(), q.gpu.as_deref()).await)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -147,7 +147,7 @@ pub(super) async fn node_telemetry(
     Query(q): Query<TelemetryQuery>,
 ) -> ApiResult<NodeTelemetry> {
     let limit = q.limit.unwrap_or(60);
-    ok(s.nodes.telemetry(&p, node, limit).await)
+    ok(s.nodes.telemetry(&p, node.into(), limit).await)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -171,7 +171,7 @@ pub(super) async fn set_gpu_layout(
     JsonBody(b): JsonBody<LayoutBody>,
 ) -> ApiResult<NodeView> {
     ok(s.nodes
-        .set_desired_layout(&p, node, &gpu, b.mode, b.layout)
+        .set_desired_layout(&p, node.into(), &gpu, b.mode, b.layout)
         .await)
 }
 
@@ -193,7 +193,9 @@ pub(super) async fn set_gpu_sharing(
     JsonBody(b): JsonBody<SharingBody>,
 ) -> ApiResult<NodeView> {
     let sharing = tessera_domain::cluster::parse_sharing(&b.sharing)?;
-    ok(s.nodes.set_gpu_sharing(&p, node, &gpu, sharing).await)
+    ok(s.nodes
+        .set_gpu_sharing(&p, node.into(), &gpu, sharing)
+        .await)
 }
 
 #[utoipa::path(get, path = "/api/v1/cluster/summary", tag = "nodes",
@@ -219,5 +221,5 @@ pub(super) async fn clear_gpu_health(
     Call(s, p): Call,
     Path((node, gpu)): Path<(Uuid, String)>,
 ) -> ApiResult<NodeView> {
-    ok(s.nodes.clear_health(&p, node, &gpu).await)
+    ok(s.nodes.clear_health(&p, node.into(), &gpu).await)
 }
