@@ -20,6 +20,7 @@ use support::{Bench, Scratch, env_or, err};
 use tessera_core::services::billing::UsageQuery;
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
 use tessera_domain::alloc::AllocState;
+use tessera_domain::ids::{TeamId, UserId};
 
 use uuid::Uuid;
 
@@ -169,7 +170,13 @@ async fn seed(
     from: chrono::DateTime<Utc>,
     to: chrono::DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    let row = AllocationRow::queued(team, user, &"H100-80GB:whole".parse()?, (1, 7), from);
+    let row = AllocationRow::queued(
+        TeamId(team),
+        UserId(user),
+        &"H100-80GB:whole".parse()?,
+        (1, 7),
+        from,
+    );
     let id = row.id;
     store.insert_allocation(&row, "bench").await?;
     for (f, t, at) in [

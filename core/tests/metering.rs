@@ -67,8 +67,8 @@ async fn write(
         id,
         priority: s.priority,
         ..AllocationRow::queued(
-            team,
-            user,
+            tessera_domain::ids::TeamId(team),
+            tessera_domain::ids::UserId(user),
             &s.kind.parse().expect("kind"),
             (i64::from(s.count), i64::from(units)),
             start,

@@ -204,7 +204,11 @@ impl World {
                     return;
                 }
                 let a = rng.pick(&waiting).clone();
-                let t = self.teams.iter().position(|t| *t == a.team_id).unwrap_or(0);
+                let t = self
+                    .teams
+                    .iter()
+                    .position(|t| *t == a.team_id.0)
+                    .unwrap_or(0);
                 let (who, overrides) = match rng.next(4) {
                     0 => (self.leads[t].clone(), false),
                     1 => (self.admin.clone(), false),
@@ -259,7 +263,7 @@ impl World {
                     .members
                     .iter()
                     .flatten()
-                    .find(|p| p.user_id().0 == a.user_id)
+                    .find(|p| p.user_id() == a.user_id)
                     .cloned()
                     .unwrap_or_else(|| self.admin.clone());
                 let minutes = 30 * (1 + u32::try_from(rng.next(12)).unwrap_or(0));
@@ -320,7 +324,7 @@ impl World {
                         .open(&["pending_approval", "queued", "placing", "active"])
                         .await
                         .into_iter()
-                        .filter(|a| a.user_id == member.user_id().0)
+                        .filter(|a| a.user_id == member.user_id())
                         .collect();
                     assert!(held.is_empty(), "a disabled user holds nothing: {held:?}");
                 }
@@ -354,7 +358,7 @@ impl World {
         let catalog = Catalog::builtin();
         let at = Utc::now();
         for (t, team) in self.teams.iter().enumerate() {
-            let mine: Vec<_> = holding.iter().filter(|a| a.team_id == *team).collect();
+            let mine: Vec<_> = holding.iter().filter(|a| a.team_id.0 == *team).collect();
             let units: i64 = mine.iter().map(|a| a.units).sum();
             let quota = self
                 .store
@@ -366,7 +370,7 @@ impl World {
             assert_eq!(quota.used, units, "{ctx}: counter = live allocations");
             let mut by_user: HashMap<Uuid, i64> = HashMap::new();
             for a in &mine {
-                *by_user.entry(a.user_id).or_default() += a.units;
+                *by_user.entry(a.user_id.0).or_default() += a.units;
             }
             for (user, units) in &by_user {
                 let used = self
@@ -402,7 +406,7 @@ impl World {
             // Committed spend: nothing is metered here, so it is what the open allocations
             // may cost at today's rate.
             let open = self.open(&["queued", "placing", "active"]).await;
-            let open: Vec<_> = open.iter().filter(|a| a.team_id == *team).collect();
+            let open: Vec<_> = open.iter().filter(|a| a.team_id.0 == *team).collect();
             let committed: i64 = open
                 .iter()
                 .map(|a| {
@@ -429,7 +433,7 @@ impl World {
         self.open(&["queued", "placing", "active", "releasing"])
             .await
             .iter()
-            .any(|a| a.team_id == team && a.over_budget)
+            .any(|a| a.team_id.0 == team && a.over_budget)
     }
 }
 

@@ -72,7 +72,12 @@ impl Leader {
         self.lead_until(stop).await;
         reporter.abort();
         let _ = reporter.await;
-        if let Err(e) = self.services.nodes.remove_replica(&self.replica).await {
+        if let Err(e) = self
+            .services
+            .nodes
+            .remove_replica(&self.system, &self.replica)
+            .await
+        {
             tracing::warn!(error = %e, "could not remove this replica's row");
         }
     }
@@ -178,7 +183,12 @@ async fn report(leader: Leader) {
             seen_at: chrono::Utc::now(),
             is_leader: leading,
         };
-        if let Err(e) = leader.services.nodes.report_replica(&me).await {
+        if let Err(e) = leader
+            .services
+            .nodes
+            .report_replica(&leader.system, &me)
+            .await
+        {
             tracing::warn!(error = %e, "could not report this replica");
         }
         tokio::select! {

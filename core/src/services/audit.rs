@@ -3,6 +3,7 @@
 use crate::store::{AuditRow, Store};
 use chrono::{DateTime, Utc};
 use tessera_domain::audit::AuditAction;
+use tessera_domain::ids::TeamId;
 use uuid::Uuid;
 
 /// An entry to record: who (`None`: the system), what, on which object of which team, and
@@ -33,8 +34,8 @@ impl<'a> Entry<'a> {
         }
     }
 
-    pub(crate) fn team(mut self, team: impl Into<Option<Uuid>>) -> Self {
-        self.team = team.into();
+    pub(crate) fn team(mut self, team: Option<TeamId>) -> Self {
+        self.team = team.map(|t| t.0);
         self
     }
 

@@ -594,7 +594,7 @@ impl Billing {
         let json =
             |r: &BudgetRow| serde_json::json!({"monthly_minor": r.monthly_minor, "hard": r.hard});
         let after = input.monthly_minor.map(|m| BudgetRow {
-            team_id: team.0,
+            team_id: team,
             monthly_minor: m,
             hard: input.hard,
         });
@@ -603,7 +603,7 @@ impl Billing {
             AuditAction::BudgetSet,
             "team",
             &team.to_string(),
-            Some(team.0),
+            Some(team),
             before.as_ref().map(json),
             after.as_ref().map(json),
         )
@@ -622,7 +622,7 @@ impl Billing {
     /// [`Billing::budgets`] without a caller, for metrics.
     pub async fn all_budgets(&self, now: DateTime<Utc>) -> Result<Vec<BudgetView>, AppError> {
         let (from, to) = b::month_bounds(b::month_of(now));
-        let budgets: HashMap<Uuid, BudgetRow> = self
+        let budgets: HashMap<TeamId, BudgetRow> = self
             .store
             .budgets()
             .await
@@ -644,10 +644,10 @@ impl Billing {
             .map_err(internal("loading teams"))?;
         let mut out: Vec<BudgetView> = teams
             .into_iter()
-            .filter(|(id, _)| budgets.contains_key(id) || spend.contains_key(id))
+            .filter(|(id, _)| budgets.contains_key(&TeamId(*id)) || spend.contains_key(id))
             .map(|(id, name)| {
                 let spent = spend.get(&id).copied().unwrap_or(0);
-                self.budget_view(TeamId(id), name, budgets.get(&id), spent)
+                self.budget_view(TeamId(id), name, budgets.get(&TeamId(id)), spent)
             })
             .collect();
         out.sort_by(|a, b| {
@@ -1036,7 +1036,7 @@ impl Billing {
         action: AuditAction,
         object_type: &str,
         object_id: &str,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         before: Option<serde_json::Value>,
         after: Option<serde_json::Value>,
     ) {
@@ -1199,7 +1199,10 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     out.push(',');
     csv_field(out, &r.resource_name);
     let _ = write!(out, ",{rtype},Tessera GPU,{},", r.team_id);
-    csv_field(out, cache.teams.get(&r.team_id).map_or("", String::as_str));
+    csv_field(
+        out,
+        cache.teams.get(&r.team_id.0).map_or("", String::as_str),
+    );
     out.push(',');
     let tags = format!(
         "{{\"tessera/priority\":\"{}\",\"tessera/model\":\"{}\"}}",
@@ -1207,7 +1210,10 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     );
     csv_field(out, &tags);
     out.push(',');
-    csv_field(out, cache.users.get(&r.user_id).map_or("", String::as_str));
+    csv_field(
+        out,
+        cache.users.get(&r.user_id.0).map_or("", String::as_str),
+    );
     let _ = write!(out, ",{},", r.allocation_id);
     csv_field(out, profile);
     out.push(',');
@@ -1264,7 +1270,7 @@ fn entry_view(r: &LedgerRow) -> LedgerEntryView {
         id: r.id,
         txn_id: r.txn_id,
         account: r.account.clone(),
-        team_id: TeamId(r.team_id),
+        team_id: r.team_id,
         team_name: r.team_name.clone(),
         amount_minor: r.amount_minor,
         currency: r.currency.clone(),

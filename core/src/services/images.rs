@@ -511,7 +511,7 @@ impl Images {
         note: &str,
     ) {
         Entry::new(Some(p.username().as_str()), action, "image", id)
-            .team(team)
+            .team(team.map(TeamId))
             .note(note)
             .record(&self.store, self.clock.now())
             .await;

@@ -697,9 +697,9 @@ impl Nodes {
             .collect())
     }
 
-    /// This server process reports itself alive, leading or not (its leader task; no
-    /// principal).
-    pub async fn report_replica(&self, me: &ReplicaRow) -> Result<(), AppError> {
+    /// This server process reports itself alive, leading or not (its leader task, as the
+    /// platform).
+    pub async fn report_replica(&self, _: &SystemActor, me: &ReplicaRow) -> Result<(), AppError> {
         self.store
             .report_replica(me)
             .await
@@ -707,7 +707,7 @@ impl Nodes {
     }
 
     /// This server process stops.
-    pub async fn remove_replica(&self, name: &str) -> Result<(), AppError> {
+    pub async fn remove_replica(&self, _: &SystemActor, name: &str) -> Result<(), AppError> {
         self.store
             .remove_replica(name)
             .await

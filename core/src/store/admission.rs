@@ -16,7 +16,7 @@ use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, live_states, on
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, Verdict};
 use tessera_domain::error::AppError;
-use tessera_domain::ids::AllocationId;
+use tessera_domain::ids::{AllocationId, TeamId};
 use tessera_domain::notify::EventKind;
 use uuid::Uuid;
 
@@ -198,15 +198,15 @@ macro_rules! hold {
     ($tx:expr, $row:expr) => {{
         let row: &AllocationRow = $row;
         sqlx::query(TEAM_ADD)
-            .bind(row.team_id)
+            .bind(row.team_id.0)
             .bind(&row.model)
             .bind(row.units)
             .execute(&mut *$tx)
             .await?;
         sqlx::query(USER_ADD)
-            .bind(row.team_id)
+            .bind(row.team_id.0)
             .bind(&row.model)
-            .bind(row.user_id)
+            .bind(row.user_id.0)
             .bind(row.units)
             .execute(&mut *$tx)
             .await?;
@@ -254,7 +254,7 @@ impl Store {
                 .bind(line.team).bind(line.model).bind(line.user)
                 .fetch_one(&mut *tx).await?;
             let quota = q_model.map(|model| QuotaRow {
-                team_id: line.team,
+                team_id: TeamId(line.team),
                 model,
                 guaranteed: guaranteed.unwrap_or(0),
                 limit_units: limit_units.unwrap_or(0),
@@ -263,7 +263,7 @@ impl Store {
             });
             let user_used = user_used.unwrap_or(0);
             let budget = monthly_minor.zip(hard).map(|(monthly_minor, hard)| BudgetRow {
-                team_id: line.team,
+                team_id: TeamId(line.team),
                 monthly_minor,
                 hard,
             });

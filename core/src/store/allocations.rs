@@ -14,13 +14,14 @@ use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
     AllocState, AllocatedDevice, Approver, GpuKind, PreemptCause, PriorityClass, ReleaseCause,
 };
-use tessera_domain::ids::AllocationId;
+use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use tessera_domain::image::CudaVersion;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct QuotaRow {
-    pub team_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
     pub model: String,
     pub guaranteed: i64,
     pub limit_units: i64,
@@ -32,8 +33,10 @@ pub struct QuotaRow {
 pub struct AllocationRow {
     #[sqlx(try_from = "Uuid")]
     pub id: AllocationId,
-    pub team_id: Uuid,
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     #[sqlx(try_from = "String")]
     pub kind: GpuKind,
     pub model: String,
@@ -81,8 +84,8 @@ impl AllocationRow {
     /// priority, an hour long, no purpose; `model` (the quota line) is the kind's first
     /// part, which a share must override with its `quota_key`.
     pub fn queued(
-        team_id: Uuid,
-        user_id: Uuid,
+        team_id: TeamId,
+        user_id: UserId,
         kind: &GpuKind,
         (count, units): (i64, i64),
         created_at: DateTime<Utc>,
@@ -131,7 +134,7 @@ pub struct AllocationListRow {
 /// (id, team, units, running, active_at, ends_at): [`Store::usage_since`].
 pub type Usage = (
     AllocationId,
-    Uuid,
+    TeamId,
     i64,
     bool,
     DateTime<Utc>,
@@ -248,8 +251,8 @@ pub enum Inserted {
 macro_rules! bind_insert {
     ($q:expr, $r:expr) => {
         $q.bind($r.id.0)
-            .bind($r.team_id)
-            .bind($r.user_id)
+            .bind($r.team_id.0)
+            .bind($r.user_id.0)
             .bind($r.kind.to_string())
             .bind(&$r.model)
             .bind($r.count)
@@ -321,20 +324,20 @@ impl Store {
             // Write first: on SQLite a transaction that read and then writes fails at once
             // (busy) if another writer committed in between; a first write takes the lock.
             sqlx::query("UPDATE quotas SET updated_at = updated_at WHERE team_id = $1 AND model = $2")
-                .bind(q.team_id).bind(&q.model).execute(&mut *tx).await?;
+                .bind(q.team_id.0).bind(&q.model).execute(&mut *tx).await?;
             let before: Option<(i64, i64, i64)> = sqlx::query_as(
                 "SELECT guaranteed, limit_units, per_user FROM quotas WHERE team_id = $1 AND model = $2")
-                .bind(q.team_id).bind(&q.model).fetch_optional(&mut *tx).await?;
-            sqlx::query(sql).bind(q.team_id).bind(&q.model).bind(q.guaranteed)
+                .bind(q.team_id.0).bind(&q.model).fetch_optional(&mut *tx).await?;
+            sqlx::query(sql).bind(q.team_id.0).bind(&q.model).bind(q.guaranteed)
                 .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(&mut *tx).await?;
             if before != Some(after) {
                 let team_name: String = sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
-                    .bind(q.team_id).fetch_one(&mut *tx).await?;
+                    .bind(q.team_id.0).fetch_one(&mut *tx).await?;
                 let payload = tessera_domain::notify::quota_payload(
-                    (q.team_id, &team_name), &q.model, before, after);
+                    (q.team_id.0, &team_name), &q.model, before, after);
                 let event = super::outbox::NewEvent::new(
-                    tessera_domain::notify::EventKind::QuotaChanged, Some(q.team_id),
-                    ("team", q.team_id), payload, at);
+                    tessera_domain::notify::EventKind::QuotaChanged, Some(q.team_id.0),
+                    ("team", q.team_id.0), payload, at);
                 super::outbox::record_event!(tx, &event);
             }
             tx.commit().await?;
@@ -739,7 +742,7 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(|(id, team, units, running, start, end)| {
-                (AllocationId(id), team, units, running, start, end)
+                (AllocationId(id), TeamId(team), units, running, start, end)
             })
             .collect())
     }

@@ -11,8 +11,8 @@ use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool, placeholde
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::EntryType;
-use tessera_domain::ids::AllocationId;
 use tessera_domain::ids::NodeId;
+use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -36,8 +36,8 @@ pub struct MeterRow {
     pub hour_start: DateTime<Utc>,
     /// `YYYY-MM-DD` of `hour_start` (UTC), for grouping by day on both backends.
     pub day: String,
-    pub team_id: Uuid,
-    pub user_id: Uuid,
+    pub team_id: TeamId,
+    pub user_id: UserId,
     pub kind: GpuKind,
     pub model: String,
     pub priority: PriorityClass,
@@ -62,7 +62,8 @@ pub struct LedgerRow {
     pub id: Uuid,
     pub txn_id: Uuid,
     pub account: String,
-    pub team_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
     pub team_name: String,
     pub amount_minor: i64,
     pub currency: String,
@@ -81,9 +82,11 @@ pub struct UsageGroupRow {
     pub day: String,
     #[sqlx(try_from = "String")]
     pub kind: GpuKind,
-    pub team_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
     pub team_name: String,
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     pub username: String,
     pub allocations: i64,
     pub wall_ms: i64,
@@ -103,8 +106,8 @@ pub struct ChargeRow {
     pub amount_minor: i64,
     pub entry_type: EntryType,
     pub currency: String,
-    pub team_id: Uuid,
-    pub user_id: Uuid,
+    pub team_id: TeamId,
+    pub user_id: UserId,
     pub allocation_id: AllocationId,
     pub kind: GpuKind,
     pub model: String,
@@ -119,7 +122,8 @@ pub struct ChargeRow {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct BudgetRow {
-    pub team_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
     pub monthly_minor: i64,
     pub hard: bool,
 }
@@ -289,7 +293,7 @@ impl Store {
                 let mut q = sqlx::QueryBuilder::new(METER_COLUMNS);
                 q.push_values(chunk, |mut b, m| {
                     b.push_bind(m.allocation_id.0).push_bind(m.hour_start).push_bind(&m.day)
-                        .push_bind(m.team_id).push_bind(m.user_id).push_bind(m.kind.to_string())
+                        .push_bind(m.team_id.0).push_bind(m.user_id.0).push_bind(m.kind.to_string())
                         .push_bind(&m.model).push_bind(m.priority.as_str()).push_bind(m.count)
                         .push_bind(&m.resource_id).push_bind(&m.resource_name).push_bind(m.wall_ms)
                         .push_bind(m.gpu_ms).push_bind(m.active_gpu_ms).push_bind(m.samples)
@@ -307,7 +311,7 @@ impl Store {
                     .iter()
                     .filter(|m| inserted.contains(&m.hour_start))
                     .flat_map(|m| {
-                        tessera_domain::billing::charge(tessera_domain::ids::TeamId(m.team_id), m.billed_minor)
+                        tessera_domain::billing::charge(m.team_id, m.billed_minor)
                             .map(|p| (m, p))
                     })
                     .collect();
@@ -316,7 +320,7 @@ impl Store {
                     let mut q = sqlx::QueryBuilder::new(LEDGER_COLUMNS);
                     q.push_values(part, |mut b, (m, p)| {
                         b.push_bind(Uuid::now_v7()).push_bind(m.txn_id).push_bind(p.account.key())
-                            .push_bind(m.team_id).push_bind(p.amount_minor).push_bind(&m.currency)
+                            .push_bind(m.team_id.0).push_bind(p.amount_minor).push_bind(&m.currency)
                             .push_bind(EntryType::Charge.as_str()).push_bind(m.allocation_id.0).push_bind(m.hour_start)
                             .push_bind(m.metered_at).push_bind(None::<String>);
                     });
@@ -325,7 +329,7 @@ impl Store {
             }
             // Budget thresholds this spend reached are told to team admins, in this
             // transaction (docs/notifications.md).
-            let mut months: Vec<(Uuid, chrono::NaiveDate)> = rows
+            let mut months: Vec<(TeamId, chrono::NaiveDate)> = rows
                 .iter()
                 .filter(|m| m.billed_minor != 0)
                 .map(|m| (m.team_id, tessera_domain::billing::month_of(m.hour_start)))
@@ -334,7 +338,7 @@ impl Store {
             months.dedup();
             if written > 0 {
                 for (team, month) in months {
-                    super::outbox::budget_events!(tx, team, month, now);
+                    super::outbox::budget_events!(tx, team.0, month, now);
                 }
             }
             if close {
@@ -383,7 +387,7 @@ impl Store {
             let mut tx = pool.begin().await?;
             for e in charge {
                 let r = sqlx::query(LEDGER_INSERT).bind(Uuid::now_v7()).bind(reversal)
-                    .bind(&e.account).bind(e.team_id).bind(-e.amount_minor).bind(&e.currency)
+                    .bind(&e.account).bind(e.team_id.0).bind(-e.amount_minor).bind(&e.currency)
                     .bind(EntryType::Reversal.as_str()).bind(e.allocation_id.0).bind(e.hour_start).bind(at)
                     .bind(memo).execute(&mut *tx).await;
                 match r {

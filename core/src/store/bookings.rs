@@ -5,14 +5,16 @@ use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
 use tessera_domain::booking::Held;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::AllocationId;
+use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct BookingRow {
     pub id: Uuid,
-    pub team_id: Uuid,
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     #[sqlx(try_from = "String")]
     pub kind: GpuKind,
     pub model: String,
@@ -74,7 +76,7 @@ impl Store {
                 .fetch_all(&mut *tx).await?;
             let team_limit: Option<i64> = sqlx::query_scalar(
                 "SELECT limit_units FROM quotas WHERE team_id = $1 AND model = $2")
-                .bind(row.team_id).bind(&row.model)
+                .bind(row.team_id.0).bind(&row.model)
                 .fetch_optional(&mut *tx).await?;
             let standing = BookingStanding {
                 team_limit,
@@ -92,7 +94,7 @@ impl Store {
             sqlx::query(
                 "INSERT INTO bookings (id, team_id, user_id, kind, model, count, units, starts_at, \
                  ends_at, purpose, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)")
-                .bind(row.id).bind(row.team_id).bind(row.user_id).bind(row.kind.to_string()).bind(&row.model)
+                .bind(row.id).bind(row.team_id.0).bind(row.user_id.0).bind(row.kind.to_string()).bind(&row.model)
                 .bind(row.count).bind(row.units).bind(row.starts_at).bind(row.ends_at)
                 .bind(&row.purpose).bind(row.created_at)
                 .execute(&mut *tx).await?;

@@ -76,22 +76,26 @@ macro_rules! on_node_states {
 }
 pub(crate) use {live_states, on_node_states};
 
-/// A text column's raw value, read only to be handed to a parser
-/// (`#[sqlx(try_from = "…")]`): `$t` wraps the `$inner` the driver decodes.
+/// A column's raw value, read only to be handed to a parser or a typed id
+/// (`#[sqlx(try_from = "…")]`): `$t` wraps the `$inner` the driver decodes from a `$column`
+/// column (text unless named).
 macro_rules! text_column {
     ($(#[$doc:meta])* $t:ident($inner:ty)) => {
+        text_column!($(#[$doc])* $t($inner) as String);
+    };
+    ($(#[$doc:meta])* $t:ident($inner:ty) as $column:ty) => {
         $(#[$doc])*
         pub struct $t($inner);
 
         impl<DB: sqlx::Database> sqlx::Type<DB> for $t
         where
-            String: sqlx::Type<DB>,
+            $column: sqlx::Type<DB>,
         {
             fn type_info() -> DB::TypeInfo {
-                <String as sqlx::Type<DB>>::type_info()
+                <$column as sqlx::Type<DB>>::type_info()
             }
             fn compatible(ty: &DB::TypeInfo) -> bool {
-                <String as sqlx::Type<DB>>::compatible(ty)
+                <$column as sqlx::Type<DB>>::compatible(ty)
             }
         }
 
@@ -122,31 +126,10 @@ text_column!(
     JsonText(String)
 );
 
-/// A nullable UUID column read as a typed id (`#[sqlx(try_from = "NullableId")]`).
-pub struct NullableId(Option<Uuid>);
-
-impl<DB: sqlx::Database> sqlx::Type<DB> for NullableId
-where
-    Uuid: sqlx::Type<DB>,
-{
-    fn type_info() -> DB::TypeInfo {
-        <Uuid as sqlx::Type<DB>>::type_info()
-    }
-    fn compatible(ty: &DB::TypeInfo) -> bool {
-        <Uuid as sqlx::Type<DB>>::compatible(ty)
-    }
-}
-
-impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for NullableId
-where
-    Option<Uuid>: sqlx::Decode<'r, DB>,
-{
-    fn decode(v: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(NullableId(<Option<Uuid> as sqlx::Decode<'r, DB>>::decode(
-            v,
-        )?))
-    }
-}
+text_column!(
+    /// A nullable UUID column read as a typed id (`#[sqlx(try_from = "NullableId")]`).
+    NullableId(Option<Uuid>) as Uuid
+);
 
 macro_rules! nullable_id_as {
     ($($t:ty),* $(,)?) => {

@@ -86,7 +86,7 @@ impl Store {
                 tx.rollback().await?;
                 return Ok(false);
             };
-            if (team, user, model.as_str(), units) != (new.team_id, new.user_id, new.model.as_str(), new.units) {
+            if (team, user, model.as_str(), units) != (new.team_id.0, new.user_id.0, new.model.as_str(), new.units) {
                 tx.rollback().await?;
                 return Err(StoreError(sqlx::Error::Protocol(
                     "a replacement must hold what it replaces".into(),

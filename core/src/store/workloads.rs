@@ -12,7 +12,7 @@ use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PreemptCause, Ranks};
 use tessera_domain::drain::DeadlineCause;
-use tessera_domain::ids::{AllocationId, NodeId, WorkloadId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId, WorkloadId};
 use tessera_domain::wire::GangLauncher;
 use tessera_domain::workload::{WorkloadKind, WorkloadState};
 use uuid::Uuid;
@@ -36,8 +36,10 @@ pub struct WorkloadRow {
     pub name: String,
     #[sqlx(try_from = "Uuid")]
     pub allocation_id: AllocationId,
-    pub team_id: Uuid,
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     /// `None` while `queued` for its own allocation (then `hostname` is empty).
     #[sqlx(try_from = "NullableId")]
     pub node_id: Option<NodeId>,
@@ -153,7 +155,7 @@ impl WorkloadRow {
     pub fn new(
         kind: WorkloadKind,
         name: &str,
-        (allocation_id, team_id, user_id): (AllocationId, Uuid, Uuid),
+        (allocation_id, team_id, user_id): (AllocationId, TeamId, UserId),
         state: WorkloadState,
         created_at: DateTime<Utc>,
     ) -> WorkloadRow {
@@ -244,7 +246,8 @@ pub struct WorkloadListRow {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProfileRow {
     pub id: Uuid,
-    pub team_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
     pub team_name: String,
     pub name: String,
     #[sqlx(try_from = "String")]
@@ -326,8 +329,8 @@ impl Store {
                    ON CONFLICT DO NOTHING";
         on_pool!(self, pool => {
             let r = sqlx::query(sql)
-                .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id)
-                .bind(w.user_id).bind(w.node_id.map(|n| n.0)).bind(&w.hostname).bind(&devices)
+                .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id.0)
+                .bind(w.user_id.0).bind(w.node_id.map(|n| n.0)).bind(&w.hostname).bind(&devices)
                 .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                 .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                 .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job.map(|g| g.0))
@@ -943,8 +946,8 @@ impl Store {
             }
             for (w, devices) in members.iter().zip(&member_devices) {
                 sqlx::query(insert)
-                    .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id)
-                    .bind(w.user_id).bind(w.node_id.map(|n| n.0)).bind(&w.hostname).bind(devices)
+                    .bind(w.id.0).bind(w.kind.as_str()).bind(&w.name).bind(w.allocation_id.0).bind(w.team_id.0)
+                    .bind(w.user_id.0).bind(w.node_id.map(|n| n.0)).bind(&w.hostname).bind(devices)
                     .bind(w.state.as_str()).bind(&w.command).bind(&w.workdir).bind(&w.env).bind(w.retries)
                     .bind(w.attempt).bind(&w.token).bind(w.created_at).bind(&w.idempotency_key)
                     .bind(w.owns_allocation).bind(&w.image).bind(&w.image_cuda).bind(w.gang_job.map(|g| g.0))

@@ -358,8 +358,8 @@ async fn bookings(app: &TestApp, team_a: &str) -> Vec<String> {
     for i in 0..WHO.len() {
         let row = tessera_core::store::BookingRow {
             id: uuid::Uuid::new_v4(),
-            team_id: team,
-            user_id: admin.id,
+            team_id: tessera_domain::ids::TeamId(team),
+            user_id: tessera_domain::ids::UserId(admin.id),
             kind: "H100-80GB:1g.10gb".parse().expect("kind"),
             model: "H100-80GB".into(),
             count: 1,

@@ -74,8 +74,8 @@ pub(crate) async fn history(
         purpose: "billing test".into(),
         duration_minutes: 60 * 24,
         ..AllocationRow::queued(
-            team,
-            user,
+            tessera_domain::ids::TeamId(team),
+            tessera_domain::ids::UserId(user),
             &kind.parse().expect("kind"),
             (count, units),
             created,

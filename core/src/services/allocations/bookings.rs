@@ -36,8 +36,8 @@ impl Allocations {
             .unwrap_or(0);
         let row = BookingRow {
             id: Uuid::new_v4(),
-            team_id: access.team.id,
-            user_id: p.user_id().0,
+            team_id: TeamId(access.team.id),
+            user_id: p.user_id(),
             kind: valid.alloc.kind().clone(),
             model: model.clone(),
             count: i64::from(valid.alloc.count()),
@@ -95,7 +95,7 @@ impl Allocations {
             .await
             .map_err(internal("loading booking"))?
             .ok_or(AppError::NotFound)?;
-        authz::team(&self.store, p, TeamId(row.b.team_id), need).await?;
+        authz::team(&self.store, p, row.b.team_id, need).await?;
         Ok(row)
     }
 
@@ -125,7 +125,7 @@ impl Allocations {
         Ok(rows
             .iter()
             .map(|r| {
-                let visible = mine.as_ref().is_none_or(|t| t.contains(&r.b.team_id));
+                let visible = mine.as_ref().is_none_or(|t| t.contains(&r.b.team_id.0));
                 view(r, visible, now)
             })
             .collect())
@@ -235,7 +235,7 @@ impl Allocations {
             // Stored by an earlier pass that stopped before linking it.
             Admitted::Duplicate => self
                 .store
-                .allocation_by_key(b.user_id, &key)
+                .allocation_by_key(b.user_id.0, &key)
                 .await
                 .map_err(internal("loading a booking's allocation"))?
                 .ok_or(AppError::Internal)?,
@@ -357,7 +357,7 @@ impl Allocations {
         let after = serde_json::json!({"kind": b.kind, "count": b.count, "units": b.units,
             "starts_at": b.starts_at, "ends_at": b.ends_at});
         Entry::new(actor, action, "booking", b.id)
-            .team(b.team_id)
+            .team(Some(b.team_id))
             .after(Some(after.to_string()))
             .record(&self.store, self.clock.now())
             .await;
@@ -369,7 +369,7 @@ fn view(r: &BookingListRow, visible: bool, now: DateTime<Utc>) -> BookingView {
     let b = &r.b;
     BookingView {
         id: visible.then_some(b.id),
-        team_id: visible.then_some(TeamId(b.team_id)),
+        team_id: visible.then_some(b.team_id),
         team_name: visible.then(|| r.team_name.clone()),
         kind: b.kind.to_string(),
         model: b.model.clone(),

@@ -11,10 +11,10 @@ impl Allocations {
     /// The grace that applies to `team`'s work: its own, else the platform maximum. Every
     /// place that sets a warning deadline for a team's work (a reclaim preemption, a
     /// booking's start) asks here.
-    pub async fn grace_for(&self, team: Uuid) -> Result<Duration, AppError> {
+    pub async fn grace_for(&self, team: TeamId) -> Result<Duration, AppError> {
         let own = self
             .store
-            .team_grace_secs(team)
+            .team_grace_secs(team.0)
             .await
             .map_err(internal("loading the team's grace"))?;
         Ok(drain::effective_grace(own, self.preemption_grace))
@@ -63,7 +63,7 @@ impl Allocations {
             "team",
             team.0,
         )
-        .team(team.0)
+        .team(Some(team))
         .before(Some(
             serde_json::json!({ "preemption_grace_secs": before }).to_string(),
         ))

@@ -30,7 +30,7 @@ use tessera_domain::audit::AuditEntryView;
 use tessera_domain::billing;
 use tessera_domain::cluster;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::planner;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
@@ -264,8 +264,8 @@ impl Allocations {
             needs_cuda: valid.needs_cuda(),
             gang_nodes: valid.nodes().map(i64::from),
             ..AllocationRow::queued(
-                access.team.id,
-                p.user_id().0,
+                TeamId(access.team.id),
+                p.user_id(),
                 valid.kind(),
                 (i64::from(valid.devices()), i64::from(valid.units())),
                 now,
@@ -386,7 +386,24 @@ impl Allocations {
             .await
             .map_err(internal("loading allocation"))?
             .ok_or(AppError::NotFound)?;
-        authz::team(&self.store, p, TeamId(row.a.team_id), Need::Read).await?;
+        authz::team(&self.store, p, row.a.team_id, Need::Read).await?;
+        Ok(row)
+    }
+
+    /// An allocation the caller may act on: its owner, a team admin of its team or a
+    /// platform admin (another member of the team: `Forbidden`; anyone else: `NotFound`).
+    async fn actionable(
+        &self,
+        p: &Principal,
+        id: AllocationId,
+    ) -> Result<AllocationListRow, AppError> {
+        let row = self.visible(p, id).await?;
+        let team_admin = authz::team(&self.store, p, row.a.team_id, Need::ManageMembers)
+            .await
+            .is_ok();
+        if row.a.user_id != p.user_id() && !team_admin {
+            return Err(AppError::Forbidden);
+        }
         Ok(row)
     }
 
@@ -419,13 +436,7 @@ impl Allocations {
         p: &Principal,
         id: AllocationId,
     ) -> Result<AllocationView, AppError> {
-        let row = self.visible(p, id).await?;
-        let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
-            .await
-            .is_ok();
-        if row.a.user_id != p.user_id().0 && !team_admin {
-            return Err(AppError::Forbidden);
-        }
+        let row = self.actionable(p, id).await?;
         let now = self.clock.now();
         let actor = Some(p.username().as_str());
         // The scheduler may move the allocation on (queued → placing → active) between
@@ -555,9 +566,9 @@ impl Allocations {
         now: DateTime<Utc>,
     ) -> Line<'a> {
         Line {
-            team: row.team_id,
+            team: row.team_id.0,
             model: &row.model,
-            user: row.user_id,
+            user: row.user_id.0,
             month: pricer.map_or_else(
                 || billing::month_bounds(billing::month_of(now)),
                 Pricer::month,
@@ -736,13 +747,7 @@ impl Allocations {
         id: AllocationId,
         minutes: u32,
     ) -> Result<AllocationView, AppError> {
-        let row = self.visible(p, id).await?;
-        let team_admin = authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
-            .await
-            .is_ok();
-        if row.a.user_id != p.user_id().0 && !team_admin {
-            return Err(AppError::Forbidden);
-        }
+        let row = self.actionable(p, id).await?;
         let max = self.policy.max_duration_minutes;
         if minutes == 0 || minutes > max {
             return Err(AppError::invalid(
@@ -851,7 +856,7 @@ impl Allocations {
             }
         } else if row.a.approver == Some(Approver::TeamAdmin)
             && !decision.overrides
-            && authz::team(&self.store, p, TeamId(row.a.team_id), Need::ManageMembers)
+            && authz::team(&self.store, p, row.a.team_id, Need::ManageMembers)
                 .await
                 .is_ok()
         {
@@ -1006,7 +1011,7 @@ impl Allocations {
             .await
             .map_err(internal("loading quota"))?;
         let row = QuotaRow {
-            team_id: team.0,
+            team_id: team,
             model: model.clone(),
             guaranteed: i64::from(guaranteed),
             limit_units: i64::from(limit),
@@ -1028,7 +1033,7 @@ impl Allocations {
             "quota",
             format!("{}:{model}", team.0),
         )
-        .team(team.0)
+        .team(Some(team))
         .before(before.as_ref().map(json))
         .after(Some(json(&row)))
         .record(&self.store, self.clock.now())
@@ -1064,7 +1069,7 @@ impl Allocations {
             AuditAction::PriorityRevoke
         };
         Entry::new(Some(p.username().as_str()), action, "team", team.0)
-            .team(team.0)
+            .team(Some(team))
             .after(grant.map(|g| serde_json::json!({"high": true, "cap": g.cap}).to_string()))
             .record(&self.store, self.clock.now())
             .await;
@@ -1186,9 +1191,9 @@ impl Allocations {
         };
         AllocationView {
             id: a.id,
-            team_id: TeamId(a.team_id),
+            team_id: a.team_id,
             team_name: r.team_name.clone(),
-            user_id: UserId(a.user_id),
+            user_id: a.user_id,
             username: r.username.clone(),
             kind: a.kind.to_string(),
             kind_label,
@@ -1240,7 +1245,7 @@ impl Allocations {
         actor: Option<&str>,
         action: AuditAction,
         id: AllocationId,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         before: Option<&AllocationRow>,
         after: Option<&AllocationRow>,
     ) {
@@ -1432,7 +1437,7 @@ fn queue_entry(a: &AllocationRow) -> Option<QueueEntry> {
     Some(QueueEntry {
         id: a.id,
         model: a.model.clone(),
-        team: TeamId(a.team_id),
+        team: a.team_id,
         priority: a.priority,
         created_at: a.created_at,
     })

@@ -655,7 +655,7 @@ impl Allocations {
             .rows()
             .filter(|a| a.state == AllocState::Active)
             .collect();
-        let quotas: HashMap<(Uuid, String), QuotaRow> = self
+        let quotas: HashMap<(TeamId, String), QuotaRow> = self
             .store
             .quotas(None)
             .await
@@ -663,7 +663,7 @@ impl Allocations {
             .into_iter()
             .map(|q| ((q.team_id, q.model.clone()), q))
             .collect();
-        let quota_of_team = |team: Uuid, model: &str| {
+        let quota_of_team = |team: TeamId, model: &str| {
             quotas
                 .get(&(team, model.to_owned()))
                 .map_or((0, 0), |q| (to_u32(q.used), to_u32(q.guaranteed)))
@@ -685,7 +685,7 @@ impl Allocations {
             let ask = to_u32(a.units);
             // `used` already counts this queued allocation.
             let claim = alloc::Claim {
-                team: TeamId(a.team_id),
+                team: a.team_id,
                 used: used.saturating_sub(ask),
                 guaranteed,
                 ask,
@@ -699,7 +699,7 @@ impl Allocations {
                     let (team_used, team_guaranteed) = quota_of_team(r.team_id, &r.model);
                     Some(alloc::Running {
                         id: r.id,
-                        team: TeamId(r.team_id),
+                        team: r.team_id,
                         units: to_u32(r.units),
                         started_at: r.active_at?,
                         priority: r.priority,
@@ -1130,10 +1130,10 @@ struct PlannerInput {
 }
 
 /// An ended allocation that was active once: (team, units, active_at, ends_at).
-type Ended = (Uuid, i64, DateTime<Utc>, Option<DateTime<Utc>>);
+type Ended = (TeamId, i64, DateTime<Utc>, Option<DateTime<Utc>>);
 
 /// Fair share's usage of one allocation: (team, units, running, active_at, ends_at).
-pub(super) type Usage = (Uuid, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>);
+pub(super) type Usage = (TeamId, i64, bool, DateTime<Utc>, Option<DateTime<Utc>>);
 
 /// How long the leader's copy of the live allocations goes on changes alone before it is
 /// loaded whole again (the safety net; change-feed entries are kept ten minutes).

@@ -169,7 +169,7 @@ impl Allocations {
             .map_err(internal("loading quotas"))?;
         let mut shares: BTreeMap<TeamId, FairShare> = BTreeMap::new();
         for q in &quotas {
-            let s = shares.entry(TeamId(q.team_id)).or_insert(FairShare {
+            let s = shares.entry(q.team_id).or_insert(FairShare {
                 recent_unit_seconds: 0,
                 guaranteed: 0,
             });
@@ -182,7 +182,7 @@ impl Allocations {
                 ends_at.map(|e| e.min(now))
             };
             let used = alloc::unit_seconds_in_window(to_u32(units), start, end, now);
-            let s = shares.entry(TeamId(team)).or_insert(FairShare {
+            let s = shares.entry(team).or_insert(FairShare {
                 recent_unit_seconds: 0,
                 guaranteed: 0,
             });

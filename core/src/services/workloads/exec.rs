@@ -6,9 +6,8 @@ use super::{Workloads, internal};
 use crate::auth::Principal;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{NodeId, WorkloadId};
+use tessera_domain::ids::{NodeId, TeamId, WorkloadId};
 use tessera_domain::workload::WorkloadState;
-use uuid::Uuid;
 
 /// Longest command line `exec` accepts (bytes, all arguments together).
 pub const MAX_EXEC_COMMAND: usize = 16 * 1024;
@@ -23,7 +22,7 @@ pub struct ExecTarget {
     /// Kubernetes executor finds the pod.
     pub job: WorkloadId,
     pub rank: u32,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
 }
 
 impl Workloads {

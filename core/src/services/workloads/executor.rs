@@ -137,7 +137,7 @@ impl Workloads {
         };
         // Registry logins go only with a workload that may still pull its image (not yet
         // running), and only its own team's.
-        let mut logins: HashMap<(Uuid, String), Option<RegistryLogin>> = HashMap::new();
+        let mut logins: HashMap<(TeamId, String), Option<RegistryLogin>> = HashMap::new();
         for r in &rows {
             let w = &r.w;
             if !matches!(w.state, WorkloadState::Pending | WorkloadState::Starting) {
@@ -148,7 +148,7 @@ impl Workloads {
             };
             let key = (w.team_id, image.registry().to_owned());
             if let std::collections::hash_map::Entry::Vacant(e) = logins.entry(key) {
-                let login = self.images.login(e.key().0, &e.key().1).await?;
+                let login = self.images.login(e.key().0.0, &e.key().1).await?;
                 e.insert(login);
             }
         }
@@ -181,7 +181,7 @@ impl Workloads {
         &self,
         r: &WorkloadListRow,
         shared: &HashMap<String, ShareMethod>,
-        logins: &HashMap<(Uuid, String), Option<RegistryLogin>>,
+        logins: &HashMap<(TeamId, String), Option<RegistryLogin>>,
         gangs: &super::gang::Members,
     ) -> Result<WorkloadSpec, AppError> {
         let w = &r.w;

@@ -27,7 +27,7 @@ use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation,
 use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId, WorkloadId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId, WorkloadId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
@@ -186,7 +186,7 @@ fn as_gpu_error(e: AppError) -> AppError {
 /// Where a new workload is stored: its allocation, and its node once it has one.
 struct Place {
     allocation_id: AllocationId,
-    team_id: Uuid,
+    team_id: TeamId,
     node_id: Option<NodeId>,
     hostname: String,
     /// The devices it sees.
@@ -370,7 +370,7 @@ fn profile_view(r: ProfileRow) -> NotebookProfile {
     let kind_label = r.kind.label();
     NotebookProfile {
         id: r.id,
-        team_id: TeamId(r.team_id),
+        team_id: r.team_id,
         team_name: r.team_name,
         name: r.name,
         kind: r.kind.to_string(),
@@ -581,7 +581,7 @@ impl Workloads {
             Target::Allocation(id) => {
                 let place = self.on_allocation(p, id).await?;
                 let chosen = match image {
-                    Some(i) => Some(self.images.choose(place.team_id, i).await?),
+                    Some(i) => Some(self.images.choose(place.team_id.0, i).await?),
                     None => None,
                 };
                 if let (Some(c), Some(node)) = (&chosen, place.node_id) {
@@ -650,7 +650,7 @@ impl Workloads {
             ..WorkloadRow::new(
                 kind,
                 name,
-                (place.allocation_id, place.team_id, p.user_id().0),
+                (place.allocation_id, place.team_id, p.user_id()),
                 place.state,
                 self.clock.now(),
             )
@@ -766,7 +766,7 @@ impl Workloads {
             .await
             .map_err(internal("loading allocation"))?
             .ok_or_else(|| AppError::invalid("allocation_id", "no such allocation"))?;
-        let access = authz::team(&self.store, p, TeamId(alloc.a.team_id), Need::Read)
+        let access = authz::team(&self.store, p, alloc.a.team_id, Need::Read)
             .await
             .map_err(|e| match e {
                 AppError::NotFound => AppError::invalid("allocation_id", "no such allocation"),
@@ -776,7 +776,7 @@ impl Workloads {
         if access.role == Some(TeamRole::Viewer) {
             return Err(AppError::Forbidden);
         }
-        if alloc.a.user_id != p.user_id().0 {
+        if alloc.a.user_id != p.user_id() {
             return Err(AppError::invalid(
                 "allocation_id",
                 "workloads run on your own allocations only",
@@ -829,7 +829,7 @@ impl Workloads {
             .map_err(as_gpu_error)?;
         Ok(Place {
             allocation_id: a.id,
-            team_id: a.team_id.0,
+            team_id: a.team_id,
             node_id: None,
             hostname: String::new(),
             devices: Vec::new(),
@@ -962,7 +962,7 @@ impl Workloads {
             .await
             .map_err(internal("loading workload"))?
             .ok_or(AppError::NotFound)?;
-        authz::team(&self.store, p, TeamId(row.w.team_id), Need::Read).await?;
+        authz::team(&self.store, p, row.w.team_id, Need::Read).await?;
         Ok(row)
     }
 
@@ -970,10 +970,10 @@ impl Workloads {
     /// admin of its team, or a platform admin. Other members of the team get `Forbidden`.
     async fn actionable(&self, p: &Principal, id: WorkloadId) -> Result<WorkloadListRow, AppError> {
         let row = self.visible(p, id).await?;
-        if row.w.user_id == p.user_id().0 || p.is_admin() {
+        if row.w.user_id == p.user_id() || p.is_admin() {
             return Ok(row);
         }
-        authz::team(&self.store, p, TeamId(row.w.team_id), Need::ManageMembers).await?;
+        authz::team(&self.store, p, row.w.team_id, Need::ManageMembers).await?;
         Ok(row)
     }
 
@@ -1183,9 +1183,9 @@ impl Workloads {
             kind,
             name: w.name.clone(),
             allocation_id: w.allocation_id,
-            team_id: TeamId(w.team_id),
+            team_id: w.team_id,
             team_name: r.team_name.clone(),
-            user_id: UserId(w.user_id),
+            user_id: w.user_id,
             username: r.username.clone(),
             state,
             command: w.command.clone(),
@@ -1232,7 +1232,7 @@ impl Workloads {
         actor: Option<&str>,
         action: AuditAction,
         id: WorkloadId,
-        team: Uuid,
+        team: TeamId,
         after: &str,
     ) {
         self.audit_note("workload", actor, action, (id.0, team), after)
@@ -1246,11 +1246,11 @@ impl Workloads {
         object_type: &str,
         actor: Option<&str>,
         action: AuditAction,
-        (id, team): (Uuid, Uuid),
+        (id, team): (Uuid, TeamId),
         note: &str,
     ) {
         Entry::new(actor, action, object_type, id)
-            .team(team)
+            .team(Some(team))
             .note(note)
             .record(&self.store, self.clock.now())
             .await;

@@ -134,10 +134,10 @@ impl Workloads {
     /// platform admins (audited). Anyone else gets the 404 of a notebook that does not
     /// exist.
     async fn may_open(&self, p: &Principal, row: &WorkloadListRow) -> Result<(), AppError> {
-        if row.w.user_id == p.user_id().0 {
+        if row.w.user_id == p.user_id() {
             let member = self
                 .store
-                .membership(row.w.team_id, p.user_id().0)
+                .membership(row.w.team_id.0, p.user_id().0)
                 .await
                 .map_err(internal("loading membership"))?
                 .is_some();

@@ -193,7 +193,7 @@ impl Workloads {
                 .await
                 .map_err(internal("loading allocation"))?,
             self.store
-                .user_by_id(w.user_id)
+                .user_by_id(w.user_id.0)
                 .await
                 .map_err(internal("loading user"))?,
         ) else {
@@ -206,9 +206,9 @@ impl Workloads {
         let Ok(username) = Username::parse(&user.username) else {
             return Ok(false);
         };
-        let owner = Principal::of_user(UserId(w.user_id), username, user.is_admin);
+        let owner = Principal::of_user(w.user_id, username, user.is_admin);
         let req = TypedRequest {
-            team_id: TeamId(old.a.team_id),
+            team_id: old.a.team_id,
             kind: old.a.kind.clone(),
             // A gang's count is the whole gang's; the request asks per node.
             count: u32::try_from(old.a.count / old.a.gang_nodes.unwrap_or(1).max(1)).unwrap_or(1),
@@ -518,13 +518,13 @@ impl Workloads {
     ) -> Result<(), AppError> {
         let payload = tessera_domain::notify::idle_warning_payload(
             (w.id.0, &w.name),
-            w.user_id,
+            w.user_id.0,
             idle_since,
             stop_at,
         );
         let mut event = NewEvent::new(
             EventKind::IdleWarning,
-            Some(w.team_id),
+            Some(w.team_id.0),
             ("workload", w.id.0),
             payload,
             now,

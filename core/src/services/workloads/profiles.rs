@@ -19,14 +19,14 @@ impl Workloads {
             .await
             .map_err(internal("loading profile"))?
             .ok_or_else(missing)?;
-        authz::team(&self.store, p, TeamId(row.team_id), Need::Read)
+        authz::team(&self.store, p, row.team_id, Need::Read)
             .await
             .map_err(|e| match e {
                 AppError::NotFound => missing(),
                 other => other,
             })?;
         let gpu = TypedRequest {
-            team_id: TeamId(row.team_id),
+            team_id: row.team_id,
             kind: row.kind.clone(),
             count: 1,
             duration_minutes: u32::try_from(row.duration_minutes).ok(),
@@ -186,7 +186,13 @@ impl Workloads {
         after: &str,
     ) {
         let actor = p.username().as_str();
-        self.audit_note("notebook_profile", Some(actor), action, (id, team), after)
-            .await;
+        self.audit_note(
+            "notebook_profile",
+            Some(actor),
+            action,
+            (id, TeamId(team)),
+            after,
+        )
+        .await;
     }
 }
