@@ -33,9 +33,17 @@ const OTHER_STATES: [&str; 1] = ["core/src/store/outbox.rs"];
 /// migrates and backs up the database and hands it to `Services` (which keeps none).
 const STORE_HOLDERS: [&str; 1] = ["server/src/lib.rs"];
 
-/// Store-row fields that hold an allocation's, a workload's or a node's id: read as
-/// `AllocationId`, `WorkloadId` or `NodeId`, never a bare `Uuid`.
-const ID_FIELDS: [&str; 4] = ["allocation_id", "workload_id", "gang_job", "node_id"];
+/// Store-row fields that hold an allocation's, a workload's, a node's, a team's or a
+/// user's id: read as `AllocationId`, `WorkloadId`, `NodeId`, `TeamId` or `UserId`, never
+/// a bare `Uuid`.
+const ID_FIELDS: [&str; 6] = [
+    "allocation_id",
+    "workload_id",
+    "gang_job",
+    "node_id",
+    "team_id",
+    "user_id",
+];
 
 /// Where the server holds the `SystemActor` its background passes run as: the composition
 /// root and the passes it starts. No request handler (nor the UI) gets one.

@@ -12,7 +12,7 @@ pub(crate) struct Entry<'a> {
     actor: Option<&'a str>,
     action: AuditAction,
     object: (&'a str, String),
-    team: Option<Uuid>,
+    team: Option<TeamId>,
     before: Option<String>,
     after: Option<String>,
 }
@@ -35,7 +35,7 @@ impl<'a> Entry<'a> {
     }
 
     pub(crate) fn team(mut self, team: Option<TeamId>) -> Self {
-        self.team = team.map(|t| t.0);
+        self.team = team;
         self
     }
 

@@ -61,7 +61,7 @@ pub struct Chosen {
 fn view(r: CatalogRow) -> CatalogImage {
     CatalogImage {
         id: r.id,
-        team_id: r.team_id,
+        team_id: r.team_id.map(|t| t.0),
         team_name: r.team_name,
         name: r.name,
         reference: r.reference,
@@ -206,7 +206,7 @@ impl Images {
             })?;
         let row = CatalogRow {
             id: Uuid::now_v7(),
-            team_id: req.team_id,
+            team_id: req.team_id.map(TeamId),
             team_name: None,
             name: name.clone(),
             reference: reference.to_string(),
@@ -254,7 +254,7 @@ impl Images {
             .ok_or(AppError::NotFound)?;
         match row.team_id {
             Some(t) => {
-                authz::team(&self.store, p, TeamId(t), Need::ManageMembers).await?;
+                authz::team(&self.store, p, t, Need::ManageMembers).await?;
             }
             None => {
                 authz::admin(p)?;
@@ -345,7 +345,7 @@ impl Images {
         Ok(rows
             .into_iter()
             .map(|r| RegistryLoginView {
-                team_id: r.team_id,
+                team_id: r.team_id.0,
                 registry: r.registry,
                 username: r.username,
                 updated_at: r.updated_at,
@@ -397,7 +397,7 @@ impl Images {
             p,
             AuditAction::RegistryLoginSet,
             Uuid::nil(),
-            Some(team.0),
+            Some(team),
             &format!("{registry} as {username}"),
         )
         .await;
@@ -430,7 +430,7 @@ impl Images {
             p,
             AuditAction::RegistryLoginRemove,
             Uuid::nil(),
-            Some(team.0),
+            Some(team),
             registry,
         )
         .await;
@@ -507,11 +507,11 @@ impl Images {
         p: &Principal,
         action: AuditAction,
         id: Uuid,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         note: &str,
     ) {
         Entry::new(Some(p.username().as_str()), action, "image", id)
-            .team(team.map(TeamId))
+            .team(team)
             .note(note)
             .record(&self.store, self.clock.now())
             .await;

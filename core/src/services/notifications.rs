@@ -45,9 +45,9 @@ pub enum HookScope {
 
 impl HookScope {
     /// The team, `None` for the platform's.
-    pub fn team(self) -> Option<Uuid> {
+    pub fn team(self) -> Option<TeamId> {
         match self {
-            HookScope::Team(t) => Some(t),
+            HookScope::Team(t) => Some(TeamId(t)),
             HookScope::Platform => None,
         }
     }
@@ -81,7 +81,7 @@ fn secret_context(id: Uuid) -> String {
 fn hook_view(w: &WebhookRow) -> WebhookView {
     WebhookView {
         id: w.id,
-        team_id: w.team_id,
+        team_id: w.team_id.map(|t| t.0),
         url: w.url.clone(),
         events: w.event_kinds(),
         enabled: w.enabled,
@@ -343,7 +343,7 @@ impl Notifications {
         self.authorize(p, scope).await?;
         Ok(self
             .store
-            .scope_webhooks(scope.team())
+            .scope_webhooks(scope.team().map(|t| t.0))
             .await
             .map_err(internal("loading webhooks"))?
             .iter()
@@ -582,7 +582,7 @@ impl Notifications {
                 self.store.platform_admin_recipients().await
             }
             (_, Some("team_admins")) => match e.team_id {
-                Some(t) => self.store.team_admin_recipients(t).await,
+                Some(t) => self.store.team_admin_recipients(t.0).await,
                 None => Ok(Vec::new()),
             },
             _ => Ok(Vec::new()),
@@ -628,7 +628,7 @@ impl Notifications {
             // The team's hooks and the platform's (which get every team's events).
             let hooks = self
                 .store
-                .hooks_for_event(e.team_id)
+                .hooks_for_event(e.team_id.map(|t| t.0))
                 .await
                 .map_err(internal("loading webhooks"))?;
             out.extend(
@@ -706,14 +706,14 @@ impl Notifications {
             let payload = notify::allocation_payload(
                 EventKind::Expiring,
                 a.id,
-                a.user_id,
+                a.user_id.0,
                 (&a.kind.to_string(), a.count),
                 Some(a.ends_at),
                 None,
             );
             let event = NewEvent::new(
                 EventKind::Expiring,
-                Some(a.team_id),
+                Some(a.team_id.0),
                 ("allocation", a.id),
                 payload,
                 now,
@@ -740,7 +740,9 @@ impl Notifications {
         sender: &dyn WebhookTestSender,
     ) -> Result<notify::WebhookTestResult, AppError> {
         let (hook, secret) = self.webhook_for_test(p, scope, id).await?;
-        Ok(sender.send_test(hook.team_id, &hook.url, &secret).await)
+        Ok(sender
+            .send_test(hook.team_id.map(|t| t.0), &hook.url, &secret)
+            .await)
     }
 }
 

@@ -354,7 +354,7 @@ impl Tenancy {
             .await
             .map_err(internal("loading member"))?;
         rows.iter()
-            .find(|m| m.user_id == user.0)
+            .find(|m| m.user_id == user)
             .map(member_view)
             .ok_or(AppError::NotFound)
     }
@@ -404,7 +404,7 @@ fn team_view(t: &TeamListRow) -> TeamView {
 
 fn member_view(m: &MemberRow) -> MemberView {
     MemberView {
-        user_id: UserId(m.user_id),
+        user_id: m.user_id,
         username: m.username.clone(),
         role: m.role,
         disabled: m.disabled,

@@ -126,7 +126,7 @@ impl Tokens {
         let now = self.clock.now();
         let row = ApiTokenRow {
             id: Uuid::new_v4(),
-            user_id: p.user_id().0,
+            user_id: p.user_id(),
             name,
             prefix: secret::prefix(&secret),
             secret_hash: hash,
@@ -186,7 +186,7 @@ impl Tokens {
         }
         let user = self
             .store
-            .user_by_id(token.user_id)
+            .user_by_id(token.user_id.0)
             .await
             .map_err(internal("loading token owner"))?
             .filter(|u| !u.disabled)

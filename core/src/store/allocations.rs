@@ -8,7 +8,8 @@
 //! locked row), so concurrent requests never admit past the limit.
 
 use super::{
-    JsonText, NullableText, Store, StoreError, db, from_driver, live_states, on_pool, placeholders,
+    JsonText, NullableId, NullableText, Store, StoreError, db, from_driver, live_states, on_pool,
+    placeholders,
 };
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
@@ -159,7 +160,8 @@ pub struct AuditRow {
     pub action: String,
     pub object_type: String,
     pub object_id: String,
-    pub team_id: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub team_id: Option<TeamId>,
     pub before: Option<String>,
     pub after: Option<String>,
 }
@@ -784,7 +786,7 @@ impl Store {
         let sql = "INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
         db!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
-            .bind(&r.object_type).bind(&r.object_id).bind(r.team_id).bind(&r.before).bind(&r.after)
+            .bind(&r.object_type).bind(&r.object_id).bind(r.team_id.map(|v| v.0)).bind(&r.before).bind(&r.after)
             .execute(pool).await.map(|_| ()))
     }
 

@@ -1,16 +1,17 @@
 //! `image_catalog`, `registry_allowlist`, `registry_logins` (issue 36).
 
-use super::{Store, StoreError, db, on_pool, placeholders};
+use super::{NullableId, Store, StoreError, db, on_pool, placeholders};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
-use tessera_domain::ids::WorkloadId;
+use tessera_domain::ids::{TeamId, WorkloadId};
 use uuid::Uuid;
 
 /// A catalog entry as stored (`team_id` NULL: platform-wide).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct CatalogRow {
     pub id: Uuid,
-    pub team_id: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub team_id: Option<TeamId>,
     pub team_name: Option<String>,
     pub name: String,
     pub reference: String,
@@ -23,7 +24,8 @@ pub struct CatalogRow {
 /// A team's registry login without its secret.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LoginRow {
-    pub team_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
     pub registry: String,
     pub username: String,
     pub updated_at: DateTime<Utc>,
@@ -41,7 +43,7 @@ impl Store {
                    requires_cuda, added_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                    ON CONFLICT DO NOTHING";
         let n = on_pool!(self, pool => sqlx::query(sql)
-            .bind(r.id).bind(r.team_id).bind(&r.name).bind(&r.reference).bind(&r.pinned)
+            .bind(r.id).bind(r.team_id.map(|v| v.0)).bind(&r.name).bind(&r.reference).bind(&r.pinned)
             .bind(&r.requires_cuda).bind(&r.added_by).bind(r.created_at)
             .execute(pool).await?.rows_affected());
         Ok(n == 1)

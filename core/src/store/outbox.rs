@@ -8,10 +8,11 @@
 //! (`pending` → `sending` under its claim, [`Store::claim_delivery`]) and records the outcome
 //! only under that claim, so two workers never both send one delivery.
 
-use super::{Store, StoreError, db, from_driver, on_pool};
+use super::{NullableId, Store, StoreError, db, from_driver, on_pool};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
+use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::notify::{EventKind, EventPayload, NotifyMode};
 use uuid::Uuid;
 
@@ -20,7 +21,7 @@ use uuid::Uuid;
 pub struct NewEvent {
     pub id: Uuid,
     pub kind: EventKind,
-    pub team_id: Option<Uuid>,
+    pub team_id: Option<TeamId>,
     pub subject_kind: &'static str,
     pub subject_id: Uuid,
     pub payload: EventPayload,
@@ -40,7 +41,7 @@ impl NewEvent {
         NewEvent {
             id: Uuid::now_v7(),
             kind,
-            team_id,
+            team_id: team_id.map(TeamId),
             subject_kind,
             subject_id,
             payload,
@@ -66,7 +67,7 @@ macro_rules! record_event {
         sqlx::query($crate::store::outbox::EVENT_INSERT_PUB)
             .bind(e.id)
             .bind(e.kind.as_str())
-            .bind(e.team_id)
+            .bind(e.team_id.map(|v| v.0))
             .bind(e.subject_kind)
             .bind(e.subject_id)
             .bind(e.payload_json())
@@ -211,7 +212,8 @@ pub struct OutboxRow {
     pub id: Uuid,
     #[sqlx(try_from = "String")]
     pub kind: EventKind,
-    pub team_id: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub team_id: Option<TeamId>,
     pub subject_kind: String,
     pub subject_id: Uuid,
     pub payload: String,
@@ -283,7 +285,8 @@ pub struct Recipient {
 /// An open email verification.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EmailVerification {
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     pub email: String,
     pub token: Sealed,
     pub expires_at: DateTime<Utc>,
@@ -295,7 +298,8 @@ pub struct EmailVerification {
 pub struct WebhookRow {
     pub id: Uuid,
     /// `None`: a platform-wide hook.
-    pub team_id: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub team_id: Option<TeamId>,
     pub url: String,
     pub secret: Sealed,
     /// JSON list of event kinds; empty: all.
@@ -332,7 +336,7 @@ impl Store {
     /// if one with that key exists.
     pub async fn record_event(&self, e: &NewEvent) -> Result<bool, StoreError> {
         db!(self, pool => sqlx::query(EVENT_INSERT)
-            .bind(e.id).bind(e.kind.as_str()).bind(e.team_id).bind(e.subject_kind)
+            .bind(e.id).bind(e.kind.as_str()).bind(e.team_id.map(|v| v.0)).bind(e.subject_kind)
             .bind(e.subject_id).bind(e.payload_json()).bind(&e.dedupe_key).bind(e.created_at)
             .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
@@ -510,7 +514,7 @@ impl Store {
     pub async fn insert_webhook(&self, w: &WebhookRow) -> Result<(), StoreError> {
         let sql = "INSERT INTO team_webhooks (id, team_id, url, secret, events, enabled, created_at) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7)";
-        db!(self, pool => sqlx::query(sql).bind(w.id).bind(w.team_id).bind(&w.url).bind(&w.secret)
+        db!(self, pool => sqlx::query(sql).bind(w.id).bind(w.team_id.map(|v| v.0)).bind(&w.url).bind(&w.secret)
             .bind(&w.events).bind(w.enabled).bind(w.created_at).execute(pool).await.map(|_| ()))
     }
 
@@ -751,8 +755,10 @@ impl Deliveries {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EndingAllocation {
     pub id: Uuid,
-    pub team_id: Uuid,
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub team_id: TeamId,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     #[sqlx(try_from = "String")]
     pub kind: GpuKind,
     pub count: i64,

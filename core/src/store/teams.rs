@@ -2,6 +2,7 @@
 
 use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::UserId;
 use tessera_domain::tenancy::TeamRole;
 use uuid::Uuid;
 
@@ -29,7 +30,8 @@ pub struct TeamListRow {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct MemberRow {
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     pub username: String,
     #[sqlx(try_from = "String")]
     pub role: TeamRole,

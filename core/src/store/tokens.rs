@@ -2,12 +2,14 @@
 
 use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::UserId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApiTokenRow {
     pub id: Uuid,
-    pub user_id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub user_id: UserId,
     pub name: String,
     pub prefix: String,
     pub secret_hash: String,
@@ -41,7 +43,7 @@ impl Store {
         let sql =
             format!("INSERT INTO api_tokens ({API_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)");
         on_pool!(self, pool => sqlx::query(&sql)
-            .bind(r.id).bind(r.user_id).bind(&r.name).bind(&r.prefix).bind(&r.secret_hash)
+            .bind(r.id).bind(r.user_id.0).bind(&r.name).bind(&r.prefix).bind(&r.secret_hash)
             .bind(r.created_at).bind(r.expires_at).bind(r.last_used_at).bind(r.revoked_at)
             .execute(pool).await.map(|_| ()))?;
         Ok(())

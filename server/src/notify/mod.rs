@@ -330,7 +330,7 @@ impl Notifier {
     async fn tell_disabled(&self, hook: &tessera_core::store::WebhookRow) {
         let Some(mailer) = &self.mailer else { return };
         let store = self.services.notifications.deliveries(&self.system);
-        let admins = store.hook_admins(hook.team_id).await;
+        let admins = store.hook_admins(hook.team_id.map(|t| t.0)).await;
         let Ok(admins) = admins else {
             return;
         };

@@ -72,7 +72,7 @@ pub fn body(e: &OutboxRow, public_url: &str) -> WebhookBody {
     WebhookBody {
         id: e.id,
         kind: e.kind,
-        team_id: e.team_id,
+        team_id: e.team_id.map(|t| t.0),
         subject_kind: e.subject_kind.clone(),
         subject_id: e.subject_id,
         created_at: e.created_at,

@@ -1105,7 +1105,7 @@ impl Allocations {
                 action: r.action,
                 object_type: r.object_type,
                 object_id: r.object_id,
-                team_id: r.team_id.map(TeamId),
+                team_id: r.team_id,
                 before: r.before,
                 after: r.after,
             })
