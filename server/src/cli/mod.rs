@@ -304,8 +304,9 @@ impl Client {
     }
 }
 
-/// A value for a path segment or query string: what is not unreserved is percent-encoded.
-pub(crate) fn encode(s: &str) -> String {
+/// A value for a path segment or query string: what is not unreserved is percent-encoded
+/// (also what the exec tests send as `command=`).
+pub fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {

@@ -47,7 +47,7 @@ pub(crate) async fn open_rank(
     let addr = app.base.trim_start_matches("http://");
     let mut query: Vec<String> = argv
         .iter()
-        .map(|a| format!("command={}", urlencode(a)))
+        .map(|a| format!("command={}", tessera_server::cli::encode(a)))
         .collect();
     query.push(format!("tty={tty}"));
     query.push(format!("rank={rank}"));
@@ -73,17 +73,6 @@ fn tessera(base: &str, token: &str, config_home: &std::path::Path) -> tokio::pro
         .env("TESSERA_TOKEN", token)
         .env("XDG_CONFIG_HOME", config_home);
     cmd
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 pub(crate) async fn send(ws: &mut Socket, channel: Channel, payload: &[u8]) {
