@@ -25,7 +25,7 @@ async fn a_manual_clock_decides_which_hours_a_rate_may_start_and_which_rate_is_c
         .await
         .expect("connect");
     store.migrate().await.expect("migrate");
-    let (s, _) = Services::with_clock(
+    let (s, system) = Services::with_clock(
         store,
         Hasher::new(1, 4).expect("hasher"),
         Arc::new(LoginLimiter::new(Default::default())),
@@ -33,7 +33,10 @@ async fn a_manual_clock_decides_which_hours_a_rate_may_start_and_which_rate_is_c
         clock.clone(),
     );
     let pw = NewPassword::parse("clock-test-password", "p").expect("pw");
-    s.accounts.bootstrap_admin(Some(&pw)).await.expect("admin");
+    s.accounts
+        .bootstrap_admin(&system, Some(&pw))
+        .await
+        .expect("admin");
     let admin = s.accounts.principal_of("admin").await.expect("admin");
     let rate = |from| NewRate {
         kind: "H100-80GB:whole".into(),

@@ -153,7 +153,7 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     if let Some(b) = services
         .accounts
-        .bootstrap_admin(admin_password.as_ref())
+        .bootstrap_admin(&system, admin_password.as_ref())
         .await?
     {
         match b.generated_password {

@@ -97,9 +97,10 @@ impl Bench {
         );
         services
             .accounts
-            .bootstrap_admin(Some(
-                &NewPassword::parse("bench-admin-password", "password").map_err(err)?,
-            ))
+            .bootstrap_admin(
+                &system,
+                Some(&NewPassword::parse("bench-admin-password", "password").map_err(err)?),
+            )
             .await?;
         let admin = services.accounts.principal_of("admin").await?;
         Ok(Bench {

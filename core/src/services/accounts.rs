@@ -1,9 +1,9 @@
 //! Accounts: bootstrap, sign-in, session validation and password changes.
 
 use super::internal;
-use crate::auth::Principal;
 use crate::auth::limiter::LoginLimiter;
 use crate::auth::password::{HashError, Hasher};
+use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
 use crate::store::{NO_PASSWORD, SsoOutcome, SsoSignIn, Store, UserRow};
 use chrono::{DateTime, Utc};
@@ -207,9 +207,11 @@ impl Accounts {
     }
 
     /// On an empty database, creates the platform admin `admin` with `password`, or with a
-    /// generated password that is returned so the caller can print it once.
+    /// generated password that is returned so the caller can print it once. Only whoever
+    /// built the services (the platform) does this.
     pub async fn bootstrap_admin(
         &self,
+        _: &SystemActor,
         password: Option<&NewPassword>,
     ) -> anyhow::Result<Option<Bootstrapped>> {
         if self.store.count_users().await? > 0 {

@@ -41,7 +41,7 @@ pub async fn services_with_admin(url: &str, admin_pw: &str) -> (Store, Services,
     let pw = NewPassword::parse(admin_pw, "p").expect("pw");
     services
         .accounts
-        .bootstrap_admin(Some(&pw))
+        .bootstrap_admin(&system, Some(&pw))
         .await
         .expect("admin");
     (store, services, system)
