@@ -58,7 +58,7 @@ async fn run(name: &str, url: &str) -> anyhow::Result<()> {
                 created_at: now,
                 created_by: None,
             },
-            admin_id,
+            UserId(admin_id),
             true,
         )
         .await?;

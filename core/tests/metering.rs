@@ -17,7 +17,7 @@ use tessera_core::auth::{Principal, SystemActor};
 use tessera_core::store::{AllocationRow, Change, RateRow, Store, Transition};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::{self, Rate, RateCard};
-use tessera_domain::ids::AllocationId;
+use tessera_domain::ids::{AllocationId, TeamId};
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
 
@@ -150,7 +150,7 @@ async fn run(url: &str, seed: u64) {
             created_at: Utc::now(),
             created_by: None,
         };
-        assert!(store.set_rate(&r, p.user_id().0, true).await.expect("rate"));
+        assert!(store.set_rate(&r, p.user_id(), true).await.expect("rate"));
         domain_rates.push(Rate {
             id: r.id,
             kind: r.kind.to_string(),
@@ -210,7 +210,7 @@ async fn run(url: &str, seed: u64) {
         assert_eq!(again.hours, 0, "seed {seed}: a rerun wrote {again:?}");
         let charged: i64 = store
             .team_charges(
-                Some(team),
+                Some(TeamId(team)),
                 origin - Duration::days(1),
                 origin + Duration::days(2),
             )

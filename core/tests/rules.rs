@@ -27,6 +27,7 @@ use tessera_core::services::allocations::Decision;
 use tessera_core::store::{Change, Store, Transition};
 use tessera_domain::alloc::{AllocState, GpuKind, HighGrant, NewAllocation, PriorityClass};
 use tessera_domain::billing::{self, NewRate, Rate, RateCard, SetBudget};
+use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use uuid::Uuid;
 
@@ -362,7 +363,7 @@ impl World {
             let units: i64 = mine.iter().map(|a| a.units).sum();
             let quota = self
                 .store
-                .quota(*team, "H100-80GB")
+                .quota(TeamId(*team), "H100-80GB")
                 .await
                 .expect("quota")
                 .expect("quota");
@@ -375,14 +376,14 @@ impl World {
             for (user, units) in &by_user {
                 let used = self
                     .store
-                    .user_used(*team, "H100-80GB", *user)
+                    .user_used(TeamId(*team), "H100-80GB", UserId(*user))
                     .await
                     .expect("user");
                 assert_eq!(used, *units, "{ctx}: user counter = live allocations");
             }
             let overridden = self
                 .store
-                .overridden_units(*team)
+                .overridden_units(TeamId(*team))
                 .await
                 .expect("overrides")
                 .into_iter()

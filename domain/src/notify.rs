@@ -550,7 +550,7 @@ pub struct WebhookView {
 #[serde(deny_unknown_fields)]
 pub struct EmailVerificationInput {
     /// The `user` of the link.
-    pub user_id: Uuid,
+    pub user_id: crate::ids::UserId,
     /// The `token` of the link.
     pub token: String,
 }

@@ -103,7 +103,7 @@ impl Accounts {
         }
         let (teams, quotas, people, nodes, rates, dismissed) = self
             .store
-            .setup_facts(p.user_id().0)
+            .setup_facts(p.user_id())
             .await
             .map_err(internal("loading setup facts"))?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -124,7 +124,7 @@ impl Accounts {
             return Err(AppError::Forbidden);
         }
         self.store
-            .dismiss_setup(p.user_id().0)
+            .dismiss_setup(p.user_id())
             .await
             .map_err(internal("dismissing the checklist"))?;
         self.setup_checklist(p).await
@@ -230,7 +230,7 @@ impl Accounts {
         let created = self
             .store
             .insert_user(&UserRow {
-                id: Uuid::new_v4(),
+                id: UserId(Uuid::new_v4()),
                 username: BOOTSTRAP_ADMIN.to_owned(),
                 password_hash: hash,
                 is_admin: true,
@@ -379,7 +379,7 @@ impl Accounts {
         let at = self.clock.now();
         let changed = self
             .store
-            .set_password_hash(user.id, &user.password_hash, &hash, at)
+            .set_password_hash(user.id.0, &user.password_hash, &hash, at)
             .await
             .map_err(internal("storing new password"))?;
         if !changed {
@@ -402,7 +402,7 @@ pub struct Bootstrapped {
 
 fn principal(u: &UserRow) -> Result<Principal, AppError> {
     Ok(Principal::of_user(
-        UserId(u.id),
+        UserId(u.id.0),
         Username::parse(&u.username).map_err(|_| {
             tracing::error!(username = %u.username, "stored username is not valid");
             AppError::Internal

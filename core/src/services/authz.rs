@@ -45,7 +45,7 @@ pub struct TeamAccess {
 
 impl TeamAccess {
     pub fn id(&self) -> TeamId {
-        TeamId(self.team.id)
+        TeamId(self.team.id.0)
     }
 }
 
@@ -61,7 +61,7 @@ pub async fn team(
         .map_err(internal("loading team"))?
         .ok_or(AppError::NotFound)?;
     let role = store
-        .membership(team.0, p.user_id().0)
+        .membership(team, p.user_id())
         .await
         .map_err(internal("loading membership"))?
         .and_then(|r| TeamRole::parse(&r).ok());
@@ -85,16 +85,16 @@ pub async fn readable_teams(
     store: &Store,
     p: &Principal,
     team: Option<TeamId>,
-) -> Result<Option<Vec<uuid::Uuid>>, AppError> {
+) -> Result<Option<Vec<TeamId>>, AppError> {
     match team {
         Some(t) => {
             self::team(store, p, t, Need::Read).await?;
-            Ok(Some(vec![t.0]))
+            Ok(Some(vec![t]))
         }
         None if p.is_admin() => Ok(None),
         None => Ok(Some(
             store
-                .list_user_teams(p.user_id().0, 0, 10_000)
+                .list_user_teams(p.user_id(), 0, 10_000)
                 .await
                 .map_err(internal("loading teams"))?
                 .0

@@ -26,7 +26,7 @@ use tessera_domain::billing::{
     RateView, SetBudget, Statement, StatementLine, UsageReport, UsageRow, UsageTotals,
 };
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, NodeId, TeamId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::TelemetrySample;
@@ -145,7 +145,7 @@ impl UsageQuery {
 /// pages of rows, then `None`.
 pub struct ChargebackCsv {
     store: Store,
-    team: Option<Uuid>,
+    team: Option<TeamId>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     cursor: Option<(DateTime<Utc>, Uuid)>,
@@ -424,7 +424,7 @@ impl Billing {
         let replace = from > b::hour_floor(now);
         let stored = self
             .store
-            .set_rate(&row, admin.0.user_id().0, replace)
+            .set_rate(&row, admin.0.user_id(), replace)
             .await
             .map_err(internal("setting rate"))?;
         if !stored {
@@ -535,7 +535,7 @@ impl Billing {
         })
     }
 
-    async fn month_spend(&self, team: Uuid, now: DateTime<Utc>) -> Result<i64, AppError> {
+    async fn month_spend(&self, team: TeamId, now: DateTime<Utc>) -> Result<i64, AppError> {
         let (from, to) = b::month_bounds(b::month_of(now));
         Ok(self
             .store
@@ -553,10 +553,10 @@ impl Billing {
         let access = authz::team(&self.store, p, team, Need::Read).await?;
         let row = self
             .store
-            .budget(team.0)
+            .budget(team)
             .await
             .map_err(internal("loading budget"))?;
-        let spent = self.month_spend(team.0, self.clock.now()).await?;
+        let spent = self.month_spend(team, self.clock.now()).await?;
         Ok(self.budget_view(team, access.team.name, row.as_ref(), spent))
     }
 
@@ -579,14 +579,14 @@ impl Billing {
         }
         let before = self
             .store
-            .budget(team.0)
+            .budget(team)
             .await
             .map_err(internal("loading budget"))?;
         self.store
             .set_budget(
-                team.0,
+                team,
                 input.monthly_minor.map(|m| (m, input.hard)),
-                admin.0.user_id().0,
+                admin.0.user_id(),
                 self.clock.now(),
             )
             .await
@@ -608,7 +608,7 @@ impl Billing {
             after.as_ref().map(json),
         )
         .await;
-        let spent = self.month_spend(team.0, self.clock.now()).await?;
+        let spent = self.month_spend(team, self.clock.now()).await?;
         Ok(self.budget_view(team, access.team.name, after.as_ref(), spent))
     }
 
@@ -630,7 +630,7 @@ impl Billing {
             .into_iter()
             .map(|r| (r.team_id, r))
             .collect();
-        let spend: HashMap<Uuid, i64> = self
+        let spend: HashMap<TeamId, i64> = self
             .store
             .team_charges(None, from, to)
             .await
@@ -644,10 +644,10 @@ impl Billing {
             .map_err(internal("loading teams"))?;
         let mut out: Vec<BudgetView> = teams
             .into_iter()
-            .filter(|(id, _)| budgets.contains_key(&TeamId(*id)) || spend.contains_key(id))
+            .filter(|(id, _)| budgets.contains_key(id) || spend.contains_key(id))
             .map(|(id, name)| {
                 let spent = spend.get(&id).copied().unwrap_or(0);
-                self.budget_view(TeamId(id), name, budgets.get(&TeamId(id)), spent)
+                self.budget_view(id, name, budgets.get(&id), spent)
             })
             .collect();
         out.sort_by(|a, b| {
@@ -752,7 +752,7 @@ impl Billing {
     pub async fn usage(&self, p: &Principal, query: &UsageQuery) -> Result<UsageReport, AppError> {
         let (from, to) = b::parse_period(query.from, query.to, self.clock.now())?;
         let (team, own_only) = self.usage_scope(p, query.team).await?;
-        let user = own_only.then_some(p.user_id().0);
+        let user = own_only.then_some(p.user_id());
         let groups = self
             .store
             .usage_groups(team, user, from, to, true)
@@ -773,7 +773,7 @@ impl Billing {
         let (from, to) = b::parse_period(None, None, now)?;
         let groups = self
             .store
-            .usage_groups(None, Some(p.user_id().0), from, to, true)
+            .usage_groups(None, Some(p.user_id()), from, to, true)
             .await
             .map_err(internal("loading usage"))?;
         Ok(self.report(groups, from, to, None, true))
@@ -784,7 +784,7 @@ impl Billing {
         groups: Vec<UsageGroupRow>,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         own_only: bool,
     ) -> UsageReport {
         let mut days: BTreeMap<String, UsageTotals> = BTreeMap::new();
@@ -830,7 +830,7 @@ impl Billing {
             from,
             to,
             currency: self.currency.to_string(),
-            team_id: team.map(TeamId),
+            team_id: team,
             own_only,
             days: days
                 .into_iter()
@@ -896,7 +896,7 @@ impl Billing {
         let (from, to) = b::month_bounds(first);
         let groups = self
             .store
-            .usage_groups(Some(team.0), None, from, to, false)
+            .usage_groups(Some(team), None, from, to, false)
             .await
             .map_err(internal("loading usage"))?;
         let mut lines: Vec<StatementLine> = groups
@@ -914,19 +914,19 @@ impl Billing {
         lines.sort_by(|a, b| a.kind.cmp(&b.kind).then(a.username.cmp(&b.username)));
         let adjustments = self
             .store
-            .team_adjustments(team.0, from, to)
+            .team_adjustments(team, from, to)
             .await
             .map_err(internal("loading adjustments"))?;
         let total = self
             .store
-            .team_charges(Some(team.0), from, to)
+            .team_charges(Some(team), from, to)
             .await
             .map_err(internal("loading charges"))?
             .first()
             .map_or(0, |r| r.1);
         let budget_row = self
             .store
-            .budget(team.0)
+            .budget(team)
             .await
             .map_err(internal("loading budget"))?;
         let budget = budget_row
@@ -1001,11 +1001,11 @@ impl Billing {
         &self,
         p: &Principal,
         team: Option<TeamId>,
-    ) -> Result<Option<Uuid>, AppError> {
+    ) -> Result<Option<TeamId>, AppError> {
         match team {
             Some(id) => {
                 authz::team(&self.store, p, id, Need::ManageMembers).await?;
-                Ok(Some(id.0))
+                Ok(Some(id))
             }
             None if p.is_admin() => Ok(None),
             None => Err(AppError::invalid("team", "choose a team")),
@@ -1017,12 +1017,12 @@ impl Billing {
         &self,
         p: &Principal,
         team: Option<TeamId>,
-    ) -> Result<(Option<Uuid>, bool), AppError> {
+    ) -> Result<(Option<TeamId>, bool), AppError> {
         match team {
             Some(id) => {
                 let access = authz::team(&self.store, p, id, Need::Read).await?;
                 let sees_team = p.is_admin() || access.role.is_some_and(TeamRole::manages_members);
-                Ok((Some(id.0), !sees_team))
+                Ok((Some(id), !sees_team))
             }
             None if p.is_admin() => Ok((None, false)),
             None => Err(AppError::invalid("team", "choose a team")),
@@ -1138,8 +1138,8 @@ type KindCols = (String, String, &'static str);
 /// the current hour (rows come in hour order).
 struct LineCache {
     kinds: HashMap<GpuKind, KindCols>,
-    teams: HashMap<Uuid, String>,
-    users: HashMap<Uuid, String>,
+    teams: HashMap<TeamId, String>,
+    users: HashMap<UserId, String>,
     hour: Option<(DateTime<Utc>, String)>,
 }
 
@@ -1199,10 +1199,7 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     out.push(',');
     csv_field(out, &r.resource_name);
     let _ = write!(out, ",{rtype},Tessera GPU,{},", r.team_id);
-    csv_field(
-        out,
-        cache.teams.get(&r.team_id.0).map_or("", String::as_str),
-    );
+    csv_field(out, cache.teams.get(&r.team_id).map_or("", String::as_str));
     out.push(',');
     let tags = format!(
         "{{\"tessera/priority\":\"{}\",\"tessera/model\":\"{}\"}}",
@@ -1210,10 +1207,7 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     );
     csv_field(out, &tags);
     out.push(',');
-    csv_field(
-        out,
-        cache.users.get(&r.user_id.0).map_or("", String::as_str),
-    );
+    csv_field(out, cache.users.get(&r.user_id).map_or("", String::as_str));
     let _ = write!(out, ",{},", r.allocation_id);
     csv_field(out, profile);
     out.push(',');

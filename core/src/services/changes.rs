@@ -14,6 +14,7 @@ use crate::store::Store;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use tessera_domain::error::AppError;
+use tessera_domain::ids::TeamId;
 use uuid::Uuid;
 
 #[derive(Clone)]
@@ -47,7 +48,7 @@ pub struct Mark {
 /// A signed-in viewer's scope: their teams, or every team for a platform admin.
 #[derive(Clone, Debug)]
 pub struct Viewer {
-    teams: Option<Vec<Uuid>>,
+    teams: Option<Vec<TeamId>>,
 }
 
 impl Changes {
@@ -114,7 +115,7 @@ impl Viewer {
             Some(teams) => hash(
                 &teams
                     .iter()
-                    .map(|t| s.teams.get(t).copied().unwrap_or(0))
+                    .map(|t| s.teams.get(&t.0).copied().unwrap_or(0))
                     .collect::<Vec<_>>(),
             ),
         };

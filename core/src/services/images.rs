@@ -141,7 +141,7 @@ impl Images {
         let rows = match team {
             Some(t) => {
                 authz::team(&self.store, p, t, Need::Read).await?;
-                self.store.catalog_images(Some(&[t.0])).await
+                self.store.catalog_images(Some(&[t])).await
             }
             None if p.is_admin() => self.store.catalog_images(None).await,
             None => {
@@ -153,10 +153,10 @@ impl Images {
         Ok(rows.into_iter().map(view).collect())
     }
 
-    async fn member_teams(&self, p: &Principal) -> Result<Vec<Uuid>, AppError> {
+    async fn member_teams(&self, p: &Principal) -> Result<Vec<TeamId>, AppError> {
         let (rows, _) = self
             .store
-            .list_user_teams(p.user_id().0, 0, 1000)
+            .list_user_teams(p.user_id(), 0, 1000)
             .await
             .map_err(internal("loading teams"))?;
         Ok(rows.into_iter().map(|t| t.id).collect())
@@ -339,7 +339,7 @@ impl Images {
         authz::team(&self.store, p, team, Need::ManageMembers).await?;
         let rows = self
             .store
-            .registry_logins(team.0)
+            .registry_logins(team)
             .await
             .map_err(internal("loading registry logins"))?;
         Ok(rows
@@ -390,7 +390,7 @@ impl Images {
             })?;
         let now = self.clock.now();
         self.store
-            .set_registry_login(team.0, &registry, username, &sealed, now)
+            .set_registry_login(team, &registry, username, &sealed, now)
             .await
             .map_err(internal("storing a registry login"))?;
         self.audit(
@@ -420,7 +420,7 @@ impl Images {
         let registry = registry.trim();
         if !self
             .store
-            .delete_registry_login(team.0, registry)
+            .delete_registry_login(team, registry)
             .await
             .map_err(internal("deleting a registry login"))?
         {
@@ -445,7 +445,7 @@ impl Images {
     ) -> Result<Option<RegistryLogin>, AppError> {
         let Some((username, sealed)) = self
             .store
-            .registry_login_secret(team, registry)
+            .registry_login_secret(TeamId(team), registry)
             .await
             .map_err(internal("loading a registry login"))?
         else {
@@ -463,7 +463,7 @@ impl Images {
 
     /// The image a workload of `team` asked for: an entry of the catalog the team sees,
     /// named by its id, its name or its pinned reference, from a registry still allowed.
-    pub(crate) async fn choose(&self, team: Uuid, text: &str) -> Result<Chosen, AppError> {
+    pub(crate) async fn choose(&self, team: TeamId, text: &str) -> Result<Chosen, AppError> {
         let text = text.trim();
         let rows = self
             .store

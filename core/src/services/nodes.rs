@@ -1046,7 +1046,7 @@ impl Nodes {
                 gpu_uuid,
                 mode,
                 &layout,
-                Some(p.user_id().0),
+                Some(p.user_id()),
                 self.clock.now(),
             )
             .await
@@ -1090,7 +1090,7 @@ impl Nodes {
                 gpu_uuid,
                 sharing,
                 current.as_ref().map(|d| d.version),
-                p.user_id().0,
+                p.user_id(),
                 self.clock.now(),
             )
             .await

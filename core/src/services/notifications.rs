@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use tessera_domain::error::AppError;
-use tessera_domain::ids::TeamId;
+use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::notify::{
     self, DeliveryView, EventKind, EventPayload, NotificationSettings, NotificationSettingsInput,
     NotifyMode, PreferenceView, WebhookCreated, WebhookInput, WebhookView,
@@ -69,7 +69,7 @@ impl From<TeamId> for HookScope {
 const VERIFICATION_VALID: Duration = Duration::hours(24);
 
 /// The sealing context of a verification token.
-fn verification_context(user: Uuid) -> String {
+fn verification_context(user: UserId) -> String {
     format!("email_verifications.token:{user}")
 }
 
@@ -141,11 +141,11 @@ impl Notifications {
     pub async fn settings(&self, p: &Principal) -> Result<NotificationSettings, AppError> {
         let me = self
             .store
-            .recipient(p.user_id().0)
+            .recipient(p.user_id())
             .await
             .map_err(internal("loading user"))?
             .ok_or(AppError::NotFound)?;
-        let chosen = self.modes(p.user_id().0).await?;
+        let chosen = self.modes(p.user_id()).await?;
         Ok(NotificationSettings {
             email: me.email,
             email_verified: me.email_verified,
@@ -183,22 +183,22 @@ impl Notifications {
         if let Some(email) = email {
             let before = self
                 .store
-                .recipient(p.user_id().0)
+                .recipient(p.user_id())
                 .await
                 .map_err(internal("loading user"))?
                 .and_then(|r| r.email);
             self.store
-                .set_user_email(p.user_id().0, email.as_deref())
+                .set_user_email(p.user_id(), email.as_deref())
                 .await
                 .map_err(internal("setting email"))?;
             if let Some(new) = email.filter(|e| before.as_deref() != Some(e.as_str())) {
-                self.send_verification(p.user_id().0, &new, self.clock.now())
+                self.send_verification(p.user_id(), &new, self.clock.now())
                     .await?;
             }
         }
         for pref in &input.preferences {
             self.store
-                .set_preference(p.user_id().0, pref.kind, pref.mode)
+                .set_preference(p.user_id(), pref.kind, pref.mode)
                 .await
                 .map_err(internal("setting preference"))?;
         }
@@ -210,7 +210,7 @@ impl Notifications {
     pub async fn resend_verification(&self, p: &Principal) -> Result<(), AppError> {
         let me = self
             .store
-            .recipient(p.user_id().0)
+            .recipient(p.user_id())
             .await
             .map_err(internal("loading user"))?
             .ok_or(AppError::NotFound)?;
@@ -236,7 +236,7 @@ impl Notifications {
 
     async fn send_verification(
         &self,
-        user: Uuid,
+        user: UserId,
         email: &str,
         now: DateTime<Utc>,
     ) -> Result<(), AppError> {
@@ -248,7 +248,7 @@ impl Notifications {
         let payload = EventPayload {
             summary: "Verify your email address for Tessera".into(),
             path: "/account".into(),
-            user_id: Some(user),
+            user_id: Some(user.0),
             detail: Some(format!(
                 "Someone (we hope you) gave {email} as their address on Tessera. Open the link \
                  within {} hours to receive notifications there; ignore this mail otherwise.",
@@ -257,7 +257,7 @@ impl Notifications {
             team_name: None,
             audience: None,
         };
-        let event = NewEvent::new(EventKind::VerifyEmail, None, ("user", user), payload, now);
+        let event = NewEvent::new(EventKind::VerifyEmail, None, ("user", user.0), payload, now);
         self.store
             .start_email_verification(user, email, &sealed, now + VERIFICATION_VALID, &event)
             .await
@@ -268,7 +268,7 @@ impl Notifications {
     /// the verification is open (the delivery worker writes the mail).
     pub async fn verification_mail(
         &self,
-        user: Uuid,
+        user: UserId,
         now: DateTime<Utc>,
     ) -> Result<Option<(String, String)>, AppError> {
         let Some(v) = self
@@ -292,7 +292,7 @@ impl Notifications {
 
     /// Verifies `user`'s address with the token from the mailed link (no sign-in: the
     /// token proves the mailbox). Errors name `token`.
-    pub async fn verify_email(&self, user: Uuid, token: &str) -> Result<(), AppError> {
+    pub async fn verify_email(&self, user: UserId, token: &str) -> Result<(), AppError> {
         let invalid = || {
             AppError::invalid(
                 "token",
@@ -320,7 +320,7 @@ impl Notifications {
         Ok(())
     }
 
-    async fn modes(&self, user: Uuid) -> Result<HashMap<EventKind, NotifyMode>, AppError> {
+    async fn modes(&self, user: UserId) -> Result<HashMap<EventKind, NotifyMode>, AppError> {
         Ok(self
             .store
             .preferences(user)
@@ -343,7 +343,7 @@ impl Notifications {
         self.authorize(p, scope).await?;
         Ok(self
             .store
-            .scope_webhooks(scope.team().map(|t| t.0))
+            .scope_webhooks(scope.team())
             .await
             .map_err(internal("loading webhooks"))?
             .iter()
@@ -567,11 +567,11 @@ impl Notifications {
         now: DateTime<Utc>,
     ) -> Result<Vec<NewDelivery>, AppError> {
         let payload = e.payload();
-        let mut people: BTreeMap<Uuid, Recipient> = BTreeMap::new();
+        let mut people: BTreeMap<UserId, Recipient> = BTreeMap::new();
         if let Some(u) = payload.user_id
             && let Some(r) = self
                 .store
-                .recipient(u)
+                .recipient(UserId(u))
                 .await
                 .map_err(internal("loading user"))?
         {
@@ -582,7 +582,7 @@ impl Notifications {
                 self.store.platform_admin_recipients().await
             }
             (_, Some("team_admins")) => match e.team_id {
-                Some(t) => self.store.team_admin_recipients(t.0).await,
+                Some(t) => self.store.team_admin_recipients(t).await,
                 None => Ok(Vec::new()),
             },
             _ => Ok(Vec::new()),
@@ -595,7 +595,7 @@ impl Notifications {
                 // To the address being verified, whatever the preferences.
                 out.push(NewDelivery {
                     channel: "email",
-                    recipient: r.id,
+                    recipient: r.id.0,
                     next_try_at: now,
                 });
                 continue;
@@ -614,12 +614,12 @@ impl Notifications {
                 NotifyMode::Off => {}
                 NotifyMode::Immediate => out.push(NewDelivery {
                     channel: "email",
-                    recipient: r.id,
+                    recipient: r.id.0,
                     next_try_at: now,
                 }),
                 NotifyMode::Digest => out.push(NewDelivery {
                     channel: "digest",
-                    recipient: r.id,
+                    recipient: r.id.0,
                     next_try_at: notify::next_digest_at(e.created_at, self.digest_hour),
                 }),
             }
@@ -628,7 +628,7 @@ impl Notifications {
             // The team's hooks and the platform's (which get every team's events).
             let hooks = self
                 .store
-                .hooks_for_event(e.team_id.map(|t| t.0))
+                .hooks_for_event(e.team_id)
                 .await
                 .map_err(internal("loading webhooks"))?;
             out.extend(

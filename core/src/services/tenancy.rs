@@ -81,7 +81,7 @@ impl Tenancy {
             .map_err(|_| AppError::Internal)?;
         let now = self.clock.now();
         let row = UserRow {
-            id: Uuid::new_v4(),
+            id: UserId(Uuid::new_v4()),
             username: username.to_string(),
             password_hash: hash,
             is_admin,
@@ -176,7 +176,7 @@ impl Tenancy {
                 .await
         } else {
             self.store
-                .list_user_teams(p.user_id().0, page.offset, page.limit)
+                .list_user_teams(p.user_id(), page.offset, page.limit)
                 .await
         }
         .map_err(internal("listing teams"))?;
@@ -192,7 +192,7 @@ impl Tenancy {
         authz::admin(p)?;
         let name = TeamName::parse(name)?;
         let row = TeamRow {
-            id: Uuid::new_v4(),
+            id: TeamId(Uuid::new_v4()),
             name: name.as_str().to_owned(),
             archived: false,
             created_at: self.clock.now(),
@@ -206,7 +206,7 @@ impl Tenancy {
             return Err(AppError::invalid("name", "a team with this name exists"));
         }
         tracing::info!(by = %p.username(), team = %row.name, "team created");
-        self.team_view(p, TeamId(row.id)).await
+        self.team_view(p, TeamId(row.id.0)).await
     }
 
     pub async fn rename_team(
@@ -247,7 +247,7 @@ impl Tenancy {
 
     async fn team_view(&self, p: &Principal, team: TeamId) -> Result<TeamView, AppError> {
         self.store
-            .team_with_role(team.0, p.user_id().0)
+            .team_with_role(team, p.user_id().0)
             .await
             .map_err(internal("loading team"))?
             .map(|r| team_view(&r))
@@ -266,7 +266,7 @@ impl Tenancy {
         let page = page.clamped();
         let (rows, total) = self
             .store
-            .list_members(team.0, page.offset, page.limit)
+            .list_members(team, page.offset, page.limit)
             .await
             .map_err(internal("listing members"))?;
         Ok(paged(rows.iter().map(member_view).collect(), total, page))
@@ -291,14 +291,14 @@ impl Tenancy {
             .ok_or_else(|| AppError::invalid("username", "no user with this name"))?;
         if !self
             .store
-            .insert_membership(team.0, user.id, role.as_str(), self.clock.now())
+            .insert_membership(team, user.id, role.as_str(), self.clock.now())
             .await
             .map_err(internal("adding member"))?
         {
             return Err(AppError::invalid("username", "is already a member"));
         }
         tracing::info!(by = %p.username(), team = %access.team.name, user = %user.username, %role, "member added");
-        self.member(team, UserId(user.id)).await
+        self.member(team, UserId(user.id.0)).await
     }
 
     pub async fn change_role(
@@ -334,7 +334,7 @@ impl Tenancy {
     ) -> Result<(), AppError> {
         match self
             .store
-            .change_membership(team.0, user.0, role.map(TeamRole::as_str))
+            .change_membership(team, user, role.map(TeamRole::as_str))
             .await
             .map_err(internal("changing membership"))?
         {
@@ -350,7 +350,7 @@ impl Tenancy {
         // Membership lists are small per user; find the one row.
         let (rows, _) = self
             .store
-            .list_members(team.0, 0, u32::MAX)
+            .list_members(team, 0, u32::MAX)
             .await
             .map_err(internal("loading member"))?;
         rows.iter()
@@ -379,7 +379,7 @@ pub(crate) fn paged<T>(items: Vec<T>, total: i64, page: PageRequest) -> Page<T> 
 
 fn user_view(u: &UserRow) -> UserView {
     UserView {
-        id: UserId(u.id),
+        id: UserId(u.id.0),
         username: u.username.clone(),
         is_admin: u.is_admin,
         disabled: u.disabled,
@@ -390,7 +390,7 @@ fn user_view(u: &UserRow) -> UserView {
 
 fn team_view(t: &TeamListRow) -> TeamView {
     TeamView {
-        id: TeamId(t.id),
+        id: TeamId(t.id.0),
         name: t.name.clone(),
         archived: t.archived,
         member_count: u64::try_from(t.member_count).unwrap_or(0),

@@ -100,7 +100,7 @@ impl Tokens {
         let page = page.clamped();
         let (rows, total) = self
             .store
-            .list_api_tokens(p.user_id().0, page.offset, page.limit)
+            .list_api_tokens(p.user_id(), page.offset, page.limit)
             .await
             .map_err(internal("listing tokens"))?;
         Ok(paged(rows.iter().map(view).collect(), total, page))
@@ -152,7 +152,7 @@ impl Tokens {
         self.verified.forget_all();
         if self
             .store
-            .revoke_api_token(p.user_id().0, id, self.clock.now())
+            .revoke_api_token(p.user_id(), id, self.clock.now())
             .await
             .map_err(internal("revoking token"))?
         {
@@ -202,7 +202,7 @@ impl Tokens {
                 .map_err(internal("touching token"))?;
         }
         let principal = Principal::of_user(
-            UserId(user.id),
+            UserId(user.id.0),
             Username::parse(&user.username).map_err(|_| AppError::Internal)?,
             user.is_admin,
         );

@@ -282,29 +282,29 @@ pub(super) fn is_unique_violation(e: &sqlx::Error) -> bool {
 impl Store {
     // ---- quotas ----
 
-    pub async fn quota(&self, team: Uuid, model: &str) -> Result<Option<QuotaRow>, StoreError> {
+    pub async fn quota(&self, team: TeamId, model: &str) -> Result<Option<QuotaRow>, StoreError> {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE team_id = $1 AND model = $2";
-        db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).bind(model).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team.0).bind(model).fetch_optional(pool).await)
     }
 
     /// Quotas of one team (`Some`) or every team, by model.
-    pub async fn quotas(&self, team: Option<Uuid>) -> Result<Vec<QuotaRow>, StoreError> {
+    pub async fn quotas(&self, team: Option<TeamId>) -> Result<Vec<QuotaRow>, StoreError> {
         let sql = "SELECT team_id, model, guaranteed, limit_units, per_user, used FROM quotas \
                    WHERE ($1 IS NULL OR team_id = $1) ORDER BY team_id, model";
-        db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, QuotaRow>(sql).bind(team.map(|v| v.0)).fetch_all(pool).await)
     }
 
     /// Units held on each of `team`'s quota lines by allocations a platform admin approved
     /// beyond the limit: `(model, units)`.
-    pub async fn overridden_units(&self, team: Uuid) -> Result<Vec<(String, i64)>, StoreError> {
+    pub async fn overridden_units(&self, team: TeamId) -> Result<Vec<(String, i64)>, StoreError> {
         let sql = concat!(
             "SELECT model, CAST(COALESCE(SUM(units), 0) AS BIGINT) FROM allocations \
              WHERE team_id = $1 AND over_limit AND state IN ",
             live_states!(),
             " GROUP BY model"
         );
-        db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(team).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, (String, i64)>(sql).bind(team.0).fetch_all(pool).await)
     }
 
     /// Creates or changes a quota (its usage counter is kept). A change is told to the
@@ -313,7 +313,7 @@ impl Store {
     pub async fn set_quota(
         &self,
         q: &QuotaRow,
-        by: Uuid,
+        by: UserId,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let sql = "INSERT INTO quotas (team_id, model, guaranteed, limit_units, per_user, used, updated_at, updated_by) \
@@ -331,7 +331,7 @@ impl Store {
                 "SELECT guaranteed, limit_units, per_user FROM quotas WHERE team_id = $1 AND model = $2")
                 .bind(q.team_id.0).bind(&q.model).fetch_optional(&mut *tx).await?;
             sqlx::query(sql).bind(q.team_id.0).bind(&q.model).bind(q.guaranteed)
-                .bind(q.limit_units).bind(q.per_user).bind(at).bind(by).execute(&mut *tx).await?;
+                .bind(q.limit_units).bind(q.per_user).bind(at).bind(by.0).execute(&mut *tx).await?;
             if before != Some(after) {
                 let team_name: String = sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
                     .bind(q.team_id.0).fetch_one(&mut *tx).await?;
@@ -347,10 +347,15 @@ impl Store {
         })
     }
 
-    pub async fn user_used(&self, team: Uuid, model: &str, user: Uuid) -> Result<i64, StoreError> {
+    pub async fn user_used(
+        &self,
+        team: TeamId,
+        model: &str,
+        user: UserId,
+    ) -> Result<i64, StoreError> {
         let sql = "SELECT used FROM user_usage WHERE team_id = $1 AND model = $2 AND user_id = $3";
-        let v = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql).bind(team).bind(model)
-            .bind(user).fetch_optional(pool).await?);
+        let v = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(sql).bind(team.0).bind(model)
+            .bind(user.0).fetch_optional(pool).await?);
         Ok(v.unwrap_or(0))
     }
 
@@ -487,19 +492,19 @@ impl Store {
 
     pub async fn allocation_by_key(
         &self,
-        user: Uuid,
+        user: UserId,
         key: &str,
     ) -> Result<Option<AllocationId>, StoreError> {
         let sql = "SELECT id FROM allocations WHERE user_id = $1 AND idempotency_key = $2";
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await.map(|id| id.map(AllocationId)))
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user.0).bind(key).fetch_optional(pool).await.map(|id| id.map(AllocationId)))
     }
 
     /// A page of allocations, newest first. `teams`: only these teams (`None`: all);
     /// `user`: only this user's; `states`: only these states (empty: all).
     pub async fn list_allocations(
         &self,
-        teams: Option<&[Uuid]>,
-        user: Option<Uuid>,
+        teams: Option<&[TeamId]>,
+        user: Option<UserId>,
         states: &[String],
         offset: u32,
         limit: u32,
@@ -536,10 +541,10 @@ impl Store {
             ($q:expr) => {{
                 let mut q = $q;
                 for t in teams.unwrap_or(&[]) {
-                    q = q.bind(*t);
+                    q = q.bind(t.0);
                 }
                 if let Some(u) = user {
-                    q = q.bind(u);
+                    q = q.bind(u.0);
                 }
                 for s in states {
                     q = q.bind(s.clone());

@@ -160,7 +160,12 @@ impl Store {
     /// Adds a rate from its `effective_from` on. With `replace`, one of the same kind
     /// starting at the same hour is replaced (the caller allows that only for hours that
     /// have not begun); without, such a clash stores nothing and returns `false`.
-    pub async fn set_rate(&self, r: &RateRow, by: Uuid, replace: bool) -> Result<bool, StoreError> {
+    pub async fn set_rate(
+        &self,
+        r: &RateRow,
+        by: UserId,
+        replace: bool,
+    ) -> Result<bool, StoreError> {
         let insert = "INSERT INTO rate_cards (id, kind, model, price_minor_per_hour, \
                    preemptible_discount_pct, effective_from, created_at, created_by, \
                    high_premium_pct) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
@@ -177,7 +182,7 @@ impl Store {
         };
         let n = on_pool!(self, pool => sqlx::query(&sql).bind(r.id).bind(r.kind.to_string()).bind(&r.model)
             .bind(r.price_minor_per_hour).bind(r.preemptible_discount_pct).bind(r.effective_from)
-            .bind(r.created_at).bind(by).bind(r.high_premium_pct).execute(pool).await?.rows_affected());
+            .bind(r.created_at).bind(by.0).bind(r.high_premium_pct).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 
@@ -203,13 +208,21 @@ impl Store {
     }
 
     /// `(id, username)` of every user.
-    pub async fn user_names(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
-        db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await)
+    pub async fn user_names(&self) -> Result<Vec<(UserId, String)>, StoreError> {
+        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, name)| (UserId(id), name))
+            .collect())
     }
 
     /// `(id, name)` of every team.
-    pub async fn team_names(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
-        db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await)
+    pub async fn team_names(&self) -> Result<Vec<(TeamId, String)>, StoreError> {
+        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, name)| (TeamId(id), name))
+            .collect())
     }
 
     /// `(allocation, at, to_state)` of every history entry of `ids`, in order.
@@ -415,7 +428,7 @@ impl Store {
     /// entries of that team's transactions (both sides).
     pub async fn ledger_page(
         &self,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         offset: u32,
@@ -431,9 +444,9 @@ impl Store {
         );
         let count = format!("SELECT COUNT(*) FROM ledger_entries le {filter}");
         on_pool!(self, pool => {
-            let rows = sqlx::query_as::<_, LedgerRow>(&sql).bind(from).bind(to).bind(team)
+            let rows = sqlx::query_as::<_, LedgerRow>(&sql).bind(from).bind(to).bind(team.map(|v| v.0))
                 .bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?;
-            let total = sqlx::query_scalar::<_, i64>(&count).bind(from).bind(to).bind(team)
+            let total = sqlx::query_scalar::<_, i64>(&count).bind(from).bind(to).bind(team.map(|v| v.0))
                 .fetch_one(pool).await?;
             Ok((rows, total))
         })
@@ -442,22 +455,26 @@ impl Store {
     /// What teams were charged for hours in `[from, to)` (net of reversals), per team.
     pub async fn team_charges(
         &self,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<(Uuid, i64)>, StoreError> {
+    ) -> Result<Vec<(TeamId, i64)>, StoreError> {
         let sql = format!(
             "SELECT team_id, {} FROM ledger_entries WHERE account <> 'platform' \
              AND hour_start >= $1 AND hour_start < $2 AND ($3 IS NULL OR team_id = $3) GROUP BY team_id",
             sum("amount_minor")
         );
-        db!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team).fetch_all(pool).await)
+        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, i64)>(&sql).bind(from).bind(to).bind(team.map(|v| v.0)).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, minor)| (TeamId(id), minor))
+            .collect())
     }
 
     /// Reversals posted for hours in `[from, to)` of one team (team side, negative).
     pub async fn team_adjustments(
         &self,
-        team: Uuid,
+        team: TeamId,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<i64, StoreError> {
@@ -466,7 +483,7 @@ impl Store {
              AND hour_start >= $1 AND hour_start < $2 AND team_id = $3",
             sum("amount_minor")
         );
-        db!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team).fetch_one(pool).await)
+        db!(self, pool => sqlx::query_scalar::<_, i64>(&sql).bind(from).bind(to).bind(team.0).fetch_one(pool).await)
     }
 
     /// `(sum of every entry, number of entries)`: the sum is 0 in a balanced ledger.
@@ -484,8 +501,8 @@ impl Store {
     /// kind × team × user; cost is net of reversals.
     pub async fn usage_groups(
         &self,
-        team: Option<Uuid>,
-        user: Option<Uuid>,
+        team: Option<TeamId>,
+        user: Option<UserId>,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         by_day: bool,
@@ -509,7 +526,7 @@ impl Store {
             sum("m.billed_minor + COALESCE(r.amount_minor, 0)"),
         );
         db!(self, pool => sqlx::query_as::<_, UsageGroupRow>(&sql).bind(from).bind(to)
-            .bind(team).bind(user).fetch_all(pool).await)
+            .bind(team.map(|v| v.0)).bind(user.map(|v| v.0)).fetch_all(pool).await)
     }
 
     /// Up to `limit` team-side ledger entries for hours in `[from, to)` after the cursor
@@ -522,7 +539,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub async fn charges_after(
         &self,
-        team: Option<Uuid>,
+        team: Option<TeamId>,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         after: Option<(DateTime<Utc>, Uuid)>,
@@ -553,7 +570,7 @@ impl Store {
                 sqlx::query_scalar(&sql)
                     .bind(from)
                     .bind(to)
-                    .bind(team)
+                    .bind(team.map(|v| v.0))
                     .bind(after_hour)
                     .bind(after_id)
                     .bind(i64::from(limit))
@@ -570,7 +587,7 @@ impl Store {
                 sqlx::query_scalar(&sql)
                     .bind(from)
                     .bind(to)
-                    .bind(team)
+                    .bind(team.map(|v| v.0))
                     .bind(after_hour)
                     .bind(after_id)
                     .bind(i64::from(limit))
@@ -592,17 +609,17 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).fetch_all(pool).await)
     }
 
-    pub async fn budget(&self, team: Uuid) -> Result<Option<BudgetRow>, StoreError> {
+    pub async fn budget(&self, team: TeamId) -> Result<Option<BudgetRow>, StoreError> {
         let sql = "SELECT team_id, monthly_minor, hard FROM budgets WHERE team_id = $1";
-        db!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, BudgetRow>(sql).bind(team.0).fetch_optional(pool).await)
     }
 
     /// Sets (`Some`) or removes (`None`) a team's budget.
     pub async fn set_budget(
         &self,
-        team: Uuid,
+        team: TeamId,
         budget: Option<(i64, bool)>,
-        by: Uuid,
+        by: UserId,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         match budget {
@@ -611,11 +628,11 @@ impl Store {
                            VALUES ($1,$2,$3,$4,$5) ON CONFLICT (team_id) DO UPDATE SET \
                            monthly_minor = excluded.monthly_minor, hard = excluded.hard, \
                            updated_at = excluded.updated_at, updated_by = excluded.updated_by";
-                db!(self, pool => sqlx::query(sql).bind(team).bind(monthly).bind(hard).bind(at)
-                    .bind(by).execute(pool).await.map(|_| ()))
+                db!(self, pool => sqlx::query(sql).bind(team.0).bind(monthly).bind(hard).bind(at)
+                    .bind(by.0).execute(pool).await.map(|_| ()))
             }
             None => db!(self, pool => sqlx::query("DELETE FROM budgets WHERE team_id = $1")
-                    .bind(team).execute(pool).await.map(|_| ())),
+                    .bind(team.0).execute(pool).await.map(|_| ())),
         }
     }
 }

@@ -53,7 +53,7 @@ impl Store {
     /// every entry), platform entries first, then by team and name.
     pub async fn catalog_images(
         &self,
-        teams: Option<&[Uuid]>,
+        teams: Option<&[TeamId]>,
     ) -> Result<Vec<CatalogRow>, StoreError> {
         let ids = teams.unwrap_or_default();
         let scope = match teams {
@@ -71,7 +71,7 @@ impl Store {
         db!(self, pool => {
             let mut q = sqlx::query_as::<_, CatalogRow>(&sql);
             for t in ids {
-                q = q.bind(*t);
+                q = q.bind(t.0);
             }
             q.fetch_all(pool).await
         })
@@ -127,7 +127,7 @@ impl Store {
     /// Stores team `team`'s login to `registry` (replacing one there was).
     pub async fn set_registry_login(
         &self,
-        team: Uuid,
+        team: TeamId,
         registry: &str,
         username: &str,
         secret: &Sealed,
@@ -137,38 +137,38 @@ impl Store {
                    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (team_id, registry) DO UPDATE SET \
                    username = excluded.username, secret = excluded.secret, \
                    updated_at = excluded.updated_at";
-        on_pool!(self, pool => sqlx::query(sql).bind(team).bind(registry).bind(username)
+        on_pool!(self, pool => sqlx::query(sql).bind(team.0).bind(registry).bind(username)
             .bind(secret).bind(at).execute(pool).await?.rows_affected());
         Ok(())
     }
 
     /// Team `team`'s logins, without their secrets.
-    pub async fn registry_logins(&self, team: Uuid) -> Result<Vec<LoginRow>, StoreError> {
+    pub async fn registry_logins(&self, team: TeamId) -> Result<Vec<LoginRow>, StoreError> {
         let sql = "SELECT team_id, registry, username, updated_at FROM registry_logins \
                    WHERE team_id = $1 ORDER BY registry";
-        db!(self, pool => sqlx::query_as::<_, LoginRow>(sql).bind(team).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, LoginRow>(sql).bind(team.0).fetch_all(pool).await)
     }
 
     /// Team `team`'s login to `registry`: the username and the sealed secret.
     pub async fn registry_login_secret(
         &self,
-        team: Uuid,
+        team: TeamId,
         registry: &str,
     ) -> Result<Option<(String, Sealed)>, StoreError> {
         let sql =
             "SELECT username, secret FROM registry_logins WHERE team_id = $1 AND registry = $2";
-        db!(self, pool => sqlx::query_as::<_, (String, Sealed)>(sql).bind(team).bind(registry)
+        db!(self, pool => sqlx::query_as::<_, (String, Sealed)>(sql).bind(team.0).bind(registry)
             .fetch_optional(pool).await)
     }
 
     /// Removes team `team`'s login to `registry`; `false` when there was none.
     pub async fn delete_registry_login(
         &self,
-        team: Uuid,
+        team: TeamId,
         registry: &str,
     ) -> Result<bool, StoreError> {
         let sql = "DELETE FROM registry_logins WHERE team_id = $1 AND registry = $2";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(team).bind(registry)
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(team.0).bind(registry)
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }

@@ -5,7 +5,7 @@ use super::{
 };
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
-use tessera_domain::ids::NodeId;
+use tessera_domain::ids::{NodeId, UserId};
 use tessera_domain::wire::{ApplyStatus, DesiredInstance, MigMode, ShareMethod, TelemetrySample};
 use uuid::Uuid;
 
@@ -99,7 +99,7 @@ impl Store {
         gpu_uuid: &str,
         sharing: Option<ShareMethod>,
         expected: Option<i64>,
-        by: Uuid,
+        by: UserId,
         at: DateTime<Utc>,
     ) -> Result<Option<i64>, StoreError> {
         let sql = concat!(
@@ -117,7 +117,7 @@ impl Store {
         );
         let holds = format!("%\"gpu_uuid\":\"{gpu_uuid}\"%");
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
-            .bind(node.0).bind(gpu_uuid).bind(at).bind(by).bind(sharing.map(ShareMethod::as_str)).bind(expected).bind(&holds)
+            .bind(node.0).bind(gpu_uuid).bind(at).bind(by.0).bind(sharing.map(ShareMethod::as_str)).bind(expected).bind(&holds)
             .fetch_optional(pool).await)
     }
 
@@ -139,7 +139,7 @@ impl Store {
         gpu_uuid: &str,
         mode: MigMode,
         layout: &[DesiredInstance],
-        by: Option<Uuid>,
+        by: Option<UserId>,
         at: DateTime<Utc>,
     ) -> Result<i64, StoreError> {
         let layout = json_text(layout)?;
@@ -150,7 +150,7 @@ impl Store {
                    updated_at = excluded.updated_at, updated_by = excluded.updated_by \
                    RETURNING version";
         db!(self, pool => sqlx::query_scalar::<_, i64>(sql)
-            .bind(node.0).bind(gpu_uuid).bind(mode.as_str()).bind(&layout).bind(at).bind(by)
+            .bind(node.0).bind(gpu_uuid).bind(mode.as_str()).bind(&layout).bind(at).bind(by.map(|v| v.0))
             .fetch_one(pool).await)
     }
 

@@ -276,7 +276,8 @@ const DELIVERY_COLS: &str = "d.id AS delivery_id, d.channel, d.recipient, d.stat
 /// A person who may get mail.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Recipient {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: UserId,
     pub username: String,
     pub email: Option<String>,
     pub email_verified: bool,
@@ -404,19 +405,19 @@ impl Store {
     // ---- recipients and preferences ----
 
     /// A user as a recipient (enabled users only).
-    pub async fn recipient(&self, user: Uuid) -> Result<Option<Recipient>, StoreError> {
+    pub async fn recipient(&self, user: UserId) -> Result<Option<Recipient>, StoreError> {
         let sql = "SELECT id, username, email, email_verified FROM users \
                    WHERE id = $1 AND NOT disabled";
-        db!(self, pool => sqlx::query_as::<_, Recipient>(sql).bind(user).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, Recipient>(sql).bind(user.0).fetch_optional(pool).await)
     }
 
     /// A team's admins (enabled users).
-    pub async fn team_admin_recipients(&self, team: Uuid) -> Result<Vec<Recipient>, StoreError> {
+    pub async fn team_admin_recipients(&self, team: TeamId) -> Result<Vec<Recipient>, StoreError> {
         let sql = "SELECT u.id, u.username, u.email, u.email_verified FROM memberships m \
                    JOIN users u ON u.id = m.user_id \
                    WHERE m.team_id = $1 AND m.role = 'team_admin' AND NOT u.disabled \
                    ORDER BY u.username";
-        db!(self, pool => sqlx::query_as::<_, Recipient>(sql).bind(team).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, Recipient>(sql).bind(team.0).fetch_all(pool).await)
     }
 
     /// The platform admins (enabled users).
@@ -427,23 +428,27 @@ impl Store {
     }
 
     /// A user's stored choices.
-    pub async fn preferences(&self, user: Uuid) -> Result<Vec<(String, String)>, StoreError> {
+    pub async fn preferences(&self, user: UserId) -> Result<Vec<(String, String)>, StoreError> {
         let sql = "SELECT event_kind, mode FROM notification_preferences WHERE user_id = $1";
-        db!(self, pool => sqlx::query_as::<_, (String, String)>(sql).bind(user).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, (String, String)>(sql).bind(user.0).fetch_all(pool).await)
     }
 
     /// Sets a user's address (`None` removes it); a changed address is not verified.
-    pub async fn set_user_email(&self, user: Uuid, email: Option<&str>) -> Result<(), StoreError> {
+    pub async fn set_user_email(
+        &self,
+        user: UserId,
+        email: Option<&str>,
+    ) -> Result<(), StoreError> {
         let sql = "UPDATE users SET email_verified = CASE WHEN email = $2 THEN email_verified ELSE FALSE END, \
                    email = $2 WHERE id = $1";
-        db!(self, pool => sqlx::query(sql).bind(user).bind(email).execute(pool).await.map(|_| ()))
+        db!(self, pool => sqlx::query(sql).bind(user.0).bind(email).execute(pool).await.map(|_| ()))
     }
 
     /// Opens (or replaces) `user`'s verification of `email` with the sealed `token`, and
     /// writes the event that mails the link, in one transaction.
     pub async fn start_email_verification(
         &self,
-        user: Uuid,
+        user: UserId,
         email: &str,
         token: &Sealed,
         expires_at: DateTime<Utc>,
@@ -455,7 +460,7 @@ impl Store {
                    expires_at = excluded.expires_at, created_at = excluded.created_at";
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            sqlx::query(sql).bind(user).bind(email).bind(token).bind(expires_at)
+            sqlx::query(sql).bind(user.0).bind(email).bind(token).bind(expires_at)
                 .bind(event.created_at).execute(&mut *tx).await?;
             record_event!(tx, event);
             tx.commit().await?;
@@ -466,22 +471,22 @@ impl Store {
     /// `user`'s open verification.
     pub async fn email_verification(
         &self,
-        user: Uuid,
+        user: UserId,
     ) -> Result<Option<EmailVerification>, StoreError> {
         let sql = "SELECT user_id, email, token, expires_at, created_at FROM email_verifications \
                    WHERE user_id = $1";
-        db!(self, pool => sqlx::query_as::<_, EmailVerification>(sql).bind(user).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, EmailVerification>(sql).bind(user.0).fetch_optional(pool).await)
     }
 
     /// Marks `user`'s address verified if it is still `email`, and closes the
     /// verification; `false` if the address changed meanwhile.
-    pub async fn confirm_email(&self, user: Uuid, email: &str) -> Result<bool, StoreError> {
+    pub async fn confirm_email(&self, user: UserId, email: &str) -> Result<bool, StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let done = sqlx::query("UPDATE users SET email_verified = TRUE WHERE id = $1 AND email = $2")
-                .bind(user).bind(email).execute(&mut *tx).await?.rows_affected() == 1;
+                .bind(user.0).bind(email).execute(&mut *tx).await?.rows_affected() == 1;
             sqlx::query("DELETE FROM email_verifications WHERE user_id = $1")
-                .bind(user).execute(&mut *tx).await?;
+                .bind(user.0).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(done)
         })
@@ -489,23 +494,23 @@ impl Store {
 
     /// Takes an address the identity provider vouches for (`email_verified` claim) as
     /// `user`'s verified address, unless they set another one themselves.
-    pub async fn adopt_idp_email(&self, user: Uuid, email: &str) -> Result<(), StoreError> {
+    pub async fn adopt_idp_email(&self, user: UserId, email: &str) -> Result<(), StoreError> {
         let sql = "UPDATE users SET email = $2, email_verified = TRUE \
                    WHERE id = $1 AND (email IS NULL OR email = '' OR email = $2)";
-        db!(self, pool => sqlx::query(sql).bind(user).bind(email).execute(pool).await.map(|_| ()))
+        db!(self, pool => sqlx::query(sql).bind(user.0).bind(email).execute(pool).await.map(|_| ()))
     }
 
     /// Stores a user's choice for `kind`.
     pub async fn set_preference(
         &self,
-        user: Uuid,
+        user: UserId,
         kind: EventKind,
         mode: NotifyMode,
     ) -> Result<(), StoreError> {
         let sql = "INSERT INTO notification_preferences (user_id, event_kind, mode) \
                    VALUES ($1, $2, $3) ON CONFLICT (user_id, event_kind) DO UPDATE \
                    SET mode = excluded.mode";
-        db!(self, pool => sqlx::query(sql).bind(user).bind(kind.as_str()).bind(mode.as_str())
+        db!(self, pool => sqlx::query(sql).bind(user.0).bind(kind.as_str()).bind(mode.as_str())
             .execute(pool).await.map(|_| ()))
     }
 
@@ -544,22 +549,28 @@ impl Store {
     }
 
     /// A team's hooks, or (`None`) the platform's.
-    pub async fn scope_webhooks(&self, team: Option<Uuid>) -> Result<Vec<WebhookRow>, StoreError> {
+    pub async fn scope_webhooks(
+        &self,
+        team: Option<TeamId>,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
         let sql = format!(
             "SELECT {HOOK_COLS} FROM team_webhooks WHERE team_id = $1 OR ($1 IS NULL AND team_id IS NULL) \
              ORDER BY created_at, id"
         );
-        db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team.map(|v| v.0)).fetch_all(pool).await)
     }
 
     /// The hooks an event of `team` (`None`: a platform event) goes to: the team's and
     /// the platform's.
-    pub async fn hooks_for_event(&self, team: Option<Uuid>) -> Result<Vec<WebhookRow>, StoreError> {
+    pub async fn hooks_for_event(
+        &self,
+        team: Option<TeamId>,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
         let sql = format!(
             "SELECT {HOOK_COLS} FROM team_webhooks WHERE team_id IS NULL OR team_id = $1 \
              ORDER BY created_at, id"
         );
-        db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team).fetch_all(pool).await)
+        db!(self, pool => sqlx::query_as::<_, WebhookRow>(&sql).bind(team.map(|v| v.0)).fetch_all(pool).await)
     }
 
     /// A webhook's latest deliveries, newest first.
@@ -733,7 +744,7 @@ impl Deliveries {
     }
 
     /// A user's address, if they may be written to (see [`Store::recipient`]).
-    pub async fn recipient(&self, user: Uuid) -> Result<Option<Recipient>, StoreError> {
+    pub async fn recipient(&self, user: UserId) -> Result<Option<Recipient>, StoreError> {
         self.0.recipient(user).await
     }
 
@@ -743,7 +754,7 @@ impl Deliveries {
     }
 
     /// Whom to tell that a team's hook (`Some(team)`) or a platform hook was turned off.
-    pub async fn hook_admins(&self, team: Option<Uuid>) -> Result<Vec<Recipient>, StoreError> {
+    pub async fn hook_admins(&self, team: Option<TeamId>) -> Result<Vec<Recipient>, StoreError> {
         match team {
             Some(team) => self.0.team_admin_recipients(team).await,
             None => self.0.platform_admin_recipients().await,

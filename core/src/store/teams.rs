@@ -2,13 +2,14 @@
 
 use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
-use tessera_domain::ids::UserId;
+use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::TeamRole;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TeamRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: TeamId,
     pub name: String,
     pub archived: bool,
     pub created_at: DateTime<Utc>,
@@ -17,7 +18,8 @@ pub struct TeamRow {
 /// A team with its member count and (optionally) one user's role in it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TeamListRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: TeamId,
     pub name: String,
     pub archived: bool,
     pub created_at: DateTime<Utc>,
@@ -50,7 +52,7 @@ impl Store {
         let sql = "INSERT INTO teams (id, name, archived, created_at) VALUES ($1, $2, $3, $4) \
                    ON CONFLICT DO NOTHING";
         let n = on_pool!(self, pool => sqlx::query(sql)
-            .bind(row.id).bind(&row.name).bind(row.archived).bind(row.created_at)
+            .bind(row.id.0).bind(&row.name).bind(row.archived).bind(row.created_at)
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
@@ -59,20 +61,20 @@ impl Store {
     /// `false` if there is no such team.
     pub async fn set_high_grant(
         &self,
-        team: Uuid,
+        team: TeamId,
         grant: Option<Option<i64>>,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE teams SET high_priority = $2, high_cap = $3 WHERE id = $1";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(team).bind(grant.is_some())
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(team.0).bind(grant.is_some())
             .bind(grant.flatten()).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 
     /// A team's own grace in seconds (the deadline channel); `None`: the platform maximum
     /// (or no such team).
-    pub async fn team_grace_secs(&self, team: Uuid) -> Result<Option<i64>, StoreError> {
+    pub async fn team_grace_secs(&self, team: TeamId) -> Result<Option<i64>, StoreError> {
         let sql = "SELECT preemption_grace_secs FROM teams WHERE id = $1";
-        let row: Option<(Option<i64>,)> = db!(self, pool => sqlx::query_as(sql).bind(team)
+        let row: Option<(Option<i64>,)> = db!(self, pool => sqlx::query_as(sql).bind(team.0)
             .fetch_optional(pool).await)?;
         Ok(row.and_then(|r| r.0))
     }
@@ -80,11 +82,11 @@ impl Store {
     /// Sets (or, `None`, clears) a team's own grace; `false` if there is no such team.
     pub async fn set_team_grace_secs(
         &self,
-        team: Uuid,
+        team: TeamId,
         secs: Option<i64>,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE teams SET preemption_grace_secs = $2 WHERE id = $1";
-        let n = on_pool!(self, pool => sqlx::query(sql).bind(team).bind(secs)
+        let n = on_pool!(self, pool => sqlx::query(sql).bind(team.0).bind(secs)
             .execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
@@ -113,7 +115,7 @@ impl Store {
     /// The teams `user` belongs to.
     pub async fn list_user_teams(
         &self,
-        user: Uuid,
+        user: UserId,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<TeamListRow>, i64), StoreError> {
@@ -121,21 +123,21 @@ impl Store {
             "{TEAM_LIST} WHERE m.user_id IS NOT NULL ORDER BY lower(t.name), t.id LIMIT $2 OFFSET $3"
         );
         let rows = on_pool!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
-            .bind(user).bind(i64::from(limit)).bind(i64::from(offset))
+            .bind(user.0).bind(i64::from(limit)).bind(i64::from(offset))
             .fetch_all(pool).await?);
         let total = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM memberships WHERE user_id = $1").bind(user).fetch_one(pool).await?);
+            "SELECT COUNT(*) FROM memberships WHERE user_id = $1").bind(user.0).fetch_one(pool).await?);
         Ok((rows, total))
     }
 
     pub async fn team_with_role(
         &self,
-        team: Uuid,
+        team: TeamId,
         viewer: Uuid,
     ) -> Result<Option<TeamListRow>, StoreError> {
         let sql = format!("{TEAM_LIST} WHERE t.id = $2");
         db!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
-            .bind(viewer).bind(team).fetch_optional(pool).await)
+            .bind(viewer).bind(team.0).fetch_optional(pool).await)
     }
 
     /// Renames; `Ok(false)` if another team has the name.
@@ -161,15 +163,19 @@ impl Store {
         Ok(())
     }
 
-    pub async fn membership(&self, team: Uuid, user: Uuid) -> Result<Option<String>, StoreError> {
+    pub async fn membership(
+        &self,
+        team: TeamId,
+        user: UserId,
+    ) -> Result<Option<String>, StoreError> {
         db!(self, pool => sqlx::query_scalar::<_, String>(
             "SELECT role FROM memberships WHERE team_id = $1 AND user_id = $2")
-            .bind(team).bind(user).fetch_optional(pool).await)
+            .bind(team.0).bind(user.0).fetch_optional(pool).await)
     }
 
     pub async fn list_members(
         &self,
-        team: Uuid,
+        team: TeamId,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<MemberRow>, i64), StoreError> {
@@ -177,24 +183,24 @@ impl Store {
                    FROM memberships m JOIN users u ON u.id = m.user_id \
                    WHERE m.team_id = $1 ORDER BY u.username LIMIT $2 OFFSET $3";
         let rows = on_pool!(self, pool => sqlx::query_as::<_, MemberRow>(sql)
-            .bind(team).bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
+            .bind(team.0).bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
         let total = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM memberships WHERE team_id = $1").bind(team).fetch_one(pool).await?);
+            "SELECT COUNT(*) FROM memberships WHERE team_id = $1").bind(team.0).fetch_one(pool).await?);
         Ok((rows, total))
     }
 
     /// Adds a member; `Ok(false)` if already a member.
     pub async fn insert_membership(
         &self,
-        team: Uuid,
-        user: Uuid,
+        team: TeamId,
+        user: UserId,
         role: &str,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let sql = "INSERT INTO memberships (team_id, user_id, role, added_at) VALUES ($1, $2, $3, $4) \
                    ON CONFLICT (team_id, user_id) DO NOTHING";
         let n = on_pool!(self, pool => sqlx::query(sql)
-            .bind(team).bind(user).bind(role).bind(at).execute(pool).await?.rows_affected());
+            .bind(team.0).bind(user.0).bind(role).bind(at).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 
@@ -203,34 +209,34 @@ impl Store {
     /// transaction so two concurrent demotions cannot both pass.
     pub async fn change_membership(
         &self,
-        team: Uuid,
-        user: Uuid,
+        team: TeamId,
+        user: UserId,
         role: Option<&str>,
     ) -> Result<ChangeOutcome, StoreError> {
         on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             // Takes the write lock up front on SQLite; on PostgreSQL, locks the team row.
             sqlx::query("UPDATE teams SET archived = archived WHERE id = $1")
-                .bind(team).execute(&mut *tx).await?;
+                .bind(team.0).execute(&mut *tx).await?;
             let current: Option<String> = sqlx::query_scalar(
                 "SELECT role FROM memberships WHERE team_id = $1 AND user_id = $2")
-                .bind(team).bind(user).fetch_optional(&mut *tx).await?;
+                .bind(team.0).bind(user.0).fetch_optional(&mut *tx).await?;
             let Some(current) = current else {
                 return Ok(ChangeOutcome::NotMember);
             };
             if current == "team_admin" && role != Some("team_admin") {
                 let admins: i64 = sqlx::query_scalar(
                     "SELECT COUNT(*) FROM memberships WHERE team_id = $1 AND role = 'team_admin'")
-                    .bind(team).fetch_one(&mut *tx).await?;
+                    .bind(team.0).fetch_one(&mut *tx).await?;
                 if admins <= 1 {
                     return Ok(ChangeOutcome::LastAdmin);
                 }
             }
             match role {
                 Some(r) => sqlx::query("UPDATE memberships SET role = $1 WHERE team_id = $2 AND user_id = $3")
-                    .bind(r).bind(team).bind(user).execute(&mut *tx).await?,
+                    .bind(r).bind(team.0).bind(user.0).execute(&mut *tx).await?,
                 None => sqlx::query("DELETE FROM memberships WHERE team_id = $1 AND user_id = $2")
-                    .bind(team).bind(user).execute(&mut *tx).await?,
+                    .bind(team.0).bind(user.0).execute(&mut *tx).await?,
             };
             tx.commit().await?;
             Ok(ChangeOutcome::Done)

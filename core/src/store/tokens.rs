@@ -66,7 +66,7 @@ impl Store {
     /// A user's live tokens, newest first.
     pub async fn list_api_tokens(
         &self,
-        user: Uuid,
+        user: UserId,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<ApiTokenRow>, i64), StoreError> {
@@ -75,34 +75,34 @@ impl Store {
              ORDER BY created_at DESC, id LIMIT $2 OFFSET $3"
         );
         let rows = on_pool!(self, pool => sqlx::query_as::<_, ApiTokenRow>(&sql)
-            .bind(user).bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
+            .bind(user.0).bind(i64::from(limit)).bind(i64::from(offset)).fetch_all(pool).await?);
         let total = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL")
-            .bind(user).fetch_one(pool).await?);
+            .bind(user.0).fetch_one(pool).await?);
         Ok((rows, total))
     }
 
     /// Revokes one of `user`'s tokens; `Ok(false)` if there is no such live token.
     pub async fn revoke_api_token(
         &self,
-        user: Uuid,
+        user: UserId,
         id: Uuid,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND user_id = $3 AND revoked_at IS NULL")
-            .bind(at).bind(id).bind(user).execute(pool).await?.rows_affected());
+            .bind(at).bind(id).bind(user.0).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 
     pub async fn revoke_all_api_tokens(
         &self,
-        user: Uuid,
+        user: UserId,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         on_pool!(self, pool => sqlx::query(
             "UPDATE api_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL")
-            .bind(at).bind(user).execute(pool).await.map(|_| ()))?;
+            .bind(at).bind(user.0).execute(pool).await.map(|_| ()))?;
         Ok(())
     }
 

@@ -2,11 +2,13 @@
 
 use super::{Store, StoreError, db, on_pool};
 use chrono::{DateTime, Utc};
+use tessera_domain::ids::UserId;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct UserRow {
-    pub id: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub id: UserId,
     pub username: String,
     pub password_hash: String,
     pub is_admin: bool,
@@ -38,7 +40,7 @@ impl Store {
     /// `user` dismissed the checklist)`.
     pub async fn setup_facts(
         &self,
-        user: Uuid,
+        user: UserId,
     ) -> Result<(i64, i64, i64, i64, i64, bool), StoreError> {
         let sql = "SELECT \
             (SELECT COUNT(*) FROM teams WHERE archived = FALSE), \
@@ -48,12 +50,12 @@ impl Store {
             (SELECT COUNT(*) FROM rate_cards), \
             COALESCE((SELECT setup_dismissed FROM users WHERE id = $1), FALSE)";
         db!(self, pool => sqlx::query_as::<_, (i64, i64, i64, i64, i64, bool)>(sql)
-            .bind(user).fetch_one(pool).await)
+            .bind(user.0).fetch_one(pool).await)
     }
 
-    pub async fn dismiss_setup(&self, user: Uuid) -> Result<(), StoreError> {
+    pub async fn dismiss_setup(&self, user: UserId) -> Result<(), StoreError> {
         db!(self, pool => sqlx::query("UPDATE users SET setup_dismissed = TRUE WHERE id = $1")
-            .bind(user).execute(pool).await.map(|_| ()))
+            .bind(user.0).execute(pool).await.map(|_| ()))
     }
 
     /// Inserts a user; `Ok(false)` when the username is taken.
@@ -63,7 +65,7 @@ impl Store {
              ON CONFLICT (username) DO NOTHING"
         );
         let done = on_pool!(self, pool => sqlx::query(&sql)
-            .bind(row.id)
+            .bind(row.id.0)
             .bind(&row.username)
             .bind(&row.password_hash)
             .bind(row.is_admin)

@@ -347,11 +347,11 @@ impl Store {
 
     pub async fn workload_by_key(
         &self,
-        user: Uuid,
+        user: UserId,
         key: &str,
     ) -> Result<Option<WorkloadId>, StoreError> {
         let sql = "SELECT id FROM workloads WHERE user_id = $1 AND idempotency_key = $2";
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user).bind(key).fetch_optional(pool).await.map(|id| id.map(WorkloadId)))
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(user.0).bind(key).fetch_optional(pool).await.map(|id| id.map(WorkloadId)))
     }
 
     /// The live notebook at `/user/{username}/{name}/`.
@@ -371,8 +371,8 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub async fn list_workloads(
         &self,
-        teams: Option<&[Uuid]>,
-        user: Option<Uuid>,
+        teams: Option<&[TeamId]>,
+        user: Option<UserId>,
         kind: Option<&str>,
         allocation: Option<AllocationId>,
         live: bool,
@@ -416,12 +416,12 @@ impl Store {
             let mut q = sqlx::query_as::<_, WorkloadListRow>(&sql);
             let mut c = sqlx::query_scalar::<_, i64>(&count);
             for t in teams.unwrap_or(&[]) {
-                q = q.bind(*t);
-                c = c.bind(*t);
+                q = q.bind(t.0);
+                c = c.bind(t.0);
             }
             if let Some(u) = user {
-                q = q.bind(u);
-                c = c.bind(u);
+                q = q.bind(u.0);
+                c = c.bind(u.0);
             }
             if let Some(k) = kind {
                 q = q.bind(k);
@@ -559,7 +559,7 @@ impl Store {
     }
 
     /// The notebook profiles of `teams`, by team name then profile name.
-    pub async fn notebook_profiles(&self, teams: &[Uuid]) -> Result<Vec<ProfileRow>, StoreError> {
+    pub async fn notebook_profiles(&self, teams: &[TeamId]) -> Result<Vec<ProfileRow>, StoreError> {
         if teams.is_empty() {
             return Ok(Vec::new());
         }
@@ -574,7 +574,7 @@ impl Store {
         db!(self, pool => {
             let mut q = sqlx::query_as::<_, ProfileRow>(&sql);
             for t in teams {
-                q = q.bind(*t);
+                q = q.bind(t.0);
             }
             q.fetch_all(pool).await
         })
@@ -585,28 +585,32 @@ impl Store {
     pub async fn save_notebook_profile(
         &self,
         id: Uuid,
-        team: Uuid,
+        team: TeamId,
         name: &str,
         kind: &str,
         duration_minutes: i64,
         image: Option<Uuid>,
         at: DateTime<Utc>,
-        by: Uuid,
+        by: UserId,
     ) -> Result<Uuid, StoreError> {
         let sql = "INSERT INTO notebook_profiles (id, team_id, name, kind, duration_minutes, \
                    created_at, created_by, image_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                    ON CONFLICT (team_id, name) DO UPDATE SET kind = excluded.kind, \
                    duration_minutes = excluded.duration_minutes, image_id = excluded.image_id \
                    RETURNING id";
-        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team).bind(name)
-            .bind(kind).bind(duration_minutes).bind(at).bind(by).bind(image).fetch_one(pool).await)
+        db!(self, pool => sqlx::query_scalar::<_, Uuid>(sql).bind(id).bind(team.0).bind(name)
+            .bind(kind).bind(duration_minutes).bind(at).bind(by.0).bind(image).fetch_one(pool).await)
     }
 
     /// Deletes a team's profile; `false` if the team has no such profile.
-    pub async fn delete_notebook_profile(&self, team: Uuid, id: Uuid) -> Result<bool, StoreError> {
+    pub async fn delete_notebook_profile(
+        &self,
+        team: TeamId,
+        id: Uuid,
+    ) -> Result<bool, StoreError> {
         let sql = "DELETE FROM notebook_profiles WHERE id = $1 AND team_id = $2";
         on_pool!(self, pool => {
-            let r = sqlx::query(sql).bind(id).bind(team).execute(pool).await?;
+            let r = sqlx::query(sql).bind(id).bind(team.0).execute(pool).await?;
             Ok(r.rows_affected() == 1)
         })
     }
@@ -865,14 +869,14 @@ impl Store {
         hash: &str,
         kind: &str,
         workload: WorkloadId,
-        user: Uuid,
+        user: UserId,
         issued_at: DateTime<Utc>,
         expires_at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         db!(self, pool => sqlx::query(
             "INSERT INTO notebook_grants (secret_hash, kind, workload_id, user_id, issued_at, \
              expires_at) VALUES ($1, $2, $3, $4, $5, $6)")
-            .bind(hash).bind(kind).bind(workload.0).bind(user).bind(issued_at).bind(expires_at)
+            .bind(hash).bind(kind).bind(workload.0).bind(user.0).bind(issued_at).bind(expires_at)
             .execute(pool).await.map(|_| ()))
     }
 

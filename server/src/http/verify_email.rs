@@ -12,11 +12,10 @@ use axum::extract::{Query, State};
 use axum::response::Html;
 use axum::routing::get;
 use serde::Deserialize;
-use uuid::Uuid;
 
 #[derive(Debug, Deserialize)]
 struct Link {
-    user: Uuid,
+    user: tessera_domain::ids::UserId,
     token: String,
 }
 

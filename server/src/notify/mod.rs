@@ -25,6 +25,7 @@ use std::time::Duration;
 use tessera_core::Services;
 use tessera_core::auth::SystemActor;
 use tessera_core::store::DeliveryRow;
+use tessera_domain::ids::UserId;
 use tessera_domain::notify::{MAX_ATTEMPTS, WEBHOOK_DISABLE_AFTER, retry_after};
 use uuid::Uuid;
 
@@ -234,7 +235,7 @@ impl Notifier {
             let open = self
                 .services
                 .notifications
-                .verification_mail(d.recipient, Utc::now())
+                .verification_mail(d.recipient.into(), Utc::now())
                 .await
                 .map_err(|e| (None, e.to_string()))?;
             let Some((to, token)) = open else {
@@ -250,7 +251,7 @@ impl Notifier {
                 .map(|()| None)
                 .map_err(|e| (None, e));
         }
-        let to = self.address_of(d.recipient).await?;
+        let to = self.address_of(d.recipient.into()).await?;
         let msg = mail::event_mail(&d.event, &self.public_url);
         mailer
             .send(&to, &msg, d.id)
@@ -259,7 +260,7 @@ impl Notifier {
             .map_err(|e| (None, e))
     }
 
-    async fn address_of(&self, user: Uuid) -> Result<String, (Option<i64>, String)> {
+    async fn address_of(&self, user: UserId) -> Result<String, (Option<i64>, String)> {
         match self
             .services
             .notifications
@@ -330,7 +331,7 @@ impl Notifier {
     async fn tell_disabled(&self, hook: &tessera_core::store::WebhookRow) {
         let Some(mailer) = &self.mailer else { return };
         let store = self.services.notifications.deliveries(&self.system);
-        let admins = store.hook_admins(hook.team_id.map(|t| t.0)).await;
+        let admins = store.hook_admins(hook.team_id).await;
         let Ok(admins) = admins else {
             return;
         };
@@ -360,7 +361,7 @@ impl Notifier {
         }
         let mut done = 0;
         for (user, items) in by_user {
-            let result = match (&self.mailer, self.address_of(user).await) {
+            let result = match (&self.mailer, self.address_of(user.into()).await) {
                 (None, _) => Err("no SMTP server configured (TESSERA_SMTP_URL)".to_owned()),
                 (_, Err((_, e))) => Err(e),
                 (Some(m), Ok(to)) => {

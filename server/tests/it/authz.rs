@@ -359,7 +359,7 @@ async fn bookings(app: &TestApp, team_a: &str) -> Vec<String> {
         let row = tessera_core::store::BookingRow {
             id: uuid::Uuid::new_v4(),
             team_id: tessera_domain::ids::TeamId(team),
-            user_id: tessera_domain::ids::UserId(admin.id),
+            user_id: tessera_domain::ids::UserId(admin.id.0),
             kind: "H100-80GB:1g.10gb".parse().expect("kind"),
             model: "H100-80GB".into(),
             count: 1,

@@ -277,15 +277,12 @@ async fn metering_bills_each_hour_once_at_its_rate(db: Db) {
         (0, 16),
         "8 charges, 2 entries each, summing to 0"
     );
+    let team = tessera_domain::ids::TeamId(team_id);
     let charged = store
-        .team_charges(
-            Some(team_id),
-            h - Duration::days(1),
-            now + Duration::days(1),
-        )
+        .team_charges(Some(team), h - Duration::days(1), now + Duration::days(1))
         .await
         .expect("charges");
-    assert_eq!(charged, vec![(team_id, expected)]);
+    assert_eq!(charged, vec![(team, expected)]);
 
     // Usage as the team admin: the whole team; as the member: their own (the same here).
     let q = format!(

@@ -351,15 +351,12 @@ async fn a_share_is_billed_pro_rata() {
     let now = h + TimeDelta::hours(3);
     let r = s.billing.meter(&system, now, None).await.expect("meter");
     assert_eq!(r.hours, 2, "{r:?}");
+    let team = tessera_domain::ids::TeamId(team_id);
     let charged = store
-        .team_charges(
-            Some(team_id),
-            h - TimeDelta::days(1),
-            now + TimeDelta::days(1),
-        )
+        .team_charges(Some(team), h - TimeDelta::days(1), now + TimeDelta::days(1))
         .await
         .expect("charges");
-    assert_eq!(charged, vec![(team_id, 350)], "2 h × 1.75");
+    assert_eq!(charged, vec![(team, 350)], "2 h × 1.75");
     let admin = a.token().await;
     let q = format!(
         "from={}&to={}",

@@ -36,7 +36,7 @@ impl Allocations {
             .unwrap_or(0);
         let row = BookingRow {
             id: Uuid::new_v4(),
-            team_id: TeamId(access.team.id),
+            team_id: TeamId(access.team.id.0),
             user_id: p.user_id(),
             kind: valid.alloc.kind().clone(),
             model: model.clone(),
@@ -55,7 +55,7 @@ impl Allocations {
             .book(&row, self.policy.duration_bound(), |s| {
                 booking::admit(
                     &valid,
-                    team,
+                    team.0,
                     &booking::Standing {
                         capacity,
                         team_limit: s.team_limit.map(to_u32),
@@ -125,7 +125,7 @@ impl Allocations {
         Ok(rows
             .iter()
             .map(|r| {
-                let visible = mine.as_ref().is_none_or(|t| t.contains(&r.b.team_id.0));
+                let visible = mine.as_ref().is_none_or(|t| t.contains(&r.b.team_id));
                 view(r, visible, now)
             })
             .collect())
@@ -235,7 +235,7 @@ impl Allocations {
             // Stored by an earlier pass that stopped before linking it.
             Admitted::Duplicate => self
                 .store
-                .allocation_by_key(b.user_id.0, &key)
+                .allocation_by_key(b.user_id, &key)
                 .await
                 .map_err(internal("loading a booking's allocation"))?
                 .ok_or(AppError::Internal)?,

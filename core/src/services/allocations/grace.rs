@@ -14,7 +14,7 @@ impl Allocations {
     pub async fn grace_for(&self, team: TeamId) -> Result<Duration, AppError> {
         let own = self
             .store
-            .team_grace_secs(team.0)
+            .team_grace_secs(team)
             .await
             .map_err(internal("loading the team's grace"))?;
         Ok(drain::effective_grace(own, self.preemption_grace))
@@ -46,12 +46,12 @@ impl Allocations {
         let secs = drain::validate_grace(req, self.preemption_grace)?;
         let before = self
             .store
-            .team_grace_secs(team.0)
+            .team_grace_secs(team)
             .await
             .map_err(internal("loading the team's grace"))?;
         if !self
             .store
-            .set_team_grace_secs(team.0, secs)
+            .set_team_grace_secs(team, secs)
             .await
             .map_err(internal("storing the team's grace"))?
         {
@@ -78,7 +78,7 @@ impl Allocations {
     async fn grace_view(&self, team: TeamId) -> Result<TeamGrace, AppError> {
         let own = self
             .store
-            .team_grace_secs(team.0)
+            .team_grace_secs(team)
             .await
             .map_err(internal("loading the team's grace"))?;
         Ok(TeamGrace {

@@ -264,7 +264,7 @@ impl Allocations {
             needs_cuda: valid.needs_cuda(),
             gang_nodes: valid.nodes().map(i64::from),
             ..AllocationRow::queued(
-                TeamId(access.team.id),
+                TeamId(access.team.id.0),
                 p.user_id(),
                 valid.kind(),
                 (i64::from(valid.devices()), i64::from(valid.units())),
@@ -344,7 +344,7 @@ impl Allocations {
 
     async fn existing(&self, p: &Principal, key: &str) -> Result<Option<AllocationId>, AppError> {
         self.store
-            .allocation_by_key(p.user_id().0, key)
+            .allocation_by_key(p.user_id(), key)
             .await
             .map_err(internal("loading allocation by key"))
     }
@@ -418,7 +418,7 @@ impl Allocations {
         let page = page.clamped();
         let teams = authz::readable_teams(&self.store, p, filter.team).await?;
         let states = state_filter(filter.state.as_deref())?;
-        let user = filter.mine.then_some(p.user_id().0);
+        let user = filter.mine.then_some(p.user_id());
         let (rows, total) = self
             .store
             .list_allocations(teams.as_deref(), user, &states, page.offset, page.limit)
@@ -942,12 +942,12 @@ impl Allocations {
         let access = authz::team(&self.store, p, team, Need::Read).await?;
         let rows = self
             .store
-            .quotas(Some(team.0))
+            .quotas(Some(team))
             .await
             .map_err(internal("loading quotas"))?;
         let overridden: HashMap<String, i64> = self
             .store
-            .overridden_units(team.0)
+            .overridden_units(team)
             .await
             .map_err(internal("loading overrides"))?
             .into_iter()
@@ -1007,7 +1007,7 @@ impl Allocations {
         Quota::new(guaranteed, limit, per_user)?;
         let before = self
             .store
-            .quota(team.0, &model)
+            .quota(team, &model)
             .await
             .map_err(internal("loading quota"))?;
         let row = QuotaRow {
@@ -1019,7 +1019,7 @@ impl Allocations {
             used: before.as_ref().map_or(0, |b| b.used),
         };
         self.store
-            .set_quota(&row, p.user_id().0, self.clock.now())
+            .set_quota(&row, p.user_id(), self.clock.now())
             .await
             .map_err(internal("storing quota"))?;
         let json = |q: &QuotaRow| {
@@ -1057,7 +1057,7 @@ impl Allocations {
         let stored = grant.map(|g| g.cap.map(i64::from));
         if !self
             .store
-            .set_high_grant(team.0, stored)
+            .set_high_grant(team, stored)
             .await
             .map_err(internal("storing the high-priority grant"))?
         {

@@ -581,7 +581,7 @@ impl Workloads {
             Target::Allocation(id) => {
                 let place = self.on_allocation(p, id).await?;
                 let chosen = match image {
-                    Some(i) => Some(self.images.choose(place.team_id.0, i).await?),
+                    Some(i) => Some(self.images.choose(place.team_id, i).await?),
                     None => None,
                 };
                 if let (Some(c), Some(node)) = (&chosen, place.node_id) {
@@ -616,7 +616,7 @@ impl Workloads {
             Target::Profile(gpu) => {
                 let mut typed = gpu.clone();
                 let chosen = match image {
-                    Some(i) => Some(self.images.choose(typed.team_id.0, i).await?),
+                    Some(i) => Some(self.images.choose(typed.team_id, i).await?),
                     None => None,
                 };
                 typed.needs_cuda = chosen.as_ref().and_then(|c| c.requires_cuda);
@@ -701,12 +701,12 @@ impl Workloads {
     /// The team a GPU request of the caller's pays with (its `team_id`, else the caller's
     /// only team), which the caller must be able to read (else `team_id: no such team`,
     /// before anything of the team's catalog is looked at).
-    async fn paying_team(&self, p: &Principal, gpu: &NewAllocation) -> Result<Uuid, AppError> {
+    async fn paying_team(&self, p: &Principal, gpu: &NewAllocation) -> Result<TeamId, AppError> {
         let team = match gpu.team_id.trim() {
             "" => self.only_team(p).await?,
-            t => Uuid::parse_str(t).map_err(|_| AppError::invalid("team_id", "not a team id"))?,
+            t => TeamId::parse(t).ok_or_else(|| AppError::invalid("team_id", "not a team id"))?,
         };
-        authz::team(&self.store, p, TeamId(team), Need::Read)
+        authz::team(&self.store, p, team, Need::Read)
             .await
             .map_err(|e| match e {
                 AppError::NotFound => AppError::invalid("team_id", "no such team"),
@@ -847,7 +847,7 @@ impl Workloads {
         name: &str,
     ) -> AppError {
         if let Some(k) = key
-            && let Ok(Some(_)) = self.store.workload_by_key(p.user_id().0, k).await
+            && let Ok(Some(_)) = self.store.workload_by_key(p.user_id(), k).await
         {
             return AppError::conflict("this idempotency key was used concurrently; retry");
         }
@@ -877,7 +877,7 @@ impl Workloads {
 
     async fn by_key(&self, p: &Principal, key: &str) -> Result<Option<WorkloadId>, AppError> {
         self.store
-            .workload_by_key(p.user_id().0, key)
+            .workload_by_key(p.user_id(), key)
             .await
             .map_err(internal("loading workload by key"))
     }
@@ -986,7 +986,7 @@ impl Workloads {
     ) -> Result<Page<WorkloadView>, AppError> {
         let page = page.clamped();
         let teams = authz::readable_teams(&self.store, p, f.team).await?;
-        let user = f.mine.then_some(p.user_id().0);
+        let user = f.mine.then_some(p.user_id());
         let (rows, total) = self
             .store
             .list_workloads(

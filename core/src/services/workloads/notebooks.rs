@@ -2,6 +2,7 @@
 
 use super::*;
 use tessera_domain::audit::AuditAction;
+use tessera_domain::ids::UserId;
 
 impl Workloads {
     /// Where the proxy sends `/user/{username}/{name}/…`: the owner's live notebook.
@@ -61,7 +62,7 @@ impl Workloads {
                 &hash,
                 "code",
                 target.workload_id,
-                p.user_id().0,
+                p.user_id(),
                 now,
                 now + Duration::seconds(NOTEBOOK_CODE_TTL_SECS),
             )
@@ -101,7 +102,7 @@ impl Workloads {
                 &hash,
                 "cookie",
                 workload,
-                user,
+                UserId(user),
                 now,
                 now + Duration::hours(NOTEBOOK_PASS_TTL_HOURS),
             )
@@ -137,7 +138,7 @@ impl Workloads {
         if row.w.user_id == p.user_id() {
             let member = self
                 .store
-                .membership(row.w.team_id.0, p.user_id().0)
+                .membership(row.w.team_id, p.user_id())
                 .await
                 .map_err(internal("loading membership"))?
                 .is_some();

@@ -49,12 +49,12 @@ impl Workloads {
         let teams = match team {
             Some(t) => {
                 authz::team(&self.store, p, t, Need::Read).await?;
-                vec![t.0]
+                vec![t]
             }
             None => {
                 let (rows, _) = self
                     .store
-                    .list_user_teams(p.user_id().0, 0, 1000)
+                    .list_user_teams(p.user_id(), 0, 1000)
                     .await
                     .map_err(internal("loading teams"))?;
                 rows.into_iter()
@@ -85,7 +85,7 @@ impl Workloads {
         authz::team(&self.store, p, team, Need::ManageMembers).await?;
         // An entry of the team's catalog (platform-wide or its own), by id or name.
         let image_id = match image.map(str::trim).filter(|i| !i.is_empty()) {
-            Some(i) => Some(self.images.choose(team.0, i).await?.id),
+            Some(i) => Some(self.images.choose(team, i).await?.id),
             None => None,
         };
         let name = wl::parse_profile_name(name)?;
@@ -108,13 +108,13 @@ impl Workloads {
             .store
             .save_notebook_profile(
                 Uuid::now_v7(),
-                team.0,
+                team,
                 &name,
                 kind.trim(),
                 i64::from(minutes),
                 image_id,
                 self.clock.now(),
-                p.user_id().0,
+                p.user_id(),
             )
             .await
             .map_err(internal("storing profile"))?;
@@ -146,7 +146,7 @@ impl Workloads {
         authz::team(&self.store, p, team, Need::ManageMembers).await?;
         let gone = self
             .store
-            .delete_notebook_profile(team.0, id)
+            .delete_notebook_profile(team, id)
             .await
             .map_err(internal("deleting profile"))?;
         if !gone {
@@ -158,10 +158,10 @@ impl Workloads {
     }
 
     /// The caller's team when they belong to exactly one.
-    pub(super) async fn only_team(&self, p: &Principal) -> Result<Uuid, AppError> {
+    pub(super) async fn only_team(&self, p: &Principal) -> Result<TeamId, AppError> {
         let (teams, total) = self
             .store
-            .list_user_teams(p.user_id().0, 0, 2)
+            .list_user_teams(p.user_id(), 0, 2)
             .await
             .map_err(internal("loading teams"))?;
         match (teams.first(), total) {
