@@ -39,7 +39,7 @@ pub struct Notifications {
 /// admins; they get every team's events and the platform's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookScope {
-    Team(Uuid),
+    Team(TeamId),
     Platform,
 }
 
@@ -47,21 +47,15 @@ impl HookScope {
     /// The team, `None` for the platform's.
     pub fn team(self) -> Option<TeamId> {
         match self {
-            HookScope::Team(t) => Some(TeamId(t)),
+            HookScope::Team(t) => Some(t),
             HookScope::Platform => None,
         }
     }
 }
 
-impl From<Uuid> for HookScope {
-    fn from(team: Uuid) -> Self {
-        HookScope::Team(team)
-    }
-}
-
 impl From<TeamId> for HookScope {
     fn from(team: TeamId) -> Self {
-        HookScope::Team(team.0)
+        HookScope::Team(team)
     }
 }
 
@@ -399,7 +393,7 @@ impl Notifications {
     async fn authorize(&self, p: &Principal, scope: HookScope) -> Result<Option<bool>, AppError> {
         match scope {
             HookScope::Team(team) => {
-                let access = authz::team(&self.store, p, TeamId(team), Need::ManageMembers).await?;
+                let access = authz::team(&self.store, p, team, Need::ManageMembers).await?;
                 Ok(Some(access.team.archived))
             }
             HookScope::Platform => authz::admin(p).map(|_| None),

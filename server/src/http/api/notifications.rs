@@ -4,6 +4,7 @@
 use super::*;
 use axum::extract::State;
 use tessera_core::services::notifications::HookScope;
+use tessera_domain::ids::TeamId;
 use tessera_domain::notify::{
     DeliveryView, EmailVerificationInput, NotificationSettings, NotificationSettingsInput,
     WebhookCreated, WebhookInput, WebhookTestResult, WebhookView,
@@ -64,7 +65,7 @@ pub(super) async fn list_webhooks(
     Call(s, p): Call,
     Path(team): Path<Uuid>,
 ) -> ApiResult<Vec<WebhookView>> {
-    ok(s.notifications.webhooks(&p, team).await)
+    ok(s.notifications.webhooks(&p, TeamId::from(team)).await)
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/webhooks", tag = "notifications",
@@ -79,7 +80,11 @@ pub(super) async fn create_webhook(
     Path(team): Path<Uuid>,
     JsonBody(b): JsonBody<WebhookInput>,
 ) -> Created<WebhookCreated> {
-    created(s.notifications.create_webhook(&p, team, &b).await)
+    created(
+        s.notifications
+            .create_webhook(&p, TeamId::from(team), &b)
+            .await,
+    )
 }
 
 #[utoipa::path(get, path = "/api/v1/teams/{id}/webhooks/{hook}", tag = "notifications",
@@ -88,7 +93,7 @@ pub(super) async fn get_webhook(
     Call(s, p): Call,
     Path((team, hook)): Path<(Uuid, Uuid)>,
 ) -> ApiResult<WebhookView> {
-    ok(s.notifications.webhook(&p, team, hook).await)
+    ok(s.notifications.webhook(&p, TeamId::from(team), hook).await)
 }
 
 #[utoipa::path(put, path = "/api/v1/teams/{id}/webhooks/{hook}", tag = "notifications",
@@ -101,7 +106,9 @@ pub(super) async fn update_webhook(
     Path((team, hook)): Path<(Uuid, Uuid)>,
     JsonBody(b): JsonBody<WebhookInput>,
 ) -> ApiResult<WebhookView> {
-    ok(s.notifications.update_webhook(&p, team, hook, &b).await)
+    ok(s.notifications
+        .update_webhook(&p, TeamId::from(team), hook, &b)
+        .await)
 }
 
 #[utoipa::path(delete, path = "/api/v1/teams/{id}/webhooks/{hook}", tag = "notifications",
@@ -110,7 +117,9 @@ pub(super) async fn delete_webhook(
     Call(s, p): Call,
     Path((team, hook)): Path<(Uuid, Uuid)>,
 ) -> Result<StatusCode, ApiError> {
-    s.notifications.delete_webhook(&p, team, hook).await?;
+    s.notifications
+        .delete_webhook(&p, TeamId::from(team), hook)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -121,7 +130,9 @@ pub(super) async fn webhook_deliveries(
     Call(s, p): Call,
     Path((team, hook)): Path<(Uuid, Uuid)>,
 ) -> ApiResult<Vec<DeliveryView>> {
-    ok(s.notifications.webhook_deliveries(&p, team, hook).await)
+    ok(s.notifications
+        .webhook_deliveries(&p, TeamId::from(team), hook)
+        .await)
 }
 
 #[utoipa::path(post, path = "/api/v1/teams/{id}/webhooks/{hook}/test", tag = "notifications",
@@ -135,7 +146,9 @@ pub(super) async fn test_webhook(
 ) -> ApiResult<WebhookTestResult> {
     let sender = crate::notify::webhook::TestSender::new(state.config.public_url())
         .allowing_private(state.config.notify.webhook_allow_private);
-    ok(s.notifications.test_webhook(&p, team, hook, &sender).await)
+    ok(s.notifications
+        .test_webhook(&p, TeamId::from(team), hook, &sender)
+        .await)
 }
 
 // ---- platform-wide webhooks (platform admins) ----
