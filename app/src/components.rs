@@ -283,6 +283,20 @@ pub fn form_error<T: 'static>(
     move || error_of(value()).and_then(|e| e.general()).map(alert)
 }
 
+/// A refused action's message as an alert (`testid`): `forbidden` where the caller may not
+/// do it, else the error's own words.
+pub fn refusal(e: UiError, forbidden: &'static str, testid: &'static str) -> impl IntoView {
+    let text = match e.error {
+        AppError::Forbidden => forbidden.to_owned(),
+        other => other.to_string(),
+    };
+    view! {
+        <div class="form-error" role="alert" data-testid=testid>
+            {text}
+        </div>
+    }
+}
+
 /// What the user typed into `field`, as echoed back by a failed submission (so a form
 /// posted without JavaScript keeps its values); empty after a success, which clears the
 /// field for the next entry.

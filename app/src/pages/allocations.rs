@@ -5,7 +5,6 @@
 use crate::api::{
     self, DecideAllocation, ExtendAllocation, ReleaseAllocation, RequestAllocation, UiError,
 };
-use crate::components::alert;
 use crate::components::list_table;
 use crate::components::{
     Authenticated, Columns, Empty, Field, FieldInput, Loaded, Loading, PAGE_SIZE, When, echoed,
@@ -14,6 +13,7 @@ use crate::components::{
 use crate::components::{
     CostEstimate, EstimateInput, Topic, free_text, kind_options, load_estimate, new_key, refresher,
 };
+use crate::components::{alert, refusal};
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -463,17 +463,8 @@ fn RequestForm(
         error_of(value())
             .filter(|e| e.error.field().is_none_or(|f| !REQUEST_FIELDS.contains(&f)))
             .map(|e| {
-                let text = match e.error {
-                    AppError::Forbidden => {
-                        "You may not request GPUs for this team (viewers cannot).".to_owned()
-                    }
-                    other => other.to_string(),
-                };
-                view! {
-                    <div class="form-error" role="alert" data-testid="request-error">
-                        {text}
-                    </div>
-                }
+                let forbidden = "You may not request GPUs for this team (viewers cannot).";
+                refusal(e, forbidden, "request-error")
             })
     };
     view! {
@@ -1162,26 +1153,19 @@ fn ApprovalBox(
                         }
                     })}
                 <div class="buttons">
-                    <button
-                        type="submit"
-                        name="approve"
-                        value="true"
-                        class="primary"
-                        data-testid="approve"
-                        disabled=move || action.pending().get()
-                    >
-                        "Approve"
-                    </button>
-                    <button
-                        type="submit"
-                        name="approve"
-                        value="false"
-                        class="danger"
-                        data-testid="deny"
-                        disabled=move || action.pending().get()
-                    >
-                        "Deny"
-                    </button>
+                    {[("true", "primary", "approve", "Approve"), ("false", "danger", "deny", "Deny")]
+                        .map(|(approve, class, testid, label)| view! {
+                            <button
+                                type="submit"
+                                name="approve"
+                                value=approve
+                                class=class
+                                data-testid=testid
+                                disabled=move || action.pending().get()
+                            >
+                                {label}
+                            </button>
+                        })}
                 </div>
             </ActionForm>
         </section>

@@ -177,9 +177,20 @@ fn FilterForm(f: Filter, d: UsageData, error: Option<UiError>) -> impl IntoView 
         })
     };
     let (from_error, to_error) = (field("from"), field("to"));
-    let from_invalid = from_error.is_some().then_some("true");
-    let to_invalid = to_error.is_some().then_some("true");
     let team_error = field("team");
+    let dates = [("from", "From", &f.from), ("to", "To", &f.to)].map(|(name, label, value)| {
+        let invalid = field(name).is_some().then_some("true");
+        view! {
+            <label for=format!("usage-{name}")>{label}</label>
+            <input
+                id=format!("usage-{name}")
+                name=name
+                type="date"
+                value=value.clone()
+                aria-invalid=invalid
+            />
+        }
+    });
     view! {
         <Form method="get" action="/usage" attr:class="filters" attr:data-testid="usage-filter">
             <label for="usage-team">"Team"</label>
@@ -187,22 +198,7 @@ fn FilterForm(f: Filter, d: UsageData, error: Option<UiError>) -> impl IntoView 
                 {all}
                 {options}
             </select>
-            <label for="usage-from">"From"</label>
-            <input
-                id="usage-from"
-                name="from"
-                type="date"
-                value=f.from.clone()
-                aria-invalid=from_invalid
-            />
-            <label for="usage-to">"To"</label>
-            <input
-                id="usage-to"
-                name="to"
-                type="date"
-                value=f.to.clone()
-                aria-invalid=to_invalid
-            />
+            {dates}
             <button type="submit">"Show"</button>
             <span class="hint">"Empty dates: this month so far. Both days are included."</span>
         </Form>
@@ -416,41 +412,16 @@ fn CostChart(days: Vec<UsageRow>, currency: String) -> impl IntoView {
                 chart::day_label(&d.key),
                 money(d.totals.cost_minor, &currency)
             );
-            view! {
-                <rect
-                    class="bar cost"
-                    x=chart::coord(b.x)
-                    y=chart::coord(b.y)
-                    width=chart::coord(b.width)
-                    height=chart::coord(b.height)
-                    data-day=d.key.clone()
-                >
-                    <title>{title}</title>
-                </rect>
-            }
+            view! { <g data-day=d.key.clone()>{bar_rect("bar cost", &b, title)}</g> }
         })
         .collect_view();
-    let days_axis = day_axis(&days);
-    view! {
-        <figure class="chart">
-            <svg
-                viewBox=format!("0 0 {} {}", chart::WIDTH, chart::HEIGHT)
-                role="img"
-                aria-label=label
-                data-testid="cost-chart"
-            >
-                <g class="grid">{grid}</g>
-                <g class="bars">{bars}</g>
-                <g class="days">{days_axis}</g>
-            </svg>
-            <figcaption class="legend">
-                <span class="legend-item">
-                    <span class="swatch cost"></span>
-                    {format!("cost per day ({currency})")}
-                </span>
-            </figcaption>
-        </figure>
-    }
+    let legend = view! {
+        <span class="legend-item">
+            <span class="swatch cost"></span>
+            {format!("cost per day ({currency})")}
+        </span>
+    };
+    day_chart(label, "cost-chart", grid, bars, day_axis(&days), legend)
 }
 
 #[component]
@@ -486,51 +457,63 @@ fn GpuChart(days: Vec<UsageRow>) -> impl IntoView {
             );
             view! {
                 <g data-day=d.key.clone()>
-                    <rect
-                        class="bar allocated"
-                        x=chart::coord(a.x)
-                        y=chart::coord(a.y)
-                        width=chart::coord(a.width)
-                        height=chart::coord(a.height)
-                    >
-                        <title>{allocated_title}</title>
-                    </rect>
-                    <rect
-                        class="bar active"
-                        x=chart::coord(b.x)
-                        y=chart::coord(b.y)
-                        width=chart::coord(b.width)
-                        height=chart::coord(b.height)
-                    >
-                        <title>{active_title}</title>
-                    </rect>
+                    {bar_rect("bar allocated", &a, allocated_title)}
+                    {bar_rect("bar active", &b, active_title)}
                 </g>
             }
         })
         .collect_view();
-    let days_axis = day_axis(&days);
+    let legend = view! {
+        <span class="legend-item">
+            <span class="swatch allocated"></span>
+            "allocated GPU-hours"
+        </span>
+        <span class="legend-item">
+            <span class="swatch active"></span>
+            "active GPU-hours (GPU busy)"
+        </span>
+    };
+    day_chart(label, "gpu-chart", grid, bars, day_axis(&days), legend)
+}
+
+/// One bar of a day chart, its value in its tooltip.
+fn bar_rect(class: &'static str, b: &chart::Bar, title: String) -> impl IntoView {
+    view! {
+        <rect
+            class=class
+            x=chart::coord(b.x)
+            y=chart::coord(b.y)
+            width=chart::coord(b.width)
+            height=chart::coord(b.height)
+        >
+            <title>{title}</title>
+        </rect>
+    }
+}
+
+/// A chart of days: its grid, bars and day axis, described by `label` to a screen reader,
+/// and its legend.
+fn day_chart(
+    label: String,
+    testid: &'static str,
+    grid: impl IntoView,
+    bars: impl IntoView,
+    days: impl IntoView,
+    legend: impl IntoView,
+) -> impl IntoView {
     view! {
         <figure class="chart">
             <svg
                 viewBox=format!("0 0 {} {}", chart::WIDTH, chart::HEIGHT)
                 role="img"
                 aria-label=label
-                data-testid="gpu-chart"
+                data-testid=testid
             >
                 <g class="grid">{grid}</g>
                 <g class="bars">{bars}</g>
-                <g class="days">{days_axis}</g>
+                <g class="days">{days}</g>
             </svg>
-            <figcaption class="legend">
-                <span class="legend-item">
-                    <span class="swatch allocated"></span>
-                    "allocated GPU-hours"
-                </span>
-                <span class="legend-item">
-                    <span class="swatch active"></span>
-                    "active GPU-hours (GPU busy)"
-                </span>
-            </figcaption>
+            <figcaption class="legend">{legend}</figcaption>
         </figure>
     }
 }

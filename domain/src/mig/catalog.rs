@@ -439,6 +439,22 @@ fn profile(id: u32, name: &str, g: u8, mem: u8, max: u8, starts: &[u8], gib_x100
 /// The A100/H100/H200/B200 family share IDs and slice structure (8 memory,
 /// 7 compute slices); only names and memory differ. `gib` holds the GiB of
 /// 1 slice, 2 slices, 4 slices and 8 slices (×1000).
+/// Boards with seven compute slices, after A100-40GB: the model, the memory in the names of
+/// its 1-, 2-, 4- and 8-slice-memory profiles, and their memory (MiB).
+#[rustfmt::skip]
+const SEVEN_SLICE: [(&str, [&str; 4], [u64; 4]); 5] = [
+    // 7g memory is unverified for A100-80GB; 79.25 GiB as on H100-80GB.
+    ("A100-80GB", ["10gb", "20gb", "40gb", "80gb"], [9500, 19500, 39250, 79250]),
+    // Read from an H100 80GB HBM3 on driver 580.159.04 (tests/hardware/).
+    ("H100-80GB", ["10gb", "20gb", "40gb", "80gb"], [9750, 19625, 39500, 79250]),
+    ("H100-94GB", ["12gb", "24gb", "47gb", "94gb"], [10750, 21620, 46380, 93120]),
+    // Read from an H200 on driver 580.159.04 (tests/hardware/).
+    ("H200-141GB", ["18gb", "35gb", "71gb", "141gb"], [16000, 32500, 69750, 140000]),
+    // B200 placements and the 3g/4g/7g memory are not published; derived from the shared
+    // slice structure (mig.md §1.2, §6).
+    ("B200-180GB", ["23gb", "45gb", "90gb", "180gb"], [20500, 44250, 88500, 177000]),
+];
+
 fn seven_slice(name: &str, mem_names: [&str; 4], gib: [u64; 4]) -> GpuModel {
     let [m1, m2, m4, m8] = mem_names;
     let profiles = vec![
@@ -498,45 +514,20 @@ fn builtin_models() -> Vec<GpuModel> {
     );
     a100_40.profiles[2].name = "1g.10gb".to_owned();
     a100_40.profiles[3].name = "2g.10gb".to_owned();
-    vec![
-        a30,
-        a100_40,
-        // 7g memory is unverified for A100-80GB; 79.25 GiB as on H100-80GB.
-        seven_slice(
-            "A100-80GB",
-            ["10gb", "20gb", "40gb", "80gb"],
-            [9500, 19500, 39250, 79250],
-        ),
-        seven_slice(
-            "H100-80GB",
-            ["10gb", "20gb", "40gb", "80gb"],
-            // Read from an H100 80GB HBM3 on driver 580.159.04 (tests/hardware/).
-            [9750, 19625, 39500, 79250],
-        ),
-        seven_slice(
-            "H100-94GB",
-            ["12gb", "24gb", "47gb", "94gb"],
-            [10750, 21620, 46380, 93120],
-        ),
-        seven_slice(
-            "H200-141GB",
-            ["18gb", "35gb", "71gb", "141gb"],
-            // Read from an H200 on driver 580.159.04 (tests/hardware/).
-            [16000, 32500, 69750, 140000],
-        ),
-        // B200 placements and the 3g/4g/7g memory are not published; derived
-        // from the shared slice structure (mig.md §1.2, §6).
-        seven_slice(
-            "B200-180GB",
-            ["23gb", "45gb", "90gb", "180gb"],
-            [20500, 44250, 88500, 177000],
-        ),
-        // Without MIG: whole GPUs and shares only. Memory as the driver reports it
-        // (`memory.total`, MiB) on common boards.
+    let mut models = vec![a30, a100_40];
+    models.extend(
+        SEVEN_SLICE
+            .iter()
+            .map(|(name, mem, mib)| seven_slice(name, *mem, *mib)),
+    );
+    // Without MIG: whole GPUs and shares only. Memory as the driver reports it
+    // (`memory.total`, MiB) on common boards.
+    models.extend([
         GpuModel::without_mig("T4-16GB", 15_360),
         GpuModel::without_mig("L4-24GB", 23_034),
         GpuModel::without_mig("A10-24GB", 23_028),
-    ]
+    ]);
+    models
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::components::{
     error_of, field_error, list_table, now, pager_with, relative, timestamp,
 };
 use crate::components::{CostEstimate, EstimateInput, Topic, load_estimate, refresher};
-use crate::components::{alert, confirm_or_cancel};
+use crate::components::{alert, confirm_or_cancel, refusal};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::Form;
@@ -158,17 +158,8 @@ fn StopButton(
 fn stop_error(action: ServerAction<StopWorkload>) -> impl IntoView {
     move || {
         error_of(action.value().get()).map(|e| {
-            let text = match e.error {
-                AppError::Forbidden => {
-                    "Only its owner, a team admin or a platform admin may stop it.".to_owned()
-                }
-                other => other.to_string(),
-            };
-            view! {
-                <div class="form-error" role="alert" data-testid="stop-error">
-                    {text}
-                </div>
-            }
+            let forbidden = "Only its owner, a team admin or a platform admin may stop it.";
+            refusal(e, forbidden, "stop-error")
         })
     }
 }

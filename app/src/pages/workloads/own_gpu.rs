@@ -231,23 +231,11 @@ pub(super) fn OwnGpuFields(
     });
     // Jobs: the nodes, and once more than one, who runs the command.
     let nodes_field = (kind == WorkloadKind::Job).then(|| {
-        view! {
-            <div>
-                <label for="job-nodes">"Nodes"</label>
-                <input
-                    id="job-nodes"
-                    name="nodes"
-                    type="number"
-                    min="1"
-                    inputmode="numeric"
-                    value="1"
-                    data-testid="own-gpu-nodes"
-                    prop:value=move || chosen_nodes.get()
-                    on:input=move |ev| chosen_nodes.set(event_target_value(&ev))
-                />
-                {errors.run("nodes")}
-            </div>
-        }
+        let nodes = NumberField {
+            testid: Some("own-gpu-nodes"),
+            ..NumberField::new(prefix, "nodes", chosen_nodes)
+        };
+        nodes.view("Nodes", errors.run("nodes"))
     });
     let gang_fields = (kind == WorkloadKind::Job).then(|| {
         let hint = move || {
@@ -306,36 +294,10 @@ pub(super) fn OwnGpuFields(
                     {errors.run("gpu")}
                 </div>
                 {nodes_field}
-                <div>
-                    <label for=format!("{prefix}-count")>{count_label}</label>
-                    <input
-                        id=format!("{prefix}-count")
-                        name="count"
-                        type="number"
-                        min="1"
-                        inputmode="numeric"
-                        value="1"
-                        prop:value=move || chosen_count.get()
-                        on:input=move |ev| chosen_count.set(event_target_value(&ev))
-                    />
-                    {errors.run("count")}
-                    {errors.run("gpus_per_node")}
-                </div>
-                <div>
-                    <label for=format!("{prefix}-hours")>{hours_label}</label>
-                    <input
-                        id=format!("{prefix}-hours")
-                        name="hours"
-                        type="number"
-                        min="1"
-                        inputmode="numeric"
-                        placeholder="8"
-                        prop:value=move || chosen_hours.get()
-                        on:input=move |ev| chosen_hours.set(event_target_value(&ev))
-                    />
-                    {errors.run("hours")}
-                    {errors.run("duration_minutes")}
-                </div>
+                {NumberField::new(prefix, "count", chosen_count)
+                    .view(count_label, (errors.run("count"), errors.run("gpus_per_node")))}
+                {NumberField { placeholder: Some("8"), ..NumberField::new(prefix, "hours", chosen_hours) }
+                    .view(hours_label, (errors.run("hours"), errors.run("duration_minutes")))}
                 {priority_field}
                 {team_field}
             </div>
@@ -381,5 +343,55 @@ pub(super) fn gang_fits(nodes: u32, per_node: u32, free: Option<u32>, free_text:
             "Waits: {free_text}; it needs {needed} in all, {per_node} on each of {nodes} \
              nodes, and queues until they are free at once."
         )
+    }
+}
+
+/// A whole-number field of the fieldset (`{prefix}-{name}`), kept in `value`. The server
+/// renders the value it starts with (`1`, or empty under a `placeholder`).
+struct NumberField {
+    id: String,
+    name: &'static str,
+    value: RwSignal<String>,
+    placeholder: Option<&'static str>,
+    testid: Option<&'static str>,
+}
+
+impl NumberField {
+    fn new(prefix: &str, name: &'static str, value: RwSignal<String>) -> Self {
+        NumberField {
+            id: format!("{prefix}-{name}"),
+            name,
+            value,
+            placeholder: None,
+            testid: None,
+        }
+    }
+
+    /// The label, the input and, under it, `errors`.
+    fn view(
+        self,
+        label: impl IntoView + 'static,
+        errors: impl IntoView + 'static,
+    ) -> impl IntoView {
+        let value = self.value;
+        let start = value.get_untracked();
+        view! {
+            <div>
+                <label for=self.id.clone()>{label}</label>
+                <input
+                    id=self.id
+                    name=self.name
+                    type="number"
+                    min="1"
+                    inputmode="numeric"
+                    value=(!start.is_empty()).then_some(start)
+                    placeholder=self.placeholder
+                    data-testid=self.testid
+                    prop:value=move || value.get()
+                    on:input=move |ev| value.set(event_target_value(&ev))
+                />
+                {errors}
+            </div>
+        }
     }
 }
