@@ -17,12 +17,10 @@ from mpi4py import MPI
 
 
 def own_ip(toward):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
+    """The source address of a UDP socket "connected" toward `toward` (nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((toward, 9))
         return s.getsockname()[0]
-    finally:
-        s.close()
 
 
 def main():

@@ -17,12 +17,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-ip netns add "$a"
-ip netns add "$b"
-ip -n "$a" link add eth0 type veth peer name eth0 netns "$b"
-ip -n "$a" addr add "$addr_a/24" dev eth0
-ip -n "$b" addr add "$addr_b/24" dev eth0
-for n in "$a" "$b"; do ip -n "$n" link set lo up; ip -n "$n" link set eth0 up; done
+. "$here/netns_pair.sh"
+netns_pair "$a" "$b" "$addr_a" "$addr_b"
 runas=()
 [ -n "${TGANG_UID:-}" ] && runas=(setpriv --reuid="$TGANG_UID" --regid="$TGANG_UID" --clear-groups env HOME=/tmp)
 export JAX_COORDINATOR_ADDRESS=$addr_a:29500 JAX_NUM_PROCESSES=2

@@ -26,15 +26,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ip netns add "$a"
-ip netns add "$b"
-ip -n "$a" link add eth0 type veth peer name eth0 netns "$b"
-ip -n "$a" addr add "$addr_a/24" dev eth0
-ip -n "$b" addr add "$addr_b/24" dev eth0
-for n in "$a" "$b"; do
-    ip -n "$n" link set lo up
-    ip -n "$n" link set eth0 up
-done
+. "$here/netns_pair.sh"
+netns_pair "$a" "$b" "$addr_a" "$addr_b"
 
 # What the agent sets up in every gang member (see docs/agent.md, "Gang jobs").
 mkdir -p "$work/bin"

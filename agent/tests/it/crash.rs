@@ -15,7 +15,8 @@ struct Scenario {
     /// Instances (by `profile@start`) that run a process throughout.
     busy: &'static [&'static str],
     want_mode: MigMode,
-    want: Layout,
+    /// The layout to converge to, as `profile@start` instances separated by spaces.
+    want: &'static str,
 }
 
 const SCENARIOS: &[Scenario] = &[
@@ -25,7 +26,7 @@ const SCENARIOS: &[Scenario] = &[
         start: &sevens("1g.5gb"),
         busy: &[],
         want_mode: MigMode::Enabled,
-        want: &[("4g.20gb", 0), ("3g.20gb", 4)],
+        want: "4g.20gb@0 3g.20gb@4",
     },
     Scenario {
         model: A100,
@@ -33,14 +34,7 @@ const SCENARIOS: &[Scenario] = &[
         start: &[("4g.20gb", 0), ("2g.10gb", 4), ("1g.5gb", 6)],
         busy: &["1g.5gb@6"],
         want_mode: MigMode::Enabled,
-        want: &[
-            ("1g.5gb", 0),
-            ("1g.5gb", 1),
-            ("1g.5gb", 2),
-            ("1g.5gb", 3),
-            ("2g.10gb", 4),
-            ("1g.5gb", 6),
-        ],
+        want: "1g.5gb@0 1g.5gb@1 1g.5gb@2 1g.5gb@3 2g.10gb@4 1g.5gb@6",
     },
     Scenario {
         // The busy 2g@4 blocks 3g@4: the end state is "failed: busy" with
@@ -50,13 +44,7 @@ const SCENARIOS: &[Scenario] = &[
         start: &[("4g.20gb", 0), ("2g.10gb", 4), ("1g.5gb", 6)],
         busy: &["2g.10gb@4"],
         want_mode: MigMode::Enabled,
-        want: &[
-            ("1g.5gb", 0),
-            ("1g.5gb", 1),
-            ("1g.5gb", 2),
-            ("1g.5gb", 3),
-            ("3g.20gb", 4),
-        ],
+        want: "1g.5gb@0 1g.5gb@1 1g.5gb@2 1g.5gb@3 3g.20gb@4",
     },
     Scenario {
         model: H100,
@@ -64,7 +52,7 @@ const SCENARIOS: &[Scenario] = &[
         start: &[],
         busy: &[],
         want_mode: MigMode::Enabled,
-        want: &sevens("1g.10gb"),
+        want: "1g.10gb@0 1g.10gb@1 1g.10gb@2 1g.10gb@3 1g.10gb@4 1g.10gb@5 1g.10gb@6",
     },
     Scenario {
         model: H100,
@@ -72,12 +60,7 @@ const SCENARIOS: &[Scenario] = &[
         start: &sevens("1g.10gb"),
         busy: &["1g.10gb@3"],
         want_mode: MigMode::Enabled,
-        want: &[
-            ("2g.20gb", 0),
-            ("1g.10gb", 2),
-            ("1g.10gb", 3),
-            ("3g.40gb", 4),
-        ],
+        want: "2g.20gb@0 1g.10gb@2 1g.10gb@3 3g.40gb@4",
     },
     Scenario {
         model: H100,
@@ -85,7 +68,7 @@ const SCENARIOS: &[Scenario] = &[
         start: &[("3g.40gb", 0), ("3g.40gb", 4)],
         busy: &[],
         want_mode: MigMode::Disabled,
-        want: &[],
+        want: "",
     },
 ];
 
@@ -106,10 +89,21 @@ fn setup(sc: &Scenario) -> (SimNode, String, Vec<String>) {
     (node, gpu, busy)
 }
 
+/// `profile@start` instances separated by spaces, as a layout.
+fn instances(names: &'static str) -> Vec<(&'static str, u8)> {
+    names
+        .split_whitespace()
+        .map(|i| {
+            let (profile, start) = i.split_once('@').expect("profile@start");
+            (profile, start.parse().expect("start"))
+        })
+        .collect()
+}
+
 fn want(sc: &Scenario, gpu: &str) -> DesiredGpuState {
     DesiredGpuState {
         mode: sc.want_mode,
-        ..desired(gpu, sc.want, 1)
+        ..desired(gpu, &instances(sc.want), 1)
     }
 }
 
@@ -161,21 +155,15 @@ fn crash_at_any_point_then_restart_converges_without_touching_busy_instances() {
         let expected = if sc
             .busy
             .iter()
-            .any(|b| !sc.want.iter().any(|(p, s)| format!("{p}@{s}") == *b))
+            .any(|b| !sc.want.split_whitespace().any(|w| w == *b))
         {
             ApplyState::Failed
         } else {
             ApplyState::Success
         };
         assert_eq!(out.state, expected, "scenario {n}: {out:?}");
-        check_end(
-            sc,
-            &node,
-            &gpu,
-            &busy,
-            &reference,
-            &format!("scenario {n} reference"),
-        );
+        let case = format!("scenario {n} reference");
+        check_end(sc, &node, &gpu, &busy, &reference, &case);
 
         // One crash after k calls, for every k.
         for k in 0..calls {
@@ -186,14 +174,8 @@ fn crash_at_any_point_then_restart_converges_without_touching_busy_instances() {
             node.revive();
             let out = apply(&node, &want(sc, &gpu));
             assert_eq!(out.state, reference.0, "scenario {n} k={k}: {out:?}");
-            check_end(
-                sc,
-                &node,
-                &gpu,
-                &busy,
-                &reference,
-                &format!("scenario {n} k={k}"),
-            );
+            let case = format!("scenario {n} k={k}");
+            check_end(sc, &node, &gpu, &busy, &reference, &case);
             single += 1;
         }
 

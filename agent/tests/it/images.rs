@@ -192,6 +192,23 @@ async fn run_until_ended(a: &mut Agent<&FakeServer>, server: &FakeServer, ids: &
     }
 }
 
+/// Runs workload rounds until `done()` holds; fails showing the latest report.
+async fn rounds_until(a: &mut Agent<&FakeServer>, server: &FakeServer, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        a.workload_round().await.unwrap();
+        if done() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{:#?}",
+            server.with(|s| s.workload_reports.last().cloned())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn log_of(server: &FakeServer, id: &str) -> String {
     server.with(|s| s.logs.get(id).map(|l| l.text.clone()).unwrap_or_default())
 }
@@ -340,24 +357,15 @@ async fn ten_workloads_on_one_image_fetch_it_once_and_an_image_in_use_is_never_c
     let mut all = ten.clone();
     all.push(brief.clone());
     server.with(|s| s.workloads = all.clone());
-    let deadline = Instant::now() + WAIT;
-    loop {
-        a.workload_round().await.unwrap();
+    rounds_until(&mut a, &server, || {
         let running = ten.iter().all(|s| {
             reports_of(&server, &s.id)
                 .last()
                 .is_some_and(|r| r.phase == WorkloadPhase::Running)
         });
-        if running && reports_of(&server, "brief").last().is_some_and(ended) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{:#?}",
-            server.with(|s| s.workload_reports.last().cloned())
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        running && reports_of(&server, "brief").last().is_some_and(ended)
+    })
+    .await;
     for blob in [shared.layer_digest(), shared.config_digest()] {
         assert_eq!(reg.blob_gets(&blob), 1, "{blob}");
     }
@@ -533,21 +541,12 @@ async fn over_tls_with_the_registry_ca_the_right_login_pulls_and_a_wrong_one_fai
     let wrong = with_login("wrong-login", BAD);
     let right = with_login("right-login", GOOD);
     server.with(|s| s.workloads = vec![wrong.clone(), right.clone()]);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        a.workload_round().await.unwrap();
+    rounds_until(&mut a, &server, || {
         let failed = reports_of(&server, "wrong-login").last().is_some_and(ended);
         let runs = log_of(&server, "right-login").contains("ID=tessera-private-tls");
-        if failed && runs {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{:#?}",
-            server.with(|s| s.workload_reports.last().cloned())
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        failed && runs
+    })
+    .await;
     let r = reports_of(&server, "wrong-login").pop().unwrap();
     assert_eq!(r.phase, WorkloadPhase::FailedToStart);
     let message = r.message.unwrap();

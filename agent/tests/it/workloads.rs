@@ -18,7 +18,7 @@ use tessera_agent::workloads::{LocalExecutor, parse_stat};
 use tessera_domain::wire::{LogAck, WorkloadPhase, WorkloadReport, WorkloadSpec, WorkloadSync};
 use tessera_domain::workload::{EnvVar, WorkloadKind};
 
-use crate::support::{FakeServer, H100, run_config, sync};
+use crate::support::{FakeServer, H100, report_until, run_config, sync, whole_file};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -42,20 +42,6 @@ fn find<'a>(reports: &'a [WorkloadReport], id: &str) -> &'a WorkloadReport {
         .iter()
         .find(|r| r.id == id)
         .unwrap_or_else(|| panic!("no report for {id}: {reports:#?}"))
-}
-
-/// Reports every 50 ms until `done` holds for the report of `id` (at most [`WAIT`]).
-async fn until(
-    ex: &mut LocalExecutor,
-    id: &str,
-    what: &str,
-    done: impl Fn(&WorkloadReport) -> bool,
-) -> WorkloadReport {
-    crate::support::report_until(ex, id, what, WAIT, done).await
-}
-
-async fn wait_for_file(path: &Path) -> String {
-    crate::support::whole_file(path, WAIT).await
 }
 
 /// Whether a process exists and has not exited (a zombie waiting for its parent,
@@ -99,7 +85,7 @@ async fn a_job_exits_with_its_code_and_ships_its_log_once() {
     let mut ex = open(dir.path());
     let spec = job("j1", &["sh", "-c", "echo one; echo two; exit 3"]);
     ex.apply(&sync(std::slice::from_ref(&spec)));
-    let r = until(&mut ex, "j1", "exited", |r| {
+    let r = report_until(&mut ex, "j1", "exited", WAIT, |r| {
         r.phase == WorkloadPhase::Exited
     })
     .await;
@@ -175,19 +161,19 @@ async fn stopping_kills_the_whole_process_group() {
     );
     ex.apply(&sync(std::slice::from_ref(&spec)));
     let ws = ex.root().join("workspaces/team-1");
-    let bg: u32 = wait_for_file(&ws.join("bg.pid"))
+    let bg: u32 = whole_file(&ws.join("bg.pid"), WAIT)
         .await
         .trim()
         .parse()
         .unwrap();
-    let fg: u32 = wait_for_file(&ws.join("fg.pid"))
+    let fg: u32 = whole_file(&ws.join("fg.pid"), WAIT)
         .await
         .trim()
         .parse()
         .unwrap();
     let pgid = ex.pid("j2").unwrap();
     let _guard = KillOnDrop(pgid);
-    let r = until(&mut ex, "j2", "running", |r| {
+    let r = report_until(&mut ex, "j2", "running", WAIT, |r| {
         r.phase == WorkloadPhase::Running
     })
     .await;
@@ -196,7 +182,7 @@ async fn stopping_kills_the_whole_process_group() {
     assert!(group_members(pgid).len() >= 4, "wrapper, sh, two sleeps");
 
     ex.apply(&sync(&[stopped(&spec)]));
-    let r = until(&mut ex, "j2", "exited", |r| {
+    let r = report_until(&mut ex, "j2", "exited", WAIT, |r| {
         r.phase == WorkloadPhase::Exited
     })
     .await;
@@ -223,7 +209,7 @@ async fn processes_ignoring_sigterm_get_sigkill() {
     );
     ex.apply(&sync(&[spec]));
     let ws = ex.root().join("workspaces/team-1");
-    let sleeper: u32 = wait_for_file(&ws.join("s.pid"))
+    let sleeper: u32 = whole_file(&ws.join("s.pid"), WAIT)
         .await
         .trim()
         .parse()
@@ -253,7 +239,7 @@ async fn a_restarted_agent_adopts_running_workloads_and_reports_dead_ones() {
     let mut first = open(dir.path());
     let spec = job("long", &["sh", "-c", "echo started; exec sleep 300"]);
     first.apply(&sync(std::slice::from_ref(&spec)));
-    until(&mut first, "long", "running", |r| {
+    report_until(&mut first, "long", "running", WAIT, |r| {
         r.phase == WorkloadPhase::Running && r.log.as_ref().is_some_and(|l| l.text == "started\n")
     })
     .await;
@@ -323,7 +309,7 @@ async fn a_restarted_agent_adopts_running_workloads_and_reports_dead_ones() {
 
     // The new agent can stop what it adopted (it is not its parent).
     second.apply(&sync(&[stopped(&spec)]));
-    let r = until(&mut second, "long", "exited", |r| {
+    let r = report_until(&mut second, "long", "exited", WAIT, |r| {
         r.phase == WorkloadPhase::Exited
     })
     .await;
@@ -365,7 +351,7 @@ async fn the_environment_names_the_devices_and_never_the_agents_secrets() {
         },
     ];
     ex.apply(&sync(&[spec]));
-    let r = until(&mut ex, "env", "exited", |r| {
+    let r = report_until(&mut ex, "env", "exited", WAIT, |r| {
         r.phase == WorkloadPhase::Exited
     })
     .await;
@@ -447,7 +433,7 @@ async fn a_notebook_is_running_once_it_answers_with_its_token() {
         .parse()
         .unwrap();
     assert_ne!(port, 0);
-    let r = until(&mut ex, "nb", "running", |r| {
+    let r = report_until(&mut ex, "nb", "running", WAIT, |r| {
         r.phase == WorkloadPhase::Running
     })
     .await;
@@ -469,7 +455,7 @@ async fn a_notebook_is_running_once_it_answers_with_its_token() {
     assert_eq!(anonymous.status(), 403);
 
     ex.apply(&sync(&[stopped(&spec)]));
-    let r = until(&mut ex, "nb", "exited", |r| {
+    let r = report_until(&mut ex, "nb", "exited", WAIT, |r| {
         r.phase == WorkloadPhase::Exited
     })
     .await;
@@ -515,7 +501,10 @@ async fn a_notebooks_program_comes_from_the_notebook_environment() {
     ];
     ex.apply(&sync(&all));
     for id in ["nb", "abs", "path"] {
-        let r = until(&mut ex, id, "exited", |r| r.phase == WorkloadPhase::Exited).await;
+        let r = report_until(&mut ex, id, "exited", WAIT, |r| {
+            r.phase == WorkloadPhase::Exited
+        })
+        .await;
         assert_eq!(r.exit_code, Some(0), "{r:?}");
         let log = r.log.unwrap().text;
         match id {

@@ -4,9 +4,9 @@
 //! (SQLite: `tessera backup` copies the embedded store; PostgreSQL uses pg_dump.)
 
 use crate::allocations::{set_quota, team};
-use crate::support::{AdminClient, Db, call_with_token, get_as};
+use crate::support::{AdminClient, Db, TestApp, get_as, post_as};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use tessera_core::store::Store;
 
@@ -40,6 +40,17 @@ fn mode(path: &std::path::Path) -> u32 {
         & 0o777
 }
 
+/// `POST body` to `path` as `token`, which creates a workload: the workload.
+async fn create(app: &TestApp, token: &str, path: &str, body: Value) -> Value {
+    let (s, v) = post_as(app, token, path, body).await;
+    assert_eq!(s, 201, "{v}");
+    v
+}
+
+fn workload_id(v: &Value) -> tessera_domain::ids::WorkloadId {
+    tessera_domain::ids::WorkloadId::parse(v["id"].as_str().expect("id")).expect("uuid")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_holds_no_session_token_or_secret_in_clear() {
     let mut a = AdminClient::new(Db::Sqlite).await;
@@ -51,29 +62,20 @@ async fn a_backup_holds_no_session_token_or_secret_in_clear() {
 
     // A notebook (it has a token) and a job, each with a secret in its environment; no
     // node, so both wait for their own GPU.
-    let (s, nb) = call_with_token(
+    let nb = create(
         &a.app,
         &t.member,
-        Method::POST,
         "/api/v1/notebooks",
-        Some(json!({"name": "nb-at-rest", "gpu": "H100-80GB:1g.10gb",
-                    "env": {"WANDB_API_KEY": SECRET}})),
+        json!({"name": "nb-at-rest", "gpu": "H100-80GB:1g.10gb",
+               "env": {"WANDB_API_KEY": SECRET}}),
     )
     .await;
-    assert_eq!(s, 201, "{nb}");
-    let (s, job) = call_with_token(
-        &a.app,
-        &t.member,
-        Method::POST,
-        "/api/v1/jobs",
-        Some(json!({"command": "true", "gpu": "H100-80GB:1g.10gb",
-                    "env": {"HF_TOKEN": format!("{SECRET}-job")}})),
-    )
-    .await;
-    assert_eq!(s, 201, "{job}");
+    let env = json!({"HF_TOKEN": format!("{SECRET}-job")});
+    let job = json!({"command": "true", "gpu": "H100-80GB:1g.10gb", "env": env});
+    create(&a.app, &t.member, "/api/v1/jobs", job).await;
     // The owner still reads the value back.
     assert_eq!(nb["env"][0]["value"], SECRET, "{nb}");
-    let id = tessera_domain::ids::WorkloadId::parse(nb["id"].as_str().expect("id")).expect("uuid");
+    let id = workload_id(&nb);
     let store = Store::connect(&a.app.database_url).await.expect("store");
     let row = store.workload(id).await.expect("load").expect("row");
     store.close().await;
@@ -182,17 +184,15 @@ async fn rows_in_clear_and_under_a_retired_key_are_sealed_under_the_newest_at_st
     let mut a = AdminClient::new(Db::Sqlite).await;
     let t = team(&a, "rotate").await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
-    let (s, nb) = call_with_token(
+    let nb = create(
         &a.app,
         &t.member,
-        Method::POST,
         "/api/v1/notebooks",
-        Some(json!({"name": "nb-rotate", "gpu": "H100-80GB:1g.10gb",
-                    "env": {"WANDB_API_KEY": SECRET}})),
+        json!({"name": "nb-rotate", "gpu": "H100-80GB:1g.10gb",
+               "env": {"WANDB_API_KEY": SECRET}}),
     )
     .await;
-    assert_eq!(s, 201, "{nb}");
-    let id = tessera_domain::ids::WorkloadId::parse(nb["id"].as_str().expect("id")).expect("uuid");
+    let id = workload_id(&nb);
     let url = a.app.database_url.clone();
     let old = a.app.data_keys().ids()[0].to_owned();
     assert_eq!(
@@ -200,17 +200,14 @@ async fn rows_in_clear_and_under_a_retired_key_are_sealed_under_the_newest_at_st
         (Some(old.clone()), Some(old.clone()))
     );
     // A row as an older release wrote it: in clear.
-    let (s, job) = call_with_token(
+    let job = create(
         &a.app,
         &t.member,
-        Method::POST,
         "/api/v1/jobs",
-        Some(json!({"command": "true", "gpu": "H100-80GB:1g.10gb"})),
+        json!({"command": "true", "gpu": "H100-80GB:1g.10gb"}),
     )
     .await;
-    assert_eq!(s, 201, "{job}");
-    let legacy =
-        tessera_domain::ids::WorkloadId::parse(job["id"].as_str().expect("id")).expect("uuid");
+    let legacy = workload_id(&job);
     a.app.stop().await;
     execute(
         &url,

@@ -207,19 +207,11 @@ async fn allocations_jobs_and_notebooks_on_a_live_node(db: Db) {
     }
 
     // Jobs: submit, logs -f (exits with the job), list, stop.
+    let submit = |rest: &[&'static str]| {
+        [&["job", "submit", "--allocation", alloc.as_str()][..], rest].concat()
+    };
     let out = cli
-        .run(
-            &t.member,
-            &[
-                "job",
-                "submit",
-                "--allocation",
-                &alloc,
-                "--",
-                "echo",
-                "cli hello",
-            ],
-        )
+        .run(&t.member, &submit(&["--", "echo", "cli hello"]))
         .await;
     let job = out.ok().trim().to_owned();
     let logs = cli.run(&t.member, &["job", "logs", "-f", &job]).await;
@@ -227,16 +219,7 @@ async fn allocations_jobs_and_notebooks_on_a_live_node(db: Db) {
     let long: WorkloadView = cli
         .run(
             &t.member,
-            &[
-                "job",
-                "submit",
-                "--allocation",
-                &alloc,
-                "--command",
-                "sleep 300",
-                "-o",
-                "json",
-            ],
+            &submit(&["--command", "sleep 300", "-o", "json"]),
         )
         .await
         .json();

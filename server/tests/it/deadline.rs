@@ -7,7 +7,7 @@
 use crate::allocations::{SimAgent, request, set_quota, team, wait_for_state};
 use crate::drain::{checkpoint, files_named, log_has, team_and_node};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token};
+use crate::support::{AdminClient, Db, TestApp, assert_message_contains, call_with_token};
 use crate::workloads::{get, notebook_on, wait_workload};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -152,10 +152,7 @@ while true; do sleep 0.2; done"#;
     let (s, v) = call_with_token(app, &t.member, Method::POST, &stop(&listens, ""), None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "stopping", "{v}");
-    assert!(
-        v["message"].as_str().unwrap_or("").contains("warned"),
-        "{v}"
-    );
+    assert_message_contains(&v, "warned");
     let dir = node.state_dir();
     let ckpt = checkpoint(app, &t.member, &listens, &dir, "ckpt-listens", 20).await;
     assert!(ckpt.contains("cause=stop"), "{ckpt}");
@@ -256,13 +253,7 @@ async fn an_idle_notebook_is_told_its_stop_and_untold_when_used(db: Db) {
     // Idle again: told again, then stopped by the idle rule at its time.
     told(app, &t.member, &id, &dir).await;
     let stopped = wait_workload(app, &t.member, &id, "stopped", 60).await;
-    assert!(
-        stopped["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("without kernel or GPU activity"),
-        "{stopped}"
-    );
+    assert_message_contains(&stopped, "without kernel or GPU activity");
     node.stop().await;
 }
 

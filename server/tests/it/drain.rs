@@ -101,17 +101,18 @@ pub(crate) fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<(String, S
 }
 
 /// Two simulated nodes, A and B, and a job of team `t`'s member that runs `script` on A
-/// (asking to be warned with `signal`) before B joins.
-struct TwoNodes {
-    name: String,
-    a: AdminClient,
-    t: Team,
-    node_a: WorkloadAgent,
-    node_b: WorkloadAgent,
-    a_id: String,
-    job: String,
-    first_alloc: String,
-}
+/// (asking to be warned with `signal`) before B joins: `(name, admin, team, node A, node B,
+/// A's node id, the job's id, the job's first allocation)`.
+struct TwoNodes(
+    String,
+    AdminClient,
+    Team,
+    WorkloadAgent,
+    WorkloadAgent,
+    String,
+    String,
+    String,
+);
 
 /// A server (its configuration changed by `tweak`), team `name` with room for a whole
 /// H100, and a simulated node `node` to run its work.
@@ -154,16 +155,7 @@ async fn job_on_a_then_b(db: Db, prefix: &str, script: &str, signal: &str) -> Tw
     assert_eq!(running["hostname"], format!("{name}-a"), "{running}");
     let node_b = WorkloadAgent::start(&a, &format!("{name}-b")).await;
     node_id(&a, &format!("{name}-b")).await;
-    TwoNodes {
-        name,
-        a,
-        t,
-        node_a,
-        node_b,
-        a_id,
-        job,
-        first_alloc,
-    }
+    TwoNodes(name, a, t, node_a, node_b, a_id, job, first_alloc)
 }
 
 async fn a_drained_node_warns_its_job_and_requeues_it_elsewhere_at_the_deadline(db: Db) {
@@ -181,16 +173,8 @@ if [ "$TESSERA_ATTEMPT" = 2 ]; then echo resumed; exit 0; fi
 while true; do sleep 0.2; done"#,
         victim = victim.path().display()
     );
-    let TwoNodes {
-        name,
-        a,
-        t,
-        node_a,
-        node_b,
-        a_id,
-        job: id,
-        first_alloc,
-    } = job_on_a_then_b(db, "drain", &script, "SIGUSR1").await;
+    let TwoNodes(name, a, t, node_a, node_b, a_id, id, first_alloc) =
+        job_on_a_then_b(db, "drain", &script, "SIGUSR1").await;
     let app = &a.app;
 
     // Node A is drained, now and then with a 6 s deadline.
@@ -340,16 +324,8 @@ async fn a_gpu_fault_takes_the_gpu_out_and_moves_its_job_until_an_admin_clears_i
 echo "attempt $TESSERA_ATTEMPT"
 if [ "$TESSERA_ATTEMPT" = 2 ]; then exit 0; fi
 while true; do sleep 0.2; done"#;
-    let TwoNodes {
-        name,
-        a,
-        t,
-        node_a,
-        node_b,
-        a_id,
-        job: id,
-        first_alloc,
-    } = job_on_a_then_b(db, "health", script, "USR1").await;
+    let TwoNodes(name, a, t, node_a, node_b, a_id, id, first_alloc) =
+        job_on_a_then_b(db, "health", script, "USR1").await;
     let app = &a.app;
 
     // The simulated driver reports a fallen-off-the-bus Xid on A's GPU (the `sim` control).

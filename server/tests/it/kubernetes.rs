@@ -473,19 +473,25 @@ fn selects(policy: &Value, labels: &Value) -> bool {
         .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
-/// Whether a connection from a pod in namespace `from_ns` reaches port `port` of a pod
-/// labelled `labels` in the policies' namespace, by NetworkPolicy's rules: once a policy
-/// with `Ingress` selects the pod, only what some ingress rule of such a policy allows.
-fn ingress_allowed(policies: &[Value], labels: &Value, from_ns: &str, port: i64) -> bool {
-    let mine: Vec<&Value> = policies
+/// The policies that select a pod labelled `labels` and govern its `kind` (`Ingress` or
+/// `Egress`) traffic.
+fn policies_for<'a>(policies: &'a [Value], labels: &Value, kind: &str) -> Vec<&'a Value> {
+    policies
         .iter()
         .filter(|p| selects(p, labels))
         .filter(|p| {
             p["spec"]["policyTypes"]
                 .as_array()
-                .is_some_and(|t| t.iter().any(|t| t == "Ingress"))
+                .is_some_and(|t| t.iter().any(|t| t == kind))
         })
-        .collect();
+        .collect()
+}
+
+/// Whether a connection from a pod in namespace `from_ns` reaches port `port` of a pod
+/// labelled `labels` in the policies' namespace, by NetworkPolicy's rules: once a policy
+/// with `Ingress` selects the pod, only what some ingress rule of such a policy allows.
+fn ingress_allowed(policies: &[Value], labels: &Value, from_ns: &str, port: i64) -> bool {
+    let mine = policies_for(policies, labels, "Ingress");
     if mine.is_empty() {
         return true;
     }
@@ -526,15 +532,7 @@ fn egress_allowed(policies: &[Value], labels: &Value, ip: &str) -> bool {
         let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
         u32::from(ip) & mask == u32::from(net) & mask
     };
-    let mine: Vec<&Value> = policies
-        .iter()
-        .filter(|p| selects(p, labels))
-        .filter(|p| {
-            p["spec"]["policyTypes"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|t| t == "Egress"))
-        })
-        .collect();
+    let mine = policies_for(policies, labels, "Egress");
     if mine.is_empty() {
         return true;
     }

@@ -9,6 +9,7 @@
 //! Needs root and `ip`/`nsenter`; skips with a message elsewhere (fails instead with
 //! `TESSERA_REQUIRE_NETNS`, as `cargo xtask test` sets).
 
+use crate::support::wait_until;
 use crate::workloads::{WorkloadAgent, execute_on};
 use reqwest::Method;
 use rustls::pki_types::pem::PemObject;
@@ -230,6 +231,16 @@ async fn call(
     crate::support::json_call(rb, body).await
 }
 
+/// `POST body` to `path` with a bearer token: `(status, JSON or null)`.
+async fn post(c: &reqwest::Client, token: &str, path: &str, body: Value) -> (u16, Value) {
+    call(c, token, Method::POST, path, Some(body)).await
+}
+
+/// `PUT body` to `path` with a bearer token: `(status, JSON or null)`.
+async fn put(c: &reqwest::Client, token: &str, path: &str, body: Value) -> (u16, Value) {
+    call(c, token, Method::PUT, path, Some(body)).await
+}
+
 /// `GET path` with a bearer token: `(status, JSON or null)`.
 async fn get(c: &reqwest::Client, token: &str, path: &str) -> (u16, Value) {
     call(c, token, Method::GET, path, None).await
@@ -262,30 +273,19 @@ async fn api_token(c: &reqwest::Client, cookie: &str) -> String {
     crate::support::mint_token(c, &base, cookie, "multi-host").await
 }
 
-async fn wait_until<F, Fut>(what: &str, secs: u64, mut f: F) -> Value
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = (bool, Value)>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let (done, v) = f().await;
-        if done {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: {v}");
-        tokio::time::sleep(Duration::from_millis(400)).await;
-    }
-}
-
 /// The workload `id` once its state is one of `states` (within `secs`).
 async fn settled(c: &reqwest::Client, token: &str, id: &str, states: &[&str], secs: u64) -> Value {
     let path = format!("/api/v1/workloads/{id}");
-    wait_until(&format!("{id} never reached {states:?}"), secs, || async {
-        let (_, v) = call(c, token, Method::GET, &path, None).await;
-        let state = v["state"].as_str().unwrap_or("");
-        (states.contains(&state), v)
-    })
+    wait_until(
+        &format!("{id} never reached {states:?}"),
+        secs,
+        400,
+        || async {
+            let (_, v) = call(c, token, Method::GET, &path, None).await;
+            let state = v["state"].as_str().unwrap_or("");
+            (states.contains(&state), v)
+        },
+    )
     .await
 }
 
@@ -342,55 +342,25 @@ async fn on_the_server_host(lab: &Lab) {
     );
 
     let admin = api_token(&c, &sign_in(&c, "admin", ADMIN_PW).await).await;
-    let (s, team) = call(
-        &c,
-        &admin,
-        Method::POST,
-        "/api/v1/teams",
-        Some(json!({"name": "lab"})),
-    )
-    .await;
+    let (s, team) = post(&c, &admin, "/api/v1/teams", json!({"name": "lab"})).await;
     assert_eq!(s, 201, "{team}");
     let team = team["id"].as_str().expect("team id").to_owned();
-    let (s, v) = call(
-        &c,
-        &admin,
-        Method::POST,
-        "/api/v1/users",
-        Some(json!({"username": "researcher", "password": MEMBER_PW})),
-    )
-    .await;
+    let user = json!({"username": "researcher", "password": MEMBER_PW});
+    let (s, v) = post(&c, &admin, "/api/v1/users", user).await;
     assert_eq!(s, 201, "{v}");
-    let (s, v) = call(
-        &c,
-        &admin,
-        Method::POST,
-        &format!("/api/v1/teams/{team}/members"),
-        Some(json!({"username": "researcher", "role": "member"})),
-    )
-    .await;
+    let members = format!("/api/v1/teams/{team}/members");
+    let role = json!({"username": "researcher", "role": "member"});
+    let (s, v) = post(&c, &admin, &members, role).await;
     assert_eq!(s, 201, "{v}");
-    let (s, v) = call(
-        &c,
-        &admin,
-        Method::PUT,
-        &format!("/api/v1/teams/{team}/quotas/H100-80GB"),
-        Some(json!({"guaranteed": 14, "limit": 14, "per_user": 14})),
-    )
-    .await;
+    let quota = format!("/api/v1/teams/{team}/quotas/H100-80GB");
+    let limits = json!({"guaranteed": 14, "limit": 14, "per_user": 14});
+    let (s, v) = put(&c, &admin, &quota, limits).await;
     assert_eq!(s, 200, "{v}");
 
     // Each GPU node: a join token, and the agent over HTTPS trusting the lab's CA.
     let mut tokens = Vec::new();
     for (name, _) in NODES {
-        let (s, jt) = call(
-            &c,
-            &admin,
-            Method::POST,
-            "/api/v1/join-tokens",
-            Some(json!({"note": name})),
-        )
-        .await;
+        let (s, jt) = post(&c, &admin, "/api/v1/join-tokens", json!({"note": name})).await;
         assert_eq!(s, 201, "{jt}");
         tokens.push(jt["secret"].as_str().expect("secret").to_owned());
     }
@@ -441,7 +411,7 @@ async fn on_the_server_host(lab: &Lab) {
             )
         })
         .collect();
-    wait_until("both nodes report in", 90, || async {
+    wait_until("both nodes report in", 90, 400, || async {
         let (_, nodes) = call(&c, &admin, Method::GET, "/api/v1/nodes", None).await;
         let online = nodes
             .as_array()
@@ -460,17 +430,16 @@ async fn on_the_server_host(lab: &Lab) {
     let member = api_token(&c, &sign_in(&c, "researcher", MEMBER_PW).await).await;
     let mut on_node = std::collections::BTreeMap::new();
     for _ in NODES {
-        let (s, a) = call(
+        let (s, a) = post(
             &c,
             &member,
-            Method::POST,
             "/api/v1/allocations",
-            Some(json!({"team_id": team, "kind": "H100-80GB:7g.80gb", "purpose": "lab"})),
+            json!({"team_id": team, "kind": "H100-80GB:7g.80gb", "purpose": "lab"}),
         )
         .await;
         assert_eq!(s, 201, "{a}");
         let id = a["id"].as_str().expect("id").to_owned();
-        let active = wait_until("the slice never became active", 120, || async {
+        let active = wait_until("the slice never became active", 120, 400, || async {
             let (_, v) = get(&c, &member, &format!("/api/v1/allocations/{id}")).await;
             (v["state"] == "active", v)
         })
@@ -487,12 +456,11 @@ async fn on_the_server_host(lab: &Lab) {
     // A job on each node runs there, in a network of its own: it sees only its own address
     // in that node's workload range, nothing of the node's or the other node's.
     for (i, (name, addr)) in NODES.iter().enumerate() {
-        let (s, job) = call(
+        let (s, job) = post(
             &c,
             &member,
-            Method::POST,
             "/api/v1/jobs",
-            Some(json!({"allocation_id": on_node[*name], "command": "cat /proc/net/fib_trie"})),
+            json!({"allocation_id": on_node[*name], "command": "cat /proc/net/fib_trie"}),
         )
         .await;
         assert_eq!(s, 201, "{job}");
@@ -531,12 +499,11 @@ async fn on_the_server_host(lab: &Lab) {
 
     // A notebook on node 2 answers through the server's proxy, over TLS.
     let (node2, _) = NODES[1];
-    let (s, nb) = call(
+    let (s, nb) = post(
         &c,
         &member,
-        Method::POST,
         "/api/v1/notebooks",
-        Some(json!({"allocation_id": on_node[node2], "name": "lab"})),
+        json!({"allocation_id": on_node[node2], "name": "lab"}),
     )
     .await;
     assert_eq!(s, 201, "{nb}");
@@ -581,12 +548,11 @@ async fn on_the_server_host(lab: &Lab) {
     assert_eq!(r.status(), 200);
 
     // A kernel on node 2, driven over a WebSocket through the TLS proxy.
-    let (s, kernel) = call(
+    let (s, kernel) = post(
         &c,
         &member,
-        Method::POST,
         &format!("{base}api/kernels"),
-        Some(json!({"name": "python3"})),
+        json!({"name": "python3"}),
     )
     .await;
     assert_eq!(s, 201, "{kernel}");
@@ -610,24 +576,12 @@ async fn on_the_server_host(lab: &Lab) {
 
     // A gang across the two hosts: MPI through tessera-rsh, then JAX's distributed
     // runtime. The slices and the notebook go first.
-    let (s, v) = call(
-        &c,
-        &member,
-        Method::POST,
-        &format!("/api/v1/workloads/{id}/stop"),
-        None,
-    )
-    .await;
+    let stop = format!("/api/v1/workloads/{id}/stop");
+    let (s, v) = call(&c, &member, Method::POST, &stop, None).await;
     assert_eq!(s, 200, "{v}");
     for alloc in on_node.values() {
-        let (s, v) = call(
-            &c,
-            &member,
-            Method::POST,
-            &format!("/api/v1/allocations/{alloc}/release"),
-            None,
-        )
-        .await;
+        let release = format!("/api/v1/allocations/{alloc}/release");
+        let (s, v) = call(&c, &member, Method::POST, &release, None).await;
         assert_eq!(s, 200, "{v}");
     }
     gang_across_hosts(&c, &member, &admin, &team).await;
@@ -682,14 +636,13 @@ async fn gang_job(
     launcher: &str,
     command: &str,
 ) -> Value {
-    let (s, job) = call(
+    let (s, job) = post(
         c,
         member,
-        Method::POST,
         "/api/v1/jobs",
-        Some(json!({"team_id": team, "name": name, "command": command,
+        json!({"team_id": team, "name": name, "command": command,
                     "gpu": "H100-80GB:7g.80gb", "nodes": 2, "gpus_per_node": 1,
-                    "launcher": launcher, "time_limit_minutes": 30})),
+                    "launcher": launcher, "time_limit_minutes": 30}),
     )
     .await;
     assert_eq!(s, 201, "{job}");
@@ -734,7 +687,7 @@ async fn gang_log(c: &reqwest::Client, member: &str, id: &str, rank: u32) -> Str
 
 async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team: &str) {
     // Both slices are given back before the gang asks for the same capacity.
-    wait_until("the slices were never given back", 120, || async {
+    wait_until("the slices were never given back", 120, 400, || async {
         let (_, q) = get(c, admin, &format!("/api/v1/teams/{team}/quotas")).await;
         let used = q
             .as_array()
@@ -784,12 +737,7 @@ async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team:
     let out = json_line(&log, "world_size").unwrap_or_else(|| panic!("no MPI result: {log}"));
     assert_eq!(out["world_size"], 2, "{out}");
     assert_eq!(out["sum"], out["expected_sum"], "{out}");
-    let seen: std::collections::BTreeSet<String> = out["ranks"]
-        .as_array()
-        .expect("ranks")
-        .iter()
-        .filter_map(|r| r["ip"].as_str().map(str::to_owned))
-        .collect();
+    let seen = rank_ips(&out);
     let want: std::collections::BTreeSet<String> = addrs.iter().cloned().collect();
     assert_eq!(
         seen, want,
@@ -851,17 +799,22 @@ async fn gang_across_hosts(c: &reqwest::Client, member: &str, admin: &str, team:
         assert_eq!(out["process_count"], 2, "{out}");
         assert_eq!(out["process_id"], rank, "{out}");
         assert_eq!(out["sum"], 30, "{out}");
-        let seen: std::collections::BTreeSet<String> = out["ranks"]
-            .as_array()
-            .expect("ranks")
-            .iter()
-            .filter_map(|r| r["ip"].as_str().map(str::to_owned))
-            .collect();
+        let seen = rank_ips(&out);
         assert_eq!(
             seen, addrs,
             "both processes joined, each from its member: {out}"
         );
     }
+}
+
+/// The addresses a gang's ranks report in `out["ranks"]`.
+fn rank_ips(out: &Value) -> std::collections::BTreeSet<String> {
+    out["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .filter_map(|r| r["ip"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// A WebSocket over TLS to the server, trusting the test CA only.

@@ -126,24 +126,22 @@ async fn expire_join_token(app: &TestApp, id: &str) {
         .expect("connect");
     let id = uuid::Uuid::parse_str(id).expect("uuid");
     let past = chrono::Utc::now() - chrono::Duration::hours(1);
-    match store {
-        tessera_core::store::Store::Sqlite(p) => {
+    // One statement for either pool (their types differ).
+    macro_rules! expire {
+        ($pool:expr) => {
             sqlx::query("UPDATE join_tokens SET expires_at = $1 WHERE id = $2")
                 .bind(past)
                 .bind(id)
-                .execute(&p)
+                .execute($pool)
                 .await
-                .expect("update");
-        }
-        tessera_core::store::Store::Postgres(p) => {
-            sqlx::query("UPDATE join_tokens SET expires_at = $1 WHERE id = $2")
-                .bind(past)
-                .bind(id)
-                .execute(&p)
-                .await
-                .expect("update");
-        }
+                .map(|_| ())
+        };
     }
+    match &store {
+        tessera_core::store::Store::Sqlite(p) => expire!(p),
+        tessera_core::store::Store::Postgres(p) => expire!(p),
+    }
+    .expect("update");
 }
 
 async fn revoked_nodes_and_bad_credentials_are_rejected(db: Db) {
@@ -271,15 +269,13 @@ async fn invalid_layouts_are_rejected_with_the_reason(db: Db) {
         )
         .await;
     assert_eq!(s, 200);
-    let desired: Value = reqwest::Client::new()
+    let r = reqwest::Client::new()
         .get(a.app.url("/agent/v1/desired"))
         .bearer_auth(&cred)
         .send()
         .await
-        .expect("req")
-        .json()
-        .await
-        .expect("json");
+        .expect("req");
+    let desired: Value = r.json().await.expect("json");
     assert_eq!(desired["gpus"][0]["version"], 1);
     assert_eq!(desired["gpus"][0]["layout"][0]["profile"], "1g.10gb");
 }

@@ -7,7 +7,9 @@
 use crate::aiosmtpd::Aiosmtpd;
 use crate::allocations::{Team, request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token, error_kind, get_as, put_as};
+use crate::support::{
+    AdminClient, Db, TestApp, call_with_token, error_kind, get_as, post_as, put_as,
+};
 use crate::workloads::{WorkloadAgent, wait_workload};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
@@ -392,12 +394,11 @@ async fn put_email(app: &TestApp, token: &str, email: &str) -> Value {
 }
 
 async fn add_hook(app: &TestApp, token: &str, team: &str, url: &str) -> (String, String) {
-    let (s, v) = call_with_token(
+    let (s, v) = post_as(
         app,
         token,
-        Method::POST,
         &format!("/api/v1/teams/{team}/webhooks"),
-        Some(json!({"url": url})),
+        json!({"url": url}),
     )
     .await;
     assert_eq!(s, 201, "{v}");
@@ -445,12 +446,11 @@ async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: 
     assert_eq!(s, 201, "{v}");
     let alloc = v["id"].as_str().expect("id").to_owned();
     wait_for_state(&a, &alloc, "active").await;
-    let (s, v) = call_with_token(
+    let (s, v) = post_as(
         app,
         &t.member,
-        Method::POST,
         "/api/v1/jobs",
-        Some(json!({"allocation_id": alloc, "name": "train", "command": "echo hi; exit 3"})),
+        json!({"allocation_id": alloc, "name": "train", "command": "echo hi; exit 3"}),
     )
     .await;
     assert_eq!(s, 201, "{v}");
@@ -534,12 +534,10 @@ async fn a_failed_job_is_mailed_to_its_owner_and_posted_to_the_team_webhook(db: 
     .1;
     let hook_id = hook_list[0]["id"].as_str().expect("hook");
     assert_eq!(hook_list[0]["consecutive_failures"], 0, "{hook_list}");
-    let (s, log) = call_with_token(
+    let (s, log) = get_as(
         app,
         &t.team_admin,
-        Method::GET,
         &format!("/api/v1/teams/{}/webhooks/{hook_id}/deliveries", t.id),
-        None,
     )
     .await;
     assert_eq!(s, 200, "{log}");
@@ -588,12 +586,11 @@ async fn approval_events_reach_approvers_and_the_requester(db: Db) {
         "{}",
         lead[0].1
     );
-    let (s, v) = call_with_token(
+    let (s, v) = post_as(
         app,
         &t.team_admin,
-        Method::POST,
         &format!("/api/v1/allocations/{id}/deny"),
-        Some(json!({"reason": "not this week"})),
+        json!({"reason": "not this week"}),
     )
     .await;
     assert_eq!(s, 200, "{v}");
@@ -1093,16 +1090,7 @@ async fn the_team_page_tests_switches_and_logs_a_webhook(db: Db) {
             (status, r.json::<Value>().await.unwrap_or(Value::Null))
         }
     };
-    let rest_test = || async {
-        call_with_token(
-            app,
-            &t.team_admin,
-            Method::POST,
-            &format!("{hook_path}/test"),
-            None,
-        )
-        .await
-    };
+    let rest_test = || async { post_empty(app, &t.team_admin, &format!("{hook_path}/test")).await };
 
     // A test delivery reaches the receiver, signed, and both ways answer alike.
     let (s, ui) = fn_call("test_team_webhook", &[]).await;
@@ -1174,12 +1162,11 @@ async fn the_team_page_tests_switches_and_logs_a_webhook(db: Db) {
     assert_eq!((s, rest), (200, log));
 
     // Turned off by hand: URL and events stay; the page offers to turn it on.
-    let (s, v) = call_with_token(
+    let (s, v) = put_as(
         app,
         &t.team_admin,
-        Method::PUT,
         &hook_path,
-        Some(json!({"url": receiver.url, "events": ["workload.failed"]})),
+        json!({"url": receiver.url, "events": ["workload.failed"]}),
     )
     .await;
     assert_eq!(s, 200, "{v}");
@@ -1367,28 +1354,14 @@ async fn only_an_address_proved_by_its_link_gets_mail(db: Db) {
         .collect();
     assert_eq!(mine.len(), 1, "{msgs:#?}");
     assert!(mine[0].1.contains("after the proof"), "{}", mine[0].1);
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        "/api/v1/me/email/verification",
-        None,
-    )
-    .await;
+    let (s, v) = post_empty(app, &t.member, "/api/v1/me/email/verification").await;
     assert_eq!(s, 409, "already verified: {v}");
 
     // A new address is not proved: asking again within a minute is refused, and only
     // the newest link works.
     put_email(app, &t.member, "proof2@example.org").await;
     let first = smtp.take_verification_link("proof2@example.org", 20).await;
-    let (s, v) = call_with_token(
-        app,
-        &t.member,
-        Method::POST,
-        "/api/v1/me/email/verification",
-        None,
-    )
-    .await;
+    let (s, v) = post_empty(app, &t.member, "/api/v1/me/email/verification").await;
     assert_eq!(s, 409, "at most one a minute: {v}");
     let (_, first_tok) = link_params(&first);
     assert_ne!(first_tok, tok);
@@ -1398,6 +1371,11 @@ async fn only_an_address_proved_by_its_link_gets_mail(db: Db) {
     verify_link(app, &first).await;
     let (_, v) = get_as(app, &t.member, "/api/v1/me/notifications").await;
     assert_eq!(v["email_verified"], true, "{v}");
+}
+
+/// `POST path` with an API token and no body: `(status, JSON body or null)`.
+async fn post_empty(app: &TestApp, token: &str, path: &str) -> (u16, Value) {
+    call_with_token(app, token, Method::POST, path, None).await
 }
 
 /// Opens a verification link's page and presses its button.
@@ -1481,12 +1459,11 @@ async fn the_new_events_reach_their_people_and_the_platform_hook(db: Db) {
 
     // A job with its own GPU waits for it, then starts.
     let node = WorkloadAgent::start(&a, "events-node").await;
-    let (s, v) = call_with_token(
+    let (s, v) = post_as(
         app,
         &t.member,
-        Method::POST,
         "/api/v1/jobs",
-        Some(json!({"command": "sleep 600", "gpu": "H100-80GB:1g.10gb", "name": "ev-job"})),
+        json!({"command": "sleep 600", "gpu": "H100-80GB:1g.10gb", "name": "ev-job"}),
     )
     .await;
     assert_eq!(s, 201, "{v}");

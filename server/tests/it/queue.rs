@@ -6,7 +6,9 @@
 use crate::allocations::request;
 use crate::allocations::{set_quota, team, wait_for_state};
 use crate::on_both_databases;
-use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, post_as, tessera_ok};
+use crate::support::{
+    AdminClient, Db, TestApp, assert_message_contains, call_with_token, get_as, post_as, tessera_ok,
+};
 use crate::workloads::{WorkloadAgent, get, logs_from, stop_workload, wait_workload};
 use chrono::{DateTime, Utc};
 use reqwest::Method;
@@ -296,13 +298,7 @@ async fn a_time_limit_stops_a_job_and_a_stopped_queued_job_gives_up_its_request(
         .expect("tick");
     assert_eq!(r.expired, 1, "{r:?}");
     let ended = wait_workload(app, &t.member, &id, "cancelled", 60).await;
-    assert!(
-        ended["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("time limit"),
-        "{ended}"
-    );
+    assert_message_contains(&ended, "time limit");
     assert_eq!(allocation(&a, &alloc_id).await["state"], "expired");
     agent.stop().await;
 }
@@ -346,13 +342,7 @@ async fn a_preempted_job_is_queued_again_and_runs_its_next_attempt(db: Db) {
         first_alloc.as_str(),
         "{requeued}"
     );
-    assert!(
-        requeued["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("preempted"),
-        "{requeued}"
-    );
+    assert_message_contains(&requeued, "preempted");
     // Its next attempt runs once the GPU is free again.
     wait_for_state(&a, &slice_id, "active").await;
     let (s, _) = call_with_token(

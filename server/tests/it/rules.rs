@@ -150,16 +150,9 @@ async fn high_priority_is_granted_per_team(db: Db) {
     assert_eq!(audit["total"], 1);
     // `high` has its own price on the rate card: a premium on top of the rate.
     let hour = next_hour() - chrono::Duration::hours(1);
-    let (s, v) = a
-        .call(
-            Method::POST,
-            "/api/v1/rates",
-            Some(
-                json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
-                "high_premium_pct": 50, "effective_from": hour}),
-            ),
-        )
-        .await;
+    let rate = json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
+                      "high_premium_pct": 50, "effective_from": hour});
+    let (s, v) = a.post("/api/v1/rates", rate).await;
     assert_eq!((s, &v["high_premium_pct"]), (201, &json!(50)), "{v}");
     for (priority, minor) in [("normal", 200), ("high", 300)] {
         let (s, v) = call_with_token(
@@ -174,16 +167,9 @@ async fn high_priority_is_granted_per_team(db: Db) {
         .await;
         assert_eq!((s, &v["minor"]), (200, &json!(minor)), "{priority}: {v}");
     }
-    let (s, v) = a
-        .call(
-            Method::POST,
-            "/api/v1/rates",
-            Some(
-                json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
-                "high_premium_pct": 5000}),
-            ),
-        )
-        .await;
+    let rate = json!({"kind": "H100-80GB:whole", "price_minor_per_hour": 700,
+                      "high_premium_pct": 5000});
+    let (s, v) = a.post("/api/v1/rates", rate).await;
     assert_eq!(
         (s, &v["error"]["field"]),
         (422, &json!("high_premium_pct")),

@@ -552,6 +552,35 @@ pub fn assert_invalid(status: u16, body: &serde_json::Value, field: &str, says: 
     );
 }
 
+/// Calls `probe` every `every_ms` milliseconds until it answers `(true, v)`: that `v`.
+/// Past `secs` seconds, fails saying `what` and the last `v`.
+pub async fn wait_until<F, Fut>(
+    what: &str,
+    secs: u64,
+    every_ms: u64,
+    mut probe: F,
+) -> serde_json::Value
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (bool, serde_json::Value)>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let (done, v) = probe().await;
+        if done {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(every_ms)).await;
+    }
+}
+
+/// Asserts that `v["message"]` (a workload's or an allocation's) contains `text`.
+#[track_caller]
+pub fn assert_message_contains(v: &serde_json::Value, text: &str) {
+    assert!(v["message"].as_str().unwrap_or("").contains(text), "{v}");
+}
+
 /// A REST client whose every request gives up after 10 seconds (for clients that retry).
 pub fn client_with_timeout() -> reqwest::Client {
     reqwest::Client::builder()

@@ -8,7 +8,9 @@
 use crate::allocations::{request, set_quota, team, wait_for_state};
 use crate::on_both_databases;
 use crate::support::agent_bin;
-use crate::support::{AdminClient, Db, TestApp, call_with_token, get_as, post_as};
+use crate::support::{
+    AdminClient, Db, TestApp, assert_message_contains, call_with_token, get_as, post_as, wait_until,
+};
 use futures_util::{SinkExt, StreamExt};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -126,7 +128,9 @@ struct Setup {
     team: String,
 }
 
-async fn setup(db: Db, name: &str) -> Setup {
+/// Names the team, its node and its member after `prefix` and the database.
+async fn setup(db: Db, prefix: &str) -> Setup {
+    let name = &format!("{prefix}-{}", format!("{db:?}").to_lowercase());
     let a = AdminClient::new(db).await;
     let t = team(&a, name).await;
     set_quota(&a, &t.id, "H100-80GB", 7, 7, 7).await;
@@ -194,36 +198,26 @@ pub(crate) async fn wait_workload(
     state: &str,
     secs: u64,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
+    let what = format!("workload never became {state}");
+    wait_until(&what, secs, 300, || async {
         let v = get(app, token, id).await;
-        if v["state"] == state {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "workload never became {state}: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        (v["state"] == state, v)
+    })
+    .await
 }
 
 /// Polls notebook `id` until its kernel reports `busy` (at most 30 s).
 async fn wait_kernel_busy(app: &TestApp, token: &str, id: &str, busy: bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = if busy {
+        "kernel never reported busy"
+    } else {
+        "kernel stayed busy"
+    };
+    wait_until(what, 30, 200, || async {
         let v = get(app, token, id).await;
-        if v["activity"]["kernel_busy"] == busy {
-            return;
-        }
-        let what = if busy {
-            "never reported busy"
-        } else {
-            "stayed busy"
-        };
-        assert!(Instant::now() < deadline, "kernel {what}: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (v["activity"]["kernel_busy"] == busy, v)
+    })
+    .await;
 }
 
 /// Processes whose command line contains `needle` (this machine's /proc).
@@ -263,6 +257,46 @@ async fn launch(s: &Setup, name: &str) -> Value {
     let (st, v) = notebook_on(&s.a.app, &s.member, &s.alloc, name).await;
     assert_eq!(st, 201, "{v}");
     v
+}
+
+/// Launches a notebook named `prefix` and a fresh suffix: `(its proxied base path, it)`.
+async fn launch_fresh(s: &Setup, prefix: &str) -> (String, Value) {
+    let nb_name = format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let nb = launch(s, &nb_name).await;
+    (format!("/user/{}/{nb_name}/", s.member_name), nb)
+}
+
+/// `GET {base}api/contents` through the proxy as `token` (or with no credentials): the
+/// status.
+async fn contents_status(
+    c: &reqwest::Client,
+    app: &TestApp,
+    base: &str,
+    token: Option<&str>,
+) -> u16 {
+    let mut rb = c.get(app.url(&format!("{base}api/contents")));
+    if let Some(token) = token {
+        rb = rb.bearer_auth(token);
+    }
+    rb.send().await.expect("request").status().as_u16()
+}
+
+/// Starts a python3 kernel in the notebook at `base` with an API token: the response.
+async fn post_kernel(
+    c: &reqwest::Client,
+    app: &TestApp,
+    token: &str,
+    base: &str,
+) -> reqwest::Response {
+    c.post(app.url(&format!("{base}api/kernels")))
+        .bearer_auth(token)
+        .json(&json!({"name": "python3"}))
+        .send()
+        .await
+        .expect("request")
 }
 
 pub(crate) type KernelSocket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
@@ -361,8 +395,7 @@ where
 /// their notebook at once and what they held there ends (allocation released, its
 /// workloads stopped).
 async fn membership_changes_take_effect_at_once(db: Db) {
-    let name = format!("leave-{}", format!("{db:?}").to_lowercase());
-    let s = setup(db, &name).await;
+    let s = setup(db, "leave").await;
     let app = &s.a.app;
     let nb = launch(&s, "stays").await;
     let id = nb["id"].as_str().expect("id").to_owned();
@@ -442,6 +475,15 @@ async fn membership_changes_take_effect_at_once(db: Db) {
     s.agent.stop().await;
 }
 
+/// A client that follows no redirects and reaches `host` (a notebook's origin) at `addr`.
+fn origin_client(host: &str, addr: std::net::SocketAddr) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(host, addr)
+        .build()
+        .expect("client")
+}
+
 /// A browser opening the notebook: signed in on the portal, it is sent to the notebook's
 /// own origin with a one-time code, and gets a pass there. Every attack on that flow and
 /// on the origin's boundary is refused; the kernel works from the origin's own pages.
@@ -484,11 +526,7 @@ async fn notebook_origin_boundary(s: &Setup, base: &str, kernel: &str) {
         .await
         .expect("request");
     assert_eq!(r.status(), 404);
-    let nb = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .resolve(&host, app.addr)
-        .build()
-        .expect("client");
+    let nb = origin_client(&host, app.addr);
     // The portal's session means nothing on the notebook's origin.
     let r = nb
         .get(format!("{origin}{base}api/contents"))
@@ -513,11 +551,7 @@ async fn notebook_origin_boundary(s: &Setup, base: &str, kernel: &str) {
             uuid::Uuid::now_v7()
         ))
     );
-    let other = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .resolve(&other_host, app.addr)
-        .build()
-        .expect("client");
+    let other = origin_client(&other_host, app.addr);
     let r = other
         .get(entry.as_str().replace(&host, &other_host))
         .send()
@@ -645,17 +679,14 @@ async fn notebook_origin_boundary(s: &Setup, base: &str, kernel: &str) {
 }
 
 async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
-    let name = format!("nb-{}", format!("{db:?}").to_lowercase());
-    let s = setup(db, &name).await;
+    let s = setup(db, "nb").await;
     let app = &s.a.app;
-    let nb_name = format!("lab-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let nb = launch(&s, &nb_name).await;
+    let (base, nb) = launch_fresh(&s, "lab").await;
     let id = nb["id"].as_str().expect("id").to_owned();
     assert_eq!(nb["state"], "pending");
     let started = Instant::now();
     let running = wait_workload(app, &s.member, &id, "running", 120).await;
     eprintln!("notebook ready in {:?}", started.elapsed());
-    let base = format!("/user/{}/{nb_name}/", s.member_name);
     assert_eq!(running["url"], format!("{base}lab"));
     assert!(
         running["device"]
@@ -675,13 +706,7 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     assert_eq!(r.status(), 200);
     let contents: Value = r.json().await.expect("json");
     assert_eq!(contents["type"], "directory", "{contents}");
-    let r = c
-        .post(app.url(&format!("{base}api/kernels")))
-        .bearer_auth(&s.member)
-        .json(&json!({"name": "python3"}))
-        .send()
-        .await
-        .expect("request");
+    let r = post_kernel(&c, app, &s.member, &base).await;
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
     let kernel: Value = r.json().await.expect("json");
     let kernel_id = kernel["id"].as_str().expect("kernel id");
@@ -695,11 +720,8 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     let store = tessera_core::store::Store::connect(&app.database_url)
         .await
         .expect("store");
-    let row = store
-        .workload(tessera_domain::ids::WorkloadId::parse(&id).expect("uuid"))
-        .await
-        .expect("load")
-        .expect("row");
+    let wid = tessera_domain::ids::WorkloadId::parse(&id).expect("uuid");
+    let row = store.workload(wid).await.expect("load").expect("row");
     let secret = app
         .side_services()
         .await
@@ -727,19 +749,8 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     );
 
     // Another team's member, a stranger without credentials.
-    let r = c
-        .get(app.url(&format!("{base}api/contents")))
-        .bearer_auth(&s.other)
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 404);
-    let r = c
-        .get(app.url(&format!("{base}api/contents")))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 401);
+    assert_eq!(contents_status(&c, app, &base, Some(&s.other)).await, 404);
+    assert_eq!(contents_status(&c, app, &base, None).await, 401);
 
     // A second notebook on the same allocation is refused; the name is taken too.
     let (st, v) = notebook_on(app, &s.member, &s.alloc, "other").await;
@@ -752,27 +763,14 @@ async fn a_notebook_runs_jupyterlab_behind_the_proxy(db: Db) {
     let (st, v) = stop_workload(app, &s.member, &id).await;
     assert_eq!(st, 200, "{v}");
     let stopped = wait_workload(app, &s.member, &id, "stopped", 30).await;
-    assert!(
-        stopped["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("stopped by"),
-        "{stopped}"
-    );
+    assert_message_contains(&stopped, "stopped by");
     wait_no_process(&needle).await;
-    let r = c
-        .get(app.url(&format!("{base}api/contents")))
-        .bearer_auth(&s.member)
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 404);
+    assert_eq!(contents_status(&c, app, &base, Some(&s.member)).await, 404);
     s.agent.stop().await;
 }
 
 async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
-    let name = format!("job-{}", format!("{db:?}").to_lowercase());
-    let s = setup(db, &name).await;
+    let s = setup(db, "job").await;
     let app = &s.a.app;
     let (st, v) = job_on(
         app,
@@ -859,17 +857,20 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
             .output()
             .expect("run tessera")
     };
-    let out = cli(&[
-        "job",
-        "submit",
-        "--allocation",
-        &s.alloc,
-        "--command",
-        "echo cli-says-$GREETING",
-        "--env",
-        "GREETING=hi",
-        "--follow",
-    ]);
+    let submit_and_follow = |command: &str, more: &[&str]| {
+        let mut args = vec![
+            "job",
+            "submit",
+            "--allocation",
+            &s.alloc,
+            "--command",
+            command,
+        ];
+        args.extend_from_slice(more);
+        args.push("--follow");
+        cli(&args)
+    };
+    let out = submit_and_follow("echo cli-says-$GREETING", &["--env", "GREETING=hi"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -883,15 +884,7 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
         listed.contains("succeeded") && listed.contains("cancelled"),
         "{listed}"
     );
-    let out = cli(&[
-        "job",
-        "submit",
-        "--allocation",
-        &s.alloc,
-        "--command",
-        "exit 4",
-        "--follow",
-    ]);
+    let out = submit_and_follow("exit 4", &[]);
     assert_eq!(out.status.code(), Some(1), "a failed job fails the command");
     let out = cli(&["notebook", "start", "--allocation", "not-an-id"]);
     assert_eq!(out.status.code(), Some(1));
@@ -900,22 +893,13 @@ async fn a_job_streams_its_output_and_ends_with_its_exit_code(db: Db) {
 }
 
 async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
-    let name = format!("idle-{}", format!("{db:?}").to_lowercase());
-    let s = setup(db, &name).await;
+    let s = setup(db, "idle").await;
     let app = &s.a.app;
-    let nb_name = format!("idle-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let nb = launch(&s, &nb_name).await;
+    let (base, nb) = launch_fresh(&s, "idle").await;
     let id = nb["id"].as_str().expect("id").to_owned();
     wait_workload(app, &s.member, &id, "running", 120).await;
-    let base = format!("/user/{}/{nb_name}/", s.member_name);
     let c = reqwest::Client::new();
-    let r = c
-        .post(app.url(&format!("{base}api/kernels")))
-        .bearer_auth(&s.member)
-        .json(&json!({"name": "python3"}))
-        .send()
-        .await
-        .expect("request");
+    let r = post_kernel(&c, app, &s.member, &base).await;
     let kernel: Value = r.json().await.expect("json");
     let kernel_id = kernel["id"].as_str().expect("kernel id").to_owned();
     // A kernel busy for a while: the executor reports it busy.
@@ -965,13 +949,7 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
     let r = services.workloads.tick(&system, later).await.expect("tick");
     assert_eq!(r.reclaimed_idle, 1);
     let stopped = wait_workload(app, &s.member, &id, "stopped", 30).await;
-    assert!(
-        stopped["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("without kernel or GPU activity"),
-        "{stopped}"
-    );
+    assert_message_contains(&stopped, "without kernel or GPU activity");
     // The allocation was released with it (the default policy).
     let alloc = wait_for_state(&s.a, &s.alloc, "ended").await;
     assert!(alloc.to_string().contains("was idle"), "{alloc}");
@@ -984,8 +962,7 @@ async fn an_idle_notebook_is_reclaimed_but_a_busy_kernel_never(db: Db) {
 /// unprivileged uid with only its slice's device nodes; and a forged report with the
 /// stolen credential is refused.
 async fn a_hostile_job_is_contained_by_the_node_sandbox(db: Db) {
-    let name = format!("hostile-{}", format!("{db:?}").to_lowercase());
-    let s = setup(db, &name).await;
+    let s = setup(db, "hostile").await;
     let app = &s.a.app;
     let state = s.agent.state_dir().display().to_string();
     let script = format!(
