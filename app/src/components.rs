@@ -14,16 +14,57 @@ pub fn confirm_or_cancel(ev: &leptos::ev::MouseEvent, question: &str) {
     let _ = (ev, question);
 }
 
+/// A list's filter as a GET form to `action` (it works without JavaScript): one select
+/// (`id`, `name`, its `label`, `children` its options) and a "Mine only" box.
+#[component]
+pub fn MineFilter(
+    action: &'static str,
+    id: &'static str,
+    name: &'static str,
+    label: &'static str,
+    mine: bool,
+    children: Children,
+) -> impl IntoView {
+    view! {
+        <Form method="get" action=action attr:class="filters">
+            <input type="hidden" name="filtered" value="1" />
+            <label for=id>{label}</label>
+            <select id=id name=name>
+                {children()}
+            </select>
+            <label class="check">
+                <input type="checkbox" name="mine" value="1" checked=mine />
+                " Mine only"
+            </label>
+            <button type="submit">"Show"</button>
+        </Form>
+    }
+}
+
 /// A form's "Remove" submit button that asks `question` first.
 #[component]
 pub fn RemoveButton(question: String) -> impl IntoView {
+    view! { <ConfirmSubmit question>"Remove"</ConfirmSubmit> }
+}
+
+/// A submit button that asks `question` before its form is sent, off while `pending`.
+#[component]
+pub fn ConfirmSubmit(
+    question: String,
+    #[prop(default = "danger")] class: &'static str,
+    #[prop(optional)] testid: Option<&'static str>,
+    #[prop(optional, into)] pending: Signal<bool>,
+    children: Children,
+) -> impl IntoView {
     view! {
         <button
             type="submit"
-            class="danger"
+            class=class
+            data-testid=testid
+            disabled=move || pending.get()
             on:click=move |ev| confirm_or_cancel(&ev, &question)
         >
-            "Remove"
+            {children()}
         </button>
     }
 }
@@ -31,7 +72,7 @@ pub fn RemoveButton(question: String) -> impl IntoView {
 use crate::api::{self, UiError};
 use chrono::{DateTime, Utc};
 use leptos::prelude::*;
-use leptos_router::components::{A, Redirect};
+use leptos_router::components::{A, Form, Redirect};
 use leptos_router::hooks::use_query_map;
 use tessera_domain::account::Me;
 use tessera_domain::error::AppError;

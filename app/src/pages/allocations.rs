@@ -13,9 +13,8 @@ use crate::components::{
 use crate::components::{
     CostEstimate, EstimateInput, Topic, free_text, kind_options, load_estimate, new_key, refresher,
 };
-use crate::components::{alert, refusal};
+use crate::components::{MineFilter, alert, refusal};
 use leptos::prelude::*;
-use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -597,18 +596,9 @@ fn FilterForm(filter: Memo<Filter>) -> impl IntoView {
         })
         .collect_view();
     view! {
-        <Form method="get" action="/allocations" attr:class="filters">
-            <input type="hidden" name="filtered" value="1" />
-            <label for="filter-state">"State"</label>
-            <select id="filter-state" name="state">
-                {options}
-            </select>
-            <label class="check">
-                <input type="checkbox" name="mine" value="1" checked=current.mine />
-                " Mine only"
-            </label>
-            <button type="submit">"Show"</button>
-        </Form>
+        <MineFilter action="/allocations" id="filter-state" name="state" label="State" mine=current.mine>
+            {options}
+        </MineFilter>
     }
 }
 

@@ -5,8 +5,8 @@
 
 use crate::api::{self, BookCapacity, CancelBooking, UiError};
 use crate::components::{
-    Authenticated, Empty, Field, FieldInput, Loading, Problem, alert, echoed, error_of, form_error,
-    kind_options, now,
+    Authenticated, ConfirmSubmit, Empty, Field, FieldInput, Loading, Problem, alert, echoed,
+    error_of, form_error, kind_options, now,
 };
 use chrono::{DateTime, Datelike, Days, NaiveDate, NaiveTime, Utc};
 use leptos::prelude::*;
@@ -386,17 +386,8 @@ fn entry(b: &BookingView, range: String, button: Option<AnyView>) -> impl IntoVi
     }
 }
 
-/// Asks before a cancel once hydrated (a native confirmation); without the wasm bundle
-/// the button posts the form directly.
-fn confirm_or_keep(ev: &leptos::ev::MouseEvent, question: &str) {
-    #[cfg(feature = "hydrate")]
-    if !window().confirm_with_message(question).unwrap_or(false) {
-        ev.prevent_default();
-    }
-    #[cfg(not(feature = "hydrate"))]
-    let _ = (ev, question);
-}
-
+/// A booking's cancel button: it asks first once hydrated (a native confirmation); without
+/// the wasm bundle it posts the form directly.
 fn cancel_form(id: String, b: &BookingView, action: ServerAction<CancelBooking>) -> AnyView {
     let question = format!(
         "Cancel this booking of {} × {} ({} to {} UTC)? The capacity is free for others again{}.",
@@ -413,15 +404,9 @@ fn cancel_form(id: String, b: &BookingView, action: ServerAction<CancelBooking>)
     view! {
         <ActionForm action=action attr:class="row-form">
             <input type="hidden" name="id" value=id />
-            <button
-                type="submit"
-                class="danger small"
-                data-testid="cancel-booking"
-                disabled=move || action.pending().get()
-                on:click=move |ev| confirm_or_keep(&ev, &question)
-            >
+            <ConfirmSubmit question class="danger small" testid="cancel-booking" pending=action.pending()>
                 "Cancel"
-            </button>
+            </ConfirmSubmit>
         </ActionForm>
     }
     .into_any()

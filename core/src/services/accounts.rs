@@ -306,7 +306,7 @@ impl Accounts {
     ) -> Result<Option<Principal>, AppError> {
         let Some(user) = self
             .store
-            .user_by_id(user_id)
+            .user_by_id(UserId(user_id))
             .await
             .map_err(internal("loading session user"))?
         else {
@@ -352,7 +352,7 @@ impl Accounts {
             })?;
         let user = self
             .store
-            .user_by_id(who.user_id().0)
+            .user_by_id(who.user_id())
             .await
             .map_err(internal("loading user for password change"))?
             .ok_or(AppError::Unauthorized)?;

@@ -56,7 +56,7 @@ pub async fn team(
     need: Need,
 ) -> Result<TeamAccess, AppError> {
     let row = store
-        .team(team.0)
+        .team(team)
         .await
         .map_err(internal("loading team"))?
         .ok_or(AppError::NotFound)?;

@@ -114,7 +114,7 @@ impl Tenancy {
         }
         if !self
             .store
-            .set_user_disabled(user.0, disabled, self.clock.now())
+            .set_user_disabled(user, disabled, self.clock.now())
             .await
             .map_err(internal("disabling user"))?
         {
@@ -142,7 +142,7 @@ impl Tenancy {
             .map_err(|_| AppError::Internal)?;
         if !self
             .store
-            .reset_password_hash(user.0, &hash, self.clock.now())
+            .reset_password_hash(user, &hash, self.clock.now())
             .await
             .map_err(internal("resetting password"))?
         {
@@ -154,7 +154,7 @@ impl Tenancy {
 
     async fn user(&self, _: Admin<'_>, user: UserId) -> Result<UserView, AppError> {
         self.store
-            .user_by_id(user.0)
+            .user_by_id(user)
             .await
             .map_err(internal("loading user"))?
             .map(|u| user_view(&u))
@@ -172,7 +172,7 @@ impl Tenancy {
         let page = page.clamped();
         let (rows, total) = if p.is_admin() {
             self.store
-                .list_all_teams(p.user_id().0, page.offset, page.limit)
+                .list_all_teams(p.user_id(), page.offset, page.limit)
                 .await
         } else {
             self.store
@@ -220,7 +220,7 @@ impl Tenancy {
         let name = TeamName::parse(name)?;
         if !self
             .store
-            .rename_team(team.0, name.as_str())
+            .rename_team(team, name.as_str())
             .await
             .map_err(internal("renaming team"))?
         {
@@ -239,7 +239,7 @@ impl Tenancy {
         authz::admin(p)?;
         authz::team(&self.store, p, team, Need::Read).await?;
         self.store
-            .set_team_archived(team.0, archived)
+            .set_team_archived(team, archived)
             .await
             .map_err(internal("archiving team"))?;
         self.team_view(p, team).await
@@ -247,7 +247,7 @@ impl Tenancy {
 
     async fn team_view(&self, p: &Principal, team: TeamId) -> Result<TeamView, AppError> {
         self.store
-            .team_with_role(team, p.user_id().0)
+            .team_with_role(team, p.user_id())
             .await
             .map_err(internal("loading team"))?
             .map(|r| team_view(&r))

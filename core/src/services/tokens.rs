@@ -186,7 +186,7 @@ impl Tokens {
         }
         let user = self
             .store
-            .user_by_id(token.user_id.0)
+            .user_by_id(token.user_id)
             .await
             .map_err(internal("loading token owner"))?
             .filter(|u| !u.disabled)

@@ -91,21 +91,21 @@ impl Store {
         Ok(n == 1)
     }
 
-    pub async fn team(&self, id: Uuid) -> Result<Option<TeamRow>, StoreError> {
+    pub async fn team(&self, id: TeamId) -> Result<Option<TeamRow>, StoreError> {
         let sql = "SELECT id, name, archived, created_at FROM teams WHERE id = $1";
-        db!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, TeamRow>(sql).bind(id.0).fetch_optional(pool).await)
     }
 
     /// Every team (for the platform admin), with `viewer`'s role where they are a member.
     pub async fn list_all_teams(
         &self,
-        viewer: Uuid,
+        viewer: UserId,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<TeamListRow>, i64), StoreError> {
         let sql = format!("{TEAM_LIST} ORDER BY lower(t.name), t.id LIMIT $2 OFFSET $3");
         let rows = on_pool!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
-            .bind(viewer).bind(i64::from(limit)).bind(i64::from(offset))
+            .bind(viewer.0).bind(i64::from(limit)).bind(i64::from(offset))
             .fetch_all(pool).await?);
         let total = on_pool!(self, pool =>
             sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM teams").fetch_one(pool).await?);
@@ -133,23 +133,23 @@ impl Store {
     pub async fn team_with_role(
         &self,
         team: TeamId,
-        viewer: Uuid,
+        viewer: UserId,
     ) -> Result<Option<TeamListRow>, StoreError> {
         let sql = format!("{TEAM_LIST} WHERE t.id = $2");
         db!(self, pool => sqlx::query_as::<_, TeamListRow>(&sql)
-            .bind(viewer).bind(team.0).fetch_optional(pool).await)
+            .bind(viewer.0).bind(team.0).fetch_optional(pool).await)
     }
 
     /// Renames; `Ok(false)` if another team has the name.
-    pub async fn rename_team(&self, id: Uuid, name: &str) -> Result<bool, StoreError> {
+    pub async fn rename_team(&self, id: TeamId, name: &str) -> Result<bool, StoreError> {
         let taken = on_pool!(self, pool => sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM teams WHERE lower(name) = lower($1) AND id <> $2")
-            .bind(name).bind(id).fetch_one(pool).await?);
+            .bind(name).bind(id.0).fetch_one(pool).await?);
         if taken > 0 {
             return Ok(false);
         }
         let r = on_pool!(self, pool => sqlx::query("UPDATE teams SET name = $1 WHERE id = $2")
-            .bind(name).bind(id).execute(pool).await.map(|_| ()));
+            .bind(name).bind(id.0).execute(pool).await.map(|_| ()));
         match r {
             Ok(_) => Ok(true),
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
@@ -157,9 +157,9 @@ impl Store {
         }
     }
 
-    pub async fn set_team_archived(&self, id: Uuid, archived: bool) -> Result<(), StoreError> {
+    pub async fn set_team_archived(&self, id: TeamId, archived: bool) -> Result<(), StoreError> {
         on_pool!(self, pool => sqlx::query("UPDATE teams SET archived = $1 WHERE id = $2")
-            .bind(archived).bind(id).execute(pool).await.map(|_| ()))?;
+            .bind(archived).bind(id.0).execute(pool).await.map(|_| ()))?;
         Ok(())
     }
 

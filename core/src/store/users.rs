@@ -26,9 +26,9 @@ impl Store {
         db!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(username).fetch_optional(pool).await)
     }
 
-    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRow>, StoreError> {
+    pub async fn user_by_id(&self, id: UserId) -> Result<Option<UserRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM users WHERE id = $1");
-        db!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(id).fetch_optional(pool).await)
+        db!(self, pool => sqlx::query_as::<_, UserRow>(&sql).bind(id.0).fetch_optional(pool).await)
     }
 
     pub async fn count_users(&self) -> Result<i64, StoreError> {
@@ -118,7 +118,7 @@ impl Store {
     /// `sessions_valid_after`) and revokes every API token, in one transaction.
     pub async fn set_user_disabled(
         &self,
-        id: Uuid,
+        id: UserId,
         disabled: bool,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
@@ -126,14 +126,14 @@ impl Store {
             let mut tx = pool.begin().await?;
             let n = if disabled {
                 sqlx::query("UPDATE users SET disabled = TRUE, sessions_valid_after = $1 WHERE id = $2")
-                    .bind(at).bind(id).execute(&mut *tx).await?.rows_affected()
+                    .bind(at).bind(id.0).execute(&mut *tx).await?.rows_affected()
             } else {
                 sqlx::query("UPDATE users SET disabled = FALSE WHERE id = $1")
-                    .bind(id).execute(&mut *tx).await?.rows_affected()
+                    .bind(id.0).execute(&mut *tx).await?.rows_affected()
             };
             if disabled {
                 sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL")
-                    .bind(at).bind(id).execute(&mut *tx).await?;
+                    .bind(at).bind(id.0).execute(&mut *tx).await?;
             }
             tx.commit().await?;
             Ok(n == 1)
@@ -143,13 +143,13 @@ impl Store {
     /// An administrator's password reset: no expected-hash check, sessions voided.
     pub async fn reset_password_hash(
         &self,
-        id: Uuid,
+        id: UserId,
         new_hash: &str,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let n = on_pool!(self, pool => sqlx::query(
             "UPDATE users SET password_hash = $1, sessions_valid_after = $2 WHERE id = $3")
-            .bind(new_hash).bind(at).bind(id).execute(pool).await?.rows_affected());
+            .bind(new_hash).bind(at).bind(id.0).execute(pool).await?.rows_affected());
         Ok(n == 1)
     }
 }

@@ -106,21 +106,12 @@ pub(super) fn JobFilter(
                     })
                     .collect_view();
                 view! {
-                    <Form method="get" action="/jobs" attr:class="filters">
-                        <input type="hidden" name="filtered" value="1" />
-                        <label for="filter-team">"Team"</label>
-                        <select id="filter-team" name="team">
-                            <option value="" selected=current.team.is_empty()>
-                                "All my teams"
-                            </option>
-                            {options}
-                        </select>
-                        <label class="check">
-                            <input type="checkbox" name="mine" value="1" checked=current.mine />
-                            " Mine only"
-                        </label>
-                        <button type="submit">"Show"</button>
-                    </Form>
+                    <MineFilter action="/jobs" id="filter-team" name="team" label="Team" mine=current.mine>
+                        <option value="" selected=current.team.is_empty()>
+                            "All my teams"
+                        </option>
+                        {options}
+                    </MineFilter>
                 }
             })}
         </Transition>

@@ -15,11 +15,10 @@ use crate::components::{
     Authenticated, Columns, Empty, Field, FieldInput, Loading, PAGE_SIZE, Problem, When, echoed,
     error_of, field_error, list_table, now, pager_with, relative, timestamp,
 };
+use crate::components::{ConfirmSubmit, MineFilter, alert, refusal};
 use crate::components::{CostEstimate, EstimateInput, Topic, load_estimate, refresher};
-use crate::components::{alert, confirm_or_cancel, refusal};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
-use leptos_router::components::Form;
 use leptos_router::hooks::{use_params_map, use_query_map};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -141,15 +140,9 @@ fn StopButton(
     view! {
         <ActionForm action=action attr:class="row-form stop-form">
             <input type="hidden" name="id" value=id />
-            <button
-                type="submit"
-                class="danger"
-                data-testid="stop"
-                disabled=move || action.pending().get()
-                on:click=move |ev| confirm_or_cancel(&ev, &question)
-            >
+            <ConfirmSubmit question testid="stop" pending=action.pending()>
                 {label}
-            </button>
+            </ConfirmSubmit>
         </ActionForm>
     }
 }

@@ -243,18 +243,14 @@ pub(super) fn OwnGpuFields(
         };
         view! {
             <div class="gang" data-testid="gang-fields" hidden=move || gang().is_none()>
-                <label for="job-launcher">"Launcher"</label>
-                <select id="job-launcher" name="launcher" data-testid="own-gpu-launcher">
-                    <option value="each" selected>"Every node runs the command"</option>
-                    <option value="rank0">"Only rank 0 runs it (mpirun)"</option>
-                </select>
-                {errors.run("launcher")}
-                <label for="job-ranks">"Processes"</label>
-                <select id="job-ranks" name="ranks" data-testid="own-gpu-ranks">
-                    <option value="per_node" selected>"One per node (torchrun, mpirun)"</option>
-                    <option value="per_gpu">"One per GPU"</option>
-                </select>
-                {errors.run("ranks")}
+                {GANG_CHOICES.map(|(name, label, [(first, says), (other, other_says)])| view! {
+                    <label for=format!("job-{name}")>{label}</label>
+                    <select id=format!("job-{name}") name=name data-testid=format!("own-gpu-{name}")>
+                        <option value=first selected>{says}</option>
+                        <option value=other>{other_says}</option>
+                    </select>
+                    {errors.run(name)}
+                })}
                 <p class="hint" data-testid="gang-hint">{hint}</p>
             </div>
         }
@@ -345,6 +341,28 @@ pub(super) fn gang_fits(nodes: u32, per_node: u32, free: Option<u32>, free_text:
         )
     }
 }
+
+/// A gang job's two choices: each field's name and label, then its values and their words,
+/// the default first.
+#[allow(clippy::type_complexity)]
+const GANG_CHOICES: [(&str, &str, [(&str, &str); 2]); 2] = [
+    (
+        "launcher",
+        "Launcher",
+        [
+            ("each", "Every node runs the command"),
+            ("rank0", "Only rank 0 runs it (mpirun)"),
+        ],
+    ),
+    (
+        "ranks",
+        "Processes",
+        [
+            ("per_node", "One per node (torchrun, mpirun)"),
+            ("per_gpu", "One per GPU"),
+        ],
+    ),
+];
 
 /// A whole-number field of the fieldset (`{prefix}-{name}`), kept in `value`. The server
 /// renders the value it starts with (`1`, or empty under a `placeholder`).

@@ -193,7 +193,7 @@ impl Workloads {
                 .await
                 .map_err(internal("loading allocation"))?,
             self.store
-                .user_by_id(w.user_id.0)
+                .user_by_id(w.user_id)
                 .await
                 .map_err(internal("loading user"))?,
         ) else {
