@@ -69,6 +69,15 @@ impl ComputeMode {
     }
 }
 
+/// A GPU instance to create: its profile (NVML's profile ID) and its placement, as
+/// `nvmlDeviceCreateGpuInstanceWithPlacement` takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuInstanceAt {
+    pub profile_id: u32,
+    pub start: u8,
+    pub size: u8,
+}
+
 /// Driver errors the agent acts on; everything else is [`ErrorKind::Other`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -135,15 +144,8 @@ pub trait GpuBackend: Send + Sync {
     /// process counts. Empty when MIG is disabled.
     fn instances(&self, gpu: &str) -> Result<Vec<MigInstance>, BackendError>;
 
-    /// Creates a GPU instance of `profile_id` at an explicit placement and
-    /// returns its GI ID.
-    fn create_gpu_instance(
-        &self,
-        gpu: &str,
-        profile_id: u32,
-        start: u8,
-        size: u8,
-    ) -> Result<u32, BackendError>;
+    /// Creates a GPU instance of a profile at an explicit placement and returns its GI ID.
+    fn create_gpu_instance(&self, gpu: &str, at: GpuInstanceAt) -> Result<u32, BackendError>;
 
     /// Fails with `InUse` while the GI has compute instances.
     fn destroy_gpu_instance(&self, gpu: &str, gi_id: u32) -> Result<(), BackendError>;

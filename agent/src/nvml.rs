@@ -62,7 +62,9 @@ use tessera_domain::wire::{
     MigModeState, PlacementInfo, ProfileInfo,
 };
 
-use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
+use crate::backend::{
+    BackendError, ComputeMode, Device, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange,
+};
 use crate::xid::{Registration, XidLog, gpu_health};
 
 /// Upper bound on profile indices we probe; NVML answers INVALID_ARGUMENT
@@ -526,13 +528,7 @@ impl GpuBackend for NvmlBackend {
         Ok(out)
     }
 
-    fn create_gpu_instance(
-        &self,
-        gpu: &str,
-        profile_id: u32,
-        start: u8,
-        size: u8,
-    ) -> Result<u32, BackendError> {
+    fn create_gpu_instance(&self, gpu: &str, at: GpuInstanceAt) -> Result<u32, BackendError> {
         const CALL: &str = "create_gpu_instance";
         let dev = self.device(CALL, gpu)?;
         let f = self
@@ -542,13 +538,14 @@ impl GpuBackend for NvmlBackend {
             .as_ref()
             .map_err(sym_err(CALL))?;
         let placement = nvmlGpuInstancePlacement_t {
-            start: u32::from(start),
-            size: u32::from(size),
+            start: u32::from(at.start),
+            size: u32::from(at.size),
         };
         let mut gi: nvmlGpuInstance_t = ptr::null_mut();
         // SAFETY: valid device handle, a pointer to a live placement struct,
         // and an out-pointer for the new GI handle.
-        nvml_try(unsafe { f(dev.handle(), profile_id, &placement, &mut gi) }).map_err(err(CALL))?;
+        nvml_try(unsafe { f(dev.handle(), at.profile_id, &placement, &mut gi) })
+            .map_err(err(CALL))?;
         Ok(self.gi_info(CALL, gi)?.id)
     }
 

@@ -20,7 +20,7 @@ use tessera_domain::wire::{
     MigMode, MigModeState, ProfileInfo,
 };
 
-use crate::backend::{BackendError, ErrorKind, GpuBackend, ModeChange};
+use crate::backend::{BackendError, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange};
 
 /// What the driver says about one GPU right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -314,7 +314,12 @@ fn run_step(backend: &dyn GpuBackend, gpu: &str, step: &Step) -> Result<(), Back
             size,
             ..
         } => {
-            let gi = backend.create_gpu_instance(gpu, *profile_id, *start, *size)?;
+            let at = GpuInstanceAt {
+                profile_id: *profile_id,
+                start: *start,
+                size: *size,
+            };
+            let gi = backend.create_gpu_instance(gpu, at)?;
             backend.create_full_compute_instance(gpu, gi).map(|_| ())
         }
         Step::SetMode(mode) => backend.set_mig_mode(gpu, *mode).map(|_: ModeChange| ()),

@@ -35,7 +35,9 @@ use tessera_domain::wire::{
     MigModeState, PlacementInfo, ProfileInfo,
 };
 
-use crate::backend::{BackendError, ComputeMode, Device, ErrorKind, GpuBackend, ModeChange};
+use crate::backend::{
+    BackendError, ComputeMode, Device, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange,
+};
 
 /// Memory of a simulated GPU that is not MIG-capable.
 const NON_MIG_MEMORY_MIB: u64 = 49_152;
@@ -816,15 +818,9 @@ impl GpuBackend for SimNode {
             .collect())
     }
 
-    fn create_gpu_instance(
-        &self,
-        gpu: &str,
-        profile_id: u32,
-        start: u8,
-        size: u8,
-    ) -> Result<u32, BackendError> {
+    fn create_gpu_instance(&self, gpu: &str, at: GpuInstanceAt) -> Result<u32, BackendError> {
         let (mut st, i) = self.enter("create_gpu_instance", Some(gpu))?;
-        st.create_gi(i, profile_id, start, size)
+        st.create_gi(i, at.profile_id, at.start, at.size)
     }
 
     fn destroy_gpu_instance(&self, gpu: &str, gi_id: u32) -> Result<(), BackendError> {

@@ -1,6 +1,6 @@
 //! The simulator follows the driver's MIG rules (mig.md §1.3, §2).
 
-use tessera_agent::backend::{ErrorKind, GpuBackend, ModeChange};
+use tessera_agent::backend::{ErrorKind, GpuBackend, GpuInstanceAt, ModeChange};
 use tessera_agent::sim::SimNode;
 use tessera_domain::mig::Catalog;
 use tessera_domain::wire::{MigMode, MigModeState};
@@ -62,7 +62,14 @@ fn instances_need_mig_enabled() {
     let gpu = &node.gpu_uuids()[0];
     let (pid, size) = id(&node, gpu, "1g.10gb");
     assert_eq!(
-        kind(node.create_gpu_instance(gpu, pid, 0, size)),
+        kind(node.create_gpu_instance(
+            gpu,
+            GpuInstanceAt {
+                profile_id: pid,
+                start: 0,
+                size: size
+            }
+        )),
         ErrorKind::NotSupported
     );
 }
@@ -75,21 +82,58 @@ fn overlap_and_exhausted_counts_are_insufficient_resources() {
     let (four, four_size) = id(&node, &gpu, "4g.20gb");
     // 1g@5 lies inside 3g@4's memory slices 4..8.
     assert_eq!(
-        kind(node.create_gpu_instance(&gpu, one, 5, one_size)),
+        kind(node.create_gpu_instance(
+            &gpu,
+            GpuInstanceAt {
+                profile_id: one,
+                start: 5,
+                size: one_size
+            }
+        )),
         ErrorKind::InsufficientResources
     );
     // 4g@0 fits next to 3g@4 ...
-    node.create_gpu_instance(&gpu, four, 0, four_size).unwrap();
+    node.create_gpu_instance(
+        &gpu,
+        GpuInstanceAt {
+            profile_id: four,
+            start: 0,
+            size: four_size,
+        },
+    )
+    .unwrap();
     // ... and then nothing else does.
     assert_eq!(
-        kind(node.create_gpu_instance(&gpu, one, 0, one_size)),
+        kind(node.create_gpu_instance(
+            &gpu,
+            GpuInstanceAt {
+                profile_id: one,
+                start: 0,
+                size: one_size
+            }
+        )),
         ErrorKind::InsufficientResources
     );
     // +me exists once per GPU although it has seven placements.
     let (node, gpu) = node_with(A100, &[]);
-    node.create_gpu_instance(&gpu, me, 0, me_size).unwrap();
+    node.create_gpu_instance(
+        &gpu,
+        GpuInstanceAt {
+            profile_id: me,
+            start: 0,
+            size: me_size,
+        },
+    )
+    .unwrap();
     assert_eq!(
-        kind(node.create_gpu_instance(&gpu, me, 1, me_size)),
+        kind(node.create_gpu_instance(
+            &gpu,
+            GpuInstanceAt {
+                profile_id: me,
+                start: 1,
+                size: me_size
+            }
+        )),
         ErrorKind::InsufficientResources
     );
 }
@@ -99,11 +143,25 @@ fn a_start_outside_the_placements_is_invalid() {
     let (node, gpu) = node_with(A100, &[]);
     let (three, size) = id(&node, &gpu, "3g.20gb");
     assert_eq!(
-        kind(node.create_gpu_instance(&gpu, three, 2, size)),
+        kind(node.create_gpu_instance(
+            &gpu,
+            GpuInstanceAt {
+                profile_id: three,
+                start: 2,
+                size: size
+            }
+        )),
         ErrorKind::InvalidArgument
     );
     assert_eq!(
-        kind(node.create_gpu_instance(&gpu, 4242, 0, 1)),
+        kind(node.create_gpu_instance(
+            &gpu,
+            GpuInstanceAt {
+                profile_id: 4242,
+                start: 0,
+                size: 1
+            }
+        )),
         ErrorKind::InvalidArgument
     );
 }
@@ -240,10 +298,25 @@ fn injected_faults_crashes_and_lost_gpus() {
     node.fail_next("create_gpu_instance", ErrorKind::NoPermission);
     let (pid, size) = id(&node, &gpu, "7g.80gb");
     assert_eq!(
-        kind(node.create_gpu_instance(&gpu, pid, 0, size)),
+        kind(node.create_gpu_instance(
+            &gpu,
+            GpuInstanceAt {
+                profile_id: pid,
+                start: 0,
+                size: size
+            }
+        )),
         ErrorKind::NoPermission
     );
-    node.create_gpu_instance(&gpu, pid, 0, size).unwrap();
+    node.create_gpu_instance(
+        &gpu,
+        GpuInstanceAt {
+            profile_id: pid,
+            start: 0,
+            size: size,
+        },
+    )
+    .unwrap();
 
     node.crash_after(2);
     node.mig_mode(&gpu).unwrap();
