@@ -45,6 +45,27 @@ const ID_FIELDS: [&str; 6] = [
     "user_id",
 ];
 
+/// The store's parameters (and fields) that name a team or a user.
+const PARTY_PARAMS: [&str; 6] = ["team", "teams", "user", "by", "viewer", "owner"];
+
+/// `team: Uuid`, `teams: &[Uuid]`, `user: Option<Uuid>`… on a line of a store file: the
+/// parameter's name.
+fn bare_party_param(line: &str) -> Option<&'static str> {
+    PARTY_PARAMS.into_iter().find(|p| {
+        line.split([',', '(']).any(|part| {
+            let part = part.trim().trim_start_matches("pub ");
+            part.strip_prefix(p)
+                .and_then(|rest| rest.trim_start().strip_prefix(':'))
+                .map(|ty| {
+                    ty.trim()
+                        .trim_start_matches("Option<")
+                        .trim_start_matches("&[")
+                })
+                .is_some_and(|ty| ty.starts_with("Uuid"))
+        })
+    })
+}
+
 /// Where the server holds the `SystemActor` its background passes run as: the composition
 /// root and the passes it starts. No request handler (nor the UI) gets one.
 const SYSTEM_ACTOR_HOLDERS: [&str; 5] = [
@@ -65,6 +86,12 @@ pub fn check(root: &Path) -> Result<()> {
         let rel = relative(root, &file);
         let text = std::fs::read_to_string(&file)?;
         for (n, line) in text.lines().enumerate() {
+            if let Some(param) = bare_party_param(line) {
+                broken.push(format!(
+                    "{rel}:{}: store parameter `{param}` is a bare Uuid; take a TeamId/UserId",
+                    n + 1
+                ));
+            }
             let Some((name, ty)) = line
                 .trim()
                 .strip_prefix("pub ")
@@ -145,4 +172,36 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bare_party_param;
+
+    #[test]
+    fn a_bare_uuid_for_a_team_or_user_parameter_is_found() {
+        let bare = [
+            (
+                "    pub async fn quota(&self, team: Uuid, model: &str) -> R {",
+                "team",
+            ),
+            ("        user: Option<Uuid>,", "user"),
+            ("        teams: Option<&[Uuid]>,", "teams"),
+            ("    pub team: Uuid,", "team"),
+            ("    fn f(&self, viewer: Uuid) {", "viewer"),
+        ];
+        for (line, param) in bare {
+            assert_eq!(bare_party_param(line), Some(param), "{line}");
+        }
+        let typed = [
+            "    pub async fn quota(&self, team: TeamId, model: &str) -> R {",
+            "        user: Option<UserId>,",
+            "        teams: Option<&[TeamId]>,",
+            "    pub team_id: Uuid,",
+            "    fn f(&self, id: Uuid, byte: Uuid) {",
+        ];
+        for line in typed {
+            assert_eq!(bare_party_param(line), None, "{line}");
+        }
+    }
 }

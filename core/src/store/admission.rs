@@ -16,9 +16,8 @@ use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, live_states, on
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, Verdict};
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, TeamId};
+use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use tessera_domain::notify::EventKind;
-use uuid::Uuid;
 
 /// What is admitted once the verdict allows it.
 #[derive(Debug, Clone)]
@@ -105,9 +104,9 @@ pub enum Admitted {
 /// Who is asking, on which quota line.
 #[derive(Debug, Clone, Copy)]
 pub struct Line<'a> {
-    pub team: Uuid,
+    pub team: TeamId,
     pub model: &'a str,
-    pub user: Uuid,
+    pub user: UserId,
     /// `[from, to)` of the month whose spend counts against the budget.
     pub month: (DateTime<Utc>, DateTime<Utc>),
     /// When the admission happens: its history entry and notifications carry this time.
@@ -224,7 +223,7 @@ impl Store {
     ) -> Result<Admitted, StoreError> {
         let result: Result<Admitted, sqlx::Error> = on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let locked = sqlx::query(LOCK).bind(line.team).execute(&mut *tx).await?.rows_affected();
+            let locked = sqlx::query(LOCK).bind(line.team.0).execute(&mut *tx).await?.rows_affected();
             if locked != 1 {
                 tx.rollback().await?;
                 return Ok(Admitted::Refused(AppError::NotFound));
@@ -251,10 +250,10 @@ impl Store {
             };
             let (high, cap, q_model, guaranteed, limit_units, per_user, used, user_used,
                  high_used, monthly_minor, hard) = sqlx::query_as::<_, StandingCols>(STANDING)
-                .bind(line.team).bind(line.model).bind(line.user)
+                .bind(line.team.0).bind(line.model).bind(line.user.0)
                 .fetch_one(&mut *tx).await?;
             let quota = q_model.map(|model| QuotaRow {
-                team_id: TeamId(line.team),
+                team_id: line.team,
                 model,
                 guaranteed: guaranteed.unwrap_or(0),
                 limit_units: limit_units.unwrap_or(0),
@@ -263,14 +262,14 @@ impl Store {
             });
             let user_used = user_used.unwrap_or(0);
             let budget = monthly_minor.zip(hard).map(|(monthly_minor, hard)| BudgetRow {
-                team_id: TeamId(line.team),
+                team_id: line.team,
                 monthly_minor,
                 hard,
             });
             let (month_spent, open) = if budget.as_ref().is_some_and(|b| b.hard) {
-                let spent = sqlx::query_scalar::<_, i64>(MONTH_SPENT).bind(line.team)
+                let spent = sqlx::query_scalar::<_, i64>(MONTH_SPENT).bind(line.team.0)
                     .bind(line.month.0).bind(line.month.1).fetch_one(&mut *tx).await?;
-                let open = sqlx::query_as::<_, OpenAllocation>(OPEN).bind(line.team)
+                let open = sqlx::query_as::<_, OpenAllocation>(OPEN).bind(line.team.0)
                     .fetch_all(&mut *tx).await?;
                 (spent, open)
             } else {

@@ -566,9 +566,9 @@ impl Allocations {
         now: DateTime<Utc>,
     ) -> Line<'a> {
         Line {
-            team: row.team_id.0,
+            team: row.team_id,
             model: &row.model,
-            user: row.user_id.0,
+            user: row.user_id,
             month: pricer.map_or_else(
                 || billing::month_bounds(billing::month_of(now)),
                 Pricer::month,
