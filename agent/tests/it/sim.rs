@@ -67,7 +67,7 @@ fn instances_need_mig_enabled() {
             GpuInstanceAt {
                 profile_id: pid,
                 start: 0,
-                size: size
+                size
             }
         )),
         ErrorKind::NotSupported
@@ -148,7 +148,7 @@ fn a_start_outside_the_placements_is_invalid() {
             GpuInstanceAt {
                 profile_id: three,
                 start: 2,
-                size: size
+                size
             }
         )),
         ErrorKind::InvalidArgument
@@ -303,7 +303,7 @@ fn injected_faults_crashes_and_lost_gpus() {
             GpuInstanceAt {
                 profile_id: pid,
                 start: 0,
-                size: size
+                size
             }
         )),
         ErrorKind::NoPermission
@@ -313,7 +313,7 @@ fn injected_faults_crashes_and_lost_gpus() {
         GpuInstanceAt {
             profile_id: pid,
             start: 0,
-            size: size,
+            size,
         },
     )
     .unwrap();

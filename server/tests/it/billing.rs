@@ -22,14 +22,7 @@ use uuid::Uuid;
 /// rows no service writes: history seeded in the past, a tampered ledger).
 pub(crate) async fn services(app: &TestApp) -> (Services, SystemActor, Store) {
     let store = Store::connect(&app.database_url).await.expect("store");
-    let (services, system) = Services::new(
-        store.clone(),
-        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
-        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
-            Default::default(),
-        )),
-        std::time::Duration::from_secs(3600),
-    );
+    let (services, system) = crate::support::services_over(store.clone());
     (services, system, store)
 }
 

@@ -117,14 +117,7 @@ async fn node() -> NodeIdentity {
     let store = tessera_core::store::Store::connect("sqlite::memory:")
         .await
         .expect("store");
-    let (_, system) = tessera_core::Services::new(
-        store,
-        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
-        Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
-            Default::default(),
-        )),
-        std::time::Duration::from_secs(3600),
-    );
+    let (_, system) = crate::support::services_over(store);
     NodeIdentity::for_executor(
         &system,
         tessera_domain::ids::NodeId(uuid::Uuid::from_u128(7)),

@@ -279,14 +279,7 @@ impl TestApp {
         let store = tessera_core::store::Store::connect(&self.database_url)
             .await
             .expect("store");
-        let (services, system) = tessera_core::Services::new(
-            store,
-            tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
-            std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
-                Default::default(),
-            )),
-            std::time::Duration::from_secs(3600),
-        );
+        let (services, system) = services_over(store);
         (
             services.with_data_keys(std::sync::Arc::new(self.data_keys())),
             system,
@@ -625,4 +618,19 @@ pub fn sim_agent(
         .args(["--heartbeat-interval-s", "1", "--reconcile-interval-s", "1"])
         .kill_on_drop(true);
     cmd
+}
+
+/// Services over `store` (a cheap password hasher, default login limits) and the
+/// platform's `SystemActor` that comes with them.
+pub fn services_over(
+    store: tessera_core::store::Store,
+) -> (tessera_core::Services, tessera_core::auth::SystemActor) {
+    tessera_core::Services::new(
+        store,
+        tessera_core::auth::password::Hasher::new(1, 1).expect("hasher"),
+        std::sync::Arc::new(tessera_core::auth::limiter::LoginLimiter::new(
+            Default::default(),
+        )),
+        std::time::Duration::from_secs(3600),
+    )
 }
