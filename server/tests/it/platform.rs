@@ -123,9 +123,13 @@ async fn a_login_flood_gets_429_and_does_not_starve_other_requests(db: Db) {
     })
     .await;
     let mut tasks = Vec::new();
+    // All 24 set off together, so that they overlap even on a loaded machine.
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(24));
     for i in 0..24 {
         let b = app.browser();
+        let start = start.clone();
         tasks.push(tokio::spawn(async move {
+            start.wait().await;
             let r = b.login(&format!("flood{i}"), "some-password-here").await;
             (
                 r.status().as_u16(),
