@@ -326,9 +326,9 @@ pub fn form_error<T: 'static>(
 
 /// A refused action's message as an alert (`testid`): `forbidden` where the caller may not
 /// do it, else the error's own words.
-pub fn refusal(e: UiError, forbidden: &'static str, testid: &'static str) -> impl IntoView {
+pub fn refusal(e: UiError, forbidden: impl Into<String>, testid: &'static str) -> impl IntoView {
     let text = match e.error {
-        AppError::Forbidden => forbidden.to_owned(),
+        AppError::Forbidden => forbidden.into(),
         other => other.to_string(),
     };
     view! {

@@ -1084,21 +1084,14 @@ fn ApprovalBox(
     let value = move || action.value().get();
     let who = approver_text(approver, &team);
     let refused = move || {
-        error_of(value()).and_then(|e| {
-            let text = match e.error {
-                AppError::Forbidden => format!(
-                    "You may not approve or deny this request: it needs {}.",
-                    approver_text(approver, &team)
-                ),
-                other if other.field().is_none() => other.to_string(),
-                _ => return None,
-            };
-            Some(view! {
-                <div class="form-error" role="alert" data-testid="decide-error">
-                    {text}
-                </div>
+        error_of(value())
+            .filter(|e| e.error == AppError::Forbidden || e.error.field().is_none())
+            .map(|e| {
+                let needs = approver_text(approver, &team);
+                let forbidden =
+                    format!("You may not approve or deny this request: it needs {needs}.");
+                refusal(e, forbidden, "decide-error")
             })
-        })
     };
     view! {
         <section class="approval" data-testid="approval" aria-label="Approval">
@@ -1171,22 +1164,14 @@ fn ReleaseForm(
 ) -> impl IntoView {
     let error = move || {
         error_of(action.value().get()).map(|e| {
-            let text = match e.error {
-                AppError::Forbidden => format!(
-                    "Only its owner, a team admin of {team} or a platform admin may {}.",
-                    if active {
-                        "release it"
-                    } else {
-                        "cancel this request"
-                    }
-                ),
-                other => other.to_string(),
+            let what = if active {
+                "release it"
+            } else {
+                "cancel this request"
             };
-            view! {
-                <div class="form-error" role="alert" data-testid="release-error">
-                    {text}
-                </div>
-            }
+            let forbidden =
+                format!("Only its owner, a team admin of {team} or a platform admin may {what}.");
+            refusal(e, forbidden, "release-error")
         })
     };
     let (label, hint) = if active {

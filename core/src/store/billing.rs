@@ -209,19 +209,21 @@ impl Store {
 
     /// `(id, username)` of every user.
     pub async fn user_names(&self) -> Result<Vec<(UserId, String)>, StoreError> {
-        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, username FROM users").fetch_all(pool).await)?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, name)| (UserId(id), name))
-            .collect())
+        self.names("SELECT id, username FROM users").await
     }
 
     /// `(id, name)` of every team.
     pub async fn team_names(&self) -> Result<Vec<(TeamId, String)>, StoreError> {
-        let rows = db!(self, pool => sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM teams").fetch_all(pool).await)?;
+        self.names("SELECT id, name FROM teams").await
+    }
+
+    /// `(id, name)` pairs read by `sql`, the id as its type.
+    async fn names<I: From<Uuid>>(&self, sql: &str) -> Result<Vec<(I, String)>, StoreError> {
+        let rows =
+            db!(self, pool => sqlx::query_as::<_, (Uuid, String)>(sql).fetch_all(pool).await)?;
         Ok(rows
             .into_iter()
-            .map(|(id, name)| (TeamId(id), name))
+            .map(|(id, name)| (I::from(id), name))
             .collect())
     }
 
