@@ -1,7 +1,10 @@
 //! Small building blocks shared by pages: the signed-in layout, form errors, list states
 //! (loading, empty, pagination), error pages and times.
 
+pub mod card;
 pub mod images;
+
+pub use card::{Card, Panel, SecretCard};
 
 /// Asks before a destructive form post once hydrated (a native confirmation); without the
 /// wasm bundle the button posts the form directly.
@@ -41,10 +44,30 @@ pub fn MineFilter(
     }
 }
 
-/// A form's "Remove" submit button that asks `question` first.
+/// A token row's revoke form's inside: the hidden `id` and the button.
+pub fn revoke_fields<S>(id: uuid::Uuid, revoke: ServerAction<S>) -> impl IntoView
+where
+    S: leptos::server_fn::ServerFn + Clone + Send + Sync + 'static,
+    S::Output: Send + Sync + 'static,
+    S::Error: Send + Sync + 'static,
+{
+    let pending = revoke.pending();
+    view! {
+        <input type="hidden" name="id" value=id.to_string() />
+        <button type="submit" class="danger" disabled=move || pending.get()>
+            "Revoke"
+        </button>
+    }
+}
+
+/// A form's "Remove" submit button that asks `question` first, after the hidden field
+/// (`name`, `value`) that says what to remove.
 #[component]
-pub fn RemoveButton(question: String) -> impl IntoView {
-    view! { <ConfirmSubmit question>"Remove"</ConfirmSubmit> }
+pub fn RemoveButton(name: &'static str, value: String, question: String) -> impl IntoView {
+    view! {
+        <input type="hidden" name=name value=value />
+        <ConfirmSubmit question>"Remove"</ConfirmSubmit>
+    }
 }
 
 /// A submit button that asks `question` before its form is sent, off while `pending`.
@@ -1052,6 +1075,15 @@ pub fn at(path: impl Into<String>) -> impl Fn(u32) -> String + Send + Sync + Clo
 
 /// The table of a list: headings and rows.
 pub fn list_table<R: IntoView>(columns: &Columns, rows: R) -> impl IntoView + use<R> {
+    footed_table(columns, rows, None::<()>)
+}
+
+/// [`list_table`] with a footer where `foot` holds one (its rows: totals and the like).
+pub fn footed_table<R: IntoView, F: IntoView>(
+    columns: &Columns,
+    rows: R,
+    foot: Option<F>,
+) -> impl IntoView + use<R, F> {
     let scope = columns.scoped.then_some("col");
     let heads = columns
         .headers
@@ -1072,6 +1104,7 @@ pub fn list_table<R: IntoView>(columns: &Columns, rows: R) -> impl IntoView + us
                 <tr>{heads}</tr>
             </thead>
             <tbody>{rows}</tbody>
+            {foot.map(|f| view! { <tfoot>{f}</tfoot> })}
         </table>
     }
 }

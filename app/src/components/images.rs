@@ -3,6 +3,7 @@
 //! the Environment select of the notebook, job and profile forms.
 
 use crate::api::{AddImage, RemoveImage, RemoveRegistryLogin, SetRegistryLogin, UiError};
+use crate::components::Card;
 use crate::components::{
     Columns, Field, FieldInput, RemoveButton, When, field_error, form_error, unpaged_table,
 };
@@ -80,8 +81,7 @@ fn CatalogRow(
         view! {
             <td class="actions">
                 <ActionForm action=remove attr:class="row-form">
-                    <input type="hidden" name="id" value=image.id.to_string() />
-                    <RemoveButton question=question />
+                    <RemoveButton name="id" value=image.id.to_string() question />
                 </ActionForm>
             </td>
         }
@@ -173,16 +173,14 @@ pub fn TeamImages(
         view! { <TeamLogins team_id=team_id.clone() logins set=set_login remove=remove_login /> }
     });
     view! {
-        <section class="card wide" aria-labelledby="team-images-title" data-testid="team-images">
-            <h2 id="team-images-title">"Images"</h2>
-            <p class="hint">
-                "The team's own images, beside the platform's, in the Environment choice of its "
-                "notebooks and jobs. Only this team sees and runs them."
-            </p>
+        <Card id="team-images" title="Images" wide=true testid="team-images" hint=concat!(
+            "The team's own images, beside the platform's, in the Environment choice of its ",
+            "notebooks and jobs. Only this team sees and runs them.",
+        )>
             <CatalogTable catalog remove manages />
             {add_form}
             {login_part}
-        </section>
+        </Card>
     }
 }
 
@@ -222,8 +220,7 @@ fn TeamLogins(
                         <td class="actions">
                             <ActionForm action=remove attr:class="row-form">
                                 <input type="hidden" name="team_id" value=team />
-                                <input type="hidden" name="registry" value=value />
-                                <RemoveButton question=question />
+                                <RemoveButton name="registry" value question />
                             </ActionForm>
                         </td>
                     </tr>
@@ -231,8 +228,8 @@ fn TeamLogins(
             },
         )}
         <ActionForm action=set attr:data-testid="login-form" attr:novalidate=true>
-            {form_error(value)}
             <input type="hidden" name="team_id" value=team_id />
+            {form_error(value)}
             <div class="field-row three">
                 <div>
                     <Field result=value id="login-registry" name="registry" label="Registry" keep=true

@@ -2,15 +2,15 @@ use crate::api::{
     self, ChangePassword, CreateToken, RevokeToken, SetNotificationEmail,
     SetNotificationPreference, UiError,
 };
-use crate::components::list_table;
 use crate::components::{
     Authenticated, Columns, Field, FieldInput, Loading, PAGE_SIZE, PasswordInput, Problem,
     SecretBox, SecretSubmit, When, at, field_error, form_error, paged_table, use_offset,
 };
+use crate::components::{Card, SecretCard, list_table, revoke_fields};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 use tessera_domain::notify::{NotificationSettings, NotifyMode};
-use tessera_domain::tenancy::{ApiTokenView, Page, PageRequest};
+use tessera_domain::tenancy::{ApiTokenView, CreatedSecret, Page, PageRequest};
 
 #[component]
 pub fn AccountPage() -> impl IntoView {
@@ -82,24 +82,20 @@ fn ChangePasswordForm() -> impl IntoView {
 #[component]
 fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
     let value = move || action.value().get();
-    let secret = move || {
-        action.value().get().and_then(Result::ok).map(|created| {
-            view! {
-                <SecretBox
-                    title=format!("New API token “{}”", created.token.name)
-                    secret=created.secret
-                />
-                <p class="hint">
-                    "Use it as " <code>"Authorization: Bearer <token>"</code>
-                    " against " <code>"/api/v1"</code> "; it acts as you, with your roles."
-                </p>
-            }
-        })
+    let shown = |created: CreatedSecret<ApiTokenView>| {
+        view! {
+            <SecretBox
+                title=format!("New API token “{}”", created.token.name)
+                secret=created.secret
+            />
+            <p class="hint">
+                "Use it as " <code>"Authorization: Bearer <token>"</code>
+                " against " <code>"/api/v1"</code> "; it acts as you, with your roles."
+            </p>
+        }
     };
     view! {
-        <section class="card">
-            <h2>"Create an API token"</h2>
-            {secret}
+        <SecretCard id="create-token" title="Create an API token" made=value shown>
             <ActionForm action=action attr:id="create-token" attr:novalidate=true>
                 {form_error(value)}
                 <Field result=value id="token-name" name="name" label="Name"
@@ -109,7 +105,7 @@ fn CreateTokenForm(action: ServerAction<CreateToken>) -> impl IntoView {
                     input=FieldInput::number("1").placeholder("never") />
                 <SecretSubmit label="Create token" pending=action.pending() />
             </ActionForm>
-        </section>
+        </SecretCard>
     }
 }
 
@@ -155,12 +151,7 @@ fn TokenRow(token: ApiTokenView, revoke: ServerAction<RevokeToken>) -> impl Into
             <td>{expires}</td>
             <td>{last_used}</td>
             <td class="actions">
-                <ActionForm action=revoke attr:class="row-form">
-                    <input type="hidden" name="id" value=token.id.to_string() />
-                    <button type="submit" class="danger" disabled=move || revoke.pending().get()>
-                        "Revoke"
-                    </button>
-                </ActionForm>
+                <ActionForm action=revoke attr:class="row-form">{revoke_fields(token.id, revoke)}</ActionForm>
             </td>
         </tr>
     }
@@ -245,13 +236,9 @@ fn Notifications(
         })
     };
     view! {
-        <section class="card wide" aria-labelledby="notifications-title">
-            <h2 id="notifications-title">"Notifications"</h2>
-            <p class="hint">
-                "Mail about your work and your teams. Without an address you get none."
-            </p>
+        <Card id="notifications" title="Notifications" wide=true hint="Mail about your work and your teams. Without an address you get none.">
             {form_error(move || set_pref.value().get())}
             <Transition fallback=Loading>{body}</Transition>
-        </section>
+        </Card>
     }
 }

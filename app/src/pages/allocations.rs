@@ -5,6 +5,7 @@
 use crate::api::{
     self, DecideAllocation, ExtendAllocation, ReleaseAllocation, RequestAllocation, UiError,
 };
+use crate::components::Card;
 use crate::components::list_table;
 use crate::components::{
     Authenticated, Columns, Empty, Field, FieldInput, Loaded, Loading, PAGE_SIZE, When, echoed,
@@ -218,8 +219,7 @@ fn RequestSection(data: ListData) -> impl IntoView {
         ..
     } = data;
     view! {
-        <section class="card wide" aria-labelledby="request-title">
-            <h2 id="request-title">"Request a GPU"</h2>
+        <Card id="request" title="Request a GPU" wide=true>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     let options = options.await;
@@ -245,7 +245,7 @@ fn RequestSection(data: ListData) -> impl IntoView {
                     }
                 })}
             </Transition>
-        </section>
+        </Card>
     }
 }
 
@@ -556,8 +556,7 @@ fn RemainingQuota(team_name: Option<String>, q: QuotaView) -> impl IntoView {
 fn AllocationList(data: ListData) -> impl IntoView {
     let ListData { filter, list, .. } = data;
     view! {
-        <section class="card wide" aria-labelledby="list-title">
-            <h2 id="list-title">"Allocations"</h2>
+        <Card id="list" title="Allocations" wide=true>
             <FilterForm filter />
             {paged_table(
                 list,
@@ -577,7 +576,7 @@ fn AllocationList(data: ListData) -> impl IntoView {
                 },
                 allocation_row,
             )}
-        </section>
+        </Card>
     }
 }
 

@@ -2,6 +2,7 @@
 //! extended what, and who changed which quota, newest first, filtered by action.
 
 use crate::api::{self, UiError};
+use crate::components::Card;
 use crate::components::{AdminOnly, Authenticated, Columns, PAGE_SIZE, paged_table, timestamp};
 use leptos::prelude::*;
 use leptos_router::components::Form;
@@ -76,8 +77,7 @@ fn AuditLog(
     entries: Resource<Result<Page<AuditEntryView>, UiError>>,
 ) -> impl IntoView {
     view! {
-        <section class="card wide" aria-labelledby="audit-title">
-            <h2 id="audit-title">"Entries"</h2>
+        <Card id="audit" title="Entries" wide=true>
             <FilterForm filter />
             {paged_table(
                 entries,
@@ -94,7 +94,7 @@ fn AuditLog(
                 },
                 audit_row,
             )}
-        </section>
+        </Card>
     }
 }
 

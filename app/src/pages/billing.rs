@@ -4,11 +4,11 @@
 
 use super::money;
 use crate::api::{self, SaveBudget, SetRate, UiError};
-use crate::components::kind_options;
 use crate::components::{
     AdminOnly, Authenticated, Field, FieldInput, LoadedList, Loading, echoed, field_error,
     form_error, now, timestamp,
 };
+use crate::components::{Card, kind_options};
 use crate::components::{Columns, list_table};
 use crate::components::{TeamChoice, alert, load_teams};
 use leptos::prelude::*;
@@ -27,8 +27,14 @@ pub fn BillingPage() -> impl IntoView {
                     "Prices per GPU-hour, team budgets, statements and the chargeback export. "
                     "Allocations are metered hour by hour (UTC) and charged to their team's ledger."
                 </p>
-                <Rates data />
-                <Budgets data />
+                <Card id="rates" title="Prices" wide=true hint=RATES_HINT>
+                    <LoadedList list=data.rates empty=no_rates let:list>{rate_table(list)}</LoadedList>
+                    <RateForm action=data.set_rate />
+                </Card>
+                <Card id="budgets" title="Team budgets this month" wide=true hint=BUDGETS_HINT>
+                    <LoadedList list=data.budgets empty=no_budgets let:list>{budget_table(list)}</LoadedList>
+                    <BudgetForm action=data.save_budget teams=data.teams />
+                </Card>
                 <div class="columns">
                     <ExportForm teams=data.teams />
                     <Statements teams=data.teams />
@@ -69,29 +75,12 @@ impl BillingData {
 // Rates
 // ---------------------------------------------------------------------------------------
 
-#[component]
-fn Rates(data: BillingData) -> impl IntoView {
-    let rates = data.rates;
-    view! {
-        <section class="card wide" aria-labelledby="rates-title">
-            <h2 id="rates-title">"Prices"</h2>
-            <p class="hint">
-                "A price applies per GPU (or per MIG instance) and hour, from its start on. "
-                "A MIG profile without a price of its own costs the whole GPU's price pro rata by "
-                "compute slices: a 1g.10gb slice is 1/7 of an H100, a 3g.40gb 3/7. "
-                "Preemptible allocations get the discount."
-            </p>
-            <LoadedList
-                list=rates
-                empty=|| view! { <p data-testid="no-rates">"No prices yet: GPU time is metered, but costs nothing until you set a price below."</p> }
-                let:list
-            >
-                <RateTable list />
-            </LoadedList>
-            <RateForm action=data.set_rate />
-        </section>
-    }
-}
+const RATES_HINT: &str = concat!(
+    "A price applies per GPU (or per MIG instance) and hour, from its start on. ",
+    "A MIG profile without a price of its own costs the whole GPU's price pro rata by ",
+    "compute slices: a 1g.10gb slice is 1/7 of an H100, a 3g.40gb 3/7. ",
+    "Preemptible allocations get the discount."
+);
 
 /// Current, scheduled (starts later) or past (superseded).
 fn rate_status(r: &RateView) -> (&'static str, &'static str, &'static str) {
@@ -104,9 +93,16 @@ fn rate_status(r: &RateView) -> (&'static str, &'static str, &'static str) {
     }
 }
 
-#[component]
-fn RateTable(list: Vec<RateView>) -> impl IntoView {
-    let mut list = list;
+fn no_rates() -> impl IntoView {
+    view! {
+        <p data-testid="no-rates">
+            "No prices yet: GPU time is metered, but costs nothing until you set a price below."
+        </p>
+    }
+}
+
+/// The prices, per kind the latest start first.
+fn rate_table(mut list: Vec<RateView>) -> impl IntoView {
     // Per kind, the latest start first: scheduled, then current, then history.
     list.sort_by(|a, b| {
         a.kind
@@ -256,27 +252,10 @@ fn RateForm(action: ServerAction<SetRate>) -> impl IntoView {
 // Budgets
 // ---------------------------------------------------------------------------------------
 
-#[component]
-fn Budgets(data: BillingData) -> impl IntoView {
-    let budgets = data.budgets;
-    view! {
-        <section class="card wide" aria-labelledby="budgets-title">
-            <h2 id="budgets-title">"Team budgets this month"</h2>
-            <p class="hint">
-                "Budgets are per calendar month (UTC). Alerts at 50, 80 and 100 %. With a hard "
-                "limit, a request that would take the team beyond its budget waits for a platform admin."
-            </p>
-            <LoadedList
-                list=budgets
-                empty=|| view! { <p data-testid="no-budgets">"No team has a budget or any spend this month yet."</p> }
-                let:list
-            >
-                <BudgetTable list />
-            </LoadedList>
-            <BudgetForm action=data.save_budget teams=data.teams />
-        </section>
-    }
-}
+const BUDGETS_HINT: &str = concat!(
+    "Budgets are per calendar month (UTC). Alerts at 50, 80 and 100 %. With a hard ",
+    "limit, a request that would take the team beyond its budget waits for a platform admin."
+);
 
 /// The alert badge: 50 %, 80 % or 100 % reached.
 pub(super) fn alert_badge(alert: Option<u8>) -> AnyView {
@@ -313,8 +292,12 @@ pub(super) fn used_meter(pct: u32) -> impl IntoView {
     }
 }
 
-#[component]
-fn BudgetTable(list: Vec<BudgetView>) -> impl IntoView {
+fn no_budgets() -> impl IntoView {
+    view! { <p data-testid="no-budgets">"No team has a budget or any spend this month yet."</p> }
+}
+
+/// Each team's budget and spend this month.
+fn budget_table(list: Vec<BudgetView>) -> impl IntoView {
     let rows = list
         .into_iter()
         .map(|b| {
@@ -468,6 +451,12 @@ fn team_options(list: Vec<TeamChoice>) -> impl IntoView {
     }
 }
 
+const EXPORT_HINT: &str = concat!(
+    "A CSV with FinOps FOCUS-aligned columns (BilledCost, ListCost, ConsumedQuantity ",
+    "in GPU-hours, ChargePeriodStart, SubAccountName …): one row per allocation and ",
+    "hour; its billed total equals the ledger's."
+);
+
 /// A plain GET form to the CSV export (a download, not a page: the router stays out).
 #[component]
 fn ExportForm(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoView {
@@ -482,13 +471,7 @@ fn ExportForm(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoVie
         })
     };
     view! {
-        <section class="card" aria-labelledby="export-title">
-            <h2 id="export-title">"Chargeback export"</h2>
-            <p class="hint">
-                "A CSV with FinOps FOCUS-aligned columns (BilledCost, ListCost, ConsumedQuantity "
-                "in GPU-hours, ChargePeriodStart, SubAccountName …): one row per allocation and "
-                "hour; its billed total equals the ledger's."
-            </p>
+        <Card id="export" title="Chargeback export" hint=EXPORT_HINT>
             <form method="get" action="/api/v1/exports/chargeback.csv" data-testid="export-form">
                 <label for="export-team">"Team"</label>
                 <Transition fallback=Loading>{select}</Transition>
@@ -507,7 +490,7 @@ fn ExportForm(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoVie
                     "Download CSV"
                 </button>
             </form>
-        </section>
+        </Card>
     }
 }
 
@@ -515,9 +498,7 @@ fn ExportForm(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoVie
 #[component]
 fn Statements(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoView {
     view! {
-        <section class="card" aria-labelledby="statements-title">
-            <h2 id="statements-title">"Statements"</h2>
-            <p class="hint">"What each team owes for a month, line by line."</p>
+        <Card id="statements" title="Statements" hint="What each team owes for a month, line by line.">
             <LoadedList list=teams empty=|| "No teams yet." let:list>
                 <ul class="link-list" data-testid="statement-links">
                     {list
@@ -537,6 +518,6 @@ fn Statements(teams: Resource<Result<Vec<TeamChoice>, UiError>>) -> impl IntoVie
                         .collect_view()}
                 </ul>
             </LoadedList>
-        </section>
+        </Card>
     }
 }

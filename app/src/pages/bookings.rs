@@ -4,6 +4,7 @@
 //! is taken. A booking's own team admins and platform admins may cancel it.
 
 use crate::api::{self, BookCapacity, CancelBooking, UiError};
+use crate::components::Card;
 use crate::components::{
     Authenticated, ConfirmSubmit, Empty, Field, FieldInput, Loading, Problem, alert, echoed,
     error_of, form_error, kind_options, now,
@@ -469,8 +470,7 @@ fn BookSection(options: Options, action: ServerAction<BookCapacity>) -> impl Int
         })
     };
     view! {
-        <section class="card" aria-labelledby="book-title">
-            <h2 id="book-title">"Book capacity"</h2>
+        <Card id="book" title="Book capacity">
             {no_models
                 .then(|| alert("No GPU model has registered capacity yet: there is nothing to book."))}
             {done}
@@ -516,7 +516,7 @@ fn BookSection(options: Options, action: ServerAction<BookCapacity>) -> impl Int
                     {move || if action.pending().get() { "Booking…" } else { "Book" }}
                 </button>
             </ActionForm>
-        </section>
+        </Card>
     }
 }
 

@@ -1,7 +1,7 @@
 use super::workloads::WorkloadBadge;
 use crate::api::{self, UiError};
-use crate::components::alert;
 use crate::components::{Authenticated, Empty, Loading, Problem, is_admin};
+use crate::components::{Columns, Panel, alert, list_table};
 use crate::components::{Topic, refresher};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,14 @@ use tessera_domain::workload::WorkloadView;
 const REFRESH: Duration = Duration::from_secs(10);
 /// How many of the caller's teams get a quota card.
 const QUOTA_TEAMS: u32 = 5;
+/// Budget alert level from which the dashboard warns.
+const ALERT_FROM: u8 = 80;
+/// How many waiting approvals the panel links to.
+const APPROVALS_SHOWN: usize = 5;
+/// How many of the caller's live notebooks the dashboard lists.
+const NOTEBOOKS_SHOWN: u32 = 5;
+/// How many finished jobs the dashboard lists.
+const RECENT_JOBS: usize = 10;
 
 #[component]
 pub fn DashboardPage() -> impl IntoView {
@@ -43,12 +51,8 @@ pub fn DashboardPage() -> impl IntoView {
             )
         },
     );
-    let usage_tick = refresher(&[Topic::Work], REFRESH, |streaming| !streaming);
-    let usage = Resource::new(move || usage_tick.get(), |_| api::own_usage());
-    let oversight_tick = refresher(&[Topic::Work, Topic::Nodes], REFRESH, |streaming| {
-        !streaming
-    });
-    let oversight = Resource::new(move || oversight_tick.get(), |_| load_oversight());
+    let usage = reloaded(&[Topic::Work], api::own_usage);
+    let oversight = reloaded(&[Topic::Work, Topic::Nodes], load_oversight);
     view! {
         <Authenticated>
             <h1>"Dashboard"</h1>
@@ -124,13 +128,9 @@ fn SetupPanel(
 /// Nodes, GPUs and MIG instances across the cluster; refreshes itself while open.
 #[component]
 fn ClusterPanel() -> impl IntoView {
-    let tick = refresher(&[Topic::Work, Topic::Nodes], REFRESH, |streaming| {
-        !streaming
-    });
-    let summary = Resource::new(move || tick.get(), |_| api::get_cluster_summary());
+    let summary = reloaded(&[Topic::Work, Topic::Nodes], api::get_cluster_summary);
     view! {
-        <section class="panel cluster" aria-label="Cluster" data-testid="cluster-summary">
-            <h2>"Cluster"</h2>
+        <Panel title="Cluster" testid="cluster-summary" class="cluster" links=&[]>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     match summary.await {
@@ -140,7 +140,7 @@ fn ClusterPanel() -> impl IntoView {
                     }
                 })}
             </Transition>
-        </section>
+        </Panel>
     }
 }
 
@@ -221,39 +221,36 @@ fn ClusterFacts(s: ClusterSummary) -> impl IntoView {
 
 /// The caller's current allocations (pending or active), reloaded with the cluster.
 fn my_allocations() -> Resource<Result<Page<AllocationView>, UiError>> {
-    let tick = refresher(&[Topic::Work], REFRESH, |streaming| !streaming);
-    Resource::new(
-        move || tick.get(),
-        |_| {
-            api::list_allocations(
-                String::new(),
-                "current".to_owned(),
-                true,
-                PageRequest::new(0, PageRequest::MAX_LIMIT),
-            )
-        },
-    )
+    reloaded(&[Topic::Work], || {
+        api::list_allocations(
+            String::new(),
+            "current".to_owned(),
+            true,
+            PageRequest::new(0, PageRequest::MAX_LIMIT),
+        )
+    })
 }
-
-/// How many finished jobs the dashboard lists.
-const RECENT_JOBS: usize = 10;
 
 /// The caller's jobs, newest first: the live ones and the latest that ended.
 fn my_jobs() -> Resource<Result<Page<WorkloadView>, UiError>> {
-    let tick = refresher(&[Topic::Work], REFRESH, |streaming| !streaming);
-    Resource::new(
-        move || tick.get(),
-        |_| {
-            api::list_workloads(
-                Some("job".to_owned()),
-                None,
-                None,
-                true,
-                false,
-                PageRequest::new(0, 50),
-            )
-        },
-    )
+    reloaded(&[Topic::Work], || {
+        let jobs = Some("job".to_owned());
+        api::list_workloads(jobs, None, None, true, false, PageRequest::new(0, 50))
+    })
+}
+
+/// What `load` reads, read again when `topics` change (every [`REFRESH`] where the page
+/// cannot stream them).
+fn reloaded<T, Fut>(
+    topics: &'static [Topic],
+    load: impl Fn() -> Fut + Send + Sync + 'static,
+) -> Resource<Result<T, UiError>>
+where
+    T: Clone + Send + Sync + Serialize + serde::de::DeserializeOwned + 'static,
+    Fut: std::future::Future<Output = Result<T, UiError>> + Send + 'static,
+{
+    let tick = refresher(topics, REFRESH, |streaming| !streaming);
+    Resource::new(move || tick.get(), move |_| load())
 }
 
 /// "Where is my work": the caller's allocations that hold or wait for a GPU and their
@@ -264,8 +261,12 @@ fn MyWorkPanel(
     jobs: Resource<Result<Page<WorkloadView>, UiError>>,
 ) -> impl IntoView {
     view! {
-        <section class="panel wide" aria-label="My work" data-testid="my-work">
-            <h2>"My work"</h2>
+        <Panel
+            title="My work"
+            testid="my-work"
+            class="wide"
+            links=&[("/allocations", "Request or see GPUs →")]
+        >
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     let (allocations, jobs) = match (mine.await, jobs.await) {
@@ -305,56 +306,87 @@ fn MyWorkPanel(
                                     .map(|p| format!("#{p} in the queue"))
                                     .unwrap_or_default(),
                             };
-                            view! {
-                                <tr data-testid="my-work-row" data-what="allocation" data-state=a.state.as_str()>
-                                    <td>
-                                        <a href=format!("/allocations/{}", a.id)>{a.kind_label.clone()}</a>
-                                    </td>
-                                    <td>"GPU"</td>
-                                    <td>{a.state.label()}</td>
-                                    <td>{node}</td>
-                                    <td>{left}</td>
-                                </tr>
-                            }
+                            work_row(WorkRow {
+                                what: "allocation",
+                                state: a.state.as_str(),
+                                href: format!("/allocations/{}", a.id),
+                                name: a.kind_label.clone(),
+                                kind: "GPU",
+                                state_view: a.state.label().into_any(),
+                                node,
+                                left,
+                            })
                         })
                         .collect_view();
                     let job_rows = live_jobs
                         .into_iter()
                         .map(|j| {
-                            view! {
-                                <tr data-testid="my-work-row" data-what="job" data-state=j.state.as_str()>
-                                    <td>
-                                        <a href=format!("/workloads/{}", j.id)>{j.name.clone()}</a>
-                                    </td>
-                                    <td>"job"</td>
-                                    <td>
-                                        <WorkloadBadge state=j.state />
-                                    </td>
-                                    <td>{j.hostname.clone().unwrap_or_else(|| "—".to_owned())}</td>
-                                    <td>{j.waiting.clone().unwrap_or_default()}</td>
-                                </tr>
-                            }
+                            work_row(WorkRow {
+                                what: "job",
+                                state: j.state.as_str(),
+                                href: format!("/workloads/{}", j.id),
+                                name: j.name.clone(),
+                                kind: "job",
+                                state_view: view! { <WorkloadBadge state=j.state /> }.into_any(),
+                                node: j.hostname.clone().unwrap_or_else(|| "—".to_owned()),
+                                left: j.waiting.clone().unwrap_or_default(),
+                            })
                         })
                         .collect_view();
-                    view! {
-                        <table class="list compact" aria-label="My running and waiting work">
-                            <thead>
-                                <tr>
-                                    <th scope="col">"What"</th>
-                                    <th scope="col">"Kind"</th>
-                                    <th scope="col">"State"</th>
-                                    <th scope="col">"Node"</th>
-                                    <th scope="col">"Time left / queue"</th>
-                                </tr>
-                            </thead>
-                            <tbody>{rows} {job_rows}</tbody>
-                        </table>
-                    }
-                        .into_any()
+                    let columns = Columns::unnamed(WORK_COLUMNS)
+                        .class("list compact")
+                        .label("My running and waiting work")
+                        .scoped(&[]);
+                    list_table(&columns, view! { {rows} {job_rows} }).into_any()
                 })}
             </Transition>
-            <a href="/allocations">"Request or see GPUs →"</a>
-        </section>
+        </Panel>
+    }
+}
+
+const WORK_COLUMNS: &[&str] = &["What", "Kind", "State", "Node", "Time left / queue"];
+
+/// One line of "My work": an allocation or a job.
+struct WorkRow {
+    /// `allocation` or `job`.
+    what: &'static str,
+    state: &'static str,
+    href: String,
+    name: String,
+    kind: &'static str,
+    state_view: AnyView,
+    node: String,
+    /// Time left, or the place in the queue.
+    left: String,
+}
+
+fn work_row(r: WorkRow) -> impl IntoView {
+    view! {
+        <tr data-testid="my-work-row" data-what=r.what data-state=r.state>
+            <td>
+                <a href=r.href>{r.name}</a>
+            </td>
+            <td>{r.kind}</td>
+            <td>{r.state_view}</td>
+            <td>{r.node}</td>
+            <td>{r.left}</td>
+        </tr>
+    }
+}
+
+/// A notebook or job as a list item: its name (a link to it), its state, then `extra`.
+fn workload_item<E: IntoView + 'static>(
+    testid: &'static str,
+    w: &WorkloadView,
+    extra: E,
+) -> impl IntoView + use<E> {
+    view! {
+        <li data-testid=testid data-state=w.state.as_str()>
+            <a href=format!("/workloads/{}", w.id)>{w.name.clone()}</a>
+            " "
+            <WorkloadBadge state=w.state />
+            {extra}
+        </li>
     }
 }
 
@@ -372,8 +404,7 @@ fn time_left(d: chrono::Duration) -> String {
 #[component]
 fn RecentJobsPanel(jobs: Resource<Result<Page<WorkloadView>, UiError>>) -> impl IntoView {
     view! {
-        <section class="panel" aria-label="Recent jobs" data-testid="recent-jobs">
-            <h2>"Recent jobs"</h2>
+        <Panel title="Recent jobs" testid="recent-jobs" links=&[("/jobs", "Submit or see jobs →")]>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     let ended: Vec<WorkloadView> = match jobs.await {
@@ -396,21 +427,13 @@ fn RecentJobsPanel(jobs: Resource<Result<Page<WorkloadView>, UiError>>) -> impl 
                                 .exit_code
                                 .map(|c| format!(" (exit {c})"))
                                 .unwrap_or_default();
-                            view! {
-                                <li data-testid="recent-job" data-state=j.state.as_str()>
-                                    <a href=format!("/workloads/{}", j.id)>{j.name.clone()}</a>
-                                    " "
-                                    <WorkloadBadge state=j.state />
-                                    {exit}
-                                </li>
-                            }
+                            workload_item("recent-job", &j, exit)
                         })
                         .collect_view();
                     view! { <ul class="models">{items}</ul> }.into_any()
                 })}
             </Transition>
-            <a href="/jobs">"Submit or see jobs →"</a>
-        </section>
+        </Panel>
     }
 }
 
@@ -420,8 +443,7 @@ fn FreeNowPanel(
     free: Resource<Result<std::collections::BTreeMap<String, u32>, UiError>>,
 ) -> impl IntoView {
     view! {
-        <section class="panel" aria-label="Free now" data-testid="free-now">
-            <h2>"Free now"</h2>
+        <Panel title="Free now" testid="free-now" links=&[("/allocations", "Request one →")]>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     match free.await {
@@ -458,20 +480,19 @@ fn FreeNowPanel(
                     }
                 })}
             </Transition>
-            <a href="/allocations">"Request one →"</a>
-        </section>
+        </Panel>
     }
 }
-
-/// How many of the caller's live notebooks the dashboard lists.
-const NOTEBOOKS_SHOWN: u32 = 5;
 
 /// The caller's notebooks that have not ended, with open links for the running ones.
 #[component]
 fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> impl IntoView {
     view! {
-        <section class="panel" aria-label="My notebooks" data-testid="my-notebooks">
-            <h2>"My notebooks"</h2>
+        <Panel
+            title="My notebooks"
+            testid="my-notebooks"
+            links=&[("/notebooks", "Launch or see notebooks →")]
+        >
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     match notebooks.await {
@@ -502,14 +523,7 @@ fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> i
                                                 </a>
                                             }
                                         });
-                                    view! {
-                                        <li data-testid="my-notebook" data-state=w.state.as_str()>
-                                            <a href=format!("/workloads/{}", w.id)>{w.name.clone()}</a>
-                                            " "
-                                            <WorkloadBadge state=w.state />
-                                            {open}
-                                        </li>
-                                    }
+                                    workload_item("my-notebook", &w, open)
                                 })
                                 .collect_view();
                             view! { <ul class="models">{items} {more}</ul> }.into_any()
@@ -520,8 +534,7 @@ fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> i
                     }
                 })}
             </Transition>
-            <a href="/notebooks">"Launch or see notebooks →"</a>
-        </section>
+        </Panel>
     }
 }
 
@@ -530,8 +543,7 @@ fn NotebooksPanel(notebooks: Resource<Result<Page<WorkloadView>, UiError>>) -> i
 #[component]
 fn MyUsagePanel(usage: Resource<Result<UsageReport, UiError>>) -> impl IntoView {
     view! {
-        <section class="panel" aria-labelledby="my-usage-title" data-testid="usage-panel">
-            <h2 id="my-usage-title">"My usage this month"</h2>
+        <Panel title="My usage this month" testid="usage-panel" links=&[("/usage", "See usage →")]>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     let r = match usage.await {
@@ -581,8 +593,7 @@ fn MyUsagePanel(usage: Resource<Result<UsageReport, UiError>>) -> impl IntoView 
                 })}
             </Transition>
             <p class="hint">"Your own allocations only; your teams' budgets are below."</p>
-            <a href="/usage">"See usage →"</a>
-        </section>
+        </Panel>
     }
 }
 
@@ -603,9 +614,6 @@ struct NodeHealth {
     lost: u64,
     revoked: u64,
 }
-
-/// How many waiting approvals the panel links to.
-const APPROVALS_SHOWN: usize = 5;
 
 async fn load_oversight() -> Result<Oversight, UiError> {
     let admin = api::current_user().await?.is_some_and(|me| me.is_admin);
@@ -717,23 +725,28 @@ fn ApprovalsPanel(list: Vec<AllocationView>) -> impl IntoView {
         view! { <ul class="models">{items} {more}</ul> }.into_any()
     };
     view! {
-        <section class="panel" aria-labelledby="approvals-title" data-testid="pending-approvals">
-            <h2 id="approvals-title">"Pending approvals"</h2>
+        <Panel
+            title="Pending approvals"
+            testid="pending-approvals"
+            links=&[("/allocations?state=pending&filtered=1", "See waiting requests →")]
+        >
             <p data-testid="pending-approvals-count">
                 <strong>{total}</strong>
                 {format!(" {} for you to approve or deny", tessera_domain::text::noun(total as u64, "request waits", "requests wait"))}
             </p>
             {body}
-            <a href="/allocations?state=pending&filtered=1">"See waiting requests →"</a>
-        </section>
+        </Panel>
     }
 }
 
 #[component]
 fn HealthPanel(nodes: NodeHealth, queue: u64) -> impl IntoView {
     view! {
-        <section class="panel" aria-labelledby="health-title" data-testid="node-health">
-            <h2 id="health-title">"Nodes and queue"</h2>
+        <Panel
+            title="Nodes and queue"
+            testid="node-health"
+            links=&[("/nodes", "See nodes →"), ("/admin/queue", "See the queue →")]
+        >
             <dl class="facts">
                 <dt>"Nodes up"</dt>
                 <dd data-testid="nodes-up">
@@ -752,15 +765,9 @@ fn HealthPanel(nodes: NodeHealth, queue: u64) -> impl IntoView {
                     {tessera_domain::text::count(queue, "request waits", "requests wait")}
                 </dd>
             </dl>
-            <a href="/nodes">"See nodes →"</a>
-            " "
-            <a href="/admin/queue">"See the queue →"</a>
-        </section>
+        </Panel>
     }
 }
-
-/// Budget alert level from which the dashboard warns.
-const ALERT_FROM: u8 = 80;
 
 /// A warning per team that has used 80 % or more of its monthly budget.
 #[component]
@@ -840,30 +847,55 @@ fn QuotaPanels(quotas: Resource<Result<Vec<TeamQuotas>, UiError>>) -> impl IntoV
                 match quotas.await {
                     Ok(teams) if teams.is_empty() => {
                         view! {
-                            <section class="panel" aria-label="Team GPU quotas" data-testid="team-quotas">
-                                <h2>"Team GPU quotas"</h2>
+                            <Panel title="Team GPU quotas" testid="team-quotas" links=&[]>
                                 <Empty>
                                     <p>"You are not in a team yet."</p>
                                 </Empty>
-                            </section>
+                            </Panel>
                         }
                             .into_any()
                     }
                     Ok(teams) => teams.into_iter().map(|t| view! { <QuotaCard t /> }).collect_view().into_any(),
                     Err(e) => {
                         view! {
-                            <section class="panel" aria-label="Team GPU quotas">
-                                <h2>"Team GPU quotas"</h2>
-                                <div class="form-error" role="alert">
-                                    {e.error.to_string()}
-                                </div>
-                            </section>
+                            <Panel title="Team GPU quotas" testid="team-quotas-error" links=&[]>
+                                {alert(e.error.to_string())}
+                            </Panel>
                         }
                             .into_any()
                     }
                 }
             })}
         </Transition>
+    }
+}
+
+/// A quota as a list item: units in use against the limit, borrowed or beyond it.
+fn quota_item(q: QuotaView) -> impl IntoView {
+    view! {
+        <li data-testid="team-quota" data-model=q.model.clone()>
+            <strong>{q.model.clone()}</strong>
+            " "
+            <span class="quota-numbers">
+                {format!("{} / {} units", q.used, q.limit)}
+            </span>
+            {(q.borrowed > 0)
+                .then(|| {
+                    view! {
+                        " "
+                        <span class="badge warn">{format!("{} borrowed", q.borrowed)}</span>
+                    }
+                })}
+            {(q.overridden > 0)
+                .then(|| {
+                    view! {
+                        " "
+                        <span class="badge warn">
+                            {format!("{} beyond the limit by override", q.overridden)}
+                        </span>
+                    }
+                })}
+        </li>
     }
 }
 
@@ -877,37 +909,7 @@ fn QuotaCard(t: TeamQuotas) -> impl IntoView {
         }
         .into_any()
     } else {
-        let rows = t
-            .quotas
-            .into_iter()
-            .map(|q| {
-                view! {
-                    <li data-testid="team-quota" data-model=q.model.clone()>
-                        <strong>{q.model.clone()}</strong>
-                        " "
-                        <span class="quota-numbers">
-                            {format!("{} / {} units", q.used, q.limit)}
-                        </span>
-                        {(q.borrowed > 0)
-                            .then(|| {
-                                view! {
-                                    " "
-                                    <span class="badge warn">{format!("{} borrowed", q.borrowed)}</span>
-                                }
-                            })}
-                        {(q.overridden > 0)
-                            .then(|| {
-                                view! {
-                                    " "
-                                    <span class="badge warn">
-                                        {format!("{} beyond the limit by override", q.overridden)}
-                                    </span>
-                                }
-                            })}
-                    </li>
-                }
-            })
-            .collect_view();
+        let rows = t.quotas.into_iter().map(quota_item).collect_view();
         view! { <ul class="models team-quotas">{rows}</ul> }.into_any()
     };
     view! {

@@ -3,6 +3,7 @@
 //! and registry logins live on the team page (`components::images::TeamImages`).
 
 use crate::api::{self, AddImage, AllowRegistry, DisallowRegistry, RemoveImage, UiError};
+use crate::components::Card;
 use crate::components::RemoveButton;
 use crate::components::images::{AddImageForm, CatalogTable};
 use crate::components::{
@@ -55,8 +56,7 @@ fn AllowList(
 ) -> impl IntoView {
     let value = move || allow.value().get();
     view! {
-        <section class="card wide" aria-labelledby="allowlist-title">
-            <h2 id="allowlist-title">"Allowed registries"</h2>
+        <Card id="allowlist" title="Allowed registries" wide=true>
             <p class="hint">
                 "Images may come only from these. An entry is a registry host ("
                 <code>"ghcr.io"</code> ", " <code>"127.0.0.1:5000"</code>
@@ -86,8 +86,7 @@ fn AllowList(
                             </td>
                             <td class="actions">
                                 <ActionForm action=disallow attr:class="row-form">
-                                    <input type="hidden" name="entry" value=value />
-                                    <RemoveButton question=question />
+                                    <RemoveButton name="entry" value question />
                                 </ActionForm>
                             </td>
                         </tr>
@@ -103,7 +102,7 @@ fn AllowList(
                     "Allow"
                 </button>
             </ActionForm>
-        </section>
+        </Card>
     }
 }
 
@@ -114,14 +113,12 @@ fn PlatformCatalog(
     remove: ServerAction<RemoveImage>,
 ) -> impl IntoView {
     view! {
-        <section class="card wide" aria-labelledby="catalog-title">
-            <h2 id="catalog-title">"Platform catalog"</h2>
-            <p class="hint">
-                "Every team sees these public images in its Environment choice; private images "
-                "belong in a team's own catalog (its page), with the team's registry login."
-            </p>
+        <Card id="catalog" title="Platform catalog" wide=true hint=concat!(
+            "Every team sees these public images in its Environment choice; private images ",
+            "belong in a team's own catalog (its page), with the team's registry login.",
+        )>
             <CatalogTable catalog remove manages=true />
             <AddImageForm team_id=String::new() action=add />
-        </section>
+        </Card>
     }
 }

@@ -6,8 +6,9 @@ use crate::components::{
     AdminOnly, Authenticated, Columns, Field, FieldInput, PAGE_SIZE, SecretBox, SecretSubmit, When,
     at, form_error, now, origin, paged_table, use_offset,
 };
+use crate::components::{SecretCard, revoke_fields};
 use leptos::prelude::*;
-use tessera_domain::tenancy::{JoinTokenView, Page, PageRequest};
+use tessera_domain::tenancy::{CreatedSecret, JoinTokenView, Page, PageRequest};
 
 #[component]
 pub fn JoinTokensPage() -> impl IntoView {
@@ -97,16 +98,7 @@ fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> 
                 {revocable
                     .then(|| {
                         view! {
-                            <ActionForm action=revoke attr:class="row-form">
-                                <input type="hidden" name="id" value=token.id.to_string() />
-                                <button
-                                    type="submit"
-                                    class="danger"
-                                    disabled=move || revoke.pending().get()
-                                >
-                                    "Revoke"
-                                </button>
-                            </ActionForm>
+                            <ActionForm action=revoke attr:class="row-form">{revoke_fields(token.id, revoke)}</ActionForm>
                         }
                     })}
             </td>
@@ -117,22 +109,16 @@ fn JoinTokenRow(token: JoinTokenView, revoke: ServerAction<RevokeJoinToken>) -> 
 #[component]
 fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
     let value = move || action.value().get();
-    let secret = move || {
-        action.value().get().and_then(Result::ok).map(|created| {
-            let server = origin().unwrap_or_else(|| "https://THIS-PORTAL".to_owned());
-            let command = format!(
-                "tessera-agent --server {server} --join-token {}",
-                created.secret
-            );
-            view! {
-                <SecretBox title="New join token" secret=created.secret command />
-            }
-        })
+    let shown = |created: CreatedSecret<JoinTokenView>| {
+        let server = origin().unwrap_or_else(|| "https://THIS-PORTAL".to_owned());
+        let command = format!(
+            "tessera-agent --server {server} --join-token {}",
+            created.secret
+        );
+        view! { <SecretBox title="New join token" secret=created.secret command /> }
     };
     view! {
-        <section class="card">
-            <h2>"Create a join token"</h2>
-            {secret}
+        <SecretCard id="create-join-token" title="Create a join token" made=value shown>
             <ActionForm action=action attr:id="create-join-token" attr:novalidate=true>
                 {form_error(value)}
                 <Field result=value id="join-note" name="note" label="Note"
@@ -149,6 +135,6 @@ fn CreateJoinTokenForm(action: ServerAction<CreateJoinToken>) -> impl IntoView {
                 </div>
                 <SecretSubmit label="Create join token" pending=action.pending() />
             </ActionForm>
-        </section>
+        </SecretCard>
     }
 }

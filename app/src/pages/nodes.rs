@@ -619,6 +619,36 @@ fn submitted_here(target: RwSignal<Option<String>>, uuid: &str) -> Memo<bool> {
     Memo::new(move |_| target.read().as_deref() == Some(uuid.as_str()))
 }
 
+/// A GPU's form, folded away under `summary` unless `open`.
+#[component]
+fn GpuDetails(
+    class: &'static str,
+    summary: &'static str,
+    open: bool,
+    children: Children,
+) -> impl IntoView {
+    view! {
+        <details class=class open=open>
+            <summary>{summary}</summary>
+            {children()}
+        </details>
+    }
+}
+
+/// The start of a GPU's form: which GPU (hidden fields), and what went wrong with the
+/// form as a whole.
+fn gpu_fields<T: 'static>(
+    node_id: String,
+    uuid: String,
+    value: impl Fn() -> Option<Result<T, UiError>> + Send + Sync + 'static,
+) -> impl IntoView {
+    view! {
+        <input type="hidden" name="node_id" value=node_id />
+        <input type="hidden" name="gpu_uuid" value=uuid />
+        {form_error(value)}
+    }
+}
+
 /// The admin's switch between a partitioned-or-whole GPU and a shared one.
 #[component]
 fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoView {
@@ -632,15 +662,16 @@ fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl Into
         .as_ref()
         .map_or("off".to_owned(), |s| s.method.clone());
     let open = untrack(value).is_some_and(|r| r.is_err());
-    let select_id = format!("sharing-{uuid}");
     view! {
-        <details class="set-sharing" open=open>
-            <summary>"Sharing"</summary>
+        <GpuDetails class="set-sharing" summary="Sharing" open>
             <ActionForm action=action attr:novalidate=true>
-                <input type="hidden" name="node_id" value=node_id />
-                <input type="hidden" name="gpu_uuid" value=uuid.clone() />
-                {form_error(value)}
-                <Field result=value id=select_id name="sharing" label="How this GPU is offered">
+                {gpu_fields(node_id, uuid.clone(), value)}
+                <Field
+                    result=value
+                    id=format!("sharing-{uuid}")
+                    name="sharing"
+                    label="How this GPU is offered"
+                >
                     <option value="off" selected=current == "off">
                         "Not shared: MIG slices or the whole GPU, as requests need"
                     </option>
@@ -666,7 +697,7 @@ fn SharingForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl Into
                     "Save"
                 </button>
             </ActionForm>
-        </details>
+        </GpuDetails>
     }
     .into_any()
 }
@@ -1046,12 +1077,9 @@ fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoV
     let mode_id = format!("mode-{uuid}");
     let layout_id = format!("layout-{uuid}");
     view! {
-        <details class="set-layout" open=open>
-            <summary>"Set MIG layout"</summary>
+        <GpuDetails class="set-layout" summary="Set MIG layout" open>
             <ActionForm action=action attr:novalidate=true>
-                <input type="hidden" name="node_id" value=node_id />
-                <input type="hidden" name="gpu_uuid" value=uuid.clone() />
-                {form_error(value)}
+                {gpu_fields(node_id, uuid.clone(), value)}
                 <Field result=value id=mode_id name="mode" label="MIG mode">
                     <option value="enabled" selected=enabled>
                         "enabled"
@@ -1093,7 +1121,7 @@ fn LayoutForm(gpu: GpuView, node_id: String, actions: NodeActions) -> impl IntoV
                         })
                 }}
             </ActionForm>
-        </details>
+        </GpuDetails>
     }
     .into_any()
 }

@@ -3,6 +3,7 @@
 
 use super::allocations::{StateBadge, position_text};
 use crate::api::{self, UiError};
+use crate::components::Card;
 use crate::components::{
     AdminOnly, Authenticated, Columns, PAGE_SIZE, When, at, paged_table, use_offset,
 };
@@ -28,11 +29,7 @@ pub fn QueuePage() -> impl IntoView {
         <Authenticated>
             <h1>"Queue"</h1>
             <AdminOnly>
-                <section class="card wide" aria-labelledby="queue-title">
-                    <h2 id="queue-title">"Pending allocations, all teams"</h2>
-                    <p class="hint">
-                        "Sorted by model, then by place in that model's queue (this page only)."
-                    </p>
+                <Card id="queue" title="Pending allocations, all teams" wide=true hint="Sorted by model, then by place in that model's queue (this page only).">
                     {paged_table(
                 queue,
                 at("/admin/queue"),
@@ -40,7 +37,7 @@ pub fn QueuePage() -> impl IntoView {
                         || "Nothing is waiting.".into_any(),
                         queue_row,
                     )}
-                </section>
+                </Card>
             </AdminOnly>
         </Authenticated>
     }

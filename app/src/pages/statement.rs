@@ -5,7 +5,7 @@
 use super::billing::{alert_badge, used_meter};
 use super::money;
 use crate::api::{self, UiError};
-use crate::components::{Authenticated, Empty, Loading, Problem, now};
+use crate::components::{Authenticated, Columns, Empty, Loading, Problem, footed_table, now};
 use chrono::{Datelike, NaiveDate, TimeDelta};
 use leptos::prelude::*;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -78,6 +78,16 @@ fn neighbours(first: NaiveDate) -> (String, String) {
     (prev, next)
 }
 
+const STATEMENT_COLUMNS: &[&str] = &[
+    "GPU kind",
+    "User",
+    "Allocations",
+    "Hours",
+    "GPU-hours",
+    "List cost",
+    "Billed cost",
+];
+
 #[component]
 fn StatementBody(s: Statement) -> impl IntoView {
     let first = parse_month(&s.month).unwrap_or_else(|_| s.from.date_naive());
@@ -145,20 +155,12 @@ fn StatementBody(s: Statement) -> impl IntoView {
             }
         });
         view! {
-            <table class="list statement" data-testid="statement-lines">
-                <thead>
-                    <tr>
-                        <th scope="col">"GPU kind"</th>
-                        <th scope="col">"User"</th>
-                        <th scope="col" class="num">"Allocations"</th>
-                        <th scope="col" class="num">"Hours"</th>
-                        <th scope="col" class="num">"GPU-hours"</th>
-                        <th scope="col" class="num">"List cost"</th>
-                        <th scope="col" class="num">"Billed cost"</th>
-                    </tr>
-                </thead>
-                <tbody>{rows}</tbody>
-                <tfoot>
+            {footed_table(
+                &Columns::new("statement-lines", STATEMENT_COLUMNS)
+                    .class("list statement")
+                    .scoped(&[2, 3, 4, 5, 6]),
+                rows,
+                Some(view! {
                     {adjustments}
                     <tr class="total">
                         <th scope="row" colspan="5">
@@ -169,8 +171,8 @@ fn StatementBody(s: Statement) -> impl IntoView {
                             {money(s.total_minor, &c)}
                         </td>
                     </tr>
-                </tfoot>
-            </table>
+                }),
+            )}
             <p class="hint">
                 "Hours: wall-clock time the allocations were active. GPU-hours: that time times "
                 "the share of a GPU (a 1g.10gb slice of an H100 is 1/7). Billed cost: list cost "

@@ -7,6 +7,7 @@ use crate::api::{
     SetTeamGrace, SetTeamPriority, SetTeamWebhookEnabled, TeamWebhookDeliveries, TestTeamWebhook,
 };
 use crate::api::{RemoveImage, RemoveRegistryLogin, SetRegistryLogin};
+use crate::components::Card;
 use crate::components::images::{EnvironmentSelect, TeamImages};
 use crate::components::list_table;
 use crate::components::{
@@ -640,13 +641,11 @@ fn ArchiveTeamForm(
 #[component]
 fn TeamQuotas(quotas: Resource<Result<Vec<QuotaView>, api::UiError>>) -> impl IntoView {
     view! {
-        <section class="card wide" aria-labelledby="quotas-title">
-            <h2 id="quotas-title">"GPU quotas"</h2>
-            <p class="hint">
-                "In units (compute slices): a whole H100 is 7, a 1g slice 1. Use beyond the "
-                "guarantee is borrowed and may be preempted; beyond the per-user cap or the "
-                "limit a request waits for approval."
-            </p>
+        <Card id="quotas" title="GPU quotas" wide=true hint=concat!(
+            "In units (compute slices): a whole H100 is 7, a 1g slice 1. Use beyond the ",
+            "guarantee is borrowed and may be preempted; beyond the per-user cap or the ",
+            "limit a request waits for approval.",
+        )>
             {unpaged_table(
                 quotas,
                 Columns::new(
@@ -663,7 +662,7 @@ fn TeamQuotas(quotas: Resource<Result<Vec<QuotaView>, api::UiError>>) -> impl In
                 },
                 quota_row,
             )}
-        </section>
+        </Card>
     }
 }
 
@@ -781,16 +780,14 @@ fn TeamProfiles(
         }
     });
     view! {
-        <section class="card wide" aria-labelledby="profiles-title">
-            <h2 id="profiles-title">"Notebook profiles"</h2>
-            <p class="hint">
-                "What members start a notebook with in one click: a GPU and how long it may run. "
-                "The notebook waits for that GPU in the team's queue and gives it back when it stops."
-            </p>
+        <Card id="profiles" title="Notebook profiles" wide=true hint=concat!(
+            "What members start a notebook with in one click: a GPU and how long it may run. ",
+            "The notebook waits for that GPU in the team's queue and gives it back when it stops.",
+        )>
             {form_error(move || delete.value().get())}
             {list}
             {form}
-        </section>
+        </Card>
     }
 }
 
@@ -851,8 +848,7 @@ fn TeamGraceCard(
 ) -> impl IntoView {
     let value = move || action.value().get();
     view! {
-        <section class="card" aria-labelledby="grace-title">
-            <h2 id="grace-title">"Warning before an early stop"</h2>
+        <Card id="grace" title="Warning before an early stop">
             <Transition fallback=Loading>
                 {move || {
                     let team_id = team_id.clone();
@@ -896,7 +892,7 @@ fn TeamGraceCard(
                     })
                 }}
             </Transition>
-        </section>
+        </Card>
     }
 }
 
@@ -1049,8 +1045,7 @@ fn TeamSpend(
         }
     });
     view! {
-        <section class="card wide" aria-labelledby="spend-title">
-            <h2 id="spend-title">"Budget and spend"</h2>
+        <Card id="spend" title="Budget and spend" wide=true>
             <Transition fallback=Loading>
                 {move || Suspend::new(async move {
                     match budget.await {
@@ -1071,7 +1066,7 @@ fn TeamSpend(
                 " "
                 {statement}
             </p>
-        </section>
+        </Card>
     }
 }
 
@@ -1124,8 +1119,7 @@ fn TeamWebhooks(
         )
     };
     view! {
-        <section class="card wide" aria-labelledby="webhooks-title">
-            <h2 id="webhooks-title">"Webhooks"</h2>
+        <Card id="webhooks" title="Webhooks" wide=true>
             <p class="hint">
                 "Every event of this team (jobs ending, requests, budget) is posted to these URLs "
                 "as signed JSON with a Slack-compatible "
@@ -1147,7 +1141,7 @@ fn TeamWebhooks(
                     "Add webhook"
                 </button>
             </ActionForm>
-        </section>
+        </Card>
     }
 }
 
@@ -1211,50 +1205,40 @@ fn WebhookItem(
     } else {
         ("true", "Turn on")
     };
-    let test_form = {
-        let (team_id, hook_id, url) = (team_id.clone(), hook_id.clone(), url.clone());
-        view! {
-            <ActionForm action=test attr:data-testid="webhook-test-form">
-                <input type="hidden" name="team_id" value=team_id />
-                <input type="hidden" name="id" value=hook_id />
-                <button
-                    type="submit"
-                    class="link"
-                    aria-label=format!("Send test to {url}")
-                    disabled=move || test.pending().get()
-                >
-                    "Send test"
-                </button>
-            </ActionForm>
-        }
+    let action = |label, aria, danger, pending| {
+        let class = if danger { "link danger" } else { "link" };
+        hook_action(HookAction {
+            team_id: &team_id,
+            hook_id: &hook_id,
+            label,
+            aria,
+            class,
+            pending,
+        })
     };
-    let toggle_form = {
-        let (team_id, hook_id, url) = (team_id.clone(), hook_id.clone(), url.clone());
-        view! {
-            <ActionForm action=toggle attr:data-testid="webhook-toggle-form">
-                <input type="hidden" name="team_id" value=team_id />
-                <input type="hidden" name="id" value=hook_id />
-                <input type="hidden" name="enabled" value=switch />
-                <button
-                    type="submit"
-                    class="link"
-                    aria-label=format!("{switch_label} {url}")
-                    disabled=move || toggle.pending().get()
-                >
-                    {switch_label}
-                </button>
-            </ActionForm>
-        }
+    let testing = action(
+        "Send test",
+        format!("Send test to {url}"),
+        false,
+        Some(test.pending()),
+    );
+    let switching = action(
+        switch_label,
+        format!("{switch_label} {url}"),
+        false,
+        Some(toggle.pending()),
+    );
+    let deleting = action("Delete", format!("Delete {url}"), true, None);
+    let test_form = view! {
+        <ActionForm action=test attr:data-testid="webhook-test-form">{testing}</ActionForm>
     };
-    let delete_form = view! {
-        <ActionForm action=delete>
-            <input type="hidden" name="team_id" value=team_id />
-            <input type="hidden" name="id" value=hook_id />
-            <button type="submit" class="link danger" aria-label=format!("Delete {url}")>
-                "Delete"
-            </button>
+    let toggle_form = view! {
+        <ActionForm action=toggle attr:data-testid="webhook-toggle-form">
+            <input type="hidden" name="enabled" value=switch />
+            {switching}
         </ActionForm>
     };
+    let delete_form = view! { <ActionForm action=delete>{deleting}</ActionForm> };
     view! {
         <tr data-testid="webhook-row" data-enabled=hook.enabled.to_string()>
             <td>
@@ -1275,6 +1259,34 @@ fn WebhookItem(
                 </details>
             </td>
         </tr>
+    }
+}
+
+/// One of a webhook row's actions: which hook, and its link-styled button.
+struct HookAction<'a> {
+    team_id: &'a str,
+    hook_id: &'a str,
+    label: &'static str,
+    aria: String,
+    class: &'static str,
+    /// Greys the button out while its action runs.
+    pending: Option<Memo<bool>>,
+}
+
+/// A webhook row's action form's inside: the hidden ids naming the hook, and the button.
+fn hook_action(a: HookAction) -> impl IntoView + use<> {
+    let pending = a.pending;
+    view! {
+        <input type="hidden" name="team_id" value=a.team_id.to_owned() />
+        <input type="hidden" name="id" value=a.hook_id.to_owned() />
+        <button
+            type="submit"
+            class=a.class
+            aria-label=a.aria
+            disabled=move || pending.is_some_and(|p| p.get())
+        >
+            {a.label}
+        </button>
     }
 }
 

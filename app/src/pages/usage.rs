@@ -6,6 +6,7 @@ mod chart;
 
 use super::money;
 use crate::api::{self, UiError};
+use crate::components::Card;
 use crate::components::{Authenticated, Empty, Loading, Problem};
 use crate::components::{Columns, list_table};
 use crate::components::{TeamChoice, load_teams};
@@ -264,13 +265,14 @@ fn Report(r: UsageReport, team: String, all_teams: bool) -> impl IntoView {
     let csv = csv_href(&r, &team);
     let t = r.total.clone();
     let teams = all_teams.then(|| {
+        let c = c.clone();
         view! {
-            <section class="card wide" aria-labelledby="usage-teams-title">
-                <h2 id="usage-teams-title">"By team"</h2>
+            <Card id="usage-teams" title="By team" wide=true>
                 <UsageTable rows=r.teams.clone() currency=c.clone() first="Team" testid="usage-teams" link_teams=true />
-            </section>
+            </Card>
         }
     });
+    let (kinds_currency, users_currency) = (c.clone(), c.clone());
     let users_total = r.users.len();
     let users: Vec<UsageRow> = r.users.iter().take(TOP_USERS).cloned().collect();
     let more_users = (users_total > TOP_USERS).then(|| {
@@ -330,15 +332,13 @@ fn Report(r: UsageReport, team: String, all_teams: bool) -> impl IntoView {
         </section>
         {teams}
         <div class="columns">
-            <section class="card" aria-labelledby="usage-kinds-title">
-                <h2 id="usage-kinds-title">"By GPU kind"</h2>
-                <UsageTable rows=r.kinds.clone() currency=c.clone() first="GPU kind" testid="usage-kinds" link_teams=false />
-            </section>
-            <section class="card" aria-labelledby="usage-users-title">
-                <h2 id="usage-users-title">"Top users"</h2>
-                <UsageTable rows=users currency=c.clone() first="User" testid="usage-users" link_teams=false />
+            <Card id="usage-kinds" title="By GPU kind">
+                <UsageTable rows=r.kinds.clone() currency=kinds_currency first="GPU kind" testid="usage-kinds" link_teams=false />
+            </Card>
+            <Card id="usage-users" title="Top users">
+                <UsageTable rows=users currency=users_currency first="User" testid="usage-users" link_teams=false />
                 {more_users}
-            </section>
+            </Card>
         </div>
     }
     .into_any()
