@@ -12,7 +12,7 @@
 use super::allocations::{
     AllocationRow, COLS, EVENT, INSERT, TEAM_ADD, USER_ADD, bind_insert, is_unique_violation,
 };
-use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, live_states, on_pool};
+use super::{BudgetRow, QuotaRow, Store, StoreError, from_driver, in_tx, live_states};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, Approver, GpuKind, PriorityClass, Verdict};
 use tessera_domain::error::AppError;
@@ -221,8 +221,7 @@ impl Store {
         what: Admit<'_>,
         rule: impl FnOnce(&Standing) -> Verdict,
     ) -> Result<Admitted, StoreError> {
-        let result: Result<Admitted, sqlx::Error> = on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        let result: Result<Admitted, sqlx::Error> = in_tx!(self, tx => {
             let locked = sqlx::query(LOCK).bind(line.team.0).execute(&mut *tx).await?.rows_affected();
             if locked != 1 {
                 tx.rollback().await?;
@@ -368,8 +367,7 @@ impl Store {
                         .bind(*actor).bind(*note).execute(&mut *tx).await?;
                 }
             }
-            tx.commit().await?;
-            Ok(Admitted::Held { over_limit, over_budget })
+            Admitted::Held { over_limit, over_budget }
         });
         from_driver(result)
     }

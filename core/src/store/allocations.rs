@@ -8,8 +8,8 @@
 //! locked row), so concurrent requests never admit past the limit.
 
 use super::{
-    JsonText, NullableId, NullableText, Store, StoreError, db, from_driver, live_states, on_pool,
-    placeholders,
+    JsonText, NullableId, NullableText, Store, StoreError, db, from_driver, in_tx, live_states,
+    on_pool, placeholders,
 };
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
@@ -321,8 +321,7 @@ impl Store {
                    guaranteed = excluded.guaranteed, limit_units = excluded.limit_units, \
                    per_user = excluded.per_user, updated_at = excluded.updated_at, updated_by = excluded.updated_by";
         let after = (q.guaranteed, q.limit_units, q.per_user);
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             // Write first: on SQLite a transaction that read and then writes fails at once
             // (busy) if another writer committed in between; a first write takes the lock.
             sqlx::query("UPDATE quotas SET updated_at = updated_at WHERE team_id = $1 AND model = $2")
@@ -342,8 +341,6 @@ impl Store {
                     ("team", q.team_id.0), payload, at);
                 super::outbox::record_event!(tx, &event);
             }
-            tx.commit().await?;
-            Ok(())
         })
     }
 
@@ -368,8 +365,7 @@ impl Store {
         r: &AllocationRow,
         actor: &str,
     ) -> Result<Inserted, StoreError> {
-        let result: Result<Inserted, sqlx::Error> = on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        let result: Result<Inserted, sqlx::Error> = in_tx!(self, tx => {
             match bind_insert!(sqlx::query(INSERT), r).execute(&mut *tx).await {
                 Ok(_) => {}
                 Err(e) if is_unique_violation(&e) => {
@@ -380,8 +376,7 @@ impl Store {
             }
             sqlx::query(EVENT).bind(r.id.0).bind(r.created_at).bind(None::<String>).bind(r.state.as_str())
                 .bind(actor).bind(None::<String>).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(Inserted::Stored)
+            Inserted::Stored
         });
         from_driver(result)
     }
@@ -403,8 +398,7 @@ impl Store {
             Some(p) => (true, p.clone()),
             None => (false, None),
         };
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let row: Option<(Uuid, String, Uuid, i64)> = sqlx::query_as(sql)
                 .bind(t.id.0).bind(t.from.as_str()).bind(t.to.as_str()).bind(c.active_at).bind(c.ends_at)
                 .bind(&c.devices).bind(c.release_cause.map(ReleaseCause::as_str)).bind(set_pending).bind(pending)
@@ -434,8 +428,7 @@ impl Store {
                 super::outbox::allocation_event!(tx, t.id,
                     tessera_domain::notify::EventKind::Preempted, None, t.note, None, t.at);
             }
-            tx.commit().await?;
-            Ok(true)
+            true
         })
     }
 
@@ -464,8 +457,7 @@ impl Store {
                    preempt_booking = NULL WHERE id = $1 AND state = 'active'";
         let (deadline, cause) = at.map_or((None, None), |(t, c)| (Some(t), Some(c)));
         let stored = cause.map(PreemptCause::as_str);
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let moved = sqlx::query(sql).bind(id.0).bind(deadline).bind(stored)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if let (true, Some(t), Some(cause)) = (moved, deadline, cause) {
@@ -474,8 +466,6 @@ impl Store {
                     Some(tessera_domain::notify::preempt_cause_words(cause)),
                     Some(format!("preempt:{id}:{}", t.timestamp_micros())), now);
             }
-            tx.commit().await?;
-            Ok(())
         })
     }
 

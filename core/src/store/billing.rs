@@ -7,7 +7,7 @@
 //! UUIDv7 (time-ordered), so the ledger's indexes grow at their right edge instead of
 //! dirtying pages all over them: metering writes an order of magnitude less.
 
-use super::{AllocationRow, SampleRow, Store, StoreError, db, on_pool, placeholders};
+use super::{AllocationRow, SampleRow, Store, StoreError, db, in_tx, on_pool, placeholders};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::EntryType;
@@ -299,8 +299,7 @@ impl Store {
         close: bool,
         now: DateTime<Utc>,
     ) -> Result<u32, StoreError> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let mut written = 0u32;
             // Multi-row statements: hours in chunks (21 parameters each), then the entries
             // of the hours actually inserted (`RETURNING` names only those).
@@ -360,8 +359,7 @@ impl Store {
                 sqlx::query("UPDATE allocations SET billing_closed = TRUE WHERE id = $1")
                     .bind(allocation.0).execute(&mut *tx).await?;
             }
-            tx.commit().await?;
-            Ok(written)
+            written
         })
     }
 
@@ -398,8 +396,7 @@ impl Store {
         at: DateTime<Utc>,
         memo: &str,
     ) -> Result<bool, sqlx::Error> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             for e in charge {
                 let r = sqlx::query(LEDGER_INSERT).bind(Uuid::now_v7()).bind(reversal)
                     .bind(&e.account).bind(e.team_id.0).bind(-e.amount_minor).bind(&e.currency)
@@ -414,8 +411,7 @@ impl Store {
                     Err(e) => return Err(e),
                 }
             }
-            tx.commit().await?;
-            Ok(true)
+            true
         })
     }
 

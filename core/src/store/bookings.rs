@@ -1,6 +1,6 @@
 //! `bookings`: capacity a team holds for a future window (docs/operations.md).
 
-use super::{NullableId, Store, StoreError, db, on_pool};
+use super::{NullableId, Store, StoreError, db, in_tx};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
 use tessera_domain::booking::Held;
@@ -67,8 +67,7 @@ impl Store {
         longest: chrono::Duration,
         rule: impl FnOnce(&BookingStanding) -> Result<(), AppError>,
     ) -> Result<Result<(), AppError>, StoreError> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             sqlx::query(LOCK).bind(&row.model).execute(&mut *tx).await?;
             let held: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>, i64)> = sqlx::query_as(OVERLAPPING)
                 .bind(&row.model).bind(row.starts_at).bind(row.ends_at)
@@ -98,8 +97,7 @@ impl Store {
                 .bind(row.count).bind(row.units).bind(row.starts_at).bind(row.ends_at)
                 .bind(&row.purpose).bind(row.created_at)
                 .execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(Ok(()))
+            Ok(())
         })
     }
 
@@ -192,8 +190,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let sql = "UPDATE allocations SET preempt_at = $2, preempt_cause = NULL, preempt_booking = $3 \
                    WHERE id = $1 AND state = 'active'";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let moved = sqlx::query(sql).bind(id.0).bind(at).bind(booking)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
@@ -202,8 +199,6 @@ impl Store {
                     Some(tessera_domain::notify::preempt_cause_words(tessera_domain::alloc::PreemptCause::Booking)),
                     Some(format!("preempt:{id}:{}", at.timestamp_micros())), now);
             }
-            tx.commit().await?;
-            Ok(())
         })
     }
 

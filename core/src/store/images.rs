@@ -1,6 +1,6 @@
 //! `image_catalog`, `registry_allowlist`, `registry_logins` (issue 36).
 
-use super::{NullableId, Store, StoreError, db, on_pool, placeholders};
+use super::{NullableId, Store, StoreError, db, in_tx, on_pool, placeholders};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::ids::{TeamId, WorkloadId};
@@ -85,16 +85,13 @@ impl Store {
     /// Removes a catalog entry (profiles that named it fall back to the node's
     /// environment); `false` when there was none.
     pub async fn delete_catalog_image(&self, id: Uuid) -> Result<bool, StoreError> {
-        let n = on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        let n: Result<u64, StoreError> = in_tx!(self, tx => {
             sqlx::query("UPDATE notebook_profiles SET image_id = NULL WHERE image_id = $1")
                 .bind(id).execute(&mut *tx).await?;
-            let n = sqlx::query("DELETE FROM image_catalog WHERE id = $1")
-                .bind(id).execute(&mut *tx).await?.rows_affected();
-            tx.commit().await?;
-            n
+            sqlx::query("DELETE FROM image_catalog WHERE id = $1")
+                .bind(id).execute(&mut *tx).await?.rows_affected()
         });
-        Ok(n == 1)
+        Ok(n? == 1)
     }
 
     /// The registry allow-list, sorted.

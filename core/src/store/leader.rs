@@ -10,7 +10,7 @@
 //! Replicas that do not lead forward "something changed" to the leader with
 //! `NOTIFY tessera_wake`; the leader `LISTEN`s and runs its scheduler pass at once.
 
-use super::{Store, StoreError, db, from_driver, on_pool};
+use super::{Store, StoreError, db, from_driver, in_tx};
 use chrono::{DateTime, Utc};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgListener};
@@ -218,8 +218,7 @@ impl Store {
     /// clears every other row's mark (theirs is stale: one lease, one leader), and rows not
     /// refreshed for a day are forgotten.
     pub async fn report_replica(&self, r: &ReplicaRow) -> Result<(), StoreError> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             sqlx::query(
                 "INSERT INTO server_replicas (name, version, started_at, seen_at, is_leader) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET \
@@ -236,7 +235,6 @@ impl Store {
             sqlx::query("DELETE FROM server_replicas WHERE seen_at < $1")
                 .bind(r.seen_at - chrono::Duration::days(1))
                 .execute(&mut *tx).await?;
-            Ok(tx.commit().await?)
         })
     }
 

@@ -233,6 +233,21 @@ macro_rules! on_pool {
 
 pub(crate) use on_pool;
 
+/// [`on_pool!`] in one transaction: `$body` runs with `$tx` open, and the transaction
+/// commits once the body has its value. A `?` or `return` in the body leaves without
+/// committing: the transaction rolls back when dropped.
+macro_rules! in_tx {
+    ($store:expr, $tx:ident => $body:block) => {
+        $crate::store::on_pool!($store, pool => {
+            let mut $tx = pool.begin().await?;
+            let out = $body;
+            $tx.commit().await?;
+            Ok(out)
+        })
+    };
+}
+pub(crate) use in_tx;
+
 /// [`on_pool!`] for a body that yields the driver's result, answered as the store's
 /// ([`from_driver`]).
 macro_rules! db {

@@ -1,7 +1,8 @@
 //! `gpu_desired`, `gpu_apply_status`, `telemetry_samples`.
 
 use super::{
-    JsonText, NullableText, Store, StoreError, db, json_text, on_node_states, on_pool, placeholders,
+    JsonText, NullableText, Store, StoreError, db, in_tx, json_text, on_node_states, on_pool,
+    placeholders,
 };
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocatedDevice, GpuKind};
@@ -212,8 +213,7 @@ impl Store {
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         // One multi-row statement per 500 samples (a round trip each, not one per sample).
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             for chunk in samples.chunks(500) {
                 let mut q = sqlx::QueryBuilder::new(
                     "INSERT INTO telemetry_samples (node_id, seq, at, payload, received_at) ");
@@ -228,7 +228,6 @@ impl Store {
                 sqlx::query("UPDATE nodes SET telemetry_dropped = $1 WHERE id = $2 AND telemetry_dropped < $1")
                     .bind(dropped_total).bind(node.0).execute(&mut *tx).await?;
             }
-            Ok(tx.commit().await?)
         })
     }
 

@@ -8,7 +8,7 @@
 //! (`pending` → `sending` under its claim, [`Store::claim_delivery`]) and records the outcome
 //! only under that claim, so two workers never both send one delivery.
 
-use super::{NullableId, Store, StoreError, db, from_driver, on_pool};
+use super::{NullableId, Store, StoreError, db, from_driver, in_tx};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
@@ -362,8 +362,7 @@ impl Store {
         let sql = "INSERT INTO notification_deliveries (id, event_id, channel, recipient, state, \
                    next_try_at, created_at) VALUES ($1, $2, $3, $4, 'pending', $5, $6) \
                    ON CONFLICT (event_id, channel, recipient) DO NOTHING";
-        let r: Result<(), sqlx::Error> = on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        let r: Result<(), sqlx::Error> = in_tx!(self, tx => {
             for d in deliveries {
                 sqlx::query(sql).bind(Uuid::now_v7()).bind(event).bind(d.channel)
                     .bind(d.recipient).bind(d.next_try_at).bind(now)
@@ -371,8 +370,6 @@ impl Store {
             }
             sqlx::query("UPDATE outbox_events SET fanned_out = TRUE WHERE id = $1")
                 .bind(event).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(())
         });
         from_driver(r)
     }
@@ -458,13 +455,10 @@ impl Store {
                    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (user_id) DO UPDATE SET \
                    email = excluded.email, token = excluded.token, \
                    expires_at = excluded.expires_at, created_at = excluded.created_at";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             sqlx::query(sql).bind(user.0).bind(email).bind(token).bind(expires_at)
                 .bind(event.created_at).execute(&mut *tx).await?;
             record_event!(tx, event);
-            tx.commit().await?;
-            Ok(())
         })
     }
 
@@ -481,14 +475,12 @@ impl Store {
     /// Marks `user`'s address verified if it is still `email`, and closes the
     /// verification; `false` if the address changed meanwhile.
     pub async fn confirm_email(&self, user: UserId, email: &str) -> Result<bool, StoreError> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let done = sqlx::query("UPDATE users SET email_verified = TRUE WHERE id = $1 AND email = $2")
                 .bind(user.0).bind(email).execute(&mut *tx).await?.rows_affected() == 1;
             sqlx::query("DELETE FROM email_verifications WHERE user_id = $1")
                 .bind(user.0).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(done)
+            done
         })
     }
 

@@ -2,7 +2,7 @@
 //! of a displaced high-priority allocation onto a replacement (docs/operations.md).
 
 use super::allocations::{EVENT, INSERT, bind_insert};
-use super::{AllocationRow, Store, StoreError, db, from_driver, on_pool};
+use super::{AllocationRow, Store, StoreError, db, from_driver, in_tx};
 use chrono::{DateTime, Utc};
 use tessera_domain::ids::AllocationId;
 use uuid::Uuid;
@@ -75,8 +75,7 @@ impl Store {
         note: &str,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let result: Result<bool, sqlx::Error> = on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        let result: Result<bool, sqlx::Error> = in_tx!(self, tx => {
             let moved: Option<(Uuid, Uuid, String, i64)> = sqlx::query_as(
                 "UPDATE allocations SET state = 'preempted', release_cause = 'preempted', \
                  preempt_at = NULL, preempt_cause = NULL \
@@ -104,8 +103,7 @@ impl Store {
             let why = format!("replaces {old}, displaced to a hot spare");
             sqlx::query(EVENT).bind(new.id.0).bind(at).bind(None::<String>).bind(new.state.as_str())
                 .bind(None::<String>).bind(why).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(true)
+            true
         });
         from_driver(result)
     }

@@ -1,7 +1,7 @@
 //! `user_identities`: users who sign in through an OpenID Connect provider, and the one
 //! transaction that applies a sign-in's group claim.
 
-use super::{Store, StoreError, UserRow, from_driver, on_pool};
+use super::{Store, StoreError, UserRow, from_driver, in_tx};
 use chrono::{DateTime, Utc};
 use tessera_domain::audit::AuditAction;
 use uuid::Uuid;
@@ -63,8 +63,7 @@ impl Store {
 
     async fn sso_sign_in_once(&self, s: &SsoSignIn<'_>) -> Result<SsoOutcome, sqlx::Error> {
         let mut changes = SsoChanges::default();
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             // A write first: takes SQLite's write lock up front (no read-to-write upgrade
             // failures) and, on PostgreSQL, locks the identity row.
             sqlx::query("UPDATE user_identities SET last_login_at = $1 WHERE issuer = $2 AND subject = $3")
@@ -173,8 +172,7 @@ impl Store {
                     .bind(after.to_string())
                     .execute(&mut *tx).await?;
             }
-            tx.commit().await?;
-            Ok(SsoOutcome::SignedIn { user: UserRow { is_admin, ..user }, changes })
+            SsoOutcome::SignedIn { user: UserRow { is_admin, ..user }, changes }
         })
     }
 }

@@ -1,6 +1,6 @@
 //! `teams` and `memberships`.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, in_tx, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::tenancy::TeamRole;
@@ -213,8 +213,7 @@ impl Store {
         user: UserId,
         role: Option<&str>,
     ) -> Result<ChangeOutcome, StoreError> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             // Takes the write lock up front on SQLite; on PostgreSQL, locks the team row.
             sqlx::query("UPDATE teams SET archived = archived WHERE id = $1")
                 .bind(team.0).execute(&mut *tx).await?;
@@ -238,8 +237,7 @@ impl Store {
                 None => sqlx::query("DELETE FROM memberships WHERE team_id = $1 AND user_id = $2")
                     .bind(team.0).bind(user.0).execute(&mut *tx).await?,
             };
-            tx.commit().await?;
-            Ok(ChangeOutcome::Done)
+            ChangeOutcome::Done
         })
     }
 }

@@ -1,6 +1,6 @@
 //! The `users` table.
 
-use super::{Store, StoreError, db, on_pool};
+use super::{Store, StoreError, db, in_tx, on_pool};
 use chrono::{DateTime, Utc};
 use tessera_domain::ids::UserId;
 use uuid::Uuid;
@@ -122,8 +122,7 @@ impl Store {
         disabled: bool,
         at: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let n = if disabled {
                 sqlx::query("UPDATE users SET disabled = TRUE, sessions_valid_after = $1 WHERE id = $2")
                     .bind(at).bind(id.0).execute(&mut *tx).await?.rows_affected()
@@ -135,8 +134,7 @@ impl Store {
                 sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL")
                     .bind(at).bind(id.0).execute(&mut *tx).await?;
             }
-            tx.commit().await?;
-            Ok(n == 1)
+            n == 1
         })
     }
 

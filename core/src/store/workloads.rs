@@ -6,7 +6,8 @@
 //! answer is stored once.
 
 use super::{
-    JsonText, NullableId, NullableText, Store, StoreError, db, json_text, on_pool, placeholders,
+    JsonText, NullableId, NullableText, Store, StoreError, db, in_tx, json_text, on_pool,
+    placeholders,
 };
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
@@ -516,8 +517,7 @@ impl Store {
                    devices = $4 WHERE id = $1 AND state = 'queued'";
         // Leaving the queue is told to its owner (`workload.started`), in the same
         // transaction.
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let moved = sqlx::query(sql).bind(id.0).bind(node.0).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
@@ -531,8 +531,7 @@ impl Store {
                     ("workload", id.0), payload, now);
                 super::outbox::record_event!(tx, &event);
             }
-            tx.commit().await?;
-            Ok(moved)
+            moved
         })
     }
 
@@ -641,8 +640,7 @@ impl Store {
         // An end is told to its owner (docs/notifications.md): the event is written in the
         // same transaction as the state.
         let told = tessera_domain::notify::workload_end_kind(to, None).is_some();
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let r = sqlx::query(sql)
                 .bind(id.0).bind(from).bind(to).bind(c.started_at).bind(c.ready_at)
                 .bind(c.ended_at).bind(c.exit_code).bind(&c.message).bind(c.stop_state.map(|s| s.as_str()))
@@ -662,8 +660,7 @@ impl Store {
                     super::outbox::record_event!(tx, &event);
                 }
             }
-            tx.commit().await?;
-            Ok(moved)
+            moved
         })
     }
 
@@ -681,15 +678,13 @@ impl Store {
         let sql = "UPDATE workloads SET state = 'pending', attempt = $3, log_base = log_stored, \
                    endpoint = NULL, exit_code = NULL, message = $4 \
                    WHERE id = $1 AND state = $2 AND attempt = $3 - 1";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let moved = sqlx::query(sql).bind(id.0).bind(from).bind(attempt).bind(note)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
                 record_attempt!(tx, id.0, attempt - 1, ended);
             }
-            tx.commit().await?;
-            Ok(moved)
+            moved
         })
     }
 
@@ -743,16 +738,14 @@ impl Store {
                    ended_at = NULL, message = $6 \
                    WHERE id = $1 AND state = $2 AND allocation_id = $3 AND attempt = $5 - 1 \
                      AND owns_allocation";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let moved = sqlx::query(sql).bind(id.0).bind(from).bind(old_allocation.0)
                 .bind(new_allocation.0).bind(attempt).bind(note)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
                 record_attempt!(tx, id.0, attempt - 1, ended);
             }
-            tx.commit().await?;
-            Ok(moved)
+            moved
         })
     }
 
@@ -785,8 +778,7 @@ impl Store {
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let len = i64::try_from(len).unwrap_or(0);
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             // Write first (see `set_quota`): the read below then cannot go stale on SQLite.
             sqlx::query("UPDATE workloads SET log_stored = log_stored WHERE id = $1")
                 .bind(id.0).execute(&mut *tx).await?;
@@ -824,8 +816,7 @@ impl Store {
                 sqlx::query("UPDATE workloads SET log_complete = TRUE WHERE id = $1")
                     .bind(id.0).execute(&mut *tx).await?;
             }
-            tx.commit().await?;
-            Ok(u64::try_from(stored_now - base).unwrap_or(0))
+            u64::try_from(stored_now - base).unwrap_or(0)
         })
     }
 
@@ -941,8 +932,7 @@ impl Store {
                    gang_job, gang_rank, gang_size, gang_launcher, gang_ranks) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
                    $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)";
-        on_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
+        in_tx!(self, tx => {
             let moved = sqlx::query(sql).bind(job.0).bind(node.0).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if !moved {
@@ -967,8 +957,7 @@ impl Store {
                 tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
                 ("workload", job.0), payload, now);
             super::outbox::record_event!(tx, &event);
-            tx.commit().await?;
-            Ok(true)
+            true
         })
     }
 

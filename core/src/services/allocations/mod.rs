@@ -70,6 +70,14 @@ impl<'a> From<&'a TypedRequest> for Requested<'a> {
     }
 }
 
+/// When a transition happens, who made it (`None`: the system) and why.
+#[derive(Debug, Clone, Copy)]
+struct By<'a> {
+    at: DateTime<Utc>,
+    actor: Option<&'a str>,
+    note: Option<&'a str>,
+}
+
 #[derive(Clone)]
 pub struct Allocations {
     store: Store,
@@ -380,12 +388,7 @@ impl Allocations {
         p: &Principal,
         id: AllocationId,
     ) -> Result<AllocationListRow, AppError> {
-        let row = self
-            .store
-            .allocation(id)
-            .await
-            .map_err(internal("loading allocation"))?
-            .ok_or(AppError::NotFound)?;
+        let row = self.row(id).await?.ok_or(AppError::NotFound)?;
         authz::team(&self.store, p, row.a.team_id, Need::Read).await?;
         Ok(row)
     }
@@ -480,12 +483,7 @@ impl Allocations {
         let mut done = false;
         // Like `release`: the scheduler may move it on between the read and the write.
         for _ in 0..RELEASE_TRIES {
-            let Some(row) = self
-                .store
-                .allocation(id)
-                .await
-                .map_err(internal("loading allocation"))?
-            else {
+            let Some(row) = self.row(id).await? else {
                 return Ok(false);
             };
             let state = row.a.state;
@@ -519,12 +517,7 @@ impl Allocations {
         let mut admitted = 0;
         let pricer = self.pricer(now).await?;
         for &id in ids {
-            let Some(row) = self
-                .store
-                .allocation(id)
-                .await
-                .map_err(internal("loading allocation"))?
-            else {
+            let Some(row) = self.row(id).await? else {
                 continue;
             };
             if row.a.state != AllocState::PendingApproval {
@@ -624,9 +617,11 @@ impl Allocations {
                     id,
                     state,
                     AllocState::Cancelled,
-                    now,
-                    actor,
-                    note,
+                    By {
+                        at: now,
+                        actor,
+                        note,
+                    },
                     Change::default(),
                 )
                 .await?
@@ -668,9 +663,11 @@ impl Allocations {
                     a.id,
                     AllocState::Releasing,
                     cause.final_state(),
-                    now,
-                    None,
-                    None,
+                    By {
+                        at: now,
+                        actor: None,
+                        note: None,
+                    },
                     Change::default(),
                 )
                 .await?
@@ -720,9 +717,11 @@ impl Allocations {
                         a.id,
                         state,
                         AllocState::Cancelled,
-                        now,
-                        None,
-                        Some(note),
+                        By {
+                            at: now,
+                            actor: None,
+                            note: Some(note),
+                        },
                         Change::default(),
                     )
                     .await?
@@ -868,22 +867,17 @@ impl Allocations {
         let now = self.clock.now();
         let actor = Some(p.username().as_str());
         if !decision.approve {
-            let change = Change {
+            let reason = Change {
                 approval_reason: note.map(str::to_owned),
                 ..Change::default()
             };
-            if !self
-                .step(
-                    id,
-                    AllocState::PendingApproval,
-                    AllocState::Denied,
-                    now,
-                    actor,
-                    note,
-                    change,
-                )
-                .await?
-            {
+            let by = By {
+                at: now,
+                actor,
+                note,
+            };
+            let (from, to) = (AllocState::PendingApproval, AllocState::Denied);
+            if !self.step(id, from, to, by, reason).await? {
                 return Err(AppError::conflict(
                     "the request changed meanwhile; reload and try again",
                 ));
@@ -1262,21 +1256,30 @@ impl Allocations {
             .await;
     }
 
+    /// The allocation's row, if there is one.
+    pub(crate) async fn row(
+        &self,
+        id: AllocationId,
+    ) -> Result<Option<AllocationListRow>, AppError> {
+        self.store
+            .allocation(id)
+            .await
+            .map_err(internal("loading allocation"))
+    }
+
     // ---- transitions ----
 
     /// One checked transition with its quota effect; `false` if the allocation was no
     /// longer in `from`.
-    #[allow(clippy::too_many_arguments)]
     async fn step(
         &self,
         id: AllocationId,
         from: AllocState,
         to: AllocState,
-        at: DateTime<Utc>,
-        actor: Option<&str>,
-        note: Option<&str>,
+        by: By<'_>,
         change: Change,
     ) -> Result<bool, AppError> {
+        let By { at, actor, note } = by;
         from.check_transition(to)?;
         if !from.holds_quota() && to.holds_quota() {
             // Only the admission rule makes a team hold more (`Store::admit`).
@@ -1313,31 +1316,23 @@ impl Allocations {
         actor: Option<&str>,
         note: Option<&str>,
     ) -> Result<bool, AppError> {
-        let change = Change {
+        let release = Change {
             release_cause: Some(cause),
             ..Change::default()
         };
+        let by = By { at, actor, note };
         if !self
-            .step(
-                id,
-                AllocState::Active,
-                AllocState::Releasing,
-                at,
-                actor,
-                note,
-                change,
-            )
+            .step(id, AllocState::Active, AllocState::Releasing, by, release)
             .await?
         {
             return Ok(false);
         }
+        let ended = By { note: None, ..by };
         self.step(
             id,
             AllocState::Releasing,
             cause.final_state(),
-            at,
-            actor,
-            None,
+            ended,
             Change::default(),
         )
         .await

@@ -248,9 +248,11 @@ impl Allocations {
                         a.id,
                         state,
                         AllocState::Failed,
-                        now,
-                        None,
-                        Some(&why),
+                        By {
+                            at: now,
+                            actor: None,
+                            note: Some(&why),
+                        },
                         Change::default(),
                     )
                     .await?
@@ -380,9 +382,11 @@ impl Allocations {
                         a.id,
                         AllocState::Placing,
                         AllocState::Active,
-                        now,
-                        None,
-                        None,
+                        By {
+                            at: now,
+                            actor: None,
+                            note: None,
+                        },
                         change,
                     )
                     .await?
@@ -604,9 +608,11 @@ impl Allocations {
                         a.id,
                         AllocState::Queued,
                         AllocState::Placing,
-                        now,
-                        None,
-                        Some(&note),
+                        By {
+                            at: now,
+                            actor: None,
+                            note: Some(&note),
+                        },
                         change,
                     )
                     .await?

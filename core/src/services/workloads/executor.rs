@@ -4,6 +4,16 @@ use super::*;
 use tessera_domain::image::ImageRef;
 use tessera_domain::wire::{ImageSpec, RegistryLogin};
 
+/// A node's report on one of its workloads, as the pass that applies it sees it.
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    w: &'a WorkloadRow,
+    /// The state of the allocation it runs on.
+    alloc: AllocState,
+    rep: &'a WorkloadReport,
+    now: DateTime<Utc>,
+}
+
 impl Workloads {
     /// Live workloads by kind and state, every combination present (zero included), for
     /// `/metrics`.
@@ -105,7 +115,7 @@ impl Workloads {
                     .await
                     .map_err(internal("storing pull progress"))?;
             }
-            self.apply_report(w, alloc, rep, now).await?;
+            self.apply_report(Seen { w, alloc, rep, now }).await?;
             self.gang_report(w, rep, from).await?;
             if w.gang_size.is_some()
                 && matches!(
@@ -300,13 +310,8 @@ impl Workloads {
         Ok(moved)
     }
 
-    async fn apply_report(
-        &self,
-        w: &WorkloadRow,
-        alloc: AllocState,
-        rep: &WorkloadReport,
-        now: DateTime<Utc>,
-    ) -> Result<(), AppError> {
+    async fn apply_report(&self, seen: Seen<'_>) -> Result<(), AppError> {
+        let Seen { w, rep, now, .. } = seen;
         let state = w.state;
         let activity = rep
             .kernel_last_activity_ms
@@ -354,7 +359,7 @@ impl Workloads {
             }
             // The end is recorded once all the output has arrived, so a finished
             // workload's log is whole.
-            WorkloadPhase::Exited if rep.log_complete => self.on_exit(w, alloc, rep, now).await?,
+            WorkloadPhase::Exited if rep.log_complete => self.on_exit(seen).await?,
             WorkloadPhase::Exited => {}
             WorkloadPhase::FailedToStart => {
                 let message = Some(format!(
@@ -398,13 +403,8 @@ impl Workloads {
     /// A process that ended, its whole log in: how its workload ends (as its stop asked,
     /// requeued after a preemption, stopped with its allocation, succeeded, retried or
     /// failed).
-    async fn on_exit(
-        &self,
-        w: &WorkloadRow,
-        alloc: AllocState,
-        rep: &WorkloadReport,
-        now: DateTime<Utc>,
-    ) -> Result<(), AppError> {
+    async fn on_exit(&self, seen: Seen<'_>) -> Result<(), AppError> {
+        let Seen { w, alloc, rep, now } = seen;
         let (kind, state) = (w.kind, w.state);
         let code = rep.exit_code.map(i64::from);
         let change = |message: Option<String>| WorkloadChange {

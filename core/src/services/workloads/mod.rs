@@ -761,10 +761,9 @@ impl Workloads {
         allocation_id: AllocationId,
     ) -> Result<Place, AppError> {
         let alloc = self
-            .store
-            .allocation(allocation_id)
-            .await
-            .map_err(internal("loading allocation"))?
+            .allocations
+            .row(allocation_id)
+            .await?
             .ok_or_else(|| AppError::invalid("allocation_id", "no such allocation"))?;
         let access = authz::team(&self.store, p, alloc.a.team_id, Need::Read)
             .await

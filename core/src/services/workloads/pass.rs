@@ -142,12 +142,7 @@ impl Workloads {
     /// A queued workload whose allocation is active gets that allocation's node and devices
     /// and becomes `pending`: the node's executor starts it on its next sync.
     async fn start_queued(&self, w: &WorkloadRow) -> Result<bool, AppError> {
-        let Some(alloc) = self
-            .store
-            .allocation(w.allocation_id)
-            .await
-            .map_err(internal("loading allocation"))?
-        else {
+        let Some(alloc) = self.allocations.row(w.allocation_id).await? else {
             return Ok(false);
         };
         if w.gang_size.is_some() {
@@ -188,10 +183,7 @@ impl Workloads {
         }
         let state = w.state;
         let (Some(old), Some(user)) = (
-            self.store
-                .allocation(w.allocation_id)
-                .await
-                .map_err(internal("loading allocation"))?,
+            self.allocations.row(w.allocation_id).await?,
             self.store
                 .user_by_id(w.user_id)
                 .await
@@ -552,11 +544,7 @@ impl Workloads {
             .attempt_began(w.id, w.started_at)
             .await
             .map_err(internal("loading attempts"))?;
-        let alloc = self
-            .store
-            .allocation(w.allocation_id)
-            .await
-            .map_err(internal("loading allocation"))?;
+        let alloc = self.allocations.row(w.allocation_id).await?;
         let gpu_ms = match (began, alloc) {
             (Some(b), Some(a)) => tessera_domain::billing::gpu_ms(
                 u32::try_from(a.a.units).unwrap_or(0),
