@@ -1,8 +1,9 @@
 //! Writing the audit trail: the one way every service records an entry.
 
-use crate::store::{AuditRow, Store};
+use crate::store::Store;
 use chrono::{DateTime, Utc};
 use tessera_domain::audit::AuditAction;
+use tessera_domain::audit::AuditEntryView;
 use tessera_domain::ids::TeamId;
 use uuid::Uuid;
 
@@ -58,7 +59,7 @@ impl<'a> Entry<'a> {
     /// change it tells of has happened.
     pub(crate) async fn record(self, store: &Store, at: DateTime<Utc>) {
         let (object_type, object_id) = self.object;
-        let row = AuditRow {
+        let row = AuditEntryView {
             id: Uuid::new_v4(),
             at,
             actor: self.actor.map(str::to_owned),

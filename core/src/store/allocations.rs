@@ -8,13 +8,14 @@
 //! locked row), so concurrent requests never admit past the limit.
 
 use super::{
-    JsonText, NullableId, NullableText, Store, StoreError, db, from_driver, in_tx, live_states,
-    on_pool, placeholders,
+    JsonText, NullableText, Store, StoreError, db, from_driver, in_tx, live_states, on_pool,
+    placeholders,
 };
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{
     AllocState, AllocatedDevice, Approver, GpuKind, PreemptCause, PriorityClass, ReleaseCause,
 };
+use tessera_domain::audit::AuditEntryView;
 use tessera_domain::ids::{AllocationId, TeamId, UserId};
 use tessera_domain::image::CudaVersion;
 use uuid::Uuid;
@@ -152,19 +153,18 @@ pub struct EventRow {
     pub note: Option<String>,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct AuditRow {
-    pub id: Uuid,
-    pub at: DateTime<Utc>,
-    pub actor: Option<String>,
-    pub action: String,
-    pub object_type: String,
-    pub object_id: String,
-    #[sqlx(try_from = "NullableId")]
-    pub team_id: Option<TeamId>,
-    pub before: Option<String>,
-    pub after: Option<String>,
-}
+/// An audit entry's columns, in `audit_page`'s order.
+type AuditColumns = (
+    Uuid,
+    DateTime<Utc>,
+    Option<String>,
+    String,
+    String,
+    String,
+    Option<Uuid>,
+    Option<String>,
+    Option<String>,
+);
 
 /// What changes with a state transition besides the state.
 #[derive(Debug, Clone, Default)]
@@ -777,7 +777,7 @@ impl Store {
 
     // ---- audit ----
 
-    pub async fn audit(&self, r: &AuditRow) -> Result<(), StoreError> {
+    pub async fn audit(&self, r: &AuditEntryView) -> Result<(), StoreError> {
         let sql = "INSERT INTO audit_log (id, at, actor, action, object_type, object_id, team_id, before, after) \
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)";
         db!(self, pool => sqlx::query(sql).bind(r.id).bind(r.at).bind(&r.actor).bind(&r.action)
@@ -790,13 +790,17 @@ impl Store {
         action: Option<&str>,
         offset: u32,
         limit: u32,
-    ) -> Result<(Vec<AuditRow>, i64), StoreError> {
+    ) -> Result<(Vec<AuditEntryView>, i64), StoreError> {
         let sql = "SELECT id, at, actor, action, object_type, object_id, team_id, before, after \
                    FROM audit_log WHERE ($1 IS NULL OR action = $1) ORDER BY at DESC, id LIMIT $2 OFFSET $3";
         let count = "SELECT COUNT(*) FROM audit_log WHERE ($1 IS NULL OR action = $1)";
         on_pool!(self, pool => {
-            let rows = sqlx::query_as::<_, AuditRow>(sql).bind(action).bind(i64::from(limit))
+            let rows = sqlx::query_as::<_, AuditColumns>(sql).bind(action).bind(i64::from(limit))
                 .bind(i64::from(offset)).fetch_all(pool).await?;
+            let rows = rows.into_iter().map(|(id, at, actor, action, object_type, object_id, team, before, after)| {
+                AuditEntryView { id, at, actor, action, object_type, object_id,
+                    team_id: team.map(TeamId::from), before, after }
+            }).collect();
             let total = sqlx::query_scalar::<_, i64>(count).bind(action).fetch_one(pool).await?;
             Ok((rows, total))
         })

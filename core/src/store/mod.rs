@@ -26,7 +26,7 @@ mod workloads;
 
 pub use admission::{Admit, Admitted, Line, OpenAllocation, Standing};
 pub use allocations::{
-    AllocationListRow, AllocationRow, AuditRow, Change, EventRow, Inserted, QuotaRow, Transition,
+    AllocationListRow, AllocationRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
 pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
 pub use bookings::{BookingListRow, BookingRow, BookingStanding};

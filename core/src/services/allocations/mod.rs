@@ -1090,21 +1090,7 @@ impl Allocations {
             .audit_page(action.map(AuditAction::as_str), page.offset, page.limit)
             .await
             .map_err(internal("loading audit log"))?;
-        let items = rows
-            .into_iter()
-            .map(|r| AuditEntryView {
-                id: r.id,
-                at: r.at,
-                actor: r.actor,
-                action: r.action,
-                object_type: r.object_type,
-                object_id: r.object_id,
-                team_id: r.team_id,
-                before: r.before,
-                after: r.after,
-            })
-            .collect();
-        Ok(paged(items, total, page))
+        Ok(paged(rows, total, page))
     }
 
     /// Counts for `/metrics` (no principal: operational data, no names).
