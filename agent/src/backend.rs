@@ -78,6 +78,13 @@ pub struct GpuInstanceAt {
     pub size: u8,
 }
 
+/// A compute instance: its GPU instance's ID and its own (CI IDs are per GPU instance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComputeInstanceId {
+    pub gi: u32,
+    pub ci: u32,
+}
+
 /// Driver errors the agent acts on; everything else is [`ErrorKind::Other`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -157,8 +164,7 @@ pub trait GpuBackend: Send + Sync {
     fn destroy_compute_instance(
         &self,
         gpu: &str,
-        gi_id: u32,
-        ci_id: u32,
+        ci: ComputeInstanceId,
     ) -> Result<(), BackendError>;
 
     /// Needs an idle GPU (`InUse` otherwise). The caller must re-read handles

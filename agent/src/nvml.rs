@@ -63,7 +63,8 @@ use tessera_domain::wire::{
 };
 
 use crate::backend::{
-    BackendError, ComputeMode, Device, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange,
+    BackendError, ComputeInstanceId, ComputeMode, Device, ErrorKind, GpuBackend, GpuInstanceAt,
+    ModeChange,
 };
 use crate::xid::{Registration, XidLog, gpu_health};
 
@@ -614,10 +615,13 @@ impl GpuBackend for NvmlBackend {
     fn destroy_compute_instance(
         &self,
         gpu: &str,
-        gi_id: u32,
-        ci_id: u32,
+        ci: ComputeInstanceId,
     ) -> Result<(), BackendError> {
         const CALL: &str = "destroy_compute_instance";
+        let ComputeInstanceId {
+            gi: gi_id,
+            ci: ci_id,
+        } = ci;
         let dev = self.device(CALL, gpu)?;
         let gi = self.gi_by_id(CALL, &dev, gi_id)?;
         let lib = self.nvml.lib();

@@ -20,7 +20,9 @@ use tessera_domain::wire::{
     MigMode, MigModeState, ProfileInfo,
 };
 
-use crate::backend::{BackendError, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange};
+use crate::backend::{
+    BackendError, ComputeInstanceId, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange,
+};
 
 /// What the driver says about one GPU right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,7 +305,13 @@ fn plan_enabled(desired: &DesiredGpuState, mode: MigModeState, obs: &Observed) -
 
 fn run_step(backend: &dyn GpuBackend, gpu: &str, step: &Step) -> Result<(), BackendError> {
     match step {
-        Step::DestroyCi { gi_id, ci_id } => backend.destroy_compute_instance(gpu, *gi_id, *ci_id),
+        Step::DestroyCi { gi_id, ci_id } => backend.destroy_compute_instance(
+            gpu,
+            ComputeInstanceId {
+                gi: *gi_id,
+                ci: *ci_id,
+            },
+        ),
         Step::DestroyGi { gi_id } => backend.destroy_gpu_instance(gpu, *gi_id),
         Step::CreateCi { gi_id } => backend
             .create_full_compute_instance(gpu, *gi_id)

@@ -36,7 +36,8 @@ use tessera_domain::wire::{
 };
 
 use crate::backend::{
-    BackendError, ComputeMode, Device, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange,
+    BackendError, ComputeInstanceId, ComputeMode, Device, ErrorKind, GpuBackend, GpuInstanceAt,
+    ModeChange,
 };
 
 /// Memory of a simulated GPU that is not MIG-capable.
@@ -857,10 +858,13 @@ impl GpuBackend for SimNode {
     fn destroy_compute_instance(
         &self,
         gpu: &str,
-        gi_id: u32,
-        ci_id: u32,
+        ci: ComputeInstanceId,
     ) -> Result<(), BackendError> {
         const CALL: &str = "destroy_compute_instance";
+        let ComputeInstanceId {
+            gi: gi_id,
+            ci: ci_id,
+        } = ci;
         let (mut st, i) = self.enter(CALL, Some(gpu))?;
         if st.procs_on(i, Some((gi_id, ci_id))).next().is_some() {
             st.busy_destroy_attempts += 1;

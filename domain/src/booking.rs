@@ -137,7 +137,7 @@ fn parse_time(field: &'static str, raw: &str) -> Result<DateTime<Utc>, AppError>
 /// A booking already made, as admission sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
-    pub team: Uuid,
+    pub team: TeamId,
     pub starts_at: DateTime<Utc>,
     pub ends_at: DateTime<Utc>,
     pub units: u32,
@@ -174,7 +174,7 @@ pub struct Standing<'a> {
 
 /// Whether `b` (for `team`) can be honoured: it fits in the cluster, in the team's limit
 /// for its window, and in what other bookings leave. The refusal says why.
-pub fn admit(b: &ValidBooking, team: Uuid, s: &Standing<'_>) -> Result<(), AppError> {
+pub fn admit(b: &ValidBooking, team: TeamId, s: &Standing<'_>) -> Result<(), AppError> {
     let units = b.units();
     let model = b.model();
     if units > s.capacity {
@@ -317,8 +317,8 @@ mod tests {
             .single()
             .expect("valid")
     }
-    fn team(n: u128) -> Uuid {
-        Uuid::from_u128(n)
+    fn team(n: u128) -> TeamId {
+        TeamId(Uuid::from_u128(n))
     }
     fn input(kind: &str, count: u32, from: &str, to: &str) -> NewBooking {
         NewBooking {

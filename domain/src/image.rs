@@ -527,7 +527,7 @@ pub struct CatalogImage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RegistryLoginView {
-    pub team_id: uuid::Uuid,
+    pub team_id: crate::ids::TeamId,
     pub registry: String,
     pub username: String,
     pub updated_at: chrono::DateTime<chrono::Utc>,

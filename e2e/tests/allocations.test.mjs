@@ -164,3 +164,33 @@ test('the admin sees the approval in the audit trail and the queue page', async 
     assert.deepEqual(errors, [], 'no uncaught page errors');
   });
 });
+
+test('a member made a viewer while the form is open is told plainly why the request is refused', async () => {
+  const demoted = `alloc-demoted-${suffix}`;
+  await withPage(browser, 'alloc-demote-admin', async (admin) => {
+    await signInAs(admin, 'admin', ADMIN_SECOND_PASSWORD);
+    const user = await api(admin, 'POST', '/api/v1/users', { username: demoted, password: PASSWORD });
+    await api(admin, 'POST', `/api/v1/teams/${teamId}/members`, { username: demoted, role: 'member' });
+    await withPage(browser, 'alloc-demoted', async (page, errors) => {
+      await signInAs(page, demoted, PASSWORD);
+      await page.goto(`${BASE}/allocations`);
+      await hydrated(page);
+      const form = page.locator('[data-testid=request-form]');
+      await form.locator('select[name=team_id]').selectOption(teamId);
+      const slice = 'H100-80GB:1g.10gb';
+      await eventually(async () => (await form.locator(`select[name=kind] option[value="${slice}"]`).count()) === 1,
+        { what: 'the slice offered' });
+      await form.locator('select[name=kind]').selectOption(slice);
+      // The form was drawn for a member; the role changes before it is sent.
+      await api(admin, 'PUT', `/api/v1/teams/${teamId}/members/${user.id}`, { role: 'viewer' });
+      await form.locator('button[type=submit]').click();
+      const refusal = page.locator('[data-testid=request-error]');
+      await refusal.waitFor();
+      assert.equal(await refusal.innerText(), 'You may not request GPUs for this team (viewers cannot).');
+      assert.match(page.url(), /\/allocations$/, 'the form stays where it was');
+      const mine = await api(page, 'GET', '/api/v1/allocations?mine=true');
+      assert.equal(mine.total, 0, 'nothing was requested');
+      assert.deepEqual(errors, [], 'no uncaught page errors');
+    });
+  });
+});

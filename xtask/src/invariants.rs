@@ -46,7 +46,16 @@ const ID_FIELDS: [&str; 6] = [
 ];
 
 /// The store's parameters (and fields) that name a team or a user.
-const PARTY_PARAMS: [&str; 6] = ["team", "teams", "user", "by", "viewer", "owner"];
+const PARTY_PARAMS: [&str; 8] = [
+    "team",
+    "teams",
+    "user",
+    "by",
+    "viewer",
+    "owner",
+    "created_by",
+    "updated_by",
+];
 
 /// `team: Uuid`, `teams: &[Uuid]`, `user: Option<Uuid>`… on a line of a store file: the
 /// parameter's name.
@@ -189,6 +198,7 @@ mod tests {
             ("        teams: Option<&[Uuid]>,", "teams"),
             ("    pub team: Uuid,", "team"),
             ("    fn f(&self, viewer: Uuid) {", "viewer"),
+            ("    pub created_by: Option<Uuid>,", "created_by"),
         ];
         for (line, param) in bare {
             assert_eq!(bare_party_param(line), Some(param), "{line}");

@@ -1,6 +1,6 @@
 //! The simulator follows the driver's MIG rules (mig.md §1.3, §2).
 
-use tessera_agent::backend::{ErrorKind, GpuBackend, GpuInstanceAt, ModeChange};
+use tessera_agent::backend::{ComputeInstanceId, ErrorKind, GpuBackend, GpuInstanceAt, ModeChange};
 use tessera_agent::sim::SimNode;
 use tessera_domain::mig::Catalog;
 use tessera_domain::wire::{MigMode, MigModeState};
@@ -185,13 +185,25 @@ fn busy_instances_and_gis_with_cis_cannot_be_destroyed() {
         Some(1)
     );
     assert_eq!(
-        kind(node.destroy_compute_instance(&gpu, inst.gi_id, ci.ci_id)),
+        kind(node.destroy_compute_instance(
+            &gpu,
+            ComputeInstanceId {
+                gi: inst.gi_id,
+                ci: ci.ci_id
+            }
+        )),
         ErrorKind::InUse
     );
     assert_eq!(node.busy_destroy_attempts(), 1);
     node.detach_process(pid).unwrap();
-    node.destroy_compute_instance(&gpu, inst.gi_id, ci.ci_id)
-        .unwrap();
+    node.destroy_compute_instance(
+        &gpu,
+        ComputeInstanceId {
+            gi: inst.gi_id,
+            ci: ci.ci_id,
+        },
+    )
+    .unwrap();
     node.destroy_gpu_instance(&gpu, inst.gi_id).unwrap();
     assert!(node.instances(&gpu).unwrap().is_empty());
 }
@@ -285,7 +297,14 @@ fn mig_uuids_are_stable_per_instance_and_deterministic_per_seed() {
     assert_eq!(first, crate::support::mig_uuids(&twin, &twin_gpu));
     // A re-created instance gets a new UUID.
     let inst = node.instances(&gpu).unwrap().remove(0);
-    node.destroy_compute_instance(&gpu, inst.gi_id, 0).unwrap();
+    node.destroy_compute_instance(
+        &gpu,
+        ComputeInstanceId {
+            gi: inst.gi_id,
+            ci: 0,
+        },
+    )
+    .unwrap();
     node.create_full_compute_instance(&gpu, inst.gi_id).unwrap();
     let after = crate::support::mig_uuids(&node, &gpu);
     assert_ne!(after["1g.10gb@0"], first["1g.10gb@0"]);

@@ -345,7 +345,7 @@ impl Images {
         Ok(rows
             .into_iter()
             .map(|r| RegistryLoginView {
-                team_id: r.team_id.0,
+                team_id: r.team_id,
                 registry: r.registry,
                 username: r.username,
                 updated_at: r.updated_at,
@@ -402,7 +402,7 @@ impl Images {
         )
         .await;
         Ok(RegistryLoginView {
-            team_id: team.0,
+            team_id: team,
             registry,
             username: username.to_owned(),
             updated_at: now,

@@ -173,7 +173,7 @@ impl Nodes {
             note: note.to_owned(),
             prefix: secret::prefix(&secret),
             secret_hash: hash,
-            created_by: p.user_id().0,
+            created_by: p.user_id(),
             created_at: now,
             expires_at: now + Duration::hours(i64::from(expires_in_hours)),
             max_uses: i64::from(max_uses),
@@ -577,7 +577,7 @@ impl Nodes {
                 gpu_uuid: valid.gpu.clone().unwrap_or_default(),
                 deadline: valid.deadline,
                 reason: valid.reason.clone(),
-                created_by: Some(p.user_id().0),
+                created_by: Some(p.user_id()),
                 created_at: now,
                 health: false,
             })

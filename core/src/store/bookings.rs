@@ -80,7 +80,7 @@ impl Store {
             let standing = BookingStanding {
                 team_limit,
                 held: held.into_iter().map(|(team, starts_at, ends_at, units)| Held {
-                    team,
+                    team: TeamId(team),
                     starts_at,
                     ends_at,
                     units: u32::try_from(units).unwrap_or(u32::MAX),

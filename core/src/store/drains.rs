@@ -1,8 +1,8 @@
 //! `drains`: nodes and GPUs a platform admin takes out of placement (docs/operations.md).
 
-use super::{Store, StoreError, db};
+use super::{NullableId, Store, StoreError, db};
 use chrono::{DateTime, Utc};
-use tessera_domain::ids::NodeId;
+use tessera_domain::ids::{NodeId, UserId};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -13,7 +13,8 @@ pub struct DrainRow {
     pub gpu_uuid: String,
     pub deadline: DateTime<Utc>,
     pub reason: String,
-    pub created_by: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub created_by: Option<UserId>,
     pub created_at: DateTime<Utc>,
     /// Not an admin's drain: the GPU turned unhealthy ([`Store::out_of_service`]).
     #[sqlx(skip)]
@@ -40,7 +41,7 @@ impl Store {
         );
         db!(self, pool => sqlx::query(&sql)
             .bind(r.node_id.0).bind(&r.gpu_uuid).bind(r.deadline).bind(&r.reason)
-            .bind(r.created_by).bind(r.created_at)
+            .bind(r.created_by.map(|u| u.0)).bind(r.created_at)
             .execute(pool).await.map(|_| ()))
     }
 

@@ -2,9 +2,9 @@
 //! of a displaced high-priority allocation onto a replacement (docs/operations.md).
 
 use super::allocations::{EVENT, INSERT, bind_insert};
-use super::{AllocationRow, Store, StoreError, db, from_driver, in_tx};
+use super::{AllocationRow, NullableId, Store, StoreError, db, from_driver, in_tx};
 use chrono::{DateTime, Utc};
-use tessera_domain::ids::AllocationId;
+use tessera_domain::ids::{AllocationId, UserId};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -12,7 +12,8 @@ pub struct SpareRow {
     pub model: String,
     pub gpus: Option<i64>,
     pub percent: Option<i64>,
-    pub updated_by: Option<Uuid>,
+    #[sqlx(try_from = "NullableId")]
+    pub updated_by: Option<UserId>,
     pub updated_at: DateTime<Utc>,
     /// The updater's username (joined).
     #[sqlx(default)]
@@ -35,7 +36,7 @@ impl Store {
                    gpus = excluded.gpus, percent = excluded.percent, \
                    updated_by = excluded.updated_by, updated_at = excluded.updated_at";
         db!(self, pool => sqlx::query(sql)
-            .bind(&r.model).bind(r.gpus).bind(r.percent).bind(r.updated_by).bind(r.updated_at)
+            .bind(&r.model).bind(r.gpus).bind(r.percent).bind(r.updated_by.map(|u| u.0)).bind(r.updated_at)
             .execute(pool).await.map(|_| ()))
     }
 

@@ -25,7 +25,8 @@ pub struct JoinTokenRow {
     pub note: String,
     pub prefix: String,
     pub secret_hash: String,
-    pub created_by: Uuid,
+    #[sqlx(try_from = "Uuid")]
+    pub created_by: UserId,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub max_uses: i64,
@@ -111,7 +112,7 @@ impl Store {
             "INSERT INTO join_tokens ({JOIN_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
         );
         on_pool!(self, pool => sqlx::query(&sql)
-            .bind(r.id).bind(&r.note).bind(&r.prefix).bind(&r.secret_hash).bind(r.created_by)
+            .bind(r.id).bind(&r.note).bind(&r.prefix).bind(&r.secret_hash).bind(r.created_by.0)
             .bind(r.created_at).bind(r.expires_at).bind(r.max_uses).bind(r.uses).bind(r.revoked)
             .execute(pool).await.map(|_| ()))?;
         Ok(())

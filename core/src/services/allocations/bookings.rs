@@ -55,7 +55,7 @@ impl Allocations {
             .book(&row, self.policy.duration_bound(), |s| {
                 booking::admit(
                     &valid,
-                    team.0,
+                    team,
                     &booking::Standing {
                         capacity,
                         team_limit: s.team_limit.map(to_u32),

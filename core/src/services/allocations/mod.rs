@@ -334,7 +334,7 @@ impl Allocations {
     /// Checks that one `kind` for `minutes` could be requested by `team` (the catalog and the
     /// duration policy, as a request is checked); errors name `kind` / `duration_minutes`.
     /// Returns the kind's label, e.g. `1g.10gb on H100-80GB`.
-    pub fn check_kind(&self, team: Uuid, kind: &str, minutes: u32) -> Result<String, AppError> {
+    pub fn check_kind(&self, team: TeamId, kind: &str, minutes: u32) -> Result<String, AppError> {
         let input = NewAllocation {
             team_id: team.to_string(),
             kind: kind.to_owned(),

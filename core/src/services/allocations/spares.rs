@@ -72,7 +72,7 @@ impl Allocations {
                 model: model.clone(),
                 gpus: rule.gpus().map(i64::from),
                 percent: rule.percent().map(i64::from),
-                updated_by: Some(p.user_id().0),
+                updated_by: Some(p.user_id()),
                 updated_at: now,
                 updated_by_name: None,
             })

@@ -27,7 +27,7 @@ use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, NewAllocation,
 use tessera_domain::audit::AuditAction;
 use tessera_domain::drain::{self, DeadlineCause};
 use tessera_domain::error::AppError;
-use tessera_domain::ids::{AllocationId, NodeId, TeamId, WorkloadId};
+use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId, WorkloadId};
 use tessera_domain::mig::Catalog;
 use tessera_domain::tenancy::{Page, PageRequest, TeamRole};
 use tessera_domain::wire::{
@@ -281,7 +281,7 @@ pub struct Workloads {
 }
 
 /// When each (admin, notebook) pair was last audited.
-type AuditedAccess = HashMap<(Uuid, WorkloadId), DateTime<Utc>>;
+type AuditedAccess = HashMap<(UserId, WorkloadId), DateTime<Utc>>;
 
 /// Environment values may be secrets: only the workload's owner and platform admins see
 /// them; other readers get the names.

@@ -161,9 +161,9 @@ impl Workloads {
                 return;
             };
             seen.retain(|_, at| now - *at < Duration::hours(1));
-            let fresh = !seen.contains_key(&(p.user_id().0, w.id));
+            let fresh = !seen.contains_key(&(p.user_id(), w.id));
             if fresh {
-                seen.insert((p.user_id().0, w.id), now);
+                seen.insert((p.user_id(), w.id), now);
             }
             fresh
         };

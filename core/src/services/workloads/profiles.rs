@@ -94,7 +94,7 @@ impl Workloads {
             .filter(|m| *m > 0)
             .ok_or_else(|| AppError::invalid("hours", "a whole number of hours, 1 or more"))?;
         self.allocations
-            .check_kind(team.0, kind, minutes)
+            .check_kind(team, kind, minutes)
             .map_err(|e| match e {
                 AppError::Invalid { field, message } if field == "duration_minutes" => {
                     AppError::Invalid {
