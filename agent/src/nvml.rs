@@ -618,12 +618,8 @@ impl GpuBackend for NvmlBackend {
         ci: ComputeInstanceId,
     ) -> Result<(), BackendError> {
         const CALL: &str = "destroy_compute_instance";
-        let ComputeInstanceId {
-            gi: gi_id,
-            ci: ci_id,
-        } = ci;
         let dev = self.device(CALL, gpu)?;
-        let gi = self.gi_by_id(CALL, &dev, gi_id)?;
+        let gi = self.gi_by_id(CALL, &dev, ci.gi)?;
         let lib = self.nvml.lib();
         let by_id = lib
             .nvmlGpuInstanceGetComputeInstanceById
@@ -636,9 +632,9 @@ impl GpuBackend for NvmlBackend {
         // SAFETY: live GI handle; the CI handle is looked up by ID and not
         // used after being destroyed.
         unsafe {
-            let mut ci: nvmlComputeInstance_t = ptr::null_mut();
-            nvml_try(by_id(gi, ci_id, &mut ci)).map_err(err(CALL))?;
-            nvml_try(destroy(ci)).map_err(err(CALL))
+            let mut handle: nvmlComputeInstance_t = ptr::null_mut();
+            nvml_try(by_id(gi, ci.ci, &mut handle)).map_err(err(CALL))?;
+            nvml_try(destroy(handle)).map_err(err(CALL))
         }
     }
 

@@ -861,26 +861,22 @@ impl GpuBackend for SimNode {
         ci: ComputeInstanceId,
     ) -> Result<(), BackendError> {
         const CALL: &str = "destroy_compute_instance";
-        let ComputeInstanceId {
-            gi: gi_id,
-            ci: ci_id,
-        } = ci;
         let (mut st, i) = self.enter(CALL, Some(gpu))?;
-        if st.procs_on(i, Some((gi_id, ci_id))).next().is_some() {
+        if st.procs_on(i, Some((ci.gi, ci.ci))).next().is_some() {
             st.busy_destroy_attempts += 1;
             return Err(BackendError::new(
                 CALL,
                 ErrorKind::InUse,
-                format!("ci {gi_id}/{ci_id} has processes"),
+                format!("ci {}/{} has processes", ci.gi, ci.ci),
             ));
         }
         st.gpus[i]
             .gis
-            .get_mut(&gi_id)
-            .and_then(|gi| gi.cis.remove(&ci_id))
+            .get_mut(&ci.gi)
+            .and_then(|gi| gi.cis.remove(&ci.ci))
             .map(|_| ())
             .ok_or_else(|| {
-                BackendError::new(CALL, ErrorKind::NotFound, format!("ci {gi_id}/{ci_id}"))
+                BackendError::new(CALL, ErrorKind::NotFound, format!("ci {}/{}", ci.gi, ci.ci))
             })
     }
 

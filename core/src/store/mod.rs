@@ -7,6 +7,7 @@
 
 mod admission;
 mod allocations;
+mod audit;
 mod billing;
 mod bookings;
 mod changes;
