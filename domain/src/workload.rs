@@ -600,6 +600,15 @@ pub fn attempt_label(attempt: u32, retries: u32) -> String {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptView {
     pub attempt: u32,
+    #[serde(flatten)]
+    pub end: AttemptEnd,
+}
+
+/// How an attempt of a job ended, as recorded when the next one begins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptEnd {
+    /// Where it ran.
     pub hostname: String,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: DateTime<Utc>,

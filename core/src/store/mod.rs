@@ -48,9 +48,7 @@ pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};
 pub use teams::{ChangeOutcome, MemberRow, TeamListRow, TeamRow};
 pub use tokens::{ApiTokenRow, JoinTokenRow};
 pub use users::UserRow;
-pub use workloads::{
-    AttemptEnd, AttemptRow, LogChunkRow, ProfileRow, WorkloadChange, WorkloadListRow, WorkloadRow,
-};
+pub use workloads::{LogChunkRow, ProfileRow, WorkloadChange, WorkloadListRow, WorkloadRow};
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -15,7 +15,7 @@ use tessera_domain::alloc::{AllocState, AllocatedDevice, GpuKind, PreemptCause, 
 use tessera_domain::drain::DeadlineCause;
 use tessera_domain::ids::{AllocationId, NodeId, TeamId, UserId, WorkloadId};
 use tessera_domain::wire::GangLauncher;
-use tessera_domain::workload::{WorkloadKind, WorkloadState};
+use tessera_domain::workload::{AttemptEnd, AttemptView, WorkloadKind, WorkloadState};
 use uuid::Uuid;
 
 const COLS: &str = "w.id, w.kind, w.name, w.allocation_id, w.team_id, w.user_id, w.node_id, \
@@ -105,25 +105,43 @@ pub struct WorkloadRow {
     pub gang_ranks: Option<Ranks>,
 }
 
-/// How an attempt of a job ended, as recorded when the next one begins.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct AttemptEnd {
-    pub hostname: String,
-    pub started_at: Option<DateTime<Utc>>,
-    pub ended_at: DateTime<Utc>,
-    pub exit_code: Option<i64>,
-    pub reason: String,
-    pub preempted: bool,
-    /// GPU-milliseconds the attempt held.
-    pub gpu_ms: i64,
-}
+/// An ended attempt's columns, in [`Store::workload_attempts`]' order.
+type AttemptColumns = (
+    i64,
+    String,
+    Option<DateTime<Utc>>,
+    DateTime<Utc>,
+    Option<i64>,
+    String,
+    bool,
+    i64,
+);
 
-/// An ended attempt as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct AttemptRow {
-    pub attempt: i64,
-    #[sqlx(flatten)]
-    pub end: AttemptEnd,
+/// Tells workload `$id`'s owner in `$tx` that it left the queue (`workload.started`).
+macro_rules! started_event {
+    ($tx:expr, $id:expr, $now:expr) => {{
+        let id: WorkloadId = $id;
+        let (kind, name, team, user): (String, String, Uuid, Uuid) =
+            sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
+                .bind(id.0)
+                .fetch_one(&mut *$tx)
+                .await?;
+        let payload = tessera_domain::notify::workload_payload(
+            (id.0, &kind, &name),
+            "pending",
+            user,
+            None,
+            None,
+        );
+        let event = super::outbox::NewEvent::new(
+            tessera_domain::notify::EventKind::WorkloadStarted,
+            Some(team),
+            ("workload", id.0),
+            payload,
+            $now,
+        );
+        super::outbox::record_event!($tx, &event);
+    }};
 }
 
 /// Records attempt `$attempt` of workload `$id` as `$ended` ([`AttemptEnd`]) in `$tx`
@@ -521,15 +539,7 @@ impl Store {
             let moved = sqlx::query(sql).bind(id.0).bind(node.0).bind(hostname).bind(&devices)
                 .execute(&mut *tx).await?.rows_affected() == 1;
             if moved {
-                let (kind, name, team, user): (String, String, Uuid, Uuid) =
-                    sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
-                        .bind(id.0).fetch_one(&mut *tx).await?;
-                let payload = tessera_domain::notify::workload_payload(
-                    (id.0, &kind, &name), "pending", user, None, None);
-                let event = super::outbox::NewEvent::new(
-                    tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
-                    ("workload", id.0), payload, now);
-                super::outbox::record_event!(tx, &event);
+                started_event!(tx, id, now);
             }
             moved
         })
@@ -696,10 +706,37 @@ impl Store {
     }
 
     /// A job's ended attempts, oldest first.
-    pub async fn workload_attempts(&self, id: WorkloadId) -> Result<Vec<AttemptRow>, StoreError> {
+    pub async fn workload_attempts(&self, id: WorkloadId) -> Result<Vec<AttemptView>, StoreError> {
         let sql = "SELECT attempt, hostname, started_at, ended_at, exit_code, reason, preempted, \
                    gpu_ms FROM workload_attempts WHERE workload_id = $1 ORDER BY attempt";
-        db!(self, pool => sqlx::query_as::<_, AttemptRow>(sql).bind(id.0).fetch_all(pool).await)
+        let rows = db!(self, pool => sqlx::query_as::<_, AttemptColumns>(sql).bind(id.0).fetch_all(pool).await)?;
+        rows.into_iter()
+            .map(
+                |(
+                    attempt,
+                    hostname,
+                    started_at,
+                    ended_at,
+                    exit_code,
+                    reason,
+                    preempted,
+                    gpu_ms,
+                )| {
+                    let attempt =
+                        u32::try_from(attempt).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                    let end = AttemptEnd {
+                        hostname,
+                        started_at,
+                        ended_at,
+                        exit_code,
+                        reason,
+                        preempted,
+                        gpu_ms,
+                    };
+                    Ok(AttemptView { attempt, end })
+                },
+            )
+            .collect()
     }
 
     /// When a job's current attempt began: the later of its first start and its previous
@@ -948,15 +985,7 @@ impl Store {
                     .bind(w.gang_rank).bind(w.gang_size).bind(w.gang_launcher.map(GangLauncher::as_str)).bind(w.gang_ranks.map(Ranks::as_str))
                     .execute(&mut *tx).await?;
             }
-            let (kind, name, team, user): (String, String, Uuid, Uuid) =
-                sqlx::query_as("SELECT kind, name, team_id, user_id FROM workloads WHERE id = $1")
-                    .bind(job.0).fetch_one(&mut *tx).await?;
-            let payload = tessera_domain::notify::workload_payload(
-                (job.0, &kind, &name), "pending", user, None, None);
-            let event = super::outbox::NewEvent::new(
-                tessera_domain::notify::EventKind::WorkloadStarted, Some(team),
-                ("workload", job.0), payload, now);
-            super::outbox::record_event!(tx, &event);
+            started_event!(tx, job, now);
             true
         })
     }

@@ -541,19 +541,19 @@ pub(super) fn Attempts(attempts: Vec<tessera_domain::workload::AttemptView>) -> 
         let rows = attempts
             .into_iter()
             .map(|a| {
-                let how = if a.preempted {
-                    format!("Preempted: {}", a.reason)
+                let how = if a.end.preempted {
+                    format!("Preempted: {}", a.end.reason)
                 } else {
-                    a.reason.clone()
+                    a.end.reason.clone()
                 };
                 view! {
                     <tr data-testid="attempt-row">
                         <td>{a.attempt}</td>
-                        <td>{a.hostname.clone()}</td>
-                        <td>{time_or_dash(a.started_at)}</td>
-                        <td>{time_or_dash(Some(a.ended_at))}</td>
+                        <td>{a.end.hostname.clone()}</td>
+                        <td>{time_or_dash(a.end.started_at)}</td>
+                        <td>{time_or_dash(Some(a.end.ended_at))}</td>
                         <td>{how}</td>
-                        <td>{format!("{} GPU-h", tessera_domain::billing::gpu_hours(a.gpu_ms))}</td>
+                        <td>{format!("{} GPU-h", tessera_domain::billing::gpu_hours(a.end.gpu_ms))}</td>
                     </tr>
                 }
             })

@@ -35,8 +35,8 @@ use tessera_domain::wire::{
     WorkloadSpec, WorkloadSync,
 };
 use tessera_domain::workload::{
-    self as wl, ActivitySignals, AttemptView, EnvVar, IdleDecision, IdlePolicy, JobCommand,
-    LogSlice, NotebookProfile, RankView, ServerName, WorkloadKind, WorkloadState, WorkloadView,
+    self as wl, ActivitySignals, EnvVar, IdleDecision, IdlePolicy, JobCommand, LogSlice,
+    NotebookProfile, RankView, ServerName, WorkloadKind, WorkloadState, WorkloadView,
 };
 use uuid::Uuid;
 
@@ -916,19 +916,7 @@ impl Workloads {
                 .store
                 .workload_attempts(row.w.id)
                 .await
-                .map_err(internal("loading attempts"))?
-                .into_iter()
-                .map(|a| AttemptView {
-                    attempt: u32::try_from(a.attempt).unwrap_or(0),
-                    hostname: a.end.hostname,
-                    started_at: a.end.started_at,
-                    ended_at: a.end.ended_at,
-                    exit_code: a.end.exit_code,
-                    reason: a.end.reason,
-                    preempted: a.end.preempted,
-                    gpu_ms: a.end.gpu_ms,
-                })
-                .collect();
+                .map_err(internal("loading attempts"))?;
         }
         Ok(v)
     }

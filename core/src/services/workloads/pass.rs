@@ -2,10 +2,11 @@
 
 use super::*;
 use crate::auth::SystemActor;
-use crate::store::{AttemptEnd, NewEvent};
+use crate::store::NewEvent;
 use tessera_domain::alloc::TypedRequest;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::notify::EventKind;
+use tessera_domain::workload::AttemptEnd;
 
 impl Workloads {
     /// Moves a live workload to `stopping`; one the executor never started ends at once.
