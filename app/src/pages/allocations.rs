@@ -226,7 +226,15 @@ fn RequestSection(data: ListData) -> impl IntoView {
                     // Without the free counts the form still works; the labels just omit them.
                     let free = free.await.ok();
                     match options {
-                        Ok(o) if o.teams.is_empty() => view! { <NoQuota /> }.into_any(),
+                        // A refused request stays said when the form it came from is
+                        // gone (its sender was made a viewer meanwhile).
+                        Ok(o) if o.teams.is_empty() => {
+                            view! {
+                                {request_refusal(request)}
+                                <NoQuota />
+                            }
+                                .into_any()
+                        }
                         Ok(options) => {
                             view! {
                                 <RequestForm
@@ -246,6 +254,18 @@ fn RequestSection(data: ListData) -> impl IntoView {
                 })}
             </Transition>
         </Card>
+    }
+}
+
+/// Why the last request was refused, unless a field of the form says it.
+fn request_refusal(action: ServerAction<RequestAllocation>) -> impl Fn() -> Option<AnyView> {
+    move || {
+        error_of(action.value().get())
+            .filter(|e| e.error.field().is_none_or(|f| !REQUEST_FIELDS.contains(&f)))
+            .map(|e| {
+                let forbidden = "You may not request GPUs for this team (viewers cannot).";
+                refusal(e, forbidden, "request-error").into_any()
+            })
     }
 }
 
@@ -458,14 +478,7 @@ fn RequestForm(
             priority: chosen_priority.get(),
         }));
     });
-    let other_error = move || {
-        error_of(value())
-            .filter(|e| e.error.field().is_none_or(|f| !REQUEST_FIELDS.contains(&f)))
-            .map(|e| {
-                let forbidden = "You may not request GPUs for this team (viewers cannot).";
-                refusal(e, forbidden, "request-error")
-            })
-    };
+    let other_error = request_refusal(action);
     view! {
         <div class="request-grid">
             <ActionForm action=action attr:data-testid="request-form" attr:novalidate=true>
