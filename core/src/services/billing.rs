@@ -13,8 +13,8 @@ use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
 use crate::services::audit::Entry;
 use crate::store::{
-    AllocationRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, Metered, OpenAllocation, RateRow,
-    Standing, Store, UsageGroupRow,
+    AllocationRow, BudgetRow, ChargeRow, LedgerRow, MeterRow, OpenAllocation, RateRow, Standing,
+    Store, UsageGroupRow,
 };
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -312,16 +312,14 @@ impl Billing {
                     day: hour.format("%Y-%m-%d").to_string(),
                     team_id: a.team_id,
                     user_id: a.user_id,
-                    m: Metered {
-                        kind: a.kind.clone(),
-                        model: a.model.clone(),
-                        priority: a.priority,
-                        count: a.count,
-                        resource_id: resource_id.clone(),
-                        resource_name: resource_name.clone(),
-                        wall_ms,
-                        gpu_ms,
-                    },
+                    kind: a.kind.clone(),
+                    model: a.model.clone(),
+                    priority: a.priority,
+                    count: a.count,
+                    resource_id: resource_id.clone(),
+                    resource_name: resource_name.clone(),
+                    wall_ms,
+                    gpu_ms,
                     active_gpu_ms,
                     samples: valued,
                     rate_id: priced.map(|p| p.rate.id),
@@ -1175,18 +1173,18 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     let reversal = r.entry_type == tessera_domain::billing::EntryType::Reversal;
     let (label, profile, rtype) = cache
         .kinds
-        .entry(r.m.kind.clone())
-        .or_insert_with(|| kind_columns(&r.m.kind));
+        .entry(r.kind.clone())
+        .or_insert_with(|| kind_columns(&r.kind));
     let (consumed, pricing, list) = if reversal {
         (0, 0, 0)
     } else {
-        (r.m.gpu_ms, r.m.wall_ms * r.m.count, r.list_minor)
+        (r.gpu_ms, r.wall_ms * r.count, r.list_minor)
     };
     let amount = b::format_minor(r.amount_minor, c);
     let _ = write!(out, "{},", if reversal { "Adjustment" } else { "Usage" });
     let description = format!(
         "{} × {label}{}",
-        r.m.count,
+        r.count,
         if reversal { " (reversal)" } else { "" }
     );
     csv_field(out, &description);
@@ -1197,15 +1195,15 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
         micro_hours(consumed),
         micro_hours(pricing),
     );
-    csv_field(out, &r.m.resource_id);
+    csv_field(out, &r.resource_id);
     out.push(',');
-    csv_field(out, &r.m.resource_name);
+    csv_field(out, &r.resource_name);
     let _ = write!(out, ",{rtype},Tessera GPU,{},", r.team_id);
     csv_field(out, cache.teams.get(&r.team_id).map_or("", String::as_str));
     out.push(',');
     let tags = format!(
         "{{\"tessera/priority\":\"{}\",\"tessera/model\":\"{}\"}}",
-        r.m.priority, r.m.model
+        r.priority, r.model
     );
     csv_field(out, &tags);
     out.push(',');
@@ -1213,9 +1211,9 @@ fn chargeback_line(out: &mut String, r: &ChargeRow, cache: &mut LineCache) {
     let _ = write!(out, ",{},", r.allocation_id);
     csv_field(out, profile);
     out.push(',');
-    csv_field(out, &r.m.model);
+    csv_field(out, &r.model);
     out.push(',');
-    csv_field(out, r.m.priority.as_str());
+    csv_field(out, r.priority.as_str());
     let _ = writeln!(out, ",{}", r.id);
 }
 

@@ -29,21 +29,6 @@ pub struct RateRow {
     pub created_by: Option<String>,
 }
 
-/// What was metered of an allocation in an hour, as a meter row and a charge both tell it.
-/// Read as one JSON array (see [`Store::charges_after`]), in this field order.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct Metered {
-    pub kind: GpuKind,
-    pub model: String,
-    pub priority: PriorityClass,
-    pub count: i64,
-    /// MIG or GPU UUIDs, `;`-separated.
-    pub resource_id: String,
-    pub resource_name: String,
-    pub wall_ms: i64,
-    pub gpu_ms: i64,
-}
-
 /// One metered (allocation, hour).
 #[derive(Debug, Clone)]
 pub struct MeterRow {
@@ -53,7 +38,15 @@ pub struct MeterRow {
     pub day: String,
     pub team_id: TeamId,
     pub user_id: UserId,
-    pub m: Metered,
+    pub kind: GpuKind,
+    pub model: String,
+    pub priority: PriorityClass,
+    pub count: i64,
+    /// MIG or GPU UUIDs, `;`-separated.
+    pub resource_id: String,
+    pub resource_name: String,
+    pub wall_ms: i64,
+    pub gpu_ms: i64,
     pub active_gpu_ms: i64,
     pub samples: i64,
     pub rate_id: Option<Uuid>,
@@ -116,7 +109,14 @@ pub struct ChargeRow {
     pub team_id: TeamId,
     pub user_id: UserId,
     pub allocation_id: AllocationId,
-    pub m: Metered,
+    pub kind: GpuKind,
+    pub model: String,
+    pub priority: PriorityClass,
+    pub count: i64,
+    pub resource_id: String,
+    pub resource_name: String,
+    pub wall_ms: i64,
+    pub gpu_ms: i64,
     pub list_minor: i64,
 }
 
@@ -307,10 +307,10 @@ impl Store {
                 let mut q = sqlx::QueryBuilder::new(METER_COLUMNS);
                 q.push_values(chunk, |mut b, m| {
                     b.push_bind(m.allocation_id.0).push_bind(m.hour_start).push_bind(&m.day)
-                        .push_bind(m.team_id.0).push_bind(m.user_id.0).push_bind(m.m.kind.to_string())
-                        .push_bind(&m.m.model).push_bind(m.m.priority.as_str()).push_bind(m.m.count)
-                        .push_bind(&m.m.resource_id).push_bind(&m.m.resource_name).push_bind(m.m.wall_ms)
-                        .push_bind(m.m.gpu_ms).push_bind(m.active_gpu_ms).push_bind(m.samples)
+                        .push_bind(m.team_id.0).push_bind(m.user_id.0).push_bind(m.kind.to_string())
+                        .push_bind(&m.model).push_bind(m.priority.as_str()).push_bind(m.count)
+                        .push_bind(&m.resource_id).push_bind(&m.resource_name).push_bind(m.wall_ms)
+                        .push_bind(m.gpu_ms).push_bind(m.active_gpu_ms).push_bind(m.samples)
                         .push_bind(m.rate_id).push_bind(m.list_minor).push_bind(m.billed_minor)
                         .push_bind(&m.currency).push_bind(m.txn_id).push_bind(m.metered_at);
                 });
@@ -561,9 +561,9 @@ impl Store {
                 let sql = format!(
                     "SELECT json_group_array(json_array(hex(le.id), le.hour_start, \
                      le.amount_minor, le.entry_type, le.currency, hex(le.team_id), \
-                     hex(m.user_id), hex(le.allocation_id), json_array(m.kind, m.model, \
-                     m.priority, m.count, m.resource_id, m.resource_name, m.wall_ms, \
-                     m.gpu_ms), m.list_minor)) {PAGE}"
+                     hex(m.user_id), hex(le.allocation_id), m.kind, m.model, m.priority, \
+                     m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, \
+                     m.list_minor)) {PAGE}"
                 );
                 sqlx::query_scalar(&sql)
                     .bind(from)
@@ -579,9 +579,8 @@ impl Store {
                 let sql = format!(
                     "SELECT COALESCE(json_agg(json_build_array(le.id, le.hour_start, \
                      le.amount_minor, le.entry_type, le.currency, le.team_id, m.user_id, \
-                     le.allocation_id, json_build_array(m.kind, m.model, m.priority, m.count, \
-                     m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms), m.list_minor)), \
-                     '[]')::TEXT {PAGE}"
+                     le.allocation_id, m.kind, m.model, m.priority, m.count, m.resource_id, \
+                     m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor)), '[]')::TEXT {PAGE}"
                 );
                 sqlx::query_scalar(&sql)
                     .bind(from)

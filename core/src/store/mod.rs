@@ -29,7 +29,7 @@ pub use admission::{Admit, Admitted, Line, OpenAllocation, Standing};
 pub use allocations::{
     AllocationListRow, AllocationRow, Change, EventRow, Inserted, QuotaRow, Transition,
 };
-pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, Metered, RateRow, UsageGroupRow};
+pub use billing::{BudgetRow, ChargeRow, LedgerRow, MeterRow, RateRow, UsageGroupRow};
 pub use bookings::{BookingListRow, BookingRow, BookingStanding};
 pub use drains::DrainRow;
 pub use health::HealthRow;
