@@ -79,12 +79,11 @@ impl Store {
                 .fetch_optional(&mut *tx).await?;
             let standing = BookingStanding {
                 team_limit,
-                held: held.into_iter().map(|(team, starts_at, ends_at, units)| Held {
-                    team: TeamId(team),
-                    starts_at,
-                    ends_at,
-                    units: u32::try_from(units).unwrap_or(u32::MAX),
-                }).collect(),
+                held: held.into_iter().map(|(team, starts_at, ends_at, units)| {
+                    // Units no release wrote fail the read, as any other bad value does.
+                    let units = u32::try_from(units).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                    Ok(Held { team: TeamId(team), starts_at, ends_at, units })
+                }).collect::<Result<_, sqlx::Error>>()?,
             };
             if let Err(e) = rule(&standing) {
                 tx.rollback().await?;
