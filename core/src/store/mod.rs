@@ -160,6 +160,7 @@ macro_rules! json_as {
 }
 
 json_as!(
+    Vec<String>,
     Vec<tessera_domain::alloc::AllocatedDevice>,
     Vec<tessera_domain::wire::DesiredInstance>,
     tessera_domain::wire::TelemetrySample,

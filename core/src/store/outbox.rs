@@ -8,7 +8,7 @@
 //! (`pending` → `sending` under its claim, [`Store::claim_delivery`]) and records the outcome
 //! only under that claim, so two workers never both send one delivery.
 
-use super::{NullableId, Store, StoreError, db, from_driver, in_tx};
+use super::{JsonText, NullableId, Store, StoreError, db, from_driver, in_tx, json_text};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
@@ -303,8 +303,10 @@ pub struct WebhookRow {
     pub team_id: Option<TeamId>,
     pub url: String,
     pub secret: Sealed,
-    /// JSON list of event kinds; empty: all.
-    pub events: String,
+    /// The event kinds' names (a JSON list in the table, read as such: a list that does not
+    /// parse fails the read); empty: all.
+    #[sqlx(try_from = "JsonText")]
+    pub events: Vec<String>,
     pub enabled: bool,
     pub consecutive_failures: i64,
     pub last_status: Option<i64>,
@@ -314,18 +316,19 @@ pub struct WebhookRow {
 }
 
 impl WebhookRow {
+    /// The kinds it asked for that this release knows (a kind a later release dropped is
+    /// left out).
     pub fn event_kinds(&self) -> Vec<EventKind> {
-        serde_json::from_str::<Vec<String>>(&self.events)
-            .unwrap_or_default()
+        self.events
             .iter()
             .filter_map(|k| EventKind::parse(k).ok())
             .collect()
     }
 
-    /// Whether it gets events of `kind`.
+    /// Whether it gets events of `kind`: all when it named none; only those it named
+    /// otherwise (a hook that named only kinds unknown here gets nothing, not everything).
     pub fn wants(&self, kind: EventKind) -> bool {
-        let kinds = self.event_kinds();
-        kinds.is_empty() || kinds.contains(&kind)
+        self.events.is_empty() || self.event_kinds().contains(&kind)
     }
 }
 
@@ -511,8 +514,9 @@ impl Store {
     pub async fn insert_webhook(&self, w: &WebhookRow) -> Result<(), StoreError> {
         let sql = "INSERT INTO team_webhooks (id, team_id, url, secret, events, enabled, created_at) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7)";
+        let events = json_text(&w.events)?;
         db!(self, pool => sqlx::query(sql).bind(w.id).bind(w.team_id.map(|v| v.0)).bind(&w.url).bind(&w.secret)
-            .bind(&w.events).bind(w.enabled).bind(w.created_at).execute(pool).await.map(|_| ()))
+            .bind(&events).bind(w.enabled).bind(w.created_at).execute(pool).await.map(|_| ()))
     }
 
     /// Changes a hook's URL, events and switch; turning it on again clears its failures.

@@ -23,11 +23,16 @@ fn hook_view(w: &WebhookRow) -> WebhookView {
     }
 }
 
-fn events_json(kinds: &[EventKind]) -> String {
-    let mut names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+/// The kinds' names, sorted, each once.
+fn event_names(kinds: &[EventKind]) -> Vec<String> {
+    let mut names: Vec<String> = kinds.iter().map(|k| k.as_str().to_owned()).collect();
     names.sort_unstable();
     names.dedup();
-    serde_json::to_string(&names).unwrap_or_else(|_| "[]".into())
+    names
+}
+
+fn events_json(kinds: &[EventKind]) -> String {
+    serde_json::to_string(&event_names(kinds)).unwrap_or_else(|_| "[]".into())
 }
 
 impl Notifications {
@@ -77,7 +82,7 @@ impl Notifications {
             team_id: scope.team(),
             url,
             secret: sealed,
-            events: events_json(&input.events),
+            events: event_names(&input.events),
             enabled: input.enabled,
             consecutive_failures: 0,
             last_status: None,
