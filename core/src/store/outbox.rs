@@ -772,3 +772,42 @@ pub struct EndingAllocation {
     pub active_at: DateTime<Utc>,
     pub ends_at: DateTime<Utc>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{JsonText, WebhookRow};
+    use crate::at_rest::Sealed;
+    use tessera_domain::notify::EventKind;
+
+    fn hook(events: &[&str]) -> WebhookRow {
+        WebhookRow {
+            id: uuid::Uuid::nil(),
+            team_id: None,
+            url: "https://hooks.example/x".into(),
+            secret: Sealed::clear("s"),
+            events: events.iter().map(|e| (*e).to_owned()).collect(),
+            enabled: true,
+            consecutive_failures: 0,
+            last_status: None,
+            last_error: None,
+            last_delivery_at: None,
+            created_at: chrono::DateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_hook_gets_what_it_named_and_nothing_when_it_named_only_unknown_kinds() {
+        let kind = EventKind::NodeLost;
+        assert!(hook(&[]).wants(kind), "named none: all");
+        assert!(hook(&[kind.as_str()]).wants(kind));
+        assert!(
+            !hook(&["a.kind.from.a.later.release"]).wants(kind),
+            "not everything"
+        );
+        let damaged = Vec::<String>::try_from(JsonText("not json".into()));
+        assert!(
+            damaged.is_err(),
+            "a list that does not parse fails the read"
+        );
+    }
+}
