@@ -144,6 +144,21 @@ macro_rules! started_event {
     }};
 }
 
+/// An ended attempt's row as its view; an attempt number no release wrote fails the read.
+fn attempt_view(c: AttemptColumns) -> Result<AttemptView, StoreError> {
+    let attempt = u32::try_from(c.0).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    let end = AttemptEnd {
+        hostname: c.1,
+        started_at: c.2,
+        ended_at: c.3,
+        exit_code: c.4,
+        reason: c.5,
+        preempted: c.6,
+        gpu_ms: c.7,
+    };
+    Ok(AttemptView { attempt, end })
+}
+
 /// Records attempt `$attempt` of workload `$id` as `$ended` ([`AttemptEnd`]) in `$tx`
 /// (once: a second record of the same attempt is dropped).
 macro_rules! record_attempt {
@@ -710,33 +725,7 @@ impl Store {
         let sql = "SELECT attempt, hostname, started_at, ended_at, exit_code, reason, preempted, \
                    gpu_ms FROM workload_attempts WHERE workload_id = $1 ORDER BY attempt";
         let rows = db!(self, pool => sqlx::query_as::<_, AttemptColumns>(sql).bind(id.0).fetch_all(pool).await)?;
-        rows.into_iter()
-            .map(
-                |(
-                    attempt,
-                    hostname,
-                    started_at,
-                    ended_at,
-                    exit_code,
-                    reason,
-                    preempted,
-                    gpu_ms,
-                )| {
-                    let attempt =
-                        u32::try_from(attempt).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-                    let end = AttemptEnd {
-                        hostname,
-                        started_at,
-                        ended_at,
-                        exit_code,
-                        reason,
-                        preempted,
-                        gpu_ms,
-                    };
-                    Ok(AttemptView { attempt, end })
-                },
-            )
-            .collect()
+        rows.into_iter().map(attempt_view).collect()
     }
 
     /// When a job's current attempt began: the later of its first start and its previous
