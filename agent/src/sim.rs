@@ -674,6 +674,27 @@ impl State {
         Ok((0, uuid))
     }
 
+    /// NVML refuses to destroy a compute instance that a process still runs on.
+    fn destroy_ci(&mut self, i: usize, ci: ComputeInstanceId) -> Result<(), BackendError> {
+        const CALL: &str = "destroy_compute_instance";
+        if self.procs_on(i, Some((ci.gi, ci.ci))).next().is_some() {
+            self.busy_destroy_attempts += 1;
+            return Err(BackendError::new(
+                CALL,
+                ErrorKind::InUse,
+                format!("ci {}/{} has processes", ci.gi, ci.ci),
+            ));
+        }
+        self.gpus[i]
+            .gis
+            .get_mut(&ci.gi)
+            .and_then(|gi| gi.cis.remove(&ci.ci))
+            .map(|_| ())
+            .ok_or_else(|| {
+                BackendError::new(CALL, ErrorKind::NotFound, format!("ci {}/{}", ci.gi, ci.ci))
+            })
+    }
+
     fn set_mode(&mut self, i: usize, mode: MigMode) -> Result<ModeChange, BackendError> {
         const CALL: &str = "set_mig_mode";
         if self.gpus[i].model.is_none() {
@@ -860,24 +881,8 @@ impl GpuBackend for SimNode {
         gpu: &str,
         ci: ComputeInstanceId,
     ) -> Result<(), BackendError> {
-        const CALL: &str = "destroy_compute_instance";
-        let (mut st, i) = self.enter(CALL, Some(gpu))?;
-        if st.procs_on(i, Some((ci.gi, ci.ci))).next().is_some() {
-            st.busy_destroy_attempts += 1;
-            return Err(BackendError::new(
-                CALL,
-                ErrorKind::InUse,
-                format!("ci {}/{} has processes", ci.gi, ci.ci),
-            ));
-        }
-        st.gpus[i]
-            .gis
-            .get_mut(&ci.gi)
-            .and_then(|gi| gi.cis.remove(&ci.ci))
-            .map(|_| ())
-            .ok_or_else(|| {
-                BackendError::new(CALL, ErrorKind::NotFound, format!("ci {}/{}", ci.gi, ci.ci))
-            })
+        let (mut st, i) = self.enter("destroy_compute_instance", Some(gpu))?;
+        st.destroy_ci(i, ci)
     }
 
     fn set_mig_mode(&self, gpu: &str, mode: MigMode) -> Result<ModeChange, BackendError> {

@@ -175,6 +175,18 @@ pub struct PendingLogin {
     started_at: DateTime<Utc>,
 }
 
+impl PendingLogin {
+    /// Whether `answer` carries this sign-in's state (compared in constant time) and came
+    /// within [`PENDING_MINUTES`].
+    fn answered_by(&self, answer: &CallbackQuery, now: DateTime<Utc>) -> bool {
+        let state_ok = answer
+            .state
+            .as_deref()
+            .is_some_and(|s| constant_time_eq(s.as_bytes(), self.state.as_bytes()));
+        state_ok && now - self.started_at <= chrono::Duration::minutes(PENDING_MINUTES)
+    }
+}
+
 /// How long a user may spend at the provider before the answer is refused (and the
 /// anonymous session that carries the pending sign-in expires).
 pub const PENDING_MINUTES: i64 = 10;
@@ -308,15 +320,13 @@ impl Oidc {
             request = request.add_scope(Scope::new(scope.to_owned()));
         }
         let (url, state, nonce) = request.url();
-        Ok((
-            url.to_string(),
-            PendingLogin {
-                state: state.secret().clone(),
-                nonce: nonce.secret().clone(),
-                pkce_verifier: verifier.secret().clone(),
-                started_at: now,
-            },
-        ))
+        let pending = PendingLogin {
+            state: state.secret().clone(),
+            nonce: nonce.secret().clone(),
+            pkce_verifier: verifier.secret().clone(),
+            started_at: now,
+        };
+        Ok((url.to_string(), pending))
     }
 
     /// Checks the provider's answer against the pending sign-in, exchanges the code (with
@@ -327,11 +337,7 @@ impl Oidc {
         answer: &CallbackQuery,
         now: DateTime<Utc>,
     ) -> Result<ExternalIdentity, SsoFailure> {
-        let state_ok = answer
-            .state
-            .as_deref()
-            .is_some_and(|s| constant_time_eq(s.as_bytes(), pending.state.as_bytes()));
-        if !state_ok || now - pending.started_at > chrono::Duration::minutes(PENDING_MINUTES) {
+        if !pending.answered_by(answer, now) {
             return Err(SsoFailure::State);
         }
         if let Some(error) = &answer.error {

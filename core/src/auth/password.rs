@@ -9,6 +9,8 @@ use argon2::password_hash::{PasswordHash, PasswordHasher as _, PasswordVerifier,
 use argon2::{Algorithm, Argon2, Params, Version};
 use rand_core::OsRng;
 use std::sync::Arc;
+use tessera_domain::account::NewPassword;
+use tessera_domain::error::AppError;
 use tokio::sync::Semaphore;
 
 /// The hasher is saturated; try again shortly.
@@ -44,6 +46,12 @@ impl Hasher {
         let password = password.to_owned();
         self.run(move || hash_now(&params, &password).map_err(|_| HashError::Internal))
             .await?
+    }
+
+    /// A new password checked against the rules (`field` names it in the error), hashed.
+    pub async fn hash_new(&self, raw: &str, field: &str) -> Result<String, AppError> {
+        let password = NewPassword::parse(raw, field)?;
+        Ok(self.hash(password.expose()).await?)
     }
 
     /// Verifies `password` against `phc`; with `phc = None` verifies against a dummy hash
@@ -92,6 +100,21 @@ impl Hasher {
 pub enum HashError {
     Busy(Busy),
     Internal,
+}
+
+/// A saturated hasher asks the caller to come back in a second; a failure is logged.
+impl From<HashError> for AppError {
+    fn from(e: HashError) -> Self {
+        match e {
+            HashError::Busy(_) => AppError::RateLimited {
+                retry_after_secs: 1,
+            },
+            HashError::Internal => {
+                tracing::error!("password hashing failed");
+                AppError::Internal
+            }
+        }
+    }
 }
 
 fn hash_now(params: &Params, password: &str) -> Result<String, argon2::password_hash::Error> {

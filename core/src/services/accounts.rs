@@ -2,7 +2,7 @@
 
 use super::internal;
 use crate::auth::limiter::LoginLimiter;
-use crate::auth::password::{HashError, Hasher};
+use crate::auth::password::Hasher;
 use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
 use crate::store::{NO_PASSWORD, SsoOutcome, SsoSignIn, Store, UserRow};
@@ -279,8 +279,7 @@ impl Accounts {
         let ok = self
             .hasher
             .verify(password, usable.map(|u| u.password_hash.as_str()))
-            .await
-            .map_err(hash_error)?;
+            .await?;
         match (ok, usable) {
             (true, Some(u)) => {
                 self.limiter.record_success(&key, client);
@@ -365,17 +364,12 @@ impl Accounts {
         if !self
             .hasher
             .verify(current, Some(&user.password_hash))
-            .await
-            .map_err(hash_error)?
+            .await?
         {
             self.limiter.record_failure(&key, client, Instant::now());
             return Err(AppError::invalid("current_password", "is incorrect"));
         }
-        let hash = self
-            .hasher
-            .hash(new_pw.expose())
-            .await
-            .map_err(hash_error)?;
+        let hash = self.hasher.hash(new_pw.expose()).await?;
         let at = self.clock.now();
         let changed = self
             .store
@@ -409,18 +403,6 @@ fn principal(u: &UserRow) -> Result<Principal, AppError> {
         })?,
         u.is_admin,
     ))
-}
-
-fn hash_error(e: HashError) -> AppError {
-    match e {
-        HashError::Busy(_) => AppError::RateLimited {
-            retry_after_secs: 1,
-        },
-        HashError::Internal => {
-            tracing::error!("password hashing failed");
-            AppError::Internal
-        }
-    }
 }
 
 /// 20 characters from a 56-symbol alphabet without look-alikes (~116 bits).

@@ -5,7 +5,7 @@
 //! case cannot forget the check. A team the caller cannot see answers exactly like a
 //! missing one: `NotFound`.
 
-use super::internal;
+use super::{found, internal};
 use crate::auth::Principal;
 use crate::store::{Store, TeamRow};
 use tessera_domain::error::AppError;
@@ -55,11 +55,7 @@ pub async fn team(
     team: TeamId,
     need: Need,
 ) -> Result<TeamAccess, AppError> {
-    let row = store
-        .team(team)
-        .await
-        .map_err(internal("loading team"))?
-        .ok_or(AppError::NotFound)?;
+    let row = found("loading team", store.team(team).await)?;
     let role = store
         .membership(team, p.user_id())
         .await

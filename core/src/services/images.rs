@@ -26,7 +26,7 @@ use tessera_domain::wire::RegistryLogin;
 use uuid::Uuid;
 
 use super::authz::{self, Need};
-use super::internal;
+use super::{found, internal};
 use crate::at_rest::DataKeys;
 use crate::store::{CatalogRow, Store};
 
@@ -246,12 +246,10 @@ impl Images {
     /// platform admin). Workloads already running in it keep running; profiles that named
     /// it fall back to the node's environment.
     pub async fn remove(&self, p: &Principal, id: Uuid) -> Result<(), AppError> {
-        let row = self
-            .store
-            .catalog_image(id)
-            .await
-            .map_err(internal("loading a catalog image"))?
-            .ok_or(AppError::NotFound)?;
+        let row = found(
+            "loading a catalog image",
+            self.store.catalog_image(id).await,
+        )?;
         match row.team_id {
             Some(t) => {
                 authz::team(&self.store, p, t, Need::ManageMembers).await?;

@@ -29,6 +29,15 @@ pub(crate) fn internal(context: &'static str) -> impl FnOnce(crate::store::Store
     }
 }
 
+/// A store read of one object as a use case answers it: missing is [`AppError::NotFound`],
+/// and a failure is logged with `context` and becomes [`AppError::Internal`].
+pub(crate) fn found<T>(
+    context: &'static str,
+    read: Result<Option<T>, crate::store::StoreError>,
+) -> Result<T, AppError> {
+    read.map_err(internal(context))?.ok_or(AppError::NotFound)
+}
+
 /// Registered, unrevoked nodes with their parsed inventories, for the passes that look at
 /// every node each time (the scheduler, capacity checks). An inventory's text is read from
 /// the database only when its `inventory_version` moved since this process last parsed it:

@@ -1,8 +1,8 @@
 //! GPU nodes: join tokens, agent registration and heartbeats, the cluster view.
 
 use super::authz;
-use super::internal;
 use super::tenancy::paged;
+use super::{found, internal};
 use crate::auth::secret;
 use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
@@ -618,11 +618,7 @@ impl Nodes {
 
     /// A registered node's row (revoked ones too); 404 when there is none.
     async fn node_row(&self, id: NodeId) -> Result<NodeRow, AppError> {
-        self.store
-            .node(id)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)
+        found("loading node", self.store.node(id).await)
     }
 
     async fn audit_node(&self, p: &Principal, action: AuditAction, id: NodeId, note: &str) {
@@ -888,11 +884,7 @@ impl Nodes {
         node: NodeId,
         limit: u32,
     ) -> Result<NodeTelemetry, AppError> {
-        self.store
-            .node(node)
-            .await
-            .map_err(internal("loading node"))?
-            .ok_or(AppError::NotFound)?;
+        found("loading node", self.store.node(node).await)?;
         let rows = self
             .store
             .recent_samples(node, limit.clamp(1, 1000))

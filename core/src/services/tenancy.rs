@@ -1,13 +1,13 @@
 //! Users (platform admin), teams and memberships.
 
 use super::authz::{self, Admin, Need};
-use super::internal;
 use super::tokens::VerifiedTokens;
+use super::{found, internal};
 use crate::auth::Principal;
 use crate::auth::password::Hasher;
 use crate::clock::Clock;
 use crate::store::{ChangeOutcome, MemberRow, Store, TeamListRow, TeamRow, UserRow};
-use tessera_domain::account::{NewPassword, Username};
+use tessera_domain::account::Username;
 use tessera_domain::alloc::HighGrant;
 use tessera_domain::error::AppError;
 use tessera_domain::ids::{TeamId, UserId};
@@ -73,12 +73,7 @@ impl Tenancy {
     ) -> Result<UserView, AppError> {
         authz::admin(p)?;
         let username = Username::parse(username)?;
-        let password = NewPassword::parse(password, "password")?;
-        let hash = self
-            .hasher
-            .hash(password.expose())
-            .await
-            .map_err(|_| AppError::Internal)?;
+        let hash = self.hasher.hash_new(password, "password").await?;
         let now = self.clock.now();
         let row = UserRow {
             id: UserId(Uuid::new_v4()),
@@ -134,12 +129,7 @@ impl Tenancy {
         password: &str,
     ) -> Result<UserView, AppError> {
         let admin = authz::admin(p)?;
-        let password = NewPassword::parse(password, "password")?;
-        let hash = self
-            .hasher
-            .hash(password.expose())
-            .await
-            .map_err(|_| AppError::Internal)?;
+        let hash = self.hasher.hash_new(password, "password").await?;
         if !self
             .store
             .reset_password_hash(user, &hash, self.clock.now())
@@ -153,12 +143,8 @@ impl Tenancy {
     }
 
     async fn user(&self, _: Admin<'_>, user: UserId) -> Result<UserView, AppError> {
-        self.store
-            .user_by_id(user)
-            .await
-            .map_err(internal("loading user"))?
-            .map(|u| user_view(&u))
-            .ok_or(AppError::NotFound)
+        let row = found("loading user", self.store.user_by_id(user).await)?;
+        Ok(user_view(&row))
     }
 
     // ---- teams ----
@@ -246,12 +232,11 @@ impl Tenancy {
     }
 
     async fn team_view(&self, p: &Principal, team: TeamId) -> Result<TeamView, AppError> {
-        self.store
-            .team_with_role(team, p.user_id())
-            .await
-            .map_err(internal("loading team"))?
-            .map(|r| team_view(&r))
-            .ok_or(AppError::NotFound)
+        let row = found(
+            "loading team",
+            self.store.team_with_role(team, p.user_id()).await,
+        )?;
+        Ok(team_view(&row))
     }
 
     // ---- members ----

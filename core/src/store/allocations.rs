@@ -584,6 +584,24 @@ impl Store {
         })
     }
 
+    /// Active allocations that end after `now` and by `until`.
+    pub async fn ending_allocations(
+        &self,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<Vec<AllocationRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLS} FROM allocations a WHERE a.state = $1 AND a.active_at IS NOT NULL \
+             AND a.ends_at > $2 AND a.ends_at <= $3"
+        );
+        db!(self, pool => sqlx::query_as::<_, AllocationRow>(&sql)
+            .bind(AllocState::Active.as_str())
+            .bind(now)
+            .bind(until)
+            .fetch_all(pool)
+            .await)
+    }
+
     /// Every live allocation (queued, placing, active, releasing), in queue order: the
     /// scheduler pass reads them once and filters by state.
     pub async fn live_allocations(&self) -> Result<Vec<AllocationRow>, StoreError> {

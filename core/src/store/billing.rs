@@ -556,43 +556,31 @@ impl Store {
              JOIN meter_hours m ON m.allocation_id = le.allocation_id AND m.hour_start = le.hour_start";
         let (after_hour, after_id) = after.unwrap_or((from, Uuid::nil()));
         let from = from.max(after_hour);
-        let json: String = match self {
-            Store::Sqlite(pool) => {
-                let sql = format!(
-                    "SELECT json_group_array(json_array(hex(le.id), le.hour_start, \
-                     le.amount_minor, le.entry_type, le.currency, hex(le.team_id), \
-                     hex(m.user_id), hex(le.allocation_id), m.kind, m.model, m.priority, \
-                     m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, \
-                     m.list_minor)) {PAGE}"
-                );
-                sqlx::query_scalar(&sql)
-                    .bind(from)
-                    .bind(to)
-                    .bind(team.map(|v| v.0))
-                    .bind(after_hour)
-                    .bind(after_id)
-                    .bind(i64::from(limit))
-                    .fetch_one(pool)
-                    .await?
-            }
-            Store::Postgres(pool) => {
-                let sql = format!(
-                    "SELECT COALESCE(json_agg(json_build_array(le.id, le.hour_start, \
-                     le.amount_minor, le.entry_type, le.currency, le.team_id, m.user_id, \
-                     le.allocation_id, m.kind, m.model, m.priority, m.count, m.resource_id, \
-                     m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor)), '[]')::TEXT {PAGE}"
-                );
-                sqlx::query_scalar(&sql)
-                    .bind(from)
-                    .bind(to)
-                    .bind(team.map(|v| v.0))
-                    .bind(after_hour)
-                    .bind(after_id)
-                    .bind(i64::from(limit))
-                    .fetch_one(pool)
-                    .await?
-            }
+        // The two backends build the array with their own JSON functions.
+        let sql = match self {
+            Store::Sqlite(_) => format!(
+                "SELECT json_group_array(json_array(hex(le.id), le.hour_start, \
+                 le.amount_minor, le.entry_type, le.currency, hex(le.team_id), \
+                 hex(m.user_id), hex(le.allocation_id), m.kind, m.model, m.priority, \
+                 m.count, m.resource_id, m.resource_name, m.wall_ms, m.gpu_ms, \
+                 m.list_minor)) {PAGE}"
+            ),
+            Store::Postgres(_) => format!(
+                "SELECT COALESCE(json_agg(json_build_array(le.id, le.hour_start, \
+                 le.amount_minor, le.entry_type, le.currency, le.team_id, m.user_id, \
+                 le.allocation_id, m.kind, m.model, m.priority, m.count, m.resource_id, \
+                 m.resource_name, m.wall_ms, m.gpu_ms, m.list_minor)), '[]')::TEXT {PAGE}"
+            ),
         };
+        let json: String = db!(self, pool => sqlx::query_scalar(&sql)
+            .bind(from)
+            .bind(to)
+            .bind(team.map(|v| v.0))
+            .bind(after_hour)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_one(pool)
+            .await)?;
         let mut rows: Vec<ChargeRow> =
             serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         // An aggregate's input order is the plan's, not the page's: restore it.

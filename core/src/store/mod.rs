@@ -40,8 +40,8 @@ pub use node_state::{
 };
 pub use nodes::{Beat, NodeRow};
 pub use outbox::{
-    Deliveries, DeliveryRow, EmailVerification, EndingAllocation, NewDelivery, NewEvent, OutboxRow,
-    Recipient, WebhookRow,
+    Deliveries, DeliveryRow, EmailVerification, NewDelivery, NewEvent, OutboxRow, Recipient,
+    WebhookRow,
 };
 pub use spares::SpareRow;
 pub use sso::{NO_PASSWORD, SsoChanges, SsoOutcome, SsoSignIn};

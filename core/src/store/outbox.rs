@@ -11,7 +11,6 @@
 use super::{JsonText, NullableId, Store, StoreError, db, from_driver, in_tx, json_text};
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
-use tessera_domain::alloc::GpuKind;
 use tessera_domain::ids::{TeamId, UserId};
 use tessera_domain::notify::{EventKind, EventPayload, NotifyMode};
 use uuid::Uuid;
@@ -596,18 +595,6 @@ impl Store {
                    AND last_heartbeat_at < $1";
         db!(self, pool => sqlx::query_as::<_, (Uuid, String, DateTime<Utc>)>(sql).bind(before).fetch_all(pool).await)
     }
-
-    /// Active allocations that end after `now` and by `until`.
-    pub async fn ending_allocations(
-        &self,
-        now: DateTime<Utc>,
-        until: DateTime<Utc>,
-    ) -> Result<Vec<EndingAllocation>, StoreError> {
-        let sql = "SELECT id, team_id, user_id, kind, count, active_at, ends_at FROM allocations \
-                   WHERE state = 'active' AND active_at IS NOT NULL AND ends_at > $1 \
-                   AND ends_at <= $2";
-        db!(self, pool => sqlx::query_as::<_, EndingAllocation>(sql).bind(now).bind(until).fetch_all(pool).await)
-    }
 }
 
 /// The outbox's delivery queue as the delivery worker (in the server) works it: what is due,
@@ -756,21 +743,6 @@ impl Deliveries {
             None => self.0.platform_admin_recipients().await,
         }
     }
-}
-
-/// An allocation that ends soon ([`Store::ending_allocations`]).
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct EndingAllocation {
-    pub id: Uuid,
-    #[sqlx(try_from = "Uuid")]
-    pub team_id: TeamId,
-    #[sqlx(try_from = "Uuid")]
-    pub user_id: UserId,
-    #[sqlx(try_from = "String")]
-    pub kind: GpuKind,
-    pub count: i64,
-    pub active_at: DateTime<Utc>,
-    pub ends_at: DateTime<Utc>,
 }
 
 #[cfg(test)]

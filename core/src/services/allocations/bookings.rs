@@ -89,12 +89,7 @@ impl Allocations {
         id: Uuid,
         need: Need,
     ) -> Result<BookingListRow, AppError> {
-        let row = self
-            .store
-            .booking(id)
-            .await
-            .map_err(internal("loading booking"))?
-            .ok_or(AppError::NotFound)?;
+        let row = found("loading booking", self.store.booking(id).await)?;
         authz::team(&self.store, p, row.b.team_id, need).await?;
         Ok(row)
     }

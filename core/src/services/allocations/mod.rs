@@ -8,8 +8,8 @@
 
 use super::authz::{self, Need};
 use super::billing::Pricer;
-use super::internal;
 use super::tenancy::paged;
+use super::{found, internal};
 use crate::auth::Principal;
 use crate::clock::Clock;
 use crate::services::audit::Entry;

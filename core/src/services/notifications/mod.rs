@@ -4,7 +4,7 @@
 //! go. Sending itself (SMTP, HTTP) is the server's (`server/src/notify/`).
 
 use super::authz::{self, Need};
-use super::internal;
+use super::{found, internal};
 use crate::at_rest::DataKeys;
 use crate::auth::{Principal, SystemActor};
 use crate::clock::Clock;
@@ -110,12 +110,7 @@ impl Notifications {
 
     /// The caller's address and a choice for every event kind.
     pub async fn settings(&self, p: &Principal) -> Result<NotificationSettings, AppError> {
-        let me = self
-            .store
-            .recipient(p.user_id())
-            .await
-            .map_err(internal("loading user"))?
-            .ok_or(AppError::NotFound)?;
+        let me = found("loading user", self.store.recipient(p.user_id()).await)?;
         let chosen = self.modes(p.user_id()).await?;
         Ok(NotificationSettings {
             email: me.email,
@@ -179,12 +174,7 @@ impl Notifications {
     /// Mails a new link to the caller's unverified address (the last one stops working).
     /// At most one a minute.
     pub async fn resend_verification(&self, p: &Principal) -> Result<(), AppError> {
-        let me = self
-            .store
-            .recipient(p.user_id())
-            .await
-            .map_err(internal("loading user"))?
-            .ok_or(AppError::NotFound)?;
+        let me = found("loading user", self.store.recipient(p.user_id()).await)?;
         let Some(email) = me.email.filter(|e| !e.is_empty()) else {
             return Err(AppError::invalid("email", "set an address first"));
         };
@@ -466,26 +456,30 @@ impl Notifications {
             .await
             .map_err(internal("loading allocations"))?;
         let mut told = 0;
-        for a in ending
+        for (a, ends_at) in ending
             .iter()
-            .filter(|a| notify::expiry_warning_at(a.active_at, a.ends_at, lead) <= now)
+            .filter_map(|a| Some((a, a.active_at?, a.ends_at?)))
+            .filter(|&(_, active_at, ends_at)| {
+                notify::expiry_warning_at(active_at, ends_at, lead) <= now
+            })
+            .map(|(a, _, ends_at)| (a, ends_at))
         {
             let payload = notify::allocation_payload(
                 EventKind::Expiring,
-                a.id,
+                a.id.0,
                 a.user_id.0,
                 (&a.kind.to_string(), a.count),
-                Some(a.ends_at),
+                Some(ends_at),
                 None,
             );
             let event = NewEvent::new(
                 EventKind::Expiring,
                 Some(a.team_id.0),
-                ("allocation", a.id),
+                ("allocation", a.id.0),
                 payload,
                 now,
             );
-            let key = format!("expiring:{}:{}", a.id, a.ends_at.timestamp_micros());
+            let key = format!("expiring:{}:{}", a.id, ends_at.timestamp_micros());
             told += usize::from(self.record_finding(event, key).await?);
         }
         Ok(told)

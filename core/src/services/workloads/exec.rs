@@ -2,7 +2,7 @@
 //! The session itself (the WebSockets, the agent) is the server's; this decides and
 //! audits.
 
-use super::{Workloads, internal};
+use super::{Workloads, found};
 use crate::auth::Principal;
 use tessera_domain::audit::AuditAction;
 use tessera_domain::error::AppError;
@@ -55,12 +55,7 @@ impl Workloads {
                 "the command contains a NUL byte",
             ));
         }
-        let row = self
-            .store
-            .workload(target)
-            .await
-            .map_err(internal("loading workload"))?
-            .ok_or(AppError::NotFound)?;
+        let row = found("loading workload", self.store.workload(target).await)?;
         let kind = row.w.kind.as_str();
         let state = row.w.state;
         if state != WorkloadState::Running {

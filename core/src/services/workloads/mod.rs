@@ -11,9 +11,9 @@
 use super::allocations::Allocations;
 use super::authz::{self, Need};
 use super::billing::readings;
-use super::internal;
 use super::nodes::NodeIdentity;
 use super::tenancy::paged;
+use super::{found, internal};
 use crate::auth::Principal;
 use crate::auth::secret;
 use crate::clock::Clock;
@@ -943,12 +943,7 @@ impl Workloads {
     }
 
     async fn visible(&self, p: &Principal, id: WorkloadId) -> Result<WorkloadListRow, AppError> {
-        let row = self
-            .store
-            .workload(id)
-            .await
-            .map_err(internal("loading workload"))?
-            .ok_or(AppError::NotFound)?;
+        let row = found("loading workload", self.store.workload(id).await)?;
         authz::team(&self.store, p, row.w.team_id, Need::Read).await?;
         Ok(row)
     }

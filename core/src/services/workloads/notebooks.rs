@@ -15,12 +15,10 @@ impl Workloads {
         username: &str,
         name: &str,
     ) -> Result<Result<ProxyTarget, NotReady>, AppError> {
-        let row = self
-            .store
-            .live_notebook(username, name)
-            .await
-            .map_err(internal("loading notebook"))?
-            .ok_or(AppError::NotFound)?;
+        let row = found(
+            "loading notebook",
+            self.store.live_notebook(username, name).await,
+        )?;
         self.may_open(p, &row).await?;
         Ok(target_of(&row, self.notebook_token(&row.w)?))
     }
@@ -84,12 +82,12 @@ impl Workloads {
         code: &str,
     ) -> Result<String, AppError> {
         let now = self.clock.now();
-        let (user, _, expires) = self
-            .store
-            .take_notebook_code(&secret::hash(code), workload)
-            .await
-            .map_err(internal("redeeming notebook code"))?
-            .ok_or(AppError::NotFound)?;
+        let (user, _, expires) = found(
+            "redeeming notebook code",
+            self.store
+                .take_notebook_code(&secret::hash(code), workload)
+                .await,
+        )?;
         if expires < now {
             return Err(AppError::NotFound);
         }
