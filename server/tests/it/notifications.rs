@@ -33,6 +33,7 @@ on_both_databases!(
     the_team_page_tests_switches_and_logs_a_webhook,
     only_an_address_proved_by_its_link_gets_mail,
     the_new_events_reach_their_people_and_the_platform_hook,
+    a_damaged_hook_fails_its_read_loudly,
 );
 
 // ---- the SMTP server ----
@@ -1534,4 +1535,52 @@ async fn the_new_events_reach_their_people_and_the_platform_hook(db: Db) {
     }
     assert_eq!(to_of(&smtp.messages(), "ev-other@example.org"), 0);
     drop(node);
+}
+
+/// A webhook whose stored `events` is not a list of kinds (a damaged row) fails its read:
+/// the team's hook list answers 500 without showing the cause, rather than reading the hook
+/// as one that wants every event. Another team's hooks still read.
+async fn a_damaged_hook_fails_its_read_loudly(db: Db) {
+    let a = AdminClient::new(db).await;
+    let app = &a.app;
+    let (t, other) = (team(&a, "damaged").await, team(&a, "intact").await);
+    let hook = json!({"url": "https://93.184.216.34/hook", "events": ["workload.failed"]});
+    let mut ids = Vec::new();
+    for who in [&t, &other] {
+        let path = format!("/api/v1/teams/{}/webhooks", who.id);
+        let (s, v) = post_as(app, &who.team_admin, &path, hook.clone()).await;
+        assert_eq!(s, 201, "{v}");
+        let id = v["webhook"]["id"].as_str().expect("id");
+        ids.push(uuid::Uuid::parse_str(id).expect("uuid"));
+    }
+    let store = tessera_core::store::Store::connect(&app.database_url)
+        .await
+        .expect("store");
+    let sql = r#"UPDATE team_webhooks SET events = '{"workload.failed": true}' WHERE id = $1"#;
+    match &store {
+        tessera_core::store::Store::Sqlite(p) => {
+            sqlx::query(sql).bind(ids[0]).execute(p).await.map(|_| ())
+        }
+        tessera_core::store::Store::Postgres(p) => {
+            sqlx::query(sql).bind(ids[0]).execute(p).await.map(|_| ())
+        }
+    }
+    .expect("damage the row");
+    assert!(
+        store.webhook(ids[0]).await.is_err(),
+        "the store's read fails"
+    );
+    assert!(store.webhook(ids[1]).await.is_ok_and(|h| h.is_some()));
+    store.close().await;
+    let path = format!("/api/v1/teams/{}/webhooks", t.id);
+    let (s, v) = get_as(app, &t.team_admin, &path).await;
+    assert_eq!(s, 500, "{v}");
+    assert!(
+        !v.to_string().contains("workload.failed"),
+        "no cause shown: {v}"
+    );
+    let path = format!("/api/v1/teams/{}/webhooks", other.id);
+    let (s, v) = get_as(app, &other.team_admin, &path).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v[0]["events"], json!(["workload.failed"]), "{v}");
 }
