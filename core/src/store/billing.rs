@@ -7,7 +7,9 @@
 //! UUIDv7 (time-ordered), so the ledger's indexes grow at their right edge instead of
 //! dirtying pages all over them: metering writes an order of magnitude less.
 
-use super::{AllocationRow, SampleRow, Store, StoreError, db, in_tx, on_pool, placeholders};
+use super::{
+    AllocationRow, SampleRow, Store, StoreError, db, in_tx, on_pool, placeholders, undecodable,
+};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::{AllocState, GpuKind, PriorityClass};
 use tessera_domain::billing::EntryType;
@@ -581,8 +583,7 @@ impl Store {
             .bind(i64::from(limit))
             .fetch_one(pool)
             .await)?;
-        let mut rows: Vec<ChargeRow> =
-            serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        let mut rows: Vec<ChargeRow> = serde_json::from_str(&json).map_err(undecodable)?;
         // An aggregate's input order is the plan's, not the page's: restore it.
         rows.sort_unstable_by_key(|r| (r.hour_start, r.id));
         Ok(rows)

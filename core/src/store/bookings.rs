@@ -1,6 +1,6 @@
 //! `bookings`: capacity a team holds for a future window (docs/operations.md).
 
-use super::{NullableId, Store, StoreError, db, in_tx};
+use super::{NullableId, Store, StoreError, db, in_tx, undecodable};
 use chrono::{DateTime, Utc};
 use tessera_domain::alloc::GpuKind;
 use tessera_domain::booking::Held;
@@ -81,7 +81,7 @@ impl Store {
                 team_limit,
                 held: held.into_iter().map(|(team, starts_at, ends_at, units)| {
                     // Units no release wrote fail the read, as any other bad value does.
-                    let units = u32::try_from(units).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                    let units = u32::try_from(units).map_err(undecodable)?;
                     Ok(Held { team: TeamId(team), starts_at, ends_at, units })
                 }).collect::<Result<_, sqlx::Error>>()?,
             };

@@ -446,7 +446,13 @@ pub(crate) fn decoded<T>(text: String) -> Result<T, StoreError>
 where
     T: TryFrom<String, Error = tessera_domain::error::AppError>,
 {
-    T::try_from(text).map_err(|e| StoreError(sqlx::Error::Decode(Box::new(e))))
+    T::try_from(text).map_err(|e| StoreError(undecodable(e)))
+}
+
+/// A stored value no release wrote (out of range, not the shape it should be), as the
+/// driver's decode error: the read fails like one of a column of the wrong type.
+pub(crate) fn undecodable(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
+    sqlx::Error::Decode(Box::new(e))
 }
 
 #[cfg(test)]

@@ -523,13 +523,14 @@ impl Store {
         &self,
         id: Uuid,
         url: &str,
-        events: &str,
+        events: &[String],
         enabled: bool,
     ) -> Result<bool, StoreError> {
+        let events = json_text(events)?;
         let sql = "UPDATE team_webhooks SET url = $2, events = $3, \
                    consecutive_failures = CASE WHEN $4 AND NOT enabled THEN 0 ELSE consecutive_failures END, \
                    enabled = $4 WHERE id = $1";
-        db!(self, pool => sqlx::query(sql).bind(id).bind(url).bind(events).bind(enabled)
+        db!(self, pool => sqlx::query(sql).bind(id).bind(url).bind(&events).bind(enabled)
             .execute(pool).await.map(|r| r.rows_affected() == 1))
     }
 

@@ -7,7 +7,7 @@
 
 use super::{
     JsonText, NullableId, NullableText, Store, StoreError, db, in_tx, json_text, on_pool,
-    placeholders,
+    placeholders, undecodable,
 };
 use crate::at_rest::Sealed;
 use chrono::{DateTime, Utc};
@@ -146,7 +146,7 @@ macro_rules! started_event {
 
 /// An ended attempt's row as its view; an attempt number no release wrote fails the read.
 fn attempt_view(c: AttemptColumns) -> Result<AttemptView, StoreError> {
-    let attempt = u32::try_from(c.0).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    let attempt = u32::try_from(c.0).map_err(undecodable)?;
     let end = AttemptEnd {
         hostname: c.1,
         started_at: c.2,

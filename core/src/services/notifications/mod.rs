@@ -456,14 +456,12 @@ impl Notifications {
             .await
             .map_err(internal("loading allocations"))?;
         let mut told = 0;
-        for (a, ends_at) in ending
+        // The query reads only allocations with both times.
+        let due = ending
             .iter()
             .filter_map(|a| Some((a, a.active_at?, a.ends_at?)))
-            .filter(|&(_, active_at, ends_at)| {
-                notify::expiry_warning_at(active_at, ends_at, lead) <= now
-            })
-            .map(|(a, _, ends_at)| (a, ends_at))
-        {
+            .filter(|&(_, from, to)| notify::expiry_warning_at(from, to, lead) <= now);
+        for (a, _, ends_at) in due {
             let payload = notify::allocation_payload(
                 EventKind::Expiring,
                 a.id.0,

@@ -31,10 +31,6 @@ fn event_names(kinds: &[EventKind]) -> Vec<String> {
     names
 }
 
-fn events_json(kinds: &[EventKind]) -> String {
-    serde_json::to_string(&event_names(kinds)).unwrap_or_else(|_| "[]".into())
-}
-
 impl Notifications {
     // ---- team webhooks (team admins) ----
 
@@ -149,7 +145,7 @@ impl Notifications {
         let url = notify::parse_webhook_url(&input.url)?;
         self.check_destination(&url).await?;
         self.store
-            .update_webhook(id, &url, &events_json(&input.events), input.enabled)
+            .update_webhook(id, &url, &event_names(&input.events), input.enabled)
             .await
             .map_err(internal("changing webhook"))?;
         self.webhook(p, scope, id).await
